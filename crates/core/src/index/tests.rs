@@ -1,0 +1,282 @@
+use super::*;
+use crate::event::StoredBlock;
+use crate::hashing::BlockHasher;
+use crate::ids::WorkerId;
+
+const BS: usize = 4;
+
+fn rank(w: u64) -> WorkerRank {
+    WorkerRank::new(WorkerId(w), 0)
+}
+
+/// Tokens of block `b` (distinct per id).
+fn block_tokens(b: u32) -> Vec<u32> {
+    (0..BS as u32).map(|i| b * 100 + i).collect()
+}
+
+fn eh(w: u64, b: u32) -> EngineHash {
+    EngineHash(w << 32 | u64::from(b))
+}
+
+fn stored(w: u64, parent: Option<u32>, blocks: &[u32], medium: Medium) -> KvEvent {
+    KvEvent::Stored {
+        worker: WorkerId(w),
+        dp_rank: 0,
+        parent: parent.map(|p| eh(w, p)),
+        blocks: blocks
+            .iter()
+            .map(|&b| StoredBlock {
+                engine_hash: eh(w, b),
+                content: BlockContent::Tokens(block_tokens(b)),
+            })
+            .collect(),
+        block_size: BS,
+        medium,
+        namespace: HashNamespace::none(),
+    }
+}
+
+fn removed(w: u64, blocks: &[u32], medium: Medium) -> KvEvent {
+    KvEvent::Removed {
+        worker: WorkerId(w),
+        dp_rank: 0,
+        engine_hashes: blocks.iter().map(|&b| eh(w, b)).collect(),
+        medium,
+    }
+}
+
+fn query(blocks: &[u32]) -> Vec<SequenceHash> {
+    let tokens: Vec<u32> = blocks.iter().flat_map(|&b| block_tokens(b)).collect();
+    BlockHasher::new(BS, &HashNamespace::none()).sequence_hashes(&tokens)
+}
+
+fn gpu(index: &PrefixIndex, w: u64, q: &[u32]) -> u32 {
+    index.find_matches(&query(q)).get(rank(w)).gpu_blocks
+}
+
+#[test]
+fn stored_chains_match_by_longest_prefix() {
+    let mut index = PrefixIndex::new(BS);
+    index
+        .apply(&stored(1, None, &[1, 2, 3], Medium::Gpu))
+        .unwrap();
+    index.apply(&stored(2, None, &[1, 2], Medium::Gpu)).unwrap();
+    index.apply(&stored(2, Some(2), &[7], Medium::Gpu)).unwrap();
+    assert_eq!(gpu(&index, 1, &[1, 2, 3, 4]), 3);
+    assert_eq!(gpu(&index, 2, &[1, 2, 3, 4]), 2);
+    assert_eq!(gpu(&index, 2, &[1, 2, 7]), 3);
+    assert_eq!(gpu(&index, 1, &[1, 2, 7]), 2);
+    assert_eq!(gpu(&index, 1, &[9, 1, 2]), 0);
+    assert!(index.find_matches(&query(&[9])).ranks.is_empty());
+    index.check_invariants().unwrap();
+}
+
+#[test]
+fn runs_are_path_compressed() {
+    let mut index = PrefixIndex::new(BS);
+    let chain: Vec<u32> = (1..=100).collect();
+    index
+        .apply(&stored(1, None, &chain[..50], Medium::Gpu))
+        .unwrap();
+    index
+        .apply(&stored(1, Some(50), &chain[50..], Medium::Gpu))
+        .unwrap();
+    assert_eq!(index.stats().nodes, 1, "one holder, one chain: one node");
+    index
+        .apply(&stored(2, None, &chain[..30], Medium::Gpu))
+        .unwrap();
+    assert_eq!(index.stats().nodes, 2);
+    index
+        .apply(&KvEvent::Cleared {
+            worker: WorkerId(2),
+            dp_rank: 0,
+        })
+        .unwrap();
+    assert_eq!(index.stats().nodes, 1, "clearing re-merges the run");
+    assert_eq!(index.stats().entries, 100);
+}
+
+#[test]
+fn repeated_stores_are_idempotent() {
+    let mut index = PrefixIndex::new(BS);
+    index
+        .apply(&stored(1, None, &[1, 2, 3], Medium::Gpu))
+        .unwrap();
+    let before = index.snapshot();
+    index
+        .apply(&stored(1, None, &[1, 2, 3], Medium::Gpu))
+        .unwrap();
+    index.apply(&stored(1, None, &[1, 2], Medium::Gpu)).unwrap();
+    assert_eq!(index.snapshot(), before);
+}
+
+#[test]
+fn removal_from_the_middle_leaves_a_hole() {
+    let mut index = PrefixIndex::new(BS);
+    index
+        .apply(&stored(1, None, &[1, 2, 3, 4], Medium::Gpu))
+        .unwrap();
+    index.apply(&removed(1, &[2], Medium::Gpu)).unwrap();
+    assert_eq!(gpu(&index, 1, &[1, 2, 3, 4]), 1);
+    // The tail is still known and can be removed by its engine hash.
+    index.apply(&removed(1, &[4, 3], Medium::Gpu)).unwrap();
+    index.apply(&removed(1, &[1], Medium::Gpu)).unwrap();
+    assert_eq!(
+        index.stats(),
+        IndexStats {
+            ranks: 1,
+            ..IndexStats::default()
+        }
+    );
+}
+
+#[test]
+fn lower_tiers_count_beyond_the_gpu_prefix() {
+    let mut index = PrefixIndex::new(BS);
+    index.apply(&stored(1, None, &[1, 2], Medium::Gpu)).unwrap();
+    index
+        .apply(&stored(1, None, &[1, 2, 3, 4], Medium::Cpu))
+        .unwrap();
+    index
+        .apply(&stored(1, None, &[1, 2, 3, 4, 5, 6], Medium::Disk))
+        .unwrap();
+    let overlap = index
+        .find_matches(&query(&[1, 2, 3, 4, 5, 6, 7]))
+        .get(rank(1));
+    assert_eq!(
+        overlap,
+        TierOverlap {
+            gpu_blocks: 2,
+            cpu_blocks: 2,
+            disk_blocks: 2
+        }
+    );
+    index.apply(&removed(1, &[2], Medium::Gpu)).unwrap();
+    let overlap = index
+        .find_matches(&query(&[1, 2, 3, 4, 5, 6, 7]))
+        .get(rank(1));
+    assert_eq!(
+        overlap,
+        TierOverlap {
+            gpu_blocks: 1,
+            cpu_blocks: 3,
+            disk_blocks: 2
+        }
+    );
+}
+
+#[test]
+fn errors_are_typed_and_leave_the_index_consistent() {
+    let mut index = PrefixIndex::new(BS);
+    let err = index
+        .apply(&stored(1, Some(9), &[1], Medium::Gpu))
+        .unwrap_err();
+    assert_eq!(err.status(), "parent_block_not_found");
+    let err = index.apply(&removed(1, &[9], Medium::Gpu)).unwrap_err();
+    assert_eq!(err.status(), "block_not_found");
+    let err = index
+        .apply(&stored(1, Some(1), &[1], Medium::Gpu))
+        .unwrap_err();
+    assert_eq!(err.status(), "invalid_block");
+    let mut bad = stored(1, None, &[1, 2, 3], Medium::Gpu);
+    if let KvEvent::Stored { blocks, .. } = &mut bad {
+        blocks[1].content = BlockContent::Tokens(vec![1, 2, 3]);
+    }
+    let err = index.apply(&bad).unwrap_err();
+    assert_eq!(err.status(), "block_size_mismatch");
+    assert_eq!(
+        gpu(&index, 1, &[1, 2, 3]),
+        1,
+        "blocks before the bad one are applied"
+    );
+    let mut wrong_size = stored(2, None, &[1], Medium::Gpu);
+    if let KvEvent::Stored { block_size, .. } = &mut wrong_size {
+        *block_size = 16;
+    }
+    assert!(matches!(
+        index.apply(&wrong_size),
+        Err(IndexError::BlockSizeMismatch { .. })
+    ));
+    // A removal that names known and unknown hashes applies the known ones.
+    index.apply(&stored(3, None, &[1, 2], Medium::Gpu)).unwrap();
+    assert!(index.apply(&removed(3, &[2, 77], Medium::Gpu)).is_err());
+    assert_eq!(gpu(&index, 3, &[1, 2]), 1);
+    index.check_invariants().unwrap();
+}
+
+#[test]
+fn reusing_an_engine_hash_for_other_content_drops_the_old_block() {
+    let mut index = PrefixIndex::new(BS);
+    index.apply(&stored(1, None, &[1], Medium::Gpu)).unwrap();
+    let reuse = KvEvent::Stored {
+        worker: WorkerId(1),
+        dp_rank: 0,
+        parent: None,
+        blocks: vec![StoredBlock {
+            engine_hash: eh(1, 1),
+            content: BlockContent::Tokens(block_tokens(5)),
+        }],
+        block_size: BS,
+        medium: Medium::Gpu,
+        namespace: HashNamespace::none(),
+    };
+    index.apply(&reuse).unwrap();
+    assert_eq!(gpu(&index, 1, &[1]), 0);
+    assert_eq!(gpu(&index, 1, &[5]), 1);
+}
+
+#[test]
+fn namespaces_separate_equal_tokens() {
+    let mut index = PrefixIndex::new(BS);
+    let mut event = stored(1, None, &[1, 2], Medium::Gpu);
+    if let KvEvent::Stored { namespace, .. } = &mut event {
+        namespace.lora_name = Some("adapter".into());
+    }
+    index.apply(&event).unwrap();
+    assert_eq!(gpu(&index, 1, &[1, 2]), 0);
+    let ns = HashNamespace {
+        lora_name: Some("adapter".into()),
+        cache_salt: None,
+    };
+    let tokens: Vec<u32> = [1, 2].iter().flat_map(|&b| block_tokens(b)).collect();
+    let q = BlockHasher::new(BS, &ns).sequence_hashes(&tokens);
+    assert_eq!(index.find_matches(&q).get(rank(1)).gpu_blocks, 2);
+}
+
+#[test]
+fn removing_a_worker_drops_all_its_ranks_and_blocks() {
+    let mut index = PrefixIndex::new(BS);
+    index.apply(&stored(1, None, &[1, 2], Medium::Gpu)).unwrap();
+    let mut other_rank = stored(1, None, &[1, 3], Medium::Gpu);
+    if let KvEvent::Stored { dp_rank, .. } = &mut other_rank {
+        *dp_rank = 1;
+    }
+    index.apply(&other_rank).unwrap();
+    index.apply(&stored(2, None, &[1, 2], Medium::Gpu)).unwrap();
+    index.remove_worker(WorkerId(1));
+    assert_eq!(index.stats().ranks, 1);
+    assert_eq!(index.stats().entries, 2);
+    assert_eq!(gpu(&index, 2, &[1, 2]), 2);
+    index.check_invariants().unwrap();
+}
+
+#[test]
+fn dump_replays_to_an_equal_index_even_with_holes() {
+    let mut index = PrefixIndex::new(BS);
+    index
+        .apply(&stored(1, None, &[1, 2, 3, 4, 5], Medium::Gpu))
+        .unwrap();
+    index
+        .apply(&stored(2, None, &[1, 2, 6], Medium::Gpu))
+        .unwrap();
+    index
+        .apply(&stored(2, None, &[1, 2, 3], Medium::Cpu))
+        .unwrap();
+    index.apply(&removed(1, &[2, 4], Medium::Gpu)).unwrap();
+    let mut replayed = PrefixIndex::new(BS);
+    for event in index.dump() {
+        replayed.apply(&event).unwrap();
+    }
+    assert_eq!(replayed.snapshot(), index.snapshot());
+    assert!(replayed == index);
+}

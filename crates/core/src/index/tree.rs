@@ -1,0 +1,478 @@
+//! The path-compressed block tree behind the prefix index.
+//!
+//! A node holds a run of consecutive blocks of one chain that every holder holds entirely, so a
+//! node boundary exists only where the chain branches or the set of holders changes. Lookups
+//! therefore cost one map probe per node and a slice comparison inside it. A flat map from every
+//! sequence hash to its node and depth lets events and queries jump straight to any block.
+//!
+//! Splits and merges always move the shorter side, so the map updates they cost are bounded by
+//! the shorter run.
+
+use crate::fast_map::FastMap;
+use crate::ids::{ContentHash, SequenceHash};
+
+/// Index of a node in the arena.
+pub(crate) type NodeId = u32;
+/// A (rank slot, medium) pair packed as `slot << 2 | medium`.
+pub(crate) type HolderId = u32;
+
+/// Where a block sits: its node and its depth in the chain (0 = the first block of a prompt).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BlockRef {
+    pub(crate) node: NodeId,
+    pub(crate) depth: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct Node {
+    /// `None` for a child of the (implicit) root.
+    pub(crate) parent: Option<NodeId>,
+    /// Depth of `hashes[0]`.
+    pub(crate) start: u32,
+    pub(crate) hashes: Vec<SequenceHash>,
+    pub(crate) contents: Vec<ContentHash>,
+    /// Sorted, unique.
+    pub(crate) holders: Vec<HolderId>,
+    pub(crate) children: Vec<NodeId>,
+}
+
+impl Node {
+    pub(crate) fn end(&self) -> u32 {
+        self.start + self.hashes.len() as u32
+    }
+
+    pub(crate) fn holds(&self, holder: HolderId) -> bool {
+        self.holders.binary_search(&holder).is_ok()
+    }
+}
+
+/// The arena of nodes and the map from sequence hash to block position.
+#[derive(Debug, Default)]
+pub(crate) struct Tree {
+    nodes: Vec<Option<Node>>,
+    free: Vec<NodeId>,
+    blocks: FastMap<SequenceHash, BlockRef>,
+}
+
+impl Tree {
+    pub(crate) fn lookup(&self, hash: SequenceHash) -> Option<BlockRef> {
+        self.blocks.get(&hash).copied()
+    }
+
+    pub(crate) fn node(&self, id: NodeId) -> &Node {
+        self.nodes[id as usize].as_ref().expect("live node")
+    }
+
+    fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        self.nodes[id as usize].as_mut().expect("live node")
+    }
+
+    pub(crate) fn block_count(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub(crate) fn node_count(&self) -> usize {
+        self.nodes.len() - self.free.len()
+    }
+
+    /// Every live node id.
+    pub(crate) fn node_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| n.as_ref().map(|_| i as NodeId))
+    }
+
+    /// Heap bytes held by the tree (capacity-based estimate).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let map = self.blocks.capacity() * (std::mem::size_of::<(SequenceHash, BlockRef)>() + 1);
+        let arena = self.nodes.capacity() * std::mem::size_of::<Option<Node>>();
+        let runs: usize = self
+            .nodes
+            .iter()
+            .flatten()
+            .map(|n| {
+                n.hashes.capacity() * 8
+                    + n.contents.capacity() * 8
+                    + n.holders.capacity() * 4
+                    + n.children.capacity() * 4
+            })
+            .sum();
+        map + arena + runs + self.free.capacity() * 4
+    }
+
+    /// The hash and content of a block.
+    pub(crate) fn block(&self, at: BlockRef) -> (SequenceHash, ContentHash) {
+        let node = self.node(at.node);
+        let i = (at.depth - node.start) as usize;
+        (node.hashes[i], node.contents[i])
+    }
+
+    /// The sequence hash of the block before `at`, `None` at depth 0.
+    pub(crate) fn parent_hash(&self, at: BlockRef) -> Option<SequenceHash> {
+        let node = self.node(at.node);
+        if at.depth > node.start {
+            Some(node.hashes[(at.depth - node.start - 1) as usize])
+        } else {
+            node.parent
+                .map(|p| *self.node(p).hashes.last().expect("non-empty node"))
+        }
+    }
+
+    pub(crate) fn holds(&self, at: BlockRef, holder: HolderId) -> bool {
+        self.node(at.node).holds(holder)
+    }
+
+    fn alloc(&mut self, node: Node) -> NodeId {
+        if let Some(id) = self.free.pop() {
+            self.nodes[id as usize] = Some(node);
+            id
+        } else {
+            self.nodes.push(Some(node));
+            (self.nodes.len() - 1) as NodeId
+        }
+    }
+
+    fn release(&mut self, id: NodeId) -> Node {
+        self.free.push(id);
+        self.nodes[id as usize].take().expect("live node")
+    }
+
+    fn point_blocks_at(&mut self, id: NodeId) {
+        let node = self.nodes[id as usize].as_ref().expect("live node");
+        for (i, hash) in node.hashes.iter().enumerate() {
+            self.blocks.insert(
+                *hash,
+                BlockRef {
+                    node: id,
+                    depth: node.start + i as u32,
+                },
+            );
+        }
+    }
+
+    fn replace_child(&mut self, parent: Option<NodeId>, old: NodeId, new: NodeId) {
+        if let Some(p) = parent {
+            let children = &mut self.node_mut(p).children;
+            if let Some(slot) = children.iter_mut().find(|c| **c == old) {
+                *slot = new;
+            }
+        }
+    }
+
+    fn detach_child(&mut self, parent: Option<NodeId>, child: NodeId) {
+        if let Some(p) = parent {
+            let children = &mut self.node_mut(p).children;
+            if let Some(i) = children.iter().position(|c| *c == child) {
+                children.swap_remove(i);
+            }
+        }
+    }
+
+    /// Splits `id` so that one node ends just before `depth` and another starts at it; returns
+    /// (head, tail). `depth` must be strictly inside the node.
+    fn split_at(&mut self, id: NodeId, depth: u32) -> (NodeId, NodeId) {
+        let (start, len) = {
+            let n = self.node(id);
+            (n.start, n.hashes.len() as u32)
+        };
+        debug_assert!(depth > start && depth < start + len);
+        let k = (depth - start) as usize;
+        if k <= len as usize - k {
+            // Move the head into a new node; `id` keeps the tail and its children.
+            let n = self.node_mut(id);
+            let head = Node {
+                parent: n.parent,
+                start,
+                hashes: n.hashes.drain(..k).collect(),
+                contents: n.contents.drain(..k).collect(),
+                holders: n.holders.clone(),
+                children: vec![id],
+            };
+            n.start = depth;
+            let old_parent = n.parent;
+            let head_id = self.alloc(head);
+            self.node_mut(id).parent = Some(head_id);
+            self.replace_child(old_parent, id, head_id);
+            self.point_blocks_at(head_id);
+            (head_id, id)
+        } else {
+            let n = self.node_mut(id);
+            let tail = Node {
+                parent: Some(id),
+                start: depth,
+                hashes: n.hashes.split_off(k),
+                contents: n.contents.split_off(k),
+                holders: n.holders.clone(),
+                children: std::mem::take(&mut n.children),
+            };
+            let tail_id = self.alloc(tail);
+            self.node_mut(id).children = vec![tail_id];
+            let grandchildren = self.node(tail_id).children.clone();
+            for c in grandchildren {
+                self.node_mut(c).parent = Some(tail_id);
+            }
+            self.point_blocks_at(tail_id);
+            (id, tail_id)
+        }
+    }
+
+    /// Splits as needed so that blocks `[from, to)` of node `id` form one node; returns it.
+    fn isolate(&mut self, id: NodeId, from: u32, to: u32) -> NodeId {
+        let mut cur = id;
+        if from > self.node(cur).start {
+            cur = self.split_at(cur, from).1;
+        }
+        if to < self.node(cur).end() {
+            cur = self.split_at(cur, to).0;
+        }
+        cur
+    }
+
+    /// Merges `parent` with its only child when both have the same holders. Returns the survivor.
+    fn merge_down(&mut self, parent: NodeId) -> NodeId {
+        let child = {
+            let p = self.node(parent);
+            if p.children.len() != 1 {
+                return parent;
+            }
+            let c = p.children[0];
+            if self.node(c).holders != p.holders {
+                return parent;
+            }
+            c
+        };
+        if self.node(parent).hashes.len() >= self.node(child).hashes.len() {
+            let c = self.release(child);
+            for &g in &c.children {
+                self.node_mut(g).parent = Some(parent);
+            }
+            let p = self.node_mut(parent);
+            let first_new = p.hashes.len();
+            p.hashes.extend_from_slice(&c.hashes);
+            p.contents.extend_from_slice(&c.contents);
+            p.children = c.children;
+            let start = p.start;
+            for (i, hash) in c.hashes.iter().enumerate() {
+                let depth = start + (first_new + i) as u32;
+                self.blocks.insert(
+                    *hash,
+                    BlockRef {
+                        node: parent,
+                        depth,
+                    },
+                );
+            }
+            parent
+        } else {
+            let p = self.release(parent);
+            let c = self.node_mut(child);
+            c.hashes.splice(0..0, p.hashes.iter().copied());
+            c.contents.splice(0..0, p.contents.iter().copied());
+            c.start = p.start;
+            c.parent = p.parent;
+            self.replace_child(p.parent, parent, child);
+            for (i, hash) in p.hashes.iter().enumerate() {
+                self.blocks.insert(
+                    *hash,
+                    BlockRef {
+                        node: child,
+                        depth: p.start + i as u32,
+                    },
+                );
+            }
+            child
+        }
+    }
+
+    /// Restores path compression around `id` after its holders changed.
+    fn compact(&mut self, id: NodeId) {
+        let mut cur = id;
+        if let Some(p) = self.node(id).parent {
+            let parent = self.node(p);
+            if parent.children.len() == 1 && parent.holders == self.node(id).holders {
+                cur = self.merge_down(p);
+            }
+        }
+        self.merge_down(cur);
+    }
+
+    /// Adds `holder` to blocks `[from, to)` of node `id`.
+    pub(crate) fn add_holder(&mut self, id: NodeId, from: u32, to: u32, holder: HolderId) {
+        if self.node(id).holds(holder) {
+            return;
+        }
+        let target = self.isolate(id, from, to);
+        let holders = &mut self.node_mut(target).holders;
+        let pos = holders.binary_search(&holder).unwrap_err();
+        holders.insert(pos, holder);
+        self.compact(target);
+    }
+
+    /// Removes `holder` from one block.
+    pub(crate) fn remove_holder(&mut self, at: BlockRef, holder: HolderId) {
+        if !self.holds(at, holder) {
+            return;
+        }
+        let target = self.isolate(at.node, at.depth, at.depth + 1);
+        let holders = &mut self.node_mut(target).holders;
+        if let Ok(pos) = holders.binary_search(&holder) {
+            holders.remove(pos);
+        }
+        self.tidy(target);
+    }
+
+    /// Removes `holder` from every node it is on. `nodes` names those nodes by one of their
+    /// blocks' hashes, which stays valid while earlier nodes are merged or freed.
+    pub(crate) fn remove_holder_everywhere(&mut self, nodes: &[SequenceHash], holder: HolderId) {
+        for hash in nodes {
+            if let Some(at) = self.lookup(*hash) {
+                let holders = &mut self.node_mut(at.node).holders;
+                if let Ok(pos) = holders.binary_search(&holder) {
+                    holders.remove(pos);
+                }
+            }
+        }
+        for hash in nodes {
+            if let Some(at) = self.lookup(*hash) {
+                self.tidy(at.node);
+            }
+        }
+    }
+
+    /// Deletes `id` if it is empty and childless (and then its ancestors likewise), else
+    /// restores compression around it.
+    fn tidy(&mut self, id: NodeId) {
+        let mut cur = id;
+        loop {
+            let (empty_leaf, parent) = {
+                let n = self.node(cur);
+                (n.holders.is_empty() && n.children.is_empty(), n.parent)
+            };
+            if !empty_leaf {
+                self.compact(cur);
+                return;
+            }
+            let node = self.release(cur);
+            for hash in &node.hashes {
+                self.blocks.remove(hash);
+            }
+            self.detach_child(parent, cur);
+            match parent {
+                Some(p) => cur = p,
+                None => return,
+            }
+        }
+    }
+
+    /// Appends new blocks (none of them in the tree) after `parent`, held by `holder`.
+    pub(crate) fn append(
+        &mut self,
+        parent: Option<BlockRef>,
+        hashes: &[SequenceHash],
+        contents: &[ContentHash],
+        holder: HolderId,
+    ) {
+        debug_assert_eq!(hashes.len(), contents.len());
+        if hashes.is_empty() {
+            return;
+        }
+        let (parent_node, start) = match parent {
+            None => (None, 0),
+            Some(at) => {
+                let mut pid = at.node;
+                if at.depth + 1 < self.node(pid).end() {
+                    pid = self.split_at(pid, at.depth + 1).0;
+                }
+                let p = self.node(pid);
+                if p.children.is_empty() && p.holders.len() == 1 && p.holders[0] == holder {
+                    // Leaf extension: the run simply grows.
+                    let first = p.hashes.len();
+                    let base = p.start;
+                    let p = self.node_mut(pid);
+                    p.hashes.extend_from_slice(hashes);
+                    p.contents.extend_from_slice(contents);
+                    for (i, hash) in hashes.iter().enumerate() {
+                        let depth = base + (first + i) as u32;
+                        self.blocks.insert(*hash, BlockRef { node: pid, depth });
+                    }
+                    return;
+                }
+                (Some(pid), at.depth + 1)
+            }
+        };
+        let id = self.alloc(Node {
+            parent: parent_node,
+            start,
+            hashes: hashes.to_vec(),
+            contents: contents.to_vec(),
+            holders: vec![holder],
+            children: Vec::new(),
+        });
+        if let Some(p) = parent_node {
+            self.node_mut(p).children.push(id);
+        }
+        self.point_blocks_at(id);
+    }
+
+    /// Checks the structural invariants; returns a description of the first violation.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let mut mapped = 0usize;
+        for id in self.node_ids() {
+            let n = self.node(id);
+            if n.hashes.is_empty() || n.hashes.len() != n.contents.len() {
+                return Err(format!("node {id} has an empty or ragged run"));
+            }
+            if !n.holders.windows(2).all(|w| w[0] < w[1]) {
+                return Err(format!("node {id} holders not sorted and unique"));
+            }
+            if n.holders.is_empty() && n.children.is_empty() {
+                return Err(format!("node {id} is an empty leaf"));
+            }
+            match n.parent {
+                None if n.start != 0 => return Err(format!("root-level node {id} at depth > 0")),
+                Some(p) => {
+                    let pn = self.nodes.get(p as usize).and_then(Option::as_ref);
+                    let Some(pn) = pn else {
+                        return Err(format!("node {id} has a dead parent"));
+                    };
+                    if !pn.children.contains(&id) || pn.end() != n.start {
+                        return Err(format!("node {id} is not attached to its parent {p}"));
+                    }
+                    if pn.children.len() == 1 && pn.holders == n.holders {
+                        return Err(format!("node {id} should have been merged into {p}"));
+                    }
+                }
+                None => {}
+            }
+            for &c in &n.children {
+                if self
+                    .nodes
+                    .get(c as usize)
+                    .and_then(Option::as_ref)
+                    .map(|c| c.parent)
+                    != Some(Some(id))
+                {
+                    return Err(format!("child {c} of {id} does not point back"));
+                }
+            }
+            for (i, hash) in n.hashes.iter().enumerate() {
+                let want = BlockRef {
+                    node: id,
+                    depth: n.start + i as u32,
+                };
+                if self.blocks.get(hash) != Some(&want) {
+                    return Err(format!("block {hash} of node {id} is mis-mapped"));
+                }
+                mapped += 1;
+            }
+        }
+        if mapped != self.blocks.len() {
+            return Err(format!(
+                "{} blocks mapped, {mapped} in nodes",
+                self.blocks.len()
+            ));
+        }
+        Ok(())
+    }
+}

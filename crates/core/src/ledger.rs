@@ -1,0 +1,312 @@
+//! The load ledger: what each rank is working on right now.
+//!
+//! Per rank: active requests, active prefill tokens (the uncached part of prompts not yet past
+//! their first token) and active decode blocks (blocks held by active requests, a prefix shared
+//! by several counted once). A request goes begin → first token → finish, and may be cancelled
+//! from any state; every unit begun is released exactly once.
+
+use crate::fast_map::FastMap;
+use crate::ids::{RequestId, SequenceHash, WorkerRank};
+use serde::{Deserialize, Serialize};
+
+/// Why a ledger operation was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    /// `begin` with an id that is already active.
+    #[error("request {0} is already active")]
+    DuplicateRequest(RequestId),
+    /// An operation on an id that is not active.
+    #[error("request {0} is not active")]
+    UnknownRequest(RequestId),
+}
+
+/// A rank's current load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankLoad {
+    /// Requests begun and not yet finished or cancelled.
+    pub active_requests: u32,
+    /// Uncached prompt tokens of requests that have not produced their first token.
+    pub active_prefill_tokens: u64,
+    /// Distinct KV blocks held by active requests.
+    pub active_decode_blocks: u64,
+}
+
+/// What a request puts on its rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestLoad {
+    /// The rank serving it.
+    pub rank: WorkerRank,
+    /// Uncached prompt tokens it will prefill.
+    pub prefill_tokens: u64,
+    /// Sequence hashes of its full prompt blocks (shared prefixes are counted once per rank).
+    pub blocks: Vec<SequenceHash>,
+    /// Blocks it holds that no other request can share (a trailing partial block).
+    pub private_blocks: u64,
+}
+
+/// The phase of an active request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Begun, no token yet: its prefill tokens count.
+    Prefill,
+    /// Past its first token.
+    Decode,
+}
+
+#[derive(Debug)]
+struct Active {
+    load: RequestLoad,
+    phase: Phase,
+}
+
+#[derive(Debug, Default)]
+struct RankState {
+    load: RankLoad,
+    /// Reference counts of shared blocks.
+    blocks: FastMap<SequenceHash, u32>,
+}
+
+/// The ledger of every rank's load.
+#[derive(Debug, Default)]
+pub struct LoadLedger {
+    ranks: FastMap<WorkerRank, RankState>,
+    requests: FastMap<RequestId, Active>,
+}
+
+impl LoadLedger {
+    /// An empty ledger.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The current load of `rank` (zero when it has none).
+    pub fn load(&self, rank: WorkerRank) -> RankLoad {
+        self.ranks.get(&rank).map(|r| r.load).unwrap_or_default()
+    }
+
+    /// Number of active requests over all ranks.
+    pub fn active_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Whether `id` is active.
+    pub fn is_active(&self, id: RequestId) -> bool {
+        self.requests.contains_key(&id)
+    }
+
+    /// The phase and rank of an active request.
+    pub fn get(&self, id: RequestId) -> Option<(WorkerRank, Phase)> {
+        self.requests.get(&id).map(|a| (a.load.rank, a.phase))
+    }
+
+    /// How many leading blocks of `blocks` are already held by active requests on `rank`.
+    /// Active blocks are prefix-closed per request, so a binary search over the prefix length
+    /// needs only O(log n) probes.
+    pub fn held_prefix_blocks(&self, rank: WorkerRank, blocks: &[SequenceHash]) -> usize {
+        let Some(state) = self.ranks.get(&rank) else {
+            return 0;
+        };
+        if state.blocks.is_empty() {
+            return 0;
+        }
+        let (mut lo, mut hi) = (0usize, blocks.len());
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if state.blocks.contains_key(&blocks[mid - 1]) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+
+    /// Starts accounting for a request.
+    pub fn begin(&mut self, id: RequestId, load: RequestLoad) -> Result<(), LedgerError> {
+        if self.requests.contains_key(&id) {
+            return Err(LedgerError::DuplicateRequest(id));
+        }
+        let state = self.ranks.entry(load.rank).or_default();
+        state.load.active_requests += 1;
+        state.load.active_prefill_tokens += load.prefill_tokens;
+        state.load.active_decode_blocks += load.private_blocks;
+        for seq in &load.blocks {
+            let count = state.blocks.entry(*seq).or_insert(0);
+            if *count == 0 {
+                state.load.active_decode_blocks += 1;
+            }
+            *count += 1;
+        }
+        self.requests.insert(
+            id,
+            Active {
+                load,
+                phase: Phase::Prefill,
+            },
+        );
+        Ok(())
+    }
+
+    /// The request produced its first token: its prefill tokens no longer count. Idempotent.
+    pub fn first_token(&mut self, id: RequestId) -> Result<(), LedgerError> {
+        let active = self
+            .requests
+            .get_mut(&id)
+            .ok_or(LedgerError::UnknownRequest(id))?;
+        if active.phase == Phase::Prefill {
+            active.phase = Phase::Decode;
+            let state = self
+                .ranks
+                .get_mut(&active.load.rank)
+                .expect("rank of active request");
+            state.load.active_prefill_tokens -= active.load.prefill_tokens;
+        }
+        Ok(())
+    }
+
+    /// The request ended (finished, cancelled or failed): release everything it held.
+    pub fn release(&mut self, id: RequestId) -> Result<RequestLoad, LedgerError> {
+        let active = self
+            .requests
+            .remove(&id)
+            .ok_or(LedgerError::UnknownRequest(id))?;
+        let state = self
+            .ranks
+            .get_mut(&active.load.rank)
+            .expect("rank of active request");
+        state.load.active_requests -= 1;
+        if active.phase == Phase::Prefill {
+            state.load.active_prefill_tokens -= active.load.prefill_tokens;
+        }
+        state.load.active_decode_blocks -= active.load.private_blocks;
+        for seq in &active.load.blocks {
+            if let Some(count) = state.blocks.get_mut(seq) {
+                *count -= 1;
+                if *count == 0 {
+                    state.blocks.remove(seq);
+                    state.load.active_decode_blocks -= 1;
+                }
+            }
+        }
+        if state.load == RankLoad::default() {
+            self.ranks.remove(&active.load.rank);
+        }
+        Ok(active.load)
+    }
+
+    /// Active requests on `rank`, sorted by id.
+    pub fn requests_on(&self, rank: WorkerRank) -> Vec<RequestId> {
+        let mut ids: Vec<RequestId> = self
+            .requests
+            .iter()
+            .filter(|(_, a)| a.load.rank == rank)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Recomputes every rank's load from the active requests and compares.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut expect: FastMap<WorkerRank, (RankLoad, FastMap<SequenceHash, u32>)> =
+            FastMap::default();
+        for active in self.requests.values() {
+            let (load, blocks) = expect.entry(active.load.rank).or_default();
+            load.active_requests += 1;
+            if active.phase == Phase::Prefill {
+                load.active_prefill_tokens += active.load.prefill_tokens;
+            }
+            load.active_decode_blocks += active.load.private_blocks;
+            for seq in &active.load.blocks {
+                *blocks.entry(*seq).or_default() += 1;
+            }
+        }
+        for (rank, state) in &self.ranks {
+            let (mut load, blocks) = expect.remove(rank).unwrap_or_default();
+            load.active_decode_blocks += blocks.len() as u64;
+            if load != state.load || blocks != state.blocks {
+                return Err(format!(
+                    "{rank}: ledger {:?}, recomputed {load:?}",
+                    state.load
+                ));
+            }
+        }
+        if let Some((rank, _)) = expect.into_iter().next() {
+            return Err(format!("{rank} has active requests but no ledger entry"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::WorkerId;
+
+    fn rank(w: u64) -> WorkerRank {
+        WorkerRank::new(WorkerId(w), 0)
+    }
+
+    fn load(w: u64, prefill: u64, blocks: &[u64]) -> RequestLoad {
+        RequestLoad {
+            rank: rank(w),
+            prefill_tokens: prefill,
+            blocks: blocks.iter().map(|b| SequenceHash(*b)).collect(),
+            private_blocks: 1,
+        }
+    }
+
+    #[test]
+    fn lifecycle_moves_prefill_then_releases_everything() {
+        let mut ledger = LoadLedger::new();
+        ledger
+            .begin(RequestId(1), load(1, 100, &[1, 2, 3]))
+            .unwrap();
+        ledger.begin(RequestId(2), load(1, 50, &[1, 2, 4])).unwrap();
+        let l = ledger.load(rank(1));
+        assert_eq!(
+            l,
+            RankLoad {
+                active_requests: 2,
+                active_prefill_tokens: 150,
+                active_decode_blocks: 6
+            }
+        );
+        ledger.first_token(RequestId(1)).unwrap();
+        ledger.first_token(RequestId(1)).unwrap();
+        assert_eq!(ledger.load(rank(1)).active_prefill_tokens, 50);
+        ledger.release(RequestId(2)).unwrap();
+        assert_eq!(ledger.load(rank(1)).active_decode_blocks, 4);
+        ledger.release(RequestId(1)).unwrap();
+        assert_eq!(ledger.load(rank(1)), RankLoad::default());
+        ledger.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn unknown_and_duplicate_requests_are_refused() {
+        let mut ledger = LoadLedger::new();
+        ledger.begin(RequestId(1), load(1, 1, &[])).unwrap();
+        assert_eq!(
+            ledger.begin(RequestId(1), load(2, 1, &[])),
+            Err(LedgerError::DuplicateRequest(RequestId(1)))
+        );
+        assert_eq!(
+            ledger.first_token(RequestId(9)),
+            Err(LedgerError::UnknownRequest(RequestId(9)))
+        );
+        ledger.release(RequestId(1)).unwrap();
+        assert!(ledger.release(RequestId(1)).is_err());
+    }
+
+    #[test]
+    fn held_prefix_counts_leading_blocks_of_active_requests() {
+        let mut ledger = LoadLedger::new();
+        ledger.begin(RequestId(1), load(1, 0, &[1, 2, 3])).unwrap();
+        let q = |b: &[u64]| b.iter().map(|x| SequenceHash(*x)).collect::<Vec<_>>();
+        assert_eq!(ledger.held_prefix_blocks(rank(1), &q(&[1, 2, 3, 4])), 3);
+        assert_eq!(ledger.held_prefix_blocks(rank(1), &q(&[1, 2, 9])), 2);
+        assert_eq!(ledger.held_prefix_blocks(rank(1), &q(&[9])), 0);
+        assert_eq!(ledger.held_prefix_blocks(rank(2), &q(&[1])), 0);
+    }
+}

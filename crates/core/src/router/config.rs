@@ -1,0 +1,270 @@
+//! The router's configuration: one validated tree, with field names that follow the flags of the
+//! seeds' frontend (`--router-mode kv` is `router_mode`, and so on), so a configuration can be
+//! written as `kv:router_predicted_ttl_secs=5` and mean what the flag means.
+
+use crate::approx::ApproxConfig;
+use crate::policy::{KvCostParams, RouterMode};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Every routing option. Defaults are in [`RouterConfig::default`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    /// The selection policy.
+    pub router_mode: RouterMode,
+    /// Tokens per KV block; must match the engines'.
+    pub kv_cache_block_size: usize,
+    /// Sampling temperature of the KV policy (0 = argmin).
+    pub router_temperature: f64,
+    /// Credit per GPU-cached block (0 = load-aware).
+    pub router_kv_overlap_score_credit: f64,
+    /// Decay of credit on candidates with excess prefill load.
+    pub router_kv_overlap_score_credit_decay: f64,
+    /// Weight of the prefill term.
+    pub router_prefill_load_scale: f64,
+    /// Block-equivalent cost per active request.
+    pub router_decode_active_request_weight: f64,
+    /// Credit per block found in host memory beyond the GPU prefix.
+    pub router_host_cache_hit_weight: f64,
+    /// Credit per block found on disk beyond the faster tiers.
+    pub router_disk_cache_hit_weight: f64,
+    /// Learn cache state from engine KV events (true) or predict it from decisions (false,
+    /// `--no-router-kv-events`).
+    pub router_kv_events: bool,
+    /// Time-to-live of predicted blocks in approximate mode, seconds.
+    pub router_ttl_secs: f64,
+    /// Most (block, rank) entries kept by a predicted index.
+    pub router_max_tree_size: usize,
+    /// Fraction of the cap that pruning brings a predicted index down to.
+    pub router_prune_target_ratio: f64,
+    /// With KV events: keep a predicted-placement window of this many seconds (`None` = off).
+    pub router_predicted_ttl_secs: Option<f64>,
+    /// A rank is busy when its active decode blocks exceed this fraction of its KV capacity.
+    pub active_decode_blocks_threshold: Option<f64>,
+    /// A rank is busy when its active prefill tokens exceed this many.
+    pub active_prefill_tokens_threshold: Option<u64>,
+    /// A rank is busy when its active prefill tokens exceed this fraction of its
+    /// `max_num_batched_tokens`.
+    pub active_prefill_tokens_threshold_frac: Option<f64>,
+    /// Seed of the randomized policies.
+    pub seed: u64,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        let kv = KvCostParams::default();
+        Self {
+            router_mode: RouterMode::Kv,
+            kv_cache_block_size: 64,
+            router_temperature: kv.temperature,
+            router_kv_overlap_score_credit: kv.overlap_credit,
+            router_kv_overlap_score_credit_decay: kv.credit_decay,
+            router_prefill_load_scale: kv.prefill_load_scale,
+            router_decode_active_request_weight: kv.active_request_weight,
+            router_host_cache_hit_weight: kv.host_weight,
+            router_disk_cache_hit_weight: kv.disk_weight,
+            router_kv_events: true,
+            router_ttl_secs: 120.0,
+            router_max_tree_size: 1 << 20,
+            router_prune_target_ratio: 0.8,
+            router_predicted_ttl_secs: None,
+            active_decode_blocks_threshold: None,
+            active_prefill_tokens_threshold: None,
+            active_prefill_tokens_threshold_frac: None,
+            seed: 0,
+        }
+    }
+}
+
+/// A configuration value out of range; names the option.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {option}: {reason}")]
+pub struct ConfigError {
+    /// The option, as its flag is spelled.
+    pub option: &'static str,
+    /// What is wrong.
+    pub reason: String,
+}
+
+fn check(ok: bool, option: &'static str, reason: impl Into<String>) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError {
+            option,
+            reason: reason.into(),
+        })
+    }
+}
+
+fn finite_non_negative(value: f64, option: &'static str) -> Result<(), ConfigError> {
+    check(
+        value.is_finite() && value >= 0.0,
+        option,
+        format!("{value} is not a finite number ≥ 0"),
+    )
+}
+
+impl RouterConfig {
+    /// The load-aware preset: KV cost with no overlap credit and no cache tracking.
+    pub fn load_aware() -> Self {
+        Self {
+            router_kv_overlap_score_credit: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Checks every value; the error names the flag.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check(
+            self.kv_cache_block_size > 0,
+            "--kv-cache-block-size",
+            "must be at least 1",
+        )?;
+        finite_non_negative(self.router_temperature, "--router-temperature")?;
+        finite_non_negative(
+            self.router_kv_overlap_score_credit,
+            "--router-kv-overlap-score-credit",
+        )?;
+        finite_non_negative(
+            self.router_kv_overlap_score_credit_decay,
+            "--router-kv-overlap-score-credit-decay",
+        )?;
+        finite_non_negative(
+            self.router_prefill_load_scale,
+            "--router-prefill-load-scale",
+        )?;
+        finite_non_negative(
+            self.router_decode_active_request_weight,
+            "--router-decode-active-request-weight",
+        )?;
+        for (v, name) in [
+            (
+                self.router_host_cache_hit_weight,
+                "--router-host-cache-hit-weight",
+            ),
+            (
+                self.router_disk_cache_hit_weight,
+                "--router-disk-cache-hit-weight",
+            ),
+        ] {
+            check(
+                (0.0..=1.0).contains(&v),
+                name,
+                format!("{v} is not in [0, 1]"),
+            )?;
+        }
+        check(
+            self.router_ttl_secs.is_finite() && self.router_ttl_secs > 0.0,
+            "--router-ttl-secs",
+            format!(
+                "{} is not a positive number of seconds",
+                self.router_ttl_secs
+            ),
+        )?;
+        check(
+            self.router_max_tree_size > 0,
+            "--router-max-tree-size",
+            "must be at least 1",
+        )?;
+        check(
+            self.router_prune_target_ratio > 0.0 && self.router_prune_target_ratio < 1.0,
+            "--router-prune-target-ratio",
+            format!("{} is not in (0, 1)", self.router_prune_target_ratio),
+        )?;
+        if let Some(ttl) = self.router_predicted_ttl_secs {
+            check(
+                ttl.is_finite() && ttl > 0.0,
+                "--router-predicted-ttl-secs",
+                format!("{ttl} is not a positive number of seconds"),
+            )?;
+            check(
+                self.router_kv_events,
+                "--router-predicted-ttl-secs",
+                "needs KV events (it is a side window next to the event-fed index)",
+            )?;
+        }
+        if let Some(t) = self.active_decode_blocks_threshold {
+            check(
+                t.is_finite() && t >= 0.0,
+                "--active-decode-blocks-threshold",
+                format!("{t} is not a fraction ≥ 0"),
+            )?;
+        }
+        if let Some(f) = self.active_prefill_tokens_threshold_frac {
+            finite_non_negative(f, "--active-prefill-tokens-threshold-frac")?;
+        }
+        Ok(())
+    }
+
+    /// The KV cost weights.
+    pub fn kv_params(&self) -> KvCostParams {
+        KvCostParams {
+            overlap_credit: self.router_kv_overlap_score_credit,
+            credit_decay: self.router_kv_overlap_score_credit_decay,
+            prefill_load_scale: self.router_prefill_load_scale,
+            active_request_weight: self.router_decode_active_request_weight,
+            host_weight: self.router_host_cache_hit_weight,
+            disk_weight: self.router_disk_cache_hit_weight,
+            temperature: self.router_temperature,
+        }
+    }
+
+    pub(crate) fn approx_config(&self, ttl_secs: f64) -> ApproxConfig {
+        ApproxConfig {
+            ttl: Duration::from_secs_f64(ttl_secs),
+            max_entries: self.router_max_tree_size,
+            prune_target_ratio: self.router_prune_target_ratio,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_documented_values() {
+        let c = RouterConfig::default();
+        c.validate().unwrap();
+        assert_eq!(c.router_mode, RouterMode::Kv);
+        assert_eq!(c.router_ttl_secs, 120.0);
+        assert_eq!(c.router_max_tree_size, 1_048_576);
+        assert_eq!(c.kv_params(), KvCostParams::default());
+        RouterConfig::load_aware().validate().unwrap();
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        let c = RouterConfig {
+            router_temperature: -1.0,
+            ..RouterConfig::default()
+        };
+        assert_eq!(c.validate().unwrap_err().option, "--router-temperature");
+        let c = RouterConfig {
+            kv_cache_block_size: 0,
+            ..RouterConfig::default()
+        };
+        assert_eq!(c.validate().unwrap_err().option, "--kv-cache-block-size");
+        let c = RouterConfig {
+            router_kv_events: false,
+            router_predicted_ttl_secs: Some(5.0),
+            ..RouterConfig::default()
+        };
+        assert_eq!(
+            c.validate().unwrap_err().option,
+            "--router-predicted-ttl-secs"
+        );
+    }
+
+    #[test]
+    fn configs_deserialize_from_flag_named_keys() {
+        let c: RouterConfig =
+            serde_json::from_str(r#"{"router_mode":"round-robin","router_predicted_ttl_secs":5}"#)
+                .unwrap();
+        assert_eq!(c.router_mode, RouterMode::RoundRobin);
+        assert_eq!(c.router_predicted_ttl_secs, Some(5.0));
+        assert!(serde_json::from_str::<RouterConfig>(r#"{"nope":1}"#).is_err());
+    }
+}

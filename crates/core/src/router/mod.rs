@@ -1,0 +1,353 @@
+//! The `Router` façade: workers, the prefix index, predicted placements, the load ledger and the
+//! selection policy behind plain methods. Events in, decisions out, `now` passed in.
+//!
+//! Layout: `config.rs` (the validated option tree), `request.rs` (requests, decisions, errors),
+//! this file (the façade).
+
+mod config;
+mod request;
+
+pub use config::{ConfigError, RouterConfig};
+pub use request::{Decision, Pin, RouteError, RouteRequest, WorkerSpec};
+
+use crate::approx::ApproxIndex;
+use crate::event::KvEvent;
+use crate::ids::{RequestId, WorkerId, WorkerRank};
+use crate::index::{IndexError, OverlapScores, PrefixIndex};
+use crate::ledger::{LoadLedger, RankLoad, RequestLoad};
+use crate::policy::{self, Candidate, CandidateScore, RouterMode};
+use crate::rng::SeededRng;
+use crate::time::Time;
+use std::collections::BTreeMap;
+
+/// The routing core. See the crate docs.
+#[derive(Debug)]
+pub struct Router {
+    config: RouterConfig,
+    workers: BTreeMap<WorkerId, WorkerSpec>,
+    /// Every rank of every worker, sorted.
+    ranks: Vec<WorkerRank>,
+    index: PrefixIndex,
+    /// Approximate mode: the only cache picture. Predicted window: a side index.
+    predicted: Option<ApproxIndex>,
+    ledger: LoadLedger,
+    rng: SeededRng,
+    rr_cursor: usize,
+}
+
+impl Router {
+    /// A router with no workers. Fails if the configuration is invalid.
+    pub fn new(config: RouterConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let block_size = config.kv_cache_block_size;
+        let predicted = if !config.router_kv_events {
+            Some(ApproxIndex::new(
+                block_size,
+                config.approx_config(config.router_ttl_secs),
+            ))
+        } else {
+            config
+                .router_predicted_ttl_secs
+                .map(|ttl| ApproxIndex::new(block_size, config.approx_config(ttl)))
+        };
+        Ok(Self {
+            rng: SeededRng::new(config.seed),
+            index: PrefixIndex::new(block_size),
+            predicted,
+            config,
+            workers: BTreeMap::new(),
+            ranks: Vec::new(),
+            ledger: LoadLedger::new(),
+            rr_cursor: 0,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    /// The event-fed prefix index.
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+
+    /// The load ledger.
+    pub fn ledger(&self) -> &LoadLedger {
+        &self.ledger
+    }
+
+    /// Registered workers.
+    pub fn workers(&self) -> impl Iterator<Item = &WorkerSpec> {
+        self.workers.values()
+    }
+
+    /// Every rank, sorted.
+    pub fn ranks(&self) -> &[WorkerRank] {
+        &self.ranks
+    }
+
+    /// Registers a worker and its ranks.
+    pub fn add_worker(&mut self, spec: WorkerSpec) -> Result<(), RouteError> {
+        if self.workers.contains_key(&spec.id) {
+            return Err(RouteError::DuplicateWorker(spec.id));
+        }
+        if spec.dp_size == 0 {
+            return Err(RouteError::InvalidWorker(
+                spec.id,
+                "dp_size must be at least 1",
+            ));
+        }
+        self.workers.insert(spec.id, spec);
+        self.rebuild_ranks();
+        Ok(())
+    }
+
+    /// Forgets a worker and drops all its cached blocks. Its active requests stay in the ledger
+    /// until the host finishes or cancels them.
+    pub fn remove_worker(&mut self, id: WorkerId) -> Result<WorkerSpec, RouteError> {
+        let spec = self
+            .workers
+            .remove(&id)
+            .ok_or(RouteError::UnknownWorker(id))?;
+        self.index.remove_worker(id);
+        if let Some(p) = &mut self.predicted {
+            p.remove_worker(id);
+        }
+        self.rebuild_ranks();
+        Ok(spec)
+    }
+
+    fn rebuild_ranks(&mut self) {
+        self.ranks = self
+            .workers
+            .values()
+            .flat_map(|w| (0..w.dp_size).map(move |r| WorkerRank::new(w.id, r)))
+            .collect();
+    }
+
+    /// Applies a KV event from a registered worker. `Cleared` also drops that rank's predicted
+    /// placements.
+    pub fn apply_event(&mut self, event: &KvEvent) -> Result<(), IndexError> {
+        let rank = event.rank();
+        let known = self
+            .workers
+            .get(&rank.worker)
+            .is_some_and(|w| rank.dp_rank < w.dp_size);
+        if !known {
+            return Err(IndexError::UnknownWorker { rank });
+        }
+        if let (KvEvent::Cleared { .. }, Some(p)) = (event, &mut self.predicted) {
+            p.clear_rank(rank);
+        }
+        self.index.apply(event)
+    }
+
+    /// The overlap of every rank with a prompt: event-fed, predicted, or the larger of both.
+    pub fn overlaps(&self, request: &RouteRequest) -> OverlapScores {
+        let query = &request.blocks.sequence;
+        match (&self.predicted, self.config.router_kv_events) {
+            (Some(p), false) => p.find_matches(query),
+            (Some(p), true) => self
+                .index
+                .find_matches(query)
+                .max_with(&p.find_matches(query)),
+            (None, _) => self.index.find_matches(query),
+        }
+    }
+
+    fn is_busy(&self, rank: WorkerRank, load: &RankLoad) -> bool {
+        let spec = &self.workers[&rank.worker];
+        let c = &self.config;
+        if let (Some(t), Some(capacity)) =
+            (c.active_decode_blocks_threshold, spec.kv_capacity_blocks)
+        {
+            if load.active_decode_blocks as f64 > t * capacity as f64 {
+                return true;
+            }
+        }
+        if let Some(t) = c.active_prefill_tokens_threshold {
+            if load.active_prefill_tokens > t {
+                return true;
+            }
+        }
+        if let (Some(f), Some(max)) = (
+            c.active_prefill_tokens_threshold_frac,
+            spec.max_num_batched_tokens,
+        ) {
+            if load.active_prefill_tokens as f64 > f * max as f64 {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Chooses a rank for `request`, records the request's load on it and, in approximate or
+    /// predicted mode, its blocks. The decision carries every candidate's score.
+    pub fn route(&mut self, request: &RouteRequest, now: Time) -> Result<Decision, RouteError> {
+        if self.ledger.is_active(request.id) {
+            return Err(RouteError::DuplicateRequest(request.id));
+        }
+        if let Some(p) = &mut self.predicted {
+            p.expire(now);
+        }
+        let mode = self.config.router_mode;
+        let allowed = self.allowed_ranks(request, mode)?;
+        let eligible: Vec<(WorkerRank, RankLoad)> = allowed
+            .iter()
+            .map(|r| (*r, self.ledger.load(*r)))
+            .filter(|(r, load)| !self.is_busy(*r, load))
+            .collect();
+        if eligible.is_empty() {
+            return Err(RouteError::AllEligibleWorkersOverloaded);
+        }
+        let overlaps = self.overlaps(request);
+        let candidates: Vec<Candidate> = eligible
+            .iter()
+            .map(|(rank, load)| Candidate {
+                rank: *rank,
+                load: *load,
+                overlap: overlaps.get(*rank),
+                new_blocks: request.request_blocks(self.config.kv_cache_block_size)
+                    - self
+                        .ledger
+                        .held_prefix_blocks(*rank, &request.blocks.sequence)
+                        as u64,
+            })
+            .collect();
+        let scores = policy::kv_scores(
+            &candidates,
+            request.isl_tokens,
+            self.config.kv_cache_block_size,
+            &self.config.kv_params(),
+        );
+        let chosen = self.pick(mode, &candidates, &scores);
+        let score = scores[chosen];
+        let rank = score.rank;
+        let block_size = self.config.kv_cache_block_size as u64;
+        let cached_tokens =
+            (u64::from(score.overlap.gpu_blocks) * block_size).min(request.isl_tokens);
+        let full = request.blocks.sequence.len() as u64;
+        self.ledger
+            .begin(
+                request.id,
+                RequestLoad {
+                    rank,
+                    prefill_tokens: request.isl_tokens - cached_tokens,
+                    blocks: request.blocks.sequence.clone(),
+                    private_blocks: request.request_blocks(self.config.kv_cache_block_size) - full,
+                },
+            )
+            .map_err(|_| RouteError::DuplicateRequest(request.id))?;
+        if let Some(p) = &mut self.predicted {
+            p.insert(rank, &request.blocks, now);
+        }
+        Ok(Decision {
+            request: request.id,
+            rank,
+            mode,
+            overlap: score.overlap,
+            cached_tokens,
+            candidates: scores,
+        })
+    }
+
+    fn allowed_ranks(
+        &self,
+        request: &RouteRequest,
+        mode: RouterMode,
+    ) -> Result<Vec<WorkerRank>, RouteError> {
+        if self.ranks.is_empty() {
+            return Err(RouteError::NoWorkers);
+        }
+        if let Some(pin) = request.pin {
+            let spec = self
+                .workers
+                .get(&pin.worker)
+                .ok_or(RouteError::UnknownWorker(pin.worker))?;
+            return match pin.dp_rank {
+                Some(r) if r >= spec.dp_size => {
+                    Err(RouteError::UnknownRank(WorkerRank::new(pin.worker, r)))
+                }
+                Some(r) => Ok(vec![WorkerRank::new(pin.worker, r)]),
+                None => Ok((0..spec.dp_size)
+                    .map(|r| WorkerRank::new(pin.worker, r))
+                    .collect()),
+            };
+        }
+        if mode == RouterMode::Direct {
+            return Err(RouteError::MissingTarget);
+        }
+        let ranks: Vec<WorkerRank> = match &request.allowed_workers {
+            None => self.ranks.clone(),
+            Some(allowed) => self
+                .ranks
+                .iter()
+                .filter(|r| allowed.contains(&r.worker))
+                .copied()
+                .collect(),
+        };
+        if ranks.is_empty() {
+            return Err(RouteError::NoWorkers);
+        }
+        Ok(ranks)
+    }
+
+    fn pick(
+        &mut self,
+        mode: RouterMode,
+        candidates: &[Candidate],
+        scores: &[CandidateScore],
+    ) -> usize {
+        match mode {
+            RouterMode::RoundRobin => {
+                let i = policy::round_robin(candidates.len(), self.rr_cursor);
+                self.rr_cursor = self.rr_cursor.wrapping_add(1);
+                i
+            }
+            RouterMode::Random => policy::random_pick(candidates.len(), &mut self.rng),
+            RouterMode::LeastLoaded => policy::least_loaded(candidates, &mut self.rng),
+            RouterMode::PowerOfTwo => policy::power_of_two(candidates, &mut self.rng),
+            RouterMode::Kv | RouterMode::Direct => {
+                policy::pick_by_cost(scores, self.config.router_temperature, &mut self.rng)
+            }
+        }
+    }
+
+    /// The request produced its first token.
+    pub fn first_token(&mut self, id: RequestId) -> Result<(), RouteError> {
+        self.ledger
+            .first_token(id)
+            .map_err(|_| RouteError::UnknownRequest(id))
+    }
+
+    /// The request completed.
+    pub fn finish(&mut self, id: RequestId) -> Result<(), RouteError> {
+        self.ledger
+            .release(id)
+            .map(|_| ())
+            .map_err(|_| RouteError::UnknownRequest(id))
+    }
+
+    /// The request was cancelled or failed, in any state.
+    pub fn cancel(&mut self, id: RequestId) -> Result<(), RouteError> {
+        self.finish(id)
+    }
+
+    /// The current load of a rank.
+    pub fn load(&self, rank: WorkerRank) -> RankLoad {
+        self.ledger.load(rank)
+    }
+
+    /// Checks the invariants of every part.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.index.check_invariants()?;
+        if let Some(p) = &self.predicted {
+            p.check_invariants()?;
+        }
+        self.ledger.check_invariants()
+    }
+}
+
+#[cfg(test)]
+mod tests;

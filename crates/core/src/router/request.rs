@@ -1,0 +1,149 @@
+//! What goes into a routing decision and what comes out.
+
+use crate::hashing::BlockHashes;
+use crate::ids::{RequestId, WorkerId, WorkerRank};
+use crate::index::TierOverlap;
+use crate::policy::{CandidateScore, RouterMode};
+use serde::{Deserialize, Serialize};
+
+/// A worker as the router sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerSpec {
+    /// Its id.
+    pub id: WorkerId,
+    /// Number of data-parallel ranks (at least 1).
+    pub dp_size: u32,
+    /// The engine's token budget per step, for the prefill busy fraction.
+    pub max_num_batched_tokens: Option<u64>,
+    /// KV capacity in blocks per rank, for the decode busy fraction.
+    pub kv_capacity_blocks: Option<u64>,
+}
+
+impl WorkerSpec {
+    /// A single-rank worker with unknown limits.
+    pub fn new(id: WorkerId) -> Self {
+        Self {
+            id,
+            dp_size: 1,
+            max_num_batched_tokens: None,
+            kv_capacity_blocks: None,
+        }
+    }
+}
+
+/// A request pinned to a worker (and optionally one of its ranks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pin {
+    /// The worker.
+    pub worker: WorkerId,
+    /// The rank, or any rank of the worker.
+    pub dp_rank: Option<u32>,
+}
+
+/// A request to place.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteRequest {
+    /// Unique while active.
+    pub id: RequestId,
+    /// Prompt length in tokens.
+    pub isl_tokens: u64,
+    /// Hashes of the prompt's full blocks, in the request's namespace.
+    pub blocks: BlockHashes,
+    /// Where the request must go (required in `direct` mode, honoured in every mode).
+    pub pin: Option<Pin>,
+    /// Only these workers may serve it.
+    pub allowed_workers: Option<Vec<WorkerId>>,
+}
+
+impl RouteRequest {
+    /// A request with no pin or restriction.
+    pub fn new(id: RequestId, isl_tokens: u64, blocks: BlockHashes) -> Self {
+        Self {
+            id,
+            isl_tokens,
+            blocks,
+            pin: None,
+            allowed_workers: None,
+        }
+    }
+
+    /// Blocks the prompt occupies: its full blocks plus a partial one.
+    pub fn request_blocks(&self, block_size: usize) -> u64 {
+        self.isl_tokens
+            .div_ceil(block_size.max(1) as u64)
+            .max(self.blocks.len() as u64)
+    }
+}
+
+/// Where a request goes, and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// The request.
+    pub request: RequestId,
+    /// The chosen rank.
+    pub rank: WorkerRank,
+    /// The policy that chose.
+    pub mode: RouterMode,
+    /// The chosen rank's overlap with the prompt.
+    pub overlap: TierOverlap,
+    /// Prompt tokens expected from the chosen rank's GPU cache.
+    pub cached_tokens: u64,
+    /// Every eligible candidate's score (the KV cost breakdown, whatever the mode).
+    pub candidates: Vec<CandidateScore>,
+}
+
+/// Why a request could not be placed. Says whose fault it is and whether retrying helps.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// No worker is registered (or none is allowed for this request).
+    #[error("no workers available")]
+    NoWorkers,
+    /// Every eligible rank is over a busy threshold; retry later.
+    #[error("all eligible workers are overloaded")]
+    AllEligibleWorkersOverloaded,
+    /// The request names a worker the router does not know.
+    #[error("unknown worker {0}")]
+    UnknownWorker(WorkerId),
+    /// The request names a rank the worker does not have.
+    #[error("unknown worker rank {0}")]
+    UnknownRank(WorkerRank),
+    /// `direct` mode and the request names no worker.
+    #[error("direct routing needs a target worker")]
+    MissingTarget,
+    /// A request id that is already active.
+    #[error("request {0} is already active")]
+    DuplicateRequest(RequestId),
+    /// A request id that is not active.
+    #[error("request {0} is not active")]
+    UnknownRequest(RequestId),
+    /// A worker id that is already registered.
+    #[error("worker {0} is already registered")]
+    DuplicateWorker(WorkerId),
+    /// A worker registration with impossible values.
+    #[error("worker {0}: {1}")]
+    InvalidWorker(WorkerId, &'static str),
+}
+
+impl RouteError {
+    /// Whether the client caused it (a bad target or id), as opposed to capacity or state.
+    pub fn is_client_error(&self) -> bool {
+        matches!(
+            self,
+            RouteError::UnknownWorker(_)
+                | RouteError::UnknownRank(_)
+                | RouteError::MissingTarget
+                | RouteError::DuplicateRequest(_)
+                | RouteError::UnknownRequest(_)
+                | RouteError::DuplicateWorker(_)
+                | RouteError::InvalidWorker(..)
+        )
+    }
+
+    /// Whether the same request may succeed later or elsewhere.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            RouteError::NoWorkers | RouteError::AllEligibleWorkersOverloaded
+        )
+    }
+}

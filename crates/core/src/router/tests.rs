@@ -1,0 +1,318 @@
+use super::*;
+use crate::event::{BlockContent, Medium, StoredBlock};
+use crate::hashing::{BlockHasher, HashNamespace};
+use crate::ids::EngineHash;
+
+const BS: usize = 4;
+
+fn router(mode: RouterMode, workers: u64) -> Router {
+    let config = RouterConfig {
+        router_mode: mode,
+        kv_cache_block_size: BS,
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    for w in 0..workers {
+        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+    }
+    r
+}
+
+fn tokens(prefix: u32, len: u32) -> Vec<u32> {
+    (0..len).map(|i| prefix * 10_000 + i).collect()
+}
+
+fn request(id: u64, toks: &[u32]) -> RouteRequest {
+    let blocks = BlockHasher::new(BS, &HashNamespace::none()).hash_blocks(toks);
+    RouteRequest::new(RequestId(id), toks.len() as u64, blocks)
+}
+
+fn store_event(worker: u64, toks: &[u32]) -> KvEvent {
+    KvEvent::Stored {
+        worker: WorkerId(worker),
+        dp_rank: 0,
+        parent: None,
+        blocks: toks
+            .chunks_exact(BS)
+            .enumerate()
+            .map(|(i, c)| StoredBlock {
+                engine_hash: EngineHash(i as u64 + 1),
+                content: BlockContent::Tokens(c.to_vec()),
+            })
+            .collect(),
+        block_size: BS,
+        medium: Medium::Gpu,
+        namespace: HashNamespace::none(),
+    }
+}
+
+#[test]
+fn kv_mode_follows_the_cache() {
+    let mut r = router(RouterMode::Kv, 3);
+    let prompt = tokens(1, 40);
+    r.apply_event(&store_event(2, &prompt)).unwrap();
+    let d = r.route(&request(1, &prompt), Time::ZERO).unwrap();
+    assert_eq!(d.rank.worker, WorkerId(2));
+    assert_eq!(d.overlap.gpu_blocks, 10);
+    assert_eq!(d.cached_tokens, 40);
+    assert_eq!(d.candidates.len(), 3);
+    // Nothing to prefill on worker 2, so only decode load was added.
+    assert_eq!(r.load(d.rank).active_prefill_tokens, 0);
+    assert_eq!(r.load(d.rank).active_decode_blocks, 10);
+    r.check_invariants().unwrap();
+}
+
+#[test]
+fn kv_mode_balances_when_nothing_is_cached() {
+    let mut r = router(RouterMode::Kv, 2);
+    let a = r.route(&request(1, &tokens(1, 40)), Time::ZERO).unwrap();
+    let b = r.route(&request(2, &tokens(2, 40)), Time::ZERO).unwrap();
+    assert_ne!(
+        a.rank, b.rank,
+        "the second request avoids the loaded worker"
+    );
+}
+
+#[test]
+fn load_aware_ignores_the_cache() {
+    let config = RouterConfig {
+        kv_cache_block_size: BS,
+        ..RouterConfig::load_aware()
+    };
+    let mut r = Router::new(config).unwrap();
+    for w in 0..2 {
+        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+    }
+    let prompt = tokens(1, 40);
+    r.apply_event(&store_event(1, &prompt)).unwrap();
+    // Load worker 1 so that the cached worker is the more expensive one.
+    r.route(&request(1, &tokens(9, 8)), Time::ZERO).unwrap();
+    let busy = r.ledger().get(RequestId(1)).unwrap().0;
+    let d = r.route(&request(2, &prompt), Time::ZERO).unwrap();
+    assert_ne!(d.rank, busy);
+}
+
+#[test]
+fn round_robin_cycles_and_finish_releases_load() {
+    let mut r = router(RouterMode::RoundRobin, 3);
+    let picks: Vec<u64> = (0..6)
+        .map(|i| {
+            r.route(&request(i, &tokens(1, 8)), Time::ZERO)
+                .unwrap()
+                .rank
+                .worker
+                .0
+        })
+        .collect();
+    assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
+    for i in 0..6 {
+        r.first_token(RequestId(i)).unwrap();
+        r.finish(RequestId(i)).unwrap();
+    }
+    assert_eq!(r.ledger().active_requests(), 0);
+    assert_eq!(
+        r.finish(RequestId(0)),
+        Err(RouteError::UnknownRequest(RequestId(0)))
+    );
+}
+
+#[test]
+fn direct_mode_needs_a_known_target() {
+    let mut r = router(RouterMode::Direct, 2);
+    assert_eq!(
+        r.route(&request(1, &tokens(1, 8)), Time::ZERO),
+        Err(RouteError::MissingTarget)
+    );
+    let mut req = request(1, &tokens(1, 8));
+    req.pin = Some(Pin {
+        worker: WorkerId(7),
+        dp_rank: None,
+    });
+    assert_eq!(
+        r.route(&req, Time::ZERO),
+        Err(RouteError::UnknownWorker(WorkerId(7)))
+    );
+    req.pin = Some(Pin {
+        worker: WorkerId(1),
+        dp_rank: Some(3),
+    });
+    assert!(matches!(
+        r.route(&req, Time::ZERO),
+        Err(RouteError::UnknownRank(_))
+    ));
+    req.pin = Some(Pin {
+        worker: WorkerId(1),
+        dp_rank: None,
+    });
+    assert_eq!(r.route(&req, Time::ZERO).unwrap().rank.worker, WorkerId(1));
+}
+
+#[test]
+fn busy_thresholds_filter_and_report_overload() {
+    let config = RouterConfig {
+        router_mode: RouterMode::RoundRobin,
+        kv_cache_block_size: BS,
+        active_prefill_tokens_threshold: Some(10),
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    r.add_worker(WorkerSpec::new(WorkerId(0))).unwrap();
+    r.add_worker(WorkerSpec::new(WorkerId(1))).unwrap();
+    r.route(&request(1, &tokens(1, 40)), Time::ZERO).unwrap();
+    r.route(&request(2, &tokens(2, 40)), Time::ZERO).unwrap();
+    assert_eq!(
+        r.route(&request(3, &tokens(3, 4)), Time::ZERO),
+        Err(RouteError::AllEligibleWorkersOverloaded)
+    );
+    r.first_token(RequestId(1)).unwrap();
+    assert!(r.route(&request(3, &tokens(3, 4)), Time::ZERO).is_ok());
+}
+
+#[test]
+fn prefill_fraction_uses_each_workers_budget() {
+    let config = RouterConfig {
+        kv_cache_block_size: BS,
+        active_prefill_tokens_threshold_frac: Some(0.5),
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    let mut spec = WorkerSpec::new(WorkerId(0));
+    spec.max_num_batched_tokens = Some(100);
+    r.add_worker(spec).unwrap();
+    r.route(&request(1, &tokens(1, 60)), Time::ZERO).unwrap();
+    assert_eq!(
+        r.route(&request(2, &tokens(2, 4)), Time::ZERO),
+        Err(RouteError::AllEligibleWorkersOverloaded)
+    );
+}
+
+#[test]
+fn approximate_mode_learns_from_its_own_decisions_and_forgets_after_the_ttl() {
+    let config = RouterConfig {
+        kv_cache_block_size: BS,
+        router_kv_events: false,
+        router_ttl_secs: 10.0,
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    for w in 0..4 {
+        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+    }
+    let prompt = tokens(5, 64);
+    let first = r.route(&request(1, &prompt), Time::ZERO).unwrap();
+    r.first_token(RequestId(1)).unwrap();
+    r.finish(RequestId(1)).unwrap();
+    let again = r
+        .route(&request(2, &prompt), Time::from_secs_f64(5.0))
+        .unwrap();
+    assert_eq!(again.rank, first.rank);
+    assert_eq!(again.overlap.gpu_blocks, 16);
+    r.finish(RequestId(2)).unwrap();
+    let late = r
+        .route(&request(3, &prompt), Time::from_secs_f64(16.0))
+        .unwrap();
+    assert_eq!(late.overlap.gpu_blocks, 0, "expired after the ttl");
+    r.check_invariants().unwrap();
+}
+
+#[test]
+fn predicted_window_keeps_siblings_together_before_events_arrive() {
+    let config = RouterConfig {
+        kv_cache_block_size: BS,
+        router_predicted_ttl_secs: Some(5.0),
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    for w in 0..8 {
+        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+    }
+    let prompt = tokens(7, 400);
+    let first = r.route(&request(1, &prompt), Time::ZERO).unwrap();
+    // The first sibling is past its prefill, but its KV events have not arrived yet.
+    r.first_token(RequestId(1)).unwrap();
+    for i in 2..6 {
+        let d = r.route(&request(i, &prompt), Time::ZERO).unwrap();
+        assert_eq!(
+            d.rank, first.rank,
+            "sibling {i} follows the predicted prefix"
+        );
+    }
+    // The event-fed index was never written by predictions.
+    assert_eq!(r.index().stats().entries, 0);
+}
+
+#[test]
+fn unknown_event_sources_and_duplicate_ids_are_rejected() {
+    let mut r = router(RouterMode::Kv, 1);
+    assert_eq!(
+        r.apply_event(&store_event(9, &tokens(1, 8)))
+            .unwrap_err()
+            .status(),
+        "unknown_worker"
+    );
+    r.route(&request(1, &tokens(1, 8)), Time::ZERO).unwrap();
+    assert_eq!(
+        r.route(&request(1, &tokens(1, 8)), Time::ZERO),
+        Err(RouteError::DuplicateRequest(RequestId(1)))
+    );
+    assert_eq!(
+        r.add_worker(WorkerSpec::new(WorkerId(0))),
+        Err(RouteError::DuplicateWorker(WorkerId(0)))
+    );
+}
+
+#[test]
+fn removing_a_worker_drops_its_cache_and_candidacy() {
+    let mut r = router(RouterMode::Kv, 2);
+    let prompt = tokens(1, 16);
+    r.apply_event(&store_event(1, &prompt)).unwrap();
+    r.remove_worker(WorkerId(1)).unwrap();
+    assert_eq!(r.index().stats().entries, 0);
+    let d = r.route(&request(1, &prompt), Time::ZERO).unwrap();
+    assert_eq!(d.rank.worker, WorkerId(0));
+    assert_eq!(
+        r.remove_worker(WorkerId(1)),
+        Err(RouteError::UnknownWorker(WorkerId(1)))
+    );
+    let empty = &mut router(RouterMode::Kv, 0);
+    assert_eq!(
+        empty.route(&request(1, &prompt), Time::ZERO),
+        Err(RouteError::NoWorkers)
+    );
+}
+
+#[test]
+fn allowed_workers_restrict_candidates() {
+    let mut r = router(RouterMode::RoundRobin, 4);
+    let mut req = request(1, &tokens(1, 8));
+    req.allowed_workers = Some(vec![WorkerId(3)]);
+    for i in 0..3 {
+        req.id = RequestId(i);
+        assert_eq!(r.route(&req, Time::ZERO).unwrap().rank.worker, WorkerId(3));
+    }
+}
+
+#[test]
+fn same_seed_same_decisions() {
+    let run = |seed| {
+        let config = RouterConfig {
+            router_mode: RouterMode::Random,
+            kv_cache_block_size: BS,
+            seed,
+            ..Default::default()
+        };
+        let mut r = Router::new(config).unwrap();
+        for w in 0..8 {
+            r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+        }
+        (0..50)
+            .map(|i| {
+                r.route(&request(i, &tokens(1, 4)), Time::ZERO)
+                    .unwrap()
+                    .rank
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(1), run(1));
+    assert_ne!(run(1), run(2));
+}
