@@ -1,1 +1,81 @@
-fn main() {}
+//! `Router::route()` end to end with 64 workers and the trace-fed index.
+//!
+//! `cargo bench -p kvrouter-core --bench route`
+
+#![allow(missing_docs)]
+
+mod common;
+
+use common::*;
+use criterion::{criterion_group, criterion_main, Criterion};
+use kvrouter_core::ids::{RequestId, WorkerId};
+use kvrouter_core::policy::RouterMode;
+use kvrouter_core::router::{RouteRequest, Router, RouterConfig, WorkerSpec};
+use kvrouter_core::time::Time;
+use std::hint::black_box;
+
+fn router(mode: RouterMode, predicted: Option<f64>) -> Router {
+    let config = RouterConfig {
+        router_mode: mode,
+        kv_cache_block_size: BLOCK_SIZE,
+        router_predicted_ttl_secs: predicted,
+        ..RouterConfig::default()
+    };
+    let mut router = Router::new(config).unwrap();
+    for w in 0..64 {
+        router.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+    }
+    let trace = load_trace();
+    let (events, _) = engine_events(&trace, 64);
+    for e in &events {
+        let _ = router.apply_event(e);
+    }
+    router
+}
+
+fn route(c: &mut Criterion) {
+    let trace = load_trace();
+    // A 32k-token prompt: a trace prompt's blocks, extended with fresh blocks.
+    let mut blocks = trace.iter().max_by_key(|r| r.blocks.len()).unwrap().blocks.clone();
+    blocks.truncate(512);
+    blocks.extend((blocks.len() as u64..512).map(|i| 1 << 42 | i));
+    let tokens = prompt_tokens(&blocks);
+    assert_eq!(tokens.len(), 32 * 1024);
+    let hashed = hasher().hash_blocks(&tokens);
+
+    let mut group = c.benchmark_group("route_64_workers_32k_tokens");
+    for (name, mode, predicted) in [
+        ("kv", RouterMode::Kv, None),
+        ("kv_predicted_5s", RouterMode::Kv, Some(5.0)),
+        ("round_robin", RouterMode::RoundRobin, None),
+    ] {
+        let mut r = router(mode, predicted);
+        let mut id = 0u64;
+        group.bench_function(format!("{name}/prehashed"), |b| {
+            b.iter(|| {
+                id += 1;
+                let req = RouteRequest::new(RequestId(id), tokens.len() as u64, hashed.clone());
+                let d = r.route(&req, Time::from_micros(id)).unwrap();
+                r.finish(RequestId(id)).unwrap();
+                black_box(d.rank)
+            })
+        });
+        group.bench_function(format!("{name}/hashing_included"), |b| {
+            b.iter(|| {
+                id += 1;
+                let req = RouteRequest::new(
+                    RequestId(id),
+                    tokens.len() as u64,
+                    hasher().hash_blocks(black_box(&tokens)),
+                );
+                let d = r.route(&req, Time::from_micros(id)).unwrap();
+                r.finish(RequestId(id)).unwrap();
+                black_box(d.rank)
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, route);
+criterion_main!(benches);

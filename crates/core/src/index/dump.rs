@@ -12,21 +12,26 @@ use crate::hashing::HashNamespace;
 use crate::ids::{ContentHash, EngineHash, SequenceHash, WorkerRank};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// One block in a snapshot: parent, content, depth and the (rank, tier) pairs holding it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotBlock {
+    /// The block before it.
+    pub parent: Option<SequenceHash>,
+    /// Its content hash.
+    pub content: ContentHash,
+    /// Its depth (0 = first block of a prompt).
+    pub depth: u32,
+    /// Who holds it.
+    pub holders: BTreeSet<(WorkerRank, Medium)>,
+}
+
 /// A canonical, comparable picture of an index: blocks with their position and holders, and the
 /// engine hashes that reach held blocks. Two indexes with equal snapshots answer every query and
 /// every future event the same way.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IndexSnapshot {
-    /// Sequence hash → (parent, content, depth, holders).
-    pub blocks: BTreeMap<
-        SequenceHash,
-        (
-            Option<SequenceHash>,
-            ContentHash,
-            u32,
-            BTreeSet<(WorkerRank, Medium)>,
-        ),
-    >,
+    /// Every block of the tree.
+    pub blocks: BTreeMap<SequenceHash, SnapshotBlock>,
     /// (rank, tier, engine hash, block) for every engine hash that reaches a held block.
     pub engine: BTreeSet<(WorkerRank, Medium, EngineHash, SequenceHash)>,
 }
@@ -50,7 +55,7 @@ impl PrefixIndex {
                 let at = super::tree::BlockRef { node: id, depth };
                 let parent = self.tree.parent_hash(at);
                 snap.blocks
-                    .insert(seq, (parent, content, depth, holders.clone()));
+                    .insert(seq, SnapshotBlock { parent, content, depth, holders: holders.clone() });
             }
         }
         for (slot, state) in self.ranks.iter().enumerate() {

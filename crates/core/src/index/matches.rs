@@ -206,7 +206,7 @@ impl PrefixIndex {
                 })
             })
             .collect();
-        ranks.sort_by(|a, b| a.rank.cmp(&b.rank));
+        ranks.sort_by_key(|r| r.rank);
         OverlapScores { ranks }
     }
 }

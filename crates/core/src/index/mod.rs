@@ -22,7 +22,7 @@ mod dump;
 mod matches;
 mod tree;
 
-pub use dump::IndexSnapshot;
+pub use dump::{IndexSnapshot, SnapshotBlock};
 pub use matches::{OverlapScores, RankOverlap, TierOverlap};
 
 use crate::event::{BlockContent, KvEvent, Medium};
