@@ -18,19 +18,25 @@ use std::time::Duration;
 fn apply(c: &mut Criterion) {
     let trace = load_trace();
     let mut group = c.benchmark_group("index_apply");
-    group.sample_size(10).measurement_time(Duration::from_secs(8));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(8));
     for workers in [8u64, 64] {
         let (events, blocks) = engine_events(&trace[..3000], workers);
         group.throughput(Throughput::Elements(blocks as u64));
-        group.bench_with_input(BenchmarkId::new("workers", workers), &events, |b, events| {
-            b.iter(|| {
-                let mut index = PrefixIndex::new(BLOCK_SIZE);
-                for e in events {
-                    let _ = index.apply(e);
-                }
-                black_box(index.stats().entries)
-            })
-        });
+        group.bench_with_input(
+            BenchmarkId::new("workers", workers),
+            &events,
+            |b, events| {
+                b.iter(|| {
+                    let mut index = PrefixIndex::new(BLOCK_SIZE);
+                    for e in events {
+                        let _ = index.apply(e);
+                    }
+                    black_box(index.stats().entries)
+                })
+            },
+        );
     }
     group.finish();
 }

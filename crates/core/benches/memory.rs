@@ -7,9 +7,9 @@
 
 mod common;
 
+use cap::Cap;
 use common::*;
 use kvrouter_core::index::PrefixIndex;
-use cap::Cap;
 use std::alloc::System;
 
 #[global_allocator]

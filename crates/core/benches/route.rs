@@ -36,7 +36,12 @@ fn router(mode: RouterMode, predicted: Option<f64>) -> Router {
 fn route(c: &mut Criterion) {
     let trace = load_trace();
     // A 32k-token prompt: a trace prompt's blocks, extended with fresh blocks.
-    let mut blocks = trace.iter().max_by_key(|r| r.blocks.len()).unwrap().blocks.clone();
+    let mut blocks = trace
+        .iter()
+        .max_by_key(|r| r.blocks.len())
+        .unwrap()
+        .blocks
+        .clone();
     blocks.truncate(512);
     blocks.extend((blocks.len() as u64..512).map(|i| 1 << 42 | i));
     let tokens = prompt_tokens(&blocks);

@@ -30,10 +30,29 @@ fn engine_hash(path: &[u8], salt: u64) -> EngineHash {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Store { w: u64, dp: u32, medium: Medium, path: Vec<u8>, split: usize, salt: u64, bad_at: Option<usize> },
-    Remove { w: u64, dp: u32, medium: Medium, paths: Vec<Vec<u8>>, salt: u64 },
-    Clear { w: u64, dp: u32 },
-    RemoveWorker { w: u64 },
+    Store {
+        w: u64,
+        dp: u32,
+        medium: Medium,
+        path: Vec<u8>,
+        split: usize,
+        salt: u64,
+        bad_at: Option<usize>,
+    },
+    Remove {
+        w: u64,
+        dp: u32,
+        medium: Medium,
+        paths: Vec<Vec<u8>>,
+        salt: u64,
+    },
+    Clear {
+        w: u64,
+        dp: u32,
+    },
+    RemoveWorker {
+        w: u64,
+    },
 }
 
 fn medium() -> impl Strategy<Value = Medium> {
@@ -61,7 +80,15 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn to_event(op: &Op) -> Option<KvEvent> {
     Some(match op {
-        Op::Store { w, dp, medium, path, split, salt, bad_at } => KvEvent::Stored {
+        Op::Store {
+            w,
+            dp,
+            medium,
+            path,
+            split,
+            salt,
+            bad_at,
+        } => KvEvent::Stored {
             worker: WorkerId(*w),
             dp_rank: *dp,
             parent: (*split > 0).then(|| engine_hash(&path[..*split], 0)),
@@ -79,13 +106,22 @@ fn to_event(op: &Op) -> Option<KvEvent> {
             medium: *medium,
             namespace: HashNamespace::none(),
         },
-        Op::Remove { w, dp, medium, paths, salt } => KvEvent::Removed {
+        Op::Remove {
+            w,
+            dp,
+            medium,
+            paths,
+            salt,
+        } => KvEvent::Removed {
             worker: WorkerId(*w),
             dp_rank: *dp,
             engine_hashes: paths.iter().map(|p| engine_hash(p, *salt)).collect(),
             medium: *medium,
         },
-        Op::Clear { w, dp } => KvEvent::Cleared { worker: WorkerId(*w), dp_rank: *dp },
+        Op::Clear { w, dp } => KvEvent::Cleared {
+            worker: WorkerId(*w),
+            dp_rank: *dp,
+        },
         Op::RemoveWorker { .. } => return None,
     })
 }
@@ -103,7 +139,15 @@ struct Model {
 impl Model {
     fn apply(&mut self, op: &Op) -> Result<(), &'static str> {
         match op {
-            Op::Store { w, dp, medium, path, split, salt, bad_at } => {
+            Op::Store {
+                w,
+                dp,
+                medium,
+                path,
+                split,
+                salt,
+                bad_at,
+            } => {
                 let h = (WorkerRank::new(WorkerId(*w), *dp), *medium);
                 if *split > 0 {
                     let parent = engine_hash(&path[..*split], 0);
@@ -116,13 +160,19 @@ impl Model {
                     // A parent equal to one of the blocks is impossible here (chain hashes).
                 }
                 let all = seqs(path);
-                let end = bad_at.filter(|b| *b >= *split && *b < path.len()).unwrap_or(path.len());
+                let end = bad_at
+                    .filter(|b| *b >= *split && *b < path.len())
+                    .unwrap_or(path.len());
                 let applied: Vec<usize> = (*split..end).collect();
                 for &i in &applied {
                     self.held.entry(h).or_default().insert(all[i]);
                 }
                 for &i in &applied {
-                    let old = self.engine.entry(h).or_default().insert(engine_hash(&path[..=i], *salt), all[i]);
+                    let old = self
+                        .engine
+                        .entry(h)
+                        .or_default()
+                        .insert(engine_hash(&path[..=i], *salt), all[i]);
                     if let Some(old) = old.filter(|o| *o != all[i]) {
                         self.held.entry(h).or_default().remove(&old);
                     }
@@ -132,11 +182,22 @@ impl Model {
                 }
                 Ok(())
             }
-            Op::Remove { w, dp, medium, paths, salt } => {
+            Op::Remove {
+                w,
+                dp,
+                medium,
+                paths,
+                salt,
+            } => {
                 let h = (WorkerRank::new(WorkerId(*w), *dp), *medium);
                 let mut result = Ok(());
                 for p in paths {
-                    match self.engine.entry(h).or_default().remove(&engine_hash(p, *salt)) {
+                    match self
+                        .engine
+                        .entry(h)
+                        .or_default()
+                        .remove(&engine_hash(p, *salt))
+                    {
                         None => result = Err("block_not_found"),
                         Some(s) => {
                             self.held.entry(h).or_default().remove(&s);
@@ -163,7 +224,11 @@ impl Model {
 
     fn leading(&self, rank: WorkerRank, tiers: &[Medium], query: &[SequenceHash]) -> u32 {
         let holds = |s: &SequenceHash| {
-            tiers.iter().any(|m| self.held.get(&(rank, *m)).is_some_and(|set| set.contains(s)))
+            tiers.iter().any(|m| {
+                self.held
+                    .get(&(rank, *m))
+                    .is_some_and(|set| set.contains(s))
+            })
         };
         query.iter().take_while(|s| holds(s)).count() as u32
     }
@@ -176,8 +241,11 @@ impl Model {
             let host = self.leading(rank, &[Medium::Gpu, Medium::Cpu], query);
             let any = self.leading(rank, &Medium::ALL, query);
             if any > 0 {
-                let overlap =
-                    TierOverlap { gpu_blocks: gpu, cpu_blocks: host - gpu, disk_blocks: any - host };
+                let overlap = TierOverlap {
+                    gpu_blocks: gpu,
+                    cpu_blocks: host - gpu,
+                    disk_blocks: any - host,
+                };
                 out.insert(rank, overlap);
             }
         }

@@ -8,15 +8,32 @@ use std::collections::BTreeMap;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Begin { id: u64, w: u64, prefill: u64, prefix: u8, len: u8 },
-    FirstToken { id: u64 },
-    Release { id: u64 },
+    Begin {
+        id: u64,
+        w: u64,
+        prefill: u64,
+        prefix: u8,
+        len: u8,
+    },
+    FirstToken {
+        id: u64,
+    },
+    Release {
+        id: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (0u64..20, 0u64..3, 0u64..500, 0u8..3, 0u8..6)
-            .prop_map(|(id, w, prefill, prefix, len)| Op::Begin { id, w, prefill, prefix, len }),
+        (0u64..20, 0u64..3, 0u64..500, 0u8..3, 0u8..6).prop_map(|(id, w, prefill, prefix, len)| {
+            Op::Begin {
+                id,
+                w,
+                prefill,
+                prefix,
+                len,
+            }
+        }),
         (0u64..20).prop_map(|id| Op::FirstToken { id }),
         (0u64..20).prop_map(|id| Op::Release { id }),
     ]
@@ -27,7 +44,9 @@ fn load(w: u64, prefill: u64, prefix: u8, len: u8) -> RequestLoad {
         rank: WorkerRank::new(WorkerId(w), 0),
         prefill_tokens: prefill,
         // Chains that share prefixes: block i of prefix p is the same for every request.
-        blocks: (0..len).map(|i| SequenceHash(u64::from(prefix) << 8 | u64::from(i))).collect(),
+        blocks: (0..len)
+            .map(|i| SequenceHash(u64::from(prefix) << 8 | u64::from(i)))
+            .collect(),
         private_blocks: u64::from(len % 2),
     }
 }

@@ -28,8 +28,12 @@ pub fn load_trace() -> Vec<TraceRequest> {
         .filter(|l| !l.trim().is_empty())
         .map(|line| {
             let v: serde_json::Value = serde_json::from_str(line).expect("trace line");
-            let ids: Vec<u64> =
-                v["hash_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+            let ids: Vec<u64> = v["hash_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap())
+                .collect();
             let input_length = v["input_length"].as_u64().unwrap();
             // Only blocks fully covered by the prompt become router blocks.
             let full = (input_length / BLOCK_SIZE as u64) as usize;
@@ -38,14 +42,19 @@ pub fn load_trace() -> Vec<TraceRequest> {
                 .flat_map(|id| (0..SUB_BLOCKS).map(move |j| id * SUB_BLOCKS + j))
                 .take(full)
                 .collect();
-            TraceRequest { blocks, input_length }
+            TraceRequest {
+                blocks,
+                input_length,
+            }
         })
         .collect()
 }
 
 /// The tokens of router block `id`: distinct per id.
 pub fn block_tokens(id: u64) -> Vec<u32> {
-    (0..BLOCK_SIZE as u64).map(|t| (id * BLOCK_SIZE as u64 + t) as u32).collect()
+    (0..BLOCK_SIZE as u64)
+        .map(|t| (id * BLOCK_SIZE as u64 + t) as u32)
+        .collect()
 }
 
 pub fn prompt_tokens(blocks: &[u64]) -> Vec<u32> {

@@ -54,8 +54,15 @@ impl PrefixIndex {
                 let depth = node.start + i as u32;
                 let at = super::tree::BlockRef { node: id, depth };
                 let parent = self.tree.parent_hash(at);
-                snap.blocks
-                    .insert(seq, SnapshotBlock { parent, content, depth, holders: holders.clone() });
+                snap.blocks.insert(
+                    seq,
+                    SnapshotBlock {
+                        parent,
+                        content,
+                        depth,
+                        holders: holders.clone(),
+                    },
+                );
             }
         }
         for (slot, state) in self.ranks.iter().enumerate() {
