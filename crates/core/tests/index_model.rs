@@ -2,7 +2,7 @@
 //! of sequence hashes it holds, with brute-force longest-prefix matching.
 
 use kvrouter_core::event::{BlockContent, KvEvent, Medium, StoredBlock};
-use kvrouter_core::hashing::{BlockHasher, HashNamespace};
+use kvrouter_core::hashing::{chain, BlockHasher, HashNamespace};
 use kvrouter_core::ids::{EngineHash, SequenceHash, WorkerId, WorkerRank};
 use kvrouter_core::index::{IndexError, PrefixIndex, TierOverlap};
 use proptest::prelude::*;
@@ -149,17 +149,35 @@ impl Model {
                 bad_at,
             } => {
                 let h = (WorkerRank::new(WorkerId(*w), *dp), *medium);
+                let mut parent_seq = None;
                 if *split > 0 {
                     let parent = engine_hash(&path[..*split], 0);
-                    let parent_seq = self.engine.get(&h).and_then(|m| m.get(&parent)).copied();
-                    let held = parent_seq
-                        .is_some_and(|s| self.held.get(&h).is_some_and(|set| set.contains(&s)));
-                    if !held {
+                    // The event's tier first, then the rank's other tiers.
+                    let tiers = std::iter::once(*medium)
+                        .chain(Medium::ALL.into_iter().filter(|m| m != medium));
+                    let found = tiers.into_iter().find_map(|m| {
+                        let t = (h.0, m);
+                        let seq = self
+                            .engine
+                            .get(&t)
+                            .and_then(|map| map.get(&parent))
+                            .copied();
+                        seq.filter(|s| self.held.get(&t).is_some_and(|set| set.contains(s)))
+                    });
+                    let Some(found) = found else {
                         return Err("parent_block_not_found");
-                    }
-                    // A parent equal to one of the blocks is impossible here (chain hashes).
+                    };
+                    parent_seq = Some(found);
                 }
-                let all = seqs(path);
+                // Sequence hashes chain from whatever block the parent's engine hash names.
+                let hasher = BlockHasher::new(BS, &HashNamespace::none());
+                let mut all = seqs(&path[..*split]);
+                let mut prev = parent_seq;
+                for &b in &path[*split..] {
+                    let s = chain(prev, hasher.content_hash(&block_tokens(b)));
+                    all.push(s);
+                    prev = Some(s);
+                }
                 let end = bad_at
                     .filter(|b| *b >= *split && *b < path.len())
                     .unwrap_or(path.len());

@@ -7,7 +7,8 @@
 //!
 //! Semantics (the naive model in `tests/index_model.rs` states them independently):
 //! - `Stored` adds the rank's tier to each block. Its parent, when given, must be a block that the
-//!   same rank and tier holds, else `ParentBlockNotFound` and nothing is applied. Storing a block
+//!   same rank holds (in the event's tier, else in another tier of the rank), else
+//!   `ParentBlockNotFound` and nothing is applied. Storing a block
 //!   already held is idempotent. If an engine hash is reused for a different block, the old block
 //!   is dropped for that rank and tier. A block with the wrong token count stops the event there:
 //!   the blocks before it are applied and `BlockSizeMismatch` is returned.
@@ -239,11 +240,17 @@ impl PrefixIndex {
         let parent_ref = match parent {
             None => None,
             Some(p) => {
+                // The parent may sit in another tier of the same rank (an offloaded block's
+                // parent is often still on the GPU); the event's own tier is tried first.
                 let state = self.ranks[slot as usize].as_ref().expect("live slot");
-                let found = state.engine[medium.index()]
-                    .get(&p)
-                    .and_then(|s| self.tree.lookup(*s))
-                    .filter(|at| self.tree.holds(*at, holder));
+                let tiers =
+                    std::iter::once(medium).chain(Medium::ALL.into_iter().filter(|m| *m != medium));
+                let found = tiers.into_iter().find_map(|m| {
+                    state.engine[m.index()]
+                        .get(&p)
+                        .and_then(|s| self.tree.lookup(*s))
+                        .filter(|at| self.tree.holds(*at, holder_id(slot, m)))
+                });
                 match found {
                     Some(at) => Some(at),
                     None => return Err(IndexError::ParentBlockNotFound { rank, parent: p }),

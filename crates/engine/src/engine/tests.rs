@@ -1,0 +1,273 @@
+use super::*;
+use crate::timing::DynamoPoly;
+use kvrouter_core::event::{BlockContent, Medium};
+use kvrouter_core::ids::WorkerId;
+
+fn engine(config: EngineConfig) -> Engine {
+    Engine::new(
+        config,
+        WorkerRank::new(WorkerId(1), 0),
+        Box::new(DynamoPoly),
+    )
+}
+
+fn small() -> EngineConfig {
+    EngineConfig {
+        block_size: 4,
+        num_gpu_blocks: 32,
+        max_num_batched_tokens: 64,
+        ..Default::default()
+    }
+}
+
+fn req(id: u64, tokens: Vec<u32>, out: u32) -> EngineRequest {
+    EngineRequest {
+        id: RequestId(id),
+        prompt: Prompt::tokens(tokens),
+        max_output_tokens: out,
+    }
+}
+
+/// Steps until idle; returns (time of each request's first token, finished list, all events).
+fn run(
+    e: &mut Engine,
+    mut now: Time,
+) -> (FastMap<RequestId, Time>, Vec<Finished>, Vec<KvEvent>, Time) {
+    let mut first = FastMap::default();
+    let mut finished = Vec::new();
+    let mut events = Vec::new();
+    for _ in 0..100_000 {
+        let Some(out) = e.step(now).unwrap() else {
+            break;
+        };
+        e.check_invariants().unwrap();
+        for t in &out.tokens {
+            if t.index == 0 {
+                first.insert(t.id, out.end);
+            }
+        }
+        finished.extend(out.finished);
+        events.extend(out.events);
+        now = out.end;
+    }
+    (first, finished, events, now)
+}
+
+fn close(a: Time, b_ms: f64) -> bool {
+    (a.as_micros() as f64 - b_ms * 1000.0).abs() <= 1.0
+}
+
+#[test]
+fn a_lone_request_takes_the_models_prefill_time_to_its_first_token() {
+    let mut e = engine(EngineConfig {
+        block_size: 64,
+        ..Default::default()
+    });
+    e.add_request(req(1, (0..1000).collect(), 1)).unwrap();
+    let (first, finished, _, _) = run(&mut e, Time::ZERO);
+    assert!(close(
+        first[&RequestId(1)],
+        DynamoPoly.prefill_ms(1000).unwrap()
+    ));
+    assert_eq!(finished[0].cached_tokens, 0);
+}
+
+#[test]
+fn a_repeated_prompt_is_faster_by_exactly_its_cached_part() {
+    let mut e = engine(EngineConfig {
+        block_size: 64,
+        ..Default::default()
+    });
+    e.add_request(req(1, (0..1000).collect(), 1)).unwrap();
+    let (_, _, _, t) = run(&mut e, Time::ZERO);
+    e.add_request(req(2, (0..1000).collect(), 1)).unwrap();
+    let (first, finished, _, _) = run(&mut e, t);
+    // 15 full blocks (960 tokens) are cached; 40 tokens remain.
+    assert_eq!(finished[0].cached_tokens, 960);
+    let ttft_ms = (first[&RequestId(2)].as_micros() - t.as_micros()) as f64 / 1000.0;
+    assert!(
+        (ttft_ms - DynamoPoly.prefill_ms(40).unwrap()).abs() < 0.002,
+        "{ttft_ms}"
+    );
+}
+
+#[test]
+fn decode_produces_one_token_per_step_until_max_tokens() {
+    let mut e = engine(small());
+    e.add_request(req(1, (0..10).collect(), 5)).unwrap();
+    let mut tokens = Vec::new();
+    let mut now = Time::ZERO;
+    while let Some(out) = e.step(now).unwrap() {
+        assert!(out.tokens.len() <= 1);
+        tokens.extend(out.tokens.iter().map(|t| t.index));
+        now = out.end;
+    }
+    assert_eq!(tokens, vec![0, 1, 2, 3, 4]);
+    assert_eq!(e.stats().finished_total, 1);
+    assert_eq!(e.stats().used_blocks, 0);
+}
+
+#[test]
+fn long_prompts_are_prefilled_in_chunks_of_the_token_budget() {
+    let mut e = engine(EngineConfig {
+        num_gpu_blocks: 64,
+        ..small()
+    });
+    e.add_request(req(1, (0..150).collect(), 1)).unwrap();
+    let mut chunks = Vec::new();
+    let mut now = Time::ZERO;
+    while let Some(out) = e.step(now).unwrap() {
+        chunks.push(out.prefill_tokens);
+        now = out.end;
+    }
+    assert_eq!(chunks, vec![64, 64, 22]);
+}
+
+#[test]
+fn cached_blocks_are_announced_and_evictions_removed() {
+    let mut e = engine(EngineConfig {
+        num_gpu_blocks: 4,
+        ..small()
+    });
+    e.add_request(req(1, (0..8).collect(), 1)).unwrap();
+    let (_, _, events, t) = run(&mut e, Time::ZERO);
+    // Two full prompt blocks, one event chaining both, with their tokens.
+    assert_eq!(events.len(), 1);
+    let KvEvent::Stored {
+        parent,
+        blocks,
+        medium,
+        ..
+    } = &events[0]
+    else {
+        panic!()
+    };
+    assert_eq!((*parent, blocks.len(), *medium), (None, 2, Medium::Gpu));
+    assert_eq!(blocks[1].content, BlockContent::Tokens(vec![4, 5, 6, 7]));
+    // A different prompt needing every block evicts the cached ones.
+    e.add_request(req(2, (100..116).collect(), 1)).unwrap();
+    let (_, _, events, _) = run(&mut e, t);
+    let removed: usize = events
+        .iter()
+        .map(|ev| match ev {
+            KvEvent::Removed { engine_hashes, .. } => engine_hashes.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(removed, 2);
+}
+
+#[test]
+fn impossible_requests_are_refused() {
+    let mut e = engine(small());
+    assert!(matches!(
+        e.add_request(req(1, (0..200).collect(), 1)),
+        Err(EngineError::TooLong { .. })
+    ));
+    assert_eq!(
+        e.add_request(req(1, vec![1], 0)),
+        Err(EngineError::NoOutput)
+    );
+    assert_eq!(
+        e.add_request(req(1, vec![], 1)),
+        Err(EngineError::EmptyPrompt)
+    );
+    e.add_request(req(1, vec![1], 1)).unwrap();
+    assert_eq!(
+        e.add_request(req(1, vec![1], 1)),
+        Err(EngineError::Duplicate(RequestId(1)))
+    );
+}
+
+#[test]
+fn block_pressure_preempts_the_newest_and_everything_still_finishes() {
+    // 12 blocks of 4 tokens; three requests that each grow to 5 blocks cannot all run at once.
+    let mut e = engine(EngineConfig {
+        num_gpu_blocks: 12,
+        ..small()
+    });
+    for i in 0..3 {
+        e.add_request(req(i, (i as u32 * 100..i as u32 * 100 + 8).collect(), 12))
+            .unwrap();
+    }
+    let (_, finished, _, _) = run(&mut e, Time::ZERO);
+    assert_eq!(finished.len(), 3);
+    assert!(finished.iter().all(|f| f.output_tokens == 12));
+    assert!(
+        e.stats().preemptions_total > 0,
+        "the test must exercise preemption"
+    );
+    assert_eq!(e.stats().used_blocks, 0);
+}
+
+#[test]
+fn the_cpu_tier_keeps_evicted_blocks_and_onboards_them() {
+    let mut e = engine(EngineConfig {
+        num_gpu_blocks: 4,
+        num_cpu_blocks: 8,
+        ..small()
+    });
+    e.add_request(req(1, (0..9).collect(), 1)).unwrap();
+    let (_, _, _, t) = run(&mut e, Time::ZERO);
+    e.add_request(req(2, (100..116).collect(), 1)).unwrap();
+    let (_, _, events, t) = run(&mut e, t);
+    assert!(events.iter().any(|ev| matches!(
+        ev,
+        KvEvent::Stored {
+            medium: Medium::Cpu,
+            ..
+        }
+    )));
+    e.add_request(req(3, (0..9).collect(), 1)).unwrap();
+    let (_, finished, _, _) = run(&mut e, t);
+    assert_eq!(
+        finished[0].cached_tokens, 8,
+        "both blocks came back from the CPU tier"
+    );
+}
+
+#[test]
+fn cancel_frees_everything_and_the_same_seed_gives_the_same_tokens() {
+    let mut e = engine(small());
+    e.add_request(req(1, (0..10).collect(), 5)).unwrap();
+    e.step(Time::ZERO).unwrap();
+    assert!(e.cancel(RequestId(1)));
+    assert!(!e.cancel(RequestId(1)));
+    assert_eq!(e.stats().used_blocks, 0);
+    e.check_invariants().unwrap();
+    let tokens = |seed| {
+        let mut e = engine(EngineConfig { seed, ..small() });
+        e.add_request(req(1, (0..10).collect(), 5)).unwrap();
+        let mut all = Vec::new();
+        let mut now = Time::ZERO;
+        while let Some(out) = e.step(now).unwrap() {
+            all.extend(out.tokens.iter().map(|t| t.token));
+            now = out.end;
+        }
+        all
+    };
+    assert_eq!(tokens(1), tokens(1));
+    assert_ne!(tokens(1), tokens(2));
+}
+
+#[test]
+fn hash_prompts_from_traces_hit_the_cache_too() {
+    let mut e = engine(small());
+    let hashes = BlockHasher::new(4, &Default::default()).hash_blocks(&(0..16).collect::<Vec<_>>());
+    let r = |id| EngineRequest {
+        id: RequestId(id),
+        prompt: Prompt::Blocks {
+            blocks: hashes.clone(),
+            len_tokens: 18,
+        },
+        max_output_tokens: 2,
+    };
+    e.add_request(r(1)).unwrap();
+    let (_, _, events, t) = run(&mut e, Time::ZERO);
+    assert!(
+        matches!(&events[0], KvEvent::Stored { blocks, .. } if matches!(blocks[0].content, BlockContent::Hash(_)))
+    );
+    e.add_request(r(2)).unwrap();
+    let (_, finished, _, _) = run(&mut e, t);
+    assert_eq!(finished[0].cached_tokens, 16);
+}

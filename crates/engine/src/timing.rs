@@ -1,0 +1,409 @@
+//! Timing models: how long a scheduler step takes.
+//!
+//! Behind one trait so the engine, the server and the simulator can swap them:
+//! - [`DynamoPoly`] (the default): the published polynomial of Dynamo's mocker, so our results can
+//!   be set beside theirs.
+//! - [`TableProfile`]: measured or derived tables loaded from JSON, interpolated piecewise-linearly
+//!   and extrapolated linearly beyond their ends (or refusing, when the profile says so). Never a
+//!   silent zero.
+//!
+//! A [`SpeedUp`] wrapper divides every time by `speedup_ratio`.
+
+use serde::{Deserialize, Serialize};
+use std::fmt::Debug;
+use std::path::Path;
+
+/// What a step computes, as the timing model sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepShape {
+    /// New (uncached) prompt tokens computed in the step.
+    pub prefill_tokens: u64,
+    /// Requests decoding one token in the step.
+    pub decode_seqs: u64,
+    /// Mean context length (tokens) of the decoding requests.
+    pub decode_mean_context: f64,
+    /// KV tokens in use by active requests.
+    pub active_kv_tokens: u64,
+    /// KV capacity in tokens.
+    pub kv_capacity_tokens: u64,
+}
+
+/// A timing query outside what a profile can answer.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error(
+    "profile {profile}: {what} = {value} is outside the table and the profile does not extrapolate"
+)]
+pub struct TimingError {
+    /// The profile's name.
+    pub profile: String,
+    /// Which axis.
+    pub what: &'static str,
+    /// The value asked for.
+    pub value: f64,
+}
+
+/// How long steps take, in milliseconds.
+pub trait TimingModel: Debug + Send + Sync {
+    /// Time to compute `tokens` new prompt tokens in one step (0 tokens take 0 ms).
+    fn prefill_ms(&self, tokens: u64) -> Result<f64, TimingError>;
+    /// Time of one decode step for the given batch.
+    fn decode_ms(&self, shape: &StepShape) -> Result<f64, TimingError>;
+    /// Time of a whole step: prefill part plus decode part (each only when present).
+    fn step_ms(&self, shape: &StepShape) -> Result<f64, TimingError> {
+        let prefill = if shape.prefill_tokens > 0 {
+            self.prefill_ms(shape.prefill_tokens)?
+        } else {
+            0.0
+        };
+        let decode = if shape.decode_seqs > 0 {
+            self.decode_ms(shape)?
+        } else {
+            0.0
+        };
+        Ok(prefill + decode)
+    }
+}
+
+/// Dynamo mocker's polynomial model.
+///
+/// Prefill ms = 4.209989e-7·T² + 0.01518344·T + 16.50142 with T the new prefill tokens of the
+/// step. Decode step ms = −25.74·p² + 54.01·p + 5.74 with p the fraction of KV capacity in use,
+/// floored at 1 ms.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DynamoPoly;
+
+impl TimingModel for DynamoPoly {
+    fn prefill_ms(&self, tokens: u64) -> Result<f64, TimingError> {
+        if tokens == 0 {
+            return Ok(0.0);
+        }
+        let t = tokens as f64;
+        Ok((4.209989e-7 * t * t + 0.01518344 * t + 16.50142).max(0.0))
+    }
+
+    fn decode_ms(&self, shape: &StepShape) -> Result<f64, TimingError> {
+        let p = if shape.kv_capacity_tokens == 0 {
+            1.0
+        } else {
+            shape.active_kv_tokens as f64 / shape.kv_capacity_tokens as f64
+        };
+        Ok((-25.74 * p * p + 54.01 * p + 5.74).max(1.0))
+    }
+}
+
+/// A profile table as stored on disk.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileTable {
+    /// Name shown in reports.
+    pub name: String,
+    /// Where the numbers come from.
+    pub source: String,
+    /// Extrapolate linearly beyond the table (true) or refuse (false).
+    pub extrapolate: bool,
+    /// Prefill: (new tokens, ms) points, sorted by tokens.
+    pub prefill: Vec<(f64, f64)>,
+    /// Decode grid: batch sizes (sorted).
+    pub decode_batch_sizes: Vec<f64>,
+    /// Decode grid: mean context lengths in tokens (sorted).
+    pub decode_contexts: Vec<f64>,
+    /// Decode step ms, `[batch index][context index]`.
+    pub decode_ms: Vec<Vec<f64>>,
+}
+
+/// A table-driven timing model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TableProfile {
+    table: ProfileTable,
+}
+
+/// Why a profile could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    /// The file could not be read.
+    #[error("reading profile {path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The JSON is malformed.
+    #[error("parsing profile {path}: {source}")]
+    Parse {
+        /// The path.
+        path: String,
+        /// The cause.
+        source: serde_json::Error,
+    },
+    /// The table is inconsistent.
+    #[error("profile {name}: {reason}")]
+    Invalid {
+        /// The profile name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+const H100: &str = include_str!("../profiles/h100-llama3-8b.json");
+const H200: &str = include_str!("../profiles/h200-llama3-8b.json");
+
+impl TableProfile {
+    /// Validates a table.
+    pub fn new(table: ProfileTable) -> Result<Self, ProfileError> {
+        let invalid = |reason: &str| ProfileError::Invalid {
+            name: table.name.clone(),
+            reason: reason.into(),
+        };
+        if table.prefill.len() < 2 {
+            return Err(invalid("prefill needs at least two points"));
+        }
+        if !table.prefill.windows(2).all(|w| w[0].0 < w[1].0) {
+            return Err(invalid(
+                "prefill points must be sorted by strictly increasing tokens",
+            ));
+        }
+        let sorted = |v: &[f64]| v.len() >= 2 && v.windows(2).all(|w| w[0] < w[1]);
+        if !sorted(&table.decode_batch_sizes) || !sorted(&table.decode_contexts) {
+            return Err(invalid(
+                "decode axes need at least two strictly increasing values",
+            ));
+        }
+        if table.decode_ms.len() != table.decode_batch_sizes.len()
+            || table
+                .decode_ms
+                .iter()
+                .any(|row| row.len() != table.decode_contexts.len())
+        {
+            return Err(invalid("decode_ms must be batch sizes × contexts"));
+        }
+        let all = table
+            .prefill
+            .iter()
+            .map(|p| p.1)
+            .chain(table.decode_ms.iter().flatten().copied());
+        if all.clone().any(|v| !v.is_finite() || v <= 0.0) {
+            return Err(invalid("every time must be a positive number of ms"));
+        }
+        Ok(Self { table })
+    }
+
+    /// Parses and validates a JSON profile.
+    pub fn from_json(path: &str, text: &str) -> Result<Self, ProfileError> {
+        let table = serde_json::from_str(text).map_err(|source| ProfileError::Parse {
+            path: path.into(),
+            source,
+        })?;
+        Self::new(table)
+    }
+
+    /// Loads a JSON profile from a file.
+    pub fn load(path: &Path) -> Result<Self, ProfileError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Io {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::from_json(&shown, &text)
+    }
+
+    /// A built-in profile by name: `h100-llama3-8b` or `h200-llama3-8b`.
+    pub fn builtin(name: &str) -> Option<Self> {
+        let text = match name {
+            "h100-llama3-8b" | "h100" => H100,
+            "h200-llama3-8b" | "h200" => H200,
+            _ => return None,
+        };
+        Some(Self::from_json(name, text).expect("built-in profiles are valid"))
+    }
+
+    /// The table.
+    pub fn table(&self) -> &ProfileTable {
+        &self.table
+    }
+
+    fn err(&self, what: &'static str, value: f64) -> TimingError {
+        TimingError {
+            profile: self.table.name.clone(),
+            what,
+            value,
+        }
+    }
+
+    /// Piecewise-linear interpolation along sorted `xs`, with linear extrapolation at the ends
+    /// when allowed.
+    fn interp(
+        &self,
+        xs: &[f64],
+        ys: &[f64],
+        x: f64,
+        what: &'static str,
+    ) -> Result<f64, TimingError> {
+        let n = xs.len();
+        if (x < xs[0] || x > xs[n - 1]) && !self.table.extrapolate {
+            return Err(self.err(what, x));
+        }
+        let i = match xs.iter().position(|&v| v >= x) {
+            Some(0) => 0,
+            Some(i) => i - 1,
+            None => n - 2,
+        };
+        let (x0, x1, y0, y1) = (xs[i], xs[i + 1], ys[i], ys[i + 1]);
+        Ok(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+    }
+}
+
+impl TimingModel for TableProfile {
+    fn prefill_ms(&self, tokens: u64) -> Result<f64, TimingError> {
+        if tokens == 0 {
+            return Ok(0.0);
+        }
+        let xs: Vec<f64> = self.table.prefill.iter().map(|p| p.0).collect();
+        let ys: Vec<f64> = self.table.prefill.iter().map(|p| p.1).collect();
+        let ms = self.interp(&xs, &ys, tokens as f64, "prefill tokens")?;
+        // Linear extrapolation below the first point can reach zero: never report free work.
+        Ok(ms.max(ys[0].min(ys[1]) * 0.5))
+    }
+
+    fn decode_ms(&self, shape: &StepShape) -> Result<f64, TimingError> {
+        let t = &self.table;
+        let batch = shape.decode_seqs as f64;
+        let ctx = shape.decode_mean_context.max(0.0);
+        // Interpolate along context in each batch row, then along batch.
+        let mut by_batch = Vec::with_capacity(t.decode_batch_sizes.len());
+        for row in &t.decode_ms {
+            by_batch.push(self.interp(&t.decode_contexts, row, ctx, "decode context")?);
+        }
+        let ms = self.interp(&t.decode_batch_sizes, &by_batch, batch, "decode batch size")?;
+        let floor = t
+            .decode_ms
+            .iter()
+            .flatten()
+            .copied()
+            .fold(f64::INFINITY, f64::min)
+            * 0.5;
+        Ok(ms.max(floor))
+    }
+}
+
+/// Divides every time of an inner model by `ratio` (> 0).
+#[derive(Debug)]
+pub struct SpeedUp<M> {
+    /// The model.
+    pub inner: M,
+    /// The divisor.
+    pub ratio: f64,
+}
+
+impl<M: TimingModel> TimingModel for SpeedUp<M> {
+    fn prefill_ms(&self, tokens: u64) -> Result<f64, TimingError> {
+        Ok(self.inner.prefill_ms(tokens)? / self.ratio)
+    }
+    fn decode_ms(&self, shape: &StepShape) -> Result<f64, TimingError> {
+        Ok(self.inner.decode_ms(shape)? / self.ratio)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dynamo_poly_matches_its_published_formula() {
+        let m = DynamoPoly;
+        assert_eq!(m.prefill_ms(0).unwrap(), 0.0);
+        let t = 1000.0f64;
+        let want = 4.209989e-7 * t * t + 0.01518344 * t + 16.50142;
+        assert!((m.prefill_ms(1000).unwrap() - want).abs() < 1e-9);
+        let half = StepShape {
+            decode_seqs: 1,
+            active_kv_tokens: 50,
+            kv_capacity_tokens: 100,
+            ..Default::default()
+        };
+        let want = -25.74 * 0.25 + 54.01 * 0.5 + 5.74;
+        assert!((m.decode_ms(&half).unwrap() - want).abs() < 1e-9);
+        let empty = StepShape {
+            decode_seqs: 1,
+            kv_capacity_tokens: 100,
+            ..Default::default()
+        };
+        assert_eq!(m.decode_ms(&empty).unwrap(), 5.74);
+    }
+
+    #[test]
+    fn speedup_divides_every_time() {
+        let m = SpeedUp {
+            inner: DynamoPoly,
+            ratio: 10.0,
+        };
+        assert!(
+            (m.prefill_ms(1000).unwrap() * 10.0 - DynamoPoly.prefill_ms(1000).unwrap()).abs()
+                < 1e-9
+        );
+    }
+
+    fn table(extrapolate: bool) -> TableProfile {
+        TableProfile::new(ProfileTable {
+            name: "t".into(),
+            source: "test".into(),
+            extrapolate,
+            prefill: vec![(100.0, 10.0), (1000.0, 100.0)],
+            decode_batch_sizes: vec![1.0, 8.0],
+            decode_contexts: vec![0.0, 1000.0],
+            decode_ms: vec![vec![5.0, 6.0], vec![7.0, 9.0]],
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn tables_interpolate_and_extrapolate_or_refuse() {
+        let t = table(true);
+        assert!((t.prefill_ms(550).unwrap() - 55.0).abs() < 1e-9);
+        assert!((t.prefill_ms(2000).unwrap() - 200.0).abs() < 1e-9);
+        assert!(t.prefill_ms(1).unwrap() > 0.0, "never a silent zero");
+        let shape = StepShape {
+            decode_seqs: 8,
+            decode_mean_context: 500.0,
+            ..Default::default()
+        };
+        assert!((t.decode_ms(&shape).unwrap() - 8.0).abs() < 1e-9);
+        let strict = table(false);
+        assert!(strict.prefill_ms(2000).is_err());
+        let big = StepShape {
+            decode_seqs: 64,
+            decode_mean_context: 10.0,
+            ..Default::default()
+        };
+        assert_eq!(
+            strict.decode_ms(&big).unwrap_err().what,
+            "decode batch size"
+        );
+    }
+
+    #[test]
+    fn builtin_profiles_load_and_h200_is_faster_at_decode() {
+        let h100 = TableProfile::builtin("h100").unwrap();
+        let h200 = TableProfile::builtin("h200").unwrap();
+        let shape = StepShape {
+            decode_seqs: 64,
+            decode_mean_context: 4000.0,
+            ..Default::default()
+        };
+        assert!(h200.decode_ms(&shape).unwrap() < h100.decode_ms(&shape).unwrap());
+        assert!(h100.prefill_ms(4096).unwrap() > h100.prefill_ms(512).unwrap());
+        assert!(TableProfile::builtin("a100").is_none());
+    }
+
+    #[test]
+    fn malformed_tables_are_refused_with_a_reason() {
+        let mut bad = table(true).table().clone();
+        bad.prefill = vec![(10.0, 1.0)];
+        assert!(TableProfile::new(bad)
+            .unwrap_err()
+            .to_string()
+            .contains("two points"));
+        assert!(TableProfile::from_json("x.json", "{").is_err());
+    }
+}
