@@ -16,18 +16,31 @@ const STEPS: u64 = 200;
 
 fn loaded_engine(tokens_mode: bool) -> (Engine, Time) {
     let config = EngineConfig::default();
-    let mut e = Engine::new(config, WorkerRank::new(WorkerId(0), 0), Box::new(DynamoPoly));
+    let mut e = Engine::new(
+        config,
+        WorkerRank::new(WorkerId(0), 0),
+        Box::new(DynamoPoly),
+    );
     let hasher = BlockHasher::new(64, &HashNamespace::none());
     for i in 0..SEQS {
         // A shared 256-token system prompt and 256 tokens of its own.
-        let tokens: Vec<u32> = (0..256).chain((0..256).map(|t| 10_000 + i as u32 * 512 + t)).collect();
+        let tokens: Vec<u32> = (0..256)
+            .chain((0..256).map(|t| 10_000 + i as u32 * 512 + t))
+            .collect();
         let prompt = if tokens_mode {
             Prompt::tokens(tokens)
         } else {
-            Prompt::Blocks { blocks: hasher.hash_blocks(&tokens), len_tokens: 512 }
+            Prompt::Blocks {
+                blocks: hasher.hash_blocks(&tokens),
+                len_tokens: 512,
+            }
         };
-        e.add_request(EngineRequest { id: RequestId(i), prompt, max_output_tokens: 100_000 })
-            .unwrap();
+        e.add_request(EngineRequest {
+            id: RequestId(i),
+            prompt,
+            max_output_tokens: 100_000,
+        })
+        .unwrap();
     }
     // Run the prefills so that every request decodes.
     let mut now = Time::ZERO;

@@ -1,8 +1,7 @@
 //! Overlap queries: how many leading blocks of a prompt each rank already holds, per tier.
 
 use super::tree::Tree;
-use super::{holder_medium, holder_slot, PrefixIndex};
-use crate::event::Medium;
+use super::PrefixIndex;
 use crate::ids::{SequenceHash, WorkerRank};
 use serde::{Deserialize, Serialize};
 
@@ -96,54 +95,18 @@ impl OverlapScores {
     }
 }
 
-/// A rank still matching during the walk: prefix depths for GPU, GPU∪CPU and any tier.
-#[derive(Clone, Copy)]
-struct Walker {
-    slot: u32,
-    depth: [u32; 3],
-    alive: [bool; 3],
-}
-
-impl Walker {
-    /// Extends by `blocks` given the tiers present at this node (`mask` bit per medium).
-    fn advance(&mut self, mask: u8, blocks: u32) {
-        let gpu = mask & 1 != 0;
-        let host = mask & 0b11 != 0;
-        let any = mask != 0;
-        for (k, present) in [gpu, host, any].into_iter().enumerate() {
-            if self.alive[k] {
-                if present {
-                    self.depth[k] += blocks;
-                } else {
-                    self.alive[k] = false;
-                }
-            }
-        }
-    }
-
-    fn overlap(&self) -> TierOverlap {
-        TierOverlap {
-            gpu_blocks: self.depth[0],
-            cpu_blocks: self.depth[1] - self.depth[0],
-            disk_blocks: self.depth[2] - self.depth[1],
-        }
-    }
-}
-
-fn medium_bit(medium: Medium) -> u8 {
-    1 << medium.index()
-}
-
 impl PrefixIndex {
     /// For a prompt given as router sequence hashes, how many leading blocks each rank holds,
     /// per tier. Costs one map probe per tree node on the matched path plus a slice comparison,
     /// not one probe per block.
     pub fn find_matches(&self, query: &[SequenceHash]) -> OverlapScores {
-        let mut walkers: Vec<Walker> = Vec::new();
-        let mut done: Vec<Walker> = Vec::new();
         let tree: &Tree = &self.tree;
+        // Per tier (GPU, GPU∪CPU, any), the slots still matching, as bitsets; a slot's depth in a
+        // tier is the position where it dropped out of that tier's set.
+        let mut alive: Vec<u64> = Vec::new();
+        let mut ends: Vec<[u32; 3]> = Vec::new();
         let mut pos = 0usize;
-        let mut first = true;
+        let mut initial: Vec<u64> = Vec::new();
         while pos < query.len() {
             let Some(at) = tree.lookup(query[pos]) else {
                 break;
@@ -156,56 +119,64 @@ impl PrefixIndex {
             let run = &node.hashes[offset..];
             let rest = &query[pos..];
             let matched = run.iter().zip(rest).take_while(|(a, b)| a == b).count();
-            if first {
-                first = false;
-                for &h in &node.holders {
-                    let slot = holder_slot(h);
-                    if walkers.last().map(|w| w.slot) != Some(slot) {
-                        walkers.push(Walker {
-                            slot,
-                            depth: [0; 3],
-                            alive: [true; 3],
-                        });
-                    }
-                }
+            if pos == 0 {
+                alive = node.bits.clone();
+                initial = node.bits.clone();
+                ends = vec![[u32::MAX; 3]; self.ranks.len()];
             }
-            // Both lists are sorted by slot: merge them.
-            let holders = &node.holders;
-            let mut hi = 0;
-            walkers.retain_mut(|w| {
-                while hi < holders.len() && holder_slot(holders[hi]) < w.slot {
-                    hi += 1;
+            let mut any_alive = false;
+            for (i, word) in alive.iter_mut().enumerate() {
+                let keep = node.bits.get(i).copied().unwrap_or(0);
+                let mut dropped = *word & !keep;
+                while dropped != 0 {
+                    let bit = dropped.trailing_zeros();
+                    dropped &= dropped - 1;
+                    let slot = (i / 3) as u32 * 64 + bit;
+                    let tier = i % 3;
+                    ends[slot as usize][tier] = pos as u32;
                 }
-                let mut mask = 0u8;
-                while hi < holders.len() && holder_slot(holders[hi]) == w.slot {
-                    mask |= medium_bit(holder_medium(holders[hi]));
-                    hi += 1;
-                }
-                w.advance(mask, matched as u32);
-                if w.alive[2] {
-                    true
-                } else {
-                    done.push(*w);
-                    false
-                }
-            });
+                *word &= keep;
+                any_alive |= *word != 0;
+            }
             pos += matched;
-            if walkers.is_empty() || matched < run.len() {
+            if !any_alive || matched < run.len() {
                 break;
             }
         }
-        done.extend(walkers);
-        let mut ranks: Vec<RankOverlap> = done
-            .into_iter()
-            .filter(|w| w.depth[2] > 0)
-            .filter_map(|w| {
-                let state = self.ranks[w.slot as usize].as_ref()?;
-                Some(RankOverlap {
+        let end_of = |slot: u32, tier: usize| -> u32 {
+            let word = 3 * (slot / 64) as usize + tier;
+            if initial[word] & (1u64 << (slot % 64)) == 0 {
+                return 0;
+            }
+            match ends[slot as usize][tier] {
+                u32::MAX => pos as u32,
+                end => end,
+            }
+        };
+        let mut ranks = Vec::new();
+        for (w, word) in initial.iter().skip(2).step_by(3).enumerate() {
+            let mut bits = *word;
+            while bits != 0 {
+                let slot = w as u32 * 64 + bits.trailing_zeros();
+                bits &= bits - 1;
+                let depth = [end_of(slot, 0), end_of(slot, 1), end_of(slot, 2)];
+                if depth[2] == 0 {
+                    continue;
+                }
+                let Some(state) = self.ranks[slot as usize].as_ref() else {
+                    continue;
+                };
+                let overlap = TierOverlap {
+                    gpu_blocks: depth[0],
+                    cpu_blocks: depth[1] - depth[0],
+                    disk_blocks: depth[2] - depth[1],
+                };
+                ranks.push(RankOverlap {
                     rank: state.rank,
-                    overlap: w.overlap(),
-                })
-            })
-            .collect();
+                    overlap,
+                });
+            }
+        }
         ranks.sort_by_key(|r| r.rank);
         OverlapScores { ranks }
     }

@@ -33,7 +33,33 @@ pub(crate) struct Node {
     pub(crate) contents: Vec<ContentHash>,
     /// Sorted, unique.
     pub(crate) holders: Vec<HolderId>,
+    /// The holders as per-tier bitsets over rank slots, for fast matching: word `i` of tier `t`
+    /// (0 GPU, 1 GPU or CPU, 2 any tier) is at `3 * i + t`.
+    pub(crate) bits: Vec<u64>,
     pub(crate) children: Vec<NodeId>,
+}
+
+/// The per-tier slot bitsets of a holder list (see [`Node::bits`]).
+pub(crate) fn tier_bits(holders: &[HolderId]) -> Vec<u64> {
+    let Some(&last) = holders.last() else {
+        return Vec::new();
+    };
+    let words = (last >> 2) as usize / 64 + 1;
+    let mut bits = vec![0u64; 3 * words];
+    for &h in holders {
+        let slot = (h >> 2) as usize;
+        let bit = 1u64 << (slot % 64);
+        let base = 3 * (slot / 64);
+        let medium = h & 3;
+        if medium == 0 {
+            bits[base] |= bit;
+        }
+        if medium <= 1 {
+            bits[base + 1] |= bit;
+        }
+        bits[base + 2] |= bit;
+    }
+    bits
 }
 
 impl Node {
@@ -187,6 +213,7 @@ impl Tree {
                 hashes: n.hashes.drain(..k).collect(),
                 contents: n.contents.drain(..k).collect(),
                 holders: n.holders.clone(),
+                bits: n.bits.clone(),
                 children: vec![id],
             };
             n.start = depth;
@@ -204,6 +231,7 @@ impl Tree {
                 hashes: n.hashes.split_off(k),
                 contents: n.contents.split_off(k),
                 holders: n.holders.clone(),
+                bits: n.bits.clone(),
                 children: std::mem::take(&mut n.children),
             };
             let tail_id = self.alloc(tail);
@@ -303,9 +331,10 @@ impl Tree {
             return;
         }
         let target = self.isolate(id, from, to);
-        let holders = &mut self.node_mut(target).holders;
-        let pos = holders.binary_search(&holder).unwrap_err();
-        holders.insert(pos, holder);
+        let node = self.node_mut(target);
+        let pos = node.holders.binary_search(&holder).unwrap_err();
+        node.holders.insert(pos, holder);
+        node.bits = tier_bits(&node.holders);
         self.compact(target);
     }
 
@@ -315,9 +344,10 @@ impl Tree {
             return;
         }
         let target = self.isolate(at.node, at.depth, at.depth + 1);
-        let holders = &mut self.node_mut(target).holders;
-        if let Ok(pos) = holders.binary_search(&holder) {
-            holders.remove(pos);
+        let node = self.node_mut(target);
+        if let Ok(pos) = node.holders.binary_search(&holder) {
+            node.holders.remove(pos);
+            node.bits = tier_bits(&node.holders);
         }
         self.tidy(target);
     }
@@ -327,9 +357,10 @@ impl Tree {
     pub(crate) fn remove_holder_everywhere(&mut self, nodes: &[SequenceHash], holder: HolderId) {
         for hash in nodes {
             if let Some(at) = self.lookup(*hash) {
-                let holders = &mut self.node_mut(at.node).holders;
-                if let Ok(pos) = holders.binary_search(&holder) {
-                    holders.remove(pos);
+                let node = self.node_mut(at.node);
+                if let Ok(pos) = node.holders.binary_search(&holder) {
+                    node.holders.remove(pos);
+                    node.bits = tier_bits(&node.holders);
                 }
             }
         }
@@ -407,6 +438,7 @@ impl Tree {
             hashes: hashes.to_vec(),
             contents: contents.to_vec(),
             holders: vec![holder],
+            bits: tier_bits(&[holder]),
             children: Vec::new(),
         });
         if let Some(p) = parent_node {
@@ -425,6 +457,9 @@ impl Tree {
             }
             if !n.holders.windows(2).all(|w| w[0] < w[1]) {
                 return Err(format!("node {id} holders not sorted and unique"));
+            }
+            if n.bits != tier_bits(&n.holders) {
+                return Err(format!("node {id} tier bits are stale"));
             }
             if n.holders.is_empty() && n.children.is_empty() {
                 return Err(format!("node {id} is an empty leaf"));
