@@ -135,10 +135,13 @@ impl Seq {
     }
 }
 
+/// Maps the engine's raw generated token to the id it emits (a tokenizer's filler tokens).
+pub type TokenMapper = Box<dyn Fn(u32) -> u32 + Send + Sync>;
+
 /// The engine state machine.
-#[derive(Debug)]
 pub struct Engine {
     config: EngineConfig,
+    token_mapper: Option<TokenMapper>,
     pool: BlockPool,
     timing: Box<dyn TimingModel>,
     seqs: FastMap<RequestId, Seq>,
@@ -157,6 +160,15 @@ fn mix(mut z: u64) -> u64 {
 /// seed and the prompt, like greedy decoding, so equal prompts produce equal outputs.
 fn filler_token(seed: u64, vocab_size: u32, salt: u64, index: u32) -> u32 {
     (mix(salt ^ mix(u64::from(index) ^ seed)) % u64::from(vocab_size.max(1))) as u32
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Engine {
@@ -179,7 +191,14 @@ impl Engine {
                 ..Default::default()
             },
             config,
+            token_mapper: None,
         }
+    }
+
+    /// Emits `mapper(raw)` instead of raw generated ids (a server maps them to its tokenizer's
+    /// filler tokens, so that resent replies hash like the engine cached them).
+    pub fn set_token_mapper(&mut self, mapper: TokenMapper) {
+        self.token_mapper = Some(mapper);
     }
 
     /// The configuration.
@@ -476,12 +495,13 @@ impl Engine {
         }
         // Sample one token.
         let index = seq.output;
-        let token = filler_token(
+        let raw = filler_token(
             self.config.seed,
             self.config.vocab_size,
             seq.output_salt,
             index,
         );
+        let token = self.token_mapper.as_ref().map_or(raw, |m| m(raw));
         if let Some(tokens) = &mut seq.tokens {
             tokens.push(token);
         }

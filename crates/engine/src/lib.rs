@@ -16,6 +16,6 @@ mod pool;
 pub mod request;
 pub mod timing;
 
-pub use engine::{Engine, EngineConfig, EngineStats, StepOutcome};
+pub use engine::{Engine, EngineConfig, EngineStats, StepOutcome, TokenMapper};
 pub use request::{EngineError, EngineRequest, Finished, Prompt, TokenOut};
 pub use timing::{DynamoPoly, SpeedUp, TableProfile, TimingModel};

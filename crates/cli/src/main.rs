@@ -1,0 +1,36 @@
+//! The `kvrouter` binary: `mock-engine` today; `serve`, `sim` and `bench` as they land.
+
+mod mock_engine;
+
+use clap::{Parser, Subcommand};
+
+/// kvrouter: a KV-cache-aware router for LLM inference.
+#[derive(Debug, Parser)]
+#[command(name = "kvrouter", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a simulated inference engine: OpenAI API over HTTP, KV events over ZeroMQ.
+    MockEngine(mock_engine::MockEngineArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    match cli.command {
+        Command::MockEngine(args) => runtime.block_on(mock_engine::run(args)),
+    }
+}

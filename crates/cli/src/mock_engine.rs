@@ -1,0 +1,147 @@
+//! `kvrouter mock-engine`.
+
+use anyhow::{bail, Context};
+use clap::Args;
+use kvrouter_engine::{EngineConfig, TableProfile};
+use kvrouter_mock_engine::{MockEngineConfig, TimingChoice};
+use std::path::PathBuf;
+
+/// Flags of `kvrouter mock-engine` (vLLM's names where vLLM has one).
+#[derive(Debug, Args)]
+pub(crate) struct MockEngineArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// HTTP port (0 picks a free one).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Model name served at /v1/models.
+    #[arg(long, default_value = "mock-model")]
+    model_name: String,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 64)]
+    block_size: usize,
+    /// KV capacity in blocks.
+    #[arg(long, default_value_t = 16_384)]
+    num_gpu_blocks: usize,
+    /// Host-memory tier in blocks (0 = none).
+    #[arg(long, default_value_t = 0)]
+    num_cpu_blocks: usize,
+    /// Token budget per engine step.
+    #[arg(long, default_value_t = 8_192)]
+    max_num_batched_tokens: u32,
+    /// Most requests running at once.
+    #[arg(long, default_value_t = 256)]
+    max_num_seqs: usize,
+    /// Timing model: `dynamo-poly`, a built-in profile (`h100-llama3-8b`, `h200-llama3-8b`) or a
+    /// JSON profile file.
+    #[arg(long, default_value = "dynamo-poly")]
+    profile: String,
+    /// Divide every modelled time by this.
+    #[arg(long, default_value_t = 1.0)]
+    speedup_ratio: f64,
+    /// ZeroMQ endpoint to publish KV events on (bound; port 0 picks one), e.g. tcp://127.0.0.1:5557.
+    #[arg(long)]
+    kv_events_endpoint: Option<String>,
+    /// ZeroMQ endpoint answering replay requests.
+    #[arg(long)]
+    kv_events_replay_endpoint: Option<String>,
+    /// Topic of published KV event messages.
+    #[arg(long, default_value = "")]
+    kv_events_topic: String,
+    /// Data-parallel rank written into every KV event batch.
+    #[arg(long, default_value_t = 0)]
+    dp_rank: u32,
+    /// Hugging Face tokenizer.json (a file or a folder holding one); default: the built-in one.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Seed of the generated tokens.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+fn timing(profile: &str) -> anyhow::Result<TimingChoice> {
+    if profile == "dynamo-poly" {
+        return Ok(TimingChoice::DynamoPoly);
+    }
+    if let Some(p) = TableProfile::builtin(profile) {
+        return Ok(TimingChoice::Profile(p));
+    }
+    let path = PathBuf::from(profile);
+    if !path.exists() {
+        bail!("--profile {profile:?}: not dynamo-poly, not a built-in profile (h100-llama3-8b, h200-llama3-8b), and no such file");
+    }
+    Ok(TimingChoice::Profile(
+        TableProfile::load(&path).with_context(|| format!("--profile {profile}"))?,
+    ))
+}
+
+impl MockEngineArgs {
+    fn config(&self) -> anyhow::Result<MockEngineConfig> {
+        if self.block_size == 0 {
+            bail!("--block-size must be at least 1");
+        }
+        if self.num_gpu_blocks == 0 {
+            bail!("--num-gpu-blocks must be at least 1");
+        }
+        if self.max_num_batched_tokens == 0 {
+            bail!("--max-num-batched-tokens must be at least 1");
+        }
+        if self.max_num_seqs == 0 {
+            bail!("--max-num-seqs must be at least 1");
+        }
+        if !(self.speedup_ratio.is_finite() && self.speedup_ratio > 0.0) {
+            bail!(
+                "--speedup-ratio must be a positive number, got {}",
+                self.speedup_ratio
+            );
+        }
+        if self.kv_events_replay_endpoint.is_some() && self.kv_events_endpoint.is_none() {
+            bail!("--kv-events-replay-endpoint needs --kv-events-endpoint");
+        }
+        let tokenizer =
+            kvrouter_tokenizer::load(self.tokenizer.as_deref()).context("--tokenizer")?;
+        Ok(MockEngineConfig {
+            model_name: self.model_name.clone(),
+            engine: EngineConfig {
+                block_size: self.block_size,
+                num_gpu_blocks: self.num_gpu_blocks,
+                num_cpu_blocks: self.num_cpu_blocks,
+                max_num_batched_tokens: self.max_num_batched_tokens,
+                max_num_seqs: self.max_num_seqs,
+                seed: self.seed,
+                ..EngineConfig::default()
+            },
+            timing: timing(&self.profile)?,
+            speedup_ratio: self.speedup_ratio,
+            kv_events_endpoint: self.kv_events_endpoint.clone(),
+            kv_events_replay_endpoint: self.kv_events_replay_endpoint.clone(),
+            topic: self.kv_events_topic.clone(),
+            dp_rank: self.dp_rank,
+            tokenizer,
+            ..MockEngineConfig::default()
+        })
+    }
+}
+
+pub(crate) async fn run(args: MockEngineArgs) -> anyhow::Result<()> {
+    let config = args.config()?;
+    let addr = format!("{}:{}", args.host, args.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("--host/--port: binding {addr}"))?;
+    let running = kvrouter_mock_engine::start(config, listener).await?;
+    let e = &running.endpoints;
+    // One machine-readable line on stdout, so scripts and tests learn the ports.
+    println!(
+        "kvrouter mock-engine listening on http://{} kv_events={} replay={}",
+        e.http,
+        e.kv_events.as_deref().unwrap_or("none"),
+        e.replay.as_deref().unwrap_or("none")
+    );
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for ctrl-c")?;
+    running.stop().await;
+    Ok(())
+}

@@ -1,0 +1,76 @@
+//! Settings of a mock engine server.
+
+use kvrouter_engine::{DynamoPoly, EngineConfig, SpeedUp, TableProfile, TimingModel};
+use kvrouter_tokenizer::{BuiltinTokenizer, Tokenizer};
+use std::sync::Arc;
+
+/// Which timing model the engine uses.
+#[derive(Clone, Debug)]
+pub enum TimingChoice {
+    /// Dynamo mocker's polynomial (the default).
+    DynamoPoly,
+    /// A table profile (built-in name or file).
+    Profile(TableProfile),
+}
+
+impl TimingChoice {
+    /// The model, divided by `speedup_ratio`.
+    pub fn model(&self, speedup_ratio: f64) -> Box<dyn TimingModel> {
+        match self {
+            TimingChoice::DynamoPoly => Box::new(SpeedUp {
+                inner: DynamoPoly,
+                ratio: speedup_ratio,
+            }),
+            TimingChoice::Profile(p) => Box::new(SpeedUp {
+                inner: p.clone(),
+                ratio: speedup_ratio,
+            }),
+        }
+    }
+}
+
+/// Everything a mock engine server needs.
+#[derive(Clone, Debug)]
+pub struct MockEngineConfig {
+    /// The model name it serves (requests naming another model get 404).
+    pub model_name: String,
+    /// Engine sizes and limits.
+    pub engine: EngineConfig,
+    /// Timing model.
+    pub timing: TimingChoice,
+    /// Divides every modelled time (> 0).
+    pub speedup_ratio: f64,
+    /// ZeroMQ PUB endpoint for KV events (`None` = do not publish). The mock engine always binds
+    /// it; port 0 picks a free port.
+    pub kv_events_endpoint: Option<String>,
+    /// ZeroMQ ROUTER endpoint answering replay requests (`None` = no replay).
+    pub kv_events_replay_endpoint: Option<String>,
+    /// Topic of published messages.
+    pub topic: String,
+    /// Data-parallel rank written into every batch.
+    pub dp_rank: u32,
+    /// Batches kept for replay.
+    pub replay_buffer_steps: usize,
+    /// Tokenizer for prompts and generated text.
+    pub tokenizer: Arc<dyn Tokenizer>,
+    /// `max_tokens` of completions that give none.
+    pub default_max_tokens: u32,
+}
+
+impl Default for MockEngineConfig {
+    fn default() -> Self {
+        Self {
+            model_name: "mock-model".into(),
+            engine: EngineConfig::default(),
+            timing: TimingChoice::DynamoPoly,
+            speedup_ratio: 1.0,
+            kv_events_endpoint: None,
+            kv_events_replay_endpoint: None,
+            topic: String::new(),
+            dp_rank: 0,
+            replay_buffer_steps: 10_000,
+            tokenizer: Arc::new(BuiltinTokenizer::new()),
+            default_max_tokens: 16,
+        }
+    }
+}

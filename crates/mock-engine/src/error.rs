@@ -1,0 +1,63 @@
+//! The one mapping from errors to HTTP status codes and OpenAI-shaped error bodies.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// An error answered to the client.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ApiError {
+    pub(crate) status: StatusCode,
+    pub(crate) message: String,
+    pub(crate) kind: &'static str,
+    pub(crate) param: Option<&'static str>,
+}
+
+impl ApiError {
+    /// The client sent something invalid; `param` names the offending field.
+    pub(crate) fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param,
+        }
+    }
+
+    /// The model is not served here.
+    pub(crate) fn unknown_model(model: &str) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message: format!("The model `{model}` does not exist."),
+            kind: "invalid_request_error",
+            param: Some("model"),
+        }
+    }
+
+    /// The engine failed.
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "internal_error",
+            param: None,
+        }
+    }
+
+    pub(crate) fn body(&self) -> serde_json::Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status.as_u16(),
+            }
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}

@@ -1,0 +1,340 @@
+//! HTTP handlers.
+
+use crate::config::MockEngineConfig;
+use crate::driver::{Command, Delivery, Shared};
+use crate::error::ApiError;
+use crate::openai::{self, GenRequest, Kind, Usage};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use kvrouter_core::ids::RequestId;
+use kvrouter_engine::{EngineError, EngineRequest, Prompt};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: MockEngineConfig,
+    commands: mpsc::UnboundedSender<Command>,
+    shared: Arc<Shared>,
+    next_id: AtomicU64,
+    kv_events: Option<String>,
+    replay: Option<String>,
+    created: u64,
+}
+
+impl AppState {
+    pub(crate) fn new(
+        config: MockEngineConfig,
+        commands: mpsc::UnboundedSender<Command>,
+        shared: Arc<Shared>,
+        kv_events: Option<String>,
+        replay: Option<String>,
+    ) -> Self {
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Self {
+            inner: Arc::new(Inner {
+                config,
+                commands,
+                shared,
+                next_id: AtomicU64::new(1),
+                kv_events,
+                replay,
+                created,
+            }),
+        }
+    }
+}
+
+/// The router of the mock engine's HTTP API.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/live", get(health))
+        .route("/metrics", get(metrics))
+        .route("/server_info", get(server_info))
+        .with_state(state)
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn models(State(s): State<AppState>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{"id": s.inner.config.model_name, "object": "model", "created": s.inner.created, "owned_by": "kvrouter-mock-engine"}],
+    }))
+}
+
+/// Where the KV events are, in the shape SGLang's `/server_info` uses, so routers discover both
+/// the same way.
+async fn server_info(State(s): State<AppState>) -> Json<Value> {
+    let c = &s.inner.config;
+    let split = |e: &Option<String>| -> (Value, Value) {
+        match e
+            .as_deref()
+            .and_then(|e| e.strip_prefix("tcp://"))
+            .and_then(|hp| hp.rsplit_once(':'))
+        {
+            Some((host, port)) => (json!(host), json!(port.parse::<u16>().ok())),
+            None => (Value::Null, Value::Null),
+        }
+    };
+    let (host, port) = split(&s.inner.kv_events);
+    let (_, replay_port) = split(&s.inner.replay);
+    Json(json!({
+        "model": c.model_name,
+        "engine": "kvrouter-mock-engine",
+        "max_num_batched_tokens": c.engine.max_num_batched_tokens,
+        "num_gpu_blocks": c.engine.num_gpu_blocks,
+        "kv_events": {
+            "publisher": if s.inner.kv_events.is_some() { "zmq" } else { "null" },
+            "endpoint": s.inner.kv_events,
+            "endpoint_host": host,
+            "endpoint_port_base": port,
+            "replay_endpoint": s.inner.replay,
+            "replay_endpoint_port_base": replay_port,
+            "topic": c.topic,
+            "block_size": c.engine.block_size,
+            "dp_size": 1,
+            "dp_rank": c.dp_rank,
+        },
+    }))
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    let text = crate::metrics::render(&s.inner.shared, &s.inner.config);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn completions(State(s): State<AppState>, body: Bytes) -> Response {
+    generate(s, body, Kind::Completion)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn chat_completions(State(s): State<AppState>, body: Bytes) -> Response {
+    generate(s, body, Kind::Chat)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Cancels the engine request when the response (or the handler) is dropped early.
+struct CancelGuard {
+    id: RequestId,
+    commands: mpsc::UnboundedSender<Command>,
+    armed: bool,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.commands.send(Command::Cancel(self.id));
+        }
+    }
+}
+
+async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiError> {
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid("the body must be a JSON object", None));
+    }
+    let c = &s.inner.config;
+    let tokenizer = c.tokenizer.as_ref();
+    let req: GenRequest = match kind {
+        Kind::Completion => {
+            openai::parse_completion(&value, &c.model_name, tokenizer, c.default_max_tokens)?
+        }
+        Kind::Chat => openai::parse_chat(
+            &value,
+            &c.model_name,
+            tokenizer,
+            c.default_max_tokens.max(128),
+        )?,
+    };
+    let n = s.inner.next_id.fetch_add(1, Ordering::Relaxed);
+    let id = RequestId(n);
+    let (deliver, mut rx) = mpsc::unbounded_channel();
+    let (accepted_tx, accepted_rx) = oneshot::channel();
+    let engine_request = EngineRequest {
+        id,
+        prompt: Prompt::tokens(req.prompt_tokens.clone()),
+        max_output_tokens: req.max_tokens,
+    };
+    s.inner
+        .commands
+        .send(Command::Add {
+            request: engine_request,
+            deliver,
+            accepted: accepted_tx,
+        })
+        .map_err(|_| ApiError::internal("the engine has stopped"))?;
+    let mut guard = CancelGuard {
+        id,
+        commands: s.inner.commands.clone(),
+        armed: true,
+    };
+    match accepted_rx.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e @ EngineError::TooLong { .. })) => {
+            guard.armed = false;
+            let param = if kind == Kind::Chat {
+                "messages"
+            } else {
+                "prompt"
+            };
+            return Err(ApiError::invalid(
+                format!(
+                    "the prompt of {} tokens does not fit: {e}",
+                    req.prompt_tokens.len()
+                ),
+                Some(param),
+            ));
+        }
+        Ok(Err(e)) => {
+            guard.armed = false;
+            return Err(ApiError::invalid(e.to_string(), None));
+        }
+        Err(_) => return Err(ApiError::internal("the engine has stopped")),
+    }
+    let prefix = if kind == Kind::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    };
+    let rid = format!("{prefix}-mock-{n}");
+    let model = req.model.clone();
+    let created = s.inner.created;
+    if !req.stream {
+        let mut ids = Vec::with_capacity(req.max_tokens as usize);
+        loop {
+            match rx.recv().await {
+                Some(Delivery::Token { id }) => ids.push(id),
+                Some(Delivery::Done {
+                    prompt_tokens,
+                    cached_tokens,
+                    completion_tokens,
+                }) => {
+                    guard.armed = false;
+                    let usage = Usage {
+                        prompt_tokens,
+                        cached_tokens,
+                        completion_tokens,
+                    };
+                    let text = tokenizer.decode(&ids);
+                    return Ok(
+                        Json(openai::full_body(kind, &rid, &model, created, &text, usage))
+                            .into_response(),
+                    );
+                }
+                Some(Delivery::Failed(e)) => {
+                    guard.armed = false;
+                    return Err(ApiError::internal(e));
+                }
+                None => return Err(ApiError::internal("the engine dropped the request")),
+            }
+        }
+    }
+    let tokenizer = c.tokenizer.clone();
+    let include_usage = req.include_usage;
+    let stream = async_stream(rx, guard, move |event, first| match event {
+        Delivery::Token { id } => {
+            let text = tokenizer.decode(&[id]);
+            vec![sse(&openai::chunk(
+                kind, &rid, &model, created, &text, first, None,
+            ))]
+        }
+        Delivery::Done {
+            prompt_tokens,
+            cached_tokens,
+            completion_tokens,
+        } => {
+            let usage = Usage {
+                prompt_tokens,
+                cached_tokens,
+                completion_tokens,
+            };
+            let mut out = vec![sse(&openai::chunk(
+                kind,
+                &rid,
+                &model,
+                created,
+                "",
+                false,
+                Some("length"),
+            ))];
+            if include_usage {
+                out.push(sse(&openai::usage_chunk(
+                    kind, &rid, &model, created, usage,
+                )));
+            }
+            out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            out
+        }
+        Delivery::Failed(e) => {
+            let err = ApiError::internal(e);
+            vec![sse(&err.body()), Bytes::from_static(b"data: [DONE]\n\n")]
+        }
+    });
+    Ok(Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .expect("valid response"))
+}
+
+fn sse(value: &Value) -> Bytes {
+    let mut out = b"data: ".to_vec();
+    serde_json::to_writer(&mut out, value).expect("serializable");
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// Turns deliveries into SSE frames; the guard lives inside the stream, so dropping the response
+/// body (client disconnect) cancels the engine request.
+fn async_stream<F>(
+    rx: mpsc::UnboundedReceiver<Delivery>,
+    guard: CancelGuard,
+    render: F,
+) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send + 'static
+where
+    F: FnMut(Delivery, bool) -> Vec<Bytes> + Send + 'static,
+{
+    use futures::StreamExt;
+    let state = (rx, guard, render, true, false);
+    futures::stream::unfold(
+        state,
+        |(mut rx, mut guard, mut render, first, done)| async move {
+            if done {
+                return None;
+            }
+            let event = rx.recv().await?;
+            let finished = matches!(event, Delivery::Done { .. } | Delivery::Failed(_));
+            if finished {
+                guard.armed = false;
+            }
+            let frames = render(event, first);
+            Some((frames, (rx, guard, render, false, finished)))
+        },
+    )
+    .flat_map(|frames| futures::stream::iter(frames.into_iter().map(Ok)))
+}

@@ -1,0 +1,112 @@
+//! kvrouter-mock-engine: the mock engine as a real-time server.
+//!
+//! OpenAI-compatible HTTP (`/v1/completions`, `/v1/chat/completions`, streaming or not,
+//! `/v1/models`, `/health`, `/metrics`, `/server_info`) in front of a [`kvrouter_engine::Engine`]
+//! stepped in real time, and KV events published over ZeroMQ in vLLM's current wire format with a
+//! replay socket. It is a product feature (the embedded default of `kvrouter serve`), not a test
+//! double.
+//!
+//! # Layout
+//! - [`config`]: the server's settings.
+//! - `driver`: the task that owns the engine and steps it against the wall clock.
+//! - `publisher`: the ZeroMQ PUB socket and the replay ROUTER socket.
+//! - `http`: the axum handlers; `openai`: request parsing and response bodies.
+//! - `error`: the one mapping from errors to HTTP status and OpenAI error bodies.
+//! - `metrics`: Prometheus text.
+
+pub mod config;
+mod driver;
+mod error;
+mod http;
+mod metrics;
+mod openai;
+mod publisher;
+
+pub use config::{MockEngineConfig, TimingChoice};
+pub use http::app;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Where a running mock engine can be reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoints {
+    /// HTTP address.
+    pub http: SocketAddr,
+    /// The KV events PUB endpoint (`tcp://host:port`), when publishing.
+    pub kv_events: Option<String>,
+    /// The replay ROUTER endpoint, when enabled.
+    pub replay: Option<String>,
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A socket could not be bound.
+    #[error("binding {what} {endpoint}: {reason}")]
+    Bind {
+        /// Which socket.
+        what: &'static str,
+        /// The endpoint asked for.
+        endpoint: String,
+        /// The cause.
+        reason: String,
+    },
+}
+
+/// A mock engine running on the current tokio runtime.
+pub struct RunningMockEngine {
+    /// Its addresses.
+    pub endpoints: Endpoints,
+    shutdown: watch::Sender<bool>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl RunningMockEngine {
+    /// Stops the HTTP server and the engine.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.server.await;
+    }
+}
+
+/// Starts a mock engine on `listener`: binds the ZeroMQ sockets, spawns the engine driver and
+/// the HTTP server. Returns once everything is listening.
+pub async fn start(
+    config: MockEngineConfig,
+    listener: TcpListener,
+) -> Result<RunningMockEngine, StartError> {
+    let http_addr = listener.local_addr().map_err(|e| StartError::Bind {
+        what: "http",
+        endpoint: "listener".into(),
+        reason: e.to_string(),
+    })?;
+    let (publisher, kv_events, replay) = publisher::start(&config).await?;
+    let shared = Arc::new(driver::Shared::new(&config));
+    let commands = driver::spawn(&config, shared.clone(), publisher);
+    let state = http::AppState::new(config, commands, shared, kv_events.clone(), replay.clone());
+    let (shutdown, mut rx) = watch::channel(false);
+    let app = app(state);
+    let server = tokio::spawn(async move {
+        use axum::serve::ListenerExt;
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+            })
+            .await;
+    });
+    Ok(RunningMockEngine {
+        endpoints: Endpoints {
+            http: http_addr,
+            kv_events,
+            replay,
+        },
+        shutdown,
+        server,
+    })
+}

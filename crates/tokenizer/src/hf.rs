@@ -1,0 +1,99 @@
+//! Hugging Face `tokenizer.json` files.
+
+use crate::{LoadError, Tokenizer};
+use std::path::Path;
+
+/// A Hugging Face tokenizer.
+pub struct HfTokenizer {
+    name: String,
+    inner: tokenizers::Tokenizer,
+    specials: Vec<String>,
+    fillers: Vec<u32>,
+}
+
+impl std::fmt::Debug for HfTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HfTokenizer")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Plain words whose single-token forms serve as generated filler.
+const FILLER_WORDS: [&str; 24] = [
+    " the", " of", " and", " to", " in", " is", " that", " for", " it", " as", " with", " was",
+    " on", " be", " at", " by", " this", " had", " not", " are", " but", " from", " or", " have",
+];
+
+impl HfTokenizer {
+    /// Loads `path` (a `tokenizer.json`, or a folder holding one).
+    pub fn from_path(path: &Path) -> Result<Self, LoadError> {
+        let file = if path.is_dir() {
+            path.join("tokenizer.json")
+        } else {
+            path.to_path_buf()
+        };
+        let shown = file.display().to_string();
+        let inner = tokenizers::Tokenizer::from_file(&file).map_err(|e| LoadError {
+            path: shown.clone(),
+            reason: e.to_string(),
+        })?;
+        let mut specials: Vec<String> = inner
+            .get_added_tokens_decoder()
+            .values()
+            .filter(|t| t.special)
+            .map(|t| t.content.clone())
+            .collect();
+        specials.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
+        specials.dedup();
+        let mut fillers = Vec::new();
+        for word in FILLER_WORDS {
+            if let Ok(enc) = inner.encode(word, false) {
+                if let [id] = enc.get_ids() {
+                    fillers.push(*id);
+                }
+            }
+        }
+        if fillers.is_empty() {
+            return Err(LoadError {
+                path: shown,
+                reason: "no single-token filler word".into(),
+            });
+        }
+        let name = file
+            .parent()
+            .and_then(|p| p.file_name())
+            .map_or_else(|| "hf".to_owned(), |n| n.to_string_lossy().into_owned());
+        Ok(Self {
+            name,
+            inner,
+            specials,
+            fillers,
+        })
+    }
+}
+
+impl Tokenizer for HfTokenizer {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn encode(&self, text: &str) -> Vec<u32> {
+        match self.inner.encode(text, false) {
+            Ok(enc) => enc.get_ids().to_vec(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        self.inner.decode(ids, false).unwrap_or_default()
+    }
+
+    fn special_tokens(&self) -> &[String] {
+        &self.specials
+    }
+
+    fn filler_token(&self, index: u32) -> u32 {
+        self.fillers[index as usize % self.fillers.len()]
+    }
+}
