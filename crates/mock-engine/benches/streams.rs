@@ -14,19 +14,29 @@ const STREAMS: usize = 2_000;
 const MAX_TOKENS: u32 = 100;
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     runtime.block_on(run());
 }
 
 async fn run() {
     let config = MockEngineConfig {
-        engine: EngineConfig { max_num_seqs: 2_048, ..EngineConfig::default() },
+        engine: EngineConfig {
+            max_num_seqs: 2_048,
+            ..EngineConfig::default()
+        },
         ..MockEngineConfig::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let engine = kvrouter_mock_engine::start(config, listener).await.unwrap();
     let base = format!("http://{}", engine.endpoints.http);
-    let client = reqwest::Client::builder().pool_max_idle_per_host(STREAMS).build().unwrap();
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(STREAMS)
+        .build()
+        .unwrap();
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(STREAMS);
     for i in 0..STREAMS {
@@ -48,17 +58,36 @@ async fn run() {
     }
     let mut ok = 0;
     for t in tasks {
-        if tokio::time::timeout(Duration::from_secs(300), t).await.unwrap().unwrap() > 0 {
+        if tokio::time::timeout(Duration::from_secs(300), t)
+            .await
+            .unwrap()
+            .unwrap()
+            > 0
+        {
             ok += 1;
         }
     }
     let wall = started.elapsed();
-    let metrics = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let buckets: Vec<(String, f64)> = metrics
         .lines()
         .filter(|l| l.starts_with("kvrouter_mock_step_lateness_seconds_bucket"))
         .map(|l| {
-            let le = l.split("le=\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
+            let le = l
+                .split("le=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+                .to_owned();
             (le, l.rsplit(' ').next().unwrap().parse().unwrap())
         })
         .collect();
@@ -68,7 +97,11 @@ async fn run() {
     for (le, n) in &buckets {
         println!("  <= {le:>6} s: {:6.2} %", 100.0 * n / total);
     }
-    let p99 = buckets.iter().find(|(_, n)| *n / total >= 0.99).map(|(le, _)| le.clone()).unwrap();
+    let p99 = buckets
+        .iter()
+        .find(|(_, n)| *n / total >= 0.99)
+        .map(|(le, _)| le.clone())
+        .unwrap();
     println!("p99 lateness <= {p99} s");
     engine.stop().await;
 }
