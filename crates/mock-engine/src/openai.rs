@@ -158,7 +158,9 @@ pub(crate) fn parse_chat(
                 Some("messages"),
             )
         })?;
-    let prompt = ChatTemplate::ChatMl.render(&messages, true);
+    let prompt = ChatTemplate::ChatMl
+        .render(&messages, true)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let prompt_tokens = tokenizer.encode(&prompt);
     let max_tokens = max_tokens(body, &["max_completion_tokens", "max_tokens"], default_max)?;
     let (stream, include_usage) = stream_flags(body)?;

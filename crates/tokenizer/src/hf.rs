@@ -41,7 +41,6 @@ impl HfTokenizer {
         let mut specials: Vec<String> = inner
             .get_added_tokens_decoder()
             .values()
-            .filter(|t| t.special)
             .map(|t| t.content.clone())
             .collect();
         specials.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
@@ -89,6 +88,7 @@ impl Tokenizer for HfTokenizer {
         self.inner.decode(ids, false).unwrap_or_default()
     }
 
+    /// Every added token: the tokenizer splits them off before anything else.
     fn special_tokens(&self) -> &[String] {
         &self.specials
     }

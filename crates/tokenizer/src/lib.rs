@@ -4,14 +4,17 @@
 //! # Layout
 //! - [`builtin`]: the documented built-in tokenizer (no files needed).
 //! - [`hf`]: Hugging Face `tokenizer.json` files through the `tokenizers` crate.
-//! - [`chat`]: chat messages and their rendering into a prompt (ChatML by default).
+//! - [`chat`]: chat messages and their rendering into a prompt (ChatML by default, or Jinja).
+//! - [`cache`]: segment-cached tokenization for routing.
 
 pub mod builtin;
+pub mod cache;
 pub mod chat;
 pub mod hf;
 
 pub use builtin::BuiltinTokenizer;
-pub use chat::{ChatMessage, ChatTemplate};
+pub use cache::CachedTokenizer;
+pub use chat::{ChatMessage, ChatTemplate, TemplateError};
 pub use hf::HfTokenizer;
 
 use std::fmt::Debug;
