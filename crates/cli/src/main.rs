@@ -1,6 +1,7 @@
-//! The `kvrouter` binary: `mock-engine` today; `serve`, `sim` and `bench` as they land.
+//! The `kvrouter` binary: `serve` and `mock-engine`; `sim` and `bench` as they land.
 
 mod mock_engine;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -14,6 +15,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the KV-aware OpenAI-compatible router in front of workers (or embedded mock engines).
+    Serve(serve::ServeArgs),
     /// Run a simulated inference engine: OpenAI API over HTTP, KV events over ZeroMQ.
     MockEngine(mock_engine::MockEngineArgs),
 }
@@ -31,6 +34,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     match cli.command {
+        Command::Serve(args) => runtime.block_on(serve::run(args)),
         Command::MockEngine(args) => runtime.block_on(mock_engine::run(args)),
     }
 }

@@ -470,6 +470,26 @@ impl PrefixIndex {
         }
     }
 
+    /// Blocks held per (rank, tier), sorted.
+    pub fn holder_counts(&self) -> Vec<(WorkerRank, Medium, usize)> {
+        let mut counts: FastMap<HolderId, usize> = FastMap::default();
+        for id in self.tree.node_ids() {
+            let n = self.tree.node(id);
+            for &h in &n.holders {
+                *counts.entry(h).or_default() += n.hashes.len();
+            }
+        }
+        let mut out: Vec<(WorkerRank, Medium, usize)> = counts
+            .into_iter()
+            .filter_map(|(h, c)| {
+                let state = self.ranks.get(holder_slot(h) as usize)?.as_ref()?;
+                Some((state.rank, holder_medium(h), c))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Approximate heap bytes held by the index (map capacities and runs).
     pub fn heap_bytes(&self) -> usize {
         let per_engine_entry = std::mem::size_of::<(EngineHash, SequenceHash)>() + 1;

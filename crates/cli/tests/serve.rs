@@ -1,0 +1,313 @@
+//! End to end: `kvrouter serve --mock-workers 3` as a real process, driven over HTTP.
+
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::time::timeout;
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+async fn serve(extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--mock-workers",
+            "3",
+            "--mock-speedup-ratio",
+            "50",
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start kvrouter serve");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("startup line")
+        .unwrap()
+        .unwrap();
+    let base = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .to_owned();
+    Server { child, base }
+}
+
+/// A chat whose system prompt spans several 64-token blocks, with a distinct question.
+fn chat(question: &str) -> Value {
+    let system = "You are a careful assistant. ".repeat(40);
+    json!({"model": "mock-model", "max_tokens": 3, "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": question}
+    ]})
+}
+
+async fn send(client: &reqwest::Client, base: &str, body: &Value) -> (u16, Option<u64>, Value) {
+    let r = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let worker = r
+        .headers()
+        .get("x-kvrouter-worker")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    (status, worker, r.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn kv_mode_keeps_a_shared_prefix_on_one_worker() {
+    let server = serve(&["--router-mode", "kv", "--router-predicted-ttl-secs", "30"]).await;
+    let client = reqwest::Client::new();
+    let mut workers = Vec::new();
+    for i in 0..6 {
+        let (status, worker, body) =
+            send(&client, &server.base, &chat(&format!("question {i}"))).await;
+        assert_eq!(status, 200, "{body}");
+        workers.push(worker.unwrap());
+    }
+    assert!(
+        workers.iter().all(|w| *w == workers[0]),
+        "same prefix, same worker: {workers:?}"
+    );
+}
+
+#[tokio::test]
+async fn round_robin_spreads_the_same_prefix() {
+    let server = serve(&["--router-mode", "round-robin"]).await;
+    let client = reqwest::Client::new();
+    let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
+    for i in 0..6 {
+        let (status, worker, _) =
+            send(&client, &server.base, &chat(&format!("question {i}"))).await;
+        assert_eq!(status, 200);
+        *counts.entry(worker.unwrap()).or_default() += 1;
+    }
+    assert_eq!(
+        counts.values().copied().collect::<Vec<_>>(),
+        vec![2, 2, 2],
+        "{counts:?}"
+    );
+}
+
+#[tokio::test]
+async fn engine_events_reach_the_index_and_attract_the_repeated_prompt() {
+    let server = serve(&[
+        "--router-mode",
+        "kv",
+        "--expose-decisions",
+        "--admin-token",
+        "t0k",
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let (_, first, _) = send(&client, &server.base, &chat("what is a KV cache?")).await;
+    let first = first.unwrap();
+    // Wait (bounded) until the worker's KV events have reached the router's index.
+    let mut cached = 0;
+    for _ in 0..200 {
+        let list: Value = client
+            .get(format!("{}/admin/workers", server.base))
+            .bearer_auth("t0k")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let w = list["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["id"] == first)
+            .unwrap()
+            .clone();
+        cached = w["ranks"][0]["cached_gpu_blocks"].as_u64().unwrap();
+        if cached > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        cached >= 4,
+        "the index learned the prompt's blocks from the engine's events ({cached})"
+    );
+    let r = client
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&chat("a different question"))
+        .send()
+        .await
+        .unwrap();
+    let worker: u64 = r.headers()["x-kvrouter-worker"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let decision: Value =
+        serde_json::from_str(r.headers()["x-kvrouter-decision"].to_str().unwrap()).unwrap();
+    assert_eq!(worker, first, "routed to the worker holding the prefix");
+    let chosen = decision["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["worker"] == first)
+        .unwrap()
+        .clone();
+    assert!(chosen["overlap"].as_u64().unwrap() >= 4, "{decision}");
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 256
+    );
+    let metrics = client
+        .get(format!("{}/metrics", server.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("kvrouter_kv_events_applied_total{status=\"ok\",event_type=\"stored\"}")
+    );
+    assert!(metrics.contains("kvrouter_time_to_first_token_seconds_count"));
+}
+
+#[tokio::test]
+async fn bad_requests_get_openai_errors() {
+    let server = serve(&["--admin-token", "t0k"]).await;
+    let client = reqwest::Client::new();
+    let base = &server.base;
+    let r = client
+        .post(format!("{base}/v1/chat/completions"))
+        .body("{nope")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let (s, _, e) = send(
+        &client,
+        base,
+        &json!({"messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("model")));
+    let (s, _, e) = send(
+        &client,
+        base,
+        &json!({"model": "other", "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
+    assert_eq!((s, e["error"]["param"].as_str()), (404, Some("model")));
+    let (s, _, e) = send(
+        &client,
+        base,
+        &json!({"model": "mock-model", "messages": "x"}),
+    )
+    .await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("messages")));
+    let r = client
+        .get(format!("{base}/admin/workers"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let r = client
+        .delete(format!("{base}/admin/workers/99"))
+        .bearer_auth("t0k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let r = client
+        .delete(format!("{base}/admin/workers/2"))
+        .bearer_auth("t0k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let models: Value = client
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "mock-model");
+    // Streaming passes through unchanged, ending with [DONE].
+    let mut body = chat("stream please");
+    body["stream"] = json!(true);
+    let text = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+}
+
+#[tokio::test]
+async fn direct_mode_needs_a_worker_header() {
+    let server = serve(&["--router-mode", "direct"]).await;
+    let client = reqwest::Client::new();
+    let (s, _, _) = send(&client, &server.base, &chat("x")).await;
+    assert_eq!(s, 400);
+    let r = client
+        .post(format!("{}/v1/chat/completions", server.base))
+        .header("x-kvrouter-worker-id", "2")
+        .json(&chat("x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["x-kvrouter-worker"], "2");
+}
+
+#[tokio::test]
+async fn missing_workers_are_a_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args(["serve", "--port", "0"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--mock-workers"));
+    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--mock-workers",
+            "1",
+            "--router-mode",
+            "fastest",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--router-mode"));
+}

@@ -1,0 +1,216 @@
+//! The HTTP surface: OpenAI endpoints, health, metrics and the token-protected admin API.
+
+use crate::config::WorkerEntry;
+use crate::error::ServeError;
+use crate::metrics::gauge_header;
+use crate::proxy;
+use crate::registry;
+use crate::routing::Kind;
+use crate::state::AppState;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use kvrouter_core::event::Medium;
+use kvrouter_core::ids::WorkerId;
+use serde_json::{json, Value};
+use std::fmt::Write;
+
+/// The router of `kvrouter serve`'s HTTP API.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/live", get(live))
+        .route("/metrics", get(metrics))
+        .route("/admin/workers", get(list_workers).post(add_worker))
+        .route("/admin/workers/{id}", delete(remove_worker))
+        .with_state(state)
+}
+
+async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    proxy::handle(s, Kind::Chat, headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    proxy::handle(s, Kind::Completion, headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn models(State(s): State<AppState>) -> Json<Value> {
+    let models = s.inner.models.read().expect("models lock").clone();
+    let data: Vec<Value> = models
+        .iter()
+        .map(|m| json!({"id": m, "object": "model", "owned_by": "kvrouter"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+async fn live() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn health(State(s): State<AppState>) -> Response {
+    let workers = s.inner.workers.lock().expect("workers lock").len();
+    let status = if workers > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(json!({"status": if workers > 0 { "ok" } else { "no workers" }, "workers": workers})),
+    )
+        .into_response()
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    let inner = &s.inner;
+    let mut out = String::with_capacity(8192);
+    inner.metrics.render(&mut out);
+    let core = inner.lock_core();
+    let ranks = core.ranks().to_vec();
+    for (name, help, pick) in [
+        (
+            "kvrouter_worker_active_requests",
+            "Requests active on a worker rank.",
+            0usize,
+        ),
+        (
+            "kvrouter_worker_active_prefill_tokens",
+            "Uncached prompt tokens not yet past their first token.",
+            1,
+        ),
+        (
+            "kvrouter_worker_active_decode_blocks",
+            "Distinct KV blocks held by active requests.",
+            2,
+        ),
+    ] {
+        gauge_header(&mut out, name, help);
+        for r in &ranks {
+            let l = core.load(*r);
+            let v = [
+                u64::from(l.active_requests),
+                l.active_prefill_tokens,
+                l.active_decode_blocks,
+            ][pick];
+            let _ = writeln!(
+                out,
+                "{name}{{worker=\"{}\",dp_rank=\"{}\"}} {v}",
+                r.worker, r.dp_rank
+            );
+        }
+    }
+    gauge_header(
+        &mut out,
+        "kvrouter_worker_cached_blocks",
+        "Blocks the index believes a worker rank holds, by tier.",
+    );
+    for (rank, medium, n) in core.index().holder_counts() {
+        let tier = medium.engine_name();
+        let _ = writeln!(
+            out,
+            "kvrouter_worker_cached_blocks{{worker=\"{}\",dp_rank=\"{}\",medium=\"{tier}\"}} {n}",
+            rank.worker, rank.dp_rank
+        );
+    }
+    drop(core);
+    gauge_header(
+        &mut out,
+        "kvrouter_router_queue_pending_requests",
+        "Requests waiting in the router queue.",
+    );
+    let _ = writeln!(out, "kvrouter_router_queue_pending_requests 0");
+    gauge_header(
+        &mut out,
+        "kvrouter_router_queue_pending_isl_tokens",
+        "Prompt tokens of requests waiting in the router queue.",
+    );
+    let _ = writeln!(out, "kvrouter_router_queue_pending_isl_tokens 0");
+    let t = inner.tokenizer.stats();
+    let _ = writeln!(out, "# HELP kvrouter_tokenizer_cache_segments_total Prompt segments tokenized or served from the cache.\n# TYPE kvrouter_tokenizer_cache_segments_total counter");
+    let _ = writeln!(out, "kvrouter_tokenizer_cache_segments_total{{result=\"hit\"}} {}\nkvrouter_tokenizer_cache_segments_total{{result=\"miss\"}} {}", t.hits, t.misses);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+fn authorize(s: &AppState, headers: &HeaderMap) -> Result<(), ServeError> {
+    let Some(token) = &s.inner.config.admin_token else {
+        return Err(ServeError::NotFound(
+            "the admin API is off (start with --admin-token)".into(),
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(token.as_str()) {
+        Ok(())
+    } else {
+        Err(ServeError::Unauthorized)
+    }
+}
+
+async fn list_workers(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ServeError> {
+    authorize(&s, &headers)?;
+    let entries: Vec<WorkerEntry> = s
+        .inner
+        .workers
+        .lock()
+        .expect("workers lock")
+        .values()
+        .map(|r| r.entry.clone())
+        .collect();
+    let core = s.inner.lock_core();
+    let cached = core.index().holder_counts();
+    let list: Vec<Value> = entries
+        .into_iter()
+        .map(|e| {
+            let id = WorkerId(e.id.unwrap_or_default());
+            let ranks: Vec<Value> = core
+                .ranks()
+                .iter()
+                .filter(|r| r.worker == id)
+                .map(|r| {
+                    let l = core.load(*r);
+                    let gpu = cached.iter().find(|(cr, m, _)| cr == r && *m == Medium::Gpu).map_or(0, |c| c.2);
+                    json!({"dp_rank": r.dp_rank, "active_requests": l.active_requests, "active_prefill_tokens": l.active_prefill_tokens, "active_decode_blocks": l.active_decode_blocks, "cached_gpu_blocks": gpu})
+                })
+                .collect();
+            json!({"id": id.0, "url": e.url, "kv_events_endpoint": e.kv_events_endpoint, "replay_endpoint": e.replay_endpoint, "dp_size": e.dp_size, "block_size": e.block_size, "max_num_batched_tokens": e.max_num_batched_tokens, "kv_capacity_blocks": e.kv_capacity_blocks, "labels": e.labels, "ranks": ranks})
+        })
+        .collect();
+    Ok(Json(json!({"workers": list})))
+}
+
+async fn add_worker(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ServeError> {
+    authorize(&s, &headers)?;
+    let entry: WorkerEntry = serde_json::from_slice(&body)
+        .map_err(|e| ServeError::invalid(format!("invalid worker: {e}"), None))?;
+    let id = registry::add_worker(&s, entry).await?;
+    Ok((StatusCode::CREATED, Json(json!({"id": id.0}))).into_response())
+}
+
+async fn remove_worker(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> Result<Json<Value>, ServeError> {
+    authorize(&s, &headers)?;
+    let entry = registry::remove_worker(&s, WorkerId(id))?;
+    Ok(Json(json!({"removed": id, "url": entry.url})))
+}

@@ -1,0 +1,98 @@
+//! Settings of `kvrouter serve`, validated at the edge.
+
+use kvrouter_core::router::RouterConfig;
+use kvrouter_mock_engine::MockEngineConfig;
+use kvrouter_tokenizer::{ChatTemplate, Tokenizer};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// One worker, as given by `--worker`, `--workers-file` or `POST /admin/workers`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerEntry {
+    /// Id to use (assigned when absent).
+    #[serde(default)]
+    pub id: Option<u64>,
+    /// Base URL of the engine's OpenAI API, e.g. `http://10.0.0.5:8000`.
+    pub url: String,
+    /// ZeroMQ endpoint of its KV events (rank 0; rank r uses port + r). Discovered from
+    /// `/server_info` when absent.
+    #[serde(default)]
+    pub kv_events_endpoint: Option<String>,
+    /// ZeroMQ endpoint of its replay socket (rank 0; rank r uses port + r).
+    #[serde(default)]
+    pub replay_endpoint: Option<String>,
+    /// Data-parallel ranks.
+    #[serde(default)]
+    pub dp_size: Option<u32>,
+    /// KV block size in tokens (must equal the router's).
+    #[serde(default)]
+    pub block_size: Option<usize>,
+    /// The engine's token budget per step.
+    #[serde(default)]
+    pub max_num_batched_tokens: Option<u64>,
+    /// KV capacity in blocks per rank.
+    #[serde(default)]
+    pub kv_capacity_blocks: Option<u64>,
+    /// Free-form labels shown by the admin API.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A `--workers-file` (TOML): `[[workers]]` tables.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkersFile {
+    /// The workers.
+    #[serde(default)]
+    pub workers: Vec<WorkerEntry>,
+}
+
+/// Everything `kvrouter serve` needs.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// Routing options (the core's configuration tree).
+    pub router: RouterConfig,
+    /// Workers to register at start.
+    pub workers: Vec<WorkerEntry>,
+    /// In-process mock engines to start and register (the embedded default).
+    pub mock_workers: usize,
+    /// Template of the embedded mock engines (endpoints are filled in).
+    pub mock_engine: MockEngineConfig,
+    /// Model names served; learned from the first worker's `/v1/models` when empty.
+    pub model_names: Vec<String>,
+    /// Tokenizer for routing.
+    pub tokenizer: Arc<dyn Tokenizer>,
+    /// Chat template for routing.
+    pub chat_template: Arc<ChatTemplate>,
+    /// Bearer token of the admin API (`None` = admin API off).
+    pub admin_token: Option<String>,
+    /// Add `x-kvrouter-decision` to responses.
+    pub expose_decisions: bool,
+    /// Retries on another worker when an upstream fails before its first byte.
+    pub retries: u32,
+    /// Token ids kept by the tokenization cache.
+    pub tokenizer_cache_tokens: usize,
+    /// Concurrent tokenizations on the blocking pool.
+    pub tokenize_concurrency: usize,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            router: RouterConfig::default(),
+            workers: Vec::new(),
+            mock_workers: 0,
+            mock_engine: MockEngineConfig::default(),
+            model_names: Vec::new(),
+            tokenizer: Arc::new(kvrouter_tokenizer::BuiltinTokenizer::new()),
+            chat_template: Arc::new(ChatTemplate::ChatMl),
+            admin_token: None,
+            expose_decisions: false,
+            retries: 2,
+            tokenizer_cache_tokens: 4 << 20,
+            tokenize_concurrency: 2,
+        }
+    }
+}

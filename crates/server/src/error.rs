@@ -1,0 +1,122 @@
+//! The one mapping from errors to HTTP status codes and OpenAI-shaped bodies.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use kvrouter_core::router::RouteError;
+use serde_json::json;
+
+/// Everything a request can fail with, and whose fault it is.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ServeError {
+    /// The client sent something invalid; `param` names the field.
+    #[error("{message}")]
+    Invalid {
+        /// What is wrong.
+        message: String,
+        /// The offending field.
+        param: Option<&'static str>,
+    },
+    /// The model is not served.
+    #[error("The model `{0}` does not exist.")]
+    UnknownModel(String),
+    /// Routing failed (no workers, all overloaded, bad pin).
+    #[error("{0}")]
+    Route(RouteError),
+    /// Every attempt at an upstream failed before answering.
+    #[error("upstream worker failed: {0}")]
+    Upstream(String),
+    /// Missing or wrong admin token.
+    #[error("missing or invalid bearer token")]
+    Unauthorized,
+    /// An admin resource that does not exist.
+    #[error("{0}")]
+    NotFound(String),
+}
+
+impl ServeError {
+    /// A client error naming a field.
+    pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        ServeError::Invalid {
+            message: message.into(),
+            param,
+        }
+    }
+
+    /// HTTP status, OpenAI error type and param.
+    pub fn parts(&self) -> (StatusCode, &'static str, Option<&'static str>) {
+        match self {
+            ServeError::Invalid { param, .. } => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", *param)
+            }
+            ServeError::UnknownModel(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("model"),
+            ),
+            ServeError::Route(e) if e.is_client_error() => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", None)
+            }
+            ServeError::Route(_) => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", None),
+            ServeError::Upstream(_) => (StatusCode::BAD_GATEWAY, "upstream_error", None),
+            ServeError::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error", None),
+            ServeError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", None),
+        }
+    }
+
+    /// The label used in `kvrouter_requests_total{status=...}`.
+    pub fn status_label(&self) -> &'static str {
+        match self {
+            ServeError::Invalid { .. }
+            | ServeError::UnknownModel(_)
+            | ServeError::Unauthorized
+            | ServeError::NotFound(_) => "client_error",
+            ServeError::Route(e) if e.is_client_error() => "client_error",
+            ServeError::Route(_) => "unavailable",
+            ServeError::Upstream(_) => "upstream_error",
+        }
+    }
+
+    /// The OpenAI-shaped body.
+    pub fn body(&self) -> serde_json::Value {
+        let (status, kind, param) = self.parts();
+        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": status.as_u16()}})
+    }
+}
+
+impl IntoResponse for ServeError {
+    fn into_response(self) -> Response {
+        let (status, _, _) = self.parts();
+        (status, axum::Json(self.body())).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_maps_to_a_status_and_names_its_field() {
+        let e = ServeError::invalid("bad", Some("messages"));
+        assert_eq!(e.parts().0, StatusCode::BAD_REQUEST);
+        assert_eq!(e.body()["error"]["param"], "messages");
+        assert_eq!(
+            ServeError::UnknownModel("x".into()).parts().0,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            ServeError::Route(RouteError::AllEligibleWorkersOverloaded)
+                .parts()
+                .0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            ServeError::Route(RouteError::MissingTarget).parts().0,
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            ServeError::Upstream("reset".into()).parts().0,
+            StatusCode::BAD_GATEWAY
+        );
+        assert_eq!(ServeError::Unauthorized.parts().0, StatusCode::UNAUTHORIZED);
+    }
+}

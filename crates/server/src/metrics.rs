@@ -1,0 +1,181 @@
+//! Prometheus metrics in text format, `kvrouter_` prefix. Labels are bounded: status, mode, event
+//! type, worker id; never request, session or policy ids.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+
+/// Buckets for durations: from 100 µs (router overhead) to a minute (long generations).
+pub(crate) const SECONDS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
+];
+/// Buckets for token counts.
+pub(crate) const TOKENS: &[f64] = &[
+    16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0,
+];
+/// Buckets for ratios.
+pub(crate) const RATIO: &[f64] = &[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+
+/// A fixed-bucket histogram.
+#[derive(Debug)]
+pub(crate) struct Histogram {
+    buckets: &'static [f64],
+    data: Mutex<(Vec<u64>, f64, u64)>,
+}
+
+impl Histogram {
+    pub(crate) fn new(buckets: &'static [f64]) -> Self {
+        Self {
+            buckets,
+            data: Mutex::new((vec![0; buckets.len()], 0.0, 0)),
+        }
+    }
+
+    pub(crate) fn observe(&self, value: f64) {
+        let mut d = self.data.lock().expect("histogram lock");
+        if let Some(i) = self.buckets.iter().position(|b| value <= *b) {
+            d.0[i] += 1;
+        }
+        d.1 += value;
+        d.2 += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let d = self.data.lock().expect("histogram lock");
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (b, n) in self.buckets.iter().zip(&d.0) {
+            cumulative += n;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", d.2);
+        let _ = writeln!(out, "{name}_sum {}\n{name}_count {}", d.1, d.2);
+    }
+}
+
+/// A counter family with string labels.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    values: Mutex<BTreeMap<Vec<(&'static str, String)>, u64>>,
+}
+
+impl Counters {
+    pub(crate) fn inc(&self, labels: &[(&'static str, &str)]) {
+        let key = labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        *self
+            .values
+            .lock()
+            .expect("counter lock")
+            .entry(key)
+            .or_default() += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (labels, v) in self.values.lock().expect("counter lock").iter() {
+            let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+            let _ = writeln!(out, "{name}{{{}}} {v}", l.join(","));
+        }
+    }
+}
+
+/// Every metric of the server.
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    pub(crate) requests: Counters,
+    pub(crate) ttft: Histogram,
+    pub(crate) itl: Histogram,
+    pub(crate) duration: Histogram,
+    pub(crate) isl: Histogram,
+    pub(crate) osl: Histogram,
+    pub(crate) cached_tokens: Histogram,
+    pub(crate) kv_hit_rate: Histogram,
+    pub(crate) overhead: Histogram,
+    pub(crate) kv_events: Counters,
+    pub(crate) kv_messages_dropped: Counters,
+    pub(crate) retries: Counters,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Self {
+        Self {
+            requests: Counters::default(),
+            ttft: Histogram::new(SECONDS),
+            itl: Histogram::new(SECONDS),
+            duration: Histogram::new(SECONDS),
+            isl: Histogram::new(TOKENS),
+            osl: Histogram::new(TOKENS),
+            cached_tokens: Histogram::new(TOKENS),
+            kv_hit_rate: Histogram::new(RATIO),
+            overhead: Histogram::new(SECONDS),
+            kv_events: Counters::default(),
+            kv_messages_dropped: Counters::default(),
+            retries: Counters::default(),
+        }
+    }
+
+    /// Everything but the per-worker gauges, which the caller appends.
+    pub(crate) fn render(&self, out: &mut String) {
+        self.requests.render(
+            out,
+            "kvrouter_requests_total",
+            "Requests by outcome and routing mode.",
+        );
+        self.ttft.render(
+            out,
+            "kvrouter_time_to_first_token_seconds",
+            "Time from arrival to the first streamed byte of content.",
+        );
+        self.itl.render(
+            out,
+            "kvrouter_inter_token_latency_seconds",
+            "Time between streamed content chunks.",
+        );
+        self.duration.render(
+            out,
+            "kvrouter_request_duration_seconds",
+            "Time from arrival to the end of the response.",
+        );
+        self.isl.render(
+            out,
+            "kvrouter_input_sequence_tokens",
+            "Prompt tokens per request (as the router tokenized them).",
+        );
+        self.osl.render(
+            out,
+            "kvrouter_output_sequence_tokens",
+            "Generated tokens per request (from usage, else counted chunks).",
+        );
+        self.cached_tokens.render(out, "kvrouter_cached_tokens", "Prompt tokens the engine served from its cache (usage.prompt_tokens_details.cached_tokens).");
+        self.kv_hit_rate.render(
+            out,
+            "kvrouter_router_kv_hit_rate",
+            "Predicted share of the prompt cached on the chosen worker.",
+        );
+        self.overhead.render(
+            out,
+            "kvrouter_routing_overhead_seconds",
+            "Router time before forwarding: parsing, tokenization, hashing, index lookup, scoring.",
+        );
+        self.kv_events.render(
+            out,
+            "kvrouter_kv_events_applied_total",
+            "KV events applied to the index, by outcome and type.",
+        );
+        self.kv_messages_dropped.render(
+            out,
+            "kvrouter_kv_event_messages_dropped_total",
+            "KV event messages dropped or recovered, by reason.",
+        );
+        self.retries.render(
+            out,
+            "kvrouter_upstream_retries_total",
+            "Requests re-sent to another worker after an upstream failure before the first byte.",
+        );
+    }
+}
+
+pub(crate) fn gauge_header(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+}

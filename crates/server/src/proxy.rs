@@ -1,0 +1,340 @@
+//! The request path: parse, tokenize and hash, route, forward, stream back.
+//!
+//! The body goes upstream unchanged and the upstream's bytes come back unchanged (chunks are
+//! forwarded as they arrive). The load the core recorded for the request is released by a guard
+//! that lives in the response body, so a client disconnect or a dropped stream still releases it.
+//! An upstream failure before the first byte is retried on another worker (`--retries`).
+
+use crate::error::ServeError;
+use crate::registry;
+use crate::routing::{routing_input, Kind, RoutingInput};
+use crate::state::AppState;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use futures::StreamExt;
+use kvrouter_core::ids::{RequestId, WorkerId};
+use kvrouter_core::policy::RouterMode;
+use kvrouter_core::router::{Decision, Pin, RouteRequest};
+use serde_json::Value;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// Releases the request's load in the core exactly once: at the end of the body, or when dropped.
+struct LoadGuard {
+    state: AppState,
+    id: RequestId,
+    mode: RouterMode,
+    arrival: Instant,
+    first_seen: bool,
+    last_chunk: Option<Instant>,
+    chunks: u64,
+    tail: Vec<u8>,
+    stream: bool,
+    done: bool,
+}
+
+impl LoadGuard {
+    fn on_chunk(&mut self, chunk: &[u8]) {
+        let now = Instant::now();
+        let m = &self.state.inner.metrics;
+        if !self.first_seen {
+            self.first_seen = true;
+            let _ = self.state.inner.lock_core().first_token(self.id);
+            m.ttft
+                .observe(now.duration_since(self.arrival).as_secs_f64());
+        } else if let Some(prev) = self.last_chunk {
+            if self.stream {
+                m.itl.observe(now.duration_since(prev).as_secs_f64());
+            }
+        }
+        self.last_chunk = Some(now);
+        self.chunks += 1;
+        // Keep the tail (non-streamed bodies are small; streams end with their usage chunk).
+        if !self.stream || chunk.windows(7).any(|w| w == b"\"usage\"") {
+            if self.stream {
+                self.tail.clear();
+            }
+            if self.tail.len() + chunk.len() <= 1 << 20 {
+                self.tail.extend_from_slice(chunk);
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let inner = &self.state.inner;
+        let _ = inner.lock_core().finish(self.id);
+        let m = &inner.metrics;
+        m.duration.observe(self.arrival.elapsed().as_secs_f64());
+        m.requests
+            .inc(&[("status", "ok"), ("mode", self.mode.as_str())]);
+        let usage = find_usage(&self.tail, self.stream);
+        let output = usage
+            .as_ref()
+            .and_then(|u| u["completion_tokens"].as_u64())
+            .unwrap_or(if self.stream {
+                self.chunks.saturating_sub(1)
+            } else {
+                0
+            });
+        m.osl.observe(output as f64);
+        if let Some(cached) = usage
+            .as_ref()
+            .and_then(|u| u["prompt_tokens_details"]["cached_tokens"].as_u64())
+        {
+            m.cached_tokens.observe(cached as f64);
+        }
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            self.done = true;
+            let _ = self.state.inner.lock_core().cancel(self.id);
+            self.state
+                .inner
+                .metrics
+                .requests
+                .inc(&[("status", "cancelled"), ("mode", self.mode.as_str())]);
+        }
+    }
+}
+
+/// The `usage` object of a response body (the last SSE event carrying one, for streams).
+fn find_usage(tail: &[u8], stream: bool) -> Option<Value> {
+    if !stream {
+        return serde_json::from_slice::<Value>(tail)
+            .ok()?
+            .get("usage")
+            .cloned()
+            .filter(|u| !u.is_null());
+    }
+    let text = std::str::from_utf8(tail).ok()?;
+    text.split("\n\n")
+        .filter_map(|e| e.trim().strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .filter_map(|v| v.get("usage").cloned().filter(|u| !u.is_null()))
+        .last()
+}
+
+fn header_u64(headers: &HeaderMap, names: &[&str]) -> Option<u64> {
+    names
+        .iter()
+        .find_map(|n| headers.get(*n)?.to_str().ok()?.trim().parse().ok())
+}
+
+/// A pin from an upstream picker's headers (`direct` mode, or any mode when present).
+fn pin_from(headers: &HeaderMap) -> Option<Pin> {
+    let worker = header_u64(
+        headers,
+        &[
+            "x-kvrouter-worker-id",
+            "x-worker-instance-id",
+            "x-dynamo-worker-instance-id",
+        ],
+    )?;
+    let dp_rank = header_u64(
+        headers,
+        &["x-kvrouter-dp-rank", "x-dp-rank", "x-dynamo-dp-rank"],
+    )
+    .map(|r| r as u32);
+    Some(Pin {
+        worker: WorkerId(worker),
+        dp_rank,
+    })
+}
+
+fn check_model(state: &AppState, body: &Value) -> Result<(), ServeError> {
+    let model = match body.get("model") {
+        Some(Value::String(m)) => m,
+        None | Some(Value::Null) => {
+            return Err(ServeError::invalid("`model` is required", Some("model")))
+        }
+        Some(_) => {
+            return Err(ServeError::invalid(
+                "`model` must be a string",
+                Some("model"),
+            ))
+        }
+    };
+    let models = state.inner.models.read().expect("models lock");
+    if !models.is_empty() && !models.iter().any(|m| m == model) {
+        return Err(ServeError::UnknownModel(model.clone()));
+    }
+    Ok(())
+}
+
+fn decision_header(d: &Decision) -> Option<HeaderValue> {
+    let compact: Vec<Value> = d
+        .candidates
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "worker": c.rank.worker.0, "dp_rank": c.rank.dp_rank,
+                "overlap": c.overlap.gpu_blocks, "credit": c.credit_blocks,
+                "prefill": c.prefill_blocks, "decode": c.decode_blocks, "total": c.total,
+            })
+        })
+        .collect();
+    let v = serde_json::json!({"mode": d.mode.as_str(), "worker": d.rank.worker.0, "dp_rank": d.rank.dp_rank, "candidates": compact});
+    HeaderValue::from_str(&v.to_string()).ok()
+}
+
+/// Handles `/v1/completions` and `/v1/chat/completions`.
+pub(crate) async fn handle(
+    state: AppState,
+    kind: Kind,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ServeError> {
+    let arrival = Instant::now();
+    let inner = &state.inner;
+    let mode = inner.config.router.router_mode;
+    let fail = |e: ServeError| {
+        inner
+            .metrics
+            .requests
+            .inc(&[("status", e.status_label()), ("mode", mode.as_str())]);
+        e
+    };
+    let value: Value = serde_json::from_slice(&body).map_err(|e| {
+        fail(ServeError::invalid(
+            format!("the body is not valid JSON: {e}"),
+            None,
+        ))
+    })?;
+    if !value.is_object() {
+        return Err(fail(ServeError::invalid(
+            "the body must be a JSON object",
+            None,
+        )));
+    }
+    check_model(&state, &value).map_err(fail)?;
+    let stream = value
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let RoutingInput { isl_tokens, blocks } =
+        routing_input(&state, kind, &value).await.map_err(fail)?;
+    let pin = pin_from(&headers);
+    let mut tried: Vec<WorkerId> = Vec::new();
+    let attempts = inner.config.retries + 1;
+    let mut last_error = None;
+    for attempt in 0..attempts {
+        let id = RequestId(inner.next_request.fetch_add(1, Ordering::Relaxed));
+        let mut request = RouteRequest::new(id, isl_tokens, blocks.clone());
+        request.pin = pin;
+        if !tried.is_empty() {
+            let allowed: Vec<WorkerId> = registry::worker_ids(&state)
+                .into_iter()
+                .filter(|w| !tried.contains(w))
+                .collect();
+            request.allowed_workers = Some(allowed);
+        }
+        let decision = inner
+            .lock_core()
+            .route(&request, inner.now())
+            .map_err(|e| fail(ServeError::Route(e)))?;
+        let worker = decision.rank.worker;
+        if attempt == 0 {
+            let m = &inner.metrics;
+            m.overhead.observe(arrival.elapsed().as_secs_f64());
+            m.isl.observe(isl_tokens as f64);
+            if isl_tokens > 0 {
+                m.kv_hit_rate
+                    .observe(decision.cached_tokens as f64 / isl_tokens as f64);
+            }
+        }
+        let Some(base) = registry::url_of(&state, worker) else {
+            let _ = inner.lock_core().cancel(id);
+            tried.push(worker);
+            continue;
+        };
+        let mut guard = LoadGuard {
+            state: state.clone(),
+            id,
+            mode,
+            arrival,
+            first_seen: false,
+            last_chunk: None,
+            chunks: 0,
+            tail: Vec::new(),
+            stream,
+            done: false,
+        };
+        let upstream = inner
+            .http
+            .post(format!("{base}{}", kind.path()))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await;
+        let response = match upstream {
+            Ok(r) if r.status().is_server_error() => {
+                last_error = Some(format!("worker {worker} answered {}", r.status()));
+                None
+            }
+            Ok(r) => Some(r),
+            Err(e) => {
+                last_error = Some(format!("worker {worker}: {e}"));
+                None
+            }
+        };
+        let Some(response) = response else {
+            // Nothing reached the client yet: release this attempt and try another worker.
+            guard.done = true;
+            let _ = inner.lock_core().cancel(id);
+            inner.metrics.retries.inc(&[("mode", mode.as_str())]);
+            tried.push(worker);
+            if pin.is_some() {
+                break;
+            }
+            continue;
+        };
+        let status =
+            StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        let mut builder = Response::builder().status(status);
+        if let Some(ct) = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
+        {
+            builder = builder.header("content-type", ct);
+        }
+        builder = builder.header("x-kvrouter-worker", worker.0.to_string());
+        if inner.config.expose_decisions {
+            if let Some(h) = decision_header(&decision) {
+                builder = builder.header("x-kvrouter-decision", h);
+            }
+        }
+        let upstream_body = response.bytes_stream();
+        let body =
+            futures::stream::unfold((upstream_body, guard), |(mut up, mut guard)| async move {
+                match up.next().await {
+                    Some(Ok(chunk)) => {
+                        guard.on_chunk(&chunk);
+                        Some((Ok::<Bytes, std::io::Error>(chunk), (up, guard)))
+                    }
+                    Some(Err(e)) => {
+                        // The upstream broke mid-stream: the guard cancels the request's load.
+                        Some((Err(std::io::Error::other(e)), (up, guard)))
+                    }
+                    None => {
+                        guard.finish();
+                        None
+                    }
+                }
+            });
+        return Ok(builder
+            .body(Body::from_stream(body))
+            .expect("valid response"));
+    }
+    Err(fail(ServeError::Upstream(
+        last_error.unwrap_or_else(|| "no worker could be reached".into()),
+    )))
+}

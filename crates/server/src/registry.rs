@@ -1,0 +1,225 @@
+//! Adding and removing workers: discovery of their KV event endpoints, registration with the core,
+//! and their event subscribers.
+
+use crate::config::WorkerEntry;
+use crate::error::ServeError;
+use crate::ingest::{self, Source};
+use crate::state::{AppState, WorkerRecord};
+use kvrouter_core::ids::WorkerId;
+use kvrouter_core::router::WorkerSpec;
+use serde_json::Value;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// `tcp://host:port` + `offset` on the port.
+fn shift_port(endpoint: &str, offset: u32) -> String {
+    match endpoint.rsplit_once(':') {
+        Some((head, port)) => match port.parse::<u32>() {
+            Ok(p) => format!("{head}:{}", p + offset),
+            Err(_) => endpoint.to_owned(),
+        },
+        None => endpoint.to_owned(),
+    }
+}
+
+/// Fills in what the worker advertises at `/server_info` (SGLang's shape; the mock engine's too).
+async fn discover(state: &AppState, entry: &mut WorkerEntry) {
+    let url = format!("{}/server_info", entry.url.trim_end_matches('/'));
+    let Ok(Ok(resp)) =
+        tokio::time::timeout(Duration::from_secs(2), state.inner.http.get(&url).send()).await
+    else {
+        return;
+    };
+    let Ok(info) = resp.json::<Value>().await else {
+        return;
+    };
+    let kv = &info["kv_events"];
+    if kv["publisher"].as_str() != Some("zmq") {
+        return;
+    }
+    let worker_host = entry
+        .url
+        .split("://")
+        .nth(1)
+        .and_then(|h| h.split([':', '/']).next())
+        .unwrap_or("127.0.0.1")
+        .to_owned();
+    let host = match kv["endpoint_host"].as_str() {
+        None | Some("*" | "0.0.0.0" | "::" | "") => worker_host,
+        Some(h) => h.to_owned(),
+    };
+    if entry.kv_events_endpoint.is_none() {
+        if let Some(port) = kv["endpoint_port_base"].as_u64() {
+            entry.kv_events_endpoint = Some(format!("tcp://{host}:{port}"));
+        }
+    }
+    if entry.replay_endpoint.is_none() {
+        if let Some(port) = kv["replay_endpoint_port_base"].as_u64() {
+            entry.replay_endpoint = Some(format!("tcp://{host}:{port}"));
+        }
+    }
+    if entry.block_size.is_none() {
+        entry.block_size = kv["block_size"].as_u64().map(|b| b as usize);
+    }
+    if entry.dp_size.is_none() {
+        entry.dp_size = kv["dp_size"].as_u64().map(|d| d as u32);
+    }
+    if entry.max_num_batched_tokens.is_none() {
+        entry.max_num_batched_tokens = info["max_num_batched_tokens"].as_u64();
+    }
+    if entry.kv_capacity_blocks.is_none() {
+        entry.kv_capacity_blocks = info["num_gpu_blocks"].as_u64();
+    }
+}
+
+/// Registers a worker; returns its id.
+pub(crate) async fn add_worker(
+    state: &AppState,
+    mut entry: WorkerEntry,
+) -> Result<WorkerId, ServeError> {
+    if !(entry.url.starts_with("http://") || entry.url.starts_with("https://")) {
+        return Err(ServeError::invalid(
+            format!(
+                "worker url {:?} must start with http:// or https://",
+                entry.url
+            ),
+            Some("url"),
+        ));
+    }
+    let inner = &state.inner;
+    let missing_events = inner.config.router.router_kv_events && entry.kv_events_endpoint.is_none();
+    if missing_events || entry.block_size.is_none() || entry.max_num_batched_tokens.is_none() {
+        discover(state, &mut entry).await;
+    }
+    let router_bs = inner.config.router.kv_cache_block_size;
+    if let Some(bs) = entry.block_size {
+        if bs != router_bs {
+            return Err(ServeError::invalid(
+                format!("worker {} uses KV block size {bs}, the router {router_bs} (--kv-cache-block-size must match the engines)", entry.url),
+                Some("block_size"),
+            ));
+        }
+    }
+    let dp_size = entry.dp_size.unwrap_or(1).max(1);
+    let id = match entry.id {
+        Some(id) => WorkerId(id),
+        None => {
+            let workers = inner.workers.lock().expect("workers lock");
+            let mut id = inner.next_worker.fetch_add(1, Ordering::Relaxed);
+            while workers.contains_key(&WorkerId(id)) {
+                id = inner.next_worker.fetch_add(1, Ordering::Relaxed);
+            }
+            WorkerId(id)
+        }
+    };
+    entry.id = Some(id.0);
+    entry.dp_size = Some(dp_size);
+    let spec = WorkerSpec {
+        id,
+        dp_size,
+        max_num_batched_tokens: entry.max_num_batched_tokens,
+        kv_capacity_blocks: entry.kv_capacity_blocks,
+    };
+    inner
+        .lock_core()
+        .add_worker(spec)
+        .map_err(ServeError::Route)?;
+    let mut subscribers = Vec::new();
+    if inner.config.router.router_kv_events {
+        if let Some(endpoint) = &entry.kv_events_endpoint {
+            for rank in 0..dp_size {
+                let source = Source {
+                    worker: id,
+                    dp_rank: rank,
+                    endpoint: shift_port(endpoint, rank),
+                    replay: entry
+                        .replay_endpoint
+                        .as_deref()
+                        .map(|r| shift_port(r, rank)),
+                };
+                subscribers.push(ingest::spawn(inner.clone(), source));
+            }
+        }
+    }
+    if inner.models.read().expect("models lock").is_empty() {
+        learn_models(state, &entry.url).await;
+    }
+    inner
+        .workers
+        .lock()
+        .expect("workers lock")
+        .insert(id, WorkerRecord { entry, subscribers });
+    Ok(id)
+}
+
+async fn learn_models(state: &AppState, url: &str) {
+    let url = format!("{}/v1/models", url.trim_end_matches('/'));
+    let Ok(Ok(resp)) =
+        tokio::time::timeout(Duration::from_secs(2), state.inner.http.get(&url).send()).await
+    else {
+        return;
+    };
+    let Ok(list) = resp.json::<Value>().await else {
+        return;
+    };
+    let names: Vec<String> = list["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["id"].as_str().map(str::to_owned))
+        .collect();
+    if !names.is_empty() {
+        *state.inner.models.write().expect("models lock") = names;
+    }
+}
+
+/// Unregisters a worker: stops its subscribers and drops its blocks.
+pub(crate) fn remove_worker(state: &AppState, id: WorkerId) -> Result<WorkerEntry, ServeError> {
+    let record = state
+        .inner
+        .workers
+        .lock()
+        .expect("workers lock")
+        .remove(&id);
+    let Some(record) = record else {
+        return Err(ServeError::NotFound(format!(
+            "worker {id} is not registered"
+        )));
+    };
+    let _ = state.inner.lock_core().remove_worker(id);
+    Ok(record.entry.clone())
+}
+
+/// The base URL of a worker.
+pub(crate) fn url_of(state: &AppState, id: WorkerId) -> Option<String> {
+    state
+        .inner
+        .workers
+        .lock()
+        .expect("workers lock")
+        .get(&id)
+        .map(|r| r.entry.url.trim_end_matches('/').to_owned())
+}
+
+/// Every registered worker id.
+pub(crate) fn worker_ids(state: &AppState) -> Vec<WorkerId> {
+    state
+        .inner
+        .workers
+        .lock()
+        .expect("workers lock")
+        .keys()
+        .copied()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_endpoints_add_the_rank_to_the_port() {
+        assert_eq!(shift_port("tcp://10.0.0.1:5557", 2), "tcp://10.0.0.1:5559");
+        assert_eq!(shift_port("ipc:///tmp/x", 1), "ipc:///tmp/x");
+    }
+}

@@ -1,0 +1,97 @@
+//! Shared state of the server: the routing core behind a short, await-free mutex, the worker
+//! registry, the HTTP client, the tokenizer and the metrics.
+
+use crate::config::{ServeConfig, WorkerEntry};
+use crate::metrics::Metrics;
+use kvrouter_core::ids::WorkerId;
+use kvrouter_core::router::Router;
+use kvrouter_core::time::Time;
+use kvrouter_tokenizer::CachedTokenizer;
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+/// A registered worker and its event subscribers.
+#[derive(Debug)]
+pub(crate) struct WorkerRecord {
+    pub(crate) entry: WorkerEntry,
+    pub(crate) subscribers: Vec<JoinHandle<()>>,
+}
+
+impl Drop for WorkerRecord {
+    fn drop(&mut self) {
+        for task in &self.subscribers {
+            task.abort();
+        }
+    }
+}
+
+/// The server's state, shared by every handler and background task.
+#[derive(Clone)]
+pub struct AppState {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: ServeConfig,
+    pub(crate) core: Mutex<Router>,
+    pub(crate) workers: Mutex<BTreeMap<WorkerId, WorkerRecord>>,
+    pub(crate) next_worker: AtomicU64,
+    pub(crate) next_request: AtomicU64,
+    pub(crate) epoch: Instant,
+    pub(crate) http: reqwest::Client,
+    pub(crate) tokenizer: CachedTokenizer,
+    pub(crate) tokenize_slots: Semaphore,
+    pub(crate) metrics: Metrics,
+    pub(crate) models: RwLock<Vec<String>>,
+}
+
+impl Inner {
+    /// Now, as the core counts time: microseconds since the server started.
+    pub(crate) fn now(&self) -> Time {
+        Time::from_micros(self.epoch.elapsed().as_micros() as u64)
+    }
+
+    pub(crate) fn lock_core(&self) -> std::sync::MutexGuard<'_, Router> {
+        self.core.lock().expect("router lock")
+    }
+}
+
+impl AppState {
+    /// Number of registered workers.
+    pub fn worker_count(&self) -> usize {
+        self.inner.workers.lock().expect("workers lock").len()
+    }
+
+    /// State for `config`, with no workers yet. Does no I/O.
+    pub fn new(config: ServeConfig) -> Result<Self, kvrouter_core::router::ConfigError> {
+        let router = Router::new(config.router.clone())?;
+        let http = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(4096)
+            .build()
+            .expect("HTTP client");
+        let tokenizer =
+            CachedTokenizer::new(config.tokenizer.clone(), config.tokenizer_cache_tokens);
+        let slots = config.tokenize_concurrency.max(1);
+        let models = config.model_names.clone();
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                core: Mutex::new(router),
+                workers: Mutex::new(BTreeMap::new()),
+                next_worker: AtomicU64::new(0),
+                next_request: AtomicU64::new(1),
+                epoch: Instant::now(),
+                http,
+                tokenizer,
+                tokenize_slots: Semaphore::new(slots),
+                metrics: Metrics::new(),
+                models: RwLock::new(models),
+            }),
+        })
+    }
+}
