@@ -113,7 +113,7 @@ async fn run(
             }
         };
         let due = epoch + Duration::from_micros(outcome.end.as_micros());
-        tokio::time::sleep_until(due).await;
+        wait_until(due).await;
         let late_ms = Instant::now().saturating_duration_since(due).as_secs_f64() * 1e3;
         for t in &outcome.tokens {
             if let Some(tx) = streams.get(&t.id) {
@@ -147,6 +147,19 @@ async fn run(
         snap.lateness_counts[bucket] += 1;
         snap.lateness_sum_ms += late_ms;
         snap.kv_batches_published += u64::from(published);
+    }
+}
+
+/// Waits until `due` with sub-millisecond accuracy: tokio's timer has a 1 ms resolution, so it
+/// sleeps until about a millisecond before and yields for the rest. Steps shorter than that (fast
+/// profiles, large speed-ups) are then not stretched to a whole timer tick.
+async fn wait_until(due: Instant) {
+    let margin = Duration::from_millis(1);
+    if due.saturating_duration_since(Instant::now()) > 2 * margin {
+        tokio::time::sleep_until(due - margin).await;
+    }
+    while Instant::now() < due {
+        tokio::task::yield_now().await;
     }
 }
 

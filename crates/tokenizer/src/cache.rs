@@ -35,47 +35,68 @@ pub struct CacheStats {
 #[derive(Debug)]
 pub struct CachedTokenizer {
     inner: Arc<dyn Tokenizer>,
+    splitter: SpecialSplitter,
     max_tokens: usize,
     lru: Mutex<Lru>,
     stats: Mutex<CacheStats>,
 }
 
-/// Splits `text` at any of `specials` (longest first at a position). Returns the segments in
-/// order, special tokens as segments of their own.
-pub fn split_at_specials<'a>(text: &'a str, specials: &[String]) -> Vec<&'a str> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut i = 0;
-    let bytes = text.as_bytes();
-    while i < bytes.len() {
-        let found = specials
+/// Finds special tokens in text: leftmost-longest matches of every special token string.
+#[derive(Debug)]
+pub struct SpecialSplitter {
+    automaton: Option<aho_corasick::AhoCorasick>,
+}
+
+impl SpecialSplitter {
+    /// A splitter for `specials` (empty strings are ignored).
+    pub fn new(specials: &[String]) -> Self {
+        let patterns: Vec<&str> = specials
             .iter()
-            .find(|s| !s.is_empty() && text[i..].starts_with(s.as_str()));
-        match found {
-            Some(s) => {
-                if start < i {
-                    out.push(&text[start..i]);
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
+            .collect();
+        let automaton = (!patterns.is_empty()).then(|| {
+            aho_corasick::AhoCorasick::builder()
+                .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+                .build(&patterns)
+                .expect("special tokens form a valid automaton")
+        });
+        Self { automaton }
+    }
+
+    /// The segments of `text` in order, special tokens as segments of their own.
+    pub fn split<'a>(&self, text: &'a str) -> Vec<&'a str> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        if let Some(ac) = &self.automaton {
+            for m in ac.find_iter(text) {
+                if start < m.start() {
+                    out.push(&text[start..m.start()]);
                 }
-                out.push(&text[i..i + s.len()]);
-                i += s.len();
-                start = i;
-            }
-            None => {
-                i += text[i..].chars().next().map_or(1, char::len_utf8);
+                out.push(&text[m.start()..m.end()]);
+                start = m.end();
             }
         }
+        if start < text.len() {
+            out.push(&text[start..]);
+        }
+        out
     }
-    if start < bytes.len() {
-        out.push(&text[start..]);
-    }
-    out
+}
+
+/// Splits `text` at any of `specials` (longest match first). Special tokens are segments of
+/// their own.
+pub fn split_at_specials<'a>(text: &'a str, specials: &[String]) -> Vec<&'a str> {
+    SpecialSplitter::new(specials).split(text)
 }
 
 impl CachedTokenizer {
     /// Wraps `inner`, caching at most `max_tokens` token ids.
     pub fn new(inner: Arc<dyn Tokenizer>, max_tokens: usize) -> Self {
+        let splitter = SpecialSplitter::new(inner.special_tokens());
         Self {
             inner,
+            splitter,
             max_tokens,
             lru: Mutex::new(Lru::default()),
             stats: Mutex::new(CacheStats::default()),
@@ -98,7 +119,7 @@ impl CachedTokenizer {
     pub fn encode(&self, text: &str) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 8);
         let (mut hits, mut misses) = (0, 0);
-        for segment in split_at_specials(text, self.inner.special_tokens()) {
+        for segment in self.splitter.split(text) {
             let key = xxh3_128(segment.as_bytes());
             let cached = {
                 let mut lru = self.lru.lock().expect("cache lock");
