@@ -154,26 +154,69 @@ async fn throughput(
 
 fn overhead_mean_us(metrics: &str) -> (f64, f64) {
     let get = |name: &str| -> f64 {
-        metrics.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
     };
-    (get("kvrouter_routing_overhead_seconds_sum"), get("kvrouter_routing_overhead_seconds_count"))
+    (
+        get("kvrouter_routing_overhead_seconds_sum"),
+        get("kvrouter_routing_overhead_seconds_count"),
+    )
 }
 
 /// Long prompts in kv mode: 4k-token token-id prompts, new 4k-token chats (tokenized from
 /// scratch) and a continued 4k-token chat (history seen before), with the DeepSeek-V4 tokenizer.
 async fn long_prompts(engine: &Proc) {
-    let tokenizer = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/tokenizers/deepseek-v4/tokenizer.json");
-    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/../../templates/deepseek.jinja");
-    let router = spawn("0", &["serve", "--port", "0", "--worker", &engine.base, "--router-mode", "kv", "--tokenizer", tokenizer, "--chat-template", template]).await;
+    let tokenizer = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/tokenizers/deepseek-v4/tokenizer.json"
+    );
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../templates/deepseek.jinja"
+    );
+    let router = spawn(
+        "0",
+        &[
+            "serve",
+            "--port",
+            "0",
+            "--worker",
+            &engine.base,
+            "--router-mode",
+            "kv",
+            "--tokenizer",
+            tokenizer,
+            "--chat-template",
+            template,
+        ],
+    )
+    .await;
     let pid = router.child.id().unwrap();
     let c = client(true);
-    let text = "The router hashes token blocks and keeps a prefix index of what every worker caches. ";
+    let text =
+        "The router hashes token blocks and keeps a prefix index of what every worker caches. ";
     println!();
     println!("| 4k-token prompt, kv, keep-alive | router p50 µs | added p50 µs | router overhead mean µs (parse+tokenize+hash+route) | router CPU µs/req |");
     println!("|---|---|---|---|---|");
-    let direct = latencies(&c, &format!("{}/v1/completions", engine.base), &body(false, 4096), 200).await;
+    let direct = latencies(
+        &c,
+        &format!("{}/v1/completions", engine.base),
+        &body(false, 4096),
+        200,
+    )
+    .await;
     for scenario in ["token ids", "new chats", "continued chat"] {
-        let metrics0 = c.get(format!("{}/metrics", router.base)).send().await.unwrap().text().await.unwrap();
+        let metrics0 = c
+            .get(format!("{}/metrics", router.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         let cpu0 = cpu_seconds(pid);
         let n = 200;
         let mut lat = Vec::with_capacity(n);
@@ -187,12 +230,23 @@ async fn long_prompts(engine: &Proc) {
                     {"role": "assistant", "content": "ok"},
                     {"role": "user", "content": format!("follow-up {i}")}]}),
             };
-            let path = if scenario == "token ids" { "/v1/completions" } else { "/v1/chat/completions" };
+            let path = if scenario == "token ids" {
+                "/v1/completions"
+            } else {
+                "/v1/chat/completions"
+            };
             lat.push(one(&c, &format!("{}{path}", router.base), &b).await);
         }
         lat.sort();
         let cpu = (cpu_seconds(pid) - cpu0) / n as f64 * 1e6;
-        let metrics1 = c.get(format!("{}/metrics", router.base)).send().await.unwrap().text().await.unwrap();
+        let metrics1 = c
+            .get(format!("{}/metrics", router.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         let (s0, c0) = overhead_mean_us(&metrics0);
         let (s1, c1) = overhead_mean_us(&metrics1);
         println!(

@@ -66,6 +66,18 @@ impl AppState {
         self.inner.workers.lock().expect("workers lock").len()
     }
 
+    /// Blocks the index believes `worker` holds on its GPU, over all its ranks.
+    pub fn cached_gpu_blocks(&self, worker: WorkerId) -> usize {
+        self.inner
+            .lock_core()
+            .index()
+            .holder_counts()
+            .iter()
+            .filter(|(r, m, _)| r.worker == worker && *m == kvrouter_core::event::Medium::Gpu)
+            .map(|(_, _, n)| n)
+            .sum()
+    }
+
     /// State for `config`, with no workers yet. Does no I/O.
     pub fn new(config: ServeConfig) -> Result<Self, kvrouter_core::router::ConfigError> {
         let router = Router::new(config.router.clone())?;

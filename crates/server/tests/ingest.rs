@@ -1,0 +1,213 @@
+//! KV event ingestion against a scripted publisher: live frames, a sequence gap recovered through
+//! the replay socket, and a gap without replay clearing the worker's index.
+
+use bytes::Bytes;
+use kvrouter_core::event::{BlockContent, KvEvent, Medium, StoredBlock};
+use kvrouter_core::hashing::HashNamespace;
+use kvrouter_core::ids::{EngineHash, WorkerId};
+use kvrouter_core::router::RouterConfig;
+use kvrouter_kv_wire::{encode_payload, from_kv_events};
+use kvrouter_server::{ServeConfig, WorkerEntry};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+const BS: usize = 4;
+
+type Buffer = Arc<Mutex<Vec<(u64, Bytes)>>>;
+
+/// A batch storing one chain of `blocks` fresh blocks starting at `base`.
+fn batch(base: u32, blocks: u32) -> Bytes {
+    let event = KvEvent::Stored {
+        worker: WorkerId(0),
+        dp_rank: 0,
+        parent: None,
+        blocks: (0..blocks)
+            .map(|b| StoredBlock {
+                engine_hash: EngineHash(u64::from(base * 100 + b)),
+                content: BlockContent::Tokens(
+                    (0..BS as u32).map(|t| base * 1000 + b * 10 + t).collect(),
+                ),
+            })
+            .collect(),
+        block_size: BS,
+        medium: Medium::Gpu,
+        namespace: HashNamespace::none(),
+    };
+    Bytes::from(encode_payload(&from_kv_events(0.0, 0, &[event]).unwrap()))
+}
+
+struct FakeEngine {
+    publisher: PubSocket,
+    buffer: Buffer,
+    endpoint: String,
+    replay: String,
+}
+
+async fn fake_engine() -> FakeEngine {
+    let mut publisher = PubSocket::new();
+    let endpoint = publisher
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .unwrap()
+        .to_string();
+    let mut router = RouterSocket::new();
+    let replay = router.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let buffer: Buffer = Arc::new(Mutex::new(Vec::new()));
+    let buf = buffer.clone();
+    tokio::spawn(async move {
+        loop {
+            let frames = router.recv().await.unwrap().into_vec();
+            let start = u64::from_be_bytes(frames[2].as_ref().try_into().unwrap());
+            let batches: Vec<(u64, Bytes)> = buf
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(s, _)| *s >= start)
+                .cloned()
+                .collect();
+            for (seq, payload) in batches {
+                let m = vec![
+                    frames[0].clone(),
+                    Bytes::new(),
+                    Bytes::new(),
+                    Bytes::copy_from_slice(&seq.to_be_bytes()),
+                    payload,
+                ];
+                router.send(ZmqMessage::try_from(m).unwrap()).await.unwrap();
+            }
+            let end = vec![
+                frames[0].clone(),
+                Bytes::new(),
+                Bytes::new(),
+                Bytes::from_static(&[0xff; 8]),
+                Bytes::new(),
+            ];
+            router
+                .send(ZmqMessage::try_from(end).unwrap())
+                .await
+                .unwrap();
+        }
+    });
+    FakeEngine {
+        publisher,
+        buffer,
+        endpoint,
+        replay,
+    }
+}
+
+impl FakeEngine {
+    /// Records batch `seq` for replay and, when `live`, publishes it.
+    async fn emit(&mut self, seq: u64, payload: Bytes, live: bool) {
+        self.buffer.lock().unwrap().push((seq, payload.clone()));
+        if live {
+            let m = vec![
+                Bytes::new(),
+                Bytes::copy_from_slice(&seq.to_be_bytes()),
+                payload,
+            ];
+            self.publisher
+                .send(ZmqMessage::try_from(m).unwrap())
+                .await
+                .unwrap();
+        }
+    }
+}
+
+async fn router_for(engine: &FakeEngine, with_replay: bool) -> kvrouter_server::RunningServer {
+    let entry = WorkerEntry {
+        url: "http://127.0.0.1:9".into(),
+        kv_events_endpoint: Some(engine.endpoint.clone()),
+        replay_endpoint: with_replay.then(|| engine.replay.clone()),
+        block_size: Some(BS),
+        max_num_batched_tokens: Some(8192),
+        kv_capacity_blocks: Some(1024),
+        ..WorkerEntry::default()
+    };
+    let config = ServeConfig {
+        router: RouterConfig {
+            kv_cache_block_size: BS,
+            ..RouterConfig::default()
+        },
+        workers: vec![entry],
+        model_names: vec!["m".into()],
+        ..ServeConfig::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    kvrouter_server::start(config, listener).await.unwrap()
+}
+
+/// Waits (bounded) until the index holds `want` blocks of worker 0.
+async fn until_blocks(
+    server: &kvrouter_server::RunningServer,
+    want: usize,
+    engine: &mut FakeEngine,
+    resend: Option<(u64, Bytes)>,
+) -> usize {
+    let mut seen = 0;
+    for _ in 0..400 {
+        seen = server.state.cached_gpu_blocks(WorkerId(0));
+        if seen == want {
+            return seen;
+        }
+        // A PUB drops messages until the subscription arrives: re-send the probe while waiting.
+        if let Some((seq, payload)) = &resend {
+            let m = vec![
+                Bytes::new(),
+                Bytes::copy_from_slice(&seq.to_be_bytes()),
+                payload.clone(),
+            ];
+            engine
+                .publisher
+                .send(ZmqMessage::try_from(m).unwrap())
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    seen
+}
+
+#[tokio::test]
+async fn a_gap_is_recovered_through_the_replay_socket() {
+    let mut engine = fake_engine().await;
+    engine.emit(0, batch(1, 2), false).await;
+    let server = router_for(&engine, true).await;
+    // Seq 0 was never published live: the initial replay brings it.
+    assert_eq!(until_blocks(&server, 2, &mut engine, None).await, 2);
+    engine.emit(1, batch(2, 3), true).await;
+    assert_eq!(
+        until_blocks(&server, 5, &mut engine, Some((1, batch(2, 3)))).await,
+        5
+    );
+    // Seqs 2 and 3 are lost on the wire; seq 4 reveals the gap.
+    engine.emit(2, batch(3, 1), false).await;
+    engine.emit(3, batch(4, 1), false).await;
+    engine.emit(4, batch(5, 2), true).await;
+    assert_eq!(
+        until_blocks(&server, 9, &mut engine, None).await,
+        9,
+        "the gap was replayed"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_gap_without_replay_clears_and_relearns() {
+    let mut engine = fake_engine().await;
+    let server = router_for(&engine, false).await;
+    engine.emit(0, batch(1, 2), true).await;
+    assert_eq!(
+        until_blocks(&server, 2, &mut engine, Some((0, batch(1, 2)))).await,
+        2
+    );
+    engine.emit(1, batch(2, 1), false).await;
+    engine.emit(2, batch(3, 3), true).await;
+    assert_eq!(
+        until_blocks(&server, 3, &mut engine, None).await,
+        3,
+        "cleared, then seq 2 applied"
+    );
+    server.stop().await;
+}
