@@ -1,0 +1,22 @@
+//! kvrouter-workload: what the simulator and the bench replay.
+//!
+//! A [`Workload`] is a list of requests whose prompts are sequences of block ids of the
+//! workload's block size, with arrival rules: an absolute arrival time (open loop), a previous
+//! request plus a delay (closed loop: multi-turn sessions, tool calls), or a step of a
+//! synchronous RL loop that starts when the previous step has finished. Block ids map to router
+//! blocks so the router's block size may be smaller than the trace's (one 512-token Mooncake block
+//! is eight 64-token router blocks). Documented in `docs/workloads.md`.
+//!
+//! # Layout
+//! - [`model`]: the workload and its requests; block-id → router-block mapping; the cache ceiling.
+//! - [`readers`]: Mooncake JSONL, agentic session JSON, our RL rollout JSONL; format detection.
+//! - [`generators`]: GRPO, multi-turn agentic and the seed-001 scenario (seeded).
+//! - [`dist`]: the seeded log-normal and exponential draws the generators use.
+
+pub mod dist;
+pub mod generators;
+pub mod model;
+pub mod readers;
+
+pub use model::{Barrier, Workload, WorkloadRequest};
+pub use readers::{load_trace, LoadError};
