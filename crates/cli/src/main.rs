@@ -1,7 +1,9 @@
-//! The `kvrouter` binary: `serve` and `mock-engine`; `sim` and `bench` as they land.
+//! The `kvrouter` binary: `serve`, `mock-engine` and `sim`; `bench` as it lands.
 
 mod mock_engine;
+mod routing_args;
 mod serve;
+mod sim;
 
 use clap::{Parser, Subcommand};
 
@@ -17,6 +19,8 @@ struct Cli {
 enum Command {
     /// Run the KV-aware OpenAI-compatible router in front of workers (or embedded mock engines).
     Serve(serve::ServeArgs),
+    /// Replay a trace or an RL workload through the routing core against simulated engines.
+    Sim(sim::SimArgs),
     /// Run a simulated inference engine: OpenAI API over HTTP, KV events over ZeroMQ.
     MockEngine(mock_engine::MockEngineArgs),
 }
@@ -35,6 +39,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve::run(args)),
+        Command::Sim(args) => sim::run(args),
         Command::MockEngine(args) => runtime.block_on(mock_engine::run(args)),
     }
 }

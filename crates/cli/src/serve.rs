@@ -2,12 +2,12 @@
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvrouter_core::policy::RouterMode;
-use kvrouter_core::router::RouterConfig;
 use kvrouter_engine::EngineConfig;
 use kvrouter_mock_engine::MockEngineConfig;
 use kvrouter_server::{ServeConfig, WorkerEntry, WorkersFile};
 use kvrouter_tokenizer::ChatTemplate;
+
+use crate::routing_args::RoutingArgs;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -39,51 +39,8 @@ pub(crate) struct ServeArgs {
     /// Model name(s) served (default: learned from the first worker's /v1/models).
     #[arg(long = "model-name")]
     model_names: Vec<String>,
-    /// Selection policy.
-    #[arg(long, default_value = "kv")]
-    router_mode: String,
-    /// Sampling temperature of the KV policy (0 = lowest cost).
-    #[arg(long, default_value_t = 0.0)]
-    router_temperature: f64,
-    /// Credit per GPU-cached block.
-    #[arg(long, default_value_t = 1.0)]
-    router_kv_overlap_score_credit: f64,
-    /// Decay of the credit on workers with excess prefill load.
-    #[arg(long, default_value_t = 0.0)]
-    router_kv_overlap_score_credit_decay: f64,
-    /// Weight of the prefill term.
-    #[arg(long, default_value_t = 1.0)]
-    router_prefill_load_scale: f64,
-    /// Block-equivalent cost per active request.
-    #[arg(long, default_value_t = 0.0)]
-    router_decode_active_request_weight: f64,
-    /// KV-aware routing without cache credit (load only).
-    #[arg(long)]
-    load_aware: bool,
-    /// Predict cache state from routing decisions instead of engine KV events.
-    #[arg(long)]
-    no_router_kv_events: bool,
-    /// Predicted-placement window next to the event-fed index, seconds.
-    #[arg(long)]
-    router_predicted_ttl_secs: Option<f64>,
-    /// Time-to-live of predicted blocks without KV events, seconds.
-    #[arg(long, default_value_t = 120.0)]
-    router_ttl_secs: f64,
-    /// A worker is busy above this fraction of its KV capacity in active decode blocks.
-    #[arg(long)]
-    active_decode_blocks_threshold: Option<f64>,
-    /// A worker is busy above this many active prefill tokens.
-    #[arg(long)]
-    active_prefill_tokens_threshold: Option<u64>,
-    /// A worker is busy above this fraction of its max_num_batched_tokens in prefill tokens.
-    #[arg(long)]
-    active_prefill_tokens_threshold_frac: Option<f64>,
-    /// KV block size in tokens; must match the engines.
-    #[arg(long, default_value_t = 64)]
-    kv_cache_block_size: usize,
-    /// Seed of the randomized policies.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    routing: RoutingArgs,
     /// Hugging Face tokenizer.json for routing (default: the built-in tokenizer).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
@@ -111,29 +68,7 @@ fn read_workers_file(path: &PathBuf) -> anyhow::Result<Vec<WorkerEntry>> {
 
 impl ServeArgs {
     pub(crate) fn config(&self) -> anyhow::Result<ServeConfig> {
-        let mode: RouterMode = self.router_mode.parse().context("--router-mode")?;
-        let mut router = RouterConfig {
-            router_mode: mode,
-            kv_cache_block_size: self.kv_cache_block_size,
-            router_temperature: self.router_temperature,
-            router_kv_overlap_score_credit: self.router_kv_overlap_score_credit,
-            router_kv_overlap_score_credit_decay: self.router_kv_overlap_score_credit_decay,
-            router_prefill_load_scale: self.router_prefill_load_scale,
-            router_decode_active_request_weight: self.router_decode_active_request_weight,
-            router_kv_events: !self.no_router_kv_events,
-            router_ttl_secs: self.router_ttl_secs,
-            router_predicted_ttl_secs: self.router_predicted_ttl_secs,
-            active_decode_blocks_threshold: self.active_decode_blocks_threshold,
-            active_prefill_tokens_threshold: self.active_prefill_tokens_threshold,
-            active_prefill_tokens_threshold_frac: self.active_prefill_tokens_threshold_frac,
-            seed: self.seed,
-            ..RouterConfig::default()
-        };
-        if self.load_aware {
-            router.router_mode = RouterMode::Kv;
-            router.router_kv_overlap_score_credit = 0.0;
-        }
-        router.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let router = self.routing.config()?;
         let mut workers: Vec<WorkerEntry> = self
             .workers
             .iter()
@@ -194,7 +129,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     println!(
         "kvrouter serve listening on http://{} mode={} workers={}",
         server.addr,
-        args.router_mode,
+        args.routing.router_mode,
         server.state.worker_count()
     );
     tokio::signal::ctrl_c()

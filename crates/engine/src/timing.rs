@@ -287,6 +287,25 @@ impl TimingModel for TableProfile {
     }
 }
 
+/// A timing model by name: `dynamo-poly`, a built-in profile (`h100-llama3-8b`,
+/// `h200-llama3-8b`) or the path of a JSON profile; every time divided by `speedup_ratio`.
+pub fn by_name(name: &str, speedup_ratio: f64) -> Result<Box<dyn TimingModel>, ProfileError> {
+    if name == "dynamo-poly" {
+        return Ok(Box::new(SpeedUp {
+            inner: DynamoPoly,
+            ratio: speedup_ratio,
+        }));
+    }
+    let profile = match TableProfile::builtin(name) {
+        Some(p) => p,
+        None => TableProfile::load(Path::new(name))?,
+    };
+    Ok(Box::new(SpeedUp {
+        inner: profile,
+        ratio: speedup_ratio,
+    }))
+}
+
 /// Divides every time of an inner model by `ratio` (> 0).
 #[derive(Debug)]
 pub struct SpeedUp<M> {

@@ -1,0 +1,111 @@
+//! Routing flags shared by `serve` and `sim`, named as in the seeds' frontend.
+
+use anyhow::Context;
+use clap::Args;
+use kvrouter_core::policy::RouterMode;
+use kvrouter_core::router::RouterConfig;
+
+/// The routing flags.
+#[derive(Debug, Args)]
+pub(crate) struct RoutingArgs {
+    /// Selection policy: round-robin, random, least-loaded, power-of-two, kv, direct.
+    #[arg(long, default_value = "kv")]
+    pub(crate) router_mode: String,
+    /// Sampling temperature of the KV policy (0 = lowest cost).
+    #[arg(long, default_value_t = 0.0)]
+    router_temperature: f64,
+    /// Credit per GPU-cached block.
+    #[arg(long, default_value_t = 1.0)]
+    router_kv_overlap_score_credit: f64,
+    /// Decay of the credit on workers with excess prefill load.
+    #[arg(long, default_value_t = 0.0)]
+    router_kv_overlap_score_credit_decay: f64,
+    /// Weight of the prefill term.
+    #[arg(long, default_value_t = 1.0)]
+    router_prefill_load_scale: f64,
+    /// Block-equivalent cost per active request.
+    #[arg(long, default_value_t = 0.0)]
+    router_decode_active_request_weight: f64,
+    /// KV-aware routing without cache credit (load only).
+    #[arg(long)]
+    load_aware: bool,
+    /// Predict cache state from routing decisions instead of engine KV events.
+    #[arg(long)]
+    no_router_kv_events: bool,
+    /// Predicted-placement window next to the event-fed index, seconds.
+    #[arg(long)]
+    router_predicted_ttl_secs: Option<f64>,
+    /// Time-to-live of predicted blocks without KV events, seconds.
+    #[arg(long, default_value_t = 120.0)]
+    router_ttl_secs: f64,
+    /// A worker is busy above this fraction of its KV capacity in active decode blocks.
+    #[arg(long)]
+    active_decode_blocks_threshold: Option<f64>,
+    /// A worker is busy above this many active prefill tokens.
+    #[arg(long)]
+    active_prefill_tokens_threshold: Option<u64>,
+    /// A worker is busy above this fraction of its max_num_batched_tokens in prefill tokens.
+    #[arg(long)]
+    active_prefill_tokens_threshold_frac: Option<f64>,
+    /// KV block size in tokens; must match the engines.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) kv_cache_block_size: usize,
+    /// Seed of the randomized policies.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl RoutingArgs {
+    pub(crate) fn config(&self) -> anyhow::Result<RouterConfig> {
+        let mode: RouterMode = self.router_mode.parse().context("--router-mode")?;
+        let mut router = RouterConfig {
+            router_mode: mode,
+            kv_cache_block_size: self.kv_cache_block_size,
+            router_temperature: self.router_temperature,
+            router_kv_overlap_score_credit: self.router_kv_overlap_score_credit,
+            router_kv_overlap_score_credit_decay: self.router_kv_overlap_score_credit_decay,
+            router_prefill_load_scale: self.router_prefill_load_scale,
+            router_decode_active_request_weight: self.router_decode_active_request_weight,
+            router_kv_events: !self.no_router_kv_events,
+            router_ttl_secs: self.router_ttl_secs,
+            router_predicted_ttl_secs: self.router_predicted_ttl_secs,
+            active_decode_blocks_threshold: self.active_decode_blocks_threshold,
+            active_prefill_tokens_threshold: self.active_prefill_tokens_threshold,
+            active_prefill_tokens_threshold_frac: self.active_prefill_tokens_threshold_frac,
+            seed: self.seed,
+            ..RouterConfig::default()
+        };
+        if self.load_aware {
+            router.router_mode = RouterMode::Kv;
+            router.router_kv_overlap_score_credit = 0.0;
+        }
+        router.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(router)
+    }
+}
+
+/// Applies a `--compare` item: `MODE[:key=value[:key=value...]]`, keys named like the flags in
+/// snake case (`kv:router_predicted_ttl_secs=5`).
+pub(crate) fn apply_compare_item(base: &RouterConfig, item: &str) -> anyhow::Result<RouterConfig> {
+    let mut parts = item.split(':');
+    let mode = parts.next().unwrap_or_default();
+    let mut value = serde_json::to_value(base)?;
+    let mode: RouterMode = mode
+        .parse()
+        .with_context(|| format!("--compare item {item:?}"))?;
+    value["router_mode"] = serde_json::to_value(mode)?;
+    for kv in parts {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--compare item {item:?}: {kv:?} is not key=value"))?;
+        let parsed: serde_json::Value =
+            serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.to_owned()));
+        value[k] = parsed;
+    }
+    let config: RouterConfig =
+        serde_json::from_value(value).with_context(|| format!("--compare item {item:?}"))?;
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--compare item {item:?}: {e}"))?;
+    Ok(config)
+}

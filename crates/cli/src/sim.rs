@@ -1,0 +1,246 @@
+//! `kvrouter sim`.
+
+use crate::routing_args::{apply_compare_item, RoutingArgs};
+use anyhow::{bail, Context};
+use clap::Args;
+use kvrouter_engine::EngineConfig;
+use kvrouter_sim::{SimConfig, Simulation, Summary};
+use kvrouter_workload::generators::{self, AgenticParams, GrpoParams, Seed001Params};
+use kvrouter_workload::readers::ReadOptions;
+use kvrouter_workload::{load_trace, Workload};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Flags of `kvrouter sim`.
+#[derive(Debug, Args)]
+pub(crate) struct SimArgs {
+    /// A trace: Mooncake JSONL, RL rollout JSONL, an agentic session JSON, or a folder of them.
+    #[arg(long, conflicts_with = "workload")]
+    trace: Option<PathBuf>,
+    /// A generated workload: grpo, agentic or seed001.
+    #[arg(long)]
+    workload: Option<String>,
+    /// Generator parameters as key=value,key=value (names as in docs/workloads.md).
+    #[arg(long)]
+    workload_args: Option<String>,
+    /// Number of simulated workers.
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    #[command(flatten)]
+    routing: RoutingArgs,
+    /// Timing profile(s), comma-separated and cycled over workers: dynamo-poly, h100-llama3-8b,
+    /// h200-llama3-8b or a JSON file.
+    #[arg(long, default_value = "dynamo-poly")]
+    profile: String,
+    /// KV capacity per worker, blocks.
+    #[arg(long, default_value_t = 16_384)]
+    num_gpu_blocks: usize,
+    /// Token budget per engine step.
+    #[arg(long, default_value_t = 8_192)]
+    max_num_batched_tokens: u32,
+    /// Most requests running per engine.
+    #[arg(long, default_value_t = 256)]
+    max_num_seqs: usize,
+    /// Delay from a block being cached to the router seeing it, ms.
+    #[arg(long, default_value_t = 50.0)]
+    kv_event_delay_ms: f64,
+    /// One-way router-engine network delay, ms.
+    #[arg(long, default_value_t = 0.0)]
+    network_delay_ms: f64,
+    /// Divide open-loop arrival times by this.
+    #[arg(long, default_value_t = 1.0)]
+    arrival_speedup: f64,
+    /// Closed-loop replay with this many requests in flight (ignores arrival times).
+    #[arg(long)]
+    concurrency: Option<usize>,
+    /// Read at most this many requests from the trace (0 = all).
+    #[arg(long, default_value_t = 0)]
+    max_requests: usize,
+    /// Agentic session traces: mean gap between session starts, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    session_gap_s: f64,
+    /// Several configurations on the same workload: MODE[:key=value...],... e.g.
+    /// round-robin,least-loaded,kv,kv:router_predicted_ttl_secs=5
+    #[arg(long)]
+    compare: Option<String>,
+    /// Output folder for summary.json and report.html.
+    #[arg(long, default_value = "sim-out")]
+    out: PathBuf,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn params<T: serde::de::DeserializeOwned + serde::Serialize + Default>(
+    args: Option<&str>,
+) -> anyhow::Result<T> {
+    let mut value = serde_json::to_value(T::default())?;
+    for kv in args
+        .unwrap_or("")
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+    {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--workload-args: {kv:?} is not key=value"))?;
+        value[k.trim()] = serde_json::from_str(v.trim())
+            .unwrap_or_else(|_| serde_json::Value::String(v.trim().to_owned()));
+    }
+    serde_json::from_value(value).context("--workload-args")
+}
+
+impl SimArgs {
+    fn workload(&self) -> anyhow::Result<Workload> {
+        match (&self.trace, self.workload.as_deref()) {
+            (Some(path), _) => {
+                let opts = ReadOptions {
+                    session_gap_s: self.session_gap_s,
+                    seed: 0,
+                    max_requests: self.max_requests,
+                };
+                Ok(load_trace(path, opts).map_err(|e| anyhow::anyhow!("--trace {e}"))?)
+            }
+            (None, Some("grpo")) => Ok(generators::grpo(&params::<GrpoParams>(
+                self.workload_args.as_deref(),
+            )?)),
+            (None, Some("agentic")) => Ok(generators::agentic(&params::<AgenticParams>(
+                self.workload_args.as_deref(),
+            )?)),
+            (None, Some("seed001")) => Ok(generators::seed001(&params::<Seed001Params>(
+                self.workload_args.as_deref(),
+            )?)),
+            (None, Some(other)) => bail!("--workload {other:?}: expected grpo, agentic or seed001"),
+            (None, None) => bail!("give --trace PATH or --workload grpo|agentic|seed001"),
+        }
+    }
+
+    fn configs(&self) -> anyhow::Result<Vec<SimConfig>> {
+        let base_router = self.routing.config()?;
+        let base = SimConfig {
+            name: self.routing.router_mode.clone(),
+            workers: self.workers,
+            router: base_router.clone(),
+            engine: EngineConfig {
+                block_size: self.routing.kv_cache_block_size,
+                num_gpu_blocks: self.num_gpu_blocks,
+                max_num_batched_tokens: self.max_num_batched_tokens,
+                max_num_seqs: self.max_num_seqs,
+                ..EngineConfig::default()
+            },
+            profiles: self.profile.split(',').map(str::to_owned).collect(),
+            kv_event_delay_ms: self.kv_event_delay_ms,
+            network_delay_ms: self.network_delay_ms,
+            arrival_speedup: self.arrival_speedup,
+            concurrency: self.concurrency,
+        };
+        if self.workers == 0 {
+            bail!("--workers must be at least 1");
+        }
+        match &self.compare {
+            None => Ok(vec![base]),
+            Some(list) => list
+                .split(',')
+                .filter(|s| !s.trim().is_empty())
+                .map(|item| {
+                    let router = apply_compare_item(&base_router, item.trim())?;
+                    Ok(SimConfig {
+                        name: item.trim().to_owned(),
+                        router,
+                        ..base.clone()
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+fn run_one(config: SimConfig, workload: &Workload, quiet: bool) -> anyhow::Result<Summary> {
+    let started = Instant::now();
+    let name = config.name.clone();
+    let mut sim = Simulation::new(config, workload)?;
+    let mut events = 0u64;
+    let mut last_report = started;
+    while sim.step()? {
+        events += 1;
+        if !quiet
+            && events % 8192 == 0
+            && last_report.elapsed().as_millis() >= 250
+            && started.elapsed().as_secs_f64() > 1.0
+        {
+            let (done, total) = sim.progress();
+            let width = 30;
+            let filled = (done * width / total.max(1)).min(width);
+            eprint!(
+                "\r[{name}] [{}{}] {done}/{total} requests, sim time {:.0} s",
+                "#".repeat(filled),
+                ".".repeat(width - filled),
+                sim.now().as_secs_f64()
+            );
+            let _ = std::io::stderr().flush();
+            last_report = Instant::now();
+        }
+    }
+    if !quiet && started.elapsed().as_secs_f64() > 1.0 {
+        eprintln!();
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let mut summary = finish(sim)?;
+    summary.sim_wall_s = (wall * 1000.0).round() / 1000.0;
+    Ok(summary)
+}
+
+fn finish(sim: Simulation<'_>) -> anyhow::Result<Summary> {
+    Ok(sim.run()?)
+}
+
+fn print_table(runs: &[Summary]) {
+    let rl = runs.iter().any(|r| r.rl.is_some());
+    print!(
+        "| config | TTFT p50 ms | TTFT p99 ms | E2E p50 ms | hit rate | ceiling | output tok/s |"
+    );
+    println!("{}", if rl { " step time s | GPU idle |" } else { "" });
+    print!("|---|---|---|---|---|---|---|");
+    println!("{}", if rl { "---|---|" } else { "" });
+    for r in runs {
+        print!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.0} |",
+            r.config,
+            r.ttft_ms.p50,
+            r.ttft_ms.p99,
+            r.e2e_ms.p50,
+            r.hit_rate,
+            r.hit_rate_ceiling,
+            r.output_tokens_per_s
+        );
+        match &r.rl {
+            Some(x) if rl => println!(" {:.2} | {:.3} |", x.step_time_s.mean, x.gpu_idle_fraction),
+            _ if rl => println!(" – | – |"),
+            _ => println!(),
+        }
+    }
+}
+
+pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
+    let workload = args.workload()?;
+    let configs = args.configs()?;
+    let mut runs = Vec::with_capacity(configs.len());
+    for config in configs {
+        runs.push(run_one(config, &workload, args.quiet)?);
+    }
+    std::fs::create_dir_all(&args.out).with_context(|| format!("--out {}", args.out.display()))?;
+    let summary = serde_json::to_string_pretty(&runs)? + "\n";
+    std::fs::write(args.out.join("summary.json"), summary)
+        .with_context(|| format!("--out {}", args.out.display()))?;
+    std::fs::write(
+        args.out.join("report.html"),
+        kvrouter_sim::report::render(&runs),
+    )?;
+    print_table(&runs);
+    println!(
+        "wrote {} and {}",
+        args.out.join("summary.json").display(),
+        args.out.join("report.html").display()
+    );
+    Ok(())
+}

@@ -1,0 +1,45 @@
+//! Simulation settings.
+
+use kvrouter_core::router::RouterConfig;
+use kvrouter_engine::EngineConfig;
+use serde::{Deserialize, Serialize};
+
+/// Everything a run needs besides the workload.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SimConfig {
+    /// Label of this configuration in tables and reports.
+    pub name: String,
+    /// Number of engine workers.
+    pub workers: usize,
+    /// The router's configuration (the same tree `kvrouter serve` uses).
+    pub router: RouterConfig,
+    /// Engine sizes and limits (the block size is the router's).
+    pub engine: EngineConfig,
+    /// Timing profile per worker, cycled (`dynamo-poly`, a built-in profile or a file), so a slower
+    /// group of workers can be modelled.
+    pub profiles: Vec<String>,
+    /// Delay from a block being cached to the router seeing its event, ms.
+    pub kv_event_delay_ms: f64,
+    /// One-way network delay between router and engines, ms.
+    pub network_delay_ms: f64,
+    /// Divides open-loop arrival times.
+    pub arrival_speedup: f64,
+    /// Closed-loop replay: keep this many requests in flight, ignoring arrival times.
+    pub concurrency: Option<usize>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            name: "kv".into(),
+            workers: 8,
+            router: RouterConfig::default(),
+            engine: EngineConfig::default(),
+            profiles: vec!["dynamo-poly".into()],
+            kv_event_delay_ms: 50.0,
+            network_delay_ms: 0.0,
+            arrival_speedup: 1.0,
+            concurrency: None,
+        }
+    }
+}

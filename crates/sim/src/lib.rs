@@ -1,0 +1,23 @@
+//! kvrouter-sim: a discrete-event simulator that replays workloads through the real routing core
+//! ([`kvrouter_core::Router`]) and the real engine model ([`kvrouter_engine::Engine`]), so its
+//! results are evidence about kvrouter itself.
+//!
+//! A run is a pure function of (configuration, workload): events are ordered by (time, sequence),
+//! so ties are first-in first-out, and every random choice comes from seeded generators.
+//!
+//! # Layout
+//! - [`config`]: simulation settings.
+//! - `queue`: the (time, sequence) event queue.
+//! - [`sim`]: the simulation: `step`, `step_until`, `run`.
+//! - [`summary`]: what a run reports (`summary.json`).
+//! - [`report`]: the self-contained `report.html`.
+
+pub mod config;
+mod queue;
+pub mod report;
+pub mod sim;
+pub mod summary;
+
+pub use config::SimConfig;
+pub use sim::{SimError, Simulation};
+pub use summary::Summary;

@@ -1,0 +1,297 @@
+//! A self-contained `report.html`: inline SVG, no scripts from the network. TTFT CDFs per
+//! configuration, a per-worker busy/idle timeline (GPUs working vs waiting), served hit rate over
+//! time, RL step times, and the summary table.
+
+use crate::summary::Summary;
+use std::fmt::Write;
+
+const COLORS: [&str; 8] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+];
+const W: f64 = 640.0;
+const H: f64 = 260.0;
+const PAD: f64 = 44.0;
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn axes(out: &mut String, title: &str, x_label: &str, y_label: &str, x_max: f64, y_max: f64) {
+    let _ = write!(
+        out,
+        r#"<svg class="plot" data-plot="{}" width="{W}" height="{H}" viewBox="0 0 {W} {H}" xmlns="http://www.w3.org/2000/svg">"#,
+        esc(title)
+    );
+    let _ = write!(
+        out,
+        r##"<rect x="0" y="0" width="{W}" height="{H}" fill="#fff"/><text x="{}" y="16" font-size="13" font-family="sans-serif">{}</text>"##,
+        PAD,
+        esc(title)
+    );
+    let (x0, y0, x1, y1) = (PAD, H - PAD, W - 10.0, 24.0);
+    let _ = write!(
+        out,
+        r##"<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="#333"/><line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="#333"/>"##
+    );
+    for k in 0..=4 {
+        let fx = k as f64 / 4.0;
+        let x = x0 + fx * (x1 - x0);
+        let y = y0 - fx * (y0 - y1);
+        let _ = write!(
+            out,
+            r##"<text x="{x}" y="{}" font-size="10" text-anchor="middle" font-family="sans-serif">{:.3}</text>"##,
+            y0 + 14.0,
+            fx * x_max
+        );
+        let _ = write!(
+            out,
+            r##"<text x="{}" y="{y}" font-size="10" text-anchor="end" font-family="sans-serif">{:.3}</text>"##,
+            x0 - 4.0,
+            fx * y_max
+        );
+    }
+    let _ = write!(
+        out,
+        r##"<text x="{}" y="{}" font-size="11" text-anchor="middle" font-family="sans-serif">{}</text>"##,
+        (x0 + x1) / 2.0,
+        H - 8.0,
+        esc(x_label)
+    );
+    let _ = write!(
+        out,
+        r##"<text x="12" y="{}" font-size="11" font-family="sans-serif" transform="rotate(-90 12 {})">{}</text>"##,
+        (y0 + y1) / 2.0,
+        (y0 + y1) / 2.0,
+        esc(y_label)
+    );
+}
+
+fn polyline(
+    out: &mut String,
+    points: &[(f64, f64)],
+    x_max: f64,
+    y_max: f64,
+    color: &str,
+    label: &str,
+) {
+    let (x0, y0, x1, y1) = (PAD, H - PAD, W - 10.0, 24.0);
+    let pts: Vec<String> = points
+        .iter()
+        .map(|(x, y)| {
+            format!(
+                "{:.1},{:.1}",
+                x0 + x / x_max.max(1e-9) * (x1 - x0),
+                y0 - y / y_max.max(1e-9) * (y0 - y1)
+            )
+        })
+        .collect();
+    let _ = write!(
+        out,
+        r#"<polyline class="series" data-series="{}" fill="none" stroke="{color}" stroke-width="1.6" points="{}"/>"#,
+        esc(label),
+        pts.join(" ")
+    );
+}
+
+fn legend(out: &mut String, names: &[String]) {
+    for (i, n) in names.iter().enumerate() {
+        let y = 30.0 + 14.0 * i as f64;
+        let _ = write!(
+            out,
+            r#"<rect x="{}" y="{}" width="10" height="10" fill="{}"/><text x="{}" y="{}" font-size="11" font-family="sans-serif">{}</text>"#,
+            W - 170.0,
+            y - 9.0,
+            COLORS[i % COLORS.len()],
+            W - 155.0,
+            y,
+            esc(n)
+        );
+    }
+}
+
+fn ttft_cdf(out: &mut String, runs: &[Summary]) {
+    let x_max = runs
+        .iter()
+        .filter_map(|r| {
+            r.timeline
+                .ttft_sorted_ms
+                .get((r.timeline.ttft_sorted_ms.len() as f64 * 0.99) as usize)
+                .copied()
+        })
+        .fold(1.0f64, f64::max);
+    axes(
+        out,
+        "TTFT CDF",
+        "time to first token (ms, up to p99)",
+        "share of requests",
+        x_max,
+        1.0,
+    );
+    for (i, r) in runs.iter().enumerate() {
+        let v = &r.timeline.ttft_sorted_ms;
+        let step = (v.len() / 200).max(1);
+        let pts: Vec<(f64, f64)> = v
+            .iter()
+            .enumerate()
+            .step_by(step)
+            .filter(|(_, x)| **x <= x_max)
+            .map(|(k, x)| (*x, (k + 1) as f64 / v.len() as f64))
+            .collect();
+        polyline(out, &pts, x_max, 1.0, COLORS[i % COLORS.len()], &r.config);
+    }
+    legend(
+        out,
+        &runs.iter().map(|r| r.config.clone()).collect::<Vec<_>>(),
+    );
+    out.push_str("</svg>\n");
+}
+
+fn hit_rate_over_time(out: &mut String, runs: &[Summary]) {
+    let bins = runs
+        .iter()
+        .map(|r| r.timeline.hit_rate.len())
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    axes(
+        out,
+        "Served prefix hit rate over time",
+        "time bin",
+        "hit rate",
+        bins,
+        1.0,
+    );
+    for (i, r) in runs.iter().enumerate() {
+        let pts: Vec<(f64, f64)> = r
+            .timeline
+            .hit_rate
+            .iter()
+            .enumerate()
+            .filter_map(|(k, h)| h.map(|h| (k as f64, h)))
+            .collect();
+        polyline(out, &pts, bins, 1.0, COLORS[i % COLORS.len()], &r.config);
+    }
+    legend(
+        out,
+        &runs.iter().map(|r| r.config.clone()).collect::<Vec<_>>(),
+    );
+    out.push_str("</svg>\n");
+}
+
+/// A Gantt of GPUs working (dark) versus waiting (light), one row per worker.
+fn busy_timeline(out: &mut String, run: &Summary) {
+    let rows = run.timeline.busy.len().max(1);
+    let row_h = (180.0 / rows as f64).clamp(3.0, 18.0);
+    let h = 40.0 + row_h * rows as f64 + 20.0;
+    let bins = run.timeline.busy.first().map_or(1, Vec::len).max(1);
+    let cell = (W - 60.0) / bins as f64;
+    let _ = write!(
+        out,
+        r#"<svg class="plot gantt" data-plot="busy timeline {}" width="{W}" height="{h}" viewBox="0 0 {W} {h}" xmlns="http://www.w3.org/2000/svg">"#,
+        esc(&run.config)
+    );
+    let _ = write!(
+        out,
+        r##"<rect x="0" y="0" width="{W}" height="{h}" fill="#fff"/><text x="10" y="16" font-size="13" font-family="sans-serif">Workers busy (dark) vs waiting (light): {} — {:.1} s per bin</text>"##,
+        esc(&run.config),
+        run.timeline.bin_s
+    );
+    for (w, row) in run.timeline.busy.iter().enumerate() {
+        let y = 28.0 + row_h * w as f64;
+        let _ = write!(
+            out,
+            r#"<text x="4" y="{}" font-size="9" font-family="sans-serif">w{w}</text>"#,
+            y + row_h * 0.8
+        );
+        for (k, b) in row.iter().enumerate() {
+            let shade = 235.0 - 200.0 * b.clamp(0.0, 1.0);
+            let x = 40.0 + cell * k as f64;
+            let (width, height, blue) = (cell + 0.2, row_h - 1.0, (shade + 20.0).min(255.0));
+            let _ = write!(
+                out,
+                r#"<rect class="cell" x="{x:.1}" y="{y:.1}" width="{width:.2}" height="{height:.1}" fill="rgb({shade:.0},{shade:.0},{blue:.0})"/>"#
+            );
+        }
+    }
+    out.push_str("</svg>\n");
+}
+
+fn step_bars(out: &mut String, runs: &[Summary]) {
+    let with: Vec<&Summary> = runs
+        .iter()
+        .filter(|r| !r.timeline.step_times_s.is_empty())
+        .collect();
+    if with.is_empty() {
+        return;
+    }
+    let steps = with
+        .iter()
+        .map(|r| r.timeline.step_times_s.len())
+        .max()
+        .unwrap_or(1);
+    let y_max = with
+        .iter()
+        .flat_map(|r| r.timeline.step_times_s.iter().copied())
+        .fold(1e-9, f64::max);
+    axes(out, "RL step time", "step", "seconds", steps as f64, y_max);
+    let group_w = (W - PAD - 20.0) / steps as f64;
+    let bar_w = group_w / (with.len() as f64 + 1.0);
+    for (i, r) in with.iter().enumerate() {
+        for (k, t) in r.timeline.step_times_s.iter().enumerate() {
+            let hgt = t / y_max * (H - PAD - 24.0);
+            let _ = write!(
+                out,
+                r#"<rect class="bar" x="{:.1}" y="{:.1}" width="{:.1}" height="{hgt:.1}" fill="{}"/>"#,
+                PAD + group_w * k as f64 + bar_w * i as f64 + 2.0,
+                H - PAD - hgt,
+                bar_w,
+                COLORS[i % COLORS.len()]
+            );
+        }
+    }
+    legend(
+        out,
+        &with.iter().map(|r| r.config.clone()).collect::<Vec<_>>(),
+    );
+    out.push_str("</svg>\n");
+}
+
+fn table(out: &mut String, runs: &[Summary]) {
+    out.push_str("<table><tr><th>config</th><th>TTFT p50 ms</th><th>TTFT p99 ms</th><th>E2E p50 ms</th><th>hit rate</th><th>ceiling</th><th>output tok/s</th><th>step time s</th></tr>\n");
+    for r in runs {
+        let step =
+            r.rl.as_ref()
+                .map_or("–".to_owned(), |rl| format!("{:.2}", rl.step_time_s.mean));
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.3}</td><td>{:.3}</td><td>{:.0}</td><td>{step}</td></tr>",
+            esc(&r.config), r.ttft_ms.p50, r.ttft_ms.p99, r.e2e_ms.p50, r.hit_rate, r.hit_rate_ceiling, r.output_tokens_per_s
+        );
+    }
+    out.push_str("</table>\n");
+}
+
+/// The report for one or more configurations run on the same workload.
+pub fn render(runs: &[Summary]) -> String {
+    let mut out = String::with_capacity(64 * 1024);
+    let workload = runs.first().map_or("", |r| r.workload.as_str());
+    let _ = write!(
+        out,
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>kvrouter sim: {}</title>",
+        esc(workload)
+    );
+    out.push_str("<style>body{font-family:sans-serif;margin:20px;max-width:1000px}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}svg{display:block;margin:12px 0;border:1px solid #eee}</style></head><body>");
+    let _ = write!(out, "<h1>kvrouter sim — {}</h1>", esc(workload));
+    table(&mut out, runs);
+    ttft_cdf(&mut out, runs);
+    hit_rate_over_time(&mut out, runs);
+    step_bars(&mut out, runs);
+    for r in runs {
+        busy_timeline(&mut out, r);
+    }
+    out.push_str("</body></html>\n");
+    out
+}

@@ -1,0 +1,391 @@
+//! The simulation loop.
+
+use crate::config::SimConfig;
+use crate::queue::EventQueue;
+use crate::summary::{Record, Summary, SummaryBuilder};
+use kvrouter_core::event::KvEvent;
+use kvrouter_core::ids::{RequestId, WorkerId, WorkerRank};
+use kvrouter_core::router::{RouteRequest, Router, WorkerSpec};
+use kvrouter_core::time::Time;
+use kvrouter_engine::{Engine, EngineRequest, Prompt, StepOutcome};
+use kvrouter_workload::Workload;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Why a run could not start or continue.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The workload does not fit the configuration.
+    #[error("invalid workload: {0}")]
+    Workload(String),
+    /// A timing model failed (outside its table).
+    #[error("timing model: {0}")]
+    Timing(String),
+}
+
+enum Event {
+    /// A request reaches the router.
+    Arrive(usize),
+    /// A routed request reaches its engine.
+    Deliver(usize, usize),
+    /// A worker's step ends.
+    StepEnd(usize),
+    /// KV events become visible to the router.
+    Visible(Vec<KvEvent>),
+    /// RL step `k` starts.
+    ReleaseStep(u32),
+}
+
+struct WorkerState {
+    engine: Engine,
+    pending: Option<StepOutcome>,
+    busy_since: Option<Time>,
+    busy: Vec<(Time, Time)>,
+}
+
+/// A simulation in progress.
+pub struct Simulation<'w> {
+    config: SimConfig,
+    workload: &'w Workload,
+    router: Router,
+    workers: Vec<WorkerState>,
+    queue: EventQueue<Event>,
+    now: Time,
+    records: Vec<Record>,
+    /// Requests that start when request i finishes.
+    followers: Vec<Vec<usize>>,
+    /// Requests per RL step and how many are still unfinished.
+    steps: BTreeMap<u32, (Vec<usize>, usize)>,
+    /// Closed-loop replay: requests not yet started, in order.
+    backlog: std::collections::VecDeque<usize>,
+    finished: usize,
+}
+
+fn ms(v: f64) -> Duration {
+    Duration::from_secs_f64(v.max(0.0) / 1e3)
+}
+
+impl<'w> Simulation<'w> {
+    /// Sets up workers, router and initial arrivals.
+    pub fn new(config: SimConfig, workload: &'w Workload) -> Result<Self, SimError> {
+        let bs = config.router.kv_cache_block_size;
+        workload.validate(bs).map_err(SimError::Workload)?;
+        if config.workers == 0 {
+            return Err(SimError::Config("at least one worker".into()));
+        }
+        if !config.arrival_speedup.is_finite() || config.arrival_speedup <= 0.0 {
+            return Err(SimError::Config("arrival speed-up must be positive".into()));
+        }
+        let mut router =
+            Router::new(config.router.clone()).map_err(|e| SimError::Config(e.to_string()))?;
+        let mut engine_config = config.engine.clone();
+        engine_config.block_size = bs;
+        let profiles = if config.profiles.is_empty() {
+            vec!["dynamo-poly".to_owned()]
+        } else {
+            config.profiles.clone()
+        };
+        let mut workers = Vec::with_capacity(config.workers);
+        for w in 0..config.workers {
+            let timing = kvrouter_engine::timing::by_name(&profiles[w % profiles.len()], 1.0)
+                .map_err(|e| SimError::Config(e.to_string()))?;
+            let rank = WorkerRank::new(WorkerId(w as u64), 0);
+            let mut c = engine_config.clone();
+            c.seed = c.seed.wrapping_add(w as u64);
+            workers.push(WorkerState {
+                engine: Engine::new(c, rank, timing),
+                pending: None,
+                busy_since: None,
+                busy: Vec::new(),
+            });
+            router
+                .add_worker(WorkerSpec {
+                    id: WorkerId(w as u64),
+                    dp_size: 1,
+                    max_num_batched_tokens: Some(u64::from(engine_config.max_num_batched_tokens)),
+                    kv_capacity_blocks: Some(engine_config.num_gpu_blocks as u64),
+                })
+                .map_err(|e| SimError::Config(e.to_string()))?;
+        }
+        let n = workload.requests.len();
+        let mut sim = Self {
+            config,
+            workload,
+            router,
+            workers,
+            queue: EventQueue::new(),
+            now: Time::ZERO,
+            records: (0..n).map(|_| Record::default()).collect(),
+            followers: vec![Vec::new(); n],
+            steps: BTreeMap::new(),
+            backlog: Default::default(),
+            finished: 0,
+        };
+        for (i, r) in workload.requests.iter().enumerate() {
+            if let Some(a) = r.after {
+                sim.followers[a].push(i);
+            }
+            if let (Some(step), Some(_)) = (r.step, workload.barrier) {
+                if r.after.is_none() {
+                    let e = sim.steps.entry(step).or_default();
+                    e.0.push(i);
+                }
+            }
+            if workload.barrier.is_some() && r.step.is_some() {
+                sim.steps.entry(r.step.unwrap_or(0)).or_default().1 += 1;
+            }
+        }
+        if let Some(concurrency) = sim.config.concurrency {
+            sim.backlog = (0..n)
+                .filter(|i| workload.requests[*i].after.is_none())
+                .collect();
+            for _ in 0..concurrency.max(1) {
+                if let Some(i) = sim.backlog.pop_front() {
+                    sim.queue.push(Time::ZERO, Event::Arrive(i));
+                }
+            }
+        } else if workload.barrier.is_some() && !sim.steps.is_empty() {
+            let first = *sim.steps.keys().next().expect("a step");
+            sim.queue.push(Time::ZERO, Event::ReleaseStep(first));
+        } else {
+            for (i, r) in workload.requests.iter().enumerate() {
+                if let (Some(a), None) = (r.arrival_ms, r.after) {
+                    let at = Time::ZERO + ms(a / sim.config.arrival_speedup);
+                    sim.queue.push(at, Event::Arrive(i));
+                }
+            }
+        }
+        Ok(sim)
+    }
+
+    /// Simulated time.
+    pub fn now(&self) -> Time {
+        self.now
+    }
+
+    /// Requests finished or rejected so far, and the total.
+    pub fn progress(&self) -> (usize, usize) {
+        (self.finished, self.workload.requests.len())
+    }
+
+    /// The router (for inspection).
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// Processes the next event; false when none is left.
+    pub fn step(&mut self) -> Result<bool, SimError> {
+        let Some((at, event)) = self.queue.pop() else {
+            return Ok(false);
+        };
+        self.now = at;
+        match event {
+            Event::Arrive(i) => self.arrive(i),
+            Event::Deliver(i, w) => self.deliver(i, w)?,
+            Event::StepEnd(w) => self.step_end(w)?,
+            Event::Visible(events) => {
+                for e in events {
+                    let _ = self.router.apply_event(&e);
+                }
+            }
+            Event::ReleaseStep(k) => {
+                let ids = self.steps.get(&k).map(|s| s.0.clone()).unwrap_or_default();
+                for i in ids {
+                    self.arrive(i);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Processes events up to and including `until`.
+    pub fn step_until(&mut self, until: Time) -> Result<(), SimError> {
+        while self.queue.peek_time().is_some_and(|t| t <= until) {
+            self.step()?;
+        }
+        Ok(())
+    }
+
+    /// Runs to completion and summarises.
+    pub fn run(mut self) -> Result<Summary, SimError> {
+        while self.step()? {}
+        Ok(self.summary())
+    }
+
+    fn arrive(&mut self, i: usize) {
+        let req = &self.workload.requests[i];
+        let blocks = self
+            .workload
+            .router_blocks(i, self.config.router.kv_cache_block_size);
+        let route = RouteRequest::new(RequestId(i as u64), u64::from(req.input_tokens), blocks);
+        let rec = &mut self.records[i];
+        rec.arrival = Some(self.now);
+        match self.router.route(&route, self.now) {
+            Ok(d) => {
+                rec.worker = Some(d.rank.worker.0 as usize);
+                rec.predicted_cached = d.cached_tokens;
+                let w = d.rank.worker.0 as usize;
+                let at = self.now + ms(self.config.network_delay_ms);
+                self.queue.push(at, Event::Deliver(i, w));
+            }
+            Err(_) => {
+                rec.rejected = true;
+                self.done(i);
+            }
+        }
+    }
+
+    fn deliver(&mut self, i: usize, w: usize) -> Result<(), SimError> {
+        let req = &self.workload.requests[i];
+        let prompt = Prompt::Blocks {
+            blocks: self
+                .workload
+                .router_blocks(i, self.config.router.kv_cache_block_size),
+            len_tokens: req.input_tokens,
+        };
+        let er = EngineRequest {
+            id: RequestId(i as u64),
+            prompt,
+            max_output_tokens: req.output_tokens,
+        };
+        if self.workers[w].engine.add_request(er).is_err() {
+            let _ = self.router.cancel(RequestId(i as u64));
+            self.records[i].rejected = true;
+            self.done(i);
+            return Ok(());
+        }
+        if self.workers[w].pending.is_none() {
+            self.start_step(w)?;
+        }
+        Ok(())
+    }
+
+    fn start_step(&mut self, w: usize) -> Result<(), SimError> {
+        let now = self.now;
+        let worker = &mut self.workers[w];
+        match worker
+            .engine
+            .step(now)
+            .map_err(|e| SimError::Timing(e.to_string()))?
+        {
+            Some(out) => {
+                let end = out.end.max(Time(now.0 + 1));
+                worker.busy_since.get_or_insert(now);
+                worker.pending = Some(out);
+                self.queue.push(end, Event::StepEnd(w));
+            }
+            None => {
+                if let Some(since) = worker.busy_since.take() {
+                    worker.busy.push((since, now));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn step_end(&mut self, w: usize) -> Result<(), SimError> {
+        let Some(out) = self.workers[w].pending.take() else {
+            return Ok(());
+        };
+        let net = ms(self.config.network_delay_ms);
+        for (id, _) in &out.admitted {
+            self.records[id.0 as usize]
+                .admitted
+                .get_or_insert(out.start);
+        }
+        for t in &out.tokens {
+            let i = t.id.0 as usize;
+            let rec = &mut self.records[i];
+            let at = self.now + net;
+            if t.index == 0 {
+                rec.first_token = Some(at);
+                let _ = self.router.first_token(t.id);
+            } else if let Some(prev) = rec.last_token {
+                rec.itl_sum_ms += at.since(prev).as_secs_f64() * 1e3;
+                rec.itl_count += 1;
+            }
+            rec.last_token = Some(at);
+        }
+        for f in &out.finished {
+            let i = f.id.0 as usize;
+            let rec = &mut self.records[i];
+            rec.finish = Some(self.now + net);
+            rec.served_cached = f.cached_tokens;
+            rec.output_tokens = f.output_tokens;
+            let _ = self.router.finish(f.id);
+            self.done(i);
+        }
+        if !out.events.is_empty() && self.config.router.router_kv_events {
+            if self.config.kv_event_delay_ms <= 0.0 {
+                for e in &out.events {
+                    let _ = self.router.apply_event(e);
+                }
+            } else {
+                let at = self.now + ms(self.config.kv_event_delay_ms);
+                self.queue.push(at, Event::Visible(out.events));
+            }
+        }
+        self.start_step(w)
+    }
+
+    /// Bookkeeping when request `i` leaves the system: next turns, step barriers, closed loop.
+    fn done(&mut self, i: usize) {
+        self.finished += 1;
+        let rejected = self.records[i].rejected;
+        for f in self.followers[i].clone() {
+            if rejected {
+                // A session whose turn failed does not continue.
+                self.records[f].rejected = true;
+                self.done(f);
+            } else {
+                let delay = ms(self.workload.requests[f].delay_ms);
+                self.queue.push(self.now + delay, Event::Arrive(f));
+            }
+        }
+        if let (Some(barrier), Some(step)) = (self.workload.barrier, self.workload.requests[i].step)
+        {
+            if self.config.concurrency.is_none() {
+                if let Some(s) = self.steps.get_mut(&step) {
+                    s.1 -= 1;
+                    if s.1 == 0 {
+                        let next = self.steps.range(step + 1..).next().map(|(k, _)| *k);
+                        if let Some(next) = next {
+                            self.queue
+                                .push(self.now + ms(barrier.pause_ms), Event::ReleaseStep(next));
+                        }
+                    }
+                }
+            }
+        }
+        if self.config.concurrency.is_some() && self.workload.requests[i].after.is_none() {
+            if let Some(next) = self.backlog.pop_front() {
+                self.queue.push(self.now, Event::Arrive(next));
+            }
+        }
+    }
+
+    fn summary(&self) -> Summary {
+        let busy: Vec<Vec<(Time, Time)>> = self
+            .workers
+            .iter()
+            .map(|w| {
+                let mut b = w.busy.clone();
+                if let Some(since) = w.busy_since {
+                    b.push((since, self.now));
+                }
+                b
+            })
+            .collect();
+        SummaryBuilder {
+            config: &self.config,
+            workload: self.workload,
+            records: &self.records,
+            busy: &busy,
+            end: self.now,
+        }
+        .build()
+    }
+}

@@ -1,0 +1,366 @@
+//! What a run reports. `summary.json` holds one [`Summary`] per configuration.
+
+use crate::config::SimConfig;
+use kvrouter_core::time::Time;
+use kvrouter_workload::Workload;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Per-request measurements.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Record {
+    pub(crate) arrival: Option<Time>,
+    pub(crate) admitted: Option<Time>,
+    pub(crate) worker: Option<usize>,
+    pub(crate) predicted_cached: u64,
+    pub(crate) first_token: Option<Time>,
+    pub(crate) last_token: Option<Time>,
+    pub(crate) itl_sum_ms: f64,
+    pub(crate) itl_count: u32,
+    pub(crate) finish: Option<Time>,
+    pub(crate) served_cached: u32,
+    pub(crate) output_tokens: u32,
+    pub(crate) rejected: bool,
+}
+
+/// Mean and percentiles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+impl Stats {
+    fn of(values: &mut [f64]) -> Self {
+        if values.is_empty() {
+            return Self::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let at = |p: f64| values[((values.len() - 1) as f64 * p).round() as usize];
+        let mean = values.iter().sum::<f64>() / values.len() as f64;
+        Self {
+            mean: round3(mean),
+            p50: round3(at(0.5)),
+            p90: round3(at(0.9)),
+            p99: round3(at(0.99)),
+        }
+    }
+}
+
+/// Mean, median and maximum.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Spread {
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// Maximum.
+    pub max: f64,
+}
+
+impl Spread {
+    fn of(values: &mut [f64]) -> Self {
+        if values.is_empty() {
+            return Self::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let mean = values.iter().sum::<f64>() / values.len() as f64;
+        Self {
+            mean: round3(mean),
+            p50: round3(values[(values.len() - 1) / 2]),
+            max: round3(values[values.len() - 1]),
+        }
+    }
+}
+
+/// One worker's share of the run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkerSummary {
+    /// Worker index.
+    pub worker: usize,
+    /// Requests routed to it.
+    pub requests: usize,
+    /// Fraction of the run it was computing.
+    pub busy_fraction: f64,
+}
+
+/// RL figures: synchronous steps and GRPO groups.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RlSummary {
+    /// Steps run.
+    pub steps: usize,
+    /// Step time (first dispatch to last sample), seconds.
+    pub step_time_s: Spread,
+    /// Group completion time (first dispatch to last sample), seconds.
+    pub group_time_s: Spread,
+    /// GPU-seconds per step (workers × step time), mean.
+    pub gpu_seconds_per_step: f64,
+    /// Share of GPU-seconds within steps that workers sat idle (the step tail).
+    pub gpu_idle_fraction: f64,
+}
+
+/// Time series for the report (not serialized).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Timeline {
+    /// Width of a bin, seconds.
+    pub bin_s: f64,
+    /// Per worker, busy fraction per bin.
+    pub busy: Vec<Vec<f64>>,
+    /// Served hit rate of the requests arriving in each bin.
+    pub hit_rate: Vec<Option<f64>>,
+    /// Sorted TTFTs, ms (for CDFs).
+    pub ttft_sorted_ms: Vec<f64>,
+    /// Step times, seconds.
+    pub step_times_s: Vec<f64>,
+}
+
+/// The result of one configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Configuration label.
+    pub config: String,
+    /// Routing mode.
+    pub router_mode: String,
+    /// Workload name.
+    pub workload: String,
+    /// Requests in the workload.
+    pub requests: usize,
+    /// Requests completed.
+    pub completed: usize,
+    /// Requests refused (by the router or the engine).
+    pub rejected: usize,
+    /// Time to first token, ms.
+    pub ttft_ms: Stats,
+    /// Inter-token latency (per-request mean), ms.
+    pub itl_ms: Stats,
+    /// End-to-end latency, ms.
+    pub e2e_ms: Stats,
+    /// Wait from arrival to the engine admitting the request, ms.
+    pub queue_ms: Stats,
+    /// Prompt tokens the engines served from cache / all prompt tokens.
+    pub hit_rate: f64,
+    /// Prompt tokens the router expected to be cached / all prompt tokens.
+    pub predicted_hit_rate: f64,
+    /// The hit rate one unbounded cache would reach on this workload (block-weighted).
+    pub hit_rate_ceiling: f64,
+    /// Output tokens per second of simulated time.
+    pub output_tokens_per_s: f64,
+    /// Simulated time from first arrival to last completion, seconds.
+    pub makespan_s: f64,
+    /// Wall-clock seconds the run took (set by the host; 0 in golden files).
+    pub sim_wall_s: f64,
+    /// Per-worker figures.
+    pub workers: Vec<WorkerSummary>,
+    /// RL figures, for workloads with steps.
+    pub rl: Option<RlSummary>,
+    /// Time series for the report.
+    #[serde(skip)]
+    pub timeline: Timeline,
+}
+
+pub(crate) struct SummaryBuilder<'a> {
+    pub(crate) config: &'a SimConfig,
+    pub(crate) workload: &'a Workload,
+    pub(crate) records: &'a [Record],
+    pub(crate) busy: &'a [Vec<(Time, Time)>],
+    pub(crate) end: Time,
+}
+
+fn overlap(intervals: &[(Time, Time)], from: Time, to: Time) -> f64 {
+    intervals
+        .iter()
+        .map(|(a, b)| (b.0.min(to.0) as f64 - a.0.max(from.0) as f64).max(0.0) / 1e6)
+        .sum()
+}
+
+impl SummaryBuilder<'_> {
+    pub(crate) fn build(&self) -> Summary {
+        let done: Vec<(usize, &Record)> = self
+            .records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.finish.is_some())
+            .collect();
+        let ms = |a: Time, b: Time| b.since(a).as_secs_f64() * 1e3;
+        let mut ttft: Vec<f64> = done
+            .iter()
+            .filter_map(|(_, r)| Some(ms(r.arrival?, r.first_token?)))
+            .collect();
+        let mut e2e: Vec<f64> = done
+            .iter()
+            .filter_map(|(_, r)| Some(ms(r.arrival?, r.finish?)))
+            .collect();
+        let mut itl: Vec<f64> = done
+            .iter()
+            .filter(|(_, r)| r.itl_count > 0)
+            .map(|(_, r)| r.itl_sum_ms / f64::from(r.itl_count))
+            .collect();
+        let mut queue: Vec<f64> = done
+            .iter()
+            .filter_map(|(_, r)| Some(ms(r.arrival?, r.admitted?)))
+            .collect();
+        let prompt: u64 = done
+            .iter()
+            .map(|(i, _)| u64::from(self.workload.requests[*i].input_tokens))
+            .sum();
+        let served: u64 = done.iter().map(|(_, r)| u64::from(r.served_cached)).sum();
+        let predicted: u64 = done.iter().map(|(_, r)| r.predicted_cached).sum();
+        let output: u64 = done.iter().map(|(_, r)| u64::from(r.output_tokens)).sum();
+        let start = self
+            .records
+            .iter()
+            .filter_map(|r| r.arrival)
+            .min()
+            .unwrap_or(Time::ZERO);
+        let makespan = self.end.since(start).as_secs_f64().max(1e-9);
+        let mut order: Vec<(Time, usize)> = self
+            .records
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| Some((r.arrival?, i)))
+            .collect();
+        order.sort();
+        let order: Vec<usize> = order.into_iter().map(|(_, i)| i).collect();
+        let workers: Vec<WorkerSummary> = (0..self.busy.len())
+            .map(|w| WorkerSummary {
+                worker: w,
+                requests: self.records.iter().filter(|r| r.worker == Some(w)).count(),
+                busy_fraction: round3(overlap(&self.busy[w], start, self.end) / makespan),
+            })
+            .collect();
+        let ratio = |a: u64, b: u64| {
+            if b == 0 {
+                0.0
+            } else {
+                round3(a as f64 / b as f64)
+            }
+        };
+        let timeline = self.timeline(start, ttft.clone());
+        let mut rl = self.rl();
+        let step_times = rl
+            .as_mut()
+            .map(|(_, t)| std::mem::take(t))
+            .unwrap_or_default();
+        Summary {
+            config: self.config.name.clone(),
+            router_mode: self.config.router.router_mode.as_str().to_owned(),
+            workload: self.workload.name.clone(),
+            requests: self.records.len(),
+            completed: done.len(),
+            rejected: self.records.iter().filter(|r| r.rejected).count(),
+            ttft_ms: Stats::of(&mut ttft),
+            itl_ms: Stats::of(&mut itl),
+            e2e_ms: Stats::of(&mut e2e),
+            queue_ms: Stats::of(&mut queue),
+            hit_rate: ratio(served, prompt),
+            predicted_hit_rate: ratio(predicted, prompt),
+            hit_rate_ceiling: round3(self.workload.hit_rate_ceiling(&order)),
+            output_tokens_per_s: round3(output as f64 / makespan),
+            makespan_s: round3(makespan),
+            sim_wall_s: 0.0,
+            workers,
+            rl: rl.map(|(r, _)| r),
+            timeline: Timeline {
+                step_times_s: step_times,
+                ..timeline
+            },
+        }
+    }
+
+    fn timeline(&self, start: Time, mut ttft: Vec<f64>) -> Timeline {
+        const BINS: usize = 120;
+        let span = self.end.since(start).as_secs_f64().max(1e-6);
+        let bin = span / BINS as f64;
+        let edge = |k: usize| Time(start.0 + (k as f64 * bin * 1e6) as u64);
+        let busy = self
+            .busy
+            .iter()
+            .map(|iv| {
+                (0..BINS)
+                    .map(|k| (overlap(iv, edge(k), edge(k + 1)) / bin).min(1.0))
+                    .collect()
+            })
+            .collect();
+        let mut hits = vec![(0u64, 0u64); BINS];
+        for (i, r) in self.records.iter().enumerate() {
+            if let (Some(a), Some(_)) = (r.arrival, r.finish) {
+                let k = ((a.since(start).as_secs_f64() / bin) as usize).min(BINS - 1);
+                hits[k].0 += u64::from(r.served_cached);
+                hits[k].1 += u64::from(self.workload.requests[i].input_tokens);
+            }
+        }
+        ttft.sort_by(f64::total_cmp);
+        Timeline {
+            bin_s: bin,
+            busy,
+            hit_rate: hits
+                .iter()
+                .map(|(h, t)| (*t > 0).then(|| *h as f64 / *t as f64))
+                .collect(),
+            ttft_sorted_ms: ttft,
+            step_times_s: Vec::new(),
+        }
+    }
+
+    fn rl(&self) -> Option<(RlSummary, Vec<f64>)> {
+        self.workload.barrier?;
+        let mut steps: BTreeMap<u32, (Time, Time)> = BTreeMap::new();
+        let mut groups: BTreeMap<u64, (Time, Time)> = BTreeMap::new();
+        for (i, r) in self.records.iter().enumerate() {
+            let (Some(a), Some(f)) = (r.arrival, r.finish) else {
+                continue;
+            };
+            let req = &self.workload.requests[i];
+            if let Some(k) = req.step {
+                let e = steps.entry(k).or_insert((a, f));
+                e.0 = e.0.min(a);
+                e.1 = e.1.max(f);
+            }
+            if let Some(g) = req.group {
+                let e = groups.entry(g).or_insert((a, f));
+                e.0 = e.0.min(a);
+                e.1 = e.1.max(f);
+            }
+        }
+        if steps.is_empty() {
+            return None;
+        }
+        let mut times: Vec<f64> = steps
+            .values()
+            .map(|(a, b)| b.since(*a).as_secs_f64())
+            .collect();
+        let step_times = times.clone();
+        let workers = self.busy.len() as f64;
+        let (mut gpu, mut idle) = (0.0, 0.0);
+        for (a, b) in steps.values() {
+            let span = b.since(*a).as_secs_f64();
+            let busy: f64 = self.busy.iter().map(|iv| overlap(iv, *a, *b)).sum();
+            gpu += workers * span;
+            idle += workers * span - busy;
+        }
+        let mut group_times: Vec<f64> = groups
+            .values()
+            .map(|(a, b)| b.since(*a).as_secs_f64())
+            .collect();
+        Some((
+            RlSummary {
+                steps: steps.len(),
+                step_time_s: Spread::of(&mut times),
+                group_time_s: Spread::of(&mut group_times),
+                gpu_seconds_per_step: round3(gpu / steps.len() as f64),
+                gpu_idle_fraction: if gpu > 0.0 { round3(idle / gpu) } else { 0.0 },
+            },
+            step_times,
+        ))
+    }
+}
