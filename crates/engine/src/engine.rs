@@ -341,6 +341,8 @@ impl Engine {
                 seq.table
                     .push(self.pool.allocate().expect("checked free blocks"));
             }
+            let upto = self.seqs[&id].computed + n;
+            self.cache_full_blocks(id, upto);
             scheduled.push((id, n));
             budget -= n;
             i += 1;
@@ -354,6 +356,8 @@ impl Engine {
                 };
                 match self.admit(id, budget) {
                     Some(n) => {
+                        let upto = self.seqs[&id].computed + n;
+                        self.cache_full_blocks(id, upto);
                         out.admitted.push((id, self.seqs[&id].hit_tokens));
                         self.waiting.pop_front();
                         self.running.push(id);
@@ -463,13 +467,16 @@ impl Engine {
         self.pool.is_free(block)
     }
 
-    fn advance(&mut self, id: RequestId, n: u32, out: &mut StepOutcome) {
+    /// Registers the blocks that will be full once `upto` tokens are computed, as vLLM v1 does
+    /// when it allocates them: a request scheduled later in the same step already hits them.
+    fn cache_full_blocks(&mut self, id: RequestId, upto: u32) {
+        if !self.config.enable_prefix_caching {
+            return;
+        }
         let bs = self.config.block_size;
         let seq = self.seqs.get_mut(&id).expect("scheduled request");
-        seq.computed += n;
-        // Cache blocks that became full.
-        let full = seq.computed as usize / bs;
-        while self.config.enable_prefix_caching && seq.cached_upto < full {
+        let full = upto as usize / bs;
+        while seq.cached_upto < full {
             let b = seq.cached_upto;
             if b == seq.block_seqs.len() {
                 // An output block: hashable only when the tokens are known.
@@ -490,6 +497,11 @@ impl Engine {
             self.pool.cache(seq.table[b], block);
             seq.cached_upto += 1;
         }
+    }
+
+    fn advance(&mut self, id: RequestId, n: u32, out: &mut StepOutcome) {
+        let seq = self.seqs.get_mut(&id).expect("scheduled request");
+        seq.computed += n;
         if seq.computed < seq.known() {
             return;
         }

@@ -1,0 +1,220 @@
+//! Simulator behaviour: golden summaries, determinism, virtual-time sanity, RL step barriers, and
+//! the published ordering of policies on the Mooncake conversation trace.
+
+use kvrouter_core::policy::RouterMode;
+use kvrouter_core::router::RouterConfig;
+use kvrouter_engine::{DynamoPoly, EngineConfig, TimingModel};
+use kvrouter_sim::{SimConfig, Simulation, Summary};
+use kvrouter_workload::generators::{grpo, seed001, GrpoParams, Seed001Params};
+use kvrouter_workload::readers::ReadOptions;
+use kvrouter_workload::{load_trace, Workload, WorkloadRequest};
+use std::path::PathBuf;
+
+fn config(name: &str, mode: RouterMode, workers: usize) -> SimConfig {
+    SimConfig {
+        name: name.into(),
+        workers,
+        router: RouterConfig {
+            router_mode: mode,
+            ..RouterConfig::default()
+        },
+        ..SimConfig::default()
+    }
+}
+
+fn run(c: SimConfig, w: &Workload) -> Summary {
+    Simulation::new(c, w).unwrap().run().unwrap()
+}
+
+fn golden(name: &str, summaries: &[Summary]) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    let text = serde_json::to_string_pretty(summaries).unwrap() + "\n";
+    if std::env::var_os("KVROUTER_UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &text).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (set KVROUTER_UPDATE_GOLDEN=1 to create)",
+            path.display()
+        )
+    });
+    assert_eq!(
+        text,
+        want,
+        "routing behaviour changed: diff {} against this output",
+        path.display()
+    );
+}
+
+fn small_seed001() -> Workload {
+    seed001(&Seed001Params {
+        requests: 80,
+        rate_per_s: 4.0,
+        seed: 7,
+        ..Seed001Params::default()
+    })
+}
+
+fn small_grpo() -> Workload {
+    grpo(&GrpoParams {
+        prompts: 6,
+        group_size: 8,
+        steps: 2,
+        output_median: 300.0,
+        output_cap: 2048,
+        seed: 3,
+        ..GrpoParams::default()
+    })
+}
+
+#[test]
+fn seed001_golden_summary() {
+    let w = small_seed001();
+    // Small KV caches, so the 12k-token documents evict the shared prefix unless routing keeps
+    // it where it is.
+    let runs: Vec<Summary> = [
+        ("round-robin", RouterMode::RoundRobin),
+        ("kv", RouterMode::Kv),
+    ]
+    .iter()
+    .map(|(n, m)| {
+        let mut c = config(n, *m, 4);
+        c.engine.num_gpu_blocks = 400;
+        run(c, &w)
+    })
+    .collect();
+    assert!(
+        runs[1].hit_rate > runs[0].hit_rate,
+        "kv reuses more cache than round-robin"
+    );
+    golden("seed001_4_workers.json", &runs);
+}
+
+#[test]
+fn grpo_golden_summary_with_steps() {
+    let w = small_grpo();
+    let runs: Vec<Summary> = [
+        ("least-loaded", RouterMode::LeastLoaded),
+        ("kv", RouterMode::Kv),
+    ]
+    .iter()
+    .map(|(n, m)| run(config(n, *m, 3), &w))
+    .collect();
+    for r in &runs {
+        let rl = r.rl.as_ref().expect("RL figures");
+        assert_eq!(rl.steps, 2);
+        assert_eq!(r.completed, 96);
+        assert!(rl.gpu_idle_fraction >= 0.0 && rl.gpu_idle_fraction < 1.0);
+    }
+    golden("grpo_3_workers.json", &runs);
+}
+
+#[test]
+fn the_same_seed_gives_a_byte_identical_summary() {
+    let w = small_seed001();
+    let a = serde_json::to_string(&run(config("random", RouterMode::Random, 4), &w)).unwrap();
+    let b = serde_json::to_string(&run(config("random", RouterMode::Random, 4), &w)).unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn a_lone_request_takes_the_models_prefill_time() {
+    let w = Workload {
+        name: "one".into(),
+        block_size: 64,
+        requests: vec![WorkloadRequest {
+            arrival_ms: Some(0.0),
+            after: None,
+            delay_ms: 0.0,
+            session: None,
+            blocks: (0..16).collect(),
+            input_tokens: 1000,
+            output_tokens: 1,
+            group: None,
+            step: None,
+            policy_version: None,
+        }],
+        barrier: None,
+    };
+    let s = run(config("kv", RouterMode::Kv, 1), &w);
+    let want = DynamoPoly.prefill_ms(1000).unwrap();
+    assert!(
+        (s.ttft_ms.p50 - want).abs() < 0.01,
+        "{} vs {want}",
+        s.ttft_ms.p50
+    );
+}
+
+#[test]
+fn a_synchronous_step_starts_after_the_previous_one_and_its_pause() {
+    let w = small_grpo();
+    let s = run(config("kv", RouterMode::Kv, 3), &w);
+    let rl = s.rl.unwrap();
+    // Two steps plus a 1 s pause fit in the makespan, and nothing overlaps.
+    assert!(
+        s.makespan_s + 0.01 >= rl.step_time_s.mean * 2.0 + 1.0,
+        "{} vs {:?}",
+        s.makespan_s,
+        rl.step_time_s
+    );
+}
+
+#[test]
+fn bad_configurations_are_refused() {
+    let w = small_seed001();
+    assert!(Simulation::new(
+        SimConfig {
+            workers: 0,
+            ..SimConfig::default()
+        },
+        &w
+    )
+    .is_err());
+    let c = SimConfig {
+        router: RouterConfig {
+            kv_cache_block_size: 48,
+            ..RouterConfig::default()
+        },
+        ..SimConfig::default()
+    };
+    let e = Simulation::new(c, &w).err().unwrap().to_string();
+    assert!(e.contains("block size"), "{e}");
+    let c = SimConfig {
+        profiles: vec!["no-such-profile".into()],
+        ..SimConfig::default()
+    };
+    assert!(Simulation::new(c, &w).is_err());
+    let _ = EngineConfig::default();
+}
+
+/// The Mooncake paper orders average TTFT random > load-balancing > cache-aware; checked here on
+/// the first part of the conversation trace with 16 workers (the full trace is in the bench).
+#[test]
+fn mooncake_conversation_orders_policies_as_published() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/traces/mooncake_conversation/conversation_trace.jsonl");
+    let w = load_trace(
+        &path,
+        ReadOptions {
+            max_requests: 2500,
+            ..ReadOptions::default()
+        },
+    )
+    .unwrap();
+    let ttft = |mode| {
+        let mut c = config("x", mode, 16);
+        c.arrival_speedup = 2.0;
+        run(c, &w).ttft_ms.mean
+    };
+    let (random, balanced, kv) = (
+        ttft(RouterMode::Random),
+        ttft(RouterMode::LeastLoaded),
+        ttft(RouterMode::Kv),
+    );
+    assert!(
+        random > balanced && balanced > kv,
+        "random {random}, least-loaded {balanced}, kv {kv}"
+    );
+}
