@@ -10,13 +10,45 @@
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvrouter");
-const TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces/mooncake_conversation/conversation_trace.jsonl");
+const TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../../shared/traces/mooncake_conversation/conversation_trace.jsonl"
+);
 
 fn sim(workers: &str, compare: &str, out: &str) -> serde_json::Value {
     let status = Command::new("/usr/bin/time")
-        .args(["-f", "%M KiB peak", BIN, "sim", "--trace", TRACE, "--workers", workers, "--compare", compare, "--quiet", "--out", out])
+        .args([
+            "-f",
+            "%M KiB peak",
+            BIN,
+            "sim",
+            "--trace",
+            TRACE,
+            "--workers",
+            workers,
+            "--compare",
+            compare,
+            "--quiet",
+            "--out",
+            out,
+        ])
         .status()
-        .or_else(|_| Command::new(BIN).args(["sim", "--trace", TRACE, "--workers", workers, "--compare", compare, "--quiet", "--out", out]).status())
+        .or_else(|_| {
+            Command::new(BIN)
+                .args([
+                    "sim",
+                    "--trace",
+                    TRACE,
+                    "--workers",
+                    workers,
+                    "--compare",
+                    compare,
+                    "--quiet",
+                    "--out",
+                    out,
+                ])
+                .status()
+        })
         .unwrap();
     assert!(status.success());
     serde_json::from_str(&std::fs::read_to_string(format!("{out}/summary.json")).unwrap()).unwrap()
@@ -47,6 +79,9 @@ fn main() {
         means.push(r["ttft_ms"]["mean"].as_f64().unwrap());
         assert!((r["hit_rate_ceiling"].as_f64().unwrap() - 0.366).abs() < 0.001);
     }
-    assert!(means[0] > means[1] && means[1] > means[2], "published order random > load balancing > cache-aware: {means:?}");
+    assert!(
+        means[0] > means[1] && means[1] > means[2],
+        "published order random > load balancing > cache-aware: {means:?}"
+    );
     println!("ordering random > least-loaded > kv holds");
 }
