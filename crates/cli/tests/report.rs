@@ -104,6 +104,8 @@ fn sim_writes_a_summary_and_a_report_that_renders() {
     for plot in [
         "TTFT CDF",
         "Served prefix hit rate over time",
+        "Running requests per worker over time",
+        "KV usage over time",
         "RL step time",
         "busy timeline kv",
     ] {
@@ -113,8 +115,8 @@ fn sim_writes_a_summary_and_a_report_that_renders() {
         );
     }
     assert!(
-        dom.matches("class=\"series\"").count() >= 6,
-        "one CDF and one hit-rate line per configuration"
+        dom.matches("class=\"series\"").count() >= 12,
+        "CDF, hit-rate, running and KV lines per configuration"
     );
     assert!(
         dom.matches("class=\"cell\"").count() >= 3 * 120,

@@ -181,6 +181,34 @@ fn hit_rate_over_time(out: &mut String, runs: &[Summary]) {
     out.push_str("</svg>\n");
 }
 
+fn series_over_time(
+    out: &mut String,
+    runs: &[Summary],
+    title: &str,
+    y_label: &str,
+    pick: fn(&Summary) -> &Vec<f64>,
+) {
+    let bins = runs.iter().map(|r| pick(r).len()).max().unwrap_or(0).max(1) as f64;
+    let y_max = runs
+        .iter()
+        .flat_map(|r| pick(r).iter().copied())
+        .fold(1e-9, f64::max);
+    axes(out, title, "time bin", y_label, bins, y_max);
+    for (i, r) in runs.iter().enumerate() {
+        let pts: Vec<(f64, f64)> = pick(r)
+            .iter()
+            .enumerate()
+            .map(|(k, v)| (k as f64, *v))
+            .collect();
+        polyline(out, &pts, bins, y_max, COLORS[i % COLORS.len()], &r.config);
+    }
+    legend(
+        out,
+        &runs.iter().map(|r| r.config.clone()).collect::<Vec<_>>(),
+    );
+    out.push_str("</svg>\n");
+}
+
 /// A Gantt of GPUs working (dark) versus waiting (light), one row per worker.
 fn busy_timeline(out: &mut String, run: &Summary) {
     let rows = run.timeline.busy.len().max(1);
@@ -288,6 +316,20 @@ pub fn render(runs: &[Summary]) -> String {
     table(&mut out, runs);
     ttft_cdf(&mut out, runs);
     hit_rate_over_time(&mut out, runs);
+    series_over_time(
+        &mut out,
+        runs,
+        "Running requests per worker over time",
+        "requests",
+        |r| &r.timeline.running,
+    );
+    series_over_time(
+        &mut out,
+        runs,
+        "KV usage over time",
+        "share of blocks in use",
+        |r| &r.timeline.kv_usage,
+    );
     step_bars(&mut out, runs);
     for r in runs {
         busy_timeline(&mut out, r);

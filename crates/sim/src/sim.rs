@@ -44,6 +44,8 @@ struct WorkerState {
     pending: Option<StepOutcome>,
     busy_since: Option<Time>,
     busy: Vec<(Time, Time)>,
+    /// (time, running requests, KV usage) after each step.
+    samples: Vec<(Time, f32, f32)>,
 }
 
 /// A simulation in progress.
@@ -100,6 +102,7 @@ impl<'w> Simulation<'w> {
                 pending: None,
                 busy_since: None,
                 busy: Vec::new(),
+                samples: Vec::new(),
             });
             router
                 .add_worker(WorkerSpec {
@@ -147,9 +150,18 @@ impl<'w> Simulation<'w> {
                     sim.queue.push(Time::ZERO, Event::Arrive(i));
                 }
             }
-        } else if workload.barrier.is_some() && !sim.steps.is_empty() {
-            let first = *sim.steps.keys().next().expect("a step");
-            sim.queue.push(Time::ZERO, Event::ReleaseStep(first));
+        } else if let (Some(barrier), false) = (workload.barrier, sim.steps.is_empty()) {
+            // Steps 0..=staleness start at once; each finished step releases the one
+            // `staleness + 1` after it.
+            let first: Vec<u32> = sim
+                .steps
+                .keys()
+                .take(barrier.staleness as usize + 1)
+                .copied()
+                .collect();
+            for k in first {
+                sim.queue.push(Time::ZERO, Event::ReleaseStep(k));
+            }
         } else {
             for (i, r) in workload.requests.iter().enumerate() {
                 if let (Some(a), None) = (r.arrival_ms, r.after) {
@@ -328,6 +340,11 @@ impl<'w> Simulation<'w> {
                 self.queue.push(at, Event::Visible(out.events));
             }
         }
+        let stats = self.workers[w].engine.stats();
+        let kv = stats.used_blocks as f32 / stats.capacity_blocks.max(1) as f32;
+        self.workers[w]
+            .samples
+            .push((self.now, stats.running as f32, kv));
         self.start_step(w)
     }
 
@@ -351,7 +368,8 @@ impl<'w> Simulation<'w> {
                 if let Some(s) = self.steps.get_mut(&step) {
                     s.1 -= 1;
                     if s.1 == 0 {
-                        let next = self.steps.range(step + 1..).next().map(|(k, _)| *k);
+                        let ahead = barrier.staleness as usize;
+                        let next = self.steps.range(step + 1..).nth(ahead).map(|(k, _)| *k);
                         if let Some(next) = next {
                             self.queue
                                 .push(self.now + ms(barrier.pause_ms), Event::ReleaseStep(next));
@@ -379,11 +397,14 @@ impl<'w> Simulation<'w> {
                 b
             })
             .collect();
+        let samples: Vec<Vec<(Time, f32, f32)>> =
+            self.workers.iter().map(|w| w.samples.clone()).collect();
         SummaryBuilder {
             config: &self.config,
             workload: self.workload,
             records: &self.records,
             busy: &busy,
+            samples: &samples,
             end: self.now,
         }
         .build()

@@ -118,6 +118,10 @@ pub struct Timeline {
     pub busy: Vec<Vec<f64>>,
     /// Served hit rate of the requests arriving in each bin.
     pub hit_rate: Vec<Option<f64>>,
+    /// Mean running requests per worker in each bin (averaged over workers).
+    pub running: Vec<f64>,
+    /// Mean KV usage (fraction of blocks in use) in each bin (averaged over workers).
+    pub kv_usage: Vec<f64>,
     /// Sorted TTFTs, ms (for CDFs).
     pub ttft_sorted_ms: Vec<f64>,
     /// Step times, seconds.
@@ -173,6 +177,7 @@ pub(crate) struct SummaryBuilder<'a> {
     pub(crate) workload: &'a Workload,
     pub(crate) records: &'a [Record],
     pub(crate) busy: &'a [Vec<(Time, Time)>],
+    pub(crate) samples: &'a [Vec<(Time, f32, f32)>],
     pub(crate) end: Time,
 }
 
@@ -300,8 +305,20 @@ impl SummaryBuilder<'_> {
             }
         }
         ttft.sort_by(f64::total_cmp);
+        let mut sums = vec![(0.0f64, 0.0f64, 0u64); BINS];
+        for worker in self.samples {
+            for (t, running, kv) in worker {
+                let k = ((t.since(start).as_secs_f64() / bin) as usize).min(BINS - 1);
+                sums[k].0 += f64::from(*running);
+                sums[k].1 += f64::from(*kv);
+                sums[k].2 += 1;
+            }
+        }
+        let mean = |x: f64, n: u64| if n == 0 { 0.0 } else { x / n as f64 };
         Timeline {
             bin_s: bin,
+            running: sums.iter().map(|s| mean(s.0, s.2)).collect(),
+            kv_usage: sums.iter().map(|s| mean(s.1, s.2)).collect(),
             busy,
             hit_rate: hits
                 .iter()

@@ -165,6 +165,35 @@ fn a_synchronous_step_starts_after_the_previous_one_and_its_pause() {
 }
 
 #[test]
+fn bounded_staleness_overlaps_steps() {
+    let params = GrpoParams {
+        prompts: 4,
+        group_size: 4,
+        steps: 4,
+        output_median: 300.0,
+        output_cap: 2048,
+        seed: 5,
+        ..GrpoParams::default()
+    };
+    let sync = run(config("kv", RouterMode::Kv, 2), &grpo(&params));
+    let stale = run(
+        config("kv", RouterMode::Kv, 2),
+        &grpo(&GrpoParams {
+            staleness: 1,
+            ..params
+        }),
+    );
+    assert_eq!(sync.completed, 64);
+    assert_eq!(stale.completed, 64);
+    assert!(
+        stale.makespan_s < sync.makespan_s,
+        "async {} vs sync {}",
+        stale.makespan_s,
+        sync.makespan_s
+    );
+}
+
+#[test]
 fn bad_configurations_are_refused() {
     let w = small_seed001();
     assert!(Simulation::new(

@@ -54,6 +54,9 @@ pub struct GrpoParams {
     pub output_cap: u32,
     /// Weight-sync pause between steps, seconds.
     pub sync_pause_s: f64,
+    /// Steps rollouts may run ahead of training (0 = synchronous; the sheet's async runs use
+    /// 1 to 4).
+    pub staleness: u32,
     /// Seed.
     pub seed: u64,
 }
@@ -73,6 +76,7 @@ impl Default for GrpoParams {
             output_sigma_within: 0.7,
             output_cap: 20_480,
             sync_pause_s: 1.0,
+            staleness: 0,
             seed: 0,
         }
     }
@@ -124,6 +128,7 @@ pub fn grpo(p: &GrpoParams) -> Workload {
         requests,
         barrier: Some(Barrier {
             pause_ms: p.sync_pause_s * 1000.0,
+            staleness: p.staleness,
         }),
     }
 }

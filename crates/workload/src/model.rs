@@ -30,12 +30,16 @@ pub struct WorkloadRequest {
     pub policy_version: Option<u32>,
 }
 
-/// A synchronous step barrier (GRPO): step k+1 starts when every request of step k finished,
-/// plus a weight-sync pause.
+/// A step barrier (GRPO): step k + 1 + `staleness` starts when every request of step k finished,
+/// plus a weight-sync pause. Staleness 0 is synchronous on-policy training; staleness s lets
+/// rollouts run up to s steps ahead of the policy being trained (asynchronous RL).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Barrier {
     /// Weight-sync pause between steps, ms.
     pub pause_ms: f64,
+    /// How many steps rollouts may run ahead (0 = synchronous).
+    #[serde(default)]
+    pub staleness: u32,
 }
 
 /// A workload.

@@ -326,6 +326,9 @@ fn read_rollouts(path: &Path, text: &str, opts: ReadOptions) -> Result<Workload,
         name,
         block_size: block_size.unwrap_or(64),
         requests,
-        barrier: Some(Barrier { pause_ms: 1000.0 }),
+        barrier: Some(Barrier {
+            pause_ms: 1000.0,
+            staleness: 0,
+        }),
     })
 }
