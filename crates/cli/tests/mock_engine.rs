@@ -7,74 +7,46 @@ use kvrouter_core::ids::{WorkerId, WorkerRank};
 use kvrouter_core::index::PrefixIndex;
 use kvrouter_kv_wire::{decode_payload, decode_seq, to_kv_events, ConvertOptions};
 use serde_json::{json, Value};
-use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::time::timeout;
+mod common;
+
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 const BS: usize = 4;
 
 struct Engine {
-    child: Child,
+    _proc: common::Proc,
     http: String,
     kv: String,
     replay: String,
 }
 
-impl Drop for Engine {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-    }
-}
-
 async fn start_engine(extra: &[&str]) -> Engine {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
-        .args([
-            "mock-engine",
-            "--port",
-            "0",
-            "--block-size",
-            "4",
-            "--num-gpu-blocks",
-            "64",
-        ])
-        .args([
-            "--kv-events-endpoint",
-            "tcp://127.0.0.1:0",
-            "--kv-events-replay-endpoint",
-            "tcp://127.0.0.1:0",
-        ])
-        .args(["--kv-events-topic", "kv-events", "--speedup-ratio", "100"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start kvrouter mock-engine");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("startup line in time")
-        .unwrap()
-        .unwrap();
-    let field = |key: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(key))
-            .unwrap()
-            .to_owned()
-    };
-    let http = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap()
-        .to_owned();
+    let mut args = vec![
+        "mock-engine",
+        "--port",
+        "0",
+        "--block-size",
+        "4",
+        "--num-gpu-blocks",
+        "64",
+    ];
+    args.extend([
+        "--kv-events-endpoint",
+        "tcp://127.0.0.1:0",
+        "--kv-events-replay-endpoint",
+        "tcp://127.0.0.1:0",
+    ]);
+    args.extend(["--kv-events-topic", "kv-events", "--speedup-ratio", "100"]);
+    args.extend(extra);
+    let proc = common::spawn(&args).await;
     Engine {
-        child,
-        http,
-        kv: field("kv_events="),
-        replay: field("replay="),
+        http: proc.http(),
+        kv: proc.field("kv_events"),
+        replay: proc.field("replay"),
+        _proc: proc,
     }
 }
 

@@ -1,53 +1,33 @@
 //! End to end: `kvrouter serve --mock-workers 3` as a real process, driven over HTTP.
 
+mod common;
+
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::time::timeout;
+use tokio::process::Command;
 
 struct Server {
-    child: Child,
+    _proc: common::Proc,
     base: String,
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-    }
-}
-
 async fn serve(extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--mock-workers",
-            "3",
-            "--mock-speedup-ratio",
-            "50",
-        ])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start kvrouter serve");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .expect("startup line")
-        .unwrap()
-        .unwrap();
-    let base = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap()
-        .to_owned();
-    Server { child, base }
+    let mut args = vec![
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "3",
+        "--mock-speedup-ratio",
+        "50",
+    ];
+    args.extend(extra);
+    let proc = common::spawn(&args).await;
+    Server {
+        base: proc.http(),
+        _proc: proc,
+    }
 }
 
 /// A chat whose system prompt spans several 64-token blocks, with a distinct question.
