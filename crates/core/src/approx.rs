@@ -77,8 +77,7 @@ impl ApproxIndex {
         if blocks.sequence.is_empty() {
             return;
         }
-        self.index
-            .store_predicted(rank, &blocks.sequence, &blocks.content);
+        self.index.store_predicted(rank, &blocks.sequence);
         let until = now + self.config.ttl;
         for (depth, seq) in blocks.sequence.iter().enumerate() {
             self.expiry.insert((rank, *seq), until);

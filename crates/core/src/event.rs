@@ -5,7 +5,7 @@
 //! works whatever hash algorithm the engine uses.
 
 use crate::hashing::HashNamespace;
-use crate::ids::{ContentHash, EngineHash, WorkerId, WorkerRank};
+use crate::ids::{ContentHash, EngineHash, SequenceHash, WorkerId, WorkerRank};
 use serde::{Deserialize, Serialize};
 
 /// Where a cached block lives. Lower tiers count for less when routing.
@@ -61,9 +61,11 @@ pub enum BlockContent {
     /// The block's token ids, as engines send them. The index hashes them itself.
     Tokens(Vec<u32>),
     /// A content hash computed by a trusted producer that already hashed the tokens with the
-    /// router's scheme in the event's namespace: the index's own dump, the mock engine, the
-    /// approximate index.
+    /// router's scheme in the event's namespace (the mock engine replaying trace hashes).
     Hash(ContentHash),
+    /// The router sequence hash itself, from the index's own dump: placed without rehashing. It
+    /// must continue its parent's chain; a hash found elsewhere in the tree is refused.
+    Sequence(SequenceHash),
 }
 
 /// One block of a `Stored` event.

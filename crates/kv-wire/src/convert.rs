@@ -145,7 +145,9 @@ pub fn from_kv_events(
                 for b in blocks {
                     match &b.content {
                         BlockContent::Tokens(t) => token_ids.extend_from_slice(t),
-                        BlockContent::Hash(_) => return Err(ConvertError::NoTokens),
+                        BlockContent::Hash(_) | BlockContent::Sequence(_) => {
+                            return Err(ConvertError::NoTokens)
+                        }
                     }
                 }
                 let mut first_keys = Vec::new();

@@ -3,22 +3,22 @@
 //! `dump()` returns events that rebuild an equal index when replayed into an empty one: for each
 //! rank and tier, its blocks in depth order, each stored under its engine hash with its parent's.
 //! A held block whose parent the rank does not hold (a hole left by an out-of-order eviction) is
-//! reached through temporary stand-in blocks that a final `Removed` takes away again.
+//! reached through temporary stand-in blocks that a final `Removed` takes away again. Blocks are
+//! carried as their router sequence hashes (`BlockContent::Sequence`), so the tree keeps no token
+//! or content data.
 
 use super::{holder_id, PrefixIndex};
 use crate::event::{BlockContent, KvEvent, Medium, StoredBlock};
 use crate::fast_map::{FastMap, FastSet};
 use crate::hashing::HashNamespace;
-use crate::ids::{ContentHash, EngineHash, SequenceHash, WorkerRank};
+use crate::ids::{EngineHash, SequenceHash, WorkerRank};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// One block in a snapshot: parent, content, depth and the (rank, tier) pairs holding it.
+/// One block in a snapshot: parent, depth and the (rank, tier) pairs holding it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotBlock {
     /// The block before it.
     pub parent: Option<SequenceHash>,
-    /// Its content hash.
-    pub content: ContentHash,
     /// Its depth (0 = first block of a prompt).
     pub depth: u32,
     /// Who holds it.
@@ -50,7 +50,7 @@ impl PrefixIndex {
                     Some((state.rank, super::holder_medium(h)))
                 })
                 .collect();
-            for (i, (&seq, &content)) in node.hashes.iter().zip(&node.contents).enumerate() {
+            for (i, &seq) in node.hashes.iter().enumerate() {
                 let depth = node.start + i as u32;
                 let at = super::tree::BlockRef { node: id, depth };
                 let parent = self.tree.parent_hash(at);
@@ -58,7 +58,6 @@ impl PrefixIndex {
                     seq,
                     SnapshotBlock {
                         parent,
-                        content,
                         depth,
                         holders: holders.clone(),
                     },
@@ -115,13 +114,13 @@ impl PrefixIndex {
         let mut emitted: FastMap<SequenceHash, EngineHash> = FastMap::default();
         let mut stand_ins = Vec::new();
         let store =
-            |parent: Option<EngineHash>, eh: EngineHash, content: ContentHash| KvEvent::Stored {
+            |parent: Option<EngineHash>, eh: EngineHash, seq: SequenceHash| KvEvent::Stored {
                 worker: rank.worker,
                 dp_rank: rank.dp_rank,
                 parent,
                 blocks: vec![StoredBlock {
                     engine_hash: eh,
-                    content: BlockContent::Hash(content),
+                    content: BlockContent::Sequence(seq),
                 }],
                 block_size: self.block_size,
                 medium,
@@ -151,14 +150,14 @@ impl PrefixIndex {
                         while !used.insert(fake) {
                             fake = EngineHash(fake.0.wrapping_add(1));
                         }
-                        out.push(store(grand, fake, self.tree.block(p_at).1));
+                        out.push(store(grand, fake, p));
                         emitted.insert(p, fake);
                         stand_ins.push(fake);
                     }
                     Some(emitted[&parent])
                 }
             };
-            out.push(store(parent_eh, eh, self.tree.block(at).1));
+            out.push(store(parent_eh, eh, seq));
             emitted.entry(seq).or_insert(eh);
         }
         if !stand_ins.is_empty() {

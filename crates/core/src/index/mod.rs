@@ -265,9 +265,10 @@ impl PrefixIndex {
             namespace.seed()
         };
         let mut error = None;
-        let mut contents = Vec::with_capacity(blocks.len());
+        let mut seqs = Vec::with_capacity(blocks.len());
+        let mut prev = parent_ref.map(|at| self.tree.block(at));
         for block in blocks {
-            match &block.content {
+            let seq = match &block.content {
                 BlockContent::Tokens(tokens) if tokens.len() != self.block_size => {
                     error = Some(IndexError::BlockSizeMismatch {
                         rank,
@@ -277,20 +278,16 @@ impl PrefixIndex {
                     break;
                 }
                 BlockContent::Tokens(tokens) => {
-                    contents.push(ContentHash(crate::hashing::hash_block(tokens, seed)));
+                    chain(prev, ContentHash(crate::hashing::hash_block(tokens, seed)))
                 }
-                BlockContent::Hash(hash) => contents.push(*hash),
-            }
-        }
-        let mut seqs = Vec::with_capacity(contents.len());
-        let mut prev = parent_ref.map(|at| self.tree.block(at).0);
-        for content in &contents {
-            let seq = chain(prev, *content);
+                BlockContent::Hash(hash) => chain(prev, *hash),
+                BlockContent::Sequence(seq) => *seq,
+            };
             seqs.push(seq);
             prev = Some(seq);
         }
 
-        let inserted = self.insert_chain(rank, parent_ref, &seqs, &contents, holder);
+        let inserted = self.insert_chain(rank, parent_ref, &seqs, holder);
         if let Err(e) = inserted.1 {
             error = Some(e);
         }
@@ -316,16 +313,15 @@ impl PrefixIndex {
         rank: WorkerRank,
         parent: Option<BlockRef>,
         seqs: &[SequenceHash],
-        contents: &[ContentHash],
         holder: HolderId,
     ) -> (usize, Result<(), IndexError>) {
         let mut prev = parent;
-        let mut prev_hash = parent.map(|at| self.tree.block(at).0);
+        let mut prev_hash = parent.map(|at| self.tree.block(at));
         let mut i = 0;
         while i < seqs.len() {
             let expected_depth = prev.map_or(0, |at| at.depth + 1);
             let Some(at) = self.tree.lookup(seqs[i]) else {
-                self.tree.append(prev, &seqs[i..], &contents[i..], holder);
+                self.tree.append(prev, &seqs[i..], holder);
                 return (seqs.len(), Ok(()));
             };
             if at.depth != expected_depth || self.tree.parent_hash(at) != prev_hash {
@@ -404,15 +400,10 @@ impl PrefixIndex {
 
     /// Stores a chain from the root for `rank` on the GPU tier, with each block's sequence hash
     /// standing in as its engine hash (the approximate index's own bookkeeping).
-    pub(crate) fn store_predicted(
-        &mut self,
-        rank: WorkerRank,
-        seqs: &[SequenceHash],
-        contents: &[ContentHash],
-    ) {
+    pub(crate) fn store_predicted(&mut self, rank: WorkerRank, seqs: &[SequenceHash]) {
         let slot = self.slot_for(rank);
         let holder = holder_id(slot, Medium::Gpu);
-        let (applied, _) = self.insert_chain(rank, None, seqs, contents, holder);
+        let (applied, _) = self.insert_chain(rank, None, seqs, holder);
         let state = self.ranks[slot as usize].as_mut().expect("live slot");
         for seq in &seqs[..applied] {
             state.engine[Medium::Gpu.index()].insert(EngineHash(seq.0), *seq);

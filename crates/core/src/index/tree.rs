@@ -9,7 +9,7 @@
 //! the shorter run.
 
 use crate::fast_map::FastMap;
-use crate::ids::{ContentHash, SequenceHash};
+use crate::ids::SequenceHash;
 
 /// Index of a node in the arena.
 pub(crate) type NodeId = u32;
@@ -30,7 +30,6 @@ pub(crate) struct Node {
     /// Depth of `hashes[0]`.
     pub(crate) start: u32,
     pub(crate) hashes: Vec<SequenceHash>,
-    pub(crate) contents: Vec<ContentHash>,
     /// Sorted, unique.
     pub(crate) holders: Vec<HolderId>,
     /// The holders as per-tier bitsets over rank slots, for fast matching: word `i` of tier `t`
@@ -117,21 +116,15 @@ impl Tree {
             .nodes
             .iter()
             .flatten()
-            .map(|n| {
-                n.hashes.capacity() * 8
-                    + n.contents.capacity() * 8
-                    + n.holders.capacity() * 4
-                    + n.children.capacity() * 4
-            })
+            .map(|n| n.hashes.capacity() * 8 + n.holders.capacity() * 4 + n.children.capacity() * 4)
             .sum();
         map + arena + runs + self.free.capacity() * 4
     }
 
-    /// The hash and content of a block.
-    pub(crate) fn block(&self, at: BlockRef) -> (SequenceHash, ContentHash) {
+    /// The sequence hash of a block.
+    pub(crate) fn block(&self, at: BlockRef) -> SequenceHash {
         let node = self.node(at.node);
-        let i = (at.depth - node.start) as usize;
-        (node.hashes[i], node.contents[i])
+        node.hashes[(at.depth - node.start) as usize]
     }
 
     /// The sequence hash of the block before `at`, `None` at depth 0.
@@ -211,7 +204,6 @@ impl Tree {
                 parent: n.parent,
                 start,
                 hashes: n.hashes.drain(..k).collect(),
-                contents: n.contents.drain(..k).collect(),
                 holders: n.holders.clone(),
                 bits: n.bits.clone(),
                 children: vec![id],
@@ -229,7 +221,6 @@ impl Tree {
                 parent: Some(id),
                 start: depth,
                 hashes: n.hashes.split_off(k),
-                contents: n.contents.split_off(k),
                 holders: n.holders.clone(),
                 bits: n.bits.clone(),
                 children: std::mem::take(&mut n.children),
@@ -278,7 +269,6 @@ impl Tree {
             let p = self.node_mut(parent);
             let first_new = p.hashes.len();
             p.hashes.extend_from_slice(&c.hashes);
-            p.contents.extend_from_slice(&c.contents);
             p.children = c.children;
             let start = p.start;
             for (i, hash) in c.hashes.iter().enumerate() {
@@ -296,7 +286,6 @@ impl Tree {
             let p = self.release(parent);
             let c = self.node_mut(child);
             c.hashes.splice(0..0, p.hashes.iter().copied());
-            c.contents.splice(0..0, p.contents.iter().copied());
             c.start = p.start;
             c.parent = p.parent;
             self.replace_child(p.parent, parent, child);
@@ -401,10 +390,8 @@ impl Tree {
         &mut self,
         parent: Option<BlockRef>,
         hashes: &[SequenceHash],
-        contents: &[ContentHash],
         holder: HolderId,
     ) {
-        debug_assert_eq!(hashes.len(), contents.len());
         if hashes.is_empty() {
             return;
         }
@@ -422,7 +409,6 @@ impl Tree {
                     let base = p.start;
                     let p = self.node_mut(pid);
                     p.hashes.extend_from_slice(hashes);
-                    p.contents.extend_from_slice(contents);
                     for (i, hash) in hashes.iter().enumerate() {
                         let depth = base + (first + i) as u32;
                         self.blocks.insert(*hash, BlockRef { node: pid, depth });
@@ -436,7 +422,6 @@ impl Tree {
             parent: parent_node,
             start,
             hashes: hashes.to_vec(),
-            contents: contents.to_vec(),
             holders: vec![holder],
             bits: tier_bits(&[holder]),
             children: Vec::new(),
@@ -452,8 +437,8 @@ impl Tree {
         let mut mapped = 0usize;
         for id in self.node_ids() {
             let n = self.node(id);
-            if n.hashes.is_empty() || n.hashes.len() != n.contents.len() {
-                return Err(format!("node {id} has an empty or ragged run"));
+            if n.hashes.is_empty() {
+                return Err(format!("node {id} has an empty run"));
             }
             if !n.holders.windows(2).all(|w| w[0] < w[1]) {
                 return Err(format!("node {id} holders not sorted and unique"));
