@@ -4,6 +4,7 @@
 
 use crate::approx::ApproxConfig;
 use crate::policy::{KvCostParams, RouterMode};
+use crate::router::admission::QueuePolicy;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -47,6 +48,20 @@ pub struct RouterConfig {
     /// A rank is busy when its active prefill tokens exceed this fraction of its
     /// `max_num_batched_tokens`.
     pub active_prefill_tokens_threshold_frac: Option<f64>,
+    /// Queue requests while every eligible rank's active prefill tokens exceed this fraction of
+    /// its `max_num_batched_tokens` (`None` = no router queue).
+    pub router_queue_threshold: Option<f64>,
+    /// Order of the router queue.
+    pub router_queue_policy: QueuePolicy,
+    /// Most requests waiting in the queue (beyond it: `QueueFull`).
+    pub router_queue_max_requests: Option<usize>,
+    /// Most prompt tokens waiting in the queue.
+    pub router_queue_max_tokens: Option<u64>,
+    /// Refuse (instead of failing over to the busy filter's error) when every eligible rank is
+    /// over the busy thresholds.
+    pub reject_when_overloaded: bool,
+    /// Keep a session's turns on its worker for this long after each turn (`None` = off).
+    pub router_session_affinity_ttl_secs: Option<f64>,
     /// Seed of the randomized policies.
     pub seed: u64,
 }
@@ -72,6 +87,12 @@ impl Default for RouterConfig {
             active_decode_blocks_threshold: None,
             active_prefill_tokens_threshold: None,
             active_prefill_tokens_threshold_frac: None,
+            router_queue_threshold: None,
+            router_queue_policy: QueuePolicy::Fcfs,
+            router_queue_max_requests: None,
+            router_queue_max_tokens: None,
+            reject_when_overloaded: false,
+            router_session_affinity_ttl_secs: None,
             seed: 0,
         }
     }
@@ -194,6 +215,16 @@ impl RouterConfig {
         }
         if let Some(f) = self.active_prefill_tokens_threshold_frac {
             finite_non_negative(f, "--active-prefill-tokens-threshold-frac")?;
+        }
+        if let Some(f) = self.router_queue_threshold {
+            finite_non_negative(f, "--router-queue-threshold")?;
+        }
+        if let Some(ttl) = self.router_session_affinity_ttl_secs {
+            check(
+                ttl.is_finite() && ttl > 0.0,
+                "--router-session-affinity-ttl-secs",
+                format!("{ttl} is not a positive number of seconds"),
+            )?;
         }
         Ok(())
     }

@@ -4,11 +4,13 @@
 //! Layout: `config.rs` (the validated option tree), `request.rs` (requests, decisions, errors),
 //! this file (the façade).
 
+pub mod admission;
 mod config;
 mod request;
 
+pub use admission::{Admission, QueuePolicy, QueueStats};
 pub use config::{ConfigError, RouterConfig};
-pub use request::{Decision, Pin, RouteError, RouteRequest, WorkerSpec};
+pub use request::{Decision, Pin, RouteError, RouteRequest, WorkerSpec, MAX_PRIORITY};
 
 use crate::approx::ApproxIndex;
 use crate::event::KvEvent;
@@ -33,6 +35,9 @@ pub struct Router {
     ledger: LoadLedger,
     rng: SeededRng,
     rr_cursor: usize,
+    queue: admission::AdmissionQueue,
+    /// Session → (rank, binding expiry).
+    sessions: BTreeMap<u64, (WorkerRank, Time)>,
 }
 
 impl Router {
@@ -59,6 +64,8 @@ impl Router {
             ranks: Vec::new(),
             ledger: LoadLedger::new(),
             rr_cursor: 0,
+            queue: admission::AdmissionQueue::default(),
+            sessions: BTreeMap::new(),
         })
     }
 
@@ -221,7 +228,13 @@ impl Router {
             self.config.kv_cache_block_size,
             &self.config.kv_params(),
         );
-        let chosen = self.pick(mode, &candidates, &scores);
+        let sticky = self
+            .session_rank(request, now)
+            .and_then(|r| candidates.iter().position(|c| c.rank == r));
+        let chosen = match sticky {
+            Some(i) => i,
+            None => self.pick(mode, &candidates, &scores),
+        };
         let score = scores[chosen];
         let rank = score.rank;
         let block_size = self.config.kv_cache_block_size as u64;
@@ -241,6 +254,15 @@ impl Router {
             .map_err(|_| RouteError::DuplicateRequest(request.id))?;
         if let Some(p) = &mut self.predicted {
             p.insert(rank, &request.blocks, now);
+        }
+        if let (Some(session), Some(ttl)) = (
+            request.session,
+            self.config.router_session_affinity_ttl_secs,
+        ) {
+            self.sessions.insert(
+                session,
+                (rank, now + std::time::Duration::from_secs_f64(ttl)),
+            );
         }
         Ok(Decision {
             request: request.id,
@@ -312,6 +334,142 @@ impl Router {
                 policy::pick_by_cost(scores, self.config.router_temperature, &mut self.rng)
             }
         }
+    }
+
+    /// The rank a session is bound to, while the binding lives and affinity is on.
+    fn session_rank(&self, request: &RouteRequest, now: Time) -> Option<WorkerRank> {
+        self.config.router_session_affinity_ttl_secs?;
+        let (rank, expires) = self.sessions.get(&request.session?)?;
+        (*expires > now).then_some(*rank)
+    }
+
+    /// Releases a session's binding. Returns whether there was one.
+    pub fn release_session(&mut self, session: u64) -> bool {
+        self.sessions.remove(&session).is_some()
+    }
+
+    /// Drops expired session bindings.
+    pub fn expire_sessions(&mut self, now: Time) {
+        self.sessions.retain(|_, (_, expires)| *expires > now);
+    }
+
+    /// Number of live session bindings.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Whether every rank `request` may use is over the queue threshold.
+    fn queue_busy(&self, request: &RouteRequest) -> bool {
+        let Some(threshold) = self.config.router_queue_threshold else {
+            return false;
+        };
+        let Ok(ranks) = self.allowed_ranks(request, self.config.router_mode) else {
+            return false;
+        };
+        ranks.iter().all(|r| {
+            let max = self.workers[&r.worker].max_num_batched_tokens;
+            max.is_some_and(|m| {
+                self.ledger.load(*r).active_prefill_tokens as f64 > threshold * m as f64
+            })
+        })
+    }
+
+    /// Admission: places `request` now, or queues it while every eligible rank is over the queue
+    /// threshold (a new arrival never overtakes a backlog). Without a queue threshold this is
+    /// [`Router::route`].
+    pub fn submit(&mut self, request: RouteRequest, now: Time) -> Result<Admission, RouteError> {
+        if self.ledger.is_active(request.id) || self.queue.contains(request.id) {
+            return Err(RouteError::DuplicateRequest(request.id));
+        }
+        if self.config.router_queue_threshold.is_none() {
+            return self.route(&request, now).map(Admission::Dispatched);
+        }
+        // Bad targets fail now rather than after waiting.
+        self.allowed_ranks(&request, self.config.router_mode)?;
+        if self.queue.is_empty() && !self.queue_busy(&request) {
+            match self.route(&request, now) {
+                Ok(d) => return Ok(Admission::Dispatched(d)),
+                Err(RouteError::AllEligibleWorkersOverloaded)
+                    if !self.config.reject_when_overloaded => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let stats = self.queue.stats();
+        let over_requests = self
+            .config
+            .router_queue_max_requests
+            .is_some_and(|m| stats.pending_requests >= m);
+        let over_tokens = self
+            .config
+            .router_queue_max_tokens
+            .is_some_and(|m| stats.pending_isl_tokens + request.isl_tokens > m);
+        if over_requests || over_tokens {
+            return Err(RouteError::QueueFull {
+                requests: stats.pending_requests,
+                tokens: stats.pending_isl_tokens,
+            });
+        }
+        self.queue.push(request, now);
+        Ok(Admission::Queued)
+    }
+
+    /// Places queued requests while capacity allows, and ends those past their deadline. Call it
+    /// whenever load changes (first token, finish, cancel, worker added) and at
+    /// [`Router::next_deadline`].
+    pub fn poll(&mut self, now: Time) -> Vec<(RequestId, Result<Decision, RouteError>)> {
+        let mut out: Vec<(RequestId, Result<Decision, RouteError>)> = self
+            .queue
+            .expire(now)
+            .into_iter()
+            .map(|e| (e.request.id, Err(RouteError::DeadlineExceeded)))
+            .collect();
+        while !self.queue.is_empty() {
+            let policy = self.config.router_queue_policy;
+            let bs = self.config.kv_cache_block_size as u64;
+            let picked = {
+                let this = &*self;
+                this.queue.best(policy, |r| {
+                    let best = this
+                        .overlaps(r)
+                        .ranks
+                        .iter()
+                        .map(|o| u64::from(o.overlap.gpu_blocks))
+                        .max()
+                        .unwrap_or(0);
+                    r.isl_tokens.saturating_sub(best * bs)
+                })
+            };
+            let Some(id) = picked else { break };
+            let request = self.queue.remove(id).expect("picked from the queue");
+            if self.queue_busy(&request.request) {
+                self.queue.push_front(request);
+                break;
+            }
+            match self.route(&request.request, now) {
+                Ok(d) => out.push((id, Ok(d))),
+                Err(RouteError::AllEligibleWorkersOverloaded) => {
+                    self.queue.push_front(request);
+                    break;
+                }
+                Err(e) => out.push((id, Err(e))),
+            }
+        }
+        out
+    }
+
+    /// When the next queued request's deadline falls.
+    pub fn next_deadline(&self) -> Option<Time> {
+        self.queue.next_deadline()
+    }
+
+    /// Takes a request out of the queue (its client went away). Returns whether it was queued.
+    pub fn cancel_queued(&mut self, id: RequestId) -> bool {
+        self.queue.remove(id).is_some()
+    }
+
+    /// Sizes of the router queue.
+    pub fn queue_stats(&self) -> QueueStats {
+        self.queue.stats()
     }
 
     /// The request produced its first token.

@@ -4,6 +4,7 @@ use crate::hashing::BlockHashes;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
 use crate::index::TierOverlap;
 use crate::policy::{CandidateScore, RouterMode};
+use crate::time::Time;
 use serde::{Deserialize, Serialize};
 
 /// A worker as the router sees it.
@@ -53,7 +54,18 @@ pub struct RouteRequest {
     pub pin: Option<Pin>,
     /// Only these workers may serve it.
     pub allowed_workers: Option<Vec<WorkerId>>,
+    /// Priority (0 = normal, higher goes first in the router queue); bounded by
+    /// [`MAX_PRIORITY`].
+    pub priority: u8,
+    /// The request leaves the router queue with [`RouteError::DeadlineExceeded`] if it cannot
+    /// start by then.
+    pub deadline: Option<Time>,
+    /// The session it belongs to, for affinity (a hash of the session header).
+    pub session: Option<u64>,
 }
+
+/// The highest request priority.
+pub const MAX_PRIORITY: u8 = 9;
 
 impl RouteRequest {
     /// A request with no pin or restriction.
@@ -64,6 +76,9 @@ impl RouteRequest {
             blocks,
             pin: None,
             allowed_workers: None,
+            priority: 0,
+            deadline: None,
+            session: None,
         }
     }
 
@@ -122,6 +137,17 @@ pub enum RouteError {
     /// A worker registration with impossible values.
     #[error("worker {0}: {1}")]
     InvalidWorker(WorkerId, &'static str),
+    /// The router queue is at its bound; retry later.
+    #[error("the router queue is full ({requests} requests, {tokens} prompt tokens waiting)")]
+    QueueFull {
+        /// Requests waiting.
+        requests: usize,
+        /// Prompt tokens waiting.
+        tokens: u64,
+    },
+    /// The request could not start before its deadline.
+    #[error("the request could not start before its deadline")]
+    DeadlineExceeded,
 }
 
 impl RouteError {

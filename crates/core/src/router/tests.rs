@@ -2,6 +2,7 @@ use super::*;
 use crate::event::{BlockContent, Medium, StoredBlock};
 use crate::hashing::{BlockHasher, HashNamespace};
 use crate::ids::EngineHash;
+use crate::router::admission::{Admission, QueuePolicy, QueueStats};
 
 const BS: usize = 4;
 
@@ -315,4 +316,199 @@ fn same_seed_same_decisions() {
     };
     assert_eq!(run(1), run(1));
     assert_ne!(run(1), run(2));
+}
+
+fn queued_router(policy: QueuePolicy) -> Router {
+    let config = RouterConfig {
+        router_mode: RouterMode::RoundRobin,
+        kv_cache_block_size: BS,
+        router_queue_threshold: Some(0.0),
+        router_queue_policy: policy,
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    let mut spec = WorkerSpec::new(WorkerId(0));
+    spec.max_num_batched_tokens = Some(100);
+    r.add_worker(spec).unwrap();
+    r
+}
+
+fn dispatched(r: &mut Router, now: Time) -> Vec<u64> {
+    r.poll(now)
+        .into_iter()
+        .filter(|(_, d)| d.is_ok())
+        .map(|(id, _)| id.0)
+        .collect()
+}
+
+#[test]
+fn requests_wait_while_every_worker_is_over_the_queue_threshold() {
+    let mut r = queued_router(QueuePolicy::Fcfs);
+    assert!(matches!(
+        r.submit(request(1, &tokens(1, 40)), Time::ZERO),
+        Ok(Admission::Dispatched(_))
+    ));
+    assert_eq!(
+        r.submit(request(2, &tokens(2, 40)), Time::ZERO),
+        Ok(Admission::Queued)
+    );
+    assert_eq!(
+        r.submit(request(3, &tokens(3, 8)), Time::ZERO),
+        Ok(Admission::Queued)
+    );
+    assert_eq!(
+        r.queue_stats(),
+        QueueStats {
+            pending_requests: 2,
+            pending_isl_tokens: 48
+        }
+    );
+    assert!(dispatched(&mut r, Time::ZERO).is_empty(), "still busy");
+    r.first_token(RequestId(1)).unwrap();
+    assert_eq!(
+        dispatched(&mut r, Time::ZERO),
+        vec![2],
+        "one placed, then busy again"
+    );
+    r.first_token(RequestId(2)).unwrap();
+    assert_eq!(dispatched(&mut r, Time::ZERO), vec![3]);
+    assert_eq!(r.queue_stats().pending_requests, 0);
+    r.check_invariants().unwrap();
+}
+
+#[test]
+fn fcfs_gives_priority_a_one_second_jump_and_priority_is_strict() {
+    let mut r = queued_router(QueuePolicy::Fcfs);
+    r.submit(request(1, &tokens(1, 40)), Time::ZERO).unwrap();
+    r.submit(request(2, &tokens(2, 40)), Time::ZERO).unwrap();
+    let mut late = request(3, &tokens(3, 40));
+    late.priority = 2;
+    r.submit(late, Time::from_secs_f64(1.5)).unwrap();
+    r.first_token(RequestId(1)).unwrap();
+    assert_eq!(
+        dispatched(&mut r, Time::from_secs_f64(2.0)),
+        vec![3],
+        "1.5 s - 2 s jump beats 0 s"
+    );
+
+    let mut r = queued_router(QueuePolicy::Priority);
+    r.submit(request(1, &tokens(1, 40)), Time::ZERO).unwrap();
+    let mut mid = request(2, &tokens(2, 40));
+    mid.priority = 1;
+    r.submit(mid, Time::ZERO).unwrap();
+    let mut high = request(3, &tokens(3, 40));
+    high.priority = 5;
+    r.submit(high, Time::from_secs_f64(100.0)).unwrap();
+    r.first_token(RequestId(1)).unwrap();
+    assert_eq!(dispatched(&mut r, Time::from_secs_f64(100.0)), vec![3]);
+}
+
+#[test]
+fn wspt_places_the_least_uncached_work_first() {
+    let mut r = queued_router(QueuePolicy::Wspt);
+    r.submit(request(1, &tokens(1, 40)), Time::ZERO).unwrap();
+    r.submit(request(2, &tokens(2, 80)), Time::ZERO).unwrap();
+    r.submit(request(3, &tokens(3, 8)), Time::ZERO).unwrap();
+    r.first_token(RequestId(1)).unwrap();
+    assert_eq!(dispatched(&mut r, Time::ZERO), vec![3]);
+}
+
+#[test]
+fn deadlines_and_bounds_end_requests_with_clear_errors() {
+    let mut r = queued_router(QueuePolicy::Fcfs);
+    r.submit(request(1, &tokens(1, 40)), Time::ZERO).unwrap();
+    let mut soon = request(2, &tokens(2, 40));
+    soon.deadline = Some(Time::from_secs_f64(5.0));
+    r.submit(soon, Time::ZERO).unwrap();
+    assert_eq!(r.next_deadline(), Some(Time::from_secs_f64(5.0)));
+    let out = r.poll(Time::from_secs_f64(5.0));
+    assert_eq!(out, vec![(RequestId(2), Err(RouteError::DeadlineExceeded))]);
+
+    let config = RouterConfig {
+        router_queue_max_requests: Some(1),
+        ..queued_router(QueuePolicy::Fcfs).config().clone()
+    };
+    let mut r = Router::new(config).unwrap();
+    let mut spec = WorkerSpec::new(WorkerId(0));
+    spec.max_num_batched_tokens = Some(100);
+    r.add_worker(spec).unwrap();
+    r.submit(request(1, &tokens(1, 40)), Time::ZERO).unwrap();
+    r.submit(request(2, &tokens(2, 40)), Time::ZERO).unwrap();
+    assert!(matches!(
+        r.submit(request(3, &tokens(3, 40)), Time::ZERO),
+        Err(RouteError::QueueFull { requests: 1, .. })
+    ));
+    assert!(r.cancel_queued(RequestId(2)));
+    assert_eq!(r.queue_stats().pending_requests, 0);
+}
+
+#[test]
+fn reject_when_overloaded_refuses_instead_of_queueing() {
+    let config = RouterConfig {
+        kv_cache_block_size: BS,
+        router_queue_threshold: Some(10.0),
+        active_prefill_tokens_threshold: Some(10),
+        reject_when_overloaded: true,
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    let mut spec = WorkerSpec::new(WorkerId(0));
+    spec.max_num_batched_tokens = Some(100);
+    r.add_worker(spec).unwrap();
+    r.submit(request(1, &tokens(1, 40)), Time::ZERO).unwrap();
+    assert_eq!(
+        r.submit(request(2, &tokens(2, 8)), Time::ZERO),
+        Err(RouteError::AllEligibleWorkersOverloaded)
+    );
+}
+
+#[test]
+fn sessions_stick_to_their_worker_until_the_binding_expires() {
+    let config = RouterConfig {
+        router_mode: RouterMode::RoundRobin,
+        kv_cache_block_size: BS,
+        router_session_affinity_ttl_secs: Some(10.0),
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    for w in 0..3 {
+        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+    }
+    let turn = |id: u64, session: Option<u64>| {
+        let mut req = request(id, &tokens(1, 8));
+        req.session = session;
+        req
+    };
+    let first = r.route(&turn(1, Some(7)), Time::ZERO).unwrap().rank;
+    for i in 2..6 {
+        let t = Time::from_secs_f64(i as f64);
+        assert_eq!(
+            r.route(&turn(i, Some(7)), t).unwrap().rank,
+            first,
+            "turn {i} sticks (each turn refreshes the TTL)"
+        );
+        r.route(&turn(100 + i, None), t).unwrap();
+    }
+    // 10 s after the last turn the binding is gone and round-robin places it anew.
+    let later = r
+        .route(&turn(50, Some(7)), Time::from_secs_f64(16.0))
+        .unwrap()
+        .rank;
+    let again = r
+        .route(&turn(51, Some(7)), Time::from_secs_f64(17.0))
+        .unwrap()
+        .rank;
+    assert_eq!(again, later, "re-bound");
+    assert!(r.release_session(7));
+    assert!(!r.release_session(7));
+    // A bound worker that disappears: the session is re-placed on a live one.
+    r.route(&turn(60, Some(8)), Time::from_secs_f64(20.0))
+        .unwrap();
+    let bound = r.ledger().get(RequestId(60)).unwrap().0;
+    r.remove_worker(bound.worker).unwrap();
+    let moved = r
+        .route(&turn(61, Some(8)), Time::from_secs_f64(21.0))
+        .unwrap()
+        .rank;
+    assert_ne!(moved.worker, bound.worker);
 }
