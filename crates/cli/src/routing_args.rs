@@ -47,6 +47,25 @@ pub(crate) struct RoutingArgs {
     /// A worker is busy above this fraction of its max_num_batched_tokens in prefill tokens.
     #[arg(long)]
     active_prefill_tokens_threshold_frac: Option<f64>,
+    /// Queue requests while every eligible worker's active prefill tokens exceed this fraction
+    /// of its max_num_batched_tokens (unset = no router queue).
+    #[arg(long)]
+    router_queue_threshold: Option<f64>,
+    /// Order of the router queue: fcfs, wspt or priority.
+    #[arg(long, default_value = "fcfs")]
+    router_queue_policy: String,
+    /// Most requests waiting in the router queue (beyond: HTTP 529).
+    #[arg(long)]
+    router_queue_max_requests: Option<usize>,
+    /// Most prompt tokens waiting in the router queue (beyond: HTTP 529).
+    #[arg(long)]
+    router_queue_max_tokens: Option<u64>,
+    /// Answer HTTP 529 (instead of 503) when every eligible worker is over the busy thresholds.
+    #[arg(long)]
+    reject_when_overloaded: bool,
+    /// Keep a session's turns (x-session-id) on its worker for this long after each turn.
+    #[arg(long)]
+    router_session_affinity_ttl_secs: Option<f64>,
     /// KV block size in tokens; must match the engines.
     #[arg(long, default_value_t = 64)]
     pub(crate) kv_cache_block_size: usize,
@@ -72,6 +91,15 @@ impl RoutingArgs {
             active_decode_blocks_threshold: self.active_decode_blocks_threshold,
             active_prefill_tokens_threshold: self.active_prefill_tokens_threshold,
             active_prefill_tokens_threshold_frac: self.active_prefill_tokens_threshold_frac,
+            router_queue_threshold: self.router_queue_threshold,
+            router_queue_policy: self
+                .router_queue_policy
+                .parse()
+                .context("--router-queue-policy")?,
+            router_queue_max_requests: self.router_queue_max_requests,
+            router_queue_max_tokens: self.router_queue_max_tokens,
+            reject_when_overloaded: self.reject_when_overloaded,
+            router_session_affinity_ttl_secs: self.router_session_affinity_ttl_secs,
             seed: self.seed,
             ..RouterConfig::default()
         };

@@ -291,3 +291,124 @@ async fn missing_workers_are_a_clear_error() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("--router-mode"));
 }
+
+#[tokio::test]
+async fn a_burst_beyond_capacity_gets_a_bounded_queue_and_529s() {
+    let server = serve(&[
+        "--router-mode",
+        "least-loaded",
+        "--router-queue-threshold",
+        "0",
+        "--router-queue-max-requests",
+        "6",
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let long = "tell me a long story ".repeat(150);
+    let burst: Vec<_> = (0..40)
+        .map(|i| {
+            let (client, base, body) = (
+                client.clone(),
+                server.base.clone(),
+                json!({
+                    "model": "mock-model", "max_tokens": 4,
+                    "messages": [{"role": "user", "content": format!("{i}: {long}")}]
+                }),
+            );
+            tokio::spawn(async move {
+                let r = client
+                    .post(format!("{base}/v1/chat/completions"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                let retry = r
+                    .headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                let body: Value = r.json().await.unwrap();
+                (status, retry, body)
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    let mut rejected = 0;
+    for t in burst {
+        let (status, retry, body) = tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("answered in time")
+            .unwrap();
+        match status {
+            200 => {
+                assert_eq!(body["usage"]["completion_tokens"], 4);
+                ok += 1;
+            }
+            529 => {
+                assert_eq!(retry.as_deref(), Some("1"), "529 carries Retry-After");
+                assert_eq!(body["error"]["type"], "overloaded");
+                rejected += 1;
+            }
+            other => panic!("unexpected status {other}: {body}"),
+        }
+    }
+    assert_eq!(ok + rejected, 40, "every request answered exactly once");
+    assert!(rejected > 0 && ok > 6, "ok {ok}, rejected {rejected}");
+    let metrics = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("kvrouter_router_queue_pending_requests 0"),
+        "the queue drained"
+    );
+    assert!(metrics.contains("kvrouter_rejections_total{reason=\"queue_full\"}"));
+}
+
+#[tokio::test]
+async fn sessions_stay_on_their_worker_until_released() {
+    let server = serve(&[
+        "--router-mode",
+        "round-robin",
+        "--router-session-affinity-ttl-secs",
+        "60",
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let turn = |i: usize| {
+        client
+            .post(format!("{}/v1/chat/completions", server.base))
+            .header("x-session-id", "trajectory-17")
+            .json(&chat(&format!("turn {i}")))
+    };
+    let mut workers = Vec::new();
+    for i in 0..5 {
+        let r = turn(i).send().await.unwrap();
+        workers.push(
+            r.headers()["x-kvrouter-worker"]
+                .to_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    assert!(workers.iter().all(|w| *w == workers[0]), "{workers:?}");
+    let released: Value = client
+        .delete(format!("{}/v1/sessions/trajectory-17", server.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(released["released"], true);
+    let r = client
+        .post(format!("{}/finish_session", server.base))
+        .json(&json!({"session_id": "trajectory-17"}))
+        .send()
+        .await
+        .unwrap();
+    let again: Value = r.json().await.unwrap();
+    assert_eq!(again["released"], false, "already released");
+}

@@ -27,6 +27,8 @@ pub fn app(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/live", get(live))
         .route("/metrics", get(metrics))
+        .route("/v1/sessions/{id}", delete(release_session))
+        .route("/finish_session", post(finish_session))
         .route("/admin/workers", get(list_workers).post(add_worker))
         .route("/admin/workers/{id}", delete(remove_worker))
         .with_state(state)
@@ -122,23 +124,54 @@ async fn metrics(State(s): State<AppState>) -> Response {
             rank.worker, rank.dp_rank
         );
     }
+    let q = core.queue_stats();
     drop(core);
     gauge_header(
         &mut out,
         "kvrouter_router_queue_pending_requests",
         "Requests waiting in the router queue.",
     );
-    let _ = writeln!(out, "kvrouter_router_queue_pending_requests 0");
+    let _ = writeln!(
+        out,
+        "kvrouter_router_queue_pending_requests {}",
+        q.pending_requests
+    );
     gauge_header(
         &mut out,
         "kvrouter_router_queue_pending_isl_tokens",
         "Prompt tokens of requests waiting in the router queue.",
     );
-    let _ = writeln!(out, "kvrouter_router_queue_pending_isl_tokens 0");
+    let _ = writeln!(
+        out,
+        "kvrouter_router_queue_pending_isl_tokens {}",
+        q.pending_isl_tokens
+    );
     let t = inner.tokenizer.stats();
     let _ = writeln!(out, "# HELP kvrouter_tokenizer_cache_segments_total Prompt segments tokenized or served from the cache.\n# TYPE kvrouter_tokenizer_cache_segments_total counter");
     let _ = writeln!(out, "kvrouter_tokenizer_cache_segments_total{{result=\"hit\"}} {}\nkvrouter_tokenizer_cache_segments_total{{result=\"miss\"}} {}", t.hits, t.misses);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+async fn release_session(State(s): State<AppState>, Path(id): Path<String>) -> Json<Value> {
+    let released = s
+        .inner
+        .lock_core()
+        .release_session(crate::proxy::session_key(&id));
+    Json(json!({"session_id": id, "released": released}))
+}
+
+async fn finish_session(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ServeError> {
+    let v: Value = serde_json::from_slice(&body)
+        .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    let id = v
+        .get("session_id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ServeError::invalid("`session_id` is required", Some("session_id")))?;
+    let released = s
+        .inner
+        .lock_core()
+        .release_session(crate::proxy::session_key(id));
+    Ok(Json(json!({"session_id": id, "released": released})))
 }
 
 fn authorize(s: &AppState, headers: &HeaderMap) -> Result<(), ServeError> {

@@ -22,6 +22,10 @@ pub enum ServeError {
     /// Routing failed (no workers, all overloaded, bad pin).
     #[error("{0}")]
     Route(RouteError),
+    /// Refused under overload (queue full, or every worker busy with `--reject-when-overloaded`):
+    /// HTTP 529 with `Retry-After`, so the caller retries under its own policy.
+    #[error("{0}; retry later")]
+    Rejected(RouteError),
     /// Every attempt at an upstream failed before answering.
     #[error("upstream worker failed: {0}")]
     Upstream(String),
@@ -56,7 +60,11 @@ impl ServeError {
             ServeError::Route(e) if e.is_client_error() => {
                 (StatusCode::BAD_REQUEST, "invalid_request_error", None)
             }
+            ServeError::Route(RouteError::DeadlineExceeded) => {
+                (StatusCode::GATEWAY_TIMEOUT, "deadline_exceeded", None)
+            }
             ServeError::Route(_) => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", None),
+            ServeError::Rejected(_) => (overloaded(), "overloaded", None),
             ServeError::Upstream(_) => (StatusCode::BAD_GATEWAY, "upstream_error", None),
             ServeError::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error", None),
             ServeError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", None),
@@ -71,7 +79,9 @@ impl ServeError {
             | ServeError::Unauthorized
             | ServeError::NotFound(_) => "client_error",
             ServeError::Route(e) if e.is_client_error() => "client_error",
+            ServeError::Route(RouteError::DeadlineExceeded) => "deadline_exceeded",
             ServeError::Route(_) => "unavailable",
+            ServeError::Rejected(_) => "rejected",
             ServeError::Upstream(_) => "upstream_error",
         }
     }
@@ -83,10 +93,24 @@ impl ServeError {
     }
 }
 
+/// 529, the status the seeds' frontend answers when it sheds load.
+fn overloaded() -> StatusCode {
+    StatusCode::from_u16(529).expect("529 is a valid status code")
+}
+
+/// Seconds a rejected client should wait before retrying.
+pub(crate) const RETRY_AFTER_SECS: u64 = 1;
+
 impl IntoResponse for ServeError {
     fn into_response(self) -> Response {
         let (status, _, _) = self.parts();
-        (status, axum::Json(self.body())).into_response()
+        let mut response = (status, axum::Json(self.body())).into_response();
+        if matches!(self, ServeError::Rejected(_)) {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, RETRY_AFTER_SECS.into());
+        }
+        response
     }
 }
 
@@ -118,5 +142,15 @@ mod tests {
             StatusCode::BAD_GATEWAY
         );
         assert_eq!(ServeError::Unauthorized.parts().0, StatusCode::UNAUTHORIZED);
+        let rejected = ServeError::Rejected(RouteError::QueueFull {
+            requests: 3,
+            tokens: 10,
+        });
+        assert_eq!(rejected.parts().0.as_u16(), 529);
+        assert_eq!(rejected.into_response().headers()["retry-after"], "1");
+        assert_eq!(
+            ServeError::Route(RouteError::DeadlineExceeded).parts().0,
+            StatusCode::GATEWAY_TIMEOUT
+        );
     }
 }

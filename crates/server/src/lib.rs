@@ -11,6 +11,7 @@
 //! - `app`: routes, health, metrics, admin API. `proxy`: the request path and the load guard.
 //! - `routing`: request bodies to tokens and block hashes. `registry`: adding and removing workers.
 //! - `ingest`: ZeroMQ subscribers, sequence-gap recovery. `metrics`: Prometheus text.
+//! - `queue`: the driver that places queued requests when load changes or deadlines pass.
 //! - `error`: the one mapping from errors to HTTP responses. `mock`: embedded mock engines.
 
 mod app;
@@ -20,6 +21,7 @@ mod ingest;
 mod metrics;
 mod mock;
 mod proxy;
+mod queue;
 mod registry;
 mod routing;
 mod state;
@@ -98,6 +100,7 @@ pub async fn start(
             .await
             .map_err(|error| StartError::Worker { url, error })?;
     }
+    let driver = queue::spawn(state.inner.clone());
     let (shutdown, mut rx) = watch::channel(false);
     let router = app(state.clone());
     let server = tokio::spawn(async move {
@@ -110,6 +113,7 @@ pub async fn start(
                 let _ = rx.wait_for(|stop| *stop).await;
             })
             .await;
+        driver.abort();
     });
     Ok(RunningServer {
         addr,

@@ -92,6 +92,8 @@ pub(crate) struct Metrics {
     pub(crate) cached_tokens: Histogram,
     pub(crate) kv_hit_rate: Histogram,
     pub(crate) overhead: Histogram,
+    pub(crate) queue_wait: Histogram,
+    pub(crate) rejections: Counters,
     pub(crate) kv_events: Counters,
     pub(crate) kv_messages_dropped: Counters,
     pub(crate) retries: Counters,
@@ -109,6 +111,8 @@ impl Metrics {
             cached_tokens: Histogram::new(TOKENS),
             kv_hit_rate: Histogram::new(RATIO),
             overhead: Histogram::new(SECONDS),
+            queue_wait: Histogram::new(SECONDS),
+            rejections: Counters::default(),
             kv_events: Counters::default(),
             kv_messages_dropped: Counters::default(),
             retries: Counters::default(),
@@ -157,6 +161,16 @@ impl Metrics {
             out,
             "kvrouter_routing_overhead_seconds",
             "Router time before forwarding: parsing, tokenization, hashing, index lookup, scoring.",
+        );
+        self.queue_wait.render(
+            out,
+            "kvrouter_router_queue_wait_seconds",
+            "Time requests waited in the router queue before placement.",
+        );
+        self.rejections.render(
+            out,
+            "kvrouter_rejections_total",
+            "Requests refused by admission, by reason (queue_full, overloaded, deadline).",
         );
         self.kv_events.render(
             out,

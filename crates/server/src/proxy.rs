@@ -15,7 +15,7 @@ use axum::response::Response;
 use futures::StreamExt;
 use kvrouter_core::ids::{RequestId, WorkerId};
 use kvrouter_core::policy::RouterMode;
-use kvrouter_core::router::{Decision, Pin, RouteRequest};
+use kvrouter_core::router::{Admission, Decision, Pin, RouteError, RouteRequest, MAX_PRIORITY};
 use serde_json::Value;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -41,6 +41,7 @@ impl LoadGuard {
         if !self.first_seen {
             self.first_seen = true;
             let _ = self.state.inner.lock_core().first_token(self.id);
+            self.state.inner.queue_notify.notify_one();
             m.ttft
                 .observe(now.duration_since(self.arrival).as_secs_f64());
         } else if let Some(prev) = self.last_chunk {
@@ -68,6 +69,7 @@ impl LoadGuard {
         self.done = true;
         let inner = &self.state.inner;
         let _ = inner.lock_core().finish(self.id);
+        inner.queue_notify.notify_one();
         let m = &inner.metrics;
         m.duration.observe(self.arrival.elapsed().as_secs_f64());
         m.requests
@@ -96,6 +98,7 @@ impl Drop for LoadGuard {
         if !self.done {
             self.done = true;
             let _ = self.state.inner.lock_core().cancel(self.id);
+            self.state.inner.queue_notify.notify_one();
             self.state
                 .inner
                 .metrics
@@ -185,6 +188,157 @@ fn decision_header(d: &Decision) -> Option<HeaderValue> {
     HeaderValue::from_str(&v.to_string()).ok()
 }
 
+/// Per-request admission inputs from headers and body.
+struct AdmissionFields {
+    priority: u8,
+    deadline: Option<kvrouter_core::time::Time>,
+    session: Option<u64>,
+}
+
+/// The session key of a session header value (`x-session-id`, `x-dynamo-session-id`).
+pub(crate) fn session_key(id: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(id.as_bytes())
+}
+
+fn admission_fields(
+    headers: &HeaderMap,
+    body: &Value,
+    arrival: Instant,
+    inner: &crate::state::Inner,
+) -> Result<AdmissionFields, ServeError> {
+    let bad_priority = || {
+        ServeError::invalid(
+            format!("priority must be an integer from 0 to {MAX_PRIORITY}"),
+            Some("priority"),
+        )
+    };
+    let priority = match headers.get("x-kvrouter-priority") {
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u8>().ok())
+            .ok_or_else(bad_priority)?,
+        None => match body.get("priority") {
+            None | Some(Value::Null) => 0,
+            Some(v) => v
+                .as_u64()
+                .and_then(|p| u8::try_from(p).ok())
+                .ok_or_else(bad_priority)?,
+        },
+    };
+    if priority > MAX_PRIORITY {
+        return Err(bad_priority());
+    }
+    let deadline = match headers.get("x-kvrouter-deadline-ms") {
+        None => None,
+        Some(v) => {
+            let ms: u64 = v
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| {
+                    ServeError::invalid(
+                        "x-kvrouter-deadline-ms must be a whole number of milliseconds",
+                        Some("x-kvrouter-deadline-ms"),
+                    )
+                })?;
+            let since_start =
+                arrival.duration_since(inner.epoch) + std::time::Duration::from_millis(ms);
+            Some(kvrouter_core::time::Time::from_micros(
+                since_start.as_micros() as u64,
+            ))
+        }
+    };
+    let session = ["x-session-id", "x-dynamo-session-id"]
+        .iter()
+        .find_map(|h| headers.get(*h)?.to_str().ok())
+        .map(session_key);
+    Ok(AdmissionFields {
+        priority,
+        deadline,
+        session,
+    })
+}
+
+/// Takes a request out of the queue if its handler goes away while it waits.
+struct QueuedGuard<'a> {
+    inner: &'a crate::state::Inner,
+    id: RequestId,
+    armed: bool,
+}
+
+impl Drop for QueuedGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.inner
+                .waiters
+                .lock()
+                .expect("waiters lock")
+                .remove(&self.id);
+            if !self.inner.lock_core().cancel_queued(self.id) {
+                // Placed between our last look and now: release it.
+                let _ = self.inner.lock_core().cancel(self.id);
+            }
+        }
+    }
+}
+
+/// Admission: placed now, or queued until the driver places it (or its deadline passes).
+async fn admit(state: &AppState, request: RouteRequest) -> Result<Decision, ServeError> {
+    let inner = &state.inner;
+    let id = request.id;
+    let queued_at = Instant::now();
+    // Register the waiter first, so a placement by the driver always finds it.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    inner.waiters.lock().expect("waiters lock").insert(id, tx);
+    let submitted = inner.lock_core().submit(request, inner.now());
+    let reject = |reason: &'static str, e| {
+        inner.metrics.rejections.inc(&[("reason", reason)]);
+        ServeError::Rejected(e)
+    };
+    match submitted {
+        Ok(Admission::Dispatched(d)) => {
+            inner.waiters.lock().expect("waiters lock").remove(&id);
+            Ok(d)
+        }
+        Ok(Admission::Queued) => {
+            inner.queue_notify.notify_one();
+            let mut guard = QueuedGuard {
+                inner,
+                id,
+                armed: true,
+            };
+            let placed = rx.await;
+            guard.armed = false;
+            inner
+                .metrics
+                .queue_wait
+                .observe(queued_at.elapsed().as_secs_f64());
+            match placed {
+                Ok(Ok(d)) => Ok(d),
+                Ok(Err(RouteError::DeadlineExceeded)) => {
+                    inner.metrics.rejections.inc(&[("reason", "deadline")]);
+                    Err(ServeError::Route(RouteError::DeadlineExceeded))
+                }
+                Ok(Err(e)) => Err(ServeError::Route(e)),
+                Err(_) => Err(ServeError::Upstream("the router queue stopped".into())),
+            }
+        }
+        Err(e) => {
+            inner.waiters.lock().expect("waiters lock").remove(&id);
+            match e {
+                RouteError::QueueFull { .. } => Err(reject("queue_full", e)),
+                RouteError::AllEligibleWorkersOverloaded
+                    if inner.config.router.reject_when_overloaded =>
+                {
+                    Err(reject("overloaded", e))
+                }
+                e => Err(ServeError::Route(e)),
+            }
+        }
+    }
+}
+
 /// Handles `/v1/completions` and `/v1/chat/completions`.
 pub(crate) async fn handle(
     state: AppState,
@@ -222,6 +376,7 @@ pub(crate) async fn handle(
     let RoutingInput { isl_tokens, blocks } =
         routing_input(&state, kind, &value).await.map_err(fail)?;
     let pin = pin_from(&headers);
+    let admission = admission_fields(&headers, &value, arrival, inner).map_err(fail)?;
     let mut tried: Vec<WorkerId> = Vec::new();
     let attempts = inner.config.retries + 1;
     let mut last_error = None;
@@ -229,17 +384,23 @@ pub(crate) async fn handle(
         let id = RequestId(inner.next_request.fetch_add(1, Ordering::Relaxed));
         let mut request = RouteRequest::new(id, isl_tokens, blocks.clone());
         request.pin = pin;
-        if !tried.is_empty() {
+        request.priority = admission.priority;
+        request.deadline = admission.deadline;
+        request.session = admission.session;
+        let decision = if tried.is_empty() {
+            admit(&state, request).await.map_err(fail)?
+        } else {
+            // A retry was admitted already: place it now, away from the failed workers.
             let allowed: Vec<WorkerId> = registry::worker_ids(&state)
                 .into_iter()
                 .filter(|w| !tried.contains(w))
                 .collect();
             request.allowed_workers = Some(allowed);
-        }
-        let decision = inner
-            .lock_core()
-            .route(&request, inner.now())
-            .map_err(|e| fail(ServeError::Route(e)))?;
+            inner
+                .lock_core()
+                .route(&request, inner.now())
+                .map_err(|e| fail(ServeError::Route(e)))?
+        };
         let worker = decision.rank.worker;
         if attempt == 0 {
             let m = &inner.metrics;
@@ -289,6 +450,7 @@ pub(crate) async fn handle(
             // Nothing reached the client yet: release this attempt and try another worker.
             guard.done = true;
             let _ = inner.lock_core().cancel(id);
+            inner.queue_notify.notify_one();
             inner.metrics.retries.inc(&[("mode", mode.as_str())]);
             tried.push(worker);
             if pin.is_some() {

@@ -3,15 +3,17 @@
 
 use crate::config::{ServeConfig, WorkerEntry};
 use crate::metrics::Metrics;
+use kvrouter_core::ids::RequestId;
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::Router;
+use kvrouter_core::router::{Decision, RouteError};
 use kvrouter_core::time::Time;
 use kvrouter_tokenizer::CachedTokenizer;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
-use tokio::sync::Semaphore;
+use tokio::sync::{oneshot, Notify, Semaphore};
 use tokio::task::JoinHandle;
 
 /// A registered worker and its event subscribers.
@@ -47,6 +49,10 @@ pub(crate) struct Inner {
     pub(crate) tokenize_slots: Semaphore,
     pub(crate) metrics: Metrics,
     pub(crate) models: RwLock<Vec<String>>,
+    /// Requests waiting in the router queue, by id: where to send their placement.
+    pub(crate) waiters: Mutex<HashMap<RequestId, oneshot::Sender<Result<Decision, RouteError>>>>,
+    /// Wakes the queue driver when load changes.
+    pub(crate) queue_notify: Notify,
 }
 
 impl Inner {
@@ -103,6 +109,8 @@ impl AppState {
                 tokenize_slots: Semaphore::new(slots),
                 metrics: Metrics::new(),
                 models: RwLock::new(models),
+                waiters: Mutex::new(HashMap::new()),
+                queue_notify: Notify::new(),
             }),
         })
     }
