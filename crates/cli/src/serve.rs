@@ -4,7 +4,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use kvrouter_engine::EngineConfig;
 use kvrouter_mock_engine::MockEngineConfig;
-use kvrouter_server::{ServeConfig, WorkerEntry, WorkersFile};
+use kvrouter_server::{HealthConfig, ServeConfig, WorkerEntry, WorkersFile};
 use kvrouter_tokenizer::ChatTemplate;
 
 use crate::routing_args::RoutingArgs;
@@ -56,6 +56,36 @@ pub(crate) struct ServeArgs {
     /// Retries on another worker when an upstream fails before its first byte.
     #[arg(long, default_value_t = 2)]
     retries: u32,
+    /// Times a failed stream may be continued on another worker (0 = never).
+    #[arg(long, default_value_t = 0)]
+    migration_limit: u32,
+    /// A stream silent for this many seconds counts as failed.
+    #[arg(long)]
+    stream_idle_timeout_secs: Option<f64>,
+    /// Seconds between active health checks (GET /health); 0 turns them off.
+    #[arg(long, default_value_t = 5.0)]
+    health_check_interval_secs: f64,
+    /// Consecutive failed health checks that make a worker unhealthy.
+    #[arg(long, default_value_t = 3)]
+    health_failure_threshold: u32,
+    /// Consecutive passed checks or requests that make it healthy again.
+    #[arg(long, default_value_t = 2)]
+    health_recovery_threshold: u32,
+    /// Consecutive failed requests (connection errors, 5xx, broken streams) that make a worker
+    /// unhealthy.
+    #[arg(long, default_value_t = 3)]
+    outlier_consecutive_failures: u32,
+    /// Seconds an unhealthy worker keeps its cache entries in the index.
+    #[arg(long, default_value_t = 30.0)]
+    unhealthy_index_grace_secs: f64,
+}
+
+fn secs(v: Option<f64>, flag: &str) -> anyhow::Result<Option<std::time::Duration>> {
+    match v {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(std::time::Duration::from_secs_f64(s))),
+        Some(s) => bail!("{flag} must be a number of seconds ≥ 0, got {s}"),
+    }
 }
 
 fn read_workers_file(path: &PathBuf) -> anyhow::Result<Vec<WorkerEntry>> {
@@ -114,6 +144,23 @@ impl ServeArgs {
             admin_token: self.admin_token.clone(),
             expose_decisions: self.expose_decisions,
             retries: self.retries,
+            migration_limit: self.migration_limit,
+            stream_idle_timeout: secs(self.stream_idle_timeout_secs, "--stream-idle-timeout-secs")?,
+            health: HealthConfig {
+                interval: secs(
+                    Some(self.health_check_interval_secs),
+                    "--health-check-interval-secs",
+                )?
+                .filter(|d| !d.is_zero()),
+                failure_threshold: self.health_failure_threshold.max(1),
+                recovery_threshold: self.health_recovery_threshold.max(1),
+                outlier_failures: self.outlier_consecutive_failures.max(1),
+                index_grace: secs(
+                    Some(self.unhealthy_index_grace_secs),
+                    "--unhealthy-index-grace-secs",
+                )?
+                .unwrap_or_default(),
+            },
             ..ServeConfig::default()
         })
     }

@@ -158,9 +158,20 @@ pub(crate) fn parse_chat(
                 Some("messages"),
             )
         })?;
-    let prompt = ChatTemplate::ChatMl
-        .render(&messages, true)
-        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let continue_final = body
+        .get("continue_final_message")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let rendered = if continue_final {
+        ChatTemplate::ChatMl.render_continuation(&messages)
+    } else {
+        let add_generation_prompt = body
+            .get("add_generation_prompt")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        ChatTemplate::ChatMl.render(&messages, add_generation_prompt)
+    };
+    let prompt = rendered.map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let prompt_tokens = tokenizer.encode(&prompt);
     let max_tokens = max_tokens(body, &["max_completion_tokens", "max_tokens"], default_max)?;
     let (stream, include_usage) = stream_flags(body)?;

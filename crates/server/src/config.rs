@@ -76,6 +76,12 @@ pub struct ServeConfig {
     pub tokenizer_cache_tokens: usize,
     /// Concurrent tokenizations on the blocking pool.
     pub tokenize_concurrency: usize,
+    /// Worker health checks and outlier detection.
+    pub health: crate::health::HealthConfig,
+    /// Times a failed stream may be continued on another worker (0 = never).
+    pub migration_limit: u32,
+    /// A stream that sends nothing for this long counts as failed.
+    pub stream_idle_timeout: Option<std::time::Duration>,
 }
 
 impl Default for ServeConfig {
@@ -93,6 +99,9 @@ impl Default for ServeConfig {
             retries: 2,
             tokenizer_cache_tokens: 4 << 20,
             tokenize_concurrency: 2,
+            health: crate::health::HealthConfig::default(),
+            migration_limit: 0,
+            stream_idle_timeout: None,
         }
     }
 }

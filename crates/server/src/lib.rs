@@ -17,8 +17,10 @@
 mod app;
 pub mod config;
 mod error;
+mod health;
 mod ingest;
 mod metrics;
+mod migrate;
 mod mock;
 mod proxy;
 mod queue;
@@ -29,6 +31,7 @@ mod state;
 pub use app::app;
 pub use config::{ServeConfig, WorkerEntry, WorkersFile};
 pub use error::ServeError;
+pub use health::HealthConfig;
 pub use state::AppState;
 
 use std::net::SocketAddr;

@@ -97,6 +97,8 @@ pub(crate) struct Metrics {
     pub(crate) kv_events: Counters,
     pub(crate) kv_messages_dropped: Counters,
     pub(crate) retries: Counters,
+    pub(crate) health_transitions: Counters,
+    pub(crate) migrations: Counters,
 }
 
 impl Metrics {
@@ -116,6 +118,8 @@ impl Metrics {
             kv_events: Counters::default(),
             kv_messages_dropped: Counters::default(),
             retries: Counters::default(),
+            health_transitions: Counters::default(),
+            migrations: Counters::default(),
         }
     }
 
@@ -181,6 +185,16 @@ impl Metrics {
             out,
             "kvrouter_kv_event_messages_dropped_total",
             "KV event messages dropped or recovered, by reason.",
+        );
+        self.health_transitions.render(
+            out,
+            "kvrouter_worker_health_transitions_total",
+            "Workers marked unhealthy or healthy again.",
+        );
+        self.migrations.render(
+            out,
+            "kvrouter_migrations_total",
+            "Streams continued on another worker after their worker failed.",
         );
         self.retries.render(
             out,

@@ -6,6 +6,8 @@
 //! An upstream failure before the first byte is retried on another worker (`--retries`).
 
 use crate::error::ServeError;
+use crate::health;
+use crate::migrate::{self, Migration};
 use crate::registry;
 use crate::routing::{routing_input, Kind, RoutingInput};
 use crate::state::AppState;
@@ -21,8 +23,8 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// Releases the request's load in the core exactly once: at the end of the body, or when dropped.
-struct LoadGuard {
-    state: AppState,
+pub(crate) struct LoadGuard {
+    pub(crate) state: AppState,
     id: RequestId,
     mode: RouterMode,
     arrival: Instant,
@@ -32,10 +34,38 @@ struct LoadGuard {
     tail: Vec<u8>,
     stream: bool,
     done: bool,
+    /// The worker serving this attempt.
+    pub(crate) worker: WorkerId,
+    /// The upstream failed and the client was told; the stream ends.
+    broken: bool,
 }
 
 impl LoadGuard {
-    fn on_chunk(&mut self, chunk: &[u8]) {
+    pub(crate) fn new(
+        state: AppState,
+        id: RequestId,
+        worker: WorkerId,
+        mode: RouterMode,
+        arrival: Instant,
+        stream: bool,
+    ) -> Self {
+        Self {
+            state,
+            id,
+            mode,
+            arrival,
+            first_seen: false,
+            last_chunk: None,
+            chunks: 0,
+            tail: Vec::new(),
+            stream,
+            done: false,
+            worker,
+            broken: false,
+        }
+    }
+
+    pub(crate) fn on_chunk(&mut self, chunk: &[u8]) {
         let now = Instant::now();
         let m = &self.state.inner.metrics;
         if !self.first_seen {
@@ -62,7 +92,7 @@ impl LoadGuard {
         }
     }
 
-    fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         if self.done {
             return;
         }
@@ -416,18 +446,7 @@ pub(crate) async fn handle(
             tried.push(worker);
             continue;
         };
-        let mut guard = LoadGuard {
-            state: state.clone(),
-            id,
-            mode,
-            arrival,
-            first_seen: false,
-            last_chunk: None,
-            chunks: 0,
-            tail: Vec::new(),
-            stream,
-            done: false,
-        };
+        let mut guard = LoadGuard::new(state.clone(), id, worker, mode, arrival, stream);
         let upstream = inner
             .http
             .post(format!("{base}{}", kind.path()))
@@ -446,6 +465,7 @@ pub(crate) async fn handle(
                 None
             }
         };
+        health::observe(&state, worker, response.is_some(), health::Source::Request);
         let Some(response) = response else {
             // Nothing reached the client yet: release this attempt and try another worker.
             guard.done = true;
@@ -474,9 +494,20 @@ pub(crate) async fn handle(
                 builder = builder.header("x-kvrouter-decision", h);
             }
         }
+        if stream && inner.config.migration_limit > 0 && status.is_success() {
+            let migration = Migration::new(state.clone(), kind, value.clone(), worker, arrival);
+            let body = migrate::stream(response, guard, migration);
+            return Ok(builder
+                .body(Body::from_stream(body))
+                .expect("valid response"));
+        }
         let upstream_body = response.bytes_stream();
-        let body =
-            futures::stream::unfold((upstream_body, guard), |(mut up, mut guard)| async move {
+        let body = futures::stream::unfold(
+            (upstream_body, guard),
+            |(mut up, mut guard)| async move {
+                if guard.broken {
+                    return None;
+                }
                 match up.next().await {
                     Some(Ok(chunk)) => {
                         guard.on_chunk(&chunk);
@@ -484,6 +515,15 @@ pub(crate) async fn handle(
                     }
                     Some(Err(e)) => {
                         // The upstream broke mid-stream: the guard cancels the request's load.
+                        health::observe(&guard.state, guard.worker, false, health::Source::Request);
+                        if guard.stream {
+                            // End the stream cleanly with an in-band error.
+                            let event = migrate::error_event(
+                                "the worker failed mid-stream and migration is off (--migration-limit)",
+                            );
+                            guard.broken = true;
+                            return Some((Ok(event), (up, guard)));
+                        }
                         Some((Err(std::io::Error::other(e)), (up, guard)))
                     }
                     None => {
@@ -491,7 +531,8 @@ pub(crate) async fn handle(
                         None
                     }
                 }
-            });
+            },
+        );
         return Ok(builder
             .body(Body::from_stream(body))
             .expect("valid response"));

@@ -141,6 +141,9 @@ pub(crate) async fn add_worker(
             }
         }
     }
+    if let Some(checks) = crate::health::spawn_checks(state, id, entry.url.clone()) {
+        subscribers.push(checks);
+    }
     if inner.models.read().expect("models lock").is_empty() {
         learn_models(state, &entry.url).await;
     }

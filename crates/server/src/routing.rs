@@ -94,11 +94,13 @@ fn source(kind: Kind, body: &Value, state: &AppState) -> Result<Source, ServeErr
                         Some("messages"),
                     )
                 })?;
-            let rendered = state
-                .inner
-                .config
-                .chat_template
-                .render(&messages, true)
+            let template = &state.inner.config.chat_template;
+            let rendered =
+                if body.get("continue_final_message").and_then(Value::as_bool) == Some(true) {
+                    template.render_continuation(&messages)
+                } else {
+                    template.render(&messages, true)
+                }
                 .map_err(|e| ServeError::invalid(e.to_string(), Some("messages")))?;
             Ok(Source::Text(rendered))
         }

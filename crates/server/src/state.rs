@@ -53,6 +53,8 @@ pub(crate) struct Inner {
     pub(crate) waiters: Mutex<HashMap<RequestId, oneshot::Sender<Result<Decision, RouteError>>>>,
     /// Wakes the queue driver when load changes.
     pub(crate) queue_notify: Notify,
+    /// Worker health.
+    pub(crate) health: crate::health::Health,
 }
 
 impl Inner {
@@ -111,6 +113,7 @@ impl AppState {
                 models: RwLock::new(models),
                 waiters: Mutex::new(HashMap::new()),
                 queue_notify: Notify::new(),
+                health: crate::health::Health::default(),
             }),
         })
     }

@@ -146,6 +146,35 @@ impl ChatTemplate {
         Self::jinja(source.to_owned(), origin, bos, eos).map(Some)
     }
 
+    /// The prompt that continues the last (assistant) message instead of starting a new one:
+    /// vLLM's `continue_final_message`. The last message is left open.
+    pub fn render_continuation(&self, messages: &[ChatMessage]) -> Result<String, TemplateError> {
+        let Some((last, history)) = messages.split_last() else {
+            return self.render(messages, false);
+        };
+        match self {
+            ChatTemplate::ChatMl => {
+                let mut out = self.render(history, false)?;
+                out.push_str("<|im_start|>");
+                out.push_str(&last.role);
+                out.push('\n');
+                out.push_str(&last.content);
+                Ok(out)
+            }
+            ChatTemplate::Jinja { .. } => {
+                // Render with the message closed, then cut everything after its content.
+                let full = self.render(messages, false)?;
+                match full
+                    .rfind(last.content.as_str())
+                    .filter(|_| !last.content.is_empty())
+                {
+                    Some(at) => Ok(full[..at + last.content.len()].to_owned()),
+                    None => Ok(full),
+                }
+            }
+        }
+    }
+
     /// The prompt for `messages`.
     pub fn render(
         &self,
@@ -247,6 +276,30 @@ mod tests {
             .unwrap_err()
             .reason
             .contains("no system role"));
+    }
+
+    #[test]
+    fn a_continuation_leaves_the_last_message_open() {
+        let msgs = vec![
+            ChatMessage {
+                role: "user".into(),
+                content: "Hi".into(),
+            },
+            ChatMessage {
+                role: "assistant".into(),
+                content: "Hel".into(),
+            },
+        ];
+        let open = ChatTemplate::ChatMl.render_continuation(&msgs).unwrap();
+        assert_eq!(
+            open,
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHel"
+        );
+        let fresh = ChatTemplate::ChatMl.render(&msgs[..1], true).unwrap();
+        assert!(
+            open.starts_with(&fresh),
+            "the continuation extends the original prompt"
+        );
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub struct Router {
     queue: admission::AdmissionQueue,
     /// Session → (rank, binding expiry).
     sessions: BTreeMap<u64, (WorkerRank, Time)>,
+    /// Workers taken out of the eligible set (unhealthy or paused), keeping their load.
+    unavailable: std::collections::BTreeSet<WorkerId>,
 }
 
 impl Router {
@@ -66,6 +68,7 @@ impl Router {
             rr_cursor: 0,
             queue: admission::AdmissionQueue::default(),
             sessions: BTreeMap::new(),
+            unavailable: std::collections::BTreeSet::new(),
         })
     }
 
@@ -123,6 +126,34 @@ impl Router {
         }
         self.rebuild_ranks();
         Ok(spec)
+    }
+
+    /// Takes a worker out of (false) or back into (true) the eligible set without touching its
+    /// load accounting or cache state. Returns whether the worker is known.
+    pub fn set_available(&mut self, id: WorkerId, available: bool) -> bool {
+        if !self.workers.contains_key(&id) {
+            return false;
+        }
+        if available {
+            self.unavailable.remove(&id);
+        } else {
+            self.unavailable.insert(id);
+        }
+        true
+    }
+
+    /// Whether a worker is in the eligible set.
+    pub fn is_available(&self, id: WorkerId) -> bool {
+        self.workers.contains_key(&id) && !self.unavailable.contains(&id)
+    }
+
+    /// Forgets everything cached on a worker (event-fed and predicted), e.g. after it was
+    /// unhealthy for a while or came back under the same id.
+    pub fn clear_worker_cache(&mut self, id: WorkerId) {
+        self.index.remove_worker(id);
+        if let Some(p) = &mut self.predicted {
+            p.remove_worker(id);
+        }
     }
 
     fn rebuild_ranks(&mut self) {
@@ -287,6 +318,9 @@ impl Router {
                 .workers
                 .get(&pin.worker)
                 .ok_or(RouteError::UnknownWorker(pin.worker))?;
+            if self.unavailable.contains(&pin.worker) {
+                return Err(RouteError::NoWorkers);
+            }
             return match pin.dp_rank {
                 Some(r) if r >= spec.dp_size => {
                     Err(RouteError::UnknownRank(WorkerRank::new(pin.worker, r)))
@@ -300,15 +334,18 @@ impl Router {
         if mode == RouterMode::Direct {
             return Err(RouteError::MissingTarget);
         }
-        let ranks: Vec<WorkerRank> = match &request.allowed_workers {
-            None => self.ranks.clone(),
-            Some(allowed) => self
-                .ranks
-                .iter()
-                .filter(|r| allowed.contains(&r.worker))
-                .copied()
-                .collect(),
-        };
+        let ranks: Vec<WorkerRank> = self
+            .ranks
+            .iter()
+            .filter(|r| !self.unavailable.contains(&r.worker))
+            .filter(|r| {
+                request
+                    .allowed_workers
+                    .as_ref()
+                    .is_none_or(|a| a.contains(&r.worker))
+            })
+            .copied()
+            .collect();
         if ranks.is_empty() {
             return Err(RouteError::NoWorkers);
         }

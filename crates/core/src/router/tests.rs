@@ -512,3 +512,28 @@ fn sessions_stick_to_their_worker_until_the_binding_expires() {
         .rank;
     assert_ne!(moved.worker, bound.worker);
 }
+
+#[test]
+fn unavailable_workers_leave_the_eligible_set_but_keep_their_load() {
+    let mut r = router(RouterMode::RoundRobin, 2);
+    r.route(&request(1, &tokens(1, 8)), Time::ZERO).unwrap();
+    let loaded = r.ledger().get(RequestId(1)).unwrap().0;
+    assert!(r.set_available(loaded.worker, false));
+    for i in 2..5 {
+        assert_ne!(
+            r.route(&request(i, &tokens(1, 8)), Time::ZERO)
+                .unwrap()
+                .rank
+                .worker,
+            loaded.worker
+        );
+    }
+    assert_eq!(
+        r.load(loaded).active_requests,
+        1,
+        "health never resets load accounting"
+    );
+    r.set_available(loaded.worker, true);
+    assert!(r.is_available(loaded.worker));
+    assert!(!r.set_available(WorkerId(99), false));
+}

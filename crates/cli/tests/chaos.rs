@@ -1,0 +1,171 @@
+//! Chaos: `kvrouter serve` in front of four `kvrouter mock-engine` processes, a bounded load of
+//! streaming requests, and `kill -9` of one engine mid-run. With `--migration-limit 3` every
+//! request completes with exactly the tokens it asked for; with 0 the broken ones end with a clean
+//! in-band error and nothing hangs.
+
+mod common;
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+const REQUESTS: usize = 160;
+const CONCURRENCY: usize = 32;
+const MAX_TOKENS: u64 = 60;
+
+struct Outcome {
+    tokens: u64,
+    usage_tokens: Option<u64>,
+    error: bool,
+}
+
+async fn one(
+    client: reqwest::Client,
+    base: String,
+    i: usize,
+    started: Arc<AtomicUsize>,
+) -> Outcome {
+    let body = json!({
+        "model": "mock-model", "prompt": format!("request {i}: tell me something"), "max_tokens": MAX_TOKENS,
+        "stream": true, "stream_options": {"include_usage": true}
+    });
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "request {i}");
+    let mut s = r.bytes_stream();
+    let mut buf = String::new();
+    let mut out = Outcome {
+        tokens: 0,
+        usage_tokens: None,
+        error: false,
+    };
+    let mut first = true;
+    while let Some(chunk) = s.next().await {
+        let Ok(chunk) = chunk else { break };
+        if first {
+            first = false;
+            started.fetch_add(1, Ordering::SeqCst);
+        }
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            let data = event.trim().trim_start_matches("data:").trim();
+            if data == "[DONE]" {
+                continue;
+            }
+            let v: Value = serde_json::from_str(data).unwrap();
+            if v.get("error").is_some() {
+                out.error = true;
+            }
+            if v["choices"][0]["text"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+            {
+                out.tokens += 1;
+            }
+            if let Some(u) = v["usage"]["completion_tokens"].as_u64() {
+                out.usage_tokens = Some(u);
+            }
+        }
+    }
+    out
+}
+
+async fn run(migration_limit: &str) -> Vec<Outcome> {
+    let mut engines = Vec::new();
+    for _ in 0..4 {
+        engines.push(common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", "3"]).await);
+    }
+    let urls: Vec<String> = engines.iter().map(common::Proc::http).collect();
+    let mut args = vec![
+        "serve",
+        "--port",
+        "0",
+        "--router-mode",
+        "round-robin",
+        "--no-router-kv-events",
+    ];
+    args.extend([
+        "--migration-limit",
+        migration_limit,
+        "--health-check-interval-secs",
+        "0.2",
+    ]);
+    for u in &urls {
+        args.extend(["--worker", u.as_str()]);
+    }
+    let router = common::spawn(&args).await;
+    let base = router.http();
+    let client = reqwest::Client::new();
+    let started = Arc::new(AtomicUsize::new(0));
+    let slots = Arc::new(Semaphore::new(CONCURRENCY));
+    let mut tasks = Vec::new();
+    for i in 0..REQUESTS {
+        let permit = slots.clone().acquire_owned().await.unwrap();
+        let (client, base, started) = (client.clone(), base.clone(), started.clone());
+        tasks.push(tokio::spawn(async move {
+            let o = one(client, base, i, started).await;
+            drop(permit);
+            o
+        }));
+        // Kill one engine once a good number of streams are under way.
+        if i == CONCURRENCY + 8 {
+            engines[1].child.start_kill().unwrap();
+        }
+    }
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(
+            tokio::time::timeout(Duration::from_secs(120), t)
+                .await
+                .expect("no request hangs")
+                .unwrap(),
+        );
+    }
+    outcomes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_migration_every_stream_completes_exactly() {
+    let outcomes = run("3").await;
+    let broken: Vec<usize> = outcomes
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.error || o.tokens != MAX_TOKENS)
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "requests without exactly {MAX_TOKENS} tokens: {broken:?}"
+    );
+    for o in &outcomes {
+        assert_eq!(
+            o.usage_tokens,
+            Some(MAX_TOKENS),
+            "one final usage for the whole answer"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_migration_broken_streams_end_cleanly() {
+    let outcomes = run("0").await;
+    let failed = outcomes.iter().filter(|o| o.error).count();
+    let complete = outcomes
+        .iter()
+        .filter(|o| !o.error && o.tokens == MAX_TOKENS)
+        .count();
+    assert_eq!(
+        failed + complete,
+        REQUESTS,
+        "each request either completes or ends with an in-band error"
+    );
+    assert!(failed > 0, "the killed engine had streams in flight");
+}

@@ -1,0 +1,317 @@
+//! Request migration: a stream whose worker fails (connection reset, error mid-stream, or silence
+//! past `--stream-idle-timeout`) is continued on another healthy worker as a continuation: the
+//! prompt plus the tokens already streamed (token-id prompts get the generated text re-tokenized,
+//! as the engine tokenized it; chats get the partial assistant message with
+//! `continue_final_message`), with the remaining token budget. The client's stream carries on
+//! with no duplicated and no missing tokens and one final usage.
+//!
+//! Engines stream one token per content chunk (vLLM, SGLang and the mock engine do), which is how
+//! tokens already sent are counted. Requests that cannot be continued faithfully (`n` > 1,
+//! structured output, logprobs) end with an in-band error instead of a corrupted stream.
+
+use crate::health::{self, Source};
+use crate::proxy::LoadGuard;
+use crate::registry;
+use crate::routing::{routing_input, Kind, RoutingInput};
+use crate::state::AppState;
+use axum::body::Bytes;
+use futures::StreamExt;
+use kvrouter_core::ids::{RequestId, WorkerId};
+use kvrouter_core::router::RouteRequest;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// Why a request cannot be continued elsewhere, if it cannot.
+pub(crate) fn unmigratable(body: &Value) -> Option<&'static str> {
+    if body.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1)
+        || body
+            .get("best_of")
+            .and_then(Value::as_u64)
+            .is_some_and(|n| n > 1)
+    {
+        return Some("n > 1");
+    }
+    let structured = [
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "structured_outputs",
+    ]
+    .iter()
+    .any(|k| body.get(*k).is_some_and(|v| !v.is_null()))
+        || body
+            .get("response_format")
+            .and_then(|f| f.get("type"))
+            .and_then(Value::as_str)
+            .is_some_and(|t| t != "text");
+    if structured {
+        return Some("structured output");
+    }
+    let logprobs = body
+        .get("logprobs")
+        .is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
+        || body.get("top_logprobs").is_some_and(|v| !v.is_null());
+    if logprobs {
+        return Some("logprobs");
+    }
+    None
+}
+
+/// The state of one streamed request across its attempts.
+pub(crate) struct Migration {
+    pub(crate) state: AppState,
+    pub(crate) kind: Kind,
+    pub(crate) original: Value,
+    pub(crate) worker: WorkerId,
+    pub(crate) arrival: Instant,
+    pub(crate) left: u32,
+    generated_text: String,
+    generated_tokens: u64,
+    /// Tokens streamed before the current attempt (added to its usage).
+    carried_tokens: u64,
+    tried: Vec<WorkerId>,
+    buffer: Vec<u8>,
+    done: bool,
+}
+
+impl Migration {
+    pub(crate) fn new(
+        state: AppState,
+        kind: Kind,
+        original: Value,
+        worker: WorkerId,
+        arrival: Instant,
+    ) -> Self {
+        let left = state.inner.config.migration_limit;
+        Self {
+            state,
+            kind,
+            original,
+            worker,
+            arrival,
+            left,
+            generated_text: String::new(),
+            generated_tokens: 0,
+            carried_tokens: 0,
+            tried: vec![worker],
+            buffer: Vec::new(),
+            done: false,
+        }
+    }
+
+    fn budget_key(&self) -> Option<&'static str> {
+        ["max_completion_tokens", "max_tokens"]
+            .into_iter()
+            .find(|k| self.original.get(*k).is_some_and(Value::is_u64))
+    }
+
+    /// The continuation request body.
+    fn continuation(&self) -> Value {
+        let mut body = self.original.clone();
+        if let Some(key) = self.budget_key() {
+            let max = self.original[key].as_u64().unwrap_or(0);
+            body[key] = json!(max.saturating_sub(self.generated_tokens).max(1));
+        }
+        match self.kind {
+            Kind::Completion => match &self.original["prompt"] {
+                Value::String(p) => body["prompt"] = json!(format!("{p}{}", self.generated_text)),
+                Value::Array(ids) if ids.iter().all(Value::is_u64) => {
+                    let mut all: Vec<Value> = ids.clone();
+                    let tail = self
+                        .state
+                        .inner
+                        .tokenizer
+                        .inner()
+                        .encode(&self.generated_text);
+                    all.extend(tail.into_iter().map(|t| json!(t)));
+                    body["prompt"] = Value::Array(all);
+                }
+                _ => {}
+            },
+            Kind::Chat => {
+                if let Some(messages) = body["messages"].as_array_mut() {
+                    messages.push(json!({"role": "assistant", "content": self.generated_text}));
+                }
+                body["continue_final_message"] = json!(true);
+                body["add_generation_prompt"] = json!(false);
+            }
+        }
+        body
+    }
+
+    /// Splits complete SSE events out of `chunk`, tracking what was generated; rewrites the
+    /// usage of a continued stream so the client sees one usage for the whole answer.
+    fn process(&mut self, chunk: &[u8]) -> Vec<u8> {
+        self.buffer.extend_from_slice(chunk);
+        let mut out = Vec::with_capacity(chunk.len());
+        while let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = self.buffer.drain(..end + 2).collect();
+            let text = String::from_utf8_lossy(&event);
+            let data = text
+                .trim()
+                .strip_prefix("data:")
+                .map(str::trim)
+                .unwrap_or("");
+            if data == "[DONE]" {
+                self.done = true;
+                out.extend_from_slice(&event);
+                continue;
+            }
+            let Ok(mut v) = serde_json::from_str::<Value>(data) else {
+                out.extend_from_slice(&event);
+                continue;
+            };
+            let choice = &v["choices"][0];
+            let content = match self.kind {
+                Kind::Completion => choice["text"].as_str(),
+                Kind::Chat => choice["delta"]["content"].as_str(),
+            };
+            if let Some(c) = content.filter(|c| !c.is_empty()) {
+                self.generated_text.push_str(c);
+                self.generated_tokens += 1;
+            }
+            if self.carried_tokens > 0 && v.get("usage").is_some_and(|u| !u.is_null()) {
+                let u = &mut v["usage"];
+                let completion = u["completion_tokens"].as_u64().unwrap_or(0) + self.carried_tokens;
+                let prompt = u["prompt_tokens"]
+                    .as_u64()
+                    .unwrap_or(0)
+                    .saturating_sub(self.carried_tokens);
+                u["completion_tokens"] = json!(completion);
+                u["prompt_tokens"] = json!(prompt);
+                u["total_tokens"] = json!(completion + prompt);
+                out.extend_from_slice(format!("data: {v}\n\n").as_bytes());
+            } else {
+                out.extend_from_slice(&event);
+            }
+        }
+        out
+    }
+
+    /// Routes and sends the continuation; returns its response and load guard.
+    async fn reissue(&mut self) -> Result<(reqwest::Response, LoadGuard), String> {
+        let inner = &self.state.inner;
+        let body = self.continuation();
+        let RoutingInput { isl_tokens, blocks } = routing_input(&self.state, self.kind, &body)
+            .await
+            .map_err(|e| e.to_string())?;
+        loop {
+            let id = RequestId(inner.next_request.fetch_add(1, Ordering::Relaxed));
+            let mut request = RouteRequest::new(id, isl_tokens, blocks.clone());
+            let allowed: Vec<WorkerId> = registry::worker_ids(&self.state)
+                .into_iter()
+                .filter(|w| !self.tried.contains(w))
+                .collect();
+            request.allowed_workers = Some(allowed);
+            let decision = inner
+                .lock_core()
+                .route(&request, inner.now())
+                .map_err(|e| e.to_string())?;
+            let worker = decision.rank.worker;
+            self.tried.push(worker);
+            let guard = LoadGuard::new(
+                self.state.clone(),
+                id,
+                worker,
+                inner.config.router.router_mode,
+                self.arrival,
+                true,
+            );
+            let Some(base) = registry::url_of(&self.state, worker) else {
+                continue;
+            };
+            let sent = inner
+                .http
+                .post(format!("{base}{}", self.kind.path()))
+                .json(&body)
+                .send()
+                .await;
+            match sent {
+                Ok(r) if r.status().is_success() => {
+                    health::observe(&self.state, worker, true, Source::Request);
+                    self.worker = worker;
+                    return Ok((r, guard));
+                }
+                _ => {
+                    health::observe(&self.state, worker, false, Source::Request);
+                    drop(guard);
+                }
+            }
+        }
+    }
+}
+
+/// An in-band SSE error event followed by `[DONE]`.
+pub(crate) fn error_event(message: &str) -> Bytes {
+    let body = json!({"error": {"message": message, "type": "upstream_error", "param": null, "code": 502}});
+    Bytes::from(format!("data: {body}\n\ndata: [DONE]\n\n"))
+}
+
+type Upstream = futures::stream::BoxStream<'static, reqwest::Result<Bytes>>;
+
+/// The client's stream: forwards the upstream's events and continues elsewhere on failure.
+pub(crate) fn stream(
+    first: reqwest::Response,
+    guard: LoadGuard,
+    migration: Migration,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let up: Upstream = first.bytes_stream().boxed();
+    let idle = migration.state.inner.config.stream_idle_timeout;
+    futures::stream::unfold(Some((up, guard, migration)), move |state| async move {
+        let (mut up, mut guard, mut m) = state?;
+        loop {
+            let next: Option<Result<Bytes, ()>> = match idle {
+                Some(t) => match tokio::time::timeout(t, up.next()).await {
+                    Ok(v) => v.map(|r| r.map_err(|_| ())),
+                    Err(_) => Some(Err(())),
+                },
+                None => up.next().await.map(|r| r.map_err(|_| ())),
+            };
+            match next {
+                Some(Ok(chunk)) => {
+                    guard.on_chunk(&chunk);
+                    let out = m.process(&chunk);
+                    if out.is_empty() {
+                        continue;
+                    }
+                    return Some((Ok(Bytes::from(out)), Some((up, guard, m))));
+                }
+                None if m.done => {
+                    guard.finish();
+                    return None;
+                }
+                // The upstream failed (error, idle, or ended without [DONE]).
+                _ => {
+                    health::observe(&m.state, m.worker, false, Source::Request);
+                    drop(guard);
+                    if m.left == 0 {
+                        return Some((Ok(error_event("the worker failed mid-stream and migration is off (--migration-limit)")), None));
+                    }
+                    if let Some(reason) = unmigratable(&m.original) {
+                        let msg = format!("the worker failed mid-stream and the request cannot be continued faithfully ({reason})");
+                        return Some((Ok(error_event(&msg)), None));
+                    }
+                    m.left -= 1;
+                    m.carried_tokens = m.generated_tokens;
+                    m.buffer.clear();
+                    m.state
+                        .inner
+                        .metrics
+                        .migrations
+                        .inc(&[("migration_type", "ongoing_request")]);
+                    match m.reissue().await {
+                        Ok((r, g)) => {
+                            up = r.bytes_stream().boxed();
+                            guard = g;
+                        }
+                        Err(e) => {
+                            return Some((Ok(error_event(&format!("migration failed: {e}"))), None))
+                        }
+                    }
+                }
+            }
+        }
+    })
+}
