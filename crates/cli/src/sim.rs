@@ -60,6 +60,16 @@ pub(crate) struct SimArgs {
     /// Agentic session traces: mean gap between session starts, seconds.
     #[arg(long, default_value_t = 10.0)]
     session_gap_s: f64,
+    /// A worker that dies at a time: WORKER@SECONDS (repeatable).
+    #[arg(long = "worker-failure")]
+    worker_failures: Vec<String>,
+    /// A worker that runs slower (< 1) or faster (> 1) than its profile: WORKER@FACTOR
+    /// (repeatable).
+    #[arg(long = "slow-worker")]
+    slow_workers: Vec<String>,
+    /// Times a request on a dead worker may be continued elsewhere (0 = it fails).
+    #[arg(long, default_value_t = 0)]
+    migration_limit: u32,
     /// Several configurations on the same workload: MODE[:key=value...],... e.g.
     /// round-robin,least-loaded,kv,kv:router_predicted_ttl_secs=5
     #[arg(long)]
@@ -70,6 +80,24 @@ pub(crate) struct SimArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+}
+
+fn pairs(values: &[String], flag: &str) -> anyhow::Result<Vec<(usize, f64)>> {
+    values
+        .iter()
+        .map(|v| {
+            let (w, x) = v
+                .split_once('@')
+                .with_context(|| format!("{flag} {v:?}: expected WORKER@NUMBER"))?;
+            let w: usize = w
+                .parse()
+                .with_context(|| format!("{flag} {v:?}: the worker is not a number"))?;
+            let x: f64 = x
+                .parse()
+                .with_context(|| format!("{flag} {v:?}: not a number after @"))?;
+            Ok((w, x))
+        })
+        .collect()
 }
 
 fn params<T: serde::de::DeserializeOwned + serde::Serialize + Default>(
@@ -133,6 +161,12 @@ impl SimArgs {
             network_delay_ms: self.network_delay_ms,
             arrival_speedup: self.arrival_speedup,
             concurrency: self.concurrency,
+            failures: pairs(&self.worker_failures, "--worker-failure")?
+                .into_iter()
+                .map(|(w, s)| (w, s * 1000.0))
+                .collect(),
+            speed: pairs(&self.slow_workers, "--slow-worker")?,
+            migration_limit: self.migration_limit,
         };
         if self.workers == 0 {
             bail!("--workers must be at least 1");

@@ -286,6 +286,17 @@ impl Engine {
         true
     }
 
+    /// Removes every request (the engine died): returns each with the tokens it had generated.
+    pub fn drain(&mut self) -> Vec<(RequestId, u32)> {
+        let mut out: Vec<(RequestId, u32)> =
+            self.seqs.iter().map(|(id, s)| (*id, s.output)).collect();
+        out.sort();
+        for (id, _) in &out {
+            self.cancel(*id);
+        }
+        out
+    }
+
     /// Drops the whole prefix cache (announced as `Cleared`).
     pub fn clear_cache(&mut self) -> Vec<KvEvent> {
         self.pool.clear();

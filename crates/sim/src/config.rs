@@ -26,6 +26,12 @@ pub struct SimConfig {
     pub arrival_speedup: f64,
     /// Closed-loop replay: keep this many requests in flight, ignoring arrival times.
     pub concurrency: Option<usize>,
+    /// Workers that die, and when (ms): their requests fail or migrate.
+    pub failures: Vec<(usize, f64)>,
+    /// Workers that run slower (factor < 1) or faster (> 1) than their profile.
+    pub speed: Vec<(usize, f64)>,
+    /// Times a request on a dead worker may be continued elsewhere (0 = it fails).
+    pub migration_limit: u32,
 }
 
 impl Default for SimConfig {
@@ -40,6 +46,9 @@ impl Default for SimConfig {
             network_delay_ms: 0.0,
             arrival_speedup: 1.0,
             concurrency: None,
+            failures: Vec::new(),
+            speed: Vec::new(),
+            migration_limit: 0,
         }
     }
 }

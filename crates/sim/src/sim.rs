@@ -5,7 +5,7 @@ use crate::queue::EventQueue;
 use crate::summary::{Record, Summary, SummaryBuilder};
 use kvrouter_core::event::KvEvent;
 use kvrouter_core::ids::{RequestId, WorkerId, WorkerRank};
-use kvrouter_core::router::{RouteRequest, Router, WorkerSpec};
+use kvrouter_core::router::{Admission, Decision, RouteRequest, Router, WorkerSpec};
 use kvrouter_core::time::Time;
 use kvrouter_engine::{Engine, EngineRequest, Prompt, StepOutcome};
 use kvrouter_workload::Workload;
@@ -37,6 +37,10 @@ enum Event {
     Visible(Vec<KvEvent>),
     /// RL step `k` starts.
     ReleaseStep(u32),
+    /// A worker dies.
+    WorkerDies(usize),
+    /// A request whose worker died is continued elsewhere.
+    Continue(usize),
 }
 
 struct WorkerState {
@@ -46,6 +50,7 @@ struct WorkerState {
     busy: Vec<(Time, Time)>,
     /// (time, running requests, KV usage) after each step.
     samples: Vec<(Time, f32, f32)>,
+    dead: bool,
 }
 
 /// A simulation in progress.
@@ -92,7 +97,17 @@ impl<'w> Simulation<'w> {
         };
         let mut workers = Vec::with_capacity(config.workers);
         for w in 0..config.workers {
-            let timing = kvrouter_engine::timing::by_name(&profiles[w % profiles.len()], 1.0)
+            let speed = config
+                .speed
+                .iter()
+                .find(|(x, _)| *x == w)
+                .map_or(1.0, |(_, f)| *f);
+            if !speed.is_finite() || speed <= 0.0 {
+                return Err(SimError::Config(format!(
+                    "worker {w}: speed must be positive"
+                )));
+            }
+            let timing = kvrouter_engine::timing::by_name(&profiles[w % profiles.len()], speed)
                 .map_err(|e| SimError::Config(e.to_string()))?;
             let rank = WorkerRank::new(WorkerId(w as u64), 0);
             let mut c = engine_config.clone();
@@ -103,6 +118,7 @@ impl<'w> Simulation<'w> {
                 busy_since: None,
                 busy: Vec::new(),
                 samples: Vec::new(),
+                dead: false,
             });
             router
                 .add_worker(WorkerSpec {
@@ -140,6 +156,15 @@ impl<'w> Simulation<'w> {
             if workload.barrier.is_some() && r.step.is_some() {
                 sim.steps.entry(r.step.unwrap_or(0)).or_default().1 += 1;
             }
+        }
+        for (w, at_ms) in sim.config.failures.clone() {
+            if w >= sim.workers.len() {
+                return Err(SimError::Config(format!(
+                    "failure of worker {w}, but there are {}",
+                    sim.workers.len()
+                )));
+            }
+            sim.queue.push(Time::ZERO + ms(at_ms), Event::WorkerDies(w));
         }
         if let Some(concurrency) = sim.config.concurrency {
             sim.backlog = (0..n)
@@ -203,6 +228,8 @@ impl<'w> Simulation<'w> {
                     let _ = self.router.apply_event(&e);
                 }
             }
+            Event::WorkerDies(w) => self.worker_dies(w),
+            Event::Continue(i) => self.route_request(i),
             Event::ReleaseStep(k) => {
                 let ids = self.steps.get(&k).map(|s| s.0.clone()).unwrap_or_default();
                 for i in ids {
@@ -228,41 +255,111 @@ impl<'w> Simulation<'w> {
     }
 
     fn arrive(&mut self, i: usize) {
+        self.records[i].arrival = Some(self.now);
+        self.route_request(i);
+    }
+
+    fn route_request_for(&self, i: usize) -> RouteRequest {
         let req = &self.workload.requests[i];
         let blocks = self
             .workload
             .router_blocks(i, self.config.router.kv_cache_block_size);
-        let route = RouteRequest::new(RequestId(i as u64), u64::from(req.input_tokens), blocks);
-        let rec = &mut self.records[i];
-        rec.arrival = Some(self.now);
-        match self.router.route(&route, self.now) {
-            Ok(d) => {
-                rec.worker = Some(d.rank.worker.0 as usize);
-                rec.predicted_cached = d.cached_tokens;
-                let w = d.rank.worker.0 as usize;
-                let at = self.now + ms(self.config.network_delay_ms);
-                self.queue.push(at, Event::Deliver(i, w));
-            }
+        let carried = u64::from(self.records[i].carried);
+        RouteRequest::new(
+            RequestId(i as u64),
+            u64::from(req.input_tokens) + carried,
+            blocks,
+        )
+    }
+
+    /// Admission and placement (first attempt or continuation).
+    fn route_request(&mut self, i: usize) {
+        let route = self.route_request_for(i);
+        match self.router.submit(route, self.now) {
+            Ok(Admission::Dispatched(d)) => self.dispatch(i, &d),
+            Ok(Admission::Queued) => {}
             Err(_) => {
-                rec.rejected = true;
+                self.records[i].rejected = true;
                 self.done(i);
             }
         }
     }
 
+    fn dispatch(&mut self, i: usize, d: &Decision) {
+        let rec = &mut self.records[i];
+        rec.worker = Some(d.rank.worker.0 as usize);
+        if rec.migrations == 0 {
+            rec.predicted_cached = d.cached_tokens;
+        }
+        let at = self.now + ms(self.config.network_delay_ms);
+        self.queue
+            .push(at, Event::Deliver(i, d.rank.worker.0 as usize));
+    }
+
+    /// Places queued requests that capacity now allows.
+    fn poll_queue(&mut self) {
+        for (id, result) in self.router.poll(self.now) {
+            let i = id.0 as usize;
+            match result {
+                Ok(d) => self.dispatch(i, &d),
+                Err(_) => {
+                    self.records[i].rejected = true;
+                    self.done(i);
+                }
+            }
+        }
+    }
+
+    /// A worker dies: out of the eligible set at once; its requests migrate or fail.
+    fn worker_dies(&mut self, w: usize) {
+        let worker = &mut self.workers[w];
+        if worker.dead {
+            return;
+        }
+        worker.dead = true;
+        worker.pending = None;
+        if let Some(since) = worker.busy_since.take() {
+            worker.busy.push((since, self.now));
+        }
+        let lost = worker.engine.drain();
+        self.router.set_available(WorkerId(w as u64), false);
+        for (id, generated) in lost {
+            let i = id.0 as usize;
+            let _ = self.router.cancel(id);
+            let rec = &mut self.records[i];
+            if rec.migrations < self.config.migration_limit {
+                rec.migrations += 1;
+                rec.carried += generated;
+                self.queue.push(self.now, Event::Continue(i));
+            } else {
+                rec.failed = true;
+                rec.rejected = true;
+                self.done(i);
+            }
+        }
+        self.poll_queue();
+    }
+
     fn deliver(&mut self, i: usize, w: usize) -> Result<(), SimError> {
         let req = &self.workload.requests[i];
+        let carried = self.records[i].carried;
         let prompt = Prompt::Blocks {
             blocks: self
                 .workload
                 .router_blocks(i, self.config.router.kv_cache_block_size),
-            len_tokens: req.input_tokens,
+            len_tokens: req.input_tokens + carried,
         };
         let er = EngineRequest {
             id: RequestId(i as u64),
             prompt,
-            max_output_tokens: req.output_tokens,
+            max_output_tokens: req.output_tokens.saturating_sub(carried).max(1),
         };
+        if self.workers[w].dead {
+            // Routed just before the death was known: continue elsewhere.
+            let _ = self.router.cancel(RequestId(i as u64));
+            self.queue.push(self.now, Event::Continue(i));
+            return Ok(());
+        }
         if self.workers[w].engine.add_request(er).is_err() {
             let _ = self.router.cancel(RequestId(i as u64));
             self.records[i].rejected = true;
@@ -278,6 +375,9 @@ impl<'w> Simulation<'w> {
     fn start_step(&mut self, w: usize) -> Result<(), SimError> {
         let now = self.now;
         let worker = &mut self.workers[w];
+        if worker.dead {
+            return Ok(());
+        }
         match worker
             .engine
             .step(now)
@@ -313,7 +413,8 @@ impl<'w> Simulation<'w> {
             let rec = &mut self.records[i];
             let at = self.now + net;
             if t.index == 0 {
-                rec.first_token = Some(at);
+                // A continuation's first token is not the request's first token.
+                rec.first_token.get_or_insert(at);
                 let _ = self.router.first_token(t.id);
             } else if let Some(prev) = rec.last_token {
                 rec.itl_sum_ms += at.since(prev).as_secs_f64() * 1e3;
@@ -325,10 +426,15 @@ impl<'w> Simulation<'w> {
             let i = f.id.0 as usize;
             let rec = &mut self.records[i];
             rec.finish = Some(self.now + net);
-            rec.served_cached = f.cached_tokens;
-            rec.output_tokens = f.output_tokens;
+            if rec.migrations == 0 {
+                rec.served_cached = f.cached_tokens;
+            }
+            rec.output_tokens = rec.carried + f.output_tokens;
             let _ = self.router.finish(f.id);
             self.done(i);
+        }
+        if !out.tokens.is_empty() || !out.finished.is_empty() {
+            self.poll_queue();
         }
         if !out.events.is_empty() && self.config.router.router_kv_events {
             if self.config.kv_event_delay_ms <= 0.0 {

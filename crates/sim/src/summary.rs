@@ -21,6 +21,10 @@ pub(crate) struct Record {
     pub(crate) served_cached: u32,
     pub(crate) output_tokens: u32,
     pub(crate) rejected: bool,
+    /// Tokens generated before the current attempt (migrations carry them).
+    pub(crate) carried: u32,
+    pub(crate) migrations: u32,
+    pub(crate) failed: bool,
 }
 
 /// Mean and percentiles.
@@ -143,6 +147,10 @@ pub struct Summary {
     pub completed: usize,
     /// Requests refused (by the router or the engine).
     pub rejected: usize,
+    /// Requests lost with a dead worker (not migrated).
+    pub failed: usize,
+    /// Continuations of requests whose worker died.
+    pub migrations: usize,
     /// Time to first token, ms.
     pub ttft_ms: Stats,
     /// Inter-token latency (per-request mean), ms.
@@ -157,6 +165,8 @@ pub struct Summary {
     pub predicted_hit_rate: f64,
     /// The hit rate one unbounded cache would reach on this workload (block-weighted).
     pub hit_rate_ceiling: f64,
+    /// Output tokens generated for completed requests.
+    pub output_tokens: u64,
     /// Output tokens per second of simulated time.
     pub output_tokens_per_s: f64,
     /// Simulated time from first arrival to last completion, seconds.
@@ -262,7 +272,13 @@ impl SummaryBuilder<'_> {
             workload: self.workload.name.clone(),
             requests: self.records.len(),
             completed: done.len(),
-            rejected: self.records.iter().filter(|r| r.rejected).count(),
+            rejected: self
+                .records
+                .iter()
+                .filter(|r| r.rejected && !r.failed)
+                .count(),
+            failed: self.records.iter().filter(|r| r.failed).count(),
+            migrations: self.records.iter().map(|r| r.migrations as usize).sum(),
             ttft_ms: Stats::of(&mut ttft),
             itl_ms: Stats::of(&mut itl),
             e2e_ms: Stats::of(&mut e2e),
@@ -270,6 +286,7 @@ impl SummaryBuilder<'_> {
             hit_rate: ratio(served, prompt),
             predicted_hit_rate: ratio(predicted, prompt),
             hit_rate_ceiling: round3(self.workload.hit_rate_ceiling(&order)),
+            output_tokens: output,
             output_tokens_per_s: round3(output as f64 / makespan),
             makespan_s: round3(makespan),
             sim_wall_s: 0.0,

@@ -193,6 +193,73 @@ fn bounded_staleness_overlaps_steps() {
     );
 }
 
+fn failing(limit: u32) -> Summary {
+    let w = seed001(&Seed001Params {
+        requests: 120,
+        rate_per_s: 10.0,
+        seed: 11,
+        ..Seed001Params::default()
+    });
+    let mut c = config("kv", RouterMode::Kv, 4);
+    c.failures = vec![(1, 4_000.0)];
+    c.migration_limit = limit;
+    run(c, &w)
+}
+
+#[test]
+fn a_dead_worker_loses_its_requests_without_migration() {
+    let s = failing(0);
+    assert!(s.failed > 0, "worker 1 had requests in flight");
+    assert_eq!(s.completed + s.failed + s.rejected, s.requests);
+    assert_eq!(s.migrations, 0);
+}
+
+#[test]
+fn with_migration_every_request_completes_with_all_its_tokens() {
+    let w = seed001(&Seed001Params {
+        requests: 120,
+        rate_per_s: 10.0,
+        seed: 11,
+        ..Seed001Params::default()
+    });
+    let s = failing(3);
+    assert_eq!(s.failed, 0);
+    assert_eq!(s.completed, s.requests);
+    assert!(s.migrations > 0);
+    let want: u64 = w.requests.iter().map(|r| u64::from(r.output_tokens)).sum();
+    assert_eq!(s.output_tokens, want, "no token lost or duplicated");
+}
+
+#[test]
+fn the_router_queue_holds_requests_under_pressure_and_loses_none() {
+    let w = seed001(&Seed001Params {
+        requests: 100,
+        rate_per_s: 50.0,
+        seed: 2,
+        ..Seed001Params::default()
+    });
+    let mut c = config("kv-queued", RouterMode::Kv, 2);
+    c.router.router_queue_threshold = Some(0.5);
+    let queued = run(c, &w);
+    let plain = run(config("kv", RouterMode::Kv, 2), &w);
+    assert_eq!(queued.completed, 100);
+    assert!(queued.queue_ms.mean > 0.0);
+    assert_eq!(queued.output_tokens, plain.output_tokens);
+}
+
+#[test]
+fn slow_workers_take_longer() {
+    let w = small_seed001();
+    let fast = run(config("kv", RouterMode::RoundRobin, 2), &w);
+    let mut c = config("kv", RouterMode::RoundRobin, 2);
+    c.speed = vec![(0, 0.25), (1, 0.25)];
+    let slow = run(c, &w);
+    assert!(slow.e2e_ms.mean > fast.e2e_ms.mean);
+    let mut bad = config("kv", RouterMode::RoundRobin, 2);
+    bad.speed = vec![(0, 0.0)];
+    assert!(Simulation::new(bad, &w).is_err());
+}
+
 #[test]
 fn bad_configurations_are_refused() {
     let w = small_seed001();
