@@ -27,13 +27,27 @@ async fn one(
     base: String,
     i: usize,
     started: Arc<AtomicUsize>,
+    chat: bool,
 ) -> Outcome {
-    let body = json!({
-        "model": "mock-model", "prompt": format!("request {i}: tell me something"), "max_tokens": MAX_TOKENS,
-        "stream": true, "stream_options": {"include_usage": true}
-    });
+    let (path, body) = if chat {
+        (
+            "/v1/chat/completions",
+            json!({
+                "model": "mock-model", "messages": [{"role": "user", "content": format!("request {i}: tell me something")}],
+                "max_completion_tokens": MAX_TOKENS, "stream": true, "stream_options": {"include_usage": true}
+            }),
+        )
+    } else {
+        (
+            "/v1/completions",
+            json!({
+                "model": "mock-model", "prompt": format!("request {i}: tell me something"), "max_tokens": MAX_TOKENS,
+                "stream": true, "stream_options": {"include_usage": true}
+            }),
+        )
+    };
     let r = client
-        .post(format!("{base}/v1/completions"))
+        .post(format!("{base}{path}"))
         .json(&body)
         .send()
         .await
@@ -64,10 +78,13 @@ async fn one(
             if v.get("error").is_some() {
                 out.error = true;
             }
-            if v["choices"][0]["text"]
-                .as_str()
-                .is_some_and(|t| !t.is_empty())
-            {
+            let choice = &v["choices"][0];
+            let content = if chat {
+                choice["delta"]["content"].as_str()
+            } else {
+                choice["text"].as_str()
+            };
+            if content.is_some_and(|t| !t.is_empty()) {
                 out.tokens += 1;
             }
             if let Some(u) = v["usage"]["completion_tokens"].as_u64() {
@@ -78,7 +95,7 @@ async fn one(
     out
 }
 
-async fn run(migration_limit: &str) -> Vec<Outcome> {
+async fn run(migration_limit: &str, chat: bool) -> Vec<Outcome> {
     let mut engines = Vec::new();
     for _ in 0..4 {
         engines.push(common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", "3"]).await);
@@ -111,7 +128,7 @@ async fn run(migration_limit: &str) -> Vec<Outcome> {
         let permit = slots.clone().acquire_owned().await.unwrap();
         let (client, base, started) = (client.clone(), base.clone(), started.clone());
         tasks.push(tokio::spawn(async move {
-            let o = one(client, base, i, started).await;
+            let o = one(client, base, i, started, chat).await;
             drop(permit);
             o
         }));
@@ -134,7 +151,7 @@ async fn run(migration_limit: &str) -> Vec<Outcome> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_migration_every_stream_completes_exactly() {
-    let outcomes = run("3").await;
+    let outcomes = run("3", false).await;
     let broken: Vec<usize> = outcomes
         .iter()
         .enumerate()
@@ -156,7 +173,7 @@ async fn with_migration_every_stream_completes_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_migration_broken_streams_end_cleanly() {
-    let outcomes = run("0").await;
+    let outcomes = run("0", false).await;
     let failed = outcomes.iter().filter(|o| o.error).count();
     let complete = outcomes
         .iter()
@@ -168,4 +185,72 @@ async fn without_migration_broken_streams_end_cleanly() {
         "each request either completes or ends with an in-band error"
     );
     assert!(failed > 0, "the killed engine had streams in flight");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chats_are_continued_with_the_partial_assistant_message() {
+    let outcomes = run("3", true).await;
+    let broken = outcomes
+        .iter()
+        .filter(|o| o.error || o.tokens != MAX_TOKENS || o.usage_tokens != Some(MAX_TOKENS))
+        .count();
+    assert_eq!(broken, 0, "every chat stream completes exactly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_worker_dies_is_re_placed_and_continues() {
+    let mut engines = Vec::new();
+    for _ in 0..2 {
+        engines.push(common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", "50"]).await);
+    }
+    let urls: Vec<String> = engines.iter().map(common::Proc::http).collect();
+    let mut args = vec![
+        "serve",
+        "--port",
+        "0",
+        "--router-mode",
+        "round-robin",
+        "--no-router-kv-events",
+    ];
+    args.extend([
+        "--router-session-affinity-ttl-secs",
+        "60",
+        "--health-check-interval-secs",
+        "0.1",
+    ]);
+    for u in &urls {
+        args.extend(["--worker", u.as_str()]);
+    }
+    let router = common::spawn(&args).await;
+    let client = reqwest::Client::new();
+    let turn = |i: usize| {
+        client
+            .post(format!("{}/v1/chat/completions", router.http()))
+            .header("x-session-id", "agent-7")
+            .json(&json!({"model": "mock-model", "max_tokens": 3, "messages": [{"role": "user", "content": format!("turn {i}")}]}))
+    };
+    let worker = |r: &reqwest::Response| {
+        r.headers()["x-kvrouter-worker"]
+            .to_str()
+            .unwrap()
+            .parse::<usize>()
+            .unwrap()
+    };
+    let first = turn(0).send().await.unwrap();
+    let bound = worker(&first);
+    assert_eq!(worker(&turn(1).send().await.unwrap()), bound);
+    engines[bound].child.start_kill().unwrap();
+    let moved = turn(2).send().await.unwrap();
+    assert_eq!(
+        moved.status().as_u16(),
+        200,
+        "the turn is re-placed on a live worker"
+    );
+    let new_worker = worker(&moved);
+    assert_ne!(new_worker, bound);
+    assert_eq!(
+        worker(&turn(3).send().await.unwrap()),
+        new_worker,
+        "and the session sticks there"
+    );
 }
