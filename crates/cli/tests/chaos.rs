@@ -95,6 +95,19 @@ async fn one(
     out
 }
 
+/// Prints the run's figures (shown with `--nocapture`).
+fn report(name: &str, outcomes: &[Outcome]) {
+    let complete = outcomes
+        .iter()
+        .filter(|o| !o.error && o.tokens == MAX_TOKENS)
+        .count();
+    let failed = outcomes.iter().filter(|o| o.error).count();
+    eprintln!(
+        "chaos {name}: sent {}, completed {complete}, failed with an in-band error {failed}",
+        outcomes.len()
+    );
+}
+
 async fn run(migration_limit: &str, chat: bool) -> Vec<Outcome> {
     let mut engines = Vec::new();
     for _ in 0..4 {
@@ -138,6 +151,7 @@ async fn run(migration_limit: &str, chat: bool) -> Vec<Outcome> {
         }
     }
     let mut outcomes = Vec::new();
+    let metrics_url = format!("{base}/metrics");
     for t in tasks {
         outcomes.push(
             tokio::time::timeout(Duration::from_secs(120), t)
@@ -146,12 +160,27 @@ async fn run(migration_limit: &str, chat: bool) -> Vec<Outcome> {
                 .unwrap(),
         );
     }
+    let metrics = client
+        .get(metrics_url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let migrated: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("kvrouter_migrations_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    eprintln!("chaos migration-limit {migration_limit} (chat {chat}): migrated {migrated}");
     outcomes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_migration_every_stream_completes_exactly() {
     let outcomes = run("3", false).await;
+    report("migration-limit 3", &outcomes);
     let broken: Vec<usize> = outcomes
         .iter()
         .enumerate()
@@ -174,6 +203,7 @@ async fn with_migration_every_stream_completes_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_migration_broken_streams_end_cleanly() {
     let outcomes = run("0", false).await;
+    report("migration-limit 0", &outcomes);
     let failed = outcomes.iter().filter(|o| o.error).count();
     let complete = outcomes
         .iter()

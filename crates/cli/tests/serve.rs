@@ -352,6 +352,7 @@ async fn a_burst_beyond_capacity_gets_a_bounded_queue_and_529s() {
             other => panic!("unexpected status {other}: {body}"),
         }
     }
+    eprintln!("overload: sent 40, completed {ok}, rejected with 529 {rejected}");
     assert_eq!(ok + rejected, 40, "every request answered exactly once");
     assert!(rejected > 0 && ok > 6, "ok {ok}, rejected {rejected}");
     let metrics = reqwest::get(format!("{}/metrics", server.base))
