@@ -172,7 +172,7 @@ async fn run(migration_limit: &str, chat: bool) -> Vec<Outcome> {
         .lines()
         .filter(|l| l.starts_with("kvrouter_migrations_total"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+        .fold(0.0, |a, b| a + b);
     eprintln!("chaos migration-limit {migration_limit} (chat {chat}): migrated {migrated}");
     outcomes
 }
