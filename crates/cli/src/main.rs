@@ -1,5 +1,6 @@
-//! The `kvrouter` binary: `serve`, `mock-engine` and `sim`; `bench` as it lands.
+//! The `kvrouter` binary: `serve`, `mock-engine`, `sim` and `bench`.
 
+mod bench;
 mod mock_engine;
 mod routing_args;
 mod serve;
@@ -23,6 +24,8 @@ enum Command {
     Sim(sim::SimArgs),
     /// Run a simulated inference engine: OpenAI API over HTTP, KV events over ZeroMQ.
     MockEngine(mock_engine::MockEngineArgs),
+    /// Replay a trace or an RL workload against a live OpenAI-compatible endpoint.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,5 +44,6 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => runtime.block_on(serve::run(args)),
         Command::Sim(args) => sim::run(args),
         Command::MockEngine(args) => runtime.block_on(mock_engine::run(args)),
+        Command::Bench(args) => runtime.block_on(bench::run(args)),
     }
 }

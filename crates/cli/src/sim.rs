@@ -118,29 +118,44 @@ fn params<T: serde::de::DeserializeOwned + serde::Serialize + Default>(
     serde_json::from_value(value).context("--workload-args")
 }
 
+/// Loads a trace or generates a workload (shared by `sim` and `bench`).
+pub(crate) fn load_workload(
+    trace: Option<&std::path::Path>,
+    workload: Option<&str>,
+    workload_args: Option<&str>,
+    session_gap_s: f64,
+    max_requests: usize,
+) -> anyhow::Result<Workload> {
+    match (trace, workload) {
+        (Some(path), _) => {
+            let opts = ReadOptions {
+                session_gap_s,
+                seed: 0,
+                max_requests,
+            };
+            Ok(load_trace(path, opts).map_err(|e| anyhow::anyhow!("--trace {e}"))?)
+        }
+        (None, Some("grpo")) => Ok(generators::grpo(&params::<GrpoParams>(workload_args)?)),
+        (None, Some("agentic")) => Ok(generators::agentic(&params::<AgenticParams>(
+            workload_args,
+        )?)),
+        (None, Some("seed001")) => Ok(generators::seed001(&params::<Seed001Params>(
+            workload_args,
+        )?)),
+        (None, Some(other)) => bail!("--workload {other:?}: expected grpo, agentic or seed001"),
+        (None, None) => bail!("give --trace PATH or --workload grpo|agentic|seed001"),
+    }
+}
+
 impl SimArgs {
     fn workload(&self) -> anyhow::Result<Workload> {
-        match (&self.trace, self.workload.as_deref()) {
-            (Some(path), _) => {
-                let opts = ReadOptions {
-                    session_gap_s: self.session_gap_s,
-                    seed: 0,
-                    max_requests: self.max_requests,
-                };
-                Ok(load_trace(path, opts).map_err(|e| anyhow::anyhow!("--trace {e}"))?)
-            }
-            (None, Some("grpo")) => Ok(generators::grpo(&params::<GrpoParams>(
-                self.workload_args.as_deref(),
-            )?)),
-            (None, Some("agentic")) => Ok(generators::agentic(&params::<AgenticParams>(
-                self.workload_args.as_deref(),
-            )?)),
-            (None, Some("seed001")) => Ok(generators::seed001(&params::<Seed001Params>(
-                self.workload_args.as_deref(),
-            )?)),
-            (None, Some(other)) => bail!("--workload {other:?}: expected grpo, agentic or seed001"),
-            (None, None) => bail!("give --trace PATH or --workload grpo|agentic|seed001"),
-        }
+        load_workload(
+            self.trace.as_deref(),
+            self.workload.as_deref(),
+            self.workload_args.as_deref(),
+            self.session_gap_s,
+            self.max_requests,
+        )
     }
 
     fn configs(&self) -> anyhow::Result<Vec<SimConfig>> {
@@ -228,7 +243,7 @@ fn finish(sim: Simulation<'_>) -> anyhow::Result<Summary> {
     Ok(sim.run()?)
 }
 
-fn print_table(runs: &[Summary]) {
+pub(crate) fn print_table(runs: &[Summary]) {
     let rl = runs.iter().any(|r| r.rl.is_some());
     print!(
         "| config | TTFT p50 ms | TTFT p99 ms | E2E p50 ms | hit rate | ceiling | output tok/s |"

@@ -20,4 +20,4 @@ pub mod summary;
 
 pub use config::SimConfig;
 pub use sim::{SimError, Simulation};
-pub use summary::Summary;
+pub use summary::{summarize, Record, Summary};

@@ -6,25 +6,65 @@ use kvrouter_workload::Workload;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// Per-request measurements.
+/// Per-request measurements (the simulator's, or a live bench's).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Record {
-    pub(crate) arrival: Option<Time>,
-    pub(crate) admitted: Option<Time>,
-    pub(crate) worker: Option<usize>,
-    pub(crate) predicted_cached: u64,
-    pub(crate) first_token: Option<Time>,
-    pub(crate) last_token: Option<Time>,
-    pub(crate) itl_sum_ms: f64,
-    pub(crate) itl_count: u32,
-    pub(crate) finish: Option<Time>,
-    pub(crate) served_cached: u32,
-    pub(crate) output_tokens: u32,
-    pub(crate) rejected: bool,
+pub struct Record {
+    /// When the request was sent.
+    pub arrival: Option<Time>,
+    /// When an engine admitted it (simulator only).
+    pub admitted: Option<Time>,
+    /// The worker that served it (simulator only).
+    pub worker: Option<usize>,
+    /// Prompt tokens the router expected to be cached.
+    pub predicted_cached: u64,
+    /// First output token.
+    pub first_token: Option<Time>,
+    /// Latest output token.
+    pub last_token: Option<Time>,
+    /// Sum of gaps between output tokens, ms.
+    pub itl_sum_ms: f64,
+    /// Number of those gaps.
+    pub itl_count: u32,
+    /// Completion.
+    pub finish: Option<Time>,
+    /// Prompt tokens served from cache.
+    pub served_cached: u32,
+    /// Output tokens generated.
+    pub output_tokens: u32,
+    /// Refused or failed.
+    pub rejected: bool,
     /// Tokens generated before the current attempt (migrations carry them).
-    pub(crate) carried: u32,
-    pub(crate) migrations: u32,
-    pub(crate) failed: bool,
+    pub carried: u32,
+    /// Migrations.
+    pub migrations: u32,
+    /// Lost with a dead worker.
+    pub failed: bool,
+}
+
+/// A summary of measured records (the live bench), in the simulator's format.
+pub fn summarize(
+    name: &str,
+    mode: &str,
+    workload: &Workload,
+    records: &[Record],
+    end: Time,
+) -> Summary {
+    let config = SimConfig {
+        name: name.to_owned(),
+        workers: 0,
+        ..SimConfig::default()
+    };
+    let mut s = SummaryBuilder {
+        config: &config,
+        workload,
+        records,
+        busy: &[],
+        samples: &[],
+        end,
+    }
+    .build();
+    s.router_mode = mode.to_owned();
+    s
 }
 
 /// Mean and percentiles.

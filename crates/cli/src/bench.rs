@@ -1,0 +1,683 @@
+//! `kvrouter bench`: replay a trace or an RL workload against a live OpenAI-compatible endpoint
+//! (kvrouter, a peer router, or one engine) and report what the simulator reports.
+//!
+//! Each workload request becomes a streaming `/v1/completions` call whose prompt is token ids
+//! derived from the request's workload block ids, so requests that share blocks share a token
+//! prefix and the endpoint's prefix cache sees the reuse the trace describes. Arrivals follow the
+//! workload: open-loop arrival times, previous-turn chains with their delays, RL step barriers,
+//! or a fixed concurrency (closed loop).
+
+use crate::sim::{load_workload, print_table};
+use anyhow::{bail, Context};
+use clap::Args;
+use futures::StreamExt;
+use kvrouter_core::time::Time;
+use kvrouter_sim::{summarize, Record, Summary};
+use kvrouter_workload::Workload;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// `kvrouter bench` flags.
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// Base URL of the OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000.
+    #[arg(long)]
+    pub(crate) url: String,
+    /// Trace file (Mooncake JSONL or Claude Code sessions; see docs/workloads.md).
+    #[arg(long)]
+    pub(crate) trace: Option<PathBuf>,
+    /// Generated workload instead of a trace: grpo, agentic or seed001.
+    #[arg(long)]
+    pub(crate) workload: Option<String>,
+    /// Generator parameters as key=value,key=value (names as in docs/workloads.md).
+    #[arg(long)]
+    pub(crate) workload_args: Option<String>,
+    /// Agentic session traces: mean gap between session starts, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub(crate) session_gap_s: f64,
+    /// Replay at most this many requests of the trace (0 = all).
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) max_requests: usize,
+    /// Closed loop: keep this many sessions in flight instead of following arrival times.
+    #[arg(long)]
+    pub(crate) concurrency: Option<usize>,
+    /// Divide open-loop arrival times by this factor (2 = twice the trace's rate).
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) arrival_speedup: f64,
+    /// Stop sending new requests after this many seconds; requests in flight still finish.
+    #[arg(long, default_value_t = 300.0)]
+    pub(crate) duration_s: f64,
+    /// Per-request timeout, seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub(crate) request_timeout_s: f64,
+    /// Model name to send (default: the first model of GET /v1/models).
+    #[arg(long)]
+    pub(crate) model: Option<String>,
+    /// Token ids in prompts are drawn from 0..VOCAB_SIZE (keep below the model's vocabulary).
+    #[arg(long, default_value_t = 32_000)]
+    pub(crate) vocab_size: u32,
+    /// Send each request's session as an `x-session-id` header (sticky-session routers).
+    #[arg(long)]
+    pub(crate) session_header: bool,
+    /// Name of the run in reports.
+    #[arg(long, default_value = "bench")]
+    pub(crate) name: String,
+    /// Output directory for summary.json.
+    #[arg(long, default_value = "bench-out")]
+    pub(crate) out: PathBuf,
+    /// No progress line on stderr.
+    #[arg(long)]
+    pub(crate) quiet: bool,
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The prompt of request `i` as token ids: `block_size` ids per workload block id (equal block
+/// ids give equal tokens), truncated or padded (with ids unique to the request) to its length.
+pub(crate) fn prompt_tokens(workload: &Workload, i: usize, vocab_size: u32) -> Vec<u32> {
+    let req = &workload.requests[i];
+    let vocab = u64::from(vocab_size.max(2));
+    let n = req.input_tokens as usize;
+    let mut out = Vec::with_capacity(n);
+    'blocks: for &b in &req.blocks {
+        let seed = mix(b ^ 0x6b76_726f_7574_6572);
+        for pos in 0..workload.block_size as u64 {
+            if out.len() == n {
+                break 'blocks;
+            }
+            out.push((mix(seed ^ pos) % vocab) as u32);
+        }
+    }
+    let salt = mix(i as u64 ^ 0x7061_6464_696e_6721);
+    while out.len() < n {
+        out.push((mix(salt ^ out.len() as u64) % vocab) as u32);
+    }
+    out
+}
+
+/// What one request measured (times relative to the start of the run).
+#[derive(Debug, Default)]
+struct Outcome {
+    first_token: Option<Time>,
+    last_token: Option<Time>,
+    finish: Option<Time>,
+    itl_sum_ms: f64,
+    itl_count: u32,
+    output_tokens: u32,
+    cached_tokens: u32,
+    error: Option<String>,
+}
+
+struct Shared {
+    client: reqwest::Client,
+    url: String,
+    model: String,
+    start: Instant,
+    timeout: Duration,
+    session_header: bool,
+}
+
+impl Shared {
+    fn now(&self) -> Time {
+        Time::from_micros(self.start.elapsed().as_micros() as u64)
+    }
+}
+
+async fn send(shared: Arc<Shared>, body: serde_json::Value, session: Option<u64>) -> Outcome {
+    let mut out = Outcome::default();
+    let result = tokio::time::timeout(shared.timeout, stream_one(&shared, body, session, &mut out))
+        .await
+        .unwrap_or_else(|_| Err("timed out".to_owned()));
+    if let Err(e) = result {
+        out.error = Some(e);
+    }
+    out.finish = Some(shared.now());
+    out
+}
+
+async fn stream_one(
+    shared: &Shared,
+    body: serde_json::Value,
+    session: Option<u64>,
+    out: &mut Outcome,
+) -> Result<(), String> {
+    let mut req = shared
+        .client
+        .post(format!("{}/v1/completions", shared.url))
+        .json(&body);
+    if let (true, Some(s)) = (shared.session_header, session) {
+        req = req.header("x-session-id", s.to_string());
+    }
+    let resp = req.send().await.map_err(|e| format!("send: {e}"))?;
+    let status = resp.status();
+    if !status.is_success() {
+        let text = resp.text().await.unwrap_or_default();
+        return Err(format!(
+            "HTTP {status}: {}",
+            text.chars().take(200).collect::<String>()
+        ));
+    }
+    let mut stream = resp.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut done = false;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| format!("stream: {e}"))?;
+        buf.extend_from_slice(&chunk);
+        while let Some(end) = find_event_end(&buf) {
+            let event: Vec<u8> = buf.drain(..end).collect();
+            for line in event.split(|b| *b == b'\n') {
+                let Some(data) = line.strip_prefix(b"data:") else {
+                    continue;
+                };
+                let data = data.trim_ascii();
+                if data == b"[DONE]" {
+                    done = true;
+                    continue;
+                }
+                on_chunk(shared.now(), data, out)?;
+            }
+        }
+    }
+    if !done {
+        return Err("stream ended without [DONE]".to_owned());
+    }
+    Ok(())
+}
+
+/// The end (exclusive, separator included) of the first complete SSE event in `buf`.
+fn find_event_end(buf: &[u8]) -> Option<usize> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);
+    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Folds one `data:` payload into the outcome.
+fn on_chunk(now: Time, data: &[u8], out: &mut Outcome) -> Result<(), String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(data).map_err(|e| format!("bad SSE JSON: {e}"))?;
+    if let Some(err) = v.get("error") {
+        return Err(format!("in-band error: {err}"));
+    }
+    let has_text = v["choices"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["text"].as_str().is_some_and(|t| !t.is_empty()))
+    });
+    if has_text {
+        if out.first_token.is_none() {
+            out.first_token = Some(now);
+        } else if let Some(last) = out.last_token {
+            out.itl_sum_ms += now.since(last).as_secs_f64() * 1e3;
+            out.itl_count += 1;
+        }
+        out.last_token = Some(now);
+    }
+    if let Some(usage) = v.get("usage").filter(|u| !u.is_null()) {
+        out.output_tokens = usage["completion_tokens"].as_u64().unwrap_or(0) as u32;
+        out.cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0) as u32;
+    }
+    Ok(())
+}
+
+async fn first_model(client: &reqwest::Client, url: &str) -> anyhow::Result<String> {
+    let v: serde_json::Value = client
+        .get(format!("{url}/v1/models"))
+        .send()
+        .await
+        .with_context(|| format!("--url {url}: GET /v1/models"))?
+        .error_for_status()
+        .with_context(|| format!("--url {url}: GET /v1/models"))?
+        .json()
+        .await
+        .context("GET /v1/models: bad JSON")?;
+    v["data"][0]["id"]
+        .as_str()
+        .map(str::to_owned)
+        .with_context(|| format!("--url {url}: /v1/models lists no model; pass --model"))
+}
+
+/// The arrival bookkeeping of the simulator, against the wall clock.
+struct Schedule<'a> {
+    workload: &'a Workload,
+    followers: Vec<Vec<usize>>,
+    /// Step → (first requests of the step, requests of the step not yet finished).
+    steps: BTreeMap<u32, (Vec<usize>, usize)>,
+    backlog: VecDeque<usize>,
+    closed_loop: bool,
+    /// (due time, request) min-heap.
+    due: BinaryHeap<Reverse<(Time, usize)>>,
+}
+
+impl<'a> Schedule<'a> {
+    fn new(workload: &'a Workload, concurrency: Option<usize>, arrival_speedup: f64) -> Self {
+        let n = workload.requests.len();
+        let mut s = Schedule {
+            workload,
+            followers: vec![Vec::new(); n],
+            steps: BTreeMap::new(),
+            backlog: VecDeque::new(),
+            closed_loop: concurrency.is_some(),
+            due: BinaryHeap::new(),
+        };
+        for (i, r) in workload.requests.iter().enumerate() {
+            if let Some(a) = r.after {
+                s.followers[a].push(i);
+            }
+            if let (Some(step), Some(_)) = (r.step, workload.barrier) {
+                let e = s.steps.entry(step).or_default();
+                if r.after.is_none() {
+                    e.0.push(i);
+                }
+                e.1 += 1;
+            }
+        }
+        if let Some(c) = concurrency {
+            s.backlog = (0..n)
+                .filter(|i| workload.requests[*i].after.is_none())
+                .collect();
+            for _ in 0..c.max(1) {
+                if let Some(i) = s.backlog.pop_front() {
+                    s.due.push(Reverse((Time::ZERO, i)));
+                }
+            }
+        } else if let (Some(barrier), false) = (workload.barrier, s.steps.is_empty()) {
+            let first: Vec<u32> = s
+                .steps
+                .keys()
+                .take(barrier.staleness as usize + 1)
+                .copied()
+                .collect();
+            for k in first {
+                s.release(k, Time::ZERO);
+            }
+        } else {
+            for (i, r) in workload.requests.iter().enumerate() {
+                if let (Some(a), None) = (r.arrival_ms, r.after) {
+                    let at = Time::from_secs_f64(a / arrival_speedup.max(1e-9) / 1e3);
+                    s.due.push(Reverse((at, i)));
+                }
+            }
+        }
+        s
+    }
+
+    fn release(&mut self, step: u32, at: Time) {
+        if let Some((first, _)) = self.steps.get(&step) {
+            for &i in first {
+                self.due.push(Reverse((at, i)));
+            }
+        }
+    }
+
+    /// Request `i` finished at `now` (`failed`: its session does not continue). Returns the
+    /// requests dropped with it.
+    fn done(&mut self, i: usize, now: Time, failed: bool) -> Vec<usize> {
+        let mut dropped = Vec::new();
+        for f in self.followers[i].clone() {
+            if failed {
+                dropped.push(f);
+                dropped.extend(self.done(f, now, true));
+            } else {
+                let delay = Time::from_secs_f64(self.workload.requests[f].delay_ms / 1e3);
+                self.due.push(Reverse((Time(now.0 + delay.0), f)));
+            }
+        }
+        let req = &self.workload.requests[i];
+        if let (Some(barrier), Some(step), false) =
+            (self.workload.barrier, req.step, self.closed_loop)
+        {
+            if let Some(s) = self.steps.get_mut(&step) {
+                s.1 = s.1.saturating_sub(1);
+                if s.1 == 0 {
+                    let ahead = barrier.staleness as usize;
+                    let next = self.steps.range(step + 1..).nth(ahead).map(|(k, _)| *k);
+                    if let Some(next) = next {
+                        let pause = Time::from_secs_f64(barrier.pause_ms / 1e3);
+                        self.release(next, Time(now.0 + pause.0));
+                    }
+                }
+            }
+        }
+        if self.closed_loop && req.after.is_none() {
+            if let Some(next) = self.backlog.pop_front() {
+                self.due.push(Reverse((now, next)));
+            }
+        }
+        dropped
+    }
+}
+
+/// Runs `kvrouter bench`.
+pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if !args.arrival_speedup.is_finite() || args.arrival_speedup <= 0.0 {
+        bail!("--arrival-speedup must be positive");
+    }
+    if args.concurrency == Some(0) {
+        bail!("--concurrency must be at least 1");
+    }
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    if !positive(args.duration_s) || !positive(args.request_timeout_s) {
+        bail!("--duration-s and --request-timeout-s must be positive");
+    }
+    let url = args.url.trim_end_matches('/').to_owned();
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        bail!("--url {url:?}: expected http://HOST:PORT");
+    }
+    let workload = load_workload(
+        args.trace.as_deref(),
+        args.workload.as_deref(),
+        args.workload_args.as_deref(),
+        args.session_gap_s,
+        args.max_requests,
+    )?;
+    workload
+        .validate(1)
+        .map_err(|e| anyhow::anyhow!("workload: {e}"))?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .build()
+        .context("HTTP client")?;
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => first_model(&client, &url).await?,
+    };
+    let summary = replay(&args, &workload, client, url, model).await?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("--out {}: cannot create", args.out.display()))?;
+    let path = args.out.join("summary.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&[&summary])?)
+        .with_context(|| format!("--out: cannot write {}", path.display()))?;
+    print_table(std::slice::from_ref(&summary));
+    println!(
+        "completed {} rejected/failed {}; summary in {}",
+        summary.completed,
+        summary.rejected + summary.failed,
+        path.display()
+    );
+    Ok(())
+}
+
+async fn replay(
+    args: &BenchArgs,
+    workload: &Workload,
+    client: reqwest::Client,
+    url: String,
+    model: String,
+) -> anyhow::Result<Summary> {
+    let n = workload.requests.len();
+    let shared = Arc::new(Shared {
+        client,
+        url,
+        model,
+        start: Instant::now(),
+        timeout: Duration::from_secs_f64(args.request_timeout_s),
+        session_header: args.session_header,
+    });
+    let deadline = Time::from_secs_f64(args.duration_s);
+    let mut schedule = Schedule::new(workload, args.concurrency, args.arrival_speedup);
+    let mut records: Vec<Record> = (0..n).map(|_| Record::default()).collect();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Outcome)>();
+    let (mut in_flight, mut settled, mut errors) = (0usize, 0usize, 0usize);
+    let mut first_error: Option<String> = None;
+    let mut last_progress = Instant::now();
+    loop {
+        // Send everything due.
+        let now = shared.now();
+        while let Some(Reverse((at, i))) = schedule.due.peek().copied() {
+            if at > now {
+                break;
+            }
+            schedule.due.pop();
+            if at > deadline {
+                continue;
+            }
+            let req = &workload.requests[i];
+            let body = serde_json::json!({
+                "model": shared.model,
+                "prompt": prompt_tokens(workload, i, args.vocab_size),
+                "max_tokens": req.output_tokens,
+                "min_tokens": req.output_tokens,
+                "ignore_eos": true,
+                "temperature": 0.0,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            });
+            records[i].arrival = Some(shared.now());
+            in_flight += 1;
+            let (tx, shared) = (tx.clone(), shared.clone());
+            let session = req.session;
+            tokio::spawn(async move {
+                let outcome = send(shared, body, session).await;
+                let _ = tx.send((i, outcome));
+            });
+        }
+        if in_flight == 0
+            && schedule
+                .due
+                .peek()
+                .is_none_or(|Reverse((at, _))| *at > deadline)
+        {
+            break;
+        }
+        // Wait for a completion or the next due time.
+        let wait = schedule
+            .due
+            .peek()
+            .map(|Reverse((at, _))| Duration::from_micros(at.0.saturating_sub(shared.now().0)))
+            .unwrap_or(Duration::from_secs(3600))
+            .min(Duration::from_millis(500));
+        let got = tokio::time::timeout(wait, rx.recv()).await;
+        if let Ok(Some((i, o))) = got {
+            in_flight -= 1;
+            settled += 1;
+            let r = &mut records[i];
+            let failed = o.error.is_some();
+            if let Some(e) = o.error {
+                errors += 1;
+                first_error.get_or_insert(e);
+                r.rejected = true;
+            } else {
+                r.first_token = o.first_token;
+                r.last_token = o.last_token;
+                r.itl_sum_ms = o.itl_sum_ms;
+                r.itl_count = o.itl_count;
+                r.finish = o.finish;
+                r.output_tokens = o.output_tokens;
+                r.served_cached = o.cached_tokens;
+            }
+            let at = o.finish.unwrap_or_else(|| shared.now());
+            for f in schedule.done(i, at, failed) {
+                records[f].rejected = true;
+            }
+        }
+        if !args.quiet && last_progress.elapsed() >= Duration::from_millis(500) {
+            last_progress = Instant::now();
+            eprint!(
+                "\r[{:>6.1}s] sent {:>6}/{n} done {settled:>6} in flight {in_flight:>5} errors {errors:>4}",
+                shared.now().as_secs_f64(),
+                settled + in_flight,
+            );
+            let _ = std::io::stderr().flush();
+        }
+    }
+    if !args.quiet {
+        eprintln!();
+    }
+    if let Some(e) = &first_error {
+        eprintln!("kvrouter bench: {errors} request(s) failed; first error: {e}");
+    }
+    // Only requests that were sent count: the rest of the trace was cut by --duration-s.
+    let sent: Vec<usize> = (0..n).filter(|i| records[*i].arrival.is_some()).collect();
+    let mut cut = workload.clone();
+    cut.requests = sent.iter().map(|&i| workload.requests[i].clone()).collect();
+    // `after` indices no longer match after the cut; the summary does not read them.
+    let recs: Vec<Record> = sent.iter().map(|&i| records[i].clone()).collect();
+    let end = shared.now();
+    Ok(summarize(&args.name, "live", &cut, &recs, end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvrouter_workload::WorkloadRequest;
+
+    fn req(blocks: Vec<u64>, input_tokens: u32) -> WorkloadRequest {
+        WorkloadRequest {
+            arrival_ms: Some(0.0),
+            after: None,
+            delay_ms: 0.0,
+            session: None,
+            blocks,
+            input_tokens,
+            output_tokens: 4,
+            group: None,
+            step: None,
+            policy_version: None,
+        }
+    }
+
+    #[test]
+    fn shared_blocks_give_shared_token_prefixes() {
+        let w = Workload {
+            name: "t".into(),
+            block_size: 4,
+            requests: vec![
+                req(vec![1, 2, 3], 10),
+                req(vec![1, 2, 9], 12),
+                req(vec![5], 6),
+            ],
+            barrier: None,
+        };
+        let (a, b, c) = (
+            prompt_tokens(&w, 0, 100),
+            prompt_tokens(&w, 1, 100),
+            prompt_tokens(&w, 2, 100),
+        );
+        assert_eq!((a.len(), b.len(), c.len()), (10, 12, 6));
+        assert_eq!(a[..8], b[..8]);
+        assert_ne!(a[8..10], b[8..10]);
+        assert_ne!(a[..4], c[..4]);
+        assert!(a.iter().chain(&b).chain(&c).all(|t| *t < 100));
+        // Padding beyond the blocks is unique to the request.
+        let w2 = Workload {
+            requests: vec![req(vec![7], 6), req(vec![5], 6)],
+            ..w.clone()
+        };
+        let d = prompt_tokens(&w2, 1, 1 << 30);
+        let c = prompt_tokens(&w, 2, 1 << 30);
+        assert_eq!(c[..4], d[..4]);
+        assert_ne!(c[4..], d[4..]);
+    }
+
+    #[test]
+    fn sse_chunks_fold_into_an_outcome() {
+        let mut o = Outcome::default();
+        on_chunk(
+            Time::from_millis(10),
+            br#"{"choices":[{"text":"a"}]}"#,
+            &mut o,
+        )
+        .unwrap();
+        on_chunk(
+            Time::from_millis(14),
+            br#"{"choices":[{"text":"b"}]}"#,
+            &mut o,
+        )
+        .unwrap();
+        on_chunk(
+            Time::from_millis(20),
+            br#"{"choices":[{"text":"c"}]}"#,
+            &mut o,
+        )
+        .unwrap();
+        on_chunk(
+            Time::from_millis(20),
+            br#"{"choices":[],"usage":{"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":16}}}"#,
+            &mut o,
+        )
+        .unwrap();
+        assert_eq!(o.first_token, Some(Time::from_millis(10)));
+        assert_eq!(o.itl_count, 2);
+        assert!((o.itl_sum_ms - 10.0).abs() < 1e-9);
+        assert_eq!((o.output_tokens, o.cached_tokens), (3, 16));
+        let err = on_chunk(
+            Time::ZERO,
+            br#"{"error":{"message":"worker died"}}"#,
+            &mut o,
+        );
+        assert!(err.unwrap_err().contains("worker died"));
+        assert!(on_chunk(Time::ZERO, b"not json", &mut o).is_err());
+    }
+
+    #[test]
+    fn event_boundaries_accept_lf_and_crlf() {
+        assert_eq!(find_event_end(b"data: x\n\ndata: y"), Some(9));
+        assert_eq!(find_event_end(b"data: x\r\n\r\n"), Some(11));
+        assert_eq!(find_event_end(b"data: x\n"), None);
+    }
+
+    #[test]
+    fn schedule_follows_turns_and_steps() {
+        use kvrouter_workload::Barrier;
+        let mut w = Workload {
+            name: "t".into(),
+            block_size: 4,
+            requests: vec![req(vec![1], 4), req(vec![1], 4)],
+            barrier: None,
+        };
+        w.requests[1].arrival_ms = None;
+        w.requests[1].after = Some(0);
+        w.requests[1].delay_ms = 5.0;
+        let mut s = Schedule::new(&w, None, 1.0);
+        assert_eq!(s.due.pop(), Some(Reverse((Time::ZERO, 0))));
+        assert!(s.due.is_empty());
+        assert!(s.done(0, Time::from_millis(100), false).is_empty());
+        assert_eq!(s.due.pop(), Some(Reverse((Time::from_millis(105), 1))));
+        // A failed turn drops the rest of its session.
+        let mut s = Schedule::new(&w, None, 1.0);
+        s.due.clear();
+        assert_eq!(s.done(0, Time::ZERO, true), vec![1]);
+        assert!(s.due.is_empty());
+
+        // Two steps of two requests, synchronous: step 1 waits for all of step 0 plus the pause.
+        let mut w = Workload {
+            name: "t".into(),
+            block_size: 4,
+            requests: (0..4).map(|_| req(vec![1], 4)).collect(),
+            barrier: Some(Barrier {
+                pause_ms: 50.0,
+                staleness: 0,
+            }),
+        };
+        for (i, r) in w.requests.iter_mut().enumerate() {
+            r.arrival_ms = None;
+            r.step = Some(i as u32 / 2);
+        }
+        let mut s = Schedule::new(&w, None, 1.0);
+        let first: Vec<usize> =
+            std::iter::from_fn(|| s.due.pop().map(|Reverse((_, i))| i)).collect();
+        assert_eq!(first, vec![0, 1]);
+        s.done(0, Time::from_millis(10), false);
+        assert!(s.due.is_empty());
+        s.done(1, Time::from_millis(20), false);
+        let second: Vec<(Time, usize)> =
+            std::iter::from_fn(|| s.due.pop().map(|Reverse(x)| x)).collect();
+        assert_eq!(
+            second,
+            vec![(Time::from_millis(70), 2), (Time::from_millis(70), 3)]
+        );
+    }
+}

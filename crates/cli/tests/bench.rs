@@ -1,0 +1,141 @@
+//! `kvrouter bench` as a real process against `kvrouter serve --mock-workers` over loopback.
+
+mod common;
+
+use serde_json::Value;
+use tokio::process::Command;
+
+async fn bench(args: &[&str], out: &std::path::Path) -> (std::process::Output, Option<Value>) {
+    let output = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .arg("bench")
+        .args(args)
+        .args(["--quiet", "--out"])
+        .arg(out)
+        .output()
+        .await
+        .expect("run kvrouter bench");
+    let summary = std::fs::read_to_string(out.join("summary.json"))
+        .ok()
+        .map(|s| serde_json::from_str::<Value>(&s).expect("summary.json is JSON")[0].clone());
+    (output, summary)
+}
+
+fn temp(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("kvrouter-bench-{name}-{}", std::process::id()))
+}
+
+#[tokio::test]
+async fn grpo_groups_replay_live_and_share_their_prompts() {
+    let server = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "2",
+        "--mock-speedup-ratio",
+        "50",
+    ])
+    .await;
+    let out = temp("grpo");
+    let (output, summary) = bench(
+        &[
+            "--url",
+            &server.http(),
+            "--workload",
+            "grpo",
+            "--workload-args",
+            "prompts=3,group_size=4,steps=2,output_median=40,output_cap=64",
+        ],
+        &out,
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("| bench |"), "{stdout}");
+    let s = summary.expect("summary.json");
+    assert_eq!(s["requests"], 24);
+    assert_eq!(s["completed"], 24, "{s}");
+    assert_eq!(s["rejected"], 0);
+    // Samples of a group share their prompt: after the first, the engine serves it from cache.
+    let hit = s["hit_rate"].as_f64().unwrap();
+    assert!(hit > 0.3, "hit rate {hit}");
+    assert!(s["ttft_ms"]["p50"].as_f64().unwrap() > 0.0);
+    assert!(s["output_tokens"].as_u64().unwrap() >= 24);
+    // Step barriers were followed: two RL steps with measured step times.
+    assert_eq!(s["rl"]["steps"], 2, "{s}");
+    assert!(s["rl"]["step_time_s"]["mean"].as_f64().unwrap() > 0.0);
+    let _ = std::fs::remove_dir_all(out);
+}
+
+#[tokio::test]
+async fn a_trace_slice_replays_with_its_arrival_times() {
+    let server = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "2",
+        "--mock-speedup-ratio",
+        "100",
+    ])
+    .await;
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/traces/mooncake_conversation/conversation_trace.jsonl"
+    );
+    let out = temp("trace");
+    let (output, summary) = bench(
+        &[
+            "--url",
+            &server.http(),
+            "--trace",
+            trace,
+            "--max-requests",
+            "20",
+            "--arrival-speedup",
+            "200",
+        ],
+        &out,
+    )
+    .await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let s = summary.expect("summary.json");
+    assert_eq!(
+        (s["requests"].as_u64(), s["completed"].as_u64()),
+        (Some(20), Some(20))
+    );
+    assert!(s["hit_rate_ceiling"].as_f64().unwrap() > 0.0);
+    let _ = std::fs::remove_dir_all(out);
+}
+
+#[tokio::test]
+async fn bad_flags_and_dead_endpoints_name_the_flag() {
+    let out = temp("bad");
+    let (output, _) = bench(&["--url", "localhost:1", "--workload", "grpo"], &out).await;
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--url"));
+
+    // Nothing listens on this port (bound, then released).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let (output, _) = bench(&["--url", &url, "--workload", "grpo"], &out).await;
+    assert!(!output.status.success());
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(err.contains("--url") && err.contains("/v1/models"), "{err}");
+
+    let (output, _) = bench(&["--url", &url, "--model", "m"], &out).await;
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--trace"));
+    let _ = std::fs::remove_dir_all(out);
+}
