@@ -630,6 +630,24 @@ mod tests {
     }
 
     #[test]
+    fn closed_loop_keeps_the_concurrency() {
+        let w = Workload {
+            name: "t".into(),
+            block_size: 4,
+            requests: (0..3).map(|_| req(vec![1], 4)).collect(),
+            barrier: None,
+        };
+        let mut s = Schedule::new(&w, Some(2), 1.0);
+        let first: Vec<usize> =
+            std::iter::from_fn(|| s.due.pop().map(|Reverse((_, i))| i)).collect();
+        assert_eq!(first, vec![0, 1]);
+        s.done(1, Time::from_millis(7), false);
+        assert_eq!(s.due.pop(), Some(Reverse((Time::from_millis(7), 2))));
+        s.done(0, Time::from_millis(9), false);
+        assert!(s.due.is_empty());
+    }
+
+    #[test]
     fn schedule_follows_turns_and_steps() {
         use kvrouter_workload::Barrier;
         let mut w = Workload {

@@ -263,6 +263,10 @@ pub(crate) fn print_table(runs: &[Summary]) {
             r.output_tokens_per_s
         );
         match &r.rl {
+            // A live bench cannot see GPU busy time.
+            Some(x) if rl && r.router_mode == "live" => {
+                println!(" {:.2} | – |", x.step_time_s.mean)
+            }
             Some(x) if rl => println!(" {:.2} | {:.3} |", x.step_time_s.mean, x.gpu_idle_fraction),
             _ if rl => println!(" – | – |"),
             _ => println!(),
