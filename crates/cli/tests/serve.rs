@@ -413,3 +413,68 @@ async fn sessions_stay_on_their_worker_until_released() {
     let again: Value = r.json().await.unwrap();
     assert_eq!(again["released"], false, "already released");
 }
+
+#[tokio::test]
+async fn paused_workers_leave_rotation_until_resumed() {
+    let server = serve(&["--admin-token", "t0k", "--router-mode", "round-robin"]).await;
+    let client = reqwest::Client::new();
+    let base = &server.base;
+    let admin = |path: String| client.post(format!("{base}{path}")).bearer_auth("t0k");
+    for w in [0, 1] {
+        let r = admin(format!("/admin/workers/{w}/pause"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+    }
+    let r = admin("/admin/workers/7/pause".into()).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let r = client
+        .post(format!("{base}/admin/workers/0/resume"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401, "pausing is an admin call");
+    for i in 0..6 {
+        let (s, worker, _) = send(&client, base, &chat(&format!("paused {i}"))).await;
+        assert_eq!((s, worker), (200, Some(2)));
+    }
+    let list: Value = client
+        .get(format!("{base}/admin/workers"))
+        .bearer_auth("t0k")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let states: BTreeMap<u64, String> = list["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["id"].as_u64().unwrap(),
+                w["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(states[&0], "paused");
+    assert_eq!(states[&2], "serving");
+    let r = admin("/admin/workers/0/resume".into())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..4 {
+        let (s, worker, _) = send(&client, base, &chat(&format!("resumed {i}"))).await;
+        assert_eq!(s, 200);
+        seen.insert(worker.unwrap());
+    }
+    assert_eq!(
+        seen,
+        [0, 2].into_iter().collect(),
+        "worker 0 is back, 1 still paused"
+    );
+}

@@ -31,6 +31,8 @@ pub fn app(state: AppState) -> Router {
         .route("/finish_session", post(finish_session))
         .route("/admin/workers", get(list_workers).post(add_worker))
         .route("/admin/workers/{id}", delete(remove_worker))
+        .route("/admin/workers/{id}/pause", post(pause_worker))
+        .route("/admin/workers/{id}/resume", post(resume_worker))
         .with_state(state)
 }
 
@@ -220,7 +222,14 @@ async fn list_workers(
                     json!({"dp_rank": r.dp_rank, "active_requests": l.active_requests, "active_prefill_tokens": l.active_prefill_tokens, "active_decode_blocks": l.active_decode_blocks, "cached_gpu_blocks": gpu})
                 })
                 .collect();
-            json!({"id": id.0, "url": e.url, "kv_events_endpoint": e.kv_events_endpoint, "replay_endpoint": e.replay_endpoint, "dp_size": e.dp_size, "block_size": e.block_size, "max_num_batched_tokens": e.max_num_batched_tokens, "kv_capacity_blocks": e.kv_capacity_blocks, "labels": e.labels, "ranks": ranks})
+            let state = if core.is_paused(id) {
+                "paused"
+            } else if core.is_available(id) {
+                "serving"
+            } else {
+                "unhealthy"
+            };
+            json!({"id": id.0, "state": state, "url": e.url, "kv_events_endpoint": e.kv_events_endpoint, "replay_endpoint": e.replay_endpoint, "dp_size": e.dp_size, "block_size": e.block_size, "max_num_batched_tokens": e.max_num_batched_tokens, "kv_capacity_blocks": e.kv_capacity_blocks, "labels": e.labels, "ranks": ranks})
         })
         .collect();
     Ok(Json(json!({"workers": list})))
@@ -236,6 +245,44 @@ async fn add_worker(
         .map_err(|e| ServeError::invalid(format!("invalid worker: {e}"), None))?;
     let id = registry::add_worker(&s, entry).await?;
     Ok((StatusCode::CREATED, Json(json!({"id": id.0}))).into_response())
+}
+
+async fn pause_worker(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> Result<Json<Value>, ServeError> {
+    set_paused(s, headers, id, true)
+}
+
+async fn resume_worker(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> Result<Json<Value>, ServeError> {
+    set_paused(s, headers, id, false)
+}
+
+/// Elastic membership: takes a worker out of rotation or puts it back, without marking it failed
+/// and keeping its load accounting (requests in flight on it finish normally).
+fn set_paused(
+    s: AppState,
+    headers: HeaderMap,
+    id: u64,
+    paused: bool,
+) -> Result<Json<Value>, ServeError> {
+    authorize(&s, &headers)?;
+    if !s.inner.lock_core().set_paused(WorkerId(id), paused) {
+        return Err(ServeError::NotFound(format!("no worker {id}")));
+    }
+    if !paused {
+        // Queued requests may fit on it now.
+        s.inner.queue_notify.notify_one();
+    }
+    tracing::info!("worker {id} {}", if paused { "paused" } else { "resumed" });
+    Ok(Json(
+        json!({"id": id, "state": if paused { "paused" } else { "serving" }}),
+    ))
 }
 
 async fn remove_worker(

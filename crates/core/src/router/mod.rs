@@ -38,8 +38,10 @@ pub struct Router {
     queue: admission::AdmissionQueue,
     /// Session → (rank, binding expiry).
     sessions: BTreeMap<u64, (WorkerRank, Time)>,
-    /// Workers taken out of the eligible set (unhealthy or paused), keeping their load.
+    /// Workers the host marked unavailable (unhealthy), keeping their load.
     unavailable: std::collections::BTreeSet<WorkerId>,
+    /// Workers paused by an operator (elastic membership), keeping their load and cache.
+    paused: std::collections::BTreeSet<WorkerId>,
 }
 
 impl Router {
@@ -69,6 +71,7 @@ impl Router {
             queue: admission::AdmissionQueue::default(),
             sessions: BTreeMap::new(),
             unavailable: std::collections::BTreeSet::new(),
+            paused: std::collections::BTreeSet::new(),
         })
     }
 
@@ -120,6 +123,8 @@ impl Router {
             .workers
             .remove(&id)
             .ok_or(RouteError::UnknownWorker(id))?;
+        self.unavailable.remove(&id);
+        self.paused.remove(&id);
         self.index.remove_worker(id);
         if let Some(p) = &mut self.predicted {
             p.remove_worker(id);
@@ -142,9 +147,34 @@ impl Router {
         true
     }
 
-    /// Whether a worker is in the eligible set.
+    /// Whether a worker is in the eligible set (known, not unavailable, not paused).
     pub fn is_available(&self, id: WorkerId) -> bool {
-        self.workers.contains_key(&id) && !self.unavailable.contains(&id)
+        self.workers.contains_key(&id) && !self.excluded(id)
+    }
+
+    /// Pauses (true) or resumes (false) a worker: out of rotation, e.g. a colocated engine put to
+    /// sleep between RL steps, without being marked failed. Unlike health, a pause keeps the
+    /// worker's cache picture as well as its load accounting, and only an explicit resume
+    /// undoes it. Returns whether the worker is known.
+    pub fn set_paused(&mut self, id: WorkerId, paused: bool) -> bool {
+        if !self.workers.contains_key(&id) {
+            return false;
+        }
+        if paused {
+            self.paused.insert(id);
+        } else {
+            self.paused.remove(&id);
+        }
+        true
+    }
+
+    /// Whether an operator paused the worker.
+    pub fn is_paused(&self, id: WorkerId) -> bool {
+        self.paused.contains(&id)
+    }
+
+    fn excluded(&self, id: WorkerId) -> bool {
+        self.unavailable.contains(&id) || self.paused.contains(&id)
     }
 
     /// Forgets everything cached on a worker (event-fed and predicted), e.g. after it was
@@ -318,7 +348,7 @@ impl Router {
                 .workers
                 .get(&pin.worker)
                 .ok_or(RouteError::UnknownWorker(pin.worker))?;
-            if self.unavailable.contains(&pin.worker) {
+            if self.excluded(pin.worker) {
                 return Err(RouteError::NoWorkers);
             }
             return match pin.dp_rank {
@@ -337,7 +367,7 @@ impl Router {
         let ranks: Vec<WorkerRank> = self
             .ranks
             .iter()
-            .filter(|r| !self.unavailable.contains(&r.worker))
+            .filter(|r| !self.excluded(r.worker))
             .filter(|r| {
                 request
                     .allowed_workers

@@ -537,3 +537,39 @@ fn unavailable_workers_leave_the_eligible_set_but_keep_their_load() {
     assert!(r.is_available(loaded.worker));
     assert!(!r.set_available(WorkerId(99), false));
 }
+
+#[test]
+fn paused_workers_keep_load_and_cache_and_only_resume_undoes_a_pause() {
+    let mut r = router(RouterMode::Kv, 2);
+    let first = r
+        .route(&request(1, &tokens(1, 8)), Time::ZERO)
+        .unwrap()
+        .rank;
+    let w = first.worker;
+    assert!(r.set_paused(w, true));
+    assert!(r.is_paused(w) && !r.is_available(w));
+    for i in 2..6 {
+        let d = r.route(&request(i, &tokens(1, 8)), Time::ZERO).unwrap();
+        assert_ne!(d.rank.worker, w, "a paused worker gets no new request");
+    }
+    // Pinned requests are refused too.
+    let mut pinned = request(9, &tokens(1, 8));
+    pinned.pin = Some(Pin {
+        worker: w,
+        dp_rank: None,
+    });
+    assert_eq!(r.route(&pinned, Time::ZERO), Err(RouteError::NoWorkers));
+    // Health coming back does not resume a paused worker.
+    r.set_available(w, false);
+    r.set_available(w, true);
+    assert!(!r.is_available(w));
+    assert_eq!(
+        r.load(first).active_requests,
+        1,
+        "load accounting survives the pause"
+    );
+    assert!(r.set_paused(w, false));
+    assert!(r.is_available(w));
+    assert!(!r.set_paused(WorkerId(99), true));
+    r.check_invariants().unwrap();
+}
