@@ -478,3 +478,148 @@ async fn paused_workers_leave_rotation_until_resumed() {
         "worker 0 is back, 1 still paused"
     );
 }
+
+/// Sends a chat with extra headers; returns status, worker and the served policy version.
+async fn send_with(
+    client: &reqwest::Client,
+    base: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> (u16, Option<u64>, Option<u64>, Value) {
+    let mut req = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let r = req.send().await.unwrap();
+    let header = |name: &str| {
+        r.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+    };
+    let (status, worker, version) = (
+        r.status().as_u16(),
+        header("x-kvrouter-worker"),
+        header("x-kvrouter-policy-version"),
+    );
+    (
+        status,
+        worker,
+        version,
+        r.json().await.unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test]
+async fn requests_go_to_workers_of_the_policy_version_they_accept() {
+    let server = serve(&["--admin-token", "t0k"]).await;
+    let client = reqwest::Client::new();
+    let base = server.base.clone();
+    let set_version = |w: u64, v: Value| {
+        client
+            .post(format!("{base}/admin/workers/{w}/policy-version"))
+            .bearer_auth("t0k")
+            .json(&json!({ "version": v }))
+            .send()
+    };
+    assert_eq!(
+        set_version(1, json!(5)).await.unwrap().status().as_u16(),
+        200
+    );
+    assert_eq!(
+        set_version(9, json!(5)).await.unwrap().status().as_u16(),
+        404
+    );
+    assert_eq!(
+        set_version(1, json!("x")).await.unwrap().status().as_u16(),
+        400
+    );
+    for i in 0..3 {
+        let (s, w, v, _) = send_with(
+            &client,
+            &base,
+            &chat(&format!("v5 {i}")),
+            &[("x-kvrouter-policy-version", "5")],
+        )
+        .await;
+        assert_eq!((s, w, v), (200, Some(1), Some(5)));
+        let (s, w, v, _) = send_with(
+            &client,
+            &base,
+            &chat(&format!("stale {i}")),
+            &[("x-kvrouter-max-policy-staleness", "0")],
+        )
+        .await;
+        assert_eq!(
+            (s, w, v),
+            (200, Some(1), Some(5)),
+            "only the newest version is fresh enough"
+        );
+    }
+    let (s, _, _, e) = send_with(
+        &client,
+        &base,
+        &chat("bad"),
+        &[("x-kvrouter-min-policy-version", "new")],
+    )
+    .await;
+    assert_eq!(
+        (s, e["error"]["param"].as_str()),
+        (400, Some("x-kvrouter-min-policy-version"))
+    );
+    // Nobody serves version 7 yet: with a deadline, the request times out in the queue.
+    let (s, _, _, e) = send_with(
+        &client,
+        &base,
+        &chat("late"),
+        &[
+            ("x-kvrouter-policy-version", "7"),
+            ("x-kvrouter-deadline-ms", "50"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        (s, e["error"]["type"].as_str()),
+        (504, Some("deadline_exceeded"))
+    );
+    // Without one it waits until a worker loads version 7, then goes there.
+    let waiting = {
+        let (client, base) = (client.clone(), base.clone());
+        tokio::spawn(async move {
+            send_with(
+                &client,
+                &base,
+                &chat("waits for v7"),
+                &[("x-kvrouter-policy-version", "7")],
+            )
+            .await
+        })
+    };
+    let mut queued = false;
+    for _ in 0..200 {
+        let m = client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if m.contains("kvrouter_router_queue_pending_requests 1") {
+            queued = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(queued, "the v7 request waits in the router queue");
+    assert_eq!(
+        set_version(2, json!(7)).await.unwrap().status().as_u16(),
+        200
+    );
+    let (s, w, v, _) = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((s, w, v), (200, Some(2), Some(7)));
+}

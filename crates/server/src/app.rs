@@ -33,6 +33,10 @@ pub fn app(state: AppState) -> Router {
         .route("/admin/workers/{id}", delete(remove_worker))
         .route("/admin/workers/{id}/pause", post(pause_worker))
         .route("/admin/workers/{id}/resume", post(resume_worker))
+        .route(
+            "/admin/workers/{id}/policy-version",
+            post(set_policy_version),
+        )
         .with_state(state)
 }
 
@@ -229,7 +233,7 @@ async fn list_workers(
             } else {
                 "unhealthy"
             };
-            json!({"id": id.0, "state": state, "url": e.url, "kv_events_endpoint": e.kv_events_endpoint, "replay_endpoint": e.replay_endpoint, "dp_size": e.dp_size, "block_size": e.block_size, "max_num_batched_tokens": e.max_num_batched_tokens, "kv_capacity_blocks": e.kv_capacity_blocks, "labels": e.labels, "ranks": ranks})
+            json!({"id": id.0, "state": state, "policy_version": core.workers().find(|w| w.id == id).map_or(0, |w| w.policy_version), "url": e.url, "kv_events_endpoint": e.kv_events_endpoint, "replay_endpoint": e.replay_endpoint, "dp_size": e.dp_size, "block_size": e.block_size, "max_num_batched_tokens": e.max_num_batched_tokens, "kv_capacity_blocks": e.kv_capacity_blocks, "labels": e.labels, "ranks": ranks})
         })
         .collect();
     Ok(Json(json!({"workers": list})))
@@ -283,6 +287,32 @@ fn set_paused(
     Ok(Json(
         json!({"id": id, "state": if paused { "paused" } else { "serving" }}),
     ))
+}
+
+/// Records that a worker now serves another policy version (it loaded new weights). Its cache
+/// picture is cleared: blocks computed under the old weights must not attract new requests.
+/// Requests waiting for that version are placed.
+async fn set_policy_version(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+    body: Bytes,
+) -> Result<Json<Value>, ServeError> {
+    authorize(&s, &headers)?;
+    let v: Value = serde_json::from_slice(&body)
+        .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    let version = v.get("version").and_then(Value::as_u64).ok_or_else(|| {
+        ServeError::invalid("`version` must be a non-negative integer", Some("version"))
+    })?;
+    let mut core = s.inner.lock_core();
+    if !core.set_policy_version(WorkerId(id), version) {
+        return Err(ServeError::NotFound(format!("no worker {id}")));
+    }
+    core.clear_worker_cache(WorkerId(id));
+    drop(core);
+    s.inner.queue_notify.notify_one();
+    tracing::info!("worker {id} serves policy version {version}");
+    Ok(Json(json!({"id": id, "policy_version": version})))
 }
 
 async fn remove_worker(

@@ -38,6 +38,9 @@ pub struct WorkerEntry {
     /// Free-form labels shown by the admin API.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The policy (weight) version it serves at registration (RL; default 0).
+    #[serde(default)]
+    pub policy_version: Option<u64>,
 }
 
 /// A `--workers-file` (TOML): `[[workers]]` tables.

@@ -74,6 +74,8 @@ pub(crate) struct Migration {
     tried: Vec<WorkerId>,
     buffer: Vec<u8>,
     done: bool,
+    /// Policy versions the client accepts; continuations keep to them.
+    pub(crate) policy: kvrouter_core::router::VersionRequirement,
 }
 
 impl Migration {
@@ -98,6 +100,7 @@ impl Migration {
             tried: vec![worker],
             buffer: Vec::new(),
             done: false,
+            policy: Default::default(),
         }
     }
 
@@ -205,6 +208,7 @@ impl Migration {
                 .filter(|w| !self.tried.contains(w))
                 .collect();
             request.allowed_workers = Some(allowed);
+            request.policy = self.policy;
             let decision = inner
                 .lock_core()
                 .route(&request, inner.now())

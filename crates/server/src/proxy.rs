@@ -223,6 +223,35 @@ struct AdmissionFields {
     priority: u8,
     deadline: Option<kvrouter_core::time::Time>,
     session: Option<u64>,
+    policy: kvrouter_core::router::VersionRequirement,
+}
+
+/// The policy versions a request accepts: `x-kvrouter-policy-version` (exact),
+/// `x-kvrouter-min-policy-version`, `x-kvrouter-max-policy-staleness` (versions behind the newest).
+fn version_requirement(
+    headers: &HeaderMap,
+) -> Result<kvrouter_core::router::VersionRequirement, ServeError> {
+    let read = |name: &'static str| -> Result<Option<u64>, ServeError> {
+        headers
+            .get(name)
+            .map(|v| {
+                v.to_str()
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        ServeError::invalid(
+                            format!("{name} must be a non-negative integer"),
+                            Some(name),
+                        )
+                    })
+            })
+            .transpose()
+    };
+    Ok(kvrouter_core::router::VersionRequirement {
+        exact: read("x-kvrouter-policy-version")?,
+        min: read("x-kvrouter-min-policy-version")?,
+        max_staleness: read("x-kvrouter-max-policy-staleness")?,
+    })
 }
 
 /// The session key of a session header value (`x-session-id`, `x-dynamo-session-id`).
@@ -287,6 +316,7 @@ fn admission_fields(
         priority,
         deadline,
         session,
+        policy: version_requirement(headers)?,
     })
 }
 
@@ -417,6 +447,7 @@ pub(crate) async fn handle(
         request.priority = admission.priority;
         request.deadline = admission.deadline;
         request.session = admission.session;
+        request.policy = admission.policy;
         let decision = if tried.is_empty() {
             admit(&state, request).await.map_err(fail)?
         } else {
@@ -488,14 +519,20 @@ pub(crate) async fn handle(
         {
             builder = builder.header("content-type", ct);
         }
-        builder = builder.header("x-kvrouter-worker", worker.0.to_string());
+        builder = builder
+            .header("x-kvrouter-worker", worker.0.to_string())
+            .header(
+                "x-kvrouter-policy-version",
+                decision.policy_version.to_string(),
+            );
         if inner.config.expose_decisions {
             if let Some(h) = decision_header(&decision) {
                 builder = builder.header("x-kvrouter-decision", h);
             }
         }
         if stream && inner.config.migration_limit > 0 && status.is_success() {
-            let migration = Migration::new(state.clone(), kind, value.clone(), worker, arrival);
+            let mut migration = Migration::new(state.clone(), kind, value.clone(), worker, arrival);
+            migration.policy = admission.policy;
             let body = migrate::stream(response, guard, migration);
             return Ok(builder
                 .body(Body::from_stream(body))

@@ -119,6 +119,7 @@ pub(crate) async fn add_worker(
         dp_size,
         max_num_batched_tokens: entry.max_num_batched_tokens,
         kv_capacity_blocks: entry.kv_capacity_blocks,
+        policy_version: entry.policy_version.unwrap_or(0),
     };
     inner
         .lock_core()

@@ -126,6 +126,7 @@ impl<'w> Simulation<'w> {
                     dp_size: 1,
                     max_num_batched_tokens: Some(u64::from(engine_config.max_num_batched_tokens)),
                     kv_capacity_blocks: Some(engine_config.num_gpu_blocks as u64),
+                    policy_version: 0,
                 })
                 .map_err(|e| SimError::Config(e.to_string()))?;
         }

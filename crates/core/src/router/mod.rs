@@ -10,7 +10,9 @@ mod request;
 
 pub use admission::{Admission, QueuePolicy, QueueStats};
 pub use config::{ConfigError, RouterConfig};
-pub use request::{Decision, Pin, RouteError, RouteRequest, WorkerSpec, MAX_PRIORITY};
+pub use request::{
+    Decision, Pin, RouteError, RouteRequest, VersionRequirement, WorkerSpec, MAX_PRIORITY,
+};
 
 use crate::approx::ApproxIndex;
 use crate::event::KvEvent;
@@ -332,7 +334,54 @@ impl Router {
             overlap: score.overlap,
             cached_tokens,
             candidates: scores,
+            policy_version: self.workers[&rank.worker].policy_version,
         })
+    }
+
+    /// Sets the policy (weight) version a worker serves. Requests waiting for that version can
+    /// now be placed: call [`Router::poll`]. Returns whether the worker is known.
+    pub fn set_policy_version(&mut self, id: WorkerId, version: u64) -> bool {
+        match self.workers.get_mut(&id) {
+            Some(w) => {
+                w.policy_version = version;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The newest policy version among registered workers.
+    pub fn newest_policy_version(&self) -> u64 {
+        self.workers
+            .values()
+            .map(|w| w.policy_version)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Keeps the ranks whose worker serves a version `request` accepts.
+    fn version_filter(
+        &self,
+        request: &RouteRequest,
+        ranks: Vec<WorkerRank>,
+    ) -> Result<Vec<WorkerRank>, RouteError> {
+        if request.policy.is_any() {
+            return Ok(ranks);
+        }
+        let newest = self.newest_policy_version();
+        let kept: Vec<WorkerRank> = ranks
+            .into_iter()
+            .filter(|r| {
+                request
+                    .policy
+                    .accepts(self.workers[&r.worker].policy_version, newest)
+            })
+            .collect();
+        if kept.is_empty() {
+            Err(RouteError::NoCompatibleVersion)
+        } else {
+            Ok(kept)
+        }
     }
 
     fn allowed_ranks(
@@ -351,15 +400,16 @@ impl Router {
             if self.excluded(pin.worker) {
                 return Err(RouteError::NoWorkers);
             }
-            return match pin.dp_rank {
+            let ranks = match pin.dp_rank {
                 Some(r) if r >= spec.dp_size => {
-                    Err(RouteError::UnknownRank(WorkerRank::new(pin.worker, r)))
+                    return Err(RouteError::UnknownRank(WorkerRank::new(pin.worker, r)))
                 }
-                Some(r) => Ok(vec![WorkerRank::new(pin.worker, r)]),
-                None => Ok((0..spec.dp_size)
+                Some(r) => vec![WorkerRank::new(pin.worker, r)],
+                None => (0..spec.dp_size)
                     .map(|r| WorkerRank::new(pin.worker, r))
-                    .collect()),
+                    .collect(),
             };
+            return self.version_filter(request, ranks);
         }
         if mode == RouterMode::Direct {
             return Err(RouteError::MissingTarget);
@@ -379,7 +429,7 @@ impl Router {
         if ranks.is_empty() {
             return Err(RouteError::NoWorkers);
         }
-        Ok(ranks)
+        self.version_filter(request, ranks)
     }
 
     fn pick(
@@ -448,17 +498,30 @@ impl Router {
         if self.ledger.is_active(request.id) || self.queue.contains(request.id) {
             return Err(RouteError::DuplicateRequest(request.id));
         }
+        // A request whose policy version no eligible worker serves waits for one, queue
+        // threshold or not.
+        let waits_for_version = |e: &RouteError| *e == RouteError::NoCompatibleVersion;
         if self.config.router_queue_threshold.is_none() {
-            return self.route(&request, now).map(Admission::Dispatched);
-        }
-        // Bad targets fail now rather than after waiting.
-        self.allowed_ranks(&request, self.config.router_mode)?;
-        if self.queue.is_empty() && !self.queue_busy(&request) {
             match self.route(&request, now) {
                 Ok(d) => return Ok(Admission::Dispatched(d)),
-                Err(RouteError::AllEligibleWorkersOverloaded)
-                    if !self.config.reject_when_overloaded => {}
+                Err(e) if waits_for_version(&e) => {}
                 Err(e) => return Err(e),
+            }
+        } else {
+            // Bad targets fail now rather than after waiting.
+            match self.allowed_ranks(&request, self.config.router_mode) {
+                Ok(_) => {}
+                Err(e) if waits_for_version(&e) => {}
+                Err(e) => return Err(e),
+            }
+            if self.queue.is_empty() && !self.queue_busy(&request) {
+                match self.route(&request, now) {
+                    Ok(d) => return Ok(Admission::Dispatched(d)),
+                    Err(RouteError::AllEligibleWorkersOverloaded)
+                        if !self.config.reject_when_overloaded => {}
+                    Err(e) if waits_for_version(&e) => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
         let stats = self.queue.stats();
@@ -490,6 +553,7 @@ impl Router {
             .into_iter()
             .map(|e| (e.request.id, Err(RouteError::DeadlineExceeded)))
             .collect();
+        let mut waiting = Vec::new();
         while !self.queue.is_empty() {
             let policy = self.config.router_queue_policy;
             let bs = self.config.kv_cache_block_size as u64;
@@ -518,8 +582,14 @@ impl Router {
                     self.queue.push_front(request);
                     break;
                 }
+                // Still no worker of an accepted version: it keeps waiting, without holding
+                // up the requests behind it.
+                Err(RouteError::NoCompatibleVersion) => waiting.push(request),
                 Err(e) => out.push((id, Err(e))),
             }
+        }
+        for request in waiting.into_iter().rev() {
+            self.queue.push_front(request);
         }
         out
     }

@@ -18,6 +18,9 @@ pub struct WorkerSpec {
     pub max_num_batched_tokens: Option<u64>,
     /// KV capacity in blocks per rank, for the decode busy fraction.
     pub kv_capacity_blocks: Option<u64>,
+    /// The policy (weight) version it serves (RL); 0 when nobody says.
+    #[serde(default)]
+    pub policy_version: u64,
 }
 
 impl WorkerSpec {
@@ -28,6 +31,7 @@ impl WorkerSpec {
             dp_size: 1,
             max_num_batched_tokens: None,
             kv_capacity_blocks: None,
+            policy_version: 0,
         }
     }
 }
@@ -39,6 +43,33 @@ pub struct Pin {
     pub worker: WorkerId,
     /// The rank, or any rank of the worker.
     pub dp_rank: Option<u32>,
+}
+
+/// The policy versions a request accepts (every stated bound must hold).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionRequirement {
+    /// Exactly this version.
+    pub exact: Option<u64>,
+    /// This version or newer.
+    pub min: Option<u64>,
+    /// At most this many versions behind the newest registered worker.
+    pub max_staleness: Option<u64>,
+}
+
+impl VersionRequirement {
+    /// Whether no bound is stated.
+    pub fn is_any(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Whether a worker at `version` qualifies when the newest registered version is `newest`.
+    pub fn accepts(&self, version: u64, newest: u64) -> bool {
+        self.exact.is_none_or(|v| version == v)
+            && self.min.is_none_or(|v| version >= v)
+            && self
+                .max_staleness
+                .is_none_or(|s| version.saturating_add(s) >= newest)
+    }
 }
 
 /// A request to place.
@@ -62,6 +93,9 @@ pub struct RouteRequest {
     pub deadline: Option<Time>,
     /// The session it belongs to, for affinity (a hash of the session header).
     pub session: Option<u64>,
+    /// Policy versions it accepts; with none eligible it waits in the router queue.
+    #[serde(default)]
+    pub policy: VersionRequirement,
 }
 
 /// The highest request priority.
@@ -79,6 +113,7 @@ impl RouteRequest {
             priority: 0,
             deadline: None,
             session: None,
+            policy: VersionRequirement::default(),
         }
     }
 
@@ -105,6 +140,8 @@ pub struct Decision {
     pub cached_tokens: u64,
     /// Every eligible candidate's score (the KV cost breakdown, whatever the mode).
     pub candidates: Vec<CandidateScore>,
+    /// The policy version of the chosen worker.
+    pub policy_version: u64,
 }
 
 /// Why a request could not be placed. Says whose fault it is and whether retrying helps.
@@ -148,6 +185,10 @@ pub enum RouteError {
     /// The request could not start before its deadline.
     #[error("the request could not start before its deadline")]
     DeadlineExceeded,
+    /// No eligible worker serves a policy version the request accepts (it waits in the router
+    /// queue; this is the answer when it cannot wait).
+    #[error("no eligible worker serves an accepted policy version")]
+    NoCompatibleVersion,
 }
 
 impl RouteError {
