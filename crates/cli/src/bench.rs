@@ -61,6 +61,10 @@ pub(crate) struct BenchArgs {
     /// Token ids in prompts are drawn from 0..VOCAB_SIZE (keep below the model's vocabulary).
     #[arg(long, default_value_t = 32_000)]
     pub(crate) vocab_size: u32,
+    /// Prompt form: `tokens` (token ids on /v1/completions) or `text` (one two-letter word per
+    /// token, for endpoints that take only text; exact for the built-in tokenizer).
+    #[arg(long, default_value = "tokens")]
+    pub prompt_format: String,
     /// Send each request's session as an `x-session-id` header (sticky-session routers).
     #[arg(long)]
     pub(crate) session_header: bool,
@@ -100,6 +104,19 @@ pub(crate) fn prompt_tokens(workload: &Workload, i: usize, vocab_size: u32) -> V
     let salt = mix(i as u64 ^ 0x7061_6464_696e_6721);
     while out.len() < n {
         out.push((mix(salt ^ out.len() as u64) % vocab) as u32);
+    }
+    out
+}
+
+/// The prompt of request `i` as text: one word `" xy"` per token of [`prompt_tokens`] (676
+/// two-letter words), so equal block ids give equal text and, with the built-in tokenizer (and
+/// most BPE vocabularies, which hold common two-letter words), one token per word.
+pub(crate) fn prompt_text(workload: &Workload, i: usize) -> String {
+    let mut out = String::with_capacity(workload.requests[i].input_tokens as usize * 3);
+    for t in prompt_tokens(workload, i, 26 * 26) {
+        out.push(' ');
+        out.push(char::from(b'a' + (t / 26) as u8));
+        out.push(char::from(b'a' + (t % 26) as u8));
     }
     out
 }
@@ -372,6 +389,12 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if !positive(args.duration_s) || !positive(args.request_timeout_s) {
         bail!("--duration-s and --request-timeout-s must be positive");
     }
+    if !matches!(args.prompt_format.as_str(), "tokens" | "text") {
+        bail!(
+            "--prompt-format {:?}: expected tokens or text",
+            args.prompt_format
+        );
+    }
     let url = args.url.trim_end_matches('/').to_owned();
     if !(url.starts_with("http://") || url.starts_with("https://")) {
         bail!("--url {url:?}: expected http://HOST:PORT");
@@ -427,6 +450,7 @@ async fn replay(
         session_header: args.session_header,
     });
     let deadline = Time::from_secs_f64(args.duration_s);
+    let text_prompts = args.prompt_format == "text";
     let mut schedule = Schedule::new(workload, args.concurrency, args.arrival_speedup);
     let mut records: Vec<Record> = (0..n).map(|_| Record::default()).collect();
     let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Outcome)>();
@@ -445,9 +469,14 @@ async fn replay(
                 continue;
             }
             let req = &workload.requests[i];
+            let prompt = if text_prompts {
+                serde_json::Value::from(prompt_text(workload, i))
+            } else {
+                serde_json::Value::from(prompt_tokens(workload, i, args.vocab_size))
+            };
             let body = serde_json::json!({
                 "model": shared.model,
-                "prompt": prompt_tokens(workload, i, args.vocab_size),
+                "prompt": prompt,
                 "max_tokens": req.output_tokens,
                 "min_tokens": req.output_tokens,
                 "ignore_eos": true,
@@ -580,6 +609,25 @@ mod tests {
         let c = prompt_tokens(&w, 2, 1 << 30);
         assert_eq!(c[..4], d[..4]);
         assert_ne!(c[4..], d[4..]);
+    }
+
+    #[test]
+    fn text_prompts_are_one_builtin_token_per_word() {
+        use kvrouter_tokenizer::Tokenizer;
+        let w = Workload {
+            name: "t".into(),
+            block_size: 4,
+            requests: vec![req(vec![1, 2, 3], 10), req(vec![1, 2, 9], 12)],
+            barrier: None,
+        };
+        let tok = kvrouter_tokenizer::builtin::BuiltinTokenizer::new();
+        let (a, b) = (
+            tok.encode(&prompt_text(&w, 0)),
+            tok.encode(&prompt_text(&w, 1)),
+        );
+        assert_eq!((a.len(), b.len()), (10, 12));
+        assert_eq!(a[..8], b[..8]);
+        assert_ne!(a[8..], b[8..10]);
     }
 
     #[test]

@@ -68,6 +68,32 @@ async fn grpo_groups_replay_live_and_share_their_prompts() {
     // Step barriers were followed: two RL steps with measured step times.
     assert_eq!(s["rl"]["steps"], 2, "{s}");
     assert!(s["rl"]["step_time_s"]["mean"].as_f64().unwrap() > 0.0);
+    let _ = std::fs::remove_dir_all(&out);
+
+    // Text prompts (for endpoints that take no token ids) share prefixes the same way.
+    let (output, summary) = bench(
+        &[
+            "--url",
+            &server.http(),
+            "--workload",
+            "grpo",
+            "--workload-args",
+            "prompts=3,group_size=4,steps=1,output_median=40,output_cap=64",
+            "--prompt-format",
+            "text",
+        ],
+        &out,
+    )
+    .await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let s = summary.expect("summary.json");
+    assert_eq!(s["completed"], 12, "{s}");
+    let hit = s["hit_rate"].as_f64().unwrap();
+    assert!(hit > 0.3, "text prompts: hit rate {hit}");
     let _ = std::fs::remove_dir_all(out);
 }
 
