@@ -62,6 +62,12 @@ pub(crate) struct ServeArgs {
     /// A stream silent for this many seconds counts as failed.
     #[arg(long)]
     stream_idle_timeout_secs: Option<f64>,
+    /// Append one JSON line per finished request (worker, policy version, tokens, timings).
+    #[arg(long)]
+    provenance_log: Option<std::path::PathBuf>,
+    /// Rotate the provenance log (to PATH.1) past this many MiB.
+    #[arg(long, default_value_t = 256)]
+    provenance_log_max_mib: u64,
     /// Seconds between active health checks (GET /health); 0 turns them off.
     #[arg(long, default_value_t = 5.0)]
     health_check_interval_secs: f64,
@@ -146,6 +152,16 @@ impl ServeArgs {
             retries: self.retries,
             migration_limit: self.migration_limit,
             stream_idle_timeout: secs(self.stream_idle_timeout_secs, "--stream-idle-timeout-secs")?,
+            provenance: match &self.provenance_log {
+                None => None,
+                Some(path) => Some(Arc::new(
+                    kvrouter_server::provenance::ProvenanceLog::open(
+                        path,
+                        self.provenance_log_max_mib.saturating_mul(1 << 20),
+                    )
+                    .map_err(|e| anyhow::anyhow!("--provenance-log {}: {e}", path.display()))?,
+                )),
+            },
             health: HealthConfig {
                 interval: secs(
                     Some(self.health_check_interval_secs),

@@ -623,3 +623,80 @@ async fn requests_go_to_workers_of_the_policy_version_they_accept() {
         .unwrap();
     assert_eq!((s, w, v), (200, Some(2), Some(7)));
 }
+
+#[tokio::test]
+async fn the_provenance_log_has_one_line_per_request() {
+    let path = std::env::temp_dir().join(format!("kvrouter-prov-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let server = serve(&[
+        "--admin-token",
+        "t0k",
+        "--provenance-log",
+        path.to_str().unwrap(),
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let base = server.base.clone();
+    for w in 0..3 {
+        client
+            .post(format!("{base}/admin/workers/{w}/policy-version"))
+            .bearer_auth("t0k")
+            .json(&json!({"version": 4}))
+            .send()
+            .await
+            .unwrap();
+    }
+    let (s, w, _, _) = send_with(
+        &client,
+        &base,
+        &chat("provenance"),
+        &[("x-session-id", "traj-7"), ("x-kvrouter-group-id", "g-1")],
+    )
+    .await;
+    assert_eq!(s, 200);
+    let mut body = chat("streamed");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let text = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("[DONE]"));
+    // The log is written off the request path by another process: poll it (bounded).
+    let mut lines: Vec<Value> = Vec::new();
+    for _ in 0..300 {
+        lines = std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        if lines.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let first = lines
+        .iter()
+        .find(|l| l["session"] == "traj-7")
+        .expect("the session line");
+    assert_eq!(first["group"], "g-1");
+    assert_eq!(first["worker"].as_u64(), w);
+    assert_eq!(first["policy_version"], 4);
+    assert_eq!(first["status"], "ok");
+    assert_eq!(first["output_tokens"], 3);
+    assert!(first["prompt_tokens"].as_u64().unwrap() > 64);
+    assert!(first["e2e_ms"].as_f64().unwrap() >= first["ttft_ms"].as_f64().unwrap());
+    let streamed = lines.iter().find(|l| l["session"].is_null()).unwrap();
+    assert_eq!(
+        (streamed["status"].as_str(), streamed["migrations"].as_u64()),
+        (Some("ok"), Some(0))
+    );
+    assert!(streamed["decode_ms"].as_f64().is_some());
+    let _ = std::fs::remove_file(path);
+}

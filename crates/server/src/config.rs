@@ -85,6 +85,8 @@ pub struct ServeConfig {
     pub migration_limit: u32,
     /// A stream that sends nothing for this long counts as failed.
     pub stream_idle_timeout: Option<std::time::Duration>,
+    /// Where finished requests are logged (`--provenance-log`).
+    pub provenance: Option<Arc<crate::provenance::ProvenanceLog>>,
 }
 
 impl Default for ServeConfig {
@@ -105,6 +107,7 @@ impl Default for ServeConfig {
             health: crate::health::HealthConfig::default(),
             migration_limit: 0,
             stream_idle_timeout: None,
+            provenance: None,
         }
     }
 }

@@ -22,6 +22,7 @@ mod ingest;
 mod metrics;
 mod migrate;
 mod mock;
+pub mod provenance;
 mod proxy;
 mod queue;
 mod registry;

@@ -194,7 +194,10 @@ impl Migration {
     }
 
     /// Routes and sends the continuation; returns its response and load guard.
-    async fn reissue(&mut self) -> Result<(reqwest::Response, LoadGuard), String> {
+    async fn reissue(
+        &mut self,
+        prov: Option<Box<crate::provenance::Provenance>>,
+    ) -> Result<(reqwest::Response, LoadGuard), String> {
         let inner = &self.state.inner;
         let body = self.continuation();
         let RoutingInput { isl_tokens, blocks } = routing_input(&self.state, self.kind, &body)
@@ -215,7 +218,7 @@ impl Migration {
                 .map_err(|e| e.to_string())?;
             let worker = decision.rank.worker;
             self.tried.push(worker);
-            let guard = LoadGuard::new(
+            let mut guard = LoadGuard::new(
                 self.state.clone(),
                 id,
                 worker,
@@ -223,6 +226,12 @@ impl Migration {
                 self.arrival,
                 true,
             );
+            guard.prov = prov.clone().map(|mut p| {
+                p.migrations += 1;
+                p.dp_rank = decision.rank.dp_rank;
+                p.policy_version = decision.policy_version;
+                p
+            });
             let Some(base) = registry::url_of(&self.state, worker) else {
                 continue;
             };
@@ -289,14 +298,18 @@ pub(crate) fn stream(
                 // The upstream failed (error, idle, or ended without [DONE]).
                 _ => {
                     health::observe(&m.state, m.worker, false, Source::Request);
-                    drop(guard);
                     if m.left == 0 {
+                        guard.log_failed();
                         return Some((Ok(error_event("the worker failed mid-stream and migration is off (--migration-limit)")), None));
                     }
                     if let Some(reason) = unmigratable(&m.original) {
+                        guard.log_failed();
                         let msg = format!("the worker failed mid-stream and the request cannot be continued faithfully ({reason})");
                         return Some((Ok(error_event(&msg)), None));
                     }
+                    // The request lives on in its continuation: so does its provenance line.
+                    let prov = guard.prov.take();
+                    drop(guard);
                     m.left -= 1;
                     m.carried_tokens = m.generated_tokens;
                     m.buffer.clear();
@@ -305,7 +318,7 @@ pub(crate) fn stream(
                         .metrics
                         .migrations
                         .inc(&[("migration_type", "ongoing_request")]);
-                    match m.reissue().await {
+                    match m.reissue(prov).await {
                         Ok((r, g)) => {
                             up = r.bytes_stream().boxed();
                             guard = g;

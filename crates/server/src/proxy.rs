@@ -8,6 +8,7 @@
 use crate::error::ServeError;
 use crate::health;
 use crate::migrate::{self, Migration};
+use crate::provenance::Provenance;
 use crate::registry;
 use crate::routing::{routing_input, Kind, RoutingInput};
 use crate::state::AppState;
@@ -38,6 +39,10 @@ pub(crate) struct LoadGuard {
     pub(crate) worker: WorkerId,
     /// The upstream failed and the client was told; the stream ends.
     broken: bool,
+    /// When the first byte came back.
+    first_at: Option<Instant>,
+    /// The provenance line to complete and log (with `--provenance-log`).
+    pub(crate) prov: Option<Box<Provenance>>,
 }
 
 impl LoadGuard {
@@ -62,7 +67,39 @@ impl LoadGuard {
             done: false,
             worker,
             broken: false,
+            first_at: None,
+            prov: None,
         }
+    }
+
+    /// Logs the provenance line as failed (the stream ended with an error).
+    pub(crate) fn log_failed(&mut self) {
+        self.log_provenance("failed", None);
+    }
+
+    /// Completes and logs the provenance line, if any.
+    fn log_provenance(&mut self, status: &'static str, usage: Option<&Value>) {
+        let Some(mut p) = self.prov.take() else {
+            return;
+        };
+        let Some(log) = self.state.inner.config.provenance.as_ref() else {
+            return;
+        };
+        let now = Instant::now();
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        p.status = status;
+        p.worker = self.worker.0;
+        p.ts_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        p.e2e_ms = ms(now.duration_since(self.arrival));
+        p.ttft_ms = self.first_at.map(|f| ms(f.duration_since(self.arrival)));
+        p.decode_ms = self.first_at.map(|f| ms(now.duration_since(f)));
+        if let Some(u) = usage {
+            p.output_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
+            p.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].as_u64();
+        }
+        log.record(&p);
     }
 
     pub(crate) fn on_chunk(&mut self, chunk: &[u8]) {
@@ -70,6 +107,7 @@ impl LoadGuard {
         let m = &self.state.inner.metrics;
         if !self.first_seen {
             self.first_seen = true;
+            self.first_at = Some(now);
             let _ = self.state.inner.lock_core().first_token(self.id);
             self.state.inner.queue_notify.notify_one();
             m.ttft
@@ -120,6 +158,7 @@ impl LoadGuard {
         {
             m.cached_tokens.observe(cached as f64);
         }
+        self.log_provenance("ok", usage.as_ref());
     }
 }
 
@@ -134,6 +173,7 @@ impl Drop for LoadGuard {
                 .metrics
                 .requests
                 .inc(&[("status", "cancelled"), ("mode", self.mode.as_str())]);
+            self.log_provenance("cancelled", None);
         }
     }
 }
@@ -153,6 +193,12 @@ fn find_usage(tail: &[u8], stream: bool) -> Option<Value> {
         .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
         .filter_map(|v| v.get("usage").cloned().filter(|u| !u.is_null()))
         .last()
+}
+
+fn header_string(headers: &HeaderMap, names: &[&str]) -> Option<String> {
+    names
+        .iter()
+        .find_map(|n| Some(headers.get(*n)?.to_str().ok()?.to_owned()))
 }
 
 fn header_u64(headers: &HeaderMap, names: &[&str]) -> Option<u64> {
@@ -463,6 +509,7 @@ pub(crate) async fn handle(
                 .map_err(|e| fail(ServeError::Route(e)))?
         };
         let worker = decision.rank.worker;
+        let queued_ms = arrival.elapsed().as_secs_f64() * 1e3;
         if attempt == 0 {
             let m = &inner.metrics;
             m.overhead.observe(arrival.elapsed().as_secs_f64());
@@ -478,6 +525,19 @@ pub(crate) async fn handle(
             continue;
         };
         let mut guard = LoadGuard::new(state.clone(), id, worker, mode, arrival, stream);
+        if inner.config.provenance.is_some() {
+            guard.prov = Some(Box::new(Provenance {
+                request_id: id.0,
+                session: header_string(&headers, &["x-session-id", "x-dynamo-session-id"]),
+                group: header_string(&headers, &["x-kvrouter-group-id"]),
+                dp_rank: decision.rank.dp_rank,
+                policy_version: decision.policy_version,
+                prompt_tokens: isl_tokens,
+                queue_ms: queued_ms,
+                migrations: 0,
+                ..Default::default()
+            }));
+        }
         let upstream = inner
             .http
             .post(format!("{base}{}", kind.path()))
