@@ -40,6 +40,9 @@ pub(crate) struct MockEngineArgs {
     /// Divide every modelled time by this.
     #[arg(long, default_value_t = 1.0)]
     speedup_ratio: f64,
+    /// Time to load new weights (POST /update_weights), ms, before the speed-up ratio.
+    #[arg(long, default_value_t = 0.0)]
+    weight_load_ms: f64,
     /// ZeroMQ endpoint to publish KV events on (bound; port 0 picks one), e.g. tcp://127.0.0.1:5557.
     #[arg(long)]
     kv_events_endpoint: Option<String>,
@@ -119,6 +122,8 @@ impl MockEngineArgs {
             topic: self.kv_events_topic.clone(),
             dp_rank: self.dp_rank,
             tokenizer,
+            weight_load: std::time::Duration::try_from_secs_f64(self.weight_load_ms / 1e3)
+                .map_err(|_| anyhow::anyhow!("--weight-load-ms must be a non-negative number"))?,
             ..MockEngineConfig::default()
         })
     }

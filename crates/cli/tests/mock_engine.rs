@@ -320,3 +320,66 @@ async fn invalid_flags_name_the_flag() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("--profile"));
 }
+
+#[tokio::test]
+async fn pause_resume_and_weight_updates() {
+    let engine = start_engine(&["--weight-load-ms", "100"]).await;
+    let client = reqwest::Client::new();
+    let url = |p: &str| format!("{}{p}", engine.http);
+    let prompt: Vec<u32> = (1..=32).collect();
+    let body = json!({"model": "mock-model", "prompt": prompt, "max_tokens": 2});
+    let cached = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    let (s, _) = post(&client, url("/v1/completions"), body.clone()).await;
+    assert_eq!(s, 200);
+    let (_, v) = post(&client, url("/v1/completions"), body.clone()).await;
+    assert_eq!(cached(&v), Some(28), "the repeat hits the prefix cache");
+
+    // Paused: a request is accepted but does not run until resumed.
+    let (s, v) = post(&client, url("/pause"), json!({})).await;
+    assert_eq!((s, v["paused"].as_bool()), (200, Some(true)));
+    let info: Value = client
+        .get(url("/server_info"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["paused"], true);
+    let waiting = tokio::spawn({
+        let (client, u, body) = (client.clone(), url("/v1/completions"), body.clone());
+        async move { post(&client, u, body).await }
+    });
+    let mut waiting = std::pin::pin!(waiting);
+    // At speed-up 100 it would take well under a millisecond.
+    assert!(
+        timeout(Duration::from_millis(300), &mut waiting)
+            .await
+            .is_err(),
+        "a paused engine does not step"
+    );
+    let (s, _) = post(&client, url("/resume"), json!({})).await;
+    assert_eq!(s, 200);
+    let (s, _) = timeout(Duration::from_secs(10), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s, 200);
+
+    // New weights: version taken, prefix cache dropped.
+    let (s, v) = post(&client, url("/update_weights"), json!({"version": 3})).await;
+    assert_eq!((s, v["policy_version"].as_u64()), (200, Some(3)));
+    let info: Value = client
+        .get(url("/server_info"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["policy_version"], 3);
+    let (_, v) = post(&client, url("/v1/completions"), body.clone()).await;
+    assert_eq!(cached(&v), Some(0), "blocks of the old weights are gone");
+    let (s, v) = post(&client, url("/update_weights"), json!({"version": -1})).await;
+    assert_eq!((s, v["error"]["param"].as_str()), (400, Some("version")));
+}

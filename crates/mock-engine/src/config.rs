@@ -55,6 +55,8 @@ pub struct MockEngineConfig {
     pub tokenizer: Arc<dyn Tokenizer>,
     /// `max_tokens` of completions that give none.
     pub default_max_tokens: u32,
+    /// How long loading new weights takes (`POST /update_weights`), before the speed-up ratio.
+    pub weight_load: std::time::Duration,
 }
 
 impl Default for MockEngineConfig {
@@ -71,6 +73,7 @@ impl Default for MockEngineConfig {
             replay_buffer_steps: 10_000,
             tokenizer: Arc::new(BuiltinTokenizer::new()),
             default_max_tokens: 16,
+            weight_load: std::time::Duration::ZERO,
         }
     }
 }

@@ -34,6 +34,16 @@ pub(crate) enum Command {
         accepted: tokio::sync::oneshot::Sender<Result<(), EngineError>>,
     },
     Cancel(RequestId),
+    /// Stop stepping (requests are still accepted and wait); answers when paused.
+    Pause(tokio::sync::oneshot::Sender<()>),
+    /// Step again.
+    Resume(tokio::sync::oneshot::Sender<()>),
+    /// Load the weights of a policy version: pause for the weight-load time, drop the prefix
+    /// cache (announced as `AllBlocksCleared`), take the version, and carry on as before.
+    LoadWeights {
+        version: u64,
+        done: tokio::sync::oneshot::Sender<u64>,
+    },
 }
 
 /// Step lateness against the timing model, as a histogram in milliseconds.
@@ -48,6 +58,8 @@ pub(crate) struct Snapshot {
     pub(crate) lateness_counts: [u64; LATENESS_BUCKETS_MS.len() + 1],
     pub(crate) lateness_sum_ms: f64,
     pub(crate) kv_batches_published: u64,
+    pub(crate) paused: bool,
+    pub(crate) policy_version: u64,
 }
 
 #[derive(Debug)]
@@ -78,8 +90,15 @@ pub(crate) fn spawn(
     );
     let tokenizer = config.tokenizer.clone();
     engine.set_token_mapper(Box::new(move |raw| tokenizer.filler_token(raw)));
-    tokio::spawn(run(engine, rx, shared, publisher));
+    let weight_load = config.weight_load.div_f64(config.speedup_ratio.max(1e-9));
+    tokio::spawn(run(engine, rx, shared, publisher, weight_load));
     tx
+}
+
+/// Driver state the control commands change.
+struct Control {
+    paused: bool,
+    weight_load: Duration,
 }
 
 async fn run(
@@ -87,18 +106,44 @@ async fn run(
     mut rx: mpsc::UnboundedReceiver<Command>,
     shared: Arc<Shared>,
     publisher: Option<PublisherHandle>,
+    weight_load: Duration,
 ) {
     let epoch = Instant::now();
     let mut streams: HashMap<RequestId, mpsc::UnboundedSender<Delivery>> = HashMap::new();
+    let mut control = Control {
+        paused: false,
+        weight_load,
+    };
     loop {
-        if !engine.has_work() {
+        if control.paused || !engine.has_work() {
             match rx.recv().await {
-                Some(cmd) => handle(&mut engine, &mut streams, cmd),
+                Some(cmd) => {
+                    handle(
+                        &mut engine,
+                        &mut streams,
+                        cmd,
+                        &mut control,
+                        &shared,
+                        &publisher,
+                    )
+                    .await
+                }
                 None => return,
             }
         }
         while let Ok(cmd) = rx.try_recv() {
-            handle(&mut engine, &mut streams, cmd);
+            handle(
+                &mut engine,
+                &mut streams,
+                cmd,
+                &mut control,
+                &shared,
+                &publisher,
+            )
+            .await;
+        }
+        if control.paused {
+            continue;
         }
         let now = Time::from_micros(epoch.elapsed().as_micros() as u64);
         let outcome = match engine.step(now) {
@@ -163,10 +208,13 @@ async fn wait_until(due: Instant) {
     }
 }
 
-fn handle(
+async fn handle(
     engine: &mut Engine,
     streams: &mut HashMap<RequestId, mpsc::UnboundedSender<Delivery>>,
     cmd: Command,
+    control: &mut Control,
+    shared: &Shared,
+    publisher: &Option<PublisherHandle>,
 ) {
     match cmd {
         Command::Add {
@@ -184,6 +232,29 @@ fn handle(
         Command::Cancel(id) => {
             streams.remove(&id);
             engine.cancel(id);
+        }
+        Command::Pause(done) => {
+            control.paused = true;
+            shared.snapshot.lock().expect("snapshot lock").paused = true;
+            let _ = done.send(());
+        }
+        Command::Resume(done) => {
+            control.paused = false;
+            shared.snapshot.lock().expect("snapshot lock").paused = false;
+            let _ = done.send(());
+        }
+        Command::LoadWeights { version, done } => {
+            tokio::time::sleep(control.weight_load).await;
+            let events = engine.clear_cache();
+            if let (Some(p), false) = (publisher, events.is_empty()) {
+                p.publish(events);
+            }
+            shared
+                .snapshot
+                .lock()
+                .expect("snapshot lock")
+                .policy_version = version;
+            let _ = done.send(version);
         }
     }
 }

@@ -69,6 +69,9 @@ pub fn app(state: AppState) -> Router {
         .route("/live", get(health))
         .route("/metrics", get(metrics))
         .route("/server_info", get(server_info))
+        .route("/pause", post(pause))
+        .route("/resume", post(resume))
+        .route("/update_weights", post(update_weights))
         .with_state(state)
 }
 
@@ -81,6 +84,11 @@ async fn models(State(s): State<AppState>) -> Json<Value> {
         "object": "list",
         "data": [{"id": s.inner.config.model_name, "object": "model", "created": s.inner.created, "owned_by": "kvrouter-mock-engine"}],
     }))
+}
+
+struct PolicyState {
+    policy_version: u64,
+    paused: bool,
 }
 
 /// Where the KV events are, in the shape SGLang's `/server_info` uses, so routers discover both
@@ -99,6 +107,14 @@ async fn server_info(State(s): State<AppState>) -> Json<Value> {
     };
     let (host, port) = split(&s.inner.kv_events);
     let (_, replay_port) = split(&s.inner.replay);
+    let (policy_version, paused) = {
+        let g = s.inner.shared.snapshot.lock().expect("snapshot lock");
+        (g.policy_version, g.paused)
+    };
+    let snap = PolicyState {
+        policy_version,
+        paused,
+    };
     Json(json!({
         "model": c.model_name,
         "engine": "kvrouter-mock-engine",
@@ -116,7 +132,52 @@ async fn server_info(State(s): State<AppState>) -> Json<Value> {
             "dp_size": 1,
             "dp_rank": c.dp_rank,
         },
+        "policy_version": snap.policy_version,
+        "paused": snap.paused,
     }))
+}
+
+/// Stops stepping: requests in flight and new ones wait until `/resume`.
+async fn pause(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+    control(&s, crate::driver::Command::Pause).await?;
+    Ok(Json(json!({"paused": true})))
+}
+
+async fn resume(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+    control(&s, crate::driver::Command::Resume).await?;
+    Ok(Json(json!({"paused": false})))
+}
+
+async fn control(
+    s: &AppState,
+    command: fn(tokio::sync::oneshot::Sender<()>) -> crate::driver::Command,
+) -> Result<(), ApiError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    s.inner
+        .commands
+        .send(command(tx))
+        .map_err(|_| ApiError::internal("the engine has stopped"))?;
+    rx.await
+        .map_err(|_| ApiError::internal("the engine has stopped"))
+}
+
+/// Loads the weights of a policy version: takes the weight-load time, clears the prefix cache
+/// (published as `AllBlocksCleared`) and serves `version` from then on.
+async fn update_weights(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let v: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    let version = v.get("version").and_then(Value::as_u64).ok_or_else(|| {
+        ApiError::invalid("`version` must be a non-negative integer", Some("version"))
+    })?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    s.inner
+        .commands
+        .send(crate::driver::Command::LoadWeights { version, done: tx })
+        .map_err(|_| ApiError::internal("the engine has stopped"))?;
+    let version = rx
+        .await
+        .map_err(|_| ApiError::internal("the engine has stopped"))?;
+    Ok(Json(json!({"success": true, "policy_version": version})))
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {
