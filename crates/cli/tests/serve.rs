@@ -700,3 +700,21 @@ async fn the_provenance_log_has_one_line_per_request() {
     assert!(streamed["decode_ms"].as_f64().is_some());
     let _ = std::fs::remove_file(path);
 }
+
+#[tokio::test]
+async fn request_bodies_past_axums_2_mb_default_are_accepted() {
+    let server = serve(&[]).await;
+    // 3 MB of JSON whitespace: the router reads it and forwards it unchanged to the engine.
+    let body = format!(
+        "{{\"model\": \"mock-model\", \"max_tokens\": 2,{}\"prompt\": [1, 2, 3, 4, 5, 6, 7, 8]}}",
+        " ".repeat(3 << 20)
+    );
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/completions", server.base))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
+}

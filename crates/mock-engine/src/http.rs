@@ -59,6 +59,9 @@ impl AppState {
     }
 }
 
+/// The largest request body accepted (a 1M-token prompt as JSON token ids is about 8 MB).
+const MAX_BODY_BYTES: usize = 64 << 20;
+
 /// The router of the mock engine's HTTP API.
 pub fn app(state: AppState) -> Router {
     Router::new()
@@ -72,6 +75,8 @@ pub fn app(state: AppState) -> Router {
         .route("/pause", post(pause))
         .route("/resume", post(resume))
         .route("/update_weights", post(update_weights))
+        // Long RL and agentic prompts as token-id JSON run past axum's 2 MB default.
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
 

@@ -18,6 +18,9 @@ use kvrouter_core::ids::WorkerId;
 use serde_json::{json, Value};
 use std::fmt::Write;
 
+/// The largest request body accepted (a 1M-token prompt as JSON token ids is about 8 MB).
+const MAX_BODY_BYTES: usize = 64 << 20;
+
 /// The router of `kvrouter serve`'s HTTP API.
 pub fn app(state: AppState) -> Router {
     Router::new()
@@ -37,6 +40,8 @@ pub fn app(state: AppState) -> Router {
             "/admin/workers/{id}/policy-version",
             post(set_policy_version),
         )
+        // Long RL and agentic prompts as token-id JSON run past axum's 2 MB default.
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
 
