@@ -62,7 +62,10 @@ def main():
         "throughput: > 1× is higher). `done/req` = completed / requests sent "
         "(rejected and failed requests are not in the latency figures). One run per cell, "
         "all processes on one 2-core machine (numbers include CPU contention): differences "
-        "of ~10-20 % in latency are within noise.",
+        "of ~10-20 % in latency are within noise. The sglang rows get the same prompts as "
+        "text (`--prompt-format text`; sglang-router's OpenAI frontend takes no token ids); "
+        "the workload lines below show the first config's bench command (see README.md for "
+        "sglang-router's latency floor in the overhead runs).",
         "",
     ]
     for w in workloads:
