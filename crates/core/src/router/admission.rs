@@ -124,7 +124,9 @@ impl AdmissionQueue {
     /// Puts back a request taken out by `remove`, keeping its place in the order.
     pub(crate) fn push_front(&mut self, entry: Queued) {
         self.tokens += entry.request.isl_tokens;
-        self.entries.insert(0, entry);
+        // Entries stay in submission order (expiry reports them in that order).
+        let at = self.entries.partition_point(|e| e.seq < entry.seq);
+        self.entries.insert(at, entry);
     }
 
     pub(crate) fn remove(&mut self, id: RequestId) -> Option<Queued> {
