@@ -27,7 +27,7 @@ OVERHEAD_SPEEDUP=${OVERHEAD_SPEEDUP:-1000}
 OUT=${OUT:-bench/peers/out}
 SCALE=${SCALE:-full}
 TRACE=${TRACE:-/work/shared/traces/claude_code_sessions_dev}
-ALL_CONFIGS="kvrouter-kv kvrouter-kv-pred kvrouter-rr sglang-cache_aware sglang-rr vllm-kv_aware vllm-cache_aware vllm-consistent_hash vllm-rr"
+ALL_CONFIGS="kvrouter-kv kvrouter-kv-pred kvrouter-kv-group kvrouter-rr sglang-cache_aware sglang-rr vllm-kv_aware vllm-cache_aware vllm-consistent_hash vllm-rr"
 CONFIGS=${CONFIGS:-$ALL_CONFIGS}
 WORKLOADS=${WORKLOADS:-agentic grpo overhead}
 MODEL=mock-model
@@ -125,11 +125,13 @@ start_router() { # $1 = config name, $2 = log file
   ROUTER_URL="http://127.0.0.1:$port"
   local cmd=()
   case $cfg in
-    kvrouter-kv|kvrouter-kv-pred|kvrouter-rr)
+    kvrouter-kv|kvrouter-kv-pred|kvrouter-kv-group|kvrouter-rr)
       local mode=kv; [ "$cfg" = kvrouter-rr ] && mode=round-robin
       cmd=("$BIN" serve --host 127.0.0.1 --port "$port" --router-mode "$mode" --model-name "$MODEL")
       # kv-pred: also count placements the router just made, before the engines' KV events arrive.
       [ "$cfg" = kvrouter-kv-pred ] && cmd+=(--router-predicted-ttl-secs 10)
+      # kv-group: GRPO siblings (x-kvrouter-group-id, sent by the bench) follow their group.
+      [ "$cfg" = kvrouter-kv-group ] && cmd+=(--router-group-max-skew 8)
       for u in "${ENGINE_URLS[@]}"; do cmd+=(--worker "$u"); done ;;
     sglang-cache_aware|sglang-rr)
       local pol=cache_aware; [ "$cfg" = sglang-rr ] && pol=round_robin
@@ -184,9 +186,10 @@ run_one() { # $1 = workload tag, $2 = config, $3 = engine speedup, rest = bench 
   fi
   echo "$ROUTER_FLAGS" >"$dir/router_cmd.txt"
   local fmt; fmt=$(prompt_format "$cfg")
+  local extra=(); [ "$cfg" = kvrouter-kv-group ] && extra=(--group-header)
   echo "kvrouter bench $* --prompt-format $fmt (mock-engine --speedup-ratio $speed, $ENGINES engines)" >"$dir/bench_cmd.txt"
   local t0=$SECONDS
-  if timeout 300 "$BIN" bench --url "$ROUTER_URL" --model "$MODEL" --name "$cfg" --out "$dir" --quiet --prompt-format "$fmt" "$@" \
+  if timeout 300 "$BIN" bench --url "$ROUTER_URL" --model "$MODEL" --name "$cfg" --out "$dir" --quiet --prompt-format "$fmt" "${extra[@]}" "$@" \
       >"$LOGS/$tag-$cfg-bench.log" 2>&1; then
     rm -f "$dir/error.txt"
     echo "ok   $tag $cfg ($((SECONDS - t0)) s)"

@@ -17,6 +17,7 @@ BASELINE = "kvrouter-kv"
 ORDER = [
     "kvrouter-kv",
     "kvrouter-kv-pred",
+    "kvrouter-kv-group",
     "kvrouter-rr",
     "sglang-cache_aware",
     "sglang-rr",

@@ -68,6 +68,9 @@ pub(crate) struct BenchArgs {
     /// Send each request's session as an `x-session-id` header (sticky-session routers).
     #[arg(long)]
     pub(crate) session_header: bool,
+    /// Send each request's RL group as an `x-kvrouter-group-id` header (group placement).
+    #[arg(long)]
+    pub(crate) group_header: bool,
     /// Name of the run in reports.
     #[arg(long, default_value = "bench")]
     pub(crate) name: String,
@@ -141,6 +144,7 @@ struct Shared {
     start: Instant,
     timeout: Duration,
     session_header: bool,
+    group_header: bool,
 }
 
 impl Shared {
@@ -149,11 +153,19 @@ impl Shared {
     }
 }
 
-async fn send(shared: Arc<Shared>, body: serde_json::Value, session: Option<u64>) -> Outcome {
+async fn send(
+    shared: Arc<Shared>,
+    body: serde_json::Value,
+    session: Option<u64>,
+    group: Option<u64>,
+) -> Outcome {
     let mut out = Outcome::default();
-    let result = tokio::time::timeout(shared.timeout, stream_one(&shared, body, session, &mut out))
-        .await
-        .unwrap_or_else(|_| Err("timed out".to_owned()));
+    let result = tokio::time::timeout(
+        shared.timeout,
+        stream_one(&shared, body, session, group, &mut out),
+    )
+    .await
+    .unwrap_or_else(|_| Err("timed out".to_owned()));
     if let Err(e) = result {
         out.error = Some(e);
     }
@@ -165,6 +177,7 @@ async fn stream_one(
     shared: &Shared,
     body: serde_json::Value,
     session: Option<u64>,
+    group: Option<u64>,
     out: &mut Outcome,
 ) -> Result<(), String> {
     let mut req = shared
@@ -173,6 +186,9 @@ async fn stream_one(
         .json(&body);
     if let (true, Some(s)) = (shared.session_header, session) {
         req = req.header("x-session-id", s.to_string());
+    }
+    if let (true, Some(g)) = (shared.group_header, group) {
+        req = req.header("x-kvrouter-group-id", g.to_string());
     }
     let resp = req.send().await.map_err(|e| format!("send: {e}"))?;
     let status = resp.status();
@@ -448,6 +464,7 @@ async fn replay(
         start: Instant::now(),
         timeout: Duration::from_secs_f64(args.request_timeout_s),
         session_header: args.session_header,
+        group_header: args.group_header,
     });
     let deadline = Time::from_secs_f64(args.duration_s);
     let text_prompts = args.prompt_format == "text";
@@ -487,9 +504,9 @@ async fn replay(
             records[i].arrival = Some(shared.now());
             in_flight += 1;
             let (tx, shared) = (tx.clone(), shared.clone());
-            let session = req.session;
+            let (session, group) = (req.session, req.group);
             tokio::spawn(async move {
-                let outcome = send(shared, body, session).await;
+                let outcome = send(shared, body, session, group).await;
                 let _ = tx.send((i, outcome));
             });
         }

@@ -66,6 +66,10 @@ pub(crate) struct RoutingArgs {
     /// Keep a session's turns (x-session-id) on its worker for this long after each turn.
     #[arg(long)]
     router_session_affinity_ttl_secs: Option<f64>,
+    /// RL groups (x-kvrouter-group-id): siblings follow their group's worker while it carries at
+    /// most this many more active requests than the least-loaded one (0 = off)
+    #[arg(long, default_value_t = 0)]
+    router_group_max_skew: u32,
     /// KV block size in tokens; must match the engines.
     #[arg(long, default_value_t = 64)]
     pub(crate) kv_cache_block_size: usize,
@@ -100,6 +104,7 @@ impl RoutingArgs {
             router_queue_max_tokens: self.router_queue_max_tokens,
             reject_when_overloaded: self.reject_when_overloaded,
             router_session_affinity_ttl_secs: self.router_session_affinity_ttl_secs,
+            router_group_max_skew: self.router_group_max_skew,
             seed: self.seed,
             ..RouterConfig::default()
         };

@@ -494,6 +494,7 @@ pub(crate) async fn handle(
         request.deadline = admission.deadline;
         request.session = admission.session;
         request.policy = admission.policy;
+        request.group = header_string(&headers, &["x-kvrouter-group-id"]).map(|g| session_key(&g));
         let decision = if tried.is_empty() {
             admit(&state, request).await.map_err(fail)?
         } else {

@@ -266,11 +266,14 @@ impl<'w> Simulation<'w> {
             .workload
             .router_blocks(i, self.config.router.kv_cache_block_size);
         let carried = u64::from(self.records[i].carried);
-        RouteRequest::new(
+        let mut route = RouteRequest::new(
             RequestId(i as u64),
             u64::from(req.input_tokens) + carried,
             blocks,
-        )
+        );
+        // What a client sends as x-kvrouter-group-id.
+        route.group = req.group;
+        route
     }
 
     /// Admission and placement (first attempt or continuation).

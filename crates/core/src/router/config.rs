@@ -62,6 +62,11 @@ pub struct RouterConfig {
     pub reject_when_overloaded: bool,
     /// Keep a session's turns on its worker for this long after each turn (`None` = off).
     pub router_session_affinity_ttl_secs: Option<f64>,
+    /// RL groups (requests naming a group): siblings follow the group's worker while it carries
+    /// at most this many more active requests than the least-loaded eligible one; beyond that
+    /// they spill to the policy's choice, which becomes the group's worker. 0 (the default) turns
+    /// it off: on decode-heavy GRPO steps keeping siblings together lengthens the step (sim).
+    pub router_group_max_skew: u32,
     /// Seed of the randomized policies.
     pub seed: u64,
 }
@@ -93,6 +98,7 @@ impl Default for RouterConfig {
             router_queue_max_tokens: None,
             reject_when_overloaded: false,
             router_session_affinity_ttl_secs: None,
+            router_group_max_skew: 0,
             seed: 0,
         }
     }

@@ -24,6 +24,9 @@ use crate::rng::SeededRng;
 use crate::time::Time;
 use std::collections::BTreeMap;
 
+/// Group placements kept before the idlest half is forgotten.
+const MAX_GROUPS: usize = 65_536;
+
 /// The routing core. See the crate docs.
 #[derive(Debug)]
 pub struct Router {
@@ -42,6 +45,8 @@ pub struct Router {
     sessions: BTreeMap<u64, (WorkerRank, Time)>,
     /// Workers the host marked unavailable (unhealthy), keeping their load.
     unavailable: std::collections::BTreeSet<WorkerId>,
+    /// RL group → (the rank its siblings go to, last use).
+    groups: BTreeMap<u64, (WorkerRank, Time)>,
     /// Workers paused by an operator (elastic membership), keeping their load and cache.
     paused: std::collections::BTreeSet<WorkerId>,
 }
@@ -74,6 +79,7 @@ impl Router {
             sessions: BTreeMap::new(),
             unavailable: std::collections::BTreeSet::new(),
             paused: std::collections::BTreeSet::new(),
+            groups: BTreeMap::new(),
         })
     }
 
@@ -294,7 +300,11 @@ impl Router {
         let sticky = self
             .session_rank(request, now)
             .and_then(|r| candidates.iter().position(|c| c.rank == r));
-        let chosen = match sticky {
+        let grouped = match sticky {
+            Some(_) => None,
+            None => self.group_choice(request, &candidates),
+        };
+        let chosen = match sticky.or(grouped) {
             Some(i) => i,
             None => self.pick(mode, &candidates, &scores),
         };
@@ -317,6 +327,16 @@ impl Router {
             .map_err(|_| RouteError::DuplicateRequest(request.id))?;
         if let Some(p) = &mut self.predicted {
             p.insert(rank, &request.blocks, now);
+        }
+        if let (Some(group), true) = (request.group, self.config.router_group_max_skew > 0) {
+            self.groups.insert(group, (rank, now));
+            if self.groups.len() > MAX_GROUPS {
+                // Forget the groups idle longest (a step's groups finish within it).
+                let mut ages: Vec<Time> = self.groups.values().map(|(_, t)| *t).collect();
+                ages.sort_unstable();
+                let cut = ages[ages.len() / 2];
+                self.groups.retain(|_, (_, t)| *t > cut);
+            }
         }
         if let (Some(session), Some(ttl)) = (
             request.session,
@@ -454,6 +474,24 @@ impl Router {
     }
 
     /// The rank a session is bound to, while the binding lives and affinity is on.
+    /// Group placement: the candidate holding the request's group, unless it carries more than
+    /// `router_group_max_skew` active requests above the least-loaded candidate.
+    fn group_choice(&self, request: &RouteRequest, candidates: &[Candidate]) -> Option<usize> {
+        let skew = self.config.router_group_max_skew;
+        if skew == 0 {
+            return None;
+        }
+        let (rank, _) = self.groups.get(&request.group?)?;
+        let i = candidates.iter().position(|c| c.rank == *rank)?;
+        let least = candidates.iter().map(|c| c.load.active_requests).min()?;
+        (candidates[i].load.active_requests <= least + skew).then_some(i)
+    }
+
+    /// Number of RL groups with a placement.
+    pub fn group_count(&self) -> usize {
+        self.groups.len()
+    }
+
     fn session_rank(&self, request: &RouteRequest, now: Time) -> Option<WorkerRank> {
         self.config.router_session_affinity_ttl_secs?;
         let (rank, expires) = self.sessions.get(&request.session?)?;

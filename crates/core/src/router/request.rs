@@ -93,6 +93,9 @@ pub struct RouteRequest {
     pub deadline: Option<Time>,
     /// The session it belongs to, for affinity (a hash of the session header).
     pub session: Option<u64>,
+    /// The RL group it belongs to (samples sharing a prompt), for group placement.
+    #[serde(default)]
+    pub group: Option<u64>,
     /// Policy versions it accepts; with none eligible it waits in the router queue.
     #[serde(default)]
     pub policy: VersionRequirement,
@@ -113,6 +116,7 @@ impl RouteRequest {
             priority: 0,
             deadline: None,
             session: None,
+            group: None,
             policy: VersionRequirement::default(),
         }
     }

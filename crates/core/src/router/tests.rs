@@ -698,3 +698,39 @@ fn requests_wait_for_their_policy_version_without_blocking_others() {
         r.check_invariants().unwrap();
     }
 }
+
+#[test]
+fn group_siblings_follow_their_group_until_the_skew_bound() {
+    let config = RouterConfig {
+        router_mode: RouterMode::RoundRobin,
+        kv_cache_block_size: BS,
+        router_group_max_skew: 2,
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    for w in 0..3 {
+        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+    }
+    let sibling = |id: u64| {
+        let mut q = request(id, &tokens(7, 8));
+        q.group = Some(42);
+        q
+    };
+    let home = r.route(&sibling(1), Time::ZERO).unwrap().rank;
+    // Round-robin alone would rotate; siblings stay while home carries ≤ least + 2.
+    for id in 2..=3 {
+        assert_eq!(r.route(&sibling(id), Time::ZERO).unwrap().rank, home);
+    }
+    // Home now has 3 active, the others 0: the next sibling spills, and that becomes home.
+    let spilled = r.route(&sibling(4), Time::ZERO).unwrap().rank;
+    assert_ne!(spilled, home);
+    assert_eq!(r.route(&sibling(5), Time::ZERO).unwrap().rank, spilled);
+    assert_eq!(r.group_count(), 1);
+    // Requests of no group are placed as before, and skew 0 turns grouping off.
+    let mut off = router(RouterMode::RoundRobin, 3);
+    let a = off.route(&sibling(1), Time::ZERO).unwrap().rank;
+    let b = off.route(&sibling(2), Time::ZERO).unwrap().rank;
+    assert_ne!(a, b);
+    assert_eq!(off.group_count(), 0);
+    r.check_invariants().unwrap();
+}
