@@ -11,11 +11,13 @@ use crate::sim::{load_workload, print_table};
 use anyhow::{bail, Context};
 use clap::Args;
 use futures::StreamExt;
+use kvrouter_core::rng::mix64 as mix;
 use kvrouter_core::time::Time;
 use kvrouter_sim::{summarize, Record, Summary};
+use kvrouter_workload::replay::Replay;
 use kvrouter_workload::Workload;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -80,12 +82,6 @@ pub(crate) struct BenchArgs {
     /// No progress line on stderr.
     #[arg(long)]
     pub(crate) quiet: bool,
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// The prompt of request `i` as token ids: `block_size` ids per workload block id (equal block
@@ -282,117 +278,6 @@ async fn first_model(client: &reqwest::Client, url: &str) -> anyhow::Result<Stri
         .with_context(|| format!("--url {url}: /v1/models lists no model; pass --model"))
 }
 
-/// The arrival bookkeeping of the simulator, against the wall clock.
-struct Schedule<'a> {
-    workload: &'a Workload,
-    followers: Vec<Vec<usize>>,
-    /// Step → (first requests of the step, requests of the step not yet finished).
-    steps: BTreeMap<u32, (Vec<usize>, usize)>,
-    backlog: VecDeque<usize>,
-    closed_loop: bool,
-    /// (due time, request) min-heap.
-    due: BinaryHeap<Reverse<(Time, usize)>>,
-}
-
-impl<'a> Schedule<'a> {
-    fn new(workload: &'a Workload, concurrency: Option<usize>, arrival_speedup: f64) -> Self {
-        let n = workload.requests.len();
-        let mut s = Schedule {
-            workload,
-            followers: vec![Vec::new(); n],
-            steps: BTreeMap::new(),
-            backlog: VecDeque::new(),
-            closed_loop: concurrency.is_some(),
-            due: BinaryHeap::new(),
-        };
-        for (i, r) in workload.requests.iter().enumerate() {
-            if let Some(a) = r.after {
-                s.followers[a].push(i);
-            }
-            if let (Some(step), Some(_)) = (r.step, workload.barrier) {
-                let e = s.steps.entry(step).or_default();
-                if r.after.is_none() {
-                    e.0.push(i);
-                }
-                e.1 += 1;
-            }
-        }
-        if let Some(c) = concurrency {
-            s.backlog = (0..n)
-                .filter(|i| workload.requests[*i].after.is_none())
-                .collect();
-            for _ in 0..c.max(1) {
-                if let Some(i) = s.backlog.pop_front() {
-                    s.due.push(Reverse((Time::ZERO, i)));
-                }
-            }
-        } else if let (Some(barrier), false) = (workload.barrier, s.steps.is_empty()) {
-            let first: Vec<u32> = s
-                .steps
-                .keys()
-                .take(barrier.staleness as usize + 1)
-                .copied()
-                .collect();
-            for k in first {
-                s.release(k, Time::ZERO);
-            }
-        } else {
-            for (i, r) in workload.requests.iter().enumerate() {
-                if let (Some(a), None) = (r.arrival_ms, r.after) {
-                    let at = Time::from_secs_f64(a / arrival_speedup.max(1e-9) / 1e3);
-                    s.due.push(Reverse((at, i)));
-                }
-            }
-        }
-        s
-    }
-
-    fn release(&mut self, step: u32, at: Time) {
-        if let Some((first, _)) = self.steps.get(&step) {
-            for &i in first {
-                self.due.push(Reverse((at, i)));
-            }
-        }
-    }
-
-    /// Request `i` finished at `now` (`failed`: its session does not continue). Returns the
-    /// requests dropped with it.
-    fn done(&mut self, i: usize, now: Time, failed: bool) -> Vec<usize> {
-        let mut dropped = Vec::new();
-        for f in self.followers[i].clone() {
-            if failed {
-                dropped.push(f);
-                dropped.extend(self.done(f, now, true));
-            } else {
-                let delay = Time::from_secs_f64(self.workload.requests[f].delay_ms / 1e3);
-                self.due.push(Reverse((Time(now.0 + delay.0), f)));
-            }
-        }
-        let req = &self.workload.requests[i];
-        if let (Some(barrier), Some(step), false) =
-            (self.workload.barrier, req.step, self.closed_loop)
-        {
-            if let Some(s) = self.steps.get_mut(&step) {
-                s.1 = s.1.saturating_sub(1);
-                if s.1 == 0 {
-                    let ahead = barrier.staleness as usize;
-                    let next = self.steps.range(step + 1..).nth(ahead).map(|(k, _)| *k);
-                    if let Some(next) = next {
-                        let pause = Time::from_secs_f64(barrier.pause_ms / 1e3);
-                        self.release(next, Time(now.0 + pause.0));
-                    }
-                }
-            }
-        }
-        if self.closed_loop && req.after.is_none() {
-            if let Some(next) = self.backlog.pop_front() {
-                self.due.push(Reverse((now, next)));
-            }
-        }
-        dropped
-    }
-}
-
 /// Runs `kvrouter bench`.
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if !args.arrival_speedup.is_finite() || args.arrival_speedup <= 0.0 {
@@ -468,7 +353,9 @@ async fn replay(
     });
     let deadline = Time::from_secs_f64(args.duration_s);
     let text_prompts = args.prompt_format == "text";
-    let mut schedule = Schedule::new(workload, args.concurrency, args.arrival_speedup);
+    let (mut replay, start) = Replay::new(workload, args.concurrency, args.arrival_speedup);
+    // (due time, request) min-heap.
+    let mut due: BinaryHeap<Reverse<(Time, usize)>> = start.into_iter().map(Reverse).collect();
     let mut records: Vec<Record> = (0..n).map(|_| Record::default()).collect();
     let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Outcome)>();
     let (mut in_flight, mut settled, mut errors) = (0usize, 0usize, 0usize);
@@ -477,11 +364,11 @@ async fn replay(
     loop {
         // Send everything due.
         let now = shared.now();
-        while let Some(Reverse((at, i))) = schedule.due.peek().copied() {
+        while let Some(Reverse((at, i))) = due.peek().copied() {
             if at > now {
                 break;
             }
-            schedule.due.pop();
+            due.pop();
             if at > deadline {
                 continue;
             }
@@ -510,17 +397,11 @@ async fn replay(
                 let _ = tx.send((i, outcome));
             });
         }
-        if in_flight == 0
-            && schedule
-                .due
-                .peek()
-                .is_none_or(|Reverse((at, _))| *at > deadline)
-        {
+        if in_flight == 0 && due.peek().is_none_or(|Reverse((at, _))| *at > deadline) {
             break;
         }
         // Wait for a completion or the next due time.
-        let wait = schedule
-            .due
+        let wait = due
             .peek()
             .map(|Reverse((at, _))| Duration::from_micros(at.0.saturating_sub(shared.now().0)))
             .unwrap_or(Duration::from_secs(3600))
@@ -545,9 +426,11 @@ async fn replay(
                 r.served_cached = o.cached_tokens;
             }
             let at = o.finish.unwrap_or_else(|| shared.now());
-            for f in schedule.done(i, at, failed) {
+            let released = replay.finished(i, at, failed);
+            for f in released.dropped {
                 records[f].rejected = true;
             }
+            due.extend(released.start.into_iter().map(Reverse));
         }
         if !args.quiet && last_progress.elapsed() >= Duration::from_millis(500) {
             last_progress = Instant::now();
@@ -692,75 +575,5 @@ mod tests {
         assert_eq!(find_event_end(b"data: x\n\ndata: y"), Some(9));
         assert_eq!(find_event_end(b"data: x\r\n\r\n"), Some(11));
         assert_eq!(find_event_end(b"data: x\n"), None);
-    }
-
-    #[test]
-    fn closed_loop_keeps_the_concurrency() {
-        let w = Workload {
-            name: "t".into(),
-            block_size: 4,
-            requests: (0..3).map(|_| req(vec![1], 4)).collect(),
-            barrier: None,
-        };
-        let mut s = Schedule::new(&w, Some(2), 1.0);
-        let first: Vec<usize> =
-            std::iter::from_fn(|| s.due.pop().map(|Reverse((_, i))| i)).collect();
-        assert_eq!(first, vec![0, 1]);
-        s.done(1, Time::from_millis(7), false);
-        assert_eq!(s.due.pop(), Some(Reverse((Time::from_millis(7), 2))));
-        s.done(0, Time::from_millis(9), false);
-        assert!(s.due.is_empty());
-    }
-
-    #[test]
-    fn schedule_follows_turns_and_steps() {
-        use kvrouter_workload::Barrier;
-        let mut w = Workload {
-            name: "t".into(),
-            block_size: 4,
-            requests: vec![req(vec![1], 4), req(vec![1], 4)],
-            barrier: None,
-        };
-        w.requests[1].arrival_ms = None;
-        w.requests[1].after = Some(0);
-        w.requests[1].delay_ms = 5.0;
-        let mut s = Schedule::new(&w, None, 1.0);
-        assert_eq!(s.due.pop(), Some(Reverse((Time::ZERO, 0))));
-        assert!(s.due.is_empty());
-        assert!(s.done(0, Time::from_millis(100), false).is_empty());
-        assert_eq!(s.due.pop(), Some(Reverse((Time::from_millis(105), 1))));
-        // A failed turn drops the rest of its session.
-        let mut s = Schedule::new(&w, None, 1.0);
-        s.due.clear();
-        assert_eq!(s.done(0, Time::ZERO, true), vec![1]);
-        assert!(s.due.is_empty());
-
-        // Two steps of two requests, synchronous: step 1 waits for all of step 0 plus the pause.
-        let mut w = Workload {
-            name: "t".into(),
-            block_size: 4,
-            requests: (0..4).map(|_| req(vec![1], 4)).collect(),
-            barrier: Some(Barrier {
-                pause_ms: 50.0,
-                staleness: 0,
-            }),
-        };
-        for (i, r) in w.requests.iter_mut().enumerate() {
-            r.arrival_ms = None;
-            r.step = Some(i as u32 / 2);
-        }
-        let mut s = Schedule::new(&w, None, 1.0);
-        let first: Vec<usize> =
-            std::iter::from_fn(|| s.due.pop().map(|Reverse((_, i))| i)).collect();
-        assert_eq!(first, vec![0, 1]);
-        s.done(0, Time::from_millis(10), false);
-        assert!(s.due.is_empty());
-        s.done(1, Time::from_millis(20), false);
-        let second: Vec<(Time, usize)> =
-            std::iter::from_fn(|| s.due.pop().map(|Reverse(x)| x)).collect();
-        assert_eq!(
-            second,
-            vec![(Time::from_millis(70), 2), (Time::from_millis(70), 3)]
-        );
     }
 }

@@ -20,6 +20,7 @@ use kvrouter_core::event::KvEvent;
 use kvrouter_core::fast_map::FastMap;
 use kvrouter_core::hashing::{chain, BlockHasher};
 use kvrouter_core::ids::{RequestId, SequenceHash, WorkerRank};
+use kvrouter_core::rng::mix64 as mix;
 use kvrouter_core::time::Time;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -148,12 +149,6 @@ pub struct Engine {
     running: Vec<RequestId>,
     waiting: VecDeque<RequestId>,
     stats: EngineStats,
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// The generated token at output position `index` of a request: a pure function of the engine

@@ -8,8 +8,8 @@ use kvrouter_core::ids::{RequestId, WorkerId, WorkerRank};
 use kvrouter_core::router::{Admission, Decision, RouteRequest, Router, WorkerSpec};
 use kvrouter_core::time::Time;
 use kvrouter_engine::{Engine, EngineRequest, Prompt, StepOutcome};
+use kvrouter_workload::replay::Replay;
 use kvrouter_workload::Workload;
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Why a run could not start or continue.
@@ -35,8 +35,6 @@ enum Event {
     StepEnd(usize),
     /// KV events become visible to the router.
     Visible(Vec<KvEvent>),
-    /// RL step `k` starts.
-    ReleaseStep(u32),
     /// A worker dies.
     WorkerDies(usize),
     /// A request whose worker died is continued elsewhere.
@@ -62,12 +60,8 @@ pub struct Simulation<'w> {
     queue: EventQueue<Event>,
     now: Time,
     records: Vec<Record>,
-    /// Requests that start when request i finishes.
-    followers: Vec<Vec<usize>>,
-    /// Requests per RL step and how many are still unfinished.
-    steps: BTreeMap<u32, (Vec<usize>, usize)>,
-    /// Closed-loop replay: requests not yet started, in order.
-    backlog: std::collections::VecDeque<usize>,
+    /// When requests start (arrival times, turns, RL steps, closed loop).
+    replay: Replay<'w>,
     finished: usize,
 }
 
@@ -131,6 +125,7 @@ impl<'w> Simulation<'w> {
                 .map_err(|e| SimError::Config(e.to_string()))?;
         }
         let n = workload.requests.len();
+        let (replay, arrivals) = Replay::new(workload, config.concurrency, config.arrival_speedup);
         let mut sim = Self {
             config,
             workload,
@@ -139,25 +134,9 @@ impl<'w> Simulation<'w> {
             queue: EventQueue::new(),
             now: Time::ZERO,
             records: (0..n).map(|_| Record::default()).collect(),
-            followers: vec![Vec::new(); n],
-            steps: BTreeMap::new(),
-            backlog: Default::default(),
+            replay,
             finished: 0,
         };
-        for (i, r) in workload.requests.iter().enumerate() {
-            if let Some(a) = r.after {
-                sim.followers[a].push(i);
-            }
-            if let (Some(step), Some(_)) = (r.step, workload.barrier) {
-                if r.after.is_none() {
-                    let e = sim.steps.entry(step).or_default();
-                    e.0.push(i);
-                }
-            }
-            if workload.barrier.is_some() && r.step.is_some() {
-                sim.steps.entry(r.step.unwrap_or(0)).or_default().1 += 1;
-            }
-        }
         for (w, at_ms) in sim.config.failures.clone() {
             if w >= sim.workers.len() {
                 return Err(SimError::Config(format!(
@@ -167,34 +146,8 @@ impl<'w> Simulation<'w> {
             }
             sim.queue.push(Time::ZERO + ms(at_ms), Event::WorkerDies(w));
         }
-        if let Some(concurrency) = sim.config.concurrency {
-            sim.backlog = (0..n)
-                .filter(|i| workload.requests[*i].after.is_none())
-                .collect();
-            for _ in 0..concurrency.max(1) {
-                if let Some(i) = sim.backlog.pop_front() {
-                    sim.queue.push(Time::ZERO, Event::Arrive(i));
-                }
-            }
-        } else if let (Some(barrier), false) = (workload.barrier, sim.steps.is_empty()) {
-            // Steps 0..=staleness start at once; each finished step releases the one
-            // `staleness + 1` after it.
-            let first: Vec<u32> = sim
-                .steps
-                .keys()
-                .take(barrier.staleness as usize + 1)
-                .copied()
-                .collect();
-            for k in first {
-                sim.queue.push(Time::ZERO, Event::ReleaseStep(k));
-            }
-        } else {
-            for (i, r) in workload.requests.iter().enumerate() {
-                if let (Some(a), None) = (r.arrival_ms, r.after) {
-                    let at = Time::ZERO + ms(a / sim.config.arrival_speedup);
-                    sim.queue.push(at, Event::Arrive(i));
-                }
-            }
+        for (at, i) in arrivals {
+            sim.queue.push(at, Event::Arrive(i));
         }
         Ok(sim)
     }
@@ -231,12 +184,6 @@ impl<'w> Simulation<'w> {
             }
             Event::WorkerDies(w) => self.worker_dies(w),
             Event::Continue(i) => self.route_request(i),
-            Event::ReleaseStep(k) => {
-                let ids = self.steps.get(&k).map(|s| s.0.clone()).unwrap_or_default();
-                for i in ids {
-                    self.arrive(i);
-                }
-            }
         }
         Ok(true)
     }
@@ -461,37 +408,14 @@ impl<'w> Simulation<'w> {
     /// Bookkeeping when request `i` leaves the system: next turns, step barriers, closed loop.
     fn done(&mut self, i: usize) {
         self.finished += 1;
-        let rejected = self.records[i].rejected;
-        for f in self.followers[i].clone() {
-            if rejected {
-                // A session whose turn failed does not continue.
-                self.records[f].rejected = true;
-                self.done(f);
-            } else {
-                let delay = ms(self.workload.requests[f].delay_ms);
-                self.queue.push(self.now + delay, Event::Arrive(f));
-            }
+        let released = self.replay.finished(i, self.now, self.records[i].rejected);
+        // A session whose turn failed does not continue.
+        for f in released.dropped {
+            self.records[f].rejected = true;
+            self.finished += 1;
         }
-        if let (Some(barrier), Some(step)) = (self.workload.barrier, self.workload.requests[i].step)
-        {
-            if self.config.concurrency.is_none() {
-                if let Some(s) = self.steps.get_mut(&step) {
-                    s.1 -= 1;
-                    if s.1 == 0 {
-                        let ahead = barrier.staleness as usize;
-                        let next = self.steps.range(step + 1..).nth(ahead).map(|(k, _)| *k);
-                        if let Some(next) = next {
-                            self.queue
-                                .push(self.now + ms(barrier.pause_ms), Event::ReleaseStep(next));
-                        }
-                    }
-                }
-            }
-        }
-        if self.config.concurrency.is_some() && self.workload.requests[i].after.is_none() {
-            if let Some(next) = self.backlog.pop_front() {
-                self.queue.push(self.now, Event::Arrive(next));
-            }
+        for (at, f) in released.start {
+            self.queue.push(at, Event::Arrive(f));
         }
     }
 

@@ -11,12 +11,14 @@
 //! - [`model`]: the workload and its requests; block-id → router-block mapping; the cache ceiling.
 //! - [`readers`]: Mooncake JSONL, agentic session JSON, our RL rollout JSONL; format detection.
 //! - [`generators`]: GRPO, multi-turn agentic and the seed-001 scenario (seeded).
+//! - [`replay`]: when each request starts (arrival times, turns, RL steps, closed loop).
 //! - [`dist`]: the seeded log-normal and exponential draws the generators use.
 
 pub mod dist;
 pub mod generators;
 pub mod model;
 pub mod readers;
+pub mod replay;
 
 pub use model::{Barrier, Workload, WorkloadRequest};
 pub use readers::{load_trace, LoadError};

@@ -2,6 +2,7 @@
 
 use kvrouter_core::hashing::BlockHashes;
 use kvrouter_core::ids::ContentHash;
+use kvrouter_core::rng::mix64 as mix;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
@@ -53,12 +54,6 @@ pub struct Workload {
     pub requests: Vec<WorkloadRequest>,
     /// Step barrier, for synchronous RL workloads.
     pub barrier: Option<Barrier>,
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 impl Workload {
