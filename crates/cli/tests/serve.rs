@@ -40,18 +40,35 @@ fn chat(question: &str) -> Value {
 }
 
 async fn send(client: &reqwest::Client, base: &str, body: &Value) -> (u16, Option<u64>, Value) {
-    let r = client
+    let (status, worker, _, body) = send_with(client, base, body, &[]).await;
+    (status, worker, body)
+}
+
+/// Sends a chat with extra headers; returns status, worker and the served policy version.
+async fn send_with(
+    client: &reqwest::Client,
+    base: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> (u16, Option<u64>, Option<u64>, Value) {
+    let mut req = client
         .post(format!("{base}/v1/chat/completions"))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let worker = r
-        .headers()
-        .get("x-kvrouter-worker")
-        .and_then(|v| v.to_str().ok()?.parse().ok());
-    (status, worker, r.json().await.unwrap())
+        .json(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let r = req.send().await.unwrap();
+    let header = |name: &str| {
+        r.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+    };
+    let (status, worker, version) = (
+        r.status().as_u16(),
+        header("x-kvrouter-worker"),
+        header("x-kvrouter-policy-version"),
+    );
+    (status, worker, version, r.json().await.unwrap())
 }
 
 #[tokio::test]
@@ -477,38 +494,6 @@ async fn paused_workers_leave_rotation_until_resumed() {
         [0, 2].into_iter().collect(),
         "worker 0 is back, 1 still paused"
     );
-}
-
-/// Sends a chat with extra headers; returns status, worker and the served policy version.
-async fn send_with(
-    client: &reqwest::Client,
-    base: &str,
-    body: &Value,
-    headers: &[(&str, &str)],
-) -> (u16, Option<u64>, Option<u64>, Value) {
-    let mut req = client
-        .post(format!("{base}/v1/chat/completions"))
-        .json(body);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let r = req.send().await.unwrap();
-    let header = |name: &str| {
-        r.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-    };
-    let (status, worker, version) = (
-        r.status().as_u16(),
-        header("x-kvrouter-worker"),
-        header("x-kvrouter-policy-version"),
-    );
-    (
-        status,
-        worker,
-        version,
-        r.json().await.unwrap_or(Value::Null),
-    )
 }
 
 #[tokio::test]

@@ -195,10 +195,9 @@ fn find_usage(tail: &[u8], stream: bool) -> Option<Value> {
         .last()
 }
 
-fn header_string(headers: &HeaderMap, names: &[&str]) -> Option<String> {
-    names
-        .iter()
-        .find_map(|n| Some(headers.get(*n)?.to_str().ok()?.to_owned()))
+/// The first of `names` present as text.
+fn header_str<'h>(headers: &'h HeaderMap, names: &[&str]) -> Option<&'h str> {
+    names.iter().find_map(|n| headers.get(*n)?.to_str().ok())
 }
 
 fn header_u64(headers: &HeaderMap, names: &[&str]) -> Option<u64> {
@@ -206,6 +205,26 @@ fn header_u64(headers: &HeaderMap, names: &[&str]) -> Option<u64> {
         .iter()
         .find_map(|n| headers.get(*n)?.to_str().ok()?.trim().parse().ok())
 }
+
+/// A header that must parse when present: a 400 naming it otherwise.
+fn parse_header<T: std::str::FromStr>(
+    headers: &HeaderMap,
+    name: &'static str,
+    message: impl FnOnce() -> String,
+) -> Result<Option<T>, ServeError> {
+    headers
+        .get(name)
+        .map(|v| {
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| ServeError::invalid(message(), Some(name)))
+        })
+        .transpose()
+}
+
+const SESSION_HEADERS: [&str; 2] = ["x-session-id", "x-dynamo-session-id"];
+const GROUP_HEADER: [&str; 1] = ["x-kvrouter-group-id"];
 
 /// A pin from an upstream picker's headers (`direct` mode, or any mode when present).
 fn pin_from(headers: &HeaderMap) -> Option<Pin> {
@@ -269,6 +288,7 @@ struct AdmissionFields {
     priority: u8,
     deadline: Option<kvrouter_core::time::Time>,
     session: Option<u64>,
+    group: Option<u64>,
     policy: kvrouter_core::router::VersionRequirement,
 }
 
@@ -277,21 +297,10 @@ struct AdmissionFields {
 fn version_requirement(
     headers: &HeaderMap,
 ) -> Result<kvrouter_core::router::VersionRequirement, ServeError> {
-    let read = |name: &'static str| -> Result<Option<u64>, ServeError> {
-        headers
-            .get(name)
-            .map(|v| {
-                v.to_str()
-                    .ok()
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .ok_or_else(|| {
-                        ServeError::invalid(
-                            format!("{name} must be a non-negative integer"),
-                            Some(name),
-                        )
-                    })
-            })
-            .transpose()
+    let read = |name: &'static str| {
+        parse_header::<u64>(headers, name, || {
+            format!("{name} must be a non-negative integer")
+        })
     };
     Ok(kvrouter_core::router::VersionRequirement {
         exact: read("x-kvrouter-policy-version")?,
@@ -334,34 +343,19 @@ fn admission_fields(
     if priority > MAX_PRIORITY {
         return Err(bad_priority());
     }
-    let deadline = match headers.get("x-kvrouter-deadline-ms") {
-        None => None,
-        Some(v) => {
-            let ms: u64 = v
-                .to_str()
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .ok_or_else(|| {
-                    ServeError::invalid(
-                        "x-kvrouter-deadline-ms must be a whole number of milliseconds",
-                        Some("x-kvrouter-deadline-ms"),
-                    )
-                })?;
-            let since_start =
-                arrival.duration_since(inner.epoch) + std::time::Duration::from_millis(ms);
-            Some(kvrouter_core::time::Time::from_micros(
-                since_start.as_micros() as u64,
-            ))
-        }
-    };
-    let session = ["x-session-id", "x-dynamo-session-id"]
-        .iter()
-        .find_map(|h| headers.get(*h)?.to_str().ok())
-        .map(session_key);
+    let deadline = parse_header::<u64>(headers, "x-kvrouter-deadline-ms", || {
+        "x-kvrouter-deadline-ms must be a whole number of milliseconds".into()
+    })?
+    .map(|ms| {
+        let since_start =
+            arrival.duration_since(inner.epoch) + std::time::Duration::from_millis(ms);
+        kvrouter_core::time::Time::from_micros(since_start.as_micros() as u64)
+    });
     Ok(AdmissionFields {
         priority,
         deadline,
-        session,
+        session: header_str(headers, &SESSION_HEADERS).map(session_key),
+        group: header_str(headers, &GROUP_HEADER).map(session_key),
         policy: version_requirement(headers)?,
     })
 }
@@ -494,7 +488,7 @@ pub(crate) async fn handle(
         request.deadline = admission.deadline;
         request.session = admission.session;
         request.policy = admission.policy;
-        request.group = header_string(&headers, &["x-kvrouter-group-id"]).map(|g| session_key(&g));
+        request.group = admission.group;
         let decision = if tried.is_empty() {
             admit(&state, request).await.map_err(fail)?
         } else {
@@ -529,8 +523,8 @@ pub(crate) async fn handle(
         if inner.config.provenance.is_some() {
             guard.prov = Some(Box::new(Provenance {
                 request_id: id.0,
-                session: header_string(&headers, &["x-session-id", "x-dynamo-session-id"]),
-                group: header_string(&headers, &["x-kvrouter-group-id"]),
+                session: header_str(&headers, &SESSION_HEADERS).map(str::to_owned),
+                group: header_str(&headers, &GROUP_HEADER).map(str::to_owned),
                 dp_rank: decision.rank.dp_rank,
                 policy_version: decision.policy_version,
                 prompt_tokens: isl_tokens,
