@@ -167,7 +167,7 @@ async fn release_session(State(s): State<AppState>, Path(id): Path<String>) -> J
     let released = s
         .inner
         .lock_core()
-        .release_session(crate::proxy::session_key(&id));
+        .release_session(crate::headers::session_key(&id));
     Json(json!({"session_id": id, "released": released}))
 }
 
@@ -181,7 +181,7 @@ async fn finish_session(State(s): State<AppState>, body: Bytes) -> Result<Json<V
     let released = s
         .inner
         .lock_core()
-        .release_session(crate::proxy::session_key(id));
+        .release_session(crate::headers::session_key(id));
     Ok(Json(json!({"session_id": id, "released": released})))
 }
 

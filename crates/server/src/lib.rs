@@ -9,6 +9,8 @@
 //! - [`config`]: the validated settings and the workers-file format.
 //! - `state`: shared state (core behind a short mutex, registry, client, tokenizer, metrics).
 //! - `app`: routes, health, metrics, admin API. `proxy`: the request path and the load guard.
+//! - `headers`: pins, priority, deadline, session, group and policy versions from request headers.
+//! - [`provenance`]: the per-request JSON-lines log.
 //! - `routing`: request bodies to tokens and block hashes. `registry`: adding and removing workers.
 //! - `ingest`: ZeroMQ subscribers, sequence-gap recovery. `metrics`: Prometheus text.
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
@@ -17,6 +19,7 @@
 mod app;
 pub mod config;
 mod error;
+mod headers;
 mod health;
 mod ingest;
 mod metrics;

@@ -6,6 +6,7 @@
 //! An upstream failure before the first byte is retried on another worker (`--retries`).
 
 use crate::error::ServeError;
+use crate::headers::{admission_fields, header_str, pin_from, GROUP_HEADER, SESSION_HEADERS};
 use crate::health;
 use crate::migrate::{self, Migration};
 use crate::provenance::Provenance;
@@ -18,7 +19,7 @@ use axum::response::Response;
 use futures::StreamExt;
 use kvrouter_core::ids::{RequestId, WorkerId};
 use kvrouter_core::policy::RouterMode;
-use kvrouter_core::router::{Admission, Decision, Pin, RouteError, RouteRequest, MAX_PRIORITY};
+use kvrouter_core::router::{Admission, Decision, RouteError, RouteRequest};
 use serde_json::Value;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -195,58 +196,6 @@ fn find_usage(tail: &[u8], stream: bool) -> Option<Value> {
         .last()
 }
 
-/// The first of `names` present as text.
-fn header_str<'h>(headers: &'h HeaderMap, names: &[&str]) -> Option<&'h str> {
-    names.iter().find_map(|n| headers.get(*n)?.to_str().ok())
-}
-
-fn header_u64(headers: &HeaderMap, names: &[&str]) -> Option<u64> {
-    names
-        .iter()
-        .find_map(|n| headers.get(*n)?.to_str().ok()?.trim().parse().ok())
-}
-
-/// A header that must parse when present: a 400 naming it otherwise.
-fn parse_header<T: std::str::FromStr>(
-    headers: &HeaderMap,
-    name: &'static str,
-    message: impl FnOnce() -> String,
-) -> Result<Option<T>, ServeError> {
-    headers
-        .get(name)
-        .map(|v| {
-            v.to_str()
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .ok_or_else(|| ServeError::invalid(message(), Some(name)))
-        })
-        .transpose()
-}
-
-const SESSION_HEADERS: [&str; 2] = ["x-session-id", "x-dynamo-session-id"];
-const GROUP_HEADER: [&str; 1] = ["x-kvrouter-group-id"];
-
-/// A pin from an upstream picker's headers (`direct` mode, or any mode when present).
-fn pin_from(headers: &HeaderMap) -> Option<Pin> {
-    let worker = header_u64(
-        headers,
-        &[
-            "x-kvrouter-worker-id",
-            "x-worker-instance-id",
-            "x-dynamo-worker-instance-id",
-        ],
-    )?;
-    let dp_rank = header_u64(
-        headers,
-        &["x-kvrouter-dp-rank", "x-dp-rank", "x-dynamo-dp-rank"],
-    )
-    .map(|r| r as u32);
-    Some(Pin {
-        worker: WorkerId(worker),
-        dp_rank,
-    })
-}
-
 fn check_model(state: &AppState, body: &Value) -> Result<(), ServeError> {
     let model = match body.get("model") {
         Some(Value::String(m)) => m,
@@ -281,83 +230,6 @@ fn decision_header(d: &Decision) -> Option<HeaderValue> {
         .collect();
     let v = serde_json::json!({"mode": d.mode.as_str(), "worker": d.rank.worker.0, "dp_rank": d.rank.dp_rank, "candidates": compact});
     HeaderValue::from_str(&v.to_string()).ok()
-}
-
-/// Per-request admission inputs from headers and body.
-struct AdmissionFields {
-    priority: u8,
-    deadline: Option<kvrouter_core::time::Time>,
-    session: Option<u64>,
-    group: Option<u64>,
-    policy: kvrouter_core::router::VersionRequirement,
-}
-
-/// The policy versions a request accepts: `x-kvrouter-policy-version` (exact),
-/// `x-kvrouter-min-policy-version`, `x-kvrouter-max-policy-staleness` (versions behind the newest).
-fn version_requirement(
-    headers: &HeaderMap,
-) -> Result<kvrouter_core::router::VersionRequirement, ServeError> {
-    let read = |name: &'static str| {
-        parse_header::<u64>(headers, name, || {
-            format!("{name} must be a non-negative integer")
-        })
-    };
-    Ok(kvrouter_core::router::VersionRequirement {
-        exact: read("x-kvrouter-policy-version")?,
-        min: read("x-kvrouter-min-policy-version")?,
-        max_staleness: read("x-kvrouter-max-policy-staleness")?,
-    })
-}
-
-/// The session key of a session header value (`x-session-id`, `x-dynamo-session-id`).
-pub(crate) fn session_key(id: &str) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(id.as_bytes())
-}
-
-fn admission_fields(
-    headers: &HeaderMap,
-    body: &Value,
-    arrival: Instant,
-    inner: &crate::state::Inner,
-) -> Result<AdmissionFields, ServeError> {
-    let bad_priority = || {
-        ServeError::invalid(
-            format!("priority must be an integer from 0 to {MAX_PRIORITY}"),
-            Some("priority"),
-        )
-    };
-    let priority = match headers.get("x-kvrouter-priority") {
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|v| v.trim().parse::<u8>().ok())
-            .ok_or_else(bad_priority)?,
-        None => match body.get("priority") {
-            None | Some(Value::Null) => 0,
-            Some(v) => v
-                .as_u64()
-                .and_then(|p| u8::try_from(p).ok())
-                .ok_or_else(bad_priority)?,
-        },
-    };
-    if priority > MAX_PRIORITY {
-        return Err(bad_priority());
-    }
-    let deadline = parse_header::<u64>(headers, "x-kvrouter-deadline-ms", || {
-        "x-kvrouter-deadline-ms must be a whole number of milliseconds".into()
-    })?
-    .map(|ms| {
-        let since_start =
-            arrival.duration_since(inner.epoch) + std::time::Duration::from_millis(ms);
-        kvrouter_core::time::Time::from_micros(since_start.as_micros() as u64)
-    });
-    Ok(AdmissionFields {
-        priority,
-        deadline,
-        session: header_str(headers, &SESSION_HEADERS).map(session_key),
-        group: header_str(headers, &GROUP_HEADER).map(session_key),
-        policy: version_requirement(headers)?,
-    })
 }
 
 /// Takes a request out of the queue if its handler goes away while it waits.

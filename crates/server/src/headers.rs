@@ -1,0 +1,138 @@
+//! What a request's headers (and body) say about how to route it: pins, priority, deadline,
+//! session, RL group and accepted policy versions. Malformed values are 400s naming the header.
+
+use crate::error::ServeError;
+use axum::http::HeaderMap;
+use kvrouter_core::ids::WorkerId;
+use kvrouter_core::router::{Pin, MAX_PRIORITY};
+use serde_json::Value;
+use std::time::Instant;
+
+/// The first of `names` present as text.
+pub(crate) fn header_str<'h>(headers: &'h HeaderMap, names: &[&str]) -> Option<&'h str> {
+    names.iter().find_map(|n| headers.get(*n)?.to_str().ok())
+}
+
+fn header_u64(headers: &HeaderMap, names: &[&str]) -> Option<u64> {
+    names
+        .iter()
+        .find_map(|n| headers.get(*n)?.to_str().ok()?.trim().parse().ok())
+}
+
+/// A header that must parse when present: a 400 naming it otherwise.
+fn parse_header<T: std::str::FromStr>(
+    headers: &HeaderMap,
+    name: &'static str,
+    message: impl FnOnce() -> String,
+) -> Result<Option<T>, ServeError> {
+    headers
+        .get(name)
+        .map(|v| {
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| ServeError::invalid(message(), Some(name)))
+        })
+        .transpose()
+}
+
+pub(crate) const SESSION_HEADERS: [&str; 2] = ["x-session-id", "x-dynamo-session-id"];
+pub(crate) const GROUP_HEADER: [&str; 1] = ["x-kvrouter-group-id"];
+
+/// A pin from an upstream picker's headers (`direct` mode, or any mode when present).
+pub(crate) fn pin_from(headers: &HeaderMap) -> Option<Pin> {
+    let worker = header_u64(
+        headers,
+        &[
+            "x-kvrouter-worker-id",
+            "x-worker-instance-id",
+            "x-dynamo-worker-instance-id",
+        ],
+    )?;
+    let dp_rank = header_u64(
+        headers,
+        &["x-kvrouter-dp-rank", "x-dp-rank", "x-dynamo-dp-rank"],
+    )
+    .map(|r| r as u32);
+    Some(Pin {
+        worker: WorkerId(worker),
+        dp_rank,
+    })
+}
+
+/// Per-request admission inputs from headers and body.
+pub(crate) struct AdmissionFields {
+    pub(crate) priority: u8,
+    pub(crate) deadline: Option<kvrouter_core::time::Time>,
+    pub(crate) session: Option<u64>,
+    pub(crate) group: Option<u64>,
+    pub(crate) policy: kvrouter_core::router::VersionRequirement,
+}
+
+/// The policy versions a request accepts: `x-kvrouter-policy-version` (exact),
+/// `x-kvrouter-min-policy-version`, `x-kvrouter-max-policy-staleness` (versions behind the newest).
+fn version_requirement(
+    headers: &HeaderMap,
+) -> Result<kvrouter_core::router::VersionRequirement, ServeError> {
+    let read = |name: &'static str| {
+        parse_header::<u64>(headers, name, || {
+            format!("{name} must be a non-negative integer")
+        })
+    };
+    Ok(kvrouter_core::router::VersionRequirement {
+        exact: read("x-kvrouter-policy-version")?,
+        min: read("x-kvrouter-min-policy-version")?,
+        max_staleness: read("x-kvrouter-max-policy-staleness")?,
+    })
+}
+
+/// The session key of a session header value (`x-session-id`, `x-dynamo-session-id`).
+pub(crate) fn session_key(id: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(id.as_bytes())
+}
+
+pub(crate) fn admission_fields(
+    headers: &HeaderMap,
+    body: &Value,
+    arrival: Instant,
+    inner: &crate::state::Inner,
+) -> Result<AdmissionFields, ServeError> {
+    let bad_priority = || {
+        ServeError::invalid(
+            format!("priority must be an integer from 0 to {MAX_PRIORITY}"),
+            Some("priority"),
+        )
+    };
+    let priority = match headers.get("x-kvrouter-priority") {
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u8>().ok())
+            .ok_or_else(bad_priority)?,
+        None => match body.get("priority") {
+            None | Some(Value::Null) => 0,
+            Some(v) => v
+                .as_u64()
+                .and_then(|p| u8::try_from(p).ok())
+                .ok_or_else(bad_priority)?,
+        },
+    };
+    if priority > MAX_PRIORITY {
+        return Err(bad_priority());
+    }
+    let deadline = parse_header::<u64>(headers, "x-kvrouter-deadline-ms", || {
+        "x-kvrouter-deadline-ms must be a whole number of milliseconds".into()
+    })?
+    .map(|ms| {
+        let since_start =
+            arrival.duration_since(inner.epoch) + std::time::Duration::from_millis(ms);
+        kvrouter_core::time::Time::from_micros(since_start.as_micros() as u64)
+    });
+    Ok(AdmissionFields {
+        priority,
+        deadline,
+        session: header_str(headers, &SESSION_HEADERS).map(session_key),
+        group: header_str(headers, &GROUP_HEADER).map(session_key),
+        policy: version_requirement(headers)?,
+    })
+}
