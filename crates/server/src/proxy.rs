@@ -30,7 +30,6 @@ pub(crate) struct LoadGuard {
     id: RequestId,
     mode: RouterMode,
     arrival: Instant,
-    first_seen: bool,
     last_chunk: Option<Instant>,
     chunks: u64,
     tail: Vec<u8>,
@@ -60,7 +59,6 @@ impl LoadGuard {
             id,
             mode,
             arrival,
-            first_seen: false,
             last_chunk: None,
             chunks: 0,
             tail: Vec::new(),
@@ -106,8 +104,7 @@ impl LoadGuard {
     pub(crate) fn on_chunk(&mut self, chunk: &[u8]) {
         let now = Instant::now();
         let m = &self.state.inner.metrics;
-        if !self.first_seen {
-            self.first_seen = true;
+        if self.first_at.is_none() {
             self.first_at = Some(now);
             let _ = self.state.inner.lock_core().first_token(self.id);
             self.state.inner.queue_notify.notify_one();
