@@ -67,8 +67,33 @@ pub struct RouterConfig {
     /// they spill to the policy's choice, which becomes the group's worker. 0 (the default) turns
     /// it off: on decode-heavy GRPO steps keeping siblings together lengthens the step (sim).
     pub router_group_max_skew: u32,
+    /// What happens to a worker's cache picture when it starts serving another policy version:
+    /// `flush` (the default) forgets it, so blocks computed under old weights never attract a
+    /// new-policy request; `retain` keeps it, for users who accept cross-version KV reuse.
+    pub kv_retention: KvRetention,
     /// Seed of the randomized policies.
     pub seed: u64,
+}
+
+/// KV retention across policy (weight) versions; see [`RouterConfig::kv_retention`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvRetention {
+    /// Forget a worker's cached blocks when its version changes.
+    #[default]
+    Flush,
+    /// Keep them (cross-version prefix reuse).
+    Retain,
+}
+
+impl KvRetention {
+    /// The flag value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvRetention::Flush => "flush",
+            KvRetention::Retain => "retain",
+        }
+    }
 }
 
 impl Default for RouterConfig {
@@ -99,6 +124,7 @@ impl Default for RouterConfig {
             reject_when_overloaded: false,
             router_session_affinity_ttl_secs: None,
             router_group_max_skew: 0,
+            kv_retention: KvRetention::Flush,
             seed: 0,
         }
     }

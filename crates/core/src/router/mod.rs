@@ -8,12 +8,14 @@ pub mod admission;
 mod config;
 mod request;
 mod rl;
+mod update;
 
 pub use admission::{Admission, QueuePolicy, QueueStats};
-pub use config::{ConfigError, RouterConfig};
+pub use config::{ConfigError, KvRetention, RouterConfig};
 pub use request::{
     Decision, Pin, RouteError, RouteRequest, VersionRequirement, WorkerSpec, MAX_PRIORITY,
 };
+pub use update::{UpdateAction, UpdateError, UpdateMode, UpdatePhase, UpdatePlan, UpdateStatus};
 
 use crate::approx::ApproxIndex;
 use crate::event::KvEvent;
@@ -50,6 +52,8 @@ pub struct Router {
     groups: BTreeMap<u64, (WorkerRank, Time)>,
     /// Workers paused by an operator (elastic membership), keeping their load and cache.
     paused: std::collections::BTreeSet<WorkerId>,
+    /// The running (or last) weight-update cycle.
+    update: Option<update::UpdateCycle>,
 }
 
 impl Router {
@@ -81,6 +85,7 @@ impl Router {
             unavailable: std::collections::BTreeSet::new(),
             paused: std::collections::BTreeSet::new(),
             groups: BTreeMap::new(),
+            update: None,
         })
     }
 
@@ -348,7 +353,11 @@ impl Router {
                 .get(&pin.worker)
                 .ok_or(RouteError::UnknownWorker(pin.worker))?;
             if self.excluded(pin.worker) {
-                return Err(RouteError::NoWorkers);
+                return Err(if self.held(pin.worker) {
+                    RouteError::WorkersPaused
+                } else {
+                    RouteError::NoWorkers
+                });
             }
             let ranks = match pin.dp_rank {
                 Some(r) if r >= spec.dp_size => {
@@ -364,20 +373,31 @@ impl Router {
         if mode == RouterMode::Direct {
             return Err(RouteError::MissingTarget);
         }
+        let permitted = |r: &&WorkerRank| {
+            request
+                .allowed_workers
+                .as_ref()
+                .is_none_or(|a| a.contains(&r.worker))
+        };
         let ranks: Vec<WorkerRank> = self
             .ranks
             .iter()
+            .filter(permitted)
             .filter(|r| !self.excluded(r.worker))
-            .filter(|r| {
-                request
-                    .allowed_workers
-                    .as_ref()
-                    .is_none_or(|a| a.contains(&r.worker))
-            })
             .copied()
             .collect();
         if ranks.is_empty() {
-            return Err(RouteError::NoWorkers);
+            // Workers held out by an operator or an update come back: wait for them.
+            let held = self
+                .ranks
+                .iter()
+                .filter(permitted)
+                .any(|r| self.held(r.worker));
+            return Err(if held {
+                RouteError::WorkersPaused
+            } else {
+                RouteError::NoWorkers
+            });
         }
         self.version_filter(request, ranks)
     }
@@ -449,7 +469,7 @@ impl Router {
         }
         // A request whose policy version no eligible worker serves waits for one, queue
         // threshold or not.
-        let waits_for_version = |e: &RouteError| *e == RouteError::NoCompatibleVersion;
+        let waits_for_version = RouteError::waits;
         if self.config.router_queue_threshold.is_none() {
             match self.route(&request, now) {
                 Ok(d) => return Ok(Admission::Dispatched(d)),
@@ -531,9 +551,9 @@ impl Router {
                     self.queue.push_front(request);
                     break;
                 }
-                // Still no worker of an accepted version: it keeps waiting, without holding
-                // up the requests behind it.
-                Err(RouteError::NoCompatibleVersion) => waiting.push(request),
+                // Still no worker of an accepted version, or every one is paused: it keeps
+                // waiting, without holding up the requests behind it.
+                Err(e) if e.waits() => waiting.push(request),
                 Err(e) => out.push((id, Err(e))),
             }
         }
@@ -597,3 +617,5 @@ impl Router {
 mod rl_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod update_tests;

@@ -193,6 +193,10 @@ pub enum RouteError {
     /// queue; this is the answer when it cannot wait).
     #[error("no eligible worker serves an accepted policy version")]
     NoCompatibleVersion,
+    /// Every eligible worker is paused or loading new weights (it waits in the router queue;
+    /// this is the answer when it cannot wait).
+    #[error("every eligible worker is paused or updating its weights")]
+    WorkersPaused,
 }
 
 impl RouteError {
@@ -207,6 +211,15 @@ impl RouteError {
                 | RouteError::UnknownRequest(_)
                 | RouteError::DuplicateWorker(_)
                 | RouteError::InvalidWorker(..)
+        )
+    }
+
+    /// Whether the request waits in the router queue for this to change (a worker of an accepted
+    /// version, or a paused worker coming back) rather than failing.
+    pub fn waits(&self) -> bool {
+        matches!(
+            self,
+            RouteError::NoCompatibleVersion | RouteError::WorkersPaused
         )
     }
 

@@ -8,7 +8,12 @@ use crate::policy::Candidate;
 impl Router {
     /// Out of the eligible set: marked unavailable (health) or paused.
     pub(super) fn excluded(&self, id: WorkerId) -> bool {
-        self.unavailable.contains(&id) || self.paused.contains(&id)
+        self.unavailable.contains(&id) || self.held(id)
+    }
+
+    /// Held out of rotation on purpose and coming back: paused, or in a weight update.
+    pub(super) fn held(&self, id: WorkerId) -> bool {
+        self.paused.contains(&id) || self.updating(id)
     }
 
     /// Pauses (true) or resumes (false) a worker: out of rotation, e.g. a colocated engine put to

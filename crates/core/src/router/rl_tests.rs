@@ -24,7 +24,7 @@ fn paused_workers_keep_load_and_cache_and_only_resume_undoes_a_pause() {
         worker: w,
         dp_rank: None,
     });
-    assert_eq!(r.route(&pinned, Time::ZERO), Err(RouteError::NoWorkers));
+    assert_eq!(r.route(&pinned, Time::ZERO), Err(RouteError::WorkersPaused));
     // Health coming back does not resume a paused worker.
     r.set_available(w, false);
     r.set_available(w, true);

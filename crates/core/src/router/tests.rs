@@ -28,7 +28,7 @@ pub(super) fn request(id: u64, toks: &[u32]) -> RouteRequest {
     RouteRequest::new(RequestId(id), toks.len() as u64, blocks)
 }
 
-fn store_event(worker: u64, toks: &[u32]) -> KvEvent {
+pub(super) fn store_event(worker: u64, toks: &[u32]) -> KvEvent {
     KvEvent::Stored {
         worker: WorkerId(worker),
         dp_rank: 0,
