@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::Args;
 use kvrouter_core::policy::RouterMode;
-use kvrouter_core::router::RouterConfig;
+use kvrouter_core::router::{KvRetention, RouterConfig};
 
 /// The routing flags.
 #[derive(Debug, Args)]
@@ -70,6 +70,10 @@ pub(crate) struct RoutingArgs {
     /// most this many more active requests than the least-loaded one (0 = off)
     #[arg(long, default_value_t = 0)]
     router_group_max_skew: u32,
+    /// KV retention across policy versions: flush (forget a worker's cached blocks when it loads
+    /// new weights) or retain (keep cross-version prefix reuse).
+    #[arg(long, default_value = "flush")]
+    kv_retention: String,
     /// KV block size in tokens; must match the engines.
     #[arg(long, default_value_t = 64)]
     pub(crate) kv_cache_block_size: usize,
@@ -105,6 +109,11 @@ impl RoutingArgs {
             reject_when_overloaded: self.reject_when_overloaded,
             router_session_affinity_ttl_secs: self.router_session_affinity_ttl_secs,
             router_group_max_skew: self.router_group_max_skew,
+            kv_retention: match self.kv_retention.as_str() {
+                "flush" => KvRetention::Flush,
+                "retain" => KvRetention::Retain,
+                other => anyhow::bail!("--kv-retention: `{other}` is not flush or retain"),
+            },
             seed: self.seed,
             ..RouterConfig::default()
         };

@@ -33,6 +33,9 @@ pub(crate) struct ServeArgs {
     /// Speed-up ratio of the embedded mock engines.
     #[arg(long, default_value_t = 1.0)]
     mock_speedup_ratio: f64,
+    /// Weight-load time of each embedded mock engine (weight updates), ms before the speed-up.
+    #[arg(long, default_value_t = 0.0)]
+    mock_weight_load_ms: f64,
     /// KV capacity in blocks of each embedded mock engine.
     #[arg(long, default_value_t = 16_384)]
     mock_num_gpu_blocks: usize,
@@ -137,6 +140,10 @@ impl ServeArgs {
                 ..EngineConfig::default()
             },
             speedup_ratio: self.mock_speedup_ratio,
+            weight_load: std::time::Duration::try_from_secs_f64(self.mock_weight_load_ms / 1e3)
+                .map_err(|_| {
+                    anyhow::anyhow!("--mock-weight-load-ms must be a non-negative number")
+                })?,
             ..MockEngineConfig::default()
         };
         Ok(ServeConfig {

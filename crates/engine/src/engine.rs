@@ -281,6 +281,27 @@ impl Engine {
         true
     }
 
+    /// Ends every request now (a weight update's abort), freeing its blocks: returns each with
+    /// its accounting so far, in id order. Blocks already cached stay cached.
+    pub fn abort_all(&mut self) -> Vec<Finished> {
+        let mut out: Vec<Finished> = self
+            .seqs
+            .iter()
+            .map(|(id, seq)| Finished {
+                id: *id,
+                prompt_tokens: seq.prompt_len,
+                cached_tokens: seq.hit_tokens,
+                output_tokens: seq.output,
+                preemptions: seq.preemptions,
+            })
+            .collect();
+        out.sort_by_key(|f| f.id);
+        for f in &out {
+            self.cancel(f.id);
+        }
+        out
+    }
+
     /// Removes every request (the engine died): returns each with the tokens it had generated.
     pub fn drain(&mut self) -> Vec<(RequestId, u32)> {
         let mut out: Vec<(RequestId, u32)> =

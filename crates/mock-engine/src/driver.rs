@@ -22,6 +22,8 @@ pub(crate) enum Delivery {
         prompt_tokens: u32,
         cached_tokens: u32,
         completion_tokens: u32,
+        /// Ended by an abort (finish reason `abort`), not by its token budget.
+        aborted: bool,
     },
     /// The engine failed the request.
     Failed(String),
@@ -34,14 +36,19 @@ pub(crate) enum Command {
         accepted: tokio::sync::oneshot::Sender<Result<(), EngineError>>,
     },
     Cancel(RequestId),
-    /// Stop stepping (requests are still accepted and wait); answers when paused.
-    Pause(tokio::sync::oneshot::Sender<()>),
+    /// Stop stepping (requests are still accepted and wait); answers when paused. With `abort`,
+    /// requests in flight end first, with their partial output.
+    Pause {
+        abort: bool,
+        done: tokio::sync::oneshot::Sender<usize>,
+    },
     /// Step again.
     Resume(tokio::sync::oneshot::Sender<()>),
     /// Load the weights of a policy version: pause for the weight-load time, drop the prefix
     /// cache (announced as `AllBlocksCleared`), take the version, and carry on as before.
     LoadWeights {
         version: u64,
+        clear_cache: bool,
         done: tokio::sync::oneshot::Sender<u64>,
     },
 }
@@ -175,6 +182,7 @@ async fn run(
                     prompt_tokens: f.prompt_tokens,
                     cached_tokens: f.cached_tokens,
                     completion_tokens: f.output_tokens,
+                    aborted: false,
                 });
             }
         }
@@ -233,21 +241,43 @@ async fn handle(
             streams.remove(&id);
             engine.cancel(id);
         }
-        Command::Pause(done) => {
+        Command::Pause { abort, done } => {
+            let mut aborted = 0;
+            if abort {
+                for f in engine.abort_all() {
+                    if let Some(tx) = streams.remove(&f.id) {
+                        aborted += 1;
+                        let _ = tx.send(Delivery::Done {
+                            prompt_tokens: f.prompt_tokens,
+                            cached_tokens: f.cached_tokens,
+                            completion_tokens: f.output_tokens,
+                            aborted: true,
+                        });
+                    }
+                }
+            }
             control.paused = true;
-            shared.snapshot.lock().expect("snapshot lock").paused = true;
-            let _ = done.send(());
+            let mut snap = shared.snapshot.lock().expect("snapshot lock");
+            snap.paused = true;
+            snap.stats = engine.stats();
+            let _ = done.send(aborted);
         }
         Command::Resume(done) => {
             control.paused = false;
             shared.snapshot.lock().expect("snapshot lock").paused = false;
             let _ = done.send(());
         }
-        Command::LoadWeights { version, done } => {
+        Command::LoadWeights {
+            version,
+            clear_cache,
+            done,
+        } => {
             tokio::time::sleep(control.weight_load).await;
-            let events = engine.clear_cache();
-            if let (Some(p), false) = (publisher, events.is_empty()) {
-                p.publish(events);
+            if clear_cache {
+                let events = engine.clear_cache();
+                if let (Some(p), false) = (publisher, events.is_empty()) {
+                    p.publish(events);
+                }
             }
             shared
                 .snapshot

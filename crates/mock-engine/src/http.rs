@@ -142,10 +142,38 @@ async fn server_info(State(s): State<AppState>) -> Json<Value> {
     }))
 }
 
-/// Stops stepping: requests in flight and new ones wait until `/resume`.
-async fn pause(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
-    control(&s, crate::driver::Command::Pause).await?;
-    Ok(Json(json!({"paused": true})))
+/// `mode` of `/pause`, as vLLM spells it.
+#[derive(serde::Deserialize)]
+struct PauseQuery {
+    mode: Option<String>,
+}
+
+/// Stops stepping: requests in flight and new ones wait until `/resume` (`?mode=keep`, the
+/// default), or requests in flight end now with their partial output and finish reason `abort`
+/// (`?mode=abort`).
+async fn pause(
+    State(s): State<AppState>,
+    axum::extract::Query(q): axum::extract::Query<PauseQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let abort = match q.mode.as_deref() {
+        None | Some("keep") => false,
+        Some("abort") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                format!("unknown pause mode `{other}` (expected keep or abort)"),
+                Some("mode"),
+            ))
+        }
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    s.inner
+        .commands
+        .send(crate::driver::Command::Pause { abort, done: tx })
+        .map_err(|_| ApiError::internal("the engine has stopped"))?;
+    let aborted = rx
+        .await
+        .map_err(|_| ApiError::internal("the engine has stopped"))?;
+    Ok(Json(json!({"paused": true, "aborted": aborted})))
 }
 
 async fn resume(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
@@ -174,10 +202,24 @@ async fn update_weights(State(s): State<AppState>, body: Bytes) -> Result<Json<V
     let version = v.get("version").and_then(Value::as_u64).ok_or_else(|| {
         ApiError::invalid("`version` must be a non-negative integer", Some("version"))
     })?;
+    let clear_cache = match v.get("clear_cache") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "`clear_cache` must be a boolean",
+                Some("clear_cache"),
+            ))
+        }
+    };
     let (tx, rx) = tokio::sync::oneshot::channel();
     s.inner
         .commands
-        .send(crate::driver::Command::LoadWeights { version, done: tx })
+        .send(crate::driver::Command::LoadWeights {
+            version,
+            clear_cache,
+            done: tx,
+        })
         .map_err(|_| ApiError::internal("the engine has stopped"))?;
     let version = rx
         .await
@@ -298,6 +340,7 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
                     prompt_tokens,
                     cached_tokens,
                     completion_tokens,
+                    aborted,
                 }) => {
                     guard.armed = false;
                     let usage = Usage {
@@ -306,10 +349,11 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
                         completion_tokens,
                     };
                     let text = tokenizer.decode(&ids);
-                    return Ok(
-                        Json(openai::full_body(kind, &rid, &model, created, &text, usage))
-                            .into_response(),
-                    );
+                    let finish = if aborted { "abort" } else { "length" };
+                    return Ok(Json(openai::full_body(
+                        kind, &rid, &model, created, &text, usage, finish,
+                    ))
+                    .into_response());
                 }
                 Some(Delivery::Failed(e)) => {
                     guard.armed = false;
@@ -332,6 +376,7 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
             prompt_tokens,
             cached_tokens,
             completion_tokens,
+            aborted,
         } => {
             let usage = Usage {
                 prompt_tokens,
@@ -345,7 +390,7 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
                 created,
                 "",
                 false,
-                Some("length"),
+                Some(if aborted { "abort" } else { "length" }),
             ))];
             if include_usage {
                 out.push(sse(&openai::usage_chunk(

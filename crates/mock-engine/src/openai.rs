@@ -217,16 +217,17 @@ pub(crate) fn full_body(
     created: u64,
     text: &str,
     usage: Usage,
+    finish: &str,
 ) -> Value {
     match kind {
         Kind::Completion => json!({
             "id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}],
+            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
             "usage": usage.json(),
         }),
         Kind::Chat => json!({
             "id": id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "length"}],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish}],
             "usage": usage.json(),
         }),
     }

@@ -40,6 +40,8 @@ pub fn app(state: AppState) -> Router {
             "/admin/workers/{id}/policy-version",
             post(set_policy_version),
         )
+        .route("/admin/policy", get(policy_status))
+        .route("/admin/policy/update", post(policy_update))
         // Long RL and agentic prompts as token-id JSON run past axum's 2 MB default.
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
@@ -231,13 +233,7 @@ async fn list_workers(
                     json!({"dp_rank": r.dp_rank, "active_requests": l.active_requests, "active_prefill_tokens": l.active_prefill_tokens, "active_decode_blocks": l.active_decode_blocks, "cached_gpu_blocks": gpu})
                 })
                 .collect();
-            let state = if core.is_paused(id) {
-                "paused"
-            } else if core.is_available(id) {
-                "serving"
-            } else {
-                "unhealthy"
-            };
+            let state = worker_state(&core, id);
             json!({"id": id.0, "state": state, "policy_version": core.workers().find(|w| w.id == id).map_or(0, |w| w.policy_version), "url": e.url, "kv_events_endpoint": e.kv_events_endpoint, "replay_endpoint": e.replay_endpoint, "dp_size": e.dp_size, "block_size": e.block_size, "max_num_batched_tokens": e.max_num_batched_tokens, "kv_capacity_blocks": e.kv_capacity_blocks, "labels": e.labels, "ranks": ranks})
         })
         .collect();
@@ -313,7 +309,9 @@ async fn set_policy_version(
     if !core.set_policy_version(WorkerId(id), version) {
         return Err(ServeError::NotFound(format!("no worker {id}")));
     }
-    core.clear_worker_cache(WorkerId(id));
+    if core.config().kv_retention == kvrouter_core::router::KvRetention::Flush {
+        core.clear_worker_cache(WorkerId(id));
+    }
     drop(core);
     s.inner.queue_notify.notify_one();
     tracing::info!("worker {id} serves policy version {version}");
@@ -328,4 +326,77 @@ async fn remove_worker(
     authorize(&s, &headers)?;
     let entry = registry::remove_worker(&s, WorkerId(id))?;
     Ok(Json(json!({"removed": id, "url": entry.url})))
+}
+
+/// What a worker is doing: `serving`, `draining` or `updating` (weight update), `paused`
+/// (operator, or a failed update), `unhealthy`.
+fn worker_state(core: &kvrouter_core::router::Router, id: WorkerId) -> &'static str {
+    use kvrouter_core::router::UpdatePhase;
+    match core.update_phase(id) {
+        Some(UpdatePhase::Draining) => return "draining",
+        Some(UpdatePhase::Updating) => return "updating",
+        _ => {}
+    }
+    if core.is_paused(id) {
+        "paused"
+    } else if core.is_available(id) {
+        "serving"
+    } else {
+        "unhealthy"
+    }
+}
+
+/// `GET /admin/policy`: each worker's version and state, and the running (or last) update cycle.
+async fn policy_status(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ServeError> {
+    authorize(&s, &headers)?;
+    let core = s.inner.lock_core();
+    let workers: Vec<Value> = core
+        .workers()
+        .map(|w| json!({"id": w.id.0, "policy_version": w.policy_version, "state": worker_state(&core, w.id)}))
+        .collect();
+    let cycle = core.update_status().map(|u| {
+        let phases: serde_json::Map<String, Value> = u
+            .phases
+            .iter()
+            .map(|(w, p)| (w.0.to_string(), json!(p)))
+            .collect();
+        json!({
+            "version": u.plan.version,
+            "mode": u.plan.mode.as_str(),
+            "batch": u.plan.batch,
+            "running": u.finished.is_none(),
+            "done": u.done,
+            "total": u.total,
+            "phases": phases,
+            "elapsed_ms": u.finished.unwrap_or(s.inner.now()).since(u.started).as_secs_f64() * 1e3,
+        })
+    });
+    Ok(Json(json!({
+        "newest_policy_version": core.newest_policy_version(),
+        "kv_retention": core.config().kv_retention.as_str(),
+        "workers": workers,
+        "update": cycle,
+    })))
+}
+
+/// `POST /admin/policy/update`: starts a weight-update cycle; answers 202 at once. Progress is
+/// at `GET /admin/policy`.
+async fn policy_update(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ServeError> {
+    authorize(&s, &headers)?;
+    let update: crate::update::UpdateBody = serde_json::from_slice(&body)
+        .map_err(|e| ServeError::invalid(format!("invalid update: {e}"), None))?;
+    let version = update.version;
+    crate::update::start(&s, update)?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"version": version, "status": "started"})),
+    )
+        .into_response())
 }

@@ -41,6 +41,10 @@ pub struct WorkerEntry {
     /// The policy (weight) version it serves at registration (RL; default 0).
     #[serde(default)]
     pub policy_version: Option<u64>,
+    /// The engine behind the URL (`mock`, `vllm`, `sglang`), for the weight-update calls;
+    /// read from its `/server_info` when absent.
+    #[serde(default)]
+    pub engine: Option<crate::engines::EngineKind>,
 }
 
 /// A `--workers-file` (TOML): `[[workers]]` tables.

@@ -35,6 +35,9 @@ pub enum ServeError {
     /// An admin resource that does not exist.
     #[error("{0}")]
     NotFound(String),
+    /// An admin action that clashes with one already running.
+    #[error("{0}")]
+    Conflict(String),
 }
 
 impl ServeError {
@@ -68,6 +71,7 @@ impl ServeError {
             ServeError::Upstream(_) => (StatusCode::BAD_GATEWAY, "upstream_error", None),
             ServeError::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error", None),
             ServeError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", None),
+            ServeError::Conflict(_) => (StatusCode::CONFLICT, "conflict", None),
         }
     }
 
@@ -77,7 +81,8 @@ impl ServeError {
             ServeError::Invalid { .. }
             | ServeError::UnknownModel(_)
             | ServeError::Unauthorized
-            | ServeError::NotFound(_) => "client_error",
+            | ServeError::NotFound(_)
+            | ServeError::Conflict(_) => "client_error",
             ServeError::Route(e) if e.is_client_error() => "client_error",
             ServeError::Route(RouteError::DeadlineExceeded) => "deadline_exceeded",
             ServeError::Route(_) => "unavailable",

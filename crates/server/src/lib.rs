@@ -18,6 +18,7 @@
 
 mod app;
 pub mod config;
+mod engines;
 mod error;
 mod headers;
 mod health;
@@ -31,6 +32,7 @@ mod queue;
 mod registry;
 mod routing;
 mod state;
+mod update;
 
 pub use app::app;
 pub use config::{ServeConfig, WorkerEntry, WorkersFile};

@@ -76,6 +76,31 @@ pub(crate) struct Migration {
     done: bool,
     /// Policy versions the client accepts; continuations keep to them.
     pub(crate) policy: kvrouter_core::router::VersionRequirement,
+    /// The policy version serving the current attempt (the body's `system_fingerprint`).
+    pub(crate) version: u64,
+    /// The next event is the first of an attempt: it carries the fingerprint.
+    stamp: bool,
+    /// The engine aborted the attempt for a weight update: the rest of its stream is dropped
+    /// and the request continues on an updated worker.
+    aborted: bool,
+}
+
+/// The `system_fingerprint` of a response served by policy `version`.
+pub(crate) fn fingerprint(version: u64) -> String {
+    format!("policy-{version}")
+}
+
+/// Whether the finish reason of a parsed response (or chunk) is `abort`.
+fn finished_by_abort(v: &Value) -> bool {
+    v["choices"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["finish_reason"] == "abort"))
+}
+
+/// Whether `worker` is draining for a weight update (its engine aborts requests on purpose).
+fn draining_for_update(state: &AppState, worker: WorkerId) -> bool {
+    state.inner.lock_core().update_phase(worker)
+        == Some(kvrouter_core::router::UpdatePhase::Draining)
 }
 
 impl Migration {
@@ -101,6 +126,9 @@ impl Migration {
             buffer: Vec::new(),
             done: false,
             policy: Default::default(),
+            version: 0,
+            stamp: true,
+            aborted: false,
         }
     }
 
@@ -158,6 +186,9 @@ impl Migration {
                 .map(str::trim)
                 .unwrap_or("");
             if data == "[DONE]" {
+                if self.aborted {
+                    continue;
+                }
                 self.done = true;
                 out.extend_from_slice(&event);
                 continue;
@@ -166,6 +197,10 @@ impl Migration {
                 out.extend_from_slice(&event);
                 continue;
             };
+            if self.aborted {
+                // What the aborted attempt still sends (its usage) is not the client's.
+                continue;
+            }
             let choice = &v["choices"][0];
             let content = match self.kind {
                 Kind::Completion => choice["text"].as_str(),
@@ -175,7 +210,27 @@ impl Migration {
                 self.generated_text.push_str(c);
                 self.generated_tokens += 1;
             }
-            if self.carried_tokens > 0 && v.get("usage").is_some_and(|u| !u.is_null()) {
+            if finished_by_abort(&v) && draining_for_update(&self.state, self.worker) {
+                self.aborted = true;
+                if content.is_some_and(|c| !c.is_empty()) {
+                    // Its text reaches the client; the abort does not.
+                    v["choices"][0]["finish_reason"] = Value::Null;
+                    v["system_fingerprint"] = json!(fingerprint(self.version));
+                    out.extend_from_slice(format!("data: {v}\n\n").as_bytes());
+                }
+                continue;
+            }
+            let has_usage = v.get("usage").is_some_and(|u| !u.is_null());
+            let finishing = v["choices"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| !c["finish_reason"].is_null()));
+            let mut rewrite = false;
+            if self.stamp || has_usage || finishing {
+                self.stamp = false;
+                v["system_fingerprint"] = json!(fingerprint(self.version));
+                rewrite = true;
+            }
+            if self.carried_tokens > 0 && has_usage {
                 let u = &mut v["usage"];
                 let completion = u["completion_tokens"].as_u64().unwrap_or(0) + self.carried_tokens;
                 let prompt = u["prompt_tokens"]
@@ -185,6 +240,9 @@ impl Migration {
                 u["completion_tokens"] = json!(completion);
                 u["prompt_tokens"] = json!(prompt);
                 u["total_tokens"] = json!(completion + prompt);
+                rewrite = true;
+            }
+            if rewrite {
                 out.extend_from_slice(format!("data: {v}\n\n").as_bytes());
             } else {
                 out.extend_from_slice(&event);
@@ -193,29 +251,39 @@ impl Migration {
         out
     }
 
-    /// Routes and sends the continuation; returns its response and load guard.
+    /// Routes and sends the continuation; returns its response and load guard. After a weight
+    /// update's abort (`after_abort`) it waits in the router queue for a worker of an accepted
+    /// version, the updated one included; after a failure it goes to a worker not tried yet.
     async fn reissue(
         &mut self,
         prov: Option<Box<crate::provenance::Provenance>>,
+        after_abort: bool,
     ) -> Result<(reqwest::Response, LoadGuard), String> {
         let inner = &self.state.inner;
         let body = self.continuation();
         let RoutingInput { isl_tokens, blocks } = routing_input(&self.state, self.kind, &body)
             .await
             .map_err(|e| e.to_string())?;
+        let mut wait = after_abort;
         loop {
             let id = RequestId(inner.next_request.fetch_add(1, Ordering::Relaxed));
             let mut request = RouteRequest::new(id, isl_tokens, blocks.clone());
-            let allowed: Vec<WorkerId> = registry::worker_ids(&self.state)
-                .into_iter()
-                .filter(|w| !self.tried.contains(w))
-                .collect();
-            request.allowed_workers = Some(allowed);
             request.policy = self.policy;
-            let decision = inner
-                .lock_core()
-                .route(&request, inner.now())
-                .map_err(|e| e.to_string())?;
+            let decision = if wait {
+                crate::proxy::admit(&self.state, request)
+                    .await
+                    .map_err(|e| e.to_string())?
+            } else {
+                let allowed: Vec<WorkerId> = registry::worker_ids(&self.state)
+                    .into_iter()
+                    .filter(|w| !self.tried.contains(w))
+                    .collect();
+                request.allowed_workers = Some(allowed);
+                inner
+                    .lock_core()
+                    .route(&request, inner.now())
+                    .map_err(|e| e.to_string())?
+            };
             let worker = decision.rank.worker;
             self.tried.push(worker);
             let mut guard = LoadGuard::new(
@@ -245,14 +313,95 @@ impl Migration {
                 Ok(r) if r.status().is_success() => {
                     health::observe(&self.state, worker, true, Source::Request);
                     self.worker = worker;
+                    self.version = decision.policy_version;
+                    self.stamp = true;
                     return Ok((r, guard));
                 }
                 _ => {
                     health::observe(&self.state, worker, false, Source::Request);
                     drop(guard);
+                    // A worker that fails goes the way of any failure: somewhere not tried.
+                    wait = false;
                 }
             }
         }
+    }
+}
+
+/// A non-streamed answer: stamps `system_fingerprint` and, if a weight update aborted it,
+/// continues it on an updated worker and joins the parts into one answer (the text of every
+/// part, the original prompt's usage, the completion tokens of all parts). Returns the body and
+/// the worker and policy version that ended it.
+pub(crate) async fn unary(
+    mut m: Migration,
+    first: Bytes,
+    mut guard: LoadGuard,
+) -> Result<(Bytes, WorkerId, u64), crate::error::ServeError> {
+    use crate::error::ServeError;
+    let mut bytes = first;
+    let mut original_usage: Option<Value> = None;
+    loop {
+        let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
+            guard.finish();
+            return Ok((bytes, m.worker, m.version));
+        };
+        let text_of = |v: &Value| -> String {
+            let c = &v["choices"][0];
+            match m.kind {
+                Kind::Completion => c["text"].as_str(),
+                Kind::Chat => c["message"]["content"].as_str(),
+            }
+            .unwrap_or("")
+            .to_owned()
+        };
+        if finished_by_abort(&v)
+            && unmigratable(&m.original).is_none()
+            && draining_for_update(&m.state, m.worker)
+        {
+            let part = text_of(&v);
+            m.generated_text.push_str(&part);
+            m.generated_tokens += v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+            if original_usage.is_none() {
+                original_usage = v.get("usage").cloned();
+            }
+            let prov = guard.prov.take();
+            drop(guard);
+            m.state
+                .inner
+                .metrics
+                .migrations
+                .inc(&[("migration_type", "weight_update")]);
+            let (response, g) = m.reissue(prov, true).await.map_err(|e| {
+                ServeError::Upstream(format!("continuation after a weight update failed: {e}"))
+            })?;
+            guard = g;
+            bytes = response
+                .bytes()
+                .await
+                .map_err(|e| ServeError::Upstream(format!("worker {}: {e}", m.worker)))?;
+            guard.on_chunk(&bytes);
+            continue;
+        }
+        if m.generated_tokens > 0 {
+            let joined = format!("{}{}", m.generated_text, text_of(&v));
+            let c = &mut v["choices"][0];
+            match m.kind {
+                Kind::Completion => c["text"] = json!(joined),
+                Kind::Chat => c["message"]["content"] = json!(joined),
+            }
+            let completion =
+                v["usage"]["completion_tokens"].as_u64().unwrap_or(0) + m.generated_tokens;
+            if let Some(mut u) = original_usage.take().filter(Value::is_object) {
+                let prompt = u["prompt_tokens"].as_u64().unwrap_or(0);
+                u["completion_tokens"] = json!(completion);
+                u["total_tokens"] = json!(prompt + completion);
+                v["usage"] = u;
+            }
+        }
+        v["system_fingerprint"] = json!(fingerprint(m.version));
+        guard.finish();
+        let out = serde_json::to_vec(&v).map(Bytes::from).unwrap_or(bytes);
+        return Ok((out, m.worker, m.version));
     }
 }
 
@@ -295,6 +444,38 @@ pub(crate) fn stream(
                     guard.finish();
                     return None;
                 }
+                // The engine aborted it for a weight update: continue on an updated worker.
+                _ if m.aborted => {
+                    if let Some(reason) = unmigratable(&m.original) {
+                        guard.log_failed();
+                        let msg = format!("the request was aborted by a weight update and cannot be continued faithfully ({reason})");
+                        return Some((Ok(error_event(&msg)), None));
+                    }
+                    let prov = guard.prov.take();
+                    drop(guard);
+                    m.aborted = false;
+                    m.carried_tokens = m.generated_tokens;
+                    m.buffer.clear();
+                    m.state
+                        .inner
+                        .metrics
+                        .migrations
+                        .inc(&[("migration_type", "weight_update")]);
+                    match m.reissue(prov, true).await {
+                        Ok((r, g)) => {
+                            up = r.bytes_stream().boxed();
+                            guard = g;
+                        }
+                        Err(e) => {
+                            return Some((
+                                Ok(error_event(&format!(
+                                    "continuation after a weight update failed: {e}"
+                                ))),
+                                None,
+                            ))
+                        }
+                    }
+                }
                 // The upstream failed (error, idle, or ended without [DONE]).
                 _ => {
                     health::observe(&m.state, m.worker, false, Source::Request);
@@ -318,7 +499,7 @@ pub(crate) fn stream(
                         .metrics
                         .migrations
                         .inc(&[("migration_type", "ongoing_request")]);
-                    match m.reissue(prov).await {
+                    match m.reissue(prov, false).await {
                         Ok((r, g)) => {
                             up = r.bytes_stream().boxed();
                             guard = g;

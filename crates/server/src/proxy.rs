@@ -135,7 +135,7 @@ impl LoadGuard {
         self.done = true;
         let inner = &self.state.inner;
         let _ = inner.lock_core().finish(self.id);
-        inner.queue_notify.notify_one();
+        inner.load_released();
         let m = &inner.metrics;
         m.duration.observe(self.arrival.elapsed().as_secs_f64());
         m.requests
@@ -165,7 +165,7 @@ impl Drop for LoadGuard {
         if !self.done {
             self.done = true;
             let _ = self.state.inner.lock_core().cancel(self.id);
-            self.state.inner.queue_notify.notify_one();
+            self.state.inner.load_released();
             self.state
                 .inner
                 .metrics
@@ -253,7 +253,7 @@ impl Drop for QueuedGuard<'_> {
 }
 
 /// Admission: placed now, or queued until the driver places it (or its deadline passes).
-async fn admit(state: &AppState, request: RouteRequest) -> Result<Decision, ServeError> {
+pub(crate) async fn admit(state: &AppState, request: RouteRequest) -> Result<Decision, ServeError> {
     let inner = &state.inner;
     let id = request.id;
     let queued_at = Instant::now();
@@ -425,7 +425,7 @@ pub(crate) async fn handle(
             // Nothing reached the client yet: release this attempt and try another worker.
             guard.done = true;
             let _ = inner.lock_core().cancel(id);
-            inner.queue_notify.notify_one();
+            inner.load_released();
             inner.metrics.retries.inc(&[("mode", mode.as_str())]);
             tried.push(worker);
             if pin.is_some() {
@@ -454,9 +454,43 @@ pub(crate) async fn handle(
                 builder = builder.header("x-kvrouter-decision", h);
             }
         }
-        if stream && inner.config.migration_limit > 0 && status.is_success() {
-            let mut migration = Migration::new(state.clone(), kind, value.clone(), worker, arrival);
+        if !stream && status.is_success() {
+            // Read whole (it is one JSON object): stamped with the policy version, and
+            // continued if a weight update aborted it.
+            let first = match response.bytes().await {
+                Ok(b) => b,
+                Err(e) => {
+                    health::observe(&state, worker, false, health::Source::Request);
+                    drop(guard);
+                    return Err(fail(ServeError::Upstream(format!("worker {worker}: {e}"))));
+                }
+            };
+            guard.on_chunk(&first);
+            let mut migration = Migration::new(state.clone(), kind, value, worker, arrival);
             migration.policy = admission.policy;
+            migration.version = decision.policy_version;
+            let (out, worker, version) = migrate::unary(migration, first, guard)
+                .await
+                .map_err(fail)?;
+            let mut builder = Response::builder()
+                .status(status)
+                .header("content-type", "application/json")
+                .header("x-kvrouter-worker", worker.0.to_string())
+                .header("x-kvrouter-policy-version", version.to_string());
+            if inner.config.expose_decisions {
+                if let Some(h) = decision_header(&decision) {
+                    builder = builder.header("x-kvrouter-decision", h);
+                }
+            }
+            return Ok(builder.body(Body::from(out)).expect("valid response"));
+        }
+        // Streams are followed event by event when they may have to be continued elsewhere:
+        // migration on failure, or a weight update's abort (the admin API is on).
+        let continuable = inner.config.migration_limit > 0 || inner.config.admin_token.is_some();
+        if stream && continuable && status.is_success() {
+            let mut migration = Migration::new(state.clone(), kind, value, worker, arrival);
+            migration.policy = admission.policy;
+            migration.version = decision.policy_version;
             let body = migrate::stream(response, guard, migration);
             return Ok(builder
                 .body(Body::from_stream(body))

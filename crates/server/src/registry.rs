@@ -205,6 +205,17 @@ pub(crate) fn url_of(state: &AppState, id: WorkerId) -> Option<String> {
         .map(|r| r.entry.url.trim_end_matches('/').to_owned())
 }
 
+/// The engine kind a worker was registered with, if given.
+pub(crate) fn engine_of(state: &AppState, id: WorkerId) -> Option<crate::engines::EngineKind> {
+    state
+        .inner
+        .workers
+        .lock()
+        .expect("workers lock")
+        .get(&id)
+        .and_then(|r| r.entry.engine)
+}
+
 /// Every registered worker id.
 pub(crate) fn worker_ids(state: &AppState) -> Vec<WorkerId> {
     state

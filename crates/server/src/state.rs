@@ -53,6 +53,8 @@ pub(crate) struct Inner {
     pub(crate) waiters: Mutex<HashMap<RequestId, oneshot::Sender<Result<Decision, RouteError>>>>,
     /// Wakes the queue driver when load changes.
     pub(crate) queue_notify: Notify,
+    /// Wakes a running weight-update cycle when a request ends (a draining worker may be idle).
+    pub(crate) update_notify: Notify,
     /// Worker health.
     pub(crate) health: crate::health::Health,
 }
@@ -61,6 +63,12 @@ impl Inner {
     /// Now, as the core counts time: microseconds since the server started.
     pub(crate) fn now(&self) -> Time {
         Time::from_micros(self.epoch.elapsed().as_micros() as u64)
+    }
+
+    /// A request's load was released: queued requests and a draining update may go on.
+    pub(crate) fn load_released(&self) {
+        self.queue_notify.notify_one();
+        self.update_notify.notify_one();
     }
 
     pub(crate) fn lock_core(&self) -> std::sync::MutexGuard<'_, Router> {
@@ -113,6 +121,7 @@ impl AppState {
                 models: RwLock::new(models),
                 waiters: Mutex::new(HashMap::new()),
                 queue_notify: Notify::new(),
+                update_notify: Notify::new(),
                 health: crate::health::Health::default(),
             }),
         })

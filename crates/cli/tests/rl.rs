@@ -1,0 +1,376 @@
+//! End to end: weight-update cycles run by `kvrouter serve` over embedded mock engines while a
+//! GRPO-shaped load is in flight. Every request is answered once, with exactly its token budget;
+//! none is served by a version it does not accept; aborted ones are continued.
+
+mod common;
+
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const TOKEN: &str = "rl-t0k";
+const MAX_TOKENS: u64 = 100;
+const GROUPS: u64 = 4;
+const SAMPLES: u64 = 3;
+
+struct Server {
+    _proc: common::Proc,
+    base: String,
+    client: reqwest::Client,
+}
+
+async fn serve() -> Server {
+    let proc = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "3",
+        "--mock-speedup-ratio",
+        "2",
+        "--mock-weight-load-ms",
+        "100",
+        "--admin-token",
+        TOKEN,
+    ])
+    .await;
+    Server {
+        base: proc.http(),
+        _proc: proc,
+        client: reqwest::Client::new(),
+    }
+}
+
+/// A GRPO prompt: token ids shared by the group's samples (three 64-token blocks and a tail).
+fn prompt(group: u64) -> Vec<u64> {
+    (0..200).map(|i| 1000 + group * 1000 + i).collect()
+}
+
+/// What one request came back with.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    /// `x-kvrouter-policy-version` (the version that started serving it).
+    header_version: Option<u64>,
+    /// Every `system_fingerprint` seen, in order.
+    fingerprints: Vec<String>,
+    /// Content pieces (streams: one per token).
+    pieces: u64,
+    done_events: u64,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    finish_reason: Option<String>,
+}
+
+async fn complete(s: &Server, group: u64, stream: bool, headers: &[(&str, String)]) -> Answer {
+    let ids = prompt(group);
+    let mut body =
+        json!({"model": "mock-model", "prompt": ids, "max_tokens": MAX_TOKENS, "stream": stream});
+    if stream {
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    let mut req = s
+        .client
+        .post(format!("{}/v1/completions", s.base))
+        .header("x-kvrouter-group-id", format!("g{group}"))
+        .json(&body);
+    for (k, v) in headers {
+        req = req.header(*k, v);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let header_version = r
+        .headers()
+        .get("x-kvrouter-policy-version")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let text = r.text().await.unwrap();
+    let mut a = Answer {
+        status,
+        header_version,
+        fingerprints: Vec::new(),
+        pieces: 0,
+        done_events: 0,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        finish_reason: None,
+    };
+    let take = |v: &Value, a: &mut Answer| {
+        if let Some(f) = v["system_fingerprint"].as_str() {
+            a.fingerprints.push(f.to_owned());
+        }
+        if let Some(c) = v["choices"].as_array().and_then(|c| c.first()) {
+            if c["text"].as_str().is_some_and(|t| !t.is_empty()) {
+                a.pieces += 1;
+            }
+            if let Some(f) = c["finish_reason"].as_str() {
+                a.finish_reason = Some(f.to_owned());
+            }
+        }
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            a.prompt_tokens = u["prompt_tokens"].as_u64().unwrap();
+            a.completion_tokens = u["completion_tokens"].as_u64().unwrap();
+        }
+    };
+    if stream {
+        for event in text.split("\n\n").filter(|e| !e.trim().is_empty()) {
+            let data = event.trim().strip_prefix("data:").unwrap().trim();
+            if data == "[DONE]" {
+                a.done_events += 1;
+                continue;
+            }
+            let v: Value = serde_json::from_str(data).unwrap();
+            assert!(v.get("error").is_none(), "in-band error: {v}");
+            take(&v, &mut a);
+        }
+    } else if let Ok(v) = serde_json::from_str::<Value>(&text) {
+        take(&v, &mut a);
+        a.pieces = 1;
+    }
+    a
+}
+
+async fn admin(s: &Server, path: &str, body: Option<Value>) -> (u16, Value) {
+    let url = format!("{}{path}", s.base);
+    let req = match body {
+        Some(b) => s.client.post(url).json(&b),
+        None => s.client.get(url),
+    };
+    let r = req.bearer_auth(TOKEN).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+async fn metric(s: &Server, prefix: &str) -> f64 {
+    let text = s
+        .client
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls (bounded) until `done` holds.
+async fn until<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..3000 {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Starts the GRPO step (every sample of every group, streams and non-streamed answers), waits
+/// until all of it is in flight, runs the update, and checks every answer.
+async fn update_under_load(mode: &str) -> (Server, Vec<Answer>) {
+    let s = std::sync::Arc::new(serve().await);
+    let mut step = Vec::new();
+    for g in 0..GROUPS {
+        for k in 0..SAMPLES {
+            let s = s.clone();
+            step.push(tokio::spawn(
+                async move { complete(&s, g, k != 0, &[]).await },
+            ));
+        }
+    }
+    let total = (GROUPS * SAMPLES) as f64;
+    until("the step in flight", || async {
+        metric(&s, "kvrouter_worker_active_requests{").await >= total
+    })
+    .await;
+    let (status, body) = admin(
+        &s,
+        "/admin/policy/update",
+        Some(json!({"version": 1, "mode": mode, "batch": 1})),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    // A second cycle is refused while this one runs.
+    let (status, _) = admin(
+        &s,
+        "/admin/policy/update",
+        Some(json!({"version": 2, "mode": "drain"})),
+    )
+    .await;
+    assert_eq!(status, 409);
+    // A request that needs the new policy waits for it, whatever the mode.
+    let fresh = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            complete(
+                &s,
+                GROUPS,
+                true,
+                &[("x-kvrouter-min-policy-version", "1".into())],
+            )
+            .await
+        })
+    };
+    until("the update to finish", || async {
+        let (_, p) = admin(&s, "/admin/policy", None).await;
+        p["update"]["running"] == false
+    })
+    .await;
+    let (_, p) = admin(&s, "/admin/policy", None).await;
+    assert_eq!(p["update"]["done"], 3, "{p}");
+    assert_eq!(p["newest_policy_version"], 1);
+    for w in p["workers"].as_array().unwrap() {
+        assert_eq!(
+            (w["policy_version"].as_u64(), w["state"].as_str()),
+            (Some(1), Some("serving")),
+            "{p}"
+        );
+    }
+    let mut answers = Vec::new();
+    for t in step {
+        answers.push(
+            tokio::time::timeout(Duration::from_secs(60), t)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let fresh = tokio::time::timeout(Duration::from_secs(60), fresh)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(fresh.status, 200);
+    assert_eq!(
+        fresh.header_version,
+        Some(1),
+        "served by the version it needs"
+    );
+    assert_eq!(
+        fresh.fingerprints.first().map(String::as_str),
+        Some("policy-1")
+    );
+    for a in &answers {
+        check_complete(a);
+    }
+    let s = std::sync::Arc::try_unwrap(s).ok().expect("no other owner");
+    (s, answers)
+}
+
+/// Answered once, with its whole budget, over its original prompt.
+fn check_complete(a: &Answer) {
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.completion_tokens, MAX_TOKENS, "{a:?}");
+    assert_eq!(a.prompt_tokens, 200, "the original prompt's usage: {a:?}");
+    assert_eq!(a.finish_reason.as_deref(), Some("length"), "{a:?}");
+    assert!(!a.fingerprints.is_empty(), "system_fingerprint: {a:?}");
+    if a.done_events > 0 {
+        assert_eq!(a.done_events, 1, "{a:?}");
+        assert_eq!(
+            a.pieces, MAX_TOKENS,
+            "one piece per token, none twice: {a:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn drain_lets_the_step_finish_on_the_old_policy_then_updates() {
+    let (s, answers) = update_under_load("drain").await;
+    for a in &answers {
+        assert_eq!(a.header_version, Some(0));
+        assert!(a.fingerprints.iter().all(|f| f == "policy-0"), "{a:?}");
+    }
+    assert_eq!(
+        metric(
+            &s,
+            "kvrouter_migrations_total{migration_type=\"weight_update\""
+        )
+        .await,
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn abort_continues_the_step_on_the_new_policy_with_exact_token_counts() {
+    let (s, answers) = update_under_load("abort").await;
+    let continued = answers
+        .iter()
+        .filter(|a| a.fingerprints.iter().any(|f| f == "policy-1"))
+        .count();
+    assert_eq!(
+        continued,
+        answers.len(),
+        "every in-flight answer ends on the new policy"
+    );
+    for a in &answers {
+        // Streams say in their headers where they started; whole answers, where they ended.
+        let started = if a.done_events > 0 { 0 } else { 1 };
+        assert_eq!(a.header_version, Some(started), "{a:?}");
+        assert_eq!(
+            a.fingerprints.last().map(String::as_str),
+            Some("policy-1"),
+            "{a:?}"
+        );
+    }
+    assert!(
+        metric(
+            &s,
+            "kvrouter_migrations_total{migration_type=\"weight_update\""
+        )
+        .await
+            >= answers.len() as f64
+    );
+}
+
+#[tokio::test]
+async fn rolling_keeps_serving_while_one_worker_at_a_time_updates() {
+    let (_s, answers) = update_under_load("rolling").await;
+    // Drained workers finish on policy 0; the step never waits for a whole-fleet pause.
+    for a in &answers {
+        assert!(a.fingerprints.iter().all(|f| f == "policy-0"), "{a:?}");
+    }
+}
+
+#[tokio::test]
+async fn bad_update_requests_name_the_field() {
+    let s = serve().await;
+    let (status, e) = admin(
+        &s,
+        "/admin/policy/update",
+        Some(json!({"version": 1, "mode": "yolo"})),
+    )
+    .await;
+    assert_eq!((status, e["error"]["param"].as_str()), (400, Some("mode")));
+    let (status, e) = admin(
+        &s,
+        "/admin/policy/update",
+        Some(json!({"version": 1, "mode": "rolling", "batch": 0})),
+    )
+    .await;
+    assert_eq!((status, e["error"]["param"].as_str()), (400, Some("batch")));
+    let (status, e) = admin(
+        &s,
+        "/admin/policy/update",
+        Some(json!({"version": 1, "workers": [7]})),
+    )
+    .await;
+    assert_eq!(
+        (status, e["error"]["param"].as_str()),
+        (400, Some("workers"))
+    );
+    let (status, _) = admin(&s, "/admin/policy/update", Some(json!({"mode": "drain"}))).await;
+    assert_eq!(status, 400);
+    let r = s
+        .client
+        .get(format!("{}/admin/policy", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let (status, p) = admin(&s, "/admin/policy", None).await;
+    assert_eq!((status, &p["update"]), (200, &Value::Null));
+    assert_eq!(p["kv_retention"], "flush");
+}

@@ -1,0 +1,223 @@
+//! The router-run weight-update cycle (`POST /admin/policy/update`): the core decides which
+//! workers leave rotation and when each may load; this task makes the engine calls
+//! ([`crate::engines`]) and reports back. Requests aborted on an engine are continued by their
+//! streams (see `migrate.rs`), so nothing that entered before the update is lost.
+
+use crate::engines::{Call, EngineKind, LoadSpec};
+use crate::error::ServeError;
+use crate::registry;
+use crate::state::AppState;
+use kvrouter_core::ids::WorkerId;
+use kvrouter_core::router::{KvRetention, UpdateAction, UpdateMode, UpdatePlan};
+use serde::Deserialize;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Longest wait for one engine call (weight loads of large models take minutes).
+const CALL_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How long a worker aborted for an update may stay busy before it is aborted again.
+const REABORT_AFTER: Duration = Duration::from_millis(500);
+
+/// The body of `POST /admin/policy/update`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UpdateBody {
+    /// The policy version to serve.
+    pub(crate) version: u64,
+    /// `drain` (default), `abort` or `rolling`.
+    #[serde(default)]
+    pub(crate) mode: Option<String>,
+    /// Workers at a time in `rolling` mode (default 1).
+    #[serde(default)]
+    pub(crate) batch: Option<usize>,
+    /// Worker ids to update (default: all).
+    #[serde(default)]
+    pub(crate) workers: Option<Vec<u64>>,
+    /// How the engines load the weights.
+    #[serde(default)]
+    pub(crate) load: LoadSpec,
+}
+
+/// Starts a cycle and the task that carries it out.
+pub(crate) fn start(state: &AppState, body: UpdateBody) -> Result<(), ServeError> {
+    let mode: UpdateMode = body
+        .mode
+        .as_deref()
+        .unwrap_or("drain")
+        .parse()
+        .map_err(|e: String| ServeError::invalid(e, Some("mode")))?;
+    let plan = UpdatePlan {
+        version: body.version,
+        mode,
+        batch: body.batch.unwrap_or(1),
+        workers: body
+            .workers
+            .map(|ws| ws.into_iter().map(WorkerId).collect()),
+    };
+    let inner = &state.inner;
+    let actions = inner
+        .lock_core()
+        .begin_update(plan, inner.now())
+        .map_err(|e| {
+            let field = match e {
+                kvrouter_core::router::UpdateError::ZeroBatch => Some("batch"),
+                kvrouter_core::router::UpdateError::UnknownWorker(_) => Some("workers"),
+                _ => None,
+            };
+            match e {
+                kvrouter_core::router::UpdateError::InProgress(_) => {
+                    ServeError::Conflict(e.to_string())
+                }
+                e => ServeError::invalid(e.to_string(), field),
+            }
+        })?;
+    tracing::info!(
+        "weight update to policy version {} ({}) started",
+        body.version,
+        mode.as_str()
+    );
+    tokio::spawn(drive(state.clone(), body.load, actions));
+    Ok(())
+}
+
+/// Carries out the cycle: engine calls as the core asks for them, until every target is done.
+async fn drive(state: AppState, load: LoadSpec, mut actions: Vec<UpdateAction>) {
+    let inner = &state.inner;
+    let (loaded_tx, mut loaded_rx) = mpsc::unbounded_channel::<(WorkerId, bool)>();
+    loop {
+        for action in actions.drain(..) {
+            match action {
+                UpdateAction::Abort(worker) => {
+                    let state = state.clone();
+                    tokio::spawn(async move {
+                        let kind = engine_kind(&state, worker).await;
+                        if let Err(e) = call(&state, worker, &kind.control().pause(true)).await {
+                            tracing::warn!("worker {worker}: aborting in-flight requests: {e}");
+                        }
+                    });
+                }
+                UpdateAction::Load { worker, version } => {
+                    let state = state.clone();
+                    let load = load.clone();
+                    let tx = loaded_tx.clone();
+                    tokio::spawn(async move {
+                        let ok = match load_weights(&state, worker, version, &load).await {
+                            Ok(()) => true,
+                            Err(e) => {
+                                tracing::warn!("worker {worker}: weight update failed: {e}");
+                                false
+                            }
+                        };
+                        let _ = tx.send((worker, ok));
+                    });
+                }
+            }
+        }
+        let status = inner.lock_core().update_status();
+        let Some(status) = status.filter(|s| s.finished.is_none()) else {
+            tracing::info!("weight update finished");
+            return;
+        };
+        // In abort mode a request that reached an engine after its abort call waits there,
+        // paused: abort again until the worker is idle.
+        let stragglers: Vec<WorkerId> = match status.plan.mode {
+            UpdateMode::Abort => status
+                .phases
+                .iter()
+                .filter(|(_, p)| **p == kvrouter_core::router::UpdatePhase::Draining)
+                .map(|(w, _)| *w)
+                .collect(),
+            _ => Vec::new(),
+        };
+        let reabort = async {
+            if stragglers.is_empty() {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(REABORT_AFTER).await;
+        };
+        tokio::select! {
+            _ = reabort => {
+                actions = stragglers.into_iter().map(UpdateAction::Abort).collect();
+            }
+            Some((worker, ok)) = loaded_rx.recv() => {
+                let mut core = inner.lock_core();
+                actions = core.update_loaded(worker, ok, inner.now()).unwrap_or_default();
+                if ok {
+                    tracing::info!("worker {worker} serves policy version {}", core.workers().find(|w| w.id == worker).map_or(0, |w| w.policy_version));
+                }
+                drop(core);
+                // Requests waiting for a worker (or for the new version) may go now.
+                inner.queue_notify.notify_one();
+            }
+            _ = inner.update_notify.notified() => {
+                actions = inner.lock_core().update_tick();
+            }
+        }
+    }
+}
+
+/// The engine kind of a worker: as registered, or read from its `/server_info`.
+async fn engine_kind(state: &AppState, worker: WorkerId) -> EngineKind {
+    if let Some(kind) = registry::engine_of(state, worker) {
+        return kind;
+    }
+    let Some(url) = registry::url_of(state, worker) else {
+        return EngineKind::Vllm;
+    };
+    let info = match state
+        .inner
+        .http
+        .get(format!("{url}/server_info"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+    {
+        Ok(r) if r.status().is_success() => r.json::<serde_json::Value>().await.ok(),
+        _ => None,
+    };
+    EngineKind::from_server_info(info.as_ref())
+}
+
+/// Pause (nothing is in flight any more), load, resume.
+async fn load_weights(
+    state: &AppState,
+    worker: WorkerId,
+    version: u64,
+    load: &LoadSpec,
+) -> Result<(), String> {
+    let control = engine_kind(state, worker).await.control();
+    let flush = state.inner.config.router.kv_retention == KvRetention::Flush;
+    call(state, worker, &control.pause(false)).await?;
+    let loaded = async {
+        for c in control.load(version, load, flush) {
+            call(state, worker, &c).await?;
+        }
+        Ok::<(), String>(())
+    }
+    .await;
+    // Resume even after a failed load: the engine keeps serving its old weights, and the router
+    // keeps it out of rotation until an operator looks.
+    let resumed = call(state, worker, &control.resume()).await;
+    loaded.and(resumed)
+}
+
+async fn call(state: &AppState, worker: WorkerId, c: &Call) -> Result<(), String> {
+    let url = registry::url_of(state, worker).ok_or("the worker was removed")?;
+    let response = state
+        .inner
+        .http
+        .post(format!("{url}{}", c.path))
+        .json(&c.body)
+        .timeout(CALL_TIMEOUT)
+        .send()
+        .await
+        .map_err(|e| format!("POST {}: {e}", c.path))?;
+    if response.status().is_success() {
+        Ok(())
+    } else {
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        Err(format!("POST {} answered {status}: {text}", c.path))
+    }
+}
