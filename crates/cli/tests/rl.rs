@@ -374,3 +374,177 @@ async fn bad_update_requests_name_the_field() {
     assert_eq!((status, &p["update"]), (200, &Value::Null));
     assert_eq!(p["kv_retention"], "flush");
 }
+
+/// Sends one sample of group `g` with `max_tokens`; returns its answer.
+async fn sample(
+    s: &Server,
+    group: &str,
+    max_tokens: u64,
+    stream: bool,
+    extra: &[(&str, &str)],
+) -> Answer {
+    let mut body = json!({"model": "mock-model", "prompt": prompt(9), "max_tokens": max_tokens, "stream": stream});
+    if stream {
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    let mut req = s
+        .client
+        .post(format!("{}/v1/completions", s.base))
+        .header("x-kvrouter-group-id", group)
+        .json(&body);
+    for (k, v) in extra {
+        req = req.header(*k, *v);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    let mut a = Answer {
+        status,
+        header_version: None,
+        fingerprints: Vec::new(),
+        pieces: 0,
+        done_events: 0,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        finish_reason: None,
+    };
+    let events: Vec<Value> = if stream {
+        text.split("\n\n")
+            .filter_map(|e| e.trim().strip_prefix("data:"))
+            .filter_map(|d| {
+                if d.trim() == "[DONE]" {
+                    a.done_events += 1;
+                }
+                serde_json::from_str(d.trim()).ok()
+            })
+            .collect()
+    } else {
+        vec![serde_json::from_str(&text).unwrap()]
+    };
+    for v in events {
+        if let Some(c) = v["choices"].as_array().and_then(|c| c.first()) {
+            if c["text"].as_str().is_some_and(|t| !t.is_empty()) {
+                a.pieces += 1;
+            }
+            if let Some(f) = c["finish_reason"].as_str() {
+                a.finish_reason = Some(f.to_owned());
+            }
+        }
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            a.prompt_tokens = u["prompt_tokens"].as_u64().unwrap();
+            a.completion_tokens = u["completion_tokens"].as_u64().unwrap();
+        }
+    }
+    a
+}
+
+#[tokio::test]
+async fn first_n_of_m_ends_the_rest_of_the_group_with_what_they_produced() {
+    let s = std::sync::Arc::new(serve().await);
+    let long = 5_000;
+    let need = [
+        ("x-kvrouter-group-size", "6"),
+        ("x-kvrouter-group-need", "2"),
+    ];
+    let mut rest = Vec::new();
+    for k in 0..4 {
+        let s = s.clone();
+        rest.push(tokio::spawn(async move {
+            sample(&s, "grpo-1", long, k % 2 == 0, &need).await
+        }));
+    }
+    // The long ones are running before the short ones finish.
+    until("the long samples in flight", || async {
+        metric(&s, "kvrouter_worker_active_requests{").await >= 4.0
+    })
+    .await;
+    for _ in 0..2 {
+        let a = sample(&s, "grpo-1", 5, true, &need).await;
+        assert_eq!(
+            (a.finish_reason.as_deref(), a.completion_tokens),
+            (Some("length"), 5)
+        );
+    }
+    for t in rest {
+        let a = tokio::time::timeout(Duration::from_secs(30), t)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.status, 200);
+        assert_eq!(a.finish_reason.as_deref(), Some("abort"), "{a:?}");
+        assert!(a.completion_tokens < long, "ended early: {a:?}");
+        if a.done_events > 0 {
+            assert_eq!(a.done_events, 1);
+            assert_eq!(
+                a.pieces, a.completion_tokens,
+                "the usage counts what was sent: {a:?}"
+            );
+        }
+    }
+    // A sibling arriving later is not started.
+    let late = sample(&s, "grpo-1", long, false, &need).await;
+    assert_eq!(
+        (late.finish_reason.as_deref(), late.completion_tokens),
+        (Some("abort"), 0)
+    );
+    // Their capacity is free.
+    until("the aborted samples released", || async {
+        metric(&s, "kvrouter_worker_active_requests{").await == 0.0
+    })
+    .await;
+    // Bad group headers name the header.
+    let r = s
+        .client
+        .post(format!("{}/v1/completions", s.base))
+        .header("x-kvrouter-group-id", "g")
+        .header("x-kvrouter-group-size", "2")
+        .header("x-kvrouter-group-need", "3")
+        .json(&json!({"model": "mock-model", "prompt": "hi", "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["param"], "x-kvrouter-group-need");
+}
+
+#[tokio::test]
+async fn a_sized_group_is_spread_over_the_workers_its_fair_share_needs() {
+    let s = serve().await;
+    // An idle fleet of 3 and a group of 6: a fair share is 2 requests, so 2 siblings per
+    // worker, placed in runs while the earlier ones still decode.
+    let mut open = Vec::new();
+    let mut workers = Vec::new();
+    for _ in 0..6 {
+        let r = s
+            .client
+            .post(format!("{}/v1/completions", s.base))
+            .header("x-kvrouter-group-id", "spread")
+            .header("x-kvrouter-group-size", "6")
+            .json(&json!({"model": "mock-model", "prompt": prompt(11), "max_tokens": 5000, "stream": true}))
+            .send()
+            .await
+            .unwrap();
+        workers.push(
+            r.headers()["x-kvrouter-worker"]
+                .to_str()
+                .unwrap()
+                .to_owned(),
+        );
+        open.push(r);
+    }
+    let mut counts = std::collections::BTreeMap::new();
+    for w in &workers {
+        *counts.entry(w.clone()).or_insert(0) += 1;
+    }
+    assert_eq!(
+        counts.values().copied().collect::<Vec<u32>>(),
+        vec![2, 2, 2],
+        "{workers:?}"
+    );
+    assert!(
+        workers.chunks(2).all(|run| run[0] == run[1]),
+        "siblings in runs: {workers:?}"
+    );
+    drop(open);
+}

@@ -66,6 +66,10 @@ pub(crate) struct AdmissionFields {
     pub(crate) deadline: Option<kvrouter_core::time::Time>,
     pub(crate) session: Option<u64>,
     pub(crate) group: Option<u64>,
+    /// `x-kvrouter-group-size`: samples in the group (M).
+    pub(crate) group_size: Option<u32>,
+    /// `x-kvrouter-group-need`: samples that are enough (N of M).
+    pub(crate) group_need: Option<u32>,
     pub(crate) policy: kvrouter_core::router::VersionRequirement,
 }
 
@@ -128,11 +132,41 @@ pub(crate) fn admission_fields(
             arrival.duration_since(inner.epoch) + std::time::Duration::from_millis(ms);
         kvrouter_core::time::Time::from_micros(since_start.as_micros() as u64)
     });
+    let count = |name: &'static str| -> Result<Option<u32>, ServeError> {
+        match parse_header::<u32>(headers, name, || {
+            format!("{name} must be a whole number of at least 1")
+        })? {
+            Some(0) => Err(ServeError::invalid(
+                format!("{name} must be a whole number of at least 1"),
+                Some(name),
+            )),
+            n => Ok(n),
+        }
+    };
+    let group = header_str(headers, &GROUP_HEADER).map(session_key);
+    let group_size = count("x-kvrouter-group-size")?;
+    let group_need = count("x-kvrouter-group-need")?;
+    if group.is_none() && (group_size.is_some() || group_need.is_some()) {
+        return Err(ServeError::invalid(
+            "x-kvrouter-group-size and x-kvrouter-group-need need x-kvrouter-group-id",
+            Some("x-kvrouter-group-id"),
+        ));
+    }
+    if let (Some(n), Some(m)) = (group_need, group_size) {
+        if n > m {
+            return Err(ServeError::invalid(
+                format!("x-kvrouter-group-need ({n}) is more than x-kvrouter-group-size ({m})"),
+                Some("x-kvrouter-group-need"),
+            ));
+        }
+    }
     Ok(AdmissionFields {
         priority,
         deadline,
         session: header_str(headers, &SESSION_HEADERS).map(session_key),
-        group: header_str(headers, &GROUP_HEADER).map(session_key),
+        group,
+        group_size,
+        group_need,
         policy: version_requirement(headers)?,
     })
 }

@@ -83,6 +83,64 @@ pub(crate) struct Migration {
     /// The engine aborted the attempt for a weight update: the rest of its stream is dropped
     /// and the request continues on an updated worker.
     aborted: bool,
+    /// Turns true when the request's first-N-of-M group has enough samples.
+    pub(crate) stop: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Its RL group (continuations count toward it too).
+    pub(crate) group: Option<u64>,
+    /// Prompt tokens as the router counted them (the usage of an early end).
+    pub(crate) prompt_tokens: u64,
+}
+
+/// The last event of a stream ended because its group has enough samples: finish reason
+/// `abort`, and the usage of what it produced.
+fn group_satisfied_events(kind: Kind, prompt_tokens: u64, completion_tokens: u64) -> Bytes {
+    let choice = match kind {
+        Kind::Completion => {
+            json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "abort"})
+        }
+        Kind::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "abort"}),
+    };
+    let object = match kind {
+        Kind::Completion => "text_completion",
+        Kind::Chat => "chat.completion.chunk",
+    };
+    let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens});
+    let v = json!({"id": "kvrouter-group-satisfied", "object": object, "choices": [choice], "usage": usage});
+    Bytes::from(format!("data: {v}\n\ndata: [DONE]\n\n"))
+}
+
+/// The whole answer of a request ended before it produced anything because its group has
+/// enough samples (first-N-of-M): finish reason `abort`, no output.
+pub(crate) fn group_satisfied_response(
+    kind: Kind,
+    stream: bool,
+    prompt_tokens: u64,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if stream {
+        return (
+            [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+            group_satisfied_events(kind, prompt_tokens, 0),
+        )
+            .into_response();
+    }
+    let choice = match kind {
+        Kind::Completion => {
+            json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "abort"})
+        }
+        Kind::Chat => {
+            json!({"index": 0, "message": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": "abort"})
+        }
+    };
+    let object = match kind {
+        Kind::Completion => "text_completion",
+        Kind::Chat => "chat.completion",
+    };
+    axum::Json(json!({
+        "id": "kvrouter-group-satisfied", "object": object, "choices": [choice],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens},
+    }))
+    .into_response()
 }
 
 /// The `system_fingerprint` of a response served by policy `version`.
@@ -129,6 +187,9 @@ impl Migration {
             version: 0,
             stamp: true,
             aborted: false,
+            stop: None,
+            group: None,
+            prompt_tokens: 0,
         }
     }
 
@@ -294,6 +355,7 @@ impl Migration {
                 self.arrival,
                 true,
             );
+            guard.group = self.group;
             guard.prov = prov.clone().map(|mut p| {
                 p.migrations += 1;
                 p.dp_rank = decision.rank.dp_rank;
@@ -424,13 +486,26 @@ pub(crate) fn stream(
     futures::stream::unfold(Some((up, guard, migration)), move |state| async move {
         let (mut up, mut guard, mut m) = state?;
         loop {
-            let next: Option<Result<Bytes, ()>> = match idle {
-                Some(t) => match tokio::time::timeout(t, up.next()).await {
-                    Ok(v) => v.map(|r| r.map_err(|_| ())),
-                    Err(_) => Some(Err(())),
-                },
-                None => up.next().await.map(|r| r.map_err(|_| ())),
+            let fetch = async {
+                match idle {
+                    Some(t) => match tokio::time::timeout(t, up.next()).await {
+                        Ok(v) => v.map(|r| r.map_err(|_| ())),
+                        Err(_) => Some(Err(())),
+                    },
+                    None => up.next().await.map(|r| r.map_err(|_| ())),
+                }
             };
+            let mut stop = m.stop.take();
+            let next: Option<Result<Bytes, ()>> = tokio::select! {
+                n = fetch => n,
+                _ = crate::state::stopped(&mut stop) => {
+                    // The group has enough samples: end here with what was produced.
+                    guard.end_aborted();
+                    let last = group_satisfied_events(m.kind, m.prompt_tokens, m.generated_tokens);
+                    return Some((Ok(last), None));
+                }
+            };
+            m.stop = stop;
             match next {
                 Some(Ok(chunk)) => {
                     guard.on_chunk(&chunk);

@@ -43,6 +43,8 @@ pub(crate) struct LoadGuard {
     first_at: Option<Instant>,
     /// The provenance line to complete and log (with `--provenance-log`).
     pub(crate) prov: Option<Box<Provenance>>,
+    /// The RL group it is a sample of: its completion counts toward first-N-of-M.
+    pub(crate) group: Option<u64>,
 }
 
 impl LoadGuard {
@@ -68,7 +70,25 @@ impl LoadGuard {
             broken: false,
             first_at: None,
             prov: None,
+            group: None,
         }
+    }
+
+    /// Ends the request early because its group has enough samples (first-N-of-M): its load is
+    /// released and it is counted as aborted.
+    pub(crate) fn end_aborted(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let inner = &self.state.inner;
+        let _ = inner.lock_core().cancel(self.id);
+        inner.load_released();
+        inner
+            .metrics
+            .requests
+            .inc(&[("status", "aborted"), ("mode", self.mode.as_str())]);
+        self.log_provenance("aborted", None);
     }
 
     /// Logs the provenance line as failed (the stream ended with an error).
@@ -136,6 +156,9 @@ impl LoadGuard {
         let inner = &self.state.inner;
         let _ = inner.lock_core().finish(self.id);
         inner.load_released();
+        if let Some(group) = self.group {
+            inner.group_sample_finished(group);
+        }
         let m = &inner.metrics;
         m.duration.observe(self.arrival.elapsed().as_secs_f64());
         m.requests
@@ -346,6 +369,20 @@ pub(crate) async fn handle(
         routing_input(&state, kind, &value).await.map_err(fail)?;
     let pin = pin_from(&headers);
     let admission = admission_fields(&headers, &value, arrival, inner).map_err(fail)?;
+    // First-N-of-M: a sibling of a group that has its N samples is not started at all.
+    let mut stop = match (admission.group, admission.group_need) {
+        (Some(g), Some(_)) => {
+            if inner.lock_core().group_satisfied(g) {
+                inner
+                    .metrics
+                    .requests
+                    .inc(&[("status", "aborted"), ("mode", mode.as_str())]);
+                return Ok(migrate::group_satisfied_response(kind, stream, isl_tokens));
+            }
+            Some(inner.group_stop(g))
+        }
+        _ => None,
+    };
     let mut tried: Vec<WorkerId> = Vec::new();
     let attempts = inner.config.retries + 1;
     let mut last_error = None;
@@ -358,6 +395,8 @@ pub(crate) async fn handle(
         request.session = admission.session;
         request.policy = admission.policy;
         request.group = admission.group;
+        request.group_size = admission.group_size;
+        request.group_need = admission.group_need;
         let decision = if tried.is_empty() {
             admit(&state, request).await.map_err(fail)?
         } else {
@@ -389,6 +428,7 @@ pub(crate) async fn handle(
             continue;
         };
         let mut guard = LoadGuard::new(state.clone(), id, worker, mode, arrival, stream);
+        guard.group = admission.group;
         if inner.config.provenance.is_some() {
             guard.prov = Some(Box::new(Provenance {
                 request_id: id.0,
@@ -402,13 +442,19 @@ pub(crate) async fn handle(
                 ..Default::default()
             }));
         }
-        let upstream = inner
+        let send = inner
             .http
             .post(format!("{base}{}", kind.path()))
             .header("content-type", "application/json")
             .body(body.clone())
-            .send()
-            .await;
+            .send();
+        let upstream = tokio::select! {
+            r = send => r,
+            _ = crate::state::stopped(&mut stop) => {
+                guard.end_aborted();
+                return Ok(migrate::group_satisfied_response(kind, stream, isl_tokens));
+            }
+        };
         let response = match upstream {
             Ok(r) if r.status().is_server_error() => {
                 last_error = Some(format!("worker {worker} answered {}", r.status()));
@@ -457,7 +503,14 @@ pub(crate) async fn handle(
         if !stream && status.is_success() {
             // Read whole (it is one JSON object): stamped with the policy version, and
             // continued if a weight update aborted it.
-            let first = match response.bytes().await {
+            let read = tokio::select! {
+                r = response.bytes() => r,
+                _ = crate::state::stopped(&mut stop) => {
+                    guard.end_aborted();
+                    return Ok(migrate::group_satisfied_response(kind, false, isl_tokens));
+                }
+            };
+            let first = match read {
                 Ok(b) => b,
                 Err(e) => {
                     health::observe(&state, worker, false, health::Source::Request);
@@ -486,11 +539,16 @@ pub(crate) async fn handle(
         }
         // Streams are followed event by event when they may have to be continued elsewhere:
         // migration on failure, or a weight update's abort (the admin API is on).
-        let continuable = inner.config.migration_limit > 0 || inner.config.admin_token.is_some();
+        let continuable = inner.config.migration_limit > 0
+            || inner.config.admin_token.is_some()
+            || stop.is_some();
         if stream && continuable && status.is_success() {
             let mut migration = Migration::new(state.clone(), kind, value, worker, arrival);
             migration.policy = admission.policy;
             migration.version = decision.policy_version;
+            migration.stop = stop;
+            migration.group = admission.group;
+            migration.prompt_tokens = isl_tokens;
             let body = migrate::stream(response, guard, migration);
             return Ok(builder
                 .body(Body::from_stream(body))

@@ -55,6 +55,8 @@ pub(crate) struct Inner {
     pub(crate) queue_notify: Notify,
     /// Wakes a running weight-update cycle when a request ends (a draining worker may be idle).
     pub(crate) update_notify: Notify,
+    /// First-N-of-M groups in flight: set to true when the group has its N samples.
+    pub(crate) group_stops: Mutex<HashMap<u64, tokio::sync::watch::Sender<bool>>>,
     /// Worker health.
     pub(crate) health: crate::health::Health,
 }
@@ -69,6 +71,34 @@ impl Inner {
     pub(crate) fn load_released(&self) {
         self.queue_notify.notify_one();
         self.update_notify.notify_one();
+    }
+
+    /// A receiver that turns true when `group` has its N samples.
+    pub(crate) fn group_stop(&self, group: u64) -> tokio::sync::watch::Receiver<bool> {
+        let mut stops = self.group_stops.lock().expect("group stops lock");
+        if stops.len() > 65_536 {
+            // Groups with nobody in flight any more.
+            stops.retain(|_, tx| tx.receiver_count() > 0);
+        }
+        stops
+            .entry(group)
+            .or_insert_with(|| tokio::sync::watch::channel(false).0)
+            .subscribe()
+    }
+
+    /// A sample of `group` completed: if it was the N-th, the group's other requests end.
+    pub(crate) fn group_sample_finished(&self, group: u64) {
+        let satisfied = self.lock_core().group_sample_finished(group, self.now());
+        if satisfied {
+            let tx = self
+                .group_stops
+                .lock()
+                .expect("group stops lock")
+                .remove(&group);
+            if let Some(tx) = tx {
+                tx.send_replace(true);
+            }
+        }
     }
 
     pub(crate) fn lock_core(&self) -> std::sync::MutexGuard<'_, Router> {
@@ -122,8 +152,27 @@ impl AppState {
                 waiters: Mutex::new(HashMap::new()),
                 queue_notify: Notify::new(),
                 update_notify: Notify::new(),
+                group_stops: Mutex::new(HashMap::new()),
                 health: crate::health::Health::default(),
             }),
         })
+    }
+}
+
+/// Resolves when `stop` turns true (never without one).
+pub(crate) async fn stopped(stop: &mut Option<tokio::sync::watch::Receiver<bool>>) {
+    let Some(rx) = stop else {
+        return std::future::pending().await;
+    };
+    loop {
+        if *rx.borrow_and_update() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            if *rx.borrow() {
+                return;
+            }
+            return std::future::pending().await;
+        }
     }
 }

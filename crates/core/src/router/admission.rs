@@ -28,6 +28,9 @@ pub enum QueuePolicy {
     Wspt,
     /// Strict priority tiers, then first come, first served.
     Priority,
+    /// RL straggler-first: requests of the groups with the fewest samples left to finish (the
+    /// ones a step waits on) go first; then first come, first served.
+    GroupTail,
 }
 
 impl QueuePolicy {
@@ -37,6 +40,7 @@ impl QueuePolicy {
             QueuePolicy::Fcfs => "fcfs",
             QueuePolicy::Wspt => "wspt",
             QueuePolicy::Priority => "priority",
+            QueuePolicy::GroupTail => "group-tail",
         }
     }
 }
@@ -49,16 +53,21 @@ impl fmt::Display for QueuePolicy {
 
 /// An unknown queue policy name.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown queue policy {0:?} (expected fcfs, wspt or priority)")]
+#[error("unknown queue policy {0:?} (expected fcfs, wspt, priority or group-tail)")]
 pub struct UnknownQueuePolicy(pub String);
 
 impl FromStr for QueuePolicy {
     type Err = UnknownQueuePolicy;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [QueuePolicy::Fcfs, QueuePolicy::Wspt, QueuePolicy::Priority]
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| UnknownQueuePolicy(s.to_owned()))
+        [
+            QueuePolicy::Fcfs,
+            QueuePolicy::Wspt,
+            QueuePolicy::Priority,
+            QueuePolicy::GroupTail,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == s)
+        .ok_or_else(|| UnknownQueuePolicy(s.to_owned()))
     }
 }
 
@@ -151,11 +160,13 @@ impl AdmissionQueue {
         self.entries.iter().filter_map(|e| e.request.deadline).min()
     }
 
-    /// The request to place next; `uncached` gives a request's uncached prompt tokens now.
+    /// The request to place next; `uncached` gives a request's uncached prompt tokens now,
+    /// `group_left` the samples its group still has to finish.
     pub(crate) fn best(
         &self,
         policy: QueuePolicy,
         mut uncached: impl FnMut(&RouteRequest) -> u64,
+        group_left: impl Fn(&RouteRequest) -> Option<u32>,
     ) -> Option<RequestId> {
         let fcfs_key = |e: &Queued| {
             let jump = i64::from(e.request.priority) * 1_000_000;
@@ -167,6 +178,10 @@ impl AdmissionQueue {
                 .entries
                 .iter()
                 .min_by_key(|e| (std::cmp::Reverse(e.request.priority), e.arrival, e.seq)),
+            QueuePolicy::GroupTail => self
+                .entries
+                .iter()
+                .min_by_key(|e| (group_left(&e.request).unwrap_or(u32::MAX), fcfs_key(e))),
             QueuePolicy::Wspt => {
                 let mut best: Option<(f64, u64, &Queued)> = None;
                 for e in &self.entries {

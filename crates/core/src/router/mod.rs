@@ -27,9 +27,6 @@ use crate::rng::SeededRng;
 use crate::time::Time;
 use std::collections::BTreeMap;
 
-/// Group placements kept before the idlest half is forgotten.
-const MAX_GROUPS: usize = 65_536;
-
 /// The routing core. See the crate docs.
 #[derive(Debug)]
 pub struct Router {
@@ -48,8 +45,10 @@ pub struct Router {
     sessions: BTreeMap<u64, (WorkerRank, Time)>,
     /// Workers the host marked unavailable (unhealthy), keeping their load.
     unavailable: std::collections::BTreeSet<WorkerId>,
-    /// RL group → (the rank its siblings go to, last use).
-    groups: BTreeMap<u64, (WorkerRank, Time)>,
+    /// RL group → where its siblings go.
+    groups: BTreeMap<u64, rl::GroupHome>,
+    /// RL group → samples finished, for first-N-of-M and the group-tail queue policy.
+    progress: BTreeMap<u64, rl::GroupProgress>,
     /// Workers paused by an operator (elastic membership), keeping their load and cache.
     paused: std::collections::BTreeSet<WorkerId>,
     /// The running (or last) weight-update cycle.
@@ -85,6 +84,7 @@ impl Router {
             unavailable: std::collections::BTreeSet::new(),
             paused: std::collections::BTreeSet::new(),
             groups: BTreeMap::new(),
+            progress: BTreeMap::new(),
             update: None,
         })
     }
@@ -287,7 +287,15 @@ impl Router {
         };
         let chosen = match sticky.or(grouped) {
             Some(i) => i,
-            None => self.pick(mode, &candidates, &scores),
+            None => match self.group_room(request, &candidates) {
+                // A sized group that filled its workers' shares spills to another worker.
+                Some(room) => {
+                    let sub: Vec<Candidate> = room.iter().map(|i| candidates[*i]).collect();
+                    let sub_scores: Vec<CandidateScore> = room.iter().map(|i| scores[*i]).collect();
+                    room[self.pick(mode, &sub, &sub_scores)]
+                }
+                None => self.pick(mode, &candidates, &scores),
+            },
         };
         let score = scores[chosen];
         let rank = score.rank;
@@ -309,16 +317,7 @@ impl Router {
         if let Some(p) = &mut self.predicted {
             p.insert(rank, &request.blocks, now);
         }
-        if let (Some(group), true) = (request.group, self.config.router_group_max_skew > 0) {
-            self.groups.insert(group, (rank, now));
-            if self.groups.len() > MAX_GROUPS {
-                // Forget the groups idle longest (a step's groups finish within it).
-                let mut ages: Vec<Time> = self.groups.values().map(|(_, t)| *t).collect();
-                ages.sort_unstable();
-                let cut = ages[ages.len() / 2];
-                self.groups.retain(|_, (_, t)| *t > cut);
-            }
-        }
+        self.place_in_group(request, rank, now);
         if let (Some(session), Some(ttl)) = (
             request.session,
             self.config.router_session_affinity_ttl_secs,
@@ -467,6 +466,7 @@ impl Router {
         if self.ledger.is_active(request.id) || self.queue.contains(request.id) {
             return Err(RouteError::DuplicateRequest(request.id));
         }
+        self.note_group(&request, now);
         // A request whose policy version no eligible worker serves waits for one, queue
         // threshold or not.
         let waits_for_version = RouteError::waits;
@@ -528,16 +528,20 @@ impl Router {
             let bs = self.config.kv_cache_block_size as u64;
             let picked = {
                 let this = &*self;
-                this.queue.best(policy, |r| {
-                    let best = this
-                        .overlaps(r)
-                        .ranks
-                        .iter()
-                        .map(|o| u64::from(o.overlap.gpu_blocks))
-                        .max()
-                        .unwrap_or(0);
-                    r.isl_tokens.saturating_sub(best * bs)
-                })
+                this.queue.best(
+                    policy,
+                    |r| {
+                        let best = this
+                            .overlaps(r)
+                            .ranks
+                            .iter()
+                            .map(|o| u64::from(o.overlap.gpu_blocks))
+                            .max()
+                            .unwrap_or(0);
+                        r.isl_tokens.saturating_sub(best * bs)
+                    },
+                    |r| this.group_left(r.group?),
+                )
             };
             let Some(id) = picked else { break };
             let request = self.queue.remove(id).expect("picked from the queue");

@@ -96,6 +96,13 @@ pub struct RouteRequest {
     /// The RL group it belongs to (samples sharing a prompt), for group placement.
     #[serde(default)]
     pub group: Option<u64>,
+    /// Samples in its group (M), when known: placement splits a group whose decode load would
+    /// exceed a worker's fair share, and the `group-tail` queue policy counts what is left.
+    #[serde(default)]
+    pub group_size: Option<u32>,
+    /// Samples of the group that are enough (N of M): once N finished, the rest may be ended.
+    #[serde(default)]
+    pub group_need: Option<u32>,
     /// Policy versions it accepts; with none eligible it waits in the router queue.
     #[serde(default)]
     pub policy: VersionRequirement,
@@ -117,6 +124,8 @@ impl RouteRequest {
             deadline: None,
             session: None,
             group: None,
+            group_size: None,
+            group_need: None,
             policy: VersionRequirement::default(),
         }
     }

@@ -4,6 +4,44 @@
 use super::{RouteError, RouteRequest, Router};
 use crate::ids::{WorkerId, WorkerRank};
 use crate::policy::Candidate;
+use crate::time::Time;
+use std::collections::BTreeMap;
+
+/// Groups remembered before the idlest half is forgotten.
+const MAX_GROUPS: usize = 65_536;
+
+/// Where a group's siblings go.
+#[derive(Clone, Debug)]
+pub(super) struct GroupHome {
+    /// The rank.
+    pub(super) rank: WorkerRank,
+    /// Siblings placed there since it became the group's rank.
+    pub(super) placed: u32,
+    /// Siblings placed anywhere.
+    pub(super) total: u32,
+    /// Siblings placed per rank (a group spans few ranks).
+    pub(super) per_rank: Vec<(WorkerRank, u32)>,
+    /// Last placement.
+    pub(super) last: Time,
+}
+
+/// How far a group is.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct GroupProgress {
+    size: Option<u32>,
+    need: Option<u32>,
+    finished: u32,
+    satisfied: bool,
+    last: Time,
+}
+
+/// Drops the entries idle longest (a step's groups finish within it).
+fn forget_idlest<V>(map: &mut BTreeMap<u64, V>, last: impl Fn(&V) -> Time) {
+    let mut ages: Vec<Time> = map.values().map(&last).collect();
+    ages.sort_unstable();
+    let cut = ages[ages.len() / 2];
+    map.retain(|_, v| last(v) > cut);
+}
 
 impl Router {
     /// Out of the eligible set: marked unavailable (health) or paused.
@@ -83,22 +121,144 @@ impl Router {
         }
     }
 
-    /// The rank a session is bound to, while the binding lives and affinity is on.
-    /// Group placement: the candidate holding the request's group, unless it carries more than
-    /// `router_group_max_skew` active requests above the least-loaded candidate.
+    /// Group placement: the candidate holding the request's group, while it keeps its share.
+    ///
+    /// With the group's size known, a worker takes at most `ceil(size / k)` siblings in a row,
+    /// where `k` is the fewest workers that keep the group within a worker's fair share of the
+    /// active requests (the rest of the group included); the next sibling goes where the policy puts it
+    /// (usually beside the prefix) and that becomes the group's worker. Without a size, the
+    /// group's worker is used unless it carries more than `router_group_max_skew` active
+    /// requests above the least-loaded candidate (0 turns this off).
     pub(super) fn group_choice(
         &self,
         request: &RouteRequest,
         candidates: &[Candidate],
     ) -> Option<usize> {
+        let home = self.groups.get(&request.group?)?;
+        let i = candidates.iter().position(|c| c.rank == home.rank)?;
+        if let Some(cap) = self.group_cap(request, candidates) {
+            return (home.placed < cap).then_some(i);
+        }
         let skew = self.config.router_group_max_skew;
         if skew == 0 {
             return None;
         }
-        let (rank, _) = self.groups.get(&request.group?)?;
-        let i = candidates.iter().position(|c| c.rank == *rank)?;
         let least = candidates.iter().map(|c| c.load.active_requests).min()?;
         (candidates[i].load.active_requests <= least + skew).then_some(i)
+    }
+
+    /// Siblings of a sized group one worker takes: `ceil(size / k)` with `k` the fewest
+    /// workers that keep the group within a fair share of the active requests, once the rest of
+    /// the group is in.
+    fn group_cap(&self, request: &RouteRequest, candidates: &[Candidate]) -> Option<u32> {
+        let size = request.group_size.filter(|s| *s > 0)?;
+        let total = self.groups.get(&request.group?).map_or(0, |h| h.total);
+        let n = candidates.len().max(1) as u32;
+        let active: u32 = candidates.iter().map(|c| c.load.active_requests).sum();
+        let fair = (active + size.saturating_sub(total)).div_ceil(n).max(1);
+        let k = size.div_ceil(fair).max(1);
+        Some(size.div_ceil(k))
+    }
+
+    /// For a sized group leaving its worker: the candidates that have not taken their share of
+    /// it yet (`None`: no restriction).
+    pub(super) fn group_room(
+        &self,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+    ) -> Option<Vec<usize>> {
+        let home = self.groups.get(&request.group?)?;
+        let cap = self.group_cap(request, candidates)?;
+        let room: Vec<usize> = candidates
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| {
+                home.per_rank
+                    .iter()
+                    .find(|(r, _)| *r == c.rank)
+                    .is_none_or(|(_, n)| *n < cap)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        (!room.is_empty()).then_some(room)
+    }
+
+    /// Group placement is on for this request: its size is known, or a skew bound is set.
+    fn group_placed(&self, request: &RouteRequest) -> bool {
+        request.group.is_some()
+            && (request.group_size.is_some_and(|s| s > 0) || self.config.router_group_max_skew > 0)
+    }
+
+    /// Records where a sibling went.
+    pub(super) fn place_in_group(&mut self, request: &RouteRequest, rank: WorkerRank, now: Time) {
+        if !self.group_placed(request) {
+            return;
+        }
+        let Some(group) = request.group else { return };
+        let home = self.groups.entry(group).or_insert(GroupHome {
+            rank,
+            placed: 0,
+            total: 0,
+            per_rank: Vec::new(),
+            last: now,
+        });
+        if home.rank != rank {
+            home.rank = rank;
+            home.placed = 0;
+        }
+        home.placed += 1;
+        home.total += 1;
+        home.last = now;
+        match home.per_rank.iter_mut().find(|(r, _)| *r == rank) {
+            Some((_, n)) => *n += 1,
+            None => home.per_rank.push((rank, 1)),
+        }
+        if self.groups.len() > MAX_GROUPS {
+            forget_idlest(&mut self.groups, |h| h.last);
+        }
+    }
+
+    /// Records a request's group size and need (at submission).
+    pub(super) fn note_group(&mut self, request: &RouteRequest, now: Time) {
+        let Some(group) = request.group else { return };
+        if request.group_size.is_none() && request.group_need.is_none() {
+            return;
+        }
+        let p = self.progress.entry(group).or_default();
+        p.size = request.group_size.or(p.size);
+        p.need = request.group_need.or(p.need);
+        p.last = now;
+        if self.progress.len() > MAX_GROUPS {
+            forget_idlest(&mut self.progress, |p| p.last);
+        }
+    }
+
+    /// A sample of `group` finished (completed, not cancelled). Returns true exactly once: when
+    /// this completion is the group's N-th of a first-N-of-M group, so the host ends the rest.
+    pub fn group_sample_finished(&mut self, group: u64, now: Time) -> bool {
+        let Some(p) = self.progress.get_mut(&group) else {
+            return false;
+        };
+        p.finished += 1;
+        p.last = now;
+        if !p.satisfied && p.need.is_some_and(|n| p.finished >= n) {
+            p.satisfied = true;
+            return true;
+        }
+        false
+    }
+
+    /// Whether a first-N-of-M group has its N samples (later siblings are not needed).
+    pub fn group_satisfied(&self, group: u64) -> bool {
+        self.progress.get(&group).is_some_and(|p| p.satisfied)
+    }
+
+    /// Samples the group still has to finish before its step can go on (its need, else its
+    /// size, minus those finished), when known.
+    pub fn group_left(&self, group: u64) -> Option<u32> {
+        let p = self.progress.get(&group)?;
+        let target = p.need.or(p.size)?;
+        Some(target.saturating_sub(p.finished))
     }
 
     /// Number of RL groups with a placement.

@@ -1,6 +1,6 @@
 //! Tests of the RL controls (`rl.rs`): pauses, policy versions, group placement.
 
-use super::tests::{request, router, tokens, BS};
+use super::tests::{request, router, store_event, tokens, BS};
 use super::*;
 use crate::router::admission::Admission;
 
@@ -199,4 +199,94 @@ fn group_siblings_follow_their_group_until_the_skew_bound() {
     assert_ne!(a, b);
     assert_eq!(off.group_count(), 0);
     r.check_invariants().unwrap();
+}
+
+fn sized(id: u64, group: u64, size: u32) -> RouteRequest {
+    let mut q = request(id, &tokens(group as u32, 8));
+    q.group = Some(group);
+    q.group_size = Some(size);
+    q
+}
+
+#[test]
+fn a_sized_group_splits_across_the_fewest_workers_that_keep_it_within_a_fair_share() {
+    // Idle fleet of 4, group of 8: a fair share is 2 requests, so 2 siblings per worker,
+    // even though worker 0 holds the prompt and attracts every sibling by cost.
+    let mut r = router(RouterMode::Kv, 4);
+    r.apply_event(&store_event(0, &tokens(1, 8))).unwrap();
+    let mut per_worker = std::collections::BTreeMap::new();
+    for id in 0..8 {
+        let d = r.route(&sized(id, 1, 8), Time::ZERO).unwrap();
+        *per_worker.entry(d.rank.worker.0).or_insert(0) += 1;
+    }
+    assert_eq!(
+        per_worker.values().copied().collect::<Vec<u32>>(),
+        vec![2, 2, 2, 2]
+    );
+    // A busy fleet (12 active each): a fair share is 14, so the whole group fits on one.
+    let mut busy = router(RouterMode::Kv, 4);
+    for id in 0..48 {
+        busy.route(&request(100 + id, &tokens(100 + id as u32, 8)), Time::ZERO)
+            .unwrap();
+    }
+    let homes: std::collections::BTreeSet<u64> = (0..8)
+        .map(|id| {
+            busy.route(&sized(id, 2, 8), Time::ZERO)
+                .unwrap()
+                .rank
+                .worker
+                .0
+        })
+        .collect();
+    assert_eq!(homes.len(), 1, "kept together: {homes:?}");
+    busy.check_invariants().unwrap();
+}
+
+#[test]
+fn first_n_of_m_is_satisfied_once_and_group_tail_admits_the_closest_group_first() {
+    let config = RouterConfig {
+        router_mode: RouterMode::RoundRobin,
+        kv_cache_block_size: BS,
+        router_queue_threshold: Some(0.0),
+        router_queue_policy: QueuePolicy::GroupTail,
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    let mut spec = WorkerSpec::new(WorkerId(0));
+    spec.max_num_batched_tokens = Some(8);
+    r.add_worker(spec).unwrap();
+    let member = |id: u64, group: u64| {
+        let mut q = sized(id, group, 4);
+        q.group_need = Some(3);
+        q
+    };
+    // One request in prefill keeps the worker over the threshold: the rest queue.
+    let Ok(Admission::Dispatched(_)) = r.submit(member(1, 7), Time::ZERO) else {
+        panic!("the first request is placed");
+    };
+    for (id, group) in [(2, 8), (3, 7), (4, 8)] {
+        assert_eq!(
+            r.submit(member(id, group), Time::ZERO),
+            Ok(Admission::Queued)
+        );
+    }
+    assert_eq!((r.group_left(7), r.group_left(8)), (Some(3), Some(3)));
+    assert!(!r.group_sample_finished(7, Time::ZERO));
+    assert!(!r.group_sample_finished(7, Time::ZERO));
+    assert_eq!(r.group_left(7), Some(1));
+    r.first_token(RequestId(1)).unwrap();
+    // Group 7 is one sample from done: its request goes before group 8's older one.
+    let placed: Vec<u64> = r.poll(Time::ZERO).into_iter().map(|(id, _)| id.0).collect();
+    assert_eq!(placed.first(), Some(&3), "{placed:?}");
+    assert!(
+        r.group_sample_finished(7, Time::ZERO),
+        "the third of 3 needed"
+    );
+    assert!(r.group_satisfied(7) && !r.group_satisfied(8));
+    assert!(!r.group_sample_finished(7, Time::ZERO), "satisfied once");
+    assert_eq!(r.group_left(7), Some(0));
+    assert!(
+        !r.group_sample_finished(99, Time::ZERO),
+        "unknown groups are ignored"
+    );
 }
