@@ -70,6 +70,22 @@ pub(crate) struct SimArgs {
     /// Times a request on a dead worker may be continued elsewhere (0 = it fails).
     #[arg(long, default_value_t = 0)]
     migration_limit: u32,
+    /// RL requests carry their group's size (as x-kvrouter-group-size): fair-share group
+    /// placement.
+    #[arg(long)]
+    group_sizes: bool,
+    /// First-N-of-M: end a group's other samples once N finished (as x-kvrouter-group-need).
+    #[arg(long)]
+    group_need: Option<u32>,
+    /// Weight updates between RL steps, run by the router: drain, abort or rolling.
+    #[arg(long)]
+    weight_update: Option<String>,
+    /// Workers updated at a time with --weight-update rolling.
+    #[arg(long, default_value_t = 1)]
+    weight_update_batch: usize,
+    /// Time an engine takes to load new weights, ms.
+    #[arg(long, default_value_t = 1000.0)]
+    weight_load_ms: f64,
     /// Several configurations on the same workload: MODE[:key=value...],... e.g.
     /// round-robin,least-loaded,kv,kv:router_predicted_ttl_secs=5
     #[arg(long)]
@@ -182,7 +198,28 @@ impl SimArgs {
                 .collect(),
             speed: pairs(&self.slow_workers, "--slow-worker")?,
             migration_limit: self.migration_limit,
+            group_sizes: self.group_sizes,
+            group_need: self.group_need,
+            weight_update: match &self.weight_update {
+                None => None,
+                Some(mode) => Some(kvrouter_sim::config::WeightUpdate {
+                    mode: mode
+                        .parse()
+                        .map_err(|e: String| anyhow::anyhow!("--weight-update: {e}"))?,
+                    batch: self.weight_update_batch,
+                    load_ms: self.weight_load_ms,
+                }),
+            },
         };
+        if self.group_need == Some(0) {
+            bail!("--group-need must be at least 1");
+        }
+        if self.weight_update_batch == 0 {
+            bail!("--weight-update-batch must be at least 1");
+        }
+        if !(self.weight_load_ms.is_finite() && self.weight_load_ms >= 0.0) {
+            bail!("--weight-load-ms must be a non-negative number");
+        }
         if self.workers == 0 {
             bail!("--workers must be at least 1");
         }
@@ -270,6 +307,15 @@ pub(crate) fn print_table(runs: &[Summary]) {
             Some(x) if rl => println!(" {:.2} | {:.3} |", x.step_time_s.mean, x.gpu_idle_fraction),
             _ if rl => println!(" – | – |"),
             _ => println!(),
+        }
+    }
+    for r in runs {
+        let Some(x) = &r.rl else { continue };
+        if x.ended_early + x.rollouts_lost + x.update_aborts > 0 {
+            println!(
+                "{}: {} samples ended early (first-N-of-M), {} rollouts lost, {} aborted by weight updates, {} tokens recomputed",
+                r.config, x.ended_early, x.rollouts_lost, x.update_aborts, x.tokens_recomputed
+            );
         }
     }
 }

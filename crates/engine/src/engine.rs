@@ -270,6 +270,11 @@ impl Engine {
         Ok(())
     }
 
+    /// Tokens a request has generated so far (`None` if it is not here).
+    pub fn generated(&self, id: RequestId) -> Option<u32> {
+        self.seqs.get(&id).map(|s| s.output)
+    }
+
     /// Stops a request wherever it is and frees its blocks. Returns whether it was present.
     pub fn cancel(&mut self, id: RequestId) -> bool {
         let Some(seq) = self.seqs.remove(&id) else {

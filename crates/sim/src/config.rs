@@ -32,6 +32,26 @@ pub struct SimConfig {
     pub speed: Vec<(usize, f64)>,
     /// Times a request on a dead worker may be continued elsewhere (0 = it fails).
     pub migration_limit: u32,
+    /// Requests carry their RL group's size (`x-kvrouter-group-size`), which turns on
+    /// fair-share group placement.
+    pub group_sizes: bool,
+    /// First-N-of-M: once this many samples of a group finished, the rest are ended
+    /// (`x-kvrouter-group-need`).
+    pub group_need: Option<u32>,
+    /// Weight updates run by the router when an RL step's last sample finishes (`None`: the
+    /// step barrier's pause only, engines keep their cache).
+    pub weight_update: Option<WeightUpdate>,
+}
+
+/// How the simulated router updates weights between (or, with staleness, during) RL steps.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WeightUpdate {
+    /// drain, abort or rolling.
+    pub mode: kvrouter_core::router::UpdateMode,
+    /// Workers at a time in rolling mode.
+    pub batch: usize,
+    /// Time an engine takes to load weights, ms.
+    pub load_ms: f64,
 }
 
 impl Default for SimConfig {
@@ -49,6 +69,9 @@ impl Default for SimConfig {
             failures: Vec::new(),
             speed: Vec::new(),
             migration_limit: 0,
+            group_sizes: false,
+            group_need: None,
+            weight_update: None,
         }
     }
 }

@@ -39,6 +39,14 @@ pub struct Record {
     pub migrations: u32,
     /// Lost with a dead worker.
     pub failed: bool,
+    /// Ended early because its group had enough samples (first-N-of-M); counts as finished.
+    pub ended_early: bool,
+    /// Times a weight update aborted it (it was continued on the new policy).
+    pub update_aborts: u32,
+    /// Context tokens computed again because a weight update aborted it.
+    pub recomputed_tokens: u64,
+    /// The policy version of the worker that served its last attempt (simulator only).
+    pub policy_version: Option<u64>,
 }
 
 /// A summary of measured records (the live bench), in the simulator's format.
@@ -151,6 +159,18 @@ pub struct RlSummary {
     pub gpu_seconds_per_step: f64,
     /// Share of GPU-seconds within steps that workers sat idle (the step tail).
     pub gpu_idle_fraction: f64,
+    /// Samples ended early because their group had enough (first-N-of-M).
+    #[serde(default)]
+    pub ended_early: usize,
+    /// Rollouts that never completed (refused or failed); weight updates must lose none.
+    #[serde(default)]
+    pub rollouts_lost: usize,
+    /// In-flight requests a weight update aborted and continued on the new policy.
+    #[serde(default)]
+    pub update_aborts: usize,
+    /// Context tokens computed again because of those aborts.
+    #[serde(default)]
+    pub tokens_recomputed: u64,
 }
 
 /// Time series for the report (not serialized).
@@ -433,6 +453,15 @@ impl SummaryBuilder<'_> {
                 group_time_s: Spread::of(&mut group_times),
                 gpu_seconds_per_step: round3(gpu / steps.len() as f64),
                 gpu_idle_fraction: if gpu > 0.0 { round3(idle / gpu) } else { 0.0 },
+                ended_early: self.records.iter().filter(|r| r.ended_early).count(),
+                rollouts_lost: self
+                    .records
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, r)| self.workload.requests[*i].step.is_some() && r.rejected)
+                    .count(),
+                update_aborts: self.records.iter().map(|r| r.update_aborts as usize).sum(),
+                tokens_recomputed: self.records.iter().map(|r| r.recomputed_tokens).sum(),
             },
             step_times,
         ))

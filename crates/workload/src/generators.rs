@@ -23,6 +23,37 @@ fn stream_blocks(shared_id: u64, shared_tokens: u32, stream: u64, tokens: u32) -
         .collect()
 }
 
+/// A 64-bit mix (SplitMix64's finalizer) for block ids of generated prompts.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Blocks of an RL trajectory's turn: the harness (shared by all), the task's issue (shared by
+/// the group), then the trajectory's own history.
+fn shared_then_own(harness: u32, issue: u32, group: u64, session: u64, tokens: u32) -> Vec<u64> {
+    let full_harness = harness as usize / BLOCK;
+    // The first turn is the task prompt whole (its partial last block too); later turns share
+    // only its full blocks.
+    let full_task = if tokens <= harness + issue {
+        usize::MAX
+    } else {
+        (harness + issue) as usize / BLOCK
+    };
+    (0..tokens as usize / BLOCK + usize::from(tokens as usize % BLOCK != 0))
+        .map(|i| {
+            if i < full_harness {
+                1 << 48 | i as u64
+            } else if i < full_task {
+                mix(0x7a5c_0000_0000_0000 ^ group.wrapping_mul(0x1_0001) ^ (i as u64) << 40)
+            } else {
+                mix(0x5e55_0000_0000_0000 ^ session.wrapping_mul(0x1_0001) ^ (i as u64) << 40)
+            }
+        })
+        .collect()
+}
+
 /// GRPO: P prompts × G samples per step, a shared instruction template, two-level log-normal
 /// output lengths (siblings vary around their prompt's median) with a cap, and a synchronous step
 /// barrier with a weight-sync pause. Defaults: the sheet's GRPO-math column, scaled down in
@@ -167,6 +198,15 @@ pub struct AgenticParams {
     pub tool_latency_sigma: f64,
     /// Context cap in tokens (a session ends when it would exceed it).
     pub context_cap: u32,
+    /// RL steps (0: serving, sessions arrive with `session_gap_s`). With steps, each step runs
+    /// `sessions` tasks × `group_size` trajectories from the step's start, behind a barrier.
+    pub steps: u32,
+    /// Trajectories per task in RL steps (a GRPO group sharing the task's prompt).
+    pub group_size: u32,
+    /// Weight-sync pause between RL steps, seconds.
+    pub sync_pause_s: f64,
+    /// Steps that may run ahead of the slowest unfinished one.
+    pub staleness: u32,
     /// Seed.
     pub seed: u64,
 }
@@ -188,6 +228,10 @@ impl Default for AgenticParams {
             tool_latency_median_s: 2.0,
             tool_latency_sigma: 1.2,
             context_cap: 65_536,
+            steps: 0,
+            group_size: 1,
+            sync_pause_s: 1.0,
+            staleness: 0,
             seed: 0,
         }
     }
@@ -198,49 +242,73 @@ pub fn agentic(p: &AgenticParams) -> Workload {
     let mut rng = SeededRng::new(p.seed);
     let mut requests: Vec<WorkloadRequest> = Vec::new();
     let mut start = 0.0;
-    for s in 0..p.sessions {
-        let turns = lognormal_clip(&mut rng, p.turns_median, p.turns_sigma, 3.0, 100.0);
-        let mut context =
-            p.harness_tokens + lognormal_clip(&mut rng, p.issue_median, p.issue_sigma, 1.0, 4096.0);
-        let mut prev: Option<usize> = None;
-        let mut delay = 0.0;
-        for _ in 0..turns {
-            let output = lognormal_clip(&mut rng, p.output_median, p.output_sigma, 1.0, 4096.0);
-            if context + output > p.context_cap {
-                break;
+    let rl = p.steps > 0;
+    let mut session = 0u64;
+    for step in 0..p.steps.max(1) {
+        for task in 0..p.sessions {
+            let issue = lognormal_clip(&mut rng, p.issue_median, p.issue_sigma, 1.0, 4096.0);
+            let group = u64::from(step) * 1_000_000 + u64::from(task);
+            for _ in 0..if rl { p.group_size.max(1) } else { 1 } {
+                let turns = lognormal_clip(&mut rng, p.turns_median, p.turns_sigma, 3.0, 100.0);
+                let mut context = p.harness_tokens + issue;
+                let mut prev: Option<usize> = None;
+                let mut delay = 0.0;
+                for _ in 0..turns {
+                    let output =
+                        lognormal_clip(&mut rng, p.output_median, p.output_sigma, 1.0, 4096.0);
+                    if context + output > p.context_cap {
+                        break;
+                    }
+                    let i = requests.len();
+                    // Trajectories of a task share the harness and the issue; each then
+                    // diverges with its own outputs and tool results.
+                    requests.push(WorkloadRequest {
+                        arrival_ms: match (prev, rl) {
+                            (None, false) => Some(start),
+                            _ => None,
+                        },
+                        after: prev,
+                        delay_ms: delay,
+                        session: Some(session),
+                        blocks: if rl {
+                            shared_then_own(p.harness_tokens, issue, group, session, context)
+                        } else {
+                            stream_blocks(1, p.harness_tokens, session, context)
+                        },
+                        input_tokens: context,
+                        output_tokens: output,
+                        group: rl.then_some(group),
+                        step: rl.then_some(step),
+                        policy_version: rl.then_some(step),
+                    });
+                    prev = Some(i);
+                    let tool = lognormal_clip(
+                        &mut rng,
+                        p.tool_tokens_median,
+                        p.tool_tokens_sigma,
+                        1.0,
+                        2500.0,
+                    );
+                    context += output + tool;
+                    delay = (lognormal(&mut rng, p.tool_latency_median_s, p.tool_latency_sigma)
+                        .min(180.0))
+                        * 1000.0;
+                }
+                session += 1;
+                if !rl {
+                    start += exponential(&mut rng, p.session_gap_s * 1000.0);
+                }
             }
-            let i = requests.len();
-            requests.push(WorkloadRequest {
-                arrival_ms: if prev.is_none() { Some(start) } else { None },
-                after: prev,
-                delay_ms: delay,
-                session: Some(u64::from(s)),
-                blocks: stream_blocks(1, p.harness_tokens, u64::from(s), context),
-                input_tokens: context,
-                output_tokens: output,
-                group: None,
-                step: None,
-                policy_version: None,
-            });
-            prev = Some(i);
-            let tool = lognormal_clip(
-                &mut rng,
-                p.tool_tokens_median,
-                p.tool_tokens_sigma,
-                1.0,
-                2500.0,
-            );
-            context += output + tool;
-            delay = (lognormal(&mut rng, p.tool_latency_median_s, p.tool_latency_sigma).min(180.0))
-                * 1000.0;
         }
-        start += exponential(&mut rng, p.session_gap_s * 1000.0);
     }
     Workload {
         name: "agentic".into(),
         block_size: BLOCK,
         requests,
-        barrier: None,
+        barrier: rl.then_some(Barrier {
+            pause_ms: p.sync_pause_s * 1000.0,
+            staleness: p.staleness,
+        }),
     }
 }
 
