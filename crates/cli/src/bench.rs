@@ -79,6 +79,9 @@ pub(crate) struct BenchArgs {
     /// Output directory for summary.json.
     #[arg(long, default_value = "bench-out")]
     pub(crate) out: PathBuf,
+    /// Write the request timeline as Chrome trace JSON (open in Perfetto).
+    #[arg(long)]
+    pub(crate) perfetto: Option<PathBuf>,
     /// No progress line on stderr.
     #[arg(long)]
     pub(crate) quiet: bool,
@@ -131,6 +134,8 @@ struct Outcome {
     output_tokens: u32,
     cached_tokens: u32,
     error: Option<String>,
+    /// The worker that served it, when the endpoint says (`x-kvrouter-worker`).
+    worker: Option<usize>,
 }
 
 struct Shared {
@@ -195,6 +200,10 @@ async fn stream_one(
             text.chars().take(200).collect::<String>()
         ));
     }
+    out.worker = resp
+        .headers()
+        .get("x-kvrouter-worker")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
     let mut stream = resp.bytes_stream();
     let mut buf: Vec<u8> = Vec::new();
     let mut done = false;
@@ -424,6 +433,7 @@ async fn replay(
                 r.finish = o.finish;
                 r.output_tokens = o.output_tokens;
                 r.served_cached = o.cached_tokens;
+                r.worker = o.worker;
             }
             let at = o.finish.unwrap_or_else(|| shared.now());
             let released = replay.finished(i, at, failed);
@@ -455,6 +465,13 @@ async fn replay(
     // `after` indices no longer match after the cut; the summary does not read them.
     let recs: Vec<Record> = sent.iter().map(|&i| records[i].clone()).collect();
     let end = shared.now();
+    if let Some(path) = &args.perfetto {
+        // The full workload and records: turn links (`after`) index them.
+        let file = std::fs::File::create(path)
+            .with_context(|| format!("--perfetto {}: cannot create", path.display()))?;
+        kvrouter_sim::perfetto::write(std::io::BufWriter::new(file), workload, &records, &[])
+            .with_context(|| format!("--perfetto {}: cannot write", path.display()))?;
+    }
     Ok(summarize(&args.name, "live", &cut, &recs, end))
 }
 

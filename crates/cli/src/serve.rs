@@ -71,6 +71,10 @@ pub(crate) struct ServeArgs {
     /// Rotate the provenance log (to PATH.1) past this many MiB.
     #[arg(long, default_value_t = 256)]
     provenance_log_max_mib: u64,
+    /// Keep the timelines of the last N request attempts for GET /admin/trace (Chrome trace
+    /// JSON for Perfetto); 0 = off.
+    #[arg(long, default_value_t = 0)]
+    trace_capture: usize,
     /// Seconds between active health checks (GET /health); 0 turns them off.
     #[arg(long, default_value_t = 5.0)]
     health_check_interval_secs: f64,
@@ -159,6 +163,7 @@ impl ServeArgs {
             retries: self.retries,
             migration_limit: self.migration_limit,
             stream_idle_timeout: secs(self.stream_idle_timeout_secs, "--stream-idle-timeout-secs")?,
+            trace_capture: self.trace_capture,
             provenance: match &self.provenance_log {
                 None => None,
                 Some(path) => Some(Arc::new(

@@ -90,6 +90,10 @@ pub(crate) struct SimArgs {
     /// round-robin,least-loaded,kv,kv:router_predicted_ttl_secs=5
     #[arg(long)]
     compare: Option<String>,
+    /// Write each configuration's request timeline as Chrome trace JSON (open in Perfetto);
+    /// with several configurations the name gets `-N` per configuration.
+    #[arg(long)]
+    perfetto: Option<PathBuf>,
     /// Output folder for summary.json and report.html.
     #[arg(long, default_value = "sim-out")]
     out: PathBuf,
@@ -241,7 +245,22 @@ impl SimArgs {
     }
 }
 
-fn run_one(config: SimConfig, workload: &Workload, quiet: bool) -> anyhow::Result<Summary> {
+/// `PATH` for one configuration, `PATH-N.ext` for the N-th of several.
+fn numbered(path: &std::path::Path, n: usize, of: usize) -> PathBuf {
+    if of <= 1 {
+        return path.to_path_buf();
+    }
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("trace");
+    let ext = path.extension().and_then(|s| s.to_str()).unwrap_or("json");
+    path.with_file_name(format!("{stem}-{n}.{ext}"))
+}
+
+fn run_one(
+    config: SimConfig,
+    workload: &Workload,
+    quiet: bool,
+    perfetto: Option<&std::path::Path>,
+) -> anyhow::Result<Summary> {
     let started = Instant::now();
     let name = config.name.clone();
     let mut sim = Simulation::new(config, workload)?;
@@ -271,6 +290,17 @@ fn run_one(config: SimConfig, workload: &Workload, quiet: bool) -> anyhow::Resul
         eprintln!();
     }
     let wall = started.elapsed().as_secs_f64();
+    if let Some(path) = perfetto {
+        let file = std::fs::File::create(path)
+            .with_context(|| format!("--perfetto {}: cannot create", path.display()))?;
+        kvrouter_sim::perfetto::write(
+            std::io::BufWriter::new(file),
+            sim.workload(),
+            sim.records(),
+            sim.update_spans(),
+        )
+        .with_context(|| format!("--perfetto {}: cannot write", path.display()))?;
+    }
     let mut summary = finish(sim)?;
     summary.sim_wall_s = (wall * 1000.0).round() / 1000.0;
     Ok(summary)
@@ -324,8 +354,10 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
     let workload = args.workload()?;
     let configs = args.configs()?;
     let mut runs = Vec::with_capacity(configs.len());
-    for config in configs {
-        runs.push(run_one(config, &workload, args.quiet)?);
+    let count = configs.len();
+    for (n, config) in configs.into_iter().enumerate() {
+        let trace = args.perfetto.as_deref().map(|p| numbered(p, n, count));
+        runs.push(run_one(config, &workload, args.quiet, trace.as_deref())?);
     }
     std::fs::create_dir_all(&args.out).with_context(|| format!("--out {}", args.out.display()))?;
     let summary = serde_json::to_string_pretty(&runs)? + "\n";

@@ -37,6 +37,8 @@ async fn grpo_groups_replay_live_and_share_their_prompts() {
     ])
     .await;
     let out = temp("grpo");
+    std::fs::create_dir_all(&out).unwrap();
+    let trace = out.join("trace.json");
     let (output, summary) = bench(
         &[
             "--url",
@@ -45,10 +47,23 @@ async fn grpo_groups_replay_live_and_share_their_prompts() {
             "grpo",
             "--workload-args",
             "prompts=3,group_size=4,steps=2,output_median=40,output_cap=64",
+            "--perfetto",
+            trace.to_str().unwrap(),
         ],
         &out,
     )
     .await;
+    // The timeline: a prefill and a decode span per request, on the worker that served it.
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let count = |name: &str| events.iter().filter(|e| e["name"] == name).count();
+    assert_eq!((count("prefill"), count("decode")), (24, 24));
+    let workers: std::collections::BTreeSet<u64> = events
+        .iter()
+        .filter(|e| e["name"] == "decode")
+        .map(|e| e["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(workers.into_iter().collect::<Vec<_>>(), vec![0, 1]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),

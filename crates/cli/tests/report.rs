@@ -150,3 +150,67 @@ fn bad_traces_and_flags_are_named() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("--compare"));
 }
+
+#[test]
+fn sim_writes_a_perfetto_timeline_with_weight_updates() {
+    let dir = std::env::temp_dir().join(format!("kvrouter-perfetto-{}", std::process::id()));
+    let trace = dir.join("t.json");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args([
+            "sim",
+            "--workload",
+            "grpo",
+            "--workload-args",
+            "prompts=2,group_size=4,steps=2,output_median=50,output_cap=200",
+            "--workers",
+            "2",
+            "--weight-update",
+            "abort",
+            "--weight-load-ms",
+            "300",
+            "--group-need",
+            "3",
+            "--quiet",
+            "--perfetto",
+        ])
+        .arg(&trace)
+        .arg("--out")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("samples ended early (first-N-of-M), 0 rollouts lost"),
+        "{stdout}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let count = |name: &str| events.iter().filter(|e| e["name"] == name).count();
+    assert_eq!(count("decode"), 16, "every request decoded");
+    assert_eq!(count("weight update"), 4, "two workers, two updates each");
+    assert_eq!(count("process_name"), 2);
+    assert!(events
+        .iter()
+        .all(|e| e["ph"] != "X" || e["dur"].as_u64().unwrap() > 0));
+    let bad = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args([
+            "sim",
+            "--workload",
+            "grpo",
+            "--weight-update",
+            "yolo",
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--weight-update"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

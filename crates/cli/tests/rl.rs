@@ -31,6 +31,8 @@ async fn serve() -> Server {
         "100",
         "--admin-token",
         TOKEN,
+        "--trace-capture",
+        "1000",
     ])
     .await;
     Server {
@@ -323,6 +325,17 @@ async fn abort_continues_the_step_on_the_new_policy_with_exact_token_counts() {
         .await
             >= answers.len() as f64
     );
+    // The captured timeline shows each worker's weight load and both attempts of the step.
+    let (status, trace) = admin(&s, "/admin/trace", None).await;
+    assert_eq!(status, 200);
+    let events = trace["traceEvents"].as_array().unwrap();
+    let named = |n: &str| events.iter().filter(|e| e["name"] == n).count();
+    assert_eq!(named("weight update"), 3, "{trace}");
+    let aborted_attempts = events
+        .iter()
+        .filter(|e| e["name"] == "prefill" && e["args"]["status"] == "cancelled")
+        .count();
+    assert!(aborted_attempts >= answers.len(), "{aborted_attempts}");
 }
 
 #[tokio::test]

@@ -41,6 +41,7 @@ pub fn app(state: AppState) -> Router {
             post(set_policy_version),
         )
         .route("/admin/policy", get(policy_status))
+        .route("/admin/trace", get(trace))
         .route("/admin/policy/update", post(policy_update))
         // Long RL and agentic prompts as token-id JSON run past axum's 2 MB default.
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -399,4 +400,13 @@ async fn policy_update(
         Json(json!({"version": version, "status": "started"})),
     )
         .into_response())
+}
+
+/// `GET /admin/trace`: the recent request timelines as Chrome trace JSON (open in Perfetto).
+async fn trace(State(s): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ServeError> {
+    authorize(&s, &headers)?;
+    let capture = s.inner.capture.as_ref().ok_or_else(|| {
+        ServeError::NotFound("trace capture is off (start with --trace-capture N)".into())
+    })?;
+    Ok(Json(capture.document(s.inner.epoch)))
 }

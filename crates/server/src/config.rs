@@ -91,6 +91,8 @@ pub struct ServeConfig {
     pub stream_idle_timeout: Option<std::time::Duration>,
     /// Where finished requests are logged (`--provenance-log`).
     pub provenance: Option<Arc<crate::provenance::ProvenanceLog>>,
+    /// Recent request timelines kept for `GET /admin/trace` (0 = off).
+    pub trace_capture: usize,
 }
 
 impl Default for ServeConfig {
@@ -111,6 +113,7 @@ impl Default for ServeConfig {
             health: crate::health::HealthConfig::default(),
             migration_limit: 0,
             stream_idle_timeout: None,
+            trace_capture: 0,
             provenance: None,
         }
     }

@@ -17,6 +17,7 @@
 //! - `error`: the one mapping from errors to HTTP responses. `mock`: embedded mock engines.
 
 mod app;
+mod capture;
 pub mod config;
 mod engines;
 mod error;

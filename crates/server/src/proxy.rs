@@ -45,6 +45,8 @@ pub(crate) struct LoadGuard {
     pub(crate) prov: Option<Box<Provenance>>,
     /// The RL group it is a sample of: its completion counts toward first-N-of-M.
     pub(crate) group: Option<u64>,
+    /// When this attempt was placed.
+    dispatched: Instant,
 }
 
 impl LoadGuard {
@@ -71,6 +73,22 @@ impl LoadGuard {
             first_at: None,
             prov: None,
             group: None,
+            dispatched: Instant::now(),
+        }
+    }
+
+    /// Keeps this attempt's timeline (with `--trace-capture`).
+    fn capture(&self, status: &'static str) {
+        if let Some(c) = &self.state.inner.capture {
+            c.record(crate::capture::Span {
+                request: self.id.0,
+                worker: self.worker.0,
+                arrival: self.arrival,
+                dispatched: self.dispatched,
+                first: self.first_at,
+                end: Instant::now(),
+                status,
+            });
         }
     }
 
@@ -88,6 +106,7 @@ impl LoadGuard {
             .metrics
             .requests
             .inc(&[("status", "aborted"), ("mode", self.mode.as_str())]);
+        self.capture("aborted");
         self.log_provenance("aborted", None);
     }
 
@@ -179,6 +198,7 @@ impl LoadGuard {
         {
             m.cached_tokens.observe(cached as f64);
         }
+        self.capture("ok");
         self.log_provenance("ok", usage.as_ref());
     }
 }
@@ -194,6 +214,7 @@ impl Drop for LoadGuard {
                 .metrics
                 .requests
                 .inc(&[("status", "cancelled"), ("mode", self.mode.as_str())]);
+            self.capture("cancelled");
             self.log_provenance("cancelled", None);
         }
     }

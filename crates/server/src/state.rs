@@ -55,6 +55,8 @@ pub(crate) struct Inner {
     pub(crate) queue_notify: Notify,
     /// Wakes a running weight-update cycle when a request ends (a draining worker may be idle).
     pub(crate) update_notify: Notify,
+    /// Recent request timelines (`--trace-capture`).
+    pub(crate) capture: Option<crate::capture::Capture>,
     /// First-N-of-M groups in flight: set to true when the group has its N samples.
     pub(crate) group_stops: Mutex<HashMap<u64, tokio::sync::watch::Sender<bool>>>,
     /// Worker health.
@@ -136,6 +138,8 @@ impl AppState {
             CachedTokenizer::new(config.tokenizer.clone(), config.tokenizer_cache_tokens);
         let slots = config.tokenize_concurrency.max(1);
         let models = config.model_names.clone();
+        let capture =
+            (config.trace_capture > 0).then(|| crate::capture::Capture::new(config.trace_capture));
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -153,6 +157,7 @@ impl AppState {
                 queue_notify: Notify::new(),
                 update_notify: Notify::new(),
                 group_stops: Mutex::new(HashMap::new()),
+                capture,
                 health: crate::health::Health::default(),
             }),
         })

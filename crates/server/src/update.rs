@@ -102,7 +102,12 @@ async fn drive(state: AppState, load: LoadSpec, mut actions: Vec<UpdateAction>) 
                     let load = load.clone();
                     let tx = loaded_tx.clone();
                     tokio::spawn(async move {
-                        let ok = match load_weights(&state, worker, version, &load).await {
+                        let started = std::time::Instant::now();
+                        let result = load_weights(&state, worker, version, &load).await;
+                        if let Some(c) = &state.inner.capture {
+                            c.record_load(worker.0, started, std::time::Instant::now());
+                        }
+                        let ok = match result {
                             Ok(()) => true,
                             Err(e) => {
                                 tracing::warn!("worker {worker}: weight update failed: {e}");

@@ -13,6 +13,7 @@
 //! - [`report`]: the self-contained `report.html`.
 
 pub mod config;
+pub mod perfetto;
 mod queue;
 pub mod report;
 pub mod sim;

@@ -77,6 +77,8 @@ pub struct Simulation<'w> {
     pending_versions: std::collections::VecDeque<u64>,
     /// Requests that are a trajectory's last turn (a sample is done when its last turn is).
     last_turn: Vec<bool>,
+    /// Weight loads: (worker, start, end), for timelines.
+    update_spans: Vec<crate::perfetto::UpdateSpan>,
 }
 
 fn ms(v: f64) -> Duration {
@@ -156,6 +158,7 @@ impl<'w> Simulation<'w> {
             step_left: std::collections::BTreeMap::new(),
             pending_versions: std::collections::VecDeque::new(),
             last_turn: vec![true; n],
+            update_spans: Vec::new(),
         };
         for r in &workload.requests {
             if let Some(a) = r.after {
@@ -208,6 +211,16 @@ impl<'w> Simulation<'w> {
     /// Every request's record so far (for inspection).
     pub fn records(&self) -> &[Record] {
         &self.records
+    }
+
+    /// Weight loads so far: (worker, start, end).
+    pub fn update_spans(&self) -> &[crate::perfetto::UpdateSpan] {
+        &self.update_spans
+    }
+
+    /// The workload.
+    pub fn workload(&self) -> &Workload {
+        self.workload
     }
 
     /// The router (for inspection).
@@ -580,8 +593,9 @@ impl<'w> Simulation<'w> {
                     }
                 }
                 UpdateAction::Load { worker, .. } => {
-                    self.queue
-                        .push(self.now + ms(load_ms), Event::Loaded(worker.0 as usize));
+                    let done = self.now + ms(load_ms);
+                    self.update_spans.push((worker.0 as usize, self.now, done));
+                    self.queue.push(done, Event::Loaded(worker.0 as usize));
                 }
             }
         }
