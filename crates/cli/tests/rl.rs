@@ -19,7 +19,11 @@ struct Server {
 }
 
 async fn serve() -> Server {
-    let proc = common::spawn(&[
+    serve_with(&[]).await
+}
+
+async fn serve_with(extra: &[&str]) -> Server {
+    let mut args = vec![
         "serve",
         "--port",
         "0",
@@ -33,8 +37,9 @@ async fn serve() -> Server {
         TOKEN,
         "--trace-capture",
         "1000",
-    ])
-    .await;
+    ];
+    args.extend(extra);
+    let proc = common::spawn(&args).await;
     Server {
         base: proc.http(),
         _proc: proc,
@@ -453,7 +458,9 @@ async fn sample(
 
 #[tokio::test]
 async fn first_n_of_m_ends_the_rest_of_the_group_with_what_they_produced() {
-    let s = std::sync::Arc::new(serve().await);
+    let log = std::env::temp_dir().join(format!("kvrouter-rl-prov-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let s = std::sync::Arc::new(serve_with(&["--provenance-log", log.to_str().unwrap()]).await);
     let long = 5_000;
     let need = [
         ("x-kvrouter-group-size", "6"),
@@ -519,6 +526,25 @@ async fn first_n_of_m_ends_the_rest_of_the_group_with_what_they_produced() {
     assert_eq!(r.status().as_u16(), 400);
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["param"], "x-kvrouter-group-need");
+    // The provenance log says which samples were ended and why.
+    let mut lines: Vec<Value> = Vec::new();
+    until("six provenance lines", || {
+        lines = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let n = lines.len();
+        async move { n >= 6 }
+    })
+    .await;
+    let aborted: Vec<&Value> = lines.iter().filter(|l| l["status"] == "aborted").collect();
+    assert_eq!(aborted.len(), 4, "{lines:?}");
+    assert!(aborted
+        .iter()
+        .all(|l| l["abort_reason"] == "group-satisfied"));
+    assert_eq!(lines.iter().filter(|l| l["status"] == "ok").count(), 2);
+    let _ = std::fs::remove_file(&log);
 }
 
 #[tokio::test]

@@ -357,7 +357,7 @@ impl Migration {
             );
             guard.group = self.group;
             guard.prov = prov.clone().map(|mut p| {
-                p.migrations += 1;
+                p.migrations += u32::from(!after_abort);
                 p.dp_rank = decision.rank.dp_rank;
                 p.policy_version = decision.policy_version;
                 p
@@ -426,7 +426,10 @@ pub(crate) async fn unary(
             if original_usage.is_none() {
                 original_usage = v.get("usage").cloned();
             }
-            let prov = guard.prov.take();
+            let prov = guard.prov.take().map(|mut p| {
+                p.update_aborts += 1;
+                p
+            });
             drop(guard);
             m.state
                 .inner
@@ -526,7 +529,10 @@ pub(crate) fn stream(
                         let msg = format!("the request was aborted by a weight update and cannot be continued faithfully ({reason})");
                         return Some((Ok(error_event(&msg)), None));
                     }
-                    let prov = guard.prov.take();
+                    let prov = guard.prov.take().map(|mut p| {
+                        p.update_aborts += 1;
+                        p
+                    });
                     drop(guard);
                     m.aborted = false;
                     m.carried_tokens = m.generated_tokens;

@@ -38,8 +38,12 @@ pub(crate) struct Provenance {
     pub(crate) decode_ms: Option<f64>,
     pub(crate) e2e_ms: f64,
     pub(crate) migrations: u32,
-    /// `ok`, `cancelled` (the client left) or `failed`.
+    /// Times a weight update aborted it (it was continued on an updated worker).
+    pub(crate) update_aborts: u32,
+    /// `ok`, `cancelled` (the client left), `failed`, or `aborted` (ended early).
     pub(crate) status: &'static str,
+    /// Why it was ended early: `group-satisfied` (first-N-of-M).
+    pub(crate) abort_reason: Option<&'static str>,
 }
 
 /// The provenance log.

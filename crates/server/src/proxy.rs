@@ -107,6 +107,9 @@ impl LoadGuard {
             .requests
             .inc(&[("status", "aborted"), ("mode", self.mode.as_str())]);
         self.capture("aborted");
+        if let Some(p) = self.prov.as_mut() {
+            p.abort_reason = Some("group-satisfied");
+        }
         self.log_provenance("aborted", None);
     }
 
