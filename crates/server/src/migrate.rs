@@ -533,6 +533,7 @@ pub(crate) fn stream(
                         p.update_aborts += 1;
                         p
                     });
+                    let (first_at, worker) = (guard.first_at(), guard.worker);
                     drop(guard);
                     m.aborted = false;
                     m.carried_tokens = m.generated_tokens;
@@ -542,18 +543,24 @@ pub(crate) fn stream(
                         .metrics
                         .migrations
                         .inc(&[("migration_type", "weight_update")]);
-                    match m.reissue(prov, true).await {
+                    match m.reissue(prov.clone(), true).await {
                         Ok((r, g)) => {
                             up = r.bytes_stream().boxed();
                             guard = g;
                         }
                         Err(e) => {
+                            if let Some(p) = prov {
+                                let st = &m.state;
+                                crate::proxy::log_line(
+                                    st, p, "failed", worker, m.arrival, first_at, None,
+                                );
+                            }
                             return Some((
                                 Ok(error_event(&format!(
                                     "continuation after a weight update failed: {e}"
                                 ))),
                                 None,
-                            ))
+                            ));
                         }
                     }
                 }
@@ -571,6 +578,7 @@ pub(crate) fn stream(
                     }
                     // The request lives on in its continuation: so does its provenance line.
                     let prov = guard.prov.take();
+                    let (first_at, worker) = (guard.first_at(), guard.worker);
                     drop(guard);
                     m.left -= 1;
                     m.carried_tokens = m.generated_tokens;
@@ -580,13 +588,19 @@ pub(crate) fn stream(
                         .metrics
                         .migrations
                         .inc(&[("migration_type", "ongoing_request")]);
-                    match m.reissue(prov, false).await {
+                    match m.reissue(prov.clone(), false).await {
                         Ok((r, g)) => {
                             up = r.bytes_stream().boxed();
                             guard = g;
                         }
                         Err(e) => {
-                            return Some((Ok(error_event(&format!("migration failed: {e}"))), None))
+                            if let Some(p) = prov {
+                                let st = &m.state;
+                                crate::proxy::log_line(
+                                    st, p, "failed", worker, m.arrival, first_at, None,
+                                );
+                            }
+                            return Some((Ok(error_event(&format!("migration failed: {e}"))), None));
                         }
                     }
                 }

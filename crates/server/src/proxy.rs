@@ -120,27 +120,23 @@ impl LoadGuard {
 
     /// Completes and logs the provenance line, if any.
     fn log_provenance(&mut self, status: &'static str, usage: Option<&Value>) {
-        let Some(mut p) = self.prov.take() else {
+        let Some(p) = self.prov.take() else {
             return;
         };
-        let Some(log) = self.state.inner.config.provenance.as_ref() else {
-            return;
-        };
-        let now = Instant::now();
-        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-        p.status = status;
-        p.worker = self.worker.0;
-        p.ts_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        p.e2e_ms = ms(now.duration_since(self.arrival));
-        p.ttft_ms = self.first_at.map(|f| ms(f.duration_since(self.arrival)));
-        p.decode_ms = self.first_at.map(|f| ms(now.duration_since(f)));
-        if let Some(u) = usage {
-            p.output_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
-            p.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].as_u64();
-        }
-        log.record(&p);
+        log_line(
+            &self.state,
+            p,
+            status,
+            self.worker,
+            self.arrival,
+            self.first_at,
+            usage,
+        );
+    }
+
+    /// When the first byte of this attempt came back.
+    pub(crate) fn first_at(&self) -> Option<Instant> {
+        self.first_at
     }
 
     pub(crate) fn on_chunk(&mut self, chunk: &[u8]) {
@@ -221,6 +217,36 @@ impl Drop for LoadGuard {
             self.log_provenance("cancelled", None);
         }
     }
+}
+
+/// Completes a provenance line and hands it to the log (with `--provenance-log`).
+pub(crate) fn log_line(
+    state: &AppState,
+    mut p: Box<Provenance>,
+    status: &'static str,
+    worker: WorkerId,
+    arrival: Instant,
+    first_at: Option<Instant>,
+    usage: Option<&Value>,
+) {
+    let Some(log) = state.inner.config.provenance.as_ref() else {
+        return;
+    };
+    let now = Instant::now();
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    p.status = status;
+    p.worker = worker.0;
+    p.ts_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    p.e2e_ms = ms(now.duration_since(arrival));
+    p.ttft_ms = first_at.map(|f| ms(f.duration_since(arrival)));
+    p.decode_ms = first_at.map(|f| ms(now.duration_since(f)));
+    if let Some(u) = usage {
+        p.output_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
+        p.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].as_u64();
+    }
+    log.record(&p);
 }
 
 /// The `usage` object of a response body (the last SSE event carrying one, for streams).
