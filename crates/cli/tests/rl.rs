@@ -68,20 +68,16 @@ struct Answer {
     finish_reason: Option<String>,
 }
 
-async fn complete(s: &Server, group: u64, stream: bool, headers: &[(&str, String)]) -> Answer {
-    let ids = prompt(group);
-    let mut body =
-        json!({"model": "mock-model", "prompt": ids, "max_tokens": MAX_TOKENS, "stream": stream});
-    if stream {
-        body["stream_options"] = json!({"include_usage": true});
-    }
+/// Sends `body` to `/v1/completions` as a sample of `group` with extra headers.
+async fn post(s: &Server, group: &str, body: Value, headers: &[(&str, &str)]) -> Answer {
+    let stream = body["stream"] == true;
     let mut req = s
         .client
         .post(format!("{}/v1/completions", s.base))
-        .header("x-kvrouter-group-id", format!("g{group}"))
+        .header("x-kvrouter-group-id", group)
         .json(&body);
     for (k, v) in headers {
-        req = req.header(*k, v);
+        req = req.header(*k, *v);
     }
     let r = req.send().await.unwrap();
     let status = r.status().as_u16();
@@ -100,7 +96,22 @@ async fn complete(s: &Server, group: u64, stream: bool, headers: &[(&str, String
         completion_tokens: 0,
         finish_reason: None,
     };
-    let take = |v: &Value, a: &mut Answer| {
+    let mut events = Vec::new();
+    if stream {
+        for event in text.split("\n\n").filter(|e| !e.trim().is_empty()) {
+            let data = event.trim().strip_prefix("data:").unwrap().trim();
+            if data == "[DONE]" {
+                a.done_events += 1;
+                continue;
+            }
+            let v: Value = serde_json::from_str(data).unwrap();
+            assert!(v.get("error").is_none(), "in-band error: {v}");
+            events.push(v);
+        }
+    } else if let Ok(v) = serde_json::from_str::<Value>(&text) {
+        events.push(v);
+    }
+    for v in events {
         if let Some(f) = v["system_fingerprint"].as_str() {
             a.fingerprints.push(f.to_owned());
         }
@@ -116,23 +127,17 @@ async fn complete(s: &Server, group: u64, stream: bool, headers: &[(&str, String
             a.prompt_tokens = u["prompt_tokens"].as_u64().unwrap();
             a.completion_tokens = u["completion_tokens"].as_u64().unwrap();
         }
-    };
-    if stream {
-        for event in text.split("\n\n").filter(|e| !e.trim().is_empty()) {
-            let data = event.trim().strip_prefix("data:").unwrap().trim();
-            if data == "[DONE]" {
-                a.done_events += 1;
-                continue;
-            }
-            let v: Value = serde_json::from_str(data).unwrap();
-            assert!(v.get("error").is_none(), "in-band error: {v}");
-            take(&v, &mut a);
-        }
-    } else if let Ok(v) = serde_json::from_str::<Value>(&text) {
-        take(&v, &mut a);
-        a.pieces = 1;
     }
     a
+}
+
+/// One sample of GRPO group `group` with the step's token budget.
+async fn complete(s: &Server, group: u64, stream: bool, headers: &[(&str, &str)]) -> Answer {
+    let mut body = json!({"model": "mock-model", "prompt": prompt(group), "max_tokens": MAX_TOKENS, "stream": stream});
+    if stream {
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    post(s, &format!("g{group}"), body, headers).await
 }
 
 async fn admin(s: &Server, path: &str, body: Option<Value>) -> (u16, Value) {
@@ -213,13 +218,7 @@ async fn update_under_load(mode: &str) -> (Server, Vec<Answer>) {
     let fresh = {
         let s = s.clone();
         tokio::spawn(async move {
-            complete(
-                &s,
-                GROUPS,
-                true,
-                &[("x-kvrouter-min-policy-version", "1".into())],
-            )
-            .await
+            complete(&s, GROUPS, true, &[("x-kvrouter-min-policy-version", "1")]).await
         })
     };
     until("the update to finish", || async {
@@ -393,7 +392,7 @@ async fn bad_update_requests_name_the_field() {
     assert_eq!(p["kv_retention"], "flush");
 }
 
-/// Sends one sample of group `g` with `max_tokens`; returns its answer.
+/// A sample of group `group` (prompt 9) with `max_tokens`.
 async fn sample(
     s: &Server,
     group: &str,
@@ -405,55 +404,7 @@ async fn sample(
     if stream {
         body["stream_options"] = json!({"include_usage": true});
     }
-    let mut req = s
-        .client
-        .post(format!("{}/v1/completions", s.base))
-        .header("x-kvrouter-group-id", group)
-        .json(&body);
-    for (k, v) in extra {
-        req = req.header(*k, *v);
-    }
-    let r = req.send().await.unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    let mut a = Answer {
-        status,
-        header_version: None,
-        fingerprints: Vec::new(),
-        pieces: 0,
-        done_events: 0,
-        prompt_tokens: 0,
-        completion_tokens: 0,
-        finish_reason: None,
-    };
-    let events: Vec<Value> = if stream {
-        text.split("\n\n")
-            .filter_map(|e| e.trim().strip_prefix("data:"))
-            .filter_map(|d| {
-                if d.trim() == "[DONE]" {
-                    a.done_events += 1;
-                }
-                serde_json::from_str(d.trim()).ok()
-            })
-            .collect()
-    } else {
-        vec![serde_json::from_str(&text).unwrap()]
-    };
-    for v in events {
-        if let Some(c) = v["choices"].as_array().and_then(|c| c.first()) {
-            if c["text"].as_str().is_some_and(|t| !t.is_empty()) {
-                a.pieces += 1;
-            }
-            if let Some(f) = c["finish_reason"].as_str() {
-                a.finish_reason = Some(f.to_owned());
-            }
-        }
-        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
-            a.prompt_tokens = u["prompt_tokens"].as_u64().unwrap();
-            a.completion_tokens = u["completion_tokens"].as_u64().unwrap();
-        }
-    }
-    a
+    post(s, group, body, extra).await
 }
 
 #[tokio::test]

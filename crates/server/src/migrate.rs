@@ -470,6 +470,54 @@ pub(crate) async fn unary(
     }
 }
 
+impl Migration {
+    /// Ends the current attempt and starts its continuation (after a weight update's abort, or
+    /// a failure). The request's provenance line moves to the continuation, or is logged as
+    /// failed if no continuation could start.
+    async fn continue_after(
+        &mut self,
+        mut guard: LoadGuard,
+        after_abort: bool,
+    ) -> Result<(Upstream, LoadGuard), String> {
+        let prov = guard.prov.take().map(|mut p| {
+            p.update_aborts += u32::from(after_abort);
+            p
+        });
+        let (first_at, worker) = (guard.first_at(), guard.worker);
+        drop(guard);
+        self.carried_tokens = self.generated_tokens;
+        self.buffer.clear();
+        let kind = if after_abort {
+            "weight_update"
+        } else {
+            "ongoing_request"
+        };
+        self.state
+            .inner
+            .metrics
+            .migrations
+            .inc(&[("migration_type", kind)]);
+        match self.reissue(prov.clone(), after_abort).await {
+            Ok((r, g)) => Ok((r.bytes_stream().boxed(), g)),
+            Err(e) => {
+                if let Some(p) = prov {
+                    let arrival = self.arrival;
+                    crate::proxy::log_line(
+                        &self.state,
+                        p,
+                        "failed",
+                        worker,
+                        arrival,
+                        first_at,
+                        None,
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
 /// An in-band SSE error event followed by `[DONE]`.
 pub(crate) fn error_event(message: &str) -> Bytes {
     let body = json!({"error": {"message": message, "type": "upstream_error", "param": null, "code": 502}});
@@ -529,38 +577,12 @@ pub(crate) fn stream(
                         let msg = format!("the request was aborted by a weight update and cannot be continued faithfully ({reason})");
                         return Some((Ok(error_event(&msg)), None));
                     }
-                    let prov = guard.prov.take().map(|mut p| {
-                        p.update_aborts += 1;
-                        p
-                    });
-                    let (first_at, worker) = (guard.first_at(), guard.worker);
-                    drop(guard);
                     m.aborted = false;
-                    m.carried_tokens = m.generated_tokens;
-                    m.buffer.clear();
-                    m.state
-                        .inner
-                        .metrics
-                        .migrations
-                        .inc(&[("migration_type", "weight_update")]);
-                    match m.reissue(prov.clone(), true).await {
-                        Ok((r, g)) => {
-                            up = r.bytes_stream().boxed();
-                            guard = g;
-                        }
+                    match m.continue_after(guard, true).await {
+                        Ok((next, g)) => (up, guard) = (next, g),
                         Err(e) => {
-                            if let Some(p) = prov {
-                                let st = &m.state;
-                                crate::proxy::log_line(
-                                    st, p, "failed", worker, m.arrival, first_at, None,
-                                );
-                            }
-                            return Some((
-                                Ok(error_event(&format!(
-                                    "continuation after a weight update failed: {e}"
-                                ))),
-                                None,
-                            ));
+                            let msg = format!("continuation after a weight update failed: {e}");
+                            return Some((Ok(error_event(&msg)), None));
                         }
                     }
                 }
@@ -576,31 +598,11 @@ pub(crate) fn stream(
                         let msg = format!("the worker failed mid-stream and the request cannot be continued faithfully ({reason})");
                         return Some((Ok(error_event(&msg)), None));
                     }
-                    // The request lives on in its continuation: so does its provenance line.
-                    let prov = guard.prov.take();
-                    let (first_at, worker) = (guard.first_at(), guard.worker);
-                    drop(guard);
                     m.left -= 1;
-                    m.carried_tokens = m.generated_tokens;
-                    m.buffer.clear();
-                    m.state
-                        .inner
-                        .metrics
-                        .migrations
-                        .inc(&[("migration_type", "ongoing_request")]);
-                    match m.reissue(prov.clone(), false).await {
-                        Ok((r, g)) => {
-                            up = r.bytes_stream().boxed();
-                            guard = g;
-                        }
+                    match m.continue_after(guard, false).await {
+                        Ok((next, g)) => (up, guard) = (next, g),
                         Err(e) => {
-                            if let Some(p) = prov {
-                                let st = &m.state;
-                                crate::proxy::log_line(
-                                    st, p, "failed", worker, m.arrival, first_at, None,
-                                );
-                            }
-                            return Some((Ok(error_event(&format!("migration failed: {e}"))), None));
+                            return Some((Ok(error_event(&format!("migration failed: {e}"))), None))
                         }
                     }
                 }

@@ -194,26 +194,24 @@ pub(crate) fn remove_worker(state: &AppState, id: WorkerId) -> Result<WorkerEntr
     Ok(record.entry.clone())
 }
 
+/// Reads a registered worker's entry.
+fn with_entry<T>(
+    state: &AppState,
+    id: WorkerId,
+    read: impl FnOnce(&WorkerEntry) -> T,
+) -> Option<T> {
+    let workers = state.inner.workers.lock().expect("workers lock");
+    workers.get(&id).map(|r| read(&r.entry))
+}
+
 /// The base URL of a worker.
 pub(crate) fn url_of(state: &AppState, id: WorkerId) -> Option<String> {
-    state
-        .inner
-        .workers
-        .lock()
-        .expect("workers lock")
-        .get(&id)
-        .map(|r| r.entry.url.trim_end_matches('/').to_owned())
+    with_entry(state, id, |e| e.url.trim_end_matches('/').to_owned())
 }
 
 /// The engine kind a worker was registered with, if given.
 pub(crate) fn engine_of(state: &AppState, id: WorkerId) -> Option<crate::engines::EngineKind> {
-    state
-        .inner
-        .workers
-        .lock()
-        .expect("workers lock")
-        .get(&id)
-        .and_then(|r| r.entry.engine)
+    with_entry(state, id, |e| e.engine).flatten()
 }
 
 /// Every registered worker id.
