@@ -479,18 +479,24 @@ async fn first_n_of_m_ends_the_rest_of_the_group_with_what_they_produced() {
     assert_eq!(e["error"]["param"], "x-kvrouter-group-need");
     // The provenance log says which samples were ended and why.
     let mut lines: Vec<Value> = Vec::new();
-    until("six provenance lines", || {
+    until("seven provenance lines", || {
         lines = std::fs::read_to_string(&log)
             .unwrap_or_default()
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
         let n = lines.len();
-        async move { n >= 6 }
+        async move { n >= 7 }
     })
     .await;
     let aborted: Vec<&Value> = lines.iter().filter(|l| l["status"] == "aborted").collect();
-    assert_eq!(aborted.len(), 4, "{lines:?}");
+    assert_eq!(aborted.len(), 5, "four ended, one never started: {lines:?}");
+    assert_eq!(aborted.iter().filter(|l| l["worker"].is_null()).count(), 1);
+    let streamed: u64 = aborted
+        .iter()
+        .map(|l| l["output_tokens"].as_u64().unwrap())
+        .sum();
+    assert!(streamed > 0, "ended streams report what they produced");
     assert!(aborted
         .iter()
         .all(|l| l["abort_reason"] == "group-satisfied"));

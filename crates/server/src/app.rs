@@ -335,7 +335,7 @@ fn worker_state(core: &kvrouter_core::router::Router, id: WorkerId) -> &'static 
     use kvrouter_core::router::UpdatePhase;
     match core.update_phase(id) {
         Some(UpdatePhase::Draining) => return "draining",
-        Some(UpdatePhase::Updating) => return "updating",
+        Some(UpdatePhase::Updating | UpdatePhase::Loaded) => return "updating",
         _ => {}
     }
     if core.is_paused(id) {

@@ -85,15 +85,20 @@ pub(crate) struct Migration {
     aborted: bool,
     /// Turns true when the request's first-N-of-M group has enough samples.
     pub(crate) stop: Option<tokio::sync::watch::Receiver<bool>>,
-    /// Its RL group (continuations count toward it too).
-    pub(crate) group: Option<u64>,
+    /// The original request's admission fields, which continuations keep.
+    pub(crate) carry: Carry,
     /// Prompt tokens as the router counted them (the usage of an early end).
     pub(crate) prompt_tokens: u64,
 }
 
 /// The last event of a stream ended because its group has enough samples: finish reason
 /// `abort`, and the usage of what it produced.
-fn group_satisfied_events(kind: Kind, prompt_tokens: u64, completion_tokens: u64) -> Bytes {
+fn group_satisfied_events(
+    kind: Kind,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    version: Option<u64>,
+) -> Bytes {
     let choice = match kind {
         Kind::Completion => {
             json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "abort"})
@@ -105,8 +110,40 @@ fn group_satisfied_events(kind: Kind, prompt_tokens: u64, completion_tokens: u64
         Kind::Chat => "chat.completion.chunk",
     };
     let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens});
-    let v = json!({"id": "kvrouter-group-satisfied", "object": object, "choices": [choice], "usage": usage});
+    let mut v = json!({"id": "kvrouter-group-satisfied", "object": object, "choices": [choice], "usage": usage});
+    if let Some(version) = version {
+        v["system_fingerprint"] = json!(fingerprint(version));
+    }
     Bytes::from(format!("data: {v}\n\ndata: [DONE]\n\n"))
+}
+
+/// A non-streamed answer ended by first-N-of-M: `text` so far, finish reason `abort`.
+fn group_satisfied_body(
+    kind: Kind,
+    text: &str,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    version: Option<u64>,
+) -> Value {
+    let (choice, object) = match kind {
+        Kind::Completion => (
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "abort"}),
+            "text_completion",
+        ),
+        Kind::Chat => (
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "abort"}),
+            "chat.completion",
+        ),
+    };
+    let total = prompt_tokens + completion_tokens;
+    let mut v = json!({
+        "id": "kvrouter-group-satisfied", "object": object, "choices": [choice],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total},
+    });
+    if let Some(version) = version {
+        v["system_fingerprint"] = json!(fingerprint(version));
+    }
+    v
 }
 
 /// The whole answer of a request ended before it produced anything because its group has
@@ -120,27 +157,23 @@ pub(crate) fn group_satisfied_response(
     if stream {
         return (
             [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
-            group_satisfied_events(kind, prompt_tokens, 0),
+            group_satisfied_events(kind, prompt_tokens, 0, None),
         )
             .into_response();
     }
-    let choice = match kind {
-        Kind::Completion => {
-            json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "abort"})
-        }
-        Kind::Chat => {
-            json!({"index": 0, "message": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": "abort"})
-        }
-    };
-    let object = match kind {
-        Kind::Completion => "text_completion",
-        Kind::Chat => "chat.completion",
-    };
-    axum::Json(json!({
-        "id": "kvrouter-group-satisfied", "object": object, "choices": [choice],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens},
-    }))
-    .into_response()
+    axum::Json(group_satisfied_body(kind, "", prompt_tokens, 0, None)).into_response()
+}
+
+/// What a continuation keeps of the original request's admission fields (its deadline, so a
+/// continuation waiting for a version still ends in time; its session and group, for placement).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Carry {
+    pub(crate) priority: u8,
+    pub(crate) deadline: Option<kvrouter_core::time::Time>,
+    pub(crate) session: Option<u64>,
+    pub(crate) group: Option<u64>,
+    pub(crate) group_size: Option<u32>,
+    pub(crate) group_need: Option<u32>,
 }
 
 /// The `system_fingerprint` of a response served by policy `version`.
@@ -188,7 +221,7 @@ impl Migration {
             stamp: true,
             aborted: false,
             stop: None,
-            group: None,
+            carry: Carry::default(),
             prompt_tokens: 0,
         }
     }
@@ -330,6 +363,11 @@ impl Migration {
             let id = RequestId(inner.next_request.fetch_add(1, Ordering::Relaxed));
             let mut request = RouteRequest::new(id, isl_tokens, blocks.clone());
             request.policy = self.policy;
+            let c = self.carry;
+            (request.priority, request.deadline, request.session) =
+                (c.priority, c.deadline, c.session);
+            (request.group, request.group_size, request.group_need) =
+                (c.group, c.group_size, c.group_need);
             let decision = if wait {
                 crate::proxy::admit(&self.state, request)
                     .await
@@ -355,7 +393,8 @@ impl Migration {
                 self.arrival,
                 true,
             );
-            guard.group = self.group;
+            guard.group = self.carry.group;
+            guard.counts_as_sample = true;
             guard.prov = prov.clone().map(|mut p| {
                 p.migrations += u32::from(!after_abort);
                 p.dp_rank = decision.rank.dp_rank;
@@ -416,10 +455,13 @@ pub(crate) async fn unary(
             .unwrap_or("")
             .to_owned()
         };
-        if finished_by_abort(&v)
-            && unmigratable(&m.original).is_none()
-            && draining_for_update(&m.state, m.worker)
-        {
+        if finished_by_abort(&v) && draining_for_update(&m.state, m.worker) {
+            if let Some(reason) = unmigratable(&m.original) {
+                drop(guard);
+                return Err(ServeError::Upstream(format!(
+                    "the request was aborted by a weight update and cannot be continued faithfully ({reason})"
+                )));
+            }
             let part = text_of(&v);
             m.generated_text.push_str(&part);
             m.generated_tokens += v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
@@ -436,14 +478,22 @@ pub(crate) async fn unary(
                 .metrics
                 .migrations
                 .inc(&[("migration_type", "weight_update")]);
-            let (response, g) = m.reissue(prov, true).await.map_err(|e| {
+            // Its group may get enough samples while it waits or runs again.
+            let mut stop = m.stop.take();
+            let reissued = tokio::select! {
+                r = m.reissue(prov, true) => r,
+                _ = crate::state::stopped(&mut stop) => return Ok(m.ended_by_group(None)),
+            };
+            let (response, g) = reissued.map_err(|e| {
                 ServeError::Upstream(format!("continuation after a weight update failed: {e}"))
             })?;
             guard = g;
-            bytes = response
-                .bytes()
-                .await
-                .map_err(|e| ServeError::Upstream(format!("worker {}: {e}", m.worker)))?;
+            let read = tokio::select! {
+                r = response.bytes() => r,
+                _ = crate::state::stopped(&mut stop) => return Ok(m.ended_by_group(Some(&mut guard))),
+            };
+            m.stop = stop;
+            bytes = read.map_err(|e| ServeError::Upstream(format!("worker {}: {e}", m.worker)))?;
             guard.on_chunk(&bytes);
             continue;
         }
@@ -506,7 +556,7 @@ impl Migration {
                         &self.state,
                         p,
                         "failed",
-                        worker,
+                        Some(worker),
                         arrival,
                         first_at,
                         None,
@@ -515,6 +565,28 @@ impl Migration {
                 Err(e)
             }
         }
+    }
+}
+
+impl Migration {
+    /// A non-streamed answer ended because its group has enough samples: what it produced so
+    /// far, with finish reason `abort`.
+    fn ended_by_group(&self, guard: Option<&mut LoadGuard>) -> (Bytes, WorkerId, u64) {
+        match guard {
+            Some(g) => g.end_aborted(),
+            None => self.state.inner.metrics.requests.inc(&[
+                ("status", "aborted"),
+                ("mode", self.state.inner.config.router.router_mode.as_str()),
+            ]),
+        }
+        let body = group_satisfied_body(
+            self.kind,
+            &self.generated_text,
+            self.prompt_tokens,
+            self.generated_tokens,
+            Some(self.version),
+        );
+        (Bytes::from(body.to_string()), self.worker, self.version)
     }
 }
 
@@ -546,17 +618,29 @@ pub(crate) fn stream(
                     None => up.next().await.map(|r| r.map_err(|_| ())),
                 }
             };
-            let mut stop = m.stop.take();
+            // Once [DONE] went out the answer is whole: a stop no longer applies.
+            let armed = !m.done;
+            let mut stop = if armed { m.stop.take() } else { None };
             let next: Option<Result<Bytes, ()>> = tokio::select! {
                 n = fetch => n,
                 _ = crate::state::stopped(&mut stop) => {
                     // The group has enough samples: end here with what was produced.
+                    if let Some(p) = guard.prov.as_mut() {
+                        p.output_tokens = m.generated_tokens;
+                    }
                     guard.end_aborted();
-                    let last = group_satisfied_events(m.kind, m.prompt_tokens, m.generated_tokens);
+                    let last = group_satisfied_events(
+                        m.kind,
+                        m.prompt_tokens,
+                        m.generated_tokens,
+                        Some(m.version),
+                    );
                     return Some((Ok(last), None));
                 }
             };
-            m.stop = stop;
+            if armed {
+                m.stop = stop;
+            }
             match next {
                 Some(Ok(chunk)) => {
                     guard.on_chunk(&chunk);

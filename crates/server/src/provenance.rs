@@ -23,7 +23,8 @@ pub(crate) struct Provenance {
     pub(crate) session: Option<String>,
     /// `x-kvrouter-group-id`.
     pub(crate) group: Option<String>,
-    pub(crate) worker: u64,
+    /// The worker that ended it (`null`: never started).
+    pub(crate) worker: Option<u64>,
     pub(crate) dp_rank: u32,
     pub(crate) policy_version: u64,
     pub(crate) prompt_tokens: u64,

@@ -47,6 +47,8 @@ pub(crate) struct LoadGuard {
     pub(crate) group: Option<u64>,
     /// When this attempt was placed.
     dispatched: Instant,
+    /// A successful answer: its completion counts toward its group's first-N-of-M.
+    pub(crate) counts_as_sample: bool,
 }
 
 impl LoadGuard {
@@ -74,6 +76,7 @@ impl LoadGuard {
             prov: None,
             group: None,
             dispatched: Instant::now(),
+            counts_as_sample: false,
         }
     }
 
@@ -127,7 +130,7 @@ impl LoadGuard {
             &self.state,
             p,
             status,
-            self.worker,
+            Some(self.worker),
             self.arrival,
             self.first_at,
             usage,
@@ -174,7 +177,7 @@ impl LoadGuard {
         let inner = &self.state.inner;
         let _ = inner.lock_core().finish(self.id);
         inner.load_released();
-        if let Some(group) = self.group {
+        if let (Some(group), true) = (self.group, self.counts_as_sample) {
             inner.group_sample_finished(group);
         }
         let m = &inner.metrics;
@@ -224,7 +227,7 @@ pub(crate) fn log_line(
     state: &AppState,
     mut p: Box<Provenance>,
     status: &'static str,
-    worker: WorkerId,
+    worker: Option<WorkerId>,
     arrival: Instant,
     first_at: Option<Instant>,
     usage: Option<&Value>,
@@ -235,7 +238,7 @@ pub(crate) fn log_line(
     let now = Instant::now();
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     p.status = status;
-    p.worker = worker.0;
+    p.worker = worker.map(|w| w.0);
     p.ts_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -420,18 +423,38 @@ pub(crate) async fn handle(
     let pin = pin_from(&headers);
     let admission = admission_fields(&headers, &value, arrival, inner).map_err(fail)?;
     // First-N-of-M: a sibling of a group that has its N samples is not started at all.
+    // Subscribe before looking, so a group satisfied in between is seen either way.
     let mut stop = match (admission.group, admission.group_need) {
         (Some(g), Some(_)) => {
+            let rx = inner.group_stop(g);
             if inner.lock_core().group_satisfied(g) {
                 inner
                     .metrics
                     .requests
                     .inc(&[("status", "aborted"), ("mode", mode.as_str())]);
+                if inner.config.provenance.is_some() {
+                    let p = Box::new(Provenance {
+                        session: header_str(&headers, &SESSION_HEADERS).map(str::to_owned),
+                        group: header_str(&headers, &GROUP_HEADER).map(str::to_owned),
+                        prompt_tokens: isl_tokens,
+                        abort_reason: Some("group-satisfied"),
+                        ..Default::default()
+                    });
+                    log_line(&state, p, "aborted", None, arrival, None, None);
+                }
                 return Ok(migrate::group_satisfied_response(kind, stream, isl_tokens));
             }
-            Some(inner.group_stop(g))
+            Some(rx)
         }
         _ => None,
+    };
+    let carry = migrate::Carry {
+        priority: admission.priority,
+        deadline: admission.deadline,
+        session: admission.session,
+        group: admission.group,
+        group_size: admission.group_size,
+        group_need: admission.group_need,
     };
     let mut tried: Vec<WorkerId> = Vec::new();
     let attempts = inner.config.retries + 1;
@@ -531,6 +554,7 @@ pub(crate) async fn handle(
         };
         let status =
             StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        guard.counts_as_sample = status.is_success();
         let mut builder = Response::builder().status(status);
         if let Some(ct) = response
             .headers()
@@ -572,6 +596,9 @@ pub(crate) async fn handle(
             let mut migration = Migration::new(state.clone(), kind, value, worker, arrival);
             migration.policy = admission.policy;
             migration.version = decision.policy_version;
+            migration.carry = carry;
+            migration.stop = stop;
+            migration.prompt_tokens = isl_tokens;
             let (out, worker, version) = migrate::unary(migration, first, guard)
                 .await
                 .map_err(fail)?;
@@ -597,7 +624,7 @@ pub(crate) async fn handle(
             migration.policy = admission.policy;
             migration.version = decision.policy_version;
             migration.stop = stop;
-            migration.group = admission.group;
+            migration.carry = carry;
             migration.prompt_tokens = isl_tokens;
             let body = migrate::stream(response, guard, migration);
             return Ok(builder

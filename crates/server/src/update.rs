@@ -8,8 +8,10 @@ use crate::error::ServeError;
 use crate::registry;
 use crate::state::AppState;
 use kvrouter_core::ids::WorkerId;
-use kvrouter_core::router::{KvRetention, UpdateAction, UpdateMode, UpdatePlan};
+use kvrouter_core::router::{KvRetention, UpdateAction, UpdateMode, UpdatePhase, UpdatePlan};
 use serde::Deserialize;
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -82,15 +84,29 @@ pub(crate) fn start(state: &AppState, body: UpdateBody) -> Result<(), ServeError
 }
 
 /// Carries out the cycle: engine calls as the core asks for them, until every target is done.
+/// A worker's calls run one at a time (an abort never lands after the load's resume), and an
+/// abort is only sent to a worker still draining.
 async fn drive(state: AppState, load: LoadSpec, mut actions: Vec<UpdateAction>) {
     let inner = &state.inner;
     let (loaded_tx, mut loaded_rx) = mpsc::unbounded_channel::<(WorkerId, bool)>();
+    let mut serial: HashMap<WorkerId, Arc<tokio::sync::Mutex<()>>> = HashMap::new();
+    let mut reabort_at = tokio::time::Instant::now() + REABORT_AFTER;
     loop {
         for action in actions.drain(..) {
+            let worker = match &action {
+                UpdateAction::Abort(w) | UpdateAction::Load { worker: w, .. } => *w,
+            };
+            let lock = serial.entry(worker).or_default().clone();
+            let state = state.clone();
             match action {
                 UpdateAction::Abort(worker) => {
-                    let state = state.clone();
                     tokio::spawn(async move {
+                        let _turn = lock.lock().await;
+                        let draining = state.inner.lock_core().update_phase(worker)
+                            == Some(UpdatePhase::Draining);
+                        if !draining {
+                            return;
+                        }
                         let kind = engine_kind(&state, worker).await;
                         if let Err(e) = call(&state, worker, &kind.control().pause(true)).await {
                             tracing::warn!("worker {worker}: aborting in-flight requests: {e}");
@@ -98,10 +114,10 @@ async fn drive(state: AppState, load: LoadSpec, mut actions: Vec<UpdateAction>) 
                     });
                 }
                 UpdateAction::Load { worker, version } => {
-                    let state = state.clone();
                     let load = load.clone();
                     let tx = loaded_tx.clone();
                     tokio::spawn(async move {
+                        let _turn = lock.lock().await;
                         let started = std::time::Instant::now();
                         let result = load_weights(&state, worker, version, &load).await;
                         if let Some(c) = &state.inner.capture {
@@ -125,12 +141,12 @@ async fn drive(state: AppState, load: LoadSpec, mut actions: Vec<UpdateAction>) 
             return;
         };
         // In abort mode a request that reached an engine after its abort call waits there,
-        // paused: abort again until the worker is idle.
+        // paused: abort again, every REABORT_AFTER, until the worker is idle.
         let stragglers: Vec<WorkerId> = match status.plan.mode {
             UpdateMode::Abort => status
                 .phases
                 .iter()
-                .filter(|(_, p)| **p == kvrouter_core::router::UpdatePhase::Draining)
+                .filter(|(_, p)| **p == UpdatePhase::Draining)
                 .map(|(w, _)| *w)
                 .collect(),
             _ => Vec::new(),
@@ -139,21 +155,29 @@ async fn drive(state: AppState, load: LoadSpec, mut actions: Vec<UpdateAction>) 
             if stragglers.is_empty() {
                 std::future::pending::<()>().await;
             }
-            tokio::time::sleep(REABORT_AFTER).await;
+            tokio::time::sleep_until(reabort_at).await;
         };
         tokio::select! {
             _ = reabort => {
+                reabort_at = tokio::time::Instant::now() + REABORT_AFTER;
                 actions = stragglers.into_iter().map(UpdateAction::Abort).collect();
             }
             Some((worker, ok)) = loaded_rx.recv() => {
                 let mut core = inner.lock_core();
                 actions = core.update_loaded(worker, ok, inner.now()).unwrap_or_default();
                 if ok {
-                    tracing::info!("worker {worker} serves policy version {}", core.workers().find(|w| w.id == worker).map_or(0, |w| w.policy_version));
+                    tracing::info!("worker {worker} loaded policy version {}", core.workers().find(|w| w.id == worker).map_or(0, |w| w.policy_version));
                 }
+                // This driver's cycle is over once its last load is in: a cycle started after
+                // it gets its own driver.
+                let finished = core.update_status().is_none_or(|s| s.finished.is_some());
                 drop(core);
                 // Requests waiting for a worker (or for the new version) may go now.
                 inner.queue_notify.notify_one();
+                if finished {
+                    tracing::info!("weight update finished");
+                    return;
+                }
             }
             _ = inner.update_notify.notified() => {
                 actions = inner.lock_core().update_tick();

@@ -295,6 +295,10 @@ impl<'w> Simulation<'w> {
 
     /// Admission and placement (first attempt or continuation).
     fn route_request(&mut self, i: usize) {
+        if self.records[i].finish.is_some() {
+            // Ended (its group had enough samples) while a continuation was pending.
+            return;
+        }
         let route = self.route_request_for(i);
         if route.group.is_some_and(|g| self.router.group_satisfied(g)) {
             // Its group has enough samples already: not started.
@@ -646,18 +650,24 @@ impl<'w> Simulation<'w> {
         Ok(())
     }
 
+    /// Request `i` of an RL step is over: the step's last one starts the update to the next
+    /// policy version (the trainer turns step s into policy s + 1).
+    fn step_done(&mut self, i: usize) {
+        let Some(step) = self.workload.requests[i].step else {
+            return;
+        };
+        if let Some(left) = self.step_left.get_mut(&step) {
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                self.begin_update(u64::from(step) + 1);
+            }
+        }
+    }
+
     /// Bookkeeping when request `i` leaves the system: next turns, step barriers, closed loop.
     fn done(&mut self, i: usize) {
         self.finished += 1;
-        if let Some(step) = self.workload.requests[i].step {
-            if let Some(left) = self.step_left.get_mut(&step) {
-                *left = left.saturating_sub(1);
-                if *left == 0 {
-                    // The trainer turns step s into policy s + 1.
-                    self.begin_update(u64::from(step) + 1);
-                }
-            }
-        }
+        self.step_done(i);
         if self.config.weight_update.is_some() {
             let actions = self.router.update_tick();
             self.carry_out(actions);
@@ -667,6 +677,7 @@ impl<'w> Simulation<'w> {
         for f in released.dropped {
             self.records[f].rejected = true;
             self.finished += 1;
+            self.step_done(f);
         }
         for (at, f) in released.start {
             self.queue.push(at, Event::Arrive(f));

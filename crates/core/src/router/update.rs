@@ -78,6 +78,10 @@ pub enum UpdatePhase {
     Draining,
     /// Loading the new weights.
     Updating,
+    /// Loaded, out of rotation until the rest of its batch has loaded too: workers of a batch
+    /// come back together, so requests that waited for them spread over all of them instead of
+    /// flooding the first one back.
+    Loaded,
     /// Serving the new version.
     Done,
     /// The engine failed to load; left out of rotation (paused) for the operator.
@@ -193,7 +197,12 @@ impl Router {
         let in_progress = cycle
             .phases
             .values()
-            .filter(|p| matches!(p, UpdatePhase::Draining | UpdatePhase::Updating))
+            .filter(|p| {
+                matches!(
+                    p,
+                    UpdatePhase::Draining | UpdatePhase::Updating | UpdatePhase::Loaded
+                )
+            })
             .count();
         let width = match cycle.plan.mode {
             UpdateMode::Rolling => cycle.plan.batch,
@@ -208,7 +217,13 @@ impl Router {
             if *phase == UpdatePhase::Pending {
                 *phase = UpdatePhase::Draining;
                 room -= 1;
-                if cycle.plan.mode == UpdateMode::Abort {
+                let busy = self
+                    .ranks
+                    .iter()
+                    .filter(|r| r.worker == *w)
+                    .any(|r| self.ledger.load(*r).active_requests > 0);
+                // An idle worker goes straight to loading; only busy ones are aborted.
+                if cycle.plan.mode == UpdateMode::Abort && busy {
                     actions.push(UpdateAction::Abort(*w));
                 }
             }
@@ -246,8 +261,9 @@ impl Router {
     }
 
     /// The host finished loading weights on `worker` (`ok`), or failed to. A loaded worker serves
-    /// the new version, its cache picture is dropped unless KV retention is `retain`, and it is
-    /// back in rotation; a failed one stays out (paused). Returns the next engine calls.
+    /// the new version and its cache picture is dropped unless KV retention is `retain`; it is
+    /// back in rotation once the rest of its batch has loaded. A failed one stays out (paused).
+    /// Returns the next engine calls.
     pub fn update_loaded(
         &mut self,
         worker: WorkerId,
@@ -263,19 +279,12 @@ impl Router {
         match cycle.phases.get_mut(&worker) {
             Some(p) if *p == UpdatePhase::Updating => {
                 *p = if ok {
-                    UpdatePhase::Done
+                    UpdatePhase::Loaded
                 } else {
                     UpdatePhase::Failed
                 }
             }
             _ => return Err(UpdateError::NotUpdating(worker)),
-        }
-        if cycle
-            .phases
-            .values()
-            .all(|p| matches!(p, UpdatePhase::Done | UpdatePhase::Failed))
-        {
-            cycle.finished = Some(now);
         }
         if ok {
             self.set_policy_version(worker, version);
@@ -284,6 +293,27 @@ impl Router {
             }
         } else {
             self.paused.insert(worker);
+        }
+        let cycle = self.update.as_mut().expect("running cycle");
+        let batch_busy = cycle
+            .phases
+            .values()
+            .any(|p| matches!(p, UpdatePhase::Draining | UpdatePhase::Updating));
+        if batch_busy {
+            return Ok(Vec::new());
+        }
+        // The whole batch has loaded: it comes back together.
+        for p in cycle.phases.values_mut() {
+            if *p == UpdatePhase::Loaded {
+                *p = UpdatePhase::Done;
+            }
+        }
+        if cycle
+            .phases
+            .values()
+            .all(|p| matches!(p, UpdatePhase::Done | UpdatePhase::Failed))
+        {
+            cycle.finished = Some(now);
         }
         Ok(self.next_batch())
     }
@@ -311,11 +341,11 @@ impl Router {
         c.phases.get(&id).copied()
     }
 
-    /// Out of rotation for the running cycle (draining or loading).
+    /// Out of rotation for the running cycle (draining, loading, or waiting for its batch).
     pub(super) fn updating(&self, id: WorkerId) -> bool {
         matches!(
             self.update_phase(id),
-            Some(UpdatePhase::Draining | UpdatePhase::Updating)
+            Some(UpdatePhase::Draining | UpdatePhase::Updating | UpdatePhase::Loaded)
         )
     }
 }

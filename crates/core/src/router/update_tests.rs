@@ -48,18 +48,23 @@ fn drain_waits_for_in_flight_requests_and_queues_new_ones_until_a_worker_is_back
         Ok(Admission::Queued)
     );
     assert!(r.poll(Time::ZERO).is_empty(), "still nobody to serve it");
-    // The idle worker comes back at version 1 and takes the waiting request.
+    // The idle worker loads version 1, and waits for its batch-mate before it serves.
     assert!(r.update_loaded(other, true, Time::ZERO).unwrap().is_empty());
-    let placed = r.poll(Time::ZERO);
-    assert_eq!(placed.len(), 1);
-    let d = placed[0].1.as_ref().unwrap();
-    assert_eq!((d.rank.worker, d.policy_version), (other, 1));
+    assert_eq!(r.update_phase(other), Some(UpdatePhase::Loaded));
+    assert!(
+        r.poll(Time::ZERO).is_empty(),
+        "the batch comes back together"
+    );
     // The draining worker loads once its request finished.
     assert!(r.update_tick().is_empty());
     r.finish(RequestId(1)).unwrap();
     assert_eq!(loads(&r.update_tick()), vec![w.0]);
     assert!(r.update_tick().is_empty(), "a load is asked for once");
     r.update_loaded(w, true, Time::from_micros(5)).unwrap();
+    // Both serve version 1 now; the waiting request goes.
+    let placed = r.poll(Time::from_micros(5));
+    assert_eq!(placed.len(), 1);
+    assert_eq!(placed[0].1.as_ref().unwrap().policy_version, 1);
     let status = r.update_status().unwrap();
     assert_eq!((status.done, status.total), (2, 2));
     assert_eq!(status.finished, Some(Time::from_micros(5)));
@@ -190,4 +195,34 @@ fn kv_retention_flush_forgets_the_old_cache_and_retain_keeps_it() {
         let d = r.route(&request(1, &prompt), Time::ZERO).unwrap();
         assert_eq!(d.overlap.gpu_blocks, kept, "{retention:?}");
     }
+}
+
+#[test]
+fn requests_that_waited_for_an_update_spread_over_the_workers_coming_back() {
+    let mut r = router(RouterMode::Kv, 4);
+    let actions = r
+        .begin_update(plan(1, UpdateMode::Drain, 1), Time::ZERO)
+        .unwrap();
+    for id in 0..8 {
+        assert_eq!(
+            r.submit(request(id, &tokens(id as u32, 8)), Time::ZERO),
+            Ok(Admission::Queued)
+        );
+    }
+    let mut placed = Vec::new();
+    for w in loads(&actions) {
+        r.update_loaded(WorkerId(w), true, Time::ZERO).unwrap();
+        placed.extend(r.poll(Time::ZERO));
+    }
+    let mut per_worker = std::collections::BTreeMap::new();
+    for (_, d) in &placed {
+        *per_worker
+            .entry(d.as_ref().unwrap().rank.worker.0)
+            .or_insert(0) += 1;
+    }
+    assert_eq!(
+        per_worker.values().copied().collect::<Vec<u32>>(),
+        vec![2, 2, 2, 2],
+        "not all on the first worker back"
+    );
 }
