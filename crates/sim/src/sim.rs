@@ -280,7 +280,9 @@ impl<'w> Simulation<'w> {
             u64::from(req.input_tokens) + carried,
             blocks,
         );
-        // What a client sends as x-kvrouter-group-id (and -group-size).
+        // What a client sends as x-session-id (the trajectory), x-kvrouter-group-id (and
+        // -group-size).
+        route.session = req.session;
         route.group = req.group;
         route.group_size = req.group.and_then(|g| self.group_sizes.get(&g).copied());
         route.group_need = req.group.and(self.config.group_need);

@@ -152,3 +152,28 @@ fn agentic_rl_steps_run_trajectories_as_groups_sharing_the_task_prompt() {
     assert_eq!(rl.rollouts_lost, 0);
     assert!(rl.ended_early > 0);
 }
+
+#[test]
+fn with_affinity_a_trajectory_stays_on_its_worker() {
+    let w = agentic(&AgenticParams {
+        sessions: 4,
+        group_size: 3,
+        steps: 1,
+        turns_median: 5.0,
+        tool_latency_median_s: 0.2,
+        ..AgenticParams::default()
+    });
+    let mut c = config(None);
+    c.router.router_session_affinity_ttl_secs = Some(600.0);
+    let mut sim = Simulation::new(c, &w).unwrap();
+    while sim.step().unwrap() {}
+    let records = sim.records();
+    let mut turns = 0;
+    for (i, q) in w.requests.iter().enumerate() {
+        if let Some(prev) = q.after {
+            turns += 1;
+            assert_eq!(records[i].worker, records[prev].worker, "turn {i} moved");
+        }
+    }
+    assert!(turns > 10);
+}
