@@ -266,6 +266,18 @@ async fn bad_requests_get_openai_errors() {
         .await
         .unwrap();
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    // The first event says which policy version serves the stream; so does a whole answer.
+    let first: Value = serde_json::from_str(
+        text.split("\n\n")
+            .next()
+            .unwrap()
+            .strip_prefix("data: ")
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(first["system_fingerprint"], "policy-0", "{first}");
+    let (_, _, whole) = send(&client, &base, &chat("whole please")).await;
+    assert_eq!(whole["system_fingerprint"], "policy-0");
 }
 
 #[tokio::test]

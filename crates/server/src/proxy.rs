@@ -252,6 +252,20 @@ pub(crate) fn log_line(
     log.record(&p);
 }
 
+/// Adds `field` (`"system_fingerprint":"…",`) as the first member of the chunk's first SSE
+/// event, when the chunk starts one (`data: {`); JSON members may come in any order.
+fn stamp_first_event(chunk: Bytes, field: &str) -> Bytes {
+    const START: &[u8] = b"data: {";
+    if !chunk.starts_with(START) || chunk.get(START.len()) != Some(&b'"') {
+        return chunk;
+    }
+    let mut out = Vec::with_capacity(chunk.len() + field.len());
+    out.extend_from_slice(START);
+    out.extend_from_slice(field.as_bytes());
+    out.extend_from_slice(&chunk[START.len()..]);
+    Bytes::from(out)
+}
+
 /// The `usage` object of a response body (the last SSE event carrying one, for streams).
 fn find_usage(tail: &[u8], stream: bool) -> Option<Value> {
     if !stream {
@@ -632,16 +646,28 @@ pub(crate) async fn handle(
                 .expect("valid response"));
         }
         let upstream_body = response.bytes_stream();
+        // A stream that is not followed event by event cannot change workers: its first event
+        // carries the version that serves it all.
+        let stamp = (stream && status.is_success()).then(|| {
+            format!(
+                "\"system_fingerprint\":\"{}\",",
+                migrate::fingerprint(decision.policy_version)
+            )
+        });
         let body = futures::stream::unfold(
-            (upstream_body, guard),
-            |(mut up, mut guard)| async move {
+            (upstream_body, guard, stamp),
+            |(mut up, mut guard, mut stamp)| async move {
                 if guard.broken {
                     return None;
                 }
                 match up.next().await {
                     Some(Ok(chunk)) => {
                         guard.on_chunk(&chunk);
-                        Some((Ok::<Bytes, std::io::Error>(chunk), (up, guard)))
+                        let chunk = match stamp.take() {
+                            Some(field) => stamp_first_event(chunk, &field),
+                            None => chunk,
+                        };
+                        Some((Ok::<Bytes, std::io::Error>(chunk), (up, guard, stamp)))
                     }
                     Some(Err(e)) => {
                         // The upstream broke mid-stream: the guard cancels the request's load.
@@ -652,9 +678,9 @@ pub(crate) async fn handle(
                                 "the worker failed mid-stream and migration is off (--migration-limit)",
                             );
                             guard.broken = true;
-                            return Some((Ok(event), (up, guard)));
+                            return Some((Ok(event), (up, guard, stamp)));
                         }
-                        Some((Err(std::io::Error::other(e)), (up, guard)))
+                        Some((Err(std::io::Error::other(e)), (up, guard, stamp)))
                     }
                     None => {
                         guard.finish();
@@ -670,4 +696,36 @@ pub(crate) async fn handle(
     Err(fail(ServeError::Upstream(
         last_error.unwrap_or_else(|| "no worker could be reached".into()),
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_event_of_a_plain_stream_carries_the_fingerprint() {
+        let field = "\"system_fingerprint\":\"policy-3\",";
+        let chunk =
+            Bytes::from_static(b"data: {\"id\":\"x\",\"choices\":[]}\n\ndata: {\"id\":\"y\"}\n\n");
+        let out = stamp_first_event(chunk, field);
+        let text = std::str::from_utf8(&out).unwrap();
+        let first: Value = serde_json::from_str(
+            text.split("\n\n")
+                .next()
+                .unwrap()
+                .strip_prefix("data: ")
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(first["system_fingerprint"], "policy-3");
+        assert_eq!(first["id"], "x");
+        assert!(
+            text.ends_with("data: {\"id\":\"y\"}\n\n"),
+            "later events unchanged"
+        );
+        // Not an event, or an empty object: left alone.
+        for other in [&b": keep-alive\n\n"[..], &b"data: {}\n\n"[..]] {
+            assert_eq!(&stamp_first_event(Bytes::from(other), field)[..], other);
+        }
+    }
 }
