@@ -276,7 +276,7 @@ async fn bad_requests_get_openai_errors() {
     )
     .unwrap();
     assert_eq!(first["system_fingerprint"], "policy-0", "{first}");
-    let (_, _, whole) = send(&client, &base, &chat("whole please")).await;
+    let (_, _, whole) = send(&client, base, &chat("whole please")).await;
     assert_eq!(whole["system_fingerprint"], "policy-0");
 }
 
