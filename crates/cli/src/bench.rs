@@ -73,6 +73,13 @@ pub(crate) struct BenchArgs {
     /// Send each request's RL group as an `x-kvrouter-group-id` header (group placement).
     #[arg(long)]
     pub(crate) group_header: bool,
+    /// Also send the group's size as `x-kvrouter-group-size` (fair-share group placement).
+    #[arg(long)]
+    pub(crate) group_sizes: bool,
+    /// First N of M: send `x-kvrouter-group-need: N` with the group id and size; samples the
+    /// router ends early are counted as ended early, not as failures.
+    #[arg(long)]
+    pub(crate) group_need: Option<u32>,
     /// Name of the run in reports.
     #[arg(long, default_value = "bench")]
     pub(crate) name: String,
@@ -136,6 +143,8 @@ struct Outcome {
     error: Option<String>,
     /// The worker that served it, when the endpoint says (`x-kvrouter-worker`).
     worker: Option<usize>,
+    /// It finished with `finish_reason: "abort"` (ended early by first-N-of-M).
+    ended_early: bool,
 }
 
 struct Shared {
@@ -146,6 +155,9 @@ struct Shared {
     timeout: Duration,
     session_header: bool,
     group_header: bool,
+    /// Requests per group, when sizes are sent.
+    group_sizes: Option<std::collections::HashMap<u64, u32>>,
+    group_need: Option<u32>,
 }
 
 impl Shared {
@@ -190,6 +202,12 @@ async fn stream_one(
     }
     if let (true, Some(g)) = (shared.group_header, group) {
         req = req.header("x-kvrouter-group-id", g.to_string());
+        if let Some(size) = shared.group_sizes.as_ref().and_then(|m| m.get(&g)) {
+            req = req.header("x-kvrouter-group-size", size.to_string());
+        }
+        if let Some(n) = shared.group_need {
+            req = req.header("x-kvrouter-group-need", n.to_string());
+        }
     }
     let resp = req.send().await.map_err(|e| format!("send: {e}"))?;
     let status = resp.status();
@@ -261,6 +279,10 @@ fn on_chunk(now: Time, data: &[u8], out: &mut Outcome) -> Result<(), String> {
         }
         out.last_token = Some(now);
     }
+    let aborted = v["choices"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["finish_reason"] == "abort"));
+    out.ended_early |= aborted;
     if let Some(usage) = v.get("usage").filter(|u| !u.is_null()) {
         out.output_tokens = usage["completion_tokens"].as_u64().unwrap_or(0) as u32;
         out.cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
@@ -294,6 +316,9 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.concurrency == Some(0) {
         bail!("--concurrency must be at least 1");
+    }
+    if args.group_need == Some(0) {
+        bail!("--group-need must be at least 1");
     }
     let positive = |v: f64| v.is_finite() && v > 0.0;
     if !positive(args.duration_s) || !positive(args.request_timeout_s) {
@@ -358,7 +383,15 @@ async fn replay(
         start: Instant::now(),
         timeout: Duration::from_secs_f64(args.request_timeout_s),
         session_header: args.session_header,
-        group_header: args.group_header,
+        group_header: args.group_header || args.group_sizes || args.group_need.is_some(),
+        group_sizes: (args.group_sizes || args.group_need.is_some()).then(|| {
+            let mut sizes = std::collections::HashMap::new();
+            for g in workload.requests.iter().filter_map(|r| r.group) {
+                *sizes.entry(g).or_insert(0u32) += 1;
+            }
+            sizes
+        }),
+        group_need: args.group_need,
     });
     let deadline = Time::from_secs_f64(args.duration_s);
     let text_prompts = args.prompt_format == "text";
@@ -434,6 +467,7 @@ async fn replay(
                 r.output_tokens = o.output_tokens;
                 r.served_cached = o.cached_tokens;
                 r.worker = o.worker;
+                r.ended_early = o.ended_early;
             }
             let at = o.finish.unwrap_or_else(|| shared.now());
             let released = replay.finished(i, at, failed);

@@ -180,3 +180,49 @@ async fn bad_flags_and_dead_endpoints_name_the_flag() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("--trace"));
     let _ = std::fs::remove_dir_all(out);
 }
+
+#[tokio::test]
+async fn first_n_of_m_live_ends_the_rest_of_each_group() {
+    let server = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "2",
+        "--mock-speedup-ratio",
+        "20",
+    ])
+    .await;
+    let out = temp("need");
+    let (output, summary) = bench(
+        &[
+            "--url",
+            &server.http(),
+            "--workload",
+            "grpo",
+            "--workload-args",
+            "prompts=3,group_size=4,steps=2,output_median=100,output_sigma_within=1.5,output_cap=3000,seed=4",
+            "--group-need",
+            "2",
+        ],
+        &out,
+    )
+    .await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let s = summary.expect("summary.json");
+    assert_eq!(
+        (s["completed"].as_u64(), s["rejected"].as_u64()),
+        (Some(24), Some(0)),
+        "{s}"
+    );
+    let early = s["rl"]["ended_early"].as_u64().unwrap();
+    assert!(
+        (1..=12).contains(&early),
+        "at most M - N = 2 per group end early: {early}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
