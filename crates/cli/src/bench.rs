@@ -344,6 +344,16 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     workload
         .validate(1)
         .map_err(|e| anyhow::anyhow!("workload: {e}"))?;
+    let multi_turn = workload
+        .requests
+        .iter()
+        .any(|r| r.group.is_some() && r.after.is_some());
+    if multi_turn && (args.group_sizes || args.group_need.is_some()) {
+        bail!(
+            "--group-sizes and --group-need count single-request samples; this workload's groups \
+             are multi-turn trajectories (the router cannot tell a trajectory's last turn)"
+        );
+    }
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .build()

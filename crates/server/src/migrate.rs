@@ -89,6 +89,19 @@ pub(crate) struct Migration {
     pub(crate) carry: Carry,
     /// Prompt tokens as the router counted them (the usage of an early end).
     pub(crate) prompt_tokens: u64,
+    /// The client asked for a stream.
+    pub(crate) stream: bool,
+    /// The original prompt's `prompt_tokens`, from the usage of an attempt that was aborted (the
+    /// continued answer reports it, not the continuation's prompt).
+    first_prompt_tokens: Option<u64>,
+}
+
+/// What became of a continuation.
+enum Continued {
+    /// It runs: its upstream and guard.
+    Going(Upstream, LoadGuard),
+    /// Its group got enough samples while it waited: it ends here.
+    Stopped,
 }
 
 /// The last event of a stream ended because its group has enough samples: finish reason
@@ -223,6 +236,8 @@ impl Migration {
             stop: None,
             carry: Carry::default(),
             prompt_tokens: 0,
+            stream: true,
+            first_prompt_tokens: None,
         }
     }
 
@@ -292,7 +307,11 @@ impl Migration {
                 continue;
             };
             if self.aborted {
-                // What the aborted attempt still sends (its usage) is not the client's.
+                // What the aborted attempt still sends (its usage) is not the client's; its
+                // prompt count is the original prompt's.
+                if let Some(p) = v["usage"]["prompt_tokens"].as_u64() {
+                    self.first_prompt_tokens.get_or_insert(p);
+                }
                 continue;
             }
             let choice = &v["choices"][0];
@@ -306,6 +325,9 @@ impl Migration {
             }
             if finished_by_abort(&v) && draining_for_update(&self.state, self.worker) {
                 self.aborted = true;
+                if let Some(p) = v["usage"]["prompt_tokens"].as_u64() {
+                    self.first_prompt_tokens.get_or_insert(p);
+                }
                 if content.is_some_and(|c| !c.is_empty()) {
                     // Its text reaches the client; the abort does not.
                     v["choices"][0]["finish_reason"] = Value::Null;
@@ -327,10 +349,12 @@ impl Migration {
             if self.carried_tokens > 0 && has_usage {
                 let u = &mut v["usage"];
                 let completion = u["completion_tokens"].as_u64().unwrap_or(0) + self.carried_tokens;
-                let prompt = u["prompt_tokens"]
-                    .as_u64()
-                    .unwrap_or(0)
-                    .saturating_sub(self.carried_tokens);
+                let prompt = self.first_prompt_tokens.unwrap_or_else(|| {
+                    u["prompt_tokens"]
+                        .as_u64()
+                        .unwrap_or(0)
+                        .saturating_sub(self.carried_tokens)
+                });
                 u["completion_tokens"] = json!(completion);
                 u["prompt_tokens"] = json!(prompt);
                 u["total_tokens"] = json!(completion + prompt);
@@ -352,6 +376,7 @@ impl Migration {
         &mut self,
         prov: Option<Box<crate::provenance::Provenance>>,
         after_abort: bool,
+        first_at: Option<Instant>,
     ) -> Result<(reqwest::Response, LoadGuard), String> {
         let inner = &self.state.inner;
         let body = self.continuation();
@@ -391,8 +416,9 @@ impl Migration {
                 worker,
                 inner.config.router.router_mode,
                 self.arrival,
-                true,
-            );
+                self.stream,
+            )
+            .continuing(first_at, self.generated_tokens);
             guard.group = self.carry.group;
             guard.counts_as_sample = true;
             guard.prov = prov.clone().map(|mut p| {
@@ -439,8 +465,10 @@ pub(crate) async fn unary(
     mut guard: LoadGuard,
 ) -> Result<(Bytes, WorkerId, u64), crate::error::ServeError> {
     use crate::error::ServeError;
+    m.stream = false;
     let mut bytes = first;
     let mut original_usage: Option<Value> = None;
+    let mut continued = false;
     loop {
         let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
             guard.finish();
@@ -457,11 +485,13 @@ pub(crate) async fn unary(
         };
         if finished_by_abort(&v) && draining_for_update(&m.state, m.worker) {
             if let Some(reason) = unmigratable(&m.original) {
+                guard.log_failed();
                 drop(guard);
                 return Err(ServeError::Upstream(format!(
                     "the request was aborted by a weight update and cannot be continued faithfully ({reason})"
                 )));
             }
+            continued = true;
             let part = text_of(&v);
             m.generated_text.push_str(&part);
             m.generated_tokens += v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
@@ -472,32 +502,68 @@ pub(crate) async fn unary(
                 p.update_aborts += 1;
                 p
             });
-            drop(guard);
+            let (first_at, worker) = (guard.first_at(), guard.worker);
+            guard.retire();
             m.state
                 .inner
                 .metrics
                 .migrations
                 .inc(&[("migration_type", "weight_update")]);
+            let arrival = m.arrival;
+            let log = |state: &AppState,
+                       status: &'static str,
+                       mut p: Box<crate::provenance::Provenance>,
+                       tokens: u64| {
+                p.output_tokens = tokens;
+                if status == "aborted" {
+                    p.abort_reason = Some("group-satisfied");
+                }
+                crate::proxy::log_line(state, p, status, Some(worker), arrival, first_at, None);
+            };
             // Its group may get enough samples while it waits or runs again.
             let mut stop = m.stop.take();
             let reissued = tokio::select! {
-                r = m.reissue(prov, true) => r,
-                _ = crate::state::stopped(&mut stop) => return Ok(m.ended_by_group(None)),
+                r = m.reissue(prov.clone(), true, first_at) => r,
+                _ = crate::state::stopped(&mut stop) => {
+                    if let Some(p) = prov {
+                        log(&m.state, "aborted", p, m.generated_tokens);
+                    }
+                    return Ok(m.ended_by_group(None));
+                }
             };
-            let (response, g) = reissued.map_err(|e| {
-                ServeError::Upstream(format!("continuation after a weight update failed: {e}"))
-            })?;
+            let (response, g) = match reissued {
+                Ok(r) => r,
+                Err(e) => {
+                    if let Some(p) = prov {
+                        log(&m.state, "failed", p, m.generated_tokens);
+                    }
+                    return Err(ServeError::Upstream(format!(
+                        "continuation after a weight update failed: {e}"
+                    )));
+                }
+            };
             guard = g;
             let read = tokio::select! {
                 r = response.bytes() => r,
-                _ = crate::state::stopped(&mut stop) => return Ok(m.ended_by_group(Some(&mut guard))),
+                _ = crate::state::stopped(&mut stop) => {
+                    if let Some(p) = guard.prov.as_mut() {
+                        p.output_tokens = m.generated_tokens;
+                    }
+                    return Ok(m.ended_by_group(Some(&mut guard)));
+                }
             };
             m.stop = stop;
-            bytes = read.map_err(|e| ServeError::Upstream(format!("worker {}: {e}", m.worker)))?;
+            bytes = match read {
+                Ok(b) => b,
+                Err(e) => {
+                    guard.log_failed();
+                    return Err(ServeError::Upstream(format!("worker {}: {e}", m.worker)));
+                }
+            };
             guard.on_chunk(&bytes);
             continue;
         }
-        if m.generated_tokens > 0 {
+        if continued {
             let joined = format!("{}{}", m.generated_text, text_of(&v));
             let c = &mut v["choices"][0];
             match m.kind {
@@ -528,13 +594,13 @@ impl Migration {
         &mut self,
         mut guard: LoadGuard,
         after_abort: bool,
-    ) -> Result<(Upstream, LoadGuard), String> {
+    ) -> Result<Continued, String> {
         let prov = guard.prov.take().map(|mut p| {
             p.update_aborts += u32::from(after_abort);
             p
         });
         let (first_at, worker) = (guard.first_at(), guard.worker);
-        drop(guard);
+        guard.retire();
         self.carried_tokens = self.generated_tokens;
         self.buffer.clear();
         let kind = if after_abort {
@@ -547,21 +613,30 @@ impl Migration {
             .metrics
             .migrations
             .inc(&[("migration_type", kind)]);
-        match self.reissue(prov.clone(), after_abort).await {
-            Ok((r, g)) => Ok((r.bytes_stream().boxed(), g)),
-            Err(e) => {
-                if let Some(p) = prov {
-                    let arrival = self.arrival;
-                    crate::proxy::log_line(
-                        &self.state,
-                        p,
-                        "failed",
-                        Some(worker),
-                        arrival,
-                        first_at,
-                        None,
-                    );
+        let (state, arrival, generated) = (self.state.clone(), self.arrival, self.generated_tokens);
+        let log = |status: &'static str, p: Option<Box<crate::provenance::Provenance>>| {
+            if let Some(mut p) = p {
+                p.output_tokens = generated;
+                if status == "aborted" {
+                    p.abort_reason = Some("group-satisfied");
                 }
+                crate::proxy::log_line(&state, p, status, Some(worker), arrival, first_at, None);
+            }
+        };
+        // Its group may get enough samples while it waits for a worker.
+        let mut stop = self.stop.take();
+        let result = tokio::select! {
+            r = self.reissue(prov.clone(), after_abort, first_at) => r,
+            _ = crate::state::stopped(&mut stop) => {
+                log("aborted", prov);
+                return Ok(Continued::Stopped);
+            }
+        };
+        self.stop = stop;
+        match result {
+            Ok((r, g)) => Ok(Continued::Going(r.bytes_stream().boxed(), g)),
+            Err(e) => {
+                log("failed", prov);
                 Err(e)
             }
         }
@@ -569,6 +644,20 @@ impl Migration {
 }
 
 impl Migration {
+    /// The last events of a stream ended because its group has enough samples.
+    fn stopped_events(&self) -> Bytes {
+        self.state.inner.metrics.requests.inc(&[
+            ("status", "aborted"),
+            ("mode", self.state.inner.config.router.router_mode.as_str()),
+        ]);
+        group_satisfied_events(
+            self.kind,
+            self.first_prompt_tokens.unwrap_or(self.prompt_tokens),
+            self.generated_tokens,
+            Some(self.version),
+        )
+    }
+
     /// A non-streamed answer ended because its group has enough samples: what it produced so
     /// far, with finish reason `abort`.
     fn ended_by_group(&self, guard: Option<&mut LoadGuard>) -> (Bytes, WorkerId, u64) {
@@ -663,7 +752,8 @@ pub(crate) fn stream(
                     }
                     m.aborted = false;
                     match m.continue_after(guard, true).await {
-                        Ok((next, g)) => (up, guard) = (next, g),
+                        Ok(Continued::Going(next, g)) => (up, guard) = (next, g),
+                        Ok(Continued::Stopped) => return Some((Ok(m.stopped_events()), None)),
                         Err(e) => {
                             let msg = format!("continuation after a weight update failed: {e}");
                             return Some((Ok(error_event(&msg)), None));
@@ -684,7 +774,8 @@ pub(crate) fn stream(
                     }
                     m.left -= 1;
                     match m.continue_after(guard, false).await {
-                        Ok((next, g)) => (up, guard) = (next, g),
+                        Ok(Continued::Going(next, g)) => (up, guard) = (next, g),
+                        Ok(Continued::Stopped) => return Some((Ok(m.stopped_events()), None)),
                         Err(e) => {
                             return Some((Ok(error_event(&format!("migration failed: {e}"))), None))
                         }

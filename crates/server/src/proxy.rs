@@ -49,6 +49,10 @@ pub(crate) struct LoadGuard {
     dispatched: Instant,
     /// A successful answer: its completion counts toward its group's first-N-of-M.
     pub(crate) counts_as_sample: bool,
+    /// This attempt has produced its first byte (its prefill is over).
+    attempt_started: bool,
+    /// Tokens produced by earlier attempts of a continued request (added to this one's usage).
+    pub(crate) carried: u64,
 }
 
 impl LoadGuard {
@@ -77,7 +81,27 @@ impl LoadGuard {
             group: None,
             dispatched: Instant::now(),
             counts_as_sample: false,
+            attempt_started: false,
+            carried: 0,
         }
+    }
+
+    /// A continuation's guard: the request's first byte came earlier (`first_at`), and
+    /// `carried` tokens were produced before this attempt.
+    pub(crate) fn continuing(mut self, first_at: Option<Instant>, carried: u64) -> Self {
+        self.first_at = first_at;
+        self.carried = carried;
+        self
+    }
+
+    /// Ends this attempt because the request continues in another one: its load is released,
+    /// and it is counted as neither finished nor cancelled.
+    pub(crate) fn retire(mut self) {
+        self.done = true;
+        let inner = &self.state.inner;
+        let _ = inner.lock_core().cancel(self.id);
+        inner.load_released();
+        self.capture("continued");
     }
 
     /// Keeps this attempt's timeline (with `--trace-capture`).
@@ -123,9 +147,10 @@ impl LoadGuard {
 
     /// Completes and logs the provenance line, if any.
     fn log_provenance(&mut self, status: &'static str, usage: Option<&Value>) {
-        let Some(p) = self.prov.take() else {
+        let Some(mut p) = self.prov.take() else {
             return;
         };
+        p.output_tokens = p.output_tokens.max(self.carried);
         log_line(
             &self.state,
             p,
@@ -145,10 +170,13 @@ impl LoadGuard {
     pub(crate) fn on_chunk(&mut self, chunk: &[u8]) {
         let now = Instant::now();
         let m = &self.state.inner.metrics;
-        if self.first_at.is_none() {
-            self.first_at = Some(now);
+        if !self.attempt_started {
+            self.attempt_started = true;
             let _ = self.state.inner.lock_core().first_token(self.id);
             self.state.inner.queue_notify.notify_one();
+        }
+        if self.first_at.is_none() {
+            self.first_at = Some(now);
             m.ttft
                 .observe(now.duration_since(self.arrival).as_secs_f64());
         } else if let Some(prev) = self.last_chunk {
@@ -185,14 +213,15 @@ impl LoadGuard {
         m.requests
             .inc(&[("status", "ok"), ("mode", self.mode.as_str())]);
         let usage = find_usage(&self.tail, self.stream);
-        let output = usage
-            .as_ref()
-            .and_then(|u| u["completion_tokens"].as_u64())
-            .unwrap_or(if self.stream {
-                self.chunks.saturating_sub(1)
-            } else {
-                0
-            });
+        let output = self.carried
+            + usage
+                .as_ref()
+                .and_then(|u| u["completion_tokens"].as_u64())
+                .unwrap_or(if self.stream {
+                    self.chunks.saturating_sub(1)
+                } else {
+                    0
+                });
         m.osl.observe(output as f64);
         if let Some(cached) = usage
             .as_ref()
@@ -246,7 +275,8 @@ pub(crate) fn log_line(
     p.ttft_ms = first_at.map(|f| ms(f.duration_since(arrival)));
     p.decode_ms = first_at.map(|f| ms(now.duration_since(f)));
     if let Some(u) = usage {
-        p.output_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
+        // Tokens of earlier attempts (a continued request) are already in `output_tokens`.
+        p.output_tokens += u["completion_tokens"].as_u64().unwrap_or(0);
         p.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].as_u64();
     }
     log.record(&p);
@@ -485,7 +515,17 @@ pub(crate) async fn handle(
         request.group_size = admission.group_size;
         request.group_need = admission.group_need;
         let decision = if tried.is_empty() {
-            admit(&state, request).await.map_err(fail)?
+            // A sibling waiting in the queue ends there if its group gets enough samples.
+            tokio::select! {
+                d = admit(&state, request) => d.map_err(fail)?,
+                _ = crate::state::stopped(&mut stop) => {
+                    inner
+                        .metrics
+                        .requests
+                        .inc(&[("status", "aborted"), ("mode", mode.as_str())]);
+                    return Ok(migrate::group_satisfied_response(kind, stream, isl_tokens));
+                }
+            }
         } else {
             // A retry was admitted already: place it now, away from the failed workers.
             let allowed: Vec<WorkerId> = registry::worker_ids(&state)
@@ -663,9 +703,15 @@ pub(crate) async fn handle(
                 match up.next().await {
                     Some(Ok(chunk)) => {
                         guard.on_chunk(&chunk);
+                        // The first chunk that starts an event gets the fingerprint.
                         let chunk = match stamp.take() {
-                            Some(field) => stamp_first_event(chunk, &field),
-                            None => chunk,
+                            Some(field) if chunk.starts_with(b"data: {\"") => {
+                                stamp_first_event(chunk, &field)
+                            }
+                            kept => {
+                                stamp = kept;
+                                chunk
+                            }
                         };
                         Some((Ok::<Bytes, std::io::Error>(chunk), (up, guard, stamp)))
                     }

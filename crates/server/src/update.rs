@@ -101,7 +101,11 @@ async fn drive(state: AppState, load: LoadSpec, mut actions: Vec<UpdateAction>) 
             match action {
                 UpdateAction::Abort(worker) => {
                     tokio::spawn(async move {
-                        let _turn = lock.lock().await;
+                        // Another call on this worker is under way (an abort, or its load):
+                        // this one is not needed.
+                        let Ok(_turn) = lock.try_lock() else {
+                            return;
+                        };
                         let draining = state.inner.lock_core().update_phase(worker)
                             == Some(UpdatePhase::Draining);
                         if !draining {
@@ -217,16 +221,17 @@ async fn load_weights(
 ) -> Result<(), String> {
     let control = engine_kind(state, worker).await.control();
     let flush = state.inner.config.router.kv_retention == KvRetention::Flush;
-    call(state, worker, &control.pause(false)).await?;
     let loaded = async {
+        call(state, worker, &control.pause(false)).await?;
         for c in control.load(version, load, flush) {
             call(state, worker, &c).await?;
         }
         Ok::<(), String>(())
     }
     .await;
-    // Resume even after a failed load: the engine keeps serving its old weights, and the router
-    // keeps it out of rotation until an operator looks.
+    // Resume even after a failed pause or load (an abort may have paused it already): the
+    // engine keeps serving its old weights, and the router keeps it out of rotation until an
+    // operator looks.
     let resumed = call(state, worker, &control.resume()).await;
     loaded.and(resumed)
 }

@@ -166,7 +166,8 @@ impl<'w> Simulation<'w> {
             }
         }
         for (i, r) in workload.requests.iter().enumerate() {
-            if let (Some(g), true) = (r.group, sim.config.group_sizes) {
+            // A group's size counts its samples: single requests, or trajectories (first turns).
+            if let (Some(g), true, None) = (r.group, sim.config.group_sizes, r.after) {
                 *sim.group_sizes.entry(g).or_insert(0) += 1;
             }
             if let (Some(g), Some(_)) = (r.group, sim.config.group_need) {
@@ -674,10 +675,21 @@ impl<'w> Simulation<'w> {
             let actions = self.router.update_tick();
             self.carry_out(actions);
         }
-        let released = self.replay.finished(i, self.now, self.records[i].rejected);
-        // A session whose turn failed does not continue.
+        let ended = self.records[i].ended_early;
+        let released = self
+            .replay
+            .finished(i, self.now, self.records[i].rejected || ended);
+        // A session whose turn failed does not continue; one ended early (its group has enough
+        // trajectories) ends with its later turns, now.
         for f in released.dropped {
-            self.records[f].rejected = true;
+            let rec = &mut self.records[f];
+            if ended {
+                rec.ended_early = true;
+                rec.arrival.get_or_insert(self.now);
+                rec.finish = Some(self.now);
+            } else {
+                rec.rejected = true;
+            }
             self.finished += 1;
             self.step_done(f);
         }

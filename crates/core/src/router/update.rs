@@ -78,9 +78,9 @@ pub enum UpdatePhase {
     Draining,
     /// Loading the new weights.
     Updating,
-    /// Loaded, out of rotation until the rest of its batch has loaded too: workers of a batch
-    /// come back together, so requests that waited for them spread over all of them instead of
-    /// flooding the first one back.
+    /// Loaded, out of rotation until no worker of the cycle is still loading: workers loading
+    /// together come back together, so requests that waited for them spread over all of them
+    /// instead of flooding the first one back.
     Loaded,
     /// Serving the new version.
     Done,
@@ -260,10 +260,10 @@ impl Router {
         actions
     }
 
-    /// The host finished loading weights on `worker` (`ok`), or failed to. A loaded worker serves
-    /// the new version and its cache picture is dropped unless KV retention is `retain`; it is
-    /// back in rotation once the rest of its batch has loaded. A failed one stays out (paused).
-    /// Returns the next engine calls.
+    /// The host finished loading weights on `worker` (`ok`), or failed to. A loaded worker is
+    /// back in rotation once no worker of the cycle is still loading; from then on it serves the
+    /// new version and its cache picture is dropped unless KV retention is `retain`. A failed one
+    /// stays out (paused). Returns the next engine calls.
     pub fn update_loaded(
         &mut self,
         worker: WorkerId,
@@ -286,27 +286,25 @@ impl Router {
             }
             _ => return Err(UpdateError::NotUpdating(worker)),
         }
-        if ok {
-            self.set_policy_version(worker, version);
-            if self.config.kv_retention == super::KvRetention::Flush {
-                self.clear_worker_cache(worker);
-            }
-        } else {
+        if !ok {
             self.paused.insert(worker);
         }
         let cycle = self.update.as_mut().expect("running cycle");
-        let batch_busy = cycle
-            .phases
-            .values()
-            .any(|p| matches!(p, UpdatePhase::Draining | UpdatePhase::Updating));
-        if batch_busy {
+        // Loaded workers wait for batch-mates that are loading too (loads take about as long
+        // as each other), not for ones still draining (a drain can take as long as the longest
+        // request).
+        let loading = cycle.phases.values().any(|p| *p == UpdatePhase::Updating);
+        if loading {
             return Ok(Vec::new());
         }
-        // The whole batch has loaded: it comes back together.
-        for p in cycle.phases.values_mut() {
-            if *p == UpdatePhase::Loaded {
-                *p = UpdatePhase::Done;
-            }
+        let back: Vec<WorkerId> = cycle
+            .phases
+            .iter()
+            .filter(|(_, p)| **p == UpdatePhase::Loaded)
+            .map(|(w, _)| *w)
+            .collect();
+        for w in &back {
+            cycle.phases.insert(*w, UpdatePhase::Done);
         }
         if cycle
             .phases
@@ -314,6 +312,14 @@ impl Router {
             .all(|p| matches!(p, UpdatePhase::Done | UpdatePhase::Failed))
         {
             cycle.finished = Some(now);
+        }
+        // They serve the new version from now on; what they cached before is forgotten unless
+        // KV is retained.
+        for w in back {
+            self.set_policy_version(w, version);
+            if self.config.kv_retention == super::KvRetention::Flush {
+                self.clear_worker_cache(w);
+            }
         }
         Ok(self.next_batch())
     }

@@ -48,23 +48,20 @@ fn drain_waits_for_in_flight_requests_and_queues_new_ones_until_a_worker_is_back
         Ok(Admission::Queued)
     );
     assert!(r.poll(Time::ZERO).is_empty(), "still nobody to serve it");
-    // The idle worker loads version 1, and waits for its batch-mate before it serves.
+    // The idle worker loads version 1 and, as no other worker is loading, comes back at once
+    // (it does not wait for a drain) and takes the waiting request.
     assert!(r.update_loaded(other, true, Time::ZERO).unwrap().is_empty());
-    assert_eq!(r.update_phase(other), Some(UpdatePhase::Loaded));
-    assert!(
-        r.poll(Time::ZERO).is_empty(),
-        "the batch comes back together"
-    );
+    assert_eq!(r.update_phase(other), Some(UpdatePhase::Done));
+    let placed = r.poll(Time::ZERO);
+    assert_eq!(placed.len(), 1);
+    let d = placed[0].1.as_ref().unwrap();
+    assert_eq!((d.rank.worker, d.policy_version), (other, 1));
     // The draining worker loads once its request finished.
     assert!(r.update_tick().is_empty());
     r.finish(RequestId(1)).unwrap();
     assert_eq!(loads(&r.update_tick()), vec![w.0]);
     assert!(r.update_tick().is_empty(), "a load is asked for once");
     r.update_loaded(w, true, Time::from_micros(5)).unwrap();
-    // Both serve version 1 now; the waiting request goes.
-    let placed = r.poll(Time::from_micros(5));
-    assert_eq!(placed.len(), 1);
-    assert_eq!(placed[0].1.as_ref().unwrap().policy_version, 1);
     let status = r.update_status().unwrap();
     assert_eq!((status.done, status.total), (2, 2));
     assert_eq!(status.finished, Some(Time::from_micros(5)));
@@ -213,6 +210,14 @@ fn requests_that_waited_for_an_update_spread_over_the_workers_coming_back() {
     for w in loads(&actions) {
         r.update_loaded(WorkerId(w), true, Time::ZERO).unwrap();
         placed.extend(r.poll(Time::ZERO));
+        if w < 3 {
+            assert!(placed.is_empty(), "nobody serves while others still load");
+            assert_eq!(
+                r.newest_policy_version(),
+                0,
+                "the version counts once served"
+            );
+        }
     }
     let mut per_worker = std::collections::BTreeMap::new();
     for (_, d) in &placed {
