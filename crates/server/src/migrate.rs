@@ -96,6 +96,15 @@ pub(crate) struct Migration {
     first_prompt_tokens: Option<u64>,
 }
 
+/// What became of a continuation's placement and send.
+enum Reissued {
+    /// On its way: the upstream's response and the attempt's guard.
+    Sent(Box<(reqwest::Response, LoadGuard)>),
+    /// Its group got enough samples first; `logged`: the attempt already counted and logged
+    /// itself as aborted.
+    Stopped { logged: bool },
+}
+
 /// What became of a continuation.
 enum Continued {
     /// It runs: its upstream and guard.
@@ -309,7 +318,7 @@ impl Migration {
             if self.aborted {
                 // What the aborted attempt still sends (its usage) is not the client's; its
                 // prompt count is the original prompt's.
-                if let Some(p) = v["usage"]["prompt_tokens"].as_u64() {
+                if let (Some(p), 0) = (v["usage"]["prompt_tokens"].as_u64(), self.carried_tokens) {
                     self.first_prompt_tokens.get_or_insert(p);
                 }
                 continue;
@@ -325,7 +334,7 @@ impl Migration {
             }
             if finished_by_abort(&v) && draining_for_update(&self.state, self.worker) {
                 self.aborted = true;
-                if let Some(p) = v["usage"]["prompt_tokens"].as_u64() {
+                if let (Some(p), 0) = (v["usage"]["prompt_tokens"].as_u64(), self.carried_tokens) {
                     self.first_prompt_tokens.get_or_insert(p);
                 }
                 if content.is_some_and(|c| !c.is_empty()) {
@@ -377,7 +386,8 @@ impl Migration {
         prov: Option<Box<crate::provenance::Provenance>>,
         after_abort: bool,
         first_at: Option<Instant>,
-    ) -> Result<(reqwest::Response, LoadGuard), String> {
+        stop: &mut Option<tokio::sync::watch::Receiver<bool>>,
+    ) -> Result<Reissued, String> {
         let inner = &self.state.inner;
         let body = self.continuation();
         let RoutingInput { isl_tokens, blocks } = routing_input(&self.state, self.kind, &body)
@@ -394,9 +404,11 @@ impl Migration {
             (request.group, request.group_size, request.group_need) =
                 (c.group, c.group_size, c.group_need);
             let decision = if wait {
-                crate::proxy::admit(&self.state, request)
-                    .await
-                    .map_err(|e| e.to_string())?
+                // Its group may get enough samples while it waits in the queue.
+                tokio::select! {
+                    d = crate::proxy::admit(&self.state, request) => d.map_err(|e| e.to_string())?,
+                    _ = crate::state::stopped(stop) => return Ok(Reissued::Stopped { logged: false }),
+                }
             } else {
                 let allowed: Vec<WorkerId> = registry::worker_ids(&self.state)
                     .into_iter()
@@ -428,25 +440,35 @@ impl Migration {
                 p
             });
             let Some(base) = registry::url_of(&self.state, worker) else {
+                guard.retire();
                 continue;
             };
-            let sent = inner
+            let send = inner
                 .http
                 .post(format!("{base}{}", self.kind.path()))
                 .json(&body)
-                .send()
-                .await;
+                .send();
+            let sent = tokio::select! {
+                r = send => r,
+                _ = crate::state::stopped(stop) => {
+                    if let Some(p) = guard.prov.as_mut() {
+                        p.output_tokens = self.generated_tokens;
+                    }
+                    guard.end_aborted();
+                    return Ok(Reissued::Stopped { logged: true });
+                }
+            };
             match sent {
                 Ok(r) if r.status().is_success() => {
                     health::observe(&self.state, worker, true, Source::Request);
                     self.worker = worker;
                     self.version = decision.policy_version;
                     self.stamp = true;
-                    return Ok((r, guard));
+                    return Ok(Reissued::Sent(Box::new((r, guard))));
                 }
                 _ => {
                     health::observe(&self.state, worker, false, Source::Request);
-                    drop(guard);
+                    guard.retire();
                     // A worker that fails goes the way of any failure: somewhere not tried.
                     wait = false;
                 }
@@ -522,17 +544,18 @@ pub(crate) async fn unary(
             };
             // Its group may get enough samples while it waits or runs again.
             let mut stop = m.stop.take();
-            let reissued = tokio::select! {
-                r = m.reissue(prov.clone(), true, first_at) => r,
-                _ = crate::state::stopped(&mut stop) => {
-                    if let Some(p) = prov {
-                        log(&m.state, "aborted", p, m.generated_tokens);
-                    }
-                    return Ok(m.ended_by_group(None));
-                }
-            };
+            let reissued = m.reissue(prov.clone(), true, first_at, &mut stop).await;
             let (response, g) = match reissued {
-                Ok(r) => r,
+                Ok(Reissued::Sent(sent)) => *sent,
+                Ok(Reissued::Stopped { logged }) => {
+                    if !logged {
+                        m.count_aborted();
+                        if let Some(p) = prov {
+                            log(&m.state, "aborted", p, m.generated_tokens);
+                        }
+                    }
+                    return Ok(m.ended_by_group());
+                }
                 Err(e) => {
                     if let Some(p) = prov {
                         log(&m.state, "failed", p, m.generated_tokens);
@@ -549,7 +572,8 @@ pub(crate) async fn unary(
                     if let Some(p) = guard.prov.as_mut() {
                         p.output_tokens = m.generated_tokens;
                     }
-                    return Ok(m.ended_by_group(Some(&mut guard)));
+                    guard.end_aborted();
+                    return Ok(m.ended_by_group());
                 }
             };
             m.stop = stop;
@@ -623,18 +647,23 @@ impl Migration {
                 crate::proxy::log_line(&state, p, status, Some(worker), arrival, first_at, None);
             }
         };
-        // Its group may get enough samples while it waits for a worker.
         let mut stop = self.stop.take();
-        let result = tokio::select! {
-            r = self.reissue(prov.clone(), after_abort, first_at) => r,
-            _ = crate::state::stopped(&mut stop) => {
-                log("aborted", prov);
-                return Ok(Continued::Stopped);
-            }
-        };
+        let result = self
+            .reissue(prov.clone(), after_abort, first_at, &mut stop)
+            .await;
         self.stop = stop;
         match result {
-            Ok((r, g)) => Ok(Continued::Going(r.bytes_stream().boxed(), g)),
+            Ok(Reissued::Sent(sent)) => {
+                let (r, g) = *sent;
+                Ok(Continued::Going(r.bytes_stream().boxed(), g))
+            }
+            Ok(Reissued::Stopped { logged }) => {
+                if !logged {
+                    self.count_aborted();
+                    log("aborted", prov);
+                }
+                Ok(Continued::Stopped)
+            }
             Err(e) => {
                 log("failed", prov);
                 Err(e)
@@ -646,32 +675,35 @@ impl Migration {
 impl Migration {
     /// The last events of a stream ended because its group has enough samples.
     fn stopped_events(&self) -> Bytes {
-        self.state.inner.metrics.requests.inc(&[
-            ("status", "aborted"),
-            ("mode", self.state.inner.config.router.router_mode.as_str()),
-        ]);
         group_satisfied_events(
             self.kind,
-            self.first_prompt_tokens.unwrap_or(self.prompt_tokens),
+            self.reported_prompt(),
             self.generated_tokens,
             Some(self.version),
         )
     }
 
+    /// Counts the request as aborted (when no attempt's guard did).
+    fn count_aborted(&self) {
+        self.state.inner.metrics.requests.inc(&[
+            ("status", "aborted"),
+            ("mode", self.state.inner.config.router.router_mode.as_str()),
+        ]);
+    }
+
+    /// The prompt count a continued answer reports: the original prompt's, from the first
+    /// attempt's usage, else the router's own count.
+    fn reported_prompt(&self) -> u64 {
+        self.first_prompt_tokens.unwrap_or(self.prompt_tokens)
+    }
+
     /// A non-streamed answer ended because its group has enough samples: what it produced so
     /// far, with finish reason `abort`.
-    fn ended_by_group(&self, guard: Option<&mut LoadGuard>) -> (Bytes, WorkerId, u64) {
-        match guard {
-            Some(g) => g.end_aborted(),
-            None => self.state.inner.metrics.requests.inc(&[
-                ("status", "aborted"),
-                ("mode", self.state.inner.config.router.router_mode.as_str()),
-            ]),
-        }
+    fn ended_by_group(&self) -> (Bytes, WorkerId, u64) {
         let body = group_satisfied_body(
             self.kind,
             &self.generated_text,
-            self.prompt_tokens,
+            self.reported_prompt(),
             self.generated_tokens,
             Some(self.version),
         );
@@ -718,12 +750,7 @@ pub(crate) fn stream(
                         p.output_tokens = m.generated_tokens;
                     }
                     guard.end_aborted();
-                    let last = group_satisfied_events(
-                        m.kind,
-                        m.prompt_tokens,
-                        m.generated_tokens,
-                        Some(m.version),
-                    );
+                    let last = m.stopped_events();
                     return Some((Ok(last), None));
                 }
             };

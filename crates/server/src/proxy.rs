@@ -49,8 +49,8 @@ pub(crate) struct LoadGuard {
     dispatched: Instant,
     /// A successful answer: its completion counts toward its group's first-N-of-M.
     pub(crate) counts_as_sample: bool,
-    /// This attempt has produced its first byte (its prefill is over).
-    attempt_started: bool,
+    /// When this attempt produced its first byte (its prefill is over).
+    attempt_first: Option<Instant>,
     /// Tokens produced by earlier attempts of a continued request (added to this one's usage).
     pub(crate) carried: u64,
 }
@@ -81,7 +81,7 @@ impl LoadGuard {
             group: None,
             dispatched: Instant::now(),
             counts_as_sample: false,
-            attempt_started: false,
+            attempt_first: None,
             carried: 0,
         }
     }
@@ -112,7 +112,7 @@ impl LoadGuard {
                 worker: self.worker.0,
                 arrival: self.arrival,
                 dispatched: self.dispatched,
-                first: self.first_at,
+                first: self.attempt_first,
                 end: Instant::now(),
                 status,
             });
@@ -170,8 +170,8 @@ impl LoadGuard {
     pub(crate) fn on_chunk(&mut self, chunk: &[u8]) {
         let now = Instant::now();
         let m = &self.state.inner.metrics;
-        if !self.attempt_started {
-            self.attempt_started = true;
+        if self.attempt_first.is_none() {
+            self.attempt_first = Some(now);
             let _ = self.state.inner.lock_core().first_token(self.id);
             self.state.inner.queue_notify.notify_one();
         }
@@ -468,25 +468,28 @@ pub(crate) async fn handle(
     let admission = admission_fields(&headers, &value, arrival, inner).map_err(fail)?;
     // First-N-of-M: a sibling of a group that has its N samples is not started at all.
     // Subscribe before looking, so a group satisfied in between is seen either way.
+    let refuse = || {
+        inner
+            .metrics
+            .requests
+            .inc(&[("status", "aborted"), ("mode", mode.as_str())]);
+        if inner.config.provenance.is_some() {
+            let p = Box::new(Provenance {
+                session: header_str(&headers, &SESSION_HEADERS).map(str::to_owned),
+                group: header_str(&headers, &GROUP_HEADER).map(str::to_owned),
+                prompt_tokens: isl_tokens,
+                abort_reason: Some("group-satisfied"),
+                ..Default::default()
+            });
+            log_line(&state, p, "aborted", None, arrival, None, None);
+        }
+        Ok(migrate::group_satisfied_response(kind, stream, isl_tokens))
+    };
     let mut stop = match (admission.group, admission.group_need) {
         (Some(g), Some(_)) => {
             let rx = inner.group_stop(g);
             if inner.lock_core().group_satisfied(g) {
-                inner
-                    .metrics
-                    .requests
-                    .inc(&[("status", "aborted"), ("mode", mode.as_str())]);
-                if inner.config.provenance.is_some() {
-                    let p = Box::new(Provenance {
-                        session: header_str(&headers, &SESSION_HEADERS).map(str::to_owned),
-                        group: header_str(&headers, &GROUP_HEADER).map(str::to_owned),
-                        prompt_tokens: isl_tokens,
-                        abort_reason: Some("group-satisfied"),
-                        ..Default::default()
-                    });
-                    log_line(&state, p, "aborted", None, arrival, None, None);
-                }
-                return Ok(migrate::group_satisfied_response(kind, stream, isl_tokens));
+                return refuse();
             }
             Some(rx)
         }
@@ -518,13 +521,7 @@ pub(crate) async fn handle(
             // A sibling waiting in the queue ends there if its group gets enough samples.
             tokio::select! {
                 d = admit(&state, request) => d.map_err(fail)?,
-                _ = crate::state::stopped(&mut stop) => {
-                    inner
-                        .metrics
-                        .requests
-                        .inc(&[("status", "aborted"), ("mode", mode.as_str())]);
-                    return Ok(migrate::group_satisfied_response(kind, stream, isl_tokens));
-                }
+                _ = crate::state::stopped(&mut stop) => return refuse(),
             }
         } else {
             // A retry was admitted already: place it now, away from the failed workers.

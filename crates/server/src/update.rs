@@ -170,7 +170,8 @@ async fn drive(state: AppState, load: LoadSpec, mut actions: Vec<UpdateAction>) 
                 let mut core = inner.lock_core();
                 actions = core.update_loaded(worker, ok, inner.now()).unwrap_or_default();
                 if ok {
-                    tracing::info!("worker {worker} loaded policy version {}", core.workers().find(|w| w.id == worker).map_or(0, |w| w.policy_version));
+                    let version = core.update_status().map_or(0, |s| s.plan.version);
+                    tracing::info!("worker {worker} loaded policy version {version}");
                 }
                 // This driver's cycle is over once its last load is in: a cycle started after
                 // it gets its own driver.
@@ -184,7 +185,7 @@ async fn drive(state: AppState, load: LoadSpec, mut actions: Vec<UpdateAction>) 
                 }
             }
             _ = inner.update_notify.notified() => {
-                actions = inner.lock_core().update_tick();
+                actions = inner.lock_core().update_tick(inner.now());
             }
         }
     }

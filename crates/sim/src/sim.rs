@@ -404,7 +404,7 @@ impl<'w> Simulation<'w> {
             let _ = self.router.cancel(RequestId(i as u64));
             self.records[i].update_aborts += 1;
             self.queue.push(self.now, Event::Continue(i));
-            let actions = self.router.update_tick();
+            let actions = self.router.update_tick(self.now);
             self.carry_out(actions);
             return Ok(());
         }
@@ -622,7 +622,7 @@ impl<'w> Simulation<'w> {
                 u64::from(self.workload.requests[i].input_tokens) + u64::from(rec.carried);
             self.queue.push(self.now, Event::Continue(i));
         }
-        let actions = self.router.update_tick();
+        let actions = self.router.update_tick(self.now);
         self.carry_out(actions);
     }
 
@@ -672,7 +672,7 @@ impl<'w> Simulation<'w> {
         self.finished += 1;
         self.step_done(i);
         if self.config.weight_update.is_some() {
-            let actions = self.router.update_tick();
+            let actions = self.router.update_tick(self.now);
             self.carry_out(actions);
         }
         let ended = self.records[i].ended_early;

@@ -144,6 +144,8 @@ pub struct UpdateStatus {
 pub(super) struct UpdateCycle {
     plan: UpdatePlan,
     phases: BTreeMap<WorkerId, UpdatePhase>,
+    /// When each worker started loading.
+    load_started: BTreeMap<WorkerId, Time>,
     started: Time,
     finished: Option<Time>,
 }
@@ -183,14 +185,15 @@ impl Router {
         self.update = Some(UpdateCycle {
             phases: targets.iter().map(|w| (*w, UpdatePhase::Pending)).collect(),
             plan,
+            load_started: BTreeMap::new(),
             started: now,
             finished: None,
         });
-        Ok(self.next_batch())
+        Ok(self.next_batch(now))
     }
 
     /// Moves the next batch of pending targets out of rotation.
-    fn next_batch(&mut self) -> Vec<UpdateAction> {
+    fn next_batch(&mut self, now: Time) -> Vec<UpdateAction> {
         let Some(cycle) = self.update.as_mut().filter(|c| c.running()) else {
             return Vec::new();
         };
@@ -228,13 +231,13 @@ impl Router {
                 }
             }
         }
-        actions.extend(self.update_tick());
+        actions.extend(self.update_tick(now));
         actions
     }
 
     /// Draining workers with no request left move on to loading: returns their loads. Call it
     /// after completions and cancellations while a cycle runs.
-    pub fn update_tick(&mut self) -> Vec<UpdateAction> {
+    pub fn update_tick(&mut self, now: Time) -> Vec<UpdateAction> {
         let Some(cycle) = self.update.as_mut().filter(|c| c.running()) else {
             return Vec::new();
         };
@@ -251,6 +254,7 @@ impl Router {
                 .any(|r| self.ledger.load(*r).active_requests > 0);
             if !busy {
                 *phase = UpdatePhase::Updating;
+                cycle.load_started.insert(*w, now);
                 actions.push(UpdateAction::Load {
                     worker: *w,
                     version,
@@ -290,17 +294,23 @@ impl Router {
             self.paused.insert(worker);
         }
         let cycle = self.update.as_mut().expect("running cycle");
-        // Loaded workers wait for batch-mates that are loading too (loads take about as long
-        // as each other), not for ones still draining (a drain can take as long as the longest
+        // A loaded worker waits for the loads that started no later than its own (loads take
+        // about as long as each other, so workers loading together come back together), not
+        // for later ones nor for workers still draining (a drain lasts as long as its longest
         // request).
-        let loading = cycle.phases.values().any(|p| *p == UpdatePhase::Updating);
-        if loading {
-            return Ok(Vec::new());
-        }
+        let started = |w: &WorkerId| cycle.load_started.get(w).copied().unwrap_or(now);
+        let first_loading = cycle
+            .phases
+            .iter()
+            .filter(|(_, p)| **p == UpdatePhase::Updating)
+            .map(|(w, _)| started(w))
+            .min();
         let back: Vec<WorkerId> = cycle
             .phases
             .iter()
-            .filter(|(_, p)| **p == UpdatePhase::Loaded)
+            .filter(|(w, p)| {
+                **p == UpdatePhase::Loaded && first_loading.is_none_or(|f| started(w) < f)
+            })
             .map(|(w, _)| *w)
             .collect();
         for w in &back {
@@ -321,7 +331,7 @@ impl Router {
                 self.clear_worker_cache(w);
             }
         }
-        Ok(self.next_batch())
+        Ok(self.next_batch(now))
     }
 
     /// The running or last cycle.

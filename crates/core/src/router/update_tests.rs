@@ -57,10 +57,13 @@ fn drain_waits_for_in_flight_requests_and_queues_new_ones_until_a_worker_is_back
     let d = placed[0].1.as_ref().unwrap();
     assert_eq!((d.rank.worker, d.policy_version), (other, 1));
     // The draining worker loads once its request finished.
-    assert!(r.update_tick().is_empty());
+    assert!(r.update_tick(Time::ZERO).is_empty());
     r.finish(RequestId(1)).unwrap();
-    assert_eq!(loads(&r.update_tick()), vec![w.0]);
-    assert!(r.update_tick().is_empty(), "a load is asked for once");
+    assert_eq!(loads(&r.update_tick(Time::ZERO)), vec![w.0]);
+    assert!(
+        r.update_tick(Time::ZERO).is_empty(),
+        "a load is asked for once"
+    );
     r.update_loaded(w, true, Time::from_micros(5)).unwrap();
     let status = r.update_status().unwrap();
     assert_eq!((status.done, status.total), (2, 2));
@@ -122,7 +125,7 @@ fn abort_mode_asks_for_aborts_and_loads_when_the_aborted_requests_are_gone() {
     );
     r.cancel(RequestId(1)).unwrap();
     r.cancel(RequestId(2)).unwrap();
-    assert_eq!(loads(&r.update_tick()), vec![0, 1]);
+    assert_eq!(loads(&r.update_tick(Time::ZERO)), vec![0, 1]);
 }
 
 #[test]
@@ -230,4 +233,32 @@ fn requests_that_waited_for_an_update_spread_over_the_workers_coming_back() {
         vec![2, 2, 2, 2],
         "not all on the first worker back"
     );
+}
+
+#[test]
+fn a_loaded_worker_does_not_wait_for_loads_that_started_after_its_own() {
+    let mut r = router(RouterMode::RoundRobin, 3);
+    for id in 1..=3 {
+        r.route(&request(id, &tokens(id as u32, 8)), Time::ZERO)
+            .unwrap();
+    }
+    // Worker 0's request finishes at once; the others drain later, one after the other.
+    r.finish(RequestId(1)).unwrap();
+    let t = Time::from_millis;
+    let first = r.begin_update(plan(1, UpdateMode::Drain, 1), t(0)).unwrap();
+    assert_eq!(loads(&first), vec![0]);
+    r.finish(RequestId(2)).unwrap();
+    assert_eq!(loads(&r.update_tick(t(10))), vec![1]);
+    r.update_loaded(WorkerId(0), true, t(15)).unwrap();
+    assert_eq!(
+        r.update_phase(WorkerId(0)),
+        Some(UpdatePhase::Done),
+        "worker 1 started later"
+    );
+    r.finish(RequestId(3)).unwrap();
+    assert_eq!(loads(&r.update_tick(t(20))), vec![2]);
+    r.update_loaded(WorkerId(1), true, t(25)).unwrap();
+    assert_eq!(r.update_phase(WorkerId(1)), Some(UpdatePhase::Done));
+    r.update_loaded(WorkerId(2), true, t(35)).unwrap();
+    assert!(r.update_status().unwrap().finished.is_some());
 }
