@@ -544,3 +544,86 @@ async fn a_sized_group_is_spread_over_the_workers_its_fair_share_needs() {
     );
     drop(open);
 }
+
+#[tokio::test]
+async fn an_update_over_engine_processes_reaches_the_engines_and_continues_their_streams() {
+    let mut engines = Vec::new();
+    for _ in 0..2 {
+        engines.push(
+            common::spawn(&[
+                "mock-engine",
+                "--port",
+                "0",
+                "--speedup-ratio",
+                "2",
+                "--weight-load-ms",
+                "100",
+            ])
+            .await,
+        );
+    }
+    let urls: Vec<String> = engines.iter().map(common::Proc::http).collect();
+    let mut args = vec!["serve", "--port", "0", "--admin-token", TOKEN];
+    for u in &urls {
+        args.extend(["--worker", u.as_str()]);
+    }
+    let proc = common::spawn(&args).await;
+    let s = std::sync::Arc::new(Server {
+        base: proc.http(),
+        _proc: proc,
+        client: reqwest::Client::new(),
+    });
+    let mut step = Vec::new();
+    for g in 0..3 {
+        for _ in 0..2 {
+            let s = s.clone();
+            step.push(tokio::spawn(
+                async move { complete(&s, g, true, &[]).await },
+            ));
+        }
+    }
+    until("the step in flight", || async {
+        metric(&s, "kvrouter_worker_active_requests{").await >= 6.0
+    })
+    .await;
+    let (status, _) = admin(
+        &s,
+        "/admin/policy/update",
+        Some(json!({"version": 4, "mode": "abort"})),
+    )
+    .await;
+    assert_eq!(status, 202);
+    until("the update to finish", || async {
+        let (_, p) = admin(&s, "/admin/policy", None).await;
+        p["update"]["running"] == false
+    })
+    .await;
+    for t in step {
+        let a = tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .unwrap()
+            .unwrap();
+        check_complete(&a);
+        assert_eq!(
+            a.fingerprints.last().map(String::as_str),
+            Some("policy-4"),
+            "{a:?}"
+        );
+    }
+    // The engines themselves loaded the new weights (the kind was read from /server_info).
+    for u in &urls {
+        let info: Value = s
+            .client
+            .get(format!("{u}/server_info"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            (info["policy_version"].as_u64(), info["paused"].as_bool()),
+            (Some(4), Some(false))
+        );
+    }
+}
