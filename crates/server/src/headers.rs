@@ -61,6 +61,7 @@ pub(crate) fn pin_from(headers: &HeaderMap) -> Option<Pin> {
 }
 
 /// Per-request admission inputs from headers and body.
+#[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct AdmissionFields {
     pub(crate) priority: u8,
     pub(crate) deadline: Option<kvrouter_core::time::Time>,

@@ -74,8 +74,6 @@ pub(crate) struct Migration {
     tried: Vec<WorkerId>,
     buffer: Vec<u8>,
     done: bool,
-    /// Policy versions the client accepts; continuations keep to them.
-    pub(crate) policy: kvrouter_core::router::VersionRequirement,
     /// The policy version serving the current attempt (the body's `system_fingerprint`).
     pub(crate) version: u64,
     /// The next event is the first of an attempt: it carries the fingerprint.
@@ -85,8 +83,10 @@ pub(crate) struct Migration {
     aborted: bool,
     /// Turns true when the request's first-N-of-M group has enough samples.
     pub(crate) stop: Option<tokio::sync::watch::Receiver<bool>>,
-    /// The original request's admission fields, which continuations keep.
-    pub(crate) carry: Carry,
+    /// The original request's admission fields, which continuations keep (its deadline, so a
+    /// continuation waiting for a version still ends in time; its accepted versions; its
+    /// session and group, for placement).
+    pub(crate) carry: crate::headers::AdmissionFields,
     /// Prompt tokens as the router counted them (the usage of an early end).
     pub(crate) prompt_tokens: u64,
     /// The client asked for a stream.
@@ -186,18 +186,6 @@ pub(crate) fn group_satisfied_response(
     axum::Json(group_satisfied_body(kind, "", prompt_tokens, 0, None)).into_response()
 }
 
-/// What a continuation keeps of the original request's admission fields (its deadline, so a
-/// continuation waiting for a version still ends in time; its session and group, for placement).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Carry {
-    pub(crate) priority: u8,
-    pub(crate) deadline: Option<kvrouter_core::time::Time>,
-    pub(crate) session: Option<u64>,
-    pub(crate) group: Option<u64>,
-    pub(crate) group_size: Option<u32>,
-    pub(crate) group_need: Option<u32>,
-}
-
 /// The `system_fingerprint` of a response served by policy `version`.
 pub(crate) fn fingerprint(version: u64) -> String {
     format!("policy-{version}")
@@ -238,12 +226,11 @@ impl Migration {
             tried: vec![worker],
             buffer: Vec::new(),
             done: false,
-            policy: Default::default(),
             version: 0,
             stamp: true,
             aborted: false,
             stop: None,
-            carry: Carry::default(),
+            carry: Default::default(),
             prompt_tokens: 0,
             stream: true,
             first_prompt_tokens: None,
@@ -397,8 +384,8 @@ impl Migration {
         loop {
             let id = RequestId(inner.next_request.fetch_add(1, Ordering::Relaxed));
             let mut request = RouteRequest::new(id, isl_tokens, blocks.clone());
-            request.policy = self.policy;
             let c = self.carry;
+            request.policy = c.policy;
             (request.priority, request.deadline, request.session) =
                 (c.priority, c.deadline, c.session);
             (request.group, request.group_size, request.group_need) =

@@ -495,14 +495,6 @@ pub(crate) async fn handle(
         }
         _ => None,
     };
-    let carry = migrate::Carry {
-        priority: admission.priority,
-        deadline: admission.deadline,
-        session: admission.session,
-        group: admission.group,
-        group_size: admission.group_size,
-        group_need: admission.group_need,
-    };
     let mut tried: Vec<WorkerId> = Vec::new();
     let attempts = inner.config.retries + 1;
     let mut last_error = None;
@@ -645,9 +637,8 @@ pub(crate) async fn handle(
             };
             guard.on_chunk(&first);
             let mut migration = Migration::new(state.clone(), kind, value, worker, arrival);
-            migration.policy = admission.policy;
             migration.version = decision.policy_version;
-            migration.carry = carry;
+            migration.carry = admission;
             migration.stop = stop;
             migration.prompt_tokens = isl_tokens;
             let (out, worker, version) = migrate::unary(migration, first, guard)
@@ -672,10 +663,9 @@ pub(crate) async fn handle(
             || stop.is_some();
         if stream && continuable && status.is_success() {
             let mut migration = Migration::new(state.clone(), kind, value, worker, arrival);
-            migration.policy = admission.policy;
             migration.version = decision.policy_version;
             migration.stop = stop;
-            migration.carry = carry;
+            migration.carry = admission;
             migration.prompt_tokens = isl_tokens;
             let body = migrate::stream(response, guard, migration);
             return Ok(builder
