@@ -139,14 +139,35 @@ async fn run(migration_limit: &str, chat: bool) -> Vec<Outcome> {
     let mut tasks = Vec::new();
     for i in 0..REQUESTS {
         let permit = slots.clone().acquire_owned().await.unwrap();
-        let (client, base, started) = (client.clone(), base.clone(), started.clone());
+        let (task_client, task_base, task_started) =
+            (client.clone(), base.clone(), started.clone());
         tasks.push(tokio::spawn(async move {
-            let o = one(client, base, i, started, chat).await;
+            let o = one(task_client, task_base, i, task_started, chat).await;
             drop(permit);
             o
         }));
-        // Kill one engine once a good number of streams are under way.
+        // Kill one engine once a good number of streams are under way, some of them on it
+        // (bounded wait: a loaded machine starts streams late).
         if i == CONCURRENCY + 8 {
+            let engine_metrics = format!("{}/metrics", urls[1]);
+            for _ in 0..2000 {
+                let running = client
+                    .get(&engine_metrics)
+                    .send()
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap()
+                    .lines()
+                    .filter(|l| l.starts_with("kvrouter_mock_running_requests{"))
+                    .find_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .unwrap_or(0.0);
+                if running >= 2.0 && started.load(Ordering::SeqCst) >= CONCURRENCY / 2 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             engines[1].child.start_kill().unwrap();
         }
     }
