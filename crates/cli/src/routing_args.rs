@@ -51,7 +51,8 @@ pub(crate) struct RoutingArgs {
     /// of its max_num_batched_tokens (unset = no router queue).
     #[arg(long)]
     router_queue_threshold: Option<f64>,
-    /// Order of the router queue: fcfs, wspt or priority.
+    /// Order of the router queue: fcfs, wspt, priority or group-tail (RL groups closest to done
+    /// first).
     #[arg(long, default_value = "fcfs")]
     router_queue_policy: String,
     /// Most requests waiting in the router queue (beyond: HTTP 529).

@@ -78,9 +78,9 @@ pub enum UpdatePhase {
     Draining,
     /// Loading the new weights.
     Updating,
-    /// Loaded, out of rotation until no worker of the cycle is still loading: workers loading
-    /// together come back together, so requests that waited for them spread over all of them
-    /// instead of flooding the first one back.
+    /// Loaded, out of rotation until no worker that began loading at or before it is still
+    /// loading: workers loading together come back together, so requests that waited for them
+    /// spread over all of them instead of flooding the first one back.
     Loaded,
     /// Serving the new version.
     Done,
@@ -265,8 +265,8 @@ impl Router {
     }
 
     /// The host finished loading weights on `worker` (`ok`), or failed to. A loaded worker is
-    /// back in rotation once no worker of the cycle is still loading; from then on it serves the
-    /// new version and its cache picture is dropped unless KV retention is `retain`. A failed one
+    /// back in rotation once no worker that began loading at or before it is still loading; from
+    /// then on it serves the new version and its cache picture is dropped unless KV retention is `retain`. A failed one
     /// stays out (paused). Returns the next engine calls.
     pub fn update_loaded(
         &mut self,
