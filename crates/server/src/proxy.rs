@@ -282,17 +282,28 @@ pub(crate) fn log_line(
     log.record(&p);
 }
 
-/// Adds `field` (`"system_fingerprint":"…",`) as the first member of the chunk's first SSE
-/// event, when the chunk starts one (`data: {`); JSON members may come in any order.
-fn stamp_first_event(chunk: Bytes, field: &str) -> Bytes {
-    const START: &[u8] = b"data: {";
-    if !chunk.starts_with(START) || chunk.get(START.len()) != Some(&b'"') {
+/// Sets `system_fingerprint` to `fingerprint` in the chunk's first SSE event (replacing one the
+/// engine sent, SGLang's weight version for instance), when the chunk starts with a whole event.
+/// Returns the chunk unchanged otherwise.
+fn stamp_first_event(chunk: Bytes, fingerprint: &str) -> Bytes {
+    const START: &[u8] = b"data:";
+    let Some(end) = chunk.windows(2).position(|w| w == b"\n\n") else {
         return chunk;
-    }
-    let mut out = Vec::with_capacity(chunk.len() + field.len());
-    out.extend_from_slice(START);
-    out.extend_from_slice(field.as_bytes());
-    out.extend_from_slice(&chunk[START.len()..]);
+    };
+    let Some(data) = chunk[..end].strip_prefix(START) else {
+        return chunk;
+    };
+    let Ok(mut event) = serde_json::from_slice::<Value>(data.trim_ascii()) else {
+        return chunk;
+    };
+    let Some(object) = event.as_object_mut() else {
+        return chunk;
+    };
+    object.insert("system_fingerprint".into(), Value::from(fingerprint));
+    let mut out = Vec::with_capacity(chunk.len() + 48);
+    out.extend_from_slice(b"data: ");
+    serde_json::to_writer(&mut out, &event).expect("serializable");
+    out.extend_from_slice(&chunk[end..]);
     Bytes::from(out)
 }
 
@@ -675,12 +686,8 @@ pub(crate) async fn handle(
         let upstream_body = response.bytes_stream();
         // A stream that is not followed event by event cannot change workers: its first event
         // carries the version that serves it all.
-        let stamp = (stream && status.is_success()).then(|| {
-            format!(
-                "\"system_fingerprint\":\"{}\",",
-                migrate::fingerprint(decision.policy_version)
-            )
-        });
+        let stamp =
+            (stream && status.is_success()).then(|| migrate::fingerprint(decision.policy_version));
         let body = futures::stream::unfold(
             (upstream_body, guard, stamp),
             |(mut up, mut guard, mut stamp)| async move {
@@ -692,8 +699,8 @@ pub(crate) async fn handle(
                         guard.on_chunk(&chunk);
                         // The first chunk that starts an event gets the fingerprint.
                         let chunk = match stamp.take() {
-                            Some(field) if chunk.starts_with(b"data: {\"") => {
-                                stamp_first_event(chunk, &field)
+                            Some(fingerprint) if chunk.starts_with(b"data:") => {
+                                stamp_first_event(chunk, &fingerprint)
                             }
                             kept => {
                                 stamp = kept;
@@ -737,10 +744,10 @@ mod tests {
 
     #[test]
     fn the_first_event_of_a_plain_stream_carries_the_fingerprint() {
-        let field = "\"system_fingerprint\":\"policy-3\",";
-        let chunk =
-            Bytes::from_static(b"data: {\"id\":\"x\",\"choices\":[]}\n\ndata: {\"id\":\"y\"}\n\n");
-        let out = stamp_first_event(chunk, field);
+        let chunk = Bytes::from_static(
+            b"data: {\"id\":\"x\",\"system_fingerprint\":null}\n\ndata: {\"id\":\"y\"}\n\n",
+        );
+        let out = stamp_first_event(chunk, "policy-3");
         let text = std::str::from_utf8(&out).unwrap();
         let first: Value = serde_json::from_str(
             text.split("\n\n")
@@ -750,15 +757,22 @@ mod tests {
                 .unwrap(),
         )
         .unwrap();
-        assert_eq!(first["system_fingerprint"], "policy-3");
+        assert_eq!(
+            first["system_fingerprint"], "policy-3",
+            "the engine's null replaced"
+        );
         assert_eq!(first["id"], "x");
+        assert_eq!(text.matches("system_fingerprint").count(), 1, "{text}");
         assert!(
             text.ends_with("data: {\"id\":\"y\"}\n\n"),
             "later events unchanged"
         );
-        // Not an event, or an empty object: left alone.
-        for other in [&b": keep-alive\n\n"[..], &b"data: {}\n\n"[..]] {
-            assert_eq!(&stamp_first_event(Bytes::from(other), field)[..], other);
+        // Not an event, or not a whole one: left alone.
+        for other in [&b": keep-alive\n\n"[..], &b"data: {\"id\":\"x\""[..]] {
+            assert_eq!(
+                &stamp_first_event(Bytes::from(other), "policy-3")[..],
+                other
+            );
         }
     }
 }
