@@ -240,6 +240,8 @@ async fn handle(
         Command::Cancel(id) => {
             streams.remove(&id);
             engine.cancel(id);
+            // The engine may now be idle and take no step that would refresh the figures.
+            shared.snapshot.lock().expect("snapshot lock").stats = engine.stats();
         }
         Command::Pause { abort, done } => {
             let mut aborted = 0;
