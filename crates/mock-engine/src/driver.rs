@@ -123,6 +123,9 @@ async fn run(
     };
     loop {
         if control.paused || !engine.has_work() {
+            // Steps refresh the figures; an engine about to wait (a cancel or an abort left it
+            // idle) takes none, so refresh them here.
+            shared.snapshot.lock().expect("snapshot lock").stats = engine.stats();
             match rx.recv().await {
                 Some(cmd) => {
                     handle(
@@ -240,8 +243,6 @@ async fn handle(
         Command::Cancel(id) => {
             streams.remove(&id);
             engine.cancel(id);
-            // The engine may now be idle and take no step that would refresh the figures.
-            shared.snapshot.lock().expect("snapshot lock").stats = engine.stats();
         }
         Command::Pause { abort, done } => {
             let mut aborted = 0;

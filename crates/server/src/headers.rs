@@ -74,6 +74,19 @@ pub(crate) struct AdmissionFields {
     pub(crate) policy: kvrouter_core::router::VersionRequirement,
 }
 
+impl AdmissionFields {
+    /// Copies the fields into a request to place (first attempt or continuation).
+    pub(crate) fn apply(&self, request: &mut kvrouter_core::router::RouteRequest) {
+        request.priority = self.priority;
+        request.deadline = self.deadline;
+        request.session = self.session;
+        request.policy = self.policy;
+        request.group = self.group;
+        request.group_size = self.group_size;
+        request.group_need = self.group_need;
+    }
+}
+
 /// The policy versions a request accepts: `x-kvrouter-policy-version` (exact),
 /// `x-kvrouter-min-policy-version`, `x-kvrouter-max-policy-staleness` (versions behind the newest).
 fn version_requirement(

@@ -384,12 +384,7 @@ impl Migration {
         loop {
             let id = RequestId(inner.next_request.fetch_add(1, Ordering::Relaxed));
             let mut request = RouteRequest::new(id, isl_tokens, blocks.clone());
-            let c = self.carry;
-            request.policy = c.policy;
-            (request.priority, request.deadline, request.session) =
-                (c.priority, c.deadline, c.session);
-            (request.group, request.group_size, request.group_need) =
-                (c.group, c.group_size, c.group_need);
+            self.carry.apply(&mut request);
             let decision = if wait {
                 // Its group may get enough samples while it waits in the queue.
                 tokio::select! {

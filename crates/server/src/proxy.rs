@@ -513,13 +513,7 @@ pub(crate) async fn handle(
         let id = RequestId(inner.next_request.fetch_add(1, Ordering::Relaxed));
         let mut request = RouteRequest::new(id, isl_tokens, blocks.clone());
         request.pin = pin;
-        request.priority = admission.priority;
-        request.deadline = admission.deadline;
-        request.session = admission.session;
-        request.policy = admission.policy;
-        request.group = admission.group;
-        request.group_size = admission.group_size;
-        request.group_need = admission.group_need;
+        admission.apply(&mut request);
         let decision = if tried.is_empty() {
             // A sibling waiting in the queue ends there if its group gets enough samples.
             tokio::select! {
