@@ -214,6 +214,14 @@ pub(crate) fn engine_of(state: &AppState, id: WorkerId) -> Option<crate::engines
     with_entry(state, id, |e| e.engine).flatten()
 }
 
+/// Records the engine kind learned for a worker.
+pub(crate) fn set_engine(state: &AppState, id: WorkerId, kind: crate::engines::EngineKind) {
+    let mut workers = state.inner.workers.lock().expect("workers lock");
+    if let Some(r) = workers.get_mut(&id) {
+        r.entry.engine = Some(kind);
+    }
+}
+
 /// Every registered worker id.
 pub(crate) fn worker_ids(state: &AppState) -> Vec<WorkerId> {
     state

@@ -191,7 +191,7 @@ async fn drive(state: AppState, load: LoadSpec, mut actions: Vec<UpdateAction>) 
     }
 }
 
-/// The engine kind of a worker: as registered, or read from its `/server_info`.
+/// The engine kind of a worker: as registered, or read once from its `/server_info` and kept.
 async fn engine_kind(state: &AppState, worker: WorkerId) -> EngineKind {
     if let Some(kind) = registry::engine_of(state, worker) {
         return kind;
@@ -199,18 +199,23 @@ async fn engine_kind(state: &AppState, worker: WorkerId) -> EngineKind {
     let Some(url) = registry::url_of(state, worker) else {
         return EngineKind::Vllm;
     };
-    let info = match state
+    let answer = state
         .inner
         .http
         .get(format!("{url}/server_info"))
         .timeout(Duration::from_secs(5))
         .send()
-        .await
-    {
+        .await;
+    let info = match answer {
         Ok(r) if r.status().is_success() => r.json::<serde_json::Value>().await.ok(),
-        _ => None,
+        // An answer without it (vLLM has no /server_info) says as much as one with it.
+        Ok(_) => None,
+        // No answer: guess, and ask again next time.
+        Err(_) => return EngineKind::from_server_info(None),
     };
-    EngineKind::from_server_info(info.as_ref())
+    let kind = EngineKind::from_server_info(info.as_ref());
+    registry::set_engine(state, worker, kind);
+    kind
 }
 
 /// Pause (nothing is in flight any more), load, resume.
