@@ -21,6 +21,7 @@ mod capture;
 pub mod config;
 mod engines;
 mod error;
+mod guard;
 mod headers;
 mod health;
 mod ingest;

@@ -8,9 +8,13 @@
 //! Engines stream one token per content chunk (vLLM, SGLang and the mock engine do), which is how
 //! tokens already sent are counted. Requests that cannot be continued faithfully (`n` > 1,
 //! structured output, logprobs) end with an in-band error instead of a corrupted stream.
+//!
+//! The same continuation carries a request the engine aborted for a weight update (it waits for
+//! an updated worker). `unary.rs` continues non-streamed answers; `first_n.rs` answers requests
+//! ended because their RL group has enough samples.
 
+use crate::guard::LoadGuard;
 use crate::health::{self, Source};
-use crate::proxy::LoadGuard;
 use crate::registry;
 use crate::routing::{routing_input, Kind, RoutingInput};
 use crate::state::AppState;
@@ -21,6 +25,12 @@ use kvrouter_core::router::RouteRequest;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
+
+mod first_n;
+mod unary;
+
+pub(crate) use first_n::group_satisfied_response;
+pub(crate) use unary::unary;
 
 /// Why a request cannot be continued elsewhere, if it cannot.
 pub(crate) fn unmigratable(body: &Value) -> Option<&'static str> {
@@ -111,79 +121,6 @@ enum Continued {
     Going(Upstream, LoadGuard),
     /// Its group got enough samples while it waited: it ends here.
     Stopped,
-}
-
-/// The last event of a stream ended because its group has enough samples: finish reason
-/// `abort`, and the usage of what it produced.
-fn group_satisfied_events(
-    kind: Kind,
-    prompt_tokens: u64,
-    completion_tokens: u64,
-    version: Option<u64>,
-) -> Bytes {
-    let choice = match kind {
-        Kind::Completion => {
-            json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "abort"})
-        }
-        Kind::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "abort"}),
-    };
-    let object = match kind {
-        Kind::Completion => "text_completion",
-        Kind::Chat => "chat.completion.chunk",
-    };
-    let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens});
-    let mut v = json!({"id": "kvrouter-group-satisfied", "object": object, "choices": [choice], "usage": usage});
-    if let Some(version) = version {
-        v["system_fingerprint"] = json!(fingerprint(version));
-    }
-    Bytes::from(format!("data: {v}\n\ndata: [DONE]\n\n"))
-}
-
-/// A non-streamed answer ended by first-N-of-M: `text` so far, finish reason `abort`.
-fn group_satisfied_body(
-    kind: Kind,
-    text: &str,
-    prompt_tokens: u64,
-    completion_tokens: u64,
-    version: Option<u64>,
-) -> Value {
-    let (choice, object) = match kind {
-        Kind::Completion => (
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "abort"}),
-            "text_completion",
-        ),
-        Kind::Chat => (
-            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "abort"}),
-            "chat.completion",
-        ),
-    };
-    let total = prompt_tokens + completion_tokens;
-    let mut v = json!({
-        "id": "kvrouter-group-satisfied", "object": object, "choices": [choice],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total},
-    });
-    if let Some(version) = version {
-        v["system_fingerprint"] = json!(fingerprint(version));
-    }
-    v
-}
-
-/// The whole answer of a request ended before it produced anything because its group has
-/// enough samples (first-N-of-M): finish reason `abort`, no output.
-pub(crate) fn group_satisfied_response(
-    kind: Kind,
-    stream: bool,
-    prompt_tokens: u64,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    if stream {
-        return (
-            [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
-            group_satisfied_events(kind, prompt_tokens, 0, None),
-        )
-            .into_response();
-    }
-    axum::Json(group_satisfied_body(kind, "", prompt_tokens, 0, None)).into_response()
 }
 
 /// The `system_fingerprint` of a response served by policy `version`.
@@ -459,139 +396,6 @@ impl Migration {
     }
 }
 
-/// A non-streamed answer: stamps `system_fingerprint` and, if a weight update aborted it,
-/// continues it on an updated worker and joins the parts into one answer (the text of every
-/// part, the original prompt's usage, the completion tokens of all parts). Returns the body and
-/// the worker and policy version that ended it.
-pub(crate) async fn unary(
-    mut m: Migration,
-    first: Bytes,
-    mut guard: LoadGuard,
-) -> Result<(Bytes, WorkerId, u64), crate::error::ServeError> {
-    use crate::error::ServeError;
-    m.stream = false;
-    let mut bytes = first;
-    let mut original_usage: Option<Value> = None;
-    let mut continued = false;
-    loop {
-        let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
-            guard.finish();
-            return Ok((bytes, m.worker, m.version));
-        };
-        let text_of = |v: &Value| -> String {
-            let c = &v["choices"][0];
-            match m.kind {
-                Kind::Completion => c["text"].as_str(),
-                Kind::Chat => c["message"]["content"].as_str(),
-            }
-            .unwrap_or("")
-            .to_owned()
-        };
-        if finished_by_abort(&v) && draining_for_update(&m.state, m.worker) {
-            if let Some(reason) = unmigratable(&m.original) {
-                guard.log_failed();
-                drop(guard);
-                return Err(ServeError::Upstream(format!(
-                    "the request was aborted by a weight update and cannot be continued faithfully ({reason})"
-                )));
-            }
-            continued = true;
-            let part = text_of(&v);
-            m.generated_text.push_str(&part);
-            m.generated_tokens += v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
-            if original_usage.is_none() {
-                original_usage = v.get("usage").cloned();
-            }
-            let prov = guard.prov.take().map(|mut p| {
-                p.update_aborts += 1;
-                p
-            });
-            let (first_at, worker) = (guard.first_at(), guard.worker);
-            guard.retire();
-            m.state
-                .inner
-                .metrics
-                .migrations
-                .inc(&[("migration_type", "weight_update")]);
-            let arrival = m.arrival;
-            let log = |state: &AppState,
-                       status: &'static str,
-                       mut p: Box<crate::provenance::Provenance>,
-                       tokens: u64| {
-                p.output_tokens = tokens;
-                if status == "aborted" {
-                    p.abort_reason = Some("group-satisfied");
-                }
-                crate::proxy::log_line(state, p, status, Some(worker), arrival, first_at, None);
-            };
-            // Its group may get enough samples while it waits or runs again.
-            let mut stop = m.stop.take();
-            let reissued = m.reissue(prov.clone(), true, first_at, &mut stop).await;
-            let (response, g) = match reissued {
-                Ok(Reissued::Sent(sent)) => *sent,
-                Ok(Reissued::Stopped { logged }) => {
-                    if !logged {
-                        m.count_aborted();
-                        if let Some(p) = prov {
-                            log(&m.state, "aborted", p, m.generated_tokens);
-                        }
-                    }
-                    return Ok(m.ended_by_group());
-                }
-                Err(e) => {
-                    if let Some(p) = prov {
-                        log(&m.state, "failed", p, m.generated_tokens);
-                    }
-                    return Err(ServeError::Upstream(format!(
-                        "continuation after a weight update failed: {e}"
-                    )));
-                }
-            };
-            guard = g;
-            let read = tokio::select! {
-                r = response.bytes() => r,
-                _ = crate::state::stopped(&mut stop) => {
-                    if let Some(p) = guard.prov.as_mut() {
-                        p.output_tokens = m.generated_tokens;
-                    }
-                    guard.end_aborted();
-                    return Ok(m.ended_by_group());
-                }
-            };
-            m.stop = stop;
-            bytes = match read {
-                Ok(b) => b,
-                Err(e) => {
-                    guard.log_failed();
-                    return Err(ServeError::Upstream(format!("worker {}: {e}", m.worker)));
-                }
-            };
-            guard.on_chunk(&bytes);
-            continue;
-        }
-        if continued {
-            let joined = format!("{}{}", m.generated_text, text_of(&v));
-            let c = &mut v["choices"][0];
-            match m.kind {
-                Kind::Completion => c["text"] = json!(joined),
-                Kind::Chat => c["message"]["content"] = json!(joined),
-            }
-            let completion =
-                v["usage"]["completion_tokens"].as_u64().unwrap_or(0) + m.generated_tokens;
-            if let Some(mut u) = original_usage.take().filter(Value::is_object) {
-                let prompt = u["prompt_tokens"].as_u64().unwrap_or(0);
-                u["completion_tokens"] = json!(completion);
-                u["total_tokens"] = json!(prompt + completion);
-                v["usage"] = u;
-            }
-        }
-        v["system_fingerprint"] = json!(fingerprint(m.version));
-        guard.finish();
-        let out = serde_json::to_vec(&v).map(Bytes::from).unwrap_or(bytes);
-        return Ok((out, m.worker, m.version));
-    }
-}
-
 impl Migration {
     /// Ends the current attempt and starts its continuation (after a weight update's abort, or
     /// a failure). The request's provenance line moves to the continuation, or is logged as
@@ -626,7 +430,7 @@ impl Migration {
                 if status == "aborted" {
                     p.abort_reason = Some("group-satisfied");
                 }
-                crate::proxy::log_line(&state, p, status, Some(worker), arrival, first_at, None);
+                crate::guard::log_line(&state, p, status, Some(worker), arrival, first_at, None);
             }
         };
         let mut stop = self.stop.take();
@@ -651,45 +455,6 @@ impl Migration {
                 Err(e)
             }
         }
-    }
-}
-
-impl Migration {
-    /// The last events of a stream ended because its group has enough samples.
-    fn stopped_events(&self) -> Bytes {
-        group_satisfied_events(
-            self.kind,
-            self.reported_prompt(),
-            self.generated_tokens,
-            Some(self.version),
-        )
-    }
-
-    /// Counts the request as aborted (when no attempt's guard did).
-    fn count_aborted(&self) {
-        self.state.inner.metrics.requests.inc(&[
-            ("status", "aborted"),
-            ("mode", self.state.inner.config.router.router_mode.as_str()),
-        ]);
-    }
-
-    /// The prompt count a continued answer reports: the original prompt's, from the first
-    /// attempt's usage, else the router's own count.
-    fn reported_prompt(&self) -> u64 {
-        self.first_prompt_tokens.unwrap_or(self.prompt_tokens)
-    }
-
-    /// A non-streamed answer ended because its group has enough samples: what it produced so
-    /// far, with finish reason `abort`.
-    fn ended_by_group(&self) -> (Bytes, WorkerId, u64) {
-        let body = group_satisfied_body(
-            self.kind,
-            &self.generated_text,
-            self.reported_prompt(),
-            self.generated_tokens,
-            Some(self.version),
-        );
-        (Bytes::from(body.to_string()), self.worker, self.version)
     }
 }
 
@@ -796,90 +561,4 @@ pub(crate) fn stream(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::ServeConfig;
-
-    fn migration(kind: Kind, body: Value) -> Migration {
-        let state = AppState::new(ServeConfig::default()).unwrap();
-        Migration::new(state, kind, body, WorkerId(0), Instant::now())
-    }
-
-    #[test]
-    fn requests_that_cannot_be_continued_faithfully_are_named() {
-        assert_eq!(unmigratable(&json!({"n": 2})), Some("n > 1"));
-        assert_eq!(
-            unmigratable(&json!({"response_format": {"type": "json_schema"}})),
-            Some("structured output")
-        );
-        assert_eq!(
-            unmigratable(&json!({"guided_regex": "a+"})),
-            Some("structured output")
-        );
-        assert_eq!(unmigratable(&json!({"logprobs": 2})), Some("logprobs"));
-        assert_eq!(
-            unmigratable(&json!({"logprobs": false, "n": 1, "response_format": {"type": "text"}})),
-            None
-        );
-    }
-
-    #[test]
-    fn continuations_carry_the_streamed_tokens_and_the_remaining_budget() {
-        let mut m = migration(
-            Kind::Completion,
-            json!({"prompt": "Once", "max_tokens": 10, "stream": true}),
-        );
-        let out =
-            m.process(b"data: {\"choices\":[{\"text\":\" upon\"}]}\n\ndata: {\"choices\":[{\"te");
-        assert!(out.starts_with(b"data: {"), "complete events pass through");
-        m.process(b"xt\":\" a\"}]}\n\n");
-        let c = m.continuation();
-        assert_eq!(c["prompt"], "Once upon a");
-        assert_eq!(c["max_tokens"], 8);
-
-        let mut ids = migration(
-            Kind::Completion,
-            json!({"prompt": [1, 2, 3], "max_tokens": 5}),
-        );
-        ids.process(b"data: {\"choices\":[{\"text\":\" xy\"}]}\n\n");
-        let c = ids.continuation();
-        let prompt: Vec<u64> = c["prompt"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap())
-            .collect();
-        assert_eq!(&prompt[..3], &[1, 2, 3]);
-        assert_eq!(prompt.len(), 4, "the streamed text re-tokenized");
-        assert_eq!(c["max_tokens"], 4);
-
-        let mut chat = migration(
-            Kind::Chat,
-            json!({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3}),
-        );
-        chat.process(
-            b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\" he\"}}]}\n\n",
-        );
-        let c = chat.continuation();
-        assert_eq!(
-            c["messages"][1],
-            json!({"role": "assistant", "content": " he"})
-        );
-        assert_eq!(c["continue_final_message"], true);
-        assert_eq!(c["max_completion_tokens"], 2);
-    }
-
-    #[test]
-    fn a_continued_stream_reports_one_usage_for_the_whole_answer() {
-        let mut m = migration(Kind::Completion, json!({"prompt": "p", "max_tokens": 4}));
-        m.process(b"data: {\"choices\":[{\"text\":\" a\"}]}\n\n");
-        m.carried_tokens = m.generated_tokens;
-        let out = m.process(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":6,\"completion_tokens\":3,\"total_tokens\":9}}\n\n");
-        let text = String::from_utf8(out).unwrap();
-        let v: Value =
-            serde_json::from_str(text.trim().trim_start_matches("data:").trim()).unwrap();
-        assert_eq!(v["usage"]["completion_tokens"], 4);
-        assert_eq!(v["usage"]["prompt_tokens"], 5);
-        assert_eq!(v["usage"]["total_tokens"], 9);
-    }
-}
+mod tests;

@@ -1,0 +1,285 @@
+//! The load guard of one attempt at a request: it releases the request's load in the core exactly
+//! once (finished, cancelled, aborted, or retired for a continuation), and records its metrics,
+//! provenance line and captured timeline.
+
+use crate::provenance::Provenance;
+use crate::state::AppState;
+use kvrouter_core::ids::{RequestId, WorkerId};
+use kvrouter_core::policy::RouterMode;
+use serde_json::Value;
+use std::time::Instant;
+
+/// Releases the request's load in the core exactly once: at the end of the body, or when dropped.
+pub(crate) struct LoadGuard {
+    pub(crate) state: AppState,
+    id: RequestId,
+    mode: RouterMode,
+    arrival: Instant,
+    last_chunk: Option<Instant>,
+    chunks: u64,
+    tail: Vec<u8>,
+    pub(crate) stream: bool,
+    pub(crate) done: bool,
+    /// The worker serving this attempt.
+    pub(crate) worker: WorkerId,
+    /// The upstream failed and the client was told; the stream ends.
+    pub(crate) broken: bool,
+    /// When the first byte came back.
+    first_at: Option<Instant>,
+    /// The provenance line to complete and log (with `--provenance-log`).
+    pub(crate) prov: Option<Box<Provenance>>,
+    /// The RL group it is a sample of: its completion counts toward first-N-of-M.
+    pub(crate) group: Option<u64>,
+    /// When this attempt was placed.
+    dispatched: Instant,
+    /// A successful answer: its completion counts toward its group's first-N-of-M.
+    pub(crate) counts_as_sample: bool,
+    /// When this attempt produced its first byte (its prefill is over).
+    attempt_first: Option<Instant>,
+    /// Tokens produced by earlier attempts of a continued request (added to this one's usage).
+    pub(crate) carried: u64,
+}
+
+impl LoadGuard {
+    pub(crate) fn new(
+        state: AppState,
+        id: RequestId,
+        worker: WorkerId,
+        mode: RouterMode,
+        arrival: Instant,
+        stream: bool,
+    ) -> Self {
+        Self {
+            state,
+            id,
+            mode,
+            arrival,
+            last_chunk: None,
+            chunks: 0,
+            tail: Vec::new(),
+            stream,
+            done: false,
+            worker,
+            broken: false,
+            first_at: None,
+            prov: None,
+            group: None,
+            dispatched: Instant::now(),
+            counts_as_sample: false,
+            attempt_first: None,
+            carried: 0,
+        }
+    }
+
+    /// A continuation's guard: the request's first byte came earlier (`first_at`), and
+    /// `carried` tokens were produced before this attempt.
+    pub(crate) fn continuing(mut self, first_at: Option<Instant>, carried: u64) -> Self {
+        self.first_at = first_at;
+        self.carried = carried;
+        self
+    }
+
+    /// Ends this attempt because the request continues in another one: its load is released,
+    /// and it is counted as neither finished nor cancelled.
+    pub(crate) fn retire(mut self) {
+        self.done = true;
+        let inner = &self.state.inner;
+        let _ = inner.lock_core().cancel(self.id);
+        inner.load_released();
+        self.capture("continued");
+    }
+
+    /// Keeps this attempt's timeline (with `--trace-capture`).
+    fn capture(&self, status: &'static str) {
+        if let Some(c) = &self.state.inner.capture {
+            c.record(crate::capture::Span {
+                request: self.id.0,
+                worker: self.worker.0,
+                arrival: self.arrival,
+                dispatched: self.dispatched,
+                first: self.attempt_first,
+                end: Instant::now(),
+                status,
+            });
+        }
+    }
+
+    /// Ends the request early because its group has enough samples (first-N-of-M): its load is
+    /// released and it is counted as aborted.
+    pub(crate) fn end_aborted(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let inner = &self.state.inner;
+        let _ = inner.lock_core().cancel(self.id);
+        inner.load_released();
+        inner
+            .metrics
+            .requests
+            .inc(&[("status", "aborted"), ("mode", self.mode.as_str())]);
+        self.capture("aborted");
+        if let Some(p) = self.prov.as_mut() {
+            p.abort_reason = Some("group-satisfied");
+        }
+        self.log_provenance("aborted", None);
+    }
+
+    /// Logs the provenance line as failed (the stream ended with an error).
+    pub(crate) fn log_failed(&mut self) {
+        self.log_provenance("failed", None);
+    }
+
+    /// Completes and logs the provenance line, if any.
+    fn log_provenance(&mut self, status: &'static str, usage: Option<&Value>) {
+        let Some(mut p) = self.prov.take() else {
+            return;
+        };
+        p.output_tokens = p.output_tokens.max(self.carried);
+        log_line(
+            &self.state,
+            p,
+            status,
+            Some(self.worker),
+            self.arrival,
+            self.first_at,
+            usage,
+        );
+    }
+
+    /// When the first byte of this attempt came back.
+    pub(crate) fn first_at(&self) -> Option<Instant> {
+        self.first_at
+    }
+
+    pub(crate) fn on_chunk(&mut self, chunk: &[u8]) {
+        let now = Instant::now();
+        let m = &self.state.inner.metrics;
+        if self.attempt_first.is_none() {
+            self.attempt_first = Some(now);
+            let _ = self.state.inner.lock_core().first_token(self.id);
+            self.state.inner.queue_notify.notify_one();
+        }
+        if self.first_at.is_none() {
+            self.first_at = Some(now);
+            m.ttft
+                .observe(now.duration_since(self.arrival).as_secs_f64());
+        } else if let Some(prev) = self.last_chunk {
+            if self.stream {
+                m.itl.observe(now.duration_since(prev).as_secs_f64());
+            }
+        }
+        self.last_chunk = Some(now);
+        self.chunks += 1;
+        // Keep the tail (non-streamed bodies are small; streams end with their usage chunk).
+        if !self.stream || chunk.windows(7).any(|w| w == b"\"usage\"") {
+            if self.stream {
+                self.tail.clear();
+            }
+            if self.tail.len() + chunk.len() <= 1 << 20 {
+                self.tail.extend_from_slice(chunk);
+            }
+        }
+    }
+
+    pub(crate) fn finish(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let inner = &self.state.inner;
+        let _ = inner.lock_core().finish(self.id);
+        inner.load_released();
+        if let (Some(group), true) = (self.group, self.counts_as_sample) {
+            inner.group_sample_finished(group);
+        }
+        let m = &inner.metrics;
+        m.duration.observe(self.arrival.elapsed().as_secs_f64());
+        m.requests
+            .inc(&[("status", "ok"), ("mode", self.mode.as_str())]);
+        let usage = find_usage(&self.tail, self.stream);
+        let output = self.carried
+            + usage
+                .as_ref()
+                .and_then(|u| u["completion_tokens"].as_u64())
+                .unwrap_or(if self.stream {
+                    self.chunks.saturating_sub(1)
+                } else {
+                    0
+                });
+        m.osl.observe(output as f64);
+        if let Some(cached) = usage
+            .as_ref()
+            .and_then(|u| u["prompt_tokens_details"]["cached_tokens"].as_u64())
+        {
+            m.cached_tokens.observe(cached as f64);
+        }
+        self.capture("ok");
+        self.log_provenance("ok", usage.as_ref());
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            self.done = true;
+            let _ = self.state.inner.lock_core().cancel(self.id);
+            self.state.inner.load_released();
+            self.state
+                .inner
+                .metrics
+                .requests
+                .inc(&[("status", "cancelled"), ("mode", self.mode.as_str())]);
+            self.capture("cancelled");
+            self.log_provenance("cancelled", None);
+        }
+    }
+}
+
+/// Completes a provenance line and hands it to the log (with `--provenance-log`).
+pub(crate) fn log_line(
+    state: &AppState,
+    mut p: Box<Provenance>,
+    status: &'static str,
+    worker: Option<WorkerId>,
+    arrival: Instant,
+    first_at: Option<Instant>,
+    usage: Option<&Value>,
+) {
+    let Some(log) = state.inner.config.provenance.as_ref() else {
+        return;
+    };
+    let now = Instant::now();
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    p.status = status;
+    p.worker = worker.map(|w| w.0);
+    p.ts_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    p.e2e_ms = ms(now.duration_since(arrival));
+    p.ttft_ms = first_at.map(|f| ms(f.duration_since(arrival)));
+    p.decode_ms = first_at.map(|f| ms(now.duration_since(f)));
+    if let Some(u) = usage {
+        // Tokens of earlier attempts (a continued request) are already in `output_tokens`.
+        p.output_tokens += u["completion_tokens"].as_u64().unwrap_or(0);
+        p.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].as_u64();
+    }
+    log.record(&p);
+}
+
+/// The `usage` object of a response body (the last SSE event carrying one, for streams).
+fn find_usage(tail: &[u8], stream: bool) -> Option<Value> {
+    if !stream {
+        return serde_json::from_slice::<Value>(tail)
+            .ok()?
+            .get("usage")
+            .cloned()
+            .filter(|u| !u.is_null());
+    }
+    let text = std::str::from_utf8(tail).ok()?;
+    text.split("\n\n")
+        .filter_map(|e| e.trim().strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .filter_map(|v| v.get("usage").cloned().filter(|u| !u.is_null()))
+        .last()
+}

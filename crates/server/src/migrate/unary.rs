@@ -1,0 +1,144 @@
+//! Continuation of non-streamed answers a weight update aborted.
+
+use super::{
+    draining_for_update, fingerprint, finished_by_abort, unmigratable, Migration, Reissued,
+};
+use crate::guard::LoadGuard;
+use crate::routing::Kind;
+use crate::state::AppState;
+use axum::body::Bytes;
+use kvrouter_core::ids::WorkerId;
+use serde_json::{json, Value};
+
+/// A non-streamed answer: stamps `system_fingerprint` and, if a weight update aborted it,
+/// continues it on an updated worker and joins the parts into one answer (the text of every
+/// part, the original prompt's usage, the completion tokens of all parts). Returns the body and
+/// the worker and policy version that ended it.
+pub(crate) async fn unary(
+    mut m: Migration,
+    first: Bytes,
+    mut guard: LoadGuard,
+) -> Result<(Bytes, WorkerId, u64), crate::error::ServeError> {
+    use crate::error::ServeError;
+    m.stream = false;
+    let mut bytes = first;
+    let mut original_usage: Option<Value> = None;
+    let mut continued = false;
+    loop {
+        let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
+            guard.finish();
+            return Ok((bytes, m.worker, m.version));
+        };
+        let text_of = |v: &Value| -> String {
+            let c = &v["choices"][0];
+            match m.kind {
+                Kind::Completion => c["text"].as_str(),
+                Kind::Chat => c["message"]["content"].as_str(),
+            }
+            .unwrap_or("")
+            .to_owned()
+        };
+        if finished_by_abort(&v) && draining_for_update(&m.state, m.worker) {
+            if let Some(reason) = unmigratable(&m.original) {
+                guard.log_failed();
+                drop(guard);
+                return Err(ServeError::Upstream(format!(
+                    "the request was aborted by a weight update and cannot be continued faithfully ({reason})"
+                )));
+            }
+            continued = true;
+            let part = text_of(&v);
+            m.generated_text.push_str(&part);
+            m.generated_tokens += v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+            if original_usage.is_none() {
+                original_usage = v.get("usage").cloned();
+            }
+            let prov = guard.prov.take().map(|mut p| {
+                p.update_aborts += 1;
+                p
+            });
+            let (first_at, worker) = (guard.first_at(), guard.worker);
+            guard.retire();
+            m.state
+                .inner
+                .metrics
+                .migrations
+                .inc(&[("migration_type", "weight_update")]);
+            let arrival = m.arrival;
+            let log = |state: &AppState,
+                       status: &'static str,
+                       mut p: Box<crate::provenance::Provenance>,
+                       tokens: u64| {
+                p.output_tokens = tokens;
+                if status == "aborted" {
+                    p.abort_reason = Some("group-satisfied");
+                }
+                crate::guard::log_line(state, p, status, Some(worker), arrival, first_at, None);
+            };
+            // Its group may get enough samples while it waits or runs again.
+            let mut stop = m.stop.take();
+            let reissued = m.reissue(prov.clone(), true, first_at, &mut stop).await;
+            let (response, g) = match reissued {
+                Ok(Reissued::Sent(sent)) => *sent,
+                Ok(Reissued::Stopped { logged }) => {
+                    if !logged {
+                        m.count_aborted();
+                        if let Some(p) = prov {
+                            log(&m.state, "aborted", p, m.generated_tokens);
+                        }
+                    }
+                    return Ok(m.ended_by_group());
+                }
+                Err(e) => {
+                    if let Some(p) = prov {
+                        log(&m.state, "failed", p, m.generated_tokens);
+                    }
+                    return Err(ServeError::Upstream(format!(
+                        "continuation after a weight update failed: {e}"
+                    )));
+                }
+            };
+            guard = g;
+            let read = tokio::select! {
+                r = response.bytes() => r,
+                _ = crate::state::stopped(&mut stop) => {
+                    if let Some(p) = guard.prov.as_mut() {
+                        p.output_tokens = m.generated_tokens;
+                    }
+                    guard.end_aborted();
+                    return Ok(m.ended_by_group());
+                }
+            };
+            m.stop = stop;
+            bytes = match read {
+                Ok(b) => b,
+                Err(e) => {
+                    guard.log_failed();
+                    return Err(ServeError::Upstream(format!("worker {}: {e}", m.worker)));
+                }
+            };
+            guard.on_chunk(&bytes);
+            continue;
+        }
+        if continued {
+            let joined = format!("{}{}", m.generated_text, text_of(&v));
+            let c = &mut v["choices"][0];
+            match m.kind {
+                Kind::Completion => c["text"] = json!(joined),
+                Kind::Chat => c["message"]["content"] = json!(joined),
+            }
+            let completion =
+                v["usage"]["completion_tokens"].as_u64().unwrap_or(0) + m.generated_tokens;
+            if let Some(mut u) = original_usage.take().filter(Value::is_object) {
+                let prompt = u["prompt_tokens"].as_u64().unwrap_or(0);
+                u["completion_tokens"] = json!(completion);
+                u["total_tokens"] = json!(prompt + completion);
+                v["usage"] = u;
+            }
+        }
+        v["system_fingerprint"] = json!(fingerprint(m.version));
+        guard.finish();
+        let out = serde_json::to_vec(&v).map(Bytes::from).unwrap_or(bytes);
+        return Ok((out, m.worker, m.version));
+    }
+}
