@@ -2,7 +2,8 @@
 //! selection policy behind plain methods. Events in, decisions out, `now` passed in.
 //!
 //! Layout: `config.rs` (the validated option tree), `request.rs` (requests, decisions, errors),
-//! `rl.rs` (pauses, policy versions, group placement), this file (the façade).
+//! `admission.rs` (the router queue: `submit`, `poll`), `rl.rs` (pauses, policy versions, group
+//! placement, first-N-of-M), `update.rs` (the weight-update cycle), this file (the façade).
 
 pub mod admission;
 mod config;
@@ -441,145 +442,6 @@ impl Router {
     /// Number of live session bindings.
     pub fn session_count(&self) -> usize {
         self.sessions.len()
-    }
-
-    /// Whether every rank `request` may use is over the queue threshold.
-    fn queue_busy(&self, request: &RouteRequest) -> bool {
-        let Some(threshold) = self.config.router_queue_threshold else {
-            return false;
-        };
-        let Ok(ranks) = self.allowed_ranks(request, self.config.router_mode) else {
-            return false;
-        };
-        ranks.iter().all(|r| {
-            let max = self.workers[&r.worker].max_num_batched_tokens;
-            max.is_some_and(|m| {
-                self.ledger.load(*r).active_prefill_tokens as f64 > threshold * m as f64
-            })
-        })
-    }
-
-    /// Admission: places `request` now, or queues it while every eligible rank is over the queue
-    /// threshold (a new arrival never overtakes a backlog). Without a queue threshold this is
-    /// [`Router::route`].
-    pub fn submit(&mut self, request: RouteRequest, now: Time) -> Result<Admission, RouteError> {
-        if self.ledger.is_active(request.id) || self.queue.contains(request.id) {
-            return Err(RouteError::DuplicateRequest(request.id));
-        }
-        self.note_group(&request, now);
-        // A request whose policy version no eligible worker serves waits for one, queue
-        // threshold or not.
-        let waits_for_version = RouteError::waits;
-        if self.config.router_queue_threshold.is_none() {
-            match self.route(&request, now) {
-                Ok(d) => return Ok(Admission::Dispatched(d)),
-                Err(e) if waits_for_version(&e) => {}
-                Err(e) => return Err(e),
-            }
-        } else {
-            // Bad targets fail now rather than after waiting.
-            match self.allowed_ranks(&request, self.config.router_mode) {
-                Ok(_) => {}
-                Err(e) if waits_for_version(&e) => {}
-                Err(e) => return Err(e),
-            }
-            if self.queue.is_empty() && !self.queue_busy(&request) {
-                match self.route(&request, now) {
-                    Ok(d) => return Ok(Admission::Dispatched(d)),
-                    Err(RouteError::AllEligibleWorkersOverloaded)
-                        if !self.config.reject_when_overloaded => {}
-                    Err(e) if waits_for_version(&e) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        let stats = self.queue.stats();
-        let over_requests = self
-            .config
-            .router_queue_max_requests
-            .is_some_and(|m| stats.pending_requests >= m);
-        let over_tokens = self
-            .config
-            .router_queue_max_tokens
-            .is_some_and(|m| stats.pending_isl_tokens + request.isl_tokens > m);
-        if over_requests || over_tokens {
-            return Err(RouteError::QueueFull {
-                requests: stats.pending_requests,
-                tokens: stats.pending_isl_tokens,
-            });
-        }
-        self.queue.push(request, now);
-        Ok(Admission::Queued)
-    }
-
-    /// Places queued requests while capacity allows, and ends those past their deadline. Call it
-    /// whenever load changes (first token, finish, cancel, worker added) and at
-    /// [`Router::next_deadline`].
-    pub fn poll(&mut self, now: Time) -> Vec<(RequestId, Result<Decision, RouteError>)> {
-        let mut out: Vec<(RequestId, Result<Decision, RouteError>)> = self
-            .queue
-            .expire(now)
-            .into_iter()
-            .map(|e| (e.request.id, Err(RouteError::DeadlineExceeded)))
-            .collect();
-        let mut waiting = Vec::new();
-        while !self.queue.is_empty() {
-            let policy = self.config.router_queue_policy;
-            let bs = self.config.kv_cache_block_size as u64;
-            let picked = {
-                let this = &*self;
-                this.queue.best(
-                    policy,
-                    |r| {
-                        let best = this
-                            .overlaps(r)
-                            .ranks
-                            .iter()
-                            .map(|o| u64::from(o.overlap.gpu_blocks))
-                            .max()
-                            .unwrap_or(0);
-                        r.isl_tokens.saturating_sub(best * bs)
-                    },
-                    |r| this.group_left(r.group?),
-                )
-            };
-            let Some(id) = picked else { break };
-            let request = self.queue.remove(id).expect("picked from the queue");
-            if self.queue_busy(&request.request) {
-                self.queue.push_front(request);
-                break;
-            }
-            match self.route(&request.request, now) {
-                Ok(d) => out.push((id, Ok(d))),
-                Err(RouteError::AllEligibleWorkersOverloaded) => {
-                    self.queue.push_front(request);
-                    break;
-                }
-                // Still no worker of an accepted version, or every one is paused: it keeps
-                // waiting, without holding up the requests behind it.
-                Err(e) if e.waits() => waiting.push(request),
-                Err(e) => out.push((id, Err(e))),
-            }
-        }
-        for request in waiting.into_iter().rev() {
-            self.queue.push_front(request);
-        }
-        out
-    }
-
-    /// When the next queued request's deadline falls.
-    pub fn next_deadline(&self) -> Option<Time> {
-        self.queue.next_deadline()
-    }
-
-    /// Takes a request out of the queue (its client went away). Returns whether it was queued.
-    pub fn cancel_queued(&mut self, id: RequestId) -> bool {
-        self.queue.remove(id).is_some()
-    }
-
-    /// Sizes of the router queue.
-    pub fn queue_stats(&self) -> QueueStats {
-        self.queue.stats()
     }
 
     /// The request produced its first token.
