@@ -10,7 +10,6 @@
 use crate::sim::{load_workload, print_table};
 use anyhow::{bail, Context};
 use clap::Args;
-use futures::StreamExt;
 use kvrouter_core::rng::mix64 as mix;
 use kvrouter_core::time::Time;
 use kvrouter_sim::{summarize, Record, Summary};
@@ -23,6 +22,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
+
+mod client;
+
+use client::{send, Outcome, Shared};
 
 /// `kvrouter bench` flags.
 #[derive(Debug, Args)]
@@ -128,168 +131,6 @@ pub(crate) fn prompt_text(workload: &Workload, i: usize) -> String {
         out.push(char::from(b'a' + (t % 26) as u8));
     }
     out
-}
-
-/// What one request measured (times relative to the start of the run).
-#[derive(Debug, Default)]
-struct Outcome {
-    first_token: Option<Time>,
-    last_token: Option<Time>,
-    finish: Option<Time>,
-    itl_sum_ms: f64,
-    itl_count: u32,
-    output_tokens: u32,
-    cached_tokens: u32,
-    error: Option<String>,
-    /// The worker that served it, when the endpoint says (`x-kvrouter-worker`).
-    worker: Option<usize>,
-    /// It finished with `finish_reason: "abort"` (ended early by first-N-of-M).
-    ended_early: bool,
-}
-
-struct Shared {
-    client: reqwest::Client,
-    url: String,
-    model: String,
-    start: Instant,
-    timeout: Duration,
-    session_header: bool,
-    group_header: bool,
-    /// Requests per group, when sizes are sent.
-    group_sizes: Option<std::collections::HashMap<u64, u32>>,
-    group_need: Option<u32>,
-}
-
-impl Shared {
-    fn now(&self) -> Time {
-        Time::from_micros(self.start.elapsed().as_micros() as u64)
-    }
-}
-
-async fn send(
-    shared: Arc<Shared>,
-    body: serde_json::Value,
-    session: Option<u64>,
-    group: Option<u64>,
-) -> Outcome {
-    let mut out = Outcome::default();
-    let result = tokio::time::timeout(
-        shared.timeout,
-        stream_one(&shared, body, session, group, &mut out),
-    )
-    .await
-    .unwrap_or_else(|_| Err("timed out".to_owned()));
-    if let Err(e) = result {
-        out.error = Some(e);
-    }
-    out.finish = Some(shared.now());
-    out
-}
-
-async fn stream_one(
-    shared: &Shared,
-    body: serde_json::Value,
-    session: Option<u64>,
-    group: Option<u64>,
-    out: &mut Outcome,
-) -> Result<(), String> {
-    let mut req = shared
-        .client
-        .post(format!("{}/v1/completions", shared.url))
-        .json(&body);
-    if let (true, Some(s)) = (shared.session_header, session) {
-        req = req.header("x-session-id", s.to_string());
-    }
-    if let (true, Some(g)) = (shared.group_header, group) {
-        req = req.header("x-kvrouter-group-id", g.to_string());
-        if let Some(size) = shared.group_sizes.as_ref().and_then(|m| m.get(&g)) {
-            req = req.header("x-kvrouter-group-size", size.to_string());
-        }
-        if let Some(n) = shared.group_need {
-            req = req.header("x-kvrouter-group-need", n.to_string());
-        }
-    }
-    let resp = req.send().await.map_err(|e| format!("send: {e}"))?;
-    let status = resp.status();
-    if !status.is_success() {
-        let text = resp.text().await.unwrap_or_default();
-        return Err(format!(
-            "HTTP {status}: {}",
-            text.chars().take(200).collect::<String>()
-        ));
-    }
-    out.worker = resp
-        .headers()
-        .get("x-kvrouter-worker")
-        .and_then(|v| v.to_str().ok()?.parse().ok());
-    let mut stream = resp.bytes_stream();
-    let mut buf: Vec<u8> = Vec::new();
-    let mut done = false;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| format!("stream: {e}"))?;
-        buf.extend_from_slice(&chunk);
-        while let Some(end) = find_event_end(&buf) {
-            let event: Vec<u8> = buf.drain(..end).collect();
-            for line in event.split(|b| *b == b'\n') {
-                let Some(data) = line.strip_prefix(b"data:") else {
-                    continue;
-                };
-                let data = data.trim_ascii();
-                if data == b"[DONE]" {
-                    done = true;
-                    continue;
-                }
-                on_chunk(shared.now(), data, out)?;
-            }
-        }
-    }
-    if !done {
-        return Err("stream ended without [DONE]".to_owned());
-    }
-    Ok(())
-}
-
-/// The end (exclusive, separator included) of the first complete SSE event in `buf`.
-fn find_event_end(buf: &[u8]) -> Option<usize> {
-    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);
-    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4);
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-/// Folds one `data:` payload into the outcome.
-fn on_chunk(now: Time, data: &[u8], out: &mut Outcome) -> Result<(), String> {
-    let v: serde_json::Value =
-        serde_json::from_slice(data).map_err(|e| format!("bad SSE JSON: {e}"))?;
-    if let Some(err) = v.get("error") {
-        return Err(format!("in-band error: {err}"));
-    }
-    let has_text = v["choices"].as_array().is_some_and(|c| {
-        c.iter()
-            .any(|c| c["text"].as_str().is_some_and(|t| !t.is_empty()))
-    });
-    if has_text {
-        if out.first_token.is_none() {
-            out.first_token = Some(now);
-        } else if let Some(last) = out.last_token {
-            out.itl_sum_ms += now.since(last).as_secs_f64() * 1e3;
-            out.itl_count += 1;
-        }
-        out.last_token = Some(now);
-    }
-    let aborted = v["choices"]
-        .as_array()
-        .is_some_and(|c| c.iter().any(|c| c["finish_reason"] == "abort"));
-    out.ended_early |= aborted;
-    if let Some(usage) = v.get("usage").filter(|u| !u.is_null()) {
-        out.output_tokens = usage["completion_tokens"].as_u64().unwrap_or(0) as u32;
-        out.cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap_or(0) as u32;
-    }
-    Ok(())
 }
 
 async fn first_model(client: &reqwest::Client, url: &str) -> anyhow::Result<String> {
@@ -589,52 +430,5 @@ mod tests {
         assert_eq!((a.len(), b.len()), (10, 12));
         assert_eq!(a[..8], b[..8]);
         assert_ne!(a[8..], b[8..10]);
-    }
-
-    #[test]
-    fn sse_chunks_fold_into_an_outcome() {
-        let mut o = Outcome::default();
-        on_chunk(
-            Time::from_millis(10),
-            br#"{"choices":[{"text":"a"}]}"#,
-            &mut o,
-        )
-        .unwrap();
-        on_chunk(
-            Time::from_millis(14),
-            br#"{"choices":[{"text":"b"}]}"#,
-            &mut o,
-        )
-        .unwrap();
-        on_chunk(
-            Time::from_millis(20),
-            br#"{"choices":[{"text":"c"}]}"#,
-            &mut o,
-        )
-        .unwrap();
-        on_chunk(
-            Time::from_millis(20),
-            br#"{"choices":[],"usage":{"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":16}}}"#,
-            &mut o,
-        )
-        .unwrap();
-        assert_eq!(o.first_token, Some(Time::from_millis(10)));
-        assert_eq!(o.itl_count, 2);
-        assert!((o.itl_sum_ms - 10.0).abs() < 1e-9);
-        assert_eq!((o.output_tokens, o.cached_tokens), (3, 16));
-        let err = on_chunk(
-            Time::ZERO,
-            br#"{"error":{"message":"worker died"}}"#,
-            &mut o,
-        );
-        assert!(err.unwrap_err().contains("worker died"));
-        assert!(on_chunk(Time::ZERO, b"not json", &mut o).is_err());
-    }
-
-    #[test]
-    fn event_boundaries_accept_lf_and_crlf() {
-        assert_eq!(find_event_end(b"data: x\n\ndata: y"), Some(9));
-        assert_eq!(find_event_end(b"data: x\r\n\r\n"), Some(11));
-        assert_eq!(find_event_end(b"data: x\n"), None);
     }
 }
