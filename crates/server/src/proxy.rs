@@ -366,11 +366,12 @@ pub(crate) async fn handle(
                 }
             };
             guard.on_chunk(&first);
-            let mut migration = Migration::new(state.clone(), kind, value, worker, arrival);
-            migration.version = decision.policy_version;
-            migration.carry = admission;
-            migration.stop = stop;
-            migration.prompt_tokens = isl_tokens;
+            let migration = Migration::new(state.clone(), kind, value, worker, arrival).following(
+                decision.policy_version,
+                admission,
+                stop,
+                isl_tokens,
+            );
             let (out, worker, version) = migrate::unary(migration, first, guard)
                 .await
                 .map_err(fail)?;
@@ -392,11 +393,12 @@ pub(crate) async fn handle(
             || inner.config.admin_token.is_some()
             || stop.is_some();
         if stream && continuable && status.is_success() {
-            let mut migration = Migration::new(state.clone(), kind, value, worker, arrival);
-            migration.version = decision.policy_version;
-            migration.stop = stop;
-            migration.carry = admission;
-            migration.prompt_tokens = isl_tokens;
+            let migration = Migration::new(state.clone(), kind, value, worker, arrival).following(
+                decision.policy_version,
+                admission,
+                stop,
+                isl_tokens,
+            );
             let body = migrate::stream(response, guard, migration);
             return Ok(builder
                 .body(Body::from_stream(body))

@@ -85,22 +85,22 @@ pub(crate) struct Migration {
     buffer: Vec<u8>,
     done: bool,
     /// The policy version serving the current attempt (the body's `system_fingerprint`).
-    pub(crate) version: u64,
+    version: u64,
     /// The next event is the first of an attempt: it carries the fingerprint.
     stamp: bool,
     /// The engine aborted the attempt for a weight update: the rest of its stream is dropped
     /// and the request continues on an updated worker.
     aborted: bool,
     /// Turns true when the request's first-N-of-M group has enough samples.
-    pub(crate) stop: Option<tokio::sync::watch::Receiver<bool>>,
+    stop: Option<tokio::sync::watch::Receiver<bool>>,
     /// The original request's admission fields, which continuations keep (its deadline, so a
     /// continuation waiting for a version still ends in time; its accepted versions; its
     /// session and group, for placement).
-    pub(crate) carry: crate::headers::AdmissionFields,
+    carry: crate::headers::AdmissionFields,
     /// Prompt tokens as the router counted them (the usage of an early end).
-    pub(crate) prompt_tokens: u64,
+    prompt_tokens: u64,
     /// The client asked for a stream.
-    pub(crate) stream: bool,
+    stream: bool,
     /// The original prompt's `prompt_tokens`, from the usage of an attempt that was aborted (the
     /// continued answer reports it, not the continuation's prompt).
     first_prompt_tokens: Option<u64>,
@@ -172,6 +172,20 @@ impl Migration {
             stream: true,
             first_prompt_tokens: None,
         }
+    }
+
+    /// The request this follows: the version serving its first attempt, its admission fields,
+    /// its first-N-of-M stop signal and the router's count of its prompt tokens.
+    pub(crate) fn following(
+        mut self,
+        version: u64,
+        carry: crate::headers::AdmissionFields,
+        stop: Option<tokio::sync::watch::Receiver<bool>>,
+        prompt_tokens: u64,
+    ) -> Self {
+        (self.version, self.carry, self.stop) = (version, carry, stop);
+        self.prompt_tokens = prompt_tokens;
+        self
     }
 
     fn budget_key(&self) -> Option<&'static str> {
