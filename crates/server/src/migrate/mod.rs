@@ -412,13 +412,13 @@ impl Migration {
 
 impl Migration {
     /// Ends the current attempt and starts its continuation (after a weight update's abort, or
-    /// a failure). The request's provenance line moves to the continuation, or is logged as
-    /// failed if no continuation could start.
-    async fn continue_after(
+    /// a failure). The request's provenance line moves to the continuation, or is logged (as
+    /// aborted or failed) if none could start. `None`: its group got enough samples first.
+    async fn continue_attempt(
         &mut self,
         mut guard: LoadGuard,
         after_abort: bool,
-    ) -> Result<Continued, String> {
+    ) -> Result<Option<(reqwest::Response, LoadGuard)>, String> {
         let prov = guard.prov.take().map(|mut p| {
             p.update_aborts += u32::from(after_abort);
             p
@@ -437,38 +437,55 @@ impl Migration {
             .metrics
             .migrations
             .inc(&[("migration_type", kind)]);
-        let (state, arrival, generated) = (self.state.clone(), self.arrival, self.generated_tokens);
-        let log = |status: &'static str, p: Option<Box<crate::provenance::Provenance>>| {
-            if let Some(mut p) = p {
-                p.output_tokens = generated;
-                if status == "aborted" {
-                    p.abort_reason = Some("group-satisfied");
-                }
-                crate::guard::log_line(&state, p, status, Some(worker), arrival, first_at, None);
-            }
-        };
         let mut stop = self.stop.take();
         let result = self
             .reissue(prov.clone(), after_abort, first_at, &mut stop)
             .await;
         self.stop = stop;
-        match result {
-            Ok(Reissued::Sent(sent)) => {
-                let (r, g) = *sent;
-                Ok(Continued::Going(r.bytes_stream().boxed(), g))
+        let log = |status: &'static str, p: Option<Box<crate::provenance::Provenance>>| {
+            if let Some(mut p) = p {
+                p.output_tokens = self.generated_tokens;
+                if status == "aborted" {
+                    p.abort_reason = Some("group-satisfied");
+                }
+                let arrival = self.arrival;
+                crate::guard::log_line(
+                    &self.state,
+                    p,
+                    status,
+                    Some(worker),
+                    arrival,
+                    first_at,
+                    None,
+                );
             }
+        };
+        match result {
+            Ok(Reissued::Sent(sent)) => Ok(Some(*sent)),
             Ok(Reissued::Stopped { logged }) => {
                 if !logged {
                     self.count_aborted();
                     log("aborted", prov);
                 }
-                Ok(Continued::Stopped)
+                Ok(None)
             }
             Err(e) => {
                 log("failed", prov);
                 Err(e)
             }
         }
+    }
+
+    /// [`Migration::continue_attempt`] for a stream.
+    async fn continue_after(
+        &mut self,
+        guard: LoadGuard,
+        after_abort: bool,
+    ) -> Result<Continued, String> {
+        Ok(match self.continue_attempt(guard, after_abort).await? {
+            Some((r, g)) => Continued::Going(r.bytes_stream().boxed(), g),
+            None => Continued::Stopped,
+        })
     }
 }
 

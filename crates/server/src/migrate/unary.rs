@@ -1,11 +1,8 @@
 //! Continuation of non-streamed answers a weight update aborted.
 
-use super::{
-    draining_for_update, fingerprint, finished_by_abort, unmigratable, Migration, Reissued,
-};
+use super::{draining_for_update, fingerprint, finished_by_abort, unmigratable, Migration};
 use crate::guard::LoadGuard;
 use crate::routing::Kind;
-use crate::state::AppState;
 use axum::body::Bytes;
 use kvrouter_core::ids::WorkerId;
 use serde_json::{json, Value};
@@ -53,52 +50,18 @@ pub(crate) async fn unary(
             if original_usage.is_none() {
                 original_usage = v.get("usage").cloned();
             }
-            let prov = guard.prov.take().map(|mut p| {
-                p.update_aborts += 1;
-                p
-            });
-            let (first_at, worker) = (guard.first_at(), guard.worker);
-            guard.retire();
-            m.state
-                .inner
-                .metrics
-                .migrations
-                .inc(&[("migration_type", "weight_update")]);
-            let arrival = m.arrival;
-            let log = |state: &AppState,
-                       status: &'static str,
-                       mut p: Box<crate::provenance::Provenance>,
-                       tokens: u64| {
-                p.output_tokens = tokens;
-                if status == "aborted" {
-                    p.abort_reason = Some("group-satisfied");
-                }
-                crate::guard::log_line(state, p, status, Some(worker), arrival, first_at, None);
-            };
             // Its group may get enough samples while it waits or runs again.
-            let mut stop = m.stop.take();
-            let reissued = m.reissue(prov.clone(), true, first_at, &mut stop).await;
-            let (response, g) = match reissued {
-                Ok(Reissued::Sent(sent)) => *sent,
-                Ok(Reissued::Stopped { logged }) => {
-                    if !logged {
-                        m.count_aborted();
-                        if let Some(p) = prov {
-                            log(&m.state, "aborted", p, m.generated_tokens);
-                        }
-                    }
-                    return Ok(m.ended_by_group());
-                }
+            let (response, g) = match m.continue_attempt(guard, true).await {
+                Ok(Some(sent)) => sent,
+                Ok(None) => return Ok(m.ended_by_group()),
                 Err(e) => {
-                    if let Some(p) = prov {
-                        log(&m.state, "failed", p, m.generated_tokens);
-                    }
                     return Err(ServeError::Upstream(format!(
                         "continuation after a weight update failed: {e}"
-                    )));
+                    )))
                 }
             };
             guard = g;
+            let mut stop = m.stop.take();
             let read = tokio::select! {
                 r = response.bytes() => r,
                 _ = crate::state::stopped(&mut stop) => {
