@@ -61,6 +61,8 @@ pub(crate) struct MockEngineArgs {
     /// Seed of the generated tokens.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    #[command(flatten)]
+    http: crate::serve::HttpArgs,
 }
 
 fn timing(profile: &str) -> anyhow::Result<TimingChoice> {
@@ -124,6 +126,7 @@ impl MockEngineArgs {
             tokenizer,
             weight_load: std::time::Duration::try_from_secs_f64(self.weight_load_ms / 1e3)
                 .map_err(|_| anyhow::anyhow!("--weight-load-ms must be a non-negative number"))?,
+            http: self.http.limits()?,
             ..MockEngineConfig::default()
         })
     }
@@ -144,9 +147,7 @@ pub(crate) async fn run(args: MockEngineArgs) -> anyhow::Result<()> {
         e.kv_events.as_deref().unwrap_or("none"),
         e.replay.as_deref().unwrap_or("none")
     );
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for ctrl-c")?;
+    crate::serve::shutdown_signal().await?;
     running.stop().await;
     Ok(())
 }

@@ -62,9 +62,10 @@ pub(crate) struct ServeArgs {
     /// Times a failed stream may be continued on another worker (0 = never).
     #[arg(long, default_value_t = 0)]
     migration_limit: u32,
-    /// A stream silent for this many seconds counts as failed.
-    #[arg(long)]
-    stream_idle_timeout_secs: Option<f64>,
+    /// A stream silent for this many seconds counts as failed (its worker too; the stream is
+    /// migrated or ended with an error event); 0 = never.
+    #[arg(long, default_value_t = 300.0)]
+    stream_idle_timeout_secs: f64,
     /// Append one JSON line per finished request (worker, policy version, tokens, timings).
     #[arg(long)]
     provenance_log: Option<std::path::PathBuf>,
@@ -91,6 +92,76 @@ pub(crate) struct ServeArgs {
     /// Seconds an unhealthy worker keeps its cache entries in the index.
     #[arg(long, default_value_t = 30.0)]
     unhealthy_index_grace_secs: f64,
+    /// Seconds to open a connection to a worker before it counts as failed.
+    #[arg(long, default_value_t = 5.0)]
+    upstream_connect_timeout_secs: f64,
+    /// Seconds a worker gets to send a streamed request's response headers before the request
+    /// is retried elsewhere and the worker counts as failed.
+    #[arg(long, default_value_t = 60.0)]
+    upstream_first_byte_timeout_secs: f64,
+    /// Seconds a worker gets to answer a non-streamed request (engines send its headers with
+    /// the whole answer) before it is retried elsewhere and the worker counts as failed.
+    #[arg(long, default_value_t = 600.0)]
+    upstream_response_timeout_secs: f64,
+    #[command(flatten)]
+    http: HttpArgs,
+}
+
+/// Client-connection timeouts and the shutdown grace period (`serve` and `mock-engine`).
+#[derive(Debug, Args)]
+pub(crate) struct HttpArgs {
+    /// Seconds a client gets to send a whole request head once it started (slowloris).
+    #[arg(long, default_value_t = 10.0)]
+    http_header_read_timeout_secs: f64,
+    /// Seconds a client connection with no request in flight may stay silent.
+    #[arg(long, default_value_t = 60.0)]
+    http_idle_timeout_secs: f64,
+    /// On SIGTERM or SIGINT, seconds requests in flight get to finish before they are ended.
+    #[arg(long, default_value_t = 30.0)]
+    shutdown_grace_secs: f64,
+}
+
+impl HttpArgs {
+    pub(crate) fn limits(&self) -> anyhow::Result<kvrouter_mock_engine::listen::HttpLimits> {
+        Ok(kvrouter_mock_engine::listen::HttpLimits {
+            header_read_timeout: positive(
+                self.http_header_read_timeout_secs,
+                "--http-header-read-timeout-secs",
+            )?,
+            idle_timeout: positive(self.http_idle_timeout_secs, "--http-idle-timeout-secs")?,
+            shutdown_grace: secs(Some(self.shutdown_grace_secs), "--shutdown-grace-secs")?
+                .unwrap_or_default(),
+        })
+    }
+}
+
+fn positive(v: f64, flag: &str) -> anyhow::Result<std::time::Duration> {
+    match secs(Some(v), flag)? {
+        Some(d) if !d.is_zero() => Ok(d),
+        _ => bail!("{flag} must be a number of seconds > 0, got {v}"),
+    }
+}
+
+/// Resolves on the first SIGINT or SIGTERM (Kubernetes stops pods with SIGTERM); a second one
+/// ends the process at once.
+pub(crate) async fn shutdown_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    eprintln!("{name}: draining (a second signal stops at once)");
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+        eprintln!("second signal: stopping now");
+        std::process::exit(130);
+    });
+    Ok(())
 }
 
 fn secs(v: Option<f64>, flag: &str) -> anyhow::Result<Option<std::time::Duration>> {
@@ -148,6 +219,7 @@ impl ServeArgs {
                 .map_err(|_| {
                     anyhow::anyhow!("--mock-weight-load-ms must be a non-negative number")
                 })?,
+            http: self.http.limits()?,
             ..MockEngineConfig::default()
         };
         Ok(ServeConfig {
@@ -162,8 +234,25 @@ impl ServeArgs {
             expose_decisions: self.expose_decisions,
             retries: self.retries,
             migration_limit: self.migration_limit,
-            stream_idle_timeout: secs(self.stream_idle_timeout_secs, "--stream-idle-timeout-secs")?,
+            stream_idle_timeout: secs(
+                Some(self.stream_idle_timeout_secs),
+                "--stream-idle-timeout-secs",
+            )?
+            .filter(|d| !d.is_zero()),
             trace_capture: self.trace_capture,
+            http: self.http.limits()?,
+            upstream_connect_timeout: positive(
+                self.upstream_connect_timeout_secs,
+                "--upstream-connect-timeout-secs",
+            )?,
+            upstream_first_byte_timeout: positive(
+                self.upstream_first_byte_timeout_secs,
+                "--upstream-first-byte-timeout-secs",
+            )?,
+            upstream_response_timeout: positive(
+                self.upstream_response_timeout_secs,
+                "--upstream-response-timeout-secs",
+            )?,
             provenance: match &self.provenance_log {
                 None => None,
                 Some(path) => Some(Arc::new(
@@ -207,9 +296,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.routing.router_mode,
         server.state.worker_count()
     );
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for ctrl-c")?;
+    shutdown_signal().await?;
     server.stop().await;
     Ok(())
 }

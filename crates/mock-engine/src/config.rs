@@ -57,6 +57,8 @@ pub struct MockEngineConfig {
     pub default_max_tokens: u32,
     /// How long loading new weights takes (`POST /update_weights`), before the speed-up ratio.
     pub weight_load: std::time::Duration,
+    /// Client-connection timeouts and the shutdown grace period.
+    pub http: crate::listen::HttpLimits,
 }
 
 impl Default for MockEngineConfig {
@@ -74,6 +76,7 @@ impl Default for MockEngineConfig {
             tokenizer: Arc::new(BuiltinTokenizer::new()),
             default_max_tokens: 16,
             weight_load: std::time::Duration::ZERO,
+            http: crate::listen::HttpLimits::default(),
         }
     }
 }

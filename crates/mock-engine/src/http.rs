@@ -70,6 +70,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/live", get(health))
+        .route("/ready", get(health))
         .route("/metrics", get(metrics))
         .route("/server_info", get(server_info))
         .route("/pause", post(pause))

@@ -13,11 +13,15 @@
 //! - `http`: the axum handlers; `openai`: request parsing and response bodies.
 //! - `error`: the one mapping from errors to HTTP status and OpenAI error bodies.
 //! - `metrics`: Prometheus text.
+//! - [`listen`]: the HTTP serve loop (client timeouts, graceful drain), shared with
+//!   `kvrouter serve`; [`drain`]: the shutdown phase and what is answered while draining.
 
 pub mod config;
+pub mod drain;
 mod driver;
 mod error;
 mod http;
+pub mod listen;
 mod metrics;
 mod openai;
 mod publisher;
@@ -60,12 +64,15 @@ pub enum StartError {
 pub struct RunningMockEngine {
     /// Its addresses.
     pub endpoints: Endpoints,
+    /// Its shutdown phase (draining reports not-ready).
+    pub lifecycle: drain::Lifecycle,
     shutdown: watch::Sender<bool>,
     server: tokio::task::JoinHandle<()>,
 }
 
 impl RunningMockEngine {
-    /// Stops the HTTP server and the engine.
+    /// Stops the HTTP server and the engine: drains requests in flight for up to the
+    /// configured grace period, then ends the rest.
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
         let _ = self.server.await;
@@ -86,26 +93,27 @@ pub async fn start(
     let (publisher, kv_events, replay) = publisher::start(&config).await?;
     let shared = Arc::new(driver::Shared::new(&config));
     let commands = driver::spawn(&config, shared.clone(), publisher);
+    let limits = config.http.clone();
     let state = http::AppState::new(config, commands, shared, kv_events.clone(), replay.clone());
     let (shutdown, mut rx) = watch::channel(false);
     let app = app(state);
-    let server = tokio::spawn(async move {
-        use axum::serve::ListenerExt;
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = rx.wait_for(|stop| *stop).await;
-            })
-            .await;
-    });
+    let lifecycle = drain::Lifecycle::default();
+    let server = tokio::spawn(listen::serve(
+        listener,
+        app,
+        limits,
+        lifecycle.clone(),
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        },
+    ));
     Ok(RunningMockEngine {
         endpoints: Endpoints {
             http: http_addr,
             kv_events,
             replay,
         },
+        lifecycle,
         shutdown,
         server,
     })

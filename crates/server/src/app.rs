@@ -29,6 +29,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/live", get(live))
+        .route("/ready", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/sessions/{id}", delete(release_session))
         .route("/finish_session", post(finish_session))

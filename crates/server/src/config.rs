@@ -87,12 +87,21 @@ pub struct ServeConfig {
     pub health: crate::health::HealthConfig,
     /// Times a failed stream may be continued on another worker (0 = never).
     pub migration_limit: u32,
-    /// A stream that sends nothing for this long counts as failed.
+    /// A stream that sends nothing for this long counts as failed (`None` = never).
     pub stream_idle_timeout: Option<std::time::Duration>,
     /// Where finished requests are logged (`--provenance-log`).
     pub provenance: Option<Arc<crate::provenance::ProvenanceLog>>,
     /// Recent request timelines kept for `GET /admin/trace` (0 = off).
     pub trace_capture: usize,
+    /// Client-connection timeouts and the shutdown grace period.
+    pub http: kvrouter_mock_engine::listen::HttpLimits,
+    /// Time to open a connection to a worker.
+    pub upstream_connect_timeout: std::time::Duration,
+    /// Time a worker gets to answer a streamed request's headers.
+    pub upstream_first_byte_timeout: std::time::Duration,
+    /// Time a worker gets to answer a non-streamed request's headers (engines send them with
+    /// the whole answer, so this bounds the generation).
+    pub upstream_response_timeout: std::time::Duration,
 }
 
 impl Default for ServeConfig {
@@ -112,9 +121,13 @@ impl Default for ServeConfig {
             tokenize_concurrency: 2,
             health: crate::health::HealthConfig::default(),
             migration_limit: 0,
-            stream_idle_timeout: None,
+            stream_idle_timeout: Some(std::time::Duration::from_secs(300)),
             trace_capture: 0,
             provenance: None,
+            http: kvrouter_mock_engine::listen::HttpLimits::default(),
+            upstream_connect_timeout: std::time::Duration::from_secs(5),
+            upstream_first_byte_timeout: std::time::Duration::from_secs(60),
+            upstream_response_timeout: std::time::Duration::from_secs(600),
         }
     }
 }

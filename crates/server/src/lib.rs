@@ -80,7 +80,8 @@ pub struct RunningServer {
 }
 
 impl RunningServer {
-    /// Stops the router and its embedded engines.
+    /// Stops the router and its embedded engines: requests in flight get up to the grace
+    /// period (`ServeConfig::http`) to finish, then the rest are ended.
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
         let _ = self.server.await;
@@ -114,16 +115,13 @@ pub async fn start(
     let driver = queue::spawn(state.inner.clone());
     let (shutdown, mut rx) = watch::channel(false);
     let router = app(state.clone());
+    let (limits, lifecycle) = (config.http.clone(), state.inner.lifecycle.clone());
     let server = tokio::spawn(async move {
-        use axum::serve::ListenerExt;
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let _ = axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = rx.wait_for(|stop| *stop).await;
-            })
-            .await;
+        // Client timeouts, TCP_NODELAY, and the drain on shutdown.
+        kvrouter_mock_engine::listen::serve(listener, router, limits, lifecycle, async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        })
+        .await;
         driver.abort();
     });
     Ok(RunningServer {

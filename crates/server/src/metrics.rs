@@ -99,6 +99,7 @@ pub(crate) struct Metrics {
     pub(crate) retries: Counters,
     pub(crate) health_transitions: Counters,
     pub(crate) migrations: Counters,
+    pub(crate) upstream_timeouts: Counters,
 }
 
 impl Metrics {
@@ -120,6 +121,7 @@ impl Metrics {
             retries: Counters::default(),
             health_transitions: Counters::default(),
             migrations: Counters::default(),
+            upstream_timeouts: Counters::default(),
         }
     }
 
@@ -200,6 +202,11 @@ impl Metrics {
             out,
             "kvrouter_upstream_retries_total",
             "Requests re-sent to another worker after an upstream failure before the first byte.",
+        );
+        self.upstream_timeouts.render(
+            out,
+            "kvrouter_upstream_timeouts_total",
+            "Worker requests that got no response headers in time, by request kind (stream, unary).",
         );
     }
 }

@@ -49,6 +49,27 @@ fn stamp_first_event(chunk: Bytes, fingerprint: &str) -> Bytes {
     Bytes::from(out)
 }
 
+type Chunks = futures::stream::BoxStream<'static, Result<Bytes, String>>;
+
+/// `up`, ended with an error when it sends nothing for `limit`.
+fn idle_limited(up: Chunks, limit: std::time::Duration) -> Chunks {
+    futures::stream::unfold(Some(up), move |up| async move {
+        let mut up = up?;
+        match tokio::time::timeout(limit, up.next()).await {
+            Ok(Some(item)) => Some((item, Some(up))),
+            Ok(None) => None,
+            Err(_) => Some((
+                Err(format!(
+                    "the worker sent nothing for {:.3}s (--stream-idle-timeout-secs)",
+                    limit.as_secs_f64()
+                )),
+                None,
+            )),
+        }
+    })
+    .boxed()
+}
+
 fn check_model(state: &AppState, body: &Value) -> Result<(), ServeError> {
     let model = match body.get("model") {
         Some(Value::String(m)) => m,
@@ -288,12 +309,14 @@ pub(crate) async fn handle(
                 ..Default::default()
             }));
         }
-        let send = inner
-            .http
-            .post(format!("{base}{}", kind.path()))
-            .header("content-type", "application/json")
-            .body(body.clone())
-            .send();
+        let send = inner.send_upstream(
+            inner
+                .http
+                .post(format!("{base}{}", kind.path()))
+                .header("content-type", "application/json")
+                .body(body.clone()),
+            stream,
+        );
         let upstream = tokio::select! {
             r = send => r,
             _ = crate::state::stopped(&mut stop) => {
@@ -404,7 +427,16 @@ pub(crate) async fn handle(
                 .body(Body::from_stream(body))
                 .expect("valid response"));
         }
-        let upstream_body = response.bytes_stream();
+        let idle = inner.config.stream_idle_timeout;
+        let upstream_body = response
+            .bytes_stream()
+            .map(|r| r.map_err(|e| e.to_string()))
+            .boxed();
+        // A silent upstream counts as broken (a frozen engine mid-stream).
+        let upstream_body = match idle {
+            None => upstream_body,
+            Some(limit) => idle_limited(upstream_body, limit),
+        };
         // A stream that is not followed event by event cannot change workers: its first event
         // carries the version that serves it all.
         let stamp =

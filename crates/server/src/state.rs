@@ -61,6 +61,8 @@ pub(crate) struct Inner {
     pub(crate) group_stops: Mutex<HashMap<u64, tokio::sync::watch::Sender<bool>>>,
     /// Worker health.
     pub(crate) health: crate::health::Health,
+    /// Serving or draining for shutdown.
+    pub(crate) lifecycle: kvrouter_mock_engine::drain::Lifecycle,
 }
 
 impl Inner {
@@ -103,6 +105,40 @@ impl Inner {
         }
     }
 
+    /// Sends a request to a worker, bounding the wait for its response headers: a frozen
+    /// engine accepts connections and reads requests but never answers. `stream`: the client
+    /// asked for a stream (engines send a non-streamed answer's headers with the whole answer).
+    pub(crate) async fn send_upstream(
+        &self,
+        request: reqwest::RequestBuilder,
+        stream: bool,
+    ) -> Result<reqwest::Response, String> {
+        let (limit, flag) = if stream {
+            (
+                self.config.upstream_first_byte_timeout,
+                "--upstream-first-byte-timeout-secs",
+            )
+        } else {
+            (
+                self.config.upstream_response_timeout,
+                "--upstream-response-timeout-secs",
+            )
+        };
+        match tokio::time::timeout(limit, request.send()).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => {
+                self.metrics
+                    .upstream_timeouts
+                    .inc(&[("kind", if stream { "stream" } else { "unary" })]);
+                Err(format!(
+                    "no response headers within {:.3}s ({flag})",
+                    limit.as_secs_f64()
+                ))
+            }
+        }
+    }
+
     pub(crate) fn lock_core(&self) -> std::sync::MutexGuard<'_, Router> {
         self.core.lock().expect("router lock")
     }
@@ -132,6 +168,7 @@ impl AppState {
         let http = reqwest::Client::builder()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(4096)
+            .connect_timeout(config.upstream_connect_timeout)
             .build()
             .expect("HTTP client");
         let tokenizer =
@@ -159,6 +196,7 @@ impl AppState {
                 group_stops: Mutex::new(HashMap::new()),
                 capture,
                 health: crate::health::Health::default(),
+                lifecycle: Default::default(),
             }),
         })
     }

@@ -376,11 +376,13 @@ impl Migration {
                 guard.retire();
                 continue;
             };
-            let send = inner
-                .http
-                .post(format!("{base}{}", self.kind.path()))
-                .json(&body)
-                .send();
+            let send = inner.send_upstream(
+                inner
+                    .http
+                    .post(format!("{base}{}", self.kind.path()))
+                    .json(&body),
+                self.stream,
+            );
             let sent = tokio::select! {
                 r = send => r,
                 _ = crate::state::stopped(stop) => {

@@ -1,0 +1,333 @@
+//! The HTTP/1 serve loop of `kvrouter serve` and `kvrouter mock-engine`: an accept loop with
+//! client-connection timeouts and a graceful drain.
+//!
+//! - A connection with no request in flight that sends nothing for `idle_timeout` is closed (a
+//!   silent connection, or an idle keep-alive one).
+//! - A request head must arrive whole within `header_read_timeout` of its first byte (slowloris).
+//! - On shutdown the server drains ([`crate::drain`]): it keeps accepting, refuses new work with
+//!   `503`, lets requests in flight finish for up to `shutdown_grace`, then ends the rest (event
+//!   streams with an error event and `[DONE]`) and returns within [`CUT_MARGIN`].
+//!
+//! TCP_NODELAY is set on every accepted connection.
+
+use crate::drain::{refusal, shutting_down, DrainBody, Lifecycle, Phase};
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+/// How long the ended requests get to send their last bytes after the grace period.
+pub const CUT_MARGIN: Duration = Duration::from_secs(2);
+
+/// Client-connection timeouts and the shutdown grace period.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Time to receive a whole request head once its first byte arrived.
+    pub header_read_timeout: Duration,
+    /// Time a connection with no request in flight may stay silent.
+    pub idle_timeout: Duration,
+    /// Time requests in flight get to finish on shutdown.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What one connection is doing, for its timeouts.
+#[derive(Debug)]
+struct Activity {
+    in_flight: usize,
+    /// When the connection last had no request in flight (or was accepted).
+    idle_since: Instant,
+    /// When the first byte of a request head arrived while none was in flight.
+    head_started: Option<Instant>,
+}
+
+impl Activity {
+    fn new(now: Instant) -> Self {
+        Self {
+            in_flight: 0,
+            idle_since: now,
+            head_started: None,
+        }
+    }
+
+    /// Why the connection should be closed at `now`, if it should.
+    fn expired(&self, now: Instant, limits: &HttpLimits) -> Option<&'static str> {
+        if self.in_flight > 0 {
+            return None;
+        }
+        match self.head_started {
+            Some(t) if now >= t + limits.header_read_timeout => Some("header read timeout"),
+            Some(_) => None,
+            None if now >= self.idle_since + limits.idle_timeout => Some("idle timeout"),
+            None => None,
+        }
+    }
+
+    /// When to look again. A change of activity only moves deadlines later, except a request
+    /// head starting; so the check never sleeps longer than the header timeout.
+    fn next_check(&self, now: Instant, limits: &HttpLimits) -> Instant {
+        let deadline = match (self.in_flight, self.head_started) {
+            (0, Some(t)) => t + limits.header_read_timeout,
+            (0, None) => self.idle_since + limits.idle_timeout,
+            _ => now + limits.idle_timeout,
+        };
+        deadline.min(now + limits.header_read_timeout)
+    }
+
+    fn bytes_read(&mut self, now: Instant) {
+        if self.in_flight == 0 && self.head_started.is_none() {
+            self.head_started = Some(now);
+        }
+    }
+}
+
+/// A request in flight on a connection (held by its response body).
+struct InFlight(Arc<Mutex<Activity>>);
+
+impl InFlight {
+    fn begin(activity: &Arc<Mutex<Activity>>) -> Self {
+        let mut a = activity.lock().expect("activity lock");
+        a.in_flight += 1;
+        a.head_started = None;
+        drop(a);
+        Self(activity.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut a = self.0.lock().expect("activity lock");
+        a.in_flight -= 1;
+        if a.in_flight == 0 {
+            a.idle_since = Instant::now();
+        }
+    }
+}
+
+/// The connection's socket, noting when bytes arrive.
+struct Watched {
+    io: TcpStream,
+    activity: Arc<Mutex<Activity>>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity
+                .lock()
+                .expect("activity lock")
+                .bytes_read(Instant::now());
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// One request: refused while draining, answered `503` if the grace period ends before the
+/// answer starts, otherwise served by `app` with a body that the end of the grace period cuts.
+async fn handle(
+    app: axum::Router,
+    lifecycle: Lifecycle,
+    activity: Arc<Mutex<Activity>>,
+    request: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let held = InFlight::begin(&activity);
+    if lifecycle.is_draining() {
+        if let Some(refused) = refusal(&request) {
+            return Ok(DrainBody::wrap(refused, &lifecycle, held));
+        }
+    }
+    let response = tokio::select! {
+        r = app.oneshot(request.map(Body::new)) => match r { Ok(r) => r, Err(e) => match e {} },
+        _ = lifecycle.reached(Phase::Cutting) => shutting_down(StatusCode::SERVICE_UNAVAILABLE),
+    };
+    Ok(DrainBody::wrap(response, &lifecycle, held))
+}
+
+/// Serves one connection until it ends, times out or the drain closes it.
+async fn connection(tcp: TcpStream, app: axum::Router, lifecycle: Lifecycle, limits: HttpLimits) {
+    let _ = tcp.set_nodelay(true);
+    let activity = Arc::new(Mutex::new(Activity::new(Instant::now())));
+    let io = TokioIo::new(Watched {
+        io: tcp,
+        activity: activity.clone(),
+    });
+    let (svc_lifecycle, svc_activity) = (lifecycle.clone(), activity.clone());
+    let service = hyper::service::service_fn(move |request| {
+        handle(
+            app.clone(),
+            svc_lifecycle.clone(),
+            svc_activity.clone(),
+            request,
+        )
+    });
+    // A connection opened while draining serves one request (a readiness probe, a refusal).
+    let draining_at_start = lifecycle.is_draining();
+    let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(!draining_at_start)
+        .serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut drain = std::pin::pin!(lifecycle.reached(Phase::Draining));
+    let mut closing = draining_at_start;
+    loop {
+        let check = activity
+            .lock()
+            .expect("activity lock")
+            .next_check(Instant::now(), &limits);
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            _ = drain.as_mut(), if !closing => {
+                // Finishes the request in flight, if any, then closes.
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            _ = tokio::time::sleep_until(check) => {
+                let now = Instant::now();
+                if let Some(why) = activity.lock().expect("activity lock").expired(now, &limits) {
+                    tracing::debug!("closing a client connection: {why}");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then drains (see the module docs).
+pub async fn serve(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: HttpLimits,
+    lifecycle: Lifecycle,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut conns = JoinSet::new();
+    let spawn = |conns: &mut JoinSet<()>, tcp| {
+        conns.spawn(connection(
+            tcp,
+            app.clone(),
+            lifecycle.clone(),
+            limits.clone(),
+        ));
+    };
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => spawn(&mut conns, tcp),
+                Err(e) => accept_error(e).await,
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            _ = &mut shutdown => break,
+        }
+    }
+    lifecycle.advance(Phase::Draining);
+    let grace_end = Instant::now() + limits.shutdown_grace;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => spawn(&mut conns, tcp),
+                Err(e) => accept_error(e).await,
+            },
+            joined = conns.join_next() => if joined.is_none() { return },
+            _ = tokio::time::sleep_until(grace_end) => break,
+        }
+    }
+    drop(listener);
+    lifecycle.advance(Phase::Cutting);
+    let _ = tokio::time::timeout(CUT_MARGIN, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    conns.abort_all();
+}
+
+/// Out of file descriptors and the like: wait a little rather than spin.
+async fn accept_error(e: std::io::Error) {
+    tracing::warn!("accept failed: {e}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> HttpLimits {
+        HttpLimits {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+
+    #[test]
+    fn silence_closes_after_the_idle_timeout_and_a_partial_head_after_the_header_timeout() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut a = Activity::new(t0);
+        assert_eq!(a.expired(t0 + s(59), &limits()), None);
+        assert_eq!(a.expired(t0 + s(60), &limits()), Some("idle timeout"));
+        a.bytes_read(t0 + s(5));
+        a.bytes_read(t0 + s(9));
+        assert_eq!(a.next_check(t0 + s(9), &limits()), t0 + s(15));
+        assert_eq!(a.expired(t0 + s(14), &limits()), None);
+        assert_eq!(
+            a.expired(t0 + s(15), &limits()),
+            Some("header read timeout")
+        );
+        // A request in flight is never timed out here, however long it runs.
+        a.in_flight = 1;
+        a.head_started = None;
+        assert_eq!(a.expired(t0 + s(1000), &limits()), None);
+        assert!(a.next_check(t0 + s(1000), &limits()) <= t0 + s(1010));
+    }
+}
