@@ -1,0 +1,353 @@
+//! Lifecycle faults with real processes: a frozen engine (SIGSTOP) is skipped within the upstream
+//! timeouts; SIGTERM drains (streams finish within the grace period, the rest end with an error
+//! event and `[DONE]`, readiness reports not-ready); slow or silent client connections are closed.
+
+mod common;
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+
+/// What a client saw of one streamed completion.
+#[derive(Debug, Default)]
+struct Seen {
+    tokens: u64,
+    errors: u64,
+    done: bool,
+    elapsed: Duration,
+}
+
+/// Streams one completion of `max_tokens`; gives up (as a failure) after `limit`.
+async fn stream(base: &str, max_tokens: u64, started: Option<&tokio::sync::Barrier>) -> Seen {
+    let t0 = Instant::now();
+    let client = reqwest::Client::new();
+    let body = json!({"model": "mock-model", "prompt": "lifecycle", "max_tokens": max_tokens, "stream": true});
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("the request is answered");
+    assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
+    let mut body = r.bytes_stream();
+    let (mut seen, mut buf, mut first) = (Seen::default(), String::new(), true);
+    while let Some(Ok(chunk)) = body.next().await {
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            let data = event.trim().trim_start_matches("data:").trim();
+            if data == "[DONE]" {
+                seen.done = true;
+                continue;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(data) else {
+                continue;
+            };
+            seen.errors += u64::from(v.get("error").is_some());
+            if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
+                seen.tokens += 1;
+                if std::mem::take(&mut first) {
+                    if let Some(b) = started {
+                        b.wait().await;
+                    }
+                }
+            }
+        }
+    }
+    seen.elapsed = t0.elapsed();
+    seen
+}
+
+fn kill(proc: &common::Proc, signal: &str) {
+    let pid = proc.child.id().expect("running").to_string();
+    let ok = std::process::Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .expect("kill runs")
+        .success();
+    assert!(ok, "kill {signal} {pid}");
+}
+
+/// The sum of the samples of `name` (all label sets) in `base`'s `/metrics`.
+async fn metric(base: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn exits_within(proc: &mut common::Proc, limit: Duration) -> std::process::ExitStatus {
+    timeout(limit, proc.child.wait())
+        .await
+        .expect("the process exits in time")
+        .expect("waitable")
+}
+
+async fn engine(extra: &[&str]) -> common::Proc {
+    let mut args = vec!["mock-engine", "--port", "0", "--speedup-ratio", "4"];
+    args.extend(extra);
+    common::spawn(&args).await
+}
+
+async fn router(engines: &[&common::Proc], extra: &[&str]) -> common::Proc {
+    let urls: Vec<String> = engines.iter().map(|e| e.http()).collect();
+    let mut args = vec![
+        "serve",
+        "--port",
+        "0",
+        "--router-mode",
+        "round-robin",
+        "--no-router-kv-events",
+    ];
+    for u in &urls {
+        args.extend(["--worker", u.as_str()]);
+    }
+    args.extend(extra);
+    common::spawn(&args).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_engine_is_retried_elsewhere_within_the_first_byte_timeout() {
+    let (frozen, live) = (engine(&[]).await, engine(&[]).await);
+    let r = router(
+        &[&frozen, &live],
+        &[
+            "--upstream-first-byte-timeout-secs",
+            "1",
+            "--upstream-response-timeout-secs",
+            "1",
+            "--health-check-interval-secs",
+            "0",
+            "--outlier-consecutive-failures",
+            "2",
+        ],
+    )
+    .await;
+    let base = r.http();
+    // Warm the pooled connections to both engines, then freeze one.
+    for _ in 0..2 {
+        assert!(stream(&base, 2, None).await.done);
+    }
+    kill(&frozen, "-STOP");
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let base = base.clone();
+        tasks.push(tokio::spawn(async move { stream(&base, 8, None).await }));
+    }
+    let unary = reqwest::Client::new()
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"model": "mock-model", "prompt": "unary", "max_tokens": 4}));
+    let unary = timeout(Duration::from_secs(20), unary.send())
+        .await
+        .expect("a non-streamed request is not held by the frozen engine")
+        .unwrap();
+    assert_eq!(unary.status().as_u16(), 200);
+    for t in tasks {
+        // Bound: the 1 s timeout, one retry and the generation, with room for a slow machine.
+        let seen = timeout(Duration::from_secs(20), t)
+            .await
+            .expect("no request is held by the frozen engine")
+            .unwrap();
+        assert!(seen.done && seen.errors == 0 && seen.tokens == 8, "{seen:?}");
+        assert!(seen.elapsed < Duration::from_secs(10), "{seen:?}");
+    }
+    assert!(metric(&base, "kvrouter_upstream_timeouts_total").await >= 1.0);
+    assert!(metric(&base, "kvrouter_upstream_retries_total").await >= 1.0);
+    assert_eq!(
+        metric(
+            &base,
+            "kvrouter_worker_health_transitions_total{to=\"unhealthy\"}"
+        )
+        .await,
+        1.0,
+        "the frozen worker counts as failed"
+    );
+    kill(&frozen, "-CONT");
+}
+
+/// Starts `n` streams of `max_tokens` on `base` and waits until each has its first token.
+async fn streams_in_flight(
+    base: &str,
+    n: usize,
+    max_tokens: u64,
+) -> Vec<tokio::task::JoinHandle<Seen>> {
+    let started = std::sync::Arc::new(tokio::sync::Barrier::new(n + 1));
+    let tasks = (0..n)
+        .map(|_| {
+            let (base, started) = (base.to_owned(), started.clone());
+            tokio::spawn(async move { stream(&base, max_tokens, Some(&started)).await })
+        })
+        .collect();
+    timeout(Duration::from_secs(30), started.wait())
+        .await
+        .expect("every stream starts");
+    tasks
+}
+
+/// While draining: readiness is not-ready on a new connection, and new work is refused.
+async fn reports_draining(base: &str) {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let mut ready = 0;
+    for _ in 0..200 {
+        ready = client
+            .get(format!("{base}/ready"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        if ready == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(ready, 503, "readiness while draining");
+    let refused = client
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"model": "mock-model", "prompt": "late", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 503);
+    let e: Value = refused.json().await.unwrap();
+    assert_eq!(e["error"]["type"], "service_unavailable", "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_lets_streams_finish_within_the_grace_period() {
+    let e = engine(&[]).await;
+    let mut r = router(&[&e], &["--shutdown-grace-secs", "60"]).await;
+    let base = r.http();
+    assert_eq!(
+        reqwest::get(format!("{base}/ready")).await.unwrap().status(),
+        200
+    );
+    let tasks = streams_in_flight(&base, 8, 200).await;
+    kill(&r, "-TERM");
+    reports_draining(&base).await;
+    for t in tasks {
+        let seen = timeout(Duration::from_secs(60), t).await.unwrap().unwrap();
+        assert!(seen.done && seen.errors == 0 && seen.tokens == 200, "{seen:?}");
+    }
+    let status = exits_within(&mut r, Duration::from_secs(10)).await;
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_ends_what_outlasts_the_grace_period_with_an_error_event() {
+    let e = engine(&[]).await;
+    let mut r = router(&[&e], &["--shutdown-grace-secs", "1"]).await;
+    let tasks = streams_in_flight(&r.http(), 4, 100_000).await;
+    let t0 = Instant::now();
+    kill(&r, "-TERM");
+    for t in tasks {
+        let seen = timeout(Duration::from_secs(20), t).await.unwrap().unwrap();
+        assert!(seen.done && seen.errors == 1, "{seen:?}");
+        assert!(seen.tokens < 100_000, "{seen:?}");
+    }
+    let status = exits_within(&mut r, Duration::from_secs(10)).await;
+    assert!(status.success(), "{status}");
+    // Grace 1 s, then at most the 2 s margin for the last events.
+    assert!(t0.elapsed() < Duration::from_secs(6), "{:?}", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_mock_engine_drains_on_sigterm_too() {
+    let mut e = engine(&["--shutdown-grace-secs", "1"]).await;
+    let base = e.http();
+    let long = streams_in_flight(&base, 2, 100_000).await;
+    kill(&e, "-TERM");
+    reports_draining(&base).await;
+    for t in long {
+        let seen = timeout(Duration::from_secs(20), t).await.unwrap().unwrap();
+        assert!(seen.done && seen.errors == 1, "{seen:?}");
+    }
+    let status = exits_within(&mut e, Duration::from_secs(10)).await;
+    assert!(status.success(), "{status}");
+}
+
+/// Reads until the server closes the connection; the time it took, or `None` past `limit`.
+async fn closed_within(tcp: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let t0 = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match timeout(limit.saturating_sub(t0.elapsed()), tcp.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(t0.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn partial_headers_and_silent_connections_are_closed() {
+    let e = engine(&["--http-idle-timeout-secs", "2"]).await;
+    let r = router(
+        &[&e],
+        &[
+            "--http-header-read-timeout-secs",
+            "1",
+            "--http-idle-timeout-secs",
+            "30",
+        ],
+    )
+    .await;
+    let addr = |p: &common::Proc| p.http().trim_start_matches("http://").to_owned();
+    // Slowloris on the router: a head that never ends, one byte a while.
+    let mut slow = TcpStream::connect(addr(&r)).await.unwrap();
+    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let closed = closed_within(&mut slow, Duration::from_secs(8)).await;
+    assert!(closed.is_some(), "a partial head is closed after the header timeout");
+    // A silent connection to the engine.
+    let mut silent = TcpStream::connect(addr(&e)).await.unwrap();
+    let closed = closed_within(&mut silent, Duration::from_secs(10)).await;
+    assert!(closed.is_some(), "a silent connection is closed after the idle timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keep_alive_and_long_requests_outlive_the_client_timeouts() {
+    let e = engine(&[]).await;
+    let r = router(
+        &[&e],
+        &[
+            "--http-header-read-timeout-secs",
+            "1",
+            "--http-idle-timeout-secs",
+            "1",
+        ],
+    )
+    .await;
+    let addr = r.http().trim_start_matches("http://").to_owned();
+    let mut tcp = TcpStream::connect(&addr).await.unwrap();
+    for _ in 0..3 {
+        tcp.write_all(b"GET /live HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        let n = timeout(Duration::from_secs(5), tcp.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+        // Within the idle timeout, the same connection carries the next request.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // A stream running past both timeouts is not cut.
+    let seen = stream(&r.http(), 400, None).await;
+    assert!(seen.done && seen.errors == 0 && seen.tokens == 400, "{seen:?}");
+    eprintln!("a 400-token stream took {:?}", seen.elapsed);
+}
