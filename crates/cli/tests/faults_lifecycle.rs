@@ -47,7 +47,10 @@ async fn stream(base: &str, max_tokens: u64, started: Option<&tokio::sync::Barri
                 continue;
             };
             seen.errors += u64::from(v.get("error").is_some());
-            if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
+            if v["choices"][0]["text"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+            {
                 seen.tokens += 1;
                 if std::mem::take(&mut first) {
                     if let Some(b) = started {
@@ -157,7 +160,10 @@ async fn a_frozen_engine_is_retried_elsewhere_within_the_first_byte_timeout() {
             .await
             .expect("no request is held by the frozen engine")
             .unwrap();
-        assert!(seen.done && seen.errors == 0 && seen.tokens == 8, "{seen:?}");
+        assert!(
+            seen.done && seen.errors == 0 && seen.tokens == 8,
+            "{seen:?}"
+        );
         assert!(seen.elapsed < Duration::from_secs(10), "{seen:?}");
     }
     assert!(metric(&base, "kvrouter_upstream_timeouts_total").await >= 1.0);
@@ -172,6 +178,43 @@ async fn a_frozen_engine_is_retried_elsewhere_within_the_first_byte_timeout() {
         "the frozen worker counts as failed"
     );
     kill(&frozen, "-CONT");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_whose_engine_freezes_mid_way_ends_after_the_idle_timeout() {
+    let e = engine(&[]).await;
+    let r = router(
+        &[&e],
+        &[
+            "--stream-idle-timeout-secs",
+            "1",
+            "--health-check-interval-secs",
+            "0",
+            "--outlier-consecutive-failures",
+            "1",
+        ],
+    )
+    .await;
+    let base = r.http();
+    let tasks = streams_in_flight(&base, 2, 100_000).await;
+    kill(&e, "-STOP");
+    for t in tasks {
+        let seen = timeout(Duration::from_secs(20), t)
+            .await
+            .expect("a frozen stream is not held past the idle timeout")
+            .unwrap();
+        assert!(seen.done && seen.errors == 1, "{seen:?}");
+    }
+    assert_eq!(
+        metric(
+            &base,
+            "kvrouter_worker_health_transitions_total{to=\"unhealthy\"}"
+        )
+        .await,
+        1.0,
+        "the frozen worker counts as failed"
+    );
+    kill(&e, "-CONT");
 }
 
 /// Starts `n` streams of `max_tokens` on `base` and waits until each has its first token.
@@ -231,7 +274,10 @@ async fn sigterm_lets_streams_finish_within_the_grace_period() {
     let mut r = router(&[&e], &["--shutdown-grace-secs", "60"]).await;
     let base = r.http();
     assert_eq!(
-        reqwest::get(format!("{base}/ready")).await.unwrap().status(),
+        reqwest::get(format!("{base}/ready"))
+            .await
+            .unwrap()
+            .status(),
         200
     );
     let tasks = streams_in_flight(&base, 8, 200).await;
@@ -239,7 +285,10 @@ async fn sigterm_lets_streams_finish_within_the_grace_period() {
     reports_draining(&base).await;
     for t in tasks {
         let seen = timeout(Duration::from_secs(60), t).await.unwrap().unwrap();
-        assert!(seen.done && seen.errors == 0 && seen.tokens == 200, "{seen:?}");
+        assert!(
+            seen.done && seen.errors == 0 && seen.tokens == 200,
+            "{seen:?}"
+        );
     }
     let status = exits_within(&mut r, Duration::from_secs(10)).await;
     assert!(status.success(), "{status}");
@@ -311,11 +360,17 @@ async fn partial_headers_and_silent_connections_are_closed() {
         .await
         .unwrap();
     let closed = closed_within(&mut slow, Duration::from_secs(8)).await;
-    assert!(closed.is_some(), "a partial head is closed after the header timeout");
+    assert!(
+        closed.is_some(),
+        "a partial head is closed after the header timeout"
+    );
     // A silent connection to the engine.
     let mut silent = TcpStream::connect(addr(&e)).await.unwrap();
     let closed = closed_within(&mut silent, Duration::from_secs(10)).await;
-    assert!(closed.is_some(), "a silent connection is closed after the idle timeout");
+    assert!(
+        closed.is_some(),
+        "a silent connection is closed after the idle timeout"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -348,6 +403,9 @@ async fn keep_alive_and_long_requests_outlive_the_client_timeouts() {
     }
     // A stream running past both timeouts is not cut.
     let seen = stream(&r.http(), 400, None).await;
-    assert!(seen.done && seen.errors == 0 && seen.tokens == 400, "{seen:?}");
+    assert!(
+        seen.done && seen.errors == 0 && seen.tokens == 400,
+        "{seen:?}"
+    );
     eprintln!("a 400-token stream took {:?}", seen.elapsed);
 }
