@@ -20,7 +20,7 @@ struct Seen {
     elapsed: Duration,
 }
 
-/// Streams one completion of `max_tokens`; gives up (as a failure) after `limit`.
+/// Streams one completion of `max_tokens`; `started` is waited on at its first token.
 async fn stream(base: &str, max_tokens: u64, started: Option<&tokio::sync::Barrier>) -> Seen {
     let t0 = Instant::now();
     let client = reqwest::Client::new();
@@ -280,13 +280,14 @@ async fn sigterm_lets_streams_finish_within_the_grace_period() {
             .status(),
         200
     );
-    let tasks = streams_in_flight(&base, 8, 200).await;
+    // Long enough (seconds) for the readiness probe to see the drain.
+    let tasks = streams_in_flight(&base, 8, 2_000).await;
     kill(&r, "-TERM");
     reports_draining(&base).await;
     for t in tasks {
         let seen = timeout(Duration::from_secs(60), t).await.unwrap().unwrap();
         assert!(
-            seen.done && seen.errors == 0 && seen.tokens == 200,
+            seen.done && seen.errors == 0 && seen.tokens == 2_000,
             "{seen:?}"
         );
     }
@@ -314,7 +315,7 @@ async fn sigterm_ends_what_outlasts_the_grace_period_with_an_error_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_mock_engine_drains_on_sigterm_too() {
-    let mut e = engine(&["--shutdown-grace-secs", "1"]).await;
+    let mut e = engine(&["--shutdown-grace-secs", "3"]).await;
     let base = e.http();
     let long = streams_in_flight(&base, 2, 100_000).await;
     kill(&e, "-TERM");
@@ -401,11 +402,27 @@ async fn keep_alive_and_long_requests_outlive_the_client_timeouts() {
         // Within the idle timeout, the same connection carries the next request.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    // A stream running past both timeouts is not cut.
-    let seen = stream(&r.http(), 400, None).await;
+    // Requests running past both timeouts are not cut: a stream, and a non-streamed answer
+    // that keeps its connection silent while it is generated.
+    let seen = stream(&r.http(), 1_500, None).await;
     assert!(
-        seen.done && seen.errors == 0 && seen.tokens == 400,
+        seen.done && seen.errors == 0 && seen.tokens == 1_500,
         "{seen:?}"
     );
-    eprintln!("a 400-token stream took {:?}", seen.elapsed);
+    assert!(
+        seen.elapsed > Duration::from_secs(1),
+        "{seen:?} outlived no timeout"
+    );
+    let t0 = Instant::now();
+    let unary: Value = reqwest::Client::new()
+        .post(format!("{}/v1/completions", r.http()))
+        .json(&json!({"model": "mock-model", "prompt": "unary", "max_tokens": 1_500}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(unary["usage"]["completion_tokens"], 1_500, "{unary}");
+    assert!(t0.elapsed() > Duration::from_secs(1), "{:?}", t0.elapsed());
 }

@@ -9,6 +9,10 @@
 //!   streams with an error event and `[DONE]`) and returns within [`CUT_MARGIN`].
 //!
 //! TCP_NODELAY is set on every accepted connection.
+//!
+//! hyper's own `header_read_timeout` (hyper 1.12) starts when it begins waiting for a head, at
+//! accept and again after every response, so it cannot tell an idle keep-alive connection from a
+//! slow head; both timeouts are kept here instead, from the bytes read and the requests in flight.
 
 use crate::drain::{refusal, shutting_down, DrainBody, Lifecycle, Phase};
 use axum::body::Body;
