@@ -219,6 +219,8 @@ async fn connection(tcp: TcpStream, app: axum::Router, lifecycle: Lifecycle, lim
     let draining_at_start = lifecycle.is_draining();
     let conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(!draining_at_start)
+        // Kept here instead (module docs).
+        .header_read_timeout(None)
         .serve_connection(io, service);
     tokio::pin!(conn);
     let mut drain = std::pin::pin!(lifecycle.reached(Phase::Draining));
