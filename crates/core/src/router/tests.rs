@@ -554,7 +554,10 @@ fn impossible_worker_specs_are_typed_errors_not_allocations() {
         dp_size: MAX_DP_SIZE + 1,
         ..WorkerSpec::new(id)
     };
-    assert!(matches!(r.add_worker(over), Err(RouteError::InvalidWorker(..))));
+    assert!(matches!(
+        r.add_worker(over),
+        Err(RouteError::InvalidWorker(..))
+    ));
     for spec in [
         WorkerSpec {
             max_num_batched_tokens: Some(0),
@@ -565,7 +568,10 @@ fn impossible_worker_specs_are_typed_errors_not_allocations() {
             ..WorkerSpec::new(id)
         },
     ] {
-        assert!(matches!(r.add_worker(spec), Err(RouteError::InvalidWorker(..))));
+        assert!(matches!(
+            r.add_worker(spec),
+            Err(RouteError::InvalidWorker(..))
+        ));
     }
     assert!(r.workers().all(|w| w.id != id), "nothing was registered");
     let max = WorkerSpec {
