@@ -142,10 +142,10 @@ pub(crate) fn admission_fields(
     arrival: Instant,
     inner: &crate::state::Inner,
 ) -> Result<AdmissionFields, ServeError> {
-    let bad_priority = || {
+    let bad_priority = |param: &'static str| {
         ServeError::invalid(
-            format!("priority must be an integer from 0 to {MAX_PRIORITY}"),
-            Some("priority"),
+            format!("{param} must be an integer from 0 to {MAX_PRIORITY}"),
+            Some(param),
         )
     };
     let priority = match headers.get("x-kvrouter-priority") {
@@ -153,18 +153,17 @@ pub(crate) fn admission_fields(
             .to_str()
             .ok()
             .and_then(|v| v.trim().parse::<u8>().ok())
-            .ok_or_else(bad_priority)?,
+            .filter(|p| *p <= MAX_PRIORITY)
+            .ok_or_else(|| bad_priority("x-kvrouter-priority"))?,
         None => match body.get("priority") {
             None | Some(Value::Null) => 0,
             Some(v) => v
                 .as_u64()
                 .and_then(|p| u8::try_from(p).ok())
-                .ok_or_else(bad_priority)?,
+                .filter(|p| *p <= MAX_PRIORITY)
+                .ok_or_else(|| bad_priority("priority"))?,
         },
     };
-    if priority > MAX_PRIORITY {
-        return Err(bad_priority());
-    }
     let deadline = parse_header::<u64>(headers, "x-kvrouter-deadline-ms", || {
         "x-kvrouter-deadline-ms must be a whole number of milliseconds".into()
     })?
