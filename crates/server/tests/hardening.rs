@@ -292,3 +292,24 @@ async fn a_chat_message_without_content_names_the_field() {
     assert_eq!(s, StatusCode::OK, "{b}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn the_mock_engine_answers_unknown_routes_and_methods_in_json() {
+    let server = with_worker(None).await;
+    let engine = format!("http://{}", server.mock_endpoints()[0].http);
+    let client = reqwest::Client::new();
+    for (method, path, status) in [
+        (reqwest::Method::GET, "/no/such/route", 404),
+        (reqwest::Method::GET, "/v1/completions", 405),
+    ] {
+        let r = client
+            .request(method, format!("{engine}{path}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status);
+        let body: Value = r.json().await.expect("a JSON body");
+        assert_eq!(body["error"]["code"], status, "{body}");
+    }
+    server.stop().await;
+}
