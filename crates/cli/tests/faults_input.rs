@@ -152,7 +152,7 @@ async fn a_bad_workers_file_names_the_file_worker_and_field() {
 
 #[tokio::test]
 async fn an_admin_call_with_an_absurd_dp_size_leaves_the_process_serving() {
-    let p = started(&[], &[("KVROUTER_ADMIN_TOKEN", "t")]).await;
+    let p = started(&["--admin-token", "t"], &[]).await;
     let client = reqwest::Client::new();
     let r = client
         .post(format!("{}/admin/workers", p.http()))
