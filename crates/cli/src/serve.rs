@@ -4,7 +4,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use kvrouter_engine::EngineConfig;
 use kvrouter_mock_engine::MockEngineConfig;
-use kvrouter_server::{HealthConfig, ServeConfig, WorkerEntry, WorkersFile};
+use kvrouter_server::{HealthConfig, ServeConfig, SessionReleaseAuth, WorkerEntry, WorkersFile};
 use kvrouter_tokenizer::ChatTemplate;
 
 use crate::routing_args::RoutingArgs;
@@ -50,9 +50,17 @@ pub(crate) struct ServeArgs {
     /// Jinja chat template (default: tokenizer_config.json beside the tokenizer, else ChatML).
     #[arg(long)]
     chat_template: Option<PathBuf>,
-    /// Enable the admin API with this bearer token.
-    #[arg(long)]
+    /// Enable the admin API with this bearer token. Prefer the environment variable or
+    /// --admin-token-file: a flag's value is visible to every user in `ps`.
+    #[arg(long, env = "KVROUTER_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// Read the admin API's bearer token from this file (surrounding whitespace trimmed).
+    #[arg(long)]
+    admin_token_file: Option<PathBuf>,
+    /// Who may release session affinity (DELETE /v1/sessions/{id}, POST /finish_session):
+    /// open (any client) or admin (the admin token).
+    #[arg(long, default_value = "open")]
+    session_release_auth: String,
     /// Add x-kvrouter-decision (the score breakdown) to responses.
     #[arg(long)]
     expose_decisions: bool,
@@ -177,7 +185,36 @@ fn read_workers_file(path: &PathBuf) -> anyhow::Result<Vec<WorkerEntry>> {
         .with_context(|| format!("--workers-file {}", path.display()))?;
     let file: WorkersFile =
         toml::from_str(&text).with_context(|| format!("--workers-file {}", path.display()))?;
+    for (i, w) in file.workers.iter().enumerate() {
+        if let Err(e) = w.validate() {
+            bail!("--workers-file {}: workers[{i}].{e}", path.display());
+        }
+    }
     Ok(file.workers)
+}
+
+/// The admin token from --admin-token / KVROUTER_ADMIN_TOKEN or --admin-token-file (not both).
+fn admin_token(
+    flag: Option<&str>,
+    file: Option<&std::path::Path>,
+) -> anyhow::Result<Option<String>> {
+    let token = match (flag, file) {
+        (Some(_), Some(_)) => bail!(
+            "--admin-token (or KVROUTER_ADMIN_TOKEN) and --admin-token-file are both given; use one"
+        ),
+        (Some(t), None) => t.trim().to_owned(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .with_context(|| format!("--admin-token-file {}", path.display()))?
+            .trim()
+            .to_owned(),
+        (None, None) => return Ok(None),
+    };
+    if token.is_empty() {
+        bail!(
+            "the admin token (--admin-token, KVROUTER_ADMIN_TOKEN or --admin-token-file) is empty"
+        );
+    }
+    Ok(Some(token))
 }
 
 impl ServeArgs {
@@ -191,9 +228,23 @@ impl ServeArgs {
                 ..WorkerEntry::default()
             })
             .collect();
+        for w in &workers {
+            w.validate()
+                .with_context(|| format!("--worker {}", w.url))?;
+        }
         if let Some(path) = &self.workers_file {
             workers.extend(read_workers_file(path)?);
         }
+        let admin_token = admin_token(
+            self.admin_token.as_deref(),
+            self.admin_token_file.as_deref(),
+        )?;
+        let session_release_auth = match self.session_release_auth.as_str() {
+            "open" => SessionReleaseAuth::Open,
+            "admin" if admin_token.is_some() => SessionReleaseAuth::Admin,
+            "admin" => bail!("--session-release-auth admin needs an admin token (--admin-token)"),
+            other => bail!("--session-release-auth must be open or admin, got {other:?}"),
+        };
         if workers.is_empty() && self.mock_workers == 0 {
             bail!("no workers: give --worker URL, --workers-file PATH or --mock-workers N");
         }
@@ -230,7 +281,8 @@ impl ServeArgs {
             model_names: self.model_names.clone(),
             tokenizer,
             chat_template: Arc::new(chat_template),
-            admin_token: self.admin_token.clone(),
+            admin_token,
+            session_release_auth,
             expose_decisions: self.expose_decisions,
             retries: self.retries,
             migration_limit: self.migration_limit,

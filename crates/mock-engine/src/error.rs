@@ -34,6 +34,26 @@ impl ApiError {
         }
     }
 
+    /// No such route.
+    pub(crate) fn not_found(message: String) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message,
+            kind: "invalid_request_error",
+            param: None,
+        }
+    }
+
+    /// A known route with the wrong method.
+    pub(crate) fn method_not_allowed(message: String) -> Self {
+        Self {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message,
+            kind: "invalid_request_error",
+            param: None,
+        }
+    }
+
     /// The engine failed.
     pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self {

@@ -76,6 +76,12 @@ pub fn app(state: AppState) -> Router {
         .route("/pause", post(pause))
         .route("/resume", post(resume))
         .route("/update_weights", post(update_weights))
+        .fallback(|uri: axum::http::Uri| async move {
+            ApiError::not_found(format!("no route for {}", uri.path()))
+        })
+        .method_not_allowed_fallback(|m: axum::http::Method, uri: axum::http::Uri| async move {
+            ApiError::method_not_allowed(format!("{m} is not allowed on {}", uri.path()))
+        })
         // Long RL and agentic prompts as token-id JSON run past axum's 2 MB default.
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)

@@ -1,5 +1,6 @@
 //! The HTTP surface: OpenAI endpoints, health, metrics and the token-protected admin API.
 
+use crate::auth;
 use crate::config::WorkerEntry;
 use crate::error::ServeError;
 use crate::metrics::gauge_header;
@@ -10,6 +11,7 @@ use crate::state::AppState;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{from_fn_with_state, map_response};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
@@ -21,8 +23,26 @@ use std::fmt::Write;
 /// The largest request body accepted (a 1M-token prompt as JSON token ids is about 8 MB).
 const MAX_BODY_BYTES: usize = 64 << 20;
 
-/// The router of `kvrouter serve`'s HTTP API.
+/// The router of `kvrouter serve`'s HTTP API. Every error it produces itself, including axum's
+/// rejections, unknown routes and wrong methods, is OpenAI-shaped JSON.
 pub fn app(state: AppState) -> Router {
+    // The token is checked before the path or body is parsed, and for unknown admin paths too.
+    let admin = Router::new()
+        .route("/workers", get(list_workers).post(add_worker))
+        .route("/workers/{id}", delete(remove_worker))
+        .route("/workers/{id}/pause", post(pause_worker))
+        .route("/workers/{id}/resume", post(resume_worker))
+        .route("/workers/{id}/policy-version", post(set_policy_version))
+        .route("/policy", get(policy_status))
+        .route("/trace", get(trace))
+        .route("/policy/update", post(policy_update))
+        .fallback(crate::error::unknown_route)
+        .method_not_allowed_fallback(crate::error::wrong_method)
+        .layer(from_fn_with_state(state.clone(), auth::admin));
+    let sessions = Router::new()
+        .route("/v1/sessions/{id}", delete(release_session))
+        .route("/finish_session", post(finish_session))
+        .route_layer(from_fn_with_state(state.clone(), auth::session_release));
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -31,21 +51,13 @@ pub fn app(state: AppState) -> Router {
         .route("/live", get(live))
         .route("/ready", get(health))
         .route("/metrics", get(metrics))
-        .route("/v1/sessions/{id}", delete(release_session))
-        .route("/finish_session", post(finish_session))
-        .route("/admin/workers", get(list_workers).post(add_worker))
-        .route("/admin/workers/{id}", delete(remove_worker))
-        .route("/admin/workers/{id}/pause", post(pause_worker))
-        .route("/admin/workers/{id}/resume", post(resume_worker))
-        .route(
-            "/admin/workers/{id}/policy-version",
-            post(set_policy_version),
-        )
-        .route("/admin/policy", get(policy_status))
-        .route("/admin/trace", get(trace))
-        .route("/admin/policy/update", post(policy_update))
+        .merge(sessions)
+        .nest("/admin", admin)
+        .fallback(crate::error::unknown_route)
+        .method_not_allowed_fallback(crate::error::wrong_method)
         // Long RL and agentic prompts as token-id JSON run past axum's 2 MB default.
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(map_response(crate::error::shape_rejections))
         .with_state(state)
 }
 
@@ -189,28 +201,7 @@ async fn finish_session(State(s): State<AppState>, body: Bytes) -> Result<Json<V
     Ok(Json(json!({"session_id": id, "released": released})))
 }
 
-fn authorize(s: &AppState, headers: &HeaderMap) -> Result<(), ServeError> {
-    let Some(token) = &s.inner.config.admin_token else {
-        return Err(ServeError::NotFound(
-            "the admin API is off (start with --admin-token)".into(),
-        ));
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(token.as_str()) {
-        Ok(())
-    } else {
-        Err(ServeError::Unauthorized)
-    }
-}
-
-async fn list_workers(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Json<Value>, ServeError> {
-    authorize(&s, &headers)?;
+async fn list_workers(State(s): State<AppState>) -> Result<Json<Value>, ServeError> {
     let entries: Vec<WorkerEntry> = s
         .inner
         .workers
@@ -242,12 +233,7 @@ async fn list_workers(
     Ok(Json(json!({"workers": list})))
 }
 
-async fn add_worker(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ServeError> {
-    authorize(&s, &headers)?;
+async fn add_worker(State(s): State<AppState>, body: Bytes) -> Result<Response, ServeError> {
     let entry: WorkerEntry = serde_json::from_slice(&body)
         .map_err(|e| ServeError::invalid(format!("invalid worker: {e}"), None))?;
     let id = registry::add_worker(&s, entry).await?;
@@ -256,29 +242,21 @@ async fn add_worker(
 
 async fn pause_worker(
     State(s): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<u64>,
 ) -> Result<Json<Value>, ServeError> {
-    set_paused(s, headers, id, true)
+    set_paused(s, id, true)
 }
 
 async fn resume_worker(
     State(s): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<u64>,
 ) -> Result<Json<Value>, ServeError> {
-    set_paused(s, headers, id, false)
+    set_paused(s, id, false)
 }
 
 /// Elastic membership: takes a worker out of rotation or puts it back, without marking it failed
 /// and keeping its load accounting (requests in flight on it finish normally).
-fn set_paused(
-    s: AppState,
-    headers: HeaderMap,
-    id: u64,
-    paused: bool,
-) -> Result<Json<Value>, ServeError> {
-    authorize(&s, &headers)?;
+fn set_paused(s: AppState, id: u64, paused: bool) -> Result<Json<Value>, ServeError> {
     if !s.inner.lock_core().set_paused(WorkerId(id), paused) {
         return Err(ServeError::NotFound(format!("no worker {id}")));
     }
@@ -297,11 +275,9 @@ fn set_paused(
 /// Requests waiting for that version are placed.
 async fn set_policy_version(
     State(s): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<u64>,
     body: Bytes,
 ) -> Result<Json<Value>, ServeError> {
-    authorize(&s, &headers)?;
     let v: Value = serde_json::from_slice(&body)
         .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
     let version = v.get("version").and_then(Value::as_u64).ok_or_else(|| {
@@ -322,10 +298,8 @@ async fn set_policy_version(
 
 async fn remove_worker(
     State(s): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<u64>,
 ) -> Result<Json<Value>, ServeError> {
-    authorize(&s, &headers)?;
     let entry = registry::remove_worker(&s, WorkerId(id))?;
     Ok(Json(json!({"removed": id, "url": entry.url})))
 }
@@ -349,11 +323,7 @@ fn worker_state(core: &kvrouter_core::router::Router, id: WorkerId) -> &'static 
 }
 
 /// `GET /admin/policy`: each worker's version and state, and the running (or last) update cycle.
-async fn policy_status(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Json<Value>, ServeError> {
-    authorize(&s, &headers)?;
+async fn policy_status(State(s): State<AppState>) -> Result<Json<Value>, ServeError> {
     let core = s.inner.lock_core();
     let workers: Vec<Value> = core
         .workers()
@@ -386,12 +356,7 @@ async fn policy_status(
 
 /// `POST /admin/policy/update`: starts a weight-update cycle; answers 202 at once. Progress is
 /// at `GET /admin/policy`.
-async fn policy_update(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ServeError> {
-    authorize(&s, &headers)?;
+async fn policy_update(State(s): State<AppState>, body: Bytes) -> Result<Response, ServeError> {
     let update: crate::update::UpdateBody = serde_json::from_slice(&body)
         .map_err(|e| ServeError::invalid(format!("invalid update: {e}"), None))?;
     let version = update.version;
@@ -404,8 +369,7 @@ async fn policy_update(
 }
 
 /// `GET /admin/trace`: the recent request timelines as Chrome trace JSON (open in Perfetto).
-async fn trace(State(s): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ServeError> {
-    authorize(&s, &headers)?;
+async fn trace(State(s): State<AppState>) -> Result<Json<Value>, ServeError> {
     let capture = s.inner.capture.as_ref().ok_or_else(|| {
         ServeError::NotFound("trace capture is off (start with --trace-capture N)".into())
     })?;

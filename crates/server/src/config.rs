@@ -56,6 +56,17 @@ pub struct WorkersFile {
     pub workers: Vec<WorkerEntry>,
 }
 
+/// Who may release a session's affinity (`DELETE /v1/sessions/{id}`, `POST /finish_session`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SessionReleaseAuth {
+    /// Any client that can reach the data plane (the default: sessions are not secret).
+    #[default]
+    Open,
+    /// Only callers with the admin token (`Authorization: Bearer ...`).
+    Admin,
+}
+
 /// Everything `kvrouter serve` needs.
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
@@ -75,6 +86,8 @@ pub struct ServeConfig {
     pub chat_template: Arc<ChatTemplate>,
     /// Bearer token of the admin API (`None` = admin API off).
     pub admin_token: Option<String>,
+    /// Who may release session affinity.
+    pub session_release_auth: SessionReleaseAuth,
     /// Add `x-kvrouter-decision` to responses.
     pub expose_decisions: bool,
     /// Retries on another worker when an upstream fails before its first byte.
@@ -115,6 +128,7 @@ impl Default for ServeConfig {
             tokenizer: Arc::new(kvrouter_tokenizer::BuiltinTokenizer::new()),
             chat_template: Arc::new(ChatTemplate::ChatMl),
             admin_token: None,
+            session_release_auth: SessionReleaseAuth::Open,
             expose_decisions: false,
             retries: 2,
             tokenizer_cache_tokens: 4 << 20,

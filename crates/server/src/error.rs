@@ -4,6 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use kvrouter_core::router::RouteError;
 use serde_json::json;
+use std::borrow::Cow;
 
 /// Everything a request can fail with, and whose fault it is.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -13,8 +14,8 @@ pub enum ServeError {
     Invalid {
         /// What is wrong.
         message: String,
-        /// The offending field.
-        param: Option<&'static str>,
+        /// The offending field (a body field such as `messages[0].content`, or a header name).
+        param: Option<Cow<'static, str>>,
     },
     /// The model is not served.
     #[error("The model `{0}` does not exist.")]
@@ -38,6 +39,15 @@ pub enum ServeError {
     /// An admin action that clashes with one already running.
     #[error("{0}")]
     Conflict(String),
+    /// The HTTP request itself was refused before any handler ran (unknown route, method not
+    /// allowed, body or headers too large); `status` is the HTTP status to answer.
+    #[error("{message}")]
+    Http {
+        /// The HTTP status (4xx).
+        status: StatusCode,
+        /// What was refused.
+        message: String,
+    },
 }
 
 impl ServeError {
@@ -45,16 +55,26 @@ impl ServeError {
     pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
         ServeError::Invalid {
             message: message.into(),
-            param,
+            param: param.map(Cow::Borrowed),
+        }
+    }
+
+    /// A client error naming a field whose name is built at run time (`messages[3].content`).
+    pub fn invalid_at(message: impl Into<String>, param: String) -> Self {
+        ServeError::Invalid {
+            message: message.into(),
+            param: Some(Cow::Owned(param)),
         }
     }
 
     /// HTTP status, OpenAI error type and param.
-    pub fn parts(&self) -> (StatusCode, &'static str, Option<&'static str>) {
+    pub fn parts(&self) -> (StatusCode, &'static str, Option<&str>) {
         match self {
-            ServeError::Invalid { param, .. } => {
-                (StatusCode::BAD_REQUEST, "invalid_request_error", *param)
-            }
+            ServeError::Invalid { param, .. } => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                param.as_deref(),
+            ),
             ServeError::UnknownModel(_) => (
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
@@ -72,6 +92,7 @@ impl ServeError {
             ServeError::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error", None),
             ServeError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", None),
             ServeError::Conflict(_) => (StatusCode::CONFLICT, "conflict", None),
+            ServeError::Http { status, .. } => (*status, "invalid_request_error", None),
         }
     }
 
@@ -82,7 +103,8 @@ impl ServeError {
             | ServeError::UnknownModel(_)
             | ServeError::Unauthorized
             | ServeError::NotFound(_)
-            | ServeError::Conflict(_) => "client_error",
+            | ServeError::Conflict(_)
+            | ServeError::Http { .. } => "client_error",
             ServeError::Route(e) if e.is_client_error() => "client_error",
             ServeError::Route(RouteError::DeadlineExceeded) => "deadline_exceeded",
             ServeError::Route(_) => "unavailable",
@@ -117,6 +139,62 @@ impl IntoResponse for ServeError {
         }
         response
     }
+}
+
+/// The answer to a path no route serves: a 404 in the OpenAI shape.
+pub(crate) async fn unknown_route(uri: axum::http::Uri) -> ServeError {
+    ServeError::Http {
+        status: StatusCode::NOT_FOUND,
+        message: format!("no route for {}", uri.path()),
+    }
+}
+
+/// The answer to a known path with the wrong method: a 405 in the OpenAI shape.
+pub(crate) async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ServeError {
+    ServeError::Http {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: format!("{method} is not allowed on {}", uri.path()),
+    }
+}
+
+/// Largest body of a plain-text rejection that is read to become the message.
+const REJECTION_TEXT_BYTES: usize = 4096;
+
+/// Response-mapping layer: axum's built-in rejections (a body over the limit, a malformed path
+/// parameter, a wrong method, ...) answer plain text or nothing; they become OpenAI-shaped JSON
+/// with the same status (and `Allow`, `Retry-After` kept). Upstream answers passed through
+/// (they carry `x-kvrouter-worker`) and JSON answers are left alone.
+pub(crate) async fn shape_rejections(response: Response) -> Response {
+    use axum::http::header;
+    let status = response.status();
+    let headers = response.headers();
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error())
+        || is_json
+        || headers.contains_key("x-kvrouter-worker")
+    {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, REJECTION_TEXT_BYTES)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    let mut out = ServeError::Http { status, message }.into_response();
+    for name in [header::ALLOW, header::RETRY_AFTER, header::WWW_AUTHENTICATE] {
+        if let Some(v) = parts.headers.get(&name) {
+            out.headers_mut().insert(name, v.clone());
+        }
+    }
+    out
 }
 
 #[cfg(test)]

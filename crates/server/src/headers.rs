@@ -13,11 +13,36 @@ pub(crate) fn header_str<'h>(headers: &'h HeaderMap, names: &[&str]) -> Option<&
     names.iter().find_map(|n| headers.get(*n)?.to_str().ok())
 }
 
-fn header_u64(headers: &HeaderMap, names: &[&str]) -> Option<u64> {
-    names
-        .iter()
-        .find_map(|n| headers.get(*n)?.to_str().ok()?.trim().parse().ok())
+/// The first of `names` present, parsed: a 400 naming that header when it does not parse (or is
+/// out of the type's range).
+fn first_parsed<T: std::str::FromStr>(
+    headers: &HeaderMap,
+    names: &[&'static str],
+    what: &str,
+) -> Result<Option<T>, ServeError> {
+    let Some(name) = names.iter().copied().find(|n| headers.contains_key(*n)) else {
+        return Ok(None);
+    };
+    parse_header(headers, name, || format!("{name} must be {what}"))
 }
+
+/// The first of `names` present as visible ASCII text: a 400 naming that header otherwise.
+fn first_text<'h>(
+    headers: &'h HeaderMap,
+    names: &[&'static str],
+) -> Result<Option<&'h str>, ServeError> {
+    let Some(name) = names.iter().copied().find(|n| headers.contains_key(*n)) else {
+        return Ok(None);
+    };
+    headers[name]
+        .to_str()
+        .map(Some)
+        .map_err(|_| ServeError::invalid(format!("{name} must be visible ASCII text"), Some(name)))
+}
+
+/// The longest deadline budget a request may state (`x-kvrouter-deadline-ms`): larger values
+/// are capped to it, so no arithmetic on them can overflow. One day.
+pub(crate) const MAX_DEADLINE_MS: u64 = 24 * 60 * 60 * 1000;
 
 /// A header that must parse when present: a 400 naming it otherwise.
 fn parse_header<T: std::str::FromStr>(
@@ -39,25 +64,27 @@ fn parse_header<T: std::str::FromStr>(
 pub(crate) const SESSION_HEADERS: [&str; 2] = ["x-session-id", "x-dynamo-session-id"];
 pub(crate) const GROUP_HEADER: [&str; 1] = ["x-kvrouter-group-id"];
 
-/// A pin from an upstream picker's headers (`direct` mode, or any mode when present).
-pub(crate) fn pin_from(headers: &HeaderMap) -> Option<Pin> {
-    let worker = header_u64(
+/// A pin from an upstream picker's headers (`direct` mode, or any mode when present). A worker
+/// id that is not a u64 or a rank that is not a u32 is a 400 naming the header.
+pub(crate) fn pin_from(headers: &HeaderMap) -> Result<Option<Pin>, ServeError> {
+    let worker = first_parsed::<u64>(
         headers,
         &[
             "x-kvrouter-worker-id",
             "x-worker-instance-id",
             "x-dynamo-worker-instance-id",
         ],
+        "a worker id (a non-negative integer)",
     )?;
-    let dp_rank = header_u64(
+    let dp_rank = first_parsed::<u32>(
         headers,
         &["x-kvrouter-dp-rank", "x-dp-rank", "x-dynamo-dp-rank"],
-    )
-    .map(|r| r as u32);
-    Some(Pin {
-        worker: WorkerId(worker),
+        "a data-parallel rank (an integer from 0 to 4294967295)",
+    )?;
+    Ok(worker.map(|w| Pin {
+        worker: WorkerId(w),
         dp_rank,
-    })
+    }))
 }
 
 /// Per-request admission inputs from headers and body.
@@ -115,10 +142,10 @@ pub(crate) fn admission_fields(
     arrival: Instant,
     inner: &crate::state::Inner,
 ) -> Result<AdmissionFields, ServeError> {
-    let bad_priority = || {
+    let bad_priority = |param: &'static str| {
         ServeError::invalid(
-            format!("priority must be an integer from 0 to {MAX_PRIORITY}"),
-            Some("priority"),
+            format!("{param} must be an integer from 0 to {MAX_PRIORITY}"),
+            Some(param),
         )
     };
     let priority = match headers.get("x-kvrouter-priority") {
@@ -126,25 +153,26 @@ pub(crate) fn admission_fields(
             .to_str()
             .ok()
             .and_then(|v| v.trim().parse::<u8>().ok())
-            .ok_or_else(bad_priority)?,
+            .filter(|p| *p <= MAX_PRIORITY)
+            .ok_or_else(|| bad_priority("x-kvrouter-priority"))?,
         None => match body.get("priority") {
             None | Some(Value::Null) => 0,
             Some(v) => v
                 .as_u64()
                 .and_then(|p| u8::try_from(p).ok())
-                .ok_or_else(bad_priority)?,
+                .filter(|p| *p <= MAX_PRIORITY)
+                .ok_or_else(|| bad_priority("priority"))?,
         },
     };
-    if priority > MAX_PRIORITY {
-        return Err(bad_priority());
-    }
     let deadline = parse_header::<u64>(headers, "x-kvrouter-deadline-ms", || {
         "x-kvrouter-deadline-ms must be a whole number of milliseconds".into()
     })?
     .map(|ms| {
-        let since_start =
-            arrival.duration_since(inner.epoch) + std::time::Duration::from_millis(ms);
-        kvrouter_core::time::Time::from_micros(since_start.as_micros() as u64)
+        let budget = std::time::Duration::from_millis(ms.min(MAX_DEADLINE_MS));
+        let since_start = arrival.saturating_duration_since(inner.epoch) + budget;
+        kvrouter_core::time::Time::from_micros(
+            u64::try_from(since_start.as_micros()).unwrap_or(u64::MAX),
+        )
     });
     let count = |name: &'static str| -> Result<Option<u32>, ServeError> {
         match parse_header::<u32>(headers, name, || {
@@ -157,7 +185,7 @@ pub(crate) fn admission_fields(
             n => Ok(n),
         }
     };
-    let group = header_str(headers, &GROUP_HEADER).map(session_key);
+    let group = first_text(headers, &GROUP_HEADER)?.map(session_key);
     let group_size = count("x-kvrouter-group-size")?;
     let group_need = count("x-kvrouter-group-need")?;
     if group.is_none() && (group_size.is_some() || group_need.is_some()) {
@@ -177,7 +205,7 @@ pub(crate) fn admission_fields(
     Ok(AdmissionFields {
         priority,
         deadline,
-        session: header_str(headers, &SESSION_HEADERS).map(session_key),
+        session: first_text(headers, &SESSION_HEADERS)?.map(session_key),
         group,
         group_size,
         group_need,

@@ -15,8 +15,11 @@
 //! - `ingest`: ZeroMQ subscribers, sequence-gap recovery. `metrics`: Prometheus text.
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
 //! - `error`: the one mapping from errors to HTTP responses. `mock`: embedded mock engines.
+//! - `auth`: the admin token layer and session-release protection (constant-time compare).
+//! - [`validate`]: the limits on worker registrations and the one check of a worker entry.
 
 mod app;
+mod auth;
 mod capture;
 pub mod config;
 mod engines;
@@ -35,9 +38,10 @@ mod registry;
 mod routing;
 mod state;
 mod update;
+pub mod validate;
 
 pub use app::app;
-pub use config::{ServeConfig, WorkerEntry, WorkersFile};
+pub use config::{ServeConfig, SessionReleaseAuth, WorkerEntry, WorkersFile};
 pub use error::ServeError;
 pub use health::HealthConfig;
 pub use state::AppState;

@@ -221,7 +221,7 @@ pub(crate) async fn handle(
         .unwrap_or(false);
     let RoutingInput { isl_tokens, blocks } =
         routing_input(&state, kind, &value).await.map_err(fail)?;
-    let pin = pin_from(&headers);
+    let pin = pin_from(&headers).map_err(fail)?;
     let admission = admission_fields(&headers, &value, arrival, inner).map_err(fail)?;
     // First-N-of-M: a sibling of a group that has its N samples is not started at all.
     // Subscribe before looking, so a group satisfied in between is seen either way.

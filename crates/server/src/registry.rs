@@ -15,7 +15,7 @@ use std::time::Duration;
 fn shift_port(endpoint: &str, offset: u32) -> String {
     match endpoint.rsplit_once(':') {
         Some((head, port)) => match port.parse::<u32>() {
-            Ok(p) => format!("{head}:{}", p + offset),
+            Ok(p) => format!("{head}:{}", p.saturating_add(offset)),
             Err(_) => endpoint.to_owned(),
         },
         None => endpoint.to_owned(),
@@ -58,11 +58,17 @@ async fn discover(state: &AppState, entry: &mut WorkerEntry) {
             entry.replay_endpoint = Some(format!("tcp://{host}:{port}"));
         }
     }
+    // Out-of-range advertised values saturate, so validation refuses them instead of a
+    // truncated value passing.
     if entry.block_size.is_none() {
-        entry.block_size = kv["block_size"].as_u64().map(|b| b as usize);
+        entry.block_size = kv["block_size"]
+            .as_u64()
+            .map(|b| usize::try_from(b).unwrap_or(usize::MAX));
     }
     if entry.dp_size.is_none() {
-        entry.dp_size = kv["dp_size"].as_u64().map(|d| d as u32);
+        entry.dp_size = kv["dp_size"]
+            .as_u64()
+            .map(|d| u32::try_from(d).unwrap_or(u32::MAX));
     }
     if entry.max_num_batched_tokens.is_none() {
         entry.max_num_batched_tokens = info["max_num_batched_tokens"].as_u64();
@@ -77,19 +83,17 @@ pub(crate) async fn add_worker(
     state: &AppState,
     mut entry: WorkerEntry,
 ) -> Result<WorkerId, ServeError> {
-    if !(entry.url.starts_with("http://") || entry.url.starts_with("https://")) {
-        return Err(ServeError::invalid(
-            format!(
-                "worker url {:?} must start with http:// or https://",
-                entry.url
-            ),
-            Some("url"),
-        ));
-    }
+    entry.validate()?;
     let inner = &state.inner;
     let missing_events = inner.config.router.router_kv_events && entry.kv_events_endpoint.is_none();
     if missing_events || entry.block_size.is_none() || entry.max_num_batched_tokens.is_none() {
         discover(state, &mut entry).await;
+        entry.validate().map_err(|e| {
+            ServeError::invalid(
+                format!("{e} (as advertised by {}/server_info)", entry.url),
+                Some(e.field),
+            )
+        })?;
     }
     let router_bs = inner.config.router.kv_cache_block_size;
     if let Some(bs) = entry.block_size {
@@ -100,7 +104,7 @@ pub(crate) async fn add_worker(
             ));
         }
     }
-    let dp_size = entry.dp_size.unwrap_or(1).max(1);
+    let dp_size = entry.dp_size.unwrap_or(1);
     let id = match entry.id {
         Some(id) => WorkerId(id),
         None => {

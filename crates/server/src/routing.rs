@@ -30,6 +30,7 @@ pub(crate) struct RoutingInput {
     pub(crate) blocks: BlockHashes,
 }
 
+#[derive(Debug, PartialEq)]
 enum Source {
     Ids(Vec<u32>),
     Text(String),
@@ -42,7 +43,66 @@ fn token_ids(items: &[Value]) -> Option<Vec<u32>> {
         .collect()
 }
 
+/// One chat message, checked field by field: a string `role`, and `content` that is a string or
+/// a list of parts. `content` may be absent or null only on an assistant message that carries
+/// `tool_calls` (or the legacy `function_call`), as OpenAI allows.
+fn chat_message(i: usize, value: &Value) -> Result<ChatMessage, ServeError> {
+    let at = |field: &str| format!("messages[{i}].{field}");
+    let Some(m) = value.as_object() else {
+        return Err(ServeError::invalid_at(
+            format!("messages[{i}] must be an object"),
+            format!("messages[{i}]"),
+        ));
+    };
+    let Some(role) = m.get("role").and_then(Value::as_str) else {
+        return Err(ServeError::invalid_at(
+            format!("{} must be a string", at("role")),
+            at("role"),
+        ));
+    };
+    match m.get("content") {
+        Some(Value::String(_) | Value::Array(_)) => {}
+        None | Some(Value::Null)
+            if role == "assistant"
+                && (m.get("tool_calls").is_some_and(|t| !t.is_null())
+                    || m.get("function_call").is_some_and(|f| !f.is_null())) => {}
+        None | Some(Value::Null) => {
+            return Err(ServeError::invalid_at(
+                format!(
+                    "{} is required (it may be null only on an assistant message with tool_calls)",
+                    at("content")
+                ),
+                at("content"),
+            ))
+        }
+        Some(_) => {
+            return Err(ServeError::invalid_at(
+                format!(
+                    "{} must be a string or a list of content parts",
+                    at("content")
+                ),
+                at("content"),
+            ))
+        }
+    }
+    ChatMessage::from_openai(value).ok_or_else(|| {
+        ServeError::invalid_at(
+            format!("messages[{i}] is not a chat message"),
+            format!("messages[{i}]"),
+        )
+    })
+}
+
 fn source(kind: Kind, body: &Value, state: &AppState) -> Result<Source, ServeError> {
+    prompt_source(kind, body, &state.inner.config.chat_template)
+}
+
+/// The prompt of a request body: token ids, or text (a chat rendered with `template`).
+fn prompt_source(
+    kind: Kind,
+    body: &Value,
+    template: &kvrouter_tokenizer::ChatTemplate,
+) -> Result<Source, ServeError> {
     match kind {
         Kind::Completion => match body.get("prompt") {
             Some(Value::String(s)) => Ok(Source::Text(s.clone())),
@@ -86,15 +146,9 @@ fn source(kind: Kind, body: &Value, state: &AppState) -> Result<Source, ServeErr
             }
             let messages = raw
                 .iter()
-                .map(ChatMessage::from_openai)
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| {
-                    ServeError::invalid(
-                        "each message needs a string `role` and text `content`",
-                        Some("messages"),
-                    )
-                })?;
-            let template = &state.inner.config.chat_template;
+                .enumerate()
+                .map(|(i, m)| chat_message(i, m))
+                .collect::<Result<Vec<_>, _>>()?;
             let rendered =
                 if body.get("continue_final_message").and_then(Value::as_bool) == Some(true) {
                     template.render_continuation(&messages)
@@ -165,6 +219,10 @@ pub(crate) async fn routing_input(
         }
     }
 }
+
+#[cfg(test)]
+#[path = "routing_props.rs"]
+mod props;
 
 #[cfg(test)]
 mod tests {

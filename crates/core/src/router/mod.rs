@@ -14,7 +14,8 @@ mod update;
 pub use admission::{Admission, QueuePolicy, QueueStats};
 pub use config::{ConfigError, KvRetention, RouterConfig};
 pub use request::{
-    Decision, Pin, RouteError, RouteRequest, VersionRequirement, WorkerSpec, MAX_PRIORITY,
+    Decision, Pin, RouteError, RouteRequest, VersionRequirement, WorkerSpec, MAX_DP_SIZE,
+    MAX_PRIORITY,
 };
 pub use update::{UpdateAction, UpdateError, UpdateMode, UpdatePhase, UpdatePlan, UpdateStatus};
 
@@ -115,16 +116,25 @@ impl Router {
         &self.ranks
     }
 
-    /// Registers a worker and its ranks.
+    /// Registers a worker and its ranks. Refuses impossible specs (no ranks, more than
+    /// [`MAX_DP_SIZE`] ranks, a zero token budget or capacity) with
+    /// [`RouteError::InvalidWorker`].
     pub fn add_worker(&mut self, spec: WorkerSpec) -> Result<(), RouteError> {
         if self.workers.contains_key(&spec.id) {
             return Err(RouteError::DuplicateWorker(spec.id));
         }
+        let invalid = |why| Err(RouteError::InvalidWorker(spec.id, why));
         if spec.dp_size == 0 {
-            return Err(RouteError::InvalidWorker(
-                spec.id,
-                "dp_size must be at least 1",
-            ));
+            return invalid("dp_size must be at least 1");
+        }
+        if spec.dp_size > MAX_DP_SIZE {
+            return invalid("dp_size is over the limit (kvrouter_core::router::MAX_DP_SIZE)");
+        }
+        if spec.max_num_batched_tokens == Some(0) {
+            return invalid("max_num_batched_tokens must be at least 1");
+        }
+        if spec.kv_capacity_blocks == Some(0) {
+            return invalid("kv_capacity_blocks must be at least 1");
         }
         self.workers.insert(spec.id, spec);
         self.rebuild_ranks();

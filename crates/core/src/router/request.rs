@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub struct WorkerSpec {
     /// Its id.
     pub id: WorkerId,
-    /// Number of data-parallel ranks (at least 1).
+    /// Number of data-parallel ranks (1 to [`MAX_DP_SIZE`]).
     pub dp_size: u32,
     /// The engine's token budget per step, for the prefill busy fraction.
     pub max_num_batched_tokens: Option<u64>,
@@ -110,6 +110,11 @@ pub struct RouteRequest {
 
 /// The highest request priority.
 pub const MAX_PRIORITY: u8 = 9;
+
+/// The most data-parallel ranks one worker may have. Every rank costs the router a slot in its
+/// rank table and the host a KV event subscriber, so the core refuses more rather than trusting
+/// the host to have checked.
+pub const MAX_DP_SIZE: u32 = 1024;
 
 impl RouteRequest {
     /// A request with no pin or restriction.

@@ -537,3 +537,50 @@ fn unavailable_workers_leave_the_eligible_set_but_keep_their_load() {
     assert!(r.is_available(loaded.worker));
     assert!(!r.set_available(WorkerId(99), false));
 }
+
+#[test]
+fn impossible_worker_specs_are_typed_errors_not_allocations() {
+    let mut r = router(RouterMode::RoundRobin, 1);
+    let id = WorkerId(77);
+    let huge = WorkerSpec {
+        dp_size: u32::MAX,
+        ..WorkerSpec::new(id)
+    };
+    assert!(matches!(
+        r.add_worker(huge),
+        Err(RouteError::InvalidWorker(w, _)) if w == id
+    ));
+    let over = WorkerSpec {
+        dp_size: MAX_DP_SIZE + 1,
+        ..WorkerSpec::new(id)
+    };
+    assert!(matches!(
+        r.add_worker(over),
+        Err(RouteError::InvalidWorker(..))
+    ));
+    for spec in [
+        WorkerSpec {
+            max_num_batched_tokens: Some(0),
+            ..WorkerSpec::new(id)
+        },
+        WorkerSpec {
+            kv_capacity_blocks: Some(0),
+            ..WorkerSpec::new(id)
+        },
+    ] {
+        assert!(matches!(
+            r.add_worker(spec),
+            Err(RouteError::InvalidWorker(..))
+        ));
+    }
+    assert!(r.workers().all(|w| w.id != id), "nothing was registered");
+    let max = WorkerSpec {
+        dp_size: MAX_DP_SIZE,
+        ..WorkerSpec::new(id)
+    };
+    r.add_worker(max).unwrap();
+    assert_eq!(
+        r.ranks().iter().filter(|k| k.worker == id).count(),
+        MAX_DP_SIZE as usize
+    );
+}

@@ -1,0 +1,86 @@
+//! Who may call what: the admin API's bearer token (checked by a layer in front of every admin
+//! route, before its path or body is parsed) and the optional protection of the session-release
+//! endpoints. Tokens are compared in constant time.
+
+use crate::config::SessionReleaseAuth;
+use crate::error::ServeError;
+use crate::state::AppState;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+/// Whether `a` equals `b`, in a time that depends only on their lengths (not on where they
+/// first differ), so a caller cannot learn a token byte by byte.
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = u8::from(a.len() != b.len());
+    let n = a.len().max(b.len());
+    for i in 0..n {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= x ^ y;
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// Checks `Authorization: Bearer <admin token>`. With no admin token configured the admin API
+/// does not exist (404).
+fn check_admin(s: &AppState, headers: &HeaderMap) -> Result<(), ServeError> {
+    let Some(token) = &s.inner.config.admin_token else {
+        return Err(ServeError::NotFound(
+            "the admin API is off (start with --admin-token)".into(),
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    match given {
+        Some(given) if constant_time_eq(given, token.as_bytes()) => Ok(()),
+        _ => Err(ServeError::Unauthorized),
+    }
+}
+
+/// Layer of the admin router: a missing or wrong token is a 401 whatever the path or body.
+pub(crate) async fn admin(State(s): State<AppState>, request: Request, next: Next) -> Response {
+    match check_admin(&s, request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Layer of `DELETE /v1/sessions/{id}` and `POST /finish_session`: open to every client by
+/// default; with `--session-release-auth admin` they need the admin token.
+pub(crate) async fn session_release(
+    State(s): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if s.inner.config.session_release_auth == SessionReleaseAuth::Admin {
+        if let Err(e) = check_admin(&s, request.headers()) {
+            // Without an admin token nobody may release sessions: 401, not "admin API off".
+            let e = match e {
+                ServeError::NotFound(_) => ServeError::Unauthorized,
+                e => e,
+            };
+            return e.into_response();
+        }
+    }
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn constant_time_eq_is_equality() {
+        assert!(constant_time_eq(b"", b""));
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"secret2", b"secret"));
+        assert!(!constant_time_eq(b"", b"x"));
+        // Differing lengths whose common prefix matches and the rest is zero bytes.
+        assert!(!constant_time_eq(b"a", b"a\0"));
+    }
+}

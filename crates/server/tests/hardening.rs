@@ -1,0 +1,370 @@
+//! Hardening of the HTTP surface, driven in process with `oneshot`: worker-entry limits on the
+//! admin API, the admin token checked before anything is parsed, session-release protection,
+//! strict routing headers, and OpenAI-shaped JSON for every error the router itself produces.
+
+use axum::body::Body;
+use axum::http::{HeaderValue, Request, StatusCode};
+use http_body_util::BodyExt;
+use kvrouter_core::router::RouterConfig;
+use kvrouter_server::{app, AppState, ServeConfig, SessionReleaseAuth};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+fn config(admin: Option<&str>) -> ServeConfig {
+    ServeConfig {
+        admin_token: admin.map(str::to_owned),
+        model_names: vec!["mock-model".into()],
+        ..ServeConfig::default()
+    }
+}
+
+async fn call(state: &AppState, req: Request<Body>) -> (StatusCode, Value) {
+    let resp = app(state.clone()).oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+        panic!(
+            "{status}: the body is not JSON: {:?}",
+            String::from_utf8_lossy(&bytes)
+        )
+    });
+    (status, body)
+}
+
+fn req(method: &str, path: &str, token: Option<&str>, body: &str) -> Request<Body> {
+    let mut b = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json");
+    if let Some(t) = token {
+        b = b.header("authorization", format!("Bearer {t}"));
+    }
+    b.body(Body::from(body.to_owned())).unwrap()
+}
+
+/// `{"error": {"message", "type", "param", "code"}}` with `code` = the status.
+fn assert_openai_error(status: StatusCode, body: &Value) {
+    let e = &body["error"];
+    assert!(
+        e["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert!(e["type"].is_string(), "{body}");
+    assert!(e.get("param").is_some(), "{body}");
+    assert_eq!(e["code"], status.as_u16(), "{body}");
+}
+
+/// A router with one embedded mock engine (real sockets on 127.0.0.1:0).
+async fn with_worker(admin: Option<&str>) -> kvrouter_server::RunningServer {
+    let mut c = ServeConfig {
+        router: RouterConfig {
+            router_kv_events: false,
+            ..RouterConfig::default()
+        },
+        mock_workers: 1,
+        ..config(admin)
+    };
+    c.mock_engine.speedup_ratio = 50.0;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    kvrouter_server::start(c, listener).await.unwrap()
+}
+
+#[tokio::test]
+async fn an_absurd_dp_size_is_a_400_not_an_abort() {
+    let state = AppState::new(config(Some("t"))).unwrap();
+    let body = json!({"url": "http://127.0.0.1:1", "dp_size": 4294967295u64, "block_size": 64,
+        "max_num_batched_tokens": 8192, "kv_events_endpoint": "tcp://127.0.0.1:1"});
+    let (s, b) = call(
+        &state,
+        req("POST", "/admin/workers", Some("t"), &body.to_string()),
+    )
+    .await;
+    assert_eq!(
+        (s, b["error"]["param"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("dp_size"))
+    );
+    assert_eq!(state.worker_count(), 0);
+}
+
+#[tokio::test]
+async fn every_worker_field_is_checked_and_named() {
+    let state = AppState::new(config(Some("t"))).unwrap();
+    let base = json!({"url": "http://127.0.0.1:1", "block_size": 64,
+        "max_num_batched_tokens": 8192, "kv_events_endpoint": "tcp://127.0.0.1:1"});
+    let cases = [
+        ("url", json!("garbage://x")),
+        ("kv_events_endpoint", json!("garbage://x")),
+        ("kv_events_endpoint", json!("http://127.0.0.1:5557")),
+        ("replay_endpoint", json!("tcp://127.0.0.1:70000")),
+        ("block_size", json!(0)),
+        ("max_num_batched_tokens", json!(0)),
+        ("kv_capacity_blocks", json!(0)),
+        ("dp_size", json!(0)),
+    ];
+    for (field, value) in cases {
+        let mut body = base.clone();
+        body[field] = value.clone();
+        let (s, b) = call(
+            &state,
+            req("POST", "/admin/workers", Some("t"), &body.to_string()),
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{field} = {value}: {b}");
+        assert_eq!(b["error"]["param"], field, "{field} = {value}: {b}");
+        assert_openai_error(s, &b);
+    }
+    assert_eq!(state.worker_count(), 0);
+    let (s, _) = call(
+        &state,
+        req("POST", "/admin/workers", Some("t"), &base.to_string()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "the valid entry is accepted");
+}
+
+#[tokio::test]
+async fn the_admin_token_is_checked_before_the_path_and_body() {
+    let state = AppState::new(config(Some("t"))).unwrap();
+    for (method, path, body) in [
+        ("POST", "/admin/workers/not-a-number/pause", ""),
+        ("DELETE", "/admin/workers/18446744073709551616", ""),
+        ("POST", "/admin/workers", "{"),
+        ("POST", "/admin/workers/1/policy-version", "[]"),
+        ("GET", "/admin/no-such-thing", ""),
+        ("PATCH", "/admin/workers", ""),
+    ] {
+        for token in [None, Some("wrong"), Some("t2"), Some("")] {
+            let (s, b) = call(&state, req(method, path, token, body)).await;
+            assert_eq!(
+                s,
+                StatusCode::UNAUTHORIZED,
+                "{method} {path} {token:?}: {b}"
+            );
+            assert_openai_error(s, &b);
+        }
+    }
+    // With the token the malformed path is a JSON 400.
+    let (s, b) = call(
+        &state,
+        req("POST", "/admin/workers/abc/pause", Some("t"), ""),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{b}");
+    assert_openai_error(s, &b);
+}
+
+#[tokio::test]
+async fn session_release_can_require_the_admin_token() {
+    let open = AppState::new(config(Some("t"))).unwrap();
+    let (s, b) = call(&open, req("DELETE", "/v1/sessions/abc", None, "")).await;
+    assert_eq!((s, b["released"].as_bool()), (StatusCode::OK, Some(false)));
+    let guarded = AppState::new(ServeConfig {
+        session_release_auth: SessionReleaseAuth::Admin,
+        ..config(Some("t"))
+    })
+    .unwrap();
+    for (method, path, body) in [
+        ("DELETE", "/v1/sessions/abc", ""),
+        ("POST", "/finish_session", r#"{"session_id":"abc"}"#),
+        ("POST", "/finish_session", "{"),
+    ] {
+        let (s, b) = call(&guarded, req(method, path, Some("nope"), body)).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{method} {path}: {b}");
+        assert_openai_error(s, &b);
+    }
+    let (s, _) = call(&guarded, req("DELETE", "/v1/sessions/abc", Some("t"), "")).await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _) = call(
+        &guarded,
+        req(
+            "POST",
+            "/finish_session",
+            Some("t"),
+            r#"{"session_id":"abc"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+}
+
+fn completion(headers: &[(&'static str, HeaderValue)]) -> Request<Body> {
+    let mut r = req(
+        "POST",
+        "/v1/completions",
+        None,
+        r#"{"model":"mock-model","prompt":"hello","max_tokens":2}"#,
+    );
+    for (k, v) in headers {
+        r.headers_mut().insert(*k, v.clone());
+    }
+    r
+}
+
+#[tokio::test]
+async fn routing_headers_are_strict_and_deadlines_saturate() {
+    let server = with_worker(None).await;
+    let state = server.state.clone();
+    let text = |s: &str| HeaderValue::from_str(s).unwrap();
+    let (s, b) = call(&state, completion(&[])).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    for (name, value) in [
+        ("x-kvrouter-worker-id", text("abc")),
+        ("x-kvrouter-worker-id", text("-1")),
+        ("x-worker-instance-id", text("18446744073709551616")),
+        ("x-kvrouter-dp-rank", text("4294967296")),
+        ("x-kvrouter-deadline-ms", text("18446744073709551616")),
+        ("x-kvrouter-deadline-ms", text("soon")),
+        ("x-kvrouter-priority", text("10")),
+        ("x-kvrouter-group-size", text("0")),
+        (
+            "x-session-id",
+            HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap(),
+        ),
+    ] {
+        let mut headers = vec![(name, value.clone())];
+        if name == "x-kvrouter-dp-rank" {
+            headers.push(("x-kvrouter-worker-id", text("0")));
+        }
+        if name == "x-kvrouter-group-size" {
+            headers.push(("x-kvrouter-group-id", text("g")));
+        }
+        let (s, b) = call(&state, completion(&headers)).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{name}: {value:?}: {b}");
+        assert_eq!(b["error"]["param"], name, "{name}: {b}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn router_errors_are_openai_json() {
+    let state = AppState::new(config(Some("t"))).unwrap();
+    let (s, b) = call(&state, req("GET", "/no/such/route", None, "")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_openai_error(s, &b);
+    let resp = app(state.clone())
+        .oneshot(req("GET", "/v1/completions", None, ""))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert!(resp.headers().contains_key("allow"), "Allow is kept");
+    let (s, b) = call(&state, req("GET", "/v1/completions", None, "")).await;
+    assert_openai_error(s, &b);
+    let big = "x".repeat((64 << 20) + 1);
+    let (s, b) = call(&state, req("POST", "/v1/completions", None, &big)).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_openai_error(s, &b);
+}
+
+#[tokio::test]
+async fn a_chat_message_without_content_names_the_field() {
+    let server = with_worker(None).await;
+    let state = server.state.clone();
+    let body = json!({"model": "mock-model", "max_tokens": 2,
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user"}]});
+    let (s, b) = call(
+        &state,
+        req("POST", "/v1/chat/completions", None, &body.to_string()),
+    )
+    .await;
+    assert_eq!(
+        (s, b["error"]["param"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("messages[1].content")),
+        "{b}"
+    );
+    // An assistant turn with tool calls and null content stays valid.
+    let body = json!({"model": "mock-model", "max_tokens": 2, "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "w", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]});
+    let (s, b) = call(
+        &state,
+        req("POST", "/v1/chat/completions", None, &body.to_string()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_mock_engine_answers_unknown_routes_and_methods_in_json() {
+    let server = with_worker(None).await;
+    let engine = format!("http://{}", server.mock_endpoints()[0].http);
+    let client = reqwest::Client::new();
+    for (method, path, status) in [
+        (reqwest::Method::GET, "/no/such/route", 404),
+        (reqwest::Method::GET, "/v1/completions", 405),
+    ] {
+        let r = client
+            .request(method, format!("{engine}{path}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status);
+        let body: Value = r.json().await.expect("a JSON body");
+        assert_eq!(body["error"]["code"], status, "{body}");
+    }
+    server.stop().await;
+}
+
+/// `kvrouter_router_queue_pending_requests` from `/metrics`.
+async fn pending(state: &AppState) -> u64 {
+    let resp = app(state.clone())
+        .oneshot(req("GET", "/metrics", None, ""))
+        .await
+        .unwrap();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8_lossy(&bytes)
+        .lines()
+        .find_map(|l| l.strip_prefix("kvrouter_router_queue_pending_requests "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_huge_deadline_waits_instead_of_wrapping_into_the_past() {
+    // The request waits in the queue for policy version 5, which no worker serves yet; its
+    // deadline of u64::MAX ms used to wrap to a moment already past (504 at once).
+    let server = with_worker(Some("t")).await;
+    let state = server.state.clone();
+    let waiting = tokio::spawn({
+        let state = state.clone();
+        async move {
+            let r = completion(&[
+                (
+                    "x-kvrouter-deadline-ms",
+                    HeaderValue::from_static("18446744073709551615"),
+                ),
+                ("x-kvrouter-policy-version", HeaderValue::from_static("5")),
+            ]);
+            call(&state, r).await
+        }
+    });
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pending(&state).await != 1 {
+        assert!(
+            !waiting.is_finished(),
+            "it was answered instead of waiting: {:?}",
+            waiting.await.unwrap()
+        );
+        assert!(tokio::time::Instant::now() < until, "never queued");
+        tokio::task::yield_now().await;
+    }
+    let (s, b) = call(
+        &state,
+        req(
+            "POST",
+            "/admin/workers/0/policy-version",
+            Some("t"),
+            r#"{"version":5}"#,
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let (s, b) = tokio::time::timeout(std::time::Duration::from_secs(30), waiting)
+        .await
+        .expect("placed once version 5 is served")
+        .unwrap();
+    assert_eq!(s, StatusCode::OK, "{b}");
+    server.stop().await;
+}
