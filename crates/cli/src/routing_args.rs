@@ -75,6 +75,11 @@ pub(crate) struct RoutingArgs {
     /// new weights) or retain (keep cross-version prefix reuse).
     #[arg(long, default_value = "flush")]
     kv_retention: String,
+    /// Most blocks the index keeps per worker rank and tier when the worker declares no
+    /// kv_capacity_blocks (a declared capacity bounds it instead); beyond it the oldest leaves
+    /// are evicted (kvrouter_index_evictions_total).
+    #[arg(long, default_value_t = kvrouter_core::router::DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER)]
+    router_index_max_blocks_per_worker: usize,
     /// KV block size in tokens; must match the engines.
     #[arg(long, default_value_t = 64)]
     pub(crate) kv_cache_block_size: usize,
@@ -96,6 +101,7 @@ impl RoutingArgs {
             router_decode_active_request_weight: self.router_decode_active_request_weight,
             router_kv_events: !self.no_router_kv_events,
             router_ttl_secs: self.router_ttl_secs,
+            router_index_max_blocks_per_worker: self.router_index_max_blocks_per_worker,
             router_predicted_ttl_secs: self.router_predicted_ttl_secs,
             active_decode_blocks_threshold: self.active_decode_blocks_threshold,
             active_prefill_tokens_threshold: self.active_prefill_tokens_threshold,

@@ -37,6 +37,10 @@ pub struct RouterConfig {
     pub router_ttl_secs: f64,
     /// Most (block, rank) entries kept by a predicted index.
     pub router_max_tree_size: usize,
+    /// Most blocks the event-fed index keeps per (rank, tier) of a worker that declares no
+    /// `kv_capacity_blocks` (a worker that declares one is bounded by it); beyond it the oldest
+    /// leaves are evicted.
+    pub router_index_max_blocks_per_worker: usize,
     /// Fraction of the cap that pruning brings a predicted index down to.
     pub router_prune_target_ratio: f64,
     /// With KV events: keep a predicted-placement window of this many seconds (`None` = off).
@@ -75,6 +79,10 @@ pub struct RouterConfig {
     pub seed: u64,
 }
 
+/// Default of [`RouterConfig::router_index_max_blocks_per_worker`]: 262,144 blocks, 16.7 M
+/// tokens at 64-token blocks, more than one GPU's KV pool holds.
+pub const DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER: usize = 1 << 18;
+
 /// KV retention across policy (weight) versions; see [`RouterConfig::kv_retention`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -112,6 +120,7 @@ impl Default for RouterConfig {
             router_kv_events: true,
             router_ttl_secs: 120.0,
             router_max_tree_size: 1 << 20,
+            router_index_max_blocks_per_worker: DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER,
             router_prune_target_ratio: 0.8,
             router_predicted_ttl_secs: None,
             active_decode_blocks_threshold: None,
@@ -219,6 +228,11 @@ impl RouterConfig {
         check(
             self.router_max_tree_size > 0,
             "--router-max-tree-size",
+            "must be at least 1",
+        )?;
+        check(
+            self.router_index_max_blocks_per_worker > 0,
+            "--router-index-max-blocks-per-worker",
             "must be at least 1",
         )?;
         check(

@@ -12,7 +12,7 @@ mod rl;
 mod update;
 
 pub use admission::{Admission, QueuePolicy, QueueStats};
-pub use config::{ConfigError, KvRetention, RouterConfig};
+pub use config::{ConfigError, KvRetention, RouterConfig, DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER};
 pub use request::{
     Decision, Pin, RouteError, RouteRequest, VersionRequirement, WorkerSpec, MAX_PRIORITY,
 };
@@ -126,6 +126,12 @@ impl Router {
                 "dp_size must be at least 1",
             ));
         }
+        let capacity = spec
+            .kv_capacity_blocks
+            .map_or(self.config.router_index_max_blocks_per_worker, |c| {
+                usize::try_from(c).unwrap_or(usize::MAX)
+            });
+        self.index.set_worker_capacity(spec.id, Some(capacity));
         self.workers.insert(spec.id, spec);
         self.rebuild_ranks();
         Ok(())
@@ -141,6 +147,7 @@ impl Router {
         self.unavailable.remove(&id);
         self.paused.remove(&id);
         self.index.remove_worker(id);
+        self.index.set_worker_capacity(id, None);
         if let Some(p) = &mut self.predicted {
             p.remove_worker(id);
         }
