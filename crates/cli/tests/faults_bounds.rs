@@ -1,0 +1,135 @@
+//! Bounds under faults, over real processes and sockets: the index stays within a worker's
+//! declared capacity however many blocks its engine claims to store.
+
+mod common;
+
+use bytes::Bytes;
+use kvrouter_core::event::{BlockContent, KvEvent, Medium, StoredBlock};
+use kvrouter_core::hashing::HashNamespace;
+use kvrouter_core::ids::{EngineHash, WorkerId};
+use kvrouter_kv_wire::{encode_payload, from_kv_events};
+use std::time::Duration;
+use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
+
+const BS: usize = 4;
+
+/// One batch (sequence number `seq`) of `chains` fresh chains of `len` blocks each.
+fn batch(seq: u64, chains: u32, len: u32) -> ZmqMessage {
+    let events: Vec<KvEvent> = (0..chains)
+        .map(|c| {
+            let chain = seq as u32 * chains + c;
+            KvEvent::Stored {
+                worker: WorkerId(0),
+                dp_rank: 0,
+                parent: None,
+                blocks: (0..len)
+                    .map(|b| StoredBlock {
+                        engine_hash: EngineHash(u64::from(chain) << 16 | u64::from(b)),
+                        content: BlockContent::Tokens(
+                            (0..BS as u32).map(|t| chain * 1000 + b * 10 + t).collect(),
+                        ),
+                    })
+                    .collect(),
+                block_size: BS,
+                medium: Medium::Gpu,
+                namespace: HashNamespace::none(),
+            }
+        })
+        .collect();
+    let payload = encode_payload(&from_kv_events(0.0, 0, &events).unwrap());
+    let frames = vec![
+        Bytes::new(),
+        Bytes::copy_from_slice(&seq.to_be_bytes()),
+        Bytes::from(payload),
+    ];
+    ZmqMessage::try_from(frames).unwrap()
+}
+
+async fn metric(client: &reqwest::Client, base: &str, prefix: &str) -> f64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls the metric (bounded: 10 s) until it equals `want`; returns the last value seen.
+async fn until_metric(client: &reqwest::Client, base: &str, prefix: &str, want: f64) -> f64 {
+    let mut seen = f64::NAN;
+    for _ in 0..1000 {
+        seen = metric(client, base, prefix).await;
+        if seen == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    seen
+}
+
+#[tokio::test]
+async fn the_index_stays_at_the_declared_capacity_and_counts_evictions() {
+    let mut publisher = PubSocket::new();
+    let endpoint = publisher
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .unwrap()
+        .to_string();
+    let dir = std::env::temp_dir().join(format!("kvrouter-bounds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("workers.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[workers]]\nurl = \"http://127.0.0.1:9\"\nkv_events_endpoint = \"{endpoint}\"\n\
+             block_size = {BS}\nkv_capacity_blocks = 64\n"
+        ),
+    )
+    .unwrap();
+    let router = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--workers-file",
+        file.to_str().unwrap(),
+        "--model-name",
+        "m",
+        "--kv-cache-block-size",
+        "4",
+        "--health-check-interval-secs",
+        "0",
+    ])
+    .await;
+    let base = router.http();
+    let client = reqwest::Client::new();
+    let cached = "kvrouter_worker_cached_blocks{worker=\"0\"";
+    // A PUB drops messages until the subscription arrives: re-send batch 0 until it lands.
+    let mut landed = false;
+    for _ in 0..500 {
+        publisher.send(batch(0, 4, 8)).await.unwrap();
+        if metric(&client, &base, cached).await > 0.0 {
+            landed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(landed, "the router never subscribed");
+    assert_eq!(until_metric(&client, &base, cached, 32.0).await, 32.0);
+    // 50 more batches of 32 blocks: 1,632 blocks stored, far beyond the 64 declared.
+    for seq in 1..=50 {
+        publisher.send(batch(seq, 4, 8)).await.unwrap();
+    }
+    let evictions = "kvrouter_index_evictions_total{worker=\"0\"}";
+    assert_eq!(
+        until_metric(&client, &base, evictions, (51 * 32 - 64) as f64).await,
+        (51 * 32 - 64) as f64
+    );
+    assert_eq!(metric(&client, &base, cached).await, 64.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
