@@ -56,8 +56,12 @@ pub(crate) struct RoutingArgs {
     #[arg(long, default_value = "fcfs")]
     router_queue_policy: String,
     /// Most requests waiting in the router queue (beyond: HTTP 529).
-    #[arg(long)]
-    router_queue_max_requests: Option<usize>,
+    #[arg(long, default_value_t = kvrouter_core::router::DEFAULT_QUEUE_MAX_REQUESTS)]
+    router_queue_max_requests: usize,
+    /// Longest a request waits in the router queue, for load, a policy version or a paused
+    /// worker; then it fails (HTTP 503 naming what it waited for).
+    #[arg(long, default_value_t = kvrouter_core::router::DEFAULT_QUEUE_MAX_WAIT_SECS)]
+    router_queue_max_wait_secs: f64,
     /// Most prompt tokens waiting in the router queue (beyond: HTTP 529).
     #[arg(long)]
     router_queue_max_tokens: Option<u64>,
@@ -111,7 +115,8 @@ impl RoutingArgs {
                 .router_queue_policy
                 .parse()
                 .context("--router-queue-policy")?,
-            router_queue_max_requests: self.router_queue_max_requests,
+            router_queue_max_requests: Some(self.router_queue_max_requests),
+            router_queue_max_wait_secs: self.router_queue_max_wait_secs,
             router_queue_max_tokens: self.router_queue_max_tokens,
             reject_when_overloaded: self.reject_when_overloaded,
             router_session_affinity_ttl_secs: self.router_session_affinity_ttl_secs,

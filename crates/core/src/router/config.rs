@@ -61,6 +61,10 @@ pub struct RouterConfig {
     pub router_queue_max_requests: Option<usize>,
     /// Most prompt tokens waiting in the queue.
     pub router_queue_max_tokens: Option<u64>,
+    /// Longest a request waits in the router queue, seconds, whatever it waits for (load, a
+    /// policy version no worker serves, a paused worker); then it fails with
+    /// `QueueWaitExceeded`, naming what it waited for.
+    pub router_queue_max_wait_secs: f64,
     /// Refuse (instead of failing over to the busy filter's error) when every eligible rank is
     /// over the busy thresholds.
     pub reject_when_overloaded: bool,
@@ -82,6 +86,12 @@ pub struct RouterConfig {
 /// Default of [`RouterConfig::router_index_max_blocks_per_worker`]: 262,144 blocks, 16.7 M
 /// tokens at 64-token blocks, more than one GPU's KV pool holds.
 pub const DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER: usize = 1 << 18;
+
+/// Default of [`RouterConfig::router_queue_max_requests`].
+pub const DEFAULT_QUEUE_MAX_REQUESTS: usize = 1024;
+
+/// Default of [`RouterConfig::router_queue_max_wait_secs`].
+pub const DEFAULT_QUEUE_MAX_WAIT_SECS: f64 = 60.0;
 
 /// KV retention across policy (weight) versions; see [`RouterConfig::kv_retention`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,7 +138,8 @@ impl Default for RouterConfig {
             active_prefill_tokens_threshold_frac: None,
             router_queue_threshold: None,
             router_queue_policy: QueuePolicy::Fcfs,
-            router_queue_max_requests: None,
+            router_queue_max_requests: Some(DEFAULT_QUEUE_MAX_REQUESTS),
+            router_queue_max_wait_secs: DEFAULT_QUEUE_MAX_WAIT_SECS,
             router_queue_max_tokens: None,
             reject_when_overloaded: false,
             router_session_affinity_ttl_secs: None,
@@ -265,6 +276,14 @@ impl RouterConfig {
         if let Some(f) = self.router_queue_threshold {
             finite_non_negative(f, "--router-queue-threshold")?;
         }
+        check(
+            self.router_queue_max_wait_secs.is_finite() && self.router_queue_max_wait_secs > 0.0,
+            "--router-queue-max-wait-secs",
+            format!(
+                "{} is not a positive number of seconds",
+                self.router_queue_max_wait_secs
+            ),
+        )?;
         if let Some(ttl) = self.router_session_affinity_ttl_secs {
             check(
                 ttl.is_finite() && ttl > 0.0,

@@ -12,7 +12,10 @@ mod rl;
 mod update;
 
 pub use admission::{Admission, QueuePolicy, QueueStats};
-pub use config::{ConfigError, KvRetention, RouterConfig, DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER};
+pub use config::{
+    ConfigError, KvRetention, RouterConfig, DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER,
+    DEFAULT_QUEUE_MAX_REQUESTS, DEFAULT_QUEUE_MAX_WAIT_SECS,
+};
 pub use request::{
     Decision, Pin, RouteError, RouteRequest, VersionRequirement, WorkerSpec, MAX_PRIORITY,
 };
