@@ -133,3 +133,68 @@ async fn the_index_stays_at_the_declared_capacity_and_counts_evictions() {
     assert_eq!(metric(&client, &base, cached).await, 64.0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+async fn chat(client: &reqwest::Client, base: &str, min_version: u64) -> (u16, serde_json::Value) {
+    let r = client
+        .post(format!("{base}/v1/chat/completions"))
+        .header("x-kvrouter-min-policy-version", min_version.to_string())
+        .json(&serde_json::json!({
+            "model": "mock-model",
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 2,
+        }))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+#[tokio::test]
+async fn an_unsatisfiable_request_fails_within_the_queue_bound_and_a_flood_is_shed() {
+    let router = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "1",
+        "--mock-speedup-ratio",
+        "50",
+        "--model-name",
+        "mock-model",
+        "--router-queue-max-wait-secs",
+        "3",
+        "--router-queue-max-requests",
+        "2",
+    ])
+    .await;
+    let base = router.http();
+    let client = reqwest::Client::new();
+    // No worker will ever serve policy version 99: the request fails once the bound passes.
+    let started = std::time::Instant::now();
+    let (status, body) = tokio::time::timeout(Duration::from_secs(30), chat(&client, &base, 99))
+        .await
+        .expect("the request ends instead of hanging");
+    assert_eq!(status, 503, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("--router-queue-max-wait-secs"), "{body}");
+    assert!(message.contains("policy version"), "{body}");
+    assert!(started.elapsed() >= Duration::from_secs(3));
+    // Two wait; a third is beyond --router-queue-max-requests and is shed at once.
+    let a = tokio::spawn({
+        let (c, b) = (client.clone(), base.clone());
+        async move { chat(&c, &b, 99).await }
+    });
+    let b = tokio::spawn({
+        let (c, b) = (client.clone(), base.clone());
+        async move { chat(&c, &b, 99).await }
+    });
+    let pending = "kvrouter_router_queue_pending_requests";
+    assert_eq!(until_metric(&client, &base, pending, 2.0).await, 2.0);
+    let (status, body) = chat(&client, &base, 99).await;
+    assert_eq!(status, 529, "{body}");
+    assert_eq!(a.await.unwrap().0, 503);
+    assert_eq!(b.await.unwrap().0, 503);
+    // A satisfiable request still goes through.
+    assert_eq!(chat(&client, &base, 0).await.0, 200);
+}
