@@ -198,3 +198,83 @@ async fn an_unsatisfiable_request_fails_within_the_queue_bound_and_a_flood_is_sh
     // A satisfiable request still goes through.
     assert_eq!(chat(&client, &base, 0).await.0, 200);
 }
+
+/// A chat template unlike ChatML.
+const TEMPLATE: &str = "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}\
+{% if add_generation_prompt %}### assistant:{% endif %}";
+
+#[tokio::test]
+async fn embedded_engines_render_with_the_routers_chat_template() {
+    let dir = std::env::temp_dir().join(format!("kvrouter-template-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("template.jinja");
+    std::fs::write(&file, TEMPLATE).unwrap();
+    let router = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "2",
+        "--mock-speedup-ratio",
+        "50",
+        "--model-name",
+        "mock-model",
+        "--kv-cache-block-size",
+        "16",
+        "--chat-template",
+        file.to_str().unwrap(),
+        "--expose-decisions",
+    ])
+    .await;
+    let base = router.http();
+    let client = reqwest::Client::new();
+    let question: String = (0..200).map(|i| format!("word{i} ")).collect();
+    let turn = |messages: serde_json::Value| {
+        let (client, base) = (client.clone(), base.clone());
+        async move {
+            let r = client
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&serde_json::json!({"model": "mock-model", "messages": messages, "max_tokens": 4}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            let worker: u64 = r.headers()["x-kvrouter-worker"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let decision: serde_json::Value =
+                serde_json::from_str(r.headers()["x-kvrouter-decision"].to_str().unwrap()).unwrap();
+            (worker, decision)
+        }
+    };
+    let first = vec![serde_json::json!({"role": "user", "content": question})];
+    let (w1, _) = turn(serde_json::json!(first)).await;
+    let cached = "kvrouter_worker_cached_blocks{";
+    for _ in 0..1000 {
+        if metric(&client, &base, cached).await > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = serde_json::json!([
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "and then?"},
+    ]);
+    let (w2, decision) = turn(second).await;
+    let chosen = decision["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["worker"] == w1)
+        .unwrap()
+        .clone();
+    assert!(chosen["overlap"].as_u64().unwrap() > 0, "{decision}");
+    assert_eq!(
+        w2, w1,
+        "the session's second turn follows its cached prefix"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
