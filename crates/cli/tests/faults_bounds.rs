@@ -276,5 +276,49 @@ async fn embedded_engines_render_with_the_routers_chat_template() {
         w2, w1,
         "the session's second turn follows its cached prefix"
     );
+    let mismatches = metric(&client, &base, "kvrouter_prompt_token_mismatch_total").await;
+    assert_eq!(mismatches, 0.0, "router and engines count the same prompt");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn an_engine_rendering_another_template_is_counted_as_a_mismatch() {
+    let dir = std::env::temp_dir().join(format!("kvrouter-mismatch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("template.jinja");
+    std::fs::write(&file, TEMPLATE).unwrap();
+    // A separate engine process renders with ChatML; the router with the custom template.
+    let engine = common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", "50"]).await;
+    let url = engine.http();
+    let router = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--worker",
+        &url,
+        "--model-name",
+        "mock-model",
+        "--chat-template",
+        file.to_str().unwrap(),
+    ])
+    .await;
+    let base = router.http();
+    let client = reqwest::Client::new();
+    for _ in 0..2 {
+        let r = client
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&serde_json::json!({
+                "model": "mock-model",
+                "messages": [{"role": "user", "content": "hello there"}],
+                "max_tokens": 2,
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let _ = r.bytes().await;
+    }
+    let name = "kvrouter_prompt_token_mismatch_total{worker=\"0\"}";
+    assert_eq!(until_metric(&client, &base, name, 2.0).await, 2.0);
     let _ = std::fs::remove_dir_all(&dir);
 }
