@@ -180,6 +180,8 @@ async fn an_unsatisfiable_request_fails_within_the_queue_bound_and_a_flood_is_sh
     assert!(message.contains("--router-queue-max-wait-secs"), "{body}");
     assert!(message.contains("policy version"), "{body}");
     assert!(started.elapsed() >= Duration::from_secs(3));
+    let shed = "kvrouter_rejections_total{reason=\"max_wait\"}";
+    assert_eq!(metric(&client, &base, shed).await, 1.0);
     // Two wait; a third is beyond --router-queue-max-requests and is shed at once.
     let a = tokio::spawn({
         let (c, b) = (client.clone(), base.clone());

@@ -180,7 +180,7 @@ impl Metrics {
         self.rejections.render(
             out,
             "kvrouter_rejections_total",
-            "Requests refused by admission, by reason (queue_full, overloaded, deadline).",
+            "Requests refused by admission, by reason (queue_full, overloaded, deadline, max_wait).",
         );
         self.kv_events.render(
             out,

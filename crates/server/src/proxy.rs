@@ -145,6 +145,10 @@ pub(crate) async fn admit(state: &AppState, request: RouteRequest) -> Result<Dec
                     inner.metrics.rejections.inc(&[("reason", "deadline")]);
                     Err(ServeError::Route(RouteError::DeadlineExceeded))
                 }
+                Ok(Err(e @ RouteError::QueueWaitExceeded { .. })) => {
+                    inner.metrics.rejections.inc(&[("reason", "max_wait")]);
+                    Err(ServeError::Route(e))
+                }
                 Ok(Err(e)) => Err(ServeError::Route(e)),
                 Err(_) => Err(ServeError::Upstream("the router queue stopped".into())),
             }
