@@ -39,8 +39,8 @@ pub(crate) struct LoadGuard {
     /// Tokens produced by earlier attempts of a continued request (added to this one's usage).
     pub(crate) carried: u64,
     /// The router's own count of the prompt this attempt sent (`None`: a continuation, whose
-    /// prompt the router extended).
-    pub(crate) router_prompt_tokens: Option<u64>,
+    /// prompt the router extended, or an empty prompt).
+    pub(crate) router_prompt_tokens: Option<std::num::NonZeroU64>,
 }
 
 impl LoadGuard {
@@ -157,6 +157,7 @@ impl LoadGuard {
         let Some(router) = self.router_prompt_tokens else {
             return;
         };
+        let router = router.get();
         if router == engine {
             return;
         }

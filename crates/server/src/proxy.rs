@@ -279,7 +279,7 @@ pub(crate) async fn handle(
         };
         let mut guard = LoadGuard::new(state.clone(), id, worker, mode, arrival, stream);
         guard.group = admission.group;
-        guard.router_prompt_tokens = Some(isl_tokens);
+        guard.router_prompt_tokens = std::num::NonZeroU64::new(isl_tokens);
         if inner.config.provenance.is_some() {
             guard.prov = Some(Box::new(Provenance {
                 request_id: id.0,
