@@ -6,7 +6,7 @@
 use kvrouter_core::event::{BlockContent, KvEvent, Medium, StoredBlock};
 use kvrouter_core::hashing::{chain, BlockHasher, HashNamespace};
 use kvrouter_core::ids::{EngineHash, SequenceHash, WorkerId, WorkerRank};
-use kvrouter_core::index::{IndexError, PrefixIndex, TierOverlap};
+use kvrouter_core::index::{IndexError, PrefixIndex, TierCapacity, TierOverlap};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -137,7 +137,7 @@ struct Model {
     held: BTreeMap<Holder, BTreeSet<SequenceHash>>,
     engine: BTreeMap<Holder, BTreeMap<EngineHash, SequenceHash>>,
     /// Capacity per worker id (absent = unbounded).
-    caps: BTreeMap<u64, usize>,
+    caps: BTreeMap<u64, TierCapacity>,
     /// (holder, held block) → (stamp, engine hash it was last stored under).
     stamps: BTreeMap<(Holder, SequenceHash), (i64, EngineHash)>,
     /// Every block's parent block, as the chains were stored.
@@ -148,7 +148,7 @@ struct Model {
 }
 
 impl Model {
-    fn with_caps(caps: &[Option<usize>]) -> Self {
+    fn with_caps(caps: &[Option<TierCapacity>]) -> Self {
         Model {
             caps: (0u64..)
                 .zip(caps)
@@ -185,8 +185,13 @@ impl Model {
     }
 
     fn evict(&mut self, h: Holder) {
-        let Some(&cap) = self.caps.get(&h.0.worker.0) else {
+        let Some(caps) = self.caps.get(&h.0.worker.0) else {
             return;
+        };
+        let cap = if h.1 == Medium::Gpu {
+            caps.gpu_blocks
+        } else {
+            caps.offload_blocks
         };
         loop {
             let held = self.held.get(&h).cloned().unwrap_or_default();
@@ -365,11 +370,15 @@ fn apply(index: &mut PrefixIndex, op: &Op) -> Result<(), &'static str> {
 }
 
 /// Capacities of workers 0, 1 and 2 (`None` = unbounded), small enough to evict often.
-fn caps() -> impl Strategy<Value = Vec<Option<usize>>> {
-    prop::collection::vec(prop::option::weighted(0.7, 1usize..8), 3)
+fn caps() -> impl Strategy<Value = Vec<Option<TierCapacity>>> {
+    let cap = (1usize..8, 1usize..8).prop_map(|(gpu_blocks, offload_blocks)| TierCapacity {
+        gpu_blocks,
+        offload_blocks,
+    });
+    prop::collection::vec(prop::option::weighted(0.7, cap), 3)
 }
 
-fn capped_index(caps: &[Option<usize>]) -> PrefixIndex {
+fn capped_index(caps: &[Option<TierCapacity>]) -> PrefixIndex {
     let mut index = PrefixIndex::new(BS);
     for (w, cap) in (0u64..).zip(caps) {
         index.set_worker_capacity(WorkerId(w), *cap);

@@ -24,6 +24,33 @@ use crate::fast_map::{FastMap, FastSet};
 use crate::ids::{EngineHash, SequenceHash, WorkerId};
 use std::collections::VecDeque;
 
+/// Most blocks each rank of a worker keeps, per tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TierCapacity {
+    /// The GPU tier: the engine's KV pool (`kv_capacity_blocks`).
+    pub gpu_blocks: usize,
+    /// Each offload tier (CPU, disk), which engines often size larger than the GPU pool.
+    pub offload_blocks: usize,
+}
+
+impl TierCapacity {
+    /// The same bound on every tier.
+    pub fn uniform(blocks: usize) -> Self {
+        Self {
+            gpu_blocks: blocks,
+            offload_blocks: blocks,
+        }
+    }
+
+    /// The bound of one tier.
+    pub fn of(self, medium: Medium) -> usize {
+        match medium {
+            Medium::Gpu => self.gpu_blocks,
+            Medium::Cpu | Medium::Disk => self.offload_blocks,
+        }
+    }
+}
+
 /// The blocks one (rank, tier) holds, with their eviction order.
 #[derive(Debug, Default)]
 pub(super) struct Recency {
@@ -121,10 +148,9 @@ impl Recency {
 }
 
 impl PrefixIndex {
-    /// Bounds every (rank, tier) of `worker` to `blocks` blocks (`None`: unbounded), evicting at
-    /// once if it holds more. Kept across [`PrefixIndex::remove_worker`] (a cache flush), until
-    /// set again.
-    pub fn set_worker_capacity(&mut self, worker: WorkerId, blocks: Option<usize>) {
+    /// Bounds every rank of `worker`, per tier (`None`: unbounded), evicting at once if one holds
+    /// more. Kept across [`PrefixIndex::remove_worker`] (a cache flush), until set again.
+    pub fn set_worker_capacity(&mut self, worker: WorkerId, blocks: Option<TierCapacity>) {
         match blocks {
             Some(b) => self.caps.insert(worker, b),
             None => self.caps.remove(&worker),
@@ -142,8 +168,8 @@ impl PrefixIndex {
         }
     }
 
-    /// The capacity of a worker's (rank, tier)s, if bounded.
-    pub fn worker_capacity(&self, worker: WorkerId) -> Option<usize> {
+    /// The capacity of a worker's ranks, if bounded.
+    pub fn worker_capacity(&self, worker: WorkerId) -> Option<TierCapacity> {
         self.caps.get(&worker).copied()
     }
 
@@ -183,7 +209,7 @@ impl PrefixIndex {
             let state = self.rank(slot);
             let worker = state.rank.worker;
             match self.caps.get(&worker) {
-                Some(&cap) => (worker, cap),
+                Some(cap) => (worker, cap.of(medium)),
                 None => return,
             }
         };
@@ -242,7 +268,8 @@ impl PrefixIndex {
                 recency.len()
             ));
         }
-        if let Some(&cap) = self.caps.get(&state.rank.worker) {
+        if let Some(cap) = self.caps.get(&state.rank.worker) {
+            let cap = cap.of(medium);
             if recency.len() > cap {
                 return Err(format!(
                     "{name}: {} blocks over capacity {cap}",

@@ -16,7 +16,7 @@
 //!   after the known ones are applied.
 //! - `Cleared` drops every block of the rank in every tier.
 //! - A worker with a capacity ([`PrefixIndex::set_worker_capacity`]) keeps at most that many
-//!   blocks per (rank, tier); a `Stored` event beyond it evicts that rank and tier's oldest
+//!   blocks per rank in each tier; a `Stored` event beyond it evicts that rank and tier's oldest
 //!   leaves (see `capacity.rs`), counted in [`PrefixIndex::evictions`].
 //!
 //! Layout: `tree.rs` (path-compressed block tree), `matches.rs` (overlap queries), `dump.rs`
@@ -27,6 +27,7 @@ mod dump;
 mod matches;
 mod tree;
 
+pub use capacity::TierCapacity;
 pub use dump::{IndexSnapshot, SnapshotBlock};
 pub use matches::{OverlapScores, RankOverlap, TierOverlap};
 
@@ -127,7 +128,7 @@ pub struct PrefixIndex {
     slots: FastMap<WorkerRank, u32>,
     free_slots: Vec<u32>,
     /// Per worker: most blocks per (rank, tier); absent = unbounded.
-    caps: FastMap<WorkerId, usize>,
+    caps: FastMap<WorkerId, TierCapacity>,
     /// Per worker: blocks evicted by the bound so far.
     evictions: BTreeMap<WorkerId, u64>,
 }

@@ -284,7 +284,7 @@ fn dump_replays_to_an_equal_index_even_with_holes() {
 #[test]
 fn a_capped_rank_evicts_the_oldest_chain_tip_first() {
     let mut index = PrefixIndex::new(BS);
-    index.set_worker_capacity(WorkerId(1), Some(4));
+    index.set_worker_capacity(WorkerId(1), Some(TierCapacity::uniform(4)));
     index
         .apply(&stored(1, None, &[1, 2, 3], Medium::Gpu))
         .unwrap();
@@ -311,7 +311,7 @@ fn a_capped_rank_evicts_the_oldest_chain_tip_first() {
 #[test]
 fn a_block_with_a_held_child_is_never_evicted_before_it() {
     let mut index = PrefixIndex::new(BS);
-    index.set_worker_capacity(WorkerId(1), Some(3));
+    index.set_worker_capacity(WorkerId(1), Some(TierCapacity::uniform(3)));
     // The root is the oldest block, but its chain keeps growing: the tip goes, not the root.
     index
         .apply(&stored(1, None, &[1, 2, 3], Medium::Gpu))
@@ -325,7 +325,7 @@ fn a_block_with_a_held_child_is_never_evicted_before_it() {
 #[test]
 fn capacities_bound_each_worker_and_tier_separately() {
     let mut index = PrefixIndex::new(BS);
-    index.set_worker_capacity(WorkerId(1), Some(8));
+    index.set_worker_capacity(WorkerId(1), Some(TierCapacity::uniform(8)));
     for b in 0..200u32 {
         index
             .apply(&stored(1, None, &[1000 + 2 * b, 1001 + 2 * b], Medium::Gpu))
@@ -348,9 +348,12 @@ fn capacities_bound_each_worker_and_tier_separately() {
     // The newest blocks stay.
     assert_eq!(gpu(&index, 1, &[1398, 1399]), 2);
     // Lowering the capacity evicts at once; a flush keeps the capacity.
-    index.set_worker_capacity(WorkerId(1), Some(2));
+    index.set_worker_capacity(WorkerId(1), Some(TierCapacity::uniform(2)));
     assert_eq!(index.holder_counts()[0], (rank(1), Medium::Gpu, 2));
     index.remove_worker(WorkerId(1));
-    assert_eq!(index.worker_capacity(WorkerId(1)), Some(2));
+    assert_eq!(
+        index.worker_capacity(WorkerId(1)),
+        Some(TierCapacity::uniform(2))
+    );
     index.check_invariants().unwrap();
 }

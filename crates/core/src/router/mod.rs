@@ -24,7 +24,7 @@ pub use update::{UpdateAction, UpdateError, UpdateMode, UpdatePhase, UpdatePlan,
 use crate::approx::ApproxIndex;
 use crate::event::KvEvent;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
-use crate::index::{IndexError, OverlapScores, PrefixIndex};
+use crate::index::{IndexError, OverlapScores, PrefixIndex, TierCapacity};
 use crate::ledger::{LoadLedger, RankLoad, RequestLoad};
 use crate::policy::{self, Candidate, CandidateScore, RouterMode};
 use crate::rng::SeededRng;
@@ -129,11 +129,15 @@ impl Router {
                 "dp_size must be at least 1",
             ));
         }
-        let capacity = spec
+        // The declared capacity is the GPU pool's; offload tiers get at least the default.
+        let default = self.config.router_index_max_blocks_per_worker;
+        let gpu = spec
             .kv_capacity_blocks
-            .map_or(self.config.router_index_max_blocks_per_worker, |c| {
-                usize::try_from(c).unwrap_or(usize::MAX)
-            });
+            .map_or(default, |c| usize::try_from(c).unwrap_or(usize::MAX));
+        let capacity = TierCapacity {
+            gpu_blocks: gpu,
+            offload_blocks: gpu.max(default),
+        };
         self.index.set_worker_capacity(spec.id, Some(capacity));
         self.workers.insert(spec.id, spec);
         self.rebuild_ranks();
