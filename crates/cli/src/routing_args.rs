@@ -56,8 +56,12 @@ pub(crate) struct RoutingArgs {
     #[arg(long, default_value = "fcfs")]
     router_queue_policy: String,
     /// Most requests waiting in the router queue (beyond: HTTP 529).
-    #[arg(long)]
-    router_queue_max_requests: Option<usize>,
+    #[arg(long, default_value_t = kvrouter_core::router::DEFAULT_QUEUE_MAX_REQUESTS)]
+    router_queue_max_requests: usize,
+    /// Longest a request waits in the router queue, for load, a policy version or a paused
+    /// worker; then it fails (HTTP 503 naming what it waited for).
+    #[arg(long, default_value_t = kvrouter_core::router::DEFAULT_QUEUE_MAX_WAIT_SECS)]
+    router_queue_max_wait_secs: f64,
     /// Most prompt tokens waiting in the router queue (beyond: HTTP 529).
     #[arg(long)]
     router_queue_max_tokens: Option<u64>,
@@ -75,6 +79,11 @@ pub(crate) struct RoutingArgs {
     /// new weights) or retain (keep cross-version prefix reuse).
     #[arg(long, default_value = "flush")]
     kv_retention: String,
+    /// Most blocks the index keeps per worker rank and tier when the worker declares no
+    /// kv_capacity_blocks (a declared capacity bounds it instead); beyond it the oldest leaves
+    /// are evicted (kvrouter_index_evictions_total).
+    #[arg(long, default_value_t = kvrouter_core::router::DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER)]
+    router_index_max_blocks_per_worker: usize,
     /// KV block size in tokens; must match the engines.
     #[arg(long, default_value_t = 64)]
     pub(crate) kv_cache_block_size: usize,
@@ -96,6 +105,7 @@ impl RoutingArgs {
             router_decode_active_request_weight: self.router_decode_active_request_weight,
             router_kv_events: !self.no_router_kv_events,
             router_ttl_secs: self.router_ttl_secs,
+            router_index_max_blocks_per_worker: self.router_index_max_blocks_per_worker,
             router_predicted_ttl_secs: self.router_predicted_ttl_secs,
             active_decode_blocks_threshold: self.active_decode_blocks_threshold,
             active_prefill_tokens_threshold: self.active_prefill_tokens_threshold,
@@ -105,7 +115,8 @@ impl RoutingArgs {
                 .router_queue_policy
                 .parse()
                 .context("--router-queue-policy")?,
-            router_queue_max_requests: self.router_queue_max_requests,
+            router_queue_max_requests: Some(self.router_queue_max_requests),
+            router_queue_max_wait_secs: self.router_queue_max_wait_secs,
             router_queue_max_tokens: self.router_queue_max_tokens,
             reject_when_overloaded: self.reject_when_overloaded,
             router_session_affinity_ttl_secs: self.router_session_affinity_ttl_secs,

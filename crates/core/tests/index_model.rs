@@ -1,10 +1,12 @@
 //! Property tests of the prefix index against a naive model: a map from (rank, tier) to the set
-//! of sequence hashes it holds, with brute-force longest-prefix matching.
+//! of sequence hashes it holds, with brute-force longest-prefix matching, and a capacity bound
+//! stated as "evict the held leaf with the smallest stamp": a new block is stamped youngest, a
+//! block whose child was dropped is stamped oldest.
 
 use kvrouter_core::event::{BlockContent, KvEvent, Medium, StoredBlock};
 use kvrouter_core::hashing::{chain, BlockHasher, HashNamespace};
 use kvrouter_core::ids::{EngineHash, SequenceHash, WorkerId, WorkerRank};
-use kvrouter_core::index::{IndexError, PrefixIndex, TierOverlap};
+use kvrouter_core::index::{IndexError, PrefixIndex, TierCapacity, TierOverlap};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -134,9 +136,86 @@ type Holder = (WorkerRank, Medium);
 struct Model {
     held: BTreeMap<Holder, BTreeSet<SequenceHash>>,
     engine: BTreeMap<Holder, BTreeMap<EngineHash, SequenceHash>>,
+    /// Capacity per worker id (absent = unbounded).
+    caps: BTreeMap<u64, TierCapacity>,
+    /// (holder, held block) → (stamp, engine hash it was last stored under).
+    stamps: BTreeMap<(Holder, SequenceHash), (i64, EngineHash)>,
+    /// Every block's parent block, as the chains were stored.
+    parent: BTreeMap<SequenceHash, Option<SequenceHash>>,
+    next_back: i64,
+    next_front: i64,
+    evictions: BTreeMap<WorkerId, u64>,
 }
 
 impl Model {
+    fn with_caps(caps: &[Option<TierCapacity>]) -> Self {
+        Model {
+            caps: (0u64..)
+                .zip(caps)
+                .filter_map(|(w, c)| c.map(|c| (w, c)))
+                .collect(),
+            next_front: -1,
+            ..Model::default()
+        }
+    }
+
+    /// `seq` is stored for `h` under `eh` (and is held): new blocks are stamped youngest.
+    fn stamp_stored(&mut self, h: Holder, seq: SequenceHash, eh: EngineHash) {
+        let next = self.next_back;
+        let entry = self.stamps.entry((h, seq)).or_insert_with(|| (next, eh));
+        entry.1 = eh;
+        if entry.0 == next {
+            self.next_back += 1;
+        }
+    }
+
+    /// `seq` is no longer held by `h`; its parent, if held, is stamped oldest.
+    fn unhold(&mut self, h: Holder, seq: SequenceHash) {
+        let was = self.held.entry(h).or_default().remove(&seq);
+        self.stamps.remove(&(h, seq));
+        if !was {
+            return;
+        }
+        if let Some(Some(p)) = self.parent.get(&seq) {
+            if let Some(entry) = self.stamps.get_mut(&(h, *p)) {
+                entry.0 = self.next_front;
+                self.next_front -= 1;
+            }
+        }
+    }
+
+    fn evict(&mut self, h: Holder) {
+        let Some(caps) = self.caps.get(&h.0.worker.0) else {
+            return;
+        };
+        let cap = if h.1 == Medium::Gpu {
+            caps.gpu_blocks
+        } else {
+            caps.offload_blocks
+        };
+        loop {
+            let held = self.held.get(&h).cloned().unwrap_or_default();
+            if held.len() <= cap {
+                return;
+            }
+            let is_leaf =
+                |s: &SequenceHash| !held.iter().any(|c| self.parent.get(c) == Some(&Some(*s)));
+            let victim = held
+                .iter()
+                .filter(|s| is_leaf(s))
+                .min_by_key(|s| self.stamps[&(h, **s)].0)
+                .copied()
+                .expect("a finite held set has a leaf");
+            let eh = self.stamps[&(h, victim)].1;
+            self.unhold(h, victim);
+            let engine = self.engine.entry(h).or_default();
+            if engine.get(&eh) == Some(&victim) {
+                engine.remove(&eh);
+            }
+            *self.evictions.entry(h.0.worker).or_default() += 1;
+        }
+    }
+
     fn apply(&mut self, op: &Op) -> Result<(), &'static str> {
         match op {
             Op::Store {
@@ -183,18 +262,25 @@ impl Model {
                     .unwrap_or(path.len());
                 let applied: Vec<usize> = (*split..end).collect();
                 for &i in &applied {
+                    let p = if i == *split {
+                        parent_seq
+                    } else {
+                        Some(all[i - 1])
+                    };
+                    self.parent.insert(all[i], p);
                     self.held.entry(h).or_default().insert(all[i]);
                 }
                 for &i in &applied {
-                    let old = self
-                        .engine
-                        .entry(h)
-                        .or_default()
-                        .insert(engine_hash(&path[..=i], *salt), all[i]);
+                    let eh = engine_hash(&path[..=i], *salt);
+                    let old = self.engine.entry(h).or_default().insert(eh, all[i]);
+                    if self.held[&h].contains(&all[i]) {
+                        self.stamp_stored(h, all[i], eh);
+                    }
                     if let Some(old) = old.filter(|o| *o != all[i]) {
-                        self.held.entry(h).or_default().remove(&old);
+                        self.unhold(h, old);
                     }
                 }
+                self.evict(h);
                 if end < path.len() {
                     return Err("block_size_mismatch");
                 }
@@ -217,9 +303,7 @@ impl Model {
                         .remove(&engine_hash(p, *salt))
                     {
                         None => result = Err("block_not_found"),
-                        Some(s) => {
-                            self.held.entry(h).or_default().remove(&s);
-                        }
+                        Some(s) => self.unhold(h, s),
                     }
                 }
                 result
@@ -229,12 +313,15 @@ impl Model {
                     let h = (WorkerRank::new(WorkerId(*w), *dp), m);
                     self.held.remove(&h);
                     self.engine.remove(&h);
+                    self.stamps.retain(|(holder, _), _| *holder != h);
                 }
                 Ok(())
             }
             Op::RemoveWorker { w } => {
                 self.held.retain(|(r, _), _| r.worker != WorkerId(*w));
                 self.engine.retain(|(r, _), _| r.worker != WorkerId(*w));
+                self.stamps
+                    .retain(|((r, _), _), _| r.worker != WorkerId(*w));
                 Ok(())
             }
         }
@@ -282,6 +369,23 @@ fn apply(index: &mut PrefixIndex, op: &Op) -> Result<(), &'static str> {
     }
 }
 
+/// Capacities of workers 0, 1 and 2 (`None` = unbounded), small enough to evict often.
+fn caps() -> impl Strategy<Value = Vec<Option<TierCapacity>>> {
+    let cap = (1usize..8, 1usize..8).prop_map(|(gpu_blocks, offload_blocks)| TierCapacity {
+        gpu_blocks,
+        offload_blocks,
+    });
+    prop::collection::vec(prop::option::weighted(0.7, cap), 3)
+}
+
+fn capped_index(caps: &[Option<TierCapacity>]) -> PrefixIndex {
+    let mut index = PrefixIndex::new(BS);
+    for (w, cap) in (0u64..).zip(caps) {
+        index.set_worker_capacity(WorkerId(w), *cap);
+    }
+    index
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 
@@ -289,9 +393,10 @@ proptest! {
     fn index_agrees_with_the_naive_model(
         ops in prop::collection::vec(op(), 1..60),
         queries in prop::collection::vec(path(), 1..8),
+        caps in caps(),
     ) {
-        let mut index = PrefixIndex::new(BS);
-        let mut model = Model::default();
+        let mut index = capped_index(&caps);
+        let mut model = Model::with_caps(&caps);
         for op in &ops {
             let got = apply(&mut index, op);
             let want = model.apply(op);
@@ -306,18 +411,26 @@ proptest! {
         }
         let entries: usize = model.held.values().map(BTreeSet::len).sum();
         prop_assert_eq!(index.stats().entries, entries);
+        let evictions: Vec<(WorkerId, u64)> = model.evictions.into_iter().collect();
+        prop_assert_eq!(index.evictions(), evictions);
     }
 
     #[test]
-    fn dump_replays_into_an_equal_index(ops in prop::collection::vec(op(), 1..60)) {
-        let mut index = PrefixIndex::new(BS);
+    fn dump_replays_into_an_equal_index(ops in prop::collection::vec(op(), 1..60), caps in caps()) {
+        let mut index = capped_index(&caps);
         for op in &ops {
             let _ = apply(&mut index, op);
         }
+        // A dump may stand in for ancestors a rank does not hold (then removes them), so it is
+        // replayed unbounded and bounded afterwards, which must evict nothing.
         let mut replayed = PrefixIndex::new(BS);
         for event in index.dump() {
             prop_assert!(replayed.apply(&event).is_ok(), "dump event {:?} failed", event);
         }
+        for (w, cap) in (0u64..).zip(&caps) {
+            replayed.set_worker_capacity(WorkerId(w), *cap);
+        }
+        prop_assert!(replayed.evictions().is_empty());
         prop_assert_eq!(replayed.snapshot(), index.snapshot());
         replayed.check_invariants().map_err(TestCaseError::fail)?;
     }

@@ -1,7 +1,7 @@
 //! Settings of a mock engine server.
 
 use kvrouter_engine::{DynamoPoly, EngineConfig, SpeedUp, TableProfile, TimingModel};
-use kvrouter_tokenizer::{BuiltinTokenizer, Tokenizer};
+use kvrouter_tokenizer::{BuiltinTokenizer, ChatTemplate, Tokenizer};
 use std::sync::Arc;
 
 /// Which timing model the engine uses.
@@ -53,6 +53,9 @@ pub struct MockEngineConfig {
     pub replay_buffer_steps: usize,
     /// Tokenizer for prompts and generated text.
     pub tokenizer: Arc<dyn Tokenizer>,
+    /// How chat messages become a prompt (the default: ChatML). Embedded engines take the
+    /// router's, so both count the same tokens.
+    pub chat_template: Arc<ChatTemplate>,
     /// `max_tokens` of completions that give none.
     pub default_max_tokens: u32,
     /// How long loading new weights takes (`POST /update_weights`), before the speed-up ratio.
@@ -74,6 +77,7 @@ impl Default for MockEngineConfig {
             dp_rank: 0,
             replay_buffer_steps: 10_000,
             tokenizer: Arc::new(BuiltinTokenizer::new()),
+            chat_template: Arc::new(ChatTemplate::ChatMl),
             default_max_tokens: 16,
             weight_load: std::time::Duration::ZERO,
             http: crate::listen::HttpLimits::default(),

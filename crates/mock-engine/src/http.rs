@@ -282,6 +282,7 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
             &value,
             &c.model_name,
             tokenizer,
+            &c.chat_template,
             c.default_max_tokens.max(128),
         )?,
     };

@@ -131,11 +131,12 @@ pub(crate) fn parse_completion(
     })
 }
 
-/// `/v1/chat/completions`: `messages` rendered with ChatML and tokenized.
+/// `/v1/chat/completions`: `messages` rendered with `template` and tokenized.
 pub(crate) fn parse_chat(
     body: &Value,
     served: &str,
     tokenizer: &dyn Tokenizer,
+    template: &ChatTemplate,
     default_max: u32,
 ) -> Result<GenRequest, ApiError> {
     let model = check_model(body, served)?;
@@ -163,13 +164,13 @@ pub(crate) fn parse_chat(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let rendered = if continue_final {
-        ChatTemplate::ChatMl.render_continuation(&messages)
+        template.render_continuation(&messages)
     } else {
         let add_generation_prompt = body
             .get("add_generation_prompt")
             .and_then(Value::as_bool)
             .unwrap_or(true);
-        ChatTemplate::ChatMl.render(&messages, add_generation_prompt)
+        template.render(&messages, add_generation_prompt)
     };
     let prompt = rendered.map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let prompt_tokens = tokenizer.encode(&prompt);
@@ -285,7 +286,14 @@ mod tests {
         let e =
             parse_completion(&json!({"model": "other", "prompt": "hi"}), "m", &t, 16).unwrap_err();
         assert_eq!(e.status.as_u16(), 404);
-        let e = parse_chat(&json!({"messages": "hi"}), "m", &t, 16).unwrap_err();
+        let e = parse_chat(
+            &json!({"messages": "hi"}),
+            "m",
+            &t,
+            &ChatTemplate::ChatMl,
+            16,
+        )
+        .unwrap_err();
         assert_eq!(e.param, Some("messages"));
         let e = parse_completion(&json!({"prompt": 5}), "m", &t, 16).unwrap_err();
         assert_eq!(e.param, Some("prompt"));
@@ -309,6 +317,7 @@ mod tests {
             &json!({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3}),
             "m",
             &t,
+            &ChatTemplate::ChatMl,
             16,
         )
         .unwrap();

@@ -3,7 +3,7 @@
 use crate::auth;
 use crate::config::WorkerEntry;
 use crate::error::ServeError;
-use crate::metrics::gauge_header;
+use crate::metrics::{counter_header, gauge_header};
 use crate::proxy;
 use crate::registry;
 use crate::routing::Kind;
@@ -149,6 +149,17 @@ async fn metrics(State(s): State<AppState>) -> Response {
             out,
             "kvrouter_worker_cached_blocks{{worker=\"{}\",dp_rank=\"{}\",medium=\"{tier}\"}} {n}",
             rank.worker, rank.dp_rank
+        );
+    }
+    counter_header(
+        &mut out,
+        "kvrouter_index_evictions_total",
+        "Blocks the index evicted to keep a worker within its capacity (kv_capacity_blocks or --router-index-max-blocks-per-worker).",
+    );
+    for (worker, n) in core.index().evictions() {
+        let _ = writeln!(
+            out,
+            "kvrouter_index_evictions_total{{worker=\"{worker}\"}} {n}"
         );
     }
     let q = core.queue_stats();

@@ -38,6 +38,9 @@ pub(crate) struct LoadGuard {
     attempt_first: Option<Instant>,
     /// Tokens produced by earlier attempts of a continued request (added to this one's usage).
     pub(crate) carried: u64,
+    /// The router's own count of the prompt this attempt sent (`None`: a continuation, whose
+    /// prompt the router extended, or an empty prompt).
+    pub(crate) router_prompt_tokens: Option<std::num::NonZeroU64>,
 }
 
 impl LoadGuard {
@@ -68,6 +71,7 @@ impl LoadGuard {
             counts_as_sample: false,
             attempt_first: None,
             carried: 0,
+            router_prompt_tokens: None,
         }
     }
 
@@ -147,6 +151,27 @@ impl LoadGuard {
         );
     }
 
+    /// Counts (and logs once per worker) an engine whose prompt token count differs from the
+    /// router's: the two render or tokenize differently, so predicted overlaps are wrong.
+    fn check_prompt_tokens(&self, engine: u64) {
+        let Some(router) = self.router_prompt_tokens else {
+            return;
+        };
+        let router = router.get();
+        if router == engine {
+            return;
+        }
+        let worker = self.worker.to_string();
+        let m = &self.state.inner.metrics;
+        if m.prompt_token_mismatches.inc_get(&[("worker", &worker)]) == 1 {
+            tracing::warn!(
+                "worker {worker} counted {engine} prompt tokens where the router counted \
+                 {router}: its chat template or tokenizer differs from the router's \
+                 (--chat-template, --tokenizer), so KV-aware routing mispredicts its cache"
+            );
+        }
+    }
+
     /// When the first byte of this attempt came back.
     pub(crate) fn first_at(&self) -> Option<Instant> {
         self.first_at
@@ -208,6 +233,9 @@ impl LoadGuard {
                     0
                 });
         m.osl.observe(output as f64);
+        if let Some(engine) = usage.as_ref().and_then(|u| u["prompt_tokens"].as_u64()) {
+            self.check_prompt_tokens(engine);
+        }
         if let Some(cached) = usage
             .as_ref()
             .and_then(|u| u["prompt_tokens_details"]["cached_tokens"].as_u64())

@@ -62,13 +62,16 @@ pub(crate) struct Counters {
 
 impl Counters {
     pub(crate) fn inc(&self, labels: &[(&'static str, &str)]) {
+        self.inc_get(labels);
+    }
+
+    /// Increments and returns the new value.
+    pub(crate) fn inc_get(&self, labels: &[(&'static str, &str)]) -> u64 {
         let key = labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
-        *self
-            .values
-            .lock()
-            .expect("counter lock")
-            .entry(key)
-            .or_default() += 1;
+        let mut values = self.values.lock().expect("counter lock");
+        let v = values.entry(key).or_default();
+        *v += 1;
+        *v
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
@@ -100,6 +103,8 @@ pub(crate) struct Metrics {
     pub(crate) health_transitions: Counters,
     pub(crate) migrations: Counters,
     pub(crate) upstream_timeouts: Counters,
+    /// Answers whose `usage.prompt_tokens` differs from the router's own count, by worker.
+    pub(crate) prompt_token_mismatches: Counters,
 }
 
 impl Metrics {
@@ -122,6 +127,7 @@ impl Metrics {
             health_transitions: Counters::default(),
             migrations: Counters::default(),
             upstream_timeouts: Counters::default(),
+            prompt_token_mismatches: Counters::default(),
         }
     }
 
@@ -176,7 +182,7 @@ impl Metrics {
         self.rejections.render(
             out,
             "kvrouter_rejections_total",
-            "Requests refused by admission, by reason (queue_full, overloaded, deadline).",
+            "Requests refused by admission, by reason (queue_full, overloaded, deadline, max_wait).",
         );
         self.kv_events.render(
             out,
@@ -198,6 +204,11 @@ impl Metrics {
             "kvrouter_migrations_total",
             "Streams continued on another worker after their worker failed.",
         );
+        self.prompt_token_mismatches.render(
+            out,
+            "kvrouter_prompt_token_mismatch_total",
+            "Answers whose usage.prompt_tokens differs from the router's own count of the prompt (its tokenizer or chat template disagrees with the engine's, so KV overlap predictions are wrong).",
+        );
         self.retries.render(
             out,
             "kvrouter_upstream_retries_total",
@@ -213,4 +224,8 @@ impl Metrics {
 
 pub(crate) fn gauge_header(out: &mut String, name: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+}
+
+pub(crate) fn counter_header(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
 }

@@ -13,6 +13,7 @@ pub(crate) async fn start_mocks(
         c.engine.block_size = config.router.kv_cache_block_size;
         c.engine.seed = c.engine.seed.wrapping_add(i as u64);
         c.tokenizer = config.tokenizer.clone();
+        c.chat_template = config.chat_template.clone();
         if config.router.router_kv_events {
             c.kv_events_endpoint = Some("tcp://127.0.0.1:0".into());
             c.kv_events_replay_endpoint = Some("tcp://127.0.0.1:0".into());

@@ -166,6 +166,10 @@ pub(crate) async fn admit(state: &AppState, request: RouteRequest) -> Result<Dec
                     inner.metrics.rejections.inc(&[("reason", "deadline")]);
                     Err(ServeError::Route(RouteError::DeadlineExceeded))
                 }
+                Ok(Err(e @ RouteError::QueueWaitExceeded { .. })) => {
+                    inner.metrics.rejections.inc(&[("reason", "max_wait")]);
+                    Err(ServeError::Route(e))
+                }
                 Ok(Err(e)) => Err(ServeError::Route(e)),
                 Err(_) => Err(ServeError::Upstream("the router queue stopped".into())),
             }
@@ -296,6 +300,7 @@ pub(crate) async fn handle(
         };
         let mut guard = LoadGuard::new(state.clone(), id, worker, mode, arrival, stream);
         guard.group = admission.group;
+        guard.router_prompt_tokens = std::num::NonZeroU64::new(isl_tokens);
         if inner.config.provenance.is_some() {
             guard.prov = Some(Box::new(Provenance {
                 request_id: id.0,

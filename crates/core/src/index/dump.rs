@@ -82,7 +82,9 @@ impl PrefixIndex {
         snap
     }
 
-    /// Events that rebuild this index from empty.
+    /// Events that rebuild this index from empty. They may stand in for ancestors a rank does
+    /// not hold (removing them at the end), so replay them into an index without capacities and
+    /// set those afterwards.
     pub fn dump(&self) -> Vec<KvEvent> {
         let mut events = Vec::new();
         let mut slots: Vec<(WorkerRank, u32)> = self.slots.iter().map(|(r, s)| (*r, *s)).collect();

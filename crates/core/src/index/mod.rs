@@ -15,14 +15,19 @@
 //! - `Removed` drops each named block for the rank and tier; unknown hashes give `BlockNotFound`
 //!   after the known ones are applied.
 //! - `Cleared` drops every block of the rank in every tier.
+//! - A worker with a capacity ([`PrefixIndex::set_worker_capacity`]) keeps at most that many
+//!   blocks per rank in each tier; a `Stored` event beyond it evicts that rank and tier's oldest
+//!   leaves (see `capacity.rs`), counted in [`PrefixIndex::evictions`].
 //!
 //! Layout: `tree.rs` (path-compressed block tree), `matches.rs` (overlap queries), `dump.rs`
-//! (dump as events, snapshots for comparison).
+//! (dump as events, snapshots for comparison), `capacity.rs` (the capacity bound, eviction).
 
+mod capacity;
 mod dump;
 mod matches;
 mod tree;
 
+pub use capacity::TierCapacity;
 pub use dump::{IndexSnapshot, SnapshotBlock};
 pub use matches::{OverlapScores, RankOverlap, TierOverlap};
 
@@ -30,6 +35,8 @@ use crate::event::{BlockContent, KvEvent, Medium};
 use crate::fast_map::{FastMap, FastSet};
 use crate::hashing::{chain, HashNamespace, BASE_SEED};
 use crate::ids::{ContentHash, EngineHash, SequenceHash, WorkerId, WorkerRank};
+use capacity::Recency;
+use std::collections::BTreeMap;
 use tree::{BlockRef, HolderId, Tree};
 
 /// Why an event could not be applied (in full). The index stays consistent either way.
@@ -108,6 +115,8 @@ struct RankState {
     rank: WorkerRank,
     /// Per medium: engine hash → router sequence hash.
     engine: [FastMap<EngineHash, SequenceHash>; 3],
+    /// Per medium: the blocks held and their eviction order.
+    recency: [Recency; 3],
 }
 
 /// The prefix index. See the module documentation for its semantics.
@@ -118,6 +127,10 @@ pub struct PrefixIndex {
     ranks: Vec<Option<RankState>>,
     slots: FastMap<WorkerRank, u32>,
     free_slots: Vec<u32>,
+    /// Per worker: most blocks per (rank, tier); absent = unbounded.
+    caps: FastMap<WorkerId, TierCapacity>,
+    /// Per worker: blocks evicted by the bound so far.
+    evictions: BTreeMap<WorkerId, u64>,
 }
 
 /// Below this many blocks, debug builds check every invariant after every event.
@@ -144,7 +157,17 @@ impl PrefixIndex {
             ranks: Vec::new(),
             slots: FastMap::default(),
             free_slots: Vec::new(),
+            caps: FastMap::default(),
+            evictions: BTreeMap::new(),
         }
+    }
+
+    fn rank(&self, slot: u32) -> &RankState {
+        self.ranks[slot as usize].as_ref().expect("live slot")
+    }
+
+    fn rank_mut(&mut self, slot: u32) -> &mut RankState {
+        self.ranks[slot as usize].as_mut().expect("live slot")
     }
 
     /// The block size in tokens.
@@ -196,6 +219,7 @@ impl PrefixIndex {
         let state = RankState {
             rank,
             engine: Default::default(),
+            recency: Default::default(),
         };
         let slot = match self.free_slots.pop() {
             Some(slot) => {
@@ -295,14 +319,20 @@ impl PrefixIndex {
 
         // Engine-hash bookkeeping, after the tree holds every new block.
         for (block, seq) in blocks.iter().zip(&seqs).take(applied) {
-            let state = self.ranks[slot as usize].as_mut().expect("live slot");
+            let held = self
+                .tree
+                .lookup(*seq)
+                .is_some_and(|at| self.tree.holds(at, holder));
+            let state = self.rank_mut(slot);
             let old = state.engine[medium.index()].insert(block.engine_hash, *seq);
+            if held {
+                state.recency[medium.index()].stored(*seq, block.engine_hash);
+            }
             if let Some(old) = old.filter(|old| old != seq) {
-                if let Some(at) = self.tree.lookup(old) {
-                    self.tree.remove_holder(at, holder);
-                }
+                self.drop_block(slot, medium, old);
             }
         }
+        self.evict_over_capacity(slot, medium);
         error.map_or(Ok(()), Err)
     }
 
@@ -358,18 +388,15 @@ impl PrefixIndex {
                 None => Ok(()),
             };
         };
-        let holder = holder_id(slot, medium);
         let mut error = None;
         for &hash in hashes {
-            let state = self.ranks[slot as usize].as_mut().expect("live slot");
+            let state = self.rank_mut(slot);
             match state.engine[medium.index()].remove(&hash) {
                 None => {
                     error.get_or_insert(IndexError::BlockNotFound { rank, hash });
                 }
                 Some(seq) => {
-                    if let Some(at) = self.tree.lookup(seq) {
-                        self.tree.remove_holder(at, holder);
-                    }
+                    self.drop_block(slot, medium, seq);
                 }
             }
         }
@@ -385,6 +412,7 @@ impl PrefixIndex {
             let holder = holder_id(slot, medium);
             let state = self.ranks[slot as usize].as_mut().expect("live slot");
             let engine = std::mem::take(&mut state.engine[medium.index()]);
+            state.recency[medium.index()].clear();
             let mut seen = FastSet::default();
             let mut reps = Vec::new();
             for seq in engine.values() {
@@ -404,9 +432,10 @@ impl PrefixIndex {
         let slot = self.slot_for(rank);
         let holder = holder_id(slot, Medium::Gpu);
         let (applied, _) = self.insert_chain(rank, None, seqs, holder);
-        let state = self.ranks[slot as usize].as_mut().expect("live slot");
+        let state = self.rank_mut(slot);
         for seq in &seqs[..applied] {
             state.engine[Medium::Gpu.index()].insert(EngineHash(seq.0), *seq);
+            state.recency[Medium::Gpu.index()].stored(*seq, EngineHash(seq.0));
         }
     }
 
@@ -490,7 +519,14 @@ impl PrefixIndex {
             .flatten()
             .flat_map(|r| r.engine.iter())
             .map(|m| m.capacity() * per_engine_entry)
-            .sum();
+            .sum::<usize>()
+            + self
+                .ranks
+                .iter()
+                .flatten()
+                .flat_map(|r| r.recency.iter())
+                .map(Recency::heap_bytes)
+                .sum::<usize>();
         self.tree.heap_bytes() + engine
     }
 
@@ -538,6 +574,7 @@ impl PrefixIndex {
                         reachable.len()
                     ));
                 }
+                self.check_recency(state, holder, medium, on_tree)?;
             }
         }
         Ok(())

@@ -280,3 +280,80 @@ fn dump_replays_to_an_equal_index_even_with_holes() {
     assert_eq!(replayed.snapshot(), index.snapshot());
     assert!(replayed == index);
 }
+
+#[test]
+fn a_capped_rank_evicts_the_oldest_chain_tip_first() {
+    let mut index = PrefixIndex::new(BS);
+    index.set_worker_capacity(WorkerId(1), Some(TierCapacity::uniform(4)));
+    index
+        .apply(&stored(1, None, &[1, 2, 3], Medium::Gpu))
+        .unwrap();
+    index.apply(&stored(1, None, &[7], Medium::Gpu)).unwrap();
+    // Two more blocks: the old chain loses its tip, then the block before it.
+    index
+        .apply(&stored(1, Some(7), &[8, 9], Medium::Gpu))
+        .unwrap();
+    assert_eq!(gpu(&index, 1, &[1, 2, 3]), 1);
+    assert_eq!(gpu(&index, 1, &[7, 8, 9]), 3);
+    assert_eq!(index.evictions(), vec![(WorkerId(1), 2)]);
+    assert_eq!(index.stats().entries, 4);
+    // The evicted blocks' engine hashes are forgotten too.
+    assert_eq!(
+        index.apply(&removed(1, &[3], Medium::Gpu)),
+        Err(IndexError::BlockNotFound {
+            rank: rank(1),
+            hash: eh(1, 3)
+        })
+    );
+    index.check_invariants().unwrap();
+}
+
+#[test]
+fn a_block_with_a_held_child_is_never_evicted_before_it() {
+    let mut index = PrefixIndex::new(BS);
+    index.set_worker_capacity(WorkerId(1), Some(TierCapacity::uniform(3)));
+    // The root is the oldest block, but its chain keeps growing: the tip goes, not the root.
+    index
+        .apply(&stored(1, None, &[1, 2, 3], Medium::Gpu))
+        .unwrap();
+    index.apply(&stored(1, Some(3), &[4], Medium::Gpu)).unwrap();
+    assert_eq!(gpu(&index, 1, &[1, 2, 3]), 3);
+    assert_eq!(gpu(&index, 1, &[1, 2, 3, 4]), 3);
+    index.check_invariants().unwrap();
+}
+
+#[test]
+fn capacities_bound_each_worker_and_tier_separately() {
+    let mut index = PrefixIndex::new(BS);
+    index.set_worker_capacity(WorkerId(1), Some(TierCapacity::uniform(8)));
+    for b in 0..200u32 {
+        index
+            .apply(&stored(1, None, &[1000 + 2 * b, 1001 + 2 * b], Medium::Gpu))
+            .unwrap();
+        index
+            .apply(&stored(1, None, &[5000 + b], Medium::Cpu))
+            .unwrap();
+        index.apply(&stored(2, None, &[b], Medium::Gpu)).unwrap();
+    }
+    let counts = index.holder_counts();
+    assert_eq!(
+        counts,
+        vec![
+            (rank(1), Medium::Gpu, 8),
+            (rank(1), Medium::Cpu, 8),
+            (rank(2), Medium::Gpu, 200)
+        ]
+    );
+    assert_eq!(index.evictions(), vec![(WorkerId(1), 400 - 8 + 200 - 8)]);
+    // The newest blocks stay.
+    assert_eq!(gpu(&index, 1, &[1398, 1399]), 2);
+    // Lowering the capacity evicts at once; a flush keeps the capacity.
+    index.set_worker_capacity(WorkerId(1), Some(TierCapacity::uniform(2)));
+    assert_eq!(index.holder_counts()[0], (rank(1), Medium::Gpu, 2));
+    index.remove_worker(WorkerId(1));
+    assert_eq!(
+        index.worker_capacity(WorkerId(1)),
+        Some(TierCapacity::uniform(2))
+    );
+    index.check_invariants().unwrap();
+}

@@ -10,7 +10,9 @@
 //! - `group-tail`: RL groups with the fewest samples left first, then arrival.
 //!
 //! Requests waiting for a policy version or a paused worker wait here too, threshold or not.
-//! Requests whose deadline passes leave with `DeadlineExceeded`. `Router::submit` and
+//! Requests whose deadline passes leave with `DeadlineExceeded`; every request leaves after
+//! `router_queue_max_wait_secs` at most with `QueueWaitExceeded`, naming what it waited for, so
+//! a request nothing can ever place (a policy version no worker will serve) does not hang. `Router::submit` and
 //! `Router::poll` (below) are the façade's side of it.
 
 use crate::ids::RequestId;
@@ -96,7 +98,18 @@ pub struct QueueStats {
 pub(crate) struct Queued {
     pub(crate) request: RouteRequest,
     pub(crate) arrival: Time,
+    /// When it leaves whatever happens (arrival + the queue's max wait).
+    pub(crate) give_up: Time,
     seq: u64,
+}
+
+impl Queued {
+    /// The earlier of its deadline and its give-up time.
+    fn leaves_at(&self) -> Time {
+        self.request
+            .deadline
+            .map_or(self.give_up, |d| d.min(self.give_up))
+    }
 }
 
 /// The waiting requests. Small and scanned linearly at dequeue (it is bounded).
@@ -123,11 +136,12 @@ impl AdmissionQueue {
         self.entries.iter().any(|e| e.request.id == id)
     }
 
-    pub(crate) fn push(&mut self, request: RouteRequest, arrival: Time) {
+    pub(crate) fn push(&mut self, request: RouteRequest, arrival: Time, give_up: Time) {
         self.tokens += request.isl_tokens;
         self.entries.push(Queued {
             request,
             arrival,
+            give_up,
             seq: self.next_seq,
         });
         self.next_seq += 1;
@@ -148,19 +162,19 @@ impl AdmissionQueue {
         Some(e)
     }
 
-    /// Removes and returns every request whose deadline is at or before `now`.
+    /// Removes and returns every request whose deadline or give-up time is at or before `now`.
     pub(crate) fn expire(&mut self, now: Time) -> Vec<Queued> {
         let (gone, keep): (Vec<Queued>, Vec<Queued>) = std::mem::take(&mut self.entries)
             .into_iter()
-            .partition(|e| e.request.deadline.is_some_and(|d| d <= now));
+            .partition(|e| e.leaves_at() <= now);
         self.entries = keep;
         self.tokens = self.entries.iter().map(|e| e.request.isl_tokens).sum();
         gone
     }
 
-    /// The earliest deadline.
+    /// The earliest deadline or give-up time.
     pub(crate) fn next_deadline(&self) -> Option<Time> {
-        self.entries.iter().filter_map(|e| e.request.deadline).min()
+        self.entries.iter().map(Queued::leaves_at).min()
     }
 
     /// The request to place next; `uncached` gives a request's uncached prompt tokens now,
@@ -271,7 +285,9 @@ impl Router {
                 tokens: stats.pending_isl_tokens,
             });
         }
-        self.queue.push(request, now);
+        let max_wait = Time::from_secs_f64(self.config.router_queue_max_wait_secs);
+        let give_up = Time::from_micros(now.as_micros().saturating_add(max_wait.as_micros()));
+        self.queue.push(request, now, give_up);
         Ok(Admission::Queued)
     }
 
@@ -279,11 +295,10 @@ impl Router {
     /// whenever load changes (first token, finish, cancel, worker added) and at
     /// [`Router::next_deadline`].
     pub fn poll(&mut self, now: Time) -> Vec<(RequestId, Result<Decision, RouteError>)> {
-        let mut out: Vec<(RequestId, Result<Decision, RouteError>)> = self
-            .queue
-            .expire(now)
+        let expired = self.queue.expire(now);
+        let mut out: Vec<(RequestId, Result<Decision, RouteError>)> = expired
             .into_iter()
-            .map(|e| (e.request.id, Err(RouteError::DeadlineExceeded)))
+            .map(|e| (e.request.id, Err(self.why_expired(&e, now))))
             .collect();
         let mut waiting = Vec::new();
         while !self.queue.is_empty() {
@@ -328,6 +343,24 @@ impl Router {
             self.queue.push_front(request);
         }
         out
+    }
+
+    /// The error of a request leaving the queue at `now` unplaced.
+    fn why_expired(&self, e: &Queued, now: Time) -> RouteError {
+        if e.request.deadline.is_some_and(|d| d <= e.give_up) {
+            return RouteError::DeadlineExceeded;
+        }
+        let waiting_for = match self.allowed_ranks(&e.request, self.config.router_mode) {
+            Err(err) => err.to_string(),
+            Ok(_) if self.queue_busy(&e.request) => {
+                "every eligible worker is over --router-queue-threshold".to_owned()
+            }
+            Ok(_) => RouteError::AllEligibleWorkersOverloaded.to_string(),
+        };
+        RouteError::QueueWaitExceeded {
+            waited_ms: now.since(e.arrival).as_millis() as u64,
+            waiting_for,
+        }
     }
 
     /// When the next queued request's deadline falls.

@@ -37,6 +37,10 @@ pub struct RouterConfig {
     pub router_ttl_secs: f64,
     /// Most (block, rank) entries kept by a predicted index.
     pub router_max_tree_size: usize,
+    /// Most blocks the event-fed index keeps per (rank, tier) of a worker that declares no
+    /// `kv_capacity_blocks` (a worker that declares one is bounded by it); beyond it the oldest
+    /// leaves are evicted.
+    pub router_index_max_blocks_per_worker: usize,
     /// Fraction of the cap that pruning brings a predicted index down to.
     pub router_prune_target_ratio: f64,
     /// With KV events: keep a predicted-placement window of this many seconds (`None` = off).
@@ -57,6 +61,10 @@ pub struct RouterConfig {
     pub router_queue_max_requests: Option<usize>,
     /// Most prompt tokens waiting in the queue.
     pub router_queue_max_tokens: Option<u64>,
+    /// Longest a request waits in the router queue, seconds, whatever it waits for (load, a
+    /// policy version no worker serves, a paused worker); then it fails with
+    /// `QueueWaitExceeded`, naming what it waited for.
+    pub router_queue_max_wait_secs: f64,
     /// Refuse (instead of failing over to the busy filter's error) when every eligible rank is
     /// over the busy thresholds.
     pub reject_when_overloaded: bool,
@@ -74,6 +82,16 @@ pub struct RouterConfig {
     /// Seed of the randomized policies.
     pub seed: u64,
 }
+
+/// Default of [`RouterConfig::router_index_max_blocks_per_worker`]: 262,144 blocks, 16.7 M
+/// tokens at 64-token blocks, more than one GPU's KV pool holds.
+pub const DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER: usize = 1 << 18;
+
+/// Default of [`RouterConfig::router_queue_max_requests`].
+pub const DEFAULT_QUEUE_MAX_REQUESTS: usize = 1024;
+
+/// Default of [`RouterConfig::router_queue_max_wait_secs`].
+pub const DEFAULT_QUEUE_MAX_WAIT_SECS: f64 = 60.0;
 
 /// KV retention across policy (weight) versions; see [`RouterConfig::kv_retention`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,6 +130,7 @@ impl Default for RouterConfig {
             router_kv_events: true,
             router_ttl_secs: 120.0,
             router_max_tree_size: 1 << 20,
+            router_index_max_blocks_per_worker: DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER,
             router_prune_target_ratio: 0.8,
             router_predicted_ttl_secs: None,
             active_decode_blocks_threshold: None,
@@ -119,7 +138,8 @@ impl Default for RouterConfig {
             active_prefill_tokens_threshold_frac: None,
             router_queue_threshold: None,
             router_queue_policy: QueuePolicy::Fcfs,
-            router_queue_max_requests: None,
+            router_queue_max_requests: Some(DEFAULT_QUEUE_MAX_REQUESTS),
+            router_queue_max_wait_secs: DEFAULT_QUEUE_MAX_WAIT_SECS,
             router_queue_max_tokens: None,
             reject_when_overloaded: false,
             router_session_affinity_ttl_secs: None,
@@ -222,6 +242,11 @@ impl RouterConfig {
             "must be at least 1",
         )?;
         check(
+            self.router_index_max_blocks_per_worker > 0,
+            "--router-index-max-blocks-per-worker",
+            "must be at least 1",
+        )?;
+        check(
             self.router_prune_target_ratio > 0.0 && self.router_prune_target_ratio < 1.0,
             "--router-prune-target-ratio",
             format!("{} is not in (0, 1)", self.router_prune_target_ratio),
@@ -251,6 +276,14 @@ impl RouterConfig {
         if let Some(f) = self.router_queue_threshold {
             finite_non_negative(f, "--router-queue-threshold")?;
         }
+        check(
+            self.router_queue_max_wait_secs.is_finite() && self.router_queue_max_wait_secs > 0.0,
+            "--router-queue-max-wait-secs",
+            format!(
+                "{} is not a positive number of seconds",
+                self.router_queue_max_wait_secs
+            ),
+        )?;
         if let Some(ttl) = self.router_session_affinity_ttl_secs {
             check(
                 ttl.is_finite() && ttl > 0.0,

@@ -12,7 +12,10 @@ mod rl;
 mod update;
 
 pub use admission::{Admission, QueuePolicy, QueueStats};
-pub use config::{ConfigError, KvRetention, RouterConfig};
+pub use config::{
+    ConfigError, KvRetention, RouterConfig, DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER,
+    DEFAULT_QUEUE_MAX_REQUESTS, DEFAULT_QUEUE_MAX_WAIT_SECS,
+};
 pub use request::{
     Decision, Pin, RouteError, RouteRequest, VersionRequirement, WorkerSpec, MAX_DP_SIZE,
     MAX_PRIORITY,
@@ -22,7 +25,7 @@ pub use update::{UpdateAction, UpdateError, UpdateMode, UpdatePhase, UpdatePlan,
 use crate::approx::ApproxIndex;
 use crate::event::KvEvent;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
-use crate::index::{IndexError, OverlapScores, PrefixIndex};
+use crate::index::{IndexError, OverlapScores, PrefixIndex, TierCapacity};
 use crate::ledger::{LoadLedger, RankLoad, RequestLoad};
 use crate::policy::{self, Candidate, CandidateScore, RouterMode};
 use crate::rng::SeededRng;
@@ -136,6 +139,16 @@ impl Router {
         if spec.kv_capacity_blocks == Some(0) {
             return invalid("kv_capacity_blocks must be at least 1");
         }
+        // The declared capacity is the GPU pool's; offload tiers get at least the default.
+        let default = self.config.router_index_max_blocks_per_worker;
+        let gpu = spec
+            .kv_capacity_blocks
+            .map_or(default, |c| usize::try_from(c).unwrap_or(usize::MAX));
+        let capacity = TierCapacity {
+            gpu_blocks: gpu,
+            offload_blocks: gpu.max(default),
+        };
+        self.index.set_worker_capacity(spec.id, Some(capacity));
         self.workers.insert(spec.id, spec);
         self.rebuild_ranks();
         Ok(())
@@ -151,6 +164,7 @@ impl Router {
         self.unavailable.remove(&id);
         self.paused.remove(&id);
         self.index.remove_worker(id);
+        self.index.set_worker_capacity(id, None);
         if let Some(p) = &mut self.predicted {
             p.remove_worker(id);
         }

@@ -203,6 +203,15 @@ pub enum RouteError {
     /// The request could not start before its deadline.
     #[error("the request could not start before its deadline")]
     DeadlineExceeded,
+    /// The request waited the longest the router queue allows (`--router-queue-max-wait-secs`)
+    /// and still could not be placed.
+    #[error("waited {waited_ms} ms in the router queue (--router-queue-max-wait-secs) for: {waiting_for}")]
+    QueueWaitExceeded {
+        /// How long it waited.
+        waited_ms: u64,
+        /// What kept it waiting at the end.
+        waiting_for: String,
+    },
     /// No eligible worker serves a policy version the request accepts (it waits in the router
     /// queue; this is the answer when it cannot wait).
     #[error("no eligible worker serves an accepted policy version")]

@@ -290,3 +290,42 @@ fn first_n_of_m_is_satisfied_once_and_group_tail_admits_the_closest_group_first(
         "unknown groups are ignored"
     );
 }
+
+#[test]
+fn a_request_no_worker_will_ever_serve_leaves_the_queue_after_the_max_wait() {
+    let config = RouterConfig {
+        kv_cache_block_size: BS,
+        router_queue_max_wait_secs: 30.0,
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    r.add_worker(WorkerSpec::new(WorkerId(0))).unwrap();
+    let wants_new = VersionRequirement {
+        exact: Some(7),
+        ..Default::default()
+    };
+    assert_eq!(
+        r.submit(versioned(1, wants_new), Time::from_secs_f64(2.0)),
+        Ok(Admission::Queued)
+    );
+    // Its own (later) deadline does not keep it longer than the bound.
+    let mut late = versioned(2, wants_new);
+    late.deadline = Some(Time::from_secs_f64(500.0));
+    r.submit(late, Time::from_secs_f64(2.0)).unwrap();
+    assert_eq!(r.next_deadline(), Some(Time::from_secs_f64(32.0)));
+    assert!(r.poll(Time::from_secs_f64(31.9)).is_empty());
+    let out = r.poll(Time::from_secs_f64(32.0));
+    let why = RouteError::QueueWaitExceeded {
+        waited_ms: 30_000,
+        waiting_for: RouteError::NoCompatibleVersion.to_string(),
+    };
+    assert_eq!(
+        out,
+        vec![(RequestId(1), Err(why.clone())), (RequestId(2), Err(why))]
+    );
+    assert_eq!(r.queue_stats().pending_requests, 0);
+    assert_eq!(
+        RouterConfig::default().router_queue_max_requests,
+        Some(1024)
+    );
+}

@@ -584,3 +584,28 @@ fn impossible_worker_specs_are_typed_errors_not_allocations() {
         MAX_DP_SIZE as usize
     );
 }
+
+#[test]
+fn the_index_is_bounded_by_each_workers_declared_capacity_or_the_default() {
+    use crate::index::TierCapacity;
+    let config = RouterConfig {
+        router_index_max_blocks_per_worker: 100,
+        ..RouterConfig::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    let mut declared = WorkerSpec::new(WorkerId(0));
+    declared.kv_capacity_blocks = Some(16);
+    r.add_worker(declared).unwrap();
+    r.add_worker(WorkerSpec::new(WorkerId(1))).unwrap();
+    let gpu_16 = TierCapacity {
+        gpu_blocks: 16,
+        offload_blocks: 100,
+    };
+    assert_eq!(r.index().worker_capacity(WorkerId(0)), Some(gpu_16));
+    assert_eq!(
+        r.index().worker_capacity(WorkerId(1)),
+        Some(TierCapacity::uniform(100))
+    );
+    r.remove_worker(WorkerId(0)).unwrap();
+    assert_eq!(r.index().worker_capacity(WorkerId(0)), None);
+}
