@@ -93,6 +93,8 @@ pub struct ServeConfig {
     pub provenance: Option<Arc<crate::provenance::ProvenanceLog>>,
     /// Recent request timelines kept for `GET /admin/trace` (0 = off).
     pub trace_capture: usize,
+    /// Bounds of KV event ingestion.
+    pub kv_ingest: crate::ingest::IngestConfig,
 }
 
 impl Default for ServeConfig {
@@ -115,6 +117,7 @@ impl Default for ServeConfig {
             stream_idle_timeout: None,
             trace_capture: 0,
             provenance: None,
+            kv_ingest: crate::ingest::IngestConfig::default(),
         }
     }
 }
