@@ -91,6 +91,17 @@ pub(crate) struct ServeArgs {
     /// Seconds an unhealthy worker keeps its cache entries in the index.
     #[arg(long, default_value_t = 30.0)]
     unhealthy_index_grace_secs: f64,
+    /// KV event messages larger than this many bytes are dropped (counted as `oversize`) and
+    /// the rank re-synced; libzmq refuses frames over 4× this outright.
+    #[arg(long, default_value_t = 8 << 20)]
+    kv_event_max_message_bytes: usize,
+    /// Blocks of a KV event applied per hold of the index lock (larger events are applied in
+    /// slices, letting requests route in between).
+    #[arg(long, default_value_t = 512)]
+    kv_event_apply_slice_blocks: usize,
+    /// Seconds one replay request to an engine's replay socket may take in all.
+    #[arg(long, default_value_t = 5.0)]
+    kv_event_replay_timeout_secs: f64,
 }
 
 fn secs(v: Option<f64>, flag: &str) -> anyhow::Result<Option<std::time::Duration>> {
@@ -189,7 +200,27 @@ impl ServeArgs {
                 )?
                 .unwrap_or_default(),
             },
+            kv_ingest: self.kv_ingest()?,
             ..ServeConfig::default()
+        })
+    }
+
+    fn kv_ingest(&self) -> anyhow::Result<kvrouter_server::IngestConfig> {
+        if self.kv_event_max_message_bytes == 0 {
+            bail!("--kv-event-max-message-bytes must be at least 1");
+        }
+        if self.kv_event_apply_slice_blocks == 0 {
+            bail!("--kv-event-apply-slice-blocks must be at least 1");
+        }
+        let replay_timeout = secs(
+            Some(self.kv_event_replay_timeout_secs),
+            "--kv-event-replay-timeout-secs",
+        )?
+        .unwrap_or_default();
+        Ok(kvrouter_server::IngestConfig {
+            max_message_bytes: self.kv_event_max_message_bytes,
+            apply_slice_blocks: self.kv_event_apply_slice_blocks,
+            replay_timeout,
         })
     }
 }

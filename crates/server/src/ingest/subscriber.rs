@@ -8,15 +8,20 @@ use crate::state::Inner;
 use kvrouter_kv_wire::decode_seq;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often the stop flag is looked at.
 const POLL_MS: i64 = 100;
 /// libzmq's reconnect interval, and its bound when backing off.
 const RECONNECT_IVL_MS: i32 = 100;
 const RECONNECT_IVL_MAX_MS: i32 = 1000;
+/// A publisher that does not finish its handshake in this time is disconnected (and retried).
+const HANDSHAKE_IVL_MS: i32 = 5000;
 /// Messages read per wake-up before the monitor and the stop flag are looked at again.
 const BURST: usize = 256;
+/// libzmq does not reconnect after a protocol error (4.3 terminates the session): when no socket
+/// event was seen for this long while not connected, the subscriber connects again itself.
+const WATCHDOG: Duration = Duration::from_millis(1500);
 /// Pause before a subscriber that failed is started again.
 const RESTART_PAUSE: Duration = Duration::from_secs(1);
 
@@ -81,14 +86,13 @@ fn run(state: &Inner, source: &Source, stop: &AtomicBool) -> Result<(), Subscrib
     sub.set_reconnect_ivl(RECONNECT_IVL_MS)?;
     sub.set_reconnect_ivl_max(RECONNECT_IVL_MAX_MS)?;
     sub.set_maxmsgsize(config.hard_frame_bytes())?;
+    sub.set_handshake_ivl(HANDSHAKE_IVL_MS)?;
     sub.set_subscribe(b"")?;
     let monitor_endpoint = format!(
         "inproc://kvrouter-ingest-monitor-{}",
         MONITORS.fetch_add(1, Ordering::Relaxed)
     );
-    let events = zmq::SocketEvent::HANDSHAKE_SUCCEEDED as i32
-        | zmq::SocketEvent::DISCONNECTED as i32;
-    sub.monitor(&monitor_endpoint, events)?;
+    sub.monitor(&monitor_endpoint, zmq::SocketEvent::ALL as i32)?;
     let monitor = ctx.socket(zmq::PAIR)?;
     monitor.set_linger(0)?;
     monitor.connect(&monitor_endpoint)?;
@@ -102,7 +106,9 @@ fn run(state: &Inner, source: &Source, stop: &AtomicBool) -> Result<(), Subscrib
         stop,
         seq: Sequence::default(),
         connected: false,
+        tcp_up: false,
         broken: false,
+        last_event: Instant::now(),
     };
     // Learn what the engine already holds.
     stream.replay_from(0, u64::MAX);
@@ -114,6 +120,7 @@ fn run(state: &Inner, source: &Source, stop: &AtomicBool) -> Result<(), Subscrib
         zmq::poll(&mut items, POLL_MS)?;
         let data = items[1].is_readable();
         stream.on_monitor(&monitor)?;
+        stream.watchdog(&sub)?;
         if !data {
             continue;
         }
@@ -139,8 +146,12 @@ struct Stream<'a> {
     seq: Sequence,
     /// A publisher is connected (its handshake succeeded).
     connected: bool,
+    /// A TCP connection is up (its handshake may still be running).
+    tcp_up: bool,
     /// The publisher went away; the next handshake is a come-back.
     broken: bool,
+    /// When the monitor last said anything.
+    last_event: Instant,
 }
 
 impl Stream<'_> {
@@ -156,6 +167,7 @@ impl Stream<'_> {
                 Err(zmq::Error::EAGAIN) => return Ok(()),
                 Err(e) => return Err(e),
             };
+            self.last_event = Instant::now();
             let Some(event) = frames
                 .first()
                 .and_then(|f| f.get(..2))
@@ -163,6 +175,11 @@ impl Stream<'_> {
             else {
                 continue;
             };
+            match event {
+                zmq::SocketEvent::CONNECTED => self.tcp_up = true,
+                zmq::SocketEvent::DISCONNECTED | zmq::SocketEvent::CLOSED => self.tcp_up = false,
+                _ => {}
+            }
             match event {
                 zmq::SocketEvent::DISCONNECTED if self.connected => {
                     self.connected = false;
@@ -181,6 +198,19 @@ impl Stream<'_> {
                 _ => {}
             }
         }
+        Ok(())
+    }
+
+    /// Connects again when libzmq gave up (no socket event for [`WATCHDOG`] while not
+    /// connected: after a protocol error it does not retry by itself).
+    fn watchdog(&mut self, sub: &zmq::Socket) -> Result<(), zmq::Error> {
+        if self.connected || self.tcp_up || self.last_event.elapsed() < WATCHDOG {
+            return Ok(());
+        }
+        tracing::debug!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "no KV event connection and libzmq not retrying; connecting again");
+        let _ = sub.disconnect(&self.source.endpoint);
+        sub.connect(&self.source.endpoint)?;
+        self.last_event = Instant::now();
         Ok(())
     }
 
