@@ -1,6 +1,7 @@
 //! A hand-written ZMTP 3.0 publisher over raw TCP, to send a subscriber exactly the bytes a test
-#![allow(unreachable_pub, dead_code)]
 //! wants: valid greetings and messages, and the malformed ones a real PUB never sends.
+
+#![allow(unreachable_pub, dead_code)]
 
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
