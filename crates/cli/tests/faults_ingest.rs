@@ -95,7 +95,12 @@ async fn complete(url: &str, prompt: &str) {
 }
 
 fn port_of(endpoint: &str) -> String {
-    endpoint.rsplit(':').next().unwrap().trim_matches('/').to_owned()
+    endpoint
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_matches('/')
+        .to_owned()
 }
 
 #[tokio::test]
@@ -173,7 +178,9 @@ fn probe_batch(n: usize) -> Vec<u8> {
             .map(|b| StoredBlock {
                 engine_hash: EngineHash(u64::from(n as u32 * 1000 + b)),
                 content: BlockContent::Tokens(
-                    (0..BS as u32).map(|t| n as u32 * 100_000 + b * 100 + t).collect(),
+                    (0..BS as u32)
+                        .map(|t| n as u32 * 100_000 + b * 100 + t)
+                        .collect(),
                 ),
             })
             .collect(),
@@ -266,7 +273,8 @@ async fn adversarial_publishers_never_stop_ingestion() {
     f.probe(2, 4, "seq u64::MAX").await;
     // Not msgpack, a 7-byte sequence frame, two frames, random msgpack-ish bytes.
     f.send(&event_message(3, &noise(3, 300))).await;
-    f.send(&zmtp::message(&[b"", &[0; 7], &probe_batch(9)])).await;
+    f.send(&zmtp::message(&[b"", &[0; 7], &probe_batch(9)]))
+        .await;
     f.send(&zmtp::message(&[b"", &4u64.to_be_bytes()])).await;
     let mut mutated = probe_batch(2);
     mutated.truncate(mutated.len() / 2);

@@ -252,7 +252,10 @@ async fn a_sequence_jump_to_u64_max_does_not_stop_ingestion() {
     );
     let m = metrics(&server).await;
     assert!(m.contains("reason=\"seq_backwards\"} 1"), "{m}");
-    assert!(m.contains("kvrouter_kv_stream_resyncs_total{worker=\"0\",reason=\"seq_backwards\"} 1"), "{m}");
+    assert!(
+        m.contains("kvrouter_kv_stream_resyncs_total{worker=\"0\",reason=\"seq_backwards\"} 1"),
+        "{m}"
+    );
     server.stop().await;
 }
 
@@ -318,6 +321,10 @@ async fn removing_a_worker_closes_its_subscriber_connection() {
         false
     })
     .await;
-    assert_eq!(closed, Ok(true), "the removed worker's subscriber closed its socket");
+    assert_eq!(
+        closed,
+        Ok(true),
+        "the removed worker's subscriber closed its socket"
+    );
     server.stop().await;
 }

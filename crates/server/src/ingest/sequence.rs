@@ -98,7 +98,13 @@ mod tests {
     #[test]
     fn a_jump_to_the_top_then_back_is_a_restart_not_a_silent_drop() {
         let mut s = live(&[4]);
-        assert_eq!(s.judge(u64::MAX), Verdict::Gap { from: 5, to: u64::MAX });
+        assert_eq!(
+            s.judge(u64::MAX),
+            Verdict::Gap {
+                from: 5,
+                to: u64::MAX
+            }
+        );
         s.applied_live(u64::MAX);
         assert_eq!(s.judge(5), Verdict::Backwards);
         assert_eq!(s.judge(0), Verdict::Backwards);
