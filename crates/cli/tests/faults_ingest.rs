@@ -303,3 +303,22 @@ async fn adversarial_publishers_never_stop_ingestion() {
     }
     let _ = std::fs::remove_file(path);
 }
+
+#[tokio::test]
+async fn bad_ingest_bounds_are_a_clear_error_naming_the_flag() {
+    for (flag, value) in [
+        ("--kv-event-max-message-bytes", "0"),
+        ("--kv-event-apply-slice-blocks", "0"),
+        ("--kv-event-replay-timeout-secs", "-1"),
+    ] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args(["serve", "--port", "0", "--mock-workers", "1"])
+            .arg(format!("{flag}={value}"))
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success(), "{flag} {value} is refused");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(flag), "{flag}: {stderr}");
+    }
+}

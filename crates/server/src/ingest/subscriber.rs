@@ -22,14 +22,23 @@ const BURST: usize = 256;
 /// libzmq does not reconnect after a protocol error (4.3 terminates the session): when no socket
 /// event was seen for this long while not connected, the subscriber connects again itself.
 const WATCHDOG: Duration = Duration::from_millis(1500);
-/// Pause before a subscriber that failed is started again.
+/// Pause before a subscriber that failed is started again, doubling per failure in a row up to
+/// the maximum (a bad endpoint is retried, and logged, at most every 30 s).
 const RESTART_PAUSE: Duration = Duration::from_secs(1);
+const RESTART_PAUSE_MAX: Duration = Duration::from_secs(30);
+/// A run this long resets the pause.
+const STABLE_RUN: Duration = Duration::from_secs(60);
 
 /// Runs the subscriber until `stop`; a failure (a socket error, a bug) is logged, counted as a
 /// break and the subscriber started afresh, so ingestion never dies silently.
 pub(super) fn supervise(state: &Inner, source: &Source, stop: &AtomicBool) {
+    let mut pause = RESTART_PAUSE;
     while !stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| run(state, source, stop)));
+        if started.elapsed() > STABLE_RUN {
+            pause = RESTART_PAUSE;
+        }
         let reason = match outcome {
             Ok(Ok(())) => return,
             Ok(Err(e)) => {
@@ -42,12 +51,14 @@ pub(super) fn supervise(state: &Inner, source: &Source, stop: &AtomicBool) {
             }
         };
         break_stream(state, source, reason);
-        for _ in 0..10 {
+        let until = Instant::now() + pause;
+        while Instant::now() < until {
             if stop.load(Ordering::Relaxed) {
                 return;
             }
-            std::thread::sleep(RESTART_PAUSE / 10);
+            std::thread::sleep(Duration::from_millis(POLL_MS as u64));
         }
+        pause = (pause * 2).min(RESTART_PAUSE_MAX);
     }
 }
 
@@ -270,7 +281,9 @@ impl Stream<'_> {
             drop_message(self.state, "oversize");
             tracing::warn!(worker = %self.source.worker, dp_rank = self.source.dp_rank, seq, size_bytes = size, max_bytes = max, "dropped a KV event message over --kv-event-max-message-bytes; rank re-synced");
             self.resync("oversize");
-            self.seq.applied_live(seq);
+            if self.seq.applied().is_none_or(|a| seq > a) {
+                self.seq.applied_live(seq);
+            }
             return;
         }
         let mut verdict = self.seq.judge(seq);
