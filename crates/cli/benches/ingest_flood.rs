@@ -1,10 +1,12 @@
 //! Routing latency while KV events flood in: `kvrouter serve` (its own process) in front of one
 //! instant `kvrouter mock-engine`, whose KV events come from a fake PUB in this process instead.
-//! Three phases, each timing sequential non-streamed requests (max_tokens 1) end to end:
+//! Each phase times sequential non-streamed requests (max_tokens 1) end to end for a few seconds:
 //! a baseline without events; a flood of 1,024-block `BlockStored`/`BlockRemoved` batches with a
-//! 50,000-block one every second; and one 1,000,000-block `BlockStored` (≈73 MB on the wire, the
-//! message of issue 12, over the default `--kv-event-max-message-bytes`) followed by the flood.
-//! Prints p50/p99/max per phase, the router's peak RSS, and the ingest counters.
+//! 80,000-block one (≈7 MB with its removal, under the default `--kv-event-max-message-bytes`) every second;
+//! and one 1,000,000-block `BlockStored` (≈76 MB on the wire, the message of issue 12, over the
+//! bound: libzmq refuses it, the stream breaks and re-syncs) followed by the same flood.
+//! Prints p50/p99/max per phase, the router's own routing-overhead p99 (from its histogram),
+//! its RSS, and the ingest counters.
 //!
 //! `cargo bench -p kvrouter --bench ingest_flood`    (bounded: about a minute)
 
@@ -26,7 +28,8 @@ use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvrouter");
 const BS: usize = 16;
-const REQUESTS: usize = 300;
+const PHASE: Duration = Duration::from_secs(6);
+const BIG_BLOCKS: u64 = 80_000;
 
 struct Proc {
     child: Child,
@@ -97,7 +100,7 @@ fn payload(events: &[KvEvent]) -> Bytes {
 }
 
 /// Publishes until `stop`: per step a 1,024-block chain stored and the one 8 steps back removed;
-/// every second a 50,000-block chain (removed a second later). With `huge`, first one
+/// every second a [`BIG_BLOCKS`]-block chain (removed a second later). With `huge`, first one
 /// 1,000,000-block message.
 fn flood(
     mut socket: PubSocket,
@@ -136,9 +139,9 @@ fn flood(
             if big_at.elapsed() > Duration::from_secs(1) {
                 big_at = Instant::now();
                 let chain = (1 << 30) + step;
-                let mut events = vec![stored(chain, 50_000)];
+                let mut events = vec![stored(chain, BIG_BLOCKS)];
                 if let Some(old) = big.replace(chain) {
-                    events.push(removed(old, 50_000));
+                    events.push(removed(old, BIG_BLOCKS));
                 }
                 send_one(&mut socket, &mut seq, &sent, payload(&events)).await;
             }
@@ -148,9 +151,38 @@ fn flood(
     })
 }
 
+/// The router's routing-overhead histogram: (upper bound in s, cumulative count).
+async fn overhead_buckets(client: &reqwest::Client, base: &str) -> Vec<(f64, u64)> {
+    let m = metrics(client, base).await;
+    m.lines()
+        .filter_map(|l| l.strip_prefix("kvrouter_routing_overhead_seconds_bucket{le=\""))
+        .filter_map(|l| {
+            let (le, n) = l.split_once("\"} ")?;
+            Some((le.parse().unwrap_or(f64::INFINITY), n.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The upper bucket bound holding quantile `q` of the observations between two snapshots.
+fn bucket_quantile(before: &[(f64, u64)], after: &[(f64, u64)], q: f64) -> f64 {
+    let total = after.last().map_or(0, |b| b.1) - before.last().map_or(0, |b| b.1);
+    let want = (total as f64 * q).ceil() as u64;
+    for (i, (le, n)) in after.iter().enumerate() {
+        if n - before.get(i).map_or(0, |b| b.1) >= want {
+            return *le;
+        }
+    }
+    f64::INFINITY
+}
+
 async fn phase(client: &reqwest::Client, base: &str, name: &str) {
-    let mut ms = Vec::with_capacity(REQUESTS);
-    for i in 0..REQUESTS {
+    let before = overhead_buckets(client, base).await;
+    let mut ms = Vec::new();
+    let start = Instant::now();
+    for i in 0..1_000_000 {
+        if start.elapsed() > PHASE {
+            break;
+        }
         let body = json!({"model": "mock-model", "prompt": format!("request {i} about the flood"), "max_tokens": 1});
         let t = Instant::now();
         let r = client
@@ -163,14 +195,28 @@ async fn phase(client: &reqwest::Client, base: &str, name: &str) {
         let _ = r.bytes().await.unwrap();
         ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
+    let after = overhead_buckets(client, base).await;
     ms.sort_by(f64::total_cmp);
     let q = |p: f64| ms[((ms.len() as f64 * p) as usize).min(ms.len() - 1)];
     println!(
-        "{name:<34} requests {REQUESTS}  p50 {:>7.2} ms  p99 {:>7.2} ms  max {:>7.2} ms",
+        "{name:<30} requests {:>5}  p50 {:>6.2} ms  p99 {:>6.2} ms  max {:>7.2} ms  routing overhead p99 <= {} ms",
+        ms.len(),
         q(0.5),
         q(0.99),
-        ms[ms.len() - 1]
+        ms[ms.len() - 1],
+        bucket_quantile(&before, &after, 0.99) * 1e3
     );
+}
+
+async fn metrics(client: &reqwest::Client, base: &str) -> String {
+    client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 fn rss_mib(pid: u32) -> String {
@@ -187,19 +233,12 @@ fn rss_mib(pid: u32) -> String {
 }
 
 async fn counters(client: &reqwest::Client, base: &str) -> String {
-    let m = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = metrics(client, base).await;
     m.lines()
         .filter(|l| {
             l.starts_with("kvrouter_kv_event_messages_dropped_total{")
                 || l.starts_with("kvrouter_kv_stream_")
-                || (l.starts_with("kvrouter_kv_events_applied_total{") && l.contains("stored"))
+                || l.starts_with("kvrouter_kv_events_applied_total{")
         })
         .collect::<Vec<_>>()
         .join("\n  ")
@@ -246,7 +285,7 @@ async fn main() {
     println!("  {}", rss_mib(pid));
 
     let mut seq = 0;
-    for (name, huge) in [("flood", false), ("1M-block message, then flood", true)] {
+    for (name, huge) in [("flood", false), ("76 MB message, then flood", true)] {
         let stop = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(AtomicU64::new(0));
         let (s, n) = (stop.clone(), sent.clone());
