@@ -111,6 +111,17 @@ pub(crate) struct ServeArgs {
     /// the whole answer) before it is retried elsewhere and the worker counts as failed.
     #[arg(long, default_value_t = 600.0)]
     upstream_response_timeout_secs: f64,
+    /// KV event messages larger than this many bytes are dropped (counted as `oversize`) and
+    /// the rank re-synced; libzmq refuses frames over 4× this outright.
+    #[arg(long, default_value_t = 8 << 20)]
+    kv_event_max_message_bytes: usize,
+    /// Blocks of a KV event applied per hold of the index lock (larger events are applied in
+    /// slices, letting requests route in between).
+    #[arg(long, default_value_t = 512)]
+    kv_event_apply_slice_blocks: usize,
+    /// Seconds one replay request to an engine's replay socket may take in all.
+    #[arg(long, default_value_t = 5.0)]
+    kv_event_replay_timeout_secs: f64,
     #[command(flatten)]
     http: HttpArgs,
 }
@@ -330,7 +341,27 @@ impl ServeArgs {
                 )?
                 .unwrap_or_default(),
             },
+            kv_ingest: self.kv_ingest()?,
             ..ServeConfig::default()
+        })
+    }
+
+    fn kv_ingest(&self) -> anyhow::Result<kvrouter_server::IngestConfig> {
+        if self.kv_event_max_message_bytes == 0 {
+            bail!("--kv-event-max-message-bytes must be at least 1");
+        }
+        if self.kv_event_apply_slice_blocks == 0 {
+            bail!("--kv-event-apply-slice-blocks must be at least 1");
+        }
+        let replay_timeout = secs(
+            Some(self.kv_event_replay_timeout_secs),
+            "--kv-event-replay-timeout-secs",
+        )?
+        .unwrap_or_default();
+        Ok(kvrouter_server::IngestConfig {
+            max_message_bytes: self.kv_event_max_message_bytes,
+            apply_slice_blocks: self.kv_event_apply_slice_blocks,
+            replay_timeout,
         })
     }
 }

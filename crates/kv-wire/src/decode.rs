@@ -29,11 +29,15 @@ pub fn decode_seq(frame: &[u8]) -> Result<u64, WireError> {
     Ok(u64::from_be_bytes(bytes))
 }
 
+/// Nesting the decoder follows at most: a batch is array → events → event → field → items, so
+/// anything deeper is not a KV event payload (and must not cost stack).
+pub const MAX_DEPTH: usize = 16;
+
 /// Decodes a msgpack payload `[ts, events, dp_rank?]`.
 pub fn decode_payload(payload: &[u8]) -> Result<WireBatch, WireError> {
     let mut cursor = payload;
-    let value =
-        rmpv::decode::read_value(&mut cursor).map_err(|e| WireError::Msgpack(e.to_string()))?;
+    let value = rmpv::decode::read_value_with_max_depth(&mut cursor, MAX_DEPTH)
+        .map_err(|e| WireError::Msgpack(e.to_string()))?;
     let Value::Array(items) = value else {
         return Err(shape("batch is not an array"));
     };
@@ -237,5 +241,17 @@ mod tests {
         assert!(decode_payload(&[0x92, 0x01, 0x02]).is_err()); // events not an array
         assert_eq!(decode_seq(&[0; 7]), Err(WireError::SeqLength(7)));
         assert_eq!(decode_seq(&[0, 0, 0, 0, 0, 0, 1, 2]), Ok(0x102));
+    }
+
+    #[test]
+    fn deep_nesting_and_huge_declared_lengths_are_errors() {
+        // A million nested one-element arrays.
+        assert!(matches!(
+            decode_payload(&vec![0x91; 1_000_000]),
+            Err(WireError::Msgpack(_))
+        ));
+        // An array32 declaring 4 G elements, a bin32 declaring 4 GiB: nothing is allocated.
+        assert!(decode_payload(&[0xdd, 0xff, 0xff, 0xff, 0xff, 0x01]).is_err());
+        assert!(decode_payload(&[0x92, 0x00, 0xc6, 0xff, 0xff, 0xff, 0xff]).is_err());
     }
 }

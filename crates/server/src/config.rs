@@ -115,6 +115,8 @@ pub struct ServeConfig {
     /// Time a worker gets to answer a non-streamed request's headers (engines send them with
     /// the whole answer, so this bounds the generation).
     pub upstream_response_timeout: std::time::Duration,
+    /// Bounds of KV event ingestion.
+    pub kv_ingest: crate::ingest::IngestConfig,
 }
 
 impl Default for ServeConfig {
@@ -142,6 +144,7 @@ impl Default for ServeConfig {
             upstream_connect_timeout: std::time::Duration::from_secs(5),
             upstream_first_byte_timeout: std::time::Duration::from_secs(60),
             upstream_response_timeout: std::time::Duration::from_secs(600),
+            kv_ingest: crate::ingest::IngestConfig::default(),
         }
     }
 }

@@ -12,7 +12,7 @@
 //! - `headers`: pins, priority, deadline, session, group and policy versions from request headers.
 //! - [`provenance`]: the per-request JSON-lines log.
 //! - `routing`: request bodies to tokens and block hashes. `registry`: adding and removing workers.
-//! - `ingest`: ZeroMQ subscribers, sequence-gap recovery. `metrics`: Prometheus text.
+//! - `ingest`: libzmq subscribers (a thread per rank), reconnect re-syncs, sequence-gap recovery, bounded slices. `metrics`: Prometheus text.
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
 //! - `error`: the one mapping from errors to HTTP responses. `mock`: embedded mock engines.
 //! - `auth`: the admin token layer and session-release protection (constant-time compare).
@@ -44,6 +44,7 @@ pub use app::app;
 pub use config::{ServeConfig, SessionReleaseAuth, WorkerEntry, WorkersFile};
 pub use error::ServeError;
 pub use health::HealthConfig;
+pub use ingest::IngestConfig;
 pub use state::AppState;
 
 use std::net::SocketAddr;

@@ -99,6 +99,8 @@ pub(crate) struct Metrics {
     pub(crate) rejections: Counters,
     pub(crate) kv_events: Counters,
     pub(crate) kv_messages_dropped: Counters,
+    pub(crate) kv_stream_breaks: Counters,
+    pub(crate) kv_stream_resyncs: Counters,
     pub(crate) retries: Counters,
     pub(crate) health_transitions: Counters,
     pub(crate) migrations: Counters,
@@ -123,6 +125,8 @@ impl Metrics {
             rejections: Counters::default(),
             kv_events: Counters::default(),
             kv_messages_dropped: Counters::default(),
+            kv_stream_breaks: Counters::default(),
+            kv_stream_resyncs: Counters::default(),
             retries: Counters::default(),
             health_transitions: Counters::default(),
             migrations: Counters::default(),
@@ -193,6 +197,16 @@ impl Metrics {
             out,
             "kvrouter_kv_event_messages_dropped_total",
             "KV event messages dropped or recovered, by reason.",
+        );
+        self.kv_stream_breaks.render(
+            out,
+            "kvrouter_kv_stream_breaks_total",
+            "KV event streams that broke (publisher disconnected, subscriber failed), by worker and reason.",
+        );
+        self.kv_stream_resyncs.render(
+            out,
+            "kvrouter_kv_stream_resyncs_total",
+            "Ranks cleared and re-learned (stream came back, sequence went backwards, oversize message), by worker and reason.",
         );
         self.health_transitions.render(
             out,

@@ -48,6 +48,8 @@ pub(crate) struct Inner {
     pub(crate) tokenizer: CachedTokenizer,
     pub(crate) tokenize_slots: Semaphore,
     pub(crate) metrics: Metrics,
+    /// The libzmq context of the KV event subscribers (no I/O until a socket is made).
+    pub(crate) zmq: zmq::Context,
     pub(crate) models: RwLock<Vec<String>>,
     /// Requests waiting in the router queue, by id: where to send their placement.
     pub(crate) waiters: Mutex<HashMap<RequestId, oneshot::Sender<Result<Decision, RouteError>>>>,
@@ -189,6 +191,7 @@ impl AppState {
                 tokenizer,
                 tokenize_slots: Semaphore::new(slots),
                 metrics: Metrics::new(),
+                zmq: zmq::Context::new(),
                 models: RwLock::new(models),
                 waiters: Mutex::new(HashMap::new()),
                 queue_notify: Notify::new(),

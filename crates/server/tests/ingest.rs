@@ -1,5 +1,7 @@
 //! KV event ingestion against a scripted publisher: live frames, a sequence gap recovered through
-//! the replay socket, and a gap without replay clearing the worker's index.
+//! the replay socket, a gap without replay clearing the worker's index, a sequence jump to
+//! u64::MAX that must not stop ingestion, an oversize message dropped and counted, and a removed
+//! worker's subscriber closing its connection.
 
 use bytes::Bytes;
 use kvrouter_core::event::{BlockContent, KvEvent, Medium, StoredBlock};
@@ -116,10 +118,19 @@ impl FakeEngine {
 }
 
 async fn router_for(engine: &FakeEngine, with_replay: bool) -> kvrouter_server::RunningServer {
+    let replay = with_replay.then(|| engine.replay.clone());
+    router_with(&engine.endpoint, replay, ServeConfig::default()).await
+}
+
+async fn router_with(
+    endpoint: &str,
+    replay: Option<String>,
+    base: ServeConfig,
+) -> kvrouter_server::RunningServer {
     let entry = WorkerEntry {
         url: "http://127.0.0.1:9".into(),
-        kv_events_endpoint: Some(engine.endpoint.clone()),
-        replay_endpoint: with_replay.then(|| engine.replay.clone()),
+        kv_events_endpoint: Some(endpoint.to_owned()),
+        replay_endpoint: replay,
         block_size: Some(BS),
         max_num_batched_tokens: Some(8192),
         kv_capacity_blocks: Some(1024),
@@ -132,7 +143,7 @@ async fn router_for(engine: &FakeEngine, with_replay: bool) -> kvrouter_server::
         },
         workers: vec![entry],
         model_names: vec!["m".into()],
-        ..ServeConfig::default()
+        ..base
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     kvrouter_server::start(config, listener).await.unwrap()
@@ -208,6 +219,112 @@ async fn a_gap_without_replay_clears_and_relearns() {
         until_blocks(&server, 3, &mut engine, None).await,
         3,
         "cleared, then seq 2 applied"
+    );
+    server.stop().await;
+}
+
+async fn metrics(server: &kvrouter_server::RunningServer) -> String {
+    reqwest::get(format!("http://{}/metrics", server.addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_sequence_jump_to_u64_max_does_not_stop_ingestion() {
+    let mut engine = fake_engine().await;
+    let server = router_for(&engine, false).await;
+    engine.emit(0, batch(1, 2), true).await;
+    assert_eq!(
+        until_blocks(&server, 2, &mut engine, Some((0, batch(1, 2)))).await,
+        2
+    );
+    // A broken publisher jumps to the top, then numbers from 1 again.
+    engine.emit(u64::MAX, batch(2, 1), true).await;
+    engine.emit(1, batch(3, 3), true).await;
+    engine.emit(2, batch(4, 1), true).await;
+    assert_eq!(
+        until_blocks(&server, 4, &mut engine, None).await,
+        4,
+        "re-synced at seq 1 (cleared), then seqs 1 and 2 applied"
+    );
+    let m = metrics(&server).await;
+    assert!(m.contains("reason=\"seq_backwards\"} 1"), "{m}");
+    assert!(
+        m.contains("kvrouter_kv_stream_resyncs_total{worker=\"0\",reason=\"seq_backwards\"} 1"),
+        "{m}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_oversize_message_is_dropped_counted_and_the_rank_resynced() {
+    let mut engine = fake_engine().await;
+    let base = ServeConfig {
+        kv_ingest: kvrouter_server::IngestConfig {
+            max_message_bytes: 1000,
+            ..Default::default()
+        },
+        ..ServeConfig::default()
+    };
+    let server = router_with(&engine.endpoint, None, base).await;
+    engine.emit(0, batch(1, 2), true).await;
+    assert_eq!(
+        until_blocks(&server, 2, &mut engine, Some((0, batch(1, 2)))).await,
+        2
+    );
+    assert!(batch(2, 100).len() > 1000);
+    engine.emit(1, batch(2, 100), true).await;
+    engine.emit(2, batch(3, 1), true).await;
+    assert_eq!(
+        until_blocks(&server, 1, &mut engine, None).await,
+        1,
+        "the oversize batch is not applied; the rank was cleared, then seq 2 applied"
+    );
+    let m = metrics(&server).await;
+    assert!(m.contains("reason=\"oversize\"} 1"), "{m}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn removing_a_worker_closes_its_subscriber_connection() {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
+    let base = ServeConfig {
+        admin_token: Some("t".into()),
+        ..ServeConfig::default()
+    };
+    let server = router_with(&endpoint, None, base).await;
+    let (mut conn, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept())
+        .await
+        .expect("the subscriber connects")
+        .unwrap();
+    let r = reqwest::Client::new()
+        .delete(format!("http://{}/admin/workers/0", server.addr))
+        .bearer_auth("t")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    // Whatever the subscriber sent (its greeting), the connection ends.
+    let mut buf = [0u8; 256];
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        for _ in 0..1000 {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => {}
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        closed,
+        Ok(true),
+        "the removed worker's subscriber closed its socket"
     );
     server.stop().await;
 }

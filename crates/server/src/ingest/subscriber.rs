@@ -1,0 +1,314 @@
+//! One rank's subscriber: a libzmq SUB and its socket monitor, polled on a dedicated thread.
+
+use super::apply::apply_payload;
+use super::replay::replay;
+use super::sequence::{Sequence, Verdict};
+use super::{clear, drop_message, Source};
+use crate::state::Inner;
+use kvrouter_kv_wire::decode_seq;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How often the stop flag is looked at.
+const POLL_MS: i64 = 100;
+/// libzmq's reconnect interval, and its bound when backing off.
+const RECONNECT_IVL_MS: i32 = 100;
+const RECONNECT_IVL_MAX_MS: i32 = 1000;
+/// A publisher that does not finish its handshake in this time is disconnected (and retried).
+const HANDSHAKE_IVL_MS: i32 = 5000;
+/// Messages read per wake-up before the monitor and the stop flag are looked at again.
+const BURST: usize = 256;
+/// libzmq does not reconnect after a protocol error (4.3 terminates the session): when no socket
+/// event was seen for this long while not connected, the subscriber connects again itself.
+const WATCHDOG: Duration = Duration::from_millis(1500);
+/// Pause before a subscriber that failed is started again, doubling per failure in a row up to
+/// the maximum (a bad endpoint is retried, and logged, at most every 30 s).
+const RESTART_PAUSE: Duration = Duration::from_secs(1);
+const RESTART_PAUSE_MAX: Duration = Duration::from_secs(30);
+/// A run this long resets the pause.
+const STABLE_RUN: Duration = Duration::from_secs(60);
+
+/// Runs the subscriber until `stop`; a failure (a socket error, a bug) is logged, counted as a
+/// break and the subscriber started afresh, so ingestion never dies silently.
+pub(super) fn supervise(state: &Inner, source: &Source, stop: &AtomicBool) {
+    let mut pause = RESTART_PAUSE;
+    while !stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        let outcome = catch_unwind(AssertUnwindSafe(|| run(state, source, stop)));
+        if started.elapsed() > STABLE_RUN {
+            pause = RESTART_PAUSE;
+        }
+        let reason = match outcome {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => {
+                tracing::error!(worker = %source.worker, dp_rank = source.dp_rank, endpoint = %source.endpoint, "KV event subscriber failed: {e}; starting it again");
+                "socket_error"
+            }
+            Err(_) => {
+                tracing::error!(worker = %source.worker, dp_rank = source.dp_rank, "KV event subscriber panicked; starting it again");
+                "panic"
+            }
+        };
+        break_stream(state, source, reason);
+        let until = Instant::now() + pause;
+        while Instant::now() < until {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(POLL_MS as u64));
+        }
+        pause = (pause * 2).min(RESTART_PAUSE_MAX);
+    }
+}
+
+fn break_stream(state: &Inner, source: &Source, reason: &str) {
+    clear(state, source);
+    let worker = source.worker.to_string();
+    state
+        .metrics
+        .kv_stream_breaks
+        .inc(&[("worker", worker.as_str()), ("reason", reason)]);
+}
+
+/// Failures that end one run of the subscriber.
+#[derive(Debug, thiserror::Error)]
+enum SubscriberError {
+    #[error("{0}")]
+    Zmq(#[from] zmq::Error),
+    #[error("endpoint {0:?} contains a NUL byte")]
+    Endpoint(String),
+}
+
+fn endpoint_ok(e: &str) -> Result<&str, SubscriberError> {
+    if e.contains('\0') {
+        Err(SubscriberError::Endpoint(e.to_owned()))
+    } else {
+        Ok(e)
+    }
+}
+
+fn run(state: &Inner, source: &Source, stop: &AtomicBool) -> Result<(), SubscriberError> {
+    static MONITORS: AtomicU64 = AtomicU64::new(0);
+    let ctx = &state.zmq;
+    let config = &state.config.kv_ingest;
+    let sub = ctx.socket(zmq::SUB)?;
+    sub.set_linger(0)?;
+    sub.set_reconnect_ivl(RECONNECT_IVL_MS)?;
+    sub.set_reconnect_ivl_max(RECONNECT_IVL_MAX_MS)?;
+    sub.set_maxmsgsize(config.hard_frame_bytes())?;
+    sub.set_handshake_ivl(HANDSHAKE_IVL_MS)?;
+    sub.set_subscribe(b"")?;
+    let monitor_endpoint = format!(
+        "inproc://kvrouter-ingest-monitor-{}",
+        MONITORS.fetch_add(1, Ordering::Relaxed)
+    );
+    sub.monitor(&monitor_endpoint, zmq::SocketEvent::ALL as i32)?;
+    let monitor = ctx.socket(zmq::PAIR)?;
+    monitor.set_linger(0)?;
+    monitor.connect(&monitor_endpoint)?;
+    if let Some(r) = &source.replay {
+        endpoint_ok(r)?;
+    }
+    sub.connect(endpoint_ok(&source.endpoint)?)?;
+    let mut stream = Stream {
+        state,
+        source,
+        stop,
+        seq: Sequence::default(),
+        connected: false,
+        tcp_up: false,
+        broken: false,
+        last_event: Instant::now(),
+    };
+    // Learn what the engine already holds.
+    stream.replay_from(0, u64::MAX);
+    while !stop.load(Ordering::Relaxed) {
+        let mut items = [
+            monitor.as_poll_item(zmq::POLLIN),
+            sub.as_poll_item(zmq::POLLIN),
+        ];
+        zmq::poll(&mut items, POLL_MS)?;
+        let data = items[1].is_readable();
+        stream.on_monitor(&monitor)?;
+        stream.watchdog(&sub)?;
+        if !data {
+            continue;
+        }
+        for _ in 0..BURST {
+            // Socket events first: a break clears the rank before anything of the new
+            // connection is applied.
+            stream.on_monitor(&monitor)?;
+            match sub.recv_multipart(zmq::DONTWAIT) {
+                Ok(frames) => stream.on_message(&frames),
+                Err(zmq::Error::EAGAIN) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The state of one rank's stream between messages.
+struct Stream<'a> {
+    state: &'a Inner,
+    source: &'a Source,
+    stop: &'a AtomicBool,
+    seq: Sequence,
+    /// A publisher is connected (its handshake succeeded).
+    connected: bool,
+    /// A TCP connection is up (its handshake may still be running).
+    tcp_up: bool,
+    /// The publisher went away; the next handshake is a come-back.
+    broken: bool,
+    /// When the monitor last said anything.
+    last_event: Instant,
+}
+
+impl Stream<'_> {
+    fn worker_label(&self) -> String {
+        self.source.worker.to_string()
+    }
+
+    /// Handles the socket events waiting on the monitor.
+    fn on_monitor(&mut self, monitor: &zmq::Socket) -> Result<(), zmq::Error> {
+        for _ in 0..64 {
+            let frames = match monitor.recv_multipart(zmq::DONTWAIT) {
+                Ok(f) => f,
+                Err(zmq::Error::EAGAIN) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            self.last_event = Instant::now();
+            let Some(event) = frames
+                .first()
+                .and_then(|f| f.get(..2))
+                .map(|b| zmq::SocketEvent::from_raw(u16::from_le_bytes([b[0], b[1]])))
+            else {
+                continue;
+            };
+            match event {
+                zmq::SocketEvent::CONNECTED => self.tcp_up = true,
+                zmq::SocketEvent::DISCONNECTED | zmq::SocketEvent::CLOSED => self.tcp_up = false,
+                _ => {}
+            }
+            match event {
+                zmq::SocketEvent::DISCONNECTED if self.connected => {
+                    self.connected = false;
+                    self.broken = true;
+                    self.seq.reset();
+                    break_stream(self.state, self.source, "disconnected");
+                    tracing::warn!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "KV event stream broke (publisher disconnected); rank cleared, reconnecting");
+                }
+                zmq::SocketEvent::HANDSHAKE_SUCCEEDED => {
+                    self.connected = true;
+                    if std::mem::take(&mut self.broken) {
+                        self.resync("reconnect");
+                        tracing::info!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "KV event stream came back; rank re-synced");
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Connects again when libzmq gave up (no socket event for [`WATCHDOG`] while not
+    /// connected: after a protocol error it does not retry by itself).
+    fn watchdog(&mut self, sub: &zmq::Socket) -> Result<(), zmq::Error> {
+        if self.connected || self.tcp_up || self.last_event.elapsed() < WATCHDOG {
+            return Ok(());
+        }
+        tracing::debug!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "no KV event connection and libzmq not retrying; connecting again");
+        let _ = sub.disconnect(&self.source.endpoint);
+        sub.connect(&self.source.endpoint)?;
+        self.last_event = Instant::now();
+        Ok(())
+    }
+
+    /// Clears the rank and learns it again (through the replay socket when there is one, else
+    /// from the next events).
+    fn resync(&mut self, reason: &str) {
+        clear(self.state, self.source);
+        self.seq.reset();
+        let worker = self.worker_label();
+        self.state
+            .metrics
+            .kv_stream_resyncs
+            .inc(&[("worker", worker.as_str()), ("reason", reason)]);
+        self.replay_from(0, u64::MAX);
+    }
+
+    /// Replays `start..until`; returns the last sequence number applied.
+    fn replay_from(&mut self, start: u64, until: u64) -> Option<u64> {
+        let endpoint = self.source.replay.as_deref()?;
+        let (state, source) = (self.state, self.source);
+        let result = replay(
+            &state.zmq,
+            &state.config.kv_ingest,
+            endpoint,
+            start..until,
+            self.stop,
+            |_, payload| {
+                apply_payload(state, source, payload);
+            },
+        );
+        match result {
+            Ok(last) => {
+                if let Some(l) = last {
+                    self.seq.applied_replay(l);
+                }
+                last
+            }
+            Err(e) => {
+                tracing::warn!(worker = %source.worker, dp_rank = source.dp_rank, endpoint, "KV event replay failed: {e}");
+                None
+            }
+        }
+    }
+
+    /// Handles one message `[topic, seq, payload]` of the live stream.
+    fn on_message(&mut self, frames: &[Vec<u8>]) {
+        let size: usize = frames.iter().map(Vec::len).sum();
+        let max = self.state.config.kv_ingest.max_message_bytes;
+        let (seq, payload) = match frames {
+            [_, seq, payload] => match decode_seq(seq) {
+                Ok(s) => (s, payload.as_slice()),
+                Err(_) => return drop_message(self.state, "malformed"),
+            },
+            _ => return drop_message(self.state, "malformed"),
+        };
+        if size > max {
+            drop_message(self.state, "oversize");
+            tracing::warn!(worker = %self.source.worker, dp_rank = self.source.dp_rank, seq, size_bytes = size, max_bytes = max, "dropped a KV event message over --kv-event-max-message-bytes; rank re-synced");
+            self.resync("oversize");
+            if self.seq.applied().is_none_or(|a| seq > a) {
+                self.seq.applied_live(seq);
+            }
+            return;
+        }
+        let mut verdict = self.seq.judge(seq);
+        if verdict == Verdict::Backwards {
+            drop_message(self.state, "seq_backwards");
+            tracing::warn!(worker = %self.source.worker, dp_rank = self.source.dp_rank, seq, last = ?self.seq.applied(), "KV event sequence went backwards (publisher restarted?); rank re-synced");
+            self.resync("seq_backwards");
+            verdict = match self.seq.judge(seq) {
+                Verdict::Backwards => Verdict::Apply,
+                v => v,
+            };
+        }
+        match verdict {
+            Verdict::Duplicate => return drop_message(self.state, "duplicate"),
+            Verdict::Gap { from, to } => {
+                drop_message(self.state, "sequence_gap");
+                let recovered = self.replay_from(from, to);
+                if recovered.is_none_or(|r| r + 1 < to) {
+                    drop_message(self.state, "gap_cleared");
+                    clear(self.state, self.source);
+                }
+            }
+            Verdict::Apply | Verdict::Backwards => {}
+        }
+        apply_payload(self.state, self.source, payload);
+        self.seq.applied_live(seq);
+    }
+}
