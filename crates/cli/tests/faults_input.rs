@@ -170,3 +170,32 @@ async fn an_admin_call_with_an_absurd_dp_size_leaves_the_process_serving() {
     assert_eq!(body["error"]["param"], "dp_size");
     assert_eq!(admin_status(&p, "t").await, 200, "still serving");
 }
+
+#[tokio::test]
+async fn too_many_or_too_large_headers_get_an_openai_shaped_431() {
+    let p = started(&[], &[]).await;
+    let client = reqwest::Client::new();
+    let body = serde_json::json!({"model": "mock-model", "prompt": "hi", "max_tokens": 1});
+    let mut many = client.post(format!("{}/v1/completions", p.http()));
+    for i in 0..150 {
+        many = many.header(format!("x-filler-{i}"), "v");
+    }
+    let huge = client
+        .post(format!("{}/v1/completions", p.http()))
+        .header("x-filler", "v".repeat(100 * 1024));
+    for (what, request) in [("150 headers", many), ("100 KiB of header", huge)] {
+        let resp = request.json(&body).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 431, "{what}");
+        let e: serde_json::Value = resp.json().await.expect("a JSON body");
+        assert_eq!(e["error"]["code"], 431, "{what}: {e}");
+        assert!(e["error"]["message"].is_string(), "{what}: {e}");
+    }
+    // The process still serves.
+    let ok = client
+        .post(format!("{}/v1/completions", p.http()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status().as_u16(), 200);
+}

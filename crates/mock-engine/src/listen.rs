@@ -30,6 +30,11 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
+/// Most request headers hyper parses before answering 431 itself.
+const HYPER_MAX_HEADERS: usize = 256;
+/// hyper's read buffer, which bounds a request head (hyper's default is about 400 KB).
+const HYPER_MAX_BUF_BYTES: usize = 512 * 1024;
+
 /// How long the ended requests get to send their last bytes after the grace period.
 pub const CUT_MARGIN: Duration = Duration::from_secs(2);
 
@@ -221,6 +226,10 @@ async fn connection(tcp: TcpStream, app: axum::Router, lifecycle: Lifecycle, lim
         .keep_alive(!draining_at_start)
         // Kept here instead (module docs).
         .header_read_timeout(None)
+        // Above the router's own, OpenAI-shaped limits (100 headers, 64 KiB), so that a client
+        // meets those first; hyper answers a wordless 431 past these.
+        .max_headers(HYPER_MAX_HEADERS)
+        .max_buf_size(HYPER_MAX_BUF_BYTES)
         .serve_connection(io, service);
     tokio::pin!(conn);
     let mut drain = std::pin::pin!(lifecycle.reached(Phase::Draining));

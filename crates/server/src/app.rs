@@ -58,6 +58,7 @@ pub fn app(state: AppState) -> Router {
         // Long RL and agentic prompts as token-id JSON run past axum's 2 MB default.
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(map_response(crate::error::shape_rejections))
+        .layer(axum::middleware::from_fn(crate::error::header_limits))
         .with_state(state)
 }
 

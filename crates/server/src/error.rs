@@ -157,6 +157,38 @@ pub(crate) async fn wrong_method(method: axum::http::Method, uri: axum::http::Ur
     }
 }
 
+/// Most request headers the router reads; more is a 431 (hyper's own, wordless 431 is set
+/// higher in the serve loop, as a backstop).
+pub(crate) const MAX_REQUEST_HEADERS: usize = 100;
+/// Most bytes of request header names and values together; more is a 431.
+pub(crate) const MAX_REQUEST_HEADER_BYTES: usize = 64 * 1024;
+
+/// Middleware: a request with too many or too large headers gets an OpenAI-shaped 431 before
+/// any handler reads it.
+pub(crate) async fn header_limits(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let headers = request.headers();
+    let bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if headers.len() > MAX_REQUEST_HEADERS || bytes > MAX_REQUEST_HEADER_BYTES {
+        let message = format!(
+            "request headers too large: {} headers, {bytes} bytes (at most {MAX_REQUEST_HEADERS} \
+             headers and {MAX_REQUEST_HEADER_BYTES} bytes)",
+            headers.len()
+        );
+        return ServeError::Http {
+            status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            message,
+        }
+        .into_response();
+    }
+    next.run(request).await
+}
+
 /// Largest body of a plain-text rejection that is read to become the message.
 const REJECTION_TEXT_BYTES: usize = 4096;
 
