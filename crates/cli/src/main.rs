@@ -1,6 +1,7 @@
 //! The `kvrouter` binary: `serve`, `mock-engine`, `sim` and `bench`.
 
 mod bench;
+mod embedded;
 mod mock_engine;
 mod routing_args;
 mod serve;

@@ -141,8 +141,8 @@ pub(crate) struct HttpArgs {
 }
 
 impl HttpArgs {
-    pub(crate) fn limits(&self) -> anyhow::Result<kvrouter_mock_engine::listen::HttpLimits> {
-        Ok(kvrouter_mock_engine::listen::HttpLimits {
+    pub(crate) fn limits(&self) -> anyhow::Result<kvrouter_http::HttpLimits> {
+        Ok(kvrouter_http::HttpLimits {
             header_read_timeout: positive(
                 self.http_header_read_timeout_secs,
                 "--http-header-read-timeout-secs",
@@ -271,24 +271,9 @@ impl ServeArgs {
                 .unwrap_or_default(),
             (None, None) => ChatTemplate::ChatMl,
         };
-        let mock_engine = MockEngineConfig {
-            engine: EngineConfig {
-                num_gpu_blocks: self.mock_num_gpu_blocks,
-                ..EngineConfig::default()
-            },
-            speedup_ratio: self.mock_speedup_ratio,
-            weight_load: std::time::Duration::try_from_secs_f64(self.mock_weight_load_ms / 1e3)
-                .map_err(|_| {
-                    anyhow::anyhow!("--mock-weight-load-ms must be a non-negative number")
-                })?,
-            http: self.http.limits()?,
-            ..MockEngineConfig::default()
-        };
         Ok(ServeConfig {
             router,
             workers,
-            mock_workers: self.mock_workers,
-            mock_engine,
             model_names: self.model_names.clone(),
             tokenizer,
             chat_template: Arc::new(chat_template),
@@ -346,6 +331,24 @@ impl ServeArgs {
         })
     }
 
+    /// The embedded mock engines' settings (`--mock-*`), made to agree with the router's.
+    pub(crate) fn mock_engine(&self, config: &ServeConfig) -> anyhow::Result<MockEngineConfig> {
+        let template = MockEngineConfig {
+            engine: EngineConfig {
+                num_gpu_blocks: self.mock_num_gpu_blocks,
+                ..EngineConfig::default()
+            },
+            speedup_ratio: self.mock_speedup_ratio,
+            weight_load: std::time::Duration::try_from_secs_f64(self.mock_weight_load_ms / 1e3)
+                .map_err(|_| {
+                    anyhow::anyhow!("--mock-weight-load-ms must be a non-negative number")
+                })?,
+            http: self.http.limits()?,
+            ..MockEngineConfig::default()
+        };
+        Ok(crate::embedded::like_the_router(template, config))
+    }
+
     fn kv_ingest(&self) -> anyhow::Result<kvrouter_server::IngestConfig> {
         if self.kv_event_max_message_bytes == 0 {
             bail!("--kv-event-max-message-bytes must be at least 1");
@@ -368,11 +371,15 @@ impl ServeArgs {
 
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.config()?;
+    let mock_engine = args.mock_engine(&config)?;
     let addr = format!("{}:{}", args.host, args.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("--host/--port: binding {addr}"))?;
-    let server = kvrouter_server::start(config, listener).await?;
+    // The embedded engines are started here, not by the server, and stopped after it drained.
+    let serving =
+        crate::embedded::Serving::start(config, &mock_engine, args.mock_workers, listener).await?;
+    let server = &serving.server;
     println!(
         "kvrouter serve listening on http://{} mode={} workers={}",
         server.addr,
@@ -380,6 +387,6 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         server.state.worker_count()
     );
     shutdown_signal().await?;
-    server.stop().await;
+    serving.stop().await;
     Ok(())
 }

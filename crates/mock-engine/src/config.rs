@@ -61,7 +61,7 @@ pub struct MockEngineConfig {
     /// How long loading new weights takes (`POST /update_weights`), before the speed-up ratio.
     pub weight_load: std::time::Duration,
     /// Client-connection timeouts and the shutdown grace period.
-    pub http: crate::listen::HttpLimits,
+    pub http: kvrouter_http::HttpLimits,
 }
 
 impl Default for MockEngineConfig {
@@ -80,7 +80,7 @@ impl Default for MockEngineConfig {
             chat_template: Arc::new(ChatTemplate::ChatMl),
             default_max_tokens: 16,
             weight_load: std::time::Duration::ZERO,
-            http: crate::listen::HttpLimits::default(),
+            http: kvrouter_http::HttpLimits::default(),
         }
     }
 }

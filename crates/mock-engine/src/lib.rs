@@ -13,15 +13,15 @@
 //! - `http`: the axum handlers; `openai`: request parsing and response bodies.
 //! - `error`: the one mapping from errors to HTTP status and OpenAI error bodies.
 //! - `metrics`: Prometheus text.
-//! - [`listen`]: the HTTP serve loop (client timeouts, graceful drain), shared with
-//!   `kvrouter serve`; [`drain`]: the shutdown phase and what is answered while draining.
+//!
+//! The HTTP serve loop (client timeouts, graceful drain) is `kvrouter-http`'s, shared with
+//! `kvrouter serve`. Starting engines is the host's business: `kvrouter serve --mock-workers N`
+//! calls [`start_on_loopback`] and hands the router their URLs and event endpoints.
 
 pub mod config;
-pub mod drain;
 mod driver;
 mod error;
 mod http;
-pub mod listen;
 mod metrics;
 mod openai;
 mod publisher;
@@ -65,7 +65,7 @@ pub struct RunningMockEngine {
     /// Its addresses.
     pub endpoints: Endpoints,
     /// Its shutdown phase (draining reports not-ready).
-    pub lifecycle: drain::Lifecycle,
+    pub lifecycle: kvrouter_http::Lifecycle,
     shutdown: watch::Sender<bool>,
     server: tokio::task::JoinHandle<()>,
 }
@@ -97,8 +97,8 @@ pub async fn start(
     let state = http::AppState::new(config, commands, shared, kv_events.clone(), replay.clone());
     let (shutdown, mut rx) = watch::channel(false);
     let app = app(state);
-    let lifecycle = drain::Lifecycle::default();
-    let server = tokio::spawn(listen::serve(
+    let lifecycle = kvrouter_http::Lifecycle::default();
+    let server = tokio::spawn(kvrouter_http::serve(
         listener,
         app,
         limits,
@@ -117,4 +117,37 @@ pub async fn start(
         shutdown,
         server,
     })
+}
+
+/// Starts `n` engines from `template`, each on its own loopback HTTP port (and its own ZeroMQ
+/// endpoints where the template asks for port 0), engine `i` seeded `template.engine.seed + i`
+/// so that they do not behave in lockstep. If one fails to start, those already started are
+/// stopped.
+pub async fn start_on_loopback(
+    template: &MockEngineConfig,
+    n: usize,
+) -> Result<Vec<RunningMockEngine>, StartError> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut config = template.clone();
+        config.engine.seed = config.engine.seed.wrapping_add(i as u64);
+        let started = match TcpListener::bind("127.0.0.1:0").await {
+            Ok(listener) => start(config, listener).await,
+            Err(e) => Err(StartError::Bind {
+                what: "mock engine http",
+                endpoint: "127.0.0.1:0".into(),
+                reason: e.to_string(),
+            }),
+        };
+        match started {
+            Ok(engine) => out.push(engine),
+            Err(e) => {
+                for engine in out {
+                    engine.stop().await;
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(out)
 }

@@ -1,7 +1,6 @@
 //! Settings of `kvrouter serve`, validated at the edge.
 
 use kvrouter_core::router::RouterConfig;
-use kvrouter_mock_engine::MockEngineConfig;
 use kvrouter_tokenizer::{ChatTemplate, Tokenizer};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -74,10 +73,6 @@ pub struct ServeConfig {
     pub router: RouterConfig,
     /// Workers to register at start.
     pub workers: Vec<WorkerEntry>,
-    /// In-process mock engines to start and register (the embedded default).
-    pub mock_workers: usize,
-    /// Template of the embedded mock engines (endpoints are filled in).
-    pub mock_engine: MockEngineConfig,
     /// Model names served; learned from the first worker's `/v1/models` when empty.
     pub model_names: Vec<String>,
     /// Tokenizer for routing.
@@ -107,7 +102,7 @@ pub struct ServeConfig {
     /// Recent request timelines kept for `GET /admin/trace` (0 = off).
     pub trace_capture: usize,
     /// Client-connection timeouts and the shutdown grace period.
-    pub http: kvrouter_mock_engine::listen::HttpLimits,
+    pub http: kvrouter_http::HttpLimits,
     /// Time to open a connection to a worker.
     pub upstream_connect_timeout: std::time::Duration,
     /// Time a worker gets to answer a streamed request's headers.
@@ -124,8 +119,6 @@ impl Default for ServeConfig {
         Self {
             router: RouterConfig::default(),
             workers: Vec::new(),
-            mock_workers: 0,
-            mock_engine: MockEngineConfig::default(),
             model_names: Vec::new(),
             tokenizer: Arc::new(kvrouter_tokenizer::BuiltinTokenizer::new()),
             chat_template: Arc::new(ChatTemplate::ChatMl),
@@ -140,7 +133,7 @@ impl Default for ServeConfig {
             stream_idle_timeout: Some(std::time::Duration::from_secs(300)),
             trace_capture: 0,
             provenance: None,
-            http: kvrouter_mock_engine::listen::HttpLimits::default(),
+            http: kvrouter_http::HttpLimits::default(),
             upstream_connect_timeout: std::time::Duration::from_secs(5),
             upstream_first_byte_timeout: std::time::Duration::from_secs(60),
             upstream_response_timeout: std::time::Duration::from_secs(600),

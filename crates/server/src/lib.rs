@@ -14,7 +14,11 @@
 //! - `routing`: request bodies to tokens and block hashes. `registry`: adding and removing workers.
 //! - `ingest`: libzmq subscribers (a thread per rank), reconnect re-syncs, sequence-gap recovery, bounded slices. `metrics`: Prometheus text.
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
-//! - `error`: the one mapping from errors to HTTP responses. `mock`: embedded mock engines.
+//! - `error`: the one mapping from errors to HTTP responses.
+//!
+//! The server routes to workers by URL and starts no engines: `kvrouter serve --mock-workers N`
+//! starts its embedded mock engines itself and hands their URLs and event endpoints over as
+//! [`WorkerEntry`]s. The HTTP serve loop (client timeouts, drain) is `kvrouter-http`'s.
 //! - `auth`: the admin token layer and session-release protection (constant-time compare).
 //! - [`validate`]: the limits on worker registrations and the one check of a worker entry.
 
@@ -30,7 +34,6 @@ mod health;
 mod ingest;
 mod metrics;
 mod migrate;
-mod mock;
 pub mod provenance;
 mod proxy;
 mod queue;
@@ -65,9 +68,6 @@ pub enum StartError {
         /// Why.
         error: ServeError,
     },
-    /// An embedded mock engine could not start.
-    #[error(transparent)]
-    Mock(#[from] kvrouter_mock_engine::StartError),
     /// The listener is unusable.
     #[error("listener: {0}")]
     Listener(std::io::Error),
@@ -81,37 +81,26 @@ pub struct RunningServer {
     pub state: AppState,
     shutdown: watch::Sender<bool>,
     server: tokio::task::JoinHandle<()>,
-    mocks: Vec<kvrouter_mock_engine::RunningMockEngine>,
 }
 
 impl RunningServer {
-    /// Stops the router and its embedded engines: requests in flight get up to the grace
-    /// period (`ServeConfig::http`) to finish, then the rest are ended.
+    /// Stops the router: requests in flight get up to the grace period (`ServeConfig::http`)
+    /// to finish, then the rest are ended. Returns once the drain is over, so a host that
+    /// started the workers itself can stop them after this.
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
         let _ = self.server.await;
-        for m in self.mocks {
-            m.stop().await;
-        }
-    }
-
-    /// The embedded mock engines' endpoints.
-    pub fn mock_endpoints(&self) -> Vec<kvrouter_mock_engine::Endpoints> {
-        self.mocks.iter().map(|m| m.endpoints.clone()).collect()
     }
 }
 
-/// Starts embedded engines, registers every worker, and serves on `listener`.
+/// Registers every worker of `config` (in order) and serves on `listener`.
 pub async fn start(
     config: ServeConfig,
     listener: TcpListener,
 ) -> Result<RunningServer, StartError> {
     let addr = listener.local_addr().map_err(StartError::Listener)?;
     let state = AppState::new(config.clone())?;
-    let mocks = mock::start_mocks(&config).await?;
-    let mut entries = config.workers.clone();
-    entries.extend(mocks.iter().map(mock::entry_for));
-    for entry in entries {
+    for entry in config.workers.clone() {
         let url = entry.url.clone();
         registry::add_worker(&state, entry)
             .await
@@ -123,7 +112,7 @@ pub async fn start(
     let (limits, lifecycle) = (config.http.clone(), state.inner.lifecycle.clone());
     let server = tokio::spawn(async move {
         // Client timeouts, TCP_NODELAY, and the drain on shutdown.
-        kvrouter_mock_engine::listen::serve(listener, router, limits, lifecycle, async move {
+        kvrouter_http::serve(listener, router, limits, lifecycle, async move {
             let _ = rx.wait_for(|stop| *stop).await;
         })
         .await;
@@ -134,6 +123,5 @@ pub async fn start(
         state,
         shutdown,
         server,
-        mocks,
     })
 }

@@ -64,7 +64,7 @@ pub(crate) struct Inner {
     /// Worker health.
     pub(crate) health: crate::health::Health,
     /// Serving or draining for shutdown.
-    pub(crate) lifecycle: kvrouter_mock_engine::drain::Lifecycle,
+    pub(crate) lifecycle: kvrouter_http::Lifecycle,
 }
 
 impl Inner {

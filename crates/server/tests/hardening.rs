@@ -10,6 +10,8 @@ use kvrouter_server::{app, AppState, ServeConfig, SessionReleaseAuth};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
+mod common;
+
 fn config(admin: Option<&str>) -> ServeConfig {
     ServeConfig {
         admin_token: admin.map(str::to_owned),
@@ -54,19 +56,16 @@ fn assert_openai_error(status: StatusCode, body: &Value) {
     assert_eq!(e["code"], status.as_u16(), "{body}");
 }
 
-/// A router with one embedded mock engine (real sockets on 127.0.0.1:0).
-async fn with_worker(admin: Option<&str>) -> kvrouter_server::RunningServer {
-    let mut c = ServeConfig {
+/// A router with one mock engine (real sockets on 127.0.0.1:0).
+async fn with_worker(admin: Option<&str>) -> common::WithEngines {
+    let c = ServeConfig {
         router: RouterConfig {
             router_kv_events: false,
             ..RouterConfig::default()
         },
-        mock_workers: 1,
         ..config(admin)
     };
-    c.mock_engine.speedup_ratio = 50.0;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    kvrouter_server::start(c, listener).await.unwrap()
+    common::start(c, 1, 50.0).await
 }
 
 #[tokio::test]
@@ -289,7 +288,7 @@ async fn a_chat_message_without_content_names_the_field() {
 #[tokio::test]
 async fn the_mock_engine_answers_unknown_routes_and_methods_in_json() {
     let server = with_worker(None).await;
-    let engine = format!("http://{}", server.mock_endpoints()[0].http);
+    let engine = format!("http://{}", server.engines[0].endpoints.http);
     let client = reqwest::Client::new();
     for (method, path, status) in [
         (reqwest::Method::GET, "/no/such/route", 404),

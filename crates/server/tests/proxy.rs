@@ -8,7 +8,9 @@ use kvrouter_server::{ServeConfig, WorkerEntry};
 use serde_json::json;
 use std::time::Duration;
 
-async fn router(mode: RouterMode, dead_worker: bool) -> kvrouter_server::RunningServer {
+mod common;
+
+async fn router(mode: RouterMode, dead_worker: bool) -> common::WithEngines {
     let mut workers = Vec::new();
     if dead_worker {
         // Nothing listens on this port; its details are given so no discovery is needed.
@@ -31,14 +33,10 @@ async fn router(mode: RouterMode, dead_worker: bool) -> kvrouter_server::Running
             ..RouterConfig::default()
         },
         workers,
-        mock_workers: 1,
         model_names: vec!["mock-model".into()],
         ..ServeConfig::default()
     };
-    let mut config = config;
-    config.mock_engine.speedup_ratio = 50.0;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    kvrouter_server::start(config, listener).await.unwrap()
+    common::start(config, 1, 50.0).await
 }
 
 fn metric(text: &str, prefix: &str) -> f64 {
