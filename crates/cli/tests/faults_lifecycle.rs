@@ -312,6 +312,70 @@ async fn sigterm_ends_what_outlasts_the_grace_period_with_an_error_event() {
     assert!(t0.elapsed() < Duration::from_secs(6), "{:?}", t0.elapsed());
 }
 
+/// `serve --mock-workers`: the CLI, not the server, owns the embedded engines; on SIGTERM the
+/// router drains first while its engines keep serving, so its streams finish, then the engines
+/// stop and the process exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_drains_the_router_before_its_embedded_engines() {
+    let mut r = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "1",
+        "--mock-speedup-ratio",
+        "4",
+        "--model-name",
+        "mock-model",
+        "--admin-token",
+        "t",
+        "--shutdown-grace-secs",
+        "60",
+    ])
+    .await;
+    let base = r.http();
+    let workers: Value = reqwest::Client::new()
+        .get(format!("{base}/admin/workers"))
+        .bearer_auth("t")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let engine = workers["workers"][0]["url"]
+        .as_str()
+        .expect("the embedded engine's URL")
+        .to_owned();
+    let tasks = streams_in_flight(&base, 4, 2_000).await;
+    kill(&r, "-TERM");
+    reports_draining(&base).await;
+    // A fresh connection: the engine is not draining while the router is.
+    let probe = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let health = probe
+        .get(format!("{engine}/health"))
+        .send()
+        .await
+        .expect("the embedded engine still answers");
+    assert_eq!(
+        health.status().as_u16(),
+        200,
+        "engine health while the router drains"
+    );
+    for t in tasks {
+        let seen = timeout(Duration::from_secs(60), t).await.unwrap().unwrap();
+        assert!(
+            seen.done && seen.errors == 0 && seen.tokens == 2_000,
+            "{seen:?}"
+        );
+    }
+    let status = exits_within(&mut r, Duration::from_secs(10)).await;
+    assert!(status.success(), "{status}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_mock_engine_drains_on_sigterm_too() {
     let mut e = engine(&["--shutdown-grace-secs", "3"]).await;

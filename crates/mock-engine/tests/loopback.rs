@@ -1,0 +1,65 @@
+//! `start_on_loopback`: the engines a host (`kvrouter serve --mock-workers N`) starts for itself,
+//! each on its own ports and with its own seed; an error when one cannot start.
+
+use kvrouter_mock_engine::{start_on_loopback, MockEngineConfig, StartError};
+use serde_json::{json, Value};
+
+fn template() -> MockEngineConfig {
+    MockEngineConfig {
+        speedup_ratio: 50.0,
+        kv_events_endpoint: Some("tcp://127.0.0.1:0".into()),
+        kv_events_replay_endpoint: Some("tcp://127.0.0.1:0".into()),
+        ..MockEngineConfig::default()
+    }
+}
+
+/// The text engine `http` generates for a fixed prompt.
+async fn text(client: &reqwest::Client, http: std::net::SocketAddr) -> String {
+    let r: Value = client
+        .post(format!("http://{http}/v1/completions"))
+        .json(&json!({"model": "mock-model", "prompt": "the same prompt", "max_tokens": 8}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    r["choices"][0]["text"].as_str().expect("a text").to_owned()
+}
+
+#[tokio::test]
+async fn each_engine_gets_its_own_ports_and_seed() {
+    let engines = start_on_loopback(&template(), 2).await.unwrap();
+    let (a, b) = (&engines[0].endpoints, &engines[1].endpoints);
+    assert_ne!(a.http, b.http);
+    assert!(a.http.ip().is_loopback() && b.http.ip().is_loopback());
+    assert!(a.kv_events.is_some() && a.replay.is_some(), "{a:?}");
+    assert_ne!(a.kv_events, b.kv_events);
+    assert_ne!(a.replay, b.replay);
+    let client = reqwest::Client::new();
+    let (ta, tb) = (text(&client, a.http).await, text(&client, b.http).await);
+    assert_eq!(
+        ta,
+        text(&client, a.http).await,
+        "one engine is deterministic"
+    );
+    assert_ne!(
+        ta, tb,
+        "seeds differ, so the engines do not answer in lockstep"
+    );
+    for e in engines {
+        e.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn an_engine_that_cannot_bind_is_an_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut t = template();
+    t.kv_events_endpoint = Some(format!("tcp://{}", taken.local_addr().unwrap()));
+    match start_on_loopback(&t, 2).await {
+        Err(StartError::Bind { what, .. }) => assert!(!what.is_empty()),
+        Ok(engines) => panic!("{} engines started on a taken port", engines.len()),
+    }
+    assert!(start_on_loopback(&template(), 0).await.unwrap().is_empty());
+}
