@@ -1,0 +1,109 @@
+//! The serve loop on real sockets (127.0.0.1:0, raw HTTP/1.1): a drain lets the request in flight
+//! finish while it refuses new work and reports not-ready, then `serve` returns; a silent client
+//! connection is closed after the idle timeout.
+
+use axum::routing::{get, post};
+use kvrouter_http::{serve, HttpLimits, Lifecycle, Phase};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify};
+use tokio::time::timeout;
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// Sends one request on a new connection.
+async fn send(addr: std::net::SocketAddr, method: &str, path: &str) -> TcpStream {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let head = format!("{method} {path} HTTP/1.1\r\nhost: t\r\ncontent-length: 0\r\n\r\n");
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp
+}
+
+/// Reads the response until the server closes the connection.
+async fn read_all(mut tcp: TcpStream) -> String {
+    let mut out = Vec::new();
+    timeout(LIMIT, tcp.read_to_end(&mut out))
+        .await
+        .expect("the server closes the connection in time")
+        .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn a_drain_finishes_the_request_in_flight_and_refuses_new_work() {
+    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let app = axum::Router::new()
+        .route("/ready", get(|| async { "ready" }))
+        .route(
+            "/slow",
+            post({
+                let (started, release) = (started.clone(), release.clone());
+                move || async move {
+                    started.notify_one();
+                    release.notified().await;
+                    "done"
+                }
+            }),
+        );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let lifecycle = Lifecycle::default();
+    let (stop, mut stopped) = watch::channel(false);
+    let server = tokio::spawn(serve(
+        listener,
+        app,
+        HttpLimits::default(),
+        lifecycle.clone(),
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        },
+    ));
+    let in_flight = send(addr, "POST", "/slow").await;
+    timeout(LIMIT, started.notified()).await.expect("the request started");
+    stop.send(true).unwrap();
+    for _ in 0..1000 {
+        if lifecycle.phase() == Phase::Draining {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(lifecycle.phase(), Phase::Draining);
+    let refused = read_all(send(addr, "POST", "/slow").await).await;
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(refused.contains("\"type\":\"service_unavailable\""), "{refused}");
+    let ready = read_all(send(addr, "GET", "/ready").await).await;
+    assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
+    assert!(ready.contains("draining"), "{ready}");
+    release.notify_one();
+    let done = read_all(in_flight).await;
+    assert!(done.starts_with("HTTP/1.1 200"), "{done}");
+    assert!(done.ends_with("done"), "{done}");
+    timeout(LIMIT, server)
+        .await
+        .expect("serve returns once nothing is in flight")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_silent_connection_is_closed_after_the_idle_timeout() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = HttpLimits {
+        idle_timeout: Duration::from_millis(200),
+        ..HttpLimits::default()
+    };
+    let (_stop, mut stopped) = watch::channel(false);
+    tokio::spawn(serve(
+        listener,
+        axum::Router::new(),
+        limits,
+        Lifecycle::default(),
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        },
+    ));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(read_all(tcp).await, "", "closed without a response");
+}
