@@ -61,7 +61,9 @@ async fn a_drain_finishes_the_request_in_flight_and_refuses_new_work() {
         },
     ));
     let in_flight = send(addr, "POST", "/slow").await;
-    timeout(LIMIT, started.notified()).await.expect("the request started");
+    timeout(LIMIT, started.notified())
+        .await
+        .expect("the request started");
     stop.send(true).unwrap();
     for _ in 0..1000 {
         if lifecycle.phase() == Phase::Draining {
@@ -72,7 +74,10 @@ async fn a_drain_finishes_the_request_in_flight_and_refuses_new_work() {
     assert_eq!(lifecycle.phase(), Phase::Draining);
     let refused = read_all(send(addr, "POST", "/slow").await).await;
     assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
-    assert!(refused.contains("\"type\":\"service_unavailable\""), "{refused}");
+    assert!(
+        refused.contains("\"type\":\"service_unavailable\""),
+        "{refused}"
+    );
     let ready = read_all(send(addr, "GET", "/ready").await).await;
     assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
     assert!(ready.contains("draining"), "{ready}");
