@@ -59,8 +59,8 @@ impl AppState {
     }
 }
 
-/// The largest request body accepted (a 1M-token prompt as JSON token ids is about 8 MB).
-const MAX_BODY_BYTES: usize = 64 << 20;
+/// The largest request body accepted.
+const MAX_BODY_BYTES: usize = kvrouter_openai::MAX_REQUEST_BODY_BYTES;
 
 /// The router of the mock engine's HTTP API.
 pub fn app(state: AppState) -> Router {

@@ -25,5 +25,6 @@ pub mod usage;
 pub use error::{error_body, RequestError};
 pub use request::Kind;
 
-/// Largest request body the server and the mock engine read (64 MiB); more is a 413.
+/// Largest request body the server and the mock engine read (64 MiB: a 1M-token prompt as JSON
+/// token ids is about 8 MB); more is a 413.
 pub const MAX_REQUEST_BODY_BYTES: usize = 64 << 20;

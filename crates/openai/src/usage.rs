@@ -38,6 +38,9 @@ pub fn value(prompt_tokens: u64, completion_tokens: u64, cached_tokens: Option<u
 /// `first_prompt` (the original prompt's count, if an earlier attempt reported it), else the
 /// continuation's prompt less the carried tokens.
 pub fn fold_continued(usage: &mut Value, carried: u64, first_prompt: Option<u64>) {
+    if !usage.is_object() {
+        return;
+    }
     let completion = usage["completion_tokens"].as_u64().unwrap_or(0) + carried;
     let prompt = first_prompt.unwrap_or_else(|| {
         usage["prompt_tokens"]
@@ -53,6 +56,9 @@ pub fn fold_continued(usage: &mut Value, carried: u64, first_prompt: Option<u64>
 /// The usage of a whole answer joined from parts: the first part's usage (its prompt, its
 /// cached tokens) with the completion tokens of all parts.
 pub fn joined(mut first: Value, completion_tokens: u64) -> Value {
+    if !first.is_object() {
+        return first;
+    }
     let prompt = first["prompt_tokens"].as_u64().unwrap_or(0);
     first["completion_tokens"] = json!(completion_tokens);
     first["total_tokens"] = json!(prompt + completion_tokens);
@@ -96,6 +102,10 @@ mod tests {
             u["prompt_tokens_details"]["cached_tokens"], 4,
             "details kept"
         );
+        // A malformed usage is left alone, never a panic.
+        let mut odd = json!(3);
+        fold_continued(&mut odd, 2, None);
+        assert_eq!((odd, joined(json!("x"), 1)), (json!(3), json!("x")));
         let j = joined(value(5, 1, Some(2)), 9);
         assert_eq!(j, value(5, 9, Some(2)));
     }
