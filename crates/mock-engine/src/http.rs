@@ -410,7 +410,10 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
         }
         Delivery::Failed(e) => {
             let err = ApiError::internal(e);
-            vec![sse(&err.body()), Bytes::from_static(b"data: [DONE]\n\n")]
+            vec![
+                sse(&err.body()),
+                Bytes::from_static(kvrouter_openai::sse::DONE_EVENT),
+            ]
         }
     });
     Ok(Response::builder()
@@ -422,10 +425,7 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
 }
 
 fn sse(value: &Value) -> Bytes {
-    let mut out = b"data: ".to_vec();
-    serde_json::to_writer(&mut out, value).expect("serializable");
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
+    Bytes::from(kvrouter_openai::sse::data_event(value))
 }
 
 /// Turns deliveries into SSE frames; the guard lives inside the stream, so dropping the response
