@@ -405,7 +405,7 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
                     kind, &rid, &model, created, usage,
                 )));
             }
-            out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            out.push(Bytes::from_static(kvrouter_openai::sse::DONE_EVENT));
             out
         }
         Delivery::Failed(e) => {
