@@ -97,21 +97,25 @@ pub(crate) fn refusal<B>(request: &Request<B>) -> Option<Response<Body>> {
 pub(crate) fn shutting_down(status: StatusCode) -> Response<Body> {
     json_response(
         status,
-        serde_json::json!({"error": {
-            "message": "the server is shutting down; retry on another instance",
-            "type": "service_unavailable", "param": null, "code": status.as_u16(),
-        }}),
+        kvrouter_openai::error_body(
+            "the server is shutting down; retry on another instance",
+            "service_unavailable",
+            None,
+            status.as_u16(),
+        ),
     )
 }
 
 /// The last events of a stream the shutdown ended.
 fn cut_events(after_partial_event: bool) -> Bytes {
-    let body = serde_json::json!({"error": {
-        "message": "the server shut down before the response was complete (--shutdown-grace-secs)",
-        "type": "service_unavailable", "param": null, "code": 503,
-    }});
-    let sep = if after_partial_event { "\n\n" } else { "" };
-    Bytes::from(format!("{sep}data: {body}\n\ndata: [DONE]\n\n"))
+    let body = kvrouter_openai::error_body(
+        "the server shut down before the response was complete (--shutdown-grace-secs)",
+        "service_unavailable",
+        None,
+        503,
+    );
+    let sep: &[u8] = if after_partial_event { b"\n\n" } else { b"" };
+    Bytes::from([sep, &kvrouter_openai::sse::last_events(&body)].concat())
 }
 
 /// A response body that ends when the server's grace period runs out: an event stream with an

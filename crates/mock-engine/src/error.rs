@@ -2,7 +2,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use std::borrow::Cow;
 
 /// An error answered to the client.
 #[derive(Clone, Debug, PartialEq)]
@@ -10,7 +10,7 @@ pub(crate) struct ApiError {
     pub(crate) status: StatusCode,
     pub(crate) message: String,
     pub(crate) kind: &'static str,
-    pub(crate) param: Option<&'static str>,
+    pub(crate) param: Option<Cow<'static, str>>,
 }
 
 impl ApiError {
@@ -20,17 +20,7 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
             kind: "invalid_request_error",
-            param,
-        }
-    }
-
-    /// The model is not served here.
-    pub(crate) fn unknown_model(model: &str) -> Self {
-        Self {
-            status: StatusCode::NOT_FOUND,
-            message: format!("The model `{model}` does not exist."),
-            kind: "invalid_request_error",
-            param: Some("model"),
+            param: param.map(Cow::Borrowed),
         }
     }
 
@@ -65,14 +55,29 @@ impl ApiError {
     }
 
     pub(crate) fn body(&self) -> serde_json::Value {
-        json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.status.as_u16(),
-            }
-        })
+        kvrouter_openai::error_body(
+            &self.message,
+            self.kind,
+            self.param.as_deref(),
+            self.status.as_u16(),
+        )
+    }
+}
+
+impl From<kvrouter_openai::RequestError> for ApiError {
+    fn from(e: kvrouter_openai::RequestError) -> Self {
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+        let message = e.to_string();
+        let param = match e {
+            kvrouter_openai::RequestError::Invalid { param, .. } => param,
+            kvrouter_openai::RequestError::UnknownModel(_) => Some(Cow::Borrowed("model")),
+        };
+        Self {
+            status,
+            message,
+            kind: "invalid_request_error",
+            param,
+        }
     }
 }
 

@@ -59,8 +59,8 @@ impl AppState {
     }
 }
 
-/// The largest request body accepted (a 1M-token prompt as JSON token ids is about 8 MB).
-const MAX_BODY_BYTES: usize = 64 << 20;
+/// The largest request body accepted.
+const MAX_BODY_BYTES: usize = kvrouter_openai::MAX_REQUEST_BODY_BYTES;
 
 /// The router of the mock engine's HTTP API.
 pub fn app(state: AppState) -> Router {
@@ -405,12 +405,15 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
                     kind, &rid, &model, created, usage,
                 )));
             }
-            out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            out.push(Bytes::from_static(kvrouter_openai::sse::DONE_EVENT));
             out
         }
         Delivery::Failed(e) => {
             let err = ApiError::internal(e);
-            vec![sse(&err.body()), Bytes::from_static(b"data: [DONE]\n\n")]
+            vec![
+                sse(&err.body()),
+                Bytes::from_static(kvrouter_openai::sse::DONE_EVENT),
+            ]
         }
     });
     Ok(Response::builder()
@@ -422,10 +425,7 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
 }
 
 fn sse(value: &Value) -> Bytes {
-    let mut out = b"data: ".to_vec();
-    serde_json::to_writer(&mut out, value).expect("serializable");
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
+    Bytes::from(kvrouter_openai::sse::data_event(value))
 }
 
 /// Turns deliveries into SSE frames; the guard lives inside the stream, so dropping the response

@@ -20,8 +20,8 @@ use kvrouter_core::ids::WorkerId;
 use serde_json::{json, Value};
 use std::fmt::Write;
 
-/// The largest request body accepted (a 1M-token prompt as JSON token ids is about 8 MB).
-const MAX_BODY_BYTES: usize = 64 << 20;
+/// The largest request body accepted.
+const MAX_BODY_BYTES: usize = kvrouter_openai::MAX_REQUEST_BODY_BYTES;
 
 /// The router of `kvrouter serve`'s HTTP API. Every error it produces itself, including axum's
 /// rejections, unknown routes and wrong methods, is OpenAI-shaped JSON.

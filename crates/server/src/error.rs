@@ -3,7 +3,6 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use kvrouter_core::router::RouteError;
-use serde_json::json;
 use std::borrow::Cow;
 
 /// Everything a request can fail with, and whose fault it is.
@@ -116,7 +115,18 @@ impl ServeError {
     /// The OpenAI-shaped body.
     pub fn body(&self) -> serde_json::Value {
         let (status, kind, param) = self.parts();
-        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": status.as_u16()}})
+        kvrouter_openai::error_body(&self.to_string(), kind, param, status.as_u16())
+    }
+}
+
+impl From<kvrouter_openai::RequestError> for ServeError {
+    fn from(e: kvrouter_openai::RequestError) -> Self {
+        match e {
+            kvrouter_openai::RequestError::Invalid { message, param } => {
+                ServeError::Invalid { message, param }
+            }
+            kvrouter_openai::RequestError::UnknownModel(m) => ServeError::UnknownModel(m),
+        }
     }
 }
 

@@ -222,7 +222,7 @@ impl LoadGuard {
         m.duration.observe(self.arrival.elapsed().as_secs_f64());
         m.requests
             .inc(&[("status", "ok"), ("mode", self.mode.as_str())]);
-        let usage = find_usage(&self.tail, self.stream);
+        let usage = kvrouter_openai::usage::find(&self.tail, self.stream);
         let output = self.carried
             + usage
                 .as_ref()
@@ -293,21 +293,4 @@ pub(crate) fn log_line(
         p.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].as_u64();
     }
     log.record(&p);
-}
-
-/// The `usage` object of a response body (the last SSE event carrying one, for streams).
-fn find_usage(tail: &[u8], stream: bool) -> Option<Value> {
-    if !stream {
-        return serde_json::from_slice::<Value>(tail)
-            .ok()?
-            .get("usage")
-            .cloned()
-            .filter(|u| !u.is_null());
-    }
-    let text = std::str::from_utf8(tail).ok()?;
-    text.split("\n\n")
-        .filter_map(|e| e.trim().strip_prefix("data:"))
-        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-        .filter_map(|v| v.get("usage").cloned().filter(|u| !u.is_null()))
-        .last()
 }

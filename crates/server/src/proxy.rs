@@ -20,34 +20,10 @@ use axum::response::Response;
 use futures::StreamExt;
 use kvrouter_core::ids::{RequestId, WorkerId};
 use kvrouter_core::router::{Admission, Decision, RouteError, RouteRequest};
+use kvrouter_openai::fingerprint::fingerprint;
 use serde_json::Value;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
-
-/// Sets `system_fingerprint` to `fingerprint` in the chunk's first SSE event (replacing one the
-/// engine sent, SGLang's weight version for instance), when the chunk starts with a whole event.
-/// Returns the chunk unchanged otherwise.
-fn stamp_first_event(chunk: Bytes, fingerprint: &str) -> Bytes {
-    const START: &[u8] = b"data:";
-    let Some(end) = chunk.windows(2).position(|w| w == b"\n\n") else {
-        return chunk;
-    };
-    let Some(data) = chunk[..end].strip_prefix(START) else {
-        return chunk;
-    };
-    let Ok(mut event) = serde_json::from_slice::<Value>(data.trim_ascii()) else {
-        return chunk;
-    };
-    let Some(object) = event.as_object_mut() else {
-        return chunk;
-    };
-    object.insert("system_fingerprint".into(), Value::from(fingerprint));
-    let mut out = Vec::with_capacity(chunk.len() + 48);
-    out.extend_from_slice(b"data: ");
-    serde_json::to_writer(&mut out, &event).expect("serializable");
-    out.extend_from_slice(&chunk[end..]);
-    Bytes::from(out)
-}
 
 type Chunks = futures::stream::BoxStream<'static, Result<Bytes, String>>;
 
@@ -70,23 +46,10 @@ fn idle_limited(up: Chunks, limit: std::time::Duration) -> Chunks {
     .boxed()
 }
 
+/// The body's `model`, which must be one the workers serve (any, before they report theirs).
 fn check_model(state: &AppState, body: &Value) -> Result<(), ServeError> {
-    let model = match body.get("model") {
-        Some(Value::String(m)) => m,
-        None | Some(Value::Null) => {
-            return Err(ServeError::invalid("`model` is required", Some("model")))
-        }
-        Some(_) => {
-            return Err(ServeError::invalid(
-                "`model` must be a string",
-                Some("model"),
-            ))
-        }
-    };
     let models = state.inner.models.read().expect("models lock");
-    if !models.is_empty() && !models.iter().any(|m| m == model) {
-        return Err(ServeError::UnknownModel(model.clone()));
-    }
+    kvrouter_openai::request::check_model(body, &models, true)?;
     Ok(())
 }
 
@@ -219,10 +182,9 @@ pub(crate) async fn handle(
         )));
     }
     check_model(&state, &value).map_err(fail)?;
-    let stream = value
-        .get("stream")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let stream = kvrouter_openai::request::stream_flags(&value)
+        .map_err(|e| fail(e.into()))?
+        .stream;
     let RoutingInput { isl_tokens, blocks } =
         routing_input(&state, kind, &value).await.map_err(fail)?;
     let pin = pin_from(&headers).map_err(fail)?;
@@ -444,8 +406,7 @@ pub(crate) async fn handle(
         };
         // A stream that is not followed event by event cannot change workers: its first event
         // carries the version that serves it all.
-        let stamp =
-            (stream && status.is_success()).then(|| migrate::fingerprint(decision.policy_version));
+        let stamp = (stream && status.is_success()).then(|| fingerprint(decision.policy_version));
         let body = futures::stream::unfold(
             (upstream_body, guard, stamp),
             |(mut up, mut guard, mut stamp)| async move {
@@ -458,7 +419,7 @@ pub(crate) async fn handle(
                         // The first chunk that starts an event gets the fingerprint.
                         let chunk = match stamp.take() {
                             Some(fingerprint) if chunk.starts_with(b"data:") => {
-                                stamp_first_event(chunk, &fingerprint)
+                                kvrouter_openai::fingerprint::stamp_first_event(chunk, &fingerprint)
                             }
                             kept => {
                                 stamp = kept;
@@ -494,43 +455,4 @@ pub(crate) async fn handle(
     Err(fail(ServeError::Upstream(
         last_error.unwrap_or_else(|| "no worker could be reached".into()),
     )))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_first_event_of_a_plain_stream_carries_the_fingerprint() {
-        let chunk = Bytes::from_static(
-            b"data: {\"id\":\"x\",\"system_fingerprint\":null}\n\ndata: {\"id\":\"y\"}\n\n",
-        );
-        let out = stamp_first_event(chunk, "policy-3");
-        let text = std::str::from_utf8(&out).unwrap();
-        let first: Value = serde_json::from_str(
-            text.split("\n\n")
-                .next()
-                .unwrap()
-                .strip_prefix("data: ")
-                .unwrap(),
-        )
-        .unwrap();
-        assert_eq!(
-            first["system_fingerprint"], "policy-3",
-            "the engine's null replaced"
-        );
-        assert_eq!(first["id"], "x");
-        assert_eq!(text.matches("system_fingerprint").count(), 1, "{text}");
-        assert!(
-            text.ends_with("data: {\"id\":\"y\"}\n\n"),
-            "later events unchanged"
-        );
-        // Not an event, or not a whole one: left alone.
-        for other in [&b": keep-alive\n\n"[..], &b"data: {\"id\":\"x\""[..]] {
-            assert_eq!(
-                &stamp_first_event(Bytes::from(other), "policy-3")[..],
-                other
-            );
-        }
-    }
 }

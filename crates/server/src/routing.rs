@@ -4,24 +4,11 @@
 use crate::error::ServeError;
 use crate::state::AppState;
 use kvrouter_core::hashing::{BlockHasher, BlockHashes, HashNamespace};
+use kvrouter_openai::request::{self, Prompt};
 use kvrouter_tokenizer::ChatMessage;
 use serde_json::Value;
 
-/// Which endpoint a request came to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Completion,
-    Chat,
-}
-
-impl Kind {
-    pub(crate) fn path(self) -> &'static str {
-        match self {
-            Kind::Completion => "/v1/completions",
-            Kind::Chat => "/v1/chat/completions",
-        }
-    }
-}
+pub(crate) use kvrouter_openai::Kind;
 
 /// What the router needs of a prompt.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,126 +23,38 @@ enum Source {
     Text(String),
 }
 
-fn token_ids(items: &[Value]) -> Option<Vec<u32>> {
-    items
-        .iter()
-        .map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()))
-        .collect()
-}
-
-/// One chat message, checked field by field: a string `role`, and `content` that is a string or
-/// a list of parts. `content` may be absent or null only on an assistant message that carries
-/// `tool_calls` (or the legacy `function_call`), as OpenAI allows.
-fn chat_message(i: usize, value: &Value) -> Result<ChatMessage, ServeError> {
-    let at = |field: &str| format!("messages[{i}].{field}");
-    let Some(m) = value.as_object() else {
-        return Err(ServeError::invalid_at(
-            format!("messages[{i}] must be an object"),
-            format!("messages[{i}]"),
-        ));
-    };
-    let Some(role) = m.get("role").and_then(Value::as_str) else {
-        return Err(ServeError::invalid_at(
-            format!("{} must be a string", at("role")),
-            at("role"),
-        ));
-    };
-    match m.get("content") {
-        Some(Value::String(_) | Value::Array(_)) => {}
-        None | Some(Value::Null)
-            if role == "assistant"
-                && (m.get("tool_calls").is_some_and(|t| !t.is_null())
-                    || m.get("function_call").is_some_and(|f| !f.is_null())) => {}
-        None | Some(Value::Null) => {
-            return Err(ServeError::invalid_at(
-                format!(
-                    "{} is required (it may be null only on an assistant message with tool_calls)",
-                    at("content")
-                ),
-                at("content"),
-            ))
-        }
-        Some(_) => {
-            return Err(ServeError::invalid_at(
-                format!(
-                    "{} must be a string or a list of content parts",
-                    at("content")
-                ),
-                at("content"),
-            ))
-        }
-    }
-    ChatMessage::from_openai(value).ok_or_else(|| {
-        ServeError::invalid_at(
-            format!("messages[{i}] is not a chat message"),
-            format!("messages[{i}]"),
-        )
-    })
-}
-
 fn source(kind: Kind, body: &Value, state: &AppState) -> Result<Source, ServeError> {
     prompt_source(kind, body, &state.inner.config.chat_template)
 }
 
-/// The prompt of a request body: token ids, or text (a chat rendered with `template`).
+/// The prompt of a request body: token ids, or text (a chat rendered with `template`). A batch
+/// of prompts is routed on its first one.
 fn prompt_source(
     kind: Kind,
     body: &Value,
     template: &kvrouter_tokenizer::ChatTemplate,
 ) -> Result<Source, ServeError> {
     match kind {
-        Kind::Completion => match body.get("prompt") {
-            Some(Value::String(s)) => Ok(Source::Text(s.clone())),
-            Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_u64) => {
-                token_ids(items).map(Source::Ids).ok_or_else(|| {
-                    ServeError::invalid(
-                        "token ids must be 32-bit unsigned integers",
-                        Some("prompt"),
-                    )
-                })
-            }
-            // A batch of prompts: route on the first one.
-            Some(Value::Array(items)) if !items.is_empty() => match &items[0] {
-                Value::String(s) => Ok(Source::Text(s.clone())),
-                Value::Array(ids) => token_ids(ids).map(Source::Ids).ok_or_else(|| {
-                    ServeError::invalid(
-                        "token ids must be 32-bit unsigned integers",
-                        Some("prompt"),
-                    )
-                }),
-                _ => Err(ServeError::invalid(
-                    "`prompt` must be a string, a list of strings or token ids",
-                    Some("prompt"),
-                )),
-            },
-            None => Err(ServeError::invalid("`prompt` is required", Some("prompt"))),
-            _ => Err(ServeError::invalid(
-                "`prompt` must be a string, a list of strings or token ids",
-                Some("prompt"),
-            )),
-        },
+        Kind::Completion => Ok(match request::prompt(body)?.first {
+            Prompt::Ids(ids) => Source::Ids(ids),
+            Prompt::Text(text) => Source::Text(text),
+        }),
         Kind::Chat => {
-            let Some(Value::Array(raw)) = body.get("messages") else {
-                return Err(ServeError::invalid(
-                    "`messages` must be a list of messages",
-                    Some("messages"),
-                ));
-            };
-            if raw.is_empty() {
-                return Err(ServeError::invalid("`messages` is empty", Some("messages")));
+            let chat = request::chat(body)?;
+            let messages: Vec<ChatMessage> = chat
+                .messages
+                .into_iter()
+                .map(|m| ChatMessage {
+                    role: m.role,
+                    content: m.content,
+                })
+                .collect();
+            let rendered = if chat.continue_final_message {
+                template.render_continuation(&messages)
+            } else {
+                template.render(&messages, chat.add_generation_prompt)
             }
-            let messages = raw
-                .iter()
-                .enumerate()
-                .map(|(i, m)| chat_message(i, m))
-                .collect::<Result<Vec<_>, _>>()?;
-            let rendered =
-                if body.get("continue_final_message").and_then(Value::as_bool) == Some(true) {
-                    template.render_continuation(&messages)
-                } else {
-                    template.render(&messages, true)
-                }
-                .map_err(|e| ServeError::invalid(e.to_string(), Some("messages")))?;
+            .map_err(|e| ServeError::invalid(e.to_string(), Some("messages")))?;
             Ok(Source::Text(rendered))
         }
     }
@@ -164,14 +63,8 @@ fn prompt_source(
 /// The adapter and salt that namespace the request's blocks: vLLM's `cache_salt` body field, and
 /// the model name when it names a LoRA adapter rather than the base model.
 fn namespace(body: &Value, base_models: &[String]) -> HashNamespace {
-    let cache_salt = body
-        .get("cache_salt")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned);
-    let lora_name = body
-        .get("model")
-        .and_then(Value::as_str)
+    let cache_salt = request::cache_salt(body).map(str::to_owned);
+    let lora_name = request::model(body)
         .filter(|m| base_models.first().is_some_and(|base| base != m))
         .map(str::to_owned);
     HashNamespace {
@@ -221,10 +114,6 @@ pub(crate) async fn routing_input(
 }
 
 #[cfg(test)]
-#[path = "routing_props.rs"]
-mod props;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -238,6 +127,41 @@ mod tests {
         assert_eq!(
             namespace(&serde_json::json!({"model": "base"}), &base),
             HashNamespace::none()
+        );
+    }
+
+    /// Request parsing itself is tested in kvrouter-openai (`tests/request_props.rs`); here,
+    /// that the view is rendered as the engine renders it.
+    #[test]
+    fn chats_render_with_the_request_flags() {
+        use kvrouter_tokenizer::ChatTemplate;
+        let hi = serde_json::json!([{"role": "user", "content": "hi"}]);
+        let render = |body: Value| prompt_source(Kind::Chat, &body, &ChatTemplate::ChatMl);
+        assert_eq!(
+            render(serde_json::json!({"messages": hi})),
+            Ok(Source::Text(
+                "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n".into()
+            ))
+        );
+        assert_eq!(
+            render(serde_json::json!({"messages": hi, "add_generation_prompt": false})),
+            Ok(Source::Text("<|im_start|>user\nhi<|im_end|>\n".into())),
+            "the engine renders no assistant opener: neither does the router"
+        );
+        assert_eq!(
+            render(serde_json::json!({"prompt": [[1, 2]], "messages": 3})),
+            Err(ServeError::invalid(
+                "`messages` must be a list of messages",
+                Some("messages")
+            ))
+        );
+        assert_eq!(
+            prompt_source(
+                Kind::Completion,
+                &serde_json::json!({"prompt": [[1, 2], "b"]}),
+                &ChatTemplate::ChatMl
+            ),
+            Ok(Source::Ids(vec![1, 2]))
         );
     }
 }

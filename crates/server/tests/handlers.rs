@@ -87,6 +87,19 @@ async fn malformed_requests_name_the_field() {
         (s, body["error"]["param"].as_str()),
         (StatusCode::BAD_REQUEST, Some("prompt"))
     );
+    // A `stream` that is not a boolean is refused here, not forwarded for the engine to refuse.
+    let (s, body) = call(
+        state(None),
+        post(
+            "/v1/completions",
+            r#"{"model":"m","prompt":"a","stream":"yes"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(
+        (s, body["error"]["param"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("stream"))
+    );
 }
 
 #[tokio::test]

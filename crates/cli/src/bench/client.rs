@@ -2,6 +2,7 @@
 
 use futures::StreamExt;
 use kvrouter_core::time::Time;
+use kvrouter_openai::sse;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -98,19 +99,14 @@ async fn stream_one(
         .get("x-kvrouter-worker")
         .and_then(|v| v.to_str().ok()?.parse().ok());
     let mut stream = resp.bytes_stream();
-    let mut buf: Vec<u8> = Vec::new();
+    let mut events = sse::EventSplitter::new();
     let mut done = false;
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| format!("stream: {e}"))?;
-        buf.extend_from_slice(&chunk);
-        while let Some(end) = find_event_end(&buf) {
-            let event: Vec<u8> = buf.drain(..end).collect();
-            for line in event.split(|b| *b == b'\n') {
-                let Some(data) = line.strip_prefix(b"data:") else {
-                    continue;
-                };
-                let data = data.trim_ascii();
-                if data == b"[DONE]" {
+        events.push(&chunk);
+        while let Some(event) = events.next_event() {
+            for data in sse::data_lines(&event) {
+                if sse::is_done(data) {
                     done = true;
                     continue;
                 }
@@ -122,16 +118,6 @@ async fn stream_one(
         return Err("stream ended without [DONE]".to_owned());
     }
     Ok(())
-}
-
-/// The end (exclusive, separator included) of the first complete SSE event in `buf`.
-fn find_event_end(buf: &[u8]) -> Option<usize> {
-    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);
-    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4);
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
 }
 
 /// Folds one `data:` payload into the outcome.
@@ -209,12 +195,5 @@ mod tests {
         );
         assert!(err.unwrap_err().contains("worker died"));
         assert!(on_chunk(Time::ZERO, b"not json", &mut o).is_err());
-    }
-
-    #[test]
-    fn event_boundaries_accept_lf_and_crlf() {
-        assert_eq!(find_event_end(b"data: x\n\ndata: y"), Some(9));
-        assert_eq!(find_event_end(b"data: x\r\n\r\n"), Some(11));
-        assert_eq!(find_event_end(b"data: x\n"), None);
     }
 }

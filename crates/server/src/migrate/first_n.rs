@@ -1,65 +1,11 @@
 //! First-N-of-M endings: what a request ended because its RL group has enough samples answers.
 
-use super::{fingerprint, Migration};
+use super::Migration;
 use crate::routing::Kind;
 use axum::body::Bytes;
 use kvrouter_core::ids::WorkerId;
-use serde_json::{json, Value};
-
-/// The last event of a stream ended because its group has enough samples: finish reason
-/// `abort`, and the usage of what it produced.
-pub(super) fn group_satisfied_events(
-    kind: Kind,
-    prompt_tokens: u64,
-    completion_tokens: u64,
-    version: Option<u64>,
-) -> Bytes {
-    let choice = match kind {
-        Kind::Completion => {
-            json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "abort"})
-        }
-        Kind::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "abort"}),
-    };
-    let object = match kind {
-        Kind::Completion => "text_completion",
-        Kind::Chat => "chat.completion.chunk",
-    };
-    let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens});
-    let mut v = json!({"id": "kvrouter-group-satisfied", "object": object, "choices": [choice], "usage": usage});
-    if let Some(version) = version {
-        v["system_fingerprint"] = json!(fingerprint(version));
-    }
-    Bytes::from(format!("data: {v}\n\ndata: [DONE]\n\n"))
-}
-
-/// A non-streamed answer ended by first-N-of-M: `text` so far, finish reason `abort`.
-fn group_satisfied_body(
-    kind: Kind,
-    text: &str,
-    prompt_tokens: u64,
-    completion_tokens: u64,
-    version: Option<u64>,
-) -> Value {
-    let (choice, object) = match kind {
-        Kind::Completion => (
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "abort"}),
-            "text_completion",
-        ),
-        Kind::Chat => (
-            json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "abort"}),
-            "chat.completion",
-        ),
-    };
-    let total = prompt_tokens + completion_tokens;
-    let mut v = json!({
-        "id": "kvrouter-group-satisfied", "object": object, "choices": [choice],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total},
-    });
-    if let Some(version) = version {
-        v["system_fingerprint"] = json!(fingerprint(version));
-    }
-    v
-}
+use kvrouter_openai::fingerprint::fingerprint;
+use kvrouter_openai::first_n;
 
 /// The whole answer of a request ended before it produced anything because its group has
 /// enough samples (first-N-of-M): finish reason `abort`, no output.
@@ -72,21 +18,21 @@ pub(crate) fn group_satisfied_response(
     if stream {
         return (
             [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
-            group_satisfied_events(kind, prompt_tokens, 0, None),
+            first_n::events(kind, prompt_tokens, 0, None),
         )
             .into_response();
     }
-    axum::Json(group_satisfied_body(kind, "", prompt_tokens, 0, None)).into_response()
+    axum::Json(first_n::body(kind, "", prompt_tokens, 0, None)).into_response()
 }
 
 impl Migration {
     /// The last events of a stream ended because its group has enough samples.
     pub(super) fn stopped_events(&self) -> Bytes {
-        group_satisfied_events(
+        first_n::events(
             self.kind,
             self.reported_prompt(),
             self.generated_tokens,
-            Some(self.version),
+            Some(&fingerprint(self.version)),
         )
     }
 
@@ -107,12 +53,12 @@ impl Migration {
     /// A non-streamed answer ended because its group has enough samples: what it produced so
     /// far, with finish reason `abort`.
     pub(super) fn ended_by_group(&self) -> (Bytes, WorkerId, u64) {
-        let body = group_satisfied_body(
+        let body = first_n::body(
             self.kind,
             &self.generated_text,
             self.reported_prompt(),
             self.generated_tokens,
-            Some(self.version),
+            Some(&fingerprint(self.version)),
         );
         (Bytes::from(body.to_string()), self.worker, self.version)
     }

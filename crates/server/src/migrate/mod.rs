@@ -22,7 +22,7 @@ use axum::body::Bytes;
 use futures::StreamExt;
 use kvrouter_core::ids::{RequestId, WorkerId};
 use kvrouter_core::router::RouteRequest;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -30,44 +30,12 @@ mod first_n;
 mod unary;
 
 pub(crate) use first_n::group_satisfied_response;
+pub(crate) use kvrouter_openai::continuation::unmigratable;
+use kvrouter_openai::continuation::{chunk_text, finished_by_abort, finishing};
+use kvrouter_openai::fingerprint::{fingerprint, stamp};
+pub(crate) use kvrouter_openai::sse::error_event;
+use kvrouter_openai::sse::{self, EventSplitter};
 pub(crate) use unary::unary;
-
-/// Why a request cannot be continued elsewhere, if it cannot.
-pub(crate) fn unmigratable(body: &Value) -> Option<&'static str> {
-    if body.get("n").and_then(Value::as_u64).is_some_and(|n| n > 1)
-        || body
-            .get("best_of")
-            .and_then(Value::as_u64)
-            .is_some_and(|n| n > 1)
-    {
-        return Some("n > 1");
-    }
-    let structured = [
-        "guided_json",
-        "guided_regex",
-        "guided_choice",
-        "guided_grammar",
-        "structured_outputs",
-    ]
-    .iter()
-    .any(|k| body.get(*k).is_some_and(|v| !v.is_null()))
-        || body
-            .get("response_format")
-            .and_then(|f| f.get("type"))
-            .and_then(Value::as_str)
-            .is_some_and(|t| t != "text");
-    if structured {
-        return Some("structured output");
-    }
-    let logprobs = body
-        .get("logprobs")
-        .is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
-        || body.get("top_logprobs").is_some_and(|v| !v.is_null());
-    if logprobs {
-        return Some("logprobs");
-    }
-    None
-}
 
 /// The state of one streamed request across its attempts.
 pub(crate) struct Migration {
@@ -82,7 +50,8 @@ pub(crate) struct Migration {
     /// Tokens streamed before the current attempt (added to its usage).
     carried_tokens: u64,
     tried: Vec<WorkerId>,
-    buffer: Vec<u8>,
+    /// The upstream's SSE events, split whatever its chunk boundaries.
+    events: EventSplitter,
     done: bool,
     /// The policy version serving the current attempt (the body's `system_fingerprint`).
     version: u64,
@@ -123,18 +92,6 @@ enum Continued {
     Stopped,
 }
 
-/// The `system_fingerprint` of a response served by policy `version`.
-pub(crate) fn fingerprint(version: u64) -> String {
-    format!("policy-{version}")
-}
-
-/// Whether the finish reason of a parsed response (or chunk) is `abort`.
-fn finished_by_abort(v: &Value) -> bool {
-    v["choices"]
-        .as_array()
-        .is_some_and(|cs| cs.iter().any(|c| c["finish_reason"] == "abort"))
-}
-
 /// Whether `worker` is draining for a weight update (its engine aborts requests on purpose).
 fn draining_for_update(state: &AppState, worker: WorkerId) -> bool {
     state.inner.lock_core().update_phase(worker)
@@ -161,7 +118,7 @@ impl Migration {
             generated_tokens: 0,
             carried_tokens: 0,
             tried: vec![worker],
-            buffer: Vec::new(),
+            events: EventSplitter::new(),
             done: false,
             version: 0,
             stamp: true,
@@ -188,60 +145,26 @@ impl Migration {
         self
     }
 
-    fn budget_key(&self) -> Option<&'static str> {
-        ["max_completion_tokens", "max_tokens"]
-            .into_iter()
-            .find(|k| self.original.get(*k).is_some_and(Value::is_u64))
-    }
-
     /// The continuation request body.
     fn continuation(&self) -> Value {
-        let mut body = self.original.clone();
-        if let Some(key) = self.budget_key() {
-            let max = self.original[key].as_u64().unwrap_or(0);
-            body[key] = json!(max.saturating_sub(self.generated_tokens).max(1));
-        }
-        match self.kind {
-            Kind::Completion => match &self.original["prompt"] {
-                Value::String(p) => body["prompt"] = json!(format!("{p}{}", self.generated_text)),
-                Value::Array(ids) if ids.iter().all(Value::is_u64) => {
-                    let mut all: Vec<Value> = ids.clone();
-                    let tail = self
-                        .state
-                        .inner
-                        .tokenizer
-                        .inner()
-                        .encode(&self.generated_text);
-                    all.extend(tail.into_iter().map(|t| json!(t)));
-                    body["prompt"] = Value::Array(all);
-                }
-                _ => {}
-            },
-            Kind::Chat => {
-                if let Some(messages) = body["messages"].as_array_mut() {
-                    messages.push(json!({"role": "assistant", "content": self.generated_text}));
-                }
-                body["continue_final_message"] = json!(true);
-                body["add_generation_prompt"] = json!(false);
-            }
-        }
-        body
+        let tokenizer = &self.state.inner.tokenizer;
+        kvrouter_openai::continuation::body(
+            self.kind,
+            &self.original,
+            &self.generated_text,
+            self.generated_tokens,
+            |text| tokenizer.inner().encode(text),
+        )
     }
 
     /// Splits complete SSE events out of `chunk`, tracking what was generated; rewrites the
     /// usage of a continued stream so the client sees one usage for the whole answer.
     fn process(&mut self, chunk: &[u8]) -> Vec<u8> {
-        self.buffer.extend_from_slice(chunk);
+        self.events.push(chunk);
         let mut out = Vec::with_capacity(chunk.len());
-        while let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = self.buffer.drain(..end + 2).collect();
-            let text = String::from_utf8_lossy(&event);
-            let data = text
-                .trim()
-                .strip_prefix("data:")
-                .map(str::trim)
-                .unwrap_or("");
-            if data == "[DONE]" {
+        while let Some(event) = self.events.next_event() {
+            let data = sse::data(&event).unwrap_or_default();
+            if sse::is_done(data) {
                 if self.aborted {
                     continue;
                 }
@@ -249,66 +172,56 @@ impl Migration {
                 out.extend_from_slice(&event);
                 continue;
             }
-            let Ok(mut v) = serde_json::from_str::<Value>(data) else {
+            let Ok(mut v) = serde_json::from_slice::<Value>(data) else {
                 out.extend_from_slice(&event);
                 continue;
             };
+            let prompt_in_usage =
+                kvrouter_openai::usage::of(&v).and_then(|u| u["prompt_tokens"].as_u64());
             if self.aborted {
                 // What the aborted attempt still sends (its usage) is not the client's; its
                 // prompt count is the original prompt's.
-                if let (Some(p), 0) = (v["usage"]["prompt_tokens"].as_u64(), self.carried_tokens) {
+                if let (Some(p), 0) = (prompt_in_usage, self.carried_tokens) {
                     self.first_prompt_tokens.get_or_insert(p);
                 }
                 continue;
             }
-            let choice = &v["choices"][0];
-            let content = match self.kind {
-                Kind::Completion => choice["text"].as_str(),
-                Kind::Chat => choice["delta"]["content"].as_str(),
-            };
-            if let Some(c) = content.filter(|c| !c.is_empty()) {
+            let content = chunk_text(self.kind, &v).filter(|c| !c.is_empty());
+            if let Some(c) = content {
                 self.generated_text.push_str(c);
                 self.generated_tokens += 1;
             }
+            let fp = fingerprint(self.version);
             if finished_by_abort(&v) && draining_for_update(&self.state, self.worker) {
                 self.aborted = true;
-                if let (Some(p), 0) = (v["usage"]["prompt_tokens"].as_u64(), self.carried_tokens) {
+                if let (Some(p), 0) = (prompt_in_usage, self.carried_tokens) {
                     self.first_prompt_tokens.get_or_insert(p);
                 }
-                if content.is_some_and(|c| !c.is_empty()) {
+                if content.is_some() {
                     // Its text reaches the client; the abort does not.
                     v["choices"][0]["finish_reason"] = Value::Null;
-                    v["system_fingerprint"] = json!(fingerprint(self.version));
-                    out.extend_from_slice(format!("data: {v}\n\n").as_bytes());
+                    stamp(&mut v, &fp);
+                    out.extend_from_slice(&sse::data_event(&v));
                 }
                 continue;
             }
-            let has_usage = v.get("usage").is_some_and(|u| !u.is_null());
-            let finishing = v["choices"]
-                .as_array()
-                .is_some_and(|cs| cs.iter().any(|c| !c["finish_reason"].is_null()));
+            let has_usage = kvrouter_openai::usage::of(&v).is_some();
             let mut rewrite = false;
-            if self.stamp || has_usage || finishing {
+            if self.stamp || has_usage || finishing(&v) {
                 self.stamp = false;
-                v["system_fingerprint"] = json!(fingerprint(self.version));
+                stamp(&mut v, &fp);
                 rewrite = true;
             }
             if self.carried_tokens > 0 && has_usage {
-                let u = &mut v["usage"];
-                let completion = u["completion_tokens"].as_u64().unwrap_or(0) + self.carried_tokens;
-                let prompt = self.first_prompt_tokens.unwrap_or_else(|| {
-                    u["prompt_tokens"]
-                        .as_u64()
-                        .unwrap_or(0)
-                        .saturating_sub(self.carried_tokens)
-                });
-                u["completion_tokens"] = json!(completion);
-                u["prompt_tokens"] = json!(prompt);
-                u["total_tokens"] = json!(completion + prompt);
+                kvrouter_openai::usage::fold_continued(
+                    &mut v["usage"],
+                    self.carried_tokens,
+                    self.first_prompt_tokens,
+                );
                 rewrite = true;
             }
             if rewrite {
-                out.extend_from_slice(format!("data: {v}\n\n").as_bytes());
+                out.extend_from_slice(&sse::data_event(&v));
             } else {
                 out.extend_from_slice(&event);
             }
@@ -428,7 +341,7 @@ impl Migration {
         let (first_at, worker) = (guard.first_at(), guard.worker);
         guard.retire();
         self.carried_tokens = self.generated_tokens;
-        self.buffer.clear();
+        self.events.clear();
         let kind = if after_abort {
             "weight_update"
         } else {
@@ -489,12 +402,6 @@ impl Migration {
             None => Continued::Stopped,
         })
     }
-}
-
-/// An in-band SSE error event followed by `[DONE]`.
-pub(crate) fn error_event(message: &str) -> Bytes {
-    let body = json!({"error": {"message": message, "type": "upstream_error", "param": null, "code": 502}});
-    Bytes::from(format!("data: {body}\n\ndata: [DONE]\n\n"))
 }
 
 type Upstream = futures::stream::BoxStream<'static, reqwest::Result<Bytes>>;

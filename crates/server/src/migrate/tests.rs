@@ -1,29 +1,13 @@
-//! Tests of continuations: what cannot be continued, continuation bodies, usage.
+//! Tests of continuations as a stream is followed: continuation bodies, usage. (What cannot be
+//! continued, and the pure body and usage rules, are tested in kvrouter-openai.)
 
 use super::*;
 use crate::config::ServeConfig;
+use serde_json::json;
 
 fn migration(kind: Kind, body: Value) -> Migration {
     let state = AppState::new(ServeConfig::default()).unwrap();
     Migration::new(state, kind, body, WorkerId(0), Instant::now())
-}
-
-#[test]
-fn requests_that_cannot_be_continued_faithfully_are_named() {
-    assert_eq!(unmigratable(&json!({"n": 2})), Some("n > 1"));
-    assert_eq!(
-        unmigratable(&json!({"response_format": {"type": "json_schema"}})),
-        Some("structured output")
-    );
-    assert_eq!(
-        unmigratable(&json!({"guided_regex": "a+"})),
-        Some("structured output")
-    );
-    assert_eq!(unmigratable(&json!({"logprobs": 2})), Some("logprobs"));
-    assert_eq!(
-        unmigratable(&json!({"logprobs": false, "n": 1, "response_format": {"type": "text"}})),
-        None
-    );
 }
 
 #[test]

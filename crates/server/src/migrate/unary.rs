@@ -1,11 +1,12 @@
 //! Continuation of non-streamed answers a weight update aborted.
 
-use super::{draining_for_update, fingerprint, finished_by_abort, unmigratable, Migration};
+use super::{draining_for_update, finished_by_abort, unmigratable, Migration};
 use crate::guard::LoadGuard;
-use crate::routing::Kind;
 use axum::body::Bytes;
 use kvrouter_core::ids::WorkerId;
-use serde_json::{json, Value};
+use kvrouter_openai::continuation::{body_text, set_body_text};
+use kvrouter_openai::fingerprint::{fingerprint, stamp};
+use serde_json::Value;
 
 /// A non-streamed answer: stamps `system_fingerprint` and, if a weight update aborted it,
 /// continues it on an updated worker and joins the parts into one answer (the text of every
@@ -26,15 +27,6 @@ pub(crate) async fn unary(
             guard.finish();
             return Ok((bytes, m.worker, m.version));
         };
-        let text_of = |v: &Value| -> String {
-            let c = &v["choices"][0];
-            match m.kind {
-                Kind::Completion => c["text"].as_str(),
-                Kind::Chat => c["message"]["content"].as_str(),
-            }
-            .unwrap_or("")
-            .to_owned()
-        };
         if finished_by_abort(&v) && draining_for_update(&m.state, m.worker) {
             if let Some(reason) = unmigratable(&m.original) {
                 guard.log_failed();
@@ -44,8 +36,7 @@ pub(crate) async fn unary(
                 )));
             }
             continued = true;
-            let part = text_of(&v);
-            m.generated_text.push_str(&part);
+            m.generated_text.push_str(body_text(m.kind, &v));
             m.generated_tokens += v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
             if original_usage.is_none() {
                 original_usage = v.get("usage").cloned();
@@ -84,22 +75,15 @@ pub(crate) async fn unary(
             continue;
         }
         if continued {
-            let joined = format!("{}{}", m.generated_text, text_of(&v));
-            let c = &mut v["choices"][0];
-            match m.kind {
-                Kind::Completion => c["text"] = json!(joined),
-                Kind::Chat => c["message"]["content"] = json!(joined),
-            }
+            let joined = format!("{}{}", m.generated_text, body_text(m.kind, &v));
+            set_body_text(m.kind, &mut v, &joined);
             let completion =
                 v["usage"]["completion_tokens"].as_u64().unwrap_or(0) + m.generated_tokens;
-            if let Some(mut u) = original_usage.take().filter(Value::is_object) {
-                let prompt = u["prompt_tokens"].as_u64().unwrap_or(0);
-                u["completion_tokens"] = json!(completion);
-                u["total_tokens"] = json!(prompt + completion);
-                v["usage"] = u;
+            if let Some(u) = original_usage.take().filter(Value::is_object) {
+                v["usage"] = kvrouter_openai::usage::joined(u, completion);
             }
         }
-        v["system_fingerprint"] = json!(fingerprint(m.version));
+        stamp(&mut v, &fingerprint(m.version));
         guard.finish();
         let out = serde_json::to_vec(&v).map(Bytes::from).unwrap_or(bytes);
         return Ok((out, m.worker, m.version));

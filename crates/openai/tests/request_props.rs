@@ -1,13 +1,12 @@
-//! Property tests of request-body parsing: any JSON (and any bytes) is answered without a panic,
-//! errors name a field, and valid bodies give the prompt a naive reading of the body gives.
+//! Property tests of request-body views: any JSON is answered without a panic, errors name a
+//! field, and valid bodies give what a naive reading of the body gives.
 
-use super::{prompt_source, Kind, Source};
-use crate::error::ServeError;
-use kvrouter_tokenizer::ChatTemplate;
+use kvrouter_openai::request::{chat, prompt, ChatView, Message, Prompt, PromptView};
+use kvrouter_openai::{Kind, RequestError};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-/// Any JSON value, a few levels deep, with the field names the parser looks at.
+/// Any JSON value, a few levels deep, with the field names the views look at.
 fn any_json() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
@@ -38,17 +37,39 @@ fn any_json() -> impl Strategy<Value = Value> {
     })
 }
 
+/// The view of a body, for either endpoint.
+#[derive(Debug, PartialEq)]
+enum View {
+    Prompt(PromptView),
+    Chat(ChatView),
+}
+
+fn view(kind: Kind, body: &Value) -> Result<View, RequestError> {
+    match kind {
+        Kind::Completion => prompt(body).map(View::Prompt),
+        Kind::Chat => chat(body).map(View::Chat),
+    }
+}
+
 fn kinds() -> impl Strategy<Value = Kind> {
     prop_oneof![Just(Kind::Completion), Just(Kind::Chat)]
 }
 
-/// A naive ChatML rendering, independent of the template code.
-fn chatml(messages: &[(String, String)]) -> String {
-    let mut out = String::new();
-    for (role, content) in messages {
-        out += &format!("<|im_start|>{role}\n{content}<|im_end|>\n");
-    }
-    out + "<|im_start|>assistant\n"
+fn text(first: &str, count: usize) -> Result<View, RequestError> {
+    Ok(View::Prompt(PromptView {
+        first: Prompt::Text(first.to_owned()),
+        count,
+    }))
+}
+
+fn messages(pairs: &[(&str, &str)]) -> Vec<Message> {
+    pairs
+        .iter()
+        .map(|(role, content)| Message {
+            role: (*role).to_owned(),
+            content: (*content).to_owned(),
+        })
+        .collect()
 }
 
 fn config() -> ProptestConfig {
@@ -67,17 +88,16 @@ proptest! {
 
     #[test]
     fn any_json_body_is_answered_and_errors_name_a_field(body in any_json(), kind in kinds()) {
-        match prompt_source(kind, &body, &ChatTemplate::ChatMl) {
+        match view(kind, &body) {
             Ok(_) => {}
-            Err(ServeError::Invalid { param, .. }) => prop_assert!(param.is_some()),
-            Err(e) => prop_assert!(false, "unexpected error {e:?}"),
+            Err(e) => prop_assert!(e.param().is_some(), "{e:?}"),
         }
     }
 
     #[test]
     fn any_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..64), kind in kinds()) {
         if let Ok(body) = serde_json::from_slice::<Value>(&bytes) {
-            let _ = prompt_source(kind, &body, &ChatTemplate::ChatMl);
+            let _ = view(kind, &body);
         }
     }
 
@@ -85,36 +105,27 @@ proptest! {
     fn token_id_prompts_are_taken_as_given(ids in prop::collection::vec(any::<u32>(), 1..64)) {
         let single = json!({"prompt": ids});
         prop_assert_eq!(
-            prompt_source(Kind::Completion, &single, &ChatTemplate::ChatMl),
-            Ok(Source::Ids(ids.clone()))
+            prompt(&single),
+            Ok(PromptView { first: Prompt::Ids(ids.clone()), count: 1 })
         );
         let batch = json!({"prompt": [ids.clone(), [1, 2]]});
-        prop_assert_eq!(
-            prompt_source(Kind::Completion, &batch, &ChatTemplate::ChatMl),
-            Ok(Source::Ids(ids))
-        );
+        prop_assert_eq!(prompt(&batch), Ok(PromptView { first: Prompt::Ids(ids), count: 2 }));
     }
 
     #[test]
-    fn text_prompts_are_taken_as_given(text in ".{0,40}", other in ".{0,8}") {
-        prop_assert_eq!(
-            prompt_source(Kind::Completion, &json!({"prompt": text}), &ChatTemplate::ChatMl),
-            Ok(Source::Text(text.clone()))
-        );
-        prop_assert_eq!(
-            prompt_source(Kind::Completion, &json!({"prompt": [text, other]}), &ChatTemplate::ChatMl),
-            Ok(Source::Text(text))
-        );
+    fn text_prompts_are_taken_as_given(t in ".{0,40}", other in ".{0,8}") {
+        prop_assert_eq!(view(Kind::Completion, &json!({"prompt": t})), text(&t, 1));
+        prop_assert_eq!(view(Kind::Completion, &json!({"prompt": [t, other]})), text(&t, 2));
     }
 
     #[test]
-    fn chats_render_as_the_naive_reading(
+    fn chats_read_as_the_naive_reading(
         turns in prop::collection::vec(
             (prop_oneof![Just("system"), Just("user"), Just("assistant"), Just("tool")], "[a-zA-Z0-9 ]{0,20}", any::<bool>()),
             1..6,
         )
     ) {
-        let messages: Vec<Value> = turns
+        let raw: Vec<Value> = turns
             .iter()
             .map(|(role, content, parts)| {
                 if *parts {
@@ -124,52 +135,46 @@ proptest! {
                 }
             })
             .collect();
-        let expected: Vec<(String, String)> =
-            turns.iter().map(|(r, c, _)| (r.to_string(), c.clone())).collect();
+        let expected: Vec<(&str, &str)> = turns.iter().map(|(r, c, _)| (*r, c.as_str())).collect();
         prop_assert_eq!(
-            prompt_source(Kind::Chat, &json!({"messages": messages}), &ChatTemplate::ChatMl),
-            Ok(Source::Text(chatml(&expected)))
+            chat(&json!({"messages": raw})),
+            Ok(ChatView {
+                messages: messages(&expected),
+                continue_final_message: false,
+                add_generation_prompt: true,
+            })
         );
     }
 }
 
 #[test]
 fn message_content_is_required_except_on_assistant_tool_calls() {
-    let parse = |messages: Value| {
-        prompt_source(
-            Kind::Chat,
-            &json!({ "messages": messages }),
-            &ChatTemplate::ChatMl,
-        )
-    };
-    let param = |r: Result<Source, ServeError>| match r {
-        Err(ServeError::Invalid { param, .. }) => param.map(|p| p.into_owned()),
+    let param = |messages: Value| match chat(&json!({ "messages": messages })) {
+        Err(e) => e.param().map(str::to_owned),
         other => panic!("expected a 400, got {other:?}"),
     };
     assert_eq!(
-        param(parse(json!([{"role": "user"}]))).as_deref(),
+        param(json!([{"role": "user"}])).as_deref(),
         Some("messages[0].content")
     );
     assert_eq!(
-        param(parse(
-            json!([{"role": "user", "content": "a"}, {"role": "user", "content": null}])
-        ))
-        .as_deref(),
+        param(json!([{"role": "user", "content": "a"}, {"role": "user", "content": null}]))
+            .as_deref(),
         Some("messages[1].content")
     );
     assert_eq!(
-        param(parse(json!([{"role": "assistant", "content": null}]))).as_deref(),
+        param(json!([{"role": "assistant", "content": null}])).as_deref(),
         Some("messages[0].content")
     );
     assert_eq!(
-        param(parse(json!([{"content": "x"}]))).as_deref(),
+        param(json!([{"content": "x"}])).as_deref(),
         Some("messages[0].role")
     );
     assert_eq!(
-        param(parse(json!([{"role": "user", "content": 3}]))).as_deref(),
+        param(json!([{"role": "user", "content": 3}])).as_deref(),
         Some("messages[0].content")
     );
-    assert_eq!(param(parse(json!(["hi"]))).as_deref(), Some("messages[0]"));
+    assert_eq!(param(json!(["hi"])).as_deref(), Some("messages[0]"));
     let tool_call = json!([
         {"role": "user", "content": "weather?"},
         {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
@@ -177,11 +182,7 @@ fn message_content_is_required_except_on_assistant_tool_calls() {
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
     ]);
     assert_eq!(
-        parse(tool_call),
-        Ok(Source::Text(chatml(&[
-            ("user".into(), "weather?".into()),
-            ("assistant".into(), String::new()),
-            ("tool".into(), "sunny".into()),
-        ])))
+        chat(&json!({ "messages": tool_call })).unwrap().messages,
+        messages(&[("user", "weather?"), ("assistant", ""), ("tool", "sunny")])
     );
 }

@@ -1,0 +1,200 @@
+//! Continuing an answer elsewhere: the continuation request (the original body plus the tokens
+//! already generated, with the remaining budget), what a chunk or body generated, and which
+//! requests cannot be continued faithfully.
+
+use crate::request::Kind;
+use serde_json::{json, Value};
+
+/// Why a request cannot be continued elsewhere, if it cannot: several choices, structured
+/// output or logprobs would not survive a restart from the generated text.
+pub fn unmigratable(body: &Value) -> Option<&'static str> {
+    let above_one = |k: &str| body.get(k).and_then(Value::as_u64).is_some_and(|n| n > 1);
+    if above_one("n") || above_one("best_of") {
+        return Some("n > 1");
+    }
+    let structured = [
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "structured_outputs",
+    ]
+    .iter()
+    .any(|k| body.get(*k).is_some_and(|v| !v.is_null()))
+        || body
+            .get("response_format")
+            .and_then(|f| f.get("type"))
+            .and_then(Value::as_str)
+            .is_some_and(|t| t != "text");
+    if structured {
+        return Some("structured output");
+    }
+    let logprobs = body
+        .get("logprobs")
+        .is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
+        || body.get("top_logprobs").is_some_and(|v| !v.is_null());
+    if logprobs {
+        return Some("logprobs");
+    }
+    None
+}
+
+/// The field that holds the output budget, if the body sets one.
+fn budget_key(body: &Value) -> Option<&'static str> {
+    ["max_completion_tokens", "max_tokens"]
+        .into_iter()
+        .find(|k| body.get(*k).is_some_and(Value::is_u64))
+}
+
+/// The continuation of `original` after `generated_tokens` tokens of `generated_text`: the
+/// prompt extended by the text (token-id prompts get it as `encode` tokenizes it; chats get a
+/// partial assistant message with `continue_final_message`), and the budget reduced (at least 1).
+pub fn body(
+    kind: Kind,
+    original: &Value,
+    generated_text: &str,
+    generated_tokens: u64,
+    encode: impl FnOnce(&str) -> Vec<u32>,
+) -> Value {
+    let mut body = original.clone();
+    if let Some(key) = budget_key(original) {
+        let max = original[key].as_u64().unwrap_or(0);
+        body[key] = json!(max.saturating_sub(generated_tokens).max(1));
+    }
+    match kind {
+        Kind::Completion => match &original["prompt"] {
+            Value::String(p) => body["prompt"] = json!(format!("{p}{generated_text}")),
+            Value::Array(ids) if ids.iter().all(Value::is_u64) => {
+                let mut all: Vec<Value> = ids.clone();
+                all.extend(encode(generated_text).into_iter().map(Value::from));
+                body["prompt"] = Value::Array(all);
+            }
+            _ => {}
+        },
+        Kind::Chat => {
+            if let Some(messages) = body["messages"].as_array_mut() {
+                messages.push(json!({"role": "assistant", "content": generated_text}));
+            }
+            body["continue_final_message"] = json!(true);
+            body["add_generation_prompt"] = json!(false);
+        }
+    }
+    body
+}
+
+/// The text a streamed chunk adds (its first choice's), if any.
+pub fn chunk_text(kind: Kind, v: &Value) -> Option<&str> {
+    let choice = &v["choices"][0];
+    match kind {
+        Kind::Completion => choice["text"].as_str(),
+        Kind::Chat => choice["delta"]["content"].as_str(),
+    }
+}
+
+/// The text of a whole answer (its first choice's).
+pub fn body_text(kind: Kind, v: &Value) -> &str {
+    let choice = &v["choices"][0];
+    match kind {
+        Kind::Completion => choice["text"].as_str(),
+        Kind::Chat => choice["message"]["content"].as_str(),
+    }
+    .unwrap_or("")
+}
+
+/// Replaces the text of a whole answer (its first choice's).
+pub fn set_body_text(kind: Kind, v: &mut Value, text: &str) {
+    let choice = &mut v["choices"][0];
+    match kind {
+        Kind::Completion => choice["text"] = json!(text),
+        Kind::Chat => choice["message"]["content"] = json!(text),
+    }
+}
+
+/// Whether any choice of a body or chunk finished with reason `abort`.
+pub fn finished_by_abort(v: &Value) -> bool {
+    v["choices"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["finish_reason"] == "abort"))
+}
+
+/// Whether any choice of a body or chunk carries a finish reason.
+pub fn finishing(v: &Value) -> bool {
+    v["choices"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| !c["finish_reason"].is_null()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_that_cannot_be_continued_faithfully_are_named() {
+        assert_eq!(unmigratable(&json!({"n": 2})), Some("n > 1"));
+        assert_eq!(
+            unmigratable(&json!({"response_format": {"type": "json_schema"}})),
+            Some("structured output")
+        );
+        assert_eq!(
+            unmigratable(&json!({"guided_regex": "a+"})),
+            Some("structured output")
+        );
+        assert_eq!(unmigratable(&json!({"logprobs": 2})), Some("logprobs"));
+        assert_eq!(
+            unmigratable(&json!({"logprobs": false, "n": 1, "response_format": {"type": "text"}})),
+            None
+        );
+    }
+
+    #[test]
+    fn continuations_carry_the_generated_tokens_and_the_remaining_budget() {
+        let none = |_: &str| -> Vec<u32> { unreachable!("text prompts are not tokenized") };
+        let c = body(
+            Kind::Completion,
+            &json!({"prompt": "Once", "max_tokens": 10, "stream": true}),
+            " upon a",
+            2,
+            none,
+        );
+        assert_eq!(
+            c,
+            json!({"prompt": "Once upon a", "max_tokens": 8, "stream": true})
+        );
+
+        let c = body(
+            Kind::Completion,
+            &json!({"prompt": [1, 2, 3], "max_tokens": 5}),
+            " xy",
+            1,
+            |t| {
+                assert_eq!(t, " xy");
+                vec![9]
+            },
+        );
+        assert_eq!(c, json!({"prompt": [1, 2, 3, 9], "max_tokens": 4}));
+
+        let c = body(
+            Kind::Chat,
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3}),
+            " he",
+            5,
+            none,
+        );
+        assert_eq!(
+            c,
+            json!({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " he"}],
+                "max_completion_tokens": 1, "continue_final_message": true, "add_generation_prompt": false})
+        );
+    }
+
+    #[test]
+    fn generated_text_is_read_and_replaced() {
+        let chunk = json!({"choices": [{"delta": {"content": "a"}, "finish_reason": "abort"}]});
+        assert_eq!(chunk_text(Kind::Chat, &chunk), Some("a"));
+        assert!(finished_by_abort(&chunk) && finishing(&chunk));
+        let mut whole = json!({"choices": [{"text": "x", "finish_reason": null}]});
+        assert!(!finishing(&whole));
+        set_body_text(Kind::Completion, &mut whole, "xy");
+        assert_eq!(body_text(Kind::Completion, &whole), "xy");
+    }
+}

@@ -1,0 +1,377 @@
+//! Typed views of an OpenAI request body: the endpoint, the model, the prompt (text, token ids
+//! or chat messages) and the sampling fields kvrouter reads. Every error names its field.
+
+use crate::error::RequestError;
+use serde_json::Value;
+
+/// Which endpoint a request came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// `/v1/completions`.
+    Completion,
+    /// `/v1/chat/completions`.
+    Chat,
+}
+
+impl Kind {
+    /// The endpoint's path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Kind::Completion => "/v1/completions",
+            Kind::Chat => "/v1/chat/completions",
+        }
+    }
+
+    /// The `object` of a whole answer.
+    pub fn object(self) -> &'static str {
+        match self {
+            Kind::Completion => "text_completion",
+            Kind::Chat => "chat.completion",
+        }
+    }
+
+    /// The `object` of a streamed chunk.
+    pub fn chunk_object(self) -> &'static str {
+        match self {
+            Kind::Completion => "text_completion",
+            Kind::Chat => "chat.completion.chunk",
+        }
+    }
+}
+
+/// The `model` field, checked against the `served` names (any name when `served` is empty).
+/// `Ok(None)`: absent or null, allowed only when not `required`.
+pub fn check_model(
+    body: &Value,
+    served: &[String],
+    required: bool,
+) -> Result<Option<String>, RequestError> {
+    match body.get("model") {
+        None | Some(Value::Null) if required => {
+            Err(RequestError::invalid("`model` is required", "model"))
+        }
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(m)) if served.is_empty() || served.iter().any(|s| s == m) => {
+            Ok(Some(m.clone()))
+        }
+        Some(Value::String(m)) => Err(RequestError::UnknownModel(m.clone())),
+        Some(_) => Err(RequestError::invalid("`model` must be a string", "model")),
+    }
+}
+
+/// One prompt: token ids (taken as given) or text (to be tokenized).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Prompt {
+    /// Token ids.
+    Ids(Vec<u32>),
+    /// Text.
+    Text(String),
+}
+
+/// The `prompt` of a completion: its first prompt, and how many prompts the body carries (a
+/// batch is a list of strings or of token-id lists).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PromptView {
+    /// The first (often only) prompt.
+    pub first: Prompt,
+    /// How many prompts the body carries.
+    pub count: usize,
+}
+
+fn token_ids(items: &[Value]) -> Result<Vec<u32>, RequestError> {
+    items
+        .iter()
+        .map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(|| {
+            RequestError::invalid("token ids must be 32-bit unsigned integers", "prompt")
+        })
+}
+
+/// The `prompt` of a `/v1/completions` body: a string, a list of token ids, or a batch.
+pub fn prompt(body: &Value) -> Result<PromptView, RequestError> {
+    let shape = || {
+        RequestError::invalid(
+            "`prompt` must be a string, a list of strings or token ids",
+            "prompt",
+        )
+    };
+    let one = |first| PromptView { first, count: 1 };
+    match body.get("prompt") {
+        Some(Value::String(s)) => Ok(one(Prompt::Text(s.clone()))),
+        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_u64) => {
+            token_ids(items).map(|ids| one(Prompt::Ids(ids)))
+        }
+        Some(Value::Array(items)) if !items.is_empty() => {
+            let first = match &items[0] {
+                Value::String(s) => Prompt::Text(s.clone()),
+                Value::Array(ids) => Prompt::Ids(token_ids(ids)?),
+                _ => return Err(shape()),
+            };
+            Ok(PromptView {
+                first,
+                count: items.len(),
+            })
+        }
+        None => Err(RequestError::invalid("`prompt` is required", "prompt")),
+        _ => Err(shape()),
+    }
+}
+
+/// One chat message, as a template renders it: parts of a multi-part `content` joined.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// `system`, `user`, `assistant`, `tool`, ...
+    pub role: String,
+    /// The text (empty for an assistant message that only carries tool calls).
+    pub content: String,
+}
+
+/// The `messages` of a `/v1/chat/completions` body and how to render them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChatView {
+    /// The messages, checked field by field.
+    pub messages: Vec<Message>,
+    /// `continue_final_message`: the last (assistant) message is continued, not closed.
+    pub continue_final_message: bool,
+    /// `add_generation_prompt` (default true): the assistant turn is opened after the messages.
+    pub add_generation_prompt: bool,
+}
+
+/// One chat message, checked field by field: a string `role`, and `content` that is a string or
+/// a list of parts. `content` may be absent or null only on an assistant message that carries
+/// `tool_calls` (or the legacy `function_call`), as OpenAI allows.
+fn message(i: usize, value: &Value) -> Result<Message, RequestError> {
+    let at = |field: &str| format!("messages[{i}].{field}");
+    let Some(m) = value.as_object() else {
+        return Err(RequestError::invalid_at(
+            format!("messages[{i}] must be an object"),
+            format!("messages[{i}]"),
+        ));
+    };
+    let Some(role) = m.get("role").and_then(Value::as_str) else {
+        return Err(RequestError::invalid_at(
+            format!("{} must be a string", at("role")),
+            at("role"),
+        ));
+    };
+    let present = |k: &str| m.get(k).is_some_and(|v| !v.is_null());
+    let content = match m.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect(),
+        None | Some(Value::Null)
+            if role == "assistant" && (present("tool_calls") || present("function_call")) =>
+        {
+            String::new()
+        }
+        None | Some(Value::Null) => {
+            return Err(RequestError::invalid_at(
+                format!(
+                    "{} is required (it may be null only on an assistant message with tool_calls)",
+                    at("content")
+                ),
+                at("content"),
+            ))
+        }
+        Some(_) => {
+            return Err(RequestError::invalid_at(
+                format!(
+                    "{} must be a string or a list of content parts",
+                    at("content")
+                ),
+                at("content"),
+            ))
+        }
+    };
+    Ok(Message {
+        role: role.to_owned(),
+        content,
+    })
+}
+
+/// The chat of a `/v1/chat/completions` body.
+pub fn chat(body: &Value) -> Result<ChatView, RequestError> {
+    let Some(Value::Array(raw)) = body.get("messages") else {
+        return Err(RequestError::invalid(
+            "`messages` must be a list of messages",
+            "messages",
+        ));
+    };
+    if raw.is_empty() {
+        return Err(RequestError::invalid("`messages` is empty", "messages"));
+    }
+    let messages = raw
+        .iter()
+        .enumerate()
+        .map(|(i, m)| message(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let flag = |k: &str, default: bool| body.get(k).and_then(Value::as_bool).unwrap_or(default);
+    Ok(ChatView {
+        messages,
+        continue_final_message: flag("continue_final_message", false),
+        add_generation_prompt: flag("add_generation_prompt", true),
+    })
+}
+
+/// Whether the answer is streamed, and whether the stream ends with a usage chunk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamFlags {
+    /// `stream`.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+}
+
+/// `stream` (a boolean, default false) and `stream_options.include_usage`.
+pub fn stream_flags(body: &Value) -> Result<StreamFlags, RequestError> {
+    let stream = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(RequestError::invalid(
+                "`stream` must be a boolean",
+                "stream",
+            ))
+        }
+    };
+    let include_usage = body
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    Ok(StreamFlags {
+        stream,
+        include_usage,
+    })
+}
+
+/// The output-token budget: `max_completion_tokens` then `max_tokens` for chats, `max_tokens`
+/// for completions; `None` when absent. At least 1 and at most `u32::MAX`.
+pub fn max_tokens(kind: Kind, body: &Value) -> Result<Option<u32>, RequestError> {
+    let keys: &[&'static str] = match kind {
+        Kind::Chat => &["max_completion_tokens", "max_tokens"],
+        Kind::Completion => &["max_tokens"],
+    };
+    for &key in keys {
+        match body.get(key) {
+            None | Some(Value::Null) => continue,
+            Some(v) => {
+                let n = v.as_i64().ok_or_else(|| {
+                    RequestError::invalid(format!("`{key}` must be an integer"), key)
+                })?;
+                if n <= 0 {
+                    return Err(RequestError::invalid(
+                        format!("`{key}` must be at least 1, got {n}"),
+                        key,
+                    ));
+                }
+                return u32::try_from(n)
+                    .map(Some)
+                    .map_err(|_| RequestError::invalid(format!("`{key}` is too large"), key));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// `n`, the number of choices asked for (default 1).
+pub fn choices(body: &Value) -> Option<i64> {
+    body.get("n").and_then(Value::as_i64)
+}
+
+/// vLLM's `cache_salt`, when set and not empty.
+pub fn cache_salt(body: &Value) -> Option<&str> {
+    body.get("cache_salt")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+}
+
+/// The `model` field as a string, unchecked.
+pub fn model(body: &Value) -> Option<&str> {
+    body.get("model").and_then(Value::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_model_is_checked_against_the_served_names() {
+        let served = vec!["m".to_owned()];
+        assert_eq!(check_model(&json!({}), &served, false), Ok(None));
+        assert_eq!(
+            check_model(&json!({}), &served, true).unwrap_err().param(),
+            Some("model")
+        );
+        assert_eq!(
+            check_model(&json!({"model": "x"}), &served, false),
+            Err(RequestError::UnknownModel("x".into()))
+        );
+        assert_eq!(
+            check_model(&json!({"model": "x"}), &[], true),
+            Ok(Some("x".into()))
+        );
+        assert_eq!(
+            check_model(&json!({"model": 3}), &served, false)
+                .unwrap_err()
+                .param(),
+            Some("model")
+        );
+    }
+
+    #[test]
+    fn sampling_fields_are_read_and_bad_ones_named() {
+        let body = json!({"max_tokens": 4, "max_completion_tokens": 2, "stream": true,
+            "stream_options": {"include_usage": true}});
+        assert_eq!(max_tokens(Kind::Chat, &body), Ok(Some(2)));
+        assert_eq!(max_tokens(Kind::Completion, &body), Ok(Some(4)));
+        assert_eq!(max_tokens(Kind::Completion, &json!({})), Ok(None));
+        let flags = stream_flags(&body).unwrap();
+        assert!(flags.stream && flags.include_usage);
+        for bad in [
+            json!({"max_tokens": 0}),
+            json!({"max_tokens": "3"}),
+            json!({"max_tokens": 1u64 << 40}),
+        ] {
+            assert_eq!(
+                max_tokens(Kind::Completion, &bad).unwrap_err().param(),
+                Some("max_tokens")
+            );
+        }
+        assert_eq!(
+            stream_flags(&json!({"stream": "yes"})).unwrap_err().param(),
+            Some("stream")
+        );
+    }
+
+    #[test]
+    fn chat_render_flags_are_read() {
+        let body = json!({"messages": [{"role": "user", "content": "hi"}],
+            "add_generation_prompt": false});
+        let view = chat(&body).unwrap();
+        assert!(!view.add_generation_prompt && !view.continue_final_message);
+        assert!(
+            chat(&json!({"messages": [{"role": "user", "content": "hi"}]}))
+                .unwrap()
+                .add_generation_prompt
+        );
+    }
+
+    #[test]
+    fn batches_report_their_size() {
+        let v = prompt(&json!({"prompt": ["a", "b"]})).unwrap();
+        assert_eq!((v.first, v.count), (Prompt::Text("a".into()), 2));
+        assert_eq!(
+            prompt(&json!({"prompt": [[1, -1]]})).unwrap_err().param(),
+            Some("prompt")
+        );
+        assert_eq!(
+            prompt(&json!({"prompt": []})).unwrap_err().param(),
+            Some("prompt")
+        );
+    }
+}
