@@ -14,11 +14,11 @@ mod rl;
 mod update;
 
 pub use admission::{Admission, QueuePolicy, QueueStats};
-pub use effects::Effects;
 pub use config::{
     ConfigError, KvRetention, RouterConfig, DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER,
     DEFAULT_QUEUE_MAX_REQUESTS, DEFAULT_QUEUE_MAX_WAIT_SECS,
 };
+pub use effects::Effects;
 pub use request::{
     Decision, Pin, RouteError, RouteRequest, VersionRequirement, WorkerSpec, MAX_DP_SIZE,
     MAX_PRIORITY,

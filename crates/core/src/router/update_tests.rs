@@ -128,7 +128,10 @@ fn abort_mode_asks_for_aborts_and_loads_when_the_aborted_requests_are_gone() {
     assert_eq!(loads(&first.update), vec![0]);
     let second = r.cancel(RequestId(2), Time::ZERO).unwrap();
     assert_eq!(loads(&second.update), vec![1]);
-    assert!(r.update_tick(Time::ZERO).is_empty(), "a load is asked for once");
+    assert!(
+        r.update_tick(Time::ZERO).is_empty(),
+        "a load is asked for once"
+    );
 }
 
 #[test]
@@ -250,14 +253,20 @@ fn a_loaded_worker_does_not_wait_for_loads_that_started_after_its_own() {
     let t = Time::from_millis;
     let first = r.begin_update(plan(1, UpdateMode::Drain, 1), t(0)).unwrap();
     assert_eq!(loads(&first), vec![0]);
-    assert_eq!(loads(&r.finish(RequestId(2), t(10)).unwrap().update), vec![1]);
+    assert_eq!(
+        loads(&r.finish(RequestId(2), t(10)).unwrap().update),
+        vec![1]
+    );
     r.update_loaded(WorkerId(0), true, t(15)).unwrap();
     assert_eq!(
         r.update_phase(WorkerId(0)),
         Some(UpdatePhase::Done),
         "worker 1 started later"
     );
-    assert_eq!(loads(&r.finish(RequestId(3), t(20)).unwrap().update), vec![2]);
+    assert_eq!(
+        loads(&r.finish(RequestId(3), t(20)).unwrap().update),
+        vec![2]
+    );
     r.update_loaded(WorkerId(1), true, t(25)).unwrap();
     assert_eq!(r.update_phase(WorkerId(1)), Some(UpdatePhase::Done));
     r.update_loaded(WorkerId(2), true, t(35)).unwrap();
