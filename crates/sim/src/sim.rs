@@ -5,7 +5,7 @@ use crate::queue::EventQueue;
 use crate::summary::{Record, Summary, SummaryBuilder};
 use kvrouter_core::event::KvEvent;
 use kvrouter_core::ids::{RequestId, WorkerId, WorkerRank};
-use kvrouter_core::router::{Admission, Decision, RouteRequest, Router, WorkerSpec};
+use kvrouter_core::router::{Admission, Decision, Effects, RouteRequest, Router, WorkerSpec};
 use kvrouter_core::time::Time;
 use kvrouter_engine::{Engine, EngineRequest, Prompt, StepOutcome};
 use kvrouter_workload::replay::Replay;
@@ -39,8 +39,12 @@ enum Event {
     Visible(Vec<KvEvent>),
     /// A worker dies.
     WorkerDies(usize),
-    /// A request whose worker died is continued elsewhere.
+    /// A request whose worker died is continued elsewhere: placed now, on a worker it has not
+    /// tried (the live server's rule for retries and migrations).
     Continue(usize),
+    /// A request aborted for a weight update is continued: admitted again, waiting in the queue
+    /// for a worker of an accepted version (as the live server does).
+    Resume(usize),
     /// A worker finished loading new weights.
     Loaded(usize),
 }
@@ -81,6 +85,9 @@ pub struct Simulation<'w> {
     last_turn: Vec<bool>,
     /// Weight loads: (worker, start, end), for timelines.
     update_spans: Vec<crate::perfetto::UpdateSpan>,
+    /// Workers each request was placed on, in order (a continuation after a failure avoids
+    /// them).
+    tried: Vec<Vec<WorkerId>>,
 }
 
 fn ms(v: f64) -> Duration {
@@ -161,6 +168,7 @@ impl<'w> Simulation<'w> {
             pending_versions: std::collections::VecDeque::new(),
             last_turn: vec![true; n],
             update_spans: Vec::new(),
+            tried: vec![Vec::new(); n],
         };
         for r in &workload.requests {
             if let Some(a) = r.after {
@@ -247,7 +255,8 @@ impl<'w> Simulation<'w> {
                 }
             }
             Event::WorkerDies(w) => self.worker_dies(w),
-            Event::Continue(i) => self.route_request(i),
+            Event::Continue(i) => self.continue_request(i),
+            Event::Resume(i) => self.route_request(i),
             Event::Loaded(w) => self.loaded(w)?,
         }
         Ok(true)
@@ -320,7 +329,34 @@ impl<'w> Simulation<'w> {
         }
     }
 
+    /// Places a continuation after a failure by the live server's rule: now, outside the queue,
+    /// on a worker not tried yet. One that cannot be placed fails (as live).
+    fn continue_request(&mut self, i: usize) {
+        if self.records[i].finish.is_some() {
+            // Ended (its group had enough samples) while the continuation was pending.
+            return;
+        }
+        let route = self.route_request_for(i);
+        if route.group.is_some_and(|g| self.router.group_satisfied(g)) {
+            self.end_early(i);
+            return;
+        }
+        match self
+            .router
+            .route_continuation(&route, &self.tried[i], self.now)
+        {
+            Ok(d) => self.dispatch(i, &d),
+            Err(_) => {
+                let rec = &mut self.records[i];
+                rec.failed = true;
+                rec.rejected = true;
+                self.done(i);
+            }
+        }
+    }
+
     fn dispatch(&mut self, i: usize, d: &Decision) {
+        self.tried[i].push(d.rank.worker);
         let rec = &mut self.records[i];
         rec.worker = Some(d.rank.worker.0 as usize);
         rec.policy_version = Some(d.policy_version);
@@ -332,9 +368,30 @@ impl<'w> Simulation<'w> {
             .push(at, Event::Deliver(i, d.rank.worker.0 as usize));
     }
 
-    /// Places queued requests that capacity now allows.
+    /// Places queued requests that capacity now allows (after a first token or a worker
+    /// back; releases place them themselves).
     fn poll_queue(&mut self) {
-        for (id, result) in self.router.poll(self.now) {
+        let placed = self.router.poll(self.now);
+        self.apply(Effects {
+            placed,
+            update: Vec::new(),
+        });
+    }
+
+    /// Releases a request's load in the router (finished, cancelled, failed, aborted) and
+    /// carries out what that set in motion. The only place the simulation releases load.
+    fn release(&mut self, id: RequestId) {
+        // Finish and cancel release the same load; the records say which it was.
+        if let Ok(effects) = self.router.finish(id, self.now) {
+            self.apply(effects);
+        }
+    }
+
+    /// Carries out effects of the router: update calls on the engines, queued requests placed
+    /// (or refused).
+    fn apply(&mut self, effects: Effects) {
+        self.carry_out(effects.update);
+        for (id, result) in effects.placed {
             let i = id.0 as usize;
             match result {
                 Ok(d) => self.dispatch(i, &d),
@@ -361,7 +418,7 @@ impl<'w> Simulation<'w> {
         self.router.set_available(WorkerId(w as u64), false);
         for (id, generated) in lost {
             let i = id.0 as usize;
-            let _ = self.router.cancel(id);
+            self.release(id);
             let rec = &mut self.records[i];
             if rec.migrations < self.config.migration_limit {
                 rec.migrations += 1;
@@ -373,7 +430,6 @@ impl<'w> Simulation<'w> {
                 self.done(i);
             }
         }
-        self.poll_queue();
     }
 
     fn deliver(&mut self, i: usize, w: usize) -> Result<(), SimError> {
@@ -403,21 +459,19 @@ impl<'w> Simulation<'w> {
                 == Some(kvrouter_core::router::UpdatePhase::Draining);
         if aborting {
             // Reached an engine that is aborting for an update: continued on the new policy.
-            let _ = self.router.cancel(RequestId(i as u64));
             self.records[i].update_aborts += 1;
-            self.queue.push(self.now, Event::Continue(i));
-            let actions = self.router.update_tick(self.now);
-            self.carry_out(actions);
+            self.queue.push(self.now, Event::Resume(i));
+            self.release(RequestId(i as u64));
             return Ok(());
         }
         if self.workers[w].dead {
             // Routed just before the death was known: continue elsewhere.
-            let _ = self.router.cancel(RequestId(i as u64));
+            self.release(RequestId(i as u64));
             self.queue.push(self.now, Event::Continue(i));
             return Ok(());
         }
         if self.workers[w].engine.add_request(er).is_err() {
-            let _ = self.router.cancel(RequestId(i as u64));
+            self.release(RequestId(i as u64));
             self.records[i].rejected = true;
             self.done(i);
             return Ok(());
@@ -492,7 +546,7 @@ impl<'w> Simulation<'w> {
                 rec.served_cached = f.cached_tokens;
             }
             rec.output_tokens = rec.carried + f.output_tokens;
-            let _ = self.router.finish(f.id);
+            self.release(f.id);
             self.done(i);
             if let (Some(g), true) = (self.workload.requests[i].group, self.last_turn[i]) {
                 if self.router.group_sample_finished(g, self.now) {
@@ -528,10 +582,6 @@ impl<'w> Simulation<'w> {
     fn done(&mut self, i: usize) {
         self.finished += 1;
         self.step_done(i);
-        if self.config.weight_update.is_some() {
-            let actions = self.router.update_tick(self.now);
-            self.carry_out(actions);
-        }
         let ended = self.records[i].ended_early;
         let released = self
             .replay
