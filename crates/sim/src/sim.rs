@@ -630,3 +630,6 @@ impl<'w> Simulation<'w> {
         .build()
     }
 }
+
+#[cfg(test)]
+mod continuation_tests;
