@@ -61,7 +61,7 @@ fn route(c: &mut Criterion) {
                 id += 1;
                 let req = RouteRequest::new(RequestId(id), tokens.len() as u64, hashed.clone());
                 let d = r.route(&req, Time::from_micros(id)).unwrap();
-                r.finish(RequestId(id)).unwrap();
+                let _ = r.finish(RequestId(id), Time::from_micros(id)).unwrap();
                 black_box(d.rank)
             })
         });
@@ -74,7 +74,7 @@ fn route(c: &mut Criterion) {
                     hasher().hash_blocks(black_box(&tokens)),
                 );
                 let d = r.route(&req, Time::from_micros(id)).unwrap();
-                r.finish(RequestId(id)).unwrap();
+                let _ = r.finish(RequestId(id), Time::from_micros(id)).unwrap();
                 black_box(d.rank)
             })
         });

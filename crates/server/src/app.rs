@@ -274,7 +274,7 @@ fn set_paused(s: AppState, id: u64, paused: bool) -> Result<Json<Value>, ServeEr
     }
     if !paused {
         // Queued requests may fit on it now.
-        s.inner.queue_notify.notify_one();
+        s.inner.wake_queue();
     }
     tracing::info!("worker {id} {}", if paused { "paused" } else { "resumed" });
     Ok(Json(
@@ -303,7 +303,7 @@ async fn set_policy_version(
         core.clear_worker_cache(WorkerId(id));
     }
     drop(core);
-    s.inner.queue_notify.notify_one();
+    s.inner.wake_queue();
     tracing::info!("worker {id} serves policy version {version}");
     Ok(Json(json!({"id": id, "policy_version": version})))
 }

@@ -3,7 +3,7 @@
 //! provenance line and captured timeline.
 
 use crate::provenance::Provenance;
-use crate::state::AppState;
+use crate::state::{AppState, Release};
 use kvrouter_core::ids::{RequestId, WorkerId};
 use kvrouter_core::policy::RouterMode;
 use serde_json::Value;
@@ -87,9 +87,7 @@ impl LoadGuard {
     /// and it is counted as neither finished nor cancelled.
     pub(crate) fn retire(mut self) {
         self.done = true;
-        let inner = &self.state.inner;
-        let _ = inner.lock_core().cancel(self.id);
-        inner.load_released();
+        self.state.inner.release(self.id, Release::Cancelled);
         self.capture("continued");
     }
 
@@ -116,8 +114,7 @@ impl LoadGuard {
         }
         self.done = true;
         let inner = &self.state.inner;
-        let _ = inner.lock_core().cancel(self.id);
-        inner.load_released();
+        inner.release(self.id, Release::Cancelled);
         inner
             .metrics
             .requests
@@ -183,7 +180,7 @@ impl LoadGuard {
         if self.attempt_first.is_none() {
             self.attempt_first = Some(now);
             let _ = self.state.inner.lock_core().first_token(self.id);
-            self.state.inner.queue_notify.notify_one();
+            self.state.inner.wake_queue();
         }
         if self.first_at.is_none() {
             self.first_at = Some(now);
@@ -213,8 +210,7 @@ impl LoadGuard {
         }
         self.done = true;
         let inner = &self.state.inner;
-        let _ = inner.lock_core().finish(self.id);
-        inner.load_released();
+        inner.release(self.id, Release::Finished);
         if let (Some(group), true) = (self.group, self.counts_as_sample) {
             inner.group_sample_finished(group);
         }
@@ -251,8 +247,7 @@ impl Drop for LoadGuard {
     fn drop(&mut self) {
         if !self.done {
             self.done = true;
-            let _ = self.state.inner.lock_core().cancel(self.id);
-            self.state.inner.load_released();
+            self.state.inner.release(self.id, Release::Cancelled);
             self.state
                 .inner
                 .metrics

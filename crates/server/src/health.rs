@@ -135,7 +135,7 @@ fn mark_healthy(state: &AppState, worker: WorkerId) {
         .metrics
         .health_transitions
         .inc(&[("to", "healthy")]);
-    state.inner.queue_notify.notify_one();
+    state.inner.wake_queue();
 }
 
 /// Checks `url/health` on the configured interval.

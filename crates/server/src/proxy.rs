@@ -13,7 +13,7 @@ use crate::migrate::{self, Migration};
 use crate::provenance::Provenance;
 use crate::registry;
 use crate::routing::{routing_input, Kind, RoutingInput};
-use crate::state::AppState;
+use crate::state::{AppState, Release};
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
@@ -79,14 +79,10 @@ struct QueuedGuard<'a> {
 impl Drop for QueuedGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.inner
-                .waiters
-                .lock()
-                .expect("waiters lock")
-                .remove(&self.id);
+            self.inner.forget_placement(self.id);
             if !self.inner.lock_core().cancel_queued(self.id) {
                 // Placed between our last look and now: release it.
-                let _ = self.inner.lock_core().cancel(self.id);
+                self.inner.release(self.id, Release::Cancelled);
             }
         }
     }
@@ -98,8 +94,7 @@ pub(crate) async fn admit(state: &AppState, request: RouteRequest) -> Result<Dec
     let id = request.id;
     let queued_at = Instant::now();
     // Register the waiter first, so a placement by the driver always finds it.
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    inner.waiters.lock().expect("waiters lock").insert(id, tx);
+    let rx = inner.await_placement(id);
     let submitted = inner.lock_core().submit(request, inner.now());
     let reject = |reason: &'static str, e| {
         inner.metrics.rejections.inc(&[("reason", reason)]);
@@ -107,11 +102,11 @@ pub(crate) async fn admit(state: &AppState, request: RouteRequest) -> Result<Dec
     };
     match submitted {
         Ok(Admission::Dispatched(d)) => {
-            inner.waiters.lock().expect("waiters lock").remove(&id);
+            inner.forget_placement(id);
             Ok(d)
         }
         Ok(Admission::Queued) => {
-            inner.queue_notify.notify_one();
+            inner.wake_queue();
             let mut guard = QueuedGuard {
                 inner,
                 id,
@@ -138,7 +133,7 @@ pub(crate) async fn admit(state: &AppState, request: RouteRequest) -> Result<Dec
             }
         }
         Err(e) => {
-            inner.waiters.lock().expect("waiters lock").remove(&id);
+            inner.forget_placement(id);
             match e {
                 RouteError::QueueFull { .. } => Err(reject("queue_full", e)),
                 RouteError::AllEligibleWorkersOverloaded
@@ -234,14 +229,7 @@ pub(crate) async fn handle(
             }
         } else {
             // A retry was admitted already: place it now, away from the failed workers.
-            let allowed: Vec<WorkerId> = registry::worker_ids(&state)
-                .into_iter()
-                .filter(|w| !tried.contains(w))
-                .collect();
-            request.allowed_workers = Some(allowed);
-            inner
-                .lock_core()
-                .route(&request, inner.now())
+            migrate::place_after_failure(&state, &request, &tried)
                 .map_err(|e| fail(ServeError::Route(e)))?
         };
         let worker = decision.rank.worker;
@@ -256,7 +244,7 @@ pub(crate) async fn handle(
             }
         }
         let Some(base) = registry::url_of(&state, worker) else {
-            let _ = inner.lock_core().cancel(id);
+            inner.release(id, Release::Cancelled);
             tried.push(worker);
             continue;
         };
@@ -306,8 +294,7 @@ pub(crate) async fn handle(
         let Some(response) = response else {
             // Nothing reached the client yet: release this attempt and try another worker.
             guard.done = true;
-            let _ = inner.lock_core().cancel(id);
-            inner.load_released();
+            inner.release(id, Release::Cancelled);
             inner.metrics.retries.inc(&[("mode", mode.as_str())]);
             tried.push(worker);
             if pin.is_some() {

@@ -1,7 +1,9 @@
 //! The queue driver: places queued requests when load changes and ends them at their deadline.
 //!
 //! Handlers register a waiter before submitting, so a placement made by the driver always finds
-//! the request's handler; a placement whose handler has gone is released at once.
+//! the request's handler; a placement whose handler has gone is released at once. Releases of
+//! load place queued requests themselves ([`crate::state::Inner::release`]); this driver covers
+//! the rest: deadlines, first tokens, workers coming back.
 
 use crate::state::Inner;
 use std::sync::Arc;
@@ -19,23 +21,17 @@ pub(crate) fn spawn(state: Arc<Inner>) -> JoinHandle<()> {
             match wait {
                 Some(at) => {
                     tokio::select! {
-                        _ = state.queue_notify.notified() => {}
+                        _ = state.queue_woken() => {}
                         _ = tokio::time::sleep_until(at) => {}
                     }
                 }
-                None => state.queue_notify.notified().await,
+                None => state.queue_woken().await,
             }
             let placed = state.lock_core().poll(state.now());
-            for (id, result) in placed {
-                let waiter = state.waiters.lock().expect("waiters lock").remove(&id);
-                let delivered = match waiter {
-                    Some(tx) => tx.send(result.clone()).is_ok(),
-                    None => false,
-                };
-                if !delivered && result.is_ok() {
-                    let _ = state.lock_core().cancel(id);
-                }
-            }
+            state.apply(kvrouter_core::router::Effects {
+                placed,
+                update: Vec::new(),
+            });
         }
     })
 }

@@ -226,18 +226,6 @@ pub(crate) fn set_engine(state: &AppState, id: WorkerId, kind: crate::engines::E
     }
 }
 
-/// Every registered worker id.
-pub(crate) fn worker_ids(state: &AppState) -> Vec<WorkerId> {
-    state
-        .inner
-        .workers
-        .lock()
-        .expect("workers lock")
-        .keys()
-        .copied()
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

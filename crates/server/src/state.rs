@@ -6,14 +6,14 @@ use crate::metrics::Metrics;
 use kvrouter_core::ids::RequestId;
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::Router;
-use kvrouter_core::router::{Decision, RouteError};
+use kvrouter_core::router::{Decision, Effects, RouteError, UpdateAction};
 use kvrouter_core::time::Time;
 use kvrouter_tokenizer::CachedTokenizer;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
-use tokio::sync::{oneshot, Notify, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 use tokio::task::JoinHandle;
 
 /// A registered worker and its event subscribers.
@@ -31,6 +31,19 @@ impl Drop for WorkerRecord {
     }
 }
 
+/// How a request's load is released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Release {
+    /// It completed.
+    Finished,
+    /// It was cancelled, failed, or continues in another attempt.
+    Cancelled,
+}
+
+/// What a queued request's handler gets: its placement, or why it left the queue unplaced.
+pub(crate) type PlacementResult = Result<Decision, RouteError>;
+type Placement = oneshot::Sender<PlacementResult>;
+
 /// The server's state, shared by every handler and background task.
 #[derive(Clone)]
 pub struct AppState {
@@ -39,7 +52,9 @@ pub struct AppState {
 
 pub(crate) struct Inner {
     pub(crate) config: ServeConfig,
-    pub(crate) core: Mutex<Router>,
+    /// The routing core. Read and change it through `lock_core`, except releases of load:
+    /// those go through [`Inner::release`], which carries out their effects.
+    core: Mutex<Router>,
     pub(crate) workers: Mutex<BTreeMap<WorkerId, WorkerRecord>>,
     pub(crate) next_worker: AtomicU64,
     pub(crate) next_request: AtomicU64,
@@ -52,11 +67,12 @@ pub(crate) struct Inner {
     pub(crate) zmq: zmq::Context,
     pub(crate) models: RwLock<Vec<String>>,
     /// Requests waiting in the router queue, by id: where to send their placement.
-    pub(crate) waiters: Mutex<HashMap<RequestId, oneshot::Sender<Result<Decision, RouteError>>>>,
-    /// Wakes the queue driver when load changes.
-    pub(crate) queue_notify: Notify,
-    /// Wakes a running weight-update cycle when a request ends (a draining worker may be idle).
-    pub(crate) update_notify: Notify,
+    waiters: Mutex<HashMap<RequestId, Placement>>,
+    /// Wakes the queue driver when load or eligibility changes outside a release.
+    queue_notify: Notify,
+    /// The running weight-update cycle's driver: where the engine calls that releases ask
+    /// for go. Set under the core lock when a cycle starts.
+    update_actions: Mutex<Option<mpsc::UnboundedSender<Vec<UpdateAction>>>>,
     /// Recent request timelines (`--trace-capture`).
     pub(crate) capture: Option<crate::capture::Capture>,
     /// First-N-of-M groups in flight: set to true when the group has its N samples.
@@ -73,10 +89,99 @@ impl Inner {
         Time::from_micros(self.epoch.elapsed().as_micros() as u64)
     }
 
-    /// A request's load was released: queued requests and a draining update may go on.
-    pub(crate) fn load_released(&self) {
+    /// Releases a request's load in the core (it finished, or was cancelled, failed or retired)
+    /// and carries out what that set in motion: queued requests placed on the freed capacity,
+    /// loads of a weight update's workers that went idle. The only place the server releases
+    /// load, so no caller can forget the follow-up.
+    #[allow(clippy::disallowed_methods)] // the one place allowed to call Router::finish/cancel
+    pub(crate) fn release(&self, id: RequestId, how: Release) {
+        let now = self.now();
+        let released = {
+            let mut core = self.lock_core();
+            match how {
+                Release::Finished => core.finish(id, now),
+                Release::Cancelled => core.cancel(id, now),
+            }
+        };
+        // Unknown: released already (or never placed): nothing was freed.
+        if let Ok(effects) = released {
+            self.apply(effects);
+        }
+    }
+
+    /// Carries out effects of the core: each placement goes to its waiting handler (one whose
+    /// handler has gone is released again), update loads go to the cycle's driver.
+    #[allow(clippy::disallowed_methods)] // releases an undeliverable placement, applying its effects
+    pub(crate) fn apply(&self, effects: Effects) {
+        let mut pending = vec![effects];
+        // Bounded: each round releases requests the round before took out of the queue.
+        while let Some(Effects { placed, update }) = pending.pop() {
+            if !update.is_empty() {
+                let driver = self.update_actions.lock().expect("update lock").clone();
+                match driver {
+                    Some(tx) if tx.send(update).is_ok() => {}
+                    _ => tracing::warn!("weight update: no cycle driver for its next calls"),
+                }
+            }
+            for (id, result) in placed {
+                let waiter = self.waiters.lock().expect("waiters lock").remove(&id);
+                let delivered = waiter.is_some_and(|tx| tx.send(result.clone()).is_ok());
+                if !delivered && result.is_ok() {
+                    let again = self.lock_core().cancel(id, self.now());
+                    pending.extend(again.ok());
+                }
+            }
+        }
+    }
+
+    /// Wakes the queue driver: load or eligibility changed outside a release (a first token, a
+    /// worker back, an update's worker loaded).
+    pub(crate) fn wake_queue(&self) {
         self.queue_notify.notify_one();
-        self.update_notify.notify_one();
+    }
+
+    /// Resolves when [`Inner::wake_queue`] is called.
+    pub(crate) async fn queue_woken(&self) {
+        self.queue_notify.notified().await;
+    }
+
+    /// Registers the handler of request `id` before it is submitted, so a placement made by the
+    /// queue driver always finds it.
+    pub(crate) fn await_placement(&self, id: RequestId) -> oneshot::Receiver<PlacementResult> {
+        let (tx, rx) = oneshot::channel();
+        self.waiters.lock().expect("waiters lock").insert(id, tx);
+        rx
+    }
+
+    /// The handler of request `id` no longer waits for a placement (placed at once, refused,
+    /// or gone). Returns whether it was still waiting.
+    pub(crate) fn forget_placement(&self, id: RequestId) -> bool {
+        self.waiters
+            .lock()
+            .expect("waiters lock")
+            .remove(&id)
+            .is_some()
+    }
+
+    /// Starts the driver side of a weight-update cycle: `begin` starts it in the core (under
+    /// the core lock, so no release can ask for a call before the driver listens). Returns the
+    /// first calls and the channel of the calls that releases ask for later.
+    pub(crate) fn begin_update<E>(
+        &self,
+        begin: impl FnOnce(&mut Router) -> Result<Vec<UpdateAction>, E>,
+    ) -> Result<
+        (
+            Vec<UpdateAction>,
+            mpsc::UnboundedReceiver<Vec<UpdateAction>>,
+        ),
+        E,
+    > {
+        let mut core = self.lock_core();
+        let first = begin(&mut core)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        *self.update_actions.lock().expect("update lock") = Some(tx);
+        drop(core);
+        Ok((first, rx))
     }
 
     /// A receiver that turns true when `group` has its N samples.
@@ -195,7 +300,7 @@ impl AppState {
                 models: RwLock::new(models),
                 waiters: Mutex::new(HashMap::new()),
                 queue_notify: Notify::new(),
-                update_notify: Notify::new(),
+                update_actions: Mutex::new(None),
                 group_stops: Mutex::new(HashMap::new()),
                 capture,
                 health: crate::health::Health::default(),
@@ -222,3 +327,6 @@ pub(crate) async fn stopped(stop: &mut Option<tokio::sync::watch::Receiver<bool>
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

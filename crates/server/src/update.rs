@@ -58,9 +58,9 @@ pub(crate) fn start(state: &AppState, body: UpdateBody) -> Result<(), ServeError
             .map(|ws| ws.into_iter().map(WorkerId).collect()),
     };
     let inner = &state.inner;
-    let actions = inner
-        .lock_core()
-        .begin_update(plan, inner.now())
+    let now = inner.now();
+    let (actions, later) = inner
+        .begin_update(|core| core.begin_update(plan, now))
         .map_err(|e| {
             let field = match e {
                 kvrouter_core::router::UpdateError::ZeroBatch => Some("batch"),
@@ -79,14 +79,20 @@ pub(crate) fn start(state: &AppState, body: UpdateBody) -> Result<(), ServeError
         body.version,
         mode.as_str()
     );
-    tokio::spawn(drive(state.clone(), body.load, actions));
+    tokio::spawn(drive(state.clone(), body.load, actions, later));
     Ok(())
 }
 
 /// Carries out the cycle: engine calls as the core asks for them, until every target is done.
 /// A worker's calls run one at a time (an abort never lands after the load's resume), and an
-/// abort is only sent to a worker still draining.
-async fn drive(state: AppState, load: LoadSpec, mut actions: Vec<UpdateAction>) {
+/// abort is only sent to a worker still draining. `later`: the calls that releases of load ask
+/// for (a draining worker's last request ended).
+async fn drive(
+    state: AppState,
+    load: LoadSpec,
+    mut actions: Vec<UpdateAction>,
+    mut later: mpsc::UnboundedReceiver<Vec<UpdateAction>>,
+) {
     let inner = &state.inner;
     let (loaded_tx, mut loaded_rx) = mpsc::unbounded_channel::<(WorkerId, bool)>();
     let mut serial: HashMap<WorkerId, Arc<tokio::sync::Mutex<()>>> = HashMap::new();
@@ -178,14 +184,14 @@ async fn drive(state: AppState, load: LoadSpec, mut actions: Vec<UpdateAction>) 
                 let finished = core.update_status().is_none_or(|s| s.finished.is_some());
                 drop(core);
                 // Requests waiting for a worker (or for the new version) may go now.
-                inner.queue_notify.notify_one();
+                inner.wake_queue();
                 if finished {
                     tracing::info!("weight update finished");
                     return;
                 }
             }
-            _ = inner.update_notify.notified() => {
-                actions = inner.lock_core().update_tick(inner.now());
+            Some(more) = later.recv() => {
+                actions = more;
             }
         }
     }

@@ -292,8 +292,9 @@ impl Router {
     }
 
     /// Places queued requests while capacity allows, and ends those past their deadline. Call it
-    /// whenever load changes (first token, finish, cancel, worker added) and at
-    /// [`Router::next_deadline`].
+    /// when load or eligibility changes outside a release (a first token, a worker added or
+    /// back) and at [`Router::next_deadline`]; [`Router::finish`] and [`Router::cancel`] poll
+    /// themselves and return the placements in their [`crate::router::Effects`].
     pub fn poll(&mut self, now: Time) -> Vec<(RequestId, Result<Decision, RouteError>)> {
         let expired = self.queue.expire(now);
         let mut out: Vec<(RequestId, Result<Decision, RouteError>)> = expired

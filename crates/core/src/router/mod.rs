@@ -2,11 +2,13 @@
 //! selection policy behind plain methods. Events in, decisions out, `now` passed in.
 //!
 //! Layout: `config.rs` (the validated option tree), `request.rs` (requests, decisions, errors),
-//! `admission.rs` (the router queue: `submit`, `poll`), `rl.rs` (pauses, policy versions, group
+//! `admission.rs` (the router queue: `submit`, `poll`), `effects.rs` (finish and cancel, and the
+//! [`Effects`] they return: placements and update actions), `rl.rs` (pauses, policy versions, group
 //! placement, first-N-of-M), `update.rs` (the weight-update cycle), this file (the façade).
 
 pub mod admission;
 mod config;
+mod effects;
 mod request;
 mod rl;
 mod update;
@@ -16,6 +18,7 @@ pub use config::{
     ConfigError, KvRetention, RouterConfig, DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER,
     DEFAULT_QUEUE_MAX_REQUESTS, DEFAULT_QUEUE_MAX_WAIT_SECS,
 };
+pub use effects::Effects;
 pub use request::{
     Decision, Pin, RouteError, RouteRequest, VersionRequirement, WorkerSpec, MAX_DP_SIZE,
     MAX_PRIORITY,
@@ -363,6 +366,33 @@ impl Router {
         })
     }
 
+    /// Places a request that continues one already admitted (a retry after a failed send, a
+    /// migration after a worker failure): now, outside the router queue, on a worker it has not
+    /// tried, among those it may use. The live server and the simulator both place
+    /// continuations here, so a simulated migration is evidence about a live one.
+    pub fn route_continuation(
+        &mut self,
+        request: &RouteRequest,
+        tried: &[WorkerId],
+        now: Time,
+    ) -> Result<Decision, RouteError> {
+        let allowed: Vec<WorkerId> = self
+            .workers
+            .keys()
+            .filter(|w| !tried.contains(w))
+            .filter(|w| {
+                request
+                    .allowed_workers
+                    .as_ref()
+                    .is_none_or(|a| a.contains(w))
+            })
+            .copied()
+            .collect();
+        let mut request = request.clone();
+        request.allowed_workers = Some(allowed);
+        self.route(&request, now)
+    }
+
     fn allowed_ranks(
         &self,
         request: &RouteRequest,
@@ -475,19 +505,6 @@ impl Router {
             .map_err(|_| RouteError::UnknownRequest(id))
     }
 
-    /// The request completed.
-    pub fn finish(&mut self, id: RequestId) -> Result<(), RouteError> {
-        self.ledger
-            .release(id)
-            .map(|_| ())
-            .map_err(|_| RouteError::UnknownRequest(id))
-    }
-
-    /// The request was cancelled or failed, in any state.
-    pub fn cancel(&mut self, id: RequestId) -> Result<(), RouteError> {
-        self.finish(id)
-    }
-
     /// The current load of a rank.
     pub fn load(&self, rank: WorkerRank) -> RankLoad {
         self.ledger.load(rank)
@@ -503,6 +520,8 @@ impl Router {
     }
 }
 
+#[cfg(test)]
+mod effects_tests;
 #[cfg(test)]
 mod rl_tests;
 #[cfg(test)]

@@ -108,11 +108,11 @@ fn round_robin_cycles_and_finish_releases_load() {
     assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
     for i in 0..6 {
         r.first_token(RequestId(i)).unwrap();
-        r.finish(RequestId(i)).unwrap();
+        let _ = r.finish(RequestId(i), Time::ZERO).unwrap();
     }
     assert_eq!(r.ledger().active_requests(), 0);
     assert_eq!(
-        r.finish(RequestId(0)),
+        r.finish(RequestId(0), Time::ZERO),
         Err(RouteError::UnknownRequest(RequestId(0)))
     );
 }
@@ -202,13 +202,13 @@ fn approximate_mode_learns_from_its_own_decisions_and_forgets_after_the_ttl() {
     let prompt = tokens(5, 64);
     let first = r.route(&request(1, &prompt), Time::ZERO).unwrap();
     r.first_token(RequestId(1)).unwrap();
-    r.finish(RequestId(1)).unwrap();
+    let _ = r.finish(RequestId(1), Time::from_secs_f64(5.0)).unwrap();
     let again = r
         .route(&request(2, &prompt), Time::from_secs_f64(5.0))
         .unwrap();
     assert_eq!(again.rank, first.rank);
     assert_eq!(again.overlap.gpu_blocks, 16);
-    r.finish(RequestId(2)).unwrap();
+    let _ = r.finish(RequestId(2), Time::from_secs_f64(16.0)).unwrap();
     let late = r
         .route(&request(3, &prompt), Time::from_secs_f64(16.0))
         .unwrap();
@@ -318,7 +318,7 @@ fn same_seed_same_decisions() {
     assert_ne!(run(1), run(2));
 }
 
-fn queued_router(policy: QueuePolicy) -> Router {
+pub(super) fn queued_router(policy: QueuePolicy) -> Router {
     let config = RouterConfig {
         router_mode: RouterMode::RoundRobin,
         kv_cache_block_size: BS,

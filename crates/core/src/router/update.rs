@@ -235,8 +235,9 @@ impl Router {
         actions
     }
 
-    /// Draining workers with no request left move on to loading: returns their loads. Call it
-    /// after completions and cancellations while a cycle runs.
+    /// Draining workers with no request left move on to loading: returns their loads.
+    /// [`Router::finish`] and [`Router::cancel`] tick themselves and return the loads in their
+    /// [`crate::router::Effects`].
     pub fn update_tick(&mut self, now: Time) -> Vec<UpdateAction> {
         let Some(cycle) = self.update.as_mut().filter(|c| c.running()) else {
             return Vec::new();

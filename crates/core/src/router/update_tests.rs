@@ -58,8 +58,8 @@ fn drain_waits_for_in_flight_requests_and_queues_new_ones_until_a_worker_is_back
     assert_eq!((d.rank.worker, d.policy_version), (other, 1));
     // The draining worker loads once its request finished.
     assert!(r.update_tick(Time::ZERO).is_empty());
-    r.finish(RequestId(1)).unwrap();
-    assert_eq!(loads(&r.update_tick(Time::ZERO)), vec![w.0]);
+    let released = r.finish(RequestId(1), Time::ZERO).unwrap();
+    assert_eq!(loads(&released.update), vec![w.0]);
     assert!(
         r.update_tick(Time::ZERO).is_empty(),
         "a load is asked for once"
@@ -97,7 +97,7 @@ fn rolling_updates_at_most_batch_workers_at_a_time_while_the_rest_serve() {
             .route(&request(id, &tokens(id as u32, 8)), Time::ZERO)
             .unwrap();
         assert!(!out.contains(&d.rank.worker));
-        r.finish(RequestId(id)).unwrap();
+        actions.extend(r.finish(RequestId(id), Time::ZERO).unwrap().update);
         order.push(worker.0);
         actions.remove(0);
         actions.extend(r.update_loaded(worker, true, Time::ZERO).unwrap());
@@ -123,9 +123,15 @@ fn abort_mode_asks_for_aborts_and_loads_when_the_aborted_requests_are_gone() {
             UpdateAction::Abort(WorkerId(1))
         ]
     );
-    r.cancel(RequestId(1)).unwrap();
-    r.cancel(RequestId(2)).unwrap();
-    assert_eq!(loads(&r.update_tick(Time::ZERO)), vec![0, 1]);
+    // Each cancel returns the load of the worker it left idle.
+    let first = r.cancel(RequestId(1), Time::ZERO).unwrap();
+    assert_eq!(loads(&first.update), vec![0]);
+    let second = r.cancel(RequestId(2), Time::ZERO).unwrap();
+    assert_eq!(loads(&second.update), vec![1]);
+    assert!(
+        r.update_tick(Time::ZERO).is_empty(),
+        "a load is asked for once"
+    );
 }
 
 #[test]
@@ -243,20 +249,24 @@ fn a_loaded_worker_does_not_wait_for_loads_that_started_after_its_own() {
             .unwrap();
     }
     // Worker 0's request finishes at once; the others drain later, one after the other.
-    r.finish(RequestId(1)).unwrap();
+    let _ = r.finish(RequestId(1), Time::ZERO).unwrap();
     let t = Time::from_millis;
     let first = r.begin_update(plan(1, UpdateMode::Drain, 1), t(0)).unwrap();
     assert_eq!(loads(&first), vec![0]);
-    r.finish(RequestId(2)).unwrap();
-    assert_eq!(loads(&r.update_tick(t(10))), vec![1]);
+    assert_eq!(
+        loads(&r.finish(RequestId(2), t(10)).unwrap().update),
+        vec![1]
+    );
     r.update_loaded(WorkerId(0), true, t(15)).unwrap();
     assert_eq!(
         r.update_phase(WorkerId(0)),
         Some(UpdatePhase::Done),
         "worker 1 started later"
     );
-    r.finish(RequestId(3)).unwrap();
-    assert_eq!(loads(&r.update_tick(t(20))), vec![2]);
+    assert_eq!(
+        loads(&r.finish(RequestId(3), t(20)).unwrap().update),
+        vec![2]
+    );
     r.update_loaded(WorkerId(1), true, t(25)).unwrap();
     assert_eq!(r.update_phase(WorkerId(1)), Some(UpdatePhase::Done));
     r.update_loaded(WorkerId(2), true, t(35)).unwrap();

@@ -21,7 +21,7 @@ use crate::state::AppState;
 use axum::body::Bytes;
 use futures::StreamExt;
 use kvrouter_core::ids::{RequestId, WorkerId};
-use kvrouter_core::router::RouteRequest;
+use kvrouter_core::router::{Decision, RouteError, RouteRequest};
 use serde_json::Value;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -90,6 +90,20 @@ enum Continued {
     Going(Upstream, LoadGuard),
     /// Its group got enough samples while it waited: it ends here.
     Stopped,
+}
+
+/// Places a request that continues after a failure (a retry, a migration): now, outside the
+/// router queue, on a worker it has not tried. The core's rule, which the simulator's
+/// continuations follow too.
+pub(crate) fn place_after_failure(
+    state: &AppState,
+    request: &RouteRequest,
+    tried: &[WorkerId],
+) -> Result<Decision, RouteError> {
+    let inner = &state.inner;
+    inner
+        .lock_core()
+        .route_continuation(request, tried, inner.now())
 }
 
 /// Whether `worker` is draining for a weight update (its engine aborts requests on purpose).
@@ -256,14 +270,7 @@ impl Migration {
                     _ = crate::state::stopped(stop) => return Ok(Reissued::Stopped { logged: false }),
                 }
             } else {
-                let allowed: Vec<WorkerId> = registry::worker_ids(&self.state)
-                    .into_iter()
-                    .filter(|w| !self.tried.contains(w))
-                    .collect();
-                request.allowed_workers = Some(allowed);
-                inner
-                    .lock_core()
-                    .route(&request, inner.now())
+                place_after_failure(&self.state, &request, &self.tried)
                     .map_err(|e| e.to_string())?
             };
             let worker = decision.rank.worker;

@@ -22,11 +22,10 @@ impl Simulation<'_> {
                     engine.cancel(id);
                     self.records[i].output_tokens = self.records[i].carried + generated;
                 }
-                let _ = self.router.cancel(id);
+                self.release(id);
             }
             self.end_early(i);
         }
-        self.poll_queue();
     }
 
     /// Request `i` ends now without finishing its budget: its group has enough samples.
@@ -97,16 +96,14 @@ impl Simulation<'_> {
         let aborted = self.workers[w].engine.abort_all();
         for f in aborted {
             let i = f.id.0 as usize;
-            let _ = self.router.cancel(f.id);
             let rec = &mut self.records[i];
             rec.carried += f.output_tokens;
             rec.update_aborts += 1;
             rec.recomputed_tokens +=
                 u64::from(self.workload.requests[i].input_tokens) + u64::from(rec.carried);
-            self.queue.push(self.now, Event::Continue(i));
+            self.queue.push(self.now, Event::Resume(i));
+            self.release(f.id);
         }
-        let actions = self.router.update_tick(self.now);
-        self.carry_out(actions);
     }
 
     /// A worker loaded new weights: its cache is flushed unless KV is retained, and it serves.
