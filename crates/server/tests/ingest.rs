@@ -328,3 +328,69 @@ async fn removing_a_worker_closes_its_subscriber_connection() {
     );
     server.stop().await;
 }
+
+/// Reads from `conn` until the peer closes it (bounded); whether it did.
+async fn closes(conn: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 256];
+    tokio::time::timeout(Duration::from_secs(5), async {
+        for _ in 0..1000 {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => {}
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false)
+}
+
+#[tokio::test]
+async fn every_removal_closes_its_subscriber_and_ingestion_goes_on() {
+    // Closing a monitored SUB sends its last events to the monitor; a monitor closed first made
+    // that send block one of libzmq's threads for good: the next removals left their sockets
+    // open and the other workers' streams stalled.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
+    let base = ServeConfig {
+        admin_token: Some("t".into()),
+        ..ServeConfig::default()
+    };
+    let server = router_with(&endpoint, None, base).await;
+    let client = reqwest::Client::new();
+    let mut id = 0u64;
+    for round in 0..4 {
+        if round > 0 {
+            let added: serde_json::Value = client
+                .post(format!("http://{}/admin/workers", server.addr))
+                .bearer_auth("t")
+                .json(&serde_json::json!({
+                    "url": "http://127.0.0.1:9", "kv_events_endpoint": endpoint,
+                    "block_size": BS, "max_num_batched_tokens": 8192, "kv_capacity_blocks": 1024}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            id = added["id"].as_u64().expect("an id");
+        }
+        let (mut conn, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the subscriber connects"))
+            .unwrap();
+        let r = client
+            .delete(format!("http://{}/admin/workers/{id}", server.addr))
+            .bearer_auth("t")
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+        assert!(
+            closes(&mut conn).await,
+            "round {round}: the removed worker's subscriber closed its socket"
+        );
+    }
+    server.stop().await;
+}

@@ -89,24 +89,10 @@ fn endpoint_ok(e: &str) -> Result<&str, SubscriberError> {
 }
 
 fn run(state: &Inner, source: &Source, stop: &AtomicBool) -> Result<(), SubscriberError> {
-    static MONITORS: AtomicU64 = AtomicU64::new(0);
     let ctx = &state.zmq;
     let config = &state.config.kv_ingest;
-    let sub = ctx.socket(zmq::SUB)?;
-    sub.set_linger(0)?;
-    sub.set_reconnect_ivl(RECONNECT_IVL_MS)?;
-    sub.set_reconnect_ivl_max(RECONNECT_IVL_MAX_MS)?;
-    sub.set_maxmsgsize(config.hard_frame_bytes())?;
-    sub.set_handshake_ivl(HANDSHAKE_IVL_MS)?;
-    sub.set_subscribe(b"")?;
-    let monitor_endpoint = format!(
-        "inproc://kvrouter-ingest-monitor-{}",
-        MONITORS.fetch_add(1, Ordering::Relaxed)
-    );
-    sub.monitor(&monitor_endpoint, zmq::SocketEvent::ALL as i32)?;
-    let monitor = ctx.socket(zmq::PAIR)?;
-    monitor.set_linger(0)?;
-    monitor.connect(&monitor_endpoint)?;
+    let sockets = Monitored::open(ctx, config.hard_frame_bytes())?;
+    let (sub, monitor) = (sockets.sub(), &sockets.monitor);
     if let Some(r) = &source.replay {
         endpoint_ok(r)?;
     }
@@ -130,15 +116,15 @@ fn run(state: &Inner, source: &Source, stop: &AtomicBool) -> Result<(), Subscrib
         ];
         zmq::poll(&mut items, POLL_MS)?;
         let data = items[1].is_readable();
-        stream.on_monitor(&monitor)?;
-        stream.watchdog(&sub)?;
+        stream.on_monitor(monitor)?;
+        stream.watchdog(sub)?;
         if !data {
             continue;
         }
         for _ in 0..BURST {
             // Socket events first: a break clears the rank before anything of the new
             // connection is applied.
-            stream.on_monitor(&monitor)?;
+            stream.on_monitor(monitor)?;
             match sub.recv_multipart(zmq::DONTWAIT) {
                 Ok(frames) => stream.on_message(&frames),
                 Err(zmq::Error::EAGAIN) => break,
@@ -147,6 +133,83 @@ fn run(state: &Inner, source: &Source, stop: &AtomicBool) -> Result<(), Subscrib
         }
     }
     Ok(())
+}
+
+/// A SUB socket and the PAIR socket that reads its monitor events, closed in the one order
+/// libzmq survives: closing the SUB sends its last events (`CLOSED`, `MONITOR_STOPPED`) to the
+/// monitor from libzmq's own threads, and a PAIR send with no peer blocks forever, taking every
+/// socket of the context (every worker's ingestion) with it. So the SUB goes first and the
+/// monitor is drained until `MONITOR_STOPPED` (bounded by [`MONITOR_DRAIN`]) before it closes,
+/// whichever way `run` ends (stop, error, panic).
+struct Monitored {
+    sub: Option<zmq::Socket>,
+    monitor: zmq::Socket,
+}
+
+/// How long a closing subscriber waits for its monitor's last event.
+const MONITOR_DRAIN: Duration = Duration::from_secs(2);
+
+impl Monitored {
+    fn open(ctx: &zmq::Context, hard_frame_bytes: i64) -> Result<Self, SubscriberError> {
+        static MONITORS: AtomicU64 = AtomicU64::new(0);
+        let sub = ctx.socket(zmq::SUB)?;
+        sub.set_linger(0)?;
+        sub.set_reconnect_ivl(RECONNECT_IVL_MS)?;
+        sub.set_reconnect_ivl_max(RECONNECT_IVL_MAX_MS)?;
+        sub.set_maxmsgsize(hard_frame_bytes)?;
+        sub.set_handshake_ivl(HANDSHAKE_IVL_MS)?;
+        sub.set_subscribe(b"")?;
+        let endpoint = format!(
+            "inproc://kvrouter-ingest-monitor-{}",
+            MONITORS.fetch_add(1, Ordering::Relaxed)
+        );
+        // The reader connects (inproc allows it before the bind) before monitoring starts, so
+        // no event is ever sent to a PAIR without its peer.
+        let monitor = ctx.socket(zmq::PAIR)?;
+        monitor.set_linger(0)?;
+        monitor.connect(&endpoint)?;
+        let sockets = Self {
+            sub: Some(sub),
+            monitor,
+        };
+        sockets
+            .sub()
+            .monitor(&endpoint, zmq::SocketEvent::ALL as i32)?;
+        Ok(sockets)
+    }
+
+    fn sub(&self) -> &zmq::Socket {
+        self.sub.as_ref().expect("the SUB socket lives until drop")
+    }
+}
+
+impl Drop for Monitored {
+    fn drop(&mut self) {
+        drop(self.sub.take());
+        let deadline = Instant::now() + MONITOR_DRAIN;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::warn!("KV event monitor did not report MONITOR_STOPPED in time");
+                return;
+            }
+            let mut items = [self.monitor.as_poll_item(zmq::POLLIN)];
+            if zmq::poll(&mut items, left.as_millis().max(1) as i64).is_err() {
+                return;
+            }
+            while let Ok(frames) = self.monitor.recv_multipart(zmq::DONTWAIT) {
+                let stopped = frames.first().and_then(|f| f.get(..2)).is_some_and(|b| {
+                    matches!(
+                        zmq::SocketEvent::from_raw(u16::from_le_bytes([b[0], b[1]])),
+                        zmq::SocketEvent::MONITOR_STOPPED
+                    )
+                });
+                if stopped {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// The state of one rank's stream between messages.
