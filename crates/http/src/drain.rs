@@ -156,6 +156,22 @@ impl<H: Send + Unpin + 'static> DrainBody<H> {
             })
         })
     }
+
+    /// Wraps an answer the drain itself gave (a refusal, or the `503` of a request the grace
+    /// period ended before its answer started): it is sent whole, never cut, since the cut has
+    /// usually happened already and would close the connection before any byte of it.
+    pub(crate) fn whole(response: Response<Body>, held: H) -> Response<Body> {
+        response.map(|inner| {
+            Body::new(DrainBody {
+                inner,
+                sse: false,
+                cut: Box::pin(std::future::pending()),
+                state: CutState::Running,
+                at_event_boundary: true,
+                _held: held,
+            })
+        })
+    }
 }
 
 impl<H: Unpin> http_body::Body for DrainBody<H> {

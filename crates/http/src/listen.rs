@@ -193,12 +193,14 @@ async fn handle(
     let held = InFlight::begin(&activity);
     if lifecycle.is_draining() {
         if let Some(refused) = refusal(&request) {
-            return Ok(DrainBody::wrap(refused, &lifecycle, held));
+            return Ok(DrainBody::whole(refused, held));
         }
     }
     let response = tokio::select! {
         r = app.oneshot(request.map(Body::new)) => match r { Ok(r) => r, Err(e) => match e {} },
-        _ = lifecycle.reached(Phase::Cutting) => shutting_down(StatusCode::SERVICE_UNAVAILABLE),
+        _ = lifecycle.reached(Phase::Cutting) => {
+            return Ok(DrainBody::whole(shutting_down(StatusCode::SERVICE_UNAVAILABLE), held));
+        }
     };
     Ok(DrainBody::wrap(response, &lifecycle, held))
 }

@@ -112,3 +112,51 @@ async fn a_silent_connection_is_closed_after_the_idle_timeout() {
     let tcp = TcpStream::connect(addr).await.unwrap();
     assert_eq!(read_all(tcp).await, "", "closed without a response");
 }
+
+#[tokio::test]
+async fn a_request_unanswered_at_the_end_of_the_grace_period_gets_an_openai_503() {
+    // The answer has not started when the grace period runs out: the client gets a whole 503
+    // in the OpenAI shape, not a connection closed without a reply.
+    let started = Arc::new(Notify::new());
+    let app = axum::Router::new().route(
+        "/never",
+        post({
+            let started = started.clone();
+            move || async move {
+                started.notify_one();
+                std::future::pending::<&'static str>().await
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = HttpLimits {
+        shutdown_grace: Duration::from_millis(200),
+        ..HttpLimits::default()
+    };
+    let (stop, mut stopped) = watch::channel(false);
+    let server = tokio::spawn(serve(
+        listener,
+        app,
+        limits,
+        Lifecycle::default(),
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        },
+    ));
+    let in_flight = send(addr, "POST", "/never").await;
+    timeout(LIMIT, started.notified())
+        .await
+        .expect("the request started");
+    stop.send(true).unwrap();
+    let answer = read_all(in_flight).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let json: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    assert_eq!(json["error"]["type"], "service_unavailable", "{json}");
+    assert_eq!(json["error"]["code"], 503, "{json}");
+    timeout(LIMIT, server)
+        .await
+        .expect("serve returns after the grace period")
+        .unwrap();
+}
