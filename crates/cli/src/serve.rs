@@ -204,6 +204,33 @@ fn read_workers_file(path: &PathBuf) -> anyhow::Result<Vec<WorkerEntry>> {
     Ok(file.workers)
 }
 
+/// The longest `--admin-token-file` read; a token file holds only the token.
+const MAX_TOKEN_FILE_BYTES: u64 = 4096;
+
+/// Reads `--admin-token-file`: a regular file of at most [`MAX_TOKEN_FILE_BYTES`] (a device or
+/// a FIFO such as `/dev/zero` could otherwise be read without end).
+fn read_token_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Read;
+    let flag = || format!("--admin-token-file {}", path.display());
+    let meta = std::fs::metadata(path).with_context(flag)?;
+    if !meta.is_file() {
+        bail!("{}: not a regular file", flag());
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .with_context(flag)?
+        .take(MAX_TOKEN_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .with_context(flag)?;
+    if text.len() as u64 > MAX_TOKEN_FILE_BYTES {
+        bail!(
+            "{}: longer than {MAX_TOKEN_FILE_BYTES} bytes (the file holds only the token)",
+            flag()
+        );
+    }
+    Ok(text)
+}
+
 /// The admin token from --admin-token / KVROUTER_ADMIN_TOKEN or --admin-token-file (not both).
 fn admin_token(
     flag: Option<&str>,
@@ -214,10 +241,7 @@ fn admin_token(
             "--admin-token (or KVROUTER_ADMIN_TOKEN) and --admin-token-file are both given; use one"
         ),
         (Some(t), None) => t.trim().to_owned(),
-        (None, Some(path)) => std::fs::read_to_string(path)
-            .with_context(|| format!("--admin-token-file {}", path.display()))?
-            .trim()
-            .to_owned(),
+        (None, Some(path)) => read_token_file(path)?.trim().to_owned(),
         (None, None) => return Ok(None),
     };
     if token.is_empty() {

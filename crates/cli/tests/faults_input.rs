@@ -127,6 +127,36 @@ async fn the_admin_token_comes_from_the_environment_or_a_file() {
 }
 
 #[tokio::test]
+async fn an_admin_token_file_is_bounded_and_must_be_a_regular_file() {
+    // A token file longer than 4 KiB is refused (it used to be read whole, however large).
+    let long = temp_file("long-token", &"t".repeat(5000));
+    let err = refused(
+        &[
+            "--mock-workers",
+            "1",
+            "--admin-token-file",
+            long.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert!(
+        err.contains("--admin-token-file") && err.contains("4096 bytes"),
+        "{err}"
+    );
+    // /dev/zero never ends: it is refused before any byte is read.
+    let err = refused(
+        &["--mock-workers", "1", "--admin-token-file", "/dev/zero"],
+        &[],
+    )
+    .await;
+    assert!(
+        err.contains("--admin-token-file /dev/zero") && err.contains("regular file"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
 async fn a_bad_workers_file_names_the_file_worker_and_field() {
     let cases = [
         ("dp_size = 4294967295", "dp_size"),
