@@ -158,10 +158,7 @@ fn message(i: usize, value: &Value) -> Result<Message, RequestError> {
     let present = |k: &str| m.get(k).is_some_and(|v| !v.is_null());
     let content = match m.get("content") {
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect(),
+        Some(Value::Array(parts)) => text_of_parts(i, parts)?,
         None | Some(Value::Null)
             if role == "assistant" && (present("tool_calls") || present("function_call")) =>
         {
@@ -190,6 +187,41 @@ fn message(i: usize, value: &Value) -> Result<Message, RequestError> {
         role: role.to_owned(),
         content,
     })
+}
+
+/// The text of a list of content parts, each checked: an object with a string `type`; a `text`
+/// part has a string `text`. Parts of other types (`image_url`, `input_audio`, ...) are passed
+/// to the engine as they are and play no part in routing.
+fn text_of_parts(i: usize, parts: &[Value]) -> Result<String, RequestError> {
+    let mut text = String::new();
+    for (j, part) in parts.iter().enumerate() {
+        let at = format!("messages[{i}].content[{j}]");
+        let Some(p) = part.as_object() else {
+            return Err(RequestError::invalid_at(
+                format!("{at} must be a content part (an object with a `type`)"),
+                at,
+            ));
+        };
+        match p.get("type").map(|t| t.as_str()) {
+            Some(Some("text")) => match p.get("text").and_then(Value::as_str) {
+                Some(t) => text.push_str(t),
+                None => {
+                    return Err(RequestError::invalid_at(
+                        format!("{at}.text must be a string (a part of type `text`)"),
+                        format!("{at}.text"),
+                    ))
+                }
+            },
+            Some(Some(_)) => {}
+            _ => {
+                return Err(RequestError::invalid_at(
+                    format!("{at}.type must be a string such as \"text\""),
+                    format!("{at}.type"),
+                ))
+            }
+        }
+    }
+    Ok(text)
 }
 
 /// The chat of a `/v1/chat/completions` body.
@@ -359,6 +391,40 @@ mod tests {
                 .unwrap()
                 .add_generation_prompt
         );
+    }
+
+    #[test]
+    fn content_parts_are_checked_and_non_text_parts_ignored() {
+        let param = |content: Value| {
+            chat(&json!({"messages": [{"role": "system", "content": "s"},
+                {"role": "user", "content": content}]}))
+            .map_err(|e| e.param().map(str::to_owned))
+        };
+        for (content, field) in [
+            (json!([{"type": "text"}]), "messages[1].content[0].text"),
+            (
+                json!([{"type": "text", "text": "a"}, {"type": "text", "text": 5}]),
+                "messages[1].content[1].text",
+            ),
+            (json!(["plain"]), "messages[1].content[0]"),
+            (json!([{"text": "no type"}]), "messages[1].content[0].type"),
+            (
+                json!([{"type": 3, "text": "a"}]),
+                "messages[1].content[0].type",
+            ),
+        ] {
+            assert_eq!(
+                param(content.clone()),
+                Err(Some(field.to_owned())),
+                "{content}"
+            );
+        }
+        let view = chat(&json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "look: "},
+            {"type": "image_url", "image_url": {"url": "data:,"}},
+            {"type": "text", "text": "what?"}]}]}))
+        .unwrap();
+        assert_eq!(view.messages[0].content, "look: what?");
     }
 
     #[test]
