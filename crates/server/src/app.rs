@@ -202,10 +202,21 @@ async fn release_session(State(s): State<AppState>, Path(id): Path<String>) -> J
 async fn finish_session(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ServeError> {
     let v: Value = serde_json::from_slice(&body)
         .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
-    let id = v
-        .get("session_id")
-        .and_then(Value::as_str)
-        .ok_or_else(|| ServeError::invalid("`session_id` is required", Some("session_id")))?;
+    let id = match v.get("session_id") {
+        Some(Value::String(id)) => id,
+        None | Some(Value::Null) => {
+            return Err(ServeError::invalid(
+                "`session_id` is required",
+                Some("session_id"),
+            ))
+        }
+        Some(_) => {
+            return Err(ServeError::invalid(
+                "`session_id` must be a string",
+                Some("session_id"),
+            ))
+        }
+    };
     let released = s
         .inner
         .lock_core()
@@ -246,8 +257,7 @@ async fn list_workers(State(s): State<AppState>) -> Result<Json<Value>, ServeErr
 }
 
 async fn add_worker(State(s): State<AppState>, body: Bytes) -> Result<Response, ServeError> {
-    let entry: WorkerEntry = serde_json::from_slice(&body)
-        .map_err(|e| ServeError::invalid(format!("invalid worker: {e}"), None))?;
+    let entry: WorkerEntry = crate::error::parse_json(&body, "worker")?;
     let id = registry::add_worker(&s, entry).await?;
     Ok((StatusCode::CREATED, Json(json!({"id": id.0}))).into_response())
 }
@@ -369,8 +379,7 @@ async fn policy_status(State(s): State<AppState>) -> Result<Json<Value>, ServeEr
 /// `POST /admin/policy/update`: starts a weight-update cycle; answers 202 at once. Progress is
 /// at `GET /admin/policy`.
 async fn policy_update(State(s): State<AppState>, body: Bytes) -> Result<Response, ServeError> {
-    let update: crate::update::UpdateBody = serde_json::from_slice(&body)
-        .map_err(|e| ServeError::invalid(format!("invalid update: {e}"), None))?;
+    let update: crate::update::UpdateBody = crate::error::parse_json(&body, "update")?;
     let version = update.version;
     crate::update::start(&s, update)?;
     Ok((

@@ -31,9 +31,12 @@ fn check_admin(s: &AppState, headers: &HeaderMap) -> Result<(), ServeError> {
             "the admin API is off (start with --admin-token)".into(),
         ));
     };
+    // The scheme is case-insensitive (RFC 7235 section 2.1): `bearer` is `Bearer`.
     let given = headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+        .and_then(|v| v.as_bytes().split_first_chunk::<7>())
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case(b"Bearer "))
+        .map(|(_, token)| token);
     match given {
         Some(given) if constant_time_eq(given, token.as_bytes()) => Ok(()),
         _ => Err(ServeError::Unauthorized),

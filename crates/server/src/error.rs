@@ -1,5 +1,6 @@
 //! The one mapping from errors to HTTP status codes and OpenAI-shaped bodies.
 
+use axum::extract::OriginalUri;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use kvrouter_core::router::RouteError;
@@ -38,6 +39,15 @@ pub enum ServeError {
     /// An admin action that clashes with one already running.
     #[error("{0}")]
     Conflict(String),
+    /// An admin resource that clashes with one that exists (a worker URL registered twice);
+    /// `param` names the field.
+    #[error("{message}")]
+    Exists {
+        /// What clashes.
+        message: String,
+        /// The field that clashes.
+        param: &'static str,
+    },
     /// The HTTP request itself was refused before any handler ran (unknown route, method not
     /// allowed, body or headers too large); `status` is the HTTP status to answer.
     #[error("{message}")]
@@ -91,6 +101,7 @@ impl ServeError {
             ServeError::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error", None),
             ServeError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", None),
             ServeError::Conflict(_) => (StatusCode::CONFLICT, "conflict", None),
+            ServeError::Exists { param, .. } => (StatusCode::CONFLICT, "conflict", Some(*param)),
             ServeError::Http { status, .. } => (*status, "invalid_request_error", None),
         }
     }
@@ -103,6 +114,7 @@ impl ServeError {
             | ServeError::Unauthorized
             | ServeError::NotFound(_)
             | ServeError::Conflict(_)
+            | ServeError::Exists { .. }
             | ServeError::Http { .. } => "client_error",
             ServeError::Route(e) if e.is_client_error() => "client_error",
             ServeError::Route(RouteError::DeadlineExceeded) => "deadline_exceeded",
@@ -151,8 +163,9 @@ impl IntoResponse for ServeError {
     }
 }
 
-/// The answer to a path no route serves: a 404 in the OpenAI shape.
-pub(crate) async fn unknown_route(uri: axum::http::Uri) -> ServeError {
+/// The answer to a path no route serves: a 404 in the OpenAI shape. The path is the one the
+/// client sent (a nested router such as `/admin` sees it without its prefix).
+pub(crate) async fn unknown_route(OriginalUri(uri): OriginalUri) -> ServeError {
     ServeError::Http {
         status: StatusCode::NOT_FOUND,
         message: format!("no route for {}", uri.path()),
@@ -160,11 +173,32 @@ pub(crate) async fn unknown_route(uri: axum::http::Uri) -> ServeError {
 }
 
 /// The answer to a known path with the wrong method: a 405 in the OpenAI shape.
-pub(crate) async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ServeError {
+pub(crate) async fn wrong_method(
+    method: axum::http::Method,
+    OriginalUri(uri): OriginalUri,
+) -> ServeError {
     ServeError::Http {
         status: StatusCode::METHOD_NOT_ALLOWED,
         message: format!("{method} is not allowed on {}", uri.path()),
     }
+}
+
+/// The body of an admin request as `T`: a 400 naming the field that does not fit (`dp_size`,
+/// `labels.a`), not only the line and column.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    what: &str,
+) -> Result<T, ServeError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let message = format!("invalid {what}: {}", e.inner());
+        if path == "." {
+            ServeError::invalid(message, None)
+        } else {
+            ServeError::invalid_at(format!("{message} (field `{path}`)"), path)
+        }
+    })
 }
 
 /// Most request headers the router reads; more is a 431 (hyper's own, wordless 431 is set
@@ -173,12 +207,27 @@ pub(crate) const MAX_REQUEST_HEADERS: usize = 100;
 /// Most bytes of request header names and values together; more is a 431.
 pub(crate) const MAX_REQUEST_HEADER_BYTES: usize = 64 * 1024;
 
-/// Middleware: a request with too many or too large headers gets an OpenAI-shaped 431 before
-/// any handler reads it.
+/// Longest request target (path and query) the router reads; longer is a 414. hyper's own,
+/// wordless 414 (the `http` crate's limit, about 64 KiB) stays above it.
+pub(crate) const MAX_URI_BYTES: usize = 8 * 1024;
+
+/// Middleware: a request with a too long URI, or too many or too large headers, gets an
+/// OpenAI-shaped 414 or 431 before any handler reads it.
 pub(crate) async fn header_limits(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let uri_bytes = request
+        .uri()
+        .path_and_query()
+        .map_or(0, |p| p.as_str().len());
+    if uri_bytes > MAX_URI_BYTES {
+        return ServeError::Http {
+            status: StatusCode::URI_TOO_LONG,
+            message: format!("request URI too long: {uri_bytes} bytes (at most {MAX_URI_BYTES})"),
+        }
+        .into_response();
+    }
     let headers = request.headers();
     let bytes: usize = headers
         .iter()

@@ -13,6 +13,23 @@ pub(crate) fn header_str<'h>(headers: &'h HeaderMap, names: &[&str]) -> Option<&
     names.iter().find_map(|n| headers.get(*n)?.to_str().ok())
 }
 
+/// The value of header `name`, if present: a 400 naming it when it is given more than once (a
+/// routing header with two values is ambiguous).
+fn one<'h>(
+    headers: &'h HeaderMap,
+    name: &'static str,
+) -> Result<Option<&'h axum::http::HeaderValue>, ServeError> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(ServeError::invalid(
+            format!("{name} is given more than once; give it once"),
+            Some(name),
+        ));
+    }
+    Ok(first)
+}
+
 /// The first of `names` present, parsed: a 400 naming that header when it does not parse (or is
 /// out of the type's range).
 fn first_parsed<T: std::str::FromStr>(
@@ -34,10 +51,13 @@ fn first_text<'h>(
     let Some(name) = names.iter().copied().find(|n| headers.contains_key(*n)) else {
         return Ok(None);
     };
-    headers[name]
-        .to_str()
-        .map(Some)
-        .map_err(|_| ServeError::invalid(format!("{name} must be visible ASCII text"), Some(name)))
+    one(headers, name)?
+        .map(|v| {
+            v.to_str().map_err(|_| {
+                ServeError::invalid(format!("{name} must be visible ASCII text"), Some(name))
+            })
+        })
+        .transpose()
 }
 
 /// The longest deadline budget a request may state (`x-kvrouter-deadline-ms`): larger values
@@ -50,8 +70,7 @@ fn parse_header<T: std::str::FromStr>(
     name: &'static str,
     message: impl FnOnce() -> String,
 ) -> Result<Option<T>, ServeError> {
-    headers
-        .get(name)
+    one(headers, name)?
         .map(|v| {
             v.to_str()
                 .ok()
@@ -64,27 +83,67 @@ fn parse_header<T: std::str::FromStr>(
 pub(crate) const SESSION_HEADERS: [&str; 2] = ["x-session-id", "x-dynamo-session-id"];
 pub(crate) const GROUP_HEADER: [&str; 1] = ["x-kvrouter-group-id"];
 
+/// The headers that pin a worker, in the order they are read (the first present wins).
+const WORKER_HEADERS: [&str; 3] = [
+    "x-kvrouter-worker-id",
+    "x-worker-instance-id",
+    "x-dynamo-worker-instance-id",
+];
+/// The headers that pin a data-parallel rank, in the order they are read.
+const RANK_HEADERS: [&str; 3] = ["x-kvrouter-dp-rank", "x-dp-rank", "x-dynamo-dp-rank"];
+
 /// A pin from an upstream picker's headers (`direct` mode, or any mode when present). A worker
 /// id that is not a u64 or a rank that is not a u32 is a 400 naming the header.
 pub(crate) fn pin_from(headers: &HeaderMap) -> Result<Option<Pin>, ServeError> {
     let worker = first_parsed::<u64>(
         headers,
-        &[
-            "x-kvrouter-worker-id",
-            "x-worker-instance-id",
-            "x-dynamo-worker-instance-id",
-        ],
+        &WORKER_HEADERS,
         "a worker id (a non-negative integer)",
     )?;
     let dp_rank = first_parsed::<u32>(
         headers,
-        &["x-kvrouter-dp-rank", "x-dp-rank", "x-dynamo-dp-rank"],
+        &RANK_HEADERS,
         "a data-parallel rank (an integer from 0 to 4294967295)",
     )?;
     Ok(worker.map(|w| Pin {
         worker: WorkerId(w),
         dp_rank,
     }))
+}
+
+/// A pin must name a registered worker, and a rank that worker has: a 400 naming the header
+/// otherwise (the routing core would only say "unknown worker", naming no field).
+fn check_pin(headers: &HeaderMap, inner: &crate::state::Inner) -> Result<(), ServeError> {
+    let Some(pin) = pin_from(headers)? else {
+        return Ok(());
+    };
+    let first = |names: &[&'static str]| names.iter().copied().find(|n| headers.contains_key(*n));
+    let dp_size = inner
+        .workers
+        .lock()
+        .expect("workers lock")
+        .get(&pin.worker)
+        .map(|r| r.entry.dp_size.unwrap_or(1));
+    let Some(dp_size) = dp_size else {
+        let name = first(&WORKER_HEADERS).unwrap_or(WORKER_HEADERS[0]);
+        return Err(ServeError::invalid(
+            format!("{name}: no worker {} is registered", pin.worker.0),
+            Some(name),
+        ));
+    };
+    match pin.dp_rank {
+        Some(rank) if rank >= dp_size => {
+            let name = first(&RANK_HEADERS).unwrap_or(RANK_HEADERS[0]);
+            Err(ServeError::invalid(
+                format!(
+                    "{name}: worker {} has no rank {rank} (dp_size {dp_size})",
+                    pin.worker.0
+                ),
+                Some(name),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Per-request admission inputs from headers and body.
@@ -148,7 +207,8 @@ pub(crate) fn admission_fields(
             Some(param),
         )
     };
-    let priority = match headers.get("x-kvrouter-priority") {
+    check_pin(headers, inner)?;
+    let priority = match one(headers, "x-kvrouter-priority")? {
         Some(v) => v
             .to_str()
             .ok()
@@ -164,9 +224,17 @@ pub(crate) fn admission_fields(
                 .ok_or_else(|| bad_priority("priority"))?,
         },
     };
-    let deadline = parse_header::<u64>(headers, "x-kvrouter-deadline-ms", || {
+    let deadline = match parse_header::<u64>(headers, "x-kvrouter-deadline-ms", || {
         "x-kvrouter-deadline-ms must be a whole number of milliseconds".into()
-    })?
+    })? {
+        Some(0) => {
+            return Err(ServeError::invalid(
+                "x-kvrouter-deadline-ms must be ≥ 1 (a budget in milliseconds)",
+                Some("x-kvrouter-deadline-ms"),
+            ))
+        }
+        ms => ms,
+    }
     .map(|ms| {
         let budget = std::time::Duration::from_millis(ms.min(MAX_DEADLINE_MS));
         let since_start = arrival.saturating_duration_since(inner.epoch) + budget;

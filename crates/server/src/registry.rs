@@ -48,12 +48,16 @@ async fn discover(state: &AppState, entry: &mut WorkerEntry) {
         None | Some("*" | "0.0.0.0" | "::" | "") => worker_host,
         Some(h) => h.to_owned(),
     };
-    if entry.kv_events_endpoint.is_none() {
+    let events_discovered = entry.kv_events_endpoint.is_none();
+    if events_discovered {
         if let Some(port) = kv["endpoint_port_base"].as_u64() {
             entry.kv_events_endpoint = Some(format!("tcp://{host}:{port}"));
         }
     }
-    if entry.replay_endpoint.is_none() {
+    // Endpoints given at registration win as a set: a replay endpoint is only taken from
+    // `/server_info` with the events endpoint (another engine's replay socket would answer for
+    // other batches, and live batches would be dropped as duplicates).
+    if entry.replay_endpoint.is_none() && events_discovered {
         if let Some(port) = kv["replay_endpoint_port_base"].as_u64() {
             entry.replay_endpoint = Some(format!("tcp://{host}:{port}"));
         }
@@ -78,13 +82,33 @@ async fn discover(state: &AppState, entry: &mut WorkerEntry) {
     }
 }
 
-/// Registers a worker; returns its id.
+/// A `url` is registered once: a second registration is a 409 naming it (trailing `/` aside).
+fn check_new_url(
+    workers: &std::collections::BTreeMap<WorkerId, WorkerRecord>,
+    url: &str,
+) -> Result<(), ServeError> {
+    let key = url.trim_end_matches('/');
+    match workers
+        .iter()
+        .find(|(_, r)| r.entry.url.trim_end_matches('/') == key)
+    {
+        Some((id, _)) => Err(ServeError::Exists {
+            message: format!("{url} is already registered as worker {id}"),
+            param: "url",
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Registers a worker; returns its id. A worker whose URL does not answer yet is accepted (an
+/// engine may still be loading): health checks mark it unhealthy until it answers.
 pub(crate) async fn add_worker(
     state: &AppState,
     mut entry: WorkerEntry,
 ) -> Result<WorkerId, ServeError> {
     entry.validate()?;
     let inner = &state.inner;
+    check_new_url(&inner.workers.lock().expect("workers lock"), &entry.url)?;
     let missing_events = inner.config.router.router_kv_events && entry.kv_events_endpoint.is_none();
     if missing_events || entry.block_size.is_none() || entry.max_num_batched_tokens.is_none() {
         discover(state, &mut entry).await;
@@ -152,11 +176,17 @@ pub(crate) async fn add_worker(
     if inner.models.read().expect("models lock").is_empty() {
         learn_models(state, &entry.url).await;
     }
-    inner
-        .workers
-        .lock()
-        .expect("workers lock")
-        .insert(id, WorkerRecord { entry, subscribers });
+    let mut workers = inner.workers.lock().expect("workers lock");
+    // Checked again: another registration of the URL may have finished meanwhile.
+    if let Err(e) = check_new_url(&workers, &entry.url) {
+        drop(workers);
+        for task in &subscribers {
+            task.abort();
+        }
+        let _ = inner.lock_core().remove_worker(id);
+        return Err(e);
+    }
+    workers.insert(id, WorkerRecord { entry, subscribers });
     Ok(id)
 }
 

@@ -367,3 +367,230 @@ async fn a_huge_deadline_waits_instead_of_wrapping_into_the_past() {
     assert_eq!(s, StatusCode::OK, "{b}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_zero_deadline_unknown_pins_and_repeated_routing_headers_are_400s_naming_the_header() {
+    let server = with_worker(None).await;
+    let state = server.state.clone();
+    let text = |s: &'static str| HeaderValue::from_static(s);
+    let single: [(&str, &[(&'static str, HeaderValue)]); 4] = [
+        (
+            "x-kvrouter-deadline-ms",
+            &[("x-kvrouter-deadline-ms", text("0"))],
+        ),
+        (
+            "x-kvrouter-worker-id",
+            &[("x-kvrouter-worker-id", text("77"))],
+        ),
+        (
+            "x-worker-instance-id",
+            &[("x-worker-instance-id", text("77"))],
+        ),
+        (
+            "x-kvrouter-dp-rank",
+            &[
+                ("x-kvrouter-worker-id", text("0")),
+                ("x-kvrouter-dp-rank", text("3")),
+            ],
+        ),
+    ];
+    for (param, headers) in single {
+        let (s, b) = call(&state, completion(headers)).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{param}: {b}");
+        assert_eq!(b["error"]["param"], param, "{b}");
+        assert_openai_error(s, &b);
+    }
+    for (name, a, b) in [
+        ("x-kvrouter-worker-id", "0", "0"),
+        ("x-kvrouter-deadline-ms", "100", "5000"),
+        ("x-kvrouter-priority", "1", "2"),
+        ("x-session-id", "a", "b"),
+        ("x-kvrouter-policy-version", "0", "1"),
+    ] {
+        let mut r = completion(&[]);
+        r.headers_mut().append(name, text(a));
+        r.headers_mut().append(name, text(b));
+        let (s, body) = call(&state, r).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{name}: {body}");
+        assert_eq!(body["error"]["param"], name, "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("more than once"),
+            "{body}"
+        );
+    }
+    let (s, b) = call(
+        &state,
+        completion(&[
+            ("x-kvrouter-worker-id", text("0")),
+            ("x-kvrouter-dp-rank", text("0")),
+        ]),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "a known pin is served: {b}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let state = AppState::new(config(Some("t"))).unwrap();
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let mut r = req("GET", "/admin/workers", None, "");
+        r.headers_mut().insert(
+            "authorization",
+            HeaderValue::from_str(&format!("{scheme} t")).unwrap(),
+        );
+        let (s, b) = call(&state, r).await;
+        assert_eq!(s, StatusCode::OK, "{scheme}: {b}");
+    }
+    let mut r = req("GET", "/admin/workers", None, "");
+    r.headers_mut()
+        .insert("authorization", HeaderValue::from_static("Basic t"));
+    assert_eq!(call(&state, r).await.0, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn a_long_uri_is_an_openai_414_on_a_real_socket() {
+    let server = with_worker(None).await;
+    let long = format!("/v1/models?{}", "q".repeat(9 * 1024));
+    let (s, b) = call(&server.state, req("GET", &long, None, "")).await;
+    assert_eq!(s, StatusCode::URI_TOO_LONG, "{b}");
+    assert_openai_error(s, &b);
+    // Over the socket: the router's 414 comes before hyper's own, wordless one.
+    for n in [9 * 1024, 60 * 1024] {
+        let url = format!("http://{}/v1/models?{}", server.addr, "q".repeat(n));
+        let r = reqwest::get(url).await.unwrap();
+        assert_eq!(r.status().as_u16(), 414, "{n}");
+        let body: Value = r.json().await.expect("a JSON body");
+        assert_eq!(body["error"]["code"], 414, "{body}");
+    }
+    // Under the limit it is served.
+    let ok = format!("/v1/models?{}", "q".repeat(4 * 1024));
+    assert_eq!(
+        call(&server.state, req("GET", &ok, None, "")).await.0,
+        StatusCode::OK
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn admin_body_type_errors_name_the_field_and_paths_are_whole() {
+    let state = AppState::new(config(Some("t"))).unwrap();
+    for (path, body, param) in [
+        (
+            "/admin/workers",
+            r#"{"url":"http://127.0.0.1:1","dp_size":4294967296}"#,
+            "dp_size",
+        ),
+        (
+            "/admin/workers",
+            r#"{"url":"http://127.0.0.1:1","policy_version":-1}"#,
+            "policy_version",
+        ),
+        (
+            "/admin/workers",
+            r#"{"url":"http://127.0.0.1:1","labels":{"a":1}}"#,
+            "labels.a",
+        ),
+        ("/admin/policy/update", r#"{"version":-1}"#, "version"),
+    ] {
+        let (s, b) = call(&state, req("POST", path, Some("t"), body)).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {b}");
+        assert_eq!(b["error"]["param"], param, "{body}: {b}");
+    }
+    let (s, b) = call(
+        &state,
+        req("POST", "/finish_session", None, r#"{"session_id":5}"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(b["error"]["param"], "session_id");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("must be a string"),
+        "{b}"
+    );
+    let (s, b) = call(&state, req("GET", "/admin/nonexistent", Some("t"), "")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/admin/nonexistent"),
+        "{b}"
+    );
+    let (s, b) = call(&state, req("PATCH", "/admin/workers", Some("t"), "")).await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/admin/workers"),
+        "{b}"
+    );
+}
+
+#[tokio::test]
+async fn a_url_registered_twice_is_a_409_and_huge_ids_are_404s() {
+    let server = with_worker(Some("t")).await;
+    let state = server.state.clone();
+    let url = format!("http://{}", server.engines[0].endpoints.http);
+    for dup in [url.clone(), format!("{url}/")] {
+        let body = json!({"url": dup}).to_string();
+        let (s, b) = call(&state, req("POST", "/admin/workers", Some("t"), &body)).await;
+        assert_eq!(s, StatusCode::CONFLICT, "{b}");
+        assert_eq!(b["error"]["param"], "url", "{b}");
+        assert_openai_error(s, &b);
+    }
+    assert_eq!(state.worker_count(), 1);
+    let max = u64::MAX;
+    for (method, path) in [
+        ("DELETE", format!("/admin/workers/{max}")),
+        ("POST", format!("/admin/workers/{max}/pause")),
+        ("POST", format!("/admin/workers/{max}/resume")),
+    ] {
+        let (s, b) = call(&state, req(method, &path, Some("t"), "")).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{method} {path}: {b}");
+        assert!(
+            b["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(&max.to_string()),
+            "{b}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn explicit_kv_events_endpoints_are_not_completed_from_server_info() {
+    // The engine advertises both endpoints; a registration that names only the events endpoint
+    // gets no replay endpoint from /server_info (explicit endpoints win as a set).
+    let c = ServeConfig {
+        router: RouterConfig {
+            router_kv_events: true,
+            ..RouterConfig::default()
+        },
+        ..config(Some("t"))
+    };
+    let server = common::start(c, 1, 50.0).await;
+    let state = server.state.clone();
+    let e = &server.engines[0].endpoints;
+    let (url, events) = (format!("http://{}", e.http), e.kv_events.clone().unwrap());
+    assert!(e.replay.is_some(), "the engine has a replay endpoint");
+    let (s, b) = call(&state, req("DELETE", "/admin/workers/0", Some("t"), "")).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let body = json!({"url": url, "kv_events_endpoint": events}).to_string();
+    let (s, b) = call(&state, req("POST", "/admin/workers", Some("t"), &body)).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (_, list) = call(&state, req("GET", "/admin/workers", Some("t"), "")).await;
+    let w = &list["workers"][0];
+    assert_eq!(w["kv_events_endpoint"], json!(events), "{list}");
+    assert_eq!(w["replay_endpoint"], Value::Null, "{list}");
+    assert!(w["block_size"].is_u64(), "the rest is discovered: {list}");
+    server.stop().await;
+}
