@@ -489,3 +489,58 @@ async fn keep_alive_and_long_requests_outlive_the_client_timeouts() {
     assert_eq!(unary["usage"]["completion_tokens"], 1_500, "{unary}");
     assert!(t0.elapsed() > Duration::from_secs(1), "{:?}", t0.elapsed());
 }
+
+/// Sends a non-streamed completion to `base` that runs for a long time; answers once it is
+/// running on `engine` (polled, bounded): the status and body it finally gets.
+async fn whole_in_flight(
+    base: &str,
+    engine: &str,
+) -> tokio::task::JoinHandle<Result<(u16, String), String>> {
+    let url = format!("{base}/v1/completions");
+    let task = tokio::spawn(async move {
+        let body = json!({"model": "mock-model", "prompt": "whole", "max_tokens": 100_000});
+        let r = reqwest::Client::new()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        let status = r.status().as_u16();
+        Ok((status, r.text().await.map_err(|e| format!("{e:?}"))?))
+    });
+    let until = Instant::now() + Duration::from_secs(30);
+    while metric(engine, "kvrouter_mock_running_requests").await < 1.0 {
+        assert!(Instant::now() < until, "the request never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    task
+}
+
+/// A non-streamed answer not started when the grace period ends is a whole 503 in the OpenAI
+/// shape, from the router and from the mock engine (it used to be an empty reply).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unanswered_request_at_grace_expiry_gets_an_openai_503() {
+    let e = engine(&[]).await;
+    let mut r = router(&[&e], &["--shutdown-grace-secs", "1"]).await;
+    let (base, eng) = (r.http(), e.http());
+    answers_503_at_grace_expiry(&mut r, &base, &eng).await;
+    let mut e2 = engine(&["--shutdown-grace-secs", "1"]).await;
+    let base = e2.http();
+    answers_503_at_grace_expiry(&mut e2, &base, &base).await;
+}
+
+/// SIGTERMs `proc` while a non-streamed request to `base` runs on `engine`: it gets a 503.
+async fn answers_503_at_grace_expiry(proc: &mut common::Proc, base: &str, engine: &str) {
+    let task = whole_in_flight(base, engine).await;
+    kill(proc, "-TERM");
+    let answer = timeout(Duration::from_secs(20), task)
+        .await
+        .unwrap()
+        .unwrap();
+    let (status, body) = answer.expect("an answer, not an empty reply");
+    assert_eq!(status, 503, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["error"]["type"], "service_unavailable", "{v}");
+    let status = exits_within(proc, Duration::from_secs(10)).await;
+    assert!(status.success(), "{status}");
+}
