@@ -91,7 +91,11 @@ mod tests {
         let w = WorkerId(1);
         let fail = |s| h.record(w, false, s, &config);
         assert_eq!(fail(Source::Request), None);
-        assert_eq!(h.record(w, true, Source::Request, &config), None, "a pass resets");
+        assert_eq!(
+            h.record(w, true, Source::Request, &config),
+            None,
+            "a pass resets"
+        );
         assert_eq!((fail(Source::Request), fail(Source::Request)), (None, None));
         assert_eq!(fail(Source::Request), Some(Transition::Unhealthy));
         assert!(h.is_unhealthy(w) && !h.is_unhealthy(WorkerId(2)));

@@ -260,8 +260,7 @@ impl Inner {
 
     /// Whether `worker` is draining for a weight update (its engine aborts requests on purpose).
     pub(crate) fn draining_for_update(&self, worker: WorkerId) -> bool {
-        self.lock_core().update_phase(worker)
-            == Some(kvrouter_core::router::UpdatePhase::Draining)
+        self.lock_core().update_phase(worker) == Some(kvrouter_core::router::UpdatePhase::Draining)
     }
 
     pub(crate) fn lock_core(&self) -> std::sync::MutexGuard<'_, Router> {

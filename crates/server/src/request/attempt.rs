@@ -50,7 +50,9 @@ pub(crate) enum Outcome {
     Sent(Box<Sent>),
     /// Its first-N-of-M group got enough samples first; `logged`: the attempt's guard counted
     /// and logged it as aborted (else it was still waiting in the queue).
-    Stopped { logged: bool },
+    Stopped {
+        logged: bool,
+    },
 }
 
 /// Places and sends `body` (whose routing input is `input`) until a worker takes it; `tried`
@@ -171,13 +173,15 @@ fn guard(req: &Request, id: RequestId, decision: &Decision, origin: &Origin) -> 
         p
     };
     match origin {
-        Origin::First => guard
-            .router_prompt(req.input.isl_tokens)
-            .with_provenance(req.provenance().map(|mut p| {
-                p.request_id = id.0;
-                p.queue_ms = req.arrival.elapsed().as_secs_f64() * 1e3;
-                placed(p)
-            })),
+        Origin::First => {
+            guard
+                .router_prompt(req.input.isl_tokens)
+                .with_provenance(req.provenance().map(|mut p| {
+                    p.request_id = id.0;
+                    p.queue_ms = req.arrival.elapsed().as_secs_f64() * 1e3;
+                    placed(p)
+                }))
+        }
         Origin::Continuation {
             after_abort,
             first_at,

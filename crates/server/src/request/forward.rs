@@ -103,9 +103,7 @@ pub(crate) fn stream(
                     guard.on_chunk(&chunk);
                     let worker = guard.worker();
                     let inner = &f.req.state.inner;
-                    let out = f
-                        .machine
-                        .chunk(chunk, || inner.draining_for_update(worker));
+                    let out = f.machine.chunk(chunk, || inner.draining_for_update(worker));
                     if out.is_empty() {
                         continue;
                     }
@@ -271,7 +269,15 @@ impl Flow {
                 p.abort_reason = Some("group-satisfied");
             }
             let arrival = self.req.arrival;
-            log_line(&self.req.state, p, status, Some(worker), arrival, first_at, None);
+            log_line(
+                &self.req.state,
+                p,
+                status,
+                Some(worker),
+                arrival,
+                first_at,
+                None,
+            );
         };
         match result {
             Ok(Outcome::Sent(sent)) => {

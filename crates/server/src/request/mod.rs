@@ -73,7 +73,15 @@ pub(crate) async fn handle(
         _ => None,
     };
     let mut tried = Vec::new();
-    let sent = attempt(&req, &req.raw, &req.input, Origin::First, &mut tried, &mut stop).await;
+    let sent = attempt(
+        &req,
+        &req.raw,
+        &req.input,
+        Origin::First,
+        &mut tried,
+        &mut stop,
+    )
+    .await;
     match sent {
         Ok(Outcome::Sent(sent)) => respond::respond(req, *sent, stop).await,
         Ok(Outcome::Stopped { logged: false }) => Ok(req.refuse()),

@@ -12,7 +12,10 @@ impl AppState {
     /// Records one observation of a worker and carries out its change of state.
     pub(crate) fn observe_health(&self, worker: WorkerId, ok: bool, source: Source) {
         let inner = &self.inner;
-        match inner.health.record(worker, ok, source, &inner.config.health) {
+        match inner
+            .health
+            .record(worker, ok, source, &inner.config.health)
+        {
             Some(Transition::Unhealthy) => self.mark_unhealthy(worker),
             Some(Transition::Healthy) => self.mark_healthy(worker),
             None => {}

@@ -20,7 +20,10 @@ fn follow(limit: u32) -> Continuation {
 }
 
 fn text_event(t: &str) -> String {
-    format!("data: {}\n\n", json!({"choices": [{"index": 0, "text": t, "finish_reason": null}]}))
+    format!(
+        "data: {}\n\n",
+        json!({"choices": [{"index": 0, "text": t, "finish_reason": null}]})
+    )
 }
 
 fn usage_event(prompt: u64, completion: u64) -> String {
@@ -46,15 +49,23 @@ fn continuations_carry_the_streamed_tokens_and_the_remaining_budget() {
     let original = json!({"prompt": "Once", "max_tokens": 10, "stream": true});
     let mut m = follow(1);
     let out = m.chunk(
-        Bytes::from_static(b"data: {\"choices\":[{\"text\":\" upon\"}]}\n\ndata: {\"choices\":[{\"te"),
+        Bytes::from_static(
+            b"data: {\"choices\":[{\"text\":\" upon\"}]}\n\ndata: {\"choices\":[{\"te",
+        ),
         NEVER,
     );
     assert!(out.starts_with(b"data: {"), "complete events pass through");
     m.chunk(Bytes::from_static(b"xt\":\" a\"}]}\n\n"), NEVER);
-    assert_eq!(m.upstream_over(false), Next::Continue { after_abort: false });
+    assert_eq!(
+        m.upstream_over(false),
+        Next::Continue { after_abort: false }
+    );
     m.continuing();
     let c = m.body(&original, |_| unreachable!("a text prompt"));
-    assert_eq!((&c["prompt"], &c["max_tokens"]), (&json!("Once upon a"), &json!(8)));
+    assert_eq!(
+        (&c["prompt"], &c["max_tokens"]),
+        (&json!("Once upon a"), &json!(8))
+    );
     assert_eq!(
         m.upstream_over(false),
         Next::Fail {
@@ -71,7 +82,10 @@ fn continuations_carry_the_streamed_tokens_and_the_remaining_budget() {
         assert_eq!(t, " xy");
         vec![9]
     });
-    assert_eq!((&c["prompt"], &c["max_tokens"]), (&json!([1, 2, 3, 9]), &json!(4)));
+    assert_eq!(
+        (&c["prompt"], &c["max_tokens"]),
+        (&json!([1, 2, 3, 9]), &json!(4))
+    );
 }
 
 #[test]
@@ -82,7 +96,10 @@ fn a_continued_stream_reports_one_usage_for_the_whole_answer() {
     m.started(4);
     let out = m.chunk(Bytes::from(usage_event(6, 3)), NEVER);
     let (v, _) = parse(&out);
-    assert_eq!(v[0]["usage"], json!({"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}));
+    assert_eq!(
+        v[0]["usage"],
+        json!({"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9})
+    );
     assert_eq!(v[0]["system_fingerprint"], "policy-4");
 }
 
@@ -98,15 +115,27 @@ fn a_weight_update_abort_continues_without_the_abort_reaching_the_client() {
     let (v, done) = parse(&out);
     assert_eq!(done, 0, "the aborted attempt's [DONE] is not the client's");
     assert_eq!(v.len(), 2, "its usage neither: {v:?}");
-    assert_eq!((&v[1]["choices"][0]["text"], &v[1]["choices"][0]["finish_reason"]), (&json!(" b"), &Value::Null));
+    assert_eq!(
+        (
+            &v[1]["choices"][0]["text"],
+            &v[1]["choices"][0]["finish_reason"]
+        ),
+        (&json!(" b"), &Value::Null)
+    );
     assert_eq!(m.upstream_over(true), Next::Continue { after_abort: true });
     m.continuing();
     m.started(1);
-    let out = m.chunk(Bytes::from(text_event(" c") + &usage_event(9, 1) + "data: [DONE]\n\n"), NEVER);
+    let out = m.chunk(
+        Bytes::from(text_event(" c") + &usage_event(9, 1) + "data: [DONE]\n\n"),
+        NEVER,
+    );
     let (v, done) = parse(&out);
     assert_eq!(done, 1);
     assert_eq!(v[0]["system_fingerprint"], "policy-1");
-    assert_eq!(v[1]["usage"]["prompt_tokens"], 7, "the original prompt's count");
+    assert_eq!(
+        v[1]["usage"]["prompt_tokens"], 7,
+        "the original prompt's count"
+    );
     assert_eq!(v[1]["usage"]["completion_tokens"], 3);
     assert_eq!(m.upstream_over(true), Next::Finish);
     // Not draining: an abort is the client's.
@@ -118,45 +147,99 @@ fn a_weight_update_abort_continues_without_the_abort_reaching_the_client() {
 #[test]
 fn plain_streams_pass_chunks_through_and_never_continue() {
     let mut m = Continuation::new(Kind::Completion, Follow::Chunks { stamp: true }, 2, 5, None);
-    assert_eq!(&m.chunk(Bytes::from_static(b": hi\n\n"), NEVER)[..], b": hi\n\n");
+    assert_eq!(
+        &m.chunk(Bytes::from_static(b": hi\n\n"), NEVER)[..],
+        b": hi\n\n"
+    );
     let first = m.chunk(Bytes::from(text_event("a")), NEVER);
     assert_eq!(parse(&first).0[0]["system_fingerprint"], "policy-2");
     let second = Bytes::from(text_event("b"));
-    assert_eq!(m.chunk(second.clone(), NEVER), second, "later chunks unchanged");
+    assert_eq!(
+        m.chunk(second.clone(), NEVER),
+        second,
+        "later chunks unchanged"
+    );
     assert_eq!(m.upstream_over(true), Next::Finish, "no [DONE] needed");
-    assert!(matches!(m.upstream_over(false), Next::Fail { worker_failed: true, .. }));
-    let mut raw = Continuation::new(Kind::Completion, Follow::Chunks { stamp: false }, 2, 5, None);
+    assert!(matches!(
+        m.upstream_over(false),
+        Next::Fail {
+            worker_failed: true,
+            ..
+        }
+    ));
+    let mut raw = Continuation::new(
+        Kind::Completion,
+        Follow::Chunks { stamp: false },
+        2,
+        5,
+        None,
+    );
     let e = Bytes::from(text_event("a"));
     assert_eq!(raw.chunk(e.clone(), NEVER), e);
 }
 
 #[test]
 fn requests_that_cannot_be_continued_end_with_an_error() {
-    let mut m = Continuation::new(Kind::Chat, Follow::Events { migration_limit: 3 }, 0, 1, Some("n > 1"));
-    let Next::Fail { message, worker_failed: true } = m.upstream_over(false) else {
+    let mut m = Continuation::new(
+        Kind::Chat,
+        Follow::Events { migration_limit: 3 },
+        0,
+        1,
+        Some("n > 1"),
+    );
+    let Next::Fail {
+        message,
+        worker_failed: true,
+    } = m.upstream_over(false)
+    else {
         panic!("a failure")
     };
     assert!(message.contains("n > 1"), "{message}");
-    let aborted = Bytes::from_static(b"{\"choices\":[{\"message\":{\"content\":\"x\"},\"finish_reason\":\"abort\"}]}");
+    let aborted = Bytes::from_static(
+        b"{\"choices\":[{\"message\":{\"content\":\"x\"},\"finish_reason\":\"abort\"}]}",
+    );
     assert!(matches!(m.whole(aborted, || true), Whole::Fail(_)));
 }
 
 #[test]
 fn whole_answers_aborted_by_an_update_are_joined() {
-    let mut m = Continuation::new(Kind::Completion, Follow::Events { migration_limit: 0 }, 0, 4, None);
+    let mut m = Continuation::new(
+        Kind::Completion,
+        Follow::Events { migration_limit: 0 },
+        0,
+        4,
+        None,
+    );
     let part = json!({"choices": [{"text": "ab", "finish_reason": "abort"}], "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}});
-    assert_eq!(m.whole(Bytes::from(part.to_string()), || true), Whole::Continue);
+    assert_eq!(
+        m.whole(Bytes::from(part.to_string()), || true),
+        Whole::Continue
+    );
     m.continuing();
     m.started(1);
     let stopped: Value = serde_json::from_slice(&m.stopped_body()).unwrap();
-    assert_eq!((&stopped["choices"][0]["text"], &stopped["usage"]["completion_tokens"]), (&json!("ab"), &json!(2)));
+    assert_eq!(
+        (
+            &stopped["choices"][0]["text"],
+            &stopped["usage"]["completion_tokens"]
+        ),
+        (&json!("ab"), &json!(2))
+    );
     let rest = json!({"choices": [{"text": "c", "finish_reason": "stop"}], "usage": {"prompt_tokens": 6, "completion_tokens": 1, "total_tokens": 7}});
-    let Whole::Done(out) = m.whole(Bytes::from(rest.to_string()), NEVER) else { panic!() };
+    let Whole::Done(out) = m.whole(Bytes::from(rest.to_string()), NEVER) else {
+        panic!()
+    };
     let v: Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["choices"][0]["text"], "abc");
-    assert_eq!(v["usage"], json!({"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}));
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7})
+    );
     assert_eq!(v["system_fingerprint"], "policy-1");
-    assert_eq!(m.whole(Bytes::from_static(b"oops"), NEVER), Whole::Done(Bytes::from_static(b"oops")));
+    assert_eq!(
+        m.whole(Bytes::from_static(b"oops"), NEVER),
+        Whole::Done(Bytes::from_static(b"oops"))
+    );
 }
 
 fn config() -> ProptestConfig {
