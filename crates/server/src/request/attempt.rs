@@ -4,7 +4,7 @@
 //! failures) and record the worker's health. A failed send is retried on another worker.
 
 use super::admit::admit;
-use super::Request;
+use super::parse::Request;
 use crate::error::ServeError;
 use crate::guard::LoadGuard;
 use crate::health::Source;

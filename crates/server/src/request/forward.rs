@@ -6,7 +6,7 @@
 
 use super::attempt::{attempt, Origin, Outcome};
 use super::continuation::{Continuation, Next, Whole};
-use super::Request;
+use super::parse::Request;
 use crate::error::ServeError;
 use crate::guard::{log_line, LoadGuard};
 use crate::health::Source;

@@ -4,7 +4,7 @@
 use super::attempt::Sent;
 use super::continuation::{Continuation, Follow};
 use super::forward::{self, Flow, Read};
-use super::Request;
+use super::parse::Request;
 use crate::error::ServeError;
 use crate::health::Source;
 use crate::routing::Kind;
