@@ -102,7 +102,7 @@ pub(crate) async fn attempt(
         if first && n == 0 {
             req.placed(&decision);
         }
-        let mut guard = guard(req, id, &decision, &origin);
+        let mut guard = guard_for(req, id, &decision, &origin);
         let Some(base) = registry::url_of(&req.state, worker) else {
             guard.retire();
             continue;
@@ -163,7 +163,7 @@ pub(crate) async fn attempt(
 }
 
 /// The load guard of one attempt.
-fn guard(req: &Request, id: RequestId, decision: &Decision, origin: &Origin) -> LoadGuard {
+fn guard_for(req: &Request, id: RequestId, decision: &Decision, origin: &Origin) -> LoadGuard {
     let worker = decision.rank.worker;
     let guard = LoadGuard::new(req.state.clone(), id, worker, req.arrival, req.stream)
         .in_group(req.admission.group);
