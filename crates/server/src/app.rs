@@ -4,7 +4,6 @@ use crate::auth;
 use crate::config::WorkerEntry;
 use crate::error::ServeError;
 use crate::metrics::{counter_header, gauge_header};
-use crate::proxy;
 use crate::registry;
 use crate::routing::Kind;
 use crate::state::AppState;
@@ -63,13 +62,13 @@ pub fn app(state: AppState) -> Router {
 }
 
 async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    proxy::handle(s, Kind::Chat, headers, body)
+    crate::request::handle(s, Kind::Chat, headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    proxy::handle(s, Kind::Completion, headers, body)
+    crate::request::handle(s, Kind::Completion, headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }

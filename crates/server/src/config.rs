@@ -5,6 +5,7 @@ use kvrouter_tokenizer::{ChatTemplate, Tokenizer};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// One worker, as given by `--worker`, `--workers-file` or `POST /admin/workers`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,7 +93,7 @@ pub struct ServeConfig {
     /// Concurrent tokenizations on the blocking pool.
     pub tokenize_concurrency: usize,
     /// Worker health checks and outlier detection.
-    pub health: crate::health::HealthConfig,
+    pub health: HealthConfig,
     /// Times a failed stream may be continued on another worker (0 = never).
     pub migration_limit: u32,
     /// A stream that sends nothing for this long counts as failed (`None` = never).
@@ -111,7 +112,7 @@ pub struct ServeConfig {
     /// the whole answer, so this bounds the generation).
     pub upstream_response_timeout: std::time::Duration,
     /// Bounds of KV event ingestion.
-    pub kv_ingest: crate::ingest::IngestConfig,
+    pub kv_ingest: IngestConfig,
 }
 
 impl Default for ServeConfig {
@@ -128,7 +129,7 @@ impl Default for ServeConfig {
             retries: 2,
             tokenizer_cache_tokens: 4 << 20,
             tokenize_concurrency: 2,
-            health: crate::health::HealthConfig::default(),
+            health: HealthConfig::default(),
             migration_limit: 0,
             stream_idle_timeout: Some(std::time::Duration::from_secs(300)),
             trace_capture: 0,
@@ -137,7 +138,59 @@ impl Default for ServeConfig {
             upstream_connect_timeout: std::time::Duration::from_secs(5),
             upstream_first_byte_timeout: std::time::Duration::from_secs(60),
             upstream_response_timeout: std::time::Duration::from_secs(600),
-            kv_ingest: crate::ingest::IngestConfig::default(),
+            kv_ingest: IngestConfig::default(),
+        }
+    }
+}
+
+/// Health-check settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HealthConfig {
+    /// Interval of active checks (`None` = no active checks).
+    pub interval: Option<Duration>,
+    /// Consecutive failed active checks that make a worker unhealthy.
+    pub failure_threshold: u32,
+    /// Consecutive passed checks (or successful requests) that make it healthy again.
+    pub recovery_threshold: u32,
+    /// Consecutive failed requests (connection errors, 5xx, broken streams) that make it
+    /// unhealthy.
+    pub outlier_failures: u32,
+    /// How long an unhealthy worker keeps its cache entries before they are dropped.
+    pub index_grace: Duration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval: Some(Duration::from_secs(5)),
+            failure_threshold: 3,
+            recovery_threshold: 2,
+            outlier_failures: 3,
+            index_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Bounds of KV event ingestion (`kvrouter serve --kv-event-*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IngestConfig {
+    /// Messages larger than this (all frames together) are dropped, counted and logged, and the
+    /// rank is re-synced. libzmq refuses frames over 4× this outright (`ZMQ_MAXMSGSIZE`), which
+    /// breaks the connection.
+    pub max_message_bytes: usize,
+    /// Blocks applied per hold of the core lock; longer events are applied in parent-chained
+    /// slices with the lock released between them.
+    pub apply_slice_blocks: usize,
+    /// How long one replay request may take in all.
+    pub replay_timeout: Duration,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 8 << 20,
+            apply_slice_blocks: 512,
+            replay_timeout: Duration::from_secs(5),
         }
     }
 }

@@ -10,37 +10,38 @@ use serde_json::Value;
 use std::time::Instant;
 
 /// Releases the request's load in the core exactly once: at the end of the body, or when dropped.
+/// Its state is its own: callers tell it what happened (a chunk, the end, a retirement) and read
+/// what they need (its worker, its first byte) through methods.
 pub(crate) struct LoadGuard {
-    pub(crate) state: AppState,
+    state: AppState,
     id: RequestId,
     mode: RouterMode,
     arrival: Instant,
     last_chunk: Option<Instant>,
     chunks: u64,
     tail: Vec<u8>,
-    pub(crate) stream: bool,
-    pub(crate) done: bool,
+    stream: bool,
+    /// The load was released (by an end, a retirement, or the drop).
+    done: bool,
     /// The worker serving this attempt.
-    pub(crate) worker: WorkerId,
-    /// The upstream failed and the client was told; the stream ends.
-    pub(crate) broken: bool,
+    worker: WorkerId,
     /// When the first byte came back.
     first_at: Option<Instant>,
     /// The provenance line to complete and log (with `--provenance-log`).
-    pub(crate) prov: Option<Box<Provenance>>,
+    prov: Option<Box<Provenance>>,
     /// The RL group it is a sample of: its completion counts toward first-N-of-M.
-    pub(crate) group: Option<u64>,
+    group: Option<u64>,
     /// When this attempt was placed.
     dispatched: Instant,
     /// A successful answer: its completion counts toward its group's first-N-of-M.
-    pub(crate) counts_as_sample: bool,
+    counts_as_sample: bool,
     /// When this attempt produced its first byte (its prefill is over).
     attempt_first: Option<Instant>,
     /// Tokens produced by earlier attempts of a continued request (added to this one's usage).
-    pub(crate) carried: u64,
+    carried: u64,
     /// The router's own count of the prompt this attempt sent (`None`: a continuation, whose
     /// prompt the router extended, or an empty prompt).
-    pub(crate) router_prompt_tokens: Option<std::num::NonZeroU64>,
+    router_prompt_tokens: Option<std::num::NonZeroU64>,
 }
 
 impl LoadGuard {
@@ -48,10 +49,10 @@ impl LoadGuard {
         state: AppState,
         id: RequestId,
         worker: WorkerId,
-        mode: RouterMode,
         arrival: Instant,
         stream: bool,
     ) -> Self {
+        let mode = state.inner.config.router.router_mode;
         Self {
             state,
             id,
@@ -63,7 +64,6 @@ impl LoadGuard {
             stream,
             done: false,
             worker,
-            broken: false,
             first_at: None,
             prov: None,
             group: None,
@@ -81,6 +81,52 @@ impl LoadGuard {
         self.first_at = first_at;
         self.carried = carried;
         self
+    }
+
+    /// A sample of RL group `group` (first-N-of-M), if any.
+    pub(crate) fn in_group(mut self, group: Option<u64>) -> Self {
+        self.group = group;
+        self
+    }
+
+    /// The router counted `tokens` prompt tokens (checked against the engine's usage).
+    pub(crate) fn router_prompt(mut self, tokens: u64) -> Self {
+        self.router_prompt_tokens = std::num::NonZeroU64::new(tokens);
+        self
+    }
+
+    /// The provenance line to complete (with `--provenance-log`).
+    pub(crate) fn with_provenance(mut self, prov: Option<Box<Provenance>>) -> Self {
+        self.prov = prov;
+        self
+    }
+
+    /// The worker answered with `success`: a successful answer's completion counts toward
+    /// its group's first-N-of-M.
+    pub(crate) fn answered(&mut self, success: bool) {
+        self.counts_as_sample = success;
+    }
+
+    /// The answer produced `tokens` so far, over all attempts (for an early end's line).
+    pub(crate) fn produced(&mut self, tokens: u64) {
+        if let Some(p) = self.prov.as_mut() {
+            p.output_tokens = tokens;
+        }
+    }
+
+    /// Takes the provenance line (it moves to the request's next attempt).
+    pub(crate) fn take_provenance(&mut self) -> Option<Box<Provenance>> {
+        self.prov.take()
+    }
+
+    /// The worker serving this attempt.
+    pub(crate) fn worker(&self) -> WorkerId {
+        self.worker
+    }
+
+    /// Whether the client asked for a stream.
+    pub(crate) fn is_stream(&self) -> bool {
+        self.stream
     }
 
     /// Ends this attempt because the request continues in another one: its load is released,

@@ -1,42 +1,13 @@
-//! Worker health: active checks (`GET /health` on an interval) and passive outlier detection
-//! (consecutive connection failures or 5xx answers). An unhealthy worker leaves the eligible set
-//! at once; its cache entries are dropped after a grace period; when it recovers it starts from a
-//! cleared index. Health never touches load accounting.
+//! Worker health, the pure part: consecutive failed active checks (`GET /health`) and failed
+//! requests (connection errors, 5xx, broken streams) make a worker unhealthy; consecutive passes
+//! make it healthy again. [`Health::record`] says when a worker changes state; the server carries
+//! the change out (`state/health.rs`: out of the eligible set, the index cleared after a grace
+//! period). Health never touches load accounting.
 
-use crate::state::AppState;
+use crate::config::HealthConfig;
 use kvrouter_core::ids::WorkerId;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
-use tokio::task::JoinHandle;
-
-/// Health-check settings.
-#[derive(Clone, Debug, PartialEq)]
-pub struct HealthConfig {
-    /// Interval of active checks (`None` = no active checks).
-    pub interval: Option<Duration>,
-    /// Consecutive failed active checks that make a worker unhealthy.
-    pub failure_threshold: u32,
-    /// Consecutive passed checks (or successful requests) that make it healthy again.
-    pub recovery_threshold: u32,
-    /// Consecutive failed requests (connection errors, 5xx, broken streams) that make it
-    /// unhealthy.
-    pub outlier_failures: u32,
-    /// How long an unhealthy worker keeps its cache entries before they are dropped.
-    pub index_grace: Duration,
-}
-
-impl Default for HealthConfig {
-    fn default() -> Self {
-        Self {
-            interval: Some(Duration::from_secs(5)),
-            failure_threshold: 3,
-            recovery_threshold: 2,
-            outlier_failures: 3,
-            index_grace: Duration::from_secs(30),
-        }
-    }
-}
 
 #[derive(Debug, Default)]
 struct WorkerHealth {
@@ -59,11 +30,25 @@ pub(crate) enum Source {
     Request,
 }
 
-/// Records one observation of a worker.
-pub(crate) fn observe(state: &AppState, worker: WorkerId, ok: bool, source: Source) {
-    let config = &state.inner.config.health;
-    let change = {
-        let mut all = state.inner.health.workers.lock().expect("health lock");
+/// A worker's change of state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Transition {
+    /// It left the eligible set.
+    Unhealthy,
+    /// It came back.
+    Healthy,
+}
+
+impl Health {
+    /// Records one observation of `worker`; returns its change of state, if any.
+    pub(crate) fn record(
+        &self,
+        worker: WorkerId,
+        ok: bool,
+        source: Source,
+        config: &HealthConfig,
+    ) -> Option<Transition> {
+        let mut all = self.workers.lock().expect("health lock");
         let h = all.entry(worker).or_default();
         if ok {
             h.failed_checks = 0;
@@ -71,7 +56,7 @@ pub(crate) fn observe(state: &AppState, worker: WorkerId, ok: bool, source: Sour
             h.passes += 1;
             (h.unhealthy && h.passes >= config.recovery_threshold).then(|| {
                 h.unhealthy = false;
-                true
+                Transition::Healthy
             })
         } else {
             h.passes = 0;
@@ -83,79 +68,42 @@ pub(crate) fn observe(state: &AppState, worker: WorkerId, ok: bool, source: Sour
                 || h.failed_requests >= config.outlier_failures;
             (!h.unhealthy && failing).then(|| {
                 h.unhealthy = true;
-                false
+                Transition::Unhealthy
             })
         }
-    };
-    match change {
-        Some(false) => mark_unhealthy(state, worker),
-        Some(true) => mark_healthy(state, worker),
-        None => {}
+    }
+
+    /// Whether `worker` is marked unhealthy.
+    pub(crate) fn is_unhealthy(&self, worker: WorkerId) -> bool {
+        let all = self.workers.lock().expect("health lock");
+        all.get(&worker).is_some_and(|h| h.unhealthy)
     }
 }
 
-/// Whether a worker is currently marked unhealthy.
-pub(crate) fn is_unhealthy(state: &AppState, worker: WorkerId) -> bool {
-    state
-        .inner
-        .health
-        .workers
-        .lock()
-        .expect("health lock")
-        .get(&worker)
-        .is_some_and(|h| h.unhealthy)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn mark_unhealthy(state: &AppState, worker: WorkerId) {
-    tracing::warn!("worker {worker} is unhealthy: out of the eligible set");
-    state.inner.lock_core().set_available(worker, false);
-    state
-        .inner
-        .metrics
-        .health_transitions
-        .inc(&[("to", "unhealthy")]);
-    let st = state.clone();
-    let grace = state.inner.config.health.index_grace;
-    tokio::spawn(async move {
-        tokio::time::sleep(grace).await;
-        if is_unhealthy(&st, worker) {
-            st.inner.lock_core().clear_worker_cache(worker);
-        }
-    });
-}
-
-fn mark_healthy(state: &AppState, worker: WorkerId) {
-    tracing::info!("worker {worker} is healthy again: back in the eligible set, cache cleared");
-    let mut core = state.inner.lock_core();
-    core.clear_worker_cache(worker);
-    core.set_available(worker, true);
-    drop(core);
-    state
-        .inner
-        .metrics
-        .health_transitions
-        .inc(&[("to", "healthy")]);
-    state.inner.wake_queue();
-}
-
-/// Checks `url/health` on the configured interval.
-pub(crate) fn spawn_checks(
-    state: &AppState,
-    worker: WorkerId,
-    url: String,
-) -> Option<JoinHandle<()>> {
-    let interval = state.inner.config.health.interval?;
-    let st = state.clone();
-    Some(tokio::spawn(async move {
-        let url = format!("{}/health", url.trim_end_matches('/'));
-        let timeout = interval.min(Duration::from_secs(2));
-        loop {
-            tokio::time::sleep(interval).await;
-            let ok = matches!(
-                tokio::time::timeout(timeout, st.inner.http.get(&url).send()).await,
-                Ok(Ok(r)) if r.status().is_success()
-            );
-            observe(&st, worker, ok, Source::Check);
-        }
-    }))
+    #[test]
+    fn failures_in_a_row_mark_unhealthy_and_passes_in_a_row_bring_back() {
+        let config = HealthConfig::default();
+        let h = Health::default();
+        let w = WorkerId(1);
+        let fail = |s| h.record(w, false, s, &config);
+        assert_eq!(fail(Source::Request), None);
+        assert_eq!(
+            h.record(w, true, Source::Request, &config),
+            None,
+            "a pass resets"
+        );
+        assert_eq!((fail(Source::Request), fail(Source::Request)), (None, None));
+        assert_eq!(fail(Source::Request), Some(Transition::Unhealthy));
+        assert!(h.is_unhealthy(w) && !h.is_unhealthy(WorkerId(2)));
+        assert_eq!(fail(Source::Check), None, "already unhealthy");
+        assert_eq!(h.record(w, true, Source::Check, &config), None);
+        assert_eq!(
+            h.record(w, true, Source::Check, &config),
+            Some(Transition::Healthy)
+        );
+    }
 }

@@ -8,7 +8,8 @@
 //! # Layout
 //! - [`config`]: the validated settings and the workers-file format.
 //! - `state`: shared state (core behind a short mutex, registry, client, tokenizer, metrics).
-//! - `app`: routes, health, metrics, admin API. `proxy`: the request path and the load guard.
+//! - `app`: routes, health, metrics, admin API. `request`: one request from parse to last byte
+//!   (attempt, continuation machine, forwarder); `guard`: the load guard of one attempt.
 //! - `headers`: pins, priority, deadline, session, group and policy versions from request headers.
 //! - [`provenance`]: the per-request JSON-lines log.
 //! - `routing`: request bodies to tokens and block hashes. `registry`: adding and removing workers.
@@ -33,21 +34,20 @@ mod headers;
 mod health;
 mod ingest;
 mod metrics;
-mod migrate;
 pub mod provenance;
-mod proxy;
 mod queue;
 mod registry;
+mod request;
 mod routing;
 mod state;
 mod update;
 pub mod validate;
 
 pub use app::app;
-pub use config::{ServeConfig, SessionReleaseAuth, WorkerEntry, WorkersFile};
+pub use config::{
+    HealthConfig, IngestConfig, ServeConfig, SessionReleaseAuth, WorkerEntry, WorkersFile,
+};
 pub use error::ServeError;
-pub use health::HealthConfig;
-pub use ingest::IngestConfig;
 pub use state::AppState;
 
 use std::net::SocketAddr;

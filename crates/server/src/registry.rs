@@ -170,7 +170,7 @@ pub(crate) async fn add_worker(
             }
         }
     }
-    if let Some(checks) = crate::health::spawn_checks(state, id, entry.url.clone()) {
+    if let Some(checks) = state.spawn_health_checks(id, entry.url.clone()) {
         subscribers.push(checks);
     }
     if inner.models.read().expect("models lock").is_empty() {

@@ -246,6 +246,23 @@ impl Inner {
         }
     }
 
+    /// Places a request that continues after a failure (a retry, a migration): now, outside the
+    /// router queue, on a worker it has not tried. The core's rule, which the simulator's
+    /// continuations follow too.
+    pub(crate) fn place_continuation(
+        &self,
+        request: &kvrouter_core::router::RouteRequest,
+        tried: &[WorkerId],
+    ) -> Result<Decision, RouteError> {
+        self.lock_core()
+            .route_continuation(request, tried, self.now())
+    }
+
+    /// Whether `worker` is draining for a weight update (its engine aborts requests on purpose).
+    pub(crate) fn draining_for_update(&self, worker: WorkerId) -> bool {
+        self.lock_core().update_phase(worker) == Some(kvrouter_core::router::UpdatePhase::Draining)
+    }
+
     pub(crate) fn lock_core(&self) -> std::sync::MutexGuard<'_, Router> {
         self.core.lock().expect("router lock")
     }
@@ -328,5 +345,6 @@ pub(crate) async fn stopped(stop: &mut Option<tokio::sync::watch::Receiver<bool>
     }
 }
 
+mod health;
 #[cfg(test)]
 mod tests;

@@ -24,37 +24,13 @@ mod replay;
 mod sequence;
 mod subscriber;
 
+pub(crate) use crate::config::IngestConfig;
 use crate::state::Inner;
 use kvrouter_core::event::KvEvent;
 use kvrouter_core::ids::WorkerId;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::task::JoinHandle;
-
-/// Bounds of KV event ingestion (`kvrouter serve --kv-event-*`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IngestConfig {
-    /// Messages larger than this (all frames together) are dropped, counted and logged, and the
-    /// rank is re-synced. libzmq refuses frames over 4× this outright (`ZMQ_MAXMSGSIZE`), which
-    /// breaks the connection.
-    pub max_message_bytes: usize,
-    /// Blocks applied per hold of the core lock; longer events are applied in parent-chained
-    /// slices with the lock released between them.
-    pub apply_slice_blocks: usize,
-    /// How long one replay request may take in all.
-    pub replay_timeout: Duration,
-}
-
-impl Default for IngestConfig {
-    fn default() -> Self {
-        Self {
-            max_message_bytes: 8 << 20,
-            apply_slice_blocks: 512,
-            replay_timeout: Duration::from_secs(5),
-        }
-    }
-}
 
 impl IngestConfig {
     /// The libzmq `ZMQ_MAXMSGSIZE` bound: well above the counted one, so an oversize message is

@@ -158,7 +158,10 @@ fn a_continuation_after_a_failure_goes_where_the_core_rule_sends_it() {
     }
     cached_on_worker_1(&mut core, &prompt);
     let tried = [WorkerId(1)];
-    let live = crate::migrate::place_after_failure(&s, &request(7, &prompt), &tried).unwrap();
+    let live = s
+        .inner
+        .place_continuation(&request(7, &prompt), &tried)
+        .unwrap();
     let rule = core
         .route_continuation(&request(7, &prompt), &tried, Time::ZERO)
         .unwrap();

@@ -1,0 +1,197 @@
+//! One attempt function for first attempts, their retries and continuations: allocate a request
+//! id, place it (admitted through the router queue, or now on a worker not tried yet), build its
+//! load guard, send it (`Inner::send_upstream`: connect, first-byte and response timeouts count as
+//! failures) and record the worker's health. A failed send is retried on another worker.
+
+use super::admit::admit;
+use super::parse::Request;
+use crate::error::ServeError;
+use crate::guard::LoadGuard;
+use crate::health::Source;
+use crate::provenance::Provenance;
+use crate::registry;
+use crate::routing::RoutingInput;
+use crate::state::stopped;
+use axum::body::Bytes;
+use kvrouter_core::ids::{RequestId, WorkerId};
+use kvrouter_core::router::{Decision, RouteRequest};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+use tokio::sync::watch;
+
+/// Which attempt of a request this is.
+pub(crate) enum Origin {
+    /// Its first: admitted through the router queue (pinned, if it is); a failed send is retried
+    /// up to `--retries` times away from the workers tried.
+    First,
+    /// A continuation of an answer begun elsewhere: after a weight update's abort
+    /// (`after_abort`: admitted again, to wait for a worker of an accepted version) or after a
+    /// failure (placed now, away from the workers tried). It is retried on every worker not tried.
+    Continuation {
+        after_abort: bool,
+        /// When the answer's first byte came back.
+        first_at: Option<Instant>,
+        /// Tokens produced by earlier attempts.
+        carried: u64,
+        /// The request's provenance line, moving from attempt to attempt.
+        prov: Option<Box<Provenance>>,
+    },
+}
+
+/// An attempt on its way: the upstream's response, its guard and its placement.
+pub(crate) struct Sent {
+    pub(crate) response: reqwest::Response,
+    pub(crate) guard: LoadGuard,
+    pub(crate) decision: Decision,
+}
+
+/// What became of an attempt.
+pub(crate) enum Outcome {
+    Sent(Box<Sent>),
+    /// Its first-N-of-M group got enough samples first; `logged`: the attempt's guard counted
+    /// and logged it as aborted (else it was still waiting in the queue).
+    Stopped {
+        logged: bool,
+    },
+}
+
+/// Places and sends `body` (whose routing input is `input`) until a worker takes it; `tried`
+/// collects the workers placed on. `stop` ends the attempt when its group has enough samples.
+pub(crate) async fn attempt(
+    req: &Request,
+    body: &Bytes,
+    input: &RoutingInput,
+    origin: Origin,
+    tried: &mut Vec<WorkerId>,
+    stop: &mut Option<watch::Receiver<bool>>,
+) -> Result<Outcome, ServeError> {
+    let inner = &req.state.inner;
+    let first = matches!(origin, Origin::First);
+    let mut admit_next = match &origin {
+        Origin::First => true,
+        Origin::Continuation { after_abort, .. } => *after_abort,
+    };
+    // Continuations are bounded by the workers: each placement avoids one more.
+    let sends = if first {
+        inner.config.retries.saturating_add(1)
+    } else {
+        u32::MAX
+    };
+    let mut last_error = None;
+    for n in 0..sends {
+        let id = RequestId(inner.next_request.fetch_add(1, Ordering::Relaxed));
+        let mut request = RouteRequest::new(id, input.isl_tokens, input.blocks.clone());
+        if first {
+            request.pin = req.pin;
+        }
+        req.admission.apply(&mut request);
+        let decision = if admit_next {
+            // A request waiting in the queue ends there if its group gets enough samples.
+            tokio::select! {
+                d = admit(&req.state, request) => d?,
+                _ = stopped(stop) => return Ok(Outcome::Stopped { logged: false }),
+            }
+        } else {
+            inner
+                .place_continuation(&request, tried)
+                .map_err(ServeError::Route)?
+        };
+        admit_next = false;
+        let worker = decision.rank.worker;
+        tried.push(worker);
+        if first && n == 0 {
+            req.placed(&decision);
+        }
+        let mut guard = guard_for(req, id, &decision, &origin);
+        let Some(base) = registry::url_of(&req.state, worker) else {
+            guard.retire();
+            continue;
+        };
+        let send = inner.send_upstream(
+            inner
+                .http
+                .post(format!("{base}{}", req.kind.path()))
+                .header("content-type", "application/json")
+                .body(body.clone()),
+            req.stream,
+        );
+        let sent = tokio::select! {
+            r = send => r,
+            _ = stopped(stop) => {
+                guard.end_aborted();
+                return Ok(Outcome::Stopped { logged: true });
+            }
+        };
+        // A first attempt forwards a client error (4xx) as it is; a continuation, whose body
+        // the router wrote, takes only a success.
+        let failure = match &sent {
+            Ok(r) if r.status().is_server_error() || (!first && !r.status().is_success()) => {
+                Some(format!("worker {worker} answered {}", r.status()))
+            }
+            Ok(_) => None,
+            Err(e) => Some(format!("worker {worker}: {e}")),
+        };
+        req.state
+            .observe_health(worker, failure.is_none(), Source::Request);
+        match (sent, failure) {
+            (Ok(response), None) => {
+                guard.answered(response.status().is_success());
+                let sent = Sent {
+                    response,
+                    guard,
+                    decision,
+                };
+                return Ok(Outcome::Sent(Box::new(sent)));
+            }
+            (_, failure) => {
+                // Nothing reached the client yet: release this attempt and try another worker.
+                guard.retire();
+                last_error = failure;
+                if first {
+                    let mode = inner.config.router.router_mode;
+                    inner.metrics.retries.inc(&[("mode", mode.as_str())]);
+                    if req.pin.is_some() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    Err(ServeError::Upstream(
+        last_error.unwrap_or_else(|| "no worker could be reached".into()),
+    ))
+}
+
+/// The load guard of one attempt.
+fn guard_for(req: &Request, id: RequestId, decision: &Decision, origin: &Origin) -> LoadGuard {
+    let worker = decision.rank.worker;
+    let guard = LoadGuard::new(req.state.clone(), id, worker, req.arrival, req.stream)
+        .in_group(req.admission.group);
+    let placed = |mut p: Box<Provenance>| {
+        p.dp_rank = decision.rank.dp_rank;
+        p.policy_version = decision.policy_version;
+        p
+    };
+    match origin {
+        Origin::First => {
+            guard
+                .router_prompt(req.input.isl_tokens)
+                .with_provenance(req.provenance().map(|mut p| {
+                    p.request_id = id.0;
+                    p.queue_ms = req.arrival.elapsed().as_secs_f64() * 1e3;
+                    placed(p)
+                }))
+        }
+        Origin::Continuation {
+            after_abort,
+            first_at,
+            carried,
+            prov,
+        } => guard
+            .continuing(*first_at, *carried)
+            .with_provenance(prov.clone().map(|mut p| {
+                p.migrations += u32::from(!after_abort);
+                placed(p)
+            })),
+    }
+}

@@ -1,0 +1,360 @@
+//! The continuation state machine of one answer: pure (no I/O, no clock). It is fed what the
+//! upstream sends (chunks of a stream, or a whole body) and how the upstream ended, and answers
+//! with actions: the bytes to forward, and whether the answer is finished, continues elsewhere
+//! (after a worker failure or a weight update's abort), or ends with an error.
+//!
+//! A stream is either followed event by event (it may be continued: `--migration-limit` > 0, the
+//! admin API can abort it for a weight update, or it is a first-N-of-M sample) or passed through
+//! chunk by chunk (a continuation with limit 0 that can never continue: the bytes go out as the
+//! engine sent them, its first event stamped with the policy version).
+//!
+//! Engines stream one token per content chunk (vLLM, SGLang and the mock engine do), which is how
+//! tokens already sent are counted. Requests that cannot be continued faithfully (`n` > 1,
+//! structured output, logprobs) end with an error instead of a corrupted answer.
+
+use axum::body::Bytes;
+use kvrouter_openai::continuation::{
+    body_text, chunk_text, finished_by_abort, finishing, set_body_text,
+};
+use kvrouter_openai::fingerprint::{fingerprint, stamp, stamp_first_event};
+use kvrouter_openai::sse::{self, EventSplitter};
+use kvrouter_openai::{first_n, Kind};
+use serde_json::Value;
+
+/// What a stream failing with migration off tells the client.
+pub(crate) const MIGRATION_OFF: &str =
+    "the worker failed mid-stream and migration is off (--migration-limit)";
+
+/// How the upstream's bytes are followed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Follow {
+    /// Chunk by chunk, unchanged (`stamp`: the first event gets the fingerprint). Never continued.
+    Chunks { stamp: bool },
+    /// Event by event; continued at most `migration_limit` times after worker failures (and
+    /// after every weight update's abort).
+    Events { migration_limit: u32 },
+}
+
+/// What to do once the upstream of the current attempt is over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// The answer is whole: its load is released as finished.
+    Finish,
+    /// End this attempt and continue the answer elsewhere: after a weight update's abort
+    /// (waiting for a worker of an accepted version), or after a failure of its worker.
+    Continue { after_abort: bool },
+    /// End the answer with this error; `worker_failed`: the worker is to blame (health).
+    Fail {
+        message: String,
+        worker_failed: bool,
+    },
+}
+
+/// What to do with a whole (non-streamed) answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Whole {
+    /// The client's body.
+    Done(Bytes),
+    /// A weight update aborted it: continue on an updated worker.
+    Continue,
+    /// It cannot be continued faithfully.
+    Fail(String),
+}
+
+/// The state of one answer across its attempts.
+#[derive(Debug)]
+pub(crate) struct Continuation {
+    kind: Kind,
+    follow: Follow,
+    /// Continuations after failures still allowed.
+    left: u32,
+    /// Why the request cannot be continued faithfully, if it cannot.
+    unmigratable: Option<&'static str>,
+    generated_text: String,
+    generated_tokens: u64,
+    /// Tokens produced before the current attempt (added to its usage).
+    carried_tokens: u64,
+    /// The upstream's SSE events, split whatever its chunk boundaries.
+    events: EventSplitter,
+    /// `[DONE]` went out: the answer is whole.
+    done: bool,
+    /// The policy version serving the current attempt (the `system_fingerprint`).
+    version: u64,
+    /// The next event is the first of an attempt: it carries the fingerprint.
+    stamp: bool,
+    /// The engine aborted the attempt for a weight update: the rest of its stream is dropped.
+    aborted: bool,
+    /// Prompt tokens as the router counted them (the usage of an early end).
+    prompt_tokens: u64,
+    /// The original prompt's `prompt_tokens`, from the usage of an aborted first attempt.
+    first_prompt_tokens: Option<u64>,
+    /// The usage of the first part of a continued whole answer.
+    original_usage: Option<Value>,
+}
+
+impl Continuation {
+    /// An answer served first by `version`; `unmigratable` from the request body.
+    pub(crate) fn new(
+        kind: Kind,
+        follow: Follow,
+        version: u64,
+        prompt_tokens: u64,
+        unmigratable: Option<&'static str>,
+    ) -> Self {
+        let left = match follow {
+            Follow::Chunks { .. } => 0,
+            Follow::Events { migration_limit } => migration_limit,
+        };
+        let stamp = !matches!(follow, Follow::Chunks { stamp: false });
+        Self {
+            kind,
+            follow,
+            left,
+            unmigratable,
+            generated_text: String::new(),
+            generated_tokens: 0,
+            carried_tokens: 0,
+            events: EventSplitter::new(),
+            done: false,
+            version,
+            stamp,
+            aborted: false,
+            prompt_tokens,
+            first_prompt_tokens: None,
+            original_usage: None,
+        }
+    }
+
+    /// Tokens produced so far, over all attempts.
+    pub(crate) fn generated_tokens(&self) -> u64 {
+        self.generated_tokens
+    }
+
+    /// The policy version serving the current attempt.
+    pub(crate) fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Whether `[DONE]` went out (a first-N-of-M stop no longer applies).
+    pub(crate) fn done(&self) -> bool {
+        self.done
+    }
+
+    /// A chunk of the current attempt's stream: the bytes to forward (maybe none yet).
+    /// `draining`: whether the worker is draining for a weight update (asked only when an event
+    /// finished with `abort`).
+    pub(crate) fn chunk(&mut self, chunk: Bytes, draining: impl Fn() -> bool) -> Bytes {
+        match self.follow {
+            Follow::Chunks { .. } => {
+                if self.stamp && chunk.starts_with(b"data:") {
+                    self.stamp = false;
+                    return stamp_first_event(chunk, &fingerprint(self.version));
+                }
+                chunk
+            }
+            Follow::Events { .. } => Bytes::from(self.events(&chunk, draining)),
+        }
+    }
+
+    /// Splits complete SSE events out of `chunk`, tracking what was generated; rewrites the
+    /// usage of a continued stream so the client sees one usage for the whole answer.
+    fn events(&mut self, chunk: &[u8], draining: impl Fn() -> bool) -> Vec<u8> {
+        self.events.push(chunk);
+        let mut out = Vec::with_capacity(chunk.len());
+        while let Some(event) = self.events.next_event() {
+            let data = sse::data(&event).unwrap_or_default();
+            if sse::is_done(data) {
+                if !self.aborted {
+                    self.done = true;
+                    out.extend_from_slice(&event);
+                }
+                continue;
+            }
+            let Ok(mut v) = serde_json::from_slice::<Value>(data) else {
+                out.extend_from_slice(&event);
+                continue;
+            };
+            let prompt_in_usage =
+                kvrouter_openai::usage::of(&v).and_then(|u| u["prompt_tokens"].as_u64());
+            if self.aborted {
+                // What the aborted attempt still sends (its usage) is not the client's; its
+                // prompt count is the original prompt's.
+                self.note_first_prompt(prompt_in_usage);
+                continue;
+            }
+            let content = chunk_text(self.kind, &v).filter(|c| !c.is_empty());
+            if let Some(c) = content {
+                self.generated_text.push_str(c);
+                self.generated_tokens += 1;
+            }
+            let fp = fingerprint(self.version);
+            if finished_by_abort(&v) && draining() {
+                self.aborted = true;
+                self.note_first_prompt(prompt_in_usage);
+                if content.is_some() {
+                    // Its text reaches the client; the abort does not.
+                    v["choices"][0]["finish_reason"] = Value::Null;
+                    stamp(&mut v, &fp);
+                    out.extend_from_slice(&sse::data_event(&v));
+                }
+                continue;
+            }
+            let has_usage = kvrouter_openai::usage::of(&v).is_some();
+            let mut rewrite = false;
+            if self.stamp || has_usage || finishing(&v) {
+                self.stamp = false;
+                stamp(&mut v, &fp);
+                rewrite = true;
+            }
+            if self.carried_tokens > 0 && has_usage {
+                kvrouter_openai::usage::fold_continued(
+                    &mut v["usage"],
+                    self.carried_tokens,
+                    self.first_prompt_tokens,
+                );
+                rewrite = true;
+            }
+            if rewrite {
+                out.extend_from_slice(&sse::data_event(&v));
+            } else {
+                out.extend_from_slice(&event);
+            }
+        }
+        out
+    }
+
+    /// The first attempt's usage carries the original prompt's count.
+    fn note_first_prompt(&mut self, prompt_in_usage: Option<u64>) {
+        if let (Some(p), 0) = (prompt_in_usage, self.carried_tokens) {
+            self.first_prompt_tokens.get_or_insert(p);
+        }
+    }
+
+    /// The current attempt's upstream is over: `clean` (it ended) or not (an error, or silence
+    /// past the idle timeout).
+    pub(crate) fn upstream_over(&mut self, clean: bool) -> Next {
+        if let Follow::Chunks { .. } = self.follow {
+            return if clean {
+                Next::Finish
+            } else {
+                fail(MIGRATION_OFF.into(), true)
+            };
+        }
+        if self.done {
+            return Next::Finish;
+        }
+        if self.aborted {
+            if let Some(reason) = self.unmigratable {
+                return fail(format!("the request was aborted by a weight update and cannot be continued faithfully ({reason})"), false);
+            }
+            self.aborted = false;
+            return Next::Continue { after_abort: true };
+        }
+        // A failure: an error, silence, or an end without [DONE].
+        if self.left == 0 {
+            return fail(MIGRATION_OFF.into(), true);
+        }
+        if let Some(reason) = self.unmigratable {
+            return fail(format!("the worker failed mid-stream and the request cannot be continued faithfully ({reason})"), true);
+        }
+        self.left -= 1;
+        Next::Continue { after_abort: false }
+    }
+
+    /// A whole (non-streamed) answer of the current attempt. A weight update's abort continues
+    /// it; the parts are joined into one answer (the text of every part, the original prompt's
+    /// usage, the completion tokens of all parts), stamped with the version that ended it.
+    pub(crate) fn whole(&mut self, bytes: Bytes, draining: impl Fn() -> bool) -> Whole {
+        let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
+            return Whole::Done(bytes);
+        };
+        if finished_by_abort(&v) && draining() {
+            if let Some(reason) = self.unmigratable {
+                return Whole::Fail(format!(
+                    "the request was aborted by a weight update and cannot be continued faithfully ({reason})"
+                ));
+            }
+            self.generated_text.push_str(body_text(self.kind, &v));
+            self.generated_tokens += v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+            if self.original_usage.as_ref().is_none_or(Value::is_null) {
+                self.original_usage = Some(v.get("usage").cloned().unwrap_or(Value::Null));
+            }
+            return Whole::Continue;
+        }
+        if let Some(first_usage) = self.original_usage.take() {
+            let joined = format!("{}{}", self.generated_text, body_text(self.kind, &v));
+            set_body_text(self.kind, &mut v, &joined);
+            let completion =
+                v["usage"]["completion_tokens"].as_u64().unwrap_or(0) + self.generated_tokens;
+            if first_usage.is_object() {
+                v["usage"] = kvrouter_openai::usage::joined(first_usage, completion);
+            }
+        }
+        stamp(&mut v, &fingerprint(self.version));
+        Whole::Done(serde_json::to_vec(&v).map(Bytes::from).unwrap_or(bytes))
+    }
+
+    /// The current attempt ends and the answer continues in another: what it produced so far is
+    /// carried into the next attempt's usage.
+    pub(crate) fn continuing(&mut self) {
+        self.carried_tokens = self.generated_tokens;
+        self.events.clear();
+    }
+
+    /// The next attempt started on a worker serving `version`.
+    pub(crate) fn started(&mut self, version: u64) {
+        self.version = version;
+        self.stamp = true;
+    }
+
+    /// The continuation request: the original plus what was generated, with the remaining
+    /// token budget (`encode` re-tokenizes generated text for token-id prompts).
+    pub(crate) fn body(&self, original: &Value, encode: impl FnOnce(&str) -> Vec<u32>) -> Value {
+        kvrouter_openai::continuation::body(
+            self.kind,
+            original,
+            &self.generated_text,
+            self.generated_tokens,
+            encode,
+        )
+    }
+
+    /// The prompt count a continued answer reports: the original prompt's, from the first
+    /// attempt's usage, else the router's own count.
+    fn reported_prompt(&self) -> u64 {
+        self.first_prompt_tokens.unwrap_or(self.prompt_tokens)
+    }
+
+    /// The last events of a stream ended because its group has enough samples.
+    pub(crate) fn stopped_events(&self) -> Bytes {
+        first_n::events(
+            self.kind,
+            self.reported_prompt(),
+            self.generated_tokens,
+            Some(&fingerprint(self.version)),
+        )
+    }
+
+    /// A whole answer ended because its group has enough samples: what it produced so far,
+    /// with finish reason `abort`.
+    pub(crate) fn stopped_body(&self) -> Bytes {
+        let body = first_n::body(
+            self.kind,
+            &self.generated_text,
+            self.reported_prompt(),
+            self.generated_tokens,
+            Some(&fingerprint(self.version)),
+        );
+        Bytes::from(body.to_string())
+    }
+}
+
+fn fail(message: String, worker_failed: bool) -> Next {
+    Next::Fail {
+        message,
+        worker_failed,
+    }
+}
+
+#[cfg(test)]
+mod tests;

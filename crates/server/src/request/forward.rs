@@ -1,0 +1,316 @@
+//! The one forwarder: the upstream's bytes go to the client through the continuation machine
+//! (`continuation.rs`), which says what to forward and when the answer is finished, fails, or
+//! continues elsewhere; continuations are sent by the one attempt function. A silent upstream
+//! (`--stream-idle-timeout-secs`) counts as broken; a first-N-of-M group with enough samples
+//! ends the answer with what it produced.
+
+use super::attempt::{attempt, Origin, Outcome};
+use super::continuation::{Continuation, Next, Whole};
+use super::parse::Request;
+use crate::error::ServeError;
+use crate::guard::{log_line, LoadGuard};
+use crate::health::Source;
+use crate::provenance::Provenance;
+use crate::routing::routing_input;
+use crate::state::stopped;
+use axum::body::Bytes;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use kvrouter_core::ids::WorkerId;
+use kvrouter_openai::sse::error_event;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// An answer on its way to the client: the request, the machine, and what continuations need.
+pub(crate) struct Flow {
+    req: Request,
+    machine: Continuation,
+    /// The workers this answer was served by (continuations go elsewhere).
+    tried: Vec<WorkerId>,
+    /// Turns true when the request's first-N-of-M group has enough samples.
+    stop: Option<watch::Receiver<bool>>,
+}
+
+impl Flow {
+    /// The answer begun on `worker`.
+    pub(crate) fn new(
+        req: Request,
+        machine: Continuation,
+        worker: WorkerId,
+        stop: Option<watch::Receiver<bool>>,
+    ) -> Self {
+        Self {
+            req,
+            machine,
+            tried: vec![worker],
+            stop,
+        }
+    }
+}
+
+type Upstream = BoxStream<'static, Result<Bytes, String>>;
+
+fn upstream(response: reqwest::Response) -> Upstream {
+    response
+        .bytes_stream()
+        .map(|r| r.map_err(|e| e.to_string()))
+        .boxed()
+}
+
+/// The next chunk; an error when the upstream sends nothing for `idle`.
+async fn next_chunk(up: &mut Upstream, idle: Option<Duration>) -> Option<Result<Bytes, String>> {
+    let Some(limit) = idle else {
+        return up.next().await;
+    };
+    match tokio::time::timeout(limit, up.next()).await {
+        Ok(next) => next,
+        Err(_) => Some(Err(format!(
+            "the worker sent nothing for {:.3}s (--stream-idle-timeout-secs)",
+            limit.as_secs_f64()
+        ))),
+    }
+}
+
+/// The client's body: the upstream's bytes as the machine forwards them, continued elsewhere
+/// when it says so.
+pub(crate) fn stream(
+    flow: Flow,
+    response: reqwest::Response,
+    guard: LoadGuard,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let idle = flow.req.state.inner.config.stream_idle_timeout;
+    let start = (upstream(response), guard, flow);
+    futures::stream::unfold(Some(start), move |state| async move {
+        let (mut up, mut guard, mut f) = state?;
+        loop {
+            // Once [DONE] went out the answer is whole: a stop no longer applies.
+            let armed = !f.machine.done();
+            let mut stop = if armed { f.stop.take() } else { None };
+            let next = tokio::select! {
+                n = next_chunk(&mut up, idle) => n,
+                _ = stopped(&mut stop) => {
+                    // The group has enough samples: end here with what was produced.
+                    guard.produced(f.machine.generated_tokens());
+                    guard.end_aborted();
+                    return Some((Ok(f.machine.stopped_events()), None));
+                }
+            };
+            if armed {
+                f.stop = stop;
+            }
+            let clean = match next {
+                Some(Ok(chunk)) => {
+                    guard.on_chunk(&chunk);
+                    let worker = guard.worker();
+                    let inner = &f.req.state.inner;
+                    let out = f.machine.chunk(chunk, || inner.draining_for_update(worker));
+                    if out.is_empty() {
+                        continue;
+                    }
+                    return Some((Ok(out), Some((up, guard, f))));
+                }
+                Some(Err(_)) => false,
+                None => true,
+            };
+            let after_abort = match f.machine.upstream_over(clean) {
+                Next::Finish => {
+                    guard.finish();
+                    return None;
+                }
+                Next::Fail {
+                    message,
+                    worker_failed,
+                } => {
+                    if worker_failed {
+                        let worker = guard.worker();
+                        f.req.state.observe_health(worker, false, Source::Request);
+                    }
+                    guard.log_failed();
+                    let end = match guard.is_stream() {
+                        true => Ok(error_event(&message)),
+                        false => Err(std::io::Error::other(message)),
+                    };
+                    return Some((end, None));
+                }
+                Next::Continue { after_abort } => after_abort,
+            };
+            if !after_abort {
+                let worker = guard.worker();
+                f.req.state.observe_health(worker, false, Source::Request);
+            }
+            match f.continue_elsewhere(guard, after_abort).await {
+                Ok(Some((response, g))) => (up, guard) = (upstream(response), g),
+                Ok(None) => return Some((Ok(f.machine.stopped_events()), None)),
+                Err(e) => {
+                    let what = match after_abort {
+                        true => "continuation after a weight update failed",
+                        false => "migration failed",
+                    };
+                    return Some((Ok(error_event(&format!("{what}: {e}"))), None));
+                }
+            }
+        }
+    })
+}
+
+/// What reading a whole answer gave.
+pub(crate) enum Read {
+    Body(Bytes),
+    /// Its group got enough samples first: the guard ended it as aborted.
+    Stopped,
+    Failed(String),
+}
+
+/// Reads a whole (non-streamed) answer, unless its group gets enough samples first.
+pub(crate) async fn read(
+    response: reqwest::Response,
+    guard: &mut LoadGuard,
+    stop: &mut Option<watch::Receiver<bool>>,
+) -> Read {
+    let read = tokio::select! {
+        r = response.bytes() => r,
+        _ = stopped(stop) => {
+            guard.end_aborted();
+            return Read::Stopped;
+        }
+    };
+    match read {
+        Ok(b) => {
+            guard.on_chunk(&b);
+            Read::Body(b)
+        }
+        Err(e) => Read::Failed(e.to_string()),
+    }
+}
+
+/// A whole answer: stamped with its policy version and, if a weight update aborted it,
+/// continued on an updated worker and joined into one answer. Returns the body and the worker
+/// and policy version that ended it; errors are counted.
+pub(crate) async fn whole(
+    mut f: Flow,
+    mut bytes: Bytes,
+    mut guard: LoadGuard,
+) -> Result<(Bytes, WorkerId, u64), ServeError> {
+    loop {
+        let worker = guard.worker();
+        let inner = &f.req.state.inner;
+        match f.machine.whole(bytes, || inner.draining_for_update(worker)) {
+            Whole::Done(out) => {
+                guard.finish();
+                return Ok((out, worker, f.machine.version()));
+            }
+            Whole::Fail(message) => {
+                guard.log_failed();
+                drop(guard);
+                return Err(f.req.count_error(ServeError::Upstream(message)));
+            }
+            Whole::Continue => {}
+        }
+        // Its group may get enough samples while it waits or runs again.
+        let (response, g) = match f.continue_elsewhere(guard, true).await {
+            Ok(Some(sent)) => sent,
+            Ok(None) => return Ok((f.machine.stopped_body(), worker, f.machine.version())),
+            Err(e) => {
+                let e = format!("continuation after a weight update failed: {e}");
+                return Err(f.req.count_error(ServeError::Upstream(e)));
+            }
+        };
+        guard = g;
+        let worker = guard.worker();
+        bytes = match read(response, &mut guard, &mut f.stop).await {
+            Read::Body(b) => b,
+            Read::Stopped => {
+                return Ok((f.machine.stopped_body(), worker, f.machine.version()));
+            }
+            Read::Failed(e) => {
+                guard.log_failed();
+                drop(guard);
+                let e = ServeError::Upstream(format!("worker {worker}: {e}"));
+                return Err(f.req.count_error(e));
+            }
+        };
+    }
+}
+
+impl Flow {
+    /// Ends the current attempt and starts its continuation (after a weight update's abort, or
+    /// a failure). The request's provenance line moves to the continuation, or is logged (as
+    /// aborted or failed) if none could start. `None`: its group got enough samples first.
+    async fn continue_elsewhere(
+        &mut self,
+        mut guard: LoadGuard,
+        after_abort: bool,
+    ) -> Result<Option<(reqwest::Response, LoadGuard)>, ServeError> {
+        let prov = guard.take_provenance().map(|mut p| {
+            p.update_aborts += u32::from(after_abort);
+            p
+        });
+        let (first_at, worker) = (guard.first_at(), guard.worker());
+        guard.retire();
+        self.machine.continuing();
+        let kind = match after_abort {
+            true => "weight_update",
+            false => "ongoing_request",
+        };
+        let state = self.req.state.clone();
+        let inner = &state.inner;
+        inner.metrics.migrations.inc(&[("migration_type", kind)]);
+        let origin = Origin::Continuation {
+            after_abort,
+            first_at,
+            carried: self.machine.generated_tokens(),
+            prov: prov.clone(),
+        };
+        let result = self.reissue(origin).await;
+        let log = |status: &'static str, p: Option<Box<Provenance>>| {
+            let Some(mut p) = p else { return };
+            p.output_tokens = self.machine.generated_tokens();
+            if status == "aborted" {
+                p.abort_reason = Some("group-satisfied");
+            }
+            let arrival = self.req.arrival;
+            log_line(
+                &self.req.state,
+                p,
+                status,
+                Some(worker),
+                arrival,
+                first_at,
+                None,
+            );
+        };
+        match result {
+            Ok(Outcome::Sent(sent)) => {
+                self.machine.started(sent.decision.policy_version);
+                Ok(Some((sent.response, sent.guard)))
+            }
+            Ok(Outcome::Stopped { logged }) => {
+                if !logged {
+                    let mode = inner.config.router.router_mode;
+                    inner
+                        .metrics
+                        .requests
+                        .inc(&[("status", "aborted"), ("mode", mode.as_str())]);
+                    log("aborted", prov);
+                }
+                Ok(None)
+            }
+            Err(e) => {
+                log("failed", prov);
+                Err(e)
+            }
+        }
+    }
+
+    /// Routes and sends the continuation request.
+    async fn reissue(&mut self, origin: Origin) -> Result<Outcome, ServeError> {
+        let req = &self.req;
+        let tokenizer = &req.state.inner.tokenizer;
+        let body = self
+            .machine
+            .body(&req.body, |text| tokenizer.inner().encode(text));
+        let input = routing_input(&req.state, req.kind, &body).await?;
+        let bytes = Bytes::from(serde_json::to_vec(&body).expect("a JSON value serializes"));
+        attempt(req, &bytes, &input, origin, &mut self.tried, &mut self.stop).await
+    }
+}

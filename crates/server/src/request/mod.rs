@@ -1,0 +1,93 @@
+//! One request, from parse to last byte. The handler is four steps:
+//! 1. parse (`parse.rs`): the body as JSON, its model, its stream flag; the headers' pin and admission fields;
+//! 2. route request: its prompt tokenized and hashed into blocks (`routing`);
+//! 3. attempt (`attempt.rs`): placed (through the router queue), guarded, sent, retried;
+//! 4. respond (`respond.rs`): headers, then the body through the one forwarder (`forward.rs`),
+//!    which feeds the upstream's bytes to the pure continuation machine (`continuation.rs`) and
+//!    continues the answer elsewhere when it says so (with `attempt` again).
+//!
+//! The load the core recorded for each attempt is released by its guard (`guard.rs`), which
+//! lives in the response body, so a client disconnect or a dropped stream still releases it.
+
+mod admit;
+mod attempt;
+mod continuation;
+mod forward;
+mod parse;
+mod respond;
+
+use crate::error::ServeError;
+use crate::guard::log_line;
+use crate::routing::Kind;
+use crate::state::AppState;
+use attempt::{attempt, Origin, Outcome};
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use parse::Request;
+use parse::{count_error, parse};
+use std::time::Instant;
+
+/// Handles `/v1/completions` and `/v1/chat/completions`.
+pub(crate) async fn handle(
+    state: AppState,
+    kind: Kind,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Result<Response, ServeError> {
+    let arrival = Instant::now();
+    let req = match parse(state.clone(), kind, &headers, raw, arrival).await {
+        Ok(req) => req,
+        Err(e) => return Err(count_error(&state, e)),
+    };
+    // First-N-of-M: a sibling of a group that has its N samples is not started at all.
+    // Subscribe before looking, so a group satisfied in between is seen either way.
+    let mut stop = match (req.admission.group, req.admission.group_need) {
+        (Some(g), Some(_)) => {
+            let rx = req.state.inner.group_stop(g);
+            if req.state.inner.lock_core().group_satisfied(g) {
+                return Ok(refuse(&req));
+            }
+            Some(rx)
+        }
+        _ => None,
+    };
+    let mut tried = Vec::new();
+    let sent = attempt(
+        &req,
+        &req.raw,
+        &req.input,
+        Origin::First,
+        &mut tried,
+        &mut stop,
+    )
+    .await;
+    match sent {
+        Ok(Outcome::Sent(sent)) => respond::respond(req, *sent, stop).await,
+        Ok(Outcome::Stopped { logged: false }) => Ok(refuse(&req)),
+        Ok(Outcome::Stopped { logged: true }) => Ok(ended_by_group(&req)),
+        Err(e) => Err(count_error(&req.state, e)),
+    }
+}
+
+/// A sibling whose group had its N samples before it was placed: counted and logged as
+/// aborted, answered with nothing.
+fn refuse(req: &Request) -> Response {
+    let mode = req.state.inner.config.router.router_mode;
+    req.state
+        .inner
+        .metrics
+        .requests
+        .inc(&[("status", "aborted"), ("mode", mode.as_str())]);
+    if let Some(mut p) = req.provenance() {
+        p.abort_reason = Some("group-satisfied");
+        log_line(&req.state, p, "aborted", None, req.arrival, None, None);
+    }
+    ended_by_group(req)
+}
+
+/// The whole answer of a request ended before it produced anything because its group has
+/// enough samples: finish reason `abort`, no output.
+fn ended_by_group(req: &Request) -> Response {
+    respond::group_satisfied(req.kind, req.stream, req.input.isl_tokens)
+}

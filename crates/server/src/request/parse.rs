@@ -1,0 +1,113 @@
+//! Parse: the body as a JSON object, its model and stream flag; the headers' pin and admission
+//! fields; the prompt turned into what the core routes on. What every attempt at the request
+//! needs is one [`Request`].
+
+use crate::error::ServeError;
+use crate::headers::{
+    admission_fields, header_str, pin_from, AdmissionFields, GROUP_HEADER, SESSION_HEADERS,
+};
+use crate::provenance::Provenance;
+use crate::routing::{routing_input, Kind, RoutingInput};
+use crate::state::AppState;
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use kvrouter_core::router::{Decision, Pin};
+use serde_json::Value;
+use std::time::Instant;
+
+/// A parsed request: what every attempt at it needs.
+pub(crate) struct Request {
+    pub(crate) state: AppState,
+    pub(crate) kind: Kind,
+    /// The body as the client sent it (first attempts send it unchanged).
+    pub(crate) raw: Bytes,
+    /// The body as JSON (continuations extend it).
+    pub(crate) body: Value,
+    pub(crate) stream: bool,
+    pub(crate) arrival: Instant,
+    pub(crate) input: RoutingInput,
+    pub(crate) pin: Option<Pin>,
+    pub(crate) admission: AdmissionFields,
+    session: Option<String>,
+    group: Option<String>,
+}
+
+/// Parses the body and headers, and turns the prompt into what the core routes on.
+pub(super) async fn parse(
+    state: AppState,
+    kind: Kind,
+    headers: &HeaderMap,
+    raw: Bytes,
+    arrival: Instant,
+) -> Result<Request, ServeError> {
+    let body: Value = serde_json::from_slice(&raw)
+        .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    if !body.is_object() {
+        return Err(ServeError::invalid("the body must be a JSON object", None));
+    }
+    {
+        // The body's `model` must be one the workers serve (any, before they report theirs).
+        let models = state.inner.models.read().expect("models lock");
+        kvrouter_openai::request::check_model(&body, &models, true)?;
+    }
+    let stream = kvrouter_openai::request::stream_flags(&body)?.stream;
+    let input = routing_input(&state, kind, &body).await?;
+    let pin = pin_from(headers)?;
+    let admission = admission_fields(headers, &body, arrival, &state.inner)?;
+    let text = |names: &[&str]| header_str(headers, names).map(str::to_owned);
+    Ok(Request {
+        kind,
+        raw,
+        body,
+        stream,
+        arrival,
+        input,
+        pin,
+        admission,
+        session: text(&SESSION_HEADERS),
+        group: text(&GROUP_HEADER),
+        state,
+    })
+}
+
+/// Counts a request that failed before its answer began.
+pub(super) fn count_error(state: &AppState, e: ServeError) -> ServeError {
+    let mode = state.inner.config.router.router_mode;
+    state
+        .inner
+        .metrics
+        .requests
+        .inc(&[("status", e.status_label()), ("mode", mode.as_str())]);
+    e
+}
+
+impl Request {
+    /// Counts a request that failed after its first attempt was placed.
+    pub(crate) fn count_error(&self, e: ServeError) -> ServeError {
+        count_error(&self.state, e)
+    }
+
+    /// Records the first placement: the router's overhead, the prompt length and cache hits.
+    pub(super) fn placed(&self, decision: &Decision) {
+        let m = &self.state.inner.metrics;
+        let isl = self.input.isl_tokens;
+        m.overhead.observe(self.arrival.elapsed().as_secs_f64());
+        m.isl.observe(isl as f64);
+        if isl > 0 {
+            m.kv_hit_rate
+                .observe(decision.cached_tokens as f64 / isl as f64);
+        }
+    }
+
+    /// The request's provenance line as far as the request itself says (with
+    /// `--provenance-log`).
+    pub(super) fn provenance(&self) -> Option<Box<Provenance>> {
+        self.state.inner.config.provenance.as_ref()?;
+        Some(Box::new(Provenance {
+            session: self.session.clone(),
+            group: self.group.clone(),
+            prompt_tokens: self.input.isl_tokens,
+            ..Default::default()
+        }))
+    }
+}

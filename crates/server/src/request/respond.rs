@@ -1,0 +1,133 @@
+//! The response: status and headers (the serving worker, its policy version, the decision with
+//! `--expose-decisions`), then the body through the one forwarder.
+
+use super::attempt::Sent;
+use super::continuation::{Continuation, Follow};
+use super::forward::{self, Flow, Read};
+use super::parse::Request;
+use crate::error::ServeError;
+use crate::health::Source;
+use crate::routing::Kind;
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kvrouter_core::ids::WorkerId;
+use kvrouter_core::router::Decision;
+use kvrouter_openai::first_n;
+use serde_json::Value;
+use tokio::sync::watch;
+
+/// Answers with the first attempt's response, continued where the machine says so.
+pub(crate) async fn respond(
+    req: Request,
+    sent: Sent,
+    mut stop: Option<watch::Receiver<bool>>,
+) -> Result<Response, ServeError> {
+    let Sent {
+        response,
+        mut guard,
+        decision,
+    } = sent;
+    let worker = decision.rank.worker;
+    let status =
+        StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let config = &req.state.inner.config;
+    let (expose, limit) = (config.expose_decisions, config.migration_limit);
+    // Streams are followed event by event when they may have to be continued elsewhere:
+    // migration on failure, or a weight update's abort (the admin API is on), or a first-N-of-M
+    // sample's end. Others pass through; their first event carries the version serving it all.
+    let continuable = limit > 0 || config.admin_token.is_some() || stop.is_some();
+    let unmigratable = kvrouter_openai::continuation::unmigratable(&req.body);
+    let (kind, isl, version) = (req.kind, req.input.isl_tokens, decision.policy_version);
+    if !req.stream && status.is_success() {
+        // Read whole (it is one JSON object): stamped with the policy version, and continued
+        // if a weight update aborted it.
+        let first = match forward::read(response, &mut guard, &mut stop).await {
+            Read::Body(b) => b,
+            Read::Stopped => return Ok(group_satisfied(kind, false, isl)),
+            Read::Failed(e) => {
+                req.state.observe_health(worker, false, Source::Request);
+                drop(guard);
+                let e = ServeError::Upstream(format!("worker {worker}: {e}"));
+                return Err(req.count_error(e));
+            }
+        };
+        let follow = Follow::Events {
+            migration_limit: limit,
+        };
+        let machine = Continuation::new(kind, follow, version, isl, unmigratable);
+        let flow = Flow::new(req, machine, worker, stop);
+        let (out, worker, version) = forward::whole(flow, first, guard).await?;
+        let builder = Response::builder()
+            .status(status)
+            .header("content-type", "application/json");
+        let builder = headers(builder, worker, version, &decision, expose);
+        return Ok(builder.body(Body::from(out)).expect("valid response"));
+    }
+    let mut builder = Response::builder().status(status);
+    if let Some(ct) = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
+    {
+        builder = builder.header("content-type", ct);
+    }
+    let builder = headers(builder, worker, version, &decision, expose);
+    let follow = match (req.stream && status.is_success(), continuable) {
+        (true, true) => Follow::Events {
+            migration_limit: limit,
+        },
+        (stamp, _) => Follow::Chunks { stamp },
+    };
+    let machine = Continuation::new(kind, follow, version, isl, unmigratable);
+    let flow = Flow::new(req, machine, worker, stop);
+    let body = forward::stream(flow, response, guard);
+    Ok(builder
+        .body(Body::from_stream(body))
+        .expect("valid response"))
+}
+
+fn headers(
+    builder: axum::http::response::Builder,
+    worker: WorkerId,
+    version: u64,
+    decision: &Decision,
+    expose: bool,
+) -> axum::http::response::Builder {
+    let builder = builder
+        .header("x-kvrouter-worker", worker.0.to_string())
+        .header("x-kvrouter-policy-version", version.to_string());
+    match expose.then(|| decision_header(decision)).flatten() {
+        Some(h) => builder.header("x-kvrouter-decision", h),
+        None => builder,
+    }
+}
+
+fn decision_header(d: &Decision) -> Option<HeaderValue> {
+    let compact: Vec<Value> = d
+        .candidates
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "worker": c.rank.worker.0, "dp_rank": c.rank.dp_rank,
+                "overlap": c.overlap.gpu_blocks, "credit": c.credit_blocks,
+                "prefill": c.prefill_blocks, "decode": c.decode_blocks, "total": c.total,
+            })
+        })
+        .collect();
+    let v = serde_json::json!({"mode": d.mode.as_str(), "worker": d.rank.worker.0, "dp_rank": d.rank.dp_rank, "candidates": compact});
+    HeaderValue::from_str(&v.to_string()).ok()
+}
+
+/// The whole answer of a request ended before it produced anything because its group has
+/// enough samples (first-N-of-M): finish reason `abort`, no output.
+pub(crate) fn group_satisfied(kind: Kind, stream: bool, prompt_tokens: u64) -> Response {
+    if stream {
+        return (
+            [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+            first_n::events(kind, prompt_tokens, 0, None),
+        )
+            .into_response();
+    }
+    axum::Json(first_n::body(kind, "", prompt_tokens, 0, None)).into_response()
+}
