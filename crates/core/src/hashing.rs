@@ -155,18 +155,26 @@ pub fn chain_all(parent: Option<SequenceHash>, contents: &[ContentHash]) -> Vec<
 }
 
 pub(crate) fn hash_block(tokens: &[u32], seed: u64) -> u64 {
-    // Serialize on the stack for the common block sizes; fall back to the heap above that.
-    const STACK_TOKENS: usize = 256;
-    if tokens.len() <= STACK_TOKENS {
-        let mut buf = [0u8; STACK_TOKENS * 4];
-        for (slot, token) in buf.chunks_exact_mut(4).zip(tokens) {
-            slot.copy_from_slice(&token.to_le_bytes());
+    // Serialize on the stack, in a buffer sized to the common block sizes (zeroing a larger one
+    // costs as much as hashing a 64-token block); fall back to the heap above that.
+    match tokens.len() {
+        0..=16 => hash_on_stack::<64>(tokens, seed),
+        17..=64 => hash_on_stack::<256>(tokens, seed),
+        65..=256 => hash_on_stack::<1024>(tokens, seed),
+        _ => {
+            let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+            xxh3_64_with_seed(&bytes, seed)
         }
-        xxh3_64_with_seed(&buf[..tokens.len() * 4], seed)
-    } else {
-        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-        xxh3_64_with_seed(&bytes, seed)
     }
+}
+
+/// `xxh3` of the little-endian bytes of at most `BYTES / 4` tokens.
+fn hash_on_stack<const BYTES: usize>(tokens: &[u32], seed: u64) -> u64 {
+    let mut buf = [0u8; BYTES];
+    for (slot, token) in buf.chunks_exact_mut(4).zip(tokens) {
+        slot.copy_from_slice(&token.to_le_bytes());
+    }
+    xxh3_64_with_seed(&buf[..tokens.len() * 4], seed)
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use super::{holder_id, PrefixIndex, RankState};
 use crate::event::Medium;
 use crate::fast_map::{FastMap, FastSet};
 use crate::ids::{EngineHash, SequenceHash, WorkerId};
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
 /// Most blocks each rank of a worker keeps, per tier.
@@ -73,14 +74,26 @@ impl Recency {
 
     /// A block is held under `engine`; a newly held one is the youngest eviction candidate.
     pub(super) fn stored(&mut self, seq: SequenceHash, engine: EngineHash) {
-        if let Some(entry) = self.held.get_mut(&seq) {
-            entry.0 = engine;
-            return;
+        self.stored_run(std::iter::once((seq, engine)));
+    }
+
+    /// [`Self::stored`] for each block of a run, in order.
+    pub(super) fn stored_run(
+        &mut self,
+        run: impl ExactSizeIterator<Item = (SequenceHash, EngineHash)>,
+    ) {
+        self.held.reserve(run.len());
+        for (seq, engine) in run {
+            match self.held.entry(seq) {
+                Entry::Occupied(mut entry) => entry.get_mut().0 = engine,
+                Entry::Vacant(entry) => {
+                    let stamp = self.next_back;
+                    self.next_back += 1;
+                    entry.insert((engine, stamp));
+                    self.queue.push_back((seq, stamp));
+                }
+            }
         }
-        let stamp = self.next_back;
-        self.next_back += 1;
-        self.held.insert(seq, (engine, stamp));
-        self.queue.push_back((seq, stamp));
         self.compact();
     }
 
