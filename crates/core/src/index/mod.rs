@@ -350,7 +350,7 @@ impl PrefixIndex {
         // asked again.
         if replaced.is_empty() {
             let run = seqs.iter().copied().zip(blocks.iter().map(|b| b.engine_hash));
-            self.rank_mut(slot).recency[tier].stored_run(run);
+            self.rank_mut(slot).recency[tier].stored_chain(run);
             return;
         }
         let mut dropped_any = false;
@@ -468,10 +468,11 @@ impl PrefixIndex {
         let holder = holder_id(slot, Medium::Gpu);
         let (applied, _) = self.insert_chain(rank, None, seqs, holder);
         let state = self.rank_mut(slot);
+        let tier = Medium::Gpu.index();
         for seq in &seqs[..applied] {
-            state.engine[Medium::Gpu.index()].insert(EngineHash(seq.0), *seq);
-            state.recency[Medium::Gpu.index()].stored(*seq, EngineHash(seq.0));
+            state.engine[tier].insert(EngineHash(seq.0), *seq);
         }
+        state.recency[tier].stored_chain(seqs[..applied].iter().map(|s| (*s, EngineHash(s.0))));
     }
 
     /// Drops one block stored by [`Self::store_predicted`].
