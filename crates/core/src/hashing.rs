@@ -211,7 +211,9 @@ mod tests {
             }
         }
         for tokens in [16usize, 17, 60, 61, 64, 65, 256, 257, 1000] {
-            let block: Vec<u32> = (0..tokens as u32).map(|t| t.wrapping_mul(2_654_435_761)).collect();
+            let block: Vec<u32> = (0..tokens as u32)
+                .map(|t| t.wrapping_mul(2_654_435_761))
+                .collect();
             let bytes: Vec<u8> = block.iter().flat_map(|t| t.to_le_bytes()).collect();
             assert_eq!(
                 hash_block(&block, BASE_SEED),

@@ -349,7 +349,10 @@ impl PrefixIndex {
         // Every block of the chain is held until a drop takes one away; only then is the tree
         // asked again.
         if replaced.is_empty() {
-            let run = seqs.iter().copied().zip(blocks.iter().map(|b| b.engine_hash));
+            let run = seqs
+                .iter()
+                .copied()
+                .zip(blocks.iter().map(|b| b.engine_hash));
             self.rank_mut(slot).recency[tier].stored_chain(run);
             return;
         }
