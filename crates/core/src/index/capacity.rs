@@ -158,6 +158,12 @@ impl Recency {
         }
     }
 
+    /// Queue entries, stale ones included.
+    #[cfg(test)]
+    pub(super) fn queue_len(&self) -> usize {
+        self.queue.len()
+    }
+
     /// Heap bytes (capacity-based estimate).
     pub(super) fn heap_bytes(&self) -> usize {
         self.held.capacity() * (std::mem::size_of::<(SequenceHash, (EngineHash, i64))>() + 1)

@@ -396,3 +396,22 @@ fn an_engine_hash_moved_to_an_earlier_block_of_the_event_drops_the_later_block()
         index.check_invariants().unwrap();
     }
 }
+
+#[test]
+fn a_stored_chain_queues_only_its_tip_and_still_evicts_tip_first() {
+    let mut index = PrefixIndex::new(BS);
+    index.set_worker_capacity(WorkerId(1), Some(TierCapacity::uniform(100)));
+    let chain: Vec<u32> = (1..=100).collect();
+    index.apply(&stored(1, None, &chain, Medium::Gpu)).unwrap();
+    let slot = index.slots[&rank(1)];
+    let queue_len = |index: &PrefixIndex| index.rank(slot).recency[0].queue_len();
+    assert_eq!(queue_len(&index), 1);
+    // Over capacity, the chain goes from its tip down, one block per new block.
+    index
+        .apply(&stored(1, None, &[500, 501], Medium::Gpu))
+        .unwrap();
+    assert_eq!(gpu(&index, 1, &chain), 98);
+    assert_eq!(gpu(&index, 1, &[500, 501]), 2);
+    assert_eq!(index.evictions(), vec![(WorkerId(1), 2)]);
+    index.check_invariants().unwrap();
+}
