@@ -8,7 +8,8 @@
 
 use crate::ids::{ContentHash, SequenceHash};
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use xxhash_rust::const_xxh3::const_custom_default_secret;
+use xxhash_rust::xxh3::{xxh3_64_with_secret, xxh3_64_with_seed};
 
 /// The base XXH3 seed, shared with Dynamo's router so that hashes can be compared.
 pub const BASE_SEED: u64 = 1337;
@@ -155,23 +156,72 @@ pub fn chain_all(parent: Option<SequenceHash>, contents: &[ContentHash]) -> Vec<
 }
 
 pub(crate) fn hash_block(tokens: &[u32], seed: u64) -> u64 {
-    // Serialize on the stack for the common block sizes; fall back to the heap above that.
-    const STACK_TOKENS: usize = 256;
-    if tokens.len() <= STACK_TOKENS {
-        let mut buf = [0u8; STACK_TOKENS * 4];
-        for (slot, token) in buf.chunks_exact_mut(4).zip(tokens) {
-            slot.copy_from_slice(&token.to_le_bytes());
+    // Serialize on the stack, in a buffer sized to the common block sizes (zeroing a larger one
+    // costs as much as hashing a 64-token block); fall back to the heap above that.
+    match tokens.len() {
+        0..=16 => hash_on_stack::<64>(tokens, seed),
+        17..=64 => hash_on_stack::<256>(tokens, seed),
+        65..=256 => hash_on_stack::<1024>(tokens, seed),
+        _ => {
+            let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+            xxh3_seeded(&bytes, seed)
         }
-        xxh3_64_with_seed(&buf[..tokens.len() * 4], seed)
+    }
+}
+
+/// `xxh3` of the little-endian bytes of at most `BYTES / 4` tokens.
+fn hash_on_stack<const BYTES: usize>(tokens: &[u32], seed: u64) -> u64 {
+    let mut buf = [0u8; BYTES];
+    for (slot, token) in buf.chunks_exact_mut(4).zip(tokens) {
+        slot.copy_from_slice(&token.to_le_bytes());
+    }
+    xxh3_seeded(&buf[..tokens.len() * 4], seed)
+}
+
+/// Inputs longer than this take XXH3's long path, where a seed only derives a secret.
+const XXH3_MID_SIZE_MAX: usize = 240;
+
+/// The secret XXH3 derives from [`BASE_SEED`], computed once at compile time.
+static BASE_SECRET: [u8; 192] = const_custom_default_secret(BASE_SEED);
+
+/// `xxh3_64_with_seed`, without re-deriving the base seed's secret for every long input
+/// (XXH3 defines the seeded long hash as the hash with the seed's derived secret).
+fn xxh3_seeded(bytes: &[u8], seed: u64) -> u64 {
+    if seed == BASE_SEED && bytes.len() > XXH3_MID_SIZE_MAX {
+        xxh3_64_with_secret(bytes, &BASE_SECRET)
     } else {
-        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-        xxh3_64_with_seed(&bytes, seed)
+        xxh3_64_with_seed(bytes, seed)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_precomputed_base_secret_hashes_like_the_seed() {
+        let bytes: Vec<u8> = (0..2048u32).map(|i| (i * 7 + 3) as u8).collect();
+        for len in (0..=bytes.len()).filter(|l| *l < 300 || l % 61 == 0) {
+            for seed in [BASE_SEED, 0, 42] {
+                assert_eq!(
+                    xxh3_seeded(&bytes[..len], seed),
+                    xxh3_64_with_seed(&bytes[..len], seed),
+                    "len {len} seed {seed}"
+                );
+            }
+        }
+        for tokens in [16usize, 17, 60, 61, 64, 65, 256, 257, 1000] {
+            let block: Vec<u32> = (0..tokens as u32)
+                .map(|t| t.wrapping_mul(2_654_435_761))
+                .collect();
+            let bytes: Vec<u8> = block.iter().flat_map(|t| t.to_le_bytes()).collect();
+            assert_eq!(
+                hash_block(&block, BASE_SEED),
+                xxh3_64_with_seed(&bytes, BASE_SEED),
+                "{tokens} tokens"
+            );
+        }
+    }
 
     fn ns(lora: Option<&str>, salt: Option<&str>) -> HashNamespace {
         HashNamespace {

@@ -12,16 +12,18 @@
 //! oldest, so an old chain is evicted from its tip down to its root before a younger chain is
 //! touched — the order in which engines free a request's blocks.
 //!
-//! Cost: every newly held block is pushed once on a queue; every dropped block pushes its parent
-//! once; each pop either evicts or discards an entry for good. So eviction is amortised O(1)
-//! queue operations per stored block, plus the leaf test, which scans the children of the
-//! block's tree node (a branch point) when the block ends its node.
+//! Cost: every newly held block that ends its stored chain is pushed once on a queue (the
+//! blocks before it have a held child); every dropped block pushes its parent once; each pop
+//! either evicts or discards an entry for good. So eviction is amortised O(1) queue operations
+//! per stored block, plus the leaf test, which scans the children of the block's tree node (a
+//! branch point) when the block ends its node.
 
 use super::tree::HolderId;
 use super::{holder_id, PrefixIndex, RankState};
 use crate::event::Medium;
 use crate::fast_map::{FastMap, FastSet};
 use crate::ids::{EngineHash, SequenceHash, WorkerId};
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
 /// Most blocks each rank of a worker keeps, per tier.
@@ -73,15 +75,46 @@ impl Recency {
 
     /// A block is held under `engine`; a newly held one is the youngest eviction candidate.
     pub(super) fn stored(&mut self, seq: SequenceHash, engine: EngineHash) {
-        if let Some(entry) = self.held.get_mut(&seq) {
-            entry.0 = engine;
-            return;
+        if let Some(stamp) = self.hold(seq, engine) {
+            self.queue.push_back((seq, stamp));
+            self.compact();
         }
-        let stamp = self.next_back;
-        self.next_back += 1;
-        self.held.insert(seq, (engine, stamp));
-        self.queue.push_back((seq, stamp));
+    }
+
+    /// [`Self::stored`] for a run of blocks that the tree holds as one chain, each block the
+    /// parent of the next. Every block but the last has a held child, and keeps one until that
+    /// child is dropped, which makes it the oldest candidate ([`Self::exposed`]); a queue entry
+    /// for it could only ever be skipped, so only the last block is queued.
+    pub(super) fn stored_chain(
+        &mut self,
+        run: impl ExactSizeIterator<Item = (SequenceHash, EngineHash)>,
+    ) {
+        let last = run.len().saturating_sub(1);
+        self.held.reserve(run.len());
+        for (k, (seq, engine)) in run.enumerate() {
+            if let Some(stamp) = self.hold(seq, engine) {
+                if k == last {
+                    self.queue.push_back((seq, stamp));
+                }
+            }
+        }
         self.compact();
+    }
+
+    /// Records a block as held under `engine`; returns its stamp if it is newly held.
+    fn hold(&mut self, seq: SequenceHash, engine: EngineHash) -> Option<i64> {
+        match self.held.entry(seq) {
+            Entry::Occupied(mut entry) => {
+                entry.get_mut().0 = engine;
+                None
+            }
+            Entry::Vacant(entry) => {
+                let stamp = self.next_back;
+                self.next_back += 1;
+                entry.insert((engine, stamp));
+                Some(stamp)
+            }
+        }
     }
 
     /// A block is no longer held; returns the engine hash it was held under.
@@ -123,6 +156,12 @@ impl Recency {
             self.queue
                 .retain(|(seq, stamp)| held.get(seq).is_some_and(|e| e.1 == *stamp));
         }
+    }
+
+    /// Queue entries, stale ones included.
+    #[cfg(test)]
+    pub(super) fn queue_len(&self) -> usize {
+        self.queue.len()
     }
 
     /// Heap bytes (capacity-based estimate).

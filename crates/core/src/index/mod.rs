@@ -317,23 +317,61 @@ impl PrefixIndex {
         }
         let applied = inserted.0;
 
-        // Engine-hash bookkeeping, after the tree holds every new block.
-        for (block, seq) in blocks.iter().zip(&seqs).take(applied) {
-            let held = self
-                .tree
-                .lookup(*seq)
-                .is_some_and(|at| self.tree.holds(at, holder));
-            let state = self.rank_mut(slot);
-            let old = state.engine[medium.index()].insert(block.engine_hash, *seq);
-            if held {
-                state.recency[medium.index()].stored(*seq, block.engine_hash);
-            }
-            if let Some(old) = old.filter(|old| old != seq) {
-                self.drop_block(slot, medium, old);
-            }
-        }
+        self.bookkeep(slot, medium, &blocks[..applied], &seqs[..applied]);
         self.evict_over_capacity(slot, medium);
         error.map_or(Ok(()), Err)
+    }
+
+    /// Engine-hash and recency bookkeeping of stored blocks, once the tree holds them all for
+    /// (`slot`, `medium`). Block by block: its engine hash maps to it, it is recorded as held
+    /// (if it still is), and the block its engine hash named before, if another, is dropped.
+    fn bookkeep(
+        &mut self,
+        slot: u32,
+        medium: Medium,
+        blocks: &[crate::event::StoredBlock],
+        seqs: &[SequenceHash],
+    ) {
+        let holder = holder_id(slot, medium);
+        let tier = medium.index();
+        // Drops touch neither engine map, so all its inserts can go first, in order; they
+        // name the blocks whose old engine hash must be dropped (`replaced`, by position).
+        let mut replaced = Vec::new();
+        let engine = &mut self.rank_mut(slot).engine[tier];
+        engine.reserve(seqs.len());
+        for (k, (block, seq)) in blocks.iter().zip(seqs).enumerate() {
+            if let Some(old) = engine.insert(block.engine_hash, *seq) {
+                if old != *seq {
+                    replaced.push((k, old));
+                }
+            }
+        }
+        // Every block of the chain is held until a drop takes one away; only then is the tree
+        // asked again.
+        if replaced.is_empty() {
+            let run = seqs
+                .iter()
+                .copied()
+                .zip(blocks.iter().map(|b| b.engine_hash));
+            self.rank_mut(slot).recency[tier].stored_chain(run);
+            return;
+        }
+        let mut dropped_any = false;
+        let mut next = replaced.into_iter().peekable();
+        for (k, (block, seq)) in blocks.iter().zip(seqs).enumerate() {
+            let held = !dropped_any
+                || self
+                    .tree
+                    .lookup(*seq)
+                    .is_some_and(|at| self.tree.holds(at, holder));
+            if held {
+                self.rank_mut(slot).recency[tier].stored(*seq, block.engine_hash);
+            }
+            if let Some((_, old)) = next.next_if(|(at, _)| *at == k) {
+                self.drop_block(slot, medium, old);
+                dropped_any = true;
+            }
+        }
     }
 
     /// Adds `holder` to the chain `seqs` hanging off `parent`. Returns how many blocks were
@@ -433,10 +471,11 @@ impl PrefixIndex {
         let holder = holder_id(slot, Medium::Gpu);
         let (applied, _) = self.insert_chain(rank, None, seqs, holder);
         let state = self.rank_mut(slot);
+        let tier = Medium::Gpu.index();
         for seq in &seqs[..applied] {
-            state.engine[Medium::Gpu.index()].insert(EngineHash(seq.0), *seq);
-            state.recency[Medium::Gpu.index()].stored(*seq, EngineHash(seq.0));
+            state.engine[tier].insert(EngineHash(seq.0), *seq);
         }
+        state.recency[tier].stored_chain(seqs[..applied].iter().map(|s| (*s, EngineHash(s.0))));
     }
 
     /// Drops one block stored by [`Self::store_predicted`].

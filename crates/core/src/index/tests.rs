@@ -357,3 +357,61 @@ fn capacities_bound_each_worker_and_tier_separately() {
     );
     index.check_invariants().unwrap();
 }
+
+#[test]
+fn an_engine_hash_moved_to_an_earlier_block_of_the_event_drops_the_later_block() {
+    // Bookkeeping runs block by block: block 1 takes over engine hash y from block 2, which is
+    // dropped, so block 2 (stored later in the same event under z) is no longer held.
+    let event = |hashes: [u32; 2]| KvEvent::Stored {
+        worker: WorkerId(1),
+        dp_rank: 0,
+        parent: None,
+        blocks: [1u32, 2]
+            .iter()
+            .zip(hashes)
+            .map(|(&b, h)| StoredBlock {
+                engine_hash: eh(1, h),
+                content: BlockContent::Tokens(block_tokens(b)),
+            })
+            .collect(),
+        block_size: BS,
+        medium: Medium::Gpu,
+        namespace: HashNamespace::none(),
+    };
+    for cap in [None, Some(TierCapacity::uniform(8))] {
+        let mut index = PrefixIndex::new(BS);
+        index.set_worker_capacity(WorkerId(1), cap);
+        index.apply(&event([10, 20])).unwrap();
+        assert_eq!(gpu(&index, 1, &[1, 2]), 2);
+        index.apply(&event([20, 30])).unwrap();
+        assert_eq!(gpu(&index, 1, &[1, 2]), 1);
+        assert_eq!(index.holder_counts(), vec![(rank(1), Medium::Gpu, 1)]);
+        index.check_invariants().unwrap();
+        // Both engine hashes still name their blocks: removing z finds block 2 no longer held,
+        // removing x drops block 1.
+        assert_eq!(index.apply(&removed(1, &[30], Medium::Gpu)), Ok(()));
+        assert_eq!(gpu(&index, 1, &[1, 2]), 1);
+        index.apply(&removed(1, &[10], Medium::Gpu)).unwrap();
+        assert_eq!(gpu(&index, 1, &[1, 2]), 0);
+        index.check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn a_stored_chain_queues_only_its_tip_and_still_evicts_tip_first() {
+    let mut index = PrefixIndex::new(BS);
+    index.set_worker_capacity(WorkerId(1), Some(TierCapacity::uniform(100)));
+    let chain: Vec<u32> = (1..=100).collect();
+    index.apply(&stored(1, None, &chain, Medium::Gpu)).unwrap();
+    let slot = index.slots[&rank(1)];
+    let queue_len = |index: &PrefixIndex| index.rank(slot).recency[0].queue_len();
+    assert_eq!(queue_len(&index), 1);
+    // Over capacity, the chain goes from its tip down, one block per new block.
+    index
+        .apply(&stored(1, None, &[500, 501], Medium::Gpu))
+        .unwrap();
+    assert_eq!(gpu(&index, 1, &chain), 98);
+    assert_eq!(gpu(&index, 1, &[500, 501]), 2);
+    assert_eq!(index.evictions(), vec![(WorkerId(1), 2)]);
+    index.check_invariants().unwrap();
+}

@@ -159,6 +159,7 @@ impl Tree {
 
     fn point_blocks_at(&mut self, id: NodeId) {
         let node = self.nodes[id as usize].as_ref().expect("live node");
+        self.blocks.reserve(node.hashes.len());
         for (i, hash) in node.hashes.iter().enumerate() {
             self.blocks.insert(
                 *hash,
@@ -407,7 +408,8 @@ impl Tree {
                     // Leaf extension: the run simply grows.
                     let first = p.hashes.len();
                     let base = p.start;
-                    let p = self.node_mut(pid);
+                    self.blocks.reserve(hashes.len());
+                    let p = self.nodes[pid as usize].as_mut().expect("live node");
                     p.hashes.extend_from_slice(hashes);
                     for (i, hash) in hashes.iter().enumerate() {
                         let depth = base + (first + i) as u32;
