@@ -63,6 +63,25 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
 
 
+def counters(pid):
+    """Read and write syscalls (/proc/PID/io) and context switches over the router's threads."""
+    out = {"syscr": 0, "syscw": 0, "ctxsw": 0}
+    with open(f"/proc/{pid}/io") as f:
+        for line in f:
+            k, v = line.split(":")
+            if k in ("syscr", "syscw"):
+                out[k] = int(v)
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                        out["ctxsw"] += int(line.split()[1])
+        except OSError:
+            pass
+    return out
+
+
 def free_port():
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -281,22 +300,30 @@ def main():
                                      "-o", f"{a.perf_record}.{name}"],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                                 time.sleep(0.5)
-                            c0 = cpu_s(router.pid)
+                            c0, k0 = cpu_s(router.pid), counters(router.pid)
                             res = asyncio.run(run_case(port, ps, c, mode == "keepalive",
                                                        a.max_tokens, a.deadline, not a.no_stream))
-                            c1 = cpu_s(router.pid)
+                            c1, k1 = cpu_s(router.pid), counters(router.pid)
                             if prof:
                                 prof.send_signal(signal.SIGINT)
-                                prof.wait(30)
+                                try:
+                                    prof.wait(60)
+                                except subprocess.TimeoutExpired:
+                                    prof.kill()
+                                    prof.wait(5)
                             res.update({"variant": name, "rep": rep, "mode": mode, "conc": c,
                                         "stream": not a.no_stream, "router_cpu_s": round(c1 - c0, 3),
                                         "router_cpu_us_per_req":
                                             round(1e6 * (c1 - c0) / max(1, res["ok"]), 1),
                                         "req_per_s": round(res["ok"] / res["wall_s"], 1)})
+                            for k in k0:
+                                res[f"{k}_per_req"] = round((k1[k] - k0[k]) / max(1, res["ok"]), 1)
                             out.write(json.dumps(res) + "\n")
                             out.flush()
                             log(f"{name} rep{rep} {mode} c{c}: {res['router_cpu_us_per_req']} us/req "
                                 f"{res['req_per_s']} req/s p50 {res['lat_p50_ms']} ms "
+                                f"reads {res['syscr_per_req']} writes {res['syscw_per_req']} "
+                                f"ctxsw {res['ctxsw_per_req']} per req "
                                 f"err {res['errors']} {res['first_error'] or ''}")
                 finally:
                     procs.stop(router)
