@@ -156,9 +156,13 @@ mod tests {
         let short = serde_json::json!({"prompt": "hello world ".repeat(10)});
         let long = serde_json::json!({"prompt": "hello world ".repeat(1000)});
         let state = with_limit(2048);
-        let input = routing_input(&state, Kind::Completion, &short).await.unwrap();
+        let input = routing_input(&state, Kind::Completion, &short)
+            .await
+            .unwrap();
         assert!(input.isl_tokens > 0);
-        assert!(routing_input(&state, Kind::Completion, &long).await.is_err());
+        assert!(routing_input(&state, Kind::Completion, &long)
+            .await
+            .is_err());
         let pool_only = with_limit(0);
         assert!(routing_input(&pool_only, Kind::Completion, &short)
             .await
