@@ -9,6 +9,12 @@ mod sim;
 
 use clap::{Parser, Subcommand};
 
+/// jemalloc, not glibc malloc: glibc's `malloc_consolidate` and bin juggling took ~17 % of the
+/// router's CPU on the streamed request path, jemalloc ~7 % (bench/overhead/results.md).
+#[cfg(all(unix, not(target_env = "musl")))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// kvrouter: a KV-cache-aware router for LLM inference.
 #[derive(Debug, Parser)]
 #[command(name = "kvrouter", version, about)]

@@ -70,6 +70,10 @@ pub(crate) struct ServeArgs {
     /// Times a failed stream may be continued on another worker (0 = never).
     #[arg(long, default_value_t = 0)]
     migration_limit: u32,
+    /// Text prompts of at most this many bytes are tokenized on the request's task rather than
+    /// handed to the blocking pool (0 = always the pool).
+    #[arg(long, default_value_t = 2048)]
+    tokenize_inline_max_bytes: usize,
     /// A stream silent for this many seconds counts as failed (its worker too; the stream is
     /// migrated or ended with an error event); 0 = never.
     #[arg(long, default_value_t = 300.0)]
@@ -305,6 +309,7 @@ impl ServeArgs {
             session_release_auth,
             expose_decisions: self.expose_decisions,
             retries: self.retries,
+            tokenize_inline_max_bytes: self.tokenize_inline_max_bytes,
             migration_limit: self.migration_limit,
             stream_idle_timeout: secs(
                 Some(self.stream_idle_timeout_secs),

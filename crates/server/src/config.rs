@@ -92,6 +92,9 @@ pub struct ServeConfig {
     pub tokenizer_cache_tokens: usize,
     /// Concurrent tokenizations on the blocking pool.
     pub tokenize_concurrency: usize,
+    /// Prompts of at most this many bytes are tokenized on the request's own task instead of
+    /// the blocking pool (the hand-off costs more than tokenizing a short prompt); 0 = never.
+    pub tokenize_inline_max_bytes: usize,
     /// Worker health checks and outlier detection.
     pub health: HealthConfig,
     /// Times a failed stream may be continued on another worker (0 = never).
@@ -129,6 +132,7 @@ impl Default for ServeConfig {
             retries: 2,
             tokenizer_cache_tokens: 4 << 20,
             tokenize_concurrency: 2,
+            tokenize_inline_max_bytes: 2048,
             health: HealthConfig::default(),
             migration_limit: 0,
             stream_idle_timeout: Some(std::time::Duration::from_secs(300)),

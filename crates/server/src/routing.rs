@@ -1,5 +1,6 @@
-//! Turning a request body into what the core routes on: tokens (tokenized on a bounded blocking
-//! pool with the segment cache, or taken as given for token-id prompts) and block hashes.
+//! Turning a request body into what the core routes on: tokens (tokenized with the segment cache,
+//! on the request's task for short prompts and on a bounded blocking pool for longer ones, or
+//! taken as given for token-id prompts) and block hashes.
 
 use crate::error::ServeError;
 use crate::state::AppState;
@@ -91,6 +92,14 @@ pub(crate) async fn routing_input(
                 blocks,
             })
         }
+        Source::Text(text) if text.len() <= state.inner.config.tokenize_inline_max_bytes => {
+            // Short prompts: tokenizing costs less than the hand-off to the blocking pool.
+            let ids = state.inner.tokenizer.encode(&text);
+            Ok(RoutingInput {
+                isl_tokens: ids.len() as u64,
+                blocks: BlockHasher::new(block_size, &ns).hash_blocks(&ids),
+            })
+        }
         Source::Text(text) => {
             let _permit = state
                 .inner
@@ -128,6 +137,36 @@ mod tests {
             namespace(&serde_json::json!({"model": "base"}), &base),
             HashNamespace::none()
         );
+    }
+
+    /// Short text prompts are tokenized on the request's task: they route even when the
+    /// blocking pool is unavailable (its slots closed); longer ones, or any with the inline
+    /// limit at 0, go through the pool.
+    #[tokio::test]
+    async fn short_prompts_are_tokenized_without_the_blocking_pool() {
+        let with_limit = |max| {
+            let state = AppState::new(crate::config::ServeConfig {
+                tokenize_inline_max_bytes: max,
+                ..crate::config::ServeConfig::default()
+            })
+            .unwrap();
+            state.inner.tokenize_slots.close();
+            state
+        };
+        let short = serde_json::json!({"prompt": "hello world ".repeat(10)});
+        let long = serde_json::json!({"prompt": "hello world ".repeat(1000)});
+        let state = with_limit(2048);
+        let input = routing_input(&state, Kind::Completion, &short)
+            .await
+            .unwrap();
+        assert!(input.isl_tokens > 0);
+        assert!(routing_input(&state, Kind::Completion, &long)
+            .await
+            .is_err());
+        let pool_only = with_limit(0);
+        assert!(routing_input(&pool_only, Kind::Completion, &short)
+            .await
+            .is_err());
     }
 
     /// Request parsing itself is tested in kvrouter-openai (`tests/request_props.rs`); here,
