@@ -78,6 +78,14 @@ pub(crate) struct ServeArgs {
     /// migrated or ended with an error event); 0 = never.
     #[arg(long, default_value_t = 300.0)]
     stream_idle_timeout_secs: f64,
+    /// Chunks of a worker's stream that are already there when one comes go to the client as
+    /// one write, up to this many bytes (0 = each chunk alone; at most 16777216).
+    #[arg(long, default_value_t = 65536)]
+    stream_coalesce_max_bytes: usize,
+    /// Whether to yield once to the scheduler before passing such a batch on (lets the worker
+    /// connection hand over chunks it already read; no data is waited for).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    stream_coalesce_yield: bool,
     /// Append one JSON line per finished request (worker, policy version, tokens, timings).
     #[arg(long)]
     provenance_log: Option<std::path::PathBuf>,
@@ -316,6 +324,11 @@ impl ServeArgs {
                 "--stream-idle-timeout-secs",
             )?
             .filter(|d| !d.is_zero()),
+            stream_coalesce_max_bytes: match self.stream_coalesce_max_bytes {
+                n if n <= 16 << 20 => n,
+                n => anyhow::bail!("--stream-coalesce-max-bytes: {n} is above 16777216"),
+            },
+            stream_coalesce_yield: self.stream_coalesce_yield,
             trace_capture: self.trace_capture,
             http: self.http.limits()?,
             upstream_connect_timeout: positive(
