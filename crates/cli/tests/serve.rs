@@ -322,6 +322,22 @@ async fn missing_workers_are_a_clear_error() {
 }
 
 #[tokio::test]
+async fn a_stream_coalesce_cap_above_its_bound_is_a_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args(["serve", "--port", "0", "--mock-workers", "1"])
+        .args(["--stream-coalesce-max-bytes", "16777217"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--stream-coalesce-max-bytes: 16777217 is above 16777216"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
 async fn a_burst_beyond_capacity_gets_a_bounded_queue_and_529s() {
     let server = serve(&[
         "--router-mode",

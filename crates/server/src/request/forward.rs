@@ -367,3 +367,32 @@ impl Flow {
         attempt(req, &bytes, &input, origin, &mut self.tried, &mut self.stop).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Idle;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_timer_counts_each_wait_not_the_whole_stream() {
+        let mut idle = Idle::new(Duration::from_secs(1));
+        let begun = Instant::now();
+        // A chunk every 0.6 s for 3 s: no wait lasts the limit, the stream lasts three.
+        for _ in 0..5 {
+            idle.start();
+            tokio::select! {
+                biased;
+                _ = tokio::time::sleep(Duration::from_millis(600)) => {}
+                _ = idle.expired() => panic!("expired after {:?}", begun.elapsed()),
+            }
+        }
+        // Then silence: it expires one limit after the last wait began.
+        idle.start();
+        let from = Instant::now();
+        idle.expired().await;
+        let waited = from.elapsed();
+        assert!(waited >= Duration::from_secs(1), "{waited:?}");
+        assert!(waited < Duration::from_millis(1100), "{waited:?}");
+    }
+}
