@@ -82,10 +82,10 @@ pub(crate) struct ServeArgs {
     /// one write, up to this many bytes (0 = each chunk alone; at most 16777216).
     #[arg(long, default_value_t = 65536)]
     stream_coalesce_max_bytes: usize,
-    /// Whether to yield once to the scheduler before passing such a batch on (lets the worker
-    /// connection hand over chunks it already read; no data is waited for).
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
-    stream_coalesce_yield: bool,
+    /// Before passing such a batch on, yield up to this many times to the scheduler (lets the
+    /// worker connection hand over chunks it already read; no data is waited for; at most 64).
+    #[arg(long, default_value_t = 0)]
+    stream_coalesce_yields: u32,
     /// Append one JSON line per finished request (worker, policy version, tokens, timings).
     #[arg(long)]
     provenance_log: Option<std::path::PathBuf>,
@@ -328,7 +328,10 @@ impl ServeArgs {
                 n if n <= 16 << 20 => n,
                 n => anyhow::bail!("--stream-coalesce-max-bytes: {n} is above 16777216"),
             },
-            stream_coalesce_yield: self.stream_coalesce_yield,
+            stream_coalesce_yields: match self.stream_coalesce_yields {
+                n if n <= 64 => n,
+                n => anyhow::bail!("--stream-coalesce-yields: {n} is above 64"),
+            },
             trace_capture: self.trace_capture,
             http: self.http.limits()?,
             upstream_connect_timeout: positive(

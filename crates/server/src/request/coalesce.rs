@@ -1,8 +1,9 @@
 //! Coalescing of the upstream's chunks: once a chunk has come, every further chunk that is
 //! already there (up to a byte cap) goes on with it as one, so the client gets one write where
 //! the engine's bytes came in one read. It never waits for more data: a batch is passed on as
-//! soon as nothing else is ready (with `yield_once`, after one turn of the scheduler, which lets
-//! the upstream connection's task hand over chunks it already read). The bytes are passed on
+//! soon as nothing else is ready (with `yields` > 0, after up to that many turns of the
+//! scheduler, which let the upstream connection's task hand over chunks it already read: hyper
+//! hands them over one at a time). The bytes are passed on
 //! exactly (concatenated in order), so SSE events split across chunks stay whole for whoever
 //! splits them.
 
@@ -24,20 +25,20 @@ pub(crate) struct Coalesce<S> {
     /// An item taken from `inner` that could not join the last batch (an error, the end, or a
     /// chunk past the cap): it is the next item.
     held: Option<Option<Result<Bytes, String>>>,
-    /// Yield once to the scheduler before ending a batch on `Pending`.
-    yield_once: bool,
+    /// Turns of the scheduler a batch may wait, at most, on `Pending` before it goes on.
+    yields: u32,
     /// A batch kept over one yield: its bytes and chunk count.
-    partial: Option<(Bytes, Option<bytes::BytesMut>, u64)>,
+    partial: Option<(Bytes, Option<bytes::BytesMut>, u64, u32)>,
 }
 
 impl<S> Coalesce<S> {
-    /// Merges up to `cap` bytes (0 or 1: no merging); `yield_once`: see the module.
-    pub(crate) fn new(inner: S, cap: usize, yield_once: bool) -> Self {
+    /// Merges up to `cap` bytes (0 or 1: no merging); `yields`: see the module.
+    pub(crate) fn new(inner: S, cap: usize, yields: u32) -> Self {
         Self {
             inner,
             cap,
             held: None,
-            yield_once,
+            yields,
             partial: None,
         }
     }
@@ -53,7 +54,7 @@ where
         let this = self.get_mut();
         // A batch kept over a yield goes on now, with whatever came meanwhile.
         let (first, mut merged, mut chunks, yielded) = match this.partial.take() {
-            Some((first, merged, chunks)) => (first, merged, chunks, true),
+            Some((first, merged, chunks, y)) => (first, merged, chunks, y),
             None => {
                 let first = match this.held.take() {
                     Some(held) => held,
@@ -63,7 +64,7 @@ where
                     },
                 };
                 match first {
-                    Some(Ok(b)) => (b, None, 1, false),
+                    Some(Ok(b)) => (b, None, 1, 0),
                     Some(Err(e)) => return Poll::Ready(Some(Err(e))),
                     None => return Poll::Ready(None),
                 }
@@ -89,10 +90,10 @@ where
                     break;
                 }
                 Poll::Pending => {
-                    if this.yield_once && !yielded {
-                        // One scheduler turn: the upstream's connection task may hand over
+                    if yielded < this.yields {
+                        // A scheduler turn: the upstream's connection task may hand over
                         // chunks it already read. Woken at once; no data is waited for.
-                        this.partial = Some((first, merged, chunks));
+                        this.partial = Some((first, merged, chunks, yielded + 1));
                         cx.waker().wake_by_ref();
                         return Poll::Pending;
                     }
@@ -119,7 +120,7 @@ mod tests {
 
     fn pair(cap: usize) -> (Tx, Coalesce<Rx>) {
         let (tx, rx) = mpsc::unbounded();
-        (tx, Coalesce::new(rx, cap, false))
+        (tx, Coalesce::new(rx, cap, 0))
     }
 
     fn send(tx: &Tx, s: &'static str) {
@@ -222,9 +223,9 @@ mod tests {
     }
 
     #[test]
-    fn with_a_yield_what_came_during_the_yield_joins_the_batch_and_nothing_waits_longer() {
+    fn with_one_yield_what_came_during_it_joins_the_batch_and_nothing_waits_longer() {
         let (tx, rx) = mpsc::unbounded();
-        let mut s = Coalesce::new(rx, COALESCE_MAX_BYTES, true);
+        let mut s = Coalesce::new(rx, COALESCE_MAX_BYTES, 1);
         assert!(ready(&mut s).is_none());
         send(&tx, "a");
         // Nothing more ready: the batch is kept over one turn (and its task woken at once).
@@ -245,7 +246,7 @@ mod tests {
         );
         // A merge cap of 0 passes every chunk alone.
         let (tx, rx) = mpsc::unbounded();
-        let mut s = Coalesce::new(rx, 0, false);
+        let mut s = Coalesce::new(rx, 0, 0);
         send(&tx, "x");
         send(&tx, "y");
         assert_eq!(

@@ -58,11 +58,11 @@ fn upstream(response: reqwest::Response, config: &crate::config::ServeConfig) ->
         .bytes_stream()
         .map(|r| r.map_err(|e| e.to_string()))
         .boxed();
-    let (cap, yield_once) = (
+    let (cap, yields) = (
         config.stream_coalesce_max_bytes,
-        config.stream_coalesce_yield,
+        config.stream_coalesce_yields,
     );
-    Coalesce::new(chunks, cap, yield_once)
+    Coalesce::new(chunks, cap, yields)
 }
 
 /// A stream's idle timer (`--stream-idle-timeout-secs`): one `Sleep` for the whole stream. Each
