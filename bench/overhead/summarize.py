@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Summarize realistic.py output: per variant and case, the median router CPU per request,
-its range over reps, req/s and latency p50 (medians).
+its range over reps, req/s, latency p50 and write syscalls per request (medians).
 
 Usage: summarize.py FILE.jsonl [FILE.jsonl ...]
 """
@@ -22,8 +22,8 @@ def main():
                     order.append(key)
                 rows[key].append(r)
     print("| mode | conc | variant | router CPU µs/req (median) | range over reps | reps | "
-          "req/s | latency p50 ms | errors |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "req/s | latency p50 ms | writes/req | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for key in sorted(order, key=lambda k: (k[0], k[1], order.index(k))):
         rs = rows[key]
         cpu = [r["router_cpu_us_per_req"] for r in rs]
@@ -31,7 +31,8 @@ def main():
             x is not None for x in xs) else None
         print(f"| {key[0]} | {key[1]} | {key[2]} | {med(cpu):.0f} | {min(cpu):.0f}–{max(cpu):.0f} | "
               f"{len(rs)} | {med([r['req_per_s'] for r in rs]):.0f} | "
-              f"{med([r['lat_p50_ms'] for r in rs])} | {sum(r['errors'] for r in rs)} |")
+              f"{med([r['lat_p50_ms'] for r in rs])} | {med([r.get('syscw_per_req') for r in rs])} | "
+              f"{sum(r['errors'] for r in rs)} |")
 
 
 if __name__ == "__main__":

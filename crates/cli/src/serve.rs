@@ -78,6 +78,14 @@ pub(crate) struct ServeArgs {
     /// migrated or ended with an error event); 0 = never.
     #[arg(long, default_value_t = 300.0)]
     stream_idle_timeout_secs: f64,
+    /// Chunks of a worker's stream that are already there when one comes go to the client as
+    /// one write, up to this many bytes (0 = each chunk alone; at most 16777216).
+    #[arg(long, default_value_t = 65536)]
+    stream_coalesce_max_bytes: usize,
+    /// Before passing such a batch on, yield up to this many times to the scheduler (lets the
+    /// worker connection hand over chunks it already read; no data is waited for; at most 64).
+    #[arg(long, default_value_t = 0)]
+    stream_coalesce_yields: u32,
     /// Append one JSON line per finished request (worker, policy version, tokens, timings).
     #[arg(long)]
     provenance_log: Option<std::path::PathBuf>,
@@ -316,6 +324,14 @@ impl ServeArgs {
                 "--stream-idle-timeout-secs",
             )?
             .filter(|d| !d.is_zero()),
+            stream_coalesce_max_bytes: match self.stream_coalesce_max_bytes {
+                n if n <= 16 << 20 => n,
+                n => anyhow::bail!("--stream-coalesce-max-bytes: {n} is above 16777216"),
+            },
+            stream_coalesce_yields: match self.stream_coalesce_yields {
+                n if n <= 64 => n,
+                n => anyhow::bail!("--stream-coalesce-yields: {n} is above 64"),
+            },
             trace_capture: self.trace_capture,
             http: self.http.limits()?,
             upstream_connect_timeout: positive(

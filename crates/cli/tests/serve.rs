@@ -321,6 +321,82 @@ async fn missing_workers_are_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--router-mode"));
 }
 
+/// The events of a 40-token stream through a router started with `extra`.
+async fn stream_events(extra: &[&str]) -> Vec<Value> {
+    let server = serve(extra).await;
+    let mut body = json!({"model": "mock-model", "prompt": "coalesce me", "max_tokens": 40});
+    body["stream"] = json!(true);
+    let text = reqwest::Client::new()
+        .post(format!("{}/v1/completions", server.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let events: Vec<&str> = text.split_terminator("\n\n").collect();
+    assert_eq!(events.last(), Some(&"data: [DONE]"));
+    events[..events.len() - 1]
+        .iter()
+        .map(|e| {
+            let data = e.strip_prefix("data: ").unwrap_or_else(|| panic!("{e:?}"));
+            serde_json::from_str(data).unwrap_or_else(|err| panic!("{err}: {e:?}"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn coalesced_streams_keep_every_event_whole() {
+    // Each chunk alone, against merged batches (small cap, with yields) of the same stream.
+    let alone = stream_events(&["--stream-coalesce-max-bytes", "0"]).await;
+    let merged = stream_events(&[
+        "--stream-coalesce-max-bytes",
+        "400",
+        "--stream-coalesce-yields",
+        "8",
+    ])
+    .await;
+    assert!(alone.len() >= 40, "{}", alone.len());
+    assert_eq!(merged.len(), alone.len());
+    let text = |evs: &[Value]| -> String {
+        evs.iter()
+            .map(|e| e["choices"][0]["text"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    assert_eq!(text(&merged), text(&alone));
+    assert_eq!(merged[0]["system_fingerprint"], "policy-0");
+}
+
+#[tokio::test]
+async fn a_stream_coalesce_cap_above_its_bound_is_a_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args(["serve", "--port", "0", "--mock-workers", "1"])
+        .args(["--stream-coalesce-max-bytes", "16777217"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--stream-coalesce-max-bytes: 16777217 is above 16777216"),
+        "{err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args(["serve", "--port", "0", "--mock-workers", "1"])
+        .args(["--stream-coalesce-yields", "65"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--stream-coalesce-yields: 65 is above 64"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn a_burst_beyond_capacity_gets_a_bounded_queue_and_529s() {
     let server = serve(&[

@@ -101,6 +101,12 @@ pub struct ServeConfig {
     pub migration_limit: u32,
     /// A stream that sends nothing for this long counts as failed (`None` = never).
     pub stream_idle_timeout: Option<std::time::Duration>,
+    /// Chunks of a worker's stream already there when one comes are passed on to the client
+    /// together, up to this many bytes (0 = each alone).
+    pub stream_coalesce_max_bytes: usize,
+    /// Before passing such a batch on, yield up to this many times to the scheduler so the
+    /// worker connection's task can hand over chunks it already read (0 = never).
+    pub stream_coalesce_yields: u32,
     /// Where finished requests are logged (`--provenance-log`).
     pub provenance: Option<Arc<crate::provenance::ProvenanceLog>>,
     /// Recent request timelines kept for `GET /admin/trace` (0 = off).
@@ -136,6 +142,8 @@ impl Default for ServeConfig {
             health: HealthConfig::default(),
             migration_limit: 0,
             stream_idle_timeout: Some(std::time::Duration::from_secs(300)),
+            stream_coalesce_max_bytes: 64 * 1024,
+            stream_coalesce_yields: 0,
             trace_capture: 0,
             provenance: None,
             http: kvrouter_http::HttpLimits::default(),

@@ -220,7 +220,14 @@ impl LoadGuard {
         self.first_at
     }
 
+    /// One chunk of the answer came back.
     pub(crate) fn on_chunk(&mut self, chunk: &[u8]) {
+        self.on_chunks(chunk, 1);
+    }
+
+    /// `chunks` chunks of the answer came back together as `bytes` (one clock read, one
+    /// inter-token latency sample for them all).
+    pub(crate) fn on_chunks(&mut self, chunk: &[u8], chunks: u64) {
         let now = Instant::now();
         let m = &self.state.inner.metrics;
         if self.attempt_first.is_none() {
@@ -238,9 +245,9 @@ impl LoadGuard {
             }
         }
         self.last_chunk = Some(now);
-        self.chunks += 1;
+        self.chunks += chunks;
         // Keep the tail (non-streamed bodies are small; streams end with their usage chunk).
-        if !self.stream || chunk.windows(7).any(|w| w == b"\"usage\"") {
+        if !self.stream || has_usage(chunk) {
             if self.stream {
                 self.tail.clear();
             }
@@ -289,6 +296,13 @@ impl LoadGuard {
     }
 }
 
+/// Whether a stream's chunk holds a `"usage"` key (a memchr search, not a byte-by-byte scan).
+fn has_usage(chunk: &[u8]) -> bool {
+    static USAGE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage\""));
+    USAGE.find(chunk).is_some()
+}
+
 impl Drop for LoadGuard {
     fn drop(&mut self) {
         if !self.done {
@@ -334,4 +348,23 @@ pub(crate) fn log_line(
         p.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].as_u64();
     }
     log.record(&p);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_usage;
+
+    #[test]
+    fn the_usage_key_is_found_anywhere_in_a_chunk_and_only_as_a_key() {
+        assert!(has_usage(
+            b"data: {\"usage\":{\"completion_tokens\":3}}\n\n"
+        ));
+        let mut long = b"data: {\"choices\":[]}\n\n".repeat(500);
+        assert!(!has_usage(&long));
+        long.extend_from_slice(b"data: {\"choices\":[],\"usage\":null}\n\n");
+        assert!(has_usage(&long));
+        assert!(!has_usage(b"data: {\"text\":\"\\\"usag\"}"));
+        assert!(!has_usage(b"usage"));
+        assert!(!has_usage(b""));
+    }
 }

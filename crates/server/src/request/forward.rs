@@ -5,6 +5,7 @@
 //! ends the answer with what it produced.
 
 use super::attempt::{attempt, Origin, Outcome};
+use super::coalesce::{Batch, Coalesce};
 use super::continuation::{Continuation, Next, Whole};
 use super::parse::Request;
 use crate::error::ServeError;
@@ -18,8 +19,10 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use kvrouter_core::ids::WorkerId;
 use kvrouter_openai::sse::error_event;
+use std::pin::Pin;
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio::time::{Instant, Sleep};
 
 /// An answer on its way to the client: the request, the machine, and what continuations need.
 pub(crate) struct Flow {
@@ -48,23 +51,67 @@ impl Flow {
     }
 }
 
-type Upstream = BoxStream<'static, Result<Bytes, String>>;
+type Upstream = Coalesce<BoxStream<'static, Result<Bytes, String>>>;
 
-fn upstream(response: reqwest::Response) -> Upstream {
-    response
+fn upstream(response: reqwest::Response, config: &crate::config::ServeConfig) -> Upstream {
+    let chunks = response
         .bytes_stream()
         .map(|r| r.map_err(|e| e.to_string()))
-        .boxed()
+        .boxed();
+    let (cap, yields) = (
+        config.stream_coalesce_max_bytes,
+        config.stream_coalesce_yields,
+    );
+    Coalesce::new(chunks, cap, yields)
 }
 
-/// The next chunk; an error when the upstream sends nothing for `idle`.
-async fn next_chunk(up: &mut Upstream, idle: Option<Duration>) -> Option<Result<Bytes, String>> {
-    let Some(limit) = idle else {
+/// A stream's idle timer (`--stream-idle-timeout-secs`): one `Sleep` for the whole stream. Each
+/// wait moves its deadline (a clock read); the timer itself is pushed back only when it fires
+/// before the deadline, not once per chunk.
+struct Idle {
+    limit: Duration,
+    deadline: Instant,
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl Idle {
+    fn new(limit: Duration) -> Self {
+        let deadline = Instant::now() + limit;
+        Self {
+            limit,
+            deadline,
+            sleep: Box::pin(tokio::time::sleep_until(deadline)),
+        }
+    }
+
+    /// A wait for the upstream begins: it may last `limit`.
+    fn start(&mut self) {
+        self.deadline = Instant::now() + self.limit;
+    }
+
+    /// Completes when the current wait has lasted `limit`.
+    async fn expired(&mut self) {
+        loop {
+            self.sleep.as_mut().await;
+            if Instant::now() >= self.deadline {
+                return;
+            }
+            self.sleep.as_mut().reset(self.deadline);
+        }
+    }
+}
+
+/// The next batch of chunks; an error when the upstream sends nothing for the idle limit.
+async fn next_chunk(up: &mut Upstream, idle: Option<&mut Idle>) -> Option<Result<Batch, String>> {
+    let Some(idle) = idle else {
         return up.next().await;
     };
-    match tokio::time::timeout(limit, up.next()).await {
-        Ok(next) => next,
-        Err(_) => Some(Err(format!(
+    idle.start();
+    let limit = idle.limit;
+    tokio::select! {
+        biased;
+        next = up.next() => next,
+        _ = idle.expired() => Some(Err(format!(
             "the worker sent nothing for {:.3}s (--stream-idle-timeout-secs)",
             limit.as_secs_f64()
         ))),
@@ -78,16 +125,17 @@ pub(crate) fn stream(
     response: reqwest::Response,
     guard: LoadGuard,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
-    let idle = flow.req.state.inner.config.stream_idle_timeout;
-    let start = (upstream(response), guard, flow);
+    let config = &flow.req.state.inner.config;
+    let idle = config.stream_idle_timeout.map(Idle::new);
+    let start = (upstream(response, config), guard, flow, idle);
     futures::stream::unfold(Some(start), move |state| async move {
-        let (mut up, mut guard, mut f) = state?;
+        let (mut up, mut guard, mut f, mut idle) = state?;
         loop {
             // Once [DONE] went out the answer is whole: a stop no longer applies.
             let armed = !f.machine.done();
             let mut stop = if armed { f.stop.take() } else { None };
             let next = tokio::select! {
-                n = next_chunk(&mut up, idle) => n,
+                n = next_chunk(&mut up, idle.as_mut()) => n,
                 _ = stopped(&mut stop) => {
                     // The group has enough samples: end here with what was produced.
                     guard.produced(f.machine.generated_tokens());
@@ -99,15 +147,18 @@ pub(crate) fn stream(
                 f.stop = stop;
             }
             let clean = match next {
-                Some(Ok(chunk)) => {
-                    guard.on_chunk(&chunk);
+                Some(Ok(Batch {
+                    bytes: chunk,
+                    chunks,
+                })) => {
+                    guard.on_chunks(&chunk, chunks);
                     let worker = guard.worker();
                     let inner = &f.req.state.inner;
                     let out = f.machine.chunk(chunk, || inner.draining_for_update(worker));
                     if out.is_empty() {
                         continue;
                     }
-                    return Some((Ok(out), Some((up, guard, f))));
+                    return Some((Ok(out), Some((up, guard, f, idle))));
                 }
                 Some(Err(_)) => false,
                 None => true,
@@ -139,7 +190,9 @@ pub(crate) fn stream(
                 f.req.state.observe_health(worker, false, Source::Request);
             }
             match f.continue_elsewhere(guard, after_abort).await {
-                Ok(Some((response, g))) => (up, guard) = (upstream(response), g),
+                Ok(Some((response, g))) => {
+                    (up, guard) = (upstream(response, &f.req.state.inner.config), g)
+                }
                 Ok(None) => return Some((Ok(f.machine.stopped_events()), None)),
                 Err(e) => {
                     let what = match after_abort {
@@ -312,5 +365,34 @@ impl Flow {
         let input = routing_input(&req.state, req.kind, &body).await?;
         let bytes = Bytes::from(serde_json::to_vec(&body).expect("a JSON value serializes"));
         attempt(req, &bytes, &input, origin, &mut self.tried, &mut self.stop).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Idle;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_timer_counts_each_wait_not_the_whole_stream() {
+        let mut idle = Idle::new(Duration::from_secs(1));
+        let begun = Instant::now();
+        // A chunk every 0.6 s for 3 s: no wait lasts the limit, the stream lasts three.
+        for _ in 0..5 {
+            idle.start();
+            tokio::select! {
+                biased;
+                _ = tokio::time::sleep(Duration::from_millis(600)) => {}
+                _ = idle.expired() => panic!("expired after {:?}", begun.elapsed()),
+            }
+        }
+        // Then silence: it expires one limit after the last wait began.
+        idle.start();
+        let from = Instant::now();
+        idle.expired().await;
+        let waited = from.elapsed();
+        assert!(waited >= Duration::from_secs(1), "{waited:?}");
+        assert!(waited < Duration::from_millis(1100), "{waited:?}");
     }
 }

@@ -11,6 +11,7 @@
 
 mod admit;
 mod attempt;
+mod coalesce;
 mod continuation;
 mod forward;
 mod parse;
