@@ -195,6 +195,18 @@ pub(crate) async fn shutdown_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Largest `--stream-coalesce-max-bytes`.
+const MAX_STREAM_COALESCE_BYTES: usize = 16 << 20;
+/// Largest `--stream-coalesce-yields`.
+const MAX_STREAM_COALESCE_YIELDS: u32 = 64;
+
+fn at_most<T: PartialOrd + std::fmt::Display>(v: T, max: T, flag: &str) -> anyhow::Result<T> {
+    if v > max {
+        bail!("{flag}: {v} is above {max}");
+    }
+    Ok(v)
+}
+
 fn secs(v: Option<f64>, flag: &str) -> anyhow::Result<Option<std::time::Duration>> {
     match v {
         None => Ok(None),
@@ -324,14 +336,16 @@ impl ServeArgs {
                 "--stream-idle-timeout-secs",
             )?
             .filter(|d| !d.is_zero()),
-            stream_coalesce_max_bytes: match self.stream_coalesce_max_bytes {
-                n if n <= 16 << 20 => n,
-                n => anyhow::bail!("--stream-coalesce-max-bytes: {n} is above 16777216"),
-            },
-            stream_coalesce_yields: match self.stream_coalesce_yields {
-                n if n <= 64 => n,
-                n => anyhow::bail!("--stream-coalesce-yields: {n} is above 64"),
-            },
+            stream_coalesce_max_bytes: at_most(
+                self.stream_coalesce_max_bytes,
+                MAX_STREAM_COALESCE_BYTES,
+                "--stream-coalesce-max-bytes",
+            )?,
+            stream_coalesce_yields: at_most(
+                self.stream_coalesce_yields,
+                MAX_STREAM_COALESCE_YIELDS,
+                "--stream-coalesce-yields",
+            )?,
             trace_capture: self.trace_capture,
             http: self.http.limits()?,
             upstream_connect_timeout: positive(

@@ -283,15 +283,7 @@ async fn sigterm_lets_streams_finish_within_the_grace_period() {
     let tasks = streams_in_flight(&base, 8, 2_000).await;
     kill(&r, "-TERM");
     reports_draining(&base).await;
-    for t in tasks {
-        let seen = timeout(Duration::from_secs(60), t).await.unwrap().unwrap();
-        assert!(
-            seen.done && seen.errors == 0 && seen.tokens == 2_000,
-            "{seen:?}"
-        );
-    }
-    let status = exits_within(&mut r, Duration::from_secs(10)).await;
-    assert!(status.success(), "{status}");
+    finish_whole_then_exit(tasks, 2_000, &mut r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -365,15 +357,7 @@ async fn sigterm_drains_the_router_before_its_embedded_engines() {
         200,
         "engine health while the router drains"
     );
-    for t in tasks {
-        let seen = timeout(Duration::from_secs(60), t).await.unwrap().unwrap();
-        assert!(
-            seen.done && seen.errors == 0 && seen.tokens == 2_000,
-            "{seen:?}"
-        );
-    }
-    let status = exits_within(&mut r, Duration::from_secs(10)).await;
-    assert!(status.success(), "{status}");
+    finish_whole_then_exit(tasks, 2_000, &mut r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -542,5 +526,23 @@ async fn answers_503_at_grace_expiry(proc: &mut common::Proc, base: &str, engine
     let v: Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(v["error"]["type"], "service_unavailable", "{v}");
     let status = exits_within(proc, Duration::from_secs(10)).await;
+    assert!(status.success(), "{status}");
+}
+
+/// Every stream of `tasks` ends with `[DONE]`, no error and all `tokens`; then the router exits
+/// cleanly (bounded).
+async fn finish_whole_then_exit(
+    tasks: Vec<tokio::task::JoinHandle<Seen>>,
+    tokens: u64,
+    r: &mut common::Proc,
+) {
+    for t in tasks {
+        let seen = timeout(Duration::from_secs(60), t).await.unwrap().unwrap();
+        assert!(
+            seen.done && seen.errors == 0 && seen.tokens == tokens,
+            "{seen:?}"
+        );
+    }
+    let status = exits_within(r, Duration::from_secs(10)).await;
     assert!(status.success(), "{status}");
 }

@@ -371,30 +371,28 @@ async fn coalesced_streams_keep_every_event_whole() {
 
 #[tokio::test]
 async fn a_stream_coalesce_cap_above_its_bound_is_a_clear_error() {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
-        .args(["serve", "--port", "0", "--mock-workers", "1"])
-        .args(["--stream-coalesce-max-bytes", "16777217"])
-        .output()
-        .await
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("--stream-coalesce-max-bytes: 16777217 is above 16777216"),
-        "{err}"
-    );
-    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
-        .args(["serve", "--port", "0", "--mock-workers", "1"])
-        .args(["--stream-coalesce-yields", "65"])
-        .output()
-        .await
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("--stream-coalesce-yields: 65 is above 64"),
-        "{err}"
-    );
+    for (flag, value, message) in [
+        (
+            "--stream-coalesce-max-bytes",
+            "16777217",
+            "--stream-coalesce-max-bytes: 16777217 is above 16777216",
+        ),
+        (
+            "--stream-coalesce-yields",
+            "65",
+            "--stream-coalesce-yields: 65 is above 64",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args(["serve", "--port", "0", "--mock-workers", "1"])
+            .args([flag, value])
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success(), "{flag} {value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(message), "{err}");
+    }
 }
 
 #[tokio::test]
