@@ -1,6 +1,7 @@
 //! The `kvrouter` binary: `serve`, `mock-engine`, `sim` and `bench`.
 
 mod bench;
+mod discovery_args;
 mod embedded;
 mod mock_engine;
 mod routing_args;

@@ -63,6 +63,8 @@ pub(crate) struct MockEngineArgs {
     seed: u64,
     #[command(flatten)]
     http: crate::serve::HttpArgs,
+    #[command(flatten)]
+    register: crate::discovery_args::RegisterArgs,
 }
 
 fn timing(profile: &str) -> anyhow::Result<TimingChoice> {
@@ -134,12 +136,31 @@ impl MockEngineArgs {
 
 pub(crate) async fn run(args: MockEngineArgs) -> anyhow::Result<()> {
     let config = args.config()?;
+    args.register.validate()?;
     let addr = format!("{}:{}", args.host, args.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("--host/--port: binding {addr}"))?;
     let running = kvrouter_mock_engine::start(config, listener).await?;
     let e = &running.endpoints;
+    let registration = kvrouter_server::discovery::Registration {
+        url: format!("http://{}", e.http),
+        kv_events_endpoint: e.kv_events.clone(),
+        replay_endpoint: e.replay.clone(),
+        dp_size: Some(1),
+        model: Some(args.model_name.clone()),
+    };
+    let registered = match args
+        .register
+        .start(&registration, &e.http.to_string())
+        .await
+    {
+        Ok(r) => r,
+        Err(err) => {
+            running.stop().await;
+            return Err(err);
+        }
+    };
     // One machine-readable line on stdout, so scripts and tests learn the ports.
     println!(
         "kvrouter mock-engine listening on http://{} kv_events={} replay={}",
@@ -148,6 +169,10 @@ pub(crate) async fn run(args: MockEngineArgs) -> anyhow::Result<()> {
         e.replay.as_deref().unwrap_or("none")
     );
     crate::serve::shutdown_signal().await?;
+    // Deregistered first, so the router drains this engine before it stops answering.
+    if let Some(r) = registered {
+        r.revoke().await;
+    }
     running.stop().await;
     Ok(())
 }

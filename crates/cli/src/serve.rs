@@ -136,6 +136,8 @@ pub(crate) struct ServeArgs {
     kv_event_replay_timeout_secs: f64,
     #[command(flatten)]
     http: HttpArgs,
+    #[command(flatten)]
+    discovery: crate::discovery_args::DiscoveryArgs,
 }
 
 /// Client-connection timeouts and the shutdown grace period (`serve` and `mock-engine`).
@@ -304,8 +306,8 @@ impl ServeArgs {
             "admin" => bail!("--session-release-auth admin needs an admin token (--admin-token)"),
             other => bail!("--session-release-auth must be open or admin, got {other:?}"),
         };
-        if workers.is_empty() && self.mock_workers == 0 {
-            bail!("no workers: give --worker URL, --workers-file PATH or --mock-workers N");
+        if workers.is_empty() && self.mock_workers == 0 && !self.discovery.enabled() {
+            bail!("no workers: give --worker URL, --workers-file PATH, --mock-workers N or --discovery");
         }
         if !(self.mock_speedup_ratio.is_finite() && self.mock_speedup_ratio > 0.0) {
             bail!("--mock-speedup-ratio must be a positive number");
@@ -386,6 +388,7 @@ impl ServeArgs {
                 .unwrap_or_default(),
             },
             kv_ingest: self.kv_ingest()?,
+            discovery: self.discovery.config()?,
             ..ServeConfig::default()
         })
     }

@@ -224,19 +224,19 @@ async fn finish_session(State(s): State<AppState>, body: Bytes) -> Result<Json<V
 }
 
 async fn list_workers(State(s): State<AppState>) -> Result<Json<Value>, ServeError> {
-    let entries: Vec<WorkerEntry> = s
+    let entries: Vec<(WorkerEntry, bool)> = s
         .inner
         .workers
         .lock()
         .expect("workers lock")
         .values()
-        .map(|r| r.entry.clone())
+        .map(|r| (r.entry.clone(), r.draining))
         .collect();
     let core = s.inner.lock_core();
     let cached = core.index().holder_counts();
     let list: Vec<Value> = entries
         .into_iter()
-        .map(|e| {
+        .map(|(e, leaving)| {
             let id = WorkerId(e.id.unwrap_or_default());
             let ranks: Vec<Value> = core
                 .ranks()
@@ -248,7 +248,8 @@ async fn list_workers(State(s): State<AppState>) -> Result<Json<Value>, ServeErr
                     json!({"dp_rank": r.dp_rank, "active_requests": l.active_requests, "active_prefill_tokens": l.active_prefill_tokens, "active_decode_blocks": l.active_decode_blocks, "cached_gpu_blocks": gpu})
                 })
                 .collect();
-            let state = worker_state(&core, id);
+            // `leaving`: removed by its discovery source, draining until purged.
+            let state = if leaving { "leaving" } else { worker_state(&core, id) };
             json!({"id": id.0, "state": state, "policy_version": core.workers().find(|w| w.id == id).map_or(0, |w| w.policy_version), "url": e.url, "kv_events_endpoint": e.kv_events_endpoint, "replay_endpoint": e.replay_endpoint, "dp_size": e.dp_size, "block_size": e.block_size, "max_num_batched_tokens": e.max_num_batched_tokens, "kv_capacity_blocks": e.kv_capacity_blocks, "labels": e.labels, "ranks": ranks})
         })
         .collect();

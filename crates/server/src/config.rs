@@ -122,6 +122,8 @@ pub struct ServeConfig {
     pub upstream_response_timeout: std::time::Duration,
     /// Bounds of KV event ingestion.
     pub kv_ingest: IngestConfig,
+    /// Where workers are discovered (`--discovery`; `None`: only the listed ones).
+    pub discovery: Option<crate::discovery::DiscoveryConfig>,
 }
 
 impl Default for ServeConfig {
@@ -151,6 +153,7 @@ impl Default for ServeConfig {
             upstream_first_byte_timeout: std::time::Duration::from_secs(60),
             upstream_response_timeout: std::time::Duration::from_secs(600),
             kv_ingest: IngestConfig::default(),
+            discovery: None,
         }
     }
 }

@@ -22,11 +22,13 @@
 //! [`WorkerEntry`]s. The HTTP serve loop (client timeouts, drain) is `kvrouter-http`'s.
 //! - `auth`: the admin token layer and session-release protection (constant-time compare).
 //! - [`validate`]: the limits on worker registrations and the one check of a worker entry.
+//! - [`discovery`]: workers from etcd or Kubernetes (`--discovery`), drained when they go.
 
 mod app;
 mod auth;
 mod capture;
 pub mod config;
+pub mod discovery;
 mod engines;
 mod error;
 mod guard;
@@ -107,6 +109,10 @@ pub async fn start(
             .map_err(|error| StartError::Worker { url, error })?;
     }
     let driver = queue::spawn(state.inner.clone());
+    let discovery = config
+        .discovery
+        .as_ref()
+        .map(|d| discovery::spawn(&state, d));
     let (shutdown, mut rx) = watch::channel(false);
     let router = app(state.clone());
     let (limits, lifecycle) = (config.http.clone(), state.inner.lifecycle.clone());
@@ -117,6 +123,9 @@ pub async fn start(
         })
         .await;
         driver.abort();
+        for task in discovery.iter().flatten() {
+            task.abort();
+        }
     });
     Ok(RunningServer {
         addr,

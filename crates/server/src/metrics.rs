@@ -107,6 +107,10 @@ pub(crate) struct Metrics {
     pub(crate) upstream_timeouts: Counters,
     /// Answers whose `usage.prompt_tokens` differs from the router's own count, by worker.
     pub(crate) prompt_token_mismatches: Counters,
+    /// Discovered workers added, drained, revived and purged, by source and action.
+    pub(crate) discovery_changes: Counters,
+    /// Reconnects to a discovery source, by source.
+    pub(crate) discovery_reconnects: Counters,
 }
 
 impl Metrics {
@@ -132,6 +136,8 @@ impl Metrics {
             migrations: Counters::default(),
             upstream_timeouts: Counters::default(),
             prompt_token_mismatches: Counters::default(),
+            discovery_changes: Counters::default(),
+            discovery_reconnects: Counters::default(),
         }
     }
 
@@ -232,6 +238,16 @@ impl Metrics {
             out,
             "kvrouter_upstream_timeouts_total",
             "Worker requests that got no response headers in time, by request kind (stream, unary).",
+        );
+        self.discovery_changes.render(
+            out,
+            "kvrouter_discovery_changes_total",
+            "Discovered workers added, drained, revived, purged or refused, by source and action.",
+        );
+        self.discovery_reconnects.render(
+            out,
+            "kvrouter_discovery_reconnects_total",
+            "Times a discovery source's watch was lost and set up again, by source.",
         );
     }
 }

@@ -186,7 +186,14 @@ pub(crate) async fn add_worker(
         let _ = inner.lock_core().remove_worker(id);
         return Err(e);
     }
-    workers.insert(id, WorkerRecord { entry, subscribers });
+    workers.insert(
+        id,
+        WorkerRecord {
+            entry,
+            subscribers,
+            draining: false,
+        },
+    );
     Ok(id)
 }
 
@@ -226,6 +233,50 @@ pub(crate) fn remove_worker(state: &AppState, id: WorkerId) -> Result<WorkerEntr
     };
     let _ = state.inner.lock_core().remove_worker(id);
     Ok(record.entry.clone())
+}
+
+/// Takes a worker out of rotation because its discovery source removed it: no new requests,
+/// requests in flight go on (failed streams migrate per `--migration-limit`), its subscribers and
+/// index entries stay until [`remove_worker`] purges it. Returns whether it is registered.
+pub(crate) fn drain_worker(state: &AppState, id: WorkerId) -> bool {
+    let mut workers = state.inner.workers.lock().expect("workers lock");
+    let Some(record) = workers.get_mut(&id) else {
+        return false;
+    };
+    record.draining = true;
+    state.inner.lock_core().set_available(id, false);
+    true
+}
+
+/// Puts a draining worker back into rotation (it registered again, unchanged), unless health
+/// checks hold it out. Its subscribers were kept: they re-sync the index when its KV event
+/// publisher comes back. Returns whether it is registered.
+pub(crate) fn revive_worker(state: &AppState, id: WorkerId) -> bool {
+    let mut workers = state.inner.workers.lock().expect("workers lock");
+    let Some(record) = workers.get_mut(&id) else {
+        return false;
+    };
+    record.draining = false;
+    if !state.inner.health.is_unhealthy(id) {
+        state.inner.lock_core().set_available(id, true);
+    }
+    drop(workers);
+    state.inner.wake_queue();
+    true
+}
+
+/// Whether a worker is draining (removed by its discovery source, not yet purged).
+pub(crate) fn is_draining(state: &AppState, id: WorkerId) -> bool {
+    with_record(state, id, |r| r.draining).unwrap_or(false)
+}
+
+fn with_record<T>(
+    state: &AppState,
+    id: WorkerId,
+    read: impl FnOnce(&WorkerRecord) -> T,
+) -> Option<T> {
+    let workers = state.inner.workers.lock().expect("workers lock");
+    workers.get(&id).map(read)
 }
 
 /// Reads a registered worker's entry.

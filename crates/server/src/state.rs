@@ -21,6 +21,8 @@ use tokio::task::JoinHandle;
 pub(crate) struct WorkerRecord {
     pub(crate) entry: WorkerEntry,
     pub(crate) subscribers: Vec<JoinHandle<()>>,
+    /// Removed by its discovery source: out of rotation until purged (or registered again).
+    pub(crate) draining: bool,
 }
 
 impl Drop for WorkerRecord {

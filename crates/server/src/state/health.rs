@@ -40,6 +40,10 @@ impl AppState {
     }
 
     fn mark_healthy(&self, worker: WorkerId) {
+        if crate::registry::is_draining(self, worker) {
+            // Removed by its discovery source: it stays out of rotation until purged.
+            return;
+        }
         tracing::info!("worker {worker} is healthy again: back in the eligible set, cache cleared");
         let mut core = self.inner.lock_core();
         core.clear_worker_cache(worker);
