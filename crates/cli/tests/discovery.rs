@@ -1,0 +1,391 @@
+//! Worker discovery with real processes: a real etcd (Debian's `etcd-server`; the test fails,
+//! not skips, without it), `kvrouter serve --discovery etcd://...` with no listed workers, and
+//! `kvrouter mock-engine --register etcd://...` engines that come, crash, come back and stop.
+
+mod common;
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+
+const TOKEN: &str = "discovery-test-token";
+const PREFIX: &str = "/kvrouter-test/workers/";
+/// The engines' lease TTL: a crashed engine's key outlives it by this (plus etcd's expiry
+/// check, every 500 ms).
+const TTL_SECS: &str = "2";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A real etcd on free loopback ports with a temporary data dir; killed and removed on drop.
+struct Etcd {
+    child: Child,
+    dir: PathBuf,
+    client: String,
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn etcd_binary() -> PathBuf {
+    let candidates = ["/usr/bin/etcd", "/usr/local/bin/etcd"];
+    candidates
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "etcd is not installed (apt-get install etcd-server): this test needs a real etcd"
+            )
+        })
+}
+
+async fn start_etcd() -> Etcd {
+    let (client_port, peer_port) = (free_port(), free_port());
+    let dir = std::env::temp_dir().join(format!(
+        "kvrouter-etcd-{}-{client_port}",
+        std::process::id()
+    ));
+    let client = format!("http://127.0.0.1:{client_port}");
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    let child = Command::new(etcd_binary())
+        .args(["--name", "test", "--data-dir"])
+        .arg(&dir)
+        .args([
+            "--listen-client-urls",
+            &client,
+            "--advertise-client-urls",
+            &client,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+        ])
+        .args(["--initial-cluster", &format!("test={peer}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start etcd");
+    let etcd = Etcd { child, dir, client };
+    let http = reqwest::Client::new();
+    poll("etcd answers", Duration::from_secs(30), || async {
+        http.post(format!("{}/v3/kv/range", etcd.client))
+            .body(r#"{"key":"AA=="}"#)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    etcd
+}
+
+/// Polls `check` every 20 ms until it holds; panics naming `what` after `limit`.
+async fn poll<F, Fut>(what: &str, limit: Duration, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if check().await {
+            return start.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{what}: not within {limit:?}");
+}
+
+/// Whether `key` exists in etcd.
+async fn key_exists(http: &reqwest::Client, etcd: &str, key: &str) -> bool {
+    use std::fmt::Write;
+    // base64 by hand: the test needs no extra crate for one encoding.
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut b64 = String::new();
+    for c in key.as_bytes().chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            let _ = if i <= c.len() {
+                b64.write_char(A[(n >> (18 - 6 * i) & 63) as usize] as char)
+            } else {
+                b64.write_char('=')
+            };
+        }
+    }
+    let answer: Value = http
+        .post(format!("{etcd}/v3/kv/range"))
+        .body(format!(r#"{{"key":"{b64}"}}"#))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    answer["kvs"].as_array().is_some_and(|k| !k.is_empty())
+}
+
+/// The router's view of the worker at `url`: (id, state, cached GPU blocks).
+async fn worker(http: &reqwest::Client, router: &str, url: &str) -> Option<(u64, String, u64)> {
+    let list: Value = http
+        .get(format!("{router}/admin/workers"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    let w = list["workers"]
+        .as_array()?
+        .iter()
+        .find(|w| w["url"] == url)?;
+    Some((
+        w["id"].as_u64()?,
+        w["state"].as_str()?.to_owned(),
+        w["ranks"][0]["cached_gpu_blocks"].as_u64().unwrap_or(0),
+    ))
+}
+
+async fn state_is(http: &reqwest::Client, router: &str, url: &str, state: &str) -> bool {
+    worker(http, router, url)
+        .await
+        .is_some_and(|w| w.1 == state)
+}
+
+/// One completion; the id of the worker that answered it.
+async fn complete(http: &reqwest::Client, router: &str, prompt: &str) -> u64 {
+    let resp = http
+        .post(format!("{router}/v1/completions"))
+        .json(&serde_json::json!({"model": "mock-model", "prompt": prompt, "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    resp.headers()["x-kvrouter-worker"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+async fn engine(etcd: &str, http_port: u16, events_port: u16) -> common::Proc {
+    let (port, events) = (
+        http_port.to_string(),
+        format!("tcp://127.0.0.1:{events_port}"),
+    );
+    common::spawn(&[
+        "mock-engine",
+        "--port",
+        &port,
+        "--kv-events-endpoint",
+        &events,
+        "--block-size",
+        "16",
+        "--speedup-ratio",
+        "50",
+        "--register",
+        &format!("etcd://{}", &etcd[7..]),
+        "--register-prefix",
+        PREFIX,
+        "--register-ttl-secs",
+        TTL_SECS,
+    ])
+    .await
+}
+
+/// The sum of a counter family in the router's `/metrics`.
+async fn counter(http: &reqwest::Client, router: &str, name: &str) -> f64 {
+    let m = http
+        .get(format!("{router}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    m.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn resyncs(metrics: &str, worker: u64) -> f64 {
+    let label = format!("worker=\"{worker}\"");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("kvrouter_kv_stream_resyncs_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_registered_in_etcd_are_routed_to_drained_on_lease_expiry_and_revived() {
+    let etcd = start_etcd().await;
+    let http = reqwest::Client::new();
+    let router = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--discovery",
+        &format!("etcd://{}", &etcd.client[7..]),
+        "--discovery-prefix",
+        PREFIX,
+        "--admin-token",
+        TOKEN,
+        "--router-mode",
+        "round-robin",
+        "--kv-cache-block-size",
+        "16",
+        "--health-check-interval-secs",
+        "0",
+        "--model-name",
+        "mock-model",
+    ])
+    .await;
+    let base = router.http();
+    let ports = [(free_port(), free_port()), (free_port(), free_port())];
+    let mut a = engine(&etcd.client, ports[0].0, ports[0].1).await;
+    let b = engine(&etcd.client, ports[1].0, ports[1].1).await;
+    let (url_a, url_b) = (a.http(), b.http());
+    for url in [&url_a, &url_b] {
+        poll("both engines discovered", Duration::from_secs(10), || {
+            state_is(&http, &base, url, "serving")
+        })
+        .await;
+    }
+    let id_a = worker(&http, &base, &url_a).await.unwrap().0;
+    let mut served = std::collections::BTreeSet::new();
+    for i in 0..4 {
+        served.insert(complete(&http, &base, &format!("hello {i}")).await);
+    }
+    assert_eq!(served.len(), 2, "requests go to both discovered engines");
+
+    // kill -9: the lease is not revoked; the router drains the engine once etcd expires it.
+    a.child.start_kill().unwrap();
+    let _ = a.child.wait().await;
+    let key_a = format!("{PREFIX}{}", &url_a[7..]);
+    poll("the lease expires", Duration::from_secs(15), || {
+        let (http, etcd, key) = (&http, &etcd.client, &key_a);
+        async move { !key_exists(http, etcd, key).await }
+    })
+    .await;
+    let expired = Instant::now();
+    poll(
+        "the router drains the engine",
+        Duration::from_secs(5),
+        || state_is(&http, &base, &url_a, "leaving"),
+    )
+    .await;
+    let lag = expired.elapsed();
+    eprintln!("drained {lag:?} after the lease expiry was seen");
+    assert!(
+        lag <= Duration::from_secs(2),
+        "drained {lag:?} after the lease expired"
+    );
+    let retries = counter(&http, &base, "kvrouter_upstream_retries_total").await;
+    for i in 0..6 {
+        assert_ne!(
+            complete(&http, &base, &format!("after {i}")).await,
+            id_a,
+            "no new requests on a draining engine"
+        );
+    }
+    assert_eq!(
+        counter(&http, &base, "kvrouter_upstream_retries_total").await,
+        retries,
+        "no request was even tried on the draining engine"
+    );
+
+    // Back on the same ports: registered again, routed to again, its KV events re-synced.
+    let before = resyncs(
+        &http
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        id_a,
+    );
+    let _a = engine(&etcd.client, ports[0].0, ports[0].1).await;
+    poll(
+        "the engine is back in rotation",
+        Duration::from_secs(10),
+        || state_is(&http, &base, &url_a, "serving"),
+    )
+    .await;
+    assert_eq!(
+        worker(&http, &base, &url_a).await.unwrap().0,
+        id_a,
+        "the same worker"
+    );
+    poll(
+        "its KV event stream is re-synced",
+        Duration::from_secs(10),
+        || async {
+            let m = http
+                .get(format!("{base}/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            resyncs(&m, id_a) > before
+        },
+    )
+    .await;
+    let mut on_a = false;
+    for i in 0..6 {
+        on_a |= complete(
+            &http,
+            &base,
+            &format!("a long enough prompt to fill a block or two, number {i}"),
+        )
+        .await
+            == id_a;
+    }
+    assert!(on_a, "requests reach the engine again");
+    poll(
+        "its KV events reach the index again",
+        Duration::from_secs(10),
+        || async { worker(&http, &base, &url_a).await.is_some_and(|w| w.2 > 0) },
+    )
+    .await;
+
+    // A clean stop revokes the lease: drained at once, not after the TTL.
+    let pid = b.child.id().unwrap().to_string();
+    let stopped = Instant::now();
+    assert!(std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    poll(
+        "a cleanly stopped engine is drained",
+        Duration::from_secs(5),
+        || state_is(&http, &base, &url_b, "leaving"),
+    )
+    .await;
+    assert!(
+        stopped.elapsed() < Duration::from_secs(1),
+        "revoked, not expired: {:?}",
+        stopped.elapsed()
+    );
+}
