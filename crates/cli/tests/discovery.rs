@@ -3,7 +3,10 @@
 //! `kvrouter mock-engine --register etcd://...` engines that come, crash, come back and stop.
 
 mod common;
+#[path = "discovery/kubernetes.rs"]
+mod kubernetes;
 
+use futures::StreamExt;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -15,6 +18,8 @@ const PREFIX: &str = "/kvrouter-test/workers/";
 /// The engines' lease TTL: a crashed engine's key outlives it by this (plus etcd's expiry
 /// check, every 500 ms).
 const TTL_SECS: &str = "2";
+/// The router's drain grace period: a removed worker is purged this long after its removal.
+const GRACE_SECS: &str = "6";
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -183,7 +188,8 @@ async fn complete(http: &reqwest::Client, router: &str, prompt: &str) -> u64 {
         .unwrap()
 }
 
-async fn engine(etcd: &str, http_port: u16, events_port: u16) -> common::Proc {
+/// A mock engine that registers itself in etcd; `speedup` divides its modelled times.
+async fn engine(etcd: &str, http_port: u16, events_port: u16, speedup: &str) -> common::Proc {
     let (port, events) = (
         http_port.to_string(),
         format!("tcp://127.0.0.1:{events_port}"),
@@ -197,7 +203,7 @@ async fn engine(etcd: &str, http_port: u16, events_port: u16) -> common::Proc {
         "--block-size",
         "16",
         "--speedup-ratio",
-        "50",
+        speedup,
         "--register",
         &format!("etcd://{}", &etcd[7..]),
         "--register-prefix",
@@ -245,6 +251,8 @@ async fn engines_registered_in_etcd_are_routed_to_drained_on_lease_expiry_and_re
         &format!("etcd://{}", &etcd.client[7..]),
         "--discovery-prefix",
         PREFIX,
+        "--discovery-drain-grace-secs",
+        GRACE_SECS,
         "--admin-token",
         TOKEN,
         "--router-mode",
@@ -259,8 +267,9 @@ async fn engines_registered_in_etcd_are_routed_to_drained_on_lease_expiry_and_re
     .await;
     let base = router.http();
     let ports = [(free_port(), free_port()), (free_port(), free_port())];
-    let mut a = engine(&etcd.client, ports[0].0, ports[0].1).await;
-    let b = engine(&etcd.client, ports[1].0, ports[1].1).await;
+    let mut a = engine(&etcd.client, ports[0].0, ports[0].1, "50").await;
+    // B runs at real speed, so a long stream is still in flight when it stops.
+    let b = engine(&etcd.client, ports[1].0, ports[1].1, "1").await;
     let (url_a, url_b) = (a.http(), b.http());
     for url in [&url_a, &url_b] {
         poll("both engines discovered", Duration::from_secs(10), || {
@@ -323,7 +332,7 @@ async fn engines_registered_in_etcd_are_routed_to_drained_on_lease_expiry_and_re
             .unwrap(),
         id_a,
     );
-    let _a = engine(&etcd.client, ports[0].0, ports[0].1).await;
+    let _a = engine(&etcd.client, ports[0].0, ports[0].1, "50").await;
     poll(
         "the engine is back in rotation",
         Duration::from_secs(10),
@@ -369,7 +378,22 @@ async fn engines_registered_in_etcd_are_routed_to_drained_on_lease_expiry_and_re
     )
     .await;
 
-    // A clean stop revokes the lease: drained at once, not after the TTL.
+    // A clean stop revokes the lease: drained at once, not after the TTL; a stream in flight
+    // on it finishes.
+    let id_b = worker(&http, &base, &url_b).await.unwrap().0;
+    let resp = http
+        .post(format!("{base}/v1/completions"))
+        .header("x-kvrouter-worker-id", id_b.to_string())
+        .json(&serde_json::json!({"model": "mock-model", "prompt": "a long one", "max_tokens": 200, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.headers()["x-kvrouter-worker"].to_str().unwrap(),
+        id_b.to_string()
+    );
+    let mut stream = resp.bytes_stream();
+    let mut text = String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()).into_owned();
     let pid = b.child.id().unwrap().to_string();
     let stopped = Instant::now();
     assert!(std::process::Command::new("kill")
@@ -387,5 +411,28 @@ async fn engines_registered_in_etcd_are_routed_to_drained_on_lease_expiry_and_re
         stopped.elapsed() < Duration::from_secs(1),
         "revoked, not expired: {:?}",
         stopped.elapsed()
+    );
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(60), stream.next())
+        .await
+        .expect("the in-flight stream goes on")
+    {
+        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    assert!(
+        text.contains("\"finish_reason\":\"length\"") && text.contains("[DONE]"),
+        "the stream in flight on the drained engine finished: {}",
+        &text[text.len().saturating_sub(300)..]
+    );
+    // After the grace period the drained worker and its index entries are gone.
+    let gone = poll(
+        "the drained engine is purged",
+        Duration::from_secs(15),
+        || async { worker(&http, &base, &url_b).await.is_none() },
+    )
+    .await;
+    let since_stop = stopped.elapsed();
+    assert!(
+        since_stop >= Duration::from_secs(5),
+        "purged {since_stop:?} after the stop ({gone:?} of polling): before the grace period"
     );
 }

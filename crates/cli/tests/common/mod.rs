@@ -43,8 +43,15 @@ impl Proc {
 
 /// Starts `kvrouter ARGS` and waits (bounded) for its startup line.
 pub async fn spawn(args: &[&str]) -> Proc {
+    spawn_with_env(args, &[]).await
+}
+
+/// Starts `kvrouter ARGS` with extra environment variables and waits (bounded) for its
+/// startup line.
+pub async fn spawn_with_env(args: &[&str], env: &[(&str, &str)]) -> Proc {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)

@@ -14,6 +14,7 @@
 pub(crate) mod backoff;
 pub(crate) mod driver;
 pub mod etcd;
+pub mod kubernetes;
 pub(crate) mod membership;
 
 use crate::config::WorkerEntry;
@@ -47,10 +48,20 @@ pub(crate) fn spawn(state: &AppState, config: &DiscoveryConfig) -> [JoinHandle<(
             reconnected,
             tx,
         )),
-        DiscoverySource::Kubernetes { .. } => tokio::spawn(async move {
-            let _ = (tx, reconnected);
-            tracing::error!("kubernetes discovery is not built yet");
-        }),
+        DiscoverySource::Kubernetes {
+            selector,
+            namespace,
+            port_name,
+        } => tokio::spawn(kubernetes::run(
+            kubernetes::Settings {
+                selector: selector.clone(),
+                namespace: namespace.clone(),
+                port_name: port_name.clone(),
+                backoff_max: config.backoff_max,
+            },
+            reconnected,
+            tx,
+        )),
     };
     let driver = tokio::spawn(driver::run(state.clone(), name, config.drain_grace, rx));
     [source, driver]
