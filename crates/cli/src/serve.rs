@@ -136,8 +136,9 @@ pub(crate) struct ServeArgs {
     kv_event_replay_timeout_secs: f64,
     #[command(flatten)]
     http: HttpArgs,
+    /// Boxed: keeps `ServeArgs` (and the subcommand enum) small.
     #[command(flatten)]
-    discovery: crate::discovery_args::DiscoveryArgs,
+    discovery: Box<crate::discovery_args::DiscoveryArgs>,
 }
 
 /// Client-connection timeouts and the shutdown grace period (`serve` and `mock-engine`).

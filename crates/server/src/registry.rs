@@ -265,20 +265,6 @@ pub(crate) fn revive_worker(state: &AppState, id: WorkerId) -> bool {
     true
 }
 
-/// Whether a worker is draining (removed by its discovery source, not yet purged).
-pub(crate) fn is_draining(state: &AppState, id: WorkerId) -> bool {
-    with_record(state, id, |r| r.draining).unwrap_or(false)
-}
-
-fn with_record<T>(
-    state: &AppState,
-    id: WorkerId,
-    read: impl FnOnce(&WorkerRecord) -> T,
-) -> Option<T> {
-    let workers = state.inner.workers.lock().expect("workers lock");
-    workers.get(&id).map(read)
-}
-
 /// Reads a registered worker's entry.
 fn with_entry<T>(
     state: &AppState,

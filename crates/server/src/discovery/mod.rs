@@ -18,11 +18,11 @@ pub mod kubernetes;
 pub(crate) mod membership;
 
 use crate::config::WorkerEntry;
+pub use crate::config::{DiscoveryConfig, DiscoverySource};
 use crate::state::AppState;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -126,77 +126,6 @@ pub(crate) enum SourceEvent {
         /// Its key.
         key: String,
     },
-}
-
-/// Where workers are discovered.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DiscoverySource {
-    /// etcd: every key under `prefix` holds a JSON [`Registration`].
-    Etcd {
-        /// The client URL, `http://host:port`.
-        endpoint: String,
-        /// Key prefix, e.g. `/kvrouter/workers/`.
-        prefix: String,
-    },
-    /// Kubernetes EndpointSlices of the services whose pods match a label selector.
-    Kubernetes {
-        /// Label selector of the EndpointSlices (`app=vllm`): the service's labels.
-        selector: String,
-        /// Namespace (`None`: the kube config's default namespace).
-        namespace: Option<String>,
-        /// Name of the endpoint port to route to (`None`: the first port).
-        port_name: Option<String>,
-    },
-}
-
-/// `kvrouter serve --discovery ...`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DiscoveryConfig {
-    /// The source.
-    pub source: DiscoverySource,
-    /// How long a removed worker keeps its index entries (it gets no new requests meanwhile).
-    pub drain_grace: Duration,
-    /// The longest wait between reconnects to the source.
-    pub backoff_max: Duration,
-}
-
-impl DiscoveryConfig {
-    /// Reads `--discovery` (`etcd://HOST:PORT` or `kubernetes`) with its companion flags.
-    pub fn parse(
-        spec: &str,
-        prefix: &str,
-        selector: Option<&str>,
-        namespace: Option<&str>,
-        port_name: Option<&str>,
-    ) -> Result<DiscoverySource, String> {
-        if let Some(rest) = spec.strip_prefix("etcd://") {
-            if rest.is_empty() || rest.contains('/') {
-                return Err(format!(
-                    "--discovery {spec}: expected etcd://HOST:PORT (etcd's client address)"
-                ));
-            }
-            if prefix.is_empty() {
-                return Err("--discovery-prefix must not be empty".into());
-            }
-            return Ok(DiscoverySource::Etcd {
-                endpoint: format!("http://{rest}"),
-                prefix: prefix.to_owned(),
-            });
-        }
-        if spec == "kubernetes" {
-            let selector = selector
-                .filter(|s| !s.trim().is_empty())
-                .ok_or("--discovery kubernetes needs --selector (e.g. app=vllm)")?;
-            return Ok(DiscoverySource::Kubernetes {
-                selector: selector.to_owned(),
-                namespace: namespace.map(str::to_owned),
-                port_name: port_name.map(str::to_owned),
-            });
-        }
-        Err(format!(
-            "--discovery {spec}: expected etcd://HOST:PORT or kubernetes"
-        ))
-    }
 }
 
 #[cfg(test)]

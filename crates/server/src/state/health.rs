@@ -40,7 +40,10 @@ impl AppState {
     }
 
     fn mark_healthy(&self, worker: WorkerId) {
-        if crate::registry::is_draining(self, worker) {
+        let draining = (self.inner.workers.lock().expect("workers lock"))
+            .get(&worker)
+            .is_some_and(|r| r.draining);
+        if draining {
             // Removed by its discovery source: it stays out of rotation until purged.
             return;
         }
