@@ -436,3 +436,59 @@ async fn engines_registered_in_etcd_are_routed_to_drained_on_lease_expiry_and_re
         "purged {since_stop:?} after the stop ({gone:?} of polling): before the grace period"
     );
 }
+
+/// Runs `kvrouter ARGS`, which must fail; returns its stderr.
+async fn fails(args: &[&str]) -> String {
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("exits in time")
+    .unwrap();
+    assert!(!out.status.success(), "{args:?} must fail");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn bad_discovery_flags_are_refused_naming_the_flag() {
+    let e = fails(&["serve", "--port", "0", "--discovery", "kubernetes"]).await;
+    assert!(e.contains("--selector"), "{e}");
+    let e = fails(&["serve", "--port", "0", "--discovery", "zk://h:1"]).await;
+    assert!(e.contains("--discovery zk://h:1"), "{e}");
+    let e = fails(&[
+        "serve",
+        "--port",
+        "0",
+        "--discovery",
+        "etcd://h:1",
+        "--discovery-drain-grace-secs=-1",
+    ])
+    .await;
+    assert!(e.contains("--discovery-drain-grace-secs"), "{e}");
+    let e = fails(&[
+        "mock-engine",
+        "--port",
+        "0",
+        "--register",
+        "etcd://127.0.0.1:1",
+        "--register-ttl-secs",
+        "0",
+    ])
+    .await;
+    assert!(e.contains("--register-ttl-secs"), "{e}");
+    // Nothing listens there: a clear error, not a hang.
+    let port = free_port().to_string();
+    let e = fails(&[
+        "mock-engine",
+        "--port",
+        "0",
+        "--register",
+        &format!("etcd://127.0.0.1:{port}"),
+    ])
+    .await;
+    assert!(e.contains("--register etcd://127.0.0.1:"), "{e}");
+}
