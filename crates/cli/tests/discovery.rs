@@ -3,15 +3,15 @@
 //! `kvrouter mock-engine --register etcd://...` engines that come, crash, come back and stop.
 
 mod common;
+#[path = "discovery/etcd.rs"]
+mod etcd;
 #[path = "discovery/kubernetes.rs"]
 mod kubernetes;
 
 use futures::StreamExt;
 use serde_json::Value;
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 const TOKEN: &str = "discovery-test-token";
 const PREFIX: &str = "/kvrouter-test/workers/";
@@ -29,75 +29,6 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A real etcd on free loopback ports with a temporary data dir; killed and removed on drop.
-struct Etcd {
-    child: Child,
-    dir: PathBuf,
-    client: String,
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn etcd_binary() -> PathBuf {
-    let candidates = ["/usr/bin/etcd", "/usr/local/bin/etcd"];
-    candidates
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .unwrap_or_else(|| {
-            panic!(
-                "etcd is not installed (apt-get install etcd-server): this test needs a real etcd"
-            )
-        })
-}
-
-async fn start_etcd() -> Etcd {
-    let (client_port, peer_port) = (free_port(), free_port());
-    let dir = std::env::temp_dir().join(format!(
-        "kvrouter-etcd-{}-{client_port}",
-        std::process::id()
-    ));
-    let client = format!("http://127.0.0.1:{client_port}");
-    let peer = format!("http://127.0.0.1:{peer_port}");
-    let child = Command::new(etcd_binary())
-        .args(["--name", "test", "--data-dir"])
-        .arg(&dir)
-        .args([
-            "--listen-client-urls",
-            &client,
-            "--advertise-client-urls",
-            &client,
-        ])
-        .args([
-            "--listen-peer-urls",
-            &peer,
-            "--initial-advertise-peer-urls",
-            &peer,
-        ])
-        .args(["--initial-cluster", &format!("test={peer}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start etcd");
-    let etcd = Etcd { child, dir, client };
-    let http = reqwest::Client::new();
-    poll("etcd answers", Duration::from_secs(30), || async {
-        http.post(format!("{}/v3/kv/range", etcd.client))
-            .body(r#"{"key":"AA=="}"#)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    })
-    .await;
-    etcd
-}
-
 /// Polls `check` every 20 ms until it holds; panics naming `what` after `limit`.
 async fn poll<F, Fut>(what: &str, limit: Duration, mut check: F) -> Duration
 where
@@ -112,36 +43,6 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("{what}: not within {limit:?}");
-}
-
-/// Whether `key` exists in etcd.
-async fn key_exists(http: &reqwest::Client, etcd: &str, key: &str) -> bool {
-    use std::fmt::Write;
-    // base64 by hand: the test needs no extra crate for one encoding.
-    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut b64 = String::new();
-    for c in key.as_bytes().chunks(3) {
-        let n = (u32::from(c[0]) << 16)
-            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*c.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            let _ = if i <= c.len() {
-                b64.write_char(A[(n >> (18 - 6 * i) & 63) as usize] as char)
-            } else {
-                b64.write_char('=')
-            };
-        }
-    }
-    let answer: Value = http
-        .post(format!("{etcd}/v3/kv/range"))
-        .body(format!(r#"{{"key":"{b64}"}}"#))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    answer["kvs"].as_array().is_some_and(|k| !k.is_empty())
 }
 
 /// The router's view of the worker at `url`: (id, state, cached GPU blocks).
@@ -241,7 +142,7 @@ fn resyncs(metrics: &str, worker: u64) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engines_registered_in_etcd_are_routed_to_drained_on_lease_expiry_and_revived() {
-    let etcd = start_etcd().await;
+    let etcd = etcd::start_etcd().await;
     let http = reqwest::Client::new();
     let router = common::spawn(&[
         "serve",
@@ -271,12 +172,19 @@ async fn engines_registered_in_etcd_are_routed_to_drained_on_lease_expiry_and_re
     // B runs at real speed, so a long stream is still in flight when it stops.
     let b = engine(&etcd.client, ports[1].0, ports[1].1, "1").await;
     let (url_a, url_b) = (a.http(), b.http());
+    // Each engine printed its startup line after its key was written: routed to within 2 s.
+    let registered = Instant::now();
     for url in [&url_a, &url_b] {
         poll("both engines discovered", Duration::from_secs(10), || {
             state_is(&http, &base, url, "serving")
         })
         .await;
     }
+    let lag = registered.elapsed();
+    assert!(
+        lag <= Duration::from_secs(2),
+        "serving {lag:?} after registering"
+    );
     let id_a = worker(&http, &base, &url_a).await.unwrap().0;
     let mut served = std::collections::BTreeSet::new();
     for i in 0..4 {
@@ -290,7 +198,7 @@ async fn engines_registered_in_etcd_are_routed_to_drained_on_lease_expiry_and_re
     let key_a = format!("{PREFIX}{}", &url_a[7..]);
     poll("the lease expires", Duration::from_secs(15), || {
         let (http, etcd, key) = (&http, &etcd.client, &key_a);
-        async move { !key_exists(http, etcd, key).await }
+        async move { !etcd::key_exists(http, etcd, key).await }
     })
     .await;
     let expired = Instant::now();
@@ -333,12 +241,16 @@ async fn engines_registered_in_etcd_are_routed_to_drained_on_lease_expiry_and_re
         id_a,
     );
     let _a = engine(&etcd.client, ports[0].0, ports[0].1, "50").await;
-    poll(
+    let lag = poll(
         "the engine is back in rotation",
         Duration::from_secs(10),
         || state_is(&http, &base, &url_a, "serving"),
     )
     .await;
+    assert!(
+        lag <= Duration::from_secs(2),
+        "back {lag:?} after registering again"
+    );
     assert_eq!(
         worker(&http, &base, &url_a).await.unwrap().0,
         id_a,

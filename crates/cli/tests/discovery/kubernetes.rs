@@ -7,7 +7,7 @@
 use super::{complete, poll, state_is, worker, TOKEN};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Json;
 use serde_json::{json, Value};
@@ -67,7 +67,7 @@ async fn slices(State(f): State<Arc<Fake>>, Query(q): Query<HashMap<String, Stri
             "metadata": {"resourceVersion": "100"},
             "items": [slice(&f, 0, true, "90"), slice(&f, 1, true, "91")],
         });
-        return Json(list).into_response_();
+        return Json(list).into_response();
     }
     let mut step = f.step.clone();
     let line = match watches {
@@ -106,16 +106,6 @@ async fn pod(State(f): State<Arc<Fake>>, Path(name): Path<String>) -> Json<Value
             },
         },
     }))
-}
-
-trait IntoResponse_ {
-    fn into_response_(self) -> Response;
-}
-
-impl IntoResponse_ for Json<Value> {
-    fn into_response_(self) -> Response {
-        axum::response::IntoResponse::into_response(self)
-    }
 }
 
 /// Serves the fake API on a free loopback port; returns its URL.
