@@ -121,12 +121,17 @@ class KvrouterServer:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    def log(self, tail_chars: int = 4000) -> str:
-        """The end of the router's stderr."""
+    def log(self, limit_chars: int = 4000) -> str:
+        """The router's stderr; past ``limit_chars``, its beginning and end (an error's message
+        comes first, a backtrace after it)."""
         try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")[-tail_chars:]
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
             return ""
+        if len(text) <= limit_chars:
+            return text
+        half = limit_chars // 2
+        return f"{text[:half]}\n[... {len(text) - limit_chars} characters ...]\n{text[-half:]}"
 
     def client(self, **kwargs: Any) -> AsyncKvrouterClient:
         """An :class:`kvrouter.AsyncKvrouterClient` for this router (with its admin token)."""
