@@ -131,3 +131,19 @@ async def test_pause_resume_and_set_policy_version(serve: ServerFactory) -> None
     assert status.versions() == {0: 5, 1: 0} and status.newest_policy_version == 5
     assert pinned.provenance.worker == 0 and pinned.provenance.policy_version == 5
     assert sorted(w["id"] for w in workers) == [0, 1]
+
+
+async def test_workers_are_removed_and_registered_by_url(serve: ServerFactory) -> None:
+    server = serve(mock_workers=2)
+    async with server.client(model=MODEL) as client:
+        urls = {w["id"]: w["url"] for w in await client.admin.workers()}
+        await client.admin.remove_worker(1)
+        left = [w["id"] for w in await client.admin.workers()]
+        again = await client.admin.add_worker(urls[1])
+        with pytest.raises(ConflictError):
+            await client.admin.add_worker(urls[1])
+        after = {w["id"]: w["url"] for w in await client.admin.workers()}
+        served = {(await client.chat(HELLO, max_tokens=1, extra_headers={"x-kvrouter-worker-id": str(again)})).provenance.worker}
+    assert left == [0]
+    assert after[again] == urls[1] and again != 1
+    assert served == {again}

@@ -110,6 +110,17 @@ class AdminClient:
         workers: list[dict[str, Any]] = (await self._call("GET", "/workers"))["workers"]
         return workers
 
+    async def add_worker(self, url: str, **entry: Any) -> int:
+        """``POST /admin/workers``: registers an engine (``url``, plus any workers-file field:
+        ``kv_events_endpoint``, ``policy_version``, ``engine``, ...); returns its id. A URL
+        already registered is a :class:`kvrouter.ConflictError`."""
+        body = await self._call("POST", "/workers", {"url": url, **entry})
+        return int(body["id"])
+
+    async def remove_worker(self, worker: int) -> None:
+        """``DELETE /admin/workers/{id}``."""
+        await self._call("DELETE", f"/workers/{worker}")
+
     async def pause_worker(self, worker: int) -> None:
         """Takes a worker out of rotation without marking it failed (elastic membership)."""
         await self._call("POST", f"/workers/{worker}/pause")
