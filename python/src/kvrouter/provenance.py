@@ -57,7 +57,10 @@ class Provenance:
     @classmethod
     def from_headers(cls, headers: Mapping[str, str]) -> Provenance:
         raw = headers.get(h.DECISION)
-        decision = json.loads(raw) if raw else None
+        try:
+            decision = json.loads(raw) if raw else None
+        except ValueError:
+            decision = None
         return cls(
             worker=_int_header(headers, h.WORKER),
             policy_version=_int_header(headers, h.POLICY_VERSION),
