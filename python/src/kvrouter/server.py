@@ -99,9 +99,10 @@ class KvrouterServer:
         self._env = dict(os.environ if env is None else env)
         if admin_token is not None:
             self._env["KVROUTER_ADMIN_TOKEN"] = admin_token
-        self.log_path = Path(log_path) if log_path is not None else Path(
-            tempfile.mkstemp(prefix="kvrouter-serve-", suffix=".log")[1]
-        )
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix="kvrouter-serve-", suffix=".log")
+            os.close(fd)
+        self.log_path = Path(log_path)
         self._proc: subprocess.Popen[str] | None = None
         self._url: str | None = None
 
