@@ -8,6 +8,7 @@ mod mock_engine;
 mod routing_args;
 mod serve;
 mod sim;
+mod startup;
 
 use clap::{Parser, Subcommand};
 

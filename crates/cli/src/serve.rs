@@ -9,6 +9,7 @@ use kvrouter_server::{HealthConfig, ServeConfig, SessionReleaseAuth, WorkerEntry
 use kvrouter_tokenizer::ChatTemplate;
 
 use crate::routing_args::RoutingArgs;
+use crate::startup::TemplateSource;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -429,6 +430,40 @@ impl ServeArgs {
     }
 }
 
+impl ServeArgs {
+    /// Where `template` (the one [`ServeArgs::config`] chose) came from.
+    pub(crate) fn template_source(&self, template: &ChatTemplate) -> TemplateSource {
+        match (&self.chat_template, &self.tokenizer, template) {
+            (Some(p), _, _) => TemplateSource::Flag(p.display().to_string()),
+            (None, Some(_), ChatTemplate::Jinja { origin, .. }) => {
+                TemplateSource::TokenizerConfig(origin.clone())
+            }
+            (None, Some(tok), _) => TemplateSource::ChatMlFallback {
+                tokenizer: tok.display().to_string(),
+            },
+            (None, None, _) => TemplateSource::ChatMlDefault,
+        }
+    }
+}
+
+/// The startup lines after the first (crate::startup).
+fn startup_lines(args: &ServeArgs, server: &kvrouter_server::RunningServer) -> Vec<String> {
+    let config = server.state.config();
+    let template = args.template_source(&config.chat_template);
+    let tokenizer = match &args.tokenizer {
+        None => format!("{} (built-in; no --tokenizer)", config.tokenizer.name()),
+        Some(p) => format!("{} ({})", config.tokenizer.name(), p.display()),
+    };
+    crate::startup::lines(&crate::startup::Facts {
+        models: &server.state.model_names(),
+        block_size_tokens: config.router.kv_cache_block_size,
+        tokenizer,
+        template: &template,
+        kv_events: config.router.router_kv_events,
+        workers: &server.state.worker_entries(),
+    })
+}
+
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.config()?;
     let mock_engine = args.mock_engine(&config)?;
@@ -446,6 +481,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.routing.router_mode,
         server.state.worker_count()
     );
+    for line in startup_lines(&args, server) {
+        println!("{line}");
+    }
     shutdown_signal().await?;
     serving.stop().await;
     Ok(())
