@@ -6,7 +6,7 @@
 //! the result is parsed once more by clap, so validation stays in one place.
 
 use clap::parser::ValueSource;
-use clap::{Arg, ArgAction, ArgMatches, Command};
+use clap::{Arg, ArgAction, Command};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 
@@ -16,7 +16,6 @@ pub(crate) const CONFIG: &str = "config";
 pub(crate) const PRINT_CONFIG: &str = "print-config";
 /// Prefix of the environment variables.
 pub(crate) const ENV_PREFIX: &str = "KVROUTER_";
-const REDACTED: &str = "<redacted>";
 
 /// Adds `--config` and `--print-config` to every subcommand.
 pub(crate) fn augment(cmd: Command) -> Command {
@@ -73,7 +72,7 @@ struct FileValue {
 }
 
 /// Settable flags of a subcommand: long name -> arg (help, version and the config flags aside).
-fn settable(sub: &Command) -> impl Iterator<Item = &Arg> {
+pub(crate) fn settable(sub: &Command) -> impl Iterator<Item = &Arg> {
     sub.get_arguments().filter(|a| {
         a.get_long().is_some()
             && !a.is_positional()
@@ -143,7 +142,7 @@ fn scalar_text(v: &toml::Value) -> Option<String> {
     }
 }
 
-fn parse_bool(text: &str) -> Option<bool> {
+pub(crate) fn parse_bool(text: &str) -> Option<bool> {
     match text.trim().to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Some(true),
         "false" | "0" | "no" | "off" => Some(false),
@@ -284,7 +283,7 @@ pub(crate) fn layer(
         let from_env = env(&var);
         let from_file = file.get(long);
         let (source, blame) = match (&from_env, from_file) {
-            (Some(_), _) => (Source::Env(var.clone()), format!("{var}")),
+            (Some(_), _) => (Source::Env(var.clone()), var.clone()),
             (None, Some(f)) => (
                 Source::File { line: f.line },
                 format!("--config {config_name} line {}: key `{}`", f.line, f.key),
@@ -317,96 +316,6 @@ pub(crate) fn layer(
     })
 }
 
-/// TOML text of one flag's final value, typed by the flag's parser.
-fn value_text(arg: &Arg, raw: &str) -> String {
-    use std::any::TypeId;
-    let id = arg.get_value_parser().type_id();
-    macro_rules! is {
-        ($($t:ty),*) => { false $(|| id == TypeId::of::<$t>())* };
-    }
-    if is!(bool) {
-        if let Some(b) = parse_bool(raw) {
-            return toml::Value::Boolean(b).to_string();
-        }
-    }
-    if is!(u8, u16, u32, u64, usize, i8, i16, i32, i64, isize) {
-        if let Ok(i) = raw.parse::<i64>() {
-            return toml::Value::Integer(i).to_string();
-        }
-    }
-    if is!(f32, f64) {
-        if let Ok(f) = raw.parse::<f64>() {
-            return toml::Value::Float(f).to_string();
-        }
-    }
-    toml::Value::String(raw.to_owned()).to_string()
-}
-
-/// The effective configuration of the matched subcommand as TOML: every settable flag under its
-/// help heading, its source as a comment, secrets (flags whose environment values clap hides)
-/// redacted, unset flags commented out.
-pub(crate) fn print(
-    cmd: &Command,
-    matches: &ArgMatches,
-    sources: &BTreeMap<String, Source>,
-) -> String {
-    let Some((name, m)) = matches.subcommand() else {
-        return String::new();
-    };
-    let sub = cmd.find_subcommand(name).expect("matched subcommand");
-    let mut out = format!(
-        "# kvrouter {name}: effective configuration (command line > {ENV_PREFIX}<FLAG> environment > --config file > defaults)\n"
-    );
-    // Grouped like --help: headings in order of first appearance.
-    let mut headings: Vec<Option<&str>> = Vec::new();
-    for arg in settable(sub) {
-        if !headings.contains(&arg.get_help_heading()) {
-            headings.push(arg.get_help_heading());
-        }
-    }
-    let grouped = headings
-        .iter()
-        .flat_map(|h| settable(sub).filter(move |a| a.get_help_heading() == *h));
-    let mut heading: Option<&str> = None;
-    for arg in grouped {
-        let long = arg.get_long().expect("long");
-        if arg.get_help_heading() != heading {
-            heading = arg.get_help_heading();
-            out.push_str(&format!("\n# {}\n", heading.unwrap_or("Other")));
-        }
-        let raw: Vec<String> = m
-            .get_raw(arg.get_id().as_str())
-            .map(|vals| vals.map(|v| v.to_string_lossy().into_owned()).collect())
-            .unwrap_or_default();
-        let secret = arg.is_hide_env_values_set();
-        let many = matches!(arg.get_action(), ArgAction::Append);
-        let value = if raw.is_empty() && !many {
-            out.push_str(&format!("# {long}: unset\n"));
-            continue;
-        } else if secret {
-            toml::Value::String(REDACTED.into()).to_string()
-        } else if many {
-            format!(
-                "[{}]",
-                raw.iter()
-                    .map(|v| value_text(arg, v))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        } else {
-            value_text(arg, &raw[raw.len() - 1])
-        };
-        let from = match sources.get(long) {
-            Some(Source::CommandLine) => "  # command line".to_owned(),
-            Some(Source::Env(var)) => format!("  # environment {var}"),
-            Some(Source::File { line }) => format!("  # config file line {line}"),
-            None => String::new(),
-        };
-        out.push_str(&format!("{long} = {value}{from}\n"));
-    }
-    out
-}
-
 /// Parses the process's arguments with environment and config-file values merged in. `None`
 /// when `--print-config` printed the configuration (the caller exits). Errors exit with code 2.
 pub(crate) fn parse_args<C: clap::CommandFactory + clap::FromArgMatches>() -> Option<C> {
@@ -425,7 +334,10 @@ pub(crate) fn parse_args<C: clap::CommandFactory + clap::FromArgMatches>() -> Op
         .unwrap_or_else(|e| e.exit());
     if let Some((_, m)) = matches.subcommand() {
         if m.get_flag(PRINT_CONFIG) {
-            print!("{}", print(&cmd, &matches, &layered.sources));
+            print!(
+                "{}",
+                crate::print_config::print(&cmd, &matches, &layered.sources)
+            );
             return None;
         }
     }

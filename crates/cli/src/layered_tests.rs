@@ -1,6 +1,8 @@
 //! Flags > environment > config file > defaults, on the real `kvrouter` command.
 
 use super::*;
+use crate::print_config::print;
+use clap::ArgMatches;
 use clap::{CommandFactory, FromArgMatches};
 use std::collections::HashMap;
 

@@ -5,6 +5,7 @@ mod embedded;
 mod headings;
 mod layered;
 mod mock_engine;
+mod print_config;
 mod routing_args;
 mod serve;
 mod sim;
