@@ -18,6 +18,7 @@ for tool in buildah podman runc curl python3; do
     command -v "$tool" >/dev/null || { echo "smoke.sh: $tool not found (.ci/run installs it)" >&2; exit 1; }
 done
 timeout 300 "$here/build.sh" "$bin" "$tag"
+timeout 60 podman image prune -f >/dev/null 2>&1 || true   # earlier builds' layers
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 # At or below this shell's hard limits (raising them is refused here; NPROC even at the hard
 # limit), enough for the router.
