@@ -475,14 +475,22 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let serving =
         crate::embedded::Serving::start(config, &mock_engine, args.mock_workers, listener).await?;
     let server = &serving.server;
-    println!(
+    let first = format!(
         "kvrouter serve listening on http://{} mode={} workers={}",
         server.addr,
         args.routing.router_mode,
         server.state.worker_count()
     );
-    for line in startup_lines(&args, server) {
-        println!("{line}");
+    // Best effort: a reader may take the first line and close the pipe (scripts, tests), or
+    // stdout may be closed; neither may take the router down (println! would panic).
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        for line in std::iter::once(first).chain(startup_lines(&args, server)) {
+            if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+                break;
+            }
+        }
     }
     shutdown_signal().await?;
     serving.stop().await;

@@ -116,3 +116,65 @@ async fn startup_says_when_the_chatml_fallback_was_taken() {
         "{line}"
     );
 }
+
+#[tokio::test]
+async fn a_closed_stdout_does_not_stop_the_router() {
+    // A free port, taken by the router below (it may be taken by someone else in between:
+    // then the router fails to bind and the test fails loudly, not wrongly).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // Its stdout is a socket whose other end is closed before it starts: every write fails
+    // with EPIPE, as when a reader took the first line and went away.
+    let (theirs, ours) = std::os::unix::net::UnixStream::pair().unwrap();
+    drop(ours);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args(["serve", "--mock-workers", "2", "--port", &port.to_string()])
+        .stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start kvrouter");
+    let url = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = client
+            .get(format!("{url}/ready"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200);
+        if ready {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the router exited (its stdout was closed)"
+        );
+        assert!(tokio::time::Instant::now() < deadline, "not ready in 60 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for i in 0..5 {
+        let r = client
+            .post(format!("{url}/v1/chat/completions"))
+            .timeout(Duration::from_secs(30))
+            .json(&serde_json::json!({
+                "model": "mock-model", "max_tokens": 2,
+                "messages": [{"role": "user", "content": format!("hello {i}")}]
+            }))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(r.status(), 200, "request {i}");
+    }
+    // A router whose write failed used to panic and exit (code 101) a moment later, while its
+    // runtime wound down: it must still be running 5 s on.
+    let exited = timeout(Duration::from_secs(5), child.wait()).await;
+    assert!(
+        exited.is_err(),
+        "the router exited after writing to a closed stdout: {exited:?}"
+    );
+}
