@@ -3,10 +3,14 @@
 mod bench;
 mod discovery_args;
 mod embedded;
+mod headings;
+mod layered;
 mod mock_engine;
+mod print_config;
 mod routing_args;
 mod serve;
 mod sim;
+mod startup;
 
 use clap::{Parser, Subcommand};
 
@@ -44,7 +48,10 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    // Flags, then KVROUTER_<FLAG> variables, then --config FILE, then defaults (layered.rs).
+    let Some(cli) = layered::parse_args::<Cli>() else {
+        return Ok(()); // --print-config
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -1,5 +1,6 @@
 //! Routing flags shared by `serve` and `sim`, named as in the seeds' frontend.
 
+use crate::headings as H;
 use anyhow::Context;
 use clap::Args;
 use kvrouter_core::policy::RouterMode;
@@ -9,86 +10,86 @@ use kvrouter_core::router::{KvRetention, RouterConfig};
 #[derive(Debug, Args)]
 pub(crate) struct RoutingArgs {
     /// Selection policy: round-robin, random, least-loaded, power-of-two, kv, direct.
-    #[arg(long, default_value = "kv")]
+    #[arg(help_heading = H::ROUTING, long, default_value = "kv")]
     pub(crate) router_mode: String,
     /// Sampling temperature of the KV policy (0 = lowest cost).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(help_heading = H::ROUTING, long, default_value_t = 0.0)]
     router_temperature: f64,
     /// Credit per GPU-cached block.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(help_heading = H::ROUTING, long, default_value_t = 1.0)]
     router_kv_overlap_score_credit: f64,
     /// Decay of the credit on workers with excess prefill load.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(help_heading = H::ROUTING, long, default_value_t = 0.0)]
     router_kv_overlap_score_credit_decay: f64,
     /// Weight of the prefill term.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(help_heading = H::ROUTING, long, default_value_t = 1.0)]
     router_prefill_load_scale: f64,
     /// Block-equivalent cost per active request.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(help_heading = H::ROUTING, long, default_value_t = 0.0)]
     router_decode_active_request_weight: f64,
     /// KV-aware routing without cache credit (load only).
-    #[arg(long)]
+    #[arg(help_heading = H::ROUTING, long)]
     load_aware: bool,
     /// Predict cache state from routing decisions instead of engine KV events.
-    #[arg(long)]
+    #[arg(help_heading = H::KV_EVENTS, long)]
     no_router_kv_events: bool,
     /// Predicted-placement window next to the event-fed index, seconds.
-    #[arg(long)]
+    #[arg(help_heading = H::KV_EVENTS, long)]
     router_predicted_ttl_secs: Option<f64>,
     /// Time-to-live of predicted blocks without KV events, seconds.
-    #[arg(long, default_value_t = 120.0)]
+    #[arg(help_heading = H::KV_EVENTS, long, default_value_t = 120.0)]
     router_ttl_secs: f64,
     /// A worker is busy above this fraction of its KV capacity in active decode blocks.
-    #[arg(long)]
+    #[arg(help_heading = H::ADMISSION, long)]
     active_decode_blocks_threshold: Option<f64>,
     /// A worker is busy above this many active prefill tokens.
-    #[arg(long)]
+    #[arg(help_heading = H::ADMISSION, long)]
     active_prefill_tokens_threshold: Option<u64>,
     /// A worker is busy above this fraction of its max_num_batched_tokens in prefill tokens.
-    #[arg(long)]
+    #[arg(help_heading = H::ADMISSION, long)]
     active_prefill_tokens_threshold_frac: Option<f64>,
     /// Queue requests while every eligible worker's active prefill tokens exceed this fraction
     /// of its max_num_batched_tokens (unset = no router queue).
-    #[arg(long)]
+    #[arg(help_heading = H::ADMISSION, long)]
     router_queue_threshold: Option<f64>,
     /// Order of the router queue: fcfs, wspt, priority or group-tail (RL groups closest to done
     /// first).
-    #[arg(long, default_value = "fcfs")]
+    #[arg(help_heading = H::ADMISSION, long, default_value = "fcfs")]
     router_queue_policy: String,
     /// Most requests waiting in the router queue (beyond: HTTP 529).
-    #[arg(long, default_value_t = kvrouter_core::router::DEFAULT_QUEUE_MAX_REQUESTS)]
+    #[arg(help_heading = H::ADMISSION, long, default_value_t = kvrouter_core::router::DEFAULT_QUEUE_MAX_REQUESTS)]
     router_queue_max_requests: usize,
     /// Longest a request waits in the router queue, for load, a policy version or a paused
     /// worker; then it fails (HTTP 503 naming what it waited for).
-    #[arg(long, default_value_t = kvrouter_core::router::DEFAULT_QUEUE_MAX_WAIT_SECS)]
+    #[arg(help_heading = H::ADMISSION, long, default_value_t = kvrouter_core::router::DEFAULT_QUEUE_MAX_WAIT_SECS)]
     router_queue_max_wait_secs: f64,
     /// Most prompt tokens waiting in the router queue (beyond: HTTP 529).
-    #[arg(long)]
+    #[arg(help_heading = H::ADMISSION, long)]
     router_queue_max_tokens: Option<u64>,
     /// Answer HTTP 529 (instead of 503) when every eligible worker is over the busy thresholds.
-    #[arg(long)]
+    #[arg(help_heading = H::ADMISSION, long)]
     reject_when_overloaded: bool,
     /// Keep a session's turns (x-session-id) on its worker for this long after each turn.
-    #[arg(long)]
+    #[arg(help_heading = H::SESSIONS, long)]
     router_session_affinity_ttl_secs: Option<f64>,
     /// RL groups (x-kvrouter-group-id): siblings follow their group's worker while it carries at
     /// most this many more active requests than the least-loaded one (0 = off)
-    #[arg(long, default_value_t = 0)]
+    #[arg(help_heading = H::RL, long, default_value_t = 0)]
     router_group_max_skew: u32,
     /// KV retention across policy versions: flush (forget a worker's cached blocks when it loads
     /// new weights) or retain (keep cross-version prefix reuse).
-    #[arg(long, default_value = "flush")]
+    #[arg(help_heading = H::RL, long, default_value = "flush")]
     kv_retention: String,
     /// Most blocks the index keeps per worker rank and tier when the worker declares no
     /// kv_capacity_blocks (a declared capacity bounds it instead); beyond it the oldest leaves
     /// are evicted (kvrouter_index_evictions_total).
-    #[arg(long, default_value_t = kvrouter_core::router::DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER)]
+    #[arg(help_heading = H::KV_EVENTS, long, default_value_t = kvrouter_core::router::DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER)]
     router_index_max_blocks_per_worker: usize,
     /// KV block size in tokens; must match the engines.
-    #[arg(long, default_value_t = 64)]
+    #[arg(help_heading = H::ROUTING, long, default_value_t = 64)]
     pub(crate) kv_cache_block_size: usize,
     /// Seed of the randomized policies.
-    #[arg(long, default_value_t = 0)]
+    #[arg(help_heading = H::ROUTING, long, default_value_t = 0)]
     seed: u64,
 }
 

@@ -1,5 +1,6 @@
 //! `kvrouter serve`.
 
+use crate::headings as H;
 use anyhow::{bail, Context};
 use clap::Args;
 use kvrouter_engine::EngineConfig;
@@ -8,6 +9,7 @@ use kvrouter_server::{HealthConfig, ServeConfig, SessionReleaseAuth, WorkerEntry
 use kvrouter_tokenizer::ChatTemplate;
 
 use crate::routing_args::RoutingArgs;
+use crate::startup::TemplateSource;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -15,124 +17,124 @@ use std::sync::Arc;
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
     /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(help_heading = H::LISTEN, long, default_value = "127.0.0.1")]
     host: String,
     /// Port to listen on (0 picks a free one).
-    #[arg(long, default_value_t = 8000)]
+    #[arg(help_heading = H::LISTEN, long, default_value_t = 8000)]
     port: u16,
     /// A worker's base URL (repeatable), e.g. http://10.0.0.5:8000.
-    #[arg(long = "worker")]
+    #[arg(help_heading = H::LISTEN, long = "worker")]
     workers: Vec<String>,
     /// A TOML file of `[[workers]]` (url, kv_events_endpoint, replay_endpoint, dp_size,
     /// block_size, max_num_batched_tokens, kv_capacity_blocks, labels).
-    #[arg(long)]
+    #[arg(help_heading = H::LISTEN, long)]
     workers_file: Option<PathBuf>,
     /// Start N embedded mock engines and route to them.
-    #[arg(long, default_value_t = 0)]
+    #[arg(help_heading = H::MOCK, long, default_value_t = 0)]
     mock_workers: usize,
     /// Speed-up ratio of the embedded mock engines.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(help_heading = H::MOCK, long, default_value_t = 1.0)]
     mock_speedup_ratio: f64,
     /// Weight-load time of each embedded mock engine (weight updates), ms before the speed-up.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(help_heading = H::MOCK, long, default_value_t = 0.0)]
     mock_weight_load_ms: f64,
     /// KV capacity in blocks of each embedded mock engine.
-    #[arg(long, default_value_t = 16_384)]
+    #[arg(help_heading = H::MOCK, long, default_value_t = 16_384)]
     mock_num_gpu_blocks: usize,
     /// Model name(s) served (default: learned from the first worker's /v1/models).
-    #[arg(long = "model-name")]
+    #[arg(help_heading = H::LISTEN, long = "model-name")]
     model_names: Vec<String>,
     #[command(flatten)]
     routing: RoutingArgs,
     /// Hugging Face tokenizer.json for routing (default: the built-in tokenizer).
-    #[arg(long)]
+    #[arg(help_heading = H::TOKENIZER, long)]
     tokenizer: Option<PathBuf>,
     /// Jinja chat template (default: tokenizer_config.json beside the tokenizer, else ChatML).
-    #[arg(long)]
+    #[arg(help_heading = H::TOKENIZER, long)]
     chat_template: Option<PathBuf>,
     /// Enable the admin API with this bearer token. Prefer the environment variable or
     /// --admin-token-file: a flag's value is visible to every user in `ps`.
-    #[arg(long, env = "KVROUTER_ADMIN_TOKEN", hide_env_values = true)]
+    #[arg(help_heading = H::ADMIN, long, env = "KVROUTER_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
     /// Read the admin API's bearer token from this file (surrounding whitespace trimmed).
-    #[arg(long)]
+    #[arg(help_heading = H::ADMIN, long)]
     admin_token_file: Option<PathBuf>,
     /// Who may release session affinity (DELETE /v1/sessions/{id}, POST /finish_session):
     /// open (any client) or admin (the admin token).
-    #[arg(long, default_value = "open")]
+    #[arg(help_heading = H::SESSIONS, long, default_value = "open")]
     session_release_auth: String,
     /// Add x-kvrouter-decision (the score breakdown) to responses.
-    #[arg(long)]
+    #[arg(help_heading = H::OBSERVABILITY, long)]
     expose_decisions: bool,
     /// Retries on another worker when an upstream fails before its first byte.
-    #[arg(long, default_value_t = 2)]
+    #[arg(help_heading = H::UPSTREAM, long, default_value_t = 2)]
     retries: u32,
     /// Times a failed stream may be continued on another worker (0 = never).
-    #[arg(long, default_value_t = 0)]
+    #[arg(help_heading = H::UPSTREAM, long, default_value_t = 0)]
     migration_limit: u32,
     /// Text prompts of at most this many bytes are tokenized on the request's task rather than
     /// handed to the blocking pool (0 = always the pool).
-    #[arg(long, default_value_t = 2048)]
+    #[arg(help_heading = H::TOKENIZER, long, default_value_t = 2048)]
     tokenize_inline_max_bytes: usize,
     /// A stream silent for this many seconds counts as failed (its worker too; the stream is
     /// migrated or ended with an error event); 0 = never.
-    #[arg(long, default_value_t = 300.0)]
+    #[arg(help_heading = H::UPSTREAM, long, default_value_t = 300.0)]
     stream_idle_timeout_secs: f64,
     /// Chunks of a worker's stream that are already there when one comes go to the client as
     /// one write, up to this many bytes (0 = each chunk alone; at most 16777216).
-    #[arg(long, default_value_t = 65536)]
+    #[arg(help_heading = H::UPSTREAM, long, default_value_t = 65536)]
     stream_coalesce_max_bytes: usize,
     /// Before passing such a batch on, yield up to this many times to the scheduler (lets the
     /// worker connection hand over chunks it already read; no data is waited for; at most 64).
-    #[arg(long, default_value_t = 0)]
+    #[arg(help_heading = H::UPSTREAM, long, default_value_t = 0)]
     stream_coalesce_yields: u32,
     /// Append one JSON line per finished request (worker, policy version, tokens, timings).
-    #[arg(long)]
+    #[arg(help_heading = H::RL, long)]
     provenance_log: Option<std::path::PathBuf>,
     /// Rotate the provenance log (to PATH.1) past this many MiB.
-    #[arg(long, default_value_t = 256)]
+    #[arg(help_heading = H::RL, long, default_value_t = 256)]
     provenance_log_max_mib: u64,
     /// Keep the timelines of the last N request attempts for GET /admin/trace (Chrome trace
     /// JSON for Perfetto); 0 = off.
-    #[arg(long, default_value_t = 0)]
+    #[arg(help_heading = H::OBSERVABILITY, long, default_value_t = 0)]
     trace_capture: usize,
     /// Seconds between active health checks (GET /health); 0 turns them off.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(help_heading = H::HEALTH, long, default_value_t = 5.0)]
     health_check_interval_secs: f64,
     /// Consecutive failed health checks that make a worker unhealthy.
-    #[arg(long, default_value_t = 3)]
+    #[arg(help_heading = H::HEALTH, long, default_value_t = 3)]
     health_failure_threshold: u32,
     /// Consecutive passed checks or requests that make it healthy again.
-    #[arg(long, default_value_t = 2)]
+    #[arg(help_heading = H::HEALTH, long, default_value_t = 2)]
     health_recovery_threshold: u32,
     /// Consecutive failed requests (connection errors, 5xx, broken streams) that make a worker
     /// unhealthy.
-    #[arg(long, default_value_t = 3)]
+    #[arg(help_heading = H::HEALTH, long, default_value_t = 3)]
     outlier_consecutive_failures: u32,
     /// Seconds an unhealthy worker keeps its cache entries in the index.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(help_heading = H::HEALTH, long, default_value_t = 30.0)]
     unhealthy_index_grace_secs: f64,
     /// Seconds to open a connection to a worker before it counts as failed.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(help_heading = H::UPSTREAM, long, default_value_t = 5.0)]
     upstream_connect_timeout_secs: f64,
     /// Seconds a worker gets to send a streamed request's response headers before the request
     /// is retried elsewhere and the worker counts as failed.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(help_heading = H::UPSTREAM, long, default_value_t = 60.0)]
     upstream_first_byte_timeout_secs: f64,
     /// Seconds a worker gets to answer a non-streamed request (engines send its headers with
     /// the whole answer) before it is retried elsewhere and the worker counts as failed.
-    #[arg(long, default_value_t = 600.0)]
+    #[arg(help_heading = H::UPSTREAM, long, default_value_t = 600.0)]
     upstream_response_timeout_secs: f64,
     /// KV event messages larger than this many bytes are dropped (counted as `oversize`) and
     /// the rank re-synced; libzmq refuses frames over 4× this outright.
-    #[arg(long, default_value_t = 8 << 20)]
+    #[arg(help_heading = H::KV_EVENTS, long, default_value_t = 8 << 20)]
     kv_event_max_message_bytes: usize,
     /// Blocks of a KV event applied per hold of the index lock (larger events are applied in
     /// slices, letting requests route in between).
-    #[arg(long, default_value_t = 512)]
+    #[arg(help_heading = H::KV_EVENTS, long, default_value_t = 512)]
     kv_event_apply_slice_blocks: usize,
     /// Seconds one replay request to an engine's replay socket may take in all.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(help_heading = H::KV_EVENTS, long, default_value_t = 5.0)]
     kv_event_replay_timeout_secs: f64,
     #[command(flatten)]
     http: HttpArgs,
@@ -145,13 +147,13 @@ pub(crate) struct ServeArgs {
 #[derive(Debug, Args)]
 pub(crate) struct HttpArgs {
     /// Seconds a client gets to send a whole request head once it started (slowloris).
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(help_heading = H::HTTP, long, default_value_t = 10.0)]
     http_header_read_timeout_secs: f64,
     /// Seconds a client connection with no request in flight may stay silent.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(help_heading = H::HTTP, long, default_value_t = 60.0)]
     http_idle_timeout_secs: f64,
     /// On SIGTERM or SIGINT, seconds requests in flight get to finish before they are ended.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(help_heading = H::HTTP, long, default_value_t = 30.0)]
     shutdown_grace_secs: f64,
 }
 
@@ -432,6 +434,40 @@ impl ServeArgs {
     }
 }
 
+impl ServeArgs {
+    /// Where `template` (the one [`ServeArgs::config`] chose) came from.
+    pub(crate) fn template_source(&self, template: &ChatTemplate) -> TemplateSource {
+        match (&self.chat_template, &self.tokenizer, template) {
+            (Some(p), _, _) => TemplateSource::Flag(p.display().to_string()),
+            (None, Some(_), ChatTemplate::Jinja { origin, .. }) => {
+                TemplateSource::TokenizerConfig(origin.clone())
+            }
+            (None, Some(tok), _) => TemplateSource::ChatMlFallback {
+                tokenizer: tok.display().to_string(),
+            },
+            (None, None, _) => TemplateSource::ChatMlDefault,
+        }
+    }
+}
+
+/// The startup lines after the first (crate::startup).
+fn startup_lines(args: &ServeArgs, server: &kvrouter_server::RunningServer) -> Vec<String> {
+    let config = server.state.config();
+    let template = args.template_source(&config.chat_template);
+    let tokenizer = match &args.tokenizer {
+        None => format!("{} (built-in; no --tokenizer)", config.tokenizer.name()),
+        Some(p) => format!("{} ({})", config.tokenizer.name(), p.display()),
+    };
+    crate::startup::lines(&crate::startup::Facts {
+        models: &server.state.model_names(),
+        block_size_tokens: config.router.kv_cache_block_size,
+        tokenizer,
+        template: &template,
+        kv_events: config.router.router_kv_events,
+        workers: &server.state.worker_entries(),
+    })
+}
+
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.config()?;
     let mock_engine = args.mock_engine(&config)?;
@@ -443,12 +479,23 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let serving =
         crate::embedded::Serving::start(config, &mock_engine, args.mock_workers, listener).await?;
     let server = &serving.server;
-    println!(
+    let first = format!(
         "kvrouter serve listening on http://{} mode={} workers={}",
         server.addr,
         args.routing.router_mode,
         server.state.worker_count()
     );
+    // Best effort: a reader may take the first line and close the pipe (scripts, tests), or
+    // stdout may be closed; neither may take the router down (println! would panic).
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        for line in std::iter::once(first).chain(startup_lines(&args, server)) {
+            if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+                break;
+            }
+        }
+    }
     shutdown_signal().await?;
     serving.stop().await;
     Ok(())

@@ -276,6 +276,23 @@ impl AppState {
         self.inner.workers.lock().expect("workers lock").len()
     }
 
+    /// The registered workers' entries as registered (with what `/server_info` advertised
+    /// filled in), by id.
+    pub fn worker_entries(&self) -> Vec<WorkerEntry> {
+        let workers = self.inner.workers.lock().expect("workers lock");
+        workers.values().map(|r| r.entry.clone()).collect()
+    }
+
+    /// The configuration it was started with.
+    pub fn config(&self) -> &ServeConfig {
+        &self.inner.config
+    }
+
+    /// The model names served (`--model-name`, or learned from the first worker).
+    pub fn model_names(&self) -> Vec<String> {
+        self.inner.models.read().expect("models lock").clone()
+    }
+
     /// Blocks the index believes `worker` holds on its GPU, over all its ranks.
     pub fn cached_gpu_blocks(&self, worker: WorkerId) -> usize {
         self.inner

@@ -1,0 +1,349 @@
+//! Every flag of every subcommand also from `KVROUTER_<FLAG>` and from `--config FILE`.
+//!
+//! Works on clap's command description, not on a list of flags: a flag added later is covered
+//! without touching this file. Precedence: command line > environment > config file > default.
+//! The sources are merged into the argument list (values checked by the flag's own parser) and
+//! the result is parsed once more by clap, so validation stays in one place.
+
+use clap::parser::ValueSource;
+use clap::{Arg, ArgAction, Command};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+
+/// The flag naming the config file.
+pub(crate) const CONFIG: &str = "config";
+/// The flag that prints the effective configuration and exits.
+pub(crate) const PRINT_CONFIG: &str = "print-config";
+/// Prefix of the environment variables.
+pub(crate) const ENV_PREFIX: &str = "KVROUTER_";
+
+/// Adds `--config` and `--print-config` to every subcommand.
+pub(crate) fn augment(cmd: Command) -> Command {
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_owned())
+        .collect();
+    names.iter().fold(cmd, |cmd, name| {
+        cmd.mut_subcommand(name, |sub| {
+            sub.arg(
+                Arg::new(CONFIG)
+                    .long(CONFIG)
+                    .value_name("FILE")
+                    .env("KVROUTER_CONFIG")
+                    .value_parser(clap::value_parser!(std::path::PathBuf))
+                    .help_heading("Configuration")
+                    .help(
+                        "TOML file of flag values (keys are flag names: port = 9000); \
+                         command-line flags > KVROUTER_<FLAG> environment > this file > defaults",
+                    ),
+            )
+            .arg(
+                Arg::new(PRINT_CONFIG)
+                    .long(PRINT_CONFIG)
+                    .action(ArgAction::SetTrue)
+                    .help_heading("Configuration")
+                    .help("Print the effective configuration as TOML (secrets redacted) and exit"),
+            )
+        })
+    })
+}
+
+/// Where a flag's value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Source {
+    CommandLine,
+    Env(String),
+    File { line: usize },
+}
+
+/// The argument list with environment and file values merged in, and where each came from.
+#[derive(Debug)]
+pub(crate) struct Layered {
+    pub(crate) argv: Vec<OsString>,
+    /// Flag long name -> source, for flags not left at their default.
+    pub(crate) sources: BTreeMap<String, Source>,
+}
+
+/// A value read from a config file: the key as written, its line and its value.
+struct FileValue {
+    key: String,
+    line: usize,
+    value: toml::Value,
+}
+
+/// Settable flags of a subcommand: long name -> arg (help, version and the config flags aside).
+pub(crate) fn settable(sub: &Command) -> impl Iterator<Item = &Arg> {
+    sub.get_arguments().filter(|a| {
+        a.get_long().is_some()
+            && !a.is_positional()
+            && !matches!(a.get_action(), ArgAction::Help | ArgAction::Version)
+            && a.get_long() != Some(CONFIG)
+            && a.get_long() != Some(PRINT_CONFIG)
+    })
+}
+
+/// The environment variable of a flag: `--router-mode` -> `KVROUTER_ROUTER_MODE`.
+pub(crate) fn env_name(long: &str) -> String {
+    format!("{ENV_PREFIX}{}", long.replace('-', "_").to_uppercase())
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// Parses a config file into flag long name -> value; unknown keys are errors naming the key and
+/// its line.
+fn read_file(sub: &Command, path: &str, text: &str) -> anyhow::Result<BTreeMap<String, FileValue>> {
+    type Raw = BTreeMap<toml::Spanned<String>, toml::Spanned<toml::Value>>;
+    let raw: Raw = toml::from_str(text).map_err(|e| anyhow::anyhow!("--config {path}: {e}"))?;
+    let mut out: BTreeMap<String, FileValue> = BTreeMap::new();
+    for (key, value) in raw {
+        let line = line_of(text, key.span().start);
+        let written = key.into_inner();
+        let long = written.replace('_', "-");
+        if long == CONFIG || long == PRINT_CONFIG {
+            anyhow::bail!(
+                "--config {path} line {line}: `{written}` cannot be set in a config file"
+            );
+        }
+        if !settable(sub).any(|a| a.get_long() == Some(long.as_str())) {
+            anyhow::bail!(
+                "--config {path} line {line}: unknown key `{written}` (`kvrouter {} --help` lists the flags; keys are their names)",
+                sub.get_name()
+            );
+        }
+        if let Some(first) = out.get(&long) {
+            anyhow::bail!(
+                "--config {path} line {line}: `{written}` repeats `{}` of line {}",
+                first.key,
+                first.line
+            );
+        }
+        out.insert(
+            long,
+            FileValue {
+                key: written,
+                line,
+                value: value.into_inner(),
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// A scalar TOML value as the text a flag takes.
+fn scalar_text(v: &toml::Value) -> Option<String> {
+    match v {
+        toml::Value::String(s) => Some(s.clone()),
+        toml::Value::Integer(i) => Some(i.to_string()),
+        toml::Value::Float(f) => Some(f.to_string()),
+        toml::Value::Boolean(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+pub(crate) fn parse_bool(text: &str) -> Option<bool> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Some(true),
+        "false" | "0" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// The values one source gives a flag, as flag texts; `Ok(None)` for a switch that is off.
+fn values_of(
+    arg: &Arg,
+    from_env: Option<&str>,
+    from_file: Option<&toml::Value>,
+) -> Result<Option<Vec<String>>, String> {
+    let switch = matches!(arg.get_action(), ArgAction::SetTrue);
+    let many = matches!(arg.get_action(), ArgAction::Append);
+    if let Some(text) = from_env {
+        if switch {
+            return match parse_bool(text) {
+                Some(true) => Ok(Some(vec![])),
+                Some(false) => Ok(None),
+                None => Err(format!("`{text}` is not true or false")),
+            };
+        }
+        if many {
+            return Ok(Some(
+                text.split(',')
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect(),
+            ));
+        }
+        return Ok(Some(vec![text.to_owned()]));
+    }
+    let Some(value) = from_file else {
+        return Ok(None);
+    };
+    if switch {
+        return match value {
+            toml::Value::Boolean(true) => Ok(Some(vec![])),
+            toml::Value::Boolean(false) => Ok(None),
+            other => Err(format!("{other} is not true or false")),
+        };
+    }
+    match value {
+        toml::Value::Array(items) if many => items
+            .iter()
+            .map(|v| scalar_text(v).ok_or_else(|| format!("{v} is not a string or number")))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        toml::Value::Array(_) => Err("takes one value, not a list".into()),
+        other => scalar_text(other)
+            .map(|t| Some(vec![t]))
+            .ok_or_else(|| format!("{other} is not a string, number or boolean")),
+    }
+}
+
+/// Checks one value with the flag's own parser (a one-flag command parses it).
+fn check(arg: &Arg, text: &str) -> Result<(), String> {
+    let long = arg.get_long().unwrap_or_default();
+    let one = Command::new("check")
+        .no_binary_name(true)
+        .arg(arg.clone().required(false));
+    match one.try_get_matches_from([format!("--{long}={text}")]) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            use std::error::Error;
+            let possible: Vec<String> = arg
+                .get_possible_values()
+                .iter()
+                .map(|p| p.get_name().to_owned())
+                .collect();
+            Err(match e.source() {
+                Some(cause) => format!("invalid value `{text}`: {cause}"),
+                None if !possible.is_empty() => {
+                    format!("invalid value `{text}` (one of: {})", possible.join(", "))
+                }
+                None => format!("invalid value `{text}`"),
+            })
+        }
+    }
+}
+
+/// Merges environment and config-file values into `argv`. `env` reads a variable; `read` reads
+/// the config file. Pure apart from those two.
+pub(crate) fn layer(
+    cmd: &Command,
+    argv: Vec<OsString>,
+    env: &dyn Fn(&str) -> Option<String>,
+    read: &dyn Fn(&std::path::Path) -> std::io::Result<String>,
+) -> anyhow::Result<Layered> {
+    let empty = Layered {
+        argv: argv.clone(),
+        sources: BTreeMap::new(),
+    };
+    // A tolerant first pass: which subcommand, which flags the command line gave, the file.
+    let Ok(pre) = cmd.clone().ignore_errors(true).try_get_matches_from(&argv) else {
+        return Ok(empty); // --help, --version: clap answers in the real pass
+    };
+    let Some((name, sub_matches)) = pre.subcommand() else {
+        return Ok(empty);
+    };
+    let sub = cmd
+        .find_subcommand(name)
+        .expect("clap matched this subcommand");
+    let file = match sub_matches.get_one::<std::path::PathBuf>(CONFIG) {
+        None => BTreeMap::new(),
+        Some(path) => {
+            let shown = path.display().to_string();
+            let text = read(path).map_err(|e| anyhow::anyhow!("--config {shown}: {e}"))?;
+            read_file(sub, &shown, &text)?
+        }
+    };
+    let config_name = sub_matches
+        .get_one::<std::path::PathBuf>(CONFIG)
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let mut sources = BTreeMap::new();
+    let mut extra: Vec<OsString> = Vec::new();
+    for arg in settable(sub) {
+        let long = arg.get_long().expect("settable args are long");
+        let id = arg.get_id().as_str();
+        match sub_matches.value_source(id) {
+            Some(ValueSource::CommandLine) => {
+                sources.insert(long.to_owned(), Source::CommandLine);
+                continue;
+            }
+            Some(ValueSource::EnvVariable) => {
+                let var = arg
+                    .get_env()
+                    .map(|v| v.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                sources.insert(long.to_owned(), Source::Env(var));
+                continue;
+            }
+            _ => {}
+        }
+        let var = env_name(long);
+        let from_env = env(&var);
+        let from_file = file.get(long);
+        let (source, blame) = match (&from_env, from_file) {
+            (Some(_), _) => (Source::Env(var.clone()), var.clone()),
+            (None, Some(f)) => (
+                Source::File { line: f.line },
+                format!("--config {config_name} line {}: key `{}`", f.line, f.key),
+            ),
+            (None, None) => continue,
+        };
+        let values = values_of(arg, from_env.as_deref(), from_file.map(|f| &f.value))
+            .map_err(|e| anyhow::anyhow!("{blame}: {e}"))?;
+        let Some(values) = values else {
+            continue; // a switch set to false: its default
+        };
+        if values.is_empty() && matches!(arg.get_action(), ArgAction::SetTrue) {
+            extra.push(format!("--{long}").into());
+        }
+        for v in values {
+            check(arg, &v).map_err(|e| anyhow::anyhow!("{blame} (--{long}): {e}"))?;
+            extra.push(format!("--{long}={v}").into());
+        }
+        sources.insert(long.to_owned(), source);
+    }
+    let at = argv
+        .iter()
+        .position(|a| a == name)
+        .map_or(argv.len(), |i| i + 1);
+    let mut merged = argv;
+    merged.splice(at..at, extra);
+    Ok(Layered {
+        argv: merged,
+        sources,
+    })
+}
+
+/// Parses the process's arguments with environment and config-file values merged in. `None`
+/// when `--print-config` printed the configuration (the caller exits). Errors exit with code 2.
+pub(crate) fn parse_args<C: clap::CommandFactory + clap::FromArgMatches>() -> Option<C> {
+    let cmd = augment(C::command());
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let layered = layer(&cmd, argv, &|k| std::env::var(k).ok(), &|p| {
+        std::fs::read_to_string(p)
+    })
+    .unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    });
+    let matches = cmd
+        .clone()
+        .try_get_matches_from(&layered.argv)
+        .unwrap_or_else(|e| e.exit());
+    if let Some((_, m)) = matches.subcommand() {
+        if m.get_flag(PRINT_CONFIG) {
+            print!(
+                "{}",
+                crate::print_config::print(&cmd, &matches, &layered.sources)
+            );
+            return None;
+        }
+    }
+    Some(C::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
+}
+
+#[cfg(test)]
+#[path = "layered_tests.rs"]
+mod tests;

@@ -1,0 +1,229 @@
+//! Flags > environment > config file > defaults, on the real `kvrouter` command.
+
+use super::*;
+use crate::print_config::print;
+use clap::ArgMatches;
+use clap::{CommandFactory, FromArgMatches};
+use std::collections::HashMap;
+
+fn cli() -> Command {
+    augment(crate::Cli::command())
+}
+
+/// Layers `args` with `env` and a config file holding `file` (at path "k.toml"), then parses.
+fn run(
+    args: &[&str],
+    env: &[(&str, &str)],
+    file: &str,
+) -> anyhow::Result<(ArgMatches, BTreeMap<String, Source>)> {
+    let cmd = cli();
+    let env: HashMap<String, String> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let file = file.to_owned();
+    let argv = std::iter::once("kvrouter")
+        .chain(args.iter().copied())
+        .map(OsString::from)
+        .collect();
+    let layered = layer(&cmd, argv, &|k| env.get(k).cloned(), &|_| Ok(file.clone()))?;
+    let matches = cmd.try_get_matches_from(&layered.argv)?;
+    Ok((matches, layered.sources))
+}
+
+fn serve_value(m: &ArgMatches, id: &str) -> Option<String> {
+    let (_, sub) = m.subcommand().unwrap();
+    sub.get_raw(id)
+        .and_then(|mut v| v.next_back())
+        .map(|v| v.to_string_lossy().into_owned())
+}
+
+fn error_of(args: &[&str], env: &[(&str, &str)], file: &str) -> String {
+    match run(args, env, file) {
+        Ok(_) => panic!("{args:?} {env:?} {file:?} was accepted"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn command_line_beats_environment_beats_file_beats_default() {
+    let file = "port = 9001\nhost = \"0.0.0.0\"\nretries = 7\n";
+    let env = [("KVROUTER_PORT", "9002"), ("KVROUTER_RETRIES", "5")];
+    let (m, sources) = run(
+        &["serve", "--config", "k.toml", "--port", "9003"],
+        &env,
+        file,
+    )
+    .unwrap();
+    assert_eq!(serve_value(&m, "port").as_deref(), Some("9003"));
+    assert_eq!(sources["port"], Source::CommandLine);
+    assert_eq!(serve_value(&m, "retries").as_deref(), Some("5"));
+    assert_eq!(sources["retries"], Source::Env("KVROUTER_RETRIES".into()));
+    assert_eq!(serve_value(&m, "host").as_deref(), Some("0.0.0.0"));
+    assert_eq!(sources["host"], Source::File { line: 2 });
+    assert_eq!(serve_value(&m, "migration_limit").as_deref(), Some("0"));
+    assert!(!sources.contains_key("migration-limit"));
+    // The typed arguments see the layered values too.
+    let cli = crate::Cli::from_arg_matches(&m).unwrap();
+    let crate::Command::Serve(args) = cli.command else {
+        panic!("not serve")
+    };
+    assert_eq!(format!("{args:?}").matches("port: 9003").count(), 1);
+}
+
+#[test]
+fn flags_of_flattened_groups_and_other_subcommands_are_covered() {
+    // A routing flag (flattened RoutingArgs), an HTTP one, and mock-engine's own flags.
+    let file = "router-mode = \"random\"\nshutdown_grace_secs = 3\n";
+    let (m, _) = run(&["serve", "--config", "k.toml"], &[], file).unwrap();
+    assert_eq!(serve_value(&m, "router_mode").as_deref(), Some("random"));
+    assert_eq!(serve_value(&m, "shutdown_grace_secs").as_deref(), Some("3"));
+    let (m, _) = run(&["mock-engine"], &[("KVROUTER_BLOCK_SIZE", "16")], "").unwrap();
+    assert_eq!(serve_value(&m, "block_size").as_deref(), Some("16"));
+}
+
+#[test]
+fn a_flag_added_later_is_covered_without_listing_it() {
+    let cmd = augment(
+        Command::new("kvrouter")
+            .subcommand(Command::new("serve").arg(Arg::new("brand-new").long("brand-new"))),
+    );
+    let argv = vec!["kvrouter".into(), "serve".into()];
+    let layered = layer(
+        &cmd,
+        argv,
+        &|k| (k == "KVROUTER_BRAND_NEW").then(|| "yes".to_owned()),
+        &|_| Ok(String::new()),
+    )
+    .unwrap();
+    let m = cmd.try_get_matches_from(&layered.argv).unwrap();
+    let (_, sub) = m.subcommand().unwrap();
+    assert_eq!(
+        sub.get_one::<String>("brand-new").map(String::as_str),
+        Some("yes")
+    );
+}
+
+#[test]
+fn switches_and_lists() {
+    let file = "expose-decisions = true\nworker = [\"http://a:1\", \"http://b:2\"]\n";
+    let (m, _) = run(&["serve", "--config", "k.toml"], &[], file).unwrap();
+    assert_eq!(serve_value(&m, "expose_decisions").as_deref(), Some("true"));
+    let (_, sub) = m.subcommand().unwrap();
+    let workers: Vec<&String> = sub.get_many::<String>("workers").unwrap().collect();
+    assert_eq!(workers, ["http://a:1", "http://b:2"]);
+    // The environment turns the file's switch off again and replaces the whole list.
+    let env = [
+        ("KVROUTER_EXPOSE_DECISIONS", "false"),
+        ("KVROUTER_WORKER", "http://c:3,http://d:4"),
+    ];
+    let (m, _) = run(&["serve", "--config", "k.toml"], &env, file).unwrap();
+    assert_eq!(
+        serve_value(&m, "expose_decisions").as_deref(),
+        Some("false")
+    );
+    let (_, sub) = m.subcommand().unwrap();
+    let workers: Vec<&String> = sub.get_many::<String>("workers").unwrap().collect();
+    assert_eq!(workers, ["http://c:3", "http://d:4"]);
+}
+
+#[test]
+fn unknown_keys_name_the_key_and_line() {
+    let e = error_of(
+        &["serve", "--config", "k.toml"],
+        &[],
+        "port = 1\n\nrouter-mdoe = \"kv\"\n",
+    );
+    assert!(
+        e.contains("line 3") && e.contains("unknown key `router-mdoe`"),
+        "{e}"
+    );
+    let e = error_of(&["serve", "--config", "k.toml"], &[], "config = \"x\"\n");
+    assert!(e.contains("`config` cannot be set in a config file"), "{e}");
+    let e = error_of(
+        &["serve", "--config", "k.toml"],
+        &[],
+        "mock-workers = 1\nmock_workers = 2\n",
+    );
+    assert!(
+        e.contains("line 2") && e.contains("repeats `mock-workers`"),
+        "{e}"
+    );
+    let e = error_of(&["serve", "--config", "k.toml"], &[], "port = \n");
+    assert!(e.contains("k.toml"), "{e}");
+}
+
+#[test]
+fn bad_values_name_the_key_or_variable() {
+    let e = error_of(
+        &["serve", "--config", "k.toml"],
+        &[],
+        "\nport = \"eighty\"\n",
+    );
+    assert!(
+        e.contains("line 2: key `port`") && e.contains("`eighty`"),
+        "{e}"
+    );
+    let e = error_of(&["serve", "--config", "k.toml"], &[], "port = [1, 2]\n");
+    assert!(e.contains("key `port`") && e.contains("not a list"), "{e}");
+    let e = error_of(&["serve"], &[("KVROUTER_PORT", "70000")], "");
+    assert!(e.contains("KVROUTER_PORT") && e.contains("70000"), "{e}");
+    let e = error_of(&["serve"], &[("KVROUTER_LOAD_AWARE", "maybe")], "");
+    assert!(
+        e.contains("KVROUTER_LOAD_AWARE") && e.contains("maybe"),
+        "{e}"
+    );
+    let e = error_of(&["serve", "--config", "k.toml"], &[], "load-aware = 1\n");
+    assert!(
+        e.contains("key `load-aware`") && e.contains("true or false"),
+        "{e}"
+    );
+}
+
+#[test]
+fn print_config_redacts_secrets_and_reads_back_unchanged() {
+    let file = "admin-token = \"s3cret\"\nmock-workers = 2\nworker = [\"http://a:1\"]\nrouter-ttl-secs = 7\n";
+    let (m, sources) = run(&["serve", "--config", "k.toml", "--port", "0"], &[], file).unwrap();
+    let text = print(&cli(), &m, &sources);
+    assert!(!text.contains("s3cret"), "{text}");
+    assert!(
+        text.contains("admin-token = \"<redacted>\"  # config file line 1"),
+        "{text}"
+    );
+    assert!(text.contains("port = 0  # command line"), "{text}");
+    assert!(
+        text.contains("router-ttl-secs = 7.0  # config file line 4"),
+        "{text}"
+    );
+    assert!(text.contains("# tokenizer: unset"), "{text}");
+    assert!(text.contains("\n# Routing\n"), "{text}");
+    // Printed output is itself a valid config file (less the redacted secret) giving the same.
+    let again = text.replace("admin-token = \"<redacted>\"", "admin-token = \"s3cret\"");
+    let (m2, sources2) = run(&["serve", "--config", "k.toml"], &[], &again).unwrap();
+    let strip = |t: &str| -> Vec<String> {
+        t.lines()
+            .map(|l| l.split("  #").next().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(strip(&print(&cli(), &m2, &sources2)), strip(&text));
+}
+
+#[test]
+fn every_serve_flag_has_a_help_topic() {
+    let cmd = cli();
+    let serve = cmd.find_subcommand("serve").unwrap();
+    let loose: Vec<&str> = settable(serve)
+        .filter(|a| a.get_help_heading().is_none())
+        .filter_map(|a| a.get_long())
+        .collect();
+    assert!(
+        loose.is_empty(),
+        "serve flags without help_heading (crates/cli/src/headings.rs): {loose:?}"
+    );
+}
+
+#[test]
+fn environment_names() {
+    assert_eq!(env_name("router-mode"), "KVROUTER_ROUTER_MODE");
+    assert_eq!(env_name("admin-token"), "KVROUTER_ADMIN_TOKEN");
+}

@@ -1,0 +1,99 @@
+//! `--print-config`: the effective configuration of a subcommand as TOML, grouped like `--help`,
+//! each value's source as a comment, secrets redacted. Its output reads back as a config file.
+
+use crate::layered::{parse_bool, settable, Source, ENV_PREFIX};
+use clap::{Arg, ArgAction, ArgMatches, Command};
+use std::collections::BTreeMap;
+
+/// What a secret's value is printed as.
+const REDACTED: &str = "<redacted>";
+
+/// TOML text of one flag's final value, typed by the flag's parser.
+fn value_text(arg: &Arg, raw: &str) -> String {
+    use std::any::TypeId;
+    let id = arg.get_value_parser().type_id();
+    macro_rules! is {
+        ($($t:ty),*) => { false $(|| id == TypeId::of::<$t>())* };
+    }
+    if is!(bool) {
+        if let Some(b) = parse_bool(raw) {
+            return toml::Value::Boolean(b).to_string();
+        }
+    }
+    if is!(u8, u16, u32, u64, usize, i8, i16, i32, i64, isize) {
+        if let Ok(i) = raw.parse::<i64>() {
+            return toml::Value::Integer(i).to_string();
+        }
+    }
+    if is!(f32, f64) {
+        if let Ok(f) = raw.parse::<f64>() {
+            return toml::Value::Float(f).to_string();
+        }
+    }
+    toml::Value::String(raw.to_owned()).to_string()
+}
+
+/// The effective configuration of the matched subcommand as TOML: every settable flag under its
+/// help heading, its source as a comment, secrets (flags whose environment values clap hides)
+/// redacted, unset flags commented out.
+pub(crate) fn print(
+    cmd: &Command,
+    matches: &ArgMatches,
+    sources: &BTreeMap<String, Source>,
+) -> String {
+    let Some((name, m)) = matches.subcommand() else {
+        return String::new();
+    };
+    let sub = cmd.find_subcommand(name).expect("matched subcommand");
+    let mut out = format!(
+        "# kvrouter {name}: effective configuration (command line > {ENV_PREFIX}<FLAG> environment > --config file > defaults)\n"
+    );
+    // Grouped like --help: headings in order of first appearance.
+    let mut headings: Vec<Option<&str>> = Vec::new();
+    for arg in settable(sub) {
+        if !headings.contains(&arg.get_help_heading()) {
+            headings.push(arg.get_help_heading());
+        }
+    }
+    let grouped = headings
+        .iter()
+        .flat_map(|h| settable(sub).filter(move |a| a.get_help_heading() == *h));
+    let mut heading: Option<&str> = None;
+    for arg in grouped {
+        let long = arg.get_long().expect("long");
+        if arg.get_help_heading() != heading {
+            heading = arg.get_help_heading();
+            out.push_str(&format!("\n# {}\n", heading.unwrap_or("Other")));
+        }
+        let raw: Vec<String> = m
+            .get_raw(arg.get_id().as_str())
+            .map(|vals| vals.map(|v| v.to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        let secret = arg.is_hide_env_values_set();
+        let many = matches!(arg.get_action(), ArgAction::Append);
+        let value = if raw.is_empty() && !many {
+            out.push_str(&format!("# {long}: unset\n"));
+            continue;
+        } else if secret {
+            toml::Value::String(REDACTED.into()).to_string()
+        } else if many {
+            format!(
+                "[{}]",
+                raw.iter()
+                    .map(|v| value_text(arg, v))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else {
+            value_text(arg, &raw[raw.len() - 1])
+        };
+        let from = match sources.get(long) {
+            Some(Source::CommandLine) => "  # command line".to_owned(),
+            Some(Source::Env(var)) => format!("  # environment {var}"),
+            Some(Source::File { line }) => format!("  # config file line {line}"),
+            None => String::new(),
+        };
+        out.push_str(&format!("{long} = {value}{from}\n"));
+    }
+    out
+}

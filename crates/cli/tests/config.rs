@@ -1,0 +1,185 @@
+//! `kvrouter serve` configured from `--config FILE` and `KVROUTER_<FLAG>` variables as a real
+//! process: command line > environment > file > defaults, `--print-config`, and the errors.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+use tokio::time::timeout;
+
+fn kvrouter(env: &[(&str, &str)]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kvrouter"));
+    // Only the variables this test sets.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("KVROUTER_") {
+            c.env_remove(k);
+        }
+    }
+    c.envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    c
+}
+
+fn temp_file(name: &str, text: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("kvrouter-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+/// Runs a `kvrouter` command to its end (bounded): (exit code, stdout, stderr).
+async fn finished(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = timeout(Duration::from_secs(60), kvrouter(env).args(args).output())
+        .await
+        .expect("exits in time")
+        .expect("runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn serve_takes_its_flags_from_a_config_file_and_the_environment() {
+    let file = temp_file(
+        "serve.toml",
+        "# a deployment's settings\nport = 0\nmock-workers = 1\nmodel-name = [\"from-file\"]\n",
+    );
+    let mut c = kvrouter(&[
+        ("KVROUTER_MODEL_NAME", "mock-model"),
+        ("KVROUTER_EXPOSE_DECISIONS", "true"),
+    ]);
+    c.args(["serve", "--config", &file]).stderr(Stdio::null());
+    let mut child = c.spawn().expect("start kvrouter");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("startup line in time")
+        .expect("readable stdout")
+        .expect("a startup line");
+    let p = common::Proc { child, line };
+    // port = 0 from the file: it did not take the default 8000.
+    assert!(!p.http().ends_with(":8000"), "{}", p.line);
+    assert_eq!(p.field("workers"), "1", "mock-workers from the file");
+    let client = reqwest::Client::new();
+    let models: serde_json::Value = client
+        .get(format!("{}/v1/models", p.http()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        models["data"][0]["id"], "mock-model",
+        "the environment beats the file"
+    );
+    let r = client
+        .post(format!("{}/v1/chat/completions", p.http()))
+        .json(&serde_json::json!({
+            "model": "mock-model", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hello"}]
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers().contains_key("x-kvrouter-decision"),
+        "KVROUTER_EXPOSE_DECISIONS=true took effect"
+    );
+}
+
+#[tokio::test]
+async fn print_config_shows_the_effective_values_and_hides_the_token() {
+    let file = temp_file("print.toml", "mock-workers = 2\nrouter-mode = \"random\"\n");
+    let (code, out, err) = finished(
+        &[
+            "serve",
+            "--config",
+            &file,
+            "--print-config",
+            "--router-mode",
+            "least-loaded",
+        ],
+        &[
+            ("KVROUTER_ADMIN_TOKEN", "sekrit"),
+            ("KVROUTER_PORT", "9123"),
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("sekrit"), "{out}");
+    assert!(out.contains("admin-token = \"<redacted>\""), "{out}");
+    assert!(
+        out.contains("port = 9123  # environment KVROUTER_PORT"),
+        "{out}"
+    );
+    assert!(
+        out.contains("mock-workers = 2  # config file line 1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("router-mode = \"least-loaded\"  # command line"),
+        "{out}"
+    );
+    assert!(
+        out.contains("shutdown-grace-secs = 30.0\n"),
+        "defaults too: {out}"
+    );
+}
+
+#[tokio::test]
+async fn config_errors_name_the_key_the_line_or_the_variable() {
+    let file = temp_file("bad-key.toml", "mock-workers = 1\nport = 0\nretrys = 3\n");
+    let (code, _, err) = finished(&["serve", "--config", &file], &[]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("line 3") && err.contains("unknown key `retrys`"),
+        "{err}"
+    );
+    let file = temp_file("bad-value.toml", "mock-workers = \"two\"\n");
+    let (code, _, err) = finished(&["serve", "--config", &file], &[]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("line 1: key `mock-workers`") && err.contains("two"),
+        "{err}"
+    );
+    let (code, _, err) = finished(
+        &["serve", "--mock-workers", "1"],
+        &[("KVROUTER_RETRIES", "-1")],
+    )
+    .await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("KVROUTER_RETRIES"), "{err}");
+    let (code, _, err) = finished(&["serve", "--config", "/nonexistent/kvrouter.toml"], &[]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--config /nonexistent/kvrouter.toml"), "{err}");
+}
+
+#[tokio::test]
+async fn serve_help_is_grouped_by_topic() {
+    let (code, out, err) = finished(&["serve", "--help"], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    for heading in [
+        "Routing:",
+        "KV events:",
+        "Admission",
+        "Sessions:",
+        "RL",
+        "Health:",
+        "Observability:",
+        "Configuration:",
+    ] {
+        assert!(
+            out.lines().any(|l| l.starts_with(heading)),
+            "{heading}: {out}"
+        );
+    }
+}

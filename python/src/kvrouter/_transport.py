@@ -1,0 +1,53 @@
+"""The HTTP transport the client's parts share: one ``httpx.AsyncClient``, the base URL and the
+mapping of error answers to typed errors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from .errors import error_from_body
+
+
+def root_url(base_url: str) -> str:
+    """The router's root from a base URL given with or without ``/v1`` (the ``openai`` client's
+    ``base_url`` ends in ``/v1``)."""
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class Transport:
+    """Sends requests to one router; non-2xx answers become typed errors."""
+
+    def __init__(self, base_url: str, http: httpx.AsyncClient) -> None:
+        self.root = root_url(base_url)
+        self.http = http
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        response = await self.http.request(method, self.root + path, json=json, headers=headers)
+        if response.is_error:
+            raise error_from_body(response.status_code, response.content)
+        return response
+
+    async def json(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        response = await self.request(method, path, json=json, headers=headers)
+        body = response.json()
+        if not isinstance(body, dict):
+            raise error_from_body(response.status_code, f"expected a JSON object, got: {response.text[:200]}")
+        return body

@@ -1,0 +1,193 @@
+"""The async client: OpenAI-compatible calls with kvrouter's RL headers, the answers'
+provenance, and (``client.admin``) the admin API."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from .admin import AdminClient
+from .headers import RolloutHeaders
+from .provenance import Provenance
+from .stream import Stream
+from ._transport import Transport
+
+#: Default seconds for one call (connect, and each read of the answer).
+DEFAULT_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A non-streamed answer: the body as the router returned it, and its provenance."""
+
+    body: dict[str, Any]
+    provenance: Provenance
+
+    @property
+    def choice(self) -> dict[str, Any]:
+        choices = self.body.get("choices") or [{}]
+        first: dict[str, Any] = choices[0]
+        return first
+
+    @property
+    def text(self) -> str:
+        """The first choice's content (chat) or text (completion)."""
+        message = self.choice.get("message")
+        value = message.get("content") if isinstance(message, dict) else self.choice.get("text")
+        return value if isinstance(value, str) else ""
+
+    @property
+    def finish_reason(self) -> str | None:
+        """``stop``, ``length``, or ``abort`` (ended by first-N-of-M)."""
+        reason = self.choice.get("finish_reason")
+        return reason if isinstance(reason, str) else None
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        usage = self.body.get("usage")
+        return usage if isinstance(usage, dict) else None
+
+
+def _headers(rl: RolloutHeaders | None, extra: Mapping[str, str] | None) -> dict[str, str]:
+    out = rl.to_headers() if rl is not None else {}
+    out.update(extra or {})
+    return out
+
+
+class AsyncKvrouterClient:
+    """An async client for one kvrouter.
+
+    ``base_url``: the router (``http://host:8000``, with or without ``/v1``). ``model``: the
+    default model of calls that name none. ``admin_token``: for :attr:`admin`. Every call takes
+    ``rl=RolloutHeaders(...)`` and/or ``extra_headers={...}``; every other keyword goes into the
+    request body unchanged (``max_tokens=``, ``temperature=``, ``stream_options=`` ...).
+    Error answers raise :class:`kvrouter.KvrouterError` subclasses.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,
+        admin_token: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._own_http = http is None
+        self._transport = Transport(base_url, http or httpx.AsyncClient(timeout=timeout_s))
+        self.model = model
+        self.admin = AdminClient(self._transport, admin_token)
+
+    @property
+    def base_url(self) -> str:
+        """The router's root URL (append ``/v1`` for the ``openai`` client)."""
+        return self._transport.root
+
+    async def aclose(self) -> None:
+        if self._own_http:
+            await self._transport.http.aclose()
+
+    async def __aenter__(self) -> AsyncKvrouterClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def _body(self, model: str | None, params: dict[str, Any]) -> dict[str, Any]:
+        model = model or self.model
+        if model is None:
+            raise ValueError("no model: pass model= to the call or to AsyncKvrouterClient")
+        return {"model": model, **params}
+
+    async def _unary(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Completion:
+        response = await self._transport.request("POST", path, json=body, headers=headers)
+        answer = response.json()
+        provenance = Provenance.from_headers(response.headers).seen(answer.get("system_fingerprint"))
+        return Completion(answer, provenance)
+
+    def _stream(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Stream:
+        http = self._transport.http
+        return Stream(http.stream("POST", self._transport.root + path, json={**body, "stream": True}, headers=headers))
+
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        rl: RolloutHeaders | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        **params: Any,
+    ) -> Completion:
+        """``POST /v1/chat/completions``, not streamed."""
+        body = self._body(model, {"messages": list(messages), **params})
+        return await self._unary("/v1/chat/completions", body, _headers(rl, extra_headers))
+
+    def chat_stream(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        rl: RolloutHeaders | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        **params: Any,
+    ) -> Stream:
+        """``POST /v1/chat/completions`` streamed: ``async with client.chat_stream(...) as s``."""
+        body = self._body(model, {"messages": list(messages), **params})
+        return self._stream("/v1/chat/completions", body, _headers(rl, extra_headers))
+
+    async def completion(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        model: str | None = None,
+        rl: RolloutHeaders | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        **params: Any,
+    ) -> Completion:
+        """``POST /v1/completions``, not streamed (``prompt``: text or token ids)."""
+        body = self._body(model, {"prompt": prompt if isinstance(prompt, str) else list(prompt), **params})
+        return await self._unary("/v1/completions", body, _headers(rl, extra_headers))
+
+    def completion_stream(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        model: str | None = None,
+        rl: RolloutHeaders | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        **params: Any,
+    ) -> Stream:
+        """``POST /v1/completions`` streamed."""
+        body = self._body(model, {"prompt": prompt if isinstance(prompt, str) else list(prompt), **params})
+        return self._stream("/v1/completions", body, _headers(rl, extra_headers))
+
+    async def models(self) -> list[str]:
+        """``GET /v1/models``: the model ids served."""
+        body = await self._transport.json("GET", "/v1/models")
+        return [m["id"] for m in body.get("data", []) if isinstance(m, dict) and "id" in m]
+
+    async def ready(self) -> bool:
+        """``GET /ready``: workers are known and the router is not draining for shutdown."""
+        try:
+            response = await self._transport.http.get(self._transport.root + "/ready")
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+    async def release_session(self, session_id: str) -> bool:
+        """``POST /finish_session``: forgets a trajectory's worker binding (the admin token is
+        sent when the client has one, for ``--session-release-auth admin``). True when one was
+        bound."""
+        body = await self._transport.json(
+            "POST", "/finish_session", json={"session_id": session_id}, headers=self.admin.auth_headers()
+        )
+        return bool(body.get("released"))
