@@ -27,7 +27,7 @@ SCHEMA_VERSIONS = ["1.30", "1.37"]
 # Flags another change adds (worker discovery, issue 13). Until this binary has them, an overlay
 # using them is checked against the schemas and for its RBAC, but its config keys are reported
 # as not checked rather than failing.
-PENDING_FLAGS = {"discovery", "discovery-prefix", "selector", "namespace", "port-name"}
+PENDING_FLAGS: set = set()
 
 
 class Failed(Exception):
@@ -144,13 +144,17 @@ def check(objs, kvrouter, flags, notes):
     sa = spec.get("serviceAccountName", "default")
     if config.get("discovery") == "kubernetes":
         roles = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Role"}
-        granted = set()
+        granted, pods = set(), set()
         for rb in (o for o in objs if o["kind"] == "RoleBinding"):
             if any(s["kind"] == "ServiceAccount" and s["name"] == sa for s in rb["subjects"]):
                 for rule in roles.get(rb["roleRef"]["name"], {}).get("rules", []):
                     if "discovery.k8s.io" in rule["apiGroups"] and "endpointslices" in rule["resources"]:
                         granted |= set(rule["verbs"])
+                    if "" in rule["apiGroups"] and "pods" in rule["resources"]:
+                        pods |= set(rule["verbs"])
         need({"list", "watch"} <= granted, f"--discovery kubernetes: {sa} may not list+watch endpointslices")
+        # The pods' kvrouter.io/* annotations (KV event port, dp size) are read with a get.
+        need("get" in pods, f"--discovery kubernetes: {sa} may not get pods (their annotations)")
         account = [o for o in objs if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == sa]
         need(account and account[0].get("automountServiceAccountToken", True),
              "--discovery kubernetes needs the service-account token mounted")
@@ -209,8 +213,13 @@ def self_test(args, out, flags):
     def no_rbac(o):
         o[:] = [x for x in o if x["kind"] not in ("Role", "RoleBinding")]
 
+    def no_pods_rbac(o):
+        for role in (x for x in o if x["kind"] == "Role"):
+            role["rules"] = [r for r in role["rules"] if "pods" not in r["resources"]]
+
     cases = [(base, f) for f in (grace, ready, selector, literal_token, unknown_env, unknown_key)]
     cases.append((disc, no_rbac))
+    cases.append((disc, no_pods_rbac))
     for objs, mutate in cases:
         broken = copy.deepcopy(objs)
         mutate(broken)

@@ -1,6 +1,7 @@
 //! Discovery flags: `kvrouter serve --discovery ...` (where the router finds workers) and
 //! `kvrouter mock-engine --register ...` (an engine registering itself).
 
+use crate::headings as H;
 use anyhow::{bail, Context};
 use clap::Args;
 use kvrouter_server::discovery::etcd::{EtcdClient, Registered};
@@ -15,27 +16,27 @@ const DEFAULT_PREFIX: &str = "/kvrouter/workers/";
 pub(crate) struct DiscoveryArgs {
     /// Discover workers: `etcd://HOST:PORT` (keys under --discovery-prefix, each a JSON
     /// registration under a lease) or `kubernetes` (EndpointSlices matching --selector).
-    #[arg(long)]
+    #[arg(help_heading = H::DISCOVERY, long)]
     discovery: Option<String>,
     /// etcd key prefix of worker registrations.
-    #[arg(long, default_value = DEFAULT_PREFIX)]
+    #[arg(help_heading = H::DISCOVERY, long, default_value = DEFAULT_PREFIX)]
     discovery_prefix: String,
     /// Kubernetes label selector of the EndpointSlices to watch, e.g. app=vllm.
-    #[arg(long)]
+    #[arg(help_heading = H::DISCOVERY, long)]
     selector: Option<String>,
     /// Kubernetes namespace (default: the kube config's).
-    #[arg(long)]
+    #[arg(help_heading = H::DISCOVERY, long)]
     namespace: Option<String>,
     /// Name of the EndpointSlice port to route to (default: the first port).
-    #[arg(long)]
+    #[arg(help_heading = H::DISCOVERY, long)]
     port_name: Option<String>,
     /// Seconds a removed worker keeps its index entries (it gets no new requests meanwhile;
     /// requests in flight finish).
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(help_heading = H::DISCOVERY, long, default_value_t = 30.0)]
     discovery_drain_grace_secs: f64,
     /// Longest wait in seconds between reconnects to the discovery source (waits double from
     /// 0.1 s up to this).
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(help_heading = H::DISCOVERY, long, default_value_t = 5.0)]
     discovery_backoff_max_secs: f64,
 }
 
