@@ -14,6 +14,8 @@
 //! - [`provenance`]: the per-request JSON-lines log.
 //! - `routing`: request bodies to tokens and block hashes. `registry`: adding and removing workers.
 //! - `ingest`: libzmq subscribers (a thread per rank), reconnect re-syncs, sequence-gap recovery, bounded slices. `metrics`: Prometheus text.
+//! - `replica`: router replicas sharing load, placements, sessions, versions and the
+//!   weight-update lease over NATS (`--replica-sync`).
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
 //! - `error`: the one mapping from errors to HTTP responses.
 //!
@@ -36,6 +38,7 @@ mod ingest;
 mod metrics;
 pub mod provenance;
 mod queue;
+mod replica;
 mod registry;
 mod request;
 mod routing;
@@ -107,6 +110,7 @@ pub async fn start(
             .map_err(|error| StartError::Worker { url, error })?;
     }
     let driver = queue::spawn(state.inner.clone());
+    replica::spawn(&state);
     let (shutdown, mut rx) = watch::channel(false);
     let router = app(state.clone());
     let (limits, lifecycle) = (config.http.clone(), state.inner.lifecycle.clone());

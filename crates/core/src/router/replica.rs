@@ -291,6 +291,11 @@ impl Router {
             .push(RemoteEvent::Active { replica, requests });
     }
 
+    /// Whether another replica's weight update holds `worker` out.
+    pub fn held_elsewhere(&self, worker: WorkerId) -> bool {
+        self.replicas.holds(worker)
+    }
+
     /// Workers replica `replica`'s weight update holds out here.
     pub fn held_by(&self, replica: ReplicaId) -> Vec<WorkerId> {
         self.replicas

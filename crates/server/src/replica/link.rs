@@ -1,0 +1,454 @@
+//! The NATS side of replica sync: connect, make the buckets, read what a joining replica needs,
+//! then three loops: publish this replica's events (and its heartbeat), apply the others'
+//! events, and expire replicas that went silent. None of them is on the request path: the core
+//! queues outgoing events and [`super::ReplicaState`] wakes the publisher.
+
+use super::wire::{self, Message, Names, SessionValue, WorkerPolicy};
+use super::Link;
+use crate::config::ReplicaSyncConfig;
+use crate::state::{AppState, Inner};
+use async_nats::jetstream::{self, kv};
+use futures::StreamExt;
+use kvrouter_core::ids::{ReplicaId, WorkerId, WorkerRank};
+use kvrouter_core::router::RemoteEvent;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+/// Keys read from a bucket when joining, at most.
+const MAX_JOIN_KEYS: usize = 100_000;
+
+/// Connects (retrying until NATS answers), joins and runs the loops until the process ends.
+pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
+    let inner = state.inner.clone();
+    let names = Names::new(&config.cluster);
+    let client = match async_nats::ConnectOptions::new()
+        .name(format!("kvrouter-replica-{}", config.replica_id))
+        .retry_on_initial_connect()
+        .connect(config.url.as_str())
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("replica sync: cannot connect to {}: {e}", config.url);
+            return;
+        }
+    };
+    let js = jetstream::new(client.clone());
+    let session_ttl = inner
+        .config
+        .router
+        .router_session_affinity_ttl_secs
+        .map_or(Duration::from_secs(3600), Duration::from_secs_f64);
+    let buckets = async {
+        Ok::<_, String>((
+            bucket(&js, &names.members(), config.ttl).await?,
+            bucket(&js, &names.sessions(), session_ttl).await?,
+            bucket(&js, &names.policy(), Duration::ZERO).await?,
+            bucket(&js, &names.lease(), config.ttl).await?,
+        ))
+    };
+    let (members, sessions, policy, lease) = loop {
+        match buckets.await {
+            Ok(b) => break b,
+            Err(e) => {
+                // JetStream is off (`nats-server -js`) or the buckets disagree: no shared state.
+                tracing::error!("replica sync: key-value buckets: {e}");
+                return;
+            }
+        }
+    };
+    let peers = Arc::new(Mutex::new(super::peers::Peers::default()));
+    let link = Arc::new(Link {
+        client: client.clone(),
+        lease,
+        names: names.clone(),
+        config: config.clone(),
+    });
+    let _ = inner.replica.link.set(link.clone());
+    // Subscribe before reading the buckets, so nothing published meanwhile is missed.
+    let sub = match client.subscribe(names.all_deltas()).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("replica sync: subscribe: {e}");
+            return;
+        }
+    };
+    join(&inner, &peers, &members, &sessions, &policy).await;
+    inner.replica.metrics.connected.store(true, Ordering::Relaxed);
+    tracing::info!(
+        "replica sync: replica {} joined {} at {}",
+        config.replica_id,
+        config.cluster,
+        config.url
+    );
+    tokio::spawn(receive(state.clone(), sub, peers.clone()));
+    tokio::spawn(expire(state.clone(), peers));
+    publish(state, link).await;
+}
+
+/// Opens a bucket, making it if it does not exist (`max_age` zero: entries never age out).
+async fn bucket(
+    js: &jetstream::Context,
+    name: &str,
+    max_age: Duration,
+) -> Result<kv::Store, String> {
+    if let Ok(store) = js.get_key_value(name).await {
+        return Ok(store);
+    }
+    // The bucket's stream as `create_key_value` would make it, made directly: that call first
+    // reads the account info, whose format changed after nats-server 2.9 (Debian's).
+    let made = js
+        .create_stream(jetstream::stream::Config {
+            name: format!("KV_{name}"),
+            subjects: vec![format!("$KV.{name}.>")],
+            max_messages_per_subject: 1,
+            max_age,
+            storage: jetstream::stream::StorageType::Memory,
+            discard: jetstream::stream::DiscardPolicy::New,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            num_replicas: 1,
+            max_messages: -1,
+            max_bytes: -1,
+            ..Default::default()
+        })
+        .await;
+    match made {
+        Ok(_) => js
+            .get_key_value(name)
+            .await
+            .map_err(|e| format!("bucket {name}: {e}")),
+        // Another replica made it meanwhile.
+        Err(e) => js
+            .get_key_value(name)
+            .await
+            .map_err(|_| format!("bucket {name}: {e}")),
+    }
+}
+
+/// Every entry of a bucket (at most [`MAX_JOIN_KEYS`]).
+async fn entries(store: &kv::Store) -> Vec<(String, bytes::Bytes)> {
+    let mut out = Vec::new();
+    let Ok(mut keys) = store.keys().await else {
+        return out;
+    };
+    while let Some(Ok(key)) = keys.next().await {
+        if out.len() >= MAX_JOIN_KEYS {
+            break;
+        }
+        if let Ok(Some(v)) = store.get(&key).await {
+            out.push((key, v));
+        }
+    }
+    out
+}
+
+/// What a joining replica reads: the others' worker tables, live sessions, policy versions and
+/// pauses.
+async fn join(
+    inner: &Inner,
+    peers: &Mutex<super::peers::Peers>,
+    members: &kv::Store,
+    sessions: &kv::Store,
+    policy: &kv::Store,
+) {
+    let own = inner.replica.id();
+    for (key, value) in entries(members).await {
+        let Ok(id) = key.parse::<u64>() else { continue };
+        if id == own {
+            continue;
+        }
+        if let Ok(ws) = serde_json::from_slice::<Vec<(u64, String)>>(&value) {
+            peers
+                .lock()
+                .expect("peers lock")
+                .learn_workers(id, Instant::now(), ws);
+        }
+    }
+    let local = local_ids(inner);
+    let mut events = Vec::new();
+    for (key, value) in entries(sessions).await {
+        let (Ok(session), Ok(v)) = (
+            u64::from_str_radix(&key, 16),
+            serde_json::from_slice::<SessionValue>(&value),
+        ) else {
+            continue;
+        };
+        if let Some(w) = local.get(&v.url) {
+            events.push(RemoteEvent::Session {
+                session,
+                rank: WorkerRank::new(*w, v.dp_rank),
+                ttl_ms: v.ttl_ms,
+            });
+        }
+    }
+    for (_, value) in entries(policy).await {
+        let Ok(v) = serde_json::from_slice::<WorkerPolicy>(&value) else {
+            continue;
+        };
+        let Some(w) = local.get(&v.url) else { continue };
+        if let Some(version) = v.version {
+            events.push(RemoteEvent::Version {
+                worker: *w,
+                version,
+            });
+        }
+        if let Some(paused) = v.paused {
+            events.push(RemoteEvent::Paused { worker: *w, paused });
+        }
+    }
+    let n = events.len();
+    apply(inner, events);
+    tracing::info!("replica sync: read {n} shared entries on joining");
+}
+
+/// This replica's workers by URL.
+fn local_ids(inner: &Inner) -> HashMap<String, WorkerId> {
+    inner
+        .workers
+        .lock()
+        .expect("workers lock")
+        .iter()
+        .map(|(id, r)| (r.entry.url.clone(), *id))
+        .collect()
+}
+
+/// Applies events to the core and carries out what they set in motion.
+fn apply(inner: &Inner, events: Vec<RemoteEvent>) {
+    let m = &inner.replica.metrics;
+    let mut effects = kvrouter_core::router::Effects::default();
+    {
+        let now = inner.now();
+        let mut core = inner.lock_core();
+        for e in events {
+            match core.apply_remote(e, now) {
+                Ok(more) => effects.extend(more),
+                Err(_) => {
+                    m.rejected.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+    if !effects.is_empty() {
+        inner.apply(effects);
+    }
+    inner.wake_queue();
+}
+
+/// Applies the other replicas' messages.
+async fn receive(
+    state: AppState,
+    mut sub: async_nats::Subscriber,
+    peers: Arc<Mutex<super::peers::Peers>>,
+) {
+    let inner = &state.inner;
+    let own = inner.replica.id();
+    let m = &inner.replica.metrics;
+    while let Some(msg) = sub.next().await {
+        let Ok(message) = serde_json::from_slice::<Message>(&msg.payload) else {
+            m.rejected.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        if message.replica == own {
+            continue;
+        }
+        let lag = wire::unix_ms(SystemTime::now()).saturating_sub(message.sent_unix_ms);
+        m.lag_ms.store(lag, Ordering::Relaxed);
+        let n = message.events.len() as u64;
+        m.received.fetch_add(n, Ordering::Relaxed);
+        let local = local_ids(inner);
+        let events: Vec<RemoteEvent> = {
+            let mut peers = peers.lock().expect("peers lock");
+            let lost = peers.seen(message.replica, message.seq, Instant::now(), message.workers);
+            m.lost_messages.fetch_add(lost, Ordering::Relaxed);
+            if !peers.knows_workers(message.replica) {
+                m.untranslated.fetch_add(n, Ordering::Relaxed);
+                continue;
+            }
+            let from = message.replica;
+            let map = |w: WorkerId| {
+                peers
+                    .worker_url(from, w.0)
+                    .and_then(|url| local.get(url).copied())
+            };
+            message
+                .events
+                .into_iter()
+                .filter_map(|e| e.map_workers(map))
+                .collect()
+        };
+        m.untranslated
+            .fetch_add(n - events.len() as u64, Ordering::Relaxed);
+        apply(inner, events);
+        m.peers_alive.store(
+            peers.lock().expect("peers lock").alive() as u64,
+            Ordering::Relaxed,
+        );
+    }
+    tracing::warn!("replica sync: subscription ended");
+}
+
+/// Expires replicas not heard from within the TTL: their load and holds go, and a hold left by
+/// an update they drove is rolled back (see [`super::lease`]).
+async fn expire(state: AppState, peers: Arc<Mutex<super::peers::Peers>>) {
+    let inner = &state.inner;
+    let config = inner
+        .config
+        .replica_sync
+        .clone()
+        .expect("replica sync on");
+    let mut tick = tokio::time::interval(config.heartbeat.min(config.ttl / 4));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let (gone, alive) = {
+            let mut p = peers.lock().expect("peers lock");
+            (p.expire(Instant::now(), config.ttl), p.alive())
+        };
+        inner
+            .replica
+            .metrics
+            .peers_alive
+            .store(alive as u64, Ordering::Relaxed);
+        for id in gone {
+            let held = inner.lock_core().held_by(ReplicaId(id));
+            tracing::warn!("replica sync: replica {id} expired (no heartbeat for {:?})", config.ttl);
+            inner.replica.metrics.expired.fetch_add(1, Ordering::Relaxed);
+            apply(inner, vec![RemoteEvent::ReplicaExpired { replica: ReplicaId(id) }]);
+            if !held.is_empty() {
+                tokio::spawn(super::lease::roll_back(state.clone(), id, held));
+            }
+        }
+    }
+}
+
+/// Publishes this replica's events as they are queued, and a heartbeat (with its active
+/// requests and worker table) every heartbeat interval.
+async fn publish(state: AppState, link: Arc<Link>) {
+    let inner = &state.inner;
+    let config = &link.config;
+    let subject = link.names.deltas(config.replica_id);
+    let m = &inner.replica.metrics;
+    let mut tick = tokio::time::interval(config.heartbeat);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seq = 0u64;
+    loop {
+        let heartbeat = tokio::select! {
+            _ = tick.tick() => true,
+            _ = inner.replica.notify.notified() => false,
+        };
+        let (events, dropped) = {
+            let mut core = inner.lock_core();
+            if heartbeat {
+                core.replica_active();
+            }
+            (core.take_outgoing(), core.outgoing_dropped())
+        };
+        m.dropped.store(dropped, Ordering::Relaxed);
+        if events.is_empty() {
+            continue;
+        }
+        let workers = heartbeat.then(|| {
+            let mut table: Vec<(u64, String)> = local_ids(inner)
+                .into_iter()
+                .map(|(url, id)| (id.0, url))
+                .collect();
+            table.sort();
+            table
+        });
+        if let Some(table) = &workers {
+            let key = Names::kv_subject(&link.names.members(), &config.replica_id.to_string());
+            let body = serde_json::to_vec(table).unwrap_or_default();
+            let _ = link.client.publish(key, body.into()).await;
+        }
+        store_shared(inner, &link, &events).await;
+        let n = events.len() as u64;
+        let message = Message {
+            replica: config.replica_id,
+            seq,
+            sent_unix_ms: wire::unix_ms(SystemTime::now()),
+            workers,
+            events,
+        };
+        seq += 1;
+        let body = serde_json::to_vec(&message).unwrap_or_default();
+        match link.client.publish(subject.clone(), body.into()).await {
+            Ok(()) => {
+                m.published.fetch_add(n, Ordering::Relaxed);
+            }
+            Err(e) => {
+                m.publish_errors.fetch_add(n, Ordering::Relaxed);
+                tracing::warn!("replica sync: publish: {e}");
+            }
+        }
+    }
+}
+
+/// Puts the state a joining replica reads (session bindings, versions, pauses) into the
+/// buckets, with plain publishes.
+async fn store_shared(inner: &Inner, link: &Link, events: &[RemoteEvent]) {
+    let urls: HashMap<WorkerId, String> = local_ids(inner)
+        .into_iter()
+        .map(|(url, id)| (id, url))
+        .collect();
+    for e in events {
+        let (bucket, key, body) = match e {
+            RemoteEvent::Session {
+                session,
+                rank,
+                ttl_ms,
+            } => {
+                let Some(url) = urls.get(&rank.worker) else { continue };
+                let v = SessionValue {
+                    url: url.clone(),
+                    dp_rank: rank.dp_rank,
+                    ttl_ms: *ttl_ms,
+                };
+                (
+                    link.names.sessions(),
+                    wire::session_key(*session),
+                    serde_json::to_vec(&v).unwrap_or_default(),
+                )
+            }
+            RemoteEvent::SessionReleased { session } => {
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("KV-Operation", "DEL");
+                let subject = Names::kv_subject(&link.names.sessions(), &wire::session_key(*session));
+                let _ = link
+                    .client
+                    .publish_with_headers(subject, headers, bytes::Bytes::new())
+                    .await;
+                continue;
+            }
+            RemoteEvent::Version { worker, .. } | RemoteEvent::Paused { worker, .. } => {
+                let Some(url) = urls.get(worker) else { continue };
+                let (version, paused) = {
+                    let core = inner.lock_core();
+                    let version = core
+                        .workers()
+                        .find(|w| w.id == *worker)
+                        .map(|w| w.policy_version);
+                    (version, Some(core.is_paused(*worker)))
+                };
+                let v = WorkerPolicy {
+                    url: url.clone(),
+                    version,
+                    paused,
+                };
+                (
+                    link.names.policy(),
+                    wire::worker_key(url),
+                    serde_json::to_vec(&v).unwrap_or_default(),
+                )
+            }
+            _ => continue,
+        };
+        let _ = link
+            .client
+            .publish(Names::kv_subject(&bucket, &key), body.into())
+            .await;
+    }
+}

@@ -1,0 +1,139 @@
+//! Router replicas sharing state over NATS (`kvrouter serve --replica-sync nats://HOST:PORT`).
+//!
+//! Several `kvrouter serve` processes with the same configuration form one logical router. Each
+//! reads the engines' KV events itself; over NATS they share what one replica cannot see. The
+//! core queues a [`kvrouter_core::router::RemoteEvent`] for every change to shared state and this
+//! module carries them:
+//! - core NATS publish/subscribe (`<cluster>.replica.<id>`) for the high-rate deltas: request
+//!   begin / first token / finish, predicted placements, session bindings, group placements,
+//!   versions, pauses, update holds, and each heartbeat's list of active requests. Best effort
+//!   and in order per sender; a lost finish is repaired by the next heartbeat's list, a lost
+//!   begin costs that request's load until it ends.
+//! - JetStream key-value buckets for what a joining replica must read on start: `members`
+//!   (worker tables, aged out after the TTL), `sessions` (aged out after the session TTL),
+//!   `policy` (versions, pauses), and `lease` (the weight-update lease, aged out after the TTL).
+//!
+//! Nothing here is on the request path: the request path only queues events in the core (a
+//! bounded outbox) and wakes the publisher.
+//!
+//! Layout: `wire.rs` (names and message formats), `peers.rs` (who is alive, their worker
+//! tables), `link.rs` (the NATS loops), `lease.rs` (one replica drives a weight update).
+
+pub(crate) mod lease;
+mod link;
+mod peers;
+mod wire;
+
+use crate::config::ReplicaSyncConfig;
+use crate::state::AppState;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use tokio::sync::Notify;
+
+/// Replica sync as the rest of the server sees it: the publisher's wake-up, the link once
+/// connected, and the metrics.
+#[derive(Debug, Default)]
+pub(crate) struct ReplicaState {
+    id: u64,
+    /// Wakes the publisher: the core queued events.
+    pub(crate) notify: Notify,
+    link: OnceLock<Arc<Link>>,
+    pub(crate) metrics: SyncMetrics,
+}
+
+impl ReplicaState {
+    pub(crate) fn new(config: Option<&ReplicaSyncConfig>) -> Self {
+        Self {
+            id: config.map_or(0, |c| c.replica_id),
+            ..Default::default()
+        }
+    }
+
+    /// This replica's id (0 without sync).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The NATS link, once connected and joined.
+    pub(crate) fn link(&self) -> Option<&Arc<Link>> {
+        self.link.get()
+    }
+}
+
+/// An open NATS connection and the lease bucket.
+pub(crate) struct Link {
+    client: async_nats::Client,
+    lease: async_nats::jetstream::kv::Store,
+    names: wire::Names,
+    config: ReplicaSyncConfig,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link").field("config", &self.config).finish()
+    }
+}
+
+/// Counters of replica sync.
+#[derive(Debug, Default)]
+pub(crate) struct SyncMetrics {
+    connected: AtomicBool,
+    published: AtomicU64,
+    publish_errors: AtomicU64,
+    dropped: AtomicU64,
+    received: AtomicU64,
+    rejected: AtomicU64,
+    untranslated: AtomicU64,
+    lost_messages: AtomicU64,
+    peers_alive: AtomicU64,
+    expired: AtomicU64,
+    lag_ms: AtomicU64,
+    pub(crate) lease_lost: AtomicU64,
+    pub(crate) rollbacks: AtomicU64,
+}
+
+/// Starts replica sync if configured (connects in the background; the router serves meanwhile).
+pub(crate) fn spawn(state: &AppState) {
+    if let Some(config) = state.inner.config.replica_sync.clone() {
+        tokio::spawn(link::run(state.clone(), config));
+    }
+}
+
+/// Appends the sync metrics (only with `--replica-sync`).
+pub(crate) fn render(state: &AppState, out: &mut String) {
+    if state.inner.config.replica_sync.is_none() {
+        return;
+    }
+    let m = &state.inner.replica.metrics;
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let counters = [
+        ("kvrouter_replica_events_published_total", "Events this replica published to the others.", get(&m.published)),
+        ("kvrouter_replica_events_publish_errors_total", "Events whose publish failed (NATS down).", get(&m.publish_errors)),
+        ("kvrouter_replica_events_dropped_total", "Events dropped because the outgoing queue was full (--replica-outbox-max-events).", get(&m.dropped)),
+        ("kvrouter_replica_events_received_total", "Events received from the other replicas.", get(&m.received)),
+        ("kvrouter_replica_events_rejected_total", "Received events not applied (unknown request or worker, undecodable).", get(&m.rejected)),
+        ("kvrouter_replica_events_untranslated_total", "Received events naming a worker this replica does not know.", get(&m.untranslated)),
+        ("kvrouter_replica_messages_lost_total", "Gaps in the other replicas' message sequence numbers.", get(&m.lost_messages)),
+        ("kvrouter_replica_expired_total", "Replicas expired after no heartbeat within --replica-ttl-ms.", get(&m.expired)),
+        ("kvrouter_replica_update_lease_lost_total", "Weight-update lease renewals that failed.", get(&m.lease_lost)),
+        ("kvrouter_replica_update_rollbacks_total", "Weight updates of expired replicas this replica rolled back.", get(&m.rollbacks)),
+    ];
+    for (name, help, v) in counters {
+        crate::metrics::counter_header(out, name, help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+    let core = state.inner.lock_core();
+    let remote: usize = core.remote_requests().values().sum();
+    drop(core);
+    let gauges = [
+        ("kvrouter_replica_connected", "1 once connected to NATS and joined.", u64::from(m.connected.load(Ordering::Relaxed))),
+        ("kvrouter_replica_peers_alive", "Other replicas heard from within the TTL.", get(&m.peers_alive)),
+        ("kvrouter_replica_sync_lag_ms", "Age of the last received message at receipt (clock skew included).", get(&m.lag_ms)),
+        ("kvrouter_replica_remote_active_requests", "Requests of other replicas counted in this replica's load.", remote as u64),
+    ];
+    for (name, help, v) in gauges {
+        crate::metrics::gauge_header(out, name, help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+}
