@@ -260,15 +260,17 @@ async fn a_session_pinned_through_one_replica_keeps_its_worker_through_others() 
     }
     // Round-robin spreads them: the binding is what keeps them, not a shared preference.
     assert!(bound.iter().any(|(_, w)| *w != bound[0].1));
+    // B has everything A sent (B hears from A only).
+    let sent = metric(&client, &a.http(), "kvrouter_replica_events_published_total").await;
+    until(Duration::from_secs(10), "B to receive A's events", || {
+        let (c, base) = (client.clone(), b.http());
+        async move { metric(&c, &base, "kvrouter_replica_events_received_total").await >= sent }
+    })
+    .await;
+    // B's own round-robin cursor is somewhere else than A's was.
+    complete(&client, &b.http(), "no session", &[], 2).await;
     for (session, w) in &bound {
-        let mut got = 0;
-        for _ in 0..50 {
-            got = complete(&client, &b.http(), "another turn", &[("x-session-id", session)], 2).await;
-            if got == *w {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let got = complete(&client, &b.http(), "another turn", &[("x-session-id", session)], 2).await;
         assert_eq!(got, *w, "{session} through replica B");
     }
     // A replica that joins later reads the bindings from the sessions bucket.
@@ -278,6 +280,7 @@ async fn a_session_pinned_through_one_replica_keeps_its_worker_through_others() 
         async move { metric(&cl, &base, "kvrouter_replica_connected").await == 1 }
     })
     .await;
+    complete(&client, &c.http(), "no session", &[], 2).await;
     for (session, w) in &bound {
         let got = complete(&client, &c.http(), "a third turn", &[("x-session-id", session)], 2).await;
         assert_eq!(got, *w, "{session} through replica C, joined later");
