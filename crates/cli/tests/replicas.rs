@@ -48,7 +48,9 @@ fn nats_binary() -> String {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
     found.unwrap_or_else(|| {
-        panic!("nats-server is not installed (apt-get install nats-server): the replica tests need it")
+        panic!(
+            "nats-server is not installed (apt-get install nats-server): the replica tests need it"
+        )
     })
 }
 
@@ -68,8 +70,14 @@ async fn nats() -> Nats {
         .spawn()
         .expect("start nats-server");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-        assert!(Instant::now() < deadline, "nats-server did not listen in time");
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "nats-server did not listen in time"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Nats {
@@ -170,10 +178,14 @@ async fn joined(client: &reqwest::Client, replicas: &[&Proc]) {
     for r in replicas {
         let base = r.http();
         let peers = replicas.len() as u64 - 1;
-        until(Duration::from_secs(20), "replicas to see each other", || {
-            let (c, b) = (client.clone(), base.clone());
-            async move { metric(&c, &b, "kvrouter_replica_peers_alive").await == peers }
-        })
+        until(
+            Duration::from_secs(20),
+            "replicas to see each other",
+            || {
+                let (c, b) = (client.clone(), base.clone());
+                async move { metric(&c, &b, "kvrouter_replica_peers_alive").await == peers }
+            },
+        )
         .await;
     }
 }
@@ -186,9 +198,9 @@ async fn complete(
     headers: &[(&str, &str)],
     max_tokens: u64,
 ) -> u64 {
-    let mut req = client.post(format!("{base}/v1/completions")).json(
-        &json!({"model": "mock-model", "prompt": prompt, "max_tokens": max_tokens}),
-    );
+    let mut req = client
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"model": "mock-model", "prompt": prompt, "max_tokens": max_tokens}));
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -239,7 +251,12 @@ async fn same_prefix_through_different_replicas_lands_on_the_same_engine() {
         agree += usize::from(again == first);
     }
     assert_eq!(agree, 8, "every prefix followed through another replica");
-    let received = metric(&client, &rs[0].http(), "kvrouter_replica_events_received_total").await;
+    let received = metric(
+        &client,
+        &rs[0].http(),
+        "kvrouter_replica_events_received_total",
+    )
+    .await;
     assert!(received > 0);
 }
 
@@ -247,7 +264,12 @@ async fn same_prefix_through_different_replicas_lands_on_the_same_engine() {
 async fn a_session_pinned_through_one_replica_keeps_its_worker_through_others() {
     let nats = nats().await;
     let engines = engines(4, &[]).await;
-    let extra = ["--router-session-affinity-ttl-secs", "60", "--router-mode", "round-robin"];
+    let extra = [
+        "--router-session-affinity-ttl-secs",
+        "60",
+        "--router-mode",
+        "round-robin",
+    ];
     let a = replica(&nats, 1, &engines, &extra).await;
     let b = replica(&nats, 2, &engines, &extra).await;
     let client = reqwest::Client::new();
@@ -255,13 +277,25 @@ async fn a_session_pinned_through_one_replica_keeps_its_worker_through_others() 
     let mut bound = Vec::new();
     for s in 0..6 {
         let session = format!("session-{s}");
-        let w = complete(&client, &a.http(), &prompt(s), &[("x-session-id", &session)], 2).await;
+        let w = complete(
+            &client,
+            &a.http(),
+            &prompt(s),
+            &[("x-session-id", &session)],
+            2,
+        )
+        .await;
         bound.push((session, w));
     }
     // Round-robin spreads them: the binding is what keeps them, not a shared preference.
     assert!(bound.iter().any(|(_, w)| *w != bound[0].1));
     // B has everything A sent (B hears from A only).
-    let sent = metric(&client, &a.http(), "kvrouter_replica_events_published_total").await;
+    let sent = metric(
+        &client,
+        &a.http(),
+        "kvrouter_replica_events_published_total",
+    )
+    .await;
     until(Duration::from_secs(10), "B to receive A's events", || {
         let (c, base) = (client.clone(), b.http());
         async move { metric(&c, &base, "kvrouter_replica_events_received_total").await >= sent }
@@ -270,7 +304,14 @@ async fn a_session_pinned_through_one_replica_keeps_its_worker_through_others() 
     // B's own round-robin cursor is somewhere else than A's was.
     complete(&client, &b.http(), "no session", &[], 2).await;
     for (session, w) in &bound {
-        let got = complete(&client, &b.http(), "another turn", &[("x-session-id", session)], 2).await;
+        let got = complete(
+            &client,
+            &b.http(),
+            "another turn",
+            &[("x-session-id", session)],
+            2,
+        )
+        .await;
         assert_eq!(got, *w, "{session} through replica B");
     }
     // A replica that joins later reads the bindings from the sessions bucket.
@@ -282,7 +323,14 @@ async fn a_session_pinned_through_one_replica_keeps_its_worker_through_others() 
     .await;
     complete(&client, &c.http(), "no session", &[], 2).await;
     for (session, w) in &bound {
-        let got = complete(&client, &c.http(), "a third turn", &[("x-session-id", session)], 2).await;
+        let got = complete(
+            &client,
+            &c.http(),
+            "a third turn",
+            &[("x-session-id", session)],
+            2,
+        )
+        .await;
         assert_eq!(got, *w, "{session} through replica C, joined later");
     }
 }
@@ -310,15 +358,22 @@ async fn a_killed_replica_leaves_no_phantom_load() {
         }));
     }
     let (a, b) = (rs[0].http(), rs[1].http());
-    until(Duration::from_secs(20), "replica 1 to count replica 3's load", || {
-        let (c, base) = (client.clone(), a.clone());
-        async move { metric(&c, &base, "kvrouter_replica_remote_active_requests").await >= 12 }
-    })
+    until(
+        Duration::from_secs(20),
+        "replica 1 to count replica 3's load",
+        || {
+            let (c, base) = (client.clone(), a.clone());
+            async move { metric(&c, &base, "kvrouter_replica_remote_active_requests").await >= 12 }
+        },
+    )
     .await;
     // Requests on the surviving replicas while it dies.
     let mut traffic = Vec::new();
     for i in 0..30 {
-        let (c, base) = (client.clone(), if i % 2 == 0 { a.clone() } else { b.clone() });
+        let (c, base) = (
+            client.clone(),
+            if i % 2 == 0 { a.clone() } else { b.clone() },
+        );
         traffic.push(tokio::spawn(async move {
             complete(&c, &base, &format!("short {i}"), &[], 4).await
         }));
@@ -328,21 +383,32 @@ async fn a_killed_replica_leaves_no_phantom_load() {
     let _ = victim_proc.child.wait().await;
     let killed = Instant::now();
     for t in traffic {
-        t.await.expect("requests on the other replicas are unaffected");
+        t.await
+            .expect("requests on the other replicas are unaffected");
     }
     for base in [&a, &b] {
-        until(Duration::from_millis(TTL_MS + 3000), "phantom load to go", || {
-            let (c, base) = (client.clone(), base.clone());
-            async move {
-                metric(&c, &base, "kvrouter_replica_remote_active_requests").await == 0
-                    && worker_sum(&c, &base, "kvrouter_worker_active_requests").await == 0
-            }
-        })
+        until(
+            Duration::from_millis(TTL_MS + 3000),
+            "phantom load to go",
+            || {
+                let (c, base) = (client.clone(), base.clone());
+                async move {
+                    metric(&c, &base, "kvrouter_replica_remote_active_requests").await == 0
+                        && worker_sum(&c, &base, "kvrouter_worker_active_requests").await == 0
+                }
+            },
+        )
         .await;
     }
     let gone_after = killed.elapsed();
-    assert!(gone_after >= Duration::from_millis(TTL_MS / 2), "expired by TTL, not at once: {gone_after:?}");
-    assert_eq!(metric(&client, &a, "kvrouter_replica_expired_total").await, 1);
+    assert!(
+        gone_after >= Duration::from_millis(TTL_MS / 2),
+        "expired by TTL, not at once: {gone_after:?}"
+    );
+    assert_eq!(
+        metric(&client, &a, "kvrouter_replica_expired_total").await,
+        1
+    );
     drop(doomed);
 }
 
@@ -397,19 +463,23 @@ async fn one_replica_drives_an_update_and_its_death_leaves_no_worker_paused() {
     assert_eq!(update(b.http()).await, 409);
     // B honours A's hold and sees its progress; the engine is paused for its load.
     let engine0 = engines[0].http();
-    until(Duration::from_secs(10), "B to hold worker 0 for A's update", || {
-        let (c, base, e) = (client.clone(), b.http(), engine0.clone());
-        async move {
-            let p = policy(&c, &base).await;
-            p["workers"][0]["state"] == "updating"
-                && p["update_lease"]["replica"] == 1
-                && engine_paused(&c, &e).await
-        }
-    })
+    until(
+        Duration::from_secs(10),
+        "B to hold worker 0 for A's update",
+        || {
+            let (c, base, e) = (client.clone(), b.http(), engine0.clone());
+            async move {
+                let p = policy(&c, &base).await;
+                p["workers"][0]["state"] == "updating"
+                    && p["update_lease"]["replica"] == 1
+                    && engine_paused(&c, &e).await
+            }
+        },
+    )
     .await;
     drop(a); // SIGKILL mid-load
-    // Held out until A expires; then B wins the free lease, resumes the engine (which answers
-    // once its load is over) and adopts the version it reports: the cycle is finished.
+             // Held out until A expires; then B wins the free lease, resumes the engine (which answers
+             // once its load is over) and adopts the version it reports: the cycle is finished.
     until(Duration::from_secs(20), "worker 0 back in service", || {
         let (c, base, e) = (client.clone(), b.http(), engine0.clone());
         async move {
@@ -420,9 +490,24 @@ async fn one_replica_drives_an_update_and_its_death_leaves_no_worker_paused() {
         }
     })
     .await;
-    assert_eq!(metric(&client, &b.http(), "kvrouter_replica_update_rollbacks_total").await, 1);
+    assert_eq!(
+        metric(
+            &client,
+            &b.http(),
+            "kvrouter_replica_update_rollbacks_total"
+        )
+        .await,
+        1
+    );
     // It serves through B (pinned to it), and B may drive the next update.
-    let w = complete(&client, &b.http(), "after", &[("x-kvrouter-worker-id", "0")], 2).await;
+    let w = complete(
+        &client,
+        &b.http(),
+        "after",
+        &[("x-kvrouter-worker-id", "0")],
+        2,
+    )
+    .await;
     assert_eq!(w, 0);
     until(Duration::from_secs(10), "the lease to be free", || {
         let (c, base) = (client.clone(), b.http());

@@ -182,14 +182,14 @@ proptest! {
             prop_assert!(r.check_invariants().is_ok());
         }
         // Each side expires the other: only its own load is left.
-        for on in 0..2 {
+        for (on, router) in routers.iter_mut().enumerate() {
             let other = ReplicaId(2 - on as u64);
-            let _ = routers[on]
+            let _ = router
                 .apply_remote(RemoteEvent::ReplicaExpired { replica: other }, Time::ZERO)
                 .unwrap();
-            prop_assert_eq!(router_loads(&routers[on]), model_loads(&live, &[on]));
-            prop_assert!(routers[on].remote_requests().is_empty());
-            prop_assert!(routers[on].check_invariants().is_ok());
+            prop_assert_eq!(router_loads(router), model_loads(&live, &[on]));
+            prop_assert!(router.remote_requests().is_empty());
+            prop_assert!(router.check_invariants().is_ok());
         }
     }
 }

@@ -270,9 +270,7 @@ impl ReplicaSyncConfig {
             return Err("--replica-heartbeat-ms must be at least 1".into());
         }
         if self.ttl <= self.heartbeat * 2 {
-            return Err(
-                "--replica-ttl-ms must be more than twice --replica-heartbeat-ms".into(),
-            );
+            return Err("--replica-ttl-ms must be more than twice --replica-heartbeat-ms".into());
         }
         if self.outbox_max_events == 0 {
             return Err("--replica-outbox-max-events must be at least 1".into());

@@ -34,7 +34,9 @@ pub(crate) async fn acquire(state: &AppState) -> Result<Option<u64>, ServeError>
     match link.lease.create(KEY, body.into()).await {
         Ok(revision) => Ok(Some(revision)),
         Err(_) => {
-            let holder = holder(state).await.map_or("another".to_owned(), |v| v.replica.to_string());
+            let holder = holder(state)
+                .await
+                .map_or("another".to_owned(), |v| v.replica.to_string());
             Err(ServeError::Conflict(format!(
                 "replica {holder} is driving a weight update (it holds the update lease)"
             )))
@@ -51,7 +53,11 @@ pub(crate) async fn holder(state: &AppState) -> Option<LeaseValue> {
 
 /// Keeps the lease while this replica's cycle runs (renewing it with the cycle's progress),
 /// then gives it up.
-pub(crate) fn hold(state: AppState, mut revision: u64, status: fn(&AppState) -> Option<serde_json::Value>) {
+pub(crate) fn hold(
+    state: AppState,
+    mut revision: u64,
+    status: fn(&AppState) -> Option<serde_json::Value>,
+) {
     tokio::spawn(async move {
         let Some(link) = state.inner.replica.link().cloned() else {
             return;
@@ -76,7 +82,12 @@ pub(crate) fn hold(state: AppState, mut revision: u64, status: fn(&AppState) -> 
             match link.lease.update(KEY, body.into(), revision).await {
                 Ok(r) => revision = r,
                 Err(e) => {
-                    state.inner.replica.metrics.lease_lost.fetch_add(1, Ordering::Relaxed);
+                    state
+                        .inner
+                        .replica
+                        .metrics
+                        .lease_lost
+                        .fetch_add(1, Ordering::Relaxed);
                     tracing::warn!("weight update: renewing the update lease: {e}");
                 }
             }
@@ -117,6 +128,11 @@ pub(crate) async fn roll_back(state: AppState, dead: u64, workers: Vec<WorkerId>
             tracing::warn!("worker {w}: resuming after an abandoned update: {e}");
         }
     }
-    state.inner.replica.metrics.rollbacks.fetch_add(1, Ordering::Relaxed);
+    state
+        .inner
+        .replica
+        .metrics
+        .rollbacks
+        .fetch_add(1, Ordering::Relaxed);
     let _ = link.lease.delete_expect_revision(KEY, Some(revision)).await;
 }

@@ -49,14 +49,12 @@ pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
             bucket(&js, &names.lease(), config.ttl).await?,
         ))
     };
-    let (members, sessions, policy, lease) = loop {
-        match buckets.await {
-            Ok(b) => break b,
-            Err(e) => {
-                // JetStream is off (`nats-server -js`) or the buckets disagree: no shared state.
-                tracing::error!("replica sync: key-value buckets: {e}");
-                return;
-            }
+    let (members, sessions, policy, lease) = match buckets.await {
+        Ok(b) => b,
+        Err(e) => {
+            // JetStream is off (`nats-server -js`) or the buckets disagree: no shared state.
+            tracing::error!("replica sync: key-value buckets: {e}");
+            return;
         }
     };
     let peers = Arc::new(Mutex::new(super::peers::Peers::default()));
@@ -76,7 +74,11 @@ pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
         }
     };
     join(&inner, &peers, &members, &sessions, &policy).await;
-    inner.replica.metrics.connected.store(true, Ordering::Relaxed);
+    inner
+        .replica
+        .metrics
+        .connected
+        .store(true, Ordering::Relaxed);
     tracing::info!(
         "replica sync: replica {} joined {} at {}",
         config.replica_id,
@@ -262,7 +264,12 @@ async fn receive(
         let local = local_ids(inner);
         let events: Vec<RemoteEvent> = {
             let mut peers = peers.lock().expect("peers lock");
-            let lost = peers.seen(message.replica, message.seq, Instant::now(), message.workers);
+            let lost = peers.seen(
+                message.replica,
+                message.seq,
+                Instant::now(),
+                message.workers,
+            );
             m.lost_messages.fetch_add(lost, Ordering::Relaxed);
             if !peers.knows_workers(message.replica) {
                 m.untranslated.fetch_add(n, Ordering::Relaxed);
@@ -295,11 +302,7 @@ async fn receive(
 /// an update they drove is rolled back (see [`super::lease`]).
 async fn expire(state: AppState, peers: Arc<Mutex<super::peers::Peers>>) {
     let inner = &state.inner;
-    let config = inner
-        .config
-        .replica_sync
-        .clone()
-        .expect("replica sync on");
+    let config = inner.config.replica_sync.clone().expect("replica sync on");
     let mut tick = tokio::time::interval(config.heartbeat.min(config.ttl / 4));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -315,9 +318,21 @@ async fn expire(state: AppState, peers: Arc<Mutex<super::peers::Peers>>) {
             .store(alive as u64, Ordering::Relaxed);
         for id in gone {
             let held = inner.lock_core().held_by(ReplicaId(id));
-            tracing::warn!("replica sync: replica {id} expired (no heartbeat for {:?})", config.ttl);
-            inner.replica.metrics.expired.fetch_add(1, Ordering::Relaxed);
-            apply(inner, vec![RemoteEvent::ReplicaExpired { replica: ReplicaId(id) }]);
+            tracing::warn!(
+                "replica sync: replica {id} expired (no heartbeat for {:?})",
+                config.ttl
+            );
+            inner
+                .replica
+                .metrics
+                .expired
+                .fetch_add(1, Ordering::Relaxed);
+            apply(
+                inner,
+                vec![RemoteEvent::ReplicaExpired {
+                    replica: ReplicaId(id),
+                }],
+            );
             if !held.is_empty() {
                 tokio::spawn(super::lease::roll_back(state.clone(), id, held));
             }
@@ -401,7 +416,9 @@ async fn store_shared(inner: &Inner, link: &Link, events: &[RemoteEvent]) {
                 rank,
                 ttl_ms,
             } => {
-                let Some(url) = urls.get(&rank.worker) else { continue };
+                let Some(url) = urls.get(&rank.worker) else {
+                    continue;
+                };
                 let v = SessionValue {
                     url: url.clone(),
                     dp_rank: rank.dp_rank,
@@ -416,7 +433,8 @@ async fn store_shared(inner: &Inner, link: &Link, events: &[RemoteEvent]) {
             RemoteEvent::SessionReleased { session } => {
                 let mut headers = async_nats::HeaderMap::new();
                 headers.insert("KV-Operation", "DEL");
-                let subject = Names::kv_subject(&link.names.sessions(), &wire::session_key(*session));
+                let subject =
+                    Names::kv_subject(&link.names.sessions(), &wire::session_key(*session));
                 let _ = link
                     .client
                     .publish_with_headers(subject, headers, bytes::Bytes::new())
@@ -424,7 +442,9 @@ async fn store_shared(inner: &Inner, link: &Link, events: &[RemoteEvent]) {
                 continue;
             }
             RemoteEvent::Version { worker, .. } | RemoteEvent::Paused { worker, .. } => {
-                let Some(url) = urls.get(worker) else { continue };
+                let Some(url) = urls.get(worker) else {
+                    continue;
+                };
                 let (version, paused) = {
                     let core = inner.lock_core();
                     let version = core

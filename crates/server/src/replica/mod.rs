@@ -71,7 +71,9 @@ pub(crate) struct Link {
 
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Link").field("config", &self.config).finish()
+        f.debug_struct("Link")
+            .field("config", &self.config)
+            .finish()
     }
 }
 
@@ -108,16 +110,56 @@ pub(crate) fn render(state: &AppState, out: &mut String) {
     let m = &state.inner.replica.metrics;
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let counters = [
-        ("kvrouter_replica_events_published_total", "Events this replica published to the others.", get(&m.published)),
-        ("kvrouter_replica_events_publish_errors_total", "Events whose publish failed (NATS down).", get(&m.publish_errors)),
-        ("kvrouter_replica_events_dropped_total", "Events dropped because the outgoing queue was full (--replica-outbox-max-events).", get(&m.dropped)),
-        ("kvrouter_replica_events_received_total", "Events received from the other replicas.", get(&m.received)),
-        ("kvrouter_replica_events_rejected_total", "Received events not applied (unknown request or worker, undecodable).", get(&m.rejected)),
-        ("kvrouter_replica_events_untranslated_total", "Received events naming a worker this replica does not know.", get(&m.untranslated)),
-        ("kvrouter_replica_messages_lost_total", "Gaps in the other replicas' message sequence numbers.", get(&m.lost_messages)),
-        ("kvrouter_replica_expired_total", "Replicas expired after no heartbeat within --replica-ttl-ms.", get(&m.expired)),
-        ("kvrouter_replica_update_lease_lost_total", "Weight-update lease renewals that failed.", get(&m.lease_lost)),
-        ("kvrouter_replica_update_rollbacks_total", "Weight updates of expired replicas this replica rolled back.", get(&m.rollbacks)),
+        (
+            "kvrouter_replica_events_published_total",
+            "Events this replica published to the others.",
+            get(&m.published),
+        ),
+        (
+            "kvrouter_replica_events_publish_errors_total",
+            "Events whose publish failed (NATS down).",
+            get(&m.publish_errors),
+        ),
+        (
+            "kvrouter_replica_events_dropped_total",
+            "Events dropped because the outgoing queue was full (--replica-outbox-max-events).",
+            get(&m.dropped),
+        ),
+        (
+            "kvrouter_replica_events_received_total",
+            "Events received from the other replicas.",
+            get(&m.received),
+        ),
+        (
+            "kvrouter_replica_events_rejected_total",
+            "Received events not applied (unknown request or worker, undecodable).",
+            get(&m.rejected),
+        ),
+        (
+            "kvrouter_replica_events_untranslated_total",
+            "Received events naming a worker this replica does not know.",
+            get(&m.untranslated),
+        ),
+        (
+            "kvrouter_replica_messages_lost_total",
+            "Gaps in the other replicas' message sequence numbers.",
+            get(&m.lost_messages),
+        ),
+        (
+            "kvrouter_replica_expired_total",
+            "Replicas expired after no heartbeat within --replica-ttl-ms.",
+            get(&m.expired),
+        ),
+        (
+            "kvrouter_replica_update_lease_lost_total",
+            "Weight-update lease renewals that failed.",
+            get(&m.lease_lost),
+        ),
+        (
+            "kvrouter_replica_update_rollbacks_total",
+            "Weight updates of expired replicas this replica rolled back.",
+            get(&m.rollbacks),
+        ),
     ];
     for (name, help, v) in counters {
         crate::metrics::counter_header(out, name, help);
@@ -127,10 +169,26 @@ pub(crate) fn render(state: &AppState, out: &mut String) {
     let remote: usize = core.remote_requests().values().sum();
     drop(core);
     let gauges = [
-        ("kvrouter_replica_connected", "1 once connected to NATS and joined.", u64::from(m.connected.load(Ordering::Relaxed))),
-        ("kvrouter_replica_peers_alive", "Other replicas heard from within the TTL.", get(&m.peers_alive)),
-        ("kvrouter_replica_sync_lag_ms", "Age of the last received message at receipt (clock skew included).", get(&m.lag_ms)),
-        ("kvrouter_replica_remote_active_requests", "Requests of other replicas counted in this replica's load.", remote as u64),
+        (
+            "kvrouter_replica_connected",
+            "1 once connected to NATS and joined.",
+            u64::from(m.connected.load(Ordering::Relaxed)),
+        ),
+        (
+            "kvrouter_replica_peers_alive",
+            "Other replicas heard from within the TTL.",
+            get(&m.peers_alive),
+        ),
+        (
+            "kvrouter_replica_sync_lag_ms",
+            "Age of the last received message at receipt (clock skew included).",
+            get(&m.lag_ms),
+        ),
+        (
+            "kvrouter_replica_remote_active_requests",
+            "Requests of other replicas counted in this replica's load.",
+            remote as u64,
+        ),
     ];
     for (name, help, v) in gauges {
         crate::metrics::gauge_header(out, name, help);

@@ -55,7 +55,11 @@ impl Peers {
 
     /// The URL of replica `id`'s worker `worker`.
     pub(crate) fn worker_url(&self, id: u64, worker: u64) -> Option<&str> {
-        self.peers.get(&id)?.workers.get(&worker).map(String::as_str)
+        self.peers
+            .get(&id)?
+            .workers
+            .get(&worker)
+            .map(String::as_str)
     }
 
     /// Whether replica `id`'s worker table is known.

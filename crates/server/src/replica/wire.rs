@@ -139,6 +139,9 @@ mod tests {
         assert_eq!(serde_json::from_slice::<Message>(&bytes).unwrap(), m);
         let names = Names::new("c1");
         assert_eq!(names.deltas(7), "c1.replica.7");
-        assert_eq!(Names::kv_subject(&names.sessions(), &session_key(255)), "$KV.c1_sessions.00000000000000ff");
+        assert_eq!(
+            Names::kv_subject(&names.sessions(), &session_key(255)),
+            "$KV.c1_sessions.00000000000000ff"
+        );
     }
 }
