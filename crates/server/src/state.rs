@@ -261,8 +261,11 @@ impl Inner {
     }
 
     /// Whether `worker` is draining for a weight update (its engine aborts requests on purpose).
+    /// With replica sync, another replica's update counts too.
     pub(crate) fn draining_for_update(&self, worker: WorkerId) -> bool {
-        self.lock_core().update_phase(worker) == Some(kvrouter_core::router::UpdatePhase::Draining)
+        let core = self.lock_core();
+        core.update_phase(worker) == Some(kvrouter_core::router::UpdatePhase::Draining)
+            || core.held_elsewhere(worker)
     }
 
     /// The core, locked. When the guard goes, events the core queued for the other replicas

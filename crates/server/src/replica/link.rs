@@ -249,6 +249,9 @@ async fn receive(
     let inner = &state.inner;
     let own = inner.replica.id();
     let m = &inner.replica.metrics;
+    // This replica's workers by URL: rebuilt with every heartbeat and after a miss, not per
+    // message.
+    let mut local = local_ids(inner);
     while let Some(msg) = sub.next().await {
         let Ok(message) = serde_json::from_slice::<Message>(&msg.payload) else {
             m.rejected.fetch_add(1, Ordering::Relaxed);
@@ -261,7 +264,9 @@ async fn receive(
         m.lag_ms.store(lag, Ordering::Relaxed);
         let n = message.events.len() as u64;
         m.received.fetch_add(n, Ordering::Relaxed);
-        let local = local_ids(inner);
+        if message.workers.is_some() {
+            local = local_ids(inner);
+        }
         let events: Vec<RemoteEvent> = {
             let mut peers = peers.lock().expect("peers lock");
             let lost = peers.seen(
@@ -287,8 +292,11 @@ async fn receive(
                 .filter_map(|e| e.map_workers(map))
                 .collect()
         };
-        m.untranslated
-            .fetch_add(n - events.len() as u64, Ordering::Relaxed);
+        let missed = n - events.len() as u64;
+        if missed > 0 {
+            m.untranslated.fetch_add(missed, Ordering::Relaxed);
+            local = local_ids(inner);
+        }
         apply(inner, events);
         m.peers_alive.store(
             peers.lock().expect("peers lock").alive() as u64,
@@ -353,7 +361,12 @@ async fn publish(state: AppState, link: Arc<Link>) {
     loop {
         let heartbeat = tokio::select! {
             _ = tick.tick() => true,
-            _ = inner.replica.notify.notified() => false,
+            _ = inner.replica.notify.notified() => {
+                // Let the request tasks that are running queue theirs too: fewer, larger
+                // messages.
+                tokio::task::yield_now().await;
+                false
+            }
         };
         let (events, dropped) = {
             let mut core = inner.lock_core();
@@ -405,6 +418,18 @@ async fn publish(state: AppState, link: Arc<Link>) {
 /// Puts the state a joining replica reads (session bindings, versions, pauses) into the
 /// buckets, with plain publishes.
 async fn store_shared(inner: &Inner, link: &Link, events: &[RemoteEvent]) {
+    let stored = |e: &RemoteEvent| {
+        matches!(
+            e,
+            RemoteEvent::Session { .. }
+                | RemoteEvent::SessionReleased { .. }
+                | RemoteEvent::Version { .. }
+                | RemoteEvent::Paused { .. }
+        )
+    };
+    if !events.iter().any(stored) {
+        return;
+    }
     let urls: HashMap<WorkerId, String> = local_ids(inner)
         .into_iter()
         .map(|(url, id)| (id, url))
