@@ -40,6 +40,7 @@ pub mod provenance;
 mod queue;
 mod registry;
 mod replica;
+mod replica_state;
 mod request;
 mod routing;
 mod state;

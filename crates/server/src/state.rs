@@ -82,7 +82,7 @@ pub(crate) struct Inner {
     /// Serving or draining for shutdown.
     pub(crate) lifecycle: kvrouter_http::Lifecycle,
     /// Replica sync (`--replica-sync`): the publisher's wake-up, the NATS link, metrics.
-    pub(crate) replica: crate::replica::ReplicaState,
+    pub(crate) replica: crate::replica_state::ReplicaState,
 }
 
 impl Inner {
@@ -332,7 +332,7 @@ impl AppState {
                 sync.outbox_max_events,
             );
         }
-        let replica = crate::replica::ReplicaState::new(config.replica_sync.as_ref());
+        let replica = crate::replica_state::ReplicaState::new(config.replica_sync.as_ref());
         let http = reqwest::Client::builder()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(4096)

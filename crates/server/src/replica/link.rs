@@ -4,8 +4,8 @@
 //! queues outgoing events and [`super::ReplicaState`] wakes the publisher.
 
 use super::wire::{self, Message, Names, SessionValue, WorkerPolicy};
-use super::Link;
 use crate::config::ReplicaSyncConfig;
+use crate::replica_state::Link;
 use crate::state::{AppState, Inner};
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
@@ -61,10 +61,9 @@ pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
     let link = Arc::new(Link {
         client: client.clone(),
         lease,
-        names: names.clone(),
         config: config.clone(),
     });
-    let _ = inner.replica.link.set(link.clone());
+    inner.replica.set_link(link.clone());
     // Subscribe before reading the buckets, so nothing published meanwhile is missed.
     let sub = match client.subscribe(names.all_deltas()).await {
         Ok(s) => s,
@@ -353,7 +352,8 @@ async fn expire(state: AppState, peers: Arc<Mutex<super::peers::Peers>>) {
 async fn publish(state: AppState, link: Arc<Link>) {
     let inner = &state.inner;
     let config = &link.config;
-    let subject = link.names.deltas(config.replica_id);
+    let names = Names::new(&config.cluster);
+    let subject = names.deltas(config.replica_id);
     let m = &inner.replica.metrics;
     let mut tick = tokio::time::interval(config.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -388,11 +388,11 @@ async fn publish(state: AppState, link: Arc<Link>) {
             table
         });
         if let Some(table) = &workers {
-            let key = Names::kv_subject(&link.names.members(), &config.replica_id.to_string());
+            let key = Names::kv_subject(&names.members(), &config.replica_id.to_string());
             let body = serde_json::to_vec(table).unwrap_or_default();
             let _ = link.client.publish(key, body.into()).await;
         }
-        store_shared(inner, &link, &events).await;
+        store_shared(inner, &link, &names, &events).await;
         let n = events.len() as u64;
         let message = Message {
             replica: config.replica_id,
@@ -417,7 +417,7 @@ async fn publish(state: AppState, link: Arc<Link>) {
 
 /// Puts the state a joining replica reads (session bindings, versions, pauses) into the
 /// buckets, with plain publishes.
-async fn store_shared(inner: &Inner, link: &Link, events: &[RemoteEvent]) {
+async fn store_shared(inner: &Inner, link: &Link, names: &Names, events: &[RemoteEvent]) {
     let stored = |e: &RemoteEvent| {
         matches!(
             e,
@@ -450,7 +450,7 @@ async fn store_shared(inner: &Inner, link: &Link, events: &[RemoteEvent]) {
                     ttl_ms: *ttl_ms,
                 };
                 (
-                    link.names.sessions(),
+                    names.sessions(),
                     wire::session_key(*session),
                     serde_json::to_vec(&v).unwrap_or_default(),
                 )
@@ -458,8 +458,7 @@ async fn store_shared(inner: &Inner, link: &Link, events: &[RemoteEvent]) {
             RemoteEvent::SessionReleased { session } => {
                 let mut headers = async_nats::HeaderMap::new();
                 headers.insert("KV-Operation", "DEL");
-                let subject =
-                    Names::kv_subject(&link.names.sessions(), &wire::session_key(*session));
+                let subject = Names::kv_subject(&names.sessions(), &wire::session_key(*session));
                 let _ = link
                     .client
                     .publish_with_headers(subject, headers, bytes::Bytes::new())
@@ -484,7 +483,7 @@ async fn store_shared(inner: &Inner, link: &Link, events: &[RemoteEvent]) {
                     paused,
                 };
                 (
-                    link.names.policy(),
+                    names.policy(),
                     wire::worker_key(url),
                     serde_json::to_vec(&v).unwrap_or_default(),
                 )

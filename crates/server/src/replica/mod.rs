@@ -17,83 +17,18 @@
 //! bounded outbox) and wakes the publisher.
 //!
 //! Layout: `wire.rs` (names and message formats), `peers.rs` (who is alive, their worker
-//! tables), `link.rs` (the NATS loops), `lease.rs` (one replica drives a weight update).
+//! tables), `link.rs` (the NATS loops), `lease.rs` (one replica drives a weight update). What
+//! the rest of the server holds of it (the publisher's wake-up, the link, the metrics) is
+//! `crate::replica_state`.
 
 pub(crate) mod lease;
 mod link;
 mod peers;
 mod wire;
 
-use crate::config::ReplicaSyncConfig;
 use crate::state::AppState;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use tokio::sync::Notify;
-
-/// Replica sync as the rest of the server sees it: the publisher's wake-up, the link once
-/// connected, and the metrics.
-#[derive(Debug, Default)]
-pub(crate) struct ReplicaState {
-    id: u64,
-    /// Wakes the publisher: the core queued events.
-    pub(crate) notify: Notify,
-    link: OnceLock<Arc<Link>>,
-    pub(crate) metrics: SyncMetrics,
-}
-
-impl ReplicaState {
-    pub(crate) fn new(config: Option<&ReplicaSyncConfig>) -> Self {
-        Self {
-            id: config.map_or(0, |c| c.replica_id),
-            ..Default::default()
-        }
-    }
-
-    /// This replica's id (0 without sync).
-    pub(crate) fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// The NATS link, once connected and joined.
-    pub(crate) fn link(&self) -> Option<&Arc<Link>> {
-        self.link.get()
-    }
-}
-
-/// An open NATS connection and the lease bucket.
-pub(crate) struct Link {
-    client: async_nats::Client,
-    lease: async_nats::jetstream::kv::Store,
-    names: wire::Names,
-    config: ReplicaSyncConfig,
-}
-
-impl std::fmt::Debug for Link {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Link")
-            .field("config", &self.config)
-            .finish()
-    }
-}
-
-/// Counters of replica sync.
-#[derive(Debug, Default)]
-pub(crate) struct SyncMetrics {
-    connected: AtomicBool,
-    published: AtomicU64,
-    publish_errors: AtomicU64,
-    dropped: AtomicU64,
-    received: AtomicU64,
-    rejected: AtomicU64,
-    untranslated: AtomicU64,
-    lost_messages: AtomicU64,
-    peers_alive: AtomicU64,
-    expired: AtomicU64,
-    lag_ms: AtomicU64,
-    pub(crate) lease_lost: AtomicU64,
-    pub(crate) rollbacks: AtomicU64,
-}
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Starts replica sync if configured (connects in the background; the router serves meanwhile).
 pub(crate) fn spawn(state: &AppState) {
@@ -108,6 +43,7 @@ pub(crate) fn render(state: &AppState, out: &mut String) {
         return;
     }
     let m = &state.inner.replica.metrics;
+    let connected = m.connected.load(Ordering::Relaxed);
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let counters = [
         (
@@ -172,7 +108,7 @@ pub(crate) fn render(state: &AppState, out: &mut String) {
         (
             "kvrouter_replica_connected",
             "1 once connected to NATS and joined.",
-            u64::from(m.connected.load(Ordering::Relaxed)),
+            u64::from(connected),
         ),
         (
             "kvrouter_replica_peers_alive",
