@@ -515,3 +515,59 @@ async fn one_replica_drives_an_update_and_its_death_leaves_no_worker_paused() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn bad_replica_flags_are_a_clear_error_naming_the_flag() {
+    for (flags, named) in [
+        (
+            vec!["--replica-sync", "http://127.0.0.1:4222"],
+            "--replica-sync",
+        ),
+        (
+            vec![
+                "--replica-sync",
+                "nats://127.0.0.1:4222",
+                "--replica-cluster",
+                "a.b",
+            ],
+            "--replica-cluster",
+        ),
+        (
+            vec![
+                "--replica-sync",
+                "nats://127.0.0.1:4222",
+                "--replica-heartbeat-ms",
+                "0",
+            ],
+            "--replica-heartbeat-ms",
+        ),
+        (
+            vec![
+                "--replica-sync",
+                "nats://127.0.0.1:4222",
+                "--replica-ttl-ms",
+                "1500",
+            ],
+            "--replica-ttl-ms",
+        ),
+        (
+            vec![
+                "--replica-sync",
+                "nats://127.0.0.1:4222",
+                "--replica-outbox-max-events",
+                "0",
+            ],
+            "--replica-outbox-max-events",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args(["serve", "--port", "0", "--mock-workers", "1"])
+            .args(&flags)
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success(), "{flags:?} is refused");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(named), "{flags:?}: {stderr}");
+    }
+}
