@@ -570,4 +570,18 @@ async fn bad_replica_flags_are_a_clear_error_naming_the_flag() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(named), "{flags:?}: {stderr}");
     }
+    for (flag, value) in [
+        ("--router-replicas", "0"),
+        ("--replica-sync-delay-ms", "-1"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args(["sim", "--workload", "grpo", "--quiet"])
+            .arg(format!("{flag}={value}"))
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success(), "sim {flag} {value} is refused");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(flag), "{flag}: {stderr}");
+    }
 }
