@@ -4,12 +4,13 @@
 //! Layout: `config.rs` (the validated option tree), `request.rs` (requests, decisions, errors),
 //! `admission.rs` (the router queue: `submit`, `poll`), `effects.rs` (finish and cancel, and the
 //! [`Effects`] they return: placements and update actions), `rl.rs` (pauses, policy versions, group
-//! placement, first-N-of-M), `update.rs` (the weight-update cycle), `replica.rs` (what router
-//! replicas share: remote events in, outgoing events out), this file (the façade).
+//! placement, first-N-of-M), `update.rs` (the weight-update cycle), `replica.rs` and
+//! `remote_event.rs` (what router replicas share: remote events in, outgoing events out), this file (the façade).
 
 pub mod admission;
 mod config;
 mod effects;
+mod remote_event;
 mod replica;
 mod request;
 mod rl;

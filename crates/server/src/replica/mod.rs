@@ -17,10 +17,11 @@
 //! bounded outbox) and wakes the publisher.
 //!
 //! Layout: `wire.rs` (names and message formats), `peers.rs` (who is alive, their worker
-//! tables), `link.rs` (the NATS loops), `lease.rs` (one replica drives a weight update). What
+//! tables), `link.rs` (the NATS loops), `buckets.rs` (the key-value side), `lease.rs` (one replica drives a weight update). What
 //! the rest of the server holds of it (the publisher's wake-up, the link, the metrics) is
 //! `crate::replica_state`.
 
+mod buckets;
 pub(crate) mod lease;
 mod link;
 mod peers;
