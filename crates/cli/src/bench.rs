@@ -30,9 +30,10 @@ use client::{send, Outcome, Shared};
 /// `kvrouter bench` flags.
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
-    /// Base URL of the OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000.
-    #[arg(long)]
-    pub(crate) url: String,
+    /// Base URL of the OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000. Repeat it to
+    /// spread requests over several endpoints in turn (router replicas behind no balancer).
+    #[arg(long, required = true)]
+    pub(crate) url: Vec<String>,
     /// Trace file (Mooncake JSONL or Claude Code sessions; see docs/workloads.md).
     #[arg(long)]
     pub(crate) trace: Option<PathBuf>,
@@ -171,9 +172,13 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
             args.prompt_format
         );
     }
-    let url = args.url.trim_end_matches('/').to_owned();
-    if !(url.starts_with("http://") || url.starts_with("https://")) {
-        bail!("--url {url:?}: expected http://HOST:PORT");
+    let mut urls = Vec::new();
+    for url in &args.url {
+        let url = url.trim_end_matches('/').to_owned();
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            bail!("--url {url:?}: expected http://HOST:PORT");
+        }
+        urls.push(url);
     }
     let workload = load_workload(
         args.trace.as_deref(),
@@ -201,9 +206,9 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .context("HTTP client")?;
     let model = match &args.model {
         Some(m) => m.clone(),
-        None => first_model(&client, &url).await?,
+        None => first_model(&client, &urls[0]).await?,
     };
-    let summary = replay(&args, &workload, client, url, model).await?;
+    let summary = replay(&args, &workload, client, urls, model).await?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("--out {}: cannot create", args.out.display()))?;
     let path = args.out.join("summary.json");
@@ -223,13 +228,14 @@ async fn replay(
     args: &BenchArgs,
     workload: &Workload,
     client: reqwest::Client,
-    url: String,
+    urls: Vec<String>,
     model: String,
 ) -> anyhow::Result<Summary> {
     let n = workload.requests.len();
     let shared = Arc::new(Shared {
         client,
-        url,
+        urls,
+        next_url: Default::default(),
         model,
         start: Instant::now(),
         timeout: Duration::from_secs_f64(args.request_timeout_s),

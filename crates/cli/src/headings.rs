@@ -13,4 +13,5 @@ pub(crate) const TOKENIZER: &str = "Tokenizer and chat template";
 pub(crate) const ADMIN: &str = "Admin API";
 pub(crate) const HTTP: &str = "Client connections and shutdown";
 pub(crate) const OBSERVABILITY: &str = "Observability";
+pub(crate) const REPLICAS: &str = "Router replicas (NATS sync)";
 pub(crate) const DISCOVERY: &str = "Worker discovery (etcd, Kubernetes)";

@@ -98,6 +98,30 @@ pub(crate) struct ServeArgs {
     /// JSON for Perfetto); 0 = off.
     #[arg(help_heading = H::OBSERVABILITY, long, default_value_t = 0)]
     trace_capture: usize,
+    /// Share load, predicted placements, sessions, groups, policy versions, pauses and the
+    /// weight-update lease with the other replicas of this router over NATS
+    /// (`nats://HOST:PORT`, JetStream on). Off by default: one router alone.
+    #[arg(help_heading = H::REPLICAS, long, value_name = "nats://HOST:PORT")]
+    replica_sync: Option<String>,
+    /// This replica's id among the replicas (default: random).
+    #[arg(help_heading = H::REPLICAS, long)]
+    replica_id: Option<u64>,
+    /// Name of the logical router the replicas form: the prefix of its NATS subjects and
+    /// key-value buckets (letters, digits, `_`, `-`).
+    #[arg(help_heading = H::REPLICAS, long, default_value = "kvrouter")]
+    replica_cluster: String,
+    /// Milliseconds between this replica's heartbeats (each lists its active requests).
+    #[arg(help_heading = H::REPLICAS, long, default_value_t = 1000)]
+    replica_heartbeat_ms: u64,
+    /// A replica not heard from for this many milliseconds is gone: its load and update holds
+    /// are dropped; also the life of an unrenewed weight-update lease. More than twice the
+    /// heartbeat.
+    #[arg(help_heading = H::REPLICAS, long, default_value_t = 5000)]
+    replica_ttl_ms: u64,
+    /// Events waiting to be published to the other replicas, at most; more are dropped and
+    /// counted (the next heartbeat repairs lost finishes).
+    #[arg(help_heading = H::REPLICAS, long, default_value_t = 65536)]
+    replica_outbox_max_events: usize,
     /// Seconds between active health checks (GET /health); 0 turns them off.
     #[arg(help_heading = H::HEALTH, long, default_value_t = 5.0)]
     health_check_interval_secs: f64,
@@ -392,6 +416,7 @@ impl ServeArgs {
             },
             kv_ingest: self.kv_ingest()?,
             discovery: self.discovery.config()?,
+            replica_sync: self.replica_sync()?,
             ..ServeConfig::default()
         })
     }
@@ -412,6 +437,29 @@ impl ServeArgs {
             ..MockEngineConfig::default()
         };
         Ok(crate::embedded::like_the_router(template, config))
+    }
+
+    fn replica_sync(&self) -> anyhow::Result<Option<kvrouter_server::config::ReplicaSyncConfig>> {
+        let Some(url) = &self.replica_sync else {
+            return Ok(None);
+        };
+        let id = self.replica_id.unwrap_or_else(|| {
+            use std::hash::{BuildHasher, Hasher};
+            // OS-seeded: a replica restarted without --replica-id is a new replica.
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u32(std::process::id());
+            h.finish() >> 11
+        });
+        let config = kvrouter_server::config::ReplicaSyncConfig {
+            url: url.clone(),
+            replica_id: id,
+            cluster: self.replica_cluster.clone(),
+            heartbeat: std::time::Duration::from_millis(self.replica_heartbeat_ms),
+            ttl: std::time::Duration::from_millis(self.replica_ttl_ms),
+            outbox_max_events: self.replica_outbox_max_events,
+        };
+        config.validate().map_err(anyhow::Error::msg)?;
+        Ok(Some(config))
     }
 
     fn kv_ingest(&self) -> anyhow::Result<kvrouter_server::IngestConfig> {

@@ -70,6 +70,17 @@ pub(crate) struct SimArgs {
     /// Times a request on a dead worker may be continued elsewhere (0 = it fails).
     #[arg(long, default_value_t = 0)]
     migration_limit: u32,
+    /// Router replicas; requests are spread over them round-robin, each reads every engine's
+    /// KV events, and replica 0 drives weight updates.
+    #[arg(long, default_value_t = 1)]
+    router_replicas: usize,
+    /// Time before a replica sees the others' events (load, placements, sessions, groups,
+    /// versions, update holds), ms.
+    #[arg(long, default_value_t = 0.0)]
+    replica_sync_delay_ms: f64,
+    /// Replicas do not share events (what unsynchronised replicas lose).
+    #[arg(long)]
+    no_replica_sync: bool,
     /// RL requests carry their group's size (as x-kvrouter-group-size): fair-share group
     /// placement.
     #[arg(long)]
@@ -202,6 +213,9 @@ impl SimArgs {
                 .collect(),
             speed: pairs(&self.slow_workers, "--slow-worker")?,
             migration_limit: self.migration_limit,
+            router_replicas: self.router_replicas,
+            replica_sync_delay_ms: self.replica_sync_delay_ms,
+            replica_sync: !self.no_replica_sync,
             group_sizes: self.group_sizes,
             group_need: self.group_need,
             weight_update: match &self.weight_update {
@@ -226,6 +240,12 @@ impl SimArgs {
         }
         if self.workers == 0 {
             bail!("--workers must be at least 1");
+        }
+        if self.router_replicas == 0 {
+            bail!("--router-replicas must be at least 1");
+        }
+        if !(self.replica_sync_delay_ms.is_finite() && self.replica_sync_delay_ms >= 0.0) {
+            bail!("--replica-sync-delay-ms must be a non-negative number");
         }
         match &self.compare {
             None => Ok(vec![base]),

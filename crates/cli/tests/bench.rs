@@ -226,3 +226,60 @@ async fn first_n_of_m_live_ends_the_rest_of_each_group() {
     );
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Sum of `kvrouter_requests_total` over its labels.
+async fn served(base: &str) -> u64 {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("kvrouter_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_repeated_url_spreads_requests_round_robin() {
+    let mut routers = Vec::new();
+    for _ in 0..2 {
+        routers.push(
+            common::spawn(&[
+                "serve",
+                "--port",
+                "0",
+                "--mock-workers",
+                "1",
+                "--mock-speedup-ratio",
+                "50",
+            ])
+            .await,
+        );
+    }
+    let out = temp("urls");
+    let (a, b) = (routers[0].http(), routers[1].http());
+    let (output, summary) = bench(
+        &[
+            "--url",
+            &a,
+            "--url",
+            &b,
+            "--workload",
+            "grpo",
+            "--workload-args",
+            "prompts=2,group_size=4,steps=1,output_median=8,output_cap=16",
+        ],
+        &out,
+    )
+    .await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(summary.unwrap()["completed"], 8);
+    assert_eq!((served(&a).await, served(&b).await), (4, 4));
+    let _ = std::fs::remove_dir_all(&out);
+}

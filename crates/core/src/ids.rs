@@ -39,6 +39,11 @@ id_newtype!(
     RequestId(u64)
 );
 id_newtype!(
+    /// One router replica of a logical router whose replicas share load and placements
+    /// (`--replica-sync`). Remote requests are keyed by (replica, request id).
+    ReplicaId(u64)
+);
+id_newtype!(
     /// The content hash of one full block of tokens (XXH3-64, namespaced; see `hashing`).
     ContentHash(u64)
 );

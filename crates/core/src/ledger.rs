@@ -100,6 +100,18 @@ impl LoadLedger {
         self.requests.get(&id).map(|a| (a.load.rank, a.phase))
     }
 
+    /// What an active request puts on its rank.
+    pub fn request_load(&self, id: RequestId) -> Option<&RequestLoad> {
+        self.requests.get(&id).map(|a| &a.load)
+    }
+
+    /// Ids of every active request, sorted.
+    pub fn active_ids(&self) -> Vec<RequestId> {
+        let mut ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        ids.sort();
+        ids
+    }
+
     /// How many leading blocks of `blocks` are already held by active requests on `rank`.
     /// Active blocks are prefix-closed per request, so a binary search over the prefix length
     /// needs only O(log n) probes.

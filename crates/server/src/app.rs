@@ -104,6 +104,7 @@ async fn metrics(State(s): State<AppState>) -> Response {
     let inner = &s.inner;
     let mut out = String::with_capacity(8192);
     inner.metrics.render(&mut out);
+    crate::replica::render(&s, &mut out);
     let core = inner.lock_core();
     let ranks = core.ranks().to_vec();
     for (name, help, pick) in [
@@ -335,6 +336,10 @@ fn worker_state(core: &kvrouter_core::router::Router, id: WorkerId) -> &'static 
         Some(UpdatePhase::Updating | UpdatePhase::Loaded) => return "updating",
         _ => {}
     }
+    if core.held_elsewhere(id) {
+        // Another replica drives the update (`--replica-sync`).
+        return "updating";
+    }
     if core.is_paused(id) {
         "paused"
     } else if core.is_available(id) {
@@ -346,12 +351,27 @@ fn worker_state(core: &kvrouter_core::router::Router, id: WorkerId) -> &'static 
 
 /// `GET /admin/policy`: each worker's version and state, and the running (or last) update cycle.
 async fn policy_status(State(s): State<AppState>) -> Result<Json<Value>, ServeError> {
+    // With replica sync: the replica driving an update, and its progress.
+    let lease = crate::replica::lease::holder(&s).await;
+    let cycle = update_progress(&s);
     let core = s.inner.lock_core();
     let workers: Vec<Value> = core
         .workers()
         .map(|w| json!({"id": w.id.0, "policy_version": w.policy_version, "state": worker_state(&core, w.id)}))
         .collect();
-    let cycle = core.update_status().map(|u| {
+    Ok(Json(json!({
+        "newest_policy_version": core.newest_policy_version(),
+        "kv_retention": core.config().kv_retention.as_str(),
+        "workers": workers,
+        "update": cycle,
+        "update_lease": lease,
+    })))
+}
+
+/// This replica's running (or last) update cycle, as `GET /admin/policy` shows it.
+fn update_progress(s: &AppState) -> Option<Value> {
+    let core = s.inner.lock_core();
+    core.update_status().map(|u| {
         let phases: serde_json::Map<String, Value> = u
             .phases
             .iter()
@@ -367,13 +387,7 @@ async fn policy_status(State(s): State<AppState>) -> Result<Json<Value>, ServeEr
             "phases": phases,
             "elapsed_ms": u.finished.unwrap_or(s.inner.now()).since(u.started).as_secs_f64() * 1e3,
         })
-    });
-    Ok(Json(json!({
-        "newest_policy_version": core.newest_policy_version(),
-        "kv_retention": core.config().kv_retention.as_str(),
-        "workers": workers,
-        "update": cycle,
-    })))
+    })
 }
 
 /// `POST /admin/policy/update`: starts a weight-update cycle; answers 202 at once. Progress is
@@ -381,7 +395,14 @@ async fn policy_status(State(s): State<AppState>) -> Result<Json<Value>, ServeEr
 async fn policy_update(State(s): State<AppState>, body: Bytes) -> Result<Response, ServeError> {
     let update: crate::update::UpdateBody = crate::error::parse_json(&body, "update")?;
     let version = update.version;
-    crate::update::start(&s, update)?;
+    // With replica sync, one replica drives an update at a time.
+    let lease = crate::replica::lease::acquire(&s).await?;
+    let started = crate::update::start(&s, update);
+    if let Some(revision) = lease {
+        // Renewed while the cycle runs; given up at once if it did not start.
+        crate::replica::lease::hold(s.clone(), revision, update_progress);
+    }
+    started?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({"version": version, "status": "started"})),

@@ -124,6 +124,8 @@ pub struct ServeConfig {
     pub kv_ingest: IngestConfig,
     /// Where workers are discovered (`--discovery`; `None`: only the listed ones).
     pub discovery: Option<DiscoveryConfig>,
+    /// Router replicas sharing state over NATS (`--replica-sync`); `None` = one router alone.
+    pub replica_sync: Option<ReplicaSyncConfig>,
 }
 
 impl Default for ServeConfig {
@@ -154,6 +156,7 @@ impl Default for ServeConfig {
             upstream_response_timeout: std::time::Duration::from_secs(600),
             kv_ingest: IngestConfig::default(),
             discovery: None,
+            replica_sync: None,
         }
     }
 }
@@ -278,5 +281,74 @@ impl DiscoveryConfig {
         Err(format!(
             "--discovery {spec}: expected etcd://HOST:PORT or kubernetes"
         ))
+    }
+}
+
+/// Replica sync over NATS (`kvrouter serve --replica-sync nats://HOST:PORT`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaSyncConfig {
+    /// The NATS server URL.
+    pub url: String,
+    /// This replica's id (unique among the replicas; random by default).
+    pub replica_id: u64,
+    /// Names the logical router: the prefix of its subjects and buckets (`[A-Za-z0-9_-]+`).
+    pub cluster: String,
+    /// How often this replica says it is alive (and lists its active requests).
+    pub heartbeat: Duration,
+    /// A replica not heard from for this long is gone: its load and holds are dropped. Also the
+    /// life of the weight-update lease without renewal.
+    pub ttl: Duration,
+    /// Events waiting to be published at most; more are dropped and counted (the next
+    /// heartbeat's active list repairs lost finishes).
+    pub outbox_max_events: usize,
+}
+
+impl ReplicaSyncConfig {
+    /// Default heartbeat interval.
+    pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(1000);
+    /// Default replica TTL.
+    pub const DEFAULT_TTL: Duration = Duration::from_millis(5000);
+    /// Default bound of the outgoing queue.
+    pub const DEFAULT_OUTBOX_MAX_EVENTS: usize = 65_536;
+    /// Default cluster name.
+    pub const DEFAULT_CLUSTER: &'static str = "kvrouter";
+
+    /// Sync with the replicas at `url`, defaults otherwise.
+    pub fn new(url: impl Into<String>, replica_id: u64) -> Self {
+        Self {
+            url: url.into(),
+            replica_id,
+            cluster: Self::DEFAULT_CLUSTER.into(),
+            heartbeat: Self::DEFAULT_HEARTBEAT,
+            ttl: Self::DEFAULT_TTL,
+            outbox_max_events: Self::DEFAULT_OUTBOX_MAX_EVENTS,
+        }
+    }
+
+    /// Checks the values; the error names the flag.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.url.starts_with("nats://") {
+            return Err(format!(
+                "--replica-sync: expected nats://HOST:PORT, got `{}`",
+                self.url
+            ));
+        }
+        let ok = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+        if self.cluster.is_empty() || !self.cluster.chars().all(ok) {
+            return Err(format!(
+                "--replica-cluster: `{}` must be letters, digits, `_` or `-`",
+                self.cluster
+            ));
+        }
+        if self.heartbeat.is_zero() {
+            return Err("--replica-heartbeat-ms must be at least 1".into());
+        }
+        if self.ttl <= self.heartbeat * 2 {
+            return Err("--replica-ttl-ms must be more than twice --replica-heartbeat-ms".into());
+        }
+        if self.outbox_max_events == 0 {
+            return Err("--replica-outbox-max-events must be at least 1".into());
+        }
+        Ok(())
     }
 }

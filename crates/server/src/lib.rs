@@ -14,6 +14,8 @@
 //! - [`provenance`]: the per-request JSON-lines log.
 //! - `routing`: request bodies to tokens and block hashes. `registry`: adding and removing workers.
 //! - `ingest`: libzmq subscribers (a thread per rank), reconnect re-syncs, sequence-gap recovery, bounded slices. `metrics`: Prometheus text.
+//! - `replica`: router replicas sharing load, placements, sessions, versions and the
+//!   weight-update lease over NATS (`--replica-sync`).
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
 //! - `error`: the one mapping from errors to HTTP responses.
 //!
@@ -39,6 +41,8 @@ mod metrics;
 pub mod provenance;
 mod queue;
 mod registry;
+mod replica;
+mod replica_state;
 mod request;
 mod routing;
 mod state;
@@ -113,6 +117,7 @@ pub async fn start(
         .discovery
         .as_ref()
         .map(|d| discovery::spawn(&state, d));
+    replica::spawn(&state);
     let (shutdown, mut rx) = watch::channel(false);
     let router = app(state.clone());
     let (limits, lifecycle) = (config.http.clone(), state.inner.lifecycle.clone());

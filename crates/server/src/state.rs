@@ -83,6 +83,8 @@ pub(crate) struct Inner {
     pub(crate) health: crate::health::Health,
     /// Serving or draining for shutdown.
     pub(crate) lifecycle: kvrouter_http::Lifecycle,
+    /// Replica sync (`--replica-sync`): the publisher's wake-up, the NATS link, metrics.
+    pub(crate) replica: crate::replica_state::ReplicaState,
 }
 
 impl Inner {
@@ -261,12 +263,47 @@ impl Inner {
     }
 
     /// Whether `worker` is draining for a weight update (its engine aborts requests on purpose).
+    /// With replica sync, another replica's update counts too.
     pub(crate) fn draining_for_update(&self, worker: WorkerId) -> bool {
-        self.lock_core().update_phase(worker) == Some(kvrouter_core::router::UpdatePhase::Draining)
+        let core = self.lock_core();
+        core.update_phase(worker) == Some(kvrouter_core::router::UpdatePhase::Draining)
+            || core.held_elsewhere(worker)
     }
 
-    pub(crate) fn lock_core(&self) -> std::sync::MutexGuard<'_, Router> {
-        self.core.lock().expect("router lock")
+    /// The core, locked. When the guard goes, events the core queued for the other replicas
+    /// wake their publisher.
+    pub(crate) fn lock_core(&self) -> CoreGuard<'_> {
+        CoreGuard {
+            core: self.core.lock().expect("router lock"),
+            notify: &self.replica.notify,
+        }
+    }
+}
+
+/// The locked core (see [`Inner::lock_core`]).
+pub(crate) struct CoreGuard<'a> {
+    core: std::sync::MutexGuard<'a, Router>,
+    notify: &'a Notify,
+}
+
+impl std::ops::Deref for CoreGuard<'_> {
+    type Target = Router;
+    fn deref(&self) -> &Router {
+        &self.core
+    }
+}
+
+impl std::ops::DerefMut for CoreGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Router {
+        &mut self.core
+    }
+}
+
+impl Drop for CoreGuard<'_> {
+    fn drop(&mut self) {
+        if self.core.has_outgoing() {
+            self.notify.notify_one();
+        }
     }
 }
 
@@ -307,7 +344,14 @@ impl AppState {
 
     /// State for `config`, with no workers yet. Does no I/O.
     pub fn new(config: ServeConfig) -> Result<Self, kvrouter_core::router::ConfigError> {
-        let router = Router::new(config.router.clone())?;
+        let mut router = Router::new(config.router.clone())?;
+        if let Some(sync) = &config.replica_sync {
+            router.enable_replica_sync(
+                kvrouter_core::ids::ReplicaId(sync.replica_id),
+                sync.outbox_max_events,
+            );
+        }
+        let replica = crate::replica_state::ReplicaState::new(config.replica_sync.as_ref());
         let http = reqwest::Client::builder()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(4096)
@@ -341,6 +385,7 @@ impl AppState {
                 capture,
                 health: crate::health::Health::default(),
                 lifecycle: Default::default(),
+                replica,
             }),
         })
     }

@@ -248,6 +248,36 @@ async fn load_weights(
     loaded.and(resumed)
 }
 
+/// Resumes a worker's engine (a weight update that paused it was abandoned: its replica died).
+/// The engine answers once any load under way is over; if it reports the version it serves
+/// (`/server_info`'s `policy_version`), the router adopts it: a load that completed counts.
+pub(crate) async fn resume_engine(state: &AppState, worker: WorkerId) -> Result<(), String> {
+    let control = engine_kind(state, worker).await.control();
+    call(state, worker, &control.resume()).await?;
+    let url = registry::url_of(state, worker).ok_or("the worker was removed")?;
+    let info = state
+        .inner
+        .http
+        .get(format!("{url}/server_info"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .ok();
+    let version = match info {
+        Some(r) if r.status().is_success() => r
+            .json::<serde_json::Value>()
+            .await
+            .ok()
+            .and_then(|v| v["policy_version"].as_u64()),
+        _ => None,
+    };
+    if let Some(v) = version {
+        state.inner.lock_core().set_policy_version(worker, v);
+        state.inner.wake_queue();
+    }
+    Ok(())
+}
+
 async fn call(state: &AppState, worker: WorkerId, c: &Call) -> Result<(), String> {
     let url = registry::url_of(state, worker).ok_or("the worker was removed")?;
     let response = state

@@ -41,6 +41,26 @@ pub struct SimConfig {
     /// Weight updates run by the router when an RL step's last sample finishes (`None`: the
     /// step barrier's pause only, engines keep their cache).
     pub weight_update: Option<WeightUpdate>,
+    /// Router replicas; request i goes to replica i mod N (a round-robin load balancer).
+    /// Replica 0 drives weight updates.
+    #[serde(default = "one")]
+    pub router_replicas: usize,
+    /// Time before a replica sees another's events (load, placements, sessions, groups,
+    /// versions, update holds), ms.
+    #[serde(default)]
+    pub replica_sync_delay_ms: f64,
+    /// Replicas share their events (false: each sees only its own requests and the engines'
+    /// KV events).
+    #[serde(default = "yes")]
+    pub replica_sync: bool,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// How the simulated router updates weights between (or, with staleness, during) RL steps.
@@ -72,6 +92,9 @@ impl Default for SimConfig {
             group_sizes: false,
             group_need: None,
             weight_update: None,
+            router_replicas: 1,
+            replica_sync_delay_ms: 0.0,
+            replica_sync: true,
         }
     }
 }

@@ -4,8 +4,8 @@ use crate::config::SimConfig;
 use crate::queue::EventQueue;
 use crate::summary::{Record, Summary, SummaryBuilder};
 use kvrouter_core::event::KvEvent;
-use kvrouter_core::ids::{RequestId, WorkerId, WorkerRank};
-use kvrouter_core::router::{Router, WorkerSpec};
+use kvrouter_core::ids::{ReplicaId, RequestId, WorkerId, WorkerRank};
+use kvrouter_core::router::{RemoteEvent, Router, WorkerSpec};
 use kvrouter_core::time::Time;
 use kvrouter_engine::{Engine, EngineRequest, Prompt, StepOutcome};
 use kvrouter_workload::replay::Replay;
@@ -13,6 +13,7 @@ use kvrouter_workload::Workload;
 use std::time::Duration;
 
 mod placement;
+mod replicas;
 mod rl;
 
 /// Why a run could not start or continue.
@@ -48,6 +49,8 @@ enum Event {
     Resume(usize),
     /// A worker finished loading new weights.
     Loaded(usize),
+    /// Events of router replica `.0` reach the other replicas.
+    Sync(usize, Vec<RemoteEvent>),
 }
 
 struct WorkerState {
@@ -66,7 +69,10 @@ struct WorkerState {
 pub struct Simulation<'w> {
     config: SimConfig,
     workload: &'w Workload,
+    /// Replica 0 (the only one without `--router-replicas`); it drives weight updates.
     router: Router,
+    /// Replicas 1 to N - 1.
+    replicas: Vec<Router>,
     workers: Vec<WorkerState>,
     queue: EventQueue<Event>,
     now: Time,
@@ -105,6 +111,14 @@ impl<'w> Simulation<'w> {
         }
         if !config.arrival_speedup.is_finite() || config.arrival_speedup <= 0.0 {
             return Err(SimError::Config("arrival speed-up must be positive".into()));
+        }
+        if config.router_replicas == 0 {
+            return Err(SimError::Config("at least one router replica".into()));
+        }
+        if !config.replica_sync_delay_ms.is_finite() || config.replica_sync_delay_ms < 0.0 {
+            return Err(SimError::Config(
+                "replica sync delay must be a non-negative number".into(),
+            ));
         }
         let mut router =
             Router::new(config.router.clone()).map_err(|e| SimError::Config(e.to_string()))?;
@@ -151,12 +165,30 @@ impl<'w> Simulation<'w> {
                 })
                 .map_err(|e| SimError::Config(e.to_string()))?;
         }
+        let mut replicas = Vec::new();
+        for r in 1..config.router_replicas {
+            let mut replica =
+                Router::new(config.router.clone()).map_err(|e| SimError::Config(e.to_string()))?;
+            for spec in router.workers() {
+                replica
+                    .add_worker(spec.clone())
+                    .map_err(|e| SimError::Config(e.to_string()))?;
+            }
+            if config.replica_sync {
+                replica.enable_replica_sync(ReplicaId(r as u64), usize::MAX);
+            }
+            replicas.push(replica);
+        }
+        if config.router_replicas > 1 && config.replica_sync {
+            router.enable_replica_sync(ReplicaId(0), usize::MAX);
+        }
         let n = workload.requests.len();
         let (replay, arrivals) = Replay::new(workload, config.concurrency, config.arrival_speedup);
         let mut sim = Self {
             config,
             workload,
             router,
+            replicas,
             workers,
             queue: EventQueue::new(),
             now: Time::ZERO,
@@ -251,15 +283,19 @@ impl<'w> Simulation<'w> {
             Event::Deliver(i, w) => self.deliver(i, w)?,
             Event::StepEnd(w) => self.step_end(w)?,
             Event::Visible(events) => {
-                for e in events {
-                    let _ = self.router.apply_event(&e);
+                for r in self.all_routers() {
+                    for e in &events {
+                        let _ = r.apply_event(e);
+                    }
                 }
             }
             Event::WorkerDies(w) => self.worker_dies(w),
             Event::Continue(i) => self.continue_request(i),
             Event::Resume(i) => self.route_request(i),
             Event::Loaded(w) => self.loaded(w)?,
+            Event::Sync(from, events) => self.synced(from, events),
         }
+        self.send_sync();
         Ok(true)
     }
 
@@ -294,7 +330,9 @@ impl<'w> Simulation<'w> {
             worker.busy.push((since, self.now));
         }
         let lost = worker.engine.drain();
-        self.router.set_available(WorkerId(w as u64), false);
+        for r in self.all_routers() {
+            r.set_available(WorkerId(w as u64), false);
+        }
         for (id, generated) in lost {
             let i = id.0 as usize;
             self.release(id);
@@ -407,7 +445,9 @@ impl<'w> Simulation<'w> {
             if t.index == 0 {
                 // A continuation's first token is not the request's first token.
                 rec.first_token.get_or_insert(at);
-                let _ = self.router.first_token(t.id);
+                rec.last_token = Some(at);
+                let _ = self.router_of(i).first_token(t.id);
+                continue;
             } else if let Some(prev) = rec.last_token {
                 rec.itl_sum_ms += at.since(prev).as_secs_f64() * 1e3;
                 rec.itl_count += 1;
@@ -428,7 +468,8 @@ impl<'w> Simulation<'w> {
             self.release(f.id);
             self.done(i);
             if let (Some(g), true) = (self.workload.requests[i].group, self.last_turn[i]) {
-                if self.router.group_sample_finished(g, self.now) {
+                let now = self.now;
+                if self.router_of(i).group_sample_finished(g, now) {
                     self.end_group(g);
                 }
             }
@@ -441,8 +482,10 @@ impl<'w> Simulation<'w> {
         }
         if !out.events.is_empty() && self.config.router.router_kv_events {
             if self.config.kv_event_delay_ms <= 0.0 {
-                for e in &out.events {
-                    let _ = self.router.apply_event(e);
+                for r in self.all_routers() {
+                    for e in &out.events {
+                        let _ = r.apply_event(e);
+                    }
                 }
             } else {
                 let at = self.now + ms(self.config.kv_event_delay_ms);

@@ -25,7 +25,9 @@ pub(super) struct Outcome {
 
 pub(super) struct Shared {
     pub(super) client: reqwest::Client,
-    pub(super) url: String,
+    /// The endpoints; requests go to them in turn (`--url` repeated: router replicas).
+    pub(super) urls: Vec<String>,
+    pub(super) next_url: std::sync::atomic::AtomicUsize,
     pub(super) model: String,
     pub(super) start: Instant,
     pub(super) timeout: Duration,
@@ -37,6 +39,14 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// The next endpoint, round-robin.
+    pub(super) fn url(&self) -> &str {
+        let i = self
+            .next_url
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.urls[i % self.urls.len()]
+    }
+
     pub(super) fn now(&self) -> Time {
         Time::from_micros(self.start.elapsed().as_micros() as u64)
     }
@@ -71,7 +81,7 @@ async fn stream_one(
 ) -> Result<(), String> {
     let mut req = shared
         .client
-        .post(format!("{}/v1/completions", shared.url))
+        .post(format!("{}/v1/completions", shared.url()))
         .json(&body);
     if let (true, Some(s)) = (shared.session_header, session) {
         req = req.header("x-session-id", s.to_string());

@@ -40,6 +40,12 @@ impl Router {
         self.ledger
             .release(id)
             .map_err(|_| RouteError::UnknownRequest(id))?;
+        if id.0 < super::REMOTE_ID_BASE {
+            self.announce(|replica| super::RemoteEvent::Finish {
+                replica,
+                request: id,
+            });
+        }
         Ok(self.released(now))
     }
 
@@ -51,7 +57,7 @@ impl Router {
 
     /// Load was released: draining workers now idle load, and queued requests are placed while
     /// capacity allows.
-    fn released(&mut self, now: Time) -> Effects {
+    pub(super) fn released(&mut self, now: Time) -> Effects {
         let update = self.update_tick(now);
         let placed = self.poll(now);
         Effects { placed, update }

@@ -4,11 +4,14 @@
 //! Layout: `config.rs` (the validated option tree), `request.rs` (requests, decisions, errors),
 //! `admission.rs` (the router queue: `submit`, `poll`), `effects.rs` (finish and cancel, and the
 //! [`Effects`] they return: placements and update actions), `rl.rs` (pauses, policy versions, group
-//! placement, first-N-of-M), `update.rs` (the weight-update cycle), this file (the façade).
+//! placement, first-N-of-M), `update.rs` (the weight-update cycle), `replica.rs` and
+//! `remote_event.rs` (what router replicas share: remote events in, outgoing events out), this file (the façade).
 
 pub mod admission;
 mod config;
 mod effects;
+mod remote_event;
+mod replica;
 mod request;
 mod rl;
 mod update;
@@ -19,6 +22,7 @@ pub use config::{
     DEFAULT_QUEUE_MAX_REQUESTS, DEFAULT_QUEUE_MAX_WAIT_SECS,
 };
 pub use effects::Effects;
+pub use replica::{RemoteError, RemoteEvent, REMOTE_ID_BASE};
 pub use request::{
     Decision, Pin, RouteError, RouteRequest, VersionRequirement, WorkerSpec, MAX_DP_SIZE,
     MAX_PRIORITY,
@@ -61,6 +65,8 @@ pub struct Router {
     paused: std::collections::BTreeSet<WorkerId>,
     /// The running (or last) weight-update cycle.
     update: Option<update::UpdateCycle>,
+    /// Other replicas' requests and holds, and this replica's outgoing events.
+    replicas: replica::Replicas,
 }
 
 impl Router {
@@ -94,6 +100,7 @@ impl Router {
             groups: BTreeMap::new(),
             progress: BTreeMap::new(),
             update: None,
+            replicas: replica::Replicas::default(),
         })
     }
 
@@ -355,6 +362,7 @@ impl Router {
                 (rank, now + std::time::Duration::from_secs_f64(ttl)),
             );
         }
+        self.announce_route(request, rank);
         Ok(Decision {
             request: request.id,
             rank,
@@ -485,7 +493,17 @@ impl Router {
 
     /// Releases a session's binding. Returns whether there was one.
     pub fn release_session(&mut self, session: u64) -> bool {
-        self.sessions.remove(&session).is_some()
+        let had = self.sessions.remove(&session).is_some();
+        if had {
+            self.announce(|_| RemoteEvent::SessionReleased { session });
+        }
+        had
+    }
+
+    /// The rank a session is bound to at `now`, if any.
+    pub fn session_binding(&self, session: u64, now: Time) -> Option<WorkerRank> {
+        let (rank, expires) = self.sessions.get(&session)?;
+        (*expires > now).then_some(*rank)
     }
 
     /// Drops expired session bindings.
@@ -500,9 +518,20 @@ impl Router {
 
     /// The request produced its first token.
     pub fn first_token(&mut self, id: RequestId) -> Result<(), RouteError> {
+        let prefill = matches!(
+            self.ledger.get(id),
+            Some((_, crate::ledger::Phase::Prefill))
+        );
         self.ledger
             .first_token(id)
-            .map_err(|_| RouteError::UnknownRequest(id))
+            .map_err(|_| RouteError::UnknownRequest(id))?;
+        if prefill && id.0 < REMOTE_ID_BASE {
+            self.announce(|replica| RemoteEvent::FirstToken {
+                replica,
+                request: id,
+            });
+        }
+        Ok(())
     }
 
     /// The current load of a rank.
@@ -522,6 +551,8 @@ impl Router {
 
 #[cfg(test)]
 mod effects_tests;
+#[cfg(test)]
+mod replica_tests;
 #[cfg(test)]
 mod rl_tests;
 #[cfg(test)]

@@ -51,7 +51,7 @@ impl Router {
 
     /// Held out of rotation on purpose and coming back: paused, or in a weight update.
     pub(super) fn held(&self, id: WorkerId) -> bool {
-        self.paused.contains(&id) || self.updating(id)
+        self.paused.contains(&id) || self.updating(id) || self.replicas.holds(id)
     }
 
     /// Pauses (true) or resumes (false) a worker: out of rotation, e.g. a colocated engine put to
@@ -67,6 +67,7 @@ impl Router {
         } else {
             self.paused.remove(&id);
         }
+        self.announce(|_| super::RemoteEvent::Paused { worker: id, paused });
         true
     }
 
@@ -81,6 +82,10 @@ impl Router {
         match self.workers.get_mut(&id) {
             Some(w) => {
                 w.policy_version = version;
+                self.announce(|_| super::RemoteEvent::Version {
+                    worker: id,
+                    version,
+                });
                 true
             }
             None => false,
@@ -184,7 +189,7 @@ impl Router {
     }
 
     /// Group placement is on for this request: its size is known, or a skew bound is set.
-    fn group_placed(&self, request: &RouteRequest) -> bool {
+    pub(super) fn group_placed(&self, request: &RouteRequest) -> bool {
         request.group.is_some()
             && (request.group_size.is_some_and(|s| s > 0) || self.config.router_group_max_skew > 0)
     }
@@ -195,6 +200,11 @@ impl Router {
             return;
         }
         let Some(group) = request.group else { return };
+        self.record_group(group, rank, now);
+    }
+
+    /// Records that a sibling of `group` went to `rank` (here or at another replica).
+    pub(super) fn record_group(&mut self, group: u64, rank: WorkerRank, now: Time) {
         let home = self.groups.entry(group).or_insert(GroupHome {
             rank,
             placed: 0,

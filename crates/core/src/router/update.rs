@@ -195,6 +195,7 @@ impl Router {
     /// Moves the next batch of pending targets out of rotation.
     fn next_batch(&mut self, now: Time) -> Vec<UpdateAction> {
         let Some(cycle) = self.update.as_mut().filter(|c| c.running()) else {
+            self.announce_update_held();
             return Vec::new();
         };
         let in_progress = cycle
@@ -232,6 +233,8 @@ impl Router {
             }
         }
         actions.extend(self.update_tick(now));
+        // The other replicas hold the same workers out while this one drives the cycle.
+        self.announce_update_held();
         actions
     }
 
@@ -292,7 +295,7 @@ impl Router {
             _ => return Err(UpdateError::NotUpdating(worker)),
         }
         if !ok {
-            self.paused.insert(worker);
+            let _ = self.set_paused(worker, true);
         }
         let cycle = self.update.as_mut().expect("running cycle");
         // A loaded worker waits for the loads that started no later than its own (loads take

@@ -40,12 +40,16 @@ impl Simulation<'_> {
             return;
         }
         let route = self.route_request_for(i);
-        if route.group.is_some_and(|g| self.router.group_satisfied(g)) {
+        if route
+            .group
+            .is_some_and(|g| self.router_of(i).group_satisfied(g))
+        {
             // Its group has enough samples already: not started.
             self.end_early(i);
             return;
         }
-        match self.router.submit(route, self.now) {
+        let now = self.now;
+        match self.router_of(i).submit(route, now) {
             Ok(Admission::Dispatched(d)) => self.dispatch(i, &d),
             Ok(Admission::Queued) => {}
             Err(_) => {
@@ -63,14 +67,17 @@ impl Simulation<'_> {
             return;
         }
         let route = self.route_request_for(i);
-        if route.group.is_some_and(|g| self.router.group_satisfied(g)) {
+        if route
+            .group
+            .is_some_and(|g| self.router_of(i).group_satisfied(g))
+        {
             self.end_early(i);
             return;
         }
-        match self
-            .router
-            .route_continuation(&route, &self.tried[i], self.now)
-        {
+        let (now, tried) = (self.now, std::mem::take(&mut self.tried[i]));
+        let placed = self.router_of(i).route_continuation(&route, &tried, now);
+        self.tried[i] = tried;
+        match placed {
             Ok(d) => self.dispatch(i, &d),
             Err(_) => {
                 let rec = &mut self.records[i];
@@ -97,7 +104,8 @@ impl Simulation<'_> {
     /// Places queued requests that capacity now allows (after a first token or a worker
     /// back; releases place them themselves).
     pub(super) fn poll_queue(&mut self) {
-        let placed = self.router.poll(self.now);
+        let now = self.now;
+        let placed: Vec<_> = self.all_routers().flat_map(|r| r.poll(now)).collect();
         self.apply(Effects {
             placed,
             update: Vec::new(),
@@ -108,7 +116,8 @@ impl Simulation<'_> {
     /// carries out what that set in motion. The only place the simulation releases load.
     pub(super) fn release(&mut self, id: RequestId) {
         // Finish and cancel release the same load; the records say which it was.
-        if let Ok(effects) = self.router.finish(id, self.now) {
+        let now = self.now;
+        if let Ok(effects) = self.router_of(id.0 as usize).finish(id, now) {
             self.apply(effects);
         }
     }

@@ -14,9 +14,9 @@ impl Simulation<'_> {
                 // Done, or not arrived yet (it is ended when it arrives).
                 continue;
             }
-            let id = RequestId(i as u64);
-            if !self.router.cancel_queued(id) {
-                if let Some(w) = rec.worker {
+            let (id, worker) = (RequestId(i as u64), rec.worker);
+            if !self.router_of(i).cancel_queued(id) {
+                if let Some(w) = worker {
                     let engine = &mut self.workers[w].engine;
                     let generated = engine.generated(id).unwrap_or(0);
                     engine.cancel(id);
@@ -111,6 +111,10 @@ impl Simulation<'_> {
         use kvrouter_core::router::KvRetention;
         if self.config.router.kv_retention == KvRetention::Flush {
             self.workers[w].engine.clear_cache();
+            // The other replicas see the engine's cleared cache in its KV events.
+            for r in &mut self.replicas {
+                r.clear_worker_cache(WorkerId(w as u64));
+            }
         }
         let actions = self
             .router

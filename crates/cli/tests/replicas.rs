@@ -1,0 +1,587 @@
+//! Router replicas sharing state over NATS (`kvrouter serve --replica-sync`), with real
+//! processes on loopback: a `nats-server -js`, `kvrouter mock-engine` processes and several
+//! `kvrouter serve` replicas in front of them. Needs `nats-server` (Debian package
+//! `nats-server`); without it these tests fail, they do not skip.
+
+mod common;
+
+use common::Proc;
+use serde_json::{json, Value};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+
+const HEARTBEAT_MS: &str = "200";
+const TTL_MS: u64 = 1500;
+
+/// A `nats-server -js` on a free loopback port, killed on drop.
+struct Nats {
+    child: Child,
+    url: String,
+    _dir: TempDir,
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn nats_binary() -> String {
+    for candidate in ["/usr/sbin/nats-server", "/usr/bin/nats-server"] {
+        if std::path::Path::new(candidate).exists() {
+            return candidate.into();
+        }
+    }
+    let found = std::process::Command::new("which")
+        .arg("nats-server")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    found.unwrap_or_else(|| {
+        panic!(
+            "nats-server is not installed (apt-get install nats-server): the replica tests need it"
+        )
+    })
+}
+
+async fn nats() -> Nats {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = std::env::temp_dir().join(format!("kvrouter-replicas-{}-{port}", std::process::id()));
+    let child = Command::new(nats_binary())
+        .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start nats-server");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "nats-server did not listen in time"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Nats {
+        child,
+        url: format!("nats://127.0.0.1:{port}"),
+        _dir: TempDir(dir),
+    }
+}
+
+async fn engines(n: usize, extra: &[&str]) -> Vec<Proc> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let mut args = vec!["mock-engine", "--port", "0", "--speedup-ratio", "50"];
+        args.extend(extra);
+        out.push(common::spawn(&args).await);
+    }
+    out
+}
+
+/// Starts replica `id` in front of `engines`.
+async fn replica(nats: &Nats, id: u64, engines: &[Proc], extra: &[&str]) -> Proc {
+    let id = id.to_string();
+    let mut args = vec![
+        "serve",
+        "--port",
+        "0",
+        "--no-router-kv-events",
+        "--admin-token",
+        "t",
+        "--replica-sync",
+        nats.url.as_str(),
+        "--replica-id",
+        id.as_str(),
+        "--replica-heartbeat-ms",
+        HEARTBEAT_MS,
+        "--replica-ttl-ms",
+    ];
+    let ttl = TTL_MS.to_string();
+    args.push(ttl.as_str());
+    let urls: Vec<String> = engines.iter().map(Proc::http).collect();
+    for u in &urls {
+        args.extend(["--worker", u.as_str()]);
+    }
+    args.extend(extra);
+    common::spawn(&args).await
+}
+
+/// The value of an unlabelled metric.
+async fn metric(client: &reqwest::Client, base: &str, name: &str) -> u64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing"))
+}
+
+/// Sum of a per-worker metric over all workers.
+async fn worker_sum(client: &reqwest::Client, base: &str, name: &str) -> u64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Polls `check` every 20 ms until it holds, for at most `limit`.
+async fn until<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until every replica hears from all the others.
+async fn joined(client: &reqwest::Client, replicas: &[&Proc]) {
+    for r in replicas {
+        let base = r.http();
+        let peers = replicas.len() as u64 - 1;
+        until(
+            Duration::from_secs(20),
+            "replicas to see each other",
+            || {
+                let (c, b) = (client.clone(), base.clone());
+                async move { metric(&c, &b, "kvrouter_replica_peers_alive").await == peers }
+            },
+        )
+        .await;
+    }
+}
+
+/// Sends a completion and returns the worker that served it.
+async fn complete(
+    client: &reqwest::Client,
+    base: &str,
+    prompt: &str,
+    headers: &[(&str, &str)],
+    max_tokens: u64,
+) -> u64 {
+    let mut req = client
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"model": "mock-model", "prompt": prompt, "max_tokens": max_tokens}));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let r = req.send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{base}: {prompt:.20}");
+    let worker = r.headers()["x-kvrouter-worker"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let _ = r.bytes().await.unwrap();
+    worker
+}
+
+fn prompt(k: usize) -> String {
+    // A distinct first word, then a long shared body: a prefix of many blocks per k.
+    let body: Vec<String> = (0..400).map(|i| format!("w{i}")).collect();
+    format!("prefix{k} {}", body.join(" "))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn same_prefix_through_different_replicas_lands_on_the_same_engine() {
+    let nats = nats().await;
+    let engines = engines(4, &[]).await;
+    // Approximate mode: the predicted cache picture is all a replica knows of where a prefix
+    // went, so only shared placements make replicas agree.
+    let extra = [];
+    let rs = [
+        replica(&nats, 1, &engines, &extra).await,
+        replica(&nats, 2, &engines, &extra).await,
+        replica(&nats, 3, &engines, &extra).await,
+    ];
+    let client = reqwest::Client::new();
+    joined(&client, &rs.iter().collect::<Vec<_>>()).await;
+    let mut agree = 0;
+    for k in 0..8 {
+        let first = complete(&client, &rs[k % 3].http(), &prompt(k), &[], 2).await;
+        // The placement reaches the others within the sync lag: wait for it (bounded).
+        let second = &rs[(k + 1) % 3];
+        let mut again = 0;
+        for _ in 0..50 {
+            again = complete(&client, &second.http(), &prompt(k), &[], 2).await;
+            if again == first {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        agree += usize::from(again == first);
+    }
+    assert_eq!(agree, 8, "every prefix followed through another replica");
+    let received = metric(
+        &client,
+        &rs[0].http(),
+        "kvrouter_replica_events_received_total",
+    )
+    .await;
+    assert!(received > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_pinned_through_one_replica_keeps_its_worker_through_others() {
+    let nats = nats().await;
+    let engines = engines(4, &[]).await;
+    let extra = [
+        "--router-session-affinity-ttl-secs",
+        "60",
+        "--router-mode",
+        "round-robin",
+    ];
+    let a = replica(&nats, 1, &engines, &extra).await;
+    let b = replica(&nats, 2, &engines, &extra).await;
+    let client = reqwest::Client::new();
+    joined(&client, &[&a, &b]).await;
+    let mut bound = Vec::new();
+    for s in 0..6 {
+        let session = format!("session-{s}");
+        let w = complete(
+            &client,
+            &a.http(),
+            &prompt(s),
+            &[("x-session-id", &session)],
+            2,
+        )
+        .await;
+        bound.push((session, w));
+    }
+    // Round-robin spreads them: the binding is what keeps them, not a shared preference.
+    assert!(bound.iter().any(|(_, w)| *w != bound[0].1));
+    // B has everything A sent (B hears from A only).
+    let sent = metric(
+        &client,
+        &a.http(),
+        "kvrouter_replica_events_published_total",
+    )
+    .await;
+    until(Duration::from_secs(10), "B to receive A's events", || {
+        let (c, base) = (client.clone(), b.http());
+        async move { metric(&c, &base, "kvrouter_replica_events_received_total").await >= sent }
+    })
+    .await;
+    // B's own round-robin cursor is somewhere else than A's was.
+    complete(&client, &b.http(), "no session", &[], 2).await;
+    for (session, w) in &bound {
+        let got = complete(
+            &client,
+            &b.http(),
+            "another turn",
+            &[("x-session-id", session)],
+            2,
+        )
+        .await;
+        assert_eq!(got, *w, "{session} through replica B");
+    }
+    // A replica that joins later reads the bindings from the sessions bucket.
+    let c = replica(&nats, 3, &engines, &extra).await;
+    until(Duration::from_secs(20), "replica C to join", || {
+        let (cl, base) = (client.clone(), c.http());
+        async move { metric(&cl, &base, "kvrouter_replica_connected").await == 1 }
+    })
+    .await;
+    complete(&client, &c.http(), "no session", &[], 2).await;
+    for (session, w) in &bound {
+        let got = complete(
+            &client,
+            &c.http(),
+            "a third turn",
+            &[("x-session-id", session)],
+            2,
+        )
+        .await;
+        assert_eq!(got, *w, "{session} through replica C, joined later");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_replica_leaves_no_phantom_load() {
+    let nats = nats().await;
+    // Slow engines: long streams keep load on them while the replica dies.
+    let engines = engines(3, &[]).await;
+    let mut rs = vec![
+        replica(&nats, 1, &engines, &[]).await,
+        replica(&nats, 2, &engines, &[]).await,
+        replica(&nats, 3, &engines, &[]).await,
+    ];
+    let client = reqwest::Client::new();
+    joined(&client, &rs.iter().collect::<Vec<_>>()).await;
+    // Load through replica 3 that will not finish before it dies.
+    let victim = rs[2].http();
+    let mut doomed = Vec::new();
+    for i in 0..12 {
+        let (c, base) = (client.clone(), victim.clone());
+        doomed.push(tokio::spawn(async move {
+            let body = json!({"model": "mock-model", "prompt": format!("long {i}"), "max_tokens": 100000, "stream": true});
+            c.post(format!("{base}/v1/completions")).json(&body).send().await
+        }));
+    }
+    let (a, b) = (rs[0].http(), rs[1].http());
+    until(
+        Duration::from_secs(20),
+        "replica 1 to count replica 3's load",
+        || {
+            let (c, base) = (client.clone(), a.clone());
+            async move { metric(&c, &base, "kvrouter_replica_remote_active_requests").await >= 12 }
+        },
+    )
+    .await;
+    // Requests on the surviving replicas while it dies.
+    let mut traffic = Vec::new();
+    for i in 0..30 {
+        let (c, base) = (
+            client.clone(),
+            if i % 2 == 0 { a.clone() } else { b.clone() },
+        );
+        traffic.push(tokio::spawn(async move {
+            complete(&c, &base, &format!("short {i}"), &[], 4).await
+        }));
+    }
+    let mut victim_proc = rs.remove(2);
+    victim_proc.child.start_kill().unwrap(); // SIGKILL
+    let _ = victim_proc.child.wait().await;
+    let killed = Instant::now();
+    for t in traffic {
+        t.await
+            .expect("requests on the other replicas are unaffected");
+    }
+    for base in [&a, &b] {
+        until(
+            Duration::from_millis(TTL_MS + 3000),
+            "phantom load to go",
+            || {
+                let (c, base) = (client.clone(), base.clone());
+                async move {
+                    metric(&c, &base, "kvrouter_replica_remote_active_requests").await == 0
+                        && worker_sum(&c, &base, "kvrouter_worker_active_requests").await == 0
+                }
+            },
+        )
+        .await;
+    }
+    let gone_after = killed.elapsed();
+    assert!(
+        gone_after >= Duration::from_millis(TTL_MS / 2),
+        "expired by TTL, not at once: {gone_after:?}"
+    );
+    assert_eq!(
+        metric(&client, &a, "kvrouter_replica_expired_total").await,
+        1
+    );
+    drop(doomed);
+}
+
+async fn engine_paused(client: &reqwest::Client, engine: &str) -> bool {
+    let info: Value = client
+        .get(format!("{engine}/server_info"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    info["paused"].as_bool().unwrap_or(false)
+}
+
+async fn policy(client: &reqwest::Client, base: &str) -> Value {
+    client
+        .get(format!("{base}/admin/policy"))
+        .bearer_auth("t")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_replica_drives_an_update_and_its_death_leaves_no_worker_paused() {
+    let nats = nats().await;
+    // Weight loads take 5 s (250 s / speed-up 50): long enough to die in.
+    let engines = engines(2, &["--weight-load-ms", "250000"]).await;
+    let a = replica(&nats, 1, &engines, &[]).await;
+    let b = replica(&nats, 2, &engines, &[]).await;
+    let client = reqwest::Client::new();
+    joined(&client, &[&a, &b]).await;
+    let update = |base: String| {
+        let c = client.clone();
+        async move {
+            c.post(format!("{base}/admin/policy/update"))
+                .bearer_auth("t")
+                .json(&json!({"version": 7, "workers": [0]}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(update(a.http()).await, 202);
+    // Only one replica drives an update at a time.
+    assert_eq!(update(b.http()).await, 409);
+    // B honours A's hold and sees its progress; the engine is paused for its load.
+    let engine0 = engines[0].http();
+    until(
+        Duration::from_secs(10),
+        "B to hold worker 0 for A's update",
+        || {
+            let (c, base, e) = (client.clone(), b.http(), engine0.clone());
+            async move {
+                let p = policy(&c, &base).await;
+                p["workers"][0]["state"] == "updating"
+                    && p["update_lease"]["replica"] == 1
+                    && engine_paused(&c, &e).await
+            }
+        },
+    )
+    .await;
+    drop(a); // SIGKILL mid-load
+             // Held out until A expires; then B wins the free lease, resumes the engine (which answers
+             // once its load is over) and adopts the version it reports: the cycle is finished.
+    until(Duration::from_secs(20), "worker 0 back in service", || {
+        let (c, base, e) = (client.clone(), b.http(), engine0.clone());
+        async move {
+            let p = policy(&c, &base).await;
+            p["workers"][0]["state"] == "serving"
+                && p["workers"][0]["policy_version"] == 7
+                && !engine_paused(&c, &e).await
+        }
+    })
+    .await;
+    assert_eq!(
+        metric(
+            &client,
+            &b.http(),
+            "kvrouter_replica_update_rollbacks_total"
+        )
+        .await,
+        1
+    );
+    // It serves through B (pinned to it), and B may drive the next update.
+    let w = complete(
+        &client,
+        &b.http(),
+        "after",
+        &[("x-kvrouter-worker-id", "0")],
+        2,
+    )
+    .await;
+    assert_eq!(w, 0);
+    until(Duration::from_secs(10), "the lease to be free", || {
+        let (c, base) = (client.clone(), b.http());
+        async move { policy(&c, &base).await["update_lease"].is_null() }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_replica_flags_are_a_clear_error_naming_the_flag() {
+    for (flags, named) in [
+        (
+            vec!["--replica-sync", "http://127.0.0.1:4222"],
+            "--replica-sync",
+        ),
+        (
+            vec![
+                "--replica-sync",
+                "nats://127.0.0.1:4222",
+                "--replica-cluster",
+                "a.b",
+            ],
+            "--replica-cluster",
+        ),
+        (
+            vec![
+                "--replica-sync",
+                "nats://127.0.0.1:4222",
+                "--replica-heartbeat-ms",
+                "0",
+            ],
+            "--replica-heartbeat-ms",
+        ),
+        (
+            vec![
+                "--replica-sync",
+                "nats://127.0.0.1:4222",
+                "--replica-ttl-ms",
+                "1500",
+            ],
+            "--replica-ttl-ms",
+        ),
+        (
+            vec![
+                "--replica-sync",
+                "nats://127.0.0.1:4222",
+                "--replica-outbox-max-events",
+                "0",
+            ],
+            "--replica-outbox-max-events",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args(["serve", "--port", "0", "--mock-workers", "1"])
+            .args(&flags)
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success(), "{flags:?} is refused");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(named), "{flags:?}: {stderr}");
+    }
+    for (flag, value) in [
+        ("--router-replicas", "0"),
+        ("--replica-sync-delay-ms", "-1"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args(["sim", "--workload", "grpo", "--quiet"])
+            .arg(format!("{flag}={value}"))
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success(), "sim {flag} {value} is refused");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(flag), "{flag}: {stderr}");
+    }
+}

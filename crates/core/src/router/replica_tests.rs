@@ -1,0 +1,230 @@
+use super::tests::{request, router, store_event, tokens, BS};
+use super::*;
+use crate::ids::ReplicaId;
+use crate::ledger::RankLoad;
+
+const A: ReplicaId = ReplicaId(1);
+const B: ReplicaId = ReplicaId(2);
+
+fn pair(mode: RouterMode, workers: u64) -> (Router, Router) {
+    let mut a = router(mode, workers);
+    let mut b = router(mode, workers);
+    a.enable_replica_sync(A, 1024);
+    b.enable_replica_sync(B, 1024);
+    (a, b)
+}
+
+/// Delivers everything `from` queued to `to`.
+fn deliver(from: &mut Router, to: &mut Router, now: Time) {
+    for e in from.take_outgoing() {
+        let _ = to.apply_remote(e, now).unwrap();
+    }
+}
+
+fn rank(w: u64) -> WorkerRank {
+    WorkerRank::new(WorkerId(w), 0)
+}
+
+#[test]
+fn remote_load_follows_begin_first_token_finish() {
+    let (mut a, mut b) = pair(RouterMode::Kv, 2);
+    let d = a.route(&request(1, &tokens(1, 40)), Time::ZERO).unwrap();
+    deliver(&mut a, &mut b, Time::ZERO);
+    assert_eq!(b.load(d.rank), a.load(d.rank));
+    assert_eq!(b.load(d.rank).active_prefill_tokens, 40);
+    a.first_token(RequestId(1)).unwrap();
+    deliver(&mut a, &mut b, Time::ZERO);
+    assert_eq!(b.load(d.rank), a.load(d.rank));
+    let _ = a.finish(RequestId(1), Time::ZERO).unwrap();
+    deliver(&mut a, &mut b, Time::ZERO);
+    assert_eq!(b.load(d.rank), RankLoad::default());
+    assert_eq!(b.remote_requests().len(), 0);
+    b.check_invariants().unwrap();
+}
+
+#[test]
+fn remote_events_are_checked() {
+    let (mut a, mut b) = pair(RouterMode::Kv, 1);
+    let begin = |replica, request| RemoteEvent::Begin {
+        replica,
+        request: RequestId(request),
+        rank: rank(0),
+        prefill_tokens: 4,
+        blocks: vec![],
+        private_blocks: 1,
+    };
+    assert_eq!(
+        a.apply_remote(begin(A, 1), Time::ZERO),
+        Err(RemoteError::OwnEvent(A))
+    );
+    let mut unknown = begin(B, 1);
+    if let RemoteEvent::Begin { rank, .. } = &mut unknown {
+        *rank = WorkerRank::new(WorkerId(9), 0);
+    }
+    assert!(matches!(
+        a.apply_remote(unknown, Time::ZERO),
+        Err(RemoteError::UnknownRank(_))
+    ));
+    let _ = a.apply_remote(begin(B, 1), Time::ZERO).unwrap();
+    assert_eq!(
+        a.apply_remote(begin(B, 1), Time::ZERO),
+        Err(RemoteError::DuplicateRequest(B, RequestId(1)))
+    );
+    let finish = RemoteEvent::Finish {
+        replica: B,
+        request: RequestId(7),
+    };
+    assert_eq!(
+        a.apply_remote(finish, Time::ZERO),
+        Err(RemoteError::UnknownRequest(B, RequestId(7)))
+    );
+    // The same request id from two replicas is two requests.
+    let _ = b.apply_remote(begin(A, 1), Time::ZERO).unwrap();
+    let _ = a.apply_remote(begin(ReplicaId(3), 1), Time::ZERO).unwrap();
+    assert_eq!(a.load(rank(0)).active_requests, 2);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn an_expired_replica_leaves_no_load_and_no_hold() {
+    let (mut a, mut b) = pair(RouterMode::Kv, 2);
+    for i in 0..6 {
+        a.route(&request(i, &tokens(i as u32, 16)), Time::ZERO)
+            .unwrap();
+    }
+    a.first_token(RequestId(2)).unwrap();
+    let plan = UpdatePlan {
+        version: 5,
+        mode: UpdateMode::Drain,
+        batch: 1,
+        workers: Some(vec![WorkerId(1)]),
+    };
+    a.begin_update(plan, Time::ZERO).unwrap();
+    deliver(&mut a, &mut b, Time::ZERO);
+    assert_eq!(b.ledger().active_requests(), 6);
+    assert!(!b.is_available(WorkerId(1)), "held by A's update");
+    let _ = b
+        .apply_remote(RemoteEvent::ReplicaExpired { replica: A }, Time::ZERO)
+        .unwrap();
+    assert_eq!(b.ledger().active_requests(), 0);
+    assert_eq!(b.load(rank(0)), RankLoad::default());
+    assert_eq!(b.load(rank(1)), RankLoad::default());
+    assert!(b.is_available(WorkerId(1)), "a dead replica's hold is gone");
+    b.check_invariants().unwrap();
+}
+
+#[test]
+fn the_active_list_repairs_a_lost_finish() {
+    let (mut a, mut b) = pair(RouterMode::Kv, 2);
+    a.route(&request(1, &tokens(1, 16)), Time::ZERO).unwrap();
+    a.route(&request(2, &tokens(2, 16)), Time::ZERO).unwrap();
+    deliver(&mut a, &mut b, Time::ZERO);
+    let _ = a.finish(RequestId(1), Time::ZERO).unwrap();
+    let lost = a.take_outgoing();
+    assert_eq!(lost.len(), 1, "the finish");
+    a.replica_active();
+    deliver(&mut a, &mut b, Time::ZERO);
+    assert_eq!(b.ledger().active_requests(), 1);
+    assert_eq!(b.remote_requests()[&A], 1);
+    b.check_invariants().unwrap();
+}
+
+#[test]
+fn sessions_and_groups_placed_by_one_replica_hold_at_the_other() {
+    let config = RouterConfig {
+        router_mode: RouterMode::RoundRobin,
+        kv_cache_block_size: BS,
+        router_session_affinity_ttl_secs: Some(60.0),
+        router_group_max_skew: 100,
+        ..Default::default()
+    };
+    let mk = |config: &RouterConfig, id| {
+        let mut r = Router::new(config.clone()).unwrap();
+        for w in 0..3 {
+            r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+        }
+        r.enable_replica_sync(id, 64);
+        r
+    };
+    let (mut a, mut b) = (mk(&config, A), mk(&config, B));
+    // B's round-robin cursor is elsewhere, so only the shared binding can agree.
+    b.route(&request(100, &tokens(9, 8)), Time::ZERO).unwrap();
+    b.take_outgoing();
+    let mut first = request(1, &tokens(1, 8));
+    first.session = Some(77);
+    first.group = Some(5);
+    let d = a.route(&first, Time::ZERO).unwrap();
+    deliver(&mut a, &mut b, Time::ZERO);
+    assert_eq!(b.session_binding(77, Time::ZERO), Some(d.rank));
+    let mut next = request(2, &tokens(1, 8));
+    next.session = Some(77);
+    assert_eq!(b.route(&next, Time::ZERO).unwrap().rank, d.rank);
+    let mut sibling = request(3, &tokens(1, 8));
+    sibling.group = Some(5);
+    assert_eq!(b.route(&sibling, Time::ZERO).unwrap().rank, d.rank);
+    // A release at A releases it at B.
+    assert!(a.release_session(77));
+    deliver(&mut a, &mut b, Time::ZERO);
+    assert_eq!(b.session_binding(77, Time::ZERO), None);
+}
+
+#[test]
+fn predicted_placements_are_shared() {
+    let config = RouterConfig {
+        router_mode: RouterMode::Kv,
+        kv_cache_block_size: BS,
+        router_predicted_ttl_secs: Some(30.0),
+        ..Default::default()
+    };
+    let mk = |id| {
+        let mut r = Router::new(config.clone()).unwrap();
+        for w in 0..4 {
+            r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+        }
+        r.enable_replica_sync(id, 64);
+        r
+    };
+    let (mut a, mut b) = (mk(A), mk(B));
+    let prompt = tokens(3, 64);
+    let d = a.route(&request(1, &prompt), Time::ZERO).unwrap();
+    deliver(&mut a, &mut b, Time::ZERO);
+    let _ = a.finish(RequestId(1), Time::ZERO).unwrap();
+    deliver(&mut a, &mut b, Time::ZERO);
+    // No KV event yet: only the shared prediction says where the prefix goes.
+    let again = b.route(&request(2, &prompt), Time::ZERO).unwrap();
+    assert_eq!(again.rank, d.rank);
+    assert_eq!(again.overlap.gpu_blocks, 16);
+}
+
+#[test]
+fn versions_and_pauses_are_shared_and_nothing_echoes() {
+    let (mut a, mut b) = pair(RouterMode::Kv, 2);
+    a.set_policy_version(WorkerId(1), 3);
+    a.set_paused(WorkerId(0), true);
+    deliver(&mut a, &mut b, Time::ZERO);
+    assert_eq!(b.newest_policy_version(), 3);
+    assert!(b.is_paused(WorkerId(0)));
+    assert!(!b.has_outgoing(), "applied remote events are not sent on");
+    let _ = b.apply_event(&store_event(1, &tokens(1, 8)));
+}
+
+#[test]
+fn a_full_outbox_drops_and_counts() {
+    let mut a = router(RouterMode::Kv, 1);
+    a.enable_replica_sync(A, 2);
+    for i in 0..3 {
+        a.route(&request(i, &tokens(i as u32, 8)), Time::ZERO)
+            .unwrap();
+    }
+    assert_eq!(a.take_outgoing().len(), 2);
+    assert_eq!(a.outgoing_dropped(), 1);
+    assert!(!a.has_outgoing());
+}
+
+#[test]
+fn without_sync_nothing_is_queued() {
+    let mut a = router(RouterMode::Kv, 1);
+    a.route(&request(1, &tokens(1, 8)), Time::ZERO).unwrap();
+    assert!(a.take_outgoing().is_empty());
+    assert_eq!(a.replica_id(), None);
+}

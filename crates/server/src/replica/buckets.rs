@@ -1,0 +1,222 @@
+//! The JetStream key-value side of replica sync: the buckets (made if missing), what a joining
+//! replica reads from them, and the puts of the state it would read (plain publishes to
+//! `$KV.<bucket>.<key>`, nothing awaited).
+
+use super::link::{apply, local_ids};
+use super::wire::{self, Names, SessionValue, WorkerPolicy};
+use crate::replica_state::Link;
+use crate::state::Inner;
+use async_nats::jetstream::{self, kv};
+use futures::StreamExt;
+use kvrouter_core::ids::{WorkerId, WorkerRank};
+use kvrouter_core::router::RemoteEvent;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Keys read from a bucket when joining, at most.
+const MAX_JOIN_KEYS: usize = 100_000;
+
+/// Opens a bucket, making it if it does not exist (`max_age` zero: entries never age out).
+pub(super) async fn open(
+    js: &jetstream::Context,
+    name: &str,
+    max_age: Duration,
+) -> Result<kv::Store, String> {
+    if let Ok(store) = js.get_key_value(name).await {
+        return Ok(store);
+    }
+    // The bucket's stream as `create_key_value` would make it, made directly: that call first
+    // reads the account info, whose format changed after nats-server 2.9 (Debian's).
+    let made = js
+        .create_stream(jetstream::stream::Config {
+            name: format!("KV_{name}"),
+            subjects: vec![format!("$KV.{name}.>")],
+            max_messages_per_subject: 1,
+            max_age,
+            storage: jetstream::stream::StorageType::Memory,
+            discard: jetstream::stream::DiscardPolicy::New,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            num_replicas: 1,
+            max_messages: -1,
+            max_bytes: -1,
+            ..Default::default()
+        })
+        .await;
+    match made {
+        Ok(_) => js
+            .get_key_value(name)
+            .await
+            .map_err(|e| format!("bucket {name}: {e}")),
+        // Another replica made it meanwhile.
+        Err(e) => js
+            .get_key_value(name)
+            .await
+            .map_err(|_| format!("bucket {name}: {e}")),
+    }
+}
+
+/// Every entry of a bucket (at most [`MAX_JOIN_KEYS`]).
+async fn entries(store: &kv::Store) -> Vec<(String, bytes::Bytes)> {
+    let mut out = Vec::new();
+    let Ok(mut keys) = store.keys().await else {
+        return out;
+    };
+    while let Some(Ok(key)) = keys.next().await {
+        if out.len() >= MAX_JOIN_KEYS {
+            break;
+        }
+        if let Ok(Some(v)) = store.get(&key).await {
+            out.push((key, v));
+        }
+    }
+    out
+}
+
+/// What a joining replica reads: the others' worker tables, live sessions, policy versions and
+/// pauses.
+pub(super) async fn join(
+    inner: &Inner,
+    peers: &Mutex<super::peers::Peers>,
+    members: &kv::Store,
+    sessions: &kv::Store,
+    policy: &kv::Store,
+) {
+    let own = inner.replica.id();
+    for (key, value) in entries(members).await {
+        let Ok(id) = key.parse::<u64>() else { continue };
+        if id == own {
+            continue;
+        }
+        if let Ok(ws) = serde_json::from_slice::<Vec<(u64, String)>>(&value) {
+            peers
+                .lock()
+                .expect("peers lock")
+                .learn_workers(id, Instant::now(), ws);
+        }
+    }
+    let local = local_ids(inner);
+    let mut events = Vec::new();
+    for (key, value) in entries(sessions).await {
+        let (Ok(session), Ok(v)) = (
+            u64::from_str_radix(&key, 16),
+            serde_json::from_slice::<SessionValue>(&value),
+        ) else {
+            continue;
+        };
+        if let Some(w) = local.get(&v.url) {
+            events.push(RemoteEvent::Session {
+                session,
+                rank: WorkerRank::new(*w, v.dp_rank),
+                ttl_ms: v.ttl_ms,
+            });
+        }
+    }
+    for (_, value) in entries(policy).await {
+        let Ok(v) = serde_json::from_slice::<WorkerPolicy>(&value) else {
+            continue;
+        };
+        let Some(w) = local.get(&v.url) else { continue };
+        if let Some(version) = v.version {
+            events.push(RemoteEvent::Version {
+                worker: *w,
+                version,
+            });
+        }
+        if let Some(paused) = v.paused {
+            events.push(RemoteEvent::Paused { worker: *w, paused });
+        }
+    }
+    let n = events.len();
+    apply(inner, events);
+    tracing::info!("replica sync: read {n} shared entries on joining");
+}
+
+/// Puts the state a joining replica reads (session bindings, versions, pauses) into the
+/// buckets, with plain publishes.
+pub(super) async fn store_shared(
+    inner: &Inner,
+    link: &Link,
+    names: &Names,
+    events: &[RemoteEvent],
+) {
+    let stored = |e: &RemoteEvent| {
+        matches!(
+            e,
+            RemoteEvent::Session { .. }
+                | RemoteEvent::SessionReleased { .. }
+                | RemoteEvent::Version { .. }
+                | RemoteEvent::Paused { .. }
+        )
+    };
+    if !events.iter().any(stored) {
+        return;
+    }
+    let urls: HashMap<WorkerId, String> = local_ids(inner)
+        .into_iter()
+        .map(|(url, id)| (id, url))
+        .collect();
+    for e in events {
+        let (bucket, key, body) = match e {
+            RemoteEvent::Session {
+                session,
+                rank,
+                ttl_ms,
+            } => {
+                let Some(url) = urls.get(&rank.worker) else {
+                    continue;
+                };
+                let v = SessionValue {
+                    url: url.clone(),
+                    dp_rank: rank.dp_rank,
+                    ttl_ms: *ttl_ms,
+                };
+                (
+                    names.sessions(),
+                    wire::session_key(*session),
+                    serde_json::to_vec(&v).unwrap_or_default(),
+                )
+            }
+            RemoteEvent::SessionReleased { session } => {
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("KV-Operation", "DEL");
+                let subject = Names::kv_subject(&names.sessions(), &wire::session_key(*session));
+                let _ = link
+                    .client
+                    .publish_with_headers(subject, headers, bytes::Bytes::new())
+                    .await;
+                continue;
+            }
+            RemoteEvent::Version { worker, .. } | RemoteEvent::Paused { worker, .. } => {
+                let Some(url) = urls.get(worker) else {
+                    continue;
+                };
+                let (version, paused) = {
+                    let core = inner.lock_core();
+                    let version = core
+                        .workers()
+                        .find(|w| w.id == *worker)
+                        .map(|w| w.policy_version);
+                    (version, Some(core.is_paused(*worker)))
+                };
+                let v = WorkerPolicy {
+                    url: url.clone(),
+                    version,
+                    paused,
+                };
+                (
+                    names.policy(),
+                    wire::worker_key(url),
+                    serde_json::to_vec(&v).unwrap_or_default(),
+                )
+            }
+            _ => continue,
+        };
+        let _ = link
+            .client
+            .publish(Names::kv_subject(&bucket, &key), body.into())
+            .await;
+    }
+}

@@ -1,0 +1,138 @@
+//! Exactly one replica drives a weight-update cycle at a time: the one holding the `update`
+//! key of the lease bucket. It takes the key with a create (fails if present), renews it every
+//! heartbeat with a revision-checked update (carrying its progress for the others), and deletes
+//! it when the cycle ends. The bucket ages entries out after the replica TTL, so the lease of a
+//! replica that died is free again within the TTL. The workers its cycle held out are released
+//! by every other replica when it expires (the core drops its holds), and one of them, the one
+//! that wins the free lease, rolls the cycle back on the engines: it resumes the workers the
+//! dead replica had paused, which keep serving their previous weights until the next update.
+
+use super::wire::LeaseValue;
+use crate::error::ServeError;
+use crate::state::AppState;
+use kvrouter_core::ids::WorkerId;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// The lease's key.
+const KEY: &str = "update";
+
+/// Takes the update lease (no-op without replica sync). Another replica's running update is a
+/// conflict that names it.
+pub(crate) async fn acquire(state: &AppState) -> Result<Option<u64>, ServeError> {
+    if state.inner.config.replica_sync.is_none() {
+        return Ok(None);
+    }
+    let link = state.inner.replica.link().ok_or_else(|| {
+        ServeError::Conflict("replica sync is not connected yet: no update lease".into())
+    })?;
+    let value = LeaseValue {
+        replica: state.inner.replica.id(),
+        status: None,
+    };
+    let body = serde_json::to_vec(&value).unwrap_or_default();
+    match link.lease.create(KEY, body.into()).await {
+        Ok(revision) => Ok(Some(revision)),
+        Err(_) => {
+            let holder = holder(state)
+                .await
+                .map_or("another".to_owned(), |v| v.replica.to_string());
+            Err(ServeError::Conflict(format!(
+                "replica {holder} is driving a weight update (it holds the update lease)"
+            )))
+        }
+    }
+}
+
+/// Who holds the lease, with its progress.
+pub(crate) async fn holder(state: &AppState) -> Option<LeaseValue> {
+    let link = state.inner.replica.link()?;
+    let bytes = link.lease.get(KEY).await.ok()??;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Keeps the lease while this replica's cycle runs (renewing it with the cycle's progress),
+/// then gives it up.
+pub(crate) fn hold(
+    state: AppState,
+    mut revision: u64,
+    status: fn(&AppState) -> Option<serde_json::Value>,
+) {
+    tokio::spawn(async move {
+        let Some(link) = state.inner.replica.link().cloned() else {
+            return;
+        };
+        let mut tick = tokio::time::interval(link.config.heartbeat);
+        loop {
+            tick.tick().await;
+            let running = state
+                .inner
+                .lock_core()
+                .update_status()
+                .is_some_and(|s| s.finished.is_none());
+            if !running {
+                let _ = link.lease.delete_expect_revision(KEY, Some(revision)).await;
+                return;
+            }
+            let value = LeaseValue {
+                replica: state.inner.replica.id(),
+                status: status(&state),
+            };
+            let body = serde_json::to_vec(&value).unwrap_or_default();
+            match link.lease.update(KEY, body.into(), revision).await {
+                Ok(r) => revision = r,
+                Err(e) => {
+                    state
+                        .inner
+                        .replica
+                        .metrics
+                        .lease_lost
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("weight update: renewing the update lease: {e}");
+                }
+            }
+        }
+    });
+}
+
+/// Replica `dead` expired while its update held `workers` out. Whoever wins the free lease
+/// resumes them on the engines (bounded: tries for twice the TTL).
+pub(crate) async fn roll_back(state: AppState, dead: u64, workers: Vec<WorkerId>) {
+    let Some(link) = state.inner.replica.link().cloned() else {
+        return;
+    };
+    let value = LeaseValue {
+        replica: state.inner.replica.id(),
+        status: None,
+    };
+    let body = serde_json::to_vec(&value).unwrap_or_default();
+    let deadline = tokio::time::Instant::now() + link.config.ttl * 2;
+    let revision = loop {
+        match link.lease.create(KEY, body.clone().into()).await {
+            Ok(r) => break r,
+            Err(_) => {
+                let other = holder(&state).await.map(|v| v.replica);
+                if other.is_some_and(|r| r != dead) || tokio::time::Instant::now() > deadline {
+                    // Another replica rolls back (or drives a new update that covers them).
+                    return;
+                }
+                tokio::time::sleep(link.config.heartbeat.min(Duration::from_millis(200))).await;
+            }
+        }
+    };
+    tracing::warn!(
+        "weight update of expired replica {dead}: rolling back on workers {workers:?} (they keep their previous weights)"
+    );
+    for w in workers {
+        if let Err(e) = crate::update::resume_engine(&state, w).await {
+            tracing::warn!("worker {w}: resuming after an abandoned update: {e}");
+        }
+    }
+    state
+        .inner
+        .replica
+        .metrics
+        .rollbacks
+        .fetch_add(1, Ordering::Relaxed);
+    let _ = link.lease.delete_expect_revision(KEY, Some(revision)).await;
+}

@@ -1,0 +1,296 @@
+//! The NATS side of replica sync: connect, make the buckets, read what a joining replica needs,
+//! then three loops: publish this replica's events (and its heartbeat), apply the others'
+//! events, and expire replicas that went silent. None of them is on the request path: the core
+//! queues outgoing events and [`super::ReplicaState`] wakes the publisher.
+
+use super::wire::{self, Message, Names};
+use crate::config::ReplicaSyncConfig;
+use crate::replica_state::Link;
+use crate::state::{AppState, Inner};
+use async_nats::jetstream;
+use futures::StreamExt;
+use kvrouter_core::ids::{ReplicaId, WorkerId};
+use kvrouter_core::router::RemoteEvent;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+/// Connects (retrying until NATS answers), joins and runs the loops until the process ends.
+pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
+    let inner = state.inner.clone();
+    let names = Names::new(&config.cluster);
+    let client = match async_nats::ConnectOptions::new()
+        .name(format!("kvrouter-replica-{}", config.replica_id))
+        .retry_on_initial_connect()
+        .connect(config.url.as_str())
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("replica sync: cannot connect to {}: {e}", config.url);
+            return;
+        }
+    };
+    let js = jetstream::new(client.clone());
+    let session_ttl = inner
+        .config
+        .router
+        .router_session_affinity_ttl_secs
+        .map_or(Duration::from_secs(3600), Duration::from_secs_f64);
+    let buckets = async {
+        Ok::<_, String>((
+            super::buckets::open(&js, &names.members(), config.ttl).await?,
+            super::buckets::open(&js, &names.sessions(), session_ttl).await?,
+            super::buckets::open(&js, &names.policy(), Duration::ZERO).await?,
+            super::buckets::open(&js, &names.lease(), config.ttl).await?,
+        ))
+    };
+    let (members, sessions, policy, lease) = match buckets.await {
+        Ok(b) => b,
+        Err(e) => {
+            // JetStream is off (`nats-server -js`) or the buckets disagree: no shared state.
+            tracing::error!("replica sync: key-value buckets: {e}");
+            return;
+        }
+    };
+    let peers = Arc::new(Mutex::new(super::peers::Peers::default()));
+    let link = Arc::new(Link {
+        client: client.clone(),
+        lease,
+        config: config.clone(),
+    });
+    inner.replica.set_link(link.clone());
+    // Subscribe before reading the buckets, so nothing published meanwhile is missed.
+    let sub = match client.subscribe(names.all_deltas()).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("replica sync: subscribe: {e}");
+            return;
+        }
+    };
+    super::buckets::join(&inner, &peers, &members, &sessions, &policy).await;
+    inner
+        .replica
+        .metrics
+        .connected
+        .store(true, Ordering::Relaxed);
+    tracing::info!(
+        "replica sync: replica {} joined {} at {}",
+        config.replica_id,
+        config.cluster,
+        config.url
+    );
+    tokio::spawn(receive(state.clone(), sub, peers.clone()));
+    tokio::spawn(expire(state.clone(), peers));
+    publish(state, link).await;
+}
+
+/// This replica's workers by URL.
+pub(super) fn local_ids(inner: &Inner) -> HashMap<String, WorkerId> {
+    inner
+        .workers
+        .lock()
+        .expect("workers lock")
+        .iter()
+        .map(|(id, r)| (r.entry.url.clone(), *id))
+        .collect()
+}
+
+/// Applies events to the core and carries out what they set in motion.
+pub(super) fn apply(inner: &Inner, events: Vec<RemoteEvent>) {
+    let m = &inner.replica.metrics;
+    let mut effects = kvrouter_core::router::Effects::default();
+    {
+        let now = inner.now();
+        let mut core = inner.lock_core();
+        for e in events {
+            match core.apply_remote(e, now) {
+                Ok(more) => effects.extend(more),
+                Err(_) => {
+                    m.rejected.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+    if !effects.is_empty() {
+        inner.apply(effects);
+    }
+    inner.wake_queue();
+}
+
+/// Applies the other replicas' messages.
+async fn receive(
+    state: AppState,
+    mut sub: async_nats::Subscriber,
+    peers: Arc<Mutex<super::peers::Peers>>,
+) {
+    let inner = &state.inner;
+    let own = inner.replica.id();
+    let m = &inner.replica.metrics;
+    // This replica's workers by URL: rebuilt with every heartbeat and after a miss, not per
+    // message.
+    let mut local = local_ids(inner);
+    while let Some(msg) = sub.next().await {
+        let Ok(message) = serde_json::from_slice::<Message>(&msg.payload) else {
+            m.rejected.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        if message.replica == own {
+            continue;
+        }
+        let lag = wire::unix_ms(SystemTime::now()).saturating_sub(message.sent_unix_ms);
+        m.lag_ms.store(lag, Ordering::Relaxed);
+        let n = message.events.len() as u64;
+        m.received.fetch_add(n, Ordering::Relaxed);
+        if message.workers.is_some() {
+            local = local_ids(inner);
+        }
+        let events: Vec<RemoteEvent> = {
+            let mut peers = peers.lock().expect("peers lock");
+            let lost = peers.seen(
+                message.replica,
+                message.seq,
+                Instant::now(),
+                message.workers,
+            );
+            m.lost_messages.fetch_add(lost, Ordering::Relaxed);
+            if !peers.knows_workers(message.replica) {
+                m.untranslated.fetch_add(n, Ordering::Relaxed);
+                continue;
+            }
+            let from = message.replica;
+            let map = |w: WorkerId| {
+                peers
+                    .worker_url(from, w.0)
+                    .and_then(|url| local.get(url).copied())
+            };
+            message
+                .events
+                .into_iter()
+                .filter_map(|e| e.map_workers(map))
+                .collect()
+        };
+        let missed = n - events.len() as u64;
+        if missed > 0 {
+            m.untranslated.fetch_add(missed, Ordering::Relaxed);
+            local = local_ids(inner);
+        }
+        apply(inner, events);
+        m.peers_alive.store(
+            peers.lock().expect("peers lock").alive() as u64,
+            Ordering::Relaxed,
+        );
+    }
+    tracing::warn!("replica sync: subscription ended");
+}
+
+/// Expires replicas not heard from within the TTL: their load and holds go, and a hold left by
+/// an update they drove is rolled back (see [`super::lease`]).
+async fn expire(state: AppState, peers: Arc<Mutex<super::peers::Peers>>) {
+    let inner = &state.inner;
+    let config = inner.config.replica_sync.clone().expect("replica sync on");
+    let mut tick = tokio::time::interval(config.heartbeat.min(config.ttl / 4));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let (gone, alive) = {
+            let mut p = peers.lock().expect("peers lock");
+            (p.expire(Instant::now(), config.ttl), p.alive())
+        };
+        inner
+            .replica
+            .metrics
+            .peers_alive
+            .store(alive as u64, Ordering::Relaxed);
+        for id in gone {
+            let held = inner.lock_core().held_by(ReplicaId(id));
+            tracing::warn!(
+                "replica sync: replica {id} expired (no heartbeat for {:?})",
+                config.ttl
+            );
+            inner
+                .replica
+                .metrics
+                .expired
+                .fetch_add(1, Ordering::Relaxed);
+            apply(
+                inner,
+                vec![RemoteEvent::ReplicaExpired {
+                    replica: ReplicaId(id),
+                }],
+            );
+            if !held.is_empty() {
+                tokio::spawn(super::lease::roll_back(state.clone(), id, held));
+            }
+        }
+    }
+}
+
+/// Publishes this replica's events as they are queued, and a heartbeat (with its active
+/// requests and worker table) every heartbeat interval.
+async fn publish(state: AppState, link: Arc<Link>) {
+    let inner = &state.inner;
+    let config = &link.config;
+    let names = Names::new(&config.cluster);
+    let subject = names.deltas(config.replica_id);
+    let m = &inner.replica.metrics;
+    let mut tick = tokio::time::interval(config.heartbeat);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seq = 0u64;
+    loop {
+        let heartbeat = tokio::select! {
+            _ = tick.tick() => true,
+            _ = inner.replica.notify.notified() => {
+                // Let the request tasks that are running queue theirs too: fewer, larger
+                // messages.
+                tokio::task::yield_now().await;
+                false
+            }
+        };
+        let (events, dropped) = {
+            let mut core = inner.lock_core();
+            if heartbeat {
+                core.replica_active();
+            }
+            (core.take_outgoing(), core.outgoing_dropped())
+        };
+        m.dropped.store(dropped, Ordering::Relaxed);
+        if events.is_empty() {
+            continue;
+        }
+        let workers = heartbeat.then(|| {
+            let mut table: Vec<(u64, String)> = local_ids(inner)
+                .into_iter()
+                .map(|(url, id)| (id.0, url))
+                .collect();
+            table.sort();
+            table
+        });
+        if let Some(table) = &workers {
+            let key = Names::kv_subject(&names.members(), &config.replica_id.to_string());
+            let body = serde_json::to_vec(table).unwrap_or_default();
+            let _ = link.client.publish(key, body.into()).await;
+        }
+        super::buckets::store_shared(inner, &link, &names, &events).await;
+        let n = events.len() as u64;
+        let message = Message {
+            replica: config.replica_id,
+            seq,
+            sent_unix_ms: wire::unix_ms(SystemTime::now()),
+            workers,
+            events,
+        };
+        seq += 1;
+        let body = serde_json::to_vec(&message).unwrap_or_default();
+        match link.client.publish(subject.clone(), body.into()).await {
+            Ok(()) => {
+                m.published.fetch_add(n, Ordering::Relaxed);
+            }
+            Err(e) => {
+                m.publish_errors.fetch_add(n, Ordering::Relaxed);
+                tracing::warn!("replica sync: publish: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Who the other replicas are: when each was last heard from, and its worker table (its worker
+//! ids by URL). Pure: the caller passes `now`.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+#[derive(Debug)]
+struct Peer {
+    last_seen: Instant,
+    /// Its worker id → URL.
+    workers: HashMap<u64, String>,
+    /// The next sequence number expected.
+    next_seq: u64,
+}
+
+/// The other replicas.
+#[derive(Debug, Default)]
+pub(crate) struct Peers {
+    peers: HashMap<u64, Peer>,
+}
+
+impl Peers {
+    /// Replica `id` was heard from at `now` (with its worker table, if it sent one). Returns the
+    /// number of messages lost since the last one from it.
+    pub(crate) fn seen(
+        &mut self,
+        id: u64,
+        seq: u64,
+        now: Instant,
+        workers: Option<Vec<(u64, String)>>,
+    ) -> u64 {
+        let peer = self.peers.entry(id).or_insert_with(|| Peer {
+            last_seen: now,
+            workers: HashMap::new(),
+            next_seq: seq,
+        });
+        peer.last_seen = now;
+        let lost = seq.saturating_sub(peer.next_seq);
+        peer.next_seq = seq + 1;
+        if let Some(ws) = workers {
+            peer.workers = ws.into_iter().collect();
+        }
+        lost
+    }
+
+    /// Learns a replica's worker table (from the members bucket) without counting it alive.
+    pub(crate) fn learn_workers(&mut self, id: u64, now: Instant, workers: Vec<(u64, String)>) {
+        let peer = self.peers.entry(id).or_insert_with(|| Peer {
+            last_seen: now,
+            workers: HashMap::new(),
+            next_seq: 0,
+        });
+        peer.workers = workers.into_iter().collect();
+    }
+
+    /// The URL of replica `id`'s worker `worker`.
+    pub(crate) fn worker_url(&self, id: u64, worker: u64) -> Option<&str> {
+        self.peers
+            .get(&id)?
+            .workers
+            .get(&worker)
+            .map(String::as_str)
+    }
+
+    /// Whether replica `id`'s worker table is known.
+    pub(crate) fn knows_workers(&self, id: u64) -> bool {
+        self.peers.get(&id).is_some_and(|p| !p.workers.is_empty())
+    }
+
+    /// Forgets and returns the replicas not heard from within `ttl` of `now`.
+    pub(crate) fn expire(&mut self, now: Instant, ttl: Duration) -> Vec<u64> {
+        let mut gone: Vec<u64> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| now.saturating_duration_since(p.last_seen) > ttl)
+            .map(|(id, _)| *id)
+            .collect();
+        gone.sort_unstable();
+        for id in &gone {
+            self.peers.remove(id);
+        }
+        gone
+    }
+
+    /// Replicas alive (heard from within the TTL, as of the last [`Peers::expire`]).
+    pub(crate) fn alive(&self) -> usize {
+        self.peers.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn silent_peers_expire_and_lost_messages_are_counted() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(5);
+        let mut p = Peers::default();
+        assert_eq!(p.seen(1, 0, t0, Some(vec![(0, "http://a".into())])), 0);
+        assert_eq!(p.seen(2, 10, t0, None), 0);
+        assert_eq!(p.seen(1, 3, t0 + Duration::from_secs(4), None), 2);
+        assert_eq!(p.worker_url(1, 0), Some("http://a"));
+        assert!(!p.knows_workers(2));
+        assert_eq!(p.expire(t0 + Duration::from_secs(6), ttl), vec![2]);
+        assert_eq!(p.alive(), 1);
+        assert_eq!(p.expire(t0 + Duration::from_secs(10), ttl), vec![1]);
+        assert_eq!(p.alive(), 0);
+    }
+}

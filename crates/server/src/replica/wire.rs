@@ -1,0 +1,147 @@
+//! What replicas send each other over NATS: names of subjects and buckets, the delta message,
+//! and the values kept in the key-value buckets. Pure: encoding and names only.
+
+use kvrouter_core::router::RemoteEvent;
+use serde::{Deserialize, Serialize};
+
+/// One published batch of a replica's events (core NATS, `<cluster>.replica.<id>`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Message {
+    /// The sender.
+    pub(crate) replica: u64,
+    /// Per-sender sequence number (gaps are lost messages).
+    pub(crate) seq: u64,
+    /// When it was sent, Unix milliseconds (for the lag metric).
+    pub(crate) sent_unix_ms: u64,
+    /// The sender's worker table (id, URL), sent with every heartbeat: receivers translate
+    /// worker ids through the URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) workers: Option<Vec<(u64, String)>>,
+    /// The events, oldest first.
+    pub(crate) events: Vec<RemoteEvent>,
+}
+
+/// A session binding as kept in the sessions bucket (read by a joining replica).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SessionValue {
+    pub(crate) url: String,
+    pub(crate) dp_rank: u32,
+    pub(crate) ttl_ms: u64,
+}
+
+/// A worker's policy version and operator pause as kept in the policy bucket.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct WorkerPolicy {
+    pub(crate) url: String,
+    #[serde(default)]
+    pub(crate) version: Option<u64>,
+    #[serde(default)]
+    pub(crate) paused: Option<bool>,
+}
+
+/// The weight-update lease's value.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct LeaseValue {
+    /// The replica driving the update.
+    pub(crate) replica: u64,
+    /// Its progress (`GET /admin/policy` of the driver), for the other replicas.
+    #[serde(default)]
+    pub(crate) status: Option<serde_json::Value>,
+}
+
+/// Names of one logical router's subjects and buckets.
+#[derive(Clone, Debug)]
+pub(crate) struct Names {
+    cluster: String,
+}
+
+impl Names {
+    pub(crate) fn new(cluster: &str) -> Self {
+        Self {
+            cluster: cluster.to_owned(),
+        }
+    }
+    /// Where replica `id` publishes its deltas.
+    pub(crate) fn deltas(&self, id: u64) -> String {
+        format!("{}.replica.{id}", self.cluster)
+    }
+    /// Every replica's deltas.
+    pub(crate) fn all_deltas(&self) -> String {
+        format!("{}.replica.*", self.cluster)
+    }
+    /// Heartbeats with worker tables, key = replica id (max age = the replica TTL).
+    pub(crate) fn members(&self) -> String {
+        format!("{}_members", self.cluster)
+    }
+    /// Session bindings, key = session key in hex (max age = the session TTL).
+    pub(crate) fn sessions(&self) -> String {
+        format!("{}_sessions", self.cluster)
+    }
+    /// Policy versions and pauses, key = hash of the worker URL.
+    pub(crate) fn policy(&self) -> String {
+        format!("{}_policy", self.cluster)
+    }
+    /// The weight-update lease, key `update` (max age = the replica TTL).
+    pub(crate) fn lease(&self) -> String {
+        format!("{}_lease", self.cluster)
+    }
+    /// The subject a key-value put of `key` in `bucket` goes to: replicas put with a plain
+    /// publish (no acknowledgement to wait for), and JetStream stores it.
+    pub(crate) fn kv_subject(bucket: &str, key: &str) -> String {
+        format!("$KV.{bucket}.{key}")
+    }
+}
+
+/// A session's key in the sessions bucket.
+pub(crate) fn session_key(session: u64) -> String {
+    format!("{session:016x}")
+}
+
+/// A worker's key in the policy bucket.
+pub(crate) fn worker_key(url: &str) -> String {
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(url.as_bytes()))
+}
+
+/// Unix milliseconds of `t`.
+pub(crate) fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvrouter_core::ids::{ReplicaId, RequestId, WorkerId, WorkerRank};
+
+    #[test]
+    fn messages_round_trip() {
+        let m = Message {
+            replica: 7,
+            seq: 3,
+            sent_unix_ms: 1,
+            workers: Some(vec![(0, "http://a".into())]),
+            events: vec![
+                RemoteEvent::Begin {
+                    replica: ReplicaId(7),
+                    request: RequestId(1),
+                    rank: WorkerRank::new(WorkerId(0), 0),
+                    prefill_tokens: 5,
+                    blocks: vec![],
+                    private_blocks: 1,
+                },
+                RemoteEvent::Finish {
+                    replica: ReplicaId(7),
+                    request: RequestId(1),
+                },
+            ],
+        };
+        let bytes = serde_json::to_vec(&m).unwrap();
+        assert_eq!(serde_json::from_slice::<Message>(&bytes).unwrap(), m);
+        let names = Names::new("c1");
+        assert_eq!(names.deltas(7), "c1.replica.7");
+        assert_eq!(
+            Names::kv_subject(&names.sessions(), &session_key(255)),
+            "$KV.c1_sessions.00000000000000ff"
+        );
+    }
+}

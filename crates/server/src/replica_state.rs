@@ -1,0 +1,76 @@
+//! What the server holds of replica sync (`--replica-sync`, see the `replica` module): the
+//! publisher's wake-up (the core lock's guard rings it), the NATS link once up, and the counters.
+//! Kept apart from `replica` so shared state does not depend on the sync loops.
+
+use crate::config::ReplicaSyncConfig;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, OnceLock};
+use tokio::sync::Notify;
+
+/// Replica sync as the rest of the server sees it: the publisher's wake-up, the link once
+/// connected, and the metrics.
+#[derive(Debug, Default)]
+pub(crate) struct ReplicaState {
+    id: u64,
+    /// Wakes the publisher: the core queued events.
+    pub(crate) notify: Notify,
+    link: OnceLock<Arc<Link>>,
+    pub(crate) metrics: SyncMetrics,
+}
+
+impl ReplicaState {
+    pub(crate) fn new(config: Option<&ReplicaSyncConfig>) -> Self {
+        Self {
+            id: config.map_or(0, |c| c.replica_id),
+            ..Default::default()
+        }
+    }
+
+    /// This replica's id (0 without sync).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The NATS link, once connected and joined.
+    pub(crate) fn link(&self) -> Option<&Arc<Link>> {
+        self.link.get()
+    }
+
+    /// The link is up (once).
+    pub(crate) fn set_link(&self, link: Arc<Link>) {
+        let _ = self.link.set(link);
+    }
+}
+
+/// An open NATS connection and the lease bucket.
+pub(crate) struct Link {
+    pub(crate) client: async_nats::Client,
+    pub(crate) lease: async_nats::jetstream::kv::Store,
+    pub(crate) config: ReplicaSyncConfig,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+/// Counters of replica sync.
+#[derive(Debug, Default)]
+pub(crate) struct SyncMetrics {
+    pub(crate) connected: AtomicBool,
+    pub(crate) published: AtomicU64,
+    pub(crate) publish_errors: AtomicU64,
+    pub(crate) dropped: AtomicU64,
+    pub(crate) received: AtomicU64,
+    pub(crate) rejected: AtomicU64,
+    pub(crate) untranslated: AtomicU64,
+    pub(crate) lost_messages: AtomicU64,
+    pub(crate) peers_alive: AtomicU64,
+    pub(crate) expired: AtomicU64,
+    pub(crate) lag_ms: AtomicU64,
+    pub(crate) lease_lost: AtomicU64,
+    pub(crate) rollbacks: AtomicU64,
+}
