@@ -26,6 +26,7 @@ mod error;
 pub mod gen;
 pub mod layout;
 mod parallel;
+pub mod store;
 
 pub use apply::apply;
 pub use diff::{diff, CodecOptions, DEFAULT_CHUNK_BYTES, DEFAULT_ZSTD_LEVEL};
