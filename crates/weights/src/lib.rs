@@ -26,7 +26,9 @@ mod error;
 pub mod gen;
 pub mod layout;
 mod parallel;
+pub mod serve;
 pub mod store;
+pub mod transfer;
 
 pub use apply::apply;
 pub use diff::{diff, CodecOptions, DEFAULT_CHUNK_BYTES, DEFAULT_ZSTD_LEVEL};
