@@ -6,6 +6,7 @@ mod mock_engine;
 mod routing_args;
 mod serve;
 mod sim;
+mod weights;
 
 use clap::{Parser, Subcommand};
 
@@ -33,6 +34,8 @@ enum Command {
     MockEngine(mock_engine::MockEngineArgs),
     /// Replay a trace or an RL workload against a live OpenAI-compatible endpoint.
     Bench(bench::BenchArgs),
+    /// Delta weight sync: diff/apply checkpoints, publish/pull through object storage, serve peers.
+    Weights(weights::WeightsArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,5 +55,6 @@ fn main() -> anyhow::Result<()> {
         Command::Sim(args) => sim::run(args),
         Command::MockEngine(args) => runtime.block_on(mock_engine::run(args)),
         Command::Bench(args) => runtime.block_on(bench::run(args)),
+        Command::Weights(args) => runtime.block_on(weights::run(args)),
     }
 }

@@ -17,6 +17,7 @@
 //! - `bench`: the throughput / size / memory benchmark.
 
 mod apply;
+pub mod bench;
 
 pub mod checkpoint;
 mod codec;
