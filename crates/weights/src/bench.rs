@@ -46,6 +46,10 @@ pub struct Run {
     pub gb_per_s: f64,
     /// Per thread.
     pub gb_per_s_per_core: f64,
+    /// CPU seconds the process used (all threads), where the OS reports it.
+    pub cpu_secs: Option<f64>,
+    /// Checkpoint GB per CPU second: throughput per core on a machine whose cores are shared.
+    pub gb_per_cpu_s: Option<f64>,
     /// Peak resident memory during the run (MiB), where the OS reports it.
     pub peak_rss_mib: Option<f64>,
 }
@@ -59,7 +63,7 @@ pub struct Ratio {
     pub ratio: f64,
     /// Fraction of BF16 values that changed (RL runs).
     pub changed_values: Option<f64>,
-    /// Single-thread diff speed, GB/s.
+    /// Single-thread diff speed, GB per CPU second.
     pub diff_gb_per_s_per_core: Option<f64>,
 }
 
@@ -87,11 +91,22 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
+/// User + system CPU seconds of this process (Linux `/proc/self/stat`, 100 ticks a second).
+fn cpu_secs() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
 fn timed(what: &str, threads: usize, bytes: u64, f: impl FnOnce() -> Result<()>) -> Result<Run> {
     reset_peak();
+    let cpu0 = cpu_secs();
     let t = Instant::now();
     f()?;
     let secs = t.elapsed().as_secs_f64();
+    let cpu = cpu0.zip(cpu_secs()).map(|(a, b)| b - a);
     let gb = bytes as f64 / 1e9 / secs;
     Ok(Run {
         what: what.into(),
@@ -99,10 +114,11 @@ fn timed(what: &str, threads: usize, bytes: u64, f: impl FnOnce() -> Result<()>)
         secs,
         gb_per_s: gb,
         gb_per_s_per_core: gb / threads as f64,
+        cpu_secs: cpu,
+        gb_per_cpu_s: cpu.filter(|c| *c > 0.0).map(|c| bytes as f64 / 1e9 / c),
         peak_rss_mib: peak_rss_mib(),
     })
 }
-
 fn spec(bytes: u64) -> GenSpec {
     GenSpec {
         total_bytes: bytes,
@@ -284,7 +300,7 @@ fn run_in(s: &Path, o: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<
             what,
             ratio: file_len(&delta)? as f64 / msize as f64,
             changed_values: Some(changed),
-            diff_gb_per_s_per_core: Some(run.gb_per_s),
+            diff_gb_per_s_per_core: Some(run.gb_per_cpu_s.unwrap_or(run.gb_per_s)),
         })
     };
     for &lr in &o.lrs {

@@ -55,8 +55,14 @@ pub async fn fetch_version(
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| WeightsError::Transfer(e.to_string()))?;
-        pull_from_peer(&client, peer, version, &dest, &work, threads).await?;
-        return Ok(dest);
+        match pull_from_peer(&client, peer, version, &dest, &work, threads).await {
+            Ok(_) => return Ok(dest),
+            // A peer that cannot deliver is not the end when the store can.
+            Err(e) if source.store.is_some() => {
+                tracing::warn!("peer {peer}: {e}; pulling version {version} from the store");
+            }
+            Err(e) => return Err(e),
+        }
     }
     let Some(store) = &source.store else {
         return Err(WeightsError::Invalid(
