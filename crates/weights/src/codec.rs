@@ -134,7 +134,20 @@ fn split_planes(src: &[u8], dst: &mut [u8], planes: usize) {
     let n = src.len() / planes;
     if planes == 2 {
         let (lo, hi) = dst.split_at_mut(n);
-        for ((c, l), h) in src.chunks_exact(2).zip(lo).zip(hi) {
+        let mut s = src.chunks_exact(8);
+        let mut l = lo.chunks_exact_mut(4);
+        let mut h = hi.chunks_exact_mut(4);
+        for ((c, l4), h4) in (&mut s).zip(&mut l).zip(&mut h) {
+            let x = u64::from_le_bytes(c.try_into().expect("8"));
+            l4.copy_from_slice(&even_bytes(x).to_le_bytes());
+            h4.copy_from_slice(&even_bytes(x >> 8).to_le_bytes());
+        }
+        for ((c, l), h) in s
+            .remainder()
+            .chunks_exact(2)
+            .zip(l.into_remainder())
+            .zip(h.into_remainder())
+        {
             *l = c[0];
             *h = c[1];
         }
@@ -147,11 +160,39 @@ fn split_planes(src: &[u8], dst: &mut [u8], planes: usize) {
     }
 }
 
+/// Bytes 0, 2, 4 and 6 of `x`, packed.
+fn even_bytes(x: u64) -> u32 {
+    let mut v = x & 0x00FF_00FF_00FF_00FF;
+    v = (v | (v >> 8)) & 0x0000_FFFF_0000_FFFF;
+    v = (v | (v >> 16)) & 0x0000_0000_FFFF_FFFF;
+    v as u32
+}
+
+/// The inverse of [`even_bytes`]: four bytes to bytes 0, 2, 4 and 6.
+fn spread_bytes(x: u32) -> u64 {
+    let mut v = u64::from(x);
+    v = (v | (v << 16)) & 0x0000_FFFF_0000_FFFF;
+    (v | (v << 8)) & 0x00FF_00FF_00FF_00FF
+}
+
 fn join_planes(src: &[u8], dst: &mut [u8], planes: usize) {
     let n = src.len() / planes;
     if planes == 2 {
         let (lo, hi) = src.split_at(n);
-        for ((c, l), h) in dst.chunks_exact_mut(2).zip(lo).zip(hi) {
+        let mut d = dst.chunks_exact_mut(8);
+        let mut l = lo.chunks_exact(4);
+        let mut h = hi.chunks_exact(4);
+        for ((c, l4), h4) in (&mut d).zip(&mut l).zip(&mut h) {
+            let x = spread_bytes(u32::from_le_bytes(l4.try_into().expect("4")))
+                | spread_bytes(u32::from_le_bytes(h4.try_into().expect("4"))) << 8;
+            c.copy_from_slice(&x.to_le_bytes());
+        }
+        for ((c, l), h) in d
+            .into_remainder()
+            .chunks_exact_mut(2)
+            .zip(l.remainder())
+            .zip(h.remainder())
+        {
             c[0] = *l;
             c[1] = *h;
         }
@@ -171,6 +212,20 @@ mod tests {
     #[test]
     fn planes_roundtrip() {
         let src: Vec<u8> = (0..96u32).map(|i| (i * 7 + 3) as u8).collect();
+        let mut mid = vec![0; 6];
+        split_planes(&src[..6], &mut mid, 2);
+        assert_eq!(mid, [src[0], src[2], src[4], src[1], src[3], src[5]]);
+        for len in [2, 6, 8, 10, 16, 18, 96] {
+            let mut mid = vec![0; len];
+            let mut back = vec![0; len];
+            split_planes(&src[..len], &mut mid, 2);
+            assert_eq!(
+                mid[..len / 2].to_vec(),
+                src[..len].iter().step_by(2).copied().collect::<Vec<_>>()
+            );
+            join_planes(&mid, &mut back, 2);
+            assert_eq!(back, src[..len], "len {len}");
+        }
         for planes in [2, 4, 8] {
             let mut mid = vec![0; src.len()];
             let mut back = vec![0; src.len()];

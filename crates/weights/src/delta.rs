@@ -88,7 +88,10 @@ impl DeltaManifest {
     /// Structural checks: one entry per segment, frames cover each segment and tile the data.
     pub fn check(&self) -> Result<()> {
         let label = self.label();
-        if self.format != 1 || !self.new.is_consistent() || !(4096..=256 << 20).contains(&self.chunk_bytes) {
+        if self.format != 1
+            || !self.new.is_consistent()
+            || !(4096..=256 << 20).contains(&self.chunk_bytes)
+        {
             return Err(WeightsError::corrupted(
                 "__manifest__",
                 label,
