@@ -11,6 +11,7 @@ mod routing_args;
 mod serve;
 mod sim;
 mod startup;
+mod weights;
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +39,8 @@ enum Command {
     MockEngine(mock_engine::MockEngineArgs),
     /// Replay a trace or an RL workload against a live OpenAI-compatible endpoint.
     Bench(bench::BenchArgs),
+    /// Delta weight sync: diff/apply checkpoints, publish/pull through object storage, serve peers.
+    Weights(weights::WeightsArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -60,5 +63,6 @@ fn main() -> anyhow::Result<()> {
         Command::Sim(args) => sim::run(args),
         Command::MockEngine(args) => runtime.block_on(mock_engine::run(args)),
         Command::Bench(args) => runtime.block_on(bench::run(args)),
+        Command::Weights(args) => runtime.block_on(weights::run(args)),
     }
 }

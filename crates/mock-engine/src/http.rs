@@ -31,6 +31,8 @@ struct Inner {
     kv_events: Option<String>,
     replay: Option<String>,
     created: u64,
+    /// The checkpoint directory of the last `/update_weights` that named one (`model_path`).
+    model_path: std::sync::Mutex<Option<String>>,
 }
 
 impl AppState {
@@ -54,6 +56,7 @@ impl AppState {
                 kv_events,
                 replay,
                 created,
+                model_path: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -146,6 +149,7 @@ async fn server_info(State(s): State<AppState>) -> Json<Value> {
         },
         "policy_version": snap.policy_version,
         "paused": snap.paused,
+        "model_path": *s.inner.model_path.lock().expect("model_path lock"),
     }))
 }
 
@@ -219,6 +223,16 @@ async fn update_weights(State(s): State<AppState>, body: Bytes) -> Result<Json<V
             ))
         }
     };
+    let model_path = match v.get("model_path") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(p)) => Some(check_checkpoint(p, version).await?),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "`model_path` must be a string",
+                Some("model_path"),
+            ))
+        }
+    };
     let (tx, rx) = tokio::sync::oneshot::channel();
     s.inner
         .commands
@@ -231,7 +245,37 @@ async fn update_weights(State(s): State<AppState>, body: Bytes) -> Result<Json<V
     let version = rx
         .await
         .map_err(|_| ApiError::internal("the engine has stopped"))?;
+    if let Some(p) = model_path {
+        *s.inner.model_path.lock().expect("model_path lock") = Some(p);
+    }
     Ok(Json(json!({"success": true, "policy_version": version})))
+}
+
+/// A `model_path` must be a checkpoint directory stamped with `version` (its `weights.json`,
+/// as `kvrouter weights` writes it) whose every tensor matches its SHA-256.
+async fn check_checkpoint(path: &str, version: u64) -> Result<String, ApiError> {
+    let dir = std::path::PathBuf::from(path);
+    let bad = |m: String| ApiError::invalid(m, Some("model_path"));
+    if !dir.is_dir() {
+        return Err(bad(format!("`model_path` {path} is not a directory")));
+    }
+    let checked = tokio::task::spawn_blocking(move || {
+        let marker = kvrouter_weights::checkpoint::read_marker(&dir)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("`model_path` {} has no weights.json", dir.display()))?;
+        if marker.version != version {
+            return Err(format!(
+                "`model_path` {} holds version {}, not {version}",
+                dir.display(),
+                marker.version
+            ));
+        }
+        kvrouter_weights::checkpoint::verify(&dir, &marker, 2).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("checking the checkpoint: {e}")))?;
+    checked.map_err(bad)?;
+    Ok(path.to_string())
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {

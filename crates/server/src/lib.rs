@@ -48,6 +48,7 @@ mod routing;
 mod state;
 mod update;
 pub mod validate;
+mod weight_source;
 
 pub use app::app;
 pub use config::{

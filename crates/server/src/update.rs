@@ -7,6 +7,7 @@ use crate::engines::{Call, EngineKind, LoadSpec};
 use crate::error::ServeError;
 use crate::registry;
 use crate::state::AppState;
+use crate::weight_source::{Fetch, SourceBody};
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::{KvRetention, UpdateAction, UpdateMode, UpdatePhase, UpdatePlan};
 use serde::Deserialize;
@@ -39,6 +40,10 @@ pub(crate) struct UpdateBody {
     /// How the engines load the weights.
     #[serde(default)]
     pub(crate) load: LoadSpec,
+    /// Where the router fetches the version for each worker first (its directory becomes the
+    /// load call's `model_path`).
+    #[serde(default)]
+    pub(crate) source: Option<SourceBody>,
 }
 
 /// Starts a cycle and the task that carries it out.
@@ -57,6 +62,7 @@ pub(crate) fn start(state: &AppState, body: UpdateBody) -> Result<(), ServeError
             .workers
             .map(|ws| ws.into_iter().map(WorkerId).collect()),
     };
+    let source = body.source.as_ref().map(SourceBody::validate).transpose()?;
     let inner = &state.inner;
     let now = inner.now();
     let (actions, later) = inner
@@ -79,7 +85,18 @@ pub(crate) fn start(state: &AppState, body: UpdateBody) -> Result<(), ServeError
         body.version,
         mode.as_str()
     );
-    tokio::spawn(drive(state.clone(), body.load, actions, later));
+    let fetches = match (body.source.as_ref(), source) {
+        (Some(spec), Some(source)) => {
+            let targets: Vec<WorkerId> = inner
+                .lock_core()
+                .update_status()
+                .map(|s| s.phases.keys().copied().collect())
+                .unwrap_or_default();
+            spec.start(source, body.version, &targets)
+        }
+        _ => HashMap::new(),
+    };
+    tokio::spawn(drive(state.clone(), body.load, fetches, actions, later));
     Ok(())
 }
 
@@ -90,6 +107,7 @@ pub(crate) fn start(state: &AppState, body: UpdateBody) -> Result<(), ServeError
 async fn drive(
     state: AppState,
     load: LoadSpec,
+    fetches: HashMap<WorkerId, Fetch>,
     mut actions: Vec<UpdateAction>,
     mut later: mpsc::UnboundedReceiver<Vec<UpdateAction>>,
 ) {
@@ -124,12 +142,22 @@ async fn drive(
                     });
                 }
                 UpdateAction::Load { worker, version } => {
-                    let load = load.clone();
+                    let mut load = load.clone();
+                    let fetch = fetches.get(&worker).cloned();
                     let tx = loaded_tx.clone();
                     tokio::spawn(async move {
                         let _turn = lock.lock().await;
                         let started = std::time::Instant::now();
-                        let result = load_weights(&state, worker, version, &load).await;
+                        let result = match fetch {
+                            Some(f) => match f.await {
+                                Ok(path) => {
+                                    load.body.insert("model_path".into(), path.into());
+                                    load_weights(&state, worker, version, &load).await
+                                }
+                                Err(e) => Err(e),
+                            },
+                            None => load_weights(&state, worker, version, &load).await,
+                        };
                         if let Some(c) = &state.inner.capture {
                             c.record_load(worker.0, started, std::time::Instant::now());
                         }

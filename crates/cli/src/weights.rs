@@ -1,0 +1,459 @@
+//! `kvrouter weights`: delta weight sync (crate `kvrouter-weights`, docs/weights.md). Each
+//! subcommand prints one JSON report line on stdout (`serve` prints its address instead).
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use kvrouter_weights::bench::BenchOptions;
+use kvrouter_weights::gen::{write_checkpoint, GenSpec, Update};
+use kvrouter_weights::store::{self, Store};
+use kvrouter_weights::transfer;
+use kvrouter_weights::{checkpoint, CodecOptions};
+use std::path::PathBuf;
+
+/// `kvrouter weights …`.
+#[derive(Debug, Args)]
+pub(crate) struct WeightsArgs {
+    #[command(subcommand)]
+    command: WeightsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum WeightsCommand {
+    /// Write the XOR+zstd delta from --base to --new.
+    Diff(DiffArgs),
+    /// Rebuild the new checkpoint from --base and --delta into --out (verified, atomic).
+    Apply(ApplyArgs),
+    /// Hash a checkpoint directory and write its version marker (weights.json).
+    Stamp(StampArgs),
+    /// Check a checkpoint directory against its marker, or a delta file against its digests.
+    Verify(VerifyArgs),
+    /// Upload a version to object storage (a delta against --prev; a full checkpoint every --full-every).
+    Publish(PublishArgs),
+    /// Download a version from object storage (or a peer), walking the delta chain.
+    Pull(PullArgs),
+    /// Serve the versions in --dir to in-region peers (pulling what is missing from --store once).
+    Serve(ServeArgs),
+    /// Write a generated BF16 test checkpoint (the RL-step or adversarial update model).
+    Gen(GenArgs),
+    /// Measure diff/apply throughput, memory and delta ratios on generated checkpoints.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+struct CodecArgs {
+    /// zstd level (chosen by `kvrouter weights bench`, docs/weights.md).
+    #[arg(long, default_value_t = kvrouter_weights::DEFAULT_ZSTD_LEVEL)]
+    zstd_level: i32,
+    /// Chunk size in KiB: one zstd frame each, and the unit of memory per thread (4 KiB..256 MiB).
+    #[arg(long, default_value_t = (kvrouter_weights::DEFAULT_CHUNK_BYTES >> 10) as u64)]
+    chunk_kib: u64,
+    /// Worker threads (default: the machine's cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+impl CodecArgs {
+    fn options(&self) -> anyhow::Result<CodecOptions> {
+        let threads = self
+            .threads
+            .unwrap_or_else(|| CodecOptions::default().threads);
+        if threads == 0 {
+            bail!("--threads must be at least 1");
+        }
+        if !(4..=256 << 10).contains(&self.chunk_kib) {
+            bail!("--chunk-kib must be between 4 and 262144");
+        }
+        if !(-7..=22).contains(&self.zstd_level) {
+            bail!("--zstd-level must be between -7 and 22");
+        }
+        Ok(CodecOptions {
+            zstd_level: self.zstd_level,
+            chunk_bytes: (self.chunk_kib << 10) as usize,
+            threads,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+struct StoreArgs {
+    /// Object store URL: file:///abs/dir or s3://bucket/prefix.
+    #[arg(long)]
+    store: Option<String>,
+    /// Backend option KEY=VALUE, repeatable (e.g. aws_endpoint=http://127.0.0.1:5000, aws_region=us-east-1, aws_allow_http=true).
+    #[arg(long = "store-option", value_name = "KEY=VALUE")]
+    store_options: Vec<String>,
+}
+
+impl StoreArgs {
+    fn open(&self) -> anyhow::Result<Option<Store>> {
+        let Some(url) = &self.store else {
+            return Ok(None);
+        };
+        let mut opts = Vec::new();
+        for o in &self.store_options {
+            let (k, v) = o
+                .split_once('=')
+                .with_context(|| format!("--store-option `{o}` is not KEY=VALUE"))?;
+            opts.push((k.to_string(), v.to_string()));
+        }
+        Ok(Some(Store::open(url, &opts)?))
+    }
+
+    fn require(&self) -> anyhow::Result<Store> {
+        self.open()?.context("--store is required")
+    }
+}
+
+#[derive(Debug, Args)]
+struct DiffArgs {
+    /// The base checkpoint directory.
+    #[arg(long)]
+    base: PathBuf,
+    /// Its version (needed when it has no weights.json).
+    #[arg(long)]
+    base_version: Option<u64>,
+    /// The new checkpoint directory.
+    #[arg(long)]
+    new: PathBuf,
+    /// Its version.
+    #[arg(long)]
+    new_version: u64,
+    /// The delta file to write.
+    #[arg(long)]
+    out: PathBuf,
+    #[command(flatten)]
+    codec: CodecArgs,
+}
+
+#[derive(Debug, Args)]
+struct ApplyArgs {
+    /// The base checkpoint directory.
+    #[arg(long)]
+    base: PathBuf,
+    /// The delta file.
+    #[arg(long)]
+    delta: PathBuf,
+    /// The directory to create.
+    #[arg(long)]
+    out: PathBuf,
+    #[command(flatten)]
+    codec: CodecArgs,
+}
+
+#[derive(Debug, Args)]
+struct StampArgs {
+    /// The checkpoint directory.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Its version.
+    #[arg(long)]
+    version: u64,
+    #[command(flatten)]
+    codec: CodecArgs,
+}
+
+#[derive(Debug, Args)]
+struct VerifyArgs {
+    /// A checkpoint directory (checked against its weights.json).
+    #[arg(long, conflicts_with = "delta")]
+    dir: Option<PathBuf>,
+    /// A delta file.
+    #[arg(long)]
+    delta: Option<PathBuf>,
+    #[command(flatten)]
+    codec: CodecArgs,
+}
+
+#[derive(Debug, Args)]
+struct PublishArgs {
+    /// The checkpoint directory of this version.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Its version.
+    #[arg(long)]
+    version: u64,
+    /// The local checkpoint of version − 1 (omit for the first version: a full upload).
+    #[arg(long)]
+    prev: Option<PathBuf>,
+    /// Upload a full checkpoint every this many versions (bounds the chain a pull walks).
+    #[arg(long, default_value_t = 10)]
+    full_every: u64,
+    #[command(flatten)]
+    store: StoreArgs,
+    #[command(flatten)]
+    codec: CodecArgs,
+}
+
+#[derive(Debug, Args)]
+struct PullArgs {
+    /// The version (default: the store's latest).
+    #[arg(long)]
+    version: Option<u64>,
+    /// The directory to create.
+    #[arg(long)]
+    out: PathBuf,
+    /// A local checkpoint (with weights.json) to move forward by deltas instead of a full download.
+    #[arg(long)]
+    have: Option<PathBuf>,
+    /// Downloads and intermediate versions (kept on failure, so a rerun resumes).
+    #[arg(long)]
+    work: Option<PathBuf>,
+    /// Fetch from this in-region peer (`kvrouter weights serve`) instead of the store.
+    #[arg(long)]
+    peer: Option<String>,
+    #[command(flatten)]
+    store: StoreArgs,
+    #[command(flatten)]
+    codec: CodecArgs,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Cache directory: versions live in DIR/vN.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8300")]
+    listen: String,
+    #[command(flatten)]
+    store: StoreArgs,
+    #[command(flatten)]
+    codec: CodecArgs,
+}
+
+#[derive(Debug, Args)]
+struct GenArgs {
+    /// The directory to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// Tensor bytes in total (MiB).
+    #[arg(long, default_value_t = 64)]
+    size_mib: u64,
+    /// RL steps taken from the initial weights (0: the initial weights).
+    #[arg(long, default_value_t = 0)]
+    steps: u32,
+    /// Learning rate of the RL-step model.
+    #[arg(long, default_value_t = 1e-6)]
+    lr: f32,
+    /// Write the adversarial case (every byte differs from step 0) instead.
+    #[arg(long)]
+    adversarial: bool,
+    /// Seed of every value.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Shards.
+    #[arg(long, default_value_t = 2)]
+    files: usize,
+    #[command(flatten)]
+    codec: CodecArgs,
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// Scratch directory (created and deleted; default: a new one beside the current directory).
+    #[arg(long, default_value = "target/weights-bench")]
+    scratch: PathBuf,
+    /// Checkpoint size for throughput and memory (MiB).
+    #[arg(long, default_value_t = 1024)]
+    size_mib: u64,
+    /// Checkpoint size for the ratio sweeps (MiB).
+    #[arg(long, default_value_t = 256)]
+    sweep_mib: u64,
+    /// Learning rate of the main run.
+    #[arg(long, default_value_t = 1e-6)]
+    lr: f32,
+    /// Learning rates of the sweep.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1e-7,1e-6,3e-6,1e-5,1e-4"
+    )]
+    lrs: Vec<f32>,
+    /// zstd levels of the sweep.
+    #[arg(long, value_delimiter = ',', default_value = "-1,1,3,6")]
+    levels: Vec<i32>,
+    /// Chunk sizes of the sweep (KiB).
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384")]
+    chunks_kib: Vec<usize>,
+    #[command(flatten)]
+    codec: CodecArgs,
+}
+
+fn print(v: impl serde::Serialize) {
+    println!("{}", serde_json::to_string(&v).expect("report serializes"));
+}
+
+/// Runs `kvrouter weights …`.
+pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
+    match args.command {
+        WeightsCommand::Diff(a) => {
+            let opts = a.codec.options()?;
+            let m = blocking(move || {
+                Ok(kvrouter_weights::diff(
+                    &a.base,
+                    a.base_version,
+                    &a.new,
+                    a.new_version,
+                    &a.out,
+                    &opts,
+                )?)
+            })
+            .await?;
+            print(
+                serde_json::json!({"base": m.base, "new_version": m.new.version, "new_digest": m.new.digest, "checkpoint_bytes": m.new.total_bytes(), "delta_data_bytes": m.data_len, "data_sha256": m.data_sha256}),
+            );
+        }
+        WeightsCommand::Apply(a) => {
+            let threads = a.codec.options()?.threads;
+            let m =
+                blocking(move || Ok(kvrouter_weights::apply(&a.base, &a.delta, &a.out, threads)?))
+                    .await?;
+            print(
+                serde_json::json!({"version": m.version, "digest": m.digest, "bytes": m.total_bytes()}),
+            );
+        }
+        WeightsCommand::Stamp(a) => {
+            let threads = a.codec.options()?.threads;
+            let m = blocking(move || {
+                let m = checkpoint::stamp(&a.dir, a.version, threads)?;
+                checkpoint::write_marker(&a.dir, &m)?;
+                Ok(m)
+            })
+            .await?;
+            print(
+                serde_json::json!({"version": m.version, "digest": m.digest, "bytes": m.total_bytes()}),
+            );
+        }
+        WeightsCommand::Verify(a) => {
+            let threads = a.codec.options()?.threads;
+            let v = blocking(move || match (a.dir, a.delta) {
+                (Some(dir), None) => {
+                    let m = checkpoint::read_marker(&dir)?.with_context(|| format!("--dir {}: no weights.json (run `kvrouter weights stamp`)", dir.display()))?;
+                    checkpoint::verify(&dir, &m, threads)?;
+                    Ok(serde_json::json!({"ok": true, "version": m.version, "digest": m.digest}))
+                }
+                (None, Some(delta)) => {
+                    let m = kvrouter_weights::delta::verify_file(&delta)?;
+                    Ok(serde_json::json!({"ok": true, "base": m.base.version, "new": m.new.version}))
+                }
+                _ => bail!("give --dir or --delta"),
+            })
+            .await?;
+            print(v);
+        }
+        WeightsCommand::Publish(a) => {
+            let store = a.store.require()?;
+            let r = store::publish(
+                &store,
+                &a.dir,
+                a.version,
+                a.prev.as_deref(),
+                a.full_every,
+                &a.codec.options()?,
+            )
+            .await?;
+            print(r);
+        }
+        WeightsCommand::Pull(a) => {
+            let threads = a.codec.options()?.threads;
+            let work = a
+                .work
+                .clone()
+                .unwrap_or_else(|| a.out.with_extension("work"));
+            if let Some(peer) = &a.peer {
+                let version = a.version.context("--version is required with --peer")?;
+                let n = transfer::pull_from_peer(
+                    &reqwest::Client::new(),
+                    peer,
+                    version,
+                    &a.out,
+                    &work,
+                    threads,
+                )
+                .await?;
+                print(
+                    serde_json::json!({"version": version, "peer": peer, "bytes_transferred": n, "store_reads": 0}),
+                );
+            } else {
+                let store = a.store.require()?;
+                let r = store::pull(&store, a.version, &a.out, a.have.as_deref(), &work, threads)
+                    .await?;
+                let _ = std::fs::remove_dir_all(&work);
+                print(r);
+            }
+        }
+        WeightsCommand::Serve(a) => {
+            let peer = kvrouter_weights::serve::Peer::new(
+                a.dir.clone(),
+                a.store.open()?,
+                a.codec.options()?.threads,
+            );
+            let listener = tokio::net::TcpListener::bind(&a.listen)
+                .await
+                .with_context(|| format!("--listen {}", a.listen))?;
+            println!(
+                "kvrouter weights serve listening on http://{} dir={}",
+                listener.local_addr()?,
+                a.dir.display()
+            );
+            axum::serve(listener, kvrouter_weights::serve::app(peer)).await?;
+        }
+        WeightsCommand::Gen(a) => {
+            let threads = a.codec.options()?.threads;
+            if a.size_mib == 0 || a.files == 0 {
+                bail!("--size-mib and --files must be at least 1");
+            }
+            let spec = GenSpec {
+                total_bytes: a.size_mib << 20,
+                tensor_bytes: 16 << 20,
+                cols: 1024,
+                files: a.files,
+                seed: a.seed,
+            };
+            let update = if a.adversarial {
+                Update::Adversarial
+            } else {
+                Update::Rl {
+                    lr: a.lr,
+                    steps: a.steps,
+                }
+            };
+            let out = a.out.clone();
+            blocking(move || Ok(write_checkpoint(&out, &spec, update, threads)?)).await?;
+            print(
+                serde_json::json!({"out": a.out, "steps": a.steps, "lr": a.lr, "adversarial": a.adversarial}),
+            );
+        }
+        WeightsCommand::Bench(a) => {
+            let codec = a.codec.options()?;
+            if a.size_mib == 0 || a.sweep_mib == 0 {
+                bail!("--size-mib and --sweep-mib must be at least 1");
+            }
+            let o = BenchOptions {
+                checkpoint_bytes: a.size_mib << 20,
+                sweep_bytes: a.sweep_mib << 20,
+                threads: codec.threads,
+                lr: a.lr,
+                lrs: a.lrs,
+                levels: a.levels,
+                chunks: a.chunks_kib.iter().map(|k| k << 10).collect(),
+                codec,
+            };
+            let scratch = a.scratch;
+            let r = blocking(move || {
+                Ok(kvrouter_weights::bench::run(&scratch, &o, &mut |s| {
+                    eprintln!("weights bench: {s}")
+                })?)
+            })
+            .await?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        }
+    }
+    Ok(())
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    tokio::task::spawn_blocking(f).await?
+}

@@ -1,0 +1,120 @@
+//! `source` of `POST /admin/policy/update`: where the router fetches the new version for each
+//! worker before its load call (an in-region peer, `kvrouter weights serve`, else the object
+//! store), into a directory the engine reads; the load call then names it as `model_path`
+//! (mock engine, SGLang `update_weights_from_disk`, vLLM's load body). Fetches start with the
+//! cycle, so they overlap the drain; workers sharing a directory share one fetch.
+
+use crate::error::ServeError;
+use futures::future::{BoxFuture, FutureExt, Shared};
+use kvrouter_core::ids::WorkerId;
+use kvrouter_weights::store::Store;
+use kvrouter_weights::transfer::{fetch_version, Source};
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+/// Threads a fetch uses to verify and apply deltas, unless the request says otherwise.
+const DEFAULT_FETCH_THREADS: usize = 2;
+
+/// The `source` field.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SourceBody {
+    /// Base URL of an in-region peer.
+    #[serde(default)]
+    peer: Option<String>,
+    /// Object store URL (`file:///…`, `s3://bucket/prefix`).
+    #[serde(default)]
+    store: Option<String>,
+    /// Backend options of the store (`aws_endpoint`, …).
+    #[serde(default)]
+    store_options: BTreeMap<String, String>,
+    /// Cache directory the engine reads; `{worker}` is replaced by the worker id. Version N
+    /// lands in `DIR/vN`.
+    dir: String,
+    /// Threads per fetch.
+    #[serde(default)]
+    threads: Option<usize>,
+}
+
+/// One worker's fetch: the checkpoint directory, or why there is none.
+pub(crate) type Fetch = Shared<BoxFuture<'static, Result<String, String>>>;
+
+impl SourceBody {
+    /// Checks the fields, naming the bad one.
+    pub(crate) fn validate(&self) -> Result<Source, ServeError> {
+        if self.dir.trim().is_empty() {
+            return Err(ServeError::invalid(
+                "`source.dir` must name a directory",
+                Some("source.dir"),
+            ));
+        }
+        if self.threads == Some(0) {
+            return Err(ServeError::invalid(
+                "`source.threads` must be at least 1",
+                Some("source.threads"),
+            ));
+        }
+        if let Some(p) = &self.peer {
+            if !(p.starts_with("http://") || p.starts_with("https://")) {
+                return Err(ServeError::invalid(
+                    "`source.peer` must be an http(s) URL",
+                    Some("source.peer"),
+                ));
+            }
+        }
+        let store = match &self.store {
+            Some(url) => {
+                let opts: Vec<(String, String)> = self.store_options.clone().into_iter().collect();
+                Some(
+                    Store::open(url, &opts)
+                        .map_err(|e| ServeError::invalid(e.to_string(), Some("source.store")))?,
+                )
+            }
+            None => None,
+        };
+        if self.peer.is_none() && store.is_none() {
+            return Err(ServeError::invalid(
+                "`source` needs `peer` or `store`",
+                Some("source.peer"),
+            ));
+        }
+        Ok(Source {
+            peer: self.peer.clone(),
+            store,
+        })
+    }
+
+    /// Starts fetching `version` for `workers`; one fetch per distinct directory.
+    pub(crate) fn start(
+        &self,
+        source: Source,
+        version: u64,
+        workers: &[WorkerId],
+    ) -> HashMap<WorkerId, Fetch> {
+        let threads = self.threads.unwrap_or(DEFAULT_FETCH_THREADS);
+        let mut by_dir: HashMap<String, Fetch> = HashMap::new();
+        let mut out = HashMap::new();
+        for w in workers {
+            let dir = self.dir.replace("{worker}", &w.0.to_string());
+            let fetch = by_dir
+                .entry(dir.clone())
+                .or_insert_with(|| {
+                    let source = source.clone();
+                    let task = tokio::spawn(async move {
+                        let cache = PathBuf::from(&dir);
+                        fetch_version(&source, version, &cache, threads)
+                            .await
+                            .map(|p| p.display().to_string())
+                            .map_err(|e| format!("fetching version {version} into {dir}: {e}"))
+                    });
+                    async move { task.await.map_err(|e| format!("fetch task: {e}"))? }
+                        .boxed()
+                        .shared()
+                })
+                .clone();
+            out.insert(*w, fetch);
+        }
+        out
+    }
+}

@@ -1,0 +1,196 @@
+//! `apply`: base checkpoint + delta file -> new checkpoint, verified. Refuses a delta made
+//! against another base (by the base's marker, or by hashing it when it has none); writes into a
+//! hidden sibling directory, checks the SHA-256 of every segment as it is written, and renames
+//! it into place only when all match. Memory: `threads × (3 × chunk_bytes + largest frame)`.
+
+use crate::checkpoint::{self, CheckpointManifest};
+use crate::codec::Codec;
+use crate::delta::{self, DeltaManifest};
+use crate::diff::temp_path;
+use crate::error::{Result, WeightsError};
+use crate::layout;
+use crate::parallel;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// Rebuilds the checkpoint `delta` produces from `base` into `out` (which must not exist).
+pub fn apply(
+    base: &Path,
+    delta_path: &Path,
+    out: &Path,
+    threads: usize,
+) -> Result<CheckpointManifest> {
+    if threads == 0 {
+        return Err(WeightsError::Invalid("threads must be at least 1".into()));
+    }
+    let m = delta::read_manifest(delta_path)?;
+    check_base(base, &m, threads)?;
+    if out.exists() {
+        return Err(WeightsError::Invalid(format!(
+            "{} exists already; apply writes a new directory",
+            out.display()
+        )));
+    }
+    let tmp = temp_path(out);
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| WeightsError::io(&tmp, e))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(|e| WeightsError::io(&tmp, e))?;
+    let result = rebuild(base, delta_path, &m, &tmp, threads).and_then(|()| {
+        checkpoint::write_marker(&tmp, &m.new)?;
+        std::fs::rename(&tmp, out).map_err(|e| WeightsError::io(out, e))
+    });
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    Ok(m.new)
+}
+
+/// The base must be the version the delta was made against.
+fn check_base(base: &Path, m: &DeltaManifest, threads: usize) -> Result<()> {
+    let have = match checkpoint::read_marker(base)? {
+        Some(marker) if !marker.is_consistent() => {
+            return Err(WeightsError::corrupted(
+                "__manifest__",
+                format!("v{}", marker.version),
+                format!(
+                    "{}/weights.json does not match its own digest",
+                    base.display()
+                ),
+            ));
+        }
+        Some(marker) => marker,
+        None => checkpoint::stamp(base, m.base.version, threads)?,
+    };
+    if have.version != m.base.version || have.digest != m.base.digest {
+        return Err(WeightsError::BaseMismatch {
+            delta_base: m.base.version,
+            delta_new: m.new.version,
+            want: m.base.digest.clone(),
+            dir: base.to_path_buf(),
+            have_version: have.version,
+            have: have.digest,
+        });
+    }
+    Ok(())
+}
+
+fn rebuild(
+    base: &Path,
+    delta_path: &Path,
+    m: &DeltaManifest,
+    tmp: &Path,
+    threads: usize,
+) -> Result<()> {
+    let label = m.label();
+    let delta_file = File::open(delta_path).map_err(|e| WeightsError::io(delta_path, e))?;
+    let mut base_files: HashMap<&str, File> = HashMap::new();
+    for d in &m.segments {
+        if let Some((name, _)) = &d.base {
+            if !base_files.contains_key(name.as_str()) {
+                let p = layout::file_path(base, name)?;
+                base_files.insert(name, File::open(&p).map_err(|e| WeightsError::io(&p, e))?);
+            }
+        }
+    }
+    let mut out_files = Vec::new();
+    for f in &m.new.files {
+        let p = layout::file_path(tmp, &f.name)?;
+        let file = File::create(&p).map_err(|e| WeightsError::io(&p, e))?;
+        file.set_len(f.size).map_err(|e| WeightsError::io(&p, e))?;
+        out_files.push((file, p));
+    }
+    let mut jobs: Vec<(usize, usize, usize)> = Vec::new();
+    for (fi, f) in m.new.files.iter().enumerate() {
+        for si in 0..f.segments.len() {
+            jobs.push((fi, si, jobs.len()));
+        }
+    }
+    jobs.sort_by_key(|&(fi, si, _)| std::cmp::Reverse(m.new.files[fi].segments[si].segment.len));
+    let chunk = m.chunk_bytes as usize;
+    parallel::run(
+        threads,
+        &jobs,
+        || {
+            (
+                Vec::new(),
+                vec![0u8; chunk],
+                vec![0u8; chunk],
+                Codec::new(1, chunk),
+            )
+        },
+        |&(fi, si, k), (frame_buf, base_buf, out_buf, codec)| {
+            let codec = codec
+                .as_mut()
+                .map_err(|e| WeightsError::Invalid(format!("zstd: {e}")))?;
+            let want = &m.new.files[fi].segments[si];
+            let name = &want.segment.name;
+            let d = &m.segments[k];
+            let (out_file, out_path) = &out_files[fi];
+            let (mut sha, mut frames_sha) = (Sha256::new(), Sha256::new());
+            let mut done = 0u64;
+            for frame in &d.frames {
+                frame_buf.resize(frame.len as usize, 0);
+                delta_file
+                    .read_exact_at(frame_buf, frame.offset)
+                    .map_err(|e| WeightsError::io(delta_path, e))?;
+                frames_sha.update(&*frame_buf);
+                let n = frame.raw as usize;
+                let base_chunk = match (&d.base, frame.xor) {
+                    (Some((bname, boff)), true) => {
+                        let f = &base_files[bname.as_str()];
+                        f.read_exact_at(&mut base_buf[..n], boff + done)
+                            .map_err(|e| WeightsError::io(base.join(bname), e))?;
+                        Some(&base_buf[..n])
+                    }
+                    (None, true) => {
+                        return Err(WeightsError::corrupted(
+                            name,
+                            &label,
+                            "an XOR frame without a base",
+                        ))
+                    }
+                    _ => None,
+                };
+                codec
+                    .decode(frame, frame_buf, base_chunk, out_buf)
+                    .map_err(|e| {
+                        WeightsError::corrupted(
+                            name,
+                            &label,
+                            format!("a frame of the delta does not decode: {e}"),
+                        )
+                    })?;
+                sha.update(&out_buf[..n]);
+                out_file
+                    .write_all_at(&out_buf[..n], want.segment.offset + done)
+                    .map_err(|e| WeightsError::io(out_path, e))?;
+                done += n as u64;
+            }
+            if hex::encode(frames_sha.finalize()) != d.frames_sha256 {
+                return Err(WeightsError::corrupted(
+                    name,
+                    &label,
+                    "the delta's frames of this tensor do not match their SHA-256",
+                ));
+            }
+            if hex::encode(sha.finalize()) != want.sha256 {
+                let what = "the rebuilt tensor's SHA-256 is wrong while the delta's frames are intact: the base tensor is corrupted";
+                return Err(WeightsError::corrupted(
+                    name,
+                    format!("v{}", m.base.version),
+                    what,
+                ));
+            }
+            Ok(())
+        },
+    )?;
+    for (f, p) in &out_files {
+        f.sync_all().map_err(|e| WeightsError::io(p, e))?;
+    }
+    Ok(())
+}

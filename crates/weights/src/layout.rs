@@ -1,0 +1,196 @@
+//! A checkpoint directory as files cut into segments: each `*.safetensors` file is its header
+//! segment (`__header__:FILE`: the 8-byte length and the JSON) followed by one segment per tensor;
+//! any other file is one segment (`__file__:NAME`). Segments cover every byte of every file, so
+//! digests of the segments are digests of the whole checkpoint. Parsing reads only the headers.
+
+use crate::error::{Result, WeightsError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// The name of the version marker a checkpoint directory carries (never part of the layout).
+pub const MARKER: &str = "weights.json";
+
+/// Largest safetensors header accepted (the format's own limit is 100 MB).
+const MAX_HEADER_BYTES: u64 = 100 << 20;
+
+/// One contiguous byte range of a file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    /// Tensor name, `__header__:FILE` or `__file__:NAME`.
+    pub name: String,
+    /// safetensors dtype (`BF16`, …), `HEADER` or `BLOB`.
+    pub dtype: String,
+    /// Tensor shape (empty for headers and blobs).
+    #[serde(default)]
+    pub shape: Vec<u64>,
+    /// Byte offset in the file.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl Segment {
+    /// Bytes per element, for byte-plane shuffling (1 where it does not apply).
+    pub fn element_bytes(&self) -> usize {
+        match self.dtype.as_str() {
+            "F64" | "I64" | "U64" => 8,
+            "F32" | "I32" | "U32" => 4,
+            "BF16" | "F16" | "I16" | "U16" => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// One file of a checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileLayout {
+    /// File name inside the checkpoint directory (no subdirectories).
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Segments in file order, covering `[0, size)`.
+    pub segments: Vec<Segment>,
+}
+
+#[derive(Deserialize)]
+struct HeaderEntry {
+    dtype: String,
+    shape: Vec<u64>,
+    data_offsets: [u64; 2],
+}
+
+/// Reads the layout of every regular file in `dir` (sorted by name; the marker left out).
+pub fn read_dir_layout(dir: &Path) -> Result<Vec<FileLayout>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| WeightsError::io(dir, e))?;
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| WeightsError::io(dir, e))?;
+        let ty = entry
+            .file_type()
+            .map_err(|e| WeightsError::io(entry.path(), e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if ty.is_file() && name != MARKER && !name.starts_with('.') {
+            names.push(name);
+        }
+    }
+    names.sort();
+    if names.is_empty() {
+        return Err(WeightsError::format(
+            dir,
+            "no checkpoint files in this directory",
+        ));
+    }
+    names.iter().map(|n| read_file_layout(dir, n)).collect()
+}
+
+/// The layout of one file: safetensors by extension, otherwise one blob segment.
+pub fn read_file_layout(dir: &Path, name: &str) -> Result<FileLayout> {
+    let path = dir.join(name);
+    let mut file = File::open(&path).map_err(|e| WeightsError::io(&path, e))?;
+    let size = file
+        .metadata()
+        .map_err(|e| WeightsError::io(&path, e))?
+        .len();
+    if !name.ends_with(".safetensors") {
+        let segments = vec![Segment {
+            name: format!("__file__:{name}"),
+            dtype: "BLOB".into(),
+            shape: Vec::new(),
+            offset: 0,
+            len: size,
+        }];
+        return Ok(FileLayout {
+            name: name.into(),
+            size,
+            segments,
+        });
+    }
+    let mut len8 = [0u8; 8];
+    file.read_exact(&mut len8)
+        .map_err(|e| WeightsError::format(&path, format!("no safetensors header length: {e}")))?;
+    let header_len = u64::from_le_bytes(len8);
+    if header_len > MAX_HEADER_BYTES || 8 + header_len > size {
+        return Err(WeightsError::format(
+            &path,
+            format!("header length {header_len} is out of bounds (file is {size} bytes)"),
+        ));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    file.read_exact(&mut header)
+        .map_err(|e| WeightsError::io(&path, e))?;
+    let segments = parse_header(&path, name, &header, size)?;
+    Ok(FileLayout {
+        name: name.into(),
+        size,
+        segments,
+    })
+}
+
+fn parse_header(path: &Path, file: &str, header: &[u8], size: u64) -> Result<Vec<Segment>> {
+    let map: BTreeMap<String, serde_json::Value> = serde_json::from_slice(header)
+        .map_err(|e| WeightsError::format(path, format!("the header is not a JSON object: {e}")))?;
+    let data_start = 8 + header.len() as u64;
+    let mut tensors = Vec::new();
+    for (name, value) in map {
+        if name == "__metadata__" {
+            continue;
+        }
+        let entry: HeaderEntry = serde_json::from_value(value)
+            .map_err(|e| WeightsError::format(path, format!("tensor `{name}`: {e}")))?;
+        let [start, end] = entry.data_offsets;
+        if end < start {
+            return Err(WeightsError::format(
+                path,
+                format!("tensor `{name}`: data_offsets end before start"),
+            ));
+        }
+        tensors.push(Segment {
+            name,
+            dtype: entry.dtype,
+            shape: entry.shape,
+            offset: data_start + start,
+            len: end - start,
+        });
+    }
+    tensors.sort_by_key(|t| (t.offset, t.len));
+    let mut at = data_start;
+    for t in &tensors {
+        if t.offset != at {
+            return Err(WeightsError::format(path, format!("tensor `{}` starts at {} but the previous data ends at {at} (gaps and overlaps are not supported)", t.name, t.offset)));
+        }
+        at += t.len;
+    }
+    if at != size {
+        return Err(WeightsError::format(
+            path,
+            format!("tensor data ends at {at} but the file is {size} bytes"),
+        ));
+    }
+    let mut segments = vec![Segment {
+        name: format!("__header__:{file}"),
+        dtype: "HEADER".into(),
+        shape: Vec::new(),
+        offset: 0,
+        len: data_start,
+    }];
+    segments.extend(tensors);
+    Ok(segments)
+}
+
+/// Total bytes of a layout.
+pub fn total_bytes(files: &[FileLayout]) -> u64 {
+    files.iter().map(|f| f.size).sum()
+}
+
+/// `dir/name`, refusing names that would leave the directory.
+pub fn file_path(dir: &Path, name: &str) -> Result<PathBuf> {
+    if name.is_empty() || name.contains('/') || name.contains('\\') || name == "." || name == ".." {
+        return Err(WeightsError::Invalid(format!(
+            "bad checkpoint file name `{name}`"
+        )));
+    }
+    Ok(dir.join(name))
+}

@@ -1,0 +1,229 @@
+//! `kvrouter weights serve`: the in-region peer. Serves the versions in its cache directory
+//! (`vN/`) over HTTP with range requests; the marker carries the SHA-256 of every segment, which
+//! clients check. With a store, a version it lacks is pulled once (one pull at a time; every
+//! other request for it waits and then reads the cache), so the WAN is crossed once per region.
+//!
+//! - `GET /v1/versions/{N}/marker`: the version's `weights.json`
+//! - `GET /v1/versions/{N}/files/{name}`: a file; `Range: bytes=A-` / `bytes=A-B` answer 206
+//! - `GET /v1/stats`: `store_pulls`, `store_reads`, `files_served`, `bytes_served`
+
+use crate::error::WeightsError;
+use crate::store::Store;
+use crate::transfer::{self, Source};
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+
+/// The peer's state.
+#[derive(Debug)]
+pub struct Peer {
+    cache: PathBuf,
+    store: Option<Store>,
+    threads: usize,
+    pull_lock: tokio::sync::Mutex<()>,
+    store_pulls: AtomicU64,
+    files_served: AtomicU64,
+    bytes_served: AtomicU64,
+}
+
+impl Peer {
+    /// A peer serving `cache`, pulling what it lacks from `store` (if any). Does no I/O.
+    pub fn new(cache: PathBuf, store: Option<Store>, threads: usize) -> Arc<Self> {
+        Arc::new(Peer {
+            cache,
+            store,
+            threads,
+            pull_lock: tokio::sync::Mutex::new(()),
+            store_pulls: AtomicU64::new(0),
+            files_served: AtomicU64::new(0),
+            bytes_served: AtomicU64::new(0),
+        })
+    }
+
+    /// Makes sure version `v` is in the cache.
+    async fn ensure(&self, v: u64) -> Result<PathBuf, ApiError> {
+        let have = |p: &Self| transfer::newest_local(&p.cache, v).is_some_and(|(h, _)| h == v);
+        if have(self) {
+            return Ok(transfer::version_dir(&self.cache, v));
+        }
+        let Some(store) = &self.store else {
+            return Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!("version {v} is not here and this peer has no store"),
+                "version",
+            ));
+        };
+        let _turn = self.pull_lock.lock().await;
+        if !have(self) {
+            let source = Source {
+                peer: None,
+                store: Some(store.clone()),
+            };
+            transfer::fetch_version(&source, v, &self.cache, self.threads)
+                .await
+                .map_err(|e| {
+                    let status = if matches!(e, WeightsError::Transfer(_)) {
+                        StatusCode::BAD_GATEWAY
+                    } else {
+                        StatusCode::INTERNAL_SERVER_ERROR
+                    };
+                    ApiError(status, format!("pulling version {v}: {e}"), "version")
+                })?;
+            self.store_pulls.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(transfer::version_dir(&self.cache, v))
+    }
+}
+
+/// An OpenAI-shaped error answer.
+#[derive(Debug)]
+struct ApiError(StatusCode, String, &'static str);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = if self.0.is_client_error() {
+            "invalid_request_error"
+        } else {
+            "server_error"
+        };
+        (self.0, Json(json!({"error": {"message": self.1, "type": kind, "param": self.2, "code": self.0.as_u16()}}))).into_response()
+    }
+}
+
+/// The HTTP surface.
+pub fn app(peer: Arc<Peer>) -> Router {
+    Router::new()
+        .route("/v1/versions/{version}/marker", get(marker))
+        .route("/v1/versions/{version}/files/{name}", get(file))
+        .route("/v1/stats", get(stats))
+        .with_state(peer)
+}
+
+fn parse_version(v: &str) -> Result<u64, ApiError> {
+    v.parse().map_err(|_| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("`{v}` is not a version number"),
+            "version",
+        )
+    })
+}
+
+async fn marker(
+    State(peer): State<Arc<Peer>>,
+    UrlPath(v): UrlPath<String>,
+) -> Result<Response, ApiError> {
+    let dir = peer.ensure(parse_version(&v)?).await?;
+    let bytes = tokio::fs::read(dir.join(crate::layout::MARKER))
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "version"))?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], bytes).into_response())
+}
+
+/// `bytes=A-` or `bytes=A-B` against a file of `size` bytes: the half-open range.
+fn parse_range(value: &str, size: u64) -> Option<(u64, u64)> {
+    let spec = value.strip_prefix("bytes=")?;
+    let (a, b) = spec.split_once('-')?;
+    let start: u64 = a.trim().parse().ok()?;
+    let end = if b.trim().is_empty() {
+        size
+    } else {
+        b.trim().parse::<u64>().ok()?.checked_add(1)?.min(size)
+    };
+    (start < end).then_some((start, end))
+}
+
+async fn file(
+    State(peer): State<Arc<Peer>>,
+    UrlPath((v, name)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let version = parse_version(&v)?;
+    let dir = peer.ensure(version).await?;
+    let marker = crate::checkpoint::read_marker(&dir).ok().flatten();
+    if !marker.is_some_and(|m| m.files.iter().any(|f| f.name == name)) {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("version {version} has no file `{name}`"),
+            "name",
+        ));
+    }
+    let path = dir.join(&name);
+    let mut f = tokio::fs::File::open(&path)
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "name"))?;
+    let size = f
+        .metadata()
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "name"))?
+        .len();
+    let range = headers.get(header::RANGE).and_then(|r| r.to_str().ok());
+    let (status, start, end) = match range {
+        None => (StatusCode::OK, 0, size),
+        Some(r) => match parse_range(r, size) {
+            Some((a, b)) => (StatusCode::PARTIAL_CONTENT, a, b),
+            None => {
+                return Ok((
+                    StatusCode::RANGE_NOT_SATISFIABLE,
+                    [(header::CONTENT_RANGE, format!("bytes */{size}"))],
+                )
+                    .into_response());
+            }
+        },
+    };
+    f.seek(std::io::SeekFrom::Start(start))
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "name"))?;
+    peer.files_served.fetch_add(1, Ordering::Relaxed);
+    peer.bytes_served.fetch_add(end - start, Ordering::Relaxed);
+    let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
+        f.take(end - start),
+        1 << 20,
+    ));
+    let mut response = (status, body).into_response();
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_LENGTH, (end - start).into());
+    h.insert(
+        header::ACCEPT_RANGES,
+        header::HeaderValue::from_static("bytes"),
+    );
+    if status == StatusCode::PARTIAL_CONTENT {
+        h.insert(
+            header::CONTENT_RANGE,
+            header::HeaderValue::from_str(&format!("bytes {start}-{}/{size}", end - 1))
+                .expect("ascii"),
+        );
+    }
+    Ok(response)
+}
+
+async fn stats(State(peer): State<Arc<Peer>>) -> Json<serde_json::Value> {
+    Json(json!({
+        "store_pulls": peer.store_pulls.load(Ordering::Relaxed),
+        "store_reads": peer.store.as_ref().map_or(0, |s| s.reads()),
+        "files_served": peer.files_served.load(Ordering::Relaxed),
+        "bytes_served": peer.bytes_served.load(Ordering::Relaxed),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_range;
+
+    #[test]
+    fn ranges() {
+        assert_eq!(parse_range("bytes=10-", 100), Some((10, 100)));
+        assert_eq!(parse_range("bytes=10-19", 100), Some((10, 20)));
+        assert_eq!(parse_range("bytes=10-500", 100), Some((10, 100)));
+        assert_eq!(parse_range("bytes=100-", 100), None);
+        assert_eq!(parse_range("items=1-2", 100), None);
+    }
+}

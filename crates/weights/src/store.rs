@@ -1,0 +1,516 @@
+//! Versions in object storage (any `object_store` backend: `file:///…`, `s3://bucket/prefix`):
+//!
+//! ```text
+//! PREFIX/base/vK/<files>, PREFIX/base/vK/weights.json   full checkpoints (marker uploaded last)
+//! PREFIX/delta/vK-vK+1/delta.kvwd                       one delta per step
+//! PREFIX/latest                                         {"version": N}, written last
+//! ```
+//!
+//! `publish` uploads a step (a delta against the previous version, and a full checkpoint every
+//! `full_every` versions); `pull` walks the chain from the nearest full checkpoint at or below the
+//! wanted version (or from a local copy already on it), downloading with resumable range requests
+//! and verifying everything. Every read request (GET, ranged GET, HEAD, LIST) is counted.
+
+use crate::checkpoint::{self, CheckpointManifest};
+use crate::diff::{self, CodecOptions};
+use crate::error::{Result, WeightsError};
+use crate::layout::MARKER;
+use futures::StreamExt;
+use object_store::path::Path as ObjPath;
+use object_store::{GetOptions, GetRange, ObjectStore, PutPayload, WriteMultipart};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::io::AsyncWriteExt;
+
+/// Upload part size (and the most a single upload buffers per part).
+const PART_BYTES: usize = 8 << 20;
+/// Parts in flight per upload.
+const PARTS_IN_FLIGHT: usize = 4;
+
+/// An object store under a prefix, counting reads.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<dyn ObjectStore>,
+    prefix: ObjPath,
+    reads: Arc<AtomicU64>,
+    url: String,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Store({})", self.url)
+    }
+}
+
+fn transfer(e: impl std::fmt::Display) -> WeightsError {
+    WeightsError::Transfer(e.to_string())
+}
+
+impl Store {
+    /// Opens `url` (`file:///abs/dir`, `s3://bucket/prefix`, …) with backend options (for S3:
+    /// `aws_endpoint`, `aws_region`, `aws_access_key_id`, `aws_secret_access_key`,
+    /// `aws_allow_http`, …; nothing is read from the environment).
+    pub fn open(url: &str, options: &[(String, String)]) -> Result<Store> {
+        let parsed = url::Url::parse(url)
+            .map_err(|e| WeightsError::Invalid(format!("--store {url}: {e}")))?;
+        let (store, prefix) = object_store::parse_url_opts(
+            &parsed,
+            options.iter().map(|(k, v)| (k.as_str(), v.clone())),
+        )
+        .map_err(|e| WeightsError::Invalid(format!("--store {url}: {e}")))?;
+        Ok(Store {
+            inner: Arc::from(store),
+            prefix,
+            reads: Arc::new(AtomicU64::new(0)),
+            url: url.into(),
+        })
+    }
+
+    /// Read requests made so far.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+
+    fn key(&self, rel: &str) -> ObjPath {
+        rel.split('/')
+            .fold(self.prefix.clone(), |p, part| p.child(part))
+    }
+
+    fn read(&self) {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    async fn put_bytes(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        self.inner
+            .put(&self.key(rel), PutPayload::from(bytes))
+            .await
+            .map_err(transfer)?;
+        Ok(())
+    }
+
+    /// Uploads a local file in parts (memory: `PARTS_IN_FLIGHT × PART_BYTES`).
+    async fn put_file(&self, rel: &str, local: &Path) -> Result<()> {
+        let mut file = tokio::fs::File::open(local)
+            .await
+            .map_err(|e| WeightsError::io(local, e))?;
+        let size = file
+            .metadata()
+            .await
+            .map_err(|e| WeightsError::io(local, e))?
+            .len();
+        if size <= PART_BYTES as u64 {
+            let bytes = tokio::fs::read(local)
+                .await
+                .map_err(|e| WeightsError::io(local, e))?;
+            return self.put_bytes(rel, bytes).await;
+        }
+        let upload = self
+            .inner
+            .put_multipart(&self.key(rel))
+            .await
+            .map_err(transfer)?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+        let mut buf = vec![0u8; PART_BYTES];
+        loop {
+            let n = tokio::io::AsyncReadExt::read(&mut file, &mut buf)
+                .await
+                .map_err(|e| WeightsError::io(local, e))?;
+            if n == 0 {
+                break;
+            }
+            writer
+                .wait_for_capacity(PARTS_IN_FLIGHT)
+                .await
+                .map_err(transfer)?;
+            writer.write(&buf[..n]);
+        }
+        writer.finish().await.map_err(transfer)?;
+        Ok(())
+    }
+
+    /// The whole object, or `None` when there is none.
+    async fn get_bytes(&self, rel: &str) -> Result<Option<bytes::Bytes>> {
+        self.read();
+        match self.inner.get(&self.key(rel)).await {
+            Ok(r) => Ok(Some(r.bytes().await.map_err(transfer)?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(transfer(e)),
+        }
+    }
+
+    /// Downloads `rel` to `dest`, resuming from `dest.partial` with a range request.
+    pub async fn download(&self, rel: &str, dest: &Path) -> Result<()> {
+        let partial = partial_path(dest);
+        let have = tokio::fs::metadata(&partial)
+            .await
+            .map(|m| m.len())
+            .unwrap_or(0);
+        let key = self.key(rel);
+        let mut opts = GetOptions::default();
+        if have > 0 {
+            self.read();
+            let size = self.inner.head(&key).await.map_err(transfer)?.size;
+            if have == size {
+                return tokio::fs::rename(&partial, dest)
+                    .await
+                    .map_err(|e| WeightsError::io(dest, e));
+            }
+            if have < size {
+                opts.range = Some(GetRange::Offset(have));
+            }
+        }
+        let resume = opts.range.is_some();
+        self.read();
+        let result = self
+            .inner
+            .get_opts(&key, opts)
+            .await
+            .map_err(|e| transfer(format!("{rel}: {e}")))?;
+        let mut file = if resume {
+            tokio::fs::OpenOptions::new()
+                .append(true)
+                .open(&partial)
+                .await
+        } else {
+            tokio::fs::File::create(&partial).await
+        }
+        .map_err(|e| WeightsError::io(&partial, e))?;
+        let mut stream = result.into_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| transfer(format!("{rel}: {e}")))?;
+            file.write_all(&chunk)
+                .await
+                .map_err(|e| WeightsError::io(&partial, e))?;
+        }
+        file.sync_all()
+            .await
+            .map_err(|e| WeightsError::io(&partial, e))?;
+        tokio::fs::rename(&partial, dest)
+            .await
+            .map_err(|e| WeightsError::io(dest, e))
+    }
+
+    /// The versions with a complete full checkpoint.
+    pub async fn full_versions(&self) -> Result<Vec<u64>> {
+        self.read();
+        let listed = self
+            .inner
+            .list_with_delimiter(Some(&self.key("base")))
+            .await
+            .map_err(transfer)?;
+        let mut out: Vec<u64> = listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| {
+                p.filename()
+                    .and_then(|n| n.strip_prefix('v'))
+                    .and_then(|v| v.parse().ok())
+            })
+            .collect();
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// The `latest` pointer.
+    pub async fn latest(&self) -> Result<Option<u64>> {
+        let Some(bytes) = self.get_bytes("latest").await? else {
+            return Ok(None);
+        };
+        let v: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| transfer(format!("latest: {e}")))?;
+        v.get("version")
+            .and_then(|v| v.as_u64())
+            .map(Some)
+            .ok_or_else(|| transfer("latest has no version"))
+    }
+}
+
+/// `dest` + `.partial`.
+pub(crate) fn partial_path(dest: &Path) -> PathBuf {
+    let mut s = dest.as_os_str().to_owned();
+    s.push(".partial");
+    PathBuf::from(s)
+}
+
+/// What `publish` uploaded.
+#[derive(Clone, Debug, Serialize)]
+pub struct PublishReport {
+    /// The version published.
+    pub version: u64,
+    /// Checkpoint bytes.
+    pub checkpoint_bytes: u64,
+    /// Bytes of the uploaded delta, if one was.
+    pub delta_bytes: Option<u64>,
+    /// Whether a full checkpoint was uploaded.
+    pub full: bool,
+}
+
+/// Publishes `dir` as `version`: a delta against `prev` (the local copy of `version − 1`), and a
+/// full checkpoint when there is no `prev` or `version` is a multiple of `full_every`; then
+/// `latest`. Stamps `dir` (writes its `weights.json`) when it has no marker.
+pub async fn publish(
+    store: &Store,
+    dir: &Path,
+    version: u64,
+    prev: Option<&Path>,
+    full_every: u64,
+    opts: &CodecOptions,
+) -> Result<PublishReport> {
+    if full_every == 0 {
+        return Err(WeightsError::Invalid(
+            "--full-every must be at least 1".into(),
+        ));
+    }
+    let marker = blocking({
+        let (dir, threads) = (dir.to_path_buf(), opts.threads);
+        move || {
+            let m = checkpoint::marker_or_stamp(&dir, Some(version), threads)?;
+            checkpoint::write_marker(&dir, &m)?;
+            Ok(m)
+        }
+    })
+    .await?;
+    let mut delta_bytes = None;
+    if let Some(prev) = prev {
+        let prev_version = version
+            .checked_sub(1)
+            .ok_or_else(|| WeightsError::Invalid("v0 has no previous version".into()))?;
+        let tmp = diff::temp_path(&dir.with_extension(format!("delta-v{prev_version}")));
+        let m = blocking({
+            let (prev, dir, tmp, opts) = (
+                prev.to_path_buf(),
+                dir.to_path_buf(),
+                tmp.clone(),
+                opts.clone(),
+            );
+            move || diff::diff(&prev, Some(prev_version), &dir, version, &tmp, &opts)
+        })
+        .await?;
+        if m.base.version != prev_version {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(WeightsError::Invalid(format!(
+                "--prev holds v{}, v{prev_version} expected",
+                m.base.version
+            )));
+        }
+        let uploaded = store
+            .put_file(
+                &format!("delta/v{prev_version}-v{version}/delta.kvwd"),
+                &tmp,
+            )
+            .await;
+        delta_bytes = std::fs::metadata(&tmp).ok().map(|m| m.len());
+        let _ = std::fs::remove_file(&tmp);
+        uploaded?;
+    }
+    let full = prev.is_none() || version % full_every == 0;
+    if full {
+        for f in &marker.files {
+            store
+                .put_file(&format!("base/v{version}/{}", f.name), &dir.join(&f.name))
+                .await?;
+        }
+        store
+            .put_bytes(
+                &format!("base/v{version}/{MARKER}"),
+                serde_json::to_vec_pretty(&marker).expect("marker serializes"),
+            )
+            .await?;
+    }
+    store
+        .put_bytes(
+            "latest",
+            serde_json::to_vec(&serde_json::json!({"version": version})).expect("json"),
+        )
+        .await?;
+    Ok(PublishReport {
+        version,
+        checkpoint_bytes: marker.total_bytes(),
+        delta_bytes,
+        full,
+    })
+}
+
+/// What `pull` did.
+#[derive(Clone, Debug, Serialize)]
+pub struct PullReport {
+    /// The version now in `out`.
+    pub version: u64,
+    /// Where the chain started: a full checkpoint downloaded, or the local copy given.
+    pub started_from: u64,
+    /// Whether a full checkpoint was downloaded.
+    pub downloaded_full: bool,
+    /// Deltas downloaded and applied.
+    pub deltas: u64,
+    /// Object-store read requests.
+    pub store_reads: u64,
+}
+
+/// Pulls `version` (default: `latest`) into `out` (which must not exist), starting from `have`
+/// (a local checkpoint with a marker) when it is on the chain. `work` holds downloads and
+/// intermediate versions (resumable: a rerun after a failure continues partial downloads).
+pub async fn pull(
+    store: &Store,
+    version: Option<u64>,
+    out: &Path,
+    have: Option<&Path>,
+    work: &Path,
+    threads: usize,
+) -> Result<PullReport> {
+    let reads_before = store.reads();
+    let target = match version {
+        Some(v) => v,
+        None => store
+            .latest()
+            .await?
+            .ok_or_else(|| transfer("the store has no `latest`"))?,
+    };
+    if out.exists() {
+        return Err(WeightsError::Invalid(format!(
+            "{} exists already",
+            out.display()
+        )));
+    }
+    tokio::fs::create_dir_all(work)
+        .await
+        .map_err(|e| WeightsError::io(work, e))?;
+    let have_version = match have {
+        Some(dir) => checkpoint::read_marker(dir)?.map(|m| m.version),
+        None => None,
+    };
+    let full = store
+        .full_versions()
+        .await?
+        .into_iter()
+        .filter(|v| *v <= target)
+        .max();
+    let (mut current, mut at, downloaded_full) = match (have_version, full) {
+        // A local copy on the way is cheaper to move forward than a full download.
+        (Some(h), _) if h <= target => (have.expect("have").to_path_buf(), h, false),
+        (_, Some(f)) => (download_full(store, f, work, threads).await?, f, true),
+        (_, None) => {
+            return Err(transfer(format!(
+                "no full checkpoint at or below v{target} in the store"
+            )))
+        }
+    };
+    let started_from = at;
+    let mut deltas = 0;
+    while at < target {
+        let rel = format!("delta/v{at}-v{}/delta.kvwd", at + 1);
+        let local = work.join(format!("delta-v{at}-v{}.kvwd", at + 1));
+        store.download(&rel, &local).await?;
+        let next = work.join(format!("v{}", at + 1));
+        if next.exists() {
+            tokio::fs::remove_dir_all(&next)
+                .await
+                .map_err(|e| WeightsError::io(&next, e))?;
+        }
+        blocking({
+            let (current, local, next) = (current.clone(), local.clone(), next.clone());
+            move || crate::apply::apply(&current, &local, &next, threads).map(|_| ())
+        })
+        .await?;
+        let _ = tokio::fs::remove_file(&local).await;
+        if current.starts_with(work) {
+            let _ = tokio::fs::remove_dir_all(&current).await;
+        }
+        current = next;
+        at += 1;
+        deltas += 1;
+    }
+    if current.starts_with(work) {
+        tokio::fs::rename(&current, out)
+            .await
+            .map_err(|e| WeightsError::io(out, e))?;
+    } else {
+        copy_checkpoint(&current, out).await?;
+    }
+    Ok(PullReport {
+        version: target,
+        started_from,
+        downloaded_full,
+        deltas,
+        store_reads: store.reads() - reads_before,
+    })
+}
+
+async fn download_full(
+    store: &Store,
+    version: u64,
+    work: &Path,
+    threads: usize,
+) -> Result<PathBuf> {
+    let dir = work.join(format!("base-v{version}"));
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(|e| WeightsError::io(&dir, e))?;
+    let bytes = store
+        .get_bytes(&format!("base/v{version}/{MARKER}"))
+        .await?
+        .ok_or_else(|| {
+            transfer(format!(
+                "base/v{version} has no {MARKER} (incomplete upload)"
+            ))
+        })?;
+    let marker: CheckpointManifest = serde_json::from_slice(&bytes).map_err(|e| {
+        WeightsError::corrupted("__manifest__", format!("v{version}"), e.to_string())
+    })?;
+    for f in &marker.files {
+        let dest = crate::layout::file_path(&dir, &f.name)?;
+        let complete = tokio::fs::metadata(&dest)
+            .await
+            .map(|m| m.len() == f.size)
+            .unwrap_or(false);
+        if !complete {
+            store
+                .download(&format!("base/v{version}/{}", f.name), &dest)
+                .await?;
+        }
+    }
+    blocking({
+        let dir = dir.clone();
+        move || {
+            checkpoint::verify(&dir, &marker, threads)?;
+            checkpoint::write_marker(&dir, &marker)
+        }
+    })
+    .await?;
+    Ok(dir)
+}
+
+/// Copies a checkpoint directory (with its marker) to `out` via a temporary sibling.
+pub(crate) async fn copy_checkpoint(from: &Path, out: &Path) -> Result<()> {
+    let tmp = diff::temp_path(out);
+    tokio::fs::create_dir_all(&tmp)
+        .await
+        .map_err(|e| WeightsError::io(&tmp, e))?;
+    let mut entries = tokio::fs::read_dir(from)
+        .await
+        .map_err(|e| WeightsError::io(from, e))?;
+    while let Some(e) = entries
+        .next_entry()
+        .await
+        .map_err(|e| WeightsError::io(from, e))?
+    {
+        if e.file_type().await.map(|t| t.is_file()).unwrap_or(false) {
+            tokio::fs::copy(e.path(), tmp.join(e.file_name()))
+                .await
+                .map_err(|err| WeightsError::io(e.path(), err))?;
+        }
+    }
+    tokio::fs::rename(&tmp, out)
+        .await
+        .map_err(|e| WeightsError::io(out, e))
+}
+
+/// Runs CPU-bound work off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| WeightsError::Invalid(format!("worker thread: {e}")))?
+}

@@ -1,0 +1,244 @@
+//! diff/apply on real safetensors files (written with the `safetensors` crate): roundtrips on
+//! random tensors, and a corrupted byte anywhere (delta, base) detected and named.
+
+use kvrouter_weights::checkpoint::{self, write_marker};
+use kvrouter_weights::{apply, diff, CodecOptions, WeightsError};
+use proptest::prelude::*;
+use safetensors::tensor::{Dtype, TensorView};
+use std::path::Path;
+
+struct T {
+    name: String,
+    dtype: Dtype,
+    bytes: Vec<u8>,
+}
+
+fn write_st(dir: &Path, file: &str, tensors: &[T]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|t| {
+            let size = t.dtype.bitsize() / 8;
+            let shape = vec![t.bytes.len() / size];
+            (
+                t.name.clone(),
+                TensorView::new(t.dtype, shape, &t.bytes).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join(file)).unwrap();
+}
+
+fn rng(seed: &mut u64) -> u64 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *seed >> 33
+}
+
+/// A base checkpoint (v1) and a new one (v2) where a fraction `p_change` of bytes changed, one
+/// tensor is new and one has a new length; plus a config file.
+fn make_pair(root: &Path, seed: u64, p_change: f64) -> (std::path::PathBuf, std::path::PathBuf) {
+    let mut s = seed;
+    let (base, new) = (root.join("base"), root.join("new"));
+    let n_tensors = 1 + rng(&mut s) as usize % 5;
+    let (mut bt, mut nt) = (Vec::new(), Vec::new());
+    for i in 0..n_tensors {
+        let dtype = [Dtype::BF16, Dtype::F32, Dtype::U8][rng(&mut s) as usize % 3];
+        let elems = rng(&mut s) as usize % 6000;
+        let len = elems * dtype.bitsize() / 8;
+        let b: Vec<u8> = (0..len).map(|_| rng(&mut s) as u8).collect();
+        let mut n = b.clone();
+        for x in n.iter_mut() {
+            if (rng(&mut s) % 10_000) as f64 / 10_000.0 < p_change {
+                *x ^= 1 + (rng(&mut s) % 255) as u8;
+            }
+        }
+        if i == 1 {
+            n.extend_from_slice(&vec![7u8; 4 * dtype.bitsize() / 8]);
+        }
+        bt.push(T {
+            name: format!("layer.{i}.w"),
+            dtype,
+            bytes: b,
+        });
+        nt.push(T {
+            name: format!("layer.{i}.w"),
+            dtype,
+            bytes: n,
+        });
+    }
+    nt.push(T {
+        name: "only.new".into(),
+        dtype: Dtype::U8,
+        bytes: vec![3u8; 100],
+    });
+    let split = n_tensors / 2;
+    write_st(&base, "a.safetensors", &bt[..split]);
+    write_st(&base, "b.safetensors", &bt[split..]);
+    write_st(&new, "a.safetensors", &nt[..split]);
+    write_st(&new, "b.safetensors", &nt[split..]);
+    std::fs::write(base.join("config.json"), b"{\"layers\": 4}").unwrap();
+    std::fs::write(new.join("config.json"), b"{\"layers\": 4, \"step\": 2}").unwrap();
+    (base, new)
+}
+
+fn opts(threads: usize) -> CodecOptions {
+    CodecOptions {
+        zstd_level: 1,
+        chunk_bytes: 4096,
+        threads,
+    }
+}
+
+fn assert_same_files(a: &Path, b: &Path) {
+    for e in std::fs::read_dir(a).unwrap() {
+        let name = e.unwrap().file_name();
+        if name == "weights.json" {
+            continue;
+        }
+        assert_eq!(
+            std::fs::read(a.join(&name)).unwrap(),
+            std::fs::read(b.join(&name)).unwrap(),
+            "{name:?}"
+        );
+    }
+}
+
+/// No `out` and no hidden partial sibling left behind.
+fn assert_nothing_written(root: &Path) {
+    let left: Vec<_> = std::fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().contains("out"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn roundtrip_rebuilds_every_byte(seed in any::<u64>(), p in 0.0f64..1.0, threads in 1usize..4) {
+        let dir = tempfile::tempdir().unwrap();
+        let (base, new) = make_pair(dir.path(), seed, p);
+        let delta = dir.path().join("d.kvwd");
+        let m = diff(&base, Some(1), &new, 2, &delta, &opts(threads)).unwrap();
+        prop_assert_eq!(m.base.version, 1);
+        let out = dir.path().join("out");
+        let rebuilt = apply(&base, &delta, &out, threads).unwrap();
+        assert_same_files(&new, &out);
+        prop_assert_eq!(rebuilt.version, 2);
+        checkpoint::verify(&out, &checkpoint::read_marker(&out).unwrap().unwrap(), 2).unwrap();
+    }
+
+    #[test]
+    fn a_corrupted_delta_byte_is_detected_and_named(seed in any::<u64>(), pos_frac in 0.0f64..1.0) {
+        let dir = tempfile::tempdir().unwrap();
+        let (base, new) = make_pair(dir.path(), seed, 0.05);
+        let delta = dir.path().join("d.kvwd");
+        let m = diff(&base, Some(1), &new, 2, &delta, &opts(2)).unwrap();
+        let mut bytes = std::fs::read(&delta).unwrap();
+        let pos = ((bytes.len() - 1) as f64 * pos_frac) as u64;
+        bytes[pos as usize] ^= 0x5A;
+        std::fs::write(&delta, &bytes).unwrap();
+        let err = apply(&base, &delta, &dir.path().join("out"), 2).expect_err("a corrupted delta must be refused");
+        assert_nothing_written(dir.path());
+        let names: Vec<_> = m.new.files.iter().flat_map(|f| &f.segments).map(|s| s.segment.name.clone()).collect();
+        let owner = m.segments.iter().position(|d| d.frames.iter().any(|f| f.offset <= pos && pos < f.offset + f.len));
+        match (err, owner) {
+            (WeightsError::Corrupted { tensor, version, .. }, Some(i)) => {
+                prop_assert_eq!(tensor, names[i].clone());
+                prop_assert_eq!(version, "v1->v2".to_string());
+            }
+            (WeightsError::Corrupted { tensor, .. }, None) => prop_assert_eq!(tensor, "__manifest__".to_string()),
+            (e, _) => prop_assert!(false, "unexpected error {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_corrupted_base_byte_is_named_with_the_base_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, new) = make_pair(dir.path(), 11, 0.05);
+    write_marker(&base, &checkpoint::stamp(&base, 1, 1).unwrap()).unwrap();
+    let delta = dir.path().join("d.kvwd");
+    let m = diff(&base, None, &new, 2, &delta, &opts(2)).unwrap();
+    // A byte of the base under a tensor the delta rebuilds by XOR.
+    let segs: Vec<_> = m.new.files.iter().flat_map(|f| &f.segments).collect();
+    let (i, d) = m
+        .segments
+        .iter()
+        .enumerate()
+        .find(|(i, d)| d.frames.iter().any(|f| f.xor) && !segs[*i].segment.name.starts_with("__"))
+        .expect("an XOR tensor");
+    let (bfile, boff) = d.base.clone().unwrap();
+    let path = base.join(&bfile);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[boff as usize] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    let last_tensor = &segs[i].segment.name;
+    let err = apply(&base, &delta, &dir.path().join("out"), 2).unwrap_err();
+    match err {
+        WeightsError::Corrupted {
+            tensor, version, ..
+        } => {
+            assert_eq!(&tensor, last_tensor);
+            assert_eq!(version, "v1");
+        }
+        e => panic!("unexpected {e}"),
+    }
+    assert_nothing_written(dir.path());
+    // The marker's digests name it too.
+    let err = checkpoint::verify(&base, &checkpoint::read_marker(&base).unwrap().unwrap(), 1)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(last_tensor.as_str()) && err.to_string().contains("v1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_delta_for_another_base_is_refused_naming_both_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, new) = make_pair(dir.path(), 5, 0.05);
+    let delta = dir.path().join("d.kvwd");
+    diff(&base, Some(1), &new, 2, &delta, &opts(1)).unwrap();
+    write_marker(&new, &checkpoint::stamp(&new, 2, 1).unwrap()).unwrap();
+    let err = apply(&new, &delta, &dir.path().join("out"), 1).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, WeightsError::BaseMismatch { .. }), "{text}");
+    assert!(
+        text.contains("needs base v1") && text.contains("holds v2"),
+        "{text}"
+    );
+    // An unstamped base with other bytes is refused too (hashed, then compared).
+    std::fs::remove_file(new.join("weights.json")).unwrap();
+    let err = apply(&new, &delta, &dir.path().join("out"), 1).unwrap_err();
+    assert!(matches!(err, WeightsError::BaseMismatch { .. }), "{err}");
+    assert_nothing_written(dir.path());
+}
+
+#[test]
+fn generated_checkpoints_are_valid_safetensors() {
+    use kvrouter_weights::gen::{write_checkpoint, GenSpec, Update};
+    let dir = tempfile::tempdir().unwrap();
+    let spec = GenSpec {
+        total_bytes: 1 << 20,
+        tensor_bytes: 256 << 10,
+        cols: 256,
+        files: 2,
+        seed: 3,
+    };
+    write_checkpoint(dir.path(), &spec, Update::Rl { lr: 1e-6, steps: 0 }, 2).unwrap();
+    let mut tensors = 0;
+    for e in std::fs::read_dir(dir.path()).unwrap() {
+        let bytes = std::fs::read(e.unwrap().path()).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        for (_, t) in st.tensors() {
+            assert_eq!(t.dtype(), Dtype::BF16);
+            tensors += 1;
+        }
+    }
+    assert_eq!(tensors, 4);
+}

@@ -1,0 +1,155 @@
+//! In-region fan-out: three workers fetch a version from one peer; the peer pulls it from the
+//! object store once. Ranged resumes and corrupted transfers over HTTP.
+
+use kvrouter_weights::gen::{write_checkpoint, GenSpec, Update};
+use kvrouter_weights::serve::{app, Peer};
+use kvrouter_weights::store::{publish, Store};
+use kvrouter_weights::transfer::{fetch_version, pull_from_peer, Source};
+use kvrouter_weights::{CodecOptions, WeightsError};
+use std::path::Path;
+
+fn spec() -> GenSpec {
+    GenSpec {
+        total_bytes: 2 << 20,
+        tensor_bytes: 512 << 10,
+        cols: 512,
+        files: 2,
+        seed: 9,
+    }
+}
+
+async fn published_store(root: &Path) -> Store {
+    std::fs::create_dir_all(root.join("store")).unwrap();
+    let store = Store::open(&format!("file://{}", root.join("store").display()), &[]).unwrap();
+    let opts = CodecOptions {
+        zstd_level: 1,
+        chunk_bytes: 256 << 10,
+        threads: 2,
+    };
+    for k in 0..=2u32 {
+        let d = root.join(format!("ckpt/v{k}"));
+        write_checkpoint(&d, &spec(), Update::Rl { lr: 1e-5, steps: k }, 2).unwrap();
+        let prev = (k > 0).then(|| root.join(format!("ckpt/v{}", k - 1)));
+        publish(&store, &d, k as u64, prev.as_deref(), 100, &opts)
+            .await
+            .unwrap();
+    }
+    store
+}
+
+async fn start_peer(root: &Path, store: Store) -> String {
+    let peer = Peer::new(root.join("peer-cache"), Some(store), 2);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app(peer)).await.unwrap() });
+    format!("http://{addr}")
+}
+
+async fn stats(url: &str) -> serde_json::Value {
+    reqwest::get(format!("{url}/v1/stats"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_one_store_pull() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let store = published_store(root).await;
+    let url = start_peer(root, store).await;
+    let source = Source {
+        peer: Some(url.clone()),
+        store: None,
+    };
+    let fetches = (0..3).map(|w| {
+        let source = source.clone();
+        let cache = root.join(format!("worker-{w}"));
+        async move { fetch_version(&source, 2, &cache, 2).await }
+    });
+    for r in futures::future::join_all(fetches).await {
+        let dir = r.unwrap();
+        for f in [
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+        ] {
+            assert!(
+                std::fs::read(dir.join(f)).unwrap()
+                    == std::fs::read(root.join("ckpt/v2").join(f)).unwrap()
+            );
+        }
+    }
+    let s = stats(&url).await;
+    assert_eq!(s["store_pulls"], 1, "{s}");
+    // One pull from v0: LIST, the marker and 2 shards of base/v0, 2 deltas.
+    assert_eq!(s["store_reads"], 6, "{s}");
+    assert_eq!(s["files_served"], 6, "{s}");
+    // Asking again costs the store nothing.
+    fetch_version(&source, 2, &root.join("worker-3"), 2)
+        .await
+        .unwrap();
+    assert_eq!(stats(&url).await["store_reads"], 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranged_resume_and_a_corrupted_transfer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let store = published_store(root).await;
+    let url = start_peer(root, store).await;
+    let client = reqwest::Client::new();
+    let shard = "model-00001-of-00002.safetensors";
+    let full = std::fs::read(root.join("ckpt/v1").join(shard)).unwrap();
+
+    // Half a shard already here: the rest comes as 206.
+    let work = root.join("work");
+    std::fs::create_dir_all(work.join("peer-v1")).unwrap();
+    std::fs::write(
+        work.join("peer-v1").join(format!("{shard}.partial")),
+        &full[..full.len() / 2],
+    )
+    .unwrap();
+    let n = pull_from_peer(&client, &url, 1, &root.join("out"), &work, 2)
+        .await
+        .unwrap();
+    let other = std::fs::metadata(root.join("ckpt/v1/model-00002-of-00002.safetensors"))
+        .unwrap()
+        .len();
+    assert_eq!(n, (full.len() - full.len() / 2) as u64 + other);
+    assert!(std::fs::read(root.join("out").join(shard)).unwrap() == full);
+
+    // A wrong byte in what was transferred before the resume: caught, named, nothing left.
+    let work = root.join("work2");
+    std::fs::create_dir_all(work.join("peer-v1")).unwrap();
+    let mut bad = full[..full.len() / 2].to_vec();
+    let at = bad.len() - 1;
+    bad[at] ^= 0x10;
+    std::fs::write(work.join("peer-v1").join(format!("{shard}.partial")), &bad).unwrap();
+    let err = pull_from_peer(&client, &url, 1, &root.join("out2"), &work, 2)
+        .await
+        .unwrap_err();
+    match err {
+        WeightsError::Corrupted {
+            tensor, version, ..
+        } => {
+            assert!(tensor.starts_with("model.layers."), "{tensor}");
+            assert_eq!(version, "v1");
+        }
+        e => panic!("unexpected {e}"),
+    }
+    assert!(!root.join("out2").exists());
+
+    // Unknown version: an OpenAI-shaped 404 naming the field, from a peer without a store.
+    let bare = Peer::new(root.join("empty"), None, 1);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app(bare)).await.unwrap() });
+    let r = reqwest::get(format!("http://{addr}/v1/versions/7/marker"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["param"], "version");
+}

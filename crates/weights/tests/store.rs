@@ -1,0 +1,233 @@
+//! publish/pull through object storage: the local filesystem store, and a real S3-compatible
+//! server on loopback (moto in server mode; the test fails when it is not installed: `.ci/run`
+//! installs it).
+
+use kvrouter_weights::gen::{write_checkpoint, GenSpec, Update};
+use kvrouter_weights::store::{publish, pull, Store};
+use kvrouter_weights::{CodecOptions, WeightsError};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn spec() -> GenSpec {
+    GenSpec {
+        total_bytes: 3 << 20,
+        tensor_bytes: 512 << 10,
+        cols: 512,
+        files: 2,
+        seed: 42,
+    }
+}
+
+fn opts() -> CodecOptions {
+    CodecOptions {
+        zstd_level: 1,
+        chunk_bytes: 256 << 10,
+        threads: 2,
+    }
+}
+
+/// Versions 0..=n of the RL model (lr 1e-5) under `root/ckpt/vK`.
+fn versions(root: &Path, n: u32) -> Vec<PathBuf> {
+    (0..=n)
+        .map(|k| {
+            let d = root.join(format!("ckpt/v{k}"));
+            write_checkpoint(&d, &spec(), Update::Rl { lr: 1e-5, steps: k }, 2).unwrap();
+            d
+        })
+        .collect()
+}
+
+fn same_tensors(a: &Path, b: &Path) {
+    for e in std::fs::read_dir(a).unwrap() {
+        let name = e.unwrap().file_name();
+        if name != "weights.json" {
+            assert!(
+                std::fs::read(a.join(&name)).unwrap() == std::fs::read(b.join(&name)).unwrap(),
+                "{name:?} differs"
+            );
+        }
+    }
+}
+
+/// Publishes v0..=4 with a full checkpoint every 3 versions, then pulls and checks.
+async fn publish_and_pull(store: &Store, root: &Path) {
+    let dirs = versions(root, 4);
+    for (k, d) in dirs.iter().enumerate() {
+        let prev = k.checked_sub(1).map(|p| dirs[p].as_path());
+        let r = publish(store, d, k as u64, prev, 3, &opts()).await.unwrap();
+        assert_eq!(r.full, k == 0 || k == 3, "v{k}");
+        if let Some(b) = r.delta_bytes {
+            assert!(
+                b * 10 < r.checkpoint_bytes,
+                "delta {b} of {}",
+                r.checkpoint_bytes
+            );
+        }
+    }
+    assert_eq!(store.latest().await.unwrap(), Some(4));
+    assert_eq!(store.full_versions().await.unwrap(), vec![0, 3]);
+    let work = root.join("work");
+    // v2: base v0 + two deltas.
+    let r = pull(store, Some(2), &root.join("out2"), None, &work, 2)
+        .await
+        .unwrap();
+    assert_eq!((r.started_from, r.deltas, r.downloaded_full), (0, 2, true));
+    same_tensors(&dirs[2], &root.join("out2"));
+    // latest (v4): nearest full checkpoint is v3.
+    let r = pull(store, None, &root.join("out4"), None, &work, 2)
+        .await
+        .unwrap();
+    assert_eq!((r.version, r.started_from, r.deltas), (4, 3, 1));
+    same_tensors(&dirs[4], &root.join("out4"));
+    // From a local v2: two deltas, no full download.
+    let r = pull(
+        store,
+        Some(4),
+        &root.join("out4b"),
+        Some(&root.join("out2")),
+        &work,
+        2,
+    )
+    .await
+    .unwrap();
+    assert_eq!((r.started_from, r.deltas, r.downloaded_full), (2, 2, false));
+    same_tensors(&dirs[4], &root.join("out4b"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_filesystem_store_publish_pull_and_resume() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    std::fs::create_dir_all(root.join("store")).unwrap();
+    let store = Store::open(&format!("file://{}", root.join("store").display()), &[]).unwrap();
+    publish_and_pull(&store, root).await;
+
+    // Resume: half of the v0->v1 delta is already downloaded; the rest comes with a range request.
+    let work = root.join("work-resume");
+    std::fs::create_dir_all(&work).unwrap();
+    let full = std::fs::read(root.join("store/delta/v0-v1/delta.kvwd")).unwrap();
+    std::fs::write(
+        work.join("delta-v0-v1.kvwd.partial"),
+        &full[..full.len() / 2],
+    )
+    .unwrap();
+    let r = pull(
+        &store,
+        Some(1),
+        &root.join("out1"),
+        Some(&root.join("ckpt/v0")),
+        &work,
+        2,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.deltas, 1);
+    // HEAD + ranged GET for the resumed delta; one LIST.
+    assert_eq!(r.store_reads, 3);
+    same_tensors(&root.join("ckpt/v1"), &root.join("out1"));
+
+    // A transfer that delivered a wrong byte is caught and named (tensor and version).
+    let work = root.join("work-bad");
+    std::fs::create_dir_all(&work).unwrap();
+    let mut bad = full[..full.len() / 2].to_vec();
+    bad[20] ^= 0xFF;
+    std::fs::write(work.join("delta-v0-v1.kvwd.partial"), &bad).unwrap();
+    let err = pull(
+        &store,
+        Some(1),
+        &root.join("out1-bad"),
+        Some(&root.join("ckpt/v0")),
+        &work,
+        2,
+    )
+    .await
+    .unwrap_err();
+    match err {
+        WeightsError::Corrupted { version, .. } => assert_eq!(version, "v0->v1"),
+        e => panic!("unexpected {e}"),
+    }
+    assert!(!root.join("out1-bad").exists());
+
+    // A corrupted byte of a stored full checkpoint is named with its tensor and version.
+    let shard = root.join("store/base/v3/model-00002-of-00002.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&shard, &bytes).unwrap();
+    let err = pull(
+        &store,
+        Some(3),
+        &root.join("out3-bad"),
+        None,
+        &root.join("work-bad3"),
+        2,
+    )
+    .await
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("model.layers.1.k_proj.weight") && text.contains("version v3"),
+        "{text}"
+    );
+}
+
+struct Moto(Child);
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// moto_server from `KVROUTER_MOTO_SERVER` or PATH, on a free loopback port.
+fn start_moto() -> (Moto, String) {
+    let bin = std::env::var("KVROUTER_MOTO_SERVER").unwrap_or_else(|_| "moto_server".into());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(&bin)
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start `{bin}` (pip install 'moto[server]', or set KVROUTER_MOTO_SERVER): {e}"));
+    let moto = Moto(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "moto_server did not listen on {port} within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (moto, format!("http://127.0.0.1:{port}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_compatible_store_publish_and_pull() {
+    let (_moto, endpoint) = start_moto();
+    let created = reqwest::Client::new()
+        .put(format!("{endpoint}/weights"))
+        .send()
+        .await
+        .unwrap();
+    assert!(created.status().is_success(), "{}", created.status());
+    let opts: Vec<(String, String)> = [
+        ("aws_endpoint", endpoint.as_str()),
+        ("aws_region", "us-east-1"),
+        ("aws_access_key_id", "test"),
+        ("aws_secret_access_key", "test"),
+        ("aws_allow_http", "true"),
+        ("aws_virtual_hosted_style_request", "false"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let store = Store::open("s3://weights/policy", &opts).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    publish_and_pull(&store, tmp.path()).await;
+}
