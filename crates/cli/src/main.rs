@@ -3,6 +3,7 @@
 mod bench;
 mod embedded;
 mod mock_engine;
+mod picker_args;
 mod routing_args;
 mod serve;
 mod sim;

@@ -14,6 +14,9 @@ use std::sync::Arc;
 /// Flags of `kvrouter serve`, named as in the seeds' frontend where it has one.
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
+    /// The pick API's leases and bounds.
+    #[command(flatten)]
+    picker: crate::picker_args::PickerArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -386,6 +389,7 @@ impl ServeArgs {
                 .unwrap_or_default(),
             },
             kv_ingest: self.kv_ingest()?,
+            picks: self.picker.picks()?,
             ..ServeConfig::default()
         })
     }

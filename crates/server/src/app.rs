@@ -46,6 +46,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/pick", post(pick))
+        .route("/v1/pick/{id}/first-token", post(pick_first_token))
+        .route("/v1/pick/{id}/finish", post(pick_finish))
         .route("/health", get(health))
         .route("/live", get(live))
         .route("/ready", get(health))
@@ -71,6 +74,26 @@ async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes)
     crate::request::handle(s, Kind::Completion, headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn pick(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    crate::request::pick::pick(s, headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn pick_first_token(State(s): State<AppState>, Path(id): Path<String>) -> Response {
+    match crate::request::pick::first_token(&s, &id) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn pick_finish(State(s): State<AppState>, Path(id): Path<String>, body: Bytes) -> Response {
+    match crate::request::pick::finish(&s, &id, &body) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn models(State(s): State<AppState>) -> Json<Value> {
@@ -164,6 +187,12 @@ async fn metrics(State(s): State<AppState>) -> Response {
     }
     let q = core.queue_stats();
     drop(core);
+    gauge_header(
+        &mut out,
+        "kvrouter_picks_outstanding",
+        "Picks handed out by the pick API and not yet finished or expired.",
+    );
+    let _ = writeln!(out, "kvrouter_picks_outstanding {}", inner.picks.len());
     gauge_header(
         &mut out,
         "kvrouter_router_queue_pending_requests",

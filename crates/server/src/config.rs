@@ -122,6 +122,8 @@ pub struct ServeConfig {
     pub upstream_response_timeout: std::time::Duration,
     /// Bounds of KV event ingestion.
     pub kv_ingest: IngestConfig,
+    /// The pick API's leases and bounds (`POST /v1/pick`, ext_proc).
+    pub picks: PickConfig,
 }
 
 impl Default for ServeConfig {
@@ -151,6 +153,7 @@ impl Default for ServeConfig {
             upstream_first_byte_timeout: std::time::Duration::from_secs(60),
             upstream_response_timeout: std::time::Duration::from_secs(600),
             kv_ingest: IngestConfig::default(),
+            picks: PickConfig::default(),
         }
     }
 }
@@ -203,6 +206,30 @@ impl Default for IngestConfig {
             max_message_bytes: 8 << 20,
             apply_slice_blocks: 512,
             replay_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Leases and bounds of placements handed out without forwarding (`kvrouter serve --pick-*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PickConfig {
+    /// A pick with no first token and no finish reported within this time expires and its
+    /// load is released (`--pick-lease-secs`).
+    pub lease: Duration,
+    /// A pick whose first token was reported expires this long after it, unless finished
+    /// (`--pick-max-duration-secs`): a caller that died mid-generation does not hold load
+    /// forever.
+    pub max_duration: Duration,
+    /// Outstanding picks at most; more are refused with 529 (`--pick-max-outstanding`).
+    pub max_outstanding: usize,
+}
+
+impl Default for PickConfig {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(30),
+            max_duration: Duration::from_secs(600),
+            max_outstanding: 65_536,
         }
     }
 }

@@ -14,6 +14,8 @@
 //! - [`provenance`]: the per-request JSON-lines log.
 //! - `routing`: request bodies to tokens and block hashes. `registry`: adding and removing workers.
 //! - `ingest`: libzmq subscribers (a thread per rank), reconnect re-syncs, sequence-gap recovery, bounded slices. `metrics`: Prometheus text.
+//! - `picks`: outstanding picks of the pick API under their leases, and the reaper that
+//!   expires them; `request::pick`: the pick API's handlers.
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
 //! - `error`: the one mapping from errors to HTTP responses.
 //!
@@ -34,6 +36,7 @@ mod headers;
 mod health;
 mod ingest;
 mod metrics;
+mod picks;
 pub mod provenance;
 mod queue;
 mod registry;
@@ -45,7 +48,8 @@ pub mod validate;
 
 pub use app::app;
 pub use config::{
-    HealthConfig, IngestConfig, ServeConfig, SessionReleaseAuth, WorkerEntry, WorkersFile,
+    HealthConfig, IngestConfig, PickConfig, ServeConfig, SessionReleaseAuth, WorkerEntry,
+    WorkersFile,
 };
 pub use error::ServeError;
 pub use state::AppState;
@@ -90,6 +94,8 @@ impl RunningServer {
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
         let _ = self.server.await;
+        // Outstanding picks hold the state: end them.
+        self.state.inner.picks.clear();
     }
 }
 
@@ -107,6 +113,7 @@ pub async fn start(
             .map_err(|error| StartError::Worker { url, error })?;
     }
     let driver = queue::spawn(state.inner.clone());
+    let reaper = picks::spawn_reaper(state.inner.clone());
     let (shutdown, mut rx) = watch::channel(false);
     let router = app(state.clone());
     let (limits, lifecycle) = (config.http.clone(), state.inner.lifecycle.clone());
@@ -117,6 +124,7 @@ pub async fn start(
         })
         .await;
         driver.abort();
+        reaper.abort();
     });
     Ok(RunningServer {
         addr,

@@ -107,6 +107,8 @@ pub(crate) struct Metrics {
     pub(crate) upstream_timeouts: Counters,
     /// Answers whose `usage.prompt_tokens` differs from the router's own count, by worker.
     pub(crate) prompt_token_mismatches: Counters,
+    /// Picks of the pick API and ext_proc by how they ended (finished, cancelled, expired).
+    pub(crate) picks: Counters,
 }
 
 impl Metrics {
@@ -132,6 +134,7 @@ impl Metrics {
             migrations: Counters::default(),
             upstream_timeouts: Counters::default(),
             prompt_token_mismatches: Counters::default(),
+            picks: Counters::default(),
         }
     }
 
@@ -232,6 +235,11 @@ impl Metrics {
             out,
             "kvrouter_upstream_timeouts_total",
             "Worker requests that got no response headers in time, by request kind (stream, unary).",
+        );
+        self.picks.render(
+            out,
+            "kvrouter_picks_total",
+            "Placements handed out without forwarding (pick API, ext_proc), by source and how they ended (finished, cancelled, expired).",
         );
     }
 }

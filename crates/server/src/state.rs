@@ -81,6 +81,8 @@ pub(crate) struct Inner {
     pub(crate) health: crate::health::Health,
     /// Serving or draining for shutdown.
     pub(crate) lifecycle: kvrouter_http::Lifecycle,
+    /// Outstanding picks of the pick API, under their leases.
+    pub(crate) picks: crate::picks::PickTable,
 }
 
 impl Inner {
@@ -322,6 +324,7 @@ impl AppState {
                 capture,
                 health: crate::health::Health::default(),
                 lifecycle: Default::default(),
+                picks: Default::default(),
             }),
         })
     }
