@@ -1,0 +1,2 @@
+//! probe
+pub mod pb;
