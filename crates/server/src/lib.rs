@@ -14,6 +14,7 @@
 //! - [`provenance`]: the per-request JSON-lines log.
 //! - `routing`: request bodies to tokens and block hashes. `registry`: adding and removing workers.
 //! - `ingest`: libzmq subscribers (a thread per rank), reconnect re-syncs, sequence-gap recovery, bounded slices. `metrics`: Prometheus text.
+//! - [`placement`]: placements for hosts that carry the request themselves (ext_proc).
 //! - `picks`: outstanding picks of the pick API under their leases, and the reaper that
 //!   expires them; `request::pick`: the pick API's handlers.
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
@@ -37,6 +38,7 @@ mod health;
 mod ingest;
 mod metrics;
 mod picks;
+pub mod placement;
 pub mod provenance;
 mod queue;
 mod registry;

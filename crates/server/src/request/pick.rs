@@ -31,6 +31,11 @@ pub(crate) struct Placed {
     pub(crate) prompt_tokens: u64,
 }
 
+/// Counts a request that failed before it was placed (as a proxied one is counted).
+pub(crate) fn count(state: &AppState, e: ServeError) -> ServeError {
+    count_error(state, e)
+}
+
 /// The request kind a body is: a chat (it has `messages`), else a completion.
 pub(crate) fn kind_of(body: &Value) -> Kind {
     if body.get("messages").is_some() {
@@ -48,14 +53,20 @@ pub(crate) async fn place(
     headers: &HeaderMap,
     body: Value,
     arrival: Instant,
+    allowed: Option<Vec<kvrouter_core::ids::WorkerId>>,
 ) -> Result<Placed, ServeError> {
     let req = parse_body(state.clone(), kind, headers, Bytes::new(), body, arrival)
         .await
         .map_err(|e| count_error(state, e))?;
-    place_parsed(&req).await.map_err(|e| req.count_error(e))
+    place_parsed(&req, allowed)
+        .await
+        .map_err(|e| req.count_error(e))
 }
 
-async fn place_parsed(req: &Request) -> Result<Placed, ServeError> {
+async fn place_parsed(
+    req: &Request,
+    allowed: Option<Vec<kvrouter_core::ids::WorkerId>>,
+) -> Result<Placed, ServeError> {
     let inner = &req.state.inner;
     let mut stop = match (req.admission.group, req.admission.group_need) {
         (Some(g), Some(_)) => {
@@ -70,6 +81,7 @@ async fn place_parsed(req: &Request) -> Result<Placed, ServeError> {
     let id = RequestId(inner.next_request.fetch_add(1, Ordering::Relaxed));
     let mut request = RouteRequest::new(id, req.input.isl_tokens, req.input.blocks.clone());
     request.pin = req.pin;
+    request.allowed_workers = allowed;
     req.admission.apply(&mut request);
     let decision = tokio::select! {
         d = super::admit::admit(&req.state, request) => d?,
@@ -149,13 +161,14 @@ pub(crate) async fn pick(
         return Err(count_error(&state, too_many(config.max_outstanding)));
     }
     let kind = kind_of(&body);
-    let placed = place(&state, kind, &headers, body, arrival).await?;
+    let placed = place(&state, kind, &headers, body, arrival, None).await?;
     let Placed {
         id,
         guard,
         decision,
         url,
         prompt_tokens,
+        ..
     } = placed;
     let lease_ms = config.lease.as_millis() as u64;
     if let Err(full) = state.inner.picks.insert(
