@@ -17,6 +17,30 @@ pub(crate) struct PickerArgs {
     /// Outstanding picks at most; more are refused with 529.
     #[arg(long, default_value_t = 65_536)]
     pick_max_outstanding: usize,
+    /// Serve Envoy's external processing (ext_proc) gRPC service on this port, as a Gateway
+    /// API Inference Extension endpoint picker (0 picks a free one; unset = off).
+    #[arg(long)]
+    pub(crate) ext_proc_port: Option<u16>,
+    /// What the endpoint picker answers when it cannot place a request: closed (an immediate
+    /// 503/429/400/504 response) or open (the request goes on without a destination).
+    #[arg(long, value_enum, default_value_t = ExtProcFailureMode::Closed)]
+    ext_proc_failure_mode: ExtProcFailureMode,
+    /// Next-best workers the endpoint picker names after the chosen one (gateway fallbacks).
+    #[arg(long, default_value_t = 1)]
+    ext_proc_fallbacks: usize,
+    /// Seconds a placement over ext_proc may take (router queue included) before the failure
+    /// mode applies; keep it below the gateway's ext_proc message_timeout.
+    #[arg(long, default_value_t = 10.0)]
+    ext_proc_pick_timeout_secs: f64,
+}
+
+/// `--ext-proc-failure-mode`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ExtProcFailureMode {
+    /// Refuse the request with an immediate response.
+    Closed,
+    /// Let the request go on without a destination.
+    Open,
 }
 
 impl PickerArgs {
@@ -35,6 +59,25 @@ impl PickerArgs {
             lease: positive(self.pick_lease_secs, "--pick-lease-secs")?,
             max_duration: positive(self.pick_max_duration_secs, "--pick-max-duration-secs")?,
             max_outstanding: self.pick_max_outstanding,
+        })
+    }
+
+    /// The validated ext_proc settings.
+    pub(crate) fn ext_proc(&self) -> anyhow::Result<kvrouter_ext_proc::ExtProcConfig> {
+        let pick_timeout = std::time::Duration::try_from_secs_f64(self.ext_proc_pick_timeout_secs)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                anyhow::anyhow!("--ext-proc-pick-timeout-secs must be a positive number of seconds")
+            })?;
+        Ok(kvrouter_ext_proc::ExtProcConfig {
+            failure_mode: match self.ext_proc_failure_mode {
+                ExtProcFailureMode::Closed => kvrouter_ext_proc::FailureMode::Closed,
+                ExtProcFailureMode::Open => kvrouter_ext_proc::FailureMode::Open,
+            },
+            fallbacks: self.ext_proc_fallbacks,
+            pick_timeout,
+            ..Default::default()
         })
     }
 }

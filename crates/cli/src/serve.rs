@@ -440,16 +440,40 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("--host/--port: binding {addr}"))?;
     // The embedded engines are started here, not by the server, and stopped after it drained.
+    let ext_proc = args.picker.ext_proc()?;
     let serving =
         crate::embedded::Serving::start(config, &mock_engine, args.mock_workers, listener).await?;
     let server = &serving.server;
+    // The ext_proc endpoint picker, on its own port, over the same state.
+    let (stop_ext_proc, ext_proc_task, ext_proc_line) = match args.picker.ext_proc_port {
+        None => (None, None, String::new()),
+        Some(port) => {
+            let addr = format!("{}:{port}", args.host);
+            let listener = tokio::net::TcpListener::bind(&addr)
+                .await
+                .with_context(|| format!("--host/--ext-proc-port: binding {addr}"))?;
+            let bound = listener.local_addr()?;
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let service = kvrouter_ext_proc::ExtProc::new(server.state.clone(), ext_proc);
+            let task = tokio::spawn(kvrouter_ext_proc::serve(listener, service, async {
+                let _ = rx.await;
+            }));
+            (Some(tx), Some(task), format!(" ext_proc={bound}"))
+        }
+    };
     println!(
-        "kvrouter serve listening on http://{} mode={} workers={}",
+        "kvrouter serve listening on http://{} mode={} workers={}{ext_proc_line}",
         server.addr,
         args.routing.router_mode,
         server.state.worker_count()
     );
     shutdown_signal().await?;
+    if let Some(tx) = stop_ext_proc {
+        let _ = tx.send(());
+    }
+    if let Some(task) = ext_proc_task {
+        let _ = task.await;
+    }
     serving.stop().await;
     Ok(())
 }

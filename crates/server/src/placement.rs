@@ -60,8 +60,7 @@ pub async fn place(
     })?;
     let kind = crate::request::pick::kind_of(&value);
     let allowed = subset.map(|s| workers_at(state, s));
-    let placed =
-        crate::request::pick::place(state, kind, headers, value, arrival, allowed).await?;
+    let placed = crate::request::pick::place(state, kind, headers, value, arrival, allowed).await?;
     let rank = placed.decision.rank;
     let mut others: Vec<_> = placed
         .decision
