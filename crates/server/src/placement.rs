@@ -60,6 +60,11 @@ pub async fn place(
     })?;
     let kind = crate::request::pick::kind_of(&value);
     let allowed = subset.map(|s| workers_at(state, s));
+    if allowed.as_ref().is_some_and(Vec::is_empty) {
+        // None of the endpoints the gateway allows is a worker (the protocol: 503).
+        let e = ServeError::Route(kvrouter_core::router::RouteError::NoWorkers);
+        return Err(crate::request::pick::count(state, e));
+    }
     let placed = crate::request::pick::place(state, kind, headers, value, arrival, allowed).await?;
     let rank = placed.decision.rank;
     let mut others: Vec<_> = placed
