@@ -24,6 +24,10 @@ use prost_types::value::Kind as V;
 
 /// The header and metadata key of the chosen endpoints.
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";
+/// The chosen worker's id, for a kvrouter frontend behind the gateway (`--router-mode direct`).
+pub const WORKER_HEADER: &str = "x-kvrouter-worker-id";
+/// The chosen data-parallel rank, with [`WORKER_HEADER`].
+pub const RANK_HEADER: &str = "x-kvrouter-dp-rank";
 /// The dynamic metadata namespace of the chosen endpoints.
 pub const LB_NAMESPACE: &str = "envoy.lb";
 /// The filter metadata namespace of the subset hint.
@@ -169,17 +173,25 @@ pub(crate) fn destination_metadata(endpoints: &str) -> prost_types::Struct {
 }
 
 fn set_header(key: &str, value: &str) -> ep::HeaderMutation {
-    ep::HeaderMutation {
-        set_headers: vec![core::HeaderValueOption {
+    set_headers(&[(key, value)])
+}
+
+fn set_headers(pairs: &[(&str, &str)]) -> ep::HeaderMutation {
+    let set = pairs
+        .iter()
+        .map(|(key, value)| core::HeaderValueOption {
             header: Some(core::HeaderValue {
-                key: key.to_owned(),
+                key: (*key).to_owned(),
                 raw_value: value.as_bytes().to_vec(),
                 ..Default::default()
             }),
             append_action: core::header_value_option::HeaderAppendAction::OverwriteIfExistsOrAdd
                 as i32,
             ..Default::default()
-        }],
+        })
+        .collect();
+    ep::HeaderMutation {
+        set_headers: set,
         remove_headers: Vec::new(),
     }
 }
@@ -344,11 +356,16 @@ impl Exchange {
                     .filter_map(endpoint_of)
                     .collect();
                 let endpoints = endpoints.join(",");
+                // The worker id and rank too, for a kvrouter frontend behind the gateway in
+                // `--router-mode direct` (the selection is made once, here).
+                let (worker, rank) = (p.worker().to_string(), p.dp_rank().to_string());
+                let mutation = set_headers(&[
+                    (DESTINATION, &endpoints),
+                    (WORKER_HEADER, &worker),
+                    (RANK_HEADER, &rank),
+                ]);
                 self.placement = Some(p);
-                (
-                    Some(set_header(DESTINATION, &endpoints)),
-                    Some(destination_metadata(&endpoints)),
-                )
+                (Some(mutation), Some(destination_metadata(&endpoints)))
             }
             Err(e) => match self.failure {
                 FailureMode::Closed => return vec![immediate(&e)],

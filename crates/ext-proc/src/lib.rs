@@ -16,7 +16,9 @@ pub mod pb;
 mod exchange;
 mod service;
 
-pub use exchange::{DESTINATION, LB_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE};
+pub use exchange::{
+    DESTINATION, LB_NAMESPACE, RANK_HEADER, SUBSET_KEY, SUBSET_NAMESPACE, WORKER_HEADER,
+};
 pub use service::{serve, ExtProc};
 
 /// What the picker answers when it cannot place a request (no worker, overloaded, invalid, or
