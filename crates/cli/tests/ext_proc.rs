@@ -275,11 +275,19 @@ async fn buffered_mode_names_the_worker_and_the_answer_releases_it() {
     );
     assert!(endpoints.iter().all(|e| e.starts_with("127.0.0.1:")));
     assert_ne!(endpoints[0], endpoints[1]);
-    let set: Vec<String> = common_of(&r).unwrap().header_mutation.as_ref().unwrap().set_headers
+    let set: Vec<String> = common_of(&r)
+        .unwrap()
+        .header_mutation
+        .as_ref()
+        .unwrap()
+        .set_headers
         .iter()
         .map(|o| o.header.as_ref().unwrap().key.clone())
         .collect();
-    assert!(set.contains(&"x-kvrouter-worker-id".to_owned()), "{set:?}: for a frontend in direct mode");
+    assert!(
+        set.contains(&"x-kvrouter-worker-id".to_owned()),
+        "{set:?}: for a frontend in direct mode"
+    );
     assert_eq!(sum(&metrics(&base).await, ACTIVE), 1.0);
     envoy.send(response_headers(200)).await;
     assert!(matches!(

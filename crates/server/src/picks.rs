@@ -32,7 +32,7 @@ pub(crate) struct PickTable {
 }
 
 /// Why a pick could not be kept.
-pub(crate) struct Full(pub(crate) LoadGuard);
+pub(crate) struct Full(pub(crate) Box<LoadGuard>);
 
 impl PickTable {
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -54,7 +54,7 @@ impl PickTable {
     ) -> Result<(), Full> {
         let mut t = self.lock();
         if t.leases.len() >= max {
-            return Err(Full(guard));
+            return Err(Full(Box::new(guard)));
         }
         let earliest = t.by_expiry.first().is_none_or(|(at, _)| expires < *at);
         t.by_expiry.insert((expires, id));
