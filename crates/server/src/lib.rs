@@ -16,7 +16,7 @@
 //! - `ingest`: libzmq subscribers (a thread per rank), reconnect re-syncs, sequence-gap recovery, bounded slices. `metrics`: Prometheus text.
 //! - [`placement`]: placements for hosts that carry the request themselves (ext_proc).
 //! - `picks`: outstanding picks of the pick API under their leases, and the reaper that
-//!   expires them; `request::pick`: the pick API's handlers.
+//!   expires them (the table lives with the pick routes); `request::pick`: the pick API.
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
 //! - `error`: the one mapping from errors to HTTP responses.
 //!
@@ -96,8 +96,6 @@ impl RunningServer {
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
         let _ = self.server.await;
-        // Outstanding picks hold the state: end them.
-        self.state.inner.picks.clear();
     }
 }
 
@@ -115,7 +113,6 @@ pub async fn start(
             .map_err(|error| StartError::Worker { url, error })?;
     }
     let driver = queue::spawn(state.inner.clone());
-    let reaper = picks::spawn_reaper(state.inner.clone());
     let (shutdown, mut rx) = watch::channel(false);
     let router = app(state.clone());
     let (limits, lifecycle) = (config.http.clone(), state.inner.lifecycle.clone());
@@ -126,7 +123,6 @@ pub async fn start(
         })
         .await;
         driver.abort();
-        reaper.abort();
     });
     Ok(RunningServer {
         addr,

@@ -109,6 +109,8 @@ pub(crate) struct Metrics {
     pub(crate) prompt_token_mismatches: Counters,
     /// Picks of the pick API and ext_proc by how they ended (finished, cancelled, expired).
     pub(crate) picks: Counters,
+    /// Picks of the pick API not yet finished or expired.
+    pub(crate) picks_outstanding: std::sync::atomic::AtomicU64,
 }
 
 impl Metrics {
@@ -135,6 +137,7 @@ impl Metrics {
             upstream_timeouts: Counters::default(),
             prompt_token_mismatches: Counters::default(),
             picks: Counters::default(),
+            picks_outstanding: Default::default(),
         }
     }
 
@@ -241,6 +244,15 @@ impl Metrics {
             "kvrouter_picks_total",
             "Placements handed out without forwarding (pick API, ext_proc), by source and how they ended (finished, cancelled, expired).",
         );
+        gauge_header(
+            out,
+            "kvrouter_picks_outstanding",
+            "Picks handed out by the pick API and not yet finished or expired.",
+        );
+        let outstanding = self
+            .picks_outstanding
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let _ = writeln!(out, "kvrouter_picks_outstanding {outstanding}");
     }
 }
 

@@ -81,8 +81,6 @@ pub(crate) struct Inner {
     pub(crate) health: crate::health::Health,
     /// Serving or draining for shutdown.
     pub(crate) lifecycle: kvrouter_http::Lifecycle,
-    /// Outstanding picks of the pick API, under their leases.
-    pub(crate) picks: crate::picks::PickTable,
 }
 
 impl Inner {
@@ -324,7 +322,6 @@ impl AppState {
                 capture,
                 health: crate::health::Health::default(),
                 lifecycle: Default::default(),
-                picks: Default::default(),
             }),
         })
     }

@@ -9,6 +9,7 @@ use super::parse::{count_error, parse_body, Request};
 use crate::error::ServeError;
 use crate::guard::LoadGuard;
 use crate::health::Source;
+use crate::picks::PickTable;
 use crate::routing::Kind;
 use crate::state::{stopped, AppState};
 use axum::body::Bytes;
@@ -18,6 +19,7 @@ use kvrouter_core::ids::RequestId;
 use kvrouter_core::router::{Decision, RouteRequest};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A placed request whose caller sends it itself.
@@ -150,14 +152,15 @@ fn pick_body(state: &AppState, raw: &[u8]) -> Result<Value, ServeError> {
 /// `POST /v1/pick`: places the request and answers the chosen worker, the pick's id, its lease
 /// and the score breakdown.
 pub(crate) async fn pick(
-    state: AppState,
+    table: &Arc<PickTable>,
     headers: HeaderMap,
     raw: Bytes,
 ) -> Result<Response, ServeError> {
     let arrival = Instant::now();
+    let state = table.state().clone();
     let body = pick_body(&state, &raw).map_err(|e| count_error(&state, e))?;
     let config = &state.inner.config.picks;
-    if state.inner.picks.len() >= config.max_outstanding {
+    if table.len() >= config.max_outstanding {
         return Err(count_error(&state, too_many(config.max_outstanding)));
     }
     let kind = kind_of(&body);
@@ -171,7 +174,7 @@ pub(crate) async fn pick(
         ..
     } = placed;
     let lease_ms = config.lease.as_millis() as u64;
-    if let Err(full) = state.inner.picks.insert(
+    if let Err(full) = table.insert(
         id.0,
         guard,
         Instant::now() + config.lease,
@@ -224,10 +227,10 @@ fn unknown(id: u64) -> ServeError {
 
 /// `POST /v1/pick/{id}/first-token`: the caller got the answer's first token; the lease now
 /// runs to `--pick-max-duration-secs`.
-pub(crate) fn first_token(state: &AppState, id: &str) -> Result<Value, ServeError> {
+pub(crate) fn first_token(table: &PickTable, id: &str) -> Result<Value, ServeError> {
     let id = pick_id(id)?;
-    let until = Instant::now() + state.inner.config.picks.max_duration;
-    if !state.inner.picks.first_token(id, until) {
+    let until = Instant::now() + table.state().inner.config.picks.max_duration;
+    if !table.first_token(id, until) {
         return Err(unknown(id));
     }
     Ok(json!({"id": id.to_string(), "object": "kvrouter.pick", "status": "generating"}))
@@ -273,10 +276,11 @@ fn finish_report(raw: &[u8]) -> Result<FinishReport, ServeError> {
 
 /// `POST /v1/pick/{id}/finish`: the pick ended (`status`: `ok`, the default, `cancelled` or
 /// `failed`), with the answer's token counts when the caller has them. Its load is released.
-pub(crate) fn finish(state: &AppState, id: &str, raw: &[u8]) -> Result<Value, ServeError> {
+pub(crate) fn finish(table: &PickTable, id: &str, raw: &[u8]) -> Result<Value, ServeError> {
     let report = finish_report(raw)?;
     let id = pick_id(id)?;
-    let mut guard = state.inner.picks.take(id).ok_or_else(|| unknown(id))?;
+    let state = table.state();
+    let mut guard = table.take(id).ok_or_else(|| unknown(id))?;
     let end = report.status.unwrap_or(End::Ok);
     let metrics = &state.inner.metrics;
     match end {
