@@ -336,3 +336,25 @@ async fn bad_pick_flags_are_refused_naming_the_flag() {
         assert!(err.contains(flag), "{err}");
     }
 }
+
+#[tokio::test]
+async fn the_table_of_outstanding_picks_is_bounded() {
+    let s = serve("1", &["--pick-max-outstanding", "2"]).await;
+    let a = s.pick(&[], json!({"token_ids": ids(0, 0)})).await;
+    let _b = s.pick(&[], json!({"token_ids": ids(1, 0)})).await;
+    let (status, v) = s
+        .post("/v1/pick", &[], json!({"token_ids": ids(2, 0)}))
+        .await;
+    assert_eq!(status, 529, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--pick-max-outstanding"),
+        "{v}"
+    );
+    // The refused pick left no load behind; a finish makes room again.
+    assert_eq!(s.metric("kvrouter_worker_active_requests{").await, 2.0);
+    assert_eq!(s.report(&a["id"], "finish", json!({})).await, 200);
+    s.pick(&[], json!({"token_ids": ids(3, 0)})).await;
+}
