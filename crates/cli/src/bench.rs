@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 mod client;
+mod pick;
 
 use client::{send, Outcome, Shared};
 
@@ -84,6 +85,11 @@ pub(crate) struct BenchArgs {
     /// router ends early are counted as ended early, not as failures.
     #[arg(long)]
     pub(crate) group_need: Option<u32>,
+    /// Drive the router's pick API instead of proxying: ask `POST /v1/pick` where each request
+    /// goes (with its headers), send it to that worker directly, and report its first token
+    /// and finish (the topology of a client that keeps its own engine connections).
+    #[arg(long, conflicts_with = "group_need")]
+    pub(crate) pick: bool,
     /// Name of the run in reports.
     #[arg(long, default_value = "bench")]
     pub(crate) name: String,
@@ -249,6 +255,7 @@ async fn replay(
             sizes
         }),
         group_need: args.group_need,
+        pick: args.pick,
     });
     let deadline = Time::from_secs_f64(args.duration_s);
     let text_prompts = args.prompt_format == "text";

@@ -14,4 +14,5 @@ pub(crate) const ADMIN: &str = "Admin API";
 pub(crate) const HTTP: &str = "Client connections and shutdown";
 pub(crate) const OBSERVABILITY: &str = "Observability";
 pub(crate) const REPLICAS: &str = "Router replicas (NATS sync)";
+pub(crate) const PICKER: &str = "Pick API and Gateway endpoint picker (ext_proc)";
 pub(crate) const DISCOVERY: &str = "Worker discovery (etcd, Kubernetes)";

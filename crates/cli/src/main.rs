@@ -7,6 +7,7 @@ mod headings;
 mod layered;
 mod mock_engine;
 mod print_config;
+mod picker_args;
 mod routing_args;
 mod serve;
 mod sim;

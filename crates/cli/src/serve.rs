@@ -16,6 +16,9 @@ use std::sync::Arc;
 /// Flags of `kvrouter serve`, named as in the seeds' frontend where it has one.
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
+    /// The pick API's leases and bounds.
+    #[command(flatten)]
+    picker: crate::picker_args::PickerArgs,
     /// Address to listen on.
     #[arg(help_heading = H::LISTEN, long, default_value = "127.0.0.1")]
     host: String,
@@ -417,6 +420,7 @@ impl ServeArgs {
             kv_ingest: self.kv_ingest()?,
             discovery: self.discovery.config()?,
             replica_sync: self.replica_sync()?,
+            picks: self.picker.picks()?,
             ..ServeConfig::default()
         })
     }
@@ -524,11 +528,29 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("--host/--port: binding {addr}"))?;
     // The embedded engines are started here, not by the server, and stopped after it drained.
+    let ext_proc = args.picker.ext_proc()?;
     let serving =
         crate::embedded::Serving::start(config, &mock_engine, args.mock_workers, listener).await?;
     let server = &serving.server;
+    // The ext_proc endpoint picker, on its own port, over the same state.
+    let (stop_ext_proc, ext_proc_task, ext_proc_line) = match args.picker.ext_proc_port {
+        None => (None, None, String::new()),
+        Some(port) => {
+            let addr = format!("{}:{port}", args.host);
+            let listener = tokio::net::TcpListener::bind(&addr)
+                .await
+                .with_context(|| format!("--host/--ext-proc-port: binding {addr}"))?;
+            let bound = listener.local_addr()?;
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let service = kvrouter_ext_proc::ExtProc::new(server.state.clone(), ext_proc);
+            let task = tokio::spawn(kvrouter_ext_proc::serve(listener, service, async {
+                let _ = rx.await;
+            }));
+            (Some(tx), Some(task), format!(" ext_proc={bound}"))
+        }
+    };
     let first = format!(
-        "kvrouter serve listening on http://{} mode={} workers={}",
+        "kvrouter serve listening on http://{} mode={} workers={}{ext_proc_line}",
         server.addr,
         args.routing.router_mode,
         server.state.worker_count()
@@ -545,6 +567,12 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     shutdown_signal().await?;
+    if let Some(tx) = stop_ext_proc {
+        let _ = tx.send(());
+    }
+    if let Some(task) = ext_proc_task {
+        let _ = task.await;
+    }
     serving.stop().await;
     Ok(())
 }

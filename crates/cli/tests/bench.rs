@@ -283,3 +283,62 @@ async fn a_repeated_url_spreads_requests_round_robin() {
     assert_eq!((served(&a).await, served(&b).await), (4, 4));
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[tokio::test]
+async fn pick_mode_asks_the_router_and_sends_to_the_worker_directly() {
+    let server = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "2",
+        "--mock-speedup-ratio",
+        "50",
+    ])
+    .await;
+    let out = temp("pick");
+    std::fs::create_dir_all(&out).unwrap();
+    let (output, summary) = bench(
+        &[
+            "--url",
+            &server.http(),
+            "--workload",
+            "grpo",
+            "--workload-args",
+            "prompts=3,group_size=4,steps=2,output_median=40,output_cap=64",
+            "--group-sizes",
+            "--pick",
+        ],
+        &out,
+    )
+    .await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let s = summary.expect("summary.json");
+    assert_eq!(s["completed"], 24, "{s}");
+    assert!(s["hit_rate"].as_f64().unwrap() > 0.3, "{s}");
+    // Every request was a pick, reported finished; none went through the proxy.
+    let metrics = reqwest::get(format!("{}/metrics", server.http()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |prefix: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(
+        value("kvrouter_picks_total{source=\"api\",end=\"finished\"}"),
+        24.0
+    );
+    assert_eq!(value("kvrouter_picks_outstanding"), 0.0);
+    assert_eq!(value("kvrouter_worker_active_requests{"), 0.0);
+    let _ = std::fs::remove_dir_all(out);
+}

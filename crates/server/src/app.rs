@@ -4,6 +4,7 @@ use crate::auth;
 use crate::config::WorkerEntry;
 use crate::error::ServeError;
 use crate::metrics::{counter_header, gauge_header};
+use crate::picks::PickTable;
 use crate::registry;
 use crate::routing::Kind;
 use crate::state::AppState;
@@ -18,6 +19,7 @@ use kvrouter_core::event::Medium;
 use kvrouter_core::ids::WorkerId;
 use serde_json::{json, Value};
 use std::fmt::Write;
+use std::sync::Arc;
 
 /// The largest request body accepted.
 const MAX_BODY_BYTES: usize = kvrouter_openai::MAX_REQUEST_BODY_BYTES;
@@ -38,6 +40,8 @@ pub fn app(state: AppState) -> Router {
         .fallback(crate::error::unknown_route)
         .method_not_allowed_fallback(crate::error::wrong_method)
         .layer(from_fn_with_state(state.clone(), auth::admin));
+    // Outstanding picks live with the pick routes: dropping the router ends them.
+    let picks = Arc::new(PickTable::new(state.clone()));
     let sessions = Router::new()
         .route("/v1/sessions/{id}", delete(release_session))
         .route("/finish_session", post(finish_session))
@@ -46,6 +50,12 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/pick", post(pick).with_state(picks.clone()))
+        .route(
+            "/v1/pick/{id}/first-token",
+            post(pick_first_token).with_state(picks.clone()),
+        )
+        .route("/v1/pick/{id}/finish", post(pick_finish).with_state(picks))
         .route("/health", get(health))
         .route("/live", get(live))
         .route("/ready", get(health))
@@ -71,6 +81,30 @@ async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes)
     crate::request::handle(s, Kind::Completion, headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn pick(State(t): State<Arc<PickTable>>, headers: HeaderMap, body: Bytes) -> Response {
+    crate::request::pick::pick(&t, headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn pick_first_token(State(t): State<Arc<PickTable>>, Path(id): Path<String>) -> Response {
+    match crate::request::pick::first_token(&t, &id) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn pick_finish(
+    State(t): State<Arc<PickTable>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    match crate::request::pick::finish(&t, &id, &body) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn models(State(s): State<AppState>) -> Json<Value> {

@@ -126,6 +126,8 @@ pub struct ServeConfig {
     pub discovery: Option<DiscoveryConfig>,
     /// Router replicas sharing state over NATS (`--replica-sync`); `None` = one router alone.
     pub replica_sync: Option<ReplicaSyncConfig>,
+    /// The pick API's leases and bounds (`POST /v1/pick`, ext_proc).
+    pub picks: PickConfig,
 }
 
 impl Default for ServeConfig {
@@ -157,6 +159,7 @@ impl Default for ServeConfig {
             kv_ingest: IngestConfig::default(),
             discovery: None,
             replica_sync: None,
+            picks: PickConfig::default(),
         }
     }
 }
@@ -350,5 +353,27 @@ impl ReplicaSyncConfig {
             return Err("--replica-outbox-max-events must be at least 1".into());
         }
         Ok(())
+    }
+/// Leases and bounds of placements handed out without forwarding (`kvrouter serve --pick-*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PickConfig {
+    /// A pick with no first token and no finish reported within this time expires and its
+    /// load is released (`--pick-lease-secs`).
+    pub lease: Duration,
+    /// A pick whose first token was reported expires this long after it, unless finished
+    /// (`--pick-max-duration-secs`): a caller that died mid-generation does not hold load
+    /// forever.
+    pub max_duration: Duration,
+    /// Outstanding picks at most; more are refused with 529 (`--pick-max-outstanding`).
+    pub max_outstanding: usize,
+}
+
+impl Default for PickConfig {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(30),
+            max_duration: Duration::from_secs(600),
+            max_outstanding: 65_536,
+        }
     }
 }

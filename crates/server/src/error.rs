@@ -143,7 +143,7 @@ impl From<kvrouter_openai::RequestError> for ServeError {
 }
 
 /// 529, the status the seeds' frontend answers when it sheds load.
-fn overloaded() -> StatusCode {
+pub(crate) fn overloaded() -> StatusCode {
     StatusCode::from_u16(529).expect("529 is a valid status code")
 }
 

@@ -257,10 +257,34 @@ impl LoadGuard {
         }
     }
 
+    /// The answer ended: its usage is read from the tail of the body.
     pub(crate) fn finish(&mut self) {
         if self.done {
             return;
         }
+        let usage = kvrouter_openai::usage::find(&self.tail, self.stream);
+        self.finish_with(usage);
+    }
+
+    /// The caller of a pick reported the first token (the pick API and ext_proc, where the
+    /// answer does not pass through the router).
+    pub(crate) fn first_token(&mut self) {
+        if self.attempt_first.is_none() {
+            self.on_chunks(&[], 1);
+        }
+    }
+
+    /// The caller of a pick reported the end, with the answer's usage when it knows it (an
+    /// OpenAI `usage` object: `completion_tokens`, `prompt_tokens`, ...).
+    pub(crate) fn finish_reported(&mut self, usage: Option<Value>) {
+        if self.done {
+            return;
+        }
+        self.counts_as_sample = true;
+        self.finish_with(usage);
+    }
+
+    fn finish_with(&mut self, usage: Option<Value>) {
         self.done = true;
         let inner = &self.state.inner;
         inner.release(self.id, Release::Finished);
@@ -271,7 +295,6 @@ impl LoadGuard {
         m.duration.observe(self.arrival.elapsed().as_secs_f64());
         m.requests
             .inc(&[("status", "ok"), ("mode", self.mode.as_str())]);
-        let usage = kvrouter_openai::usage::find(&self.tail, self.stream);
         let output = self.carried
             + usage
                 .as_ref()

@@ -16,6 +16,9 @@
 //! - `ingest`: libzmq subscribers (a thread per rank), reconnect re-syncs, sequence-gap recovery, bounded slices. `metrics`: Prometheus text.
 //! - `replica`: router replicas sharing load, placements, sessions, versions and the
 //!   weight-update lease over NATS (`--replica-sync`).
+//! - [`placement`]: placements for hosts that carry the request themselves (ext_proc).
+//! - `picks`: outstanding picks of the pick API under their leases, and the reaper that
+//!   expires them (the table lives with the pick routes); `request::pick`: the pick API.
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
 //! - `error`: the one mapping from errors to HTTP responses.
 //!
@@ -38,6 +41,8 @@ mod headers;
 mod health;
 mod ingest;
 mod metrics;
+mod picks;
+pub mod placement;
 pub mod provenance;
 mod queue;
 mod registry;
@@ -52,7 +57,8 @@ mod weight_source;
 
 pub use app::app;
 pub use config::{
-    HealthConfig, IngestConfig, ServeConfig, SessionReleaseAuth, WorkerEntry, WorkersFile,
+    HealthConfig, IngestConfig, PickConfig, ServeConfig, SessionReleaseAuth, WorkerEntry,
+    WorkersFile,
 };
 pub use error::ServeError;
 pub use state::AppState;

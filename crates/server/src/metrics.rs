@@ -111,6 +111,10 @@ pub(crate) struct Metrics {
     pub(crate) discovery_changes: Counters,
     /// Reconnects to a discovery source, by source.
     pub(crate) discovery_reconnects: Counters,
+    /// Picks of the pick API and ext_proc by how they ended (finished, cancelled, expired).
+    pub(crate) picks: Counters,
+    /// Picks of the pick API not yet finished or expired.
+    pub(crate) picks_outstanding: std::sync::atomic::AtomicU64,
 }
 
 impl Metrics {
@@ -138,6 +142,8 @@ impl Metrics {
             prompt_token_mismatches: Counters::default(),
             discovery_changes: Counters::default(),
             discovery_reconnects: Counters::default(),
+            picks: Counters::default(),
+            picks_outstanding: Default::default(),
         }
     }
 
@@ -249,6 +255,20 @@ impl Metrics {
             "kvrouter_discovery_reconnects_total",
             "Times a discovery source's watch was lost and set up again, by source.",
         );
+        self.picks.render(
+            out,
+            "kvrouter_picks_total",
+            "Placements handed out without forwarding (pick API, ext_proc), by source and how they ended (finished, cancelled, expired).",
+        );
+        gauge_header(
+            out,
+            "kvrouter_picks_outstanding",
+            "Picks handed out by the pick API and not yet finished or expired.",
+        );
+        let outstanding = self
+            .picks_outstanding
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let _ = writeln!(out, "kvrouter_picks_outstanding {outstanding}");
     }
 }
 

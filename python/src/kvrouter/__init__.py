@@ -3,7 +3,7 @@ router-run weight-update cycle, and a helper that runs ``kvrouter serve`` for te
 
 Layout: ``headers`` (request headers), ``client`` (calls and answers), ``stream`` (streamed
 answers), ``admin`` (admin API and weight updates), ``provenance`` (response headers and the
-provenance log), ``errors`` (typed errors), ``server`` (the subprocess helper).
+provenance log), ``pick`` (the pick API's answers), ``errors`` (typed errors), ``server`` (the subprocess helper).
 """
 
 from .admin import AdminClient, PolicyStatus, UpdateCycle, UpdateMode, WorkerPolicy
@@ -22,6 +22,7 @@ from .errors import (
     WeightUpdateTimeout,
 )
 from .headers import RolloutHeaders
+from .pick import Pick, PickEvent, PickStatus
 from .provenance import Provenance, ProvenanceRecord, fingerprint_version, read_provenance_log, wait_for_provenance
 from .server import KvrouterServer, find_binary, free_port
 from .stream import Stream
@@ -37,6 +38,9 @@ __all__ = [
     "KvrouterError",
     "KvrouterServer",
     "NotFoundError",
+    "Pick",
+    "PickEvent",
+    "PickStatus",
     "PolicyStatus",
     "Provenance",
     "ProvenanceRecord",

@@ -12,6 +12,7 @@ import httpx
 
 from .admin import AdminClient
 from .headers import RolloutHeaders
+from .pick import Pick, PickEvent, PickStatus, finish_body
 from .provenance import Provenance
 from .stream import Stream
 from ._transport import Transport
@@ -191,3 +192,58 @@ class AsyncKvrouterClient:
             "POST", "/finish_session", json={"session_id": session_id}, headers=self.admin.auth_headers()
         )
         return bool(body.get("released"))
+
+    async def pick(
+        self,
+        *,
+        token_ids: Sequence[int] | None = None,
+        prompt: str | Sequence[int] | None = None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        model: str | None = None,
+        rl: RolloutHeaders | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        **params: Any,
+    ) -> Pick:
+        """``POST /v1/pick``: where to send a request (give one of ``token_ids``, ``prompt`` or
+        ``messages``), without sending it. Send it to ``pick.url`` yourself, then
+        :meth:`report` its first token and its finish. Raises what a proxied request would
+        (a ``KvrouterError`` with ``status`` 529 when refused under overload,
+        ``ServiceUnavailableError`` ...); may wait in the router
+        queue as a proxied request would."""
+        given = [name for name, v in (("token_ids", token_ids), ("prompt", prompt), ("messages", messages)) if v is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of token_ids, prompt or messages (got {given or 'none'})")
+        body: dict[str, Any] = dict(params)
+        if token_ids is not None:
+            body["token_ids"] = list(token_ids)
+        elif prompt is not None:
+            body["prompt"] = prompt if isinstance(prompt, str) else list(prompt)
+        elif messages is not None:
+            body["messages"] = list(messages)
+        if model or self.model:
+            body["model"] = model or self.model
+        answer = await self._transport.json("POST", "/v1/pick", json=body, headers=_headers(rl, extra_headers))
+        return Pick.from_body(answer)
+
+    async def report(
+        self,
+        pick: Pick | str,
+        event: PickEvent,
+        *,
+        status: PickStatus = "ok",
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+        cached_tokens: int | None = None,
+    ) -> None:
+        """Reports a pick's ``first_token`` (its lease then runs to the router's
+        ``--pick-max-duration-secs``) or its ``finish`` (``status``: ``ok``, ``cancelled`` or
+        ``failed``, with the answer's token counts when known), which releases its load.
+        Raises :class:`kvrouter.NotFoundError` for a pick finished or expired already."""
+        pick_id = pick.id if isinstance(pick, Pick) else pick
+        if event == "first_token":
+            await self._transport.json("POST", f"/v1/pick/{pick_id}/first-token", json={})
+        elif event == "finish":
+            body = finish_body(status, prompt_tokens, completion_tokens, cached_tokens)
+            await self._transport.json("POST", f"/v1/pick/{pick_id}/finish", json=body)
+        else:
+            raise ValueError(f"event must be 'first_token' or 'finish', not {event!r}")

@@ -36,6 +36,8 @@ pub(super) struct Shared {
     /// Requests per group, when sizes are sent.
     pub(super) group_sizes: Option<std::collections::HashMap<u64, u32>>,
     pub(super) group_need: Option<u32>,
+    /// Ask the pick API where to send each request, then send it there directly.
+    pub(super) pick: bool,
 }
 
 impl Shared {
@@ -79,22 +81,48 @@ async fn stream_one(
     group: Option<u64>,
     out: &mut Outcome,
 ) -> Result<(), String> {
-    let mut req = shared
-        .client
-        .post(format!("{}/v1/completions", shared.url()))
-        .json(&body);
+    let mut headers: Vec<(&'static str, String)> = Vec::new();
     if let (true, Some(s)) = (shared.session_header, session) {
-        req = req.header("x-session-id", s.to_string());
+        headers.push(("x-session-id", s.to_string()));
     }
     if let (true, Some(g)) = (shared.group_header, group) {
-        req = req.header("x-kvrouter-group-id", g.to_string());
+        headers.push(("x-kvrouter-group-id", g.to_string()));
         if let Some(size) = shared.group_sizes.as_ref().and_then(|m| m.get(&g)) {
-            req = req.header("x-kvrouter-group-size", size.to_string());
+            headers.push(("x-kvrouter-group-size", size.to_string()));
         }
         if let Some(n) = shared.group_need {
-            req = req.header("x-kvrouter-group-need", n.to_string());
+            headers.push(("x-kvrouter-group-need", n.to_string()));
         }
     }
+    if !shared.pick {
+        let mut req = shared
+            .client
+            .post(format!("{}/v1/completions", shared.url()))
+            .json(&body);
+        for (k, v) in headers {
+            req = req.header(k, v);
+        }
+        return stream_from(shared, req, out, None).await;
+    }
+    let picked = super::pick::pick(shared, &body, &headers).await?;
+    let req = shared
+        .client
+        .post(format!("{}/v1/completions", picked.url))
+        .json(&body);
+    out.worker = Some(picked.worker);
+    let result = stream_from(shared, req, out, Some(&picked)).await;
+    super::pick::finish(shared, &picked, result.is_ok(), out).await;
+    result
+}
+
+/// Sends `req` and folds its streamed answer into `out` (reporting the first token of a
+/// pick, if any).
+async fn stream_from(
+    shared: &Shared,
+    req: reqwest::RequestBuilder,
+    out: &mut Outcome,
+    picked: Option<&super::pick::Picked>,
+) -> Result<(), String> {
     let resp = req.send().await.map_err(|e| format!("send: {e}"))?;
     let status = resp.status();
     if !status.is_success() {
@@ -104,10 +132,12 @@ async fn stream_one(
             text.chars().take(200).collect::<String>()
         ));
     }
-    out.worker = resp
-        .headers()
-        .get("x-kvrouter-worker")
-        .and_then(|v| v.to_str().ok()?.parse().ok());
+    if picked.is_none() {
+        out.worker = resp
+            .headers()
+            .get("x-kvrouter-worker")
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+    }
     let mut stream = resp.bytes_stream();
     let mut events = sse::EventSplitter::new();
     let mut done = false;
@@ -120,7 +150,11 @@ async fn stream_one(
                     done = true;
                     continue;
                 }
+                let first = out.first_token.is_none();
                 on_chunk(shared.now(), data, out)?;
+                if let (true, Some(_), Some(p)) = (first, out.first_token, picked) {
+                    super::pick::first_token(shared, p).await;
+                }
             }
         }
     }

@@ -163,7 +163,12 @@ pub(crate) async fn attempt(
 }
 
 /// The load guard of one attempt.
-fn guard_for(req: &Request, id: RequestId, decision: &Decision, origin: &Origin) -> LoadGuard {
+pub(super) fn guard_for(
+    req: &Request,
+    id: RequestId,
+    decision: &Decision,
+    origin: &Origin,
+) -> LoadGuard {
     let worker = decision.rank.worker;
     let guard = LoadGuard::new(req.state.clone(), id, worker, req.arrival, req.stream)
         .in_group(req.admission.group);

@@ -15,6 +15,7 @@ mod coalesce;
 mod continuation;
 mod forward;
 mod parse;
+pub(crate) mod pick;
 mod respond;
 
 use crate::error::ServeError;

@@ -42,6 +42,18 @@ pub(super) async fn parse(
 ) -> Result<Request, ServeError> {
     let body: Value = serde_json::from_slice(&raw)
         .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    parse_body(state, kind, headers, raw, body, arrival).await
+}
+
+/// [`parse`] of a body already read as JSON (`raw`: the bytes a first attempt sends).
+pub(super) async fn parse_body(
+    state: AppState,
+    kind: Kind,
+    headers: &HeaderMap,
+    raw: Bytes,
+    body: Value,
+    arrival: Instant,
+) -> Result<Request, ServeError> {
     if !body.is_object() {
         return Err(ServeError::invalid("the body must be a JSON object", None));
     }

@@ -104,6 +104,11 @@ fn headers(
 }
 
 fn decision_header(d: &Decision) -> Option<HeaderValue> {
+    HeaderValue::from_str(&decision_json(d).to_string()).ok()
+}
+
+/// The decision and every candidate's score breakdown, as JSON.
+pub(crate) fn decision_json(d: &Decision) -> Value {
     let compact: Vec<Value> = d
         .candidates
         .iter()
@@ -115,8 +120,7 @@ fn decision_header(d: &Decision) -> Option<HeaderValue> {
             })
         })
         .collect();
-    let v = serde_json::json!({"mode": d.mode.as_str(), "worker": d.rank.worker.0, "dp_rank": d.rank.dp_rank, "candidates": compact});
-    HeaderValue::from_str(&v.to_string()).ok()
+    serde_json::json!({"mode": d.mode.as_str(), "worker": d.rank.worker.0, "dp_rank": d.rank.dp_rank, "candidates": compact})
 }
 
 /// The whole answer of a request ended before it produced anything because its group has

@@ -1,0 +1,254 @@
+//! Router CPU per placement without forwarding, measured as `overhead` measures the proxy: the
+//! router as its own process (pinned to one core with `taskset` when it exists), the load
+//! generator in this process, router CPU time from /proc divided by the requests.
+//!
+//! - pick API: `POST /v1/pick` (a 2,048-token prompt as token ids) + `POST /v1/pick/{id}/finish`,
+//!   at concurrency 16 over keep-alive HTTP/1.1.
+//! - ext_proc: one full Envoy exchange per request (request headers, the same prompt's body,
+//!   response headers, three response body chunks, the last ending the stream), at
+//!   concurrency 64, each task on its own keep-alive gRPC connection.
+//!
+//! `cargo bench -p kvrouter --bench picker`    (bounded: a few thousand loopback requests)
+
+#![allow(missing_docs)]
+
+use ep::external_processor_client::ExternalProcessorClient;
+use ep::processing_request::Request as In;
+use kvrouter_ext_proc::pb::envoy::config::core::v3 as core;
+use kvrouter_ext_proc::pb::envoy::service::ext_proc::v3 as ep;
+use serde_json::json;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kvrouter");
+const PROMPT_TOKENS: u64 = 2048;
+const FAMILIES: u64 = 32;
+
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let f: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// A 2,048-token prompt: a 1,536-token prefix shared by its family, then its own tail.
+fn prompt(i: u64) -> Vec<u64> {
+    let family = i % FAMILIES;
+    let mut ids: Vec<u64> = (0..1536).map(|t| 1000 + family * 2000 + t).collect();
+    ids.extend((0..PROMPT_TOKENS - 1536).map(|t| 100_000 + (i * 7919 + t) % 20_000));
+    ids
+}
+
+async fn pick_pairs(base: &str, pid: u32, n: u64, concurrency: u64) -> f64 {
+    let client = reqwest::Client::new();
+    let bodies: Vec<Vec<u8>> = (0..n)
+        .map(|i| serde_json::to_vec(&json!({"token_ids": prompt(i)})).unwrap())
+        .collect();
+    let bodies = std::sync::Arc::new(bodies);
+    let before = cpu_seconds(pid);
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|c| {
+            let (client, base, bodies) = (client.clone(), base.to_owned(), bodies.clone());
+            tokio::spawn(async move {
+                for i in (c..n).step_by(concurrency as usize) {
+                    let r = client
+                        .post(format!("{base}/v1/pick"))
+                        .header("content-type", "application/json")
+                        .body(bodies[i as usize].clone())
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 200);
+                    let v: serde_json::Value = r.json().await.unwrap();
+                    let id = v["id"].as_str().unwrap();
+                    let r = client
+                        .post(format!("{base}/v1/pick/{id}/finish"))
+                        .json(&json!({"completion_tokens": 16}))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 200);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (cpu_seconds(pid) - before) / n as f64
+}
+
+fn msg(r: In) -> ep::ProcessingRequest {
+    ep::ProcessingRequest {
+        request: Some(r),
+        ..Default::default()
+    }
+}
+
+fn exchange_messages(i: u64) -> Vec<ep::ProcessingRequest> {
+    let h = |pairs: &[(&str, &str)]| core::HeaderMap {
+        headers: pairs
+            .iter()
+            .map(|(k, v)| core::HeaderValue {
+                key: (*k).into(),
+                raw_value: v.as_bytes().to_vec(),
+                ..Default::default()
+            })
+            .collect(),
+    };
+    let body =
+        json!({"model": "mock-model", "prompt": prompt(i), "max_tokens": 16, "stream": true});
+    let mut first = msg(In::RequestHeaders(ep::HttpHeaders {
+        headers: Some(h(&[
+            (":method", "POST"),
+            (":path", "/v1/completions"),
+            ("content-type", "application/json"),
+        ])),
+        ..Default::default()
+    }));
+    first.protocol_config = Some(ep::ProtocolConfiguration {
+        request_body_mode: 2,
+        response_body_mode: 2,
+        ..Default::default()
+    });
+    let chunk = |b: &[u8], eos| {
+        msg(In::ResponseBody(ep::HttpBody {
+            body: b.to_vec(),
+            end_of_stream: eos,
+            ..Default::default()
+        }))
+    };
+    vec![
+        first,
+        msg(In::RequestBody(ep::HttpBody {
+            body: serde_json::to_vec(&body).unwrap(),
+            end_of_stream: true,
+            ..Default::default()
+        })),
+        msg(In::ResponseHeaders(ep::HttpHeaders {
+            headers: Some(h(&[(":status", "200")])),
+            ..Default::default()
+        })),
+        chunk(b"data: {\"choices\":[{\"text\":\"a\"}]}\n\n", false),
+        chunk(b"data: {\"choices\":[{\"text\":\"b\"}]}\n\n", false),
+        chunk(
+            b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
+            true,
+        ),
+    ]
+}
+
+async fn ext_proc_exchanges(addr: &str, pid: u32, n: u64, concurrency: u64) -> f64 {
+    let mut clients = Vec::new();
+    for _ in 0..concurrency {
+        // One keep-alive HTTP/2 connection per task, as a gateway worker thread holds one.
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        clients.push(ExternalProcessorClient::new(channel));
+    }
+    let before = cpu_seconds(pid);
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(c, mut client)| {
+            tokio::spawn(async move {
+                for i in (c as u64..n).step_by(concurrency as usize) {
+                    let (tx, rx) = tokio::sync::mpsc::channel(8);
+                    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+                    let mut inbound = client.process(stream).await.unwrap().into_inner();
+                    for m in exchange_messages(i) {
+                        tx.send(m).await.unwrap();
+                        inbound.message().await.unwrap().expect("a response");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (cpu_seconds(pid) - before) / n as f64
+}
+
+#[tokio::main]
+async fn main() {
+    let taskset = std::process::Command::new("taskset")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let mut cmd = if taskset {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0", BIN]);
+        c
+    } else {
+        Command::new(BIN)
+    };
+    let args = [
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "4",
+        "--ext-proc-port",
+        "0",
+    ];
+    let mut child = cmd
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let field = |p: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(p))
+            .unwrap()
+            .to_owned()
+    };
+    let (base, grpc) = (format!("http://{}", field("http://")), field("ext_proc="));
+    let pid = child.id().unwrap();
+    // The router process counts its embedded engines' CPU too; they are idle here (nothing is
+    // forwarded to them), which the idle sample below bounds.
+    let idle_start = cpu_seconds(pid);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle_per_s = (cpu_seconds(pid) - idle_start) / 2.0;
+    // Warm up (caches, connections, the index's families), then measure.
+    pick_pairs(&base, pid, 500, 16).await;
+    let started = Instant::now();
+    let pick = pick_pairs(&base, pid, 4000, 16).await;
+    let pick_wall = started.elapsed();
+    ext_proc_exchanges(&grpc, pid, 500, 64).await;
+    let started = Instant::now();
+    let ext = ext_proc_exchanges(&grpc, pid, 4000, 64).await;
+    let ext_wall = started.elapsed();
+    println!(
+        "router idle CPU: {:.1} ms/s (embedded engines, timers)",
+        idle_per_s * 1e3
+    );
+    println!(
+        "pick + finish, {PROMPT_TOKENS}-token prompt as token ids, concurrency 16: {:.1} µs router CPU per pair ({:.0} pairs/s)",
+        pick * 1e6,
+        4000.0 / pick_wall.as_secs_f64()
+    );
+    println!(
+        "ext_proc full exchange, {PROMPT_TOKENS}-token prompt, concurrency 64, keep-alive gRPC: {:.1} µs router CPU per exchange ({:.0} exchanges/s)",
+        ext * 1e6,
+        4000.0 / ext_wall.as_secs_f64()
+    );
+}

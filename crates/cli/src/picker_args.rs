@@ -1,0 +1,84 @@
+//! `kvrouter serve`'s flags of the pick API (`POST /v1/pick`) and its leases.
+
+use crate::headings as H;
+use clap::Args;
+use kvrouter_server::PickConfig;
+
+/// The pick API's leases and bounds.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct PickerArgs {
+    /// Seconds a pick (POST /v1/pick) may go without a first-token or finish report before it
+    /// expires and its load is released.
+    #[arg(help_heading = H::PICKER, long, default_value_t = 30.0)]
+    pick_lease_secs: f64,
+    /// Seconds a pick whose first token was reported may go without a finish report before it
+    /// expires and its load is released.
+    #[arg(help_heading = H::PICKER, long, default_value_t = 600.0)]
+    pick_max_duration_secs: f64,
+    /// Outstanding picks at most; more are refused with 529.
+    #[arg(help_heading = H::PICKER, long, default_value_t = 65_536)]
+    pick_max_outstanding: usize,
+    /// Serve Envoy's external processing (ext_proc) gRPC service on this port, as a Gateway
+    /// API Inference Extension endpoint picker (0 picks a free one; unset = off).
+    #[arg(help_heading = H::PICKER, long)]
+    pub(crate) ext_proc_port: Option<u16>,
+    /// What the endpoint picker answers when it cannot place a request: closed (an immediate
+    /// 503/429/400/504 response) or open (the request goes on without a destination).
+    #[arg(help_heading = H::PICKER, long, value_enum, default_value_t = ExtProcFailureMode::Closed)]
+    ext_proc_failure_mode: ExtProcFailureMode,
+    /// Next-best workers the endpoint picker names after the chosen one (gateway fallbacks).
+    #[arg(help_heading = H::PICKER, long, default_value_t = 1)]
+    ext_proc_fallbacks: usize,
+    /// Seconds a placement over ext_proc may take (router queue included) before the failure
+    /// mode applies; keep it below the gateway's ext_proc message_timeout.
+    #[arg(help_heading = H::PICKER, long, default_value_t = 10.0)]
+    ext_proc_pick_timeout_secs: f64,
+}
+
+/// `--ext-proc-failure-mode`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ExtProcFailureMode {
+    /// Refuse the request with an immediate response.
+    Closed,
+    /// Let the request go on without a destination.
+    Open,
+}
+
+impl PickerArgs {
+    /// The validated pick settings.
+    pub(crate) fn picks(&self) -> anyhow::Result<PickConfig> {
+        let positive = |v: f64, flag: &str| {
+            std::time::Duration::try_from_secs_f64(v)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| anyhow::anyhow!("{flag} must be a positive number of seconds"))
+        };
+        if self.pick_max_outstanding == 0 {
+            anyhow::bail!("--pick-max-outstanding must be at least 1");
+        }
+        Ok(PickConfig {
+            lease: positive(self.pick_lease_secs, "--pick-lease-secs")?,
+            max_duration: positive(self.pick_max_duration_secs, "--pick-max-duration-secs")?,
+            max_outstanding: self.pick_max_outstanding,
+        })
+    }
+
+    /// The validated ext_proc settings.
+    pub(crate) fn ext_proc(&self) -> anyhow::Result<kvrouter_ext_proc::ExtProcConfig> {
+        let pick_timeout = std::time::Duration::try_from_secs_f64(self.ext_proc_pick_timeout_secs)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                anyhow::anyhow!("--ext-proc-pick-timeout-secs must be a positive number of seconds")
+            })?;
+        Ok(kvrouter_ext_proc::ExtProcConfig {
+            failure_mode: match self.ext_proc_failure_mode {
+                ExtProcFailureMode::Closed => kvrouter_ext_proc::FailureMode::Closed,
+                ExtProcFailureMode::Open => kvrouter_ext_proc::FailureMode::Open,
+            },
+            fallbacks: self.ext_proc_fallbacks,
+            pick_timeout,
+            ..Default::default()
+        })
+    }
+}

@@ -1,0 +1,516 @@
+//! `kvrouter serve --ext-proc-port` as a Gateway API endpoint picker, driven the way Envoy
+//! drives it: a gRPC client replays Envoy's message sequence (request headers, body chunks,
+//! response headers, response body, trailers) in buffered and full-duplex body modes, with
+//! cancellation mid-stream; and a small HTTP proxy in the test asks the picker over ext_proc and
+//! forwards to `kvrouter mock-engine` processes.
+
+mod common;
+
+use ep::external_processor_client::ExternalProcessorClient;
+use ep::processing_request::Request as In;
+use ep::processing_response::Response as Out;
+use kvrouter_ext_proc::pb::envoy::config::core::v3 as core;
+use kvrouter_ext_proc::pb::envoy::service::ext_proc::v3 as ep;
+use prost_types::value::Kind as V;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+const BUFFERED: i32 = 2;
+const FULL_DUPLEX: i32 = 4;
+
+/// One ext_proc stream, as Envoy holds it for one HTTP request.
+struct Envoy {
+    tx: mpsc::Sender<ep::ProcessingRequest>,
+    rx: tonic::Streaming<ep::ProcessingResponse>,
+}
+
+impl Envoy {
+    async fn open(client: &mut ExternalProcessorClient<tonic::transport::Channel>) -> Self {
+        let (tx, rx) = mpsc::channel(16);
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let rx = client.process(stream).await.expect("stream").into_inner();
+        Self { tx, rx }
+    }
+
+    async fn send(&mut self, m: ep::ProcessingRequest) {
+        self.tx.send(m).await.expect("stream open");
+    }
+
+    async fn recv(&mut self) -> ep::ProcessingResponse {
+        tokio::time::timeout(Duration::from_secs(20), self.rx.message())
+            .await
+            .expect("a response in time")
+            .expect("no stream error")
+            .expect("a response")
+    }
+}
+
+async fn connect(addr: &str) -> ExternalProcessorClient<tonic::transport::Channel> {
+    ExternalProcessorClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect")
+}
+
+fn header_map(pairs: &[(&str, &str)]) -> Option<core::HeaderMap> {
+    Some(core::HeaderMap {
+        headers: pairs
+            .iter()
+            .map(|(k, v)| core::HeaderValue {
+                key: (*k).into(),
+                raw_value: v.as_bytes().to_vec(),
+                ..Default::default()
+            })
+            .collect(),
+    })
+}
+
+fn msg(r: In) -> ep::ProcessingRequest {
+    ep::ProcessingRequest {
+        request: Some(r),
+        ..Default::default()
+    }
+}
+
+/// The first message: request headers, the body modes, and the subset hint, if any.
+fn request_headers(
+    mode: i32,
+    extra: &[(&str, &str)],
+    subset: Option<&[String]>,
+) -> ep::ProcessingRequest {
+    let mut pairs = vec![
+        (":method", "POST"),
+        (":path", "/v1/completions"),
+        (":authority", "gateway"),
+        ("content-type", "application/json"),
+    ];
+    pairs.extend_from_slice(extra);
+    let mut m = msg(In::RequestHeaders(ep::HttpHeaders {
+        headers: header_map(&pairs),
+        ..Default::default()
+    }));
+    m.protocol_config = Some(ep::ProtocolConfiguration {
+        request_body_mode: mode,
+        response_body_mode: mode,
+        ..Default::default()
+    });
+    m.metadata_context = subset.map(|s| {
+        let list = prost_types::ListValue {
+            values: s
+                .iter()
+                .map(|e| prost_types::Value {
+                    kind: Some(V::StringValue(e.clone())),
+                })
+                .collect(),
+        };
+        let hint = prost_types::Struct {
+            fields: [(
+                kvrouter_ext_proc::SUBSET_KEY.to_owned(),
+                prost_types::Value {
+                    kind: Some(V::ListValue(list)),
+                },
+            )]
+            .into(),
+        };
+        core::Metadata {
+            filter_metadata: [(kvrouter_ext_proc::SUBSET_NAMESPACE.to_owned(), hint)].into(),
+            ..Default::default()
+        }
+    });
+    m
+}
+
+fn request_body(b: &[u8], eos: bool) -> ep::ProcessingRequest {
+    msg(In::RequestBody(ep::HttpBody {
+        body: b.to_vec(),
+        end_of_stream: eos,
+        ..Default::default()
+    }))
+}
+
+fn response_headers(status: u16) -> ep::ProcessingRequest {
+    let status = status.to_string();
+    msg(In::ResponseHeaders(ep::HttpHeaders {
+        headers: header_map(&[(":status", &status), ("content-type", "text/event-stream")]),
+        ..Default::default()
+    }))
+}
+
+fn response_body(b: &[u8], eos: bool) -> ep::ProcessingRequest {
+    msg(In::ResponseBody(ep::HttpBody {
+        body: b.to_vec(),
+        end_of_stream: eos,
+        ..Default::default()
+    }))
+}
+
+fn common_of(r: &ep::ProcessingResponse) -> Option<&ep::CommonResponse> {
+    match r.response.as_ref()? {
+        Out::RequestHeaders(h) | Out::ResponseHeaders(h) => h.response.as_ref(),
+        Out::RequestBody(b) | Out::ResponseBody(b) => b.response.as_ref(),
+        _ => None,
+    }
+}
+
+/// The destination a response names: (header, dynamic metadata).
+fn destination(r: &ep::ProcessingResponse) -> (Option<String>, Option<String>) {
+    let header = common_of(r)
+        .and_then(|c| c.header_mutation.as_ref())
+        .and_then(|m| {
+            m.set_headers
+                .iter()
+                .filter_map(|o| o.header.as_ref())
+                .find(|h| h.key == kvrouter_ext_proc::DESTINATION)
+        })
+        .map(|h| String::from_utf8(h.raw_value.clone()).unwrap());
+    let meta = r
+        .dynamic_metadata
+        .as_ref()
+        .and_then(|m| m.fields.get(kvrouter_ext_proc::LB_NAMESPACE))
+        .and_then(|v| match &v.kind {
+            Some(V::StructValue(s)) => s.fields.get(kvrouter_ext_proc::DESTINATION),
+            _ => None,
+        })
+        .and_then(|v| match &v.kind {
+            Some(V::StringValue(s)) => Some(s.clone()),
+            _ => None,
+        });
+    (header, meta)
+}
+
+fn streamed_body(r: &ep::ProcessingResponse) -> Option<(Vec<u8>, bool)> {
+    match common_of(r)?.body_mutation.as_ref()?.mutation.as_ref()? {
+        ep::body_mutation::Mutation::StreamedResponse(s) => Some((s.body.clone(), s.end_of_stream)),
+        _ => None,
+    }
+}
+
+fn completion(prefix: u64, tail: u64) -> Vec<u8> {
+    let mut ids: Vec<u64> = (0..512).map(|i| 10_000 * (prefix + 1) + i).collect();
+    ids.extend((0..40).map(|i| 900_000 + tail * 100 + i));
+    json!({"model": "mock-model", "prompt": ids, "max_tokens": 3, "stream": true})
+        .to_string()
+        .into_bytes()
+}
+
+async fn metrics(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+fn sum(m: &str, prefix: &str) -> f64 {
+    m.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn await_metric(base: &str, prefix: &str, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let v = sum(&metrics(base).await, prefix);
+        if v == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{prefix} stayed {v}, want {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+const ACTIVE: &str = "kvrouter_worker_active_requests{";
+
+async fn picker(workers: &str, extra: &[&str]) -> (common::Proc, String, String) {
+    let mut args = vec![
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        workers,
+        "--ext-proc-port",
+        "0",
+    ];
+    args.extend(extra);
+    let p = common::spawn(&args).await;
+    let (base, grpc) = (p.http(), p.field("ext_proc"));
+    (p, base, grpc)
+}
+
+const SSE: [&[u8]; 3] = [
+    b"data: {\"choices\":[{\"text\":\"a\"}]}\n\n",
+    b"data: {\"choices\":[{\"text\":\"b\"}]}\n\n",
+    b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":552,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
+];
+
+#[tokio::test]
+async fn buffered_mode_names_the_worker_and_the_answer_releases_it() {
+    let (_p, base, grpc) = picker("2", &[]).await;
+    let mut client = connect(&grpc).await;
+    let mut envoy = Envoy::open(&mut client).await;
+    envoy.send(request_headers(BUFFERED, &[], None)).await;
+    let r = envoy.recv().await;
+    assert!(matches!(r.response, Some(Out::RequestHeaders(_))), "{r:?}");
+    assert_eq!(
+        destination(&r),
+        (None, None),
+        "nothing is chosen before the body"
+    );
+    envoy.send(request_body(&completion(0, 0), true)).await;
+    let r = envoy.recv().await;
+    assert!(matches!(r.response, Some(Out::RequestBody(_))), "{r:?}");
+    let (header, meta) = destination(&r);
+    let header = header.expect("x-gateway-destination-endpoint");
+    assert_eq!(Some(&header), meta.as_ref(), "header and metadata agree");
+    let endpoints: Vec<&str> = header.split(',').collect();
+    assert_eq!(
+        endpoints.len(),
+        2,
+        "the chosen worker and one fallback: {header}"
+    );
+    assert!(endpoints.iter().all(|e| e.starts_with("127.0.0.1:")));
+    assert_ne!(endpoints[0], endpoints[1]);
+    let set: Vec<String> = common_of(&r)
+        .unwrap()
+        .header_mutation
+        .as_ref()
+        .unwrap()
+        .set_headers
+        .iter()
+        .map(|o| o.header.as_ref().unwrap().key.clone())
+        .collect();
+    assert!(
+        set.contains(&"x-kvrouter-worker-id".to_owned()),
+        "{set:?}: for a frontend in direct mode"
+    );
+    assert_eq!(sum(&metrics(&base).await, ACTIVE), 1.0);
+    envoy.send(response_headers(200)).await;
+    assert!(matches!(
+        envoy.recv().await.response,
+        Some(Out::ResponseHeaders(_))
+    ));
+    for (i, chunk) in SSE.iter().enumerate() {
+        envoy.send(response_body(chunk, i == SSE.len() - 1)).await;
+        assert!(matches!(
+            envoy.recv().await.response,
+            Some(Out::ResponseBody(_))
+        ));
+    }
+    envoy
+        .send(msg(In::ResponseTrailers(ep::HttpTrailers::default())))
+        .await;
+    assert!(matches!(
+        envoy.recv().await.response,
+        Some(Out::ResponseTrailers(_))
+    ));
+    let m = metrics(&base).await;
+    assert_eq!(sum(&m, ACTIVE), 0.0);
+    assert_eq!(
+        sum(
+            &m,
+            "kvrouter_picks_total{source=\"ext_proc\",end=\"finished\"}"
+        ),
+        1.0
+    );
+    assert_eq!(sum(&m, "kvrouter_time_to_first_token_seconds_count"), 1.0);
+    assert_eq!(
+        sum(&m, "kvrouter_output_sequence_tokens_sum"),
+        2.0,
+        "usage read from the answer"
+    );
+}
+
+#[tokio::test]
+async fn full_duplex_mode_answers_after_the_body_and_echoes_it() {
+    let (_p, base, grpc) = picker("2", &[]).await;
+    let mut client = connect(&grpc).await;
+    let mut envoy = Envoy::open(&mut client).await;
+    let body = completion(1, 0);
+    envoy.send(request_headers(FULL_DUPLEX, &[], None)).await;
+    let (a, b) = body.split_at(body.len() / 3);
+    let (b, c) = b.split_at(b.len() / 2);
+    envoy.send(request_body(a, false)).await;
+    envoy.send(request_body(b, false)).await;
+    envoy.send(request_body(c, true)).await;
+    let first = envoy.recv().await;
+    assert!(
+        matches!(first.response, Some(Out::RequestHeaders(_))),
+        "{first:?}"
+    );
+    let (header, meta) = destination(&first);
+    assert!(header.is_some() && header == meta, "{first:?}");
+    let echoed = envoy.recv().await;
+    assert_eq!(
+        streamed_body(&echoed),
+        Some((body.clone(), true)),
+        "the body goes on whole"
+    );
+    envoy.send(response_headers(200)).await;
+    envoy.recv().await;
+    envoy.send(response_body(SSE[0], false)).await;
+    assert_eq!(
+        streamed_body(&envoy.recv().await),
+        Some((SSE[0].to_vec(), false))
+    );
+    envoy.send(response_body(SSE[2], true)).await;
+    assert_eq!(
+        streamed_body(&envoy.recv().await),
+        Some((SSE[2].to_vec(), true))
+    );
+    await_metric(&base, ACTIVE, 0.0).await;
+}
+
+#[tokio::test]
+async fn a_stream_cancelled_mid_answer_releases_its_load() {
+    let (_p, base, grpc) = picker("1", &[]).await;
+    let mut client = connect(&grpc).await;
+    let mut envoy = Envoy::open(&mut client).await;
+    envoy.send(request_headers(BUFFERED, &[], None)).await;
+    envoy.recv().await;
+    envoy.send(request_body(&completion(2, 0), true)).await;
+    assert!(destination(&envoy.recv().await).0.is_some());
+    envoy.send(response_headers(200)).await;
+    envoy.recv().await;
+    envoy.send(response_body(SSE[0], false)).await;
+    envoy.recv().await;
+    assert_eq!(sum(&metrics(&base).await, ACTIVE), 1.0);
+    // The client went away: Envoy resets the stream.
+    drop(envoy);
+    await_metric(&base, ACTIVE, 0.0).await;
+    await_metric(
+        &base,
+        "kvrouter_picks_total{source=\"ext_proc\",end=\"cancelled\"}",
+        1.0,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_subset_hint_restricts_the_choice_and_failures_follow_the_failure_mode() {
+    let (_p, base, grpc) = picker("3", &[]).await;
+    let mut client = connect(&grpc).await;
+    // Learn the workers' endpoints from unrestricted picks.
+    let mut seen = std::collections::BTreeSet::new();
+    for prefix in 0..6 {
+        let mut envoy = Envoy::open(&mut client).await;
+        envoy.send(request_headers(BUFFERED, &[], None)).await;
+        envoy.recv().await;
+        envoy.send(request_body(&completion(prefix, 0), true)).await;
+        let (h, _) = destination(&envoy.recv().await);
+        seen.insert(h.unwrap().split(',').next().unwrap().to_owned());
+    }
+    await_metric(&base, ACTIVE, 0.0).await;
+    let only: Vec<String> = seen.iter().take(1).cloned().collect();
+    for prefix in 10..14 {
+        let mut envoy = Envoy::open(&mut client).await;
+        envoy
+            .send(request_headers(BUFFERED, &[], Some(&only)))
+            .await;
+        envoy.recv().await;
+        envoy.send(request_body(&completion(prefix, 0), true)).await;
+        let (h, _) = destination(&envoy.recv().await);
+        assert_eq!(h.unwrap().split(',').next(), Some(only[0].as_str()));
+    }
+    // A subset with no known endpoint: 503, as the protocol asks.
+    let nowhere = vec!["10.255.255.1:1".to_owned()];
+    let mut envoy = Envoy::open(&mut client).await;
+    envoy
+        .send(request_headers(BUFFERED, &[], Some(&nowhere)))
+        .await;
+    envoy.recv().await;
+    envoy.send(request_body(&completion(20, 0), true)).await;
+    match envoy.recv().await.response {
+        Some(Out::ImmediateResponse(i)) => assert_eq!(i.status.unwrap().code, 503),
+        other => panic!("{other:?}"),
+    }
+    // Invalid bodies: closed mode refuses them naming the field.
+    let mut envoy = Envoy::open(&mut client).await;
+    envoy.send(request_headers(BUFFERED, &[], None)).await;
+    envoy.recv().await;
+    envoy
+        .send(request_body(
+            br#"{"model":"mock-model","messages":3}"#,
+            true,
+        ))
+        .await;
+    match envoy.recv().await.response {
+        Some(Out::ImmediateResponse(i)) => {
+            assert_eq!(i.status.unwrap().code, 400);
+            let body: Value = serde_json::from_slice(&i.body).unwrap();
+            assert_eq!(body["error"]["param"], "messages", "{body}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn fail_open_lets_an_unplaceable_request_go_on_without_a_destination() {
+    let (_p, _base, grpc) = picker("1", &["--ext-proc-failure-mode", "open"]).await;
+    let mut client = connect(&grpc).await;
+    let mut envoy = Envoy::open(&mut client).await;
+    envoy.send(request_headers(BUFFERED, &[], None)).await;
+    envoy.recv().await;
+    envoy.send(request_body(b"not json", true)).await;
+    let r = envoy.recv().await;
+    assert!(matches!(r.response, Some(Out::RequestBody(_))), "{r:?}");
+    assert_eq!(destination(&r), (None, None));
+}
+
+#[path = "ext_proc/proxy.rs"]
+mod proxy;
+
+#[tokio::test]
+async fn a_gateway_in_front_of_engines_sends_a_prefix_to_one_engine_and_releases_load() {
+    let mut engines = Vec::new();
+    for _ in 0..3 {
+        let args = [
+            "mock-engine",
+            "--port",
+            "0",
+            "--speedup-ratio",
+            "20",
+            "--kv-events-endpoint",
+            "tcp://127.0.0.1:0",
+        ];
+        engines.push(common::spawn(&args).await);
+    }
+    let mut args = vec!["serve", "--port", "0", "--ext-proc-port", "0"];
+    let urls: Vec<String> = engines.iter().map(common::Proc::http).collect();
+    for u in &urls {
+        args.extend(["--worker", u.as_str()]);
+    }
+    let router = common::spawn(&args).await;
+    let base = router.http();
+    let gateway = proxy::start(&router.field("ext_proc")).await;
+    let http = reqwest::Client::new();
+    for prefix in 0..3 {
+        let blocks_before = sum(&metrics(&base).await, "kvrouter_worker_cached_blocks{");
+        let (first, _) = proxy::complete(&http, &gateway, &completion(prefix, 0)).await;
+        // The engine's KV events reach the picker's index.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while sum(&metrics(&base).await, "kvrouter_worker_cached_blocks{") < blocks_before + 8.0 {
+            assert!(Instant::now() < deadline, "KV events never arrived");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for tail in 1..4 {
+            let (upstream, text) =
+                proxy::complete(&http, &gateway, &completion(prefix, tail)).await;
+            assert_eq!(upstream, first, "prefix {prefix}, tail {tail}");
+            assert!(text.contains("data: [DONE]"), "{text}");
+        }
+    }
+    await_metric(&base, ACTIVE, 0.0).await;
+    let m = metrics(&base).await;
+    assert_eq!(
+        sum(
+            &m,
+            "kvrouter_picks_total{source=\"ext_proc\",end=\"finished\"}"
+        ),
+        12.0
+    );
+}

@@ -1,0 +1,59 @@
+//! kvrouter as a Gateway API Inference Extension endpoint picker (EPP): Envoy's external
+//! processing service (`envoy.service.ext_proc.v3.ExternalProcessor`, gRPC), placing each
+//! request exactly as `kvrouter serve` places a proxied one and naming the chosen worker in
+//! the `x-gateway-destination-endpoint` header and the `envoy.lb` dynamic metadata (with
+//! next-best workers as fallbacks). The answer's headers, body and end, which Envoy sends back,
+//! account the first token and the completion; a stream that ends early releases its load.
+//!
+//! # Layout
+//! - [`pb`]: the code generated from the vendored protocol files (`proto/`).
+//! - `exchange`: one stream's state: what to answer to each message, when to place.
+//! - `service`: the tonic service: one task per stream, placing through
+//!   [`kvrouter_server::placement`], bounded by the pick timeout.
+
+pub mod pb;
+
+mod exchange;
+mod service;
+
+pub use exchange::{
+    DESTINATION, LB_NAMESPACE, RANK_HEADER, SUBSET_KEY, SUBSET_NAMESPACE, WORKER_HEADER,
+};
+pub use service::{serve, ExtProc};
+
+/// What the picker answers when it cannot place a request (no worker, overloaded, invalid, or
+/// the pick timeout passed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Refuse it: an immediate response with the router's error (503 no worker, 429 shed,
+    /// 400 invalid, 504 timeout), as the endpoint picker protocol asks.
+    #[default]
+    Closed,
+    /// Let it go on without a destination: the gateway's own load balancing places it.
+    Open,
+}
+
+/// Settings of the ext_proc service (`kvrouter serve --ext-proc-*`).
+#[derive(Clone, Debug)]
+pub struct ExtProcConfig {
+    /// What to answer when a request cannot be placed.
+    pub failure_mode: FailureMode,
+    /// Next-best workers named after the chosen one (the gateway tries them in order).
+    pub fallbacks: usize,
+    /// Longest a placement may take (waiting in the router queue included) before the
+    /// failure mode applies; keep it below the gateway's `message_timeout`.
+    pub pick_timeout: std::time::Duration,
+    /// The largest request body read.
+    pub max_body_bytes: usize,
+}
+
+impl Default for ExtProcConfig {
+    fn default() -> Self {
+        Self {
+            failure_mode: FailureMode::Closed,
+            fallbacks: 1,
+            pick_timeout: std::time::Duration::from_secs(10),
+            max_body_bytes: 64 << 20,
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! Placements for hosts that carry the request themselves (the ext_proc endpoint picker in
+//! `kvrouter-ext-proc`): a request is placed exactly as a proxied one is (`request::pick`), and
+//! the host feeds the [`Placement`] what it sees of the answer. Dropping a placement before its
+//! end releases its load as cancelled, so a gateway stream that goes away releases it too.
+
+use crate::error::ServeError;
+use crate::guard::LoadGuard;
+use crate::health::Source;
+use crate::state::AppState;
+use axum::http::HeaderMap;
+use kvrouter_core::ids::WorkerId;
+use std::time::Instant;
+
+/// A request placed on a worker, whose answer does not pass through the router.
+pub struct Placement {
+    guard: Option<LoadGuard>,
+    state: AppState,
+    source: &'static str,
+    worker: WorkerId,
+    dp_rank: u32,
+    url: String,
+    fallbacks: Vec<String>,
+}
+
+/// `host:port` of a worker's base URL (the endpoint picker protocol's `IP:port`).
+pub fn endpoint_of(url: &str) -> Option<String> {
+    let parsed = reqwest::Url::parse(url).ok()?;
+    let host = parsed.host_str()?;
+    Some(format!("{host}:{}", parsed.port_or_known_default()?))
+}
+
+/// The registered workers whose endpoint (`host:port`) is in `endpoints`.
+fn workers_at(state: &AppState, endpoints: &[String]) -> Vec<WorkerId> {
+    let workers = state.inner.workers.lock().expect("workers lock");
+    workers
+        .iter()
+        .filter(|(_, w)| endpoint_of(&w.entry.url).is_some_and(|e| endpoints.contains(&e)))
+        .map(|(id, _)| *id)
+        .collect()
+}
+
+/// Places the request `body` (an OpenAI chat or completion body) sent with `headers` as a
+/// proxied request would be placed (the same queue, sessions, groups, policy versions), on one
+/// of the workers at `subset` (`host:port`s) when given. `fallbacks`: how many next-best
+/// workers to name too. `source` labels `kvrouter_picks_total`.
+pub async fn place(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+    subset: Option<&[String]>,
+    fallbacks: usize,
+    source: &'static str,
+) -> Result<Placement, ServeError> {
+    let arrival = Instant::now();
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+        crate::request::pick::count(
+            state,
+            ServeError::invalid(format!("the body is not valid JSON: {e}"), None),
+        )
+    })?;
+    let kind = crate::request::pick::kind_of(&value);
+    let allowed = subset.map(|s| workers_at(state, s));
+    if allowed.as_ref().is_some_and(Vec::is_empty) {
+        // None of the endpoints the gateway allows is a worker (the protocol: 503).
+        let e = ServeError::Route(kvrouter_core::router::RouteError::NoWorkers);
+        return Err(crate::request::pick::count(state, e));
+    }
+    let placed = crate::request::pick::place(state, kind, headers, value, arrival, allowed).await?;
+    let rank = placed.decision.rank;
+    let mut others: Vec<_> = placed
+        .decision
+        .candidates
+        .iter()
+        .filter(|c| c.rank.worker != rank.worker)
+        .collect();
+    others.sort_by(|a, b| a.total.total_cmp(&b.total));
+    let mut fallback_urls = Vec::new();
+    for c in others {
+        if fallback_urls.len() >= fallbacks {
+            break;
+        }
+        if let Some(url) = crate::registry::url_of(state, c.rank.worker) {
+            if url != placed.url && !fallback_urls.contains(&url) {
+                fallback_urls.push(url);
+            }
+        }
+    }
+    Ok(Placement {
+        guard: Some(placed.guard),
+        state: state.clone(),
+        source,
+        worker: rank.worker,
+        dp_rank: rank.dp_rank,
+        url: placed.url,
+        fallbacks: fallback_urls,
+    })
+}
+
+impl Placement {
+    /// The chosen worker's id.
+    pub fn worker(&self) -> u64 {
+        self.worker.0
+    }
+
+    /// The data-parallel rank the request was counted on.
+    pub fn dp_rank(&self) -> u32 {
+        self.dp_rank
+    }
+
+    /// The chosen worker's base URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The next-best workers' base URLs, best first.
+    pub fn fallback_urls(&self) -> &[String] {
+        &self.fallbacks
+    }
+
+    /// A chunk of the answer came back (the first one ends the prefill).
+    pub fn on_chunk(&mut self, chunk: &[u8]) {
+        if let Some(g) = self.guard.as_mut() {
+            g.on_chunk(chunk);
+        }
+    }
+
+    /// The answer ended: `ok` (the worker answered with success) releases the load as
+    /// finished, else as failed (counted toward the worker's health).
+    pub fn end(mut self, ok: bool) {
+        let Some(mut guard) = self.guard.take() else {
+            return;
+        };
+        let metrics = &self.state.inner.metrics;
+        if ok {
+            guard.answered(true);
+            guard.finish();
+            metrics
+                .picks
+                .inc(&[("source", self.source), ("end", "finished")]);
+        } else {
+            guard.answered(false);
+            self.state
+                .observe_health(self.worker, false, Source::Request);
+            metrics
+                .picks
+                .inc(&[("source", self.source), ("end", "failed")]);
+            guard.log_failed();
+        }
+    }
+}
+
+impl Drop for Placement {
+    fn drop(&mut self) {
+        if self.guard.take().is_some() {
+            self.state
+                .inner
+                .metrics
+                .picks
+                .inc(&[("source", self.source), ("end", "cancelled")]);
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! Placement without forwarding: the pick API (`POST /v1/pick`, its first-token and finish
+//! reports) and ext_proc place a request exactly as a proxied one is placed (parse, the same
+//! admission through the router queue, sessions, groups, policy versions, busy filters) and hand
+//! back the chosen worker; the caller sends the request itself. The placement's load guard is
+//! kept under a lease (`crate::picks`) or, for ext_proc, by its stream.
+
+use super::attempt::{guard_for, Origin};
+use super::parse::{count_error, parse_body, Request};
+use crate::error::ServeError;
+use crate::guard::LoadGuard;
+use crate::health::Source;
+use crate::picks::PickTable;
+use crate::routing::Kind;
+use crate::state::{stopped, AppState};
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use kvrouter_core::ids::RequestId;
+use kvrouter_core::router::{Decision, RouteRequest};
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A placed request whose caller sends it itself.
+pub(crate) struct Placed {
+    pub(crate) id: RequestId,
+    /// Releases its load: kept under a lease or by an ext_proc stream.
+    pub(crate) guard: LoadGuard,
+    pub(crate) decision: Decision,
+    /// The chosen worker's base URL.
+    pub(crate) url: String,
+    pub(crate) prompt_tokens: u64,
+}
+
+/// Counts a request that failed before it was placed (as a proxied one is counted).
+pub(crate) fn count(state: &AppState, e: ServeError) -> ServeError {
+    count_error(state, e)
+}
+
+/// The request kind a body is: a chat (it has `messages`), else a completion.
+pub(crate) fn kind_of(body: &Value) -> Kind {
+    if body.get("messages").is_some() {
+        Kind::Chat
+    } else {
+        Kind::Completion
+    }
+}
+
+/// Places the request `body` (with its `headers`) as a proxied request would be placed, without
+/// sending it. Errors are counted as a proxied request's are.
+pub(crate) async fn place(
+    state: &AppState,
+    kind: Kind,
+    headers: &HeaderMap,
+    body: Value,
+    arrival: Instant,
+    allowed: Option<Vec<kvrouter_core::ids::WorkerId>>,
+) -> Result<Placed, ServeError> {
+    let req = parse_body(state.clone(), kind, headers, Bytes::new(), body, arrival)
+        .await
+        .map_err(|e| count_error(state, e))?;
+    place_parsed(&req, allowed)
+        .await
+        .map_err(|e| req.count_error(e))
+}
+
+async fn place_parsed(
+    req: &Request,
+    allowed: Option<Vec<kvrouter_core::ids::WorkerId>>,
+) -> Result<Placed, ServeError> {
+    let inner = &req.state.inner;
+    let mut stop = match (req.admission.group, req.admission.group_need) {
+        (Some(g), Some(_)) => {
+            let rx = inner.group_stop(g);
+            if inner.lock_core().group_satisfied(g) {
+                return Err(group_satisfied(g));
+            }
+            Some(rx)
+        }
+        _ => None,
+    };
+    let id = RequestId(inner.next_request.fetch_add(1, Ordering::Relaxed));
+    let mut request = RouteRequest::new(id, req.input.isl_tokens, req.input.blocks.clone());
+    request.pin = req.pin;
+    request.allowed_workers = allowed;
+    req.admission.apply(&mut request);
+    let decision = tokio::select! {
+        d = super::admit::admit(&req.state, request) => d?,
+        _ = stopped(&mut stop) => return Err(group_satisfied(req.admission.group.unwrap_or(0))),
+    };
+    req.placed(&decision);
+    let mut guard = guard_for(req, id, &decision, &Origin::First);
+    let Some(url) = crate::registry::url_of(&req.state, decision.rank.worker) else {
+        guard.retire();
+        return Err(ServeError::Upstream(
+            "the chosen worker was removed while it was placed".into(),
+        ));
+    };
+    guard.answered(true);
+    Ok(Placed {
+        id,
+        guard,
+        decision,
+        url,
+        prompt_tokens: req.input.isl_tokens,
+    })
+}
+
+fn group_satisfied(group: u64) -> ServeError {
+    ServeError::Conflict(format!(
+        "group {group} has the samples it needs (x-kvrouter-group-need): this one need not run"
+    ))
+}
+
+/// The body of a pick request: an OpenAI chat or completion body, or `{"token_ids": [...]}`
+/// (the prompt as token ids; `model` optional).
+fn pick_body(state: &AppState, raw: &[u8]) -> Result<Value, ServeError> {
+    let mut body: Value = serde_json::from_slice(raw)
+        .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    let Some(obj) = body.as_object_mut() else {
+        return Err(ServeError::invalid("the body must be a JSON object", None));
+    };
+    if let Some(ids) = obj.remove("token_ids") {
+        if obj.contains_key("prompt") || obj.contains_key("messages") {
+            return Err(ServeError::invalid(
+                "give `token_ids`, `prompt` or `messages`, not several",
+                Some("token_ids"),
+            ));
+        }
+        let valid = ids.as_array().is_some_and(|a| {
+            a.iter()
+                .all(|t| t.as_u64().is_some_and(|t| t <= u64::from(u32::MAX)))
+        });
+        if !valid {
+            return Err(ServeError::invalid(
+                "`token_ids` must be a list of token ids (integers from 0 to 4294967295)",
+                Some("token_ids"),
+            ));
+        }
+        obj.insert("prompt".into(), ids);
+    }
+    if obj.get("model").is_none_or(Value::is_null) {
+        // A pick may leave the model out: the base model is meant.
+        let models = state.inner.models.read().expect("models lock");
+        let model = models.first().cloned().unwrap_or_default();
+        obj.insert("model".into(), Value::String(model));
+    }
+    Ok(body)
+}
+
+/// `POST /v1/pick`: places the request and answers the chosen worker, the pick's id, its lease
+/// and the score breakdown.
+pub(crate) async fn pick(
+    table: &Arc<PickTable>,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Result<Response, ServeError> {
+    let arrival = Instant::now();
+    let state = table.state().clone();
+    let body = pick_body(&state, &raw).map_err(|e| count_error(&state, e))?;
+    let config = &state.inner.config.picks;
+    if table.len() >= config.max_outstanding {
+        return Err(count_error(&state, too_many(config.max_outstanding)));
+    }
+    let kind = kind_of(&body);
+    let placed = place(&state, kind, &headers, body, arrival, None).await?;
+    let Placed {
+        id,
+        guard,
+        decision,
+        url,
+        prompt_tokens,
+        ..
+    } = placed;
+    let lease_ms = config.lease.as_millis() as u64;
+    if let Err(full) = table.insert(
+        id.0,
+        guard,
+        Instant::now() + config.lease,
+        config.max_outstanding,
+    ) {
+        drop(full.0);
+        return Err(too_many(config.max_outstanding));
+    }
+    let rank = decision.rank;
+    let answer = json!({
+        "id": id.0.to_string(),
+        "object": "kvrouter.pick",
+        "worker": {"id": rank.worker.0, "url": url, "dp_rank": rank.dp_rank},
+        "policy_version": decision.policy_version,
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": decision.cached_tokens,
+        "lease_ms": lease_ms,
+        "decision": super::respond::decision_json(&decision),
+    });
+    Ok((
+        [
+            ("x-kvrouter-worker", rank.worker.0.to_string()),
+            (
+                "x-kvrouter-policy-version",
+                decision.policy_version.to_string(),
+            ),
+        ],
+        axum::Json(answer),
+    )
+        .into_response())
+}
+
+fn too_many(max: usize) -> ServeError {
+    ServeError::Http {
+        status: crate::error::overloaded(),
+        message: format!("{max} picks are outstanding (--pick-max-outstanding); retry later"),
+    }
+}
+
+fn pick_id(id: &str) -> Result<u64, ServeError> {
+    id.parse()
+        .map_err(|_| ServeError::NotFound(format!("no outstanding pick `{id}`")))
+}
+
+fn unknown(id: u64) -> ServeError {
+    ServeError::NotFound(format!(
+        "no outstanding pick `{id}` (finished, expired or never handed out)"
+    ))
+}
+
+/// `POST /v1/pick/{id}/first-token`: the caller got the answer's first token; the lease now
+/// runs to `--pick-max-duration-secs`.
+pub(crate) fn first_token(table: &PickTable, id: &str) -> Result<Value, ServeError> {
+    let id = pick_id(id)?;
+    let until = Instant::now() + table.state().inner.config.picks.max_duration;
+    if !table.first_token(id, until) {
+        return Err(unknown(id));
+    }
+    Ok(json!({"id": id.to_string(), "object": "kvrouter.pick", "status": "generating"}))
+}
+
+/// How a pick ended, as its caller reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum End {
+    /// The answer completed.
+    Ok,
+    /// The caller gave up (or the answer was aborted).
+    Cancelled,
+    /// The worker failed (connection error, 5xx, broken stream): counts toward its health.
+    Failed,
+}
+
+/// The body of a finish report; every field optional.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FinishReport {
+    status: Option<End>,
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+}
+
+fn finish_report(raw: &[u8]) -> Result<FinishReport, ServeError> {
+    if raw.iter().all(u8::is_ascii_whitespace) {
+        return Ok(FinishReport::default());
+    }
+    let de = &mut serde_json::Deserializer::from_slice(raw);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let msg = format!("invalid finish report: {}", e.inner());
+        if path == "." || path.is_empty() {
+            ServeError::invalid(msg, None)
+        } else {
+            ServeError::invalid_at(msg, path)
+        }
+    })
+}
+
+/// `POST /v1/pick/{id}/finish`: the pick ended (`status`: `ok`, the default, `cancelled` or
+/// `failed`), with the answer's token counts when the caller has them. Its load is released.
+pub(crate) fn finish(table: &PickTable, id: &str, raw: &[u8]) -> Result<Value, ServeError> {
+    let report = finish_report(raw)?;
+    let id = pick_id(id)?;
+    let state = table.state();
+    let mut guard = table.take(id).ok_or_else(|| unknown(id))?;
+    let end = report.status.unwrap_or(End::Ok);
+    let metrics = &state.inner.metrics;
+    match end {
+        End::Ok => {
+            let mut usage = serde_json::Map::new();
+            for (k, v) in [
+                ("prompt_tokens", report.prompt_tokens),
+                ("completion_tokens", report.completion_tokens),
+            ] {
+                if let Some(v) = v {
+                    usage.insert(k.into(), v.into());
+                }
+            }
+            if let Some(c) = report.cached_tokens {
+                usage.insert("prompt_tokens_details".into(), json!({"cached_tokens": c}));
+            }
+            guard.finish_reported((!usage.is_empty()).then_some(Value::Object(usage)));
+            metrics.picks.inc(&[("source", "api"), ("end", "finished")]);
+        }
+        End::Cancelled | End::Failed => {
+            if end == End::Failed {
+                state.observe_health(guard.worker(), false, Source::Request);
+            }
+            let label = if end == End::Failed {
+                "failed"
+            } else {
+                "cancelled"
+            };
+            metrics.picks.inc(&[("source", "api"), ("end", label)]);
+            drop(guard);
+        }
+    }
+    Ok(json!({"id": id.to_string(), "object": "kvrouter.pick", "status": "released"}))
+}

@@ -1,0 +1,76 @@
+"""The pick API through the client against a real `kvrouter serve --mock-workers`: the caller
+sends each request to the picked engine over its own connection and reports its lifecycle."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from kvrouter import BadRequestError, KvrouterError, KvrouterServer, NotFoundError, Pick, RolloutHeaders
+
+from conftest import ServerFactory
+
+pytestmark = pytest.mark.anyio
+MODEL = "mock-model"
+
+
+def prompt(prefix: int, tail: int) -> list[int]:
+    return [10_000 * (prefix + 1) + i for i in range(256)] + [900_000 + tail * 100 + i for i in range(20)]
+
+
+def active(metrics: str, worker: int) -> float:
+    key = f'kvrouter_worker_active_requests{{worker="{worker}"'
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(key))
+
+
+async def test_pick_then_send_yourself_then_report(router: KvrouterServer) -> None:
+    async with router.client(model=MODEL) as client, httpx.AsyncClient() as own:
+        ids = prompt(0, 0)
+        pick = await client.pick(token_ids=ids)
+        assert isinstance(pick, Pick)
+        assert pick.url.startswith("http://") and pick.worker_id in (0, 1)
+        assert pick.prompt_tokens == len(ids) and pick.lease_ms > 0
+        assert pick.decision["worker"] == pick.worker_id and pick.decision["candidates"]
+        metrics = (await own.get(router.url + "/metrics")).text
+        assert active(metrics, pick.worker_id) == 1
+        answer = (await own.post(pick.url + "/v1/completions", json={"model": MODEL, "prompt": ids, "max_tokens": 3})).json()
+        await client.report(pick, "first_token")
+        usage = answer["usage"]
+        await client.report(pick, "finish", prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"])
+        metrics = (await own.get(router.url + "/metrics")).text
+        assert active(metrics, pick.worker_id) == 0
+        with pytest.raises(NotFoundError):
+            await client.report(pick, "finish")
+
+
+async def test_picks_take_chats_prompts_and_rl_headers(router: KvrouterServer) -> None:
+    async with router.client(model=MODEL) as client:
+        rl = RolloutHeaders(session_id="pick-session-1")
+        first = await client.pick(messages=[{"role": "user", "content": "hi"}], rl=rl)
+        second = await client.pick(prompt="something else entirely", rl=rl)
+        assert second.worker_id == first.worker_id, "the session keeps its worker"
+        for p in (first, second):
+            await client.report(p.id, "finish", status="cancelled")
+
+
+async def test_bad_picks_raise_typed_errors(router: KvrouterServer) -> None:
+    async with router.client(model=MODEL) as client:
+        with pytest.raises(ValueError):
+            await client.pick()
+        with pytest.raises(ValueError):
+            await client.pick(token_ids=[1], prompt="x")
+        with pytest.raises(BadRequestError) as bad:
+            await client.pick(token_ids=[1, -1])
+        assert bad.value.param == "token_ids"
+        with pytest.raises(NotFoundError):
+            await client.report("999999999", "first_token")
+
+
+async def test_a_full_queue_refuses_a_pick_with_529(serve: ServerFactory) -> None:
+    server = serve(mock_workers=1, args=["--router-queue-threshold", "0", "--router-queue-max-requests", "0"])
+    async with server.client(model=MODEL) as client:
+        first = await client.pick(token_ids=prompt(1, 0))
+        with pytest.raises(KvrouterError) as refused:
+            await client.pick(token_ids=prompt(2, 0))
+        assert refused.value.status == 529
+        await client.report(first, "finish")
