@@ -98,6 +98,15 @@ pub(crate) struct ServeArgs {
     /// JSON for Perfetto); 0 = off.
     #[arg(help_heading = H::OBSERVABILITY, long, default_value_t = 0)]
     trace_capture: usize,
+    #[command(flatten)]
+    pub(crate) log: crate::logging::LogArgs,
+    /// Write one access line per request when it ends (log target `kvrouter::access`: request
+    /// id, model, worker, status, tokens, queue, TTFT and duration).
+    #[arg(help_heading = H::OBSERVABILITY, long)]
+    access_log: bool,
+    /// With --access-log: the fraction of requests that get a line (0 to 1, spread evenly).
+    #[arg(help_heading = H::OBSERVABILITY, long, default_value_t = 1.0)]
+    access_log_sample: f64,
     /// Seconds between active health checks (GET /health); 0 turns them off.
     #[arg(help_heading = H::HEALTH, long, default_value_t = 5.0)]
     health_check_interval_secs: f64,
@@ -349,6 +358,13 @@ impl ServeArgs {
                 "--stream-coalesce-yields",
             )?,
             trace_capture: self.trace_capture,
+            access_log: match (self.access_log, self.access_log_sample) {
+                (_, s) if !(0.0..=1.0).contains(&s) => {
+                    bail!("--access-log-sample must be between 0 and 1, got {s}")
+                }
+                (true, s) => Some(Arc::new(kvrouter_server::access::AccessLog::new(s))),
+                (false, _) => None,
+            },
             http: self.http.limits()?,
             upstream_connect_timeout: positive(
                 self.upstream_connect_timeout_secs,

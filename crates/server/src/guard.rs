@@ -107,6 +107,13 @@ impl LoadGuard {
         self.counts_as_sample = success;
     }
 
+    /// The worker answered with HTTP status `status` (for the access line).
+    pub(crate) fn answered_status(&mut self, status: u16) {
+        if let Some(p) = self.prov.as_mut() {
+            p.http_status = Some(status);
+        }
+    }
+
     /// The answer produced `tokens` so far, over all attempts (for an early end's line).
     pub(crate) fn produced(&mut self, tokens: u64) {
         if let Some(p) = self.prov.as_mut() {
@@ -319,7 +326,8 @@ impl Drop for LoadGuard {
     }
 }
 
-/// Completes a provenance line and hands it to the log (with `--provenance-log`).
+/// Completes a provenance line and hands it to the log (with `--provenance-log`) and to the
+/// access log (when it sampled the request).
 pub(crate) fn log_line(
     state: &AppState,
     mut p: Box<Provenance>,
@@ -329,9 +337,10 @@ pub(crate) fn log_line(
     first_at: Option<Instant>,
     usage: Option<&Value>,
 ) {
-    let Some(log) = state.inner.config.provenance.as_ref() else {
+    let log = state.inner.config.provenance.as_ref();
+    if log.is_none() && !p.access {
         return;
-    };
+    }
     let now = Instant::now();
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     p.status = status;
@@ -347,7 +356,12 @@ pub(crate) fn log_line(
         p.output_tokens += u["completion_tokens"].as_u64().unwrap_or(0);
         p.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].as_u64();
     }
-    log.record(&p);
+    if p.access {
+        crate::access::emit(&p);
+    }
+    if let Some(log) = log {
+        log.record(&p);
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //! - `app`: routes, health, metrics, admin API. `request`: one request from parse to last byte
 //!   (attempt, continuation machine, forwarder); `guard`: the load guard of one attempt.
 //! - `headers`: pins, priority, deadline, session, group and policy versions from request headers.
-//! - [`provenance`]: the per-request JSON-lines log.
+//! - [`provenance`]: the per-request JSON-lines log. [`access`]: the request id and the access log.
 //! - `routing`: request bodies to tokens and block hashes. `registry`: adding and removing workers.
 //! - `ingest`: libzmq subscribers (a thread per rank), reconnect re-syncs, sequence-gap recovery, bounded slices. `metrics`: Prometheus text.
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
@@ -23,6 +23,7 @@
 //! - `auth`: the admin token layer and session-release protection (constant-time compare).
 //! - [`validate`]: the limits on worker registrations and the one check of a worker entry.
 
+pub mod access;
 mod app;
 mod auth;
 mod capture;

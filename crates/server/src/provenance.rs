@@ -19,6 +19,12 @@ pub(crate) struct Provenance {
     /// Wall-clock end time, ms since the Unix epoch.
     pub(crate) ts_ms: u64,
     pub(crate) request_id: u64,
+    /// The request's `x-request-id` (the client's, or the one the router made).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) x_request_id: Option<String>,
+    /// The body's `model`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) model: Option<String>,
     /// `x-session-id` / `x-dynamo-session-id` (the trajectory id for RL).
     pub(crate) session: Option<String>,
     /// `x-kvrouter-group-id`.
@@ -45,6 +51,12 @@ pub(crate) struct Provenance {
     pub(crate) status: &'static str,
     /// Why it was ended early: `group-satisfied` (first-N-of-M).
     pub(crate) abort_reason: Option<&'static str>,
+    /// The HTTP status the worker answered (the access log's; not in the provenance line).
+    #[serde(skip)]
+    pub(crate) http_status: Option<u16>,
+    /// Whether the access log (`--access-log`) samples this request.
+    #[serde(skip)]
+    pub(crate) access: bool,
 }
 
 /// The provenance log.

@@ -112,6 +112,7 @@ pub(crate) async fn attempt(
                 .http
                 .post(format!("{base}{}", req.kind.path()))
                 .header("content-type", "application/json")
+                .header(crate::access::REQUEST_ID_HEADER, req.request_id.clone())
                 .body(body.clone()),
             req.stream,
         );
@@ -136,6 +137,7 @@ pub(crate) async fn attempt(
         match (sent, failure) {
             (Ok(response), None) => {
                 guard.answered(response.status().is_success());
+                guard.answered_status(response.status().as_u16());
                 let sent = Sent {
                     response,
                     guard,

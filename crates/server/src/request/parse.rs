@@ -10,7 +10,7 @@ use crate::provenance::Provenance;
 use crate::routing::{routing_input, Kind, RoutingInput};
 use crate::state::AppState;
 use axum::body::Bytes;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use kvrouter_core::router::{Decision, Pin};
 use serde_json::Value;
 use std::time::Instant;
@@ -30,6 +30,10 @@ pub(crate) struct Request {
     pub(crate) admission: AdmissionFields,
     session: Option<String>,
     group: Option<String>,
+    /// The request's `x-request-id` (sent to the engine, returned to the client).
+    pub(crate) request_id: HeaderValue,
+    /// Whether the access log samples it.
+    access: bool,
 }
 
 /// Parses the body and headers, and turns the prompt into what the core routes on.
@@ -39,6 +43,8 @@ pub(super) async fn parse(
     headers: &HeaderMap,
     raw: Bytes,
     arrival: Instant,
+    request_id: HeaderValue,
+    access: bool,
 ) -> Result<Request, ServeError> {
     let body: Value = serde_json::from_slice(&raw)
         .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
@@ -66,6 +72,8 @@ pub(super) async fn parse(
         admission,
         session: text(&SESSION_HEADERS),
         group: text(&GROUP_HEADER),
+        request_id,
+        access,
         state,
     })
 }
@@ -99,13 +107,23 @@ impl Request {
         }
     }
 
+    /// The body's `model`, if it names one.
+    pub(crate) fn model(&self) -> Option<&str> {
+        self.body.get("model").and_then(Value::as_str)
+    }
+
     /// The request's provenance line as far as the request itself says (with
-    /// `--provenance-log`).
+    /// `--provenance-log`, or when the access log samples it).
     pub(super) fn provenance(&self) -> Option<Box<Provenance>> {
-        self.state.inner.config.provenance.as_ref()?;
+        if self.state.inner.config.provenance.is_none() && !self.access {
+            return None;
+        }
         Some(Box::new(Provenance {
             session: self.session.clone(),
             group: self.group.clone(),
+            x_request_id: self.request_id.to_str().ok().map(str::to_owned),
+            model: self.model().map(str::to_owned),
+            access: self.access,
             prompt_tokens: self.input.isl_tokens,
             ..Default::default()
         }))
