@@ -107,6 +107,10 @@ pub(crate) struct ServeArgs {
     /// With --access-log: the fraction of requests that get a line (0 to 1, spread evenly).
     #[arg(help_heading = H::OBSERVABILITY, long, default_value_t = 1.0)]
     access_log_sample: f64,
+    /// The prefix of every metric name on /metrics (letters, digits, `_` and `:`, not starting
+    /// with a digit; may be empty).
+    #[arg(help_heading = H::OBSERVABILITY, long, default_value = "kvrouter_")]
+    metrics_prefix: String,
     /// Seconds between active health checks (GET /health); 0 turns them off.
     #[arg(help_heading = H::HEALTH, long, default_value_t = 5.0)]
     health_check_interval_secs: f64,
@@ -239,6 +243,24 @@ fn read_workers_file(path: &PathBuf) -> anyhow::Result<Vec<WorkerEntry>> {
     Ok(file.workers)
 }
 
+/// The longest `--metrics-prefix`.
+const MAX_METRICS_PREFIX_BYTES: usize = 64;
+
+/// `--metrics-prefix`, checked to make valid Prometheus metric names.
+fn metrics_prefix(p: &str) -> anyhow::Result<String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    if p.len() > MAX_METRICS_PREFIX_BYTES
+        || !p.chars().all(ok_char)
+        || p.starts_with(|c: char| c.is_ascii_digit())
+    {
+        bail!(
+            "--metrics-prefix {p:?}: use at most {MAX_METRICS_PREFIX_BYTES} letters, digits, `_` \
+             and `:`, not starting with a digit"
+        );
+    }
+    Ok(p.to_owned())
+}
+
 /// The longest `--admin-token-file` read; a token file holds only the token.
 const MAX_TOKEN_FILE_BYTES: u64 = 4096;
 
@@ -358,6 +380,7 @@ impl ServeArgs {
                 "--stream-coalesce-yields",
             )?,
             trace_capture: self.trace_capture,
+            metrics_prefix: metrics_prefix(&self.metrics_prefix)?,
             access_log: match (self.access_log, self.access_log_sample) {
                 (_, s) if !(0.0..=1.0).contains(&s) => {
                     bail!("--access-log-sample must be between 0 and 1, got {s}")

@@ -250,3 +250,67 @@ async fn text_logs_stay_the_default() {
         .await;
     assert!(line.as_str().unwrap().contains("INFO"), "{line}");
 }
+
+async fn scrape(base: &str) -> String {
+    timeout(Duration::from_secs(30), async {
+        reqwest::get(format!("{base}/metrics"))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    })
+    .await
+    .expect("metrics in time")
+}
+
+#[tokio::test]
+async fn metrics_carry_the_model_label_and_the_prefix_renames_every_name() {
+    let r = start(&[]).await;
+    let url = format!("{}/v1/completions", r.http);
+    let resp = post(&url, None, completion()).await;
+    let _ = resp.bytes().await;
+    let text = scrape(&r.http).await;
+    for want in [
+        "kvrouter_requests_total{status=\"ok\",mode=\"kv\",model=\"mock-model\"} 1\n",
+        "kvrouter_time_to_first_token_seconds_count{model=\"mock-model\"} 1\n",
+        "kvrouter_request_duration_seconds_count{model=\"mock-model\"} 1\n",
+        "# TYPE kvrouter_inter_token_latency_seconds histogram\n",
+        "kvrouter_weight_update_running 0\n",
+        "kvrouter_weight_update_workers{phase=\"done\"} 0\n",
+    ] {
+        assert!(text.contains(want), "{want} missing from\n{text}");
+    }
+
+    let r = start(&["--metrics-prefix", "llm_router_"]).await;
+    let resp = post(&format!("{}/v1/completions", r.http), None, completion()).await;
+    let _ = resp.bytes().await;
+    let renamed = scrape(&r.http).await;
+    assert!(!renamed.contains("kvrouter_"), "{renamed}");
+    // The same lines, names renamed (values aside).
+    let names = |t: &str, p: &str| -> Vec<String> {
+        t.lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.strip_prefix(p).expect("prefixed").to_owned())
+            .collect()
+    };
+    assert_eq!(names(&text, "kvrouter_"), names(&renamed, "llm_router_"));
+    assert!(renamed
+        .contains("llm_router_requests_total{status=\"ok\",mode=\"kv\",model=\"mock-model\"} 1\n"));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--mock-workers",
+            "1",
+            "--metrics-prefix",
+            "9bad-",
+        ])
+        .output()
+        .await
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--metrics-prefix"));
+}

@@ -14,6 +14,7 @@
 //! - [`provenance`]: the per-request JSON-lines log. [`access`]: the request id and the access log.
 //! - `routing`: request bodies to tokens and block hashes. `registry`: adding and removing workers.
 //! - `ingest`: libzmq subscribers (a thread per rank), reconnect re-syncs, sequence-gap recovery, bounded slices. `metrics`: Prometheus text.
+//! - `update_metrics`: the weight-update cycle's gauges on `/metrics`.
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
 //! - `error`: the one mapping from errors to HTTP responses.
 //!
@@ -42,6 +43,7 @@ mod request;
 mod routing;
 mod state;
 mod update;
+mod update_metrics;
 pub mod validate;
 
 pub use app::app;

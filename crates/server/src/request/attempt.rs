@@ -167,8 +167,15 @@ pub(crate) async fn attempt(
 /// The load guard of one attempt.
 fn guard_for(req: &Request, id: RequestId, decision: &Decision, origin: &Origin) -> LoadGuard {
     let worker = decision.rank.worker;
-    let guard = LoadGuard::new(req.state.clone(), id, worker, req.arrival, req.stream)
-        .in_group(req.admission.group);
+    let guard = LoadGuard::new(
+        req.state.clone(),
+        id,
+        worker,
+        req.arrival,
+        req.stream,
+        req.model().unwrap_or(""),
+    )
+    .in_group(req.admission.group);
     let placed = |mut p: Box<Provenance>| {
         p.dp_rank = decision.rank.dp_rank;
         p.policy_version = decision.policy_version;

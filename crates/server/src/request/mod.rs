@@ -113,7 +113,7 @@ async fn answer(
             .unwrap_or_else(IntoResponse::into_response)),
         Ok(Outcome::Stopped { logged: false }) => Ok(refuse(&req)),
         Ok(Outcome::Stopped { logged: true }) => Ok(ended_by_group(&req)),
-        Err(e) => Err(count_error(&req.state, e)),
+        Err(e) => Err(req.count_error(e)),
     }
 }
 
@@ -121,11 +121,11 @@ async fn answer(
 /// aborted, answered with nothing.
 fn refuse(req: &Request) -> Response {
     let mode = req.state.inner.config.router.router_mode;
-    req.state
-        .inner
-        .metrics
-        .requests
-        .inc(&[("status", "aborted"), ("mode", mode.as_str())]);
+    req.state.inner.metrics.requests.inc(&[
+        ("status", "aborted"),
+        ("mode", mode.as_str()),
+        ("model", req.model().unwrap_or("")),
+    ]);
     if let Some(mut p) = req.provenance() {
         p.abort_reason = Some("group-satisfied");
         log_line(&req.state, p, "aborted", None, req.arrival, None, None);

@@ -90,9 +90,15 @@ pub(super) fn count_error(state: &AppState, e: ServeError) -> ServeError {
 }
 
 impl Request {
-    /// Counts a request that failed after its first attempt was placed.
+    /// Counts a request that failed after it was parsed (with its `model` label).
     pub(crate) fn count_error(&self, e: ServeError) -> ServeError {
-        count_error(&self.state, e)
+        let mode = self.state.inner.config.router.router_mode;
+        self.state.inner.metrics.requests.inc(&[
+            ("status", e.status_label()),
+            ("mode", mode.as_str()),
+            ("model", self.model().unwrap_or("")),
+        ]);
+        e
     }
 
     /// Records the first placement: the router's overhead, the prompt length and cache hits.
