@@ -107,6 +107,13 @@ pub(crate) struct ServeArgs {
     /// With --access-log: the fraction of requests that get a line (0 to 1, spread evenly).
     #[arg(help_heading = H::OBSERVABILITY, long, default_value_t = 1.0)]
     access_log_sample: f64,
+    /// Export a trace per sampled request over OTLP/HTTP (protobuf) to this collector base URL
+    /// (spans go to URL/v1/traces), e.g. http://127.0.0.1:4318; off when not given.
+    #[arg(help_heading = H::OBSERVABILITY, long)]
+    otlp_endpoint: Option<String>,
+    /// With --otlp-endpoint: the fraction of requests traced (0 to 1, spread evenly).
+    #[arg(help_heading = H::OBSERVABILITY, long, default_value_t = 1.0)]
+    otlp_sample_ratio: f64,
     /// The prefix of every metric name on /metrics (letters, digits, `_` and `:`, not starting
     /// with a digit; may be empty).
     #[arg(help_heading = H::OBSERVABILITY, long, default_value = "kvrouter_")]
@@ -381,6 +388,20 @@ impl ServeArgs {
             )?,
             trace_capture: self.trace_capture,
             metrics_prefix: metrics_prefix(&self.metrics_prefix)?,
+            otel: match (&self.otlp_endpoint, self.otlp_sample_ratio) {
+                (_, s) if !(0.0..=1.0).contains(&s) => {
+                    bail!("--otlp-sample-ratio must be between 0 and 1, got {s}")
+                }
+                (Some(url), s) => {
+                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                        bail!("--otlp-endpoint {url:?}: give an http:// or https:// URL");
+                    }
+                    let otel = kvrouter_server::otel::Otel::open(url, s)
+                        .with_context(|| format!("--otlp-endpoint {url}"))?;
+                    Some(Arc::new(otel))
+                }
+                (None, _) => None,
+            },
             access_log: match (self.access_log, self.access_log_sample) {
                 (_, s) if !(0.0..=1.0).contains(&s) => {
                     bail!("--access-log-sample must be between 0 and 1, got {s}")
@@ -505,6 +526,7 @@ fn startup_lines(args: &ServeArgs, server: &kvrouter_server::RunningServer) -> V
 
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.config()?;
+    let otel = config.otel.clone();
     let mock_engine = args.mock_engine(&config)?;
     let addr = format!("{}:{}", args.host, args.port);
     let listener = tokio::net::TcpListener::bind(&addr)
@@ -533,5 +555,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     shutdown_signal().await?;
     serving.stop().await;
+    if let Some(otel) = otel {
+        // Sends the spans still buffered (the batch processor's thread blocks on the export).
+        tokio::task::spawn_blocking(move || otel.shutdown()).await?;
+    }
     Ok(())
 }

@@ -113,6 +113,8 @@ pub struct ServeConfig {
     pub trace_capture: usize,
     /// The access log (`--access-log`; `None` = off).
     pub access_log: Option<Arc<crate::access::AccessLog>>,
+    /// OTLP trace export (`--otlp-endpoint`; `None` = off).
+    pub otel: Option<Arc<crate::otel::Otel>>,
     /// The prefix of every metric name on `/metrics` (`--metrics-prefix`).
     pub metrics_prefix: String,
     /// Client-connection timeouts and the shutdown grace period.
@@ -151,6 +153,7 @@ impl Default for ServeConfig {
             trace_capture: 0,
             provenance: None,
             access_log: None,
+            otel: None,
             metrics_prefix: "kvrouter_".into(),
             http: kvrouter_http::HttpLimits::default(),
             upstream_connect_timeout: std::time::Duration::from_secs(5),

@@ -352,7 +352,7 @@ pub(crate) fn log_line(
     usage: Option<&Value>,
 ) {
     let log = state.inner.config.provenance.as_ref();
-    if log.is_none() && !p.access {
+    if log.is_none() && !p.access && !p.trace {
         return;
     }
     let now = Instant::now();
@@ -372,6 +372,9 @@ pub(crate) fn log_line(
     }
     if p.access {
         crate::access::emit(&p);
+    }
+    if let (true, Some(otel)) = (p.trace, state.inner.config.otel.as_ref()) {
+        otel.record(&p, arrival, first_at, now);
     }
     if let Some(log) = log {
         log.record(&p);

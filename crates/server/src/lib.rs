@@ -14,6 +14,7 @@
 //! - [`provenance`]: the per-request JSON-lines log. [`access`]: the request id and the access log.
 //! - `routing`: request bodies to tokens and block hashes. `registry`: adding and removing workers.
 //! - `ingest`: libzmq subscribers (a thread per rank), reconnect re-syncs, sequence-gap recovery, bounded slices. `metrics`: Prometheus text.
+//! - [`otel`]: OTLP trace export of sampled requests' timelines.
 //! - `update_metrics`: the weight-update cycle's gauges on `/metrics`.
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
 //! - `error`: the one mapping from errors to HTTP responses.
@@ -36,6 +37,7 @@ mod headers;
 mod health;
 mod ingest;
 mod metrics;
+pub mod otel;
 pub mod provenance;
 mod queue;
 mod registry;

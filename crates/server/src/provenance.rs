@@ -57,6 +57,12 @@ pub(crate) struct Provenance {
     /// Whether the access log (`--access-log`) samples this request.
     #[serde(skip)]
     pub(crate) access: bool,
+    /// Whether OTLP tracing (`--otlp-endpoint`) samples this request.
+    #[serde(skip)]
+    pub(crate) trace: bool,
+    /// When it passed each step (for its trace).
+    #[serde(skip)]
+    pub(crate) timeline: crate::otel::Timeline,
 }
 
 /// The provenance log.

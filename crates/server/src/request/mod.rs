@@ -45,10 +45,16 @@ pub(crate) async fn handle(
         .access_log
         .as_ref()
         .is_some_and(|a| a.sampled());
+    let trace = state
+        .inner
+        .config
+        .otel
+        .as_ref()
+        .is_some_and(|o| o.sampled());
     let mut model = None;
     let (id, answered) = match state.inner.request_ids.take(&headers) {
         Ok(id) => {
-            let at = (arrival, id.clone(), access);
+            let at = (arrival, id.clone(), (access, trace));
             (
                 id,
                 answer(state.clone(), kind, &headers, raw, at, &mut model).await,
@@ -76,10 +82,10 @@ async fn answer(
     kind: Kind,
     headers: &HeaderMap,
     raw: Bytes,
-    (arrival, id, access): (Instant, HeaderValue, bool),
+    (arrival, id, sampled): (Instant, HeaderValue, (bool, bool)),
     model: &mut Option<String>,
 ) -> Result<Response, ServeError> {
-    let req = match parse(state.clone(), kind, headers, raw, arrival, id, access).await {
+    let req = match parse(state.clone(), kind, headers, raw, arrival, id, sampled).await {
         Ok(req) => req,
         Err(e) => return Err(count_error(&state, e)),
     };

@@ -34,6 +34,10 @@ pub(crate) struct Request {
     pub(crate) request_id: HeaderValue,
     /// Whether the access log samples it.
     access: bool,
+    /// Whether OTLP tracing samples it.
+    trace: bool,
+    /// When its prompt was tokenized and hashed.
+    pub(crate) tokenized: Instant,
 }
 
 /// Parses the body and headers, and turns the prompt into what the core routes on.
@@ -44,7 +48,7 @@ pub(super) async fn parse(
     raw: Bytes,
     arrival: Instant,
     request_id: HeaderValue,
-    access: bool,
+    (access, trace): (bool, bool),
 ) -> Result<Request, ServeError> {
     let body: Value = serde_json::from_slice(&raw)
         .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
@@ -58,6 +62,7 @@ pub(super) async fn parse(
     }
     let stream = kvrouter_openai::request::stream_flags(&body)?.stream;
     let input = routing_input(&state, kind, &body).await?;
+    let tokenized = Instant::now();
     let pin = pin_from(headers)?;
     let admission = admission_fields(headers, &body, arrival, &state.inner)?;
     let text = |names: &[&str]| header_str(headers, names).map(str::to_owned);
@@ -74,6 +79,8 @@ pub(super) async fn parse(
         group: text(&GROUP_HEADER),
         request_id,
         access,
+        trace,
+        tokenized,
         state,
     })
 }
@@ -121,7 +128,7 @@ impl Request {
     /// The request's provenance line as far as the request itself says (with
     /// `--provenance-log`, or when the access log samples it).
     pub(super) fn provenance(&self) -> Option<Box<Provenance>> {
-        if self.state.inner.config.provenance.is_none() && !self.access {
+        if self.state.inner.config.provenance.is_none() && !self.access && !self.trace {
             return None;
         }
         Some(Box::new(Provenance {
@@ -130,6 +137,7 @@ impl Request {
             x_request_id: self.request_id.to_str().ok().map(str::to_owned),
             model: self.model().map(str::to_owned),
             access: self.access,
+            trace: self.trace,
             prompt_tokens: self.input.isl_tokens,
             ..Default::default()
         }))
