@@ -267,20 +267,35 @@ fn dump_dom(dir: &std::path::Path, name: &str, html: &str) -> String {
     let page = dir.join(name);
     std::fs::write(&page, html).unwrap();
     let dom = Command::new(chromium())
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"])
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+        ])
         .args(["--no-first-run", "--disable-background-networking"])
         .args(["--disable-component-update", "--disable-sync", "--dump-dom"])
-        .arg(format!("--user-data-dir={}", dir.join("chromium-profile").display()))
+        .arg(format!(
+            "--user-data-dir={}",
+            dir.join("chromium-profile").display()
+        ))
         .arg(format!("file://{}", page.display()))
         .output()
         .unwrap();
-    assert!(dom.status.success(), "{}", String::from_utf8_lossy(&dom.stderr));
+    assert!(
+        dom.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dom.stderr)
+    );
     String::from_utf8_lossy(&dom.stdout).into_owned()
 }
 
 /// The layout problems the in-page check wrote.
 fn layout_problems(dom: &str) -> Vec<String> {
-    let start = dom.find("<pre id=\"layout\">").expect("the layout check ran") + 17;
+    let start = dom
+        .find("<pre id=\"layout\">")
+        .expect("the layout check ran")
+        + 17;
     let end = start + dom[start..].find("</pre>").unwrap();
     let json = dom[start..end]
         .replace("&lt;", "<")
@@ -299,30 +314,49 @@ fn the_report_has_its_parameters_deltas_and_per_worker_load_and_nothing_overlaps
             "--workload-args",
             "prompts=4,group_size=4,steps=2,output_median=200,output_cap=1024",
         ])
-        .args(["--workers", "3", "--seed", "7", "--profile", "h100-llama3-8b"])
+        .args([
+            "--workers",
+            "3",
+            "--seed",
+            "7",
+            "--profile",
+            "h100-llama3-8b",
+        ])
         .args(["--compare", "round-robin,kv,kv:router_predicted_ttl_secs=5"])
         .args(["--quiet", "--out"])
         .arg(&dir)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
 
     // The check itself finds a covered line and a clipped tick.
     let broken = html.replace("</body>", &format!("{BROKEN_PLOT}{LAYOUT_CHECK}</body>"));
     let found = layout_problems(&dump_dom(&dir, "broken.html", &broken));
     assert!(
-        found.iter().any(|p| p == "legend covers x in broken on purpose"),
+        found
+            .iter()
+            .any(|p| p == "legend covers x in broken on purpose"),
         "{found:?}"
     );
     assert!(
-        found.iter().any(|p| p == "clipped text \"cut\" in broken on purpose"),
+        found
+            .iter()
+            .any(|p| p == "clipped text \"cut\" in broken on purpose"),
         "{found:?}"
     );
 
     let checked = html.replace("</body>", &format!("{LAYOUT_CHECK}</body>"));
     let dom = dump_dom(&dir, "checked.html", &checked);
-    assert_eq!(layout_problems(&dom), Vec::<String>::new(), "layout problems");
+    assert_eq!(
+        layout_problems(&dom),
+        Vec::<String>::new(),
+        "layout problems"
+    );
     for want in [
         "<th>workload</th><td>grpo (prompts=4,group_size=4,steps=2,output_median=200,output_cap=1024)</td>",
         "<th>workers</th><td>3</td>",
@@ -342,6 +376,9 @@ fn the_report_has_its_parameters_deltas_and_per_worker_load_and_nothing_overlaps
     // Two configurations against the baseline, a delta for each of 13 columns (12 without
     // step time when a run has none; this workload has steps).
     assert_eq!(dom.matches("class=\"delta\"").count(), 2 * 13);
-    assert_eq!(dom.matches("data-plot=\"Per-worker load over time").count(), 3);
+    assert_eq!(
+        dom.matches("data-plot=\"Per-worker load over time").count(),
+        3
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -341,7 +341,14 @@ fn step_bars(out: &mut String, runs: &[Summary]) {
         .iter()
         .flat_map(|r| r.timeline.step_times_s.iter().copied())
         .fold(1e-9, f64::max);
-    axes(out, "RL step time", "step", "step time (s)", steps as f64, y_max);
+    axes(
+        out,
+        "RL step time",
+        "step",
+        "step time (s)",
+        steps as f64,
+        y_max,
+    );
     let group_w = (W - PAD - 20.0) / steps as f64;
     let bar_w = group_w / (with.len() as f64 + 1.0);
     for (i, r) in with.iter().enumerate() {
@@ -391,7 +398,11 @@ const COLUMNS: [Column; 13] = [
     ("ceiling", |r| Some(r.hit_rate_ceiling), 3),
     ("GPU idle", |r| Some(gpu_idle(r)), 3),
     ("output tok/s", |r| Some(r.output_tokens_per_s), 0),
-    ("step time s", |r| r.rl.as_ref().map(|rl| rl.step_time_s.mean), 2),
+    (
+        "step time s",
+        |r| r.rl.as_ref().map(|rl| rl.step_time_s.mean),
+        2,
+    ),
 ];
 
 /// The summary table; rows after the first show their change against it (the baseline).
@@ -403,7 +414,11 @@ fn table(out: &mut String, runs: &[Summary]) {
     out.push_str("</tr>\n");
     let base = runs.first();
     for (i, r) in runs.iter().enumerate() {
-        let label = if i == 0 && runs.len() > 1 { " (baseline)" } else { "" };
+        let label = if i == 0 && runs.len() > 1 {
+            " (baseline)"
+        } else {
+            ""
+        };
         let _ = write!(out, "<tr><td>{}{label}</td>", esc(&r.config));
         for (_, pick, digits) in COLUMNS {
             let Some(v) = pick(r) else {
@@ -412,7 +427,11 @@ fn table(out: &mut String, runs: &[Summary]) {
             };
             let _ = write!(out, "<td>{v:.digits$}");
             if let (true, Some(b)) = (i > 0, base.and_then(pick)) {
-                let _ = write!(out, "<br><span class=\"delta\">{}</span>", delta(v, b, digits));
+                let _ = write!(
+                    out,
+                    "<br><span class=\"delta\">{}</span>",
+                    delta(v, b, digits)
+                );
             }
             out.push_str("</td>");
         }
