@@ -159,20 +159,3 @@ impl Otel {
         cx.span().end_with_timestamp(wall(end));
     }
 }
-
-/// When a request passed each step (for its spans).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Timeline {
-    /// Its prompt was tokenized and hashed.
-    pub(crate) tokenized: Option<Instant>,
-    /// It entered the router queue (`None`: placed at once).
-    pub(crate) queued: Option<Instant>,
-    /// Its first attempt was placed.
-    pub(crate) placed: Option<Instant>,
-    /// The worker of its first attempt.
-    pub(crate) first_worker: u64,
-    /// The chosen candidate's cost (lower is better), when the policy scored candidates.
-    pub(crate) score: Option<f64>,
-    /// Prompt tokens the router expected cached on the chosen worker.
-    pub(crate) predicted_cached_tokens: u64,
-}

@@ -9,6 +9,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::time::Instant;
 
 /// Lines waiting for the writer before new ones are dropped.
 const CHANNEL: usize = 8192;
@@ -62,7 +63,24 @@ pub(crate) struct Provenance {
     pub(crate) trace: bool,
     /// When it passed each step (for its trace).
     #[serde(skip)]
-    pub(crate) timeline: crate::otel::Timeline,
+    pub(crate) timeline: Timeline,
+}
+
+/// When a request passed each step (for its trace, `otel`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Timeline {
+    /// Its prompt was tokenized and hashed.
+    pub(crate) tokenized: Option<Instant>,
+    /// It entered the router queue (`None`: placed at once).
+    pub(crate) queued: Option<Instant>,
+    /// Its first attempt was placed.
+    pub(crate) placed: Option<Instant>,
+    /// The worker of its first attempt.
+    pub(crate) first_worker: u64,
+    /// The chosen candidate's cost (lower is better), when the policy scored candidates.
+    pub(crate) score: Option<f64>,
+    /// Prompt tokens the router expected cached on the chosen worker.
+    pub(crate) predicted_cached_tokens: u64,
 }
 
 /// The provenance log.

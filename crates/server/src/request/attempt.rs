@@ -200,7 +200,7 @@ fn guard_for(
                     p.request_id = id.0;
                     p.queue_ms = req.arrival.elapsed().as_secs_f64() * 1e3;
                     if p.trace {
-                        p.timeline = crate::otel::Timeline {
+                        p.timeline = crate::provenance::Timeline {
                             tokenized: Some(req.tokenized),
                             queued,
                             placed: Some(std::time::Instant::now()),
