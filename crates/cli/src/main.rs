@@ -5,6 +5,7 @@ mod discovery_args;
 mod embedded;
 mod headings;
 mod layered;
+mod logging;
 mod mock_engine;
 mod print_config;
 mod picker_args;
@@ -45,17 +46,14 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     // Flags, then KVROUTER_<FLAG> variables, then --config FILE, then defaults (layered.rs).
     let Some(cli) = layered::parse_args::<Cli>() else {
         return Ok(()); // --print-config
     };
+    match &cli.command {
+        Command::Serve(args) => logging::init(&args.log)?,
+        _ => logging::init(&logging::LogArgs::default())?,
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

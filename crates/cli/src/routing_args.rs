@@ -90,7 +90,7 @@ pub(crate) struct RoutingArgs {
     pub(crate) kv_cache_block_size: usize,
     /// Seed of the randomized policies.
     #[arg(help_heading = H::ROUTING, long, default_value_t = 0)]
-    seed: u64,
+    pub(crate) seed: u64,
 }
 
 impl RoutingArgs {

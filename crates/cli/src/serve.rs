@@ -125,6 +125,26 @@ pub(crate) struct ServeArgs {
     /// counted (the next heartbeat repairs lost finishes).
     #[arg(help_heading = H::REPLICAS, long, default_value_t = 65536)]
     replica_outbox_max_events: usize,
+    #[command(flatten)]
+    pub(crate) log: crate::logging::LogArgs,
+    /// Write one access line per request when it ends (log target `kvrouter::access`: request
+    /// id, model, worker, status, tokens, queue, TTFT and duration).
+    #[arg(help_heading = H::OBSERVABILITY, long)]
+    access_log: bool,
+    /// With --access-log: the fraction of requests that get a line (0 to 1, spread evenly).
+    #[arg(help_heading = H::OBSERVABILITY, long, default_value_t = 1.0)]
+    access_log_sample: f64,
+    /// Export a trace per sampled request over OTLP/HTTP (protobuf) to this collector base URL
+    /// (spans go to URL/v1/traces), e.g. http://127.0.0.1:4318; off when not given.
+    #[arg(help_heading = H::OBSERVABILITY, long)]
+    otlp_endpoint: Option<String>,
+    /// With --otlp-endpoint: the fraction of requests traced (0 to 1, spread evenly).
+    #[arg(help_heading = H::OBSERVABILITY, long, default_value_t = 1.0)]
+    otlp_sample_ratio: f64,
+    /// The prefix of every metric name on /metrics (letters, digits, `_` and `:`, not starting
+    /// with a digit; may be empty).
+    #[arg(help_heading = H::OBSERVABILITY, long, default_value = "kvrouter_")]
+    metrics_prefix: String,
     /// Seconds between active health checks (GET /health); 0 turns them off.
     #[arg(help_heading = H::HEALTH, long, default_value_t = 5.0)]
     health_check_interval_secs: f64,
@@ -260,6 +280,24 @@ fn read_workers_file(path: &PathBuf) -> anyhow::Result<Vec<WorkerEntry>> {
     Ok(file.workers)
 }
 
+/// The longest `--metrics-prefix`.
+const MAX_METRICS_PREFIX_BYTES: usize = 64;
+
+/// `--metrics-prefix`, checked to make valid Prometheus metric names.
+fn metrics_prefix(p: &str) -> anyhow::Result<String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    if p.len() > MAX_METRICS_PREFIX_BYTES
+        || !p.chars().all(ok_char)
+        || p.starts_with(|c: char| c.is_ascii_digit())
+    {
+        bail!(
+            "--metrics-prefix {p:?}: use at most {MAX_METRICS_PREFIX_BYTES} letters, digits, `_` \
+             and `:`, not starting with a digit"
+        );
+    }
+    Ok(p.to_owned())
+}
+
 /// The longest `--admin-token-file` read; a token file holds only the token.
 const MAX_TOKEN_FILE_BYTES: u64 = 4096;
 
@@ -379,6 +417,28 @@ impl ServeArgs {
                 "--stream-coalesce-yields",
             )?,
             trace_capture: self.trace_capture,
+            metrics_prefix: metrics_prefix(&self.metrics_prefix)?,
+            otel: match (&self.otlp_endpoint, self.otlp_sample_ratio) {
+                (_, s) if !(0.0..=1.0).contains(&s) => {
+                    bail!("--otlp-sample-ratio must be between 0 and 1, got {s}")
+                }
+                (Some(url), s) => {
+                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                        bail!("--otlp-endpoint {url:?}: give an http:// or https:// URL");
+                    }
+                    let otel = kvrouter_server::otel::Otel::open(url, s)
+                        .with_context(|| format!("--otlp-endpoint {url}"))?;
+                    Some(Arc::new(otel))
+                }
+                (None, _) => None,
+            },
+            access_log: match (self.access_log, self.access_log_sample) {
+                (_, s) if !(0.0..=1.0).contains(&s) => {
+                    bail!("--access-log-sample must be between 0 and 1, got {s}")
+                }
+                (true, s) => Some(Arc::new(kvrouter_server::access::AccessLog::new(s))),
+                (false, _) => None,
+            },
             http: self.http.limits()?,
             upstream_connect_timeout: positive(
                 self.upstream_connect_timeout_secs,
@@ -522,6 +582,7 @@ fn startup_lines(args: &ServeArgs, server: &kvrouter_server::RunningServer) -> V
 
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.config()?;
+    let otel = config.otel.clone();
     let mock_engine = args.mock_engine(&config)?;
     let addr = format!("{}:{}", args.host, args.port);
     let listener = tokio::net::TcpListener::bind(&addr)
@@ -574,5 +635,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let _ = task.await;
     }
     serving.stop().await;
+    if let Some(otel) = otel {
+        // Sends the spans still buffered (the batch processor's thread blocks on the export).
+        tokio::task::spawn_blocking(move || otel.shutdown()).await?;
+    }
     Ok(())
 }

@@ -370,6 +370,34 @@ pub(crate) fn print_table(runs: &[Summary]) {
     }
 }
 
+impl SimArgs {
+    /// What the report's head says about the run.
+    fn report_parameters(&self) -> Vec<(String, String)> {
+        let workload = match (&self.trace, &self.workload) {
+            (Some(path), _) => format!("trace {}", path.display()),
+            (None, Some(w)) => match &self.workload_args {
+                Some(a) => format!("{w} ({a})"),
+                None => w.clone(),
+            },
+            (None, None) => String::new(),
+        };
+        let mut p = vec![
+            ("workload".to_owned(), workload),
+            ("workers".to_owned(), self.workers.to_string()),
+            ("profile".to_owned(), self.profile.clone()),
+            ("seed".to_owned(), self.routing.seed.to_string()),
+            (
+                "kvrouter version".to_owned(),
+                env!("CARGO_PKG_VERSION").to_owned(),
+            ),
+        ];
+        if let Some(c) = &self.compare {
+            p.push(("configurations".to_owned(), c.clone()));
+        }
+        p
+    }
+}
+
 pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
     let workload = args.workload()?;
     let configs = args.configs()?;
@@ -385,7 +413,7 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
         .with_context(|| format!("--out {}", args.out.display()))?;
     std::fs::write(
         args.out.join("report.html"),
-        kvrouter_sim::report::render(&runs),
+        kvrouter_sim::report::render_with(&runs, &args.report_parameters()),
     )?;
     print_table(&runs);
     println!(

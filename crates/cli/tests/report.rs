@@ -214,3 +214,171 @@ fn sim_writes_a_perfetto_timeline_with_weight_updates() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--weight-update"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Measures the rendered report in the browser (SVG `getBBox`): text outside its plot's view
+/// box (clipped ticks or labels), legends whose box holds a point of a plotted line or a bar,
+/// and tick labels that overlap each other. The result is written into the page as JSON.
+const LAYOUT_CHECK: &str = r#"<script>
+const problems = [];
+const inside = (b, x, y) => x >= b.x && x <= b.x + b.width && y >= b.y && y <= b.y + b.height;
+const meet = (a, b) => a.x < b.x + b.width && b.x < a.x + a.width && a.y < b.y + b.height && b.y < a.y + a.height;
+for (const svg of document.querySelectorAll('svg')) {
+  const name = svg.dataset.plot || '(unnamed)';
+  const vb = svg.viewBox.baseVal;
+  for (const t of svg.querySelectorAll('text')) {
+    const b = t.getBBox();
+    if (b.x < vb.x - 0.5 || b.y < vb.y - 0.5 || b.x + b.width > vb.x + vb.width + 0.5 || b.y + b.height > vb.y + vb.height + 0.5) {
+      problems.push('clipped text "' + t.textContent + '" in ' + name);
+    }
+  }
+  const ticks = [...svg.querySelectorAll('text.tick')].map(t => [t.textContent, t.getBBox()]);
+  for (let i = 0; i < ticks.length; i++) for (let j = i + 1; j < ticks.length; j++) {
+    if (meet(ticks[i][1], ticks[j][1])) problems.push('ticks ' + ticks[i][0] + ' and ' + ticks[j][0] + ' overlap in ' + name);
+  }
+  const legend = svg.querySelector('g.legend');
+  if (!legend) continue;
+  const lb = legend.getBBox();
+  for (const line of svg.querySelectorAll('polyline.series')) {
+    const pts = [...line.points];
+    let hit = pts.length === 1 && inside(lb, pts[0].x, pts[0].y);
+    for (let k = 1; k < pts.length && !hit; k++) {
+      // Points every pixel along each segment.
+      const [a, b] = [pts[k - 1], pts[k]];
+      const n = Math.min(10000, Math.ceil(Math.hypot(b.x - a.x, b.y - a.y)) + 1);
+      for (let s = 0; s <= n && !hit; s++) hit = inside(lb, a.x + (b.x - a.x) * s / n, a.y + (b.y - a.y) * s / n);
+    }
+    if (hit) problems.push('legend covers ' + line.dataset.series + ' in ' + name);
+  }
+  for (const bar of svg.querySelectorAll('rect.bar')) {
+    if (meet(lb, bar.getBBox())) { problems.push('legend covers a bar in ' + name); break; }
+  }
+}
+const out = document.createElement('pre');
+out.id = 'layout';
+out.textContent = JSON.stringify(problems);
+document.body.appendChild(out);
+</script>"#;
+
+/// A plot whose legend sits on its line: the check must report it.
+const BROKEN_PLOT: &str = r##"<svg class="plot" data-plot="broken on purpose" width="300" height="100" viewBox="0 0 300 100"><polyline class="series" data-series="x" points="0,30 300,30"/><g class="legend"><rect x="200" y="21" width="10" height="10"/><text x="215" y="30" font-size="11">x</text></g><text class="tick" x="-5" y="50">cut</text></svg>"##;
+
+/// Loads `html` (written to `dir/name`) in headless Chromium and returns the DOM after scripts.
+fn dump_dom(dir: &std::path::Path, name: &str, html: &str) -> String {
+    let page = dir.join(name);
+    std::fs::write(&page, html).unwrap();
+    let dom = Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+        ])
+        .args(["--no-first-run", "--disable-background-networking"])
+        .args(["--disable-component-update", "--disable-sync", "--dump-dom"])
+        .arg(format!(
+            "--user-data-dir={}",
+            dir.join("chromium-profile").display()
+        ))
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .unwrap();
+    assert!(
+        dom.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dom.stderr)
+    );
+    String::from_utf8_lossy(&dom.stdout).into_owned()
+}
+
+/// The layout problems the in-page check wrote.
+fn layout_problems(dom: &str) -> Vec<String> {
+    let start = dom
+        .find("<pre id=\"layout\">")
+        .expect("the layout check ran")
+        + 17;
+    let end = start + dom[start..].find("</pre>").unwrap();
+    let json = dom[start..end]
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&amp;", "&");
+    serde_json::from_str(&json).unwrap()
+}
+
+#[test]
+fn the_report_has_its_parameters_deltas_and_per_worker_load_and_nothing_overlaps() {
+    let dir = std::env::temp_dir().join(format!("kvrouter-layout-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args(["sim", "--workload", "grpo"])
+        .args([
+            "--workload-args",
+            "prompts=4,group_size=4,steps=2,output_median=200,output_cap=1024",
+        ])
+        .args([
+            "--workers",
+            "3",
+            "--seed",
+            "7",
+            "--profile",
+            "h100-llama3-8b",
+        ])
+        .args(["--compare", "round-robin,kv,kv:router_predicted_ttl_secs=5"])
+        .args(["--quiet", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+
+    // The check itself finds a covered line and a clipped tick.
+    let broken = html.replace("</body>", &format!("{BROKEN_PLOT}{LAYOUT_CHECK}</body>"));
+    let found = layout_problems(&dump_dom(&dir, "broken.html", &broken));
+    assert!(
+        found
+            .iter()
+            .any(|p| p == "legend covers x in broken on purpose"),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|p| p == "clipped text \"cut\" in broken on purpose"),
+        "{found:?}"
+    );
+
+    let checked = html.replace("</body>", &format!("{LAYOUT_CHECK}</body>"));
+    let dom = dump_dom(&dir, "checked.html", &checked);
+    assert_eq!(
+        layout_problems(&dom),
+        Vec::<String>::new(),
+        "layout problems"
+    );
+    for want in [
+        "<th>workload</th><td>grpo (prompts=4,group_size=4,steps=2,output_median=200,output_cap=1024)</td>",
+        "<th>workers</th><td>3</td>",
+        "<th>profile</th><td>h100-llama3-8b</td>",
+        "<th>seed</th><td>7</td>",
+        &format!("<th>kvrouter version</th><td>{}</td>", env!("CARGO_PKG_VERSION")),
+        "<th>GPU idle</th>",
+        "<th>TTFT p90 ms</th>",
+        "<th>ITL p90 ms</th>",
+        "<th>queue p90 ms</th>",
+        "round-robin (baseline)",
+        "data-plot=\"Per-worker load over time kv\"",
+        "simulated time (s)",
+    ] {
+        assert!(dom.contains(want), "{want} missing from the rendered report");
+    }
+    // Two configurations against the baseline, a delta for each of 13 columns (12 without
+    // step time when a run has none; this workload has steps).
+    assert_eq!(dom.matches("class=\"delta\"").count(), 2 * 13);
+    assert_eq!(
+        dom.matches("data-plot=\"Per-worker load over time").count(),
+        3
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -6,7 +6,7 @@ use crate::error::ApiError;
 use crate::openai::{self, GenRequest, Kind, Usage};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -283,16 +283,31 @@ async fn metrics(State(s): State<AppState>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
-async fn completions(State(s): State<AppState>, body: Bytes) -> Response {
-    generate(s, body, Kind::Completion)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    with_request_id(&headers, generate(s, body, Kind::Completion).await)
 }
 
-async fn chat_completions(State(s): State<AppState>, body: Bytes) -> Response {
-    generate(s, body, Kind::Chat)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+async fn chat_completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    with_request_id(&headers, generate(s, body, Kind::Chat).await)
+}
+
+/// The request id header, logged (at debug, target `kvrouter_mock_engine::request`) and
+/// echoed in the answer as engines do.
+const REQUEST_ID: &str = "x-request-id";
+
+/// The answer, with the caller's `x-request-id` echoed and logged.
+fn with_request_id(headers: &HeaderMap, answer: Result<Response, ApiError>) -> Response {
+    let mut response = answer.unwrap_or_else(IntoResponse::into_response);
+    if let Some(id) = headers.get(REQUEST_ID) {
+        tracing::debug!(
+            target: "kvrouter_mock_engine::request",
+            request_id = id.to_str().unwrap_or(""),
+            status = response.status().as_u16(),
+            "request"
+        );
+        response.headers_mut().insert(REQUEST_ID, id.clone());
+    }
+    response
 }
 
 /// Cancels the engine request when the response (or the handler) is dropped early.

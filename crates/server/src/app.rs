@@ -198,7 +198,10 @@ async fn metrics(State(s): State<AppState>) -> Response {
         );
     }
     let q = core.queue_stats();
+    let update = core.update_status();
+    let newest_version = core.newest_policy_version();
     drop(core);
+    crate::update_metrics::render(&mut out, update.as_ref(), newest_version);
     gauge_header(
         &mut out,
         "kvrouter_router_queue_pending_requests",
@@ -222,6 +225,10 @@ async fn metrics(State(s): State<AppState>) -> Response {
     let t = inner.tokenizer.stats();
     let _ = writeln!(out, "# HELP kvrouter_tokenizer_cache_segments_total Prompt segments tokenized or served from the cache.\n# TYPE kvrouter_tokenizer_cache_segments_total counter");
     let _ = writeln!(out, "kvrouter_tokenizer_cache_segments_total{{result=\"hit\"}} {}\nkvrouter_tokenizer_cache_segments_total{{result=\"miss\"}} {}", t.hits, t.misses);
+    let prefix = inner.config.metrics_prefix.as_str();
+    if prefix != "kvrouter_" {
+        out = crate::metrics::with_prefix(&out, prefix);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 

@@ -111,6 +111,12 @@ pub struct ServeConfig {
     pub provenance: Option<Arc<crate::provenance::ProvenanceLog>>,
     /// Recent request timelines kept for `GET /admin/trace` (0 = off).
     pub trace_capture: usize,
+    /// The access log (`--access-log`; `None` = off).
+    pub access_log: Option<Arc<crate::access::AccessLog>>,
+    /// OTLP trace export (`--otlp-endpoint`; `None` = off).
+    pub otel: Option<Arc<crate::otel::Otel>>,
+    /// The prefix of every metric name on `/metrics` (`--metrics-prefix`).
+    pub metrics_prefix: String,
     /// Client-connection timeouts and the shutdown grace period.
     pub http: kvrouter_http::HttpLimits,
     /// Time to open a connection to a worker.
@@ -152,6 +158,9 @@ impl Default for ServeConfig {
             stream_coalesce_yields: 0,
             trace_capture: 0,
             provenance: None,
+            access_log: None,
+            otel: None,
+            metrics_prefix: "kvrouter_".into(),
             http: kvrouter_http::HttpLimits::default(),
             upstream_connect_timeout: std::time::Duration::from_secs(5),
             upstream_first_byte_timeout: std::time::Duration::from_secs(60),

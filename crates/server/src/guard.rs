@@ -16,6 +16,8 @@ pub(crate) struct LoadGuard {
     state: AppState,
     id: RequestId,
     mode: RouterMode,
+    /// Its model's request-level histograms (and `model` label).
+    model: std::sync::Arc<crate::metrics::ModelMetrics>,
     arrival: Instant,
     last_chunk: Option<Instant>,
     chunks: u64,
@@ -51,12 +53,15 @@ impl LoadGuard {
         worker: WorkerId,
         arrival: Instant,
         stream: bool,
+        model: &str,
     ) -> Self {
         let mode = state.inner.config.router.router_mode;
+        let model = state.inner.metrics.by_model.get(model);
         Self {
             state,
             id,
             mode,
+            model,
             arrival,
             last_chunk: None,
             chunks: 0,
@@ -105,6 +110,13 @@ impl LoadGuard {
     /// its group's first-N-of-M.
     pub(crate) fn answered(&mut self, success: bool) {
         self.counts_as_sample = success;
+    }
+
+    /// The worker answered with HTTP status `status` (for the access line).
+    pub(crate) fn answered_status(&mut self, status: u16) {
+        if let Some(p) = self.prov.as_mut() {
+            p.http_status = Some(status);
+        }
     }
 
     /// The answer produced `tokens` so far, over all attempts (for an early end's line).
@@ -161,10 +173,7 @@ impl LoadGuard {
         self.done = true;
         let inner = &self.state.inner;
         inner.release(self.id, Release::Cancelled);
-        inner
-            .metrics
-            .requests
-            .inc(&[("status", "aborted"), ("mode", self.mode.as_str())]);
+        inner.metrics.requests.inc(&self.labels("aborted"));
         self.capture("aborted");
         if let Some(p) = self.prov.as_mut() {
             p.abort_reason = Some("group-satisfied");
@@ -215,6 +224,15 @@ impl LoadGuard {
         }
     }
 
+    /// The labels of `kvrouter_requests_total` for an end with `status`.
+    fn labels(&self, status: &'static str) -> [(&'static str, &str); 3] {
+        [
+            ("status", status),
+            ("mode", self.mode.as_str()),
+            ("model", self.model.model()),
+        ]
+    }
+
     /// When the first byte of this attempt came back.
     pub(crate) fn first_at(&self) -> Option<Instant> {
         self.first_at
@@ -229,7 +247,6 @@ impl LoadGuard {
     /// inter-token latency sample for them all).
     pub(crate) fn on_chunks(&mut self, chunk: &[u8], chunks: u64) {
         let now = Instant::now();
-        let m = &self.state.inner.metrics;
         if self.attempt_first.is_none() {
             self.attempt_first = Some(now);
             let _ = self.state.inner.lock_core().first_token(self.id);
@@ -237,11 +254,14 @@ impl LoadGuard {
         }
         if self.first_at.is_none() {
             self.first_at = Some(now);
-            m.ttft
+            self.model
+                .ttft
                 .observe(now.duration_since(self.arrival).as_secs_f64());
         } else if let Some(prev) = self.last_chunk {
             if self.stream {
-                m.itl.observe(now.duration_since(prev).as_secs_f64());
+                self.model
+                    .itl
+                    .observe(now.duration_since(prev).as_secs_f64());
             }
         }
         self.last_chunk = Some(now);
@@ -292,9 +312,11 @@ impl LoadGuard {
             inner.group_sample_finished(group);
         }
         let m = &inner.metrics;
-        m.duration.observe(self.arrival.elapsed().as_secs_f64());
-        m.requests
-            .inc(&[("status", "ok"), ("mode", self.mode.as_str())]);
+        self.model
+            .duration
+            .observe(self.arrival.elapsed().as_secs_f64());
+        m.requests.inc(&self.labels("ok"));
+        let usage = kvrouter_openai::usage::find(&self.tail, self.stream);
         let output = self.carried
             + usage
                 .as_ref()
@@ -335,14 +357,15 @@ impl Drop for LoadGuard {
                 .inner
                 .metrics
                 .requests
-                .inc(&[("status", "cancelled"), ("mode", self.mode.as_str())]);
+                .inc(&self.labels("cancelled"));
             self.capture("cancelled");
             self.log_provenance("cancelled", None);
         }
     }
 }
 
-/// Completes a provenance line and hands it to the log (with `--provenance-log`).
+/// Completes a provenance line and hands it to the log (with `--provenance-log`) and to the
+/// access log (when it sampled the request).
 pub(crate) fn log_line(
     state: &AppState,
     mut p: Box<Provenance>,
@@ -352,9 +375,10 @@ pub(crate) fn log_line(
     first_at: Option<Instant>,
     usage: Option<&Value>,
 ) {
-    let Some(log) = state.inner.config.provenance.as_ref() else {
+    let log = state.inner.config.provenance.as_ref();
+    if log.is_none() && !p.access && !p.trace {
         return;
-    };
+    }
     let now = Instant::now();
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     p.status = status;
@@ -370,7 +394,15 @@ pub(crate) fn log_line(
         p.output_tokens += u["completion_tokens"].as_u64().unwrap_or(0);
         p.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].as_u64();
     }
-    log.record(&p);
+    if p.access {
+        crate::access::emit(&p);
+    }
+    if let (true, Some(otel)) = (p.trace, state.inner.config.otel.as_ref()) {
+        otel.record(&p, arrival, first_at, now);
+    }
+    if let Some(log) = log {
+        log.record(&p);
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //! - `app`: routes, health, metrics, admin API. `request`: one request from parse to last byte
 //!   (attempt, continuation machine, forwarder); `guard`: the load guard of one attempt.
 //! - `headers`: pins, priority, deadline, session, group and policy versions from request headers.
-//! - [`provenance`]: the per-request JSON-lines log.
+//! - [`provenance`]: the per-request JSON-lines log. [`access`]: the request id and the access log.
 //! - `routing`: request bodies to tokens and block hashes. `registry`: adding and removing workers.
 //! - `ingest`: libzmq subscribers (a thread per rank), reconnect re-syncs, sequence-gap recovery, bounded slices. `metrics`: Prometheus text.
 //! - `replica`: router replicas sharing load, placements, sessions, versions and the
@@ -19,6 +19,8 @@
 //! - [`placement`]: placements for hosts that carry the request themselves (ext_proc).
 //! - `picks`: outstanding picks of the pick API under their leases, and the reaper that
 //!   expires them (the table lives with the pick routes); `request::pick`: the pick API.
+//! - [`otel`]: OTLP trace export of sampled requests' timelines.
+//! - `update_metrics`: the weight-update cycle's gauges on `/metrics`.
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
 //! - `error`: the one mapping from errors to HTTP responses.
 //!
@@ -29,6 +31,7 @@
 //! - [`validate`]: the limits on worker registrations and the one check of a worker entry.
 //! - [`discovery`]: workers from etcd or Kubernetes (`--discovery`), drained when they go.
 
+pub mod access;
 mod app;
 mod auth;
 mod capture;
@@ -43,6 +46,7 @@ mod ingest;
 mod metrics;
 mod picks;
 pub mod placement;
+pub mod otel;
 pub mod provenance;
 mod queue;
 mod registry;
@@ -52,6 +56,7 @@ mod request;
 mod routing;
 mod state;
 mod update;
+mod update_metrics;
 pub mod validate;
 mod weight_source;
 

@@ -1,9 +1,10 @@
-//! Prometheus metrics in text format, `kvrouter_` prefix. Labels are bounded: status, mode, event
-//! type, worker id; never request, session or policy ids.
+//! Prometheus metrics in text format, `kvrouter_` prefix (`--metrics-prefix` renames it at the
+//! end, [`with_prefix`]). Labels are bounded: status, mode, model (a served model), event type,
+//! worker id; never request, session or policy ids.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Buckets for durations: from 100 µs (router overhead) to a minute (long generations).
 pub(crate) const SECONDS: &[f64] = &[
@@ -42,16 +43,92 @@ impl Histogram {
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
-        let d = self.data.lock().expect("histogram lock");
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        self.render_series(out, name, "");
+    }
+
+    /// The series' lines, with `labels` (`k="v",` each, or empty) before `le`.
+    fn render_series(&self, out: &mut String, name: &str, labels: &str) {
+        let d = self.data.lock().expect("histogram lock");
         let mut cumulative = 0;
         for (b, n) in self.buckets.iter().zip(&d.0) {
             cumulative += n;
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
+            let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{b}\"}} {cumulative}");
         }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", d.2);
-        let _ = writeln!(out, "{name}_sum {}\n{name}_count {}", d.1, d.2);
+        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {}", d.2);
+        let plain = match labels.trim_end_matches(',') {
+            "" => String::new(),
+            l => format!("{{{l}}}"),
+        };
+        let _ = writeln!(
+            out,
+            "{name}_sum{plain} {}\n{name}_count{plain} {}",
+            d.1, d.2
+        );
     }
+}
+
+/// The request-level histograms of one model (`model` label): TTFT, ITL, duration. A request's
+/// guard holds its model's set, so observing costs what an unlabeled histogram does.
+#[derive(Debug)]
+pub(crate) struct ModelMetrics {
+    model: String,
+    pub(crate) ttft: Histogram,
+    pub(crate) itl: Histogram,
+    pub(crate) duration: Histogram,
+}
+
+impl ModelMetrics {
+    /// The model, for the `model` label of counters.
+    pub(crate) fn model(&self) -> &str {
+        &self.model
+    }
+}
+
+/// The [`ModelMetrics`] of every model requests named (bounded: a request's model is one the
+/// workers serve, or it is refused before it gets here).
+#[derive(Debug, Default)]
+pub(crate) struct ByModel {
+    models: Mutex<BTreeMap<String, Arc<ModelMetrics>>>,
+}
+
+impl ByModel {
+    /// The histograms of `model`, made on first use.
+    pub(crate) fn get(&self, model: &str) -> Arc<ModelMetrics> {
+        let mut models = self.models.lock().expect("model metrics lock");
+        if let Some(m) = models.get(model) {
+            return m.clone();
+        }
+        let m = Arc::new(ModelMetrics {
+            model: model.to_owned(),
+            ttft: Histogram::new(SECONDS),
+            itl: Histogram::new(SECONDS),
+            duration: Histogram::new(SECONDS),
+        });
+        models.insert(model.to_owned(), m.clone());
+        m
+    }
+
+    fn render(
+        &self,
+        out: &mut String,
+        name: &str,
+        help: &str,
+        pick: fn(&ModelMetrics) -> &Histogram,
+    ) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (model, m) in self.models.lock().expect("model metrics lock").iter() {
+            let labels = format!("model=\"{}\",", escape(model));
+            pick(m).render_series(out, name, &labels);
+        }
+    }
+}
+
+/// A label value escaped for the text format.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// A counter family with string labels.
@@ -77,7 +154,10 @@ impl Counters {
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
         for (labels, v) in self.values.lock().expect("counter lock").iter() {
-            let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+            let l: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+                .collect();
             let _ = writeln!(out, "{name}{{{}}} {v}", l.join(","));
         }
     }
@@ -87,9 +167,8 @@ impl Counters {
 #[derive(Debug)]
 pub(crate) struct Metrics {
     pub(crate) requests: Counters,
-    pub(crate) ttft: Histogram,
-    pub(crate) itl: Histogram,
-    pub(crate) duration: Histogram,
+    /// TTFT, ITL and duration, by model.
+    pub(crate) by_model: ByModel,
     pub(crate) isl: Histogram,
     pub(crate) osl: Histogram,
     pub(crate) cached_tokens: Histogram,
@@ -121,9 +200,7 @@ impl Metrics {
     pub(crate) fn new() -> Self {
         Self {
             requests: Counters::default(),
-            ttft: Histogram::new(SECONDS),
-            itl: Histogram::new(SECONDS),
-            duration: Histogram::new(SECONDS),
+            by_model: ByModel::default(),
             isl: Histogram::new(TOKENS),
             osl: Histogram::new(TOKENS),
             cached_tokens: Histogram::new(TOKENS),
@@ -154,20 +231,23 @@ impl Metrics {
             "kvrouter_requests_total",
             "Requests by outcome and routing mode.",
         );
-        self.ttft.render(
+        self.by_model.render(
             out,
             "kvrouter_time_to_first_token_seconds",
-            "Time from arrival to the first streamed byte of content.",
+            "Time from arrival to the first streamed byte of content, by model.",
+            |m| &m.ttft,
         );
-        self.itl.render(
+        self.by_model.render(
             out,
             "kvrouter_inter_token_latency_seconds",
-            "Time between streamed content chunks.",
+            "Time between streamed content chunks, by model.",
+            |m| &m.itl,
         );
-        self.duration.render(
+        self.by_model.render(
             out,
             "kvrouter_request_duration_seconds",
-            "Time from arrival to the end of the response.",
+            "Time from arrival to the end of the response, by model.",
+            |m| &m.duration,
         );
         self.isl.render(
             out,
@@ -278,4 +358,69 @@ pub(crate) fn gauge_header(out: &mut String, name: &str, help: &str) {
 
 pub(crate) fn counter_header(out: &mut String, name: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+}
+
+/// The exposition `text` with the `kvrouter_` prefix of every metric name replaced by `prefix`
+/// (on sample lines and on `# HELP`/`# TYPE` lines).
+pub(crate) fn with_prefix(text: &str, prefix: &str) -> String {
+    const OURS: &str = "kvrouter_";
+    if prefix == OURS {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len() + text.len() / 8);
+    for line in text.lines() {
+        let (head, rest) = match line.strip_prefix("# HELP ") {
+            Some(rest) => ("# HELP ", rest),
+            None => match line.strip_prefix("# TYPE ") {
+                Some(rest) => ("# TYPE ", rest),
+                None => ("", line),
+            },
+        };
+        out.push_str(head);
+        match rest.strip_prefix(OURS) {
+            Some(name) => {
+                out.push_str(prefix);
+                out.push_str(name);
+            }
+            None => out.push_str(rest),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_renames_every_metric_and_nothing_else() {
+        let text = "# HELP kvrouter_a_total A kvrouter_ thing.\n# TYPE kvrouter_a_total counter\nkvrouter_a_total{m=\"kvrouter_x\"} 1\n";
+        assert_eq!(with_prefix(text, "kvrouter_"), text);
+        assert_eq!(
+            with_prefix(text, "llm_router_"),
+            "# HELP llm_router_a_total A kvrouter_ thing.\n# TYPE llm_router_a_total counter\nllm_router_a_total{m=\"kvrouter_x\"} 1\n"
+        );
+        assert_eq!(
+            with_prefix(text, ""),
+            "# HELP a_total A kvrouter_ thing.\n# TYPE a_total counter\na_total{m=\"kvrouter_x\"} 1\n"
+        );
+    }
+
+    #[test]
+    fn histograms_by_model_carry_the_model_label_and_escape_it() {
+        let m = ByModel::default();
+        m.get("llama").ttft.observe(0.2);
+        m.get("q\"x").ttft.observe(0.3);
+        assert!(Arc::ptr_eq(&m.get("llama"), &m.get("llama")));
+        let mut out = String::new();
+        m.render(&mut out, "t", "T.", |m| &m.ttft);
+        assert!(
+            out.contains("t_bucket{model=\"llama\",le=\"0.25\"} 1\n"),
+            "{out}"
+        );
+        assert!(out.contains("t_count{model=\"llama\"} 1\n"), "{out}");
+        assert!(out.contains("t_count{model=\"q\\\"x\"} 1\n"), "{out}");
+        assert_eq!(out.matches("# TYPE t histogram").count(), 1);
+    }
 }

@@ -9,6 +9,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::time::Instant;
 
 /// Lines waiting for the writer before new ones are dropped.
 const CHANNEL: usize = 8192;
@@ -19,6 +20,12 @@ pub(crate) struct Provenance {
     /// Wall-clock end time, ms since the Unix epoch.
     pub(crate) ts_ms: u64,
     pub(crate) request_id: u64,
+    /// The request's `x-request-id` (the client's, or the one the router made).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) x_request_id: Option<String>,
+    /// The body's `model`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) model: Option<String>,
     /// `x-session-id` / `x-dynamo-session-id` (the trajectory id for RL).
     pub(crate) session: Option<String>,
     /// `x-kvrouter-group-id`.
@@ -45,6 +52,35 @@ pub(crate) struct Provenance {
     pub(crate) status: &'static str,
     /// Why it was ended early: `group-satisfied` (first-N-of-M).
     pub(crate) abort_reason: Option<&'static str>,
+    /// The HTTP status the worker answered (the access log's; not in the provenance line).
+    #[serde(skip)]
+    pub(crate) http_status: Option<u16>,
+    /// Whether the access log (`--access-log`) samples this request.
+    #[serde(skip)]
+    pub(crate) access: bool,
+    /// Whether OTLP tracing (`--otlp-endpoint`) samples this request.
+    #[serde(skip)]
+    pub(crate) trace: bool,
+    /// When it passed each step (for its trace).
+    #[serde(skip)]
+    pub(crate) timeline: Timeline,
+}
+
+/// When a request passed each step (for its trace, `otel`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Timeline {
+    /// Its prompt was tokenized and hashed.
+    pub(crate) tokenized: Option<Instant>,
+    /// It entered the router queue (`None`: placed at once).
+    pub(crate) queued: Option<Instant>,
+    /// Its first attempt was placed.
+    pub(crate) placed: Option<Instant>,
+    /// The worker of its first attempt.
+    pub(crate) first_worker: u64,
+    /// The chosen candidate's cost (lower is better), when the policy scored candidates.
+    pub(crate) score: Option<f64>,
+    /// Prompt tokens the router expected cached on the chosen worker.
+    pub(crate) predicted_cached_tokens: u64,
 }
 
 /// The provenance log.

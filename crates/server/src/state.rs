@@ -60,6 +60,8 @@ pub(crate) struct Inner {
     pub(crate) workers: Mutex<BTreeMap<WorkerId, WorkerRecord>>,
     pub(crate) next_worker: AtomicU64,
     pub(crate) next_request: AtomicU64,
+    /// Makes the `x-request-id` of requests that come without one.
+    pub(crate) request_ids: crate::access::RequestIds,
     pub(crate) epoch: Instant,
     pub(crate) http: reqwest::Client,
     pub(crate) tokenizer: CachedTokenizer,
@@ -371,6 +373,7 @@ impl AppState {
                 workers: Mutex::new(BTreeMap::new()),
                 next_worker: AtomicU64::new(0),
                 next_request: AtomicU64::new(1),
+                request_ids: crate::access::RequestIds::new(),
                 epoch: Instant::now(),
                 http,
                 tokenizer,

@@ -27,8 +27,12 @@ impl Drop for QueuedGuard<'_> {
     }
 }
 
-/// Admission: placed now, or queued until the driver places it (or its deadline passes).
-pub(crate) async fn admit(state: &AppState, request: RouteRequest) -> Result<Decision, ServeError> {
+/// Admission: placed now, or queued until the driver places it (or its deadline passes); with
+/// the decision, when it entered the queue (`None`: placed at once).
+pub(crate) async fn admit(
+    state: &AppState,
+    request: RouteRequest,
+) -> Result<(Decision, Option<Instant>), ServeError> {
     let inner = &state.inner;
     let id = request.id;
     let queued_at = Instant::now();
@@ -42,7 +46,7 @@ pub(crate) async fn admit(state: &AppState, request: RouteRequest) -> Result<Dec
     match submitted {
         Ok(Admission::Dispatched(d)) => {
             inner.forget_placement(id);
-            Ok(d)
+            Ok((d, None))
         }
         Ok(Admission::Queued) => {
             inner.wake_queue();
@@ -58,7 +62,7 @@ pub(crate) async fn admit(state: &AppState, request: RouteRequest) -> Result<Dec
                 .queue_wait
                 .observe(queued_at.elapsed().as_secs_f64());
             match placed {
-                Ok(Ok(d)) => Ok(d),
+                Ok(Ok(d)) => Ok((d, Some(queued_at))),
                 Ok(Err(RouteError::DeadlineExceeded)) => {
                     inner.metrics.rejections.inc(&[("reason", "deadline")]);
                     Err(ServeError::Route(RouteError::DeadlineExceeded))

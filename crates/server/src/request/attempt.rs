@@ -78,6 +78,7 @@ pub(crate) async fn attempt(
         u32::MAX
     };
     let mut last_error = None;
+    let mut queued = None;
     for n in 0..sends {
         let id = RequestId(inner.next_request.fetch_add(1, Ordering::Relaxed));
         let mut request = RouteRequest::new(id, input.isl_tokens, input.blocks.clone());
@@ -88,7 +89,11 @@ pub(crate) async fn attempt(
         let decision = if admit_next {
             // A request waiting in the queue ends there if its group gets enough samples.
             tokio::select! {
-                d = admit(&req.state, request) => d?,
+                d = admit(&req.state, request) => {
+                    let (d, at) = d?;
+                    queued = queued.or(at);
+                    d
+                }
                 _ = stopped(stop) => return Ok(Outcome::Stopped { logged: false }),
             }
         } else {
@@ -102,7 +107,7 @@ pub(crate) async fn attempt(
         if first && n == 0 {
             req.placed(&decision);
         }
-        let mut guard = guard_for(req, id, &decision, &origin);
+        let mut guard = guard_for(req, id, &decision, &origin, queued);
         let Some(base) = registry::url_of(&req.state, worker) else {
             guard.retire();
             continue;
@@ -112,6 +117,7 @@ pub(crate) async fn attempt(
                 .http
                 .post(format!("{base}{}", req.kind.path()))
                 .header("content-type", "application/json")
+                .header(crate::access::REQUEST_ID_HEADER, req.request_id.clone())
                 .body(body.clone()),
             req.stream,
         );
@@ -136,6 +142,7 @@ pub(crate) async fn attempt(
         match (sent, failure) {
             (Ok(response), None) => {
                 guard.answered(response.status().is_success());
+                guard.answered_status(response.status().as_u16());
                 let sent = Sent {
                     response,
                     guard,
@@ -168,10 +175,18 @@ pub(super) fn guard_for(
     id: RequestId,
     decision: &Decision,
     origin: &Origin,
+    queued: Option<std::time::Instant>,
 ) -> LoadGuard {
     let worker = decision.rank.worker;
-    let guard = LoadGuard::new(req.state.clone(), id, worker, req.arrival, req.stream)
-        .in_group(req.admission.group);
+    let guard = LoadGuard::new(
+        req.state.clone(),
+        id,
+        worker,
+        req.arrival,
+        req.stream,
+        req.model().unwrap_or(""),
+    )
+    .in_group(req.admission.group);
     let placed = |mut p: Box<Provenance>| {
         p.dp_rank = decision.rank.dp_rank;
         p.policy_version = decision.policy_version;
@@ -184,6 +199,20 @@ pub(super) fn guard_for(
                 .with_provenance(req.provenance().map(|mut p| {
                     p.request_id = id.0;
                     p.queue_ms = req.arrival.elapsed().as_secs_f64() * 1e3;
+                    if p.trace {
+                        p.timeline = crate::provenance::Timeline {
+                            tokenized: Some(req.tokenized),
+                            queued,
+                            placed: Some(std::time::Instant::now()),
+                            first_worker: worker.0,
+                            score: decision
+                                .candidates
+                                .iter()
+                                .find(|c| c.rank == decision.rank)
+                                .map(|c| c.total),
+                            predicted_cached_tokens: decision.cached_tokens,
+                        };
+                    }
                     placed(p)
                 }))
         }

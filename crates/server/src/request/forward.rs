@@ -340,10 +340,11 @@ impl Flow {
             Ok(Outcome::Stopped { logged }) => {
                 if !logged {
                     let mode = inner.config.router.router_mode;
-                    inner
-                        .metrics
-                        .requests
-                        .inc(&[("status", "aborted"), ("mode", mode.as_str())]);
+                    inner.metrics.requests.inc(&[
+                        ("status", "aborted"),
+                        ("mode", mode.as_str()),
+                        ("model", self.req.model().unwrap_or("")),
+                    ]);
                     log("aborted", prov);
                 }
                 Ok(None)

@@ -24,13 +24,15 @@ use crate::routing::Kind;
 use crate::state::AppState;
 use attempt::{attempt, Origin, Outcome};
 use axum::body::Bytes;
-use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
 use parse::Request;
 use parse::{count_error, parse};
 use std::time::Instant;
 
-/// Handles `/v1/completions` and `/v1/chat/completions`.
+/// Handles `/v1/completions` and `/v1/chat/completions`: the answer, with the request's
+/// `x-request-id`, and its access line when the router refused it before a worker answered
+/// (lines of answered requests are written when they end, by `guard::log_line`).
 pub(crate) async fn handle(
     state: AppState,
     kind: Kind,
@@ -38,10 +40,57 @@ pub(crate) async fn handle(
     raw: Bytes,
 ) -> Result<Response, ServeError> {
     let arrival = Instant::now();
-    let req = match parse(state.clone(), kind, &headers, raw, arrival).await {
+    let access = state
+        .inner
+        .config
+        .access_log
+        .as_ref()
+        .is_some_and(|a| a.sampled());
+    let trace = state
+        .inner
+        .config
+        .otel
+        .as_ref()
+        .is_some_and(|o| o.sampled());
+    let mut model = None;
+    let (id, answered) = match state.inner.request_ids.take(&headers) {
+        Ok(id) => {
+            let at = (arrival, id.clone(), (access, trace));
+            (
+                id,
+                answer(state.clone(), kind, &headers, raw, at, &mut model).await,
+            )
+        }
+        Err((id, e)) => (id, Err(count_error(&state, e))),
+    };
+    let mut response = answered.unwrap_or_else(|e| {
+        if access {
+            let ms = arrival.elapsed().as_secs_f64() * 1e3;
+            crate::access::emit_error(&id, model.as_deref(), &e, ms);
+        }
+        e.into_response()
+    });
+    response
+        .headers_mut()
+        .insert(crate::access::REQUEST_ID_HEADER, id);
+    Ok(response)
+}
+
+/// Parses, places and answers one request; an error is one the router made before a worker
+/// answered (its access line is the caller's to write), and `model` is the body's once parsed.
+async fn answer(
+    state: AppState,
+    kind: Kind,
+    headers: &HeaderMap,
+    raw: Bytes,
+    (arrival, id, sampled): (Instant, HeaderValue, (bool, bool)),
+    model: &mut Option<String>,
+) -> Result<Response, ServeError> {
+    let req = match parse(state.clone(), kind, headers, raw, arrival, id, sampled).await {
         Ok(req) => req,
         Err(e) => return Err(count_error(&state, e)),
     };
+    *model = req.model().map(str::to_owned);
     // First-N-of-M: a sibling of a group that has its N samples is not started at all.
     // Subscribe before looking, so a group satisfied in between is seen either way.
     let mut stop = match (req.admission.group, req.admission.group_need) {
@@ -65,10 +114,13 @@ pub(crate) async fn handle(
     )
     .await;
     match sent {
-        Ok(Outcome::Sent(sent)) => respond::respond(req, *sent, stop).await,
+        // The guard in the answer writes its line, also when answering fails.
+        Ok(Outcome::Sent(sent)) => Ok(respond::respond(req, *sent, stop)
+            .await
+            .unwrap_or_else(IntoResponse::into_response)),
         Ok(Outcome::Stopped { logged: false }) => Ok(refuse(&req)),
         Ok(Outcome::Stopped { logged: true }) => Ok(ended_by_group(&req)),
-        Err(e) => Err(count_error(&req.state, e)),
+        Err(e) => Err(req.count_error(e)),
     }
 }
 
@@ -76,11 +128,11 @@ pub(crate) async fn handle(
 /// aborted, answered with nothing.
 fn refuse(req: &Request) -> Response {
     let mode = req.state.inner.config.router.router_mode;
-    req.state
-        .inner
-        .metrics
-        .requests
-        .inc(&[("status", "aborted"), ("mode", mode.as_str())]);
+    req.state.inner.metrics.requests.inc(&[
+        ("status", "aborted"),
+        ("mode", mode.as_str()),
+        ("model", req.model().unwrap_or("")),
+    ]);
     if let Some(mut p) = req.provenance() {
         p.abort_reason = Some("group-satisfied");
         log_line(&req.state, p, "aborted", None, req.arrival, None, None);

@@ -10,7 +10,7 @@ use crate::provenance::Provenance;
 use crate::routing::{routing_input, Kind, RoutingInput};
 use crate::state::AppState;
 use axum::body::Bytes;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use kvrouter_core::router::{Decision, Pin};
 use serde_json::Value;
 use std::time::Instant;
@@ -30,6 +30,14 @@ pub(crate) struct Request {
     pub(crate) admission: AdmissionFields,
     session: Option<String>,
     group: Option<String>,
+    /// The request's `x-request-id` (sent to the engine, returned to the client).
+    pub(crate) request_id: HeaderValue,
+    /// Whether the access log samples it.
+    access: bool,
+    /// Whether OTLP tracing samples it.
+    trace: bool,
+    /// When its prompt was tokenized and hashed.
+    pub(crate) tokenized: Instant,
 }
 
 /// Parses the body and headers, and turns the prompt into what the core routes on.
@@ -39,6 +47,8 @@ pub(super) async fn parse(
     headers: &HeaderMap,
     raw: Bytes,
     arrival: Instant,
+    request_id: HeaderValue,
+    (access, trace): (bool, bool),
 ) -> Result<Request, ServeError> {
     let body: Value = serde_json::from_slice(&raw)
         .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
@@ -64,6 +74,7 @@ pub(super) async fn parse_body(
     }
     let stream = kvrouter_openai::request::stream_flags(&body)?.stream;
     let input = routing_input(&state, kind, &body).await?;
+    let tokenized = Instant::now();
     let pin = pin_from(headers)?;
     let admission = admission_fields(headers, &body, arrival, &state.inner)?;
     let text = |names: &[&str]| header_str(headers, names).map(str::to_owned);
@@ -78,6 +89,10 @@ pub(super) async fn parse_body(
         admission,
         session: text(&SESSION_HEADERS),
         group: text(&GROUP_HEADER),
+        request_id,
+        access,
+        trace,
+        tokenized,
         state,
     })
 }
@@ -94,9 +109,15 @@ pub(super) fn count_error(state: &AppState, e: ServeError) -> ServeError {
 }
 
 impl Request {
-    /// Counts a request that failed after its first attempt was placed.
+    /// Counts a request that failed after it was parsed (with its `model` label).
     pub(crate) fn count_error(&self, e: ServeError) -> ServeError {
-        count_error(&self.state, e)
+        let mode = self.state.inner.config.router.router_mode;
+        self.state.inner.metrics.requests.inc(&[
+            ("status", e.status_label()),
+            ("mode", mode.as_str()),
+            ("model", self.model().unwrap_or("")),
+        ]);
+        e
     }
 
     /// Records the first placement: the router's overhead, the prompt length and cache hits.
@@ -111,13 +132,24 @@ impl Request {
         }
     }
 
+    /// The body's `model`, if it names one.
+    pub(crate) fn model(&self) -> Option<&str> {
+        self.body.get("model").and_then(Value::as_str)
+    }
+
     /// The request's provenance line as far as the request itself says (with
-    /// `--provenance-log`).
+    /// `--provenance-log`, or when the access log samples it).
     pub(super) fn provenance(&self) -> Option<Box<Provenance>> {
-        self.state.inner.config.provenance.as_ref()?;
+        if self.state.inner.config.provenance.is_none() && !self.access && !self.trace {
+            return None;
+        }
         Some(Box::new(Provenance {
             session: self.session.clone(),
             group: self.group.clone(),
+            x_request_id: self.request_id.to_str().ok().map(str::to_owned),
+            model: self.model().map(str::to_owned),
+            access: self.access,
+            trace: self.trace,
             prompt_tokens: self.input.isl_tokens,
             ..Default::default()
         }))

@@ -85,12 +85,12 @@ async fn place_parsed(
     request.pin = req.pin;
     request.allowed_workers = allowed;
     req.admission.apply(&mut request);
-    let decision = tokio::select! {
+    let (decision, queued) = tokio::select! {
         d = super::admit::admit(&req.state, request) => d?,
         _ = stopped(&mut stop) => return Err(group_satisfied(req.admission.group.unwrap_or(0))),
     };
     req.placed(&decision);
-    let mut guard = guard_for(req, id, &decision, &Origin::First);
+    let mut guard = guard_for(req, id, &decision, &Origin::First, queued);
     let Some(url) = crate::registry::url_of(&req.state, decision.rank.worker) else {
         guard.retire();
         return Err(ServeError::Upstream(
