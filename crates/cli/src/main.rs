@@ -7,8 +7,8 @@ mod headings;
 mod layered;
 mod logging;
 mod mock_engine;
-mod print_config;
 mod picker_args;
+mod print_config;
 mod routing_args;
 mod serve;
 mod sim;
@@ -34,9 +34,9 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the KV-aware OpenAI-compatible router in front of workers (or embedded mock engines).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Replay a trace or an RL workload through the routing core against simulated engines.
-    Sim(sim::SimArgs),
+    Sim(Box<sim::SimArgs>),
     /// Run a simulated inference engine: OpenAI API over HTTP, KV events over ZeroMQ.
     MockEngine(mock_engine::MockEngineArgs),
     /// Replay a trace or an RL workload against a live OpenAI-compatible endpoint.
@@ -58,8 +58,8 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve::run(args)),
-        Command::Sim(args) => sim::run(args),
+        Command::Serve(args) => runtime.block_on(serve::run(*args)),
+        Command::Sim(args) => sim::run(*args),
         Command::MockEngine(args) => runtime.block_on(mock_engine::run(args)),
         Command::Bench(args) => runtime.block_on(bench::run(args)),
         Command::Weights(args) => runtime.block_on(weights::run(args)),

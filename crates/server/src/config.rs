@@ -363,6 +363,8 @@ impl ReplicaSyncConfig {
         }
         Ok(())
     }
+}
+
 /// Leases and bounds of placements handed out without forwarding (`kvrouter serve --pick-*`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PickConfig {

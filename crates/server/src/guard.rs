@@ -316,7 +316,6 @@ impl LoadGuard {
             .duration
             .observe(self.arrival.elapsed().as_secs_f64());
         m.requests.inc(&self.labels("ok"));
-        let usage = kvrouter_openai::usage::find(&self.tail, self.stream);
         let output = self.carried
             + usage
                 .as_ref()

@@ -19,10 +19,7 @@ pub(super) async fn pick(
     headers: &[(&'static str, String)],
 ) -> Result<Picked, String> {
     let router = shared.url().to_owned();
-    let mut req = shared
-        .client
-        .post(format!("{router}/v1/pick"))
-        .json(body);
+    let mut req = shared.client.post(format!("{router}/v1/pick")).json(body);
     for (k, v) in headers {
         req = req.header(*k, v);
     }

@@ -52,7 +52,16 @@ pub(super) async fn parse(
 ) -> Result<Request, ServeError> {
     let body: Value = serde_json::from_slice(&raw)
         .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
-    parse_body(state, kind, headers, raw, body, arrival).await
+    parse_body(
+        state,
+        kind,
+        headers,
+        (raw, body),
+        arrival,
+        request_id,
+        (access, trace),
+    )
+    .await
 }
 
 /// [`parse`] of a body already read as JSON (`raw`: the bytes a first attempt sends).
@@ -60,9 +69,10 @@ pub(super) async fn parse_body(
     state: AppState,
     kind: Kind,
     headers: &HeaderMap,
-    raw: Bytes,
-    body: Value,
+    (raw, body): (Bytes, Value),
     arrival: Instant,
+    request_id: HeaderValue,
+    (access, trace): (bool, bool),
 ) -> Result<Request, ServeError> {
     if !body.is_object() {
         return Err(ServeError::invalid("the body must be a JSON object", None));

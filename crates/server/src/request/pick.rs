@@ -57,9 +57,24 @@ pub(crate) async fn place(
     arrival: Instant,
     allowed: Option<Vec<kvrouter_core::ids::WorkerId>>,
 ) -> Result<Placed, ServeError> {
-    let req = parse_body(state.clone(), kind, headers, Bytes::new(), body, arrival)
-        .await
-        .map_err(|e| count_error(state, e))?;
+    // A pick carries the client's x-request-id (or gets one); the access log and OTLP traces
+    // cover proxied requests only.
+    let request_id = state
+        .inner
+        .request_ids
+        .take(headers)
+        .map_err(|(_, e)| count_error(state, e))?;
+    let req = parse_body(
+        state.clone(),
+        kind,
+        headers,
+        (Bytes::new(), body),
+        arrival,
+        request_id,
+        (false, false),
+    )
+    .await
+    .map_err(|e| count_error(state, e))?;
     place_parsed(&req, allowed)
         .await
         .map_err(|e| req.count_error(e))
