@@ -15,9 +15,17 @@ pub(crate) struct MockEngineArgs {
     /// HTTP port (0 picks a free one).
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Model name served at /v1/models.
-    #[arg(long, default_value = "mock-model")]
+    /// Model name served at /v1/models (vLLM's `--served-model-name` is an alias).
+    #[arg(
+        long,
+        visible_alias = "served-model-name",
+        default_value = "mock-model"
+    )]
     model_name: String,
+    /// A LoRA adapter loaded on this engine (repeatable): listed at /v1/models with `parent` and
+    /// `root` naming the model, and served under its own name.
+    #[arg(long = "lora", value_name = "NAME")]
+    lora: Vec<String>,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 64)]
     block_size: usize,
@@ -108,8 +116,16 @@ impl MockEngineArgs {
         }
         let tokenizer =
             kvrouter_tokenizer::load(self.tokenizer.as_deref()).context("--tokenizer")?;
+        if let Some(bad) = self
+            .lora
+            .iter()
+            .find(|a| a.is_empty() || **a == self.model_name)
+        {
+            bail!("--lora {bad:?}: an adapter needs a name of its own (not empty, not the --model-name)");
+        }
         Ok(MockEngineConfig {
             model_name: self.model_name.clone(),
+            lora_adapters: self.lora.clone(),
             engine: EngineConfig {
                 block_size: self.block_size,
                 num_gpu_blocks: self.num_gpu_blocks,

@@ -34,6 +34,9 @@ impl TimingChoice {
 pub struct MockEngineConfig {
     /// The model name it serves (requests naming another model get 404).
     pub model_name: String,
+    /// LoRA adapters it has loaded (`--lora`): listed at `/v1/models` with `parent` and `root`
+    /// the base model, as vLLM lists them, and served under their own names.
+    pub lora_adapters: Vec<String>,
     /// Engine sizes and limits.
     pub engine: EngineConfig,
     /// Timing model.
@@ -64,10 +67,20 @@ pub struct MockEngineConfig {
     pub http: kvrouter_http::HttpLimits,
 }
 
+impl MockEngineConfig {
+    /// Every name a request may give as `model`: the base model, then its adapters.
+    pub fn served_names(&self) -> Vec<String> {
+        std::iter::once(self.model_name.clone())
+            .chain(self.lora_adapters.iter().cloned())
+            .collect()
+    }
+}
+
 impl Default for MockEngineConfig {
     fn default() -> Self {
         Self {
             model_name: "mock-model".into(),
+            lora_adapters: Vec::new(),
             engine: EngineConfig::default(),
             timing: TimingChoice::DynamoPoly,
             speedup_ratio: 1.0,

@@ -59,6 +59,18 @@ impl AppState {
     }
 }
 
+impl AppState {
+    /// The engine's settings.
+    pub(crate) fn config(&self) -> &MockEngineConfig {
+        &self.inner.config
+    }
+
+    /// When the server started (Unix seconds), the `created` of its answers.
+    pub(crate) fn created(&self) -> u64 {
+        self.inner.created
+    }
+}
+
 /// The largest request body accepted.
 const MAX_BODY_BYTES: usize = kvrouter_openai::MAX_REQUEST_BODY_BYTES;
 
@@ -68,6 +80,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
+        .route("/v1/responses", post(crate::responses::responses))
+        .route("/v1/embeddings", post(crate::vectors::embeddings))
+        .route("/tokenize", post(crate::vectors::tokenize))
+        .route("/detokenize", post(crate::vectors::detokenize))
         .route("/health", get(health))
         .route("/live", get(health))
         .route("/ready", get(health))
@@ -91,11 +107,15 @@ async fn health() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
+/// The base model, then each LoRA adapter with `parent` and `root` naming the base (vLLM's shape).
 async fn models(State(s): State<AppState>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{"id": s.inner.config.model_name, "object": "model", "created": s.inner.created, "owned_by": "kvrouter-mock-engine"}],
-    }))
+    let (c, created) = (&s.inner.config, s.inner.created);
+    let base = &c.model_name;
+    let card = |id: &str, parent: Option<&str>| json!({"id": id, "object": "model", "created": created, "owned_by": "kvrouter-mock-engine", "root": parent.unwrap_or(id), "parent": parent});
+    let data: Vec<Value> = std::iter::once(card(base, None))
+        .chain(c.lora_adapters.iter().map(|a| card(a, Some(base))))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 struct PolicyState {
@@ -252,10 +272,10 @@ async fn chat_completions(State(s): State<AppState>, body: Bytes) -> Response {
 }
 
 /// Cancels the engine request when the response (or the handler) is dropped early.
-struct CancelGuard {
+pub(crate) struct CancelGuard {
     id: RequestId,
     commands: mpsc::UnboundedSender<Command>,
-    armed: bool,
+    pub(crate) armed: bool,
 }
 
 impl Drop for CancelGuard {
@@ -266,71 +286,38 @@ impl Drop for CancelGuard {
     }
 }
 
-async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiError> {
-    let value: Value = serde_json::from_slice(&body)
+/// A request body: a JSON object.
+pub(crate) fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
+    let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
     if !value.is_object() {
         return Err(ApiError::invalid("the body must be a JSON object", None));
     }
+    Ok(value)
+}
+
+async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiError> {
+    let value = parse_object(&body)?;
     let c = &s.inner.config;
     let tokenizer = c.tokenizer.as_ref();
     let req: GenRequest = match kind {
         Kind::Completion => {
-            openai::parse_completion(&value, &c.model_name, tokenizer, c.default_max_tokens)?
+            openai::parse_completion(&value, &c.served_names(), tokenizer, c.default_max_tokens)?
         }
         Kind::Chat => openai::parse_chat(
             &value,
-            &c.model_name,
+            &c.served_names(),
             tokenizer,
             &c.chat_template,
             c.default_max_tokens.max(128),
         )?,
     };
-    let n = s.inner.next_id.fetch_add(1, Ordering::Relaxed);
-    let id = RequestId(n);
-    let (deliver, mut rx) = mpsc::unbounded_channel();
-    let (accepted_tx, accepted_rx) = oneshot::channel();
-    let engine_request = EngineRequest {
-        id,
-        prompt: Prompt::tokens(req.prompt_tokens.clone()),
-        max_output_tokens: req.max_tokens,
+    let param = if kind == Kind::Chat {
+        "messages"
+    } else {
+        "prompt"
     };
-    s.inner
-        .commands
-        .send(Command::Add {
-            request: engine_request,
-            deliver,
-            accepted: accepted_tx,
-        })
-        .map_err(|_| ApiError::internal("the engine has stopped"))?;
-    let mut guard = CancelGuard {
-        id,
-        commands: s.inner.commands.clone(),
-        armed: true,
-    };
-    match accepted_rx.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e @ EngineError::TooLong { .. })) => {
-            guard.armed = false;
-            let param = if kind == Kind::Chat {
-                "messages"
-            } else {
-                "prompt"
-            };
-            return Err(ApiError::invalid(
-                format!(
-                    "the prompt of {} tokens does not fit: {e}",
-                    req.prompt_tokens.len()
-                ),
-                Some(param),
-            ));
-        }
-        Ok(Err(e)) => {
-            guard.armed = false;
-            return Err(ApiError::invalid(e.to_string(), None));
-        }
-        Err(_) => return Err(ApiError::internal("the engine has stopped")),
-    }
+    let (n, mut rx, mut guard) = submit(&s, &req.prompt_tokens, req.max_tokens, param).await?;
     let prefix = if kind == Kind::Chat {
         "chatcmpl"
     } else {
@@ -424,13 +411,68 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
         .expect("valid response"))
 }
 
+/// An engine request admitted: its number, its deliveries, and the guard that cancels it if
+/// the response is dropped early.
+pub(crate) type Submitted = (u64, mpsc::UnboundedReceiver<Delivery>, CancelGuard);
+
+/// Hands `prompt_tokens` to the engine and waits until it accepts them; a prompt that does not
+/// fit is a 400 naming `param`.
+pub(crate) async fn submit(
+    s: &AppState,
+    prompt_tokens: &[u32],
+    max_tokens: u32,
+    param: &'static str,
+) -> Result<Submitted, ApiError> {
+    let n = s.inner.next_id.fetch_add(1, Ordering::Relaxed);
+    let id = RequestId(n);
+    let (deliver, rx) = mpsc::unbounded_channel();
+    let (accepted_tx, accepted_rx) = oneshot::channel();
+    let engine_request = EngineRequest {
+        id,
+        prompt: Prompt::tokens(prompt_tokens.to_vec()),
+        max_output_tokens: max_tokens,
+    };
+    s.inner
+        .commands
+        .send(Command::Add {
+            request: engine_request,
+            deliver,
+            accepted: accepted_tx,
+        })
+        .map_err(|_| ApiError::internal("the engine has stopped"))?;
+    let mut guard = CancelGuard {
+        id,
+        commands: s.inner.commands.clone(),
+        armed: true,
+    };
+    match accepted_rx.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e @ EngineError::TooLong { .. })) => {
+            guard.armed = false;
+            return Err(ApiError::invalid(
+                format!(
+                    "the prompt of {} tokens does not fit: {e}",
+                    prompt_tokens.len()
+                ),
+                Some(param),
+            ));
+        }
+        Ok(Err(e)) => {
+            guard.armed = false;
+            return Err(ApiError::invalid(e.to_string(), None));
+        }
+        Err(_) => return Err(ApiError::internal("the engine has stopped")),
+    }
+    Ok((n, rx, guard))
+}
+
 fn sse(value: &Value) -> Bytes {
     Bytes::from(kvrouter_openai::sse::data_event(value))
 }
 
 /// Turns deliveries into SSE frames; the guard lives inside the stream, so dropping the response
 /// body (client disconnect) cancels the engine request.
-fn async_stream<F>(
+pub(crate) fn async_stream<F>(
     rx: mpsc::UnboundedReceiver<Delivery>,
     guard: CancelGuard,
     render: F,

@@ -25,6 +25,8 @@ mod http;
 mod metrics;
 mod openai;
 mod publisher;
+mod responses;
+mod vectors;
 
 pub use config::{MockEngineConfig, TimingChoice};
 pub use http::app;

@@ -36,6 +36,7 @@ mod headers;
 mod health;
 mod ingest;
 mod metrics;
+mod pools;
 pub mod provenance;
 mod queue;
 mod registry;

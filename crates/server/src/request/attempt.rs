@@ -84,6 +84,7 @@ pub(crate) async fn attempt(
         if first {
             request.pin = req.pin;
         }
+        request.allowed_workers = req.pool.clone();
         req.admission.apply(&mut request);
         let decision = if admit_next {
             // A request waiting in the queue ends there if its group gets enough samples.
@@ -110,7 +111,7 @@ pub(crate) async fn attempt(
         let send = inner.send_upstream(
             inner
                 .http
-                .post(format!("{base}{}", req.kind.path()))
+                .post(format!("{base}{}", req.upstream_path()))
                 .header("content-type", "application/json")
                 .body(body.clone()),
             req.stream,

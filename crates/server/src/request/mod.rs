@@ -25,6 +25,7 @@ use attempt::{attempt, Origin, Outcome};
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use axum::response::Response;
+use kvrouter_openai::passthrough::Endpoint;
 use parse::Request;
 use parse::{count_error, parse};
 use std::time::Instant;
@@ -36,8 +37,31 @@ pub(crate) async fn handle(
     headers: HeaderMap,
     raw: Bytes,
 ) -> Result<Response, ServeError> {
+    serve(state, kind, None, headers, raw).await
+}
+
+/// Handles a pass-through endpoint (`/v1/responses`, `/v1/embeddings`, `/tokenize`,
+/// `/detokenize`): parsed, admitted, placed and retried as completions are, its answer passed to
+/// the client unchanged (never continued elsewhere).
+pub(crate) async fn pass_through(
+    state: AppState,
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Result<Response, ServeError> {
+    // `kind` shapes only the empty answer of a first-N-of-M sibling ended before it started.
+    serve(state, Kind::Completion, Some(endpoint), headers, raw).await
+}
+
+async fn serve(
+    state: AppState,
+    kind: Kind,
+    endpoint: Option<Endpoint>,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Result<Response, ServeError> {
     let arrival = Instant::now();
-    let req = match parse(state.clone(), kind, &headers, raw, arrival).await {
+    let req = match parse(state.clone(), kind, endpoint, &headers, raw, arrival).await {
         Ok(req) => req,
         Err(e) => return Err(count_error(&state, e)),
     };

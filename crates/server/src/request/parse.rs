@@ -7,11 +7,13 @@ use crate::headers::{
     admission_fields, header_str, pin_from, AdmissionFields, GROUP_HEADER, SESSION_HEADERS,
 };
 use crate::provenance::Provenance;
-use crate::routing::{routing_input, Kind, RoutingInput};
+use crate::routing::{passthrough_input, routing_input, Kind, RoutingInput};
 use crate::state::AppState;
 use axum::body::Bytes;
 use axum::http::HeaderMap;
+use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::{Decision, Pin};
+use kvrouter_openai::passthrough::Endpoint;
 use serde_json::Value;
 use std::time::Instant;
 
@@ -19,6 +21,8 @@ use std::time::Instant;
 pub(crate) struct Request {
     pub(crate) state: AppState,
     pub(crate) kind: Kind,
+    /// A pass-through endpoint (`None`: a completion or chat, followed event by event).
+    pub(crate) endpoint: Option<Endpoint>,
     /// The body as the client sent it (first attempts send it unchanged).
     pub(crate) raw: Bytes,
     /// The body as JSON (continuations extend it).
@@ -27,6 +31,8 @@ pub(crate) struct Request {
     pub(crate) arrival: Instant,
     pub(crate) input: RoutingInput,
     pub(crate) pin: Option<Pin>,
+    /// The workers that serve its model (`None`: any).
+    pub(crate) pool: Option<Vec<WorkerId>>,
     pub(crate) admission: AdmissionFields,
     session: Option<String>,
     group: Option<String>,
@@ -36,6 +42,7 @@ pub(crate) struct Request {
 pub(super) async fn parse(
     state: AppState,
     kind: Kind,
+    endpoint: Option<Endpoint>,
     headers: &HeaderMap,
     raw: Bytes,
     arrival: Instant,
@@ -45,24 +52,35 @@ pub(super) async fn parse(
     if !body.is_object() {
         return Err(ServeError::invalid("the body must be a JSON object", None));
     }
-    {
+    let model = {
         // The body's `model` must be one the workers serve (any, before they report theirs).
         let models = state.inner.models.read().expect("models lock");
-        kvrouter_openai::request::check_model(&body, &models, true)?;
-    }
+        // vLLM's `/tokenize` and `/detokenize` take the model as optional.
+        let required = !matches!(endpoint, Some(Endpoint::Tokenize | Endpoint::Detokenize));
+        kvrouter_openai::request::check_model(&body, &models, required)?
+    };
+    // Only the workers that serve the model (or adapter) may take it.
+    let pool = model
+        .as_deref()
+        .and_then(|m| state.inner.pools.read().expect("pools lock").workers_for(m));
     let stream = kvrouter_openai::request::stream_flags(&body)?.stream;
-    let input = routing_input(&state, kind, &body).await?;
+    let input = match endpoint {
+        None => routing_input(&state, kind, &body).await?,
+        Some(endpoint) => passthrough_input(&state, endpoint, &body).await?,
+    };
     let pin = pin_from(headers)?;
     let admission = admission_fields(headers, &body, arrival, &state.inner)?;
     let text = |names: &[&str]| header_str(headers, names).map(str::to_owned);
     Ok(Request {
         kind,
+        endpoint,
         raw,
         body,
         stream,
         arrival,
         input,
         pin,
+        pool,
         admission,
         session: text(&SESSION_HEADERS),
         group: text(&GROUP_HEADER),
@@ -82,6 +100,11 @@ pub(super) fn count_error(state: &AppState, e: ServeError) -> ServeError {
 }
 
 impl Request {
+    /// The engine's path for this request.
+    pub(crate) fn upstream_path(&self) -> &'static str {
+        self.endpoint.map_or(self.kind.path(), Endpoint::path)
+    }
+
     /// Counts a request that failed after its first attempt was placed.
     pub(crate) fn count_error(&self, e: ServeError) -> ServeError {
         count_error(&self.state, e)
