@@ -85,12 +85,13 @@ async fn responses_are_passed_through_whole_and_streamed() {
     );
     let last: Value = serde_json::from_str(
         text.lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .last()
+            .rev()
+            .find_map(|l| l.strip_prefix("data: "))
             .unwrap(),
     )
     .unwrap();
     assert_eq!(last["response"]["usage"]["output_tokens"], 4, "{last}");
+    assert_load_released(&base).await;
 
     let (status, _, e) = post(
         &base,
@@ -190,6 +191,33 @@ async fn embeddings_tokenize_detokenize_and_model_lookup() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 431);
     assert_openai_error(&r.json().await.unwrap(), 431, None);
+    assert_load_released(&base).await;
+}
+
+/// Every pass-through answer released its load: no worker rank has active requests left
+/// (polled: a guard is released when the body's last byte went out).
+async fn assert_load_released(base: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let text = reqwest::get(format!("{base}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let active: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("kvrouter_worker_active_requests{") && !l.ends_with(" 0"))
+            .collect();
+        if active.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "load not released: {active:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// Three engines: `a` with the adapter `a-sql`, `a`, and `b`. Requests stay in their model's

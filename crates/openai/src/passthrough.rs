@@ -147,7 +147,7 @@ fn response_item(i: usize, item: &Value) -> Result<Option<Message>, RequestError
             at(""),
         ));
     };
-    let is_message = obj.get("type").map_or(true, |t| t == "message");
+    let is_message = obj.get("type").is_none_or(|t| t == "message");
     if !is_message {
         return Ok(None);
     }

@@ -81,7 +81,7 @@ fn passthrough_source(
                 _ => "messages",
             };
             let add_generation_prompt = endpoint == Endpoint::Responses
-                || request::chat(body).map_or(true, |c| c.add_generation_prompt);
+                || request::chat(body).is_ok_and(|c| c.add_generation_prompt);
             let rendered = template
                 .render(&chat_messages(messages), add_generation_prompt)
                 .map_err(|e| ServeError::invalid(e.to_string(), Some(param)))?;
