@@ -318,6 +318,40 @@ async fn models_and_adapters_are_routed_to_their_pools() {
     .await;
     assert_eq!(status, 404);
     assert_openai_error(&e, 404, Some("model"));
+    // A worker registered with `models` serves those, whatever its /v1/models lists.
+    let e3 = engine(&["--model-name", "c", "--lora", "c-extra"]).await;
+    let r = reqwest::Client::new()
+        .post(format!("{base}/admin/workers"))
+        .bearer_auth("t")
+        .json(&json!({"url": e3.http(), "models": ["c"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let w3 = r.json::<Value>().await.unwrap()["id"].as_u64().unwrap();
+    let (status, worker, r) = post(
+        &base,
+        "/v1/completions",
+        &json!({"model": "c", "prompt": "x", "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!((status, worker), (200, Some(w3)), "{r}");
+    let (status, worker, e) = post(
+        &base,
+        "/v1/completions",
+        &json!({"model": "c-extra", "prompt": "x"}),
+    )
+    .await;
+    assert_eq!(
+        (status, worker),
+        (404, None),
+        "not in the configured list: {e}"
+    );
+    assert_eq!(
+        served_by("b").await,
+        BTreeSet::from([w2]),
+        "b stays off the c worker"
+    );
     // Pass-through endpoints stay in their pool too.
     for _ in 0..4 {
         let (status, worker, r) = post(
