@@ -232,7 +232,7 @@ async fn models_and_adapters_are_routed_to_their_pools() {
     };
     let e0 = engine(&["--served-model-name", "a", "--lora", "a-sql"]).await;
     let e1 = engine(&["--model-name", "a"]).await;
-    let e2 = engine(&["--model-name", "b"]).await;
+    let e2 = engine(&["--served-model-name", "b", "--served-model-name", "b-alias"]).await;
     let (u0, u1, u2) = (e0.http(), e1.http(), e2.http());
     let router = common::spawn(&[
         "serve",
@@ -284,7 +284,11 @@ async fn models_and_adapters_are_routed_to_their_pools() {
         .iter()
         .filter_map(|m| m["id"].as_str())
         .collect();
-    assert_eq!(ids, BTreeSet::from(["a", "a-sql", "b"]), "{models}");
+    assert_eq!(
+        ids,
+        BTreeSet::from(["a", "a-sql", "b", "b-alias"]),
+        "{models}"
+    );
     let sql = models["data"]
         .as_array()
         .unwrap()
@@ -308,6 +312,7 @@ async fn models_and_adapters_are_routed_to_their_pools() {
         }
     };
     assert_eq!(served_by("b").await, BTreeSet::from([w2]));
+    assert_eq!(served_by("b-alias").await, BTreeSet::from([w2]));
     assert_eq!(served_by("a-sql").await, BTreeSet::from([w0]));
     assert_eq!(served_by("a").await, BTreeSet::from([w0, w1]));
     let (status, _, e) = post(

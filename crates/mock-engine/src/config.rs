@@ -34,6 +34,8 @@ impl TimingChoice {
 pub struct MockEngineConfig {
     /// The model name it serves (requests naming another model get 404).
     pub model_name: String,
+    /// More names of the same model (vLLM's repeated `--served-model-name`), each served.
+    pub model_aliases: Vec<String>,
     /// LoRA adapters it has loaded (`--lora`): listed at `/v1/models` with `parent` and `root`
     /// the base model, as vLLM lists them, and served under their own names.
     pub lora_adapters: Vec<String>,
@@ -68,9 +70,10 @@ pub struct MockEngineConfig {
 }
 
 impl MockEngineConfig {
-    /// Every name a request may give as `model`: the base model, then its adapters.
+    /// Every name a request may give as `model`: the model's names, then its adapters.
     pub fn served_names(&self) -> Vec<String> {
         std::iter::once(self.model_name.clone())
+            .chain(self.model_aliases.iter().cloned())
             .chain(self.lora_adapters.iter().cloned())
             .collect()
     }
@@ -80,6 +83,7 @@ impl Default for MockEngineConfig {
     fn default() -> Self {
         Self {
             model_name: "mock-model".into(),
+            model_aliases: Vec::new(),
             lora_adapters: Vec::new(),
             engine: EngineConfig::default(),
             timing: TimingChoice::DynamoPoly,

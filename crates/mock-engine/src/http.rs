@@ -107,12 +107,13 @@ async fn health() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// The base model, then each LoRA adapter with `parent` and `root` naming the base (vLLM's shape).
+/// The model's names, then each LoRA adapter with `parent` and `root` naming the base (vLLM's shape).
 async fn models(State(s): State<AppState>) -> Json<Value> {
     let (c, created) = (&s.inner.config, s.inner.created);
     let base = &c.model_name;
     let card = |id: &str, parent: Option<&str>| json!({"id": id, "object": "model", "created": created, "owned_by": "kvrouter-mock-engine", "root": parent.unwrap_or(id), "parent": parent});
     let data: Vec<Value> = std::iter::once(card(base, None))
+        .chain(c.model_aliases.iter().map(|a| card(a, None)))
         .chain(c.lora_adapters.iter().map(|a| card(a, Some(base))))
         .collect();
     Json(json!({"object": "list", "data": data}))
