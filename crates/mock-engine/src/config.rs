@@ -70,6 +70,19 @@ pub struct MockEngineConfig {
 }
 
 impl MockEngineConfig {
+    /// The namespace a request naming `model` hashes its blocks in: the adapter's, when `model`
+    /// is one of its LoRA adapters (as vLLM does, and as the router hashes it).
+    pub fn namespace_of(&self, model: &str) -> kvrouter_core::hashing::HashNamespace {
+        kvrouter_core::hashing::HashNamespace {
+            lora_name: self
+                .lora_adapters
+                .iter()
+                .any(|a| a == model)
+                .then(|| model.to_owned()),
+            ..kvrouter_core::hashing::HashNamespace::none()
+        }
+    }
+
     /// Every name a request may give as `model`: the model's names, then its adapters.
     pub fn served_names(&self) -> Vec<String> {
         std::iter::once(self.model_name.clone())

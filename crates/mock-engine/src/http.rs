@@ -318,7 +318,11 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
     } else {
         "prompt"
     };
-    let (n, mut rx, mut guard) = submit(&s, &req.prompt_tokens, req.max_tokens, param).await?;
+    let prompt = Prompt::Tokens {
+        tokens: req.prompt_tokens.clone(),
+        namespace: c.namespace_of(&req.model),
+    };
+    let (n, mut rx, mut guard) = submit(&s, prompt, req.max_tokens, param).await?;
     let prefix = if kind == Kind::Chat {
         "chatcmpl"
     } else {
@@ -416,21 +420,22 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
 /// the response is dropped early.
 pub(crate) type Submitted = (u64, mpsc::UnboundedReceiver<Delivery>, CancelGuard);
 
-/// Hands `prompt_tokens` to the engine and waits until it accepts them; a prompt that does not
+/// Hands `prompt` to the engine and waits until it accepts them; a prompt that does not
 /// fit is a 400 naming `param`.
 pub(crate) async fn submit(
     s: &AppState,
-    prompt_tokens: &[u32],
+    prompt: Prompt,
     max_tokens: u32,
     param: &'static str,
 ) -> Result<Submitted, ApiError> {
+    let prompt_len = prompt.len_tokens();
     let n = s.inner.next_id.fetch_add(1, Ordering::Relaxed);
     let id = RequestId(n);
     let (deliver, rx) = mpsc::unbounded_channel();
     let (accepted_tx, accepted_rx) = oneshot::channel();
     let engine_request = EngineRequest {
         id,
-        prompt: Prompt::tokens(prompt_tokens.to_vec()),
+        prompt,
         max_output_tokens: max_tokens,
     };
     s.inner
@@ -451,10 +456,7 @@ pub(crate) async fn submit(
         Ok(Err(e @ EngineError::TooLong { .. })) => {
             guard.armed = false;
             return Err(ApiError::invalid(
-                format!(
-                    "the prompt of {} tokens does not fit: {e}",
-                    prompt_tokens.len()
-                ),
+                format!("the prompt of {prompt_len} tokens does not fit: {e}"),
                 Some(param),
             ));
         }

@@ -64,7 +64,11 @@ async fn respond(s: AppState, body: Bytes) -> Result<Response, ApiError> {
     let tokens = c.tokenizer.encode(&prompt);
     let max_tokens = max_output_tokens(&value, c.default_max_tokens)?;
     let stream = stream_flags(&value)?.stream;
-    let (n, mut rx, mut guard) = submit(&s, &tokens, max_tokens, "input").await?;
+    let prompt = kvrouter_engine::Prompt::Tokens {
+        tokens,
+        namespace: c.namespace_of(&model),
+    };
+    let (n, mut rx, mut guard) = submit(&s, prompt, max_tokens, "input").await?;
     let (rid, created) = (format!("resp_mock{n}"), s.created());
     let tokenizer = c.tokenizer.clone();
     if !stream {
