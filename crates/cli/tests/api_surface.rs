@@ -191,7 +191,54 @@ async fn embeddings_tokenize_detokenize_and_model_lookup() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 431);
     assert_openai_error(&r.json().await.unwrap(), 431, None);
+    // A body announced past 64 MiB: a 413 in the OpenAI shape, before the body is read.
+    for path in ["/v1/embeddings", "/v1/responses", "/tokenize"] {
+        let (status, body) = oversized(&base, path).await;
+        assert_eq!(status, 413, "{path}: {body}");
+        assert_openai_error(&body, 413, None);
+    }
     assert_load_released(&base).await;
+}
+
+/// Announces a 70 MB body to `path` over a raw connection, sends one byte of it, and reads the
+/// answer (bounded: an answer that waits for the body fails the test).
+async fn oversized(base: &str, path: &str) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 70000000\r\n\r\n{{"
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    // Read the head and the body it announces (the connection may stay open).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&out).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    let l = l.to_ascii_lowercase();
+                    l.strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            if body.len() >= len {
+                let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+                let value = serde_json::from_str(body).unwrap_or(Value::String(body.into()));
+                return (status, value);
+            }
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let n = tokio::time::timeout(left, conn.read(&mut buf))
+            .await
+            .expect("an answer before the body was sent")
+            .unwrap();
+        assert!(n > 0, "closed before a whole answer: {text}");
+        out.extend_from_slice(&buf[..n]);
+    }
 }
 
 /// Every pass-through answer released its load: no worker rank has active requests left
