@@ -4,18 +4,18 @@ use crate::config::MockEngineConfig;
 use crate::driver::{Command, Delivery, Shared};
 use crate::error::ApiError;
 use crate::openai::{self, GenRequest, Kind, Usage};
+use crate::submit::{async_stream, submit};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use kvrouter_core::ids::RequestId;
-use kvrouter_engine::{EngineError, EngineRequest, Prompt};
+use kvrouter_engine::Prompt;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 /// Shared state of the handlers.
 #[derive(Clone)]
@@ -63,6 +63,16 @@ impl AppState {
     /// The engine's settings.
     pub(crate) fn config(&self) -> &MockEngineConfig {
         &self.inner.config
+    }
+
+    /// A fresh request number (the engine request id, and the answer's id).
+    pub(crate) fn next_request_number(&self) -> u64 {
+        self.inner.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Where engine commands go.
+    pub(crate) fn commands(&self) -> &mpsc::UnboundedSender<Command> {
+        &self.inner.commands
     }
 
     /// When the server started (Unix seconds), the `created` of its answers.
@@ -272,21 +282,6 @@ async fn chat_completions(State(s): State<AppState>, body: Bytes) -> Response {
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-/// Cancels the engine request when the response (or the handler) is dropped early.
-pub(crate) struct CancelGuard {
-    id: RequestId,
-    commands: mpsc::UnboundedSender<Command>,
-    pub(crate) armed: bool,
-}
-
-impl Drop for CancelGuard {
-    fn drop(&mut self) {
-        if self.armed {
-            let _ = self.commands.send(Command::Cancel(self.id));
-        }
-    }
-}
-
 /// A request body: a JSON object.
 pub(crate) fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
     let value: Value = serde_json::from_slice(body)
@@ -416,89 +411,6 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
         .expect("valid response"))
 }
 
-/// An engine request admitted: its number, its deliveries, and the guard that cancels it if
-/// the response is dropped early.
-pub(crate) type Submitted = (u64, mpsc::UnboundedReceiver<Delivery>, CancelGuard);
-
-/// Hands `prompt` to the engine and waits until it accepts them; a prompt that does not
-/// fit is a 400 naming `param`.
-pub(crate) async fn submit(
-    s: &AppState,
-    prompt: Prompt,
-    max_tokens: u32,
-    param: &'static str,
-) -> Result<Submitted, ApiError> {
-    let prompt_len = prompt.len_tokens();
-    let n = s.inner.next_id.fetch_add(1, Ordering::Relaxed);
-    let id = RequestId(n);
-    let (deliver, rx) = mpsc::unbounded_channel();
-    let (accepted_tx, accepted_rx) = oneshot::channel();
-    let engine_request = EngineRequest {
-        id,
-        prompt,
-        max_output_tokens: max_tokens,
-    };
-    s.inner
-        .commands
-        .send(Command::Add {
-            request: engine_request,
-            deliver,
-            accepted: accepted_tx,
-        })
-        .map_err(|_| ApiError::internal("the engine has stopped"))?;
-    let mut guard = CancelGuard {
-        id,
-        commands: s.inner.commands.clone(),
-        armed: true,
-    };
-    match accepted_rx.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e @ EngineError::TooLong { .. })) => {
-            guard.armed = false;
-            return Err(ApiError::invalid(
-                format!("the prompt of {prompt_len} tokens does not fit: {e}"),
-                Some(param),
-            ));
-        }
-        Ok(Err(e)) => {
-            guard.armed = false;
-            return Err(ApiError::invalid(e.to_string(), None));
-        }
-        Err(_) => return Err(ApiError::internal("the engine has stopped")),
-    }
-    Ok((n, rx, guard))
-}
-
 fn sse(value: &Value) -> Bytes {
     Bytes::from(kvrouter_openai::sse::data_event(value))
-}
-
-/// Turns deliveries into SSE frames; the guard lives inside the stream, so dropping the response
-/// body (client disconnect) cancels the engine request.
-pub(crate) fn async_stream<F>(
-    rx: mpsc::UnboundedReceiver<Delivery>,
-    guard: CancelGuard,
-    render: F,
-) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send + 'static
-where
-    F: FnMut(Delivery, bool) -> Vec<Bytes> + Send + 'static,
-{
-    use futures::StreamExt;
-    let state = (rx, guard, render, true, false);
-    futures::stream::unfold(
-        state,
-        |(mut rx, mut guard, mut render, first, done)| async move {
-            if done {
-                return None;
-            }
-            let event = rx.recv().await?;
-            let finished = matches!(event, Delivery::Done { .. } | Delivery::Failed(_));
-            if finished {
-                guard.armed = false;
-            }
-            let frames = render(event, first);
-            Some((frames, (rx, guard, render, false, finished)))
-        },
-    )
-    .flat_map(|frames| futures::stream::iter(frames.into_iter().map(Ok)))
 }

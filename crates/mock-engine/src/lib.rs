@@ -26,6 +26,7 @@ mod metrics;
 mod openai;
 mod publisher;
 mod responses;
+mod submit;
 mod vectors;
 
 pub use config::{MockEngineConfig, TimingChoice};

@@ -5,8 +5,9 @@
 
 use crate::driver::Delivery;
 use crate::error::ApiError;
-use crate::http::{async_stream, parse_object, submit, AppState};
+use crate::http::{parse_object, AppState};
 use crate::openai::{check_model, Usage};
+use crate::submit::{async_stream, submit};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, StatusCode};

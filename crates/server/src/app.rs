@@ -2,6 +2,7 @@
 
 use crate::auth;
 use crate::config::WorkerEntry;
+use crate::endpoints;
 use crate::error::ServeError;
 use crate::metrics::{counter_header, gauge_header};
 use crate::registry;
@@ -45,12 +46,12 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
-        .route("/v1/models", get(models))
-        .route("/v1/models/{id}", get(model))
-        .route("/v1/responses", post(pass::responses))
-        .route("/v1/embeddings", post(pass::embeddings))
-        .route("/tokenize", post(pass::tokenize))
-        .route("/detokenize", post(pass::detokenize))
+        .route("/v1/models", get(endpoints::models))
+        .route("/v1/models/{id}", get(endpoints::model))
+        .route("/v1/responses", post(endpoints::responses))
+        .route("/v1/embeddings", post(endpoints::embeddings))
+        .route("/tokenize", post(endpoints::tokenize))
+        .route("/detokenize", post(endpoints::detokenize))
         .route("/health", get(health))
         .route("/live", get(live))
         .route("/ready", get(health))
@@ -76,71 +77,6 @@ async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes)
     crate::request::handle(s, Kind::Completion, headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
-}
-
-/// `GET /v1/models`: every model served (the union of the workers' pools; adapters with
-/// `parent` and `root`, as vLLM lists them).
-async fn models(State(s): State<AppState>) -> Json<Value> {
-    let models = s.inner.models.read().expect("models lock").clone();
-    let data: Vec<Value> = models.iter().map(|m| model_card(&s, m)).collect();
-    Json(json!({"object": "list", "data": data}))
-}
-
-fn model_card(s: &AppState, id: &str) -> Value {
-    let parent = s
-        .inner
-        .pools
-        .read()
-        .expect("pools lock")
-        .union()
-        .into_iter()
-        .find(|c| c.id == id)
-        .and_then(|c| c.parent);
-    json!({"id": id, "object": "model", "owned_by": "kvrouter", "root": parent.as_deref().unwrap_or(id), "parent": parent})
-}
-
-/// `GET /v1/models/{id}`: one model the workers serve; an unknown one is a 404 naming `model`.
-async fn model(
-    State(s): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ServeError> {
-    let known = s.inner.models.read().expect("models lock").contains(&id);
-    if !known {
-        return Err(kvrouter_openai::RequestError::UnknownModel(id).into());
-    }
-    Ok(Json(model_card(&s, &id)))
-}
-
-/// The pass-through endpoints: routed on their prompt where they have one.
-mod pass {
-    use crate::state::AppState;
-    use axum::body::Bytes;
-    use axum::extract::State;
-    use axum::http::HeaderMap;
-    use axum::response::{IntoResponse, Response};
-    use kvrouter_openai::passthrough::Endpoint;
-
-    async fn pass(s: AppState, endpoint: Endpoint, headers: HeaderMap, body: Bytes) -> Response {
-        crate::request::pass_through(s, endpoint, headers, body)
-            .await
-            .unwrap_or_else(IntoResponse::into_response)
-    }
-
-    pub(super) async fn responses(State(s): State<AppState>, h: HeaderMap, b: Bytes) -> Response {
-        pass(s, Endpoint::Responses, h, b).await
-    }
-
-    pub(super) async fn embeddings(State(s): State<AppState>, h: HeaderMap, b: Bytes) -> Response {
-        pass(s, Endpoint::Embeddings, h, b).await
-    }
-
-    pub(super) async fn tokenize(State(s): State<AppState>, h: HeaderMap, b: Bytes) -> Response {
-        pass(s, Endpoint::Tokenize, h, b).await
-    }
-
-    pub(super) async fn detokenize(State(s): State<AppState>, h: HeaderMap, b: Bytes) -> Response {
-        pass(s, Endpoint::Detokenize, h, b).await
-    }
 }
 
 async fn live() -> Json<Value> {

@@ -29,6 +29,7 @@ mod auth;
 mod capture;
 pub mod config;
 pub mod discovery;
+mod endpoints;
 mod engines;
 mod error;
 mod guard;
