@@ -15,9 +15,18 @@ pub(crate) struct MockEngineArgs {
     /// HTTP port (0 picks a free one).
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Model name served at /v1/models.
-    #[arg(long, default_value = "mock-model")]
-    model_name: String,
+    /// Model name served at /v1/models (vLLM's `--served-model-name` is an alias). Repeatable:
+    /// every name is served, the first is the one answers carry by default.
+    #[arg(
+        long,
+        visible_alias = "served-model-name",
+        default_value = "mock-model"
+    )]
+    model_name: Vec<String>,
+    /// A LoRA adapter loaded on this engine (repeatable): listed at /v1/models with `parent` and
+    /// `root` naming the model, and served under its own name.
+    #[arg(long = "lora", value_name = "NAME")]
+    lora: Vec<String>,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 64)]
     block_size: usize,
@@ -108,8 +117,24 @@ impl MockEngineArgs {
         }
         let tokenizer =
             kvrouter_tokenizer::load(self.tokenizer.as_deref()).context("--tokenizer")?;
+        if let Some(bad) = self.model_name.iter().find(|m| m.is_empty()) {
+            bail!("--model-name {bad:?}: a model needs a name");
+        }
+        if let Some(bad) = self
+            .lora
+            .iter()
+            .find(|a| a.is_empty() || self.model_name.contains(a))
+        {
+            bail!("--lora {bad:?}: an adapter needs a name of its own (not empty, not a --model-name)");
+        }
+        let (model_name, aliases) = self
+            .model_name
+            .split_first()
+            .expect("clap gives --model-name a default");
         Ok(MockEngineConfig {
-            model_name: self.model_name.clone(),
+            model_name: model_name.clone(),
+            model_aliases: aliases.to_vec(),
+            lora_adapters: self.lora.clone(),
             engine: EngineConfig {
                 block_size: self.block_size,
                 num_gpu_blocks: self.num_gpu_blocks,
@@ -148,7 +173,7 @@ pub(crate) async fn run(args: MockEngineArgs) -> anyhow::Result<()> {
         kv_events_endpoint: e.kv_events.clone(),
         replay_endpoint: e.replay.clone(),
         dp_size: Some(1),
-        model: Some(args.model_name.clone()),
+        model: args.model_name.first().cloned(),
     };
     let registered = match args
         .register

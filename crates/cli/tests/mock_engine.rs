@@ -319,6 +319,24 @@ async fn invalid_flags_name_the_flag() {
         .await
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("--profile"));
+    for bad in [
+        ["--lora", "mock-model"],
+        ["--lora", ""],
+        ["--served-model-name", ""],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args(["mock-engine", "--port", "0"])
+            .args(bad)
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success(), "{bad:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&bad[0].replace("served-model-name", "model-name")),
+            "{bad:?}: {err}"
+        );
+    }
 }
 
 #[tokio::test]

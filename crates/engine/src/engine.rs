@@ -18,7 +18,7 @@ use crate::request::{EngineError, EngineRequest, Finished, Prompt, TokenOut};
 use crate::timing::{StepShape, TimingError, TimingModel};
 use kvrouter_core::event::KvEvent;
 use kvrouter_core::fast_map::FastMap;
-use kvrouter_core::hashing::{chain, BlockHasher};
+use kvrouter_core::hashing::{chain, BlockHasher, HashNamespace};
 use kvrouter_core::ids::{RequestId, SequenceHash, WorkerRank};
 use kvrouter_core::rng::mix64 as mix;
 use kvrouter_core::time::Time;
@@ -118,6 +118,8 @@ struct Seq {
     /// Prompt and generated tokens, in token mode.
     tokens: Option<Vec<u32>>,
     hasher: Option<BlockHasher>,
+    /// The adapter/salt namespace of its blocks (`None`: the plain one), announced with them.
+    namespace: Option<std::sync::Arc<HashNamespace>>,
     output_salt: u64,
     max_output: u32,
     output: u32,
@@ -239,12 +241,13 @@ impl Engine {
             });
         }
         let hashes = request.prompt.hashes(self.config.block_size);
-        let (tokens, hasher) = match request.prompt {
+        let (tokens, hasher, namespace) = match request.prompt {
             Prompt::Tokens { tokens, namespace } => (
                 Some(tokens),
                 Some(BlockHasher::new(self.config.block_size, &namespace)),
+                (namespace != HashNamespace::none()).then(|| std::sync::Arc::new(namespace)),
             ),
-            Prompt::Blocks { .. } => (None, None),
+            Prompt::Blocks { .. } => (None, None, None),
         };
         let output_salt = mix(hashes.sequence.last().map_or(0, |s| s.0) ^ u64::from(prompt_len));
         self.seqs.insert(
@@ -255,6 +258,7 @@ impl Engine {
                 block_seqs: hashes.sequence,
                 tokens,
                 hasher,
+                namespace,
                 output_salt,
                 max_output: request.max_output_tokens,
                 output: 0,
@@ -525,6 +529,7 @@ impl Engine {
                 parent: b.checked_sub(1).map(|p| seq.block_seqs[p]),
                 content: seq.content[b],
                 tokens: seq.tokens.as_ref().map(|t| t[b * bs..(b + 1) * bs].into()),
+                namespace: seq.namespace.clone(),
             };
             self.pool.cache(seq.table[b], block);
             seq.cached_upto += 1;

@@ -27,6 +27,9 @@ pub(crate) struct CachedBlock {
     pub(crate) content: ContentHash,
     /// Token ids, when known (server mode); events then carry them as engines do.
     pub(crate) tokens: Option<Box<[u32]>>,
+    /// The adapter/salt namespace it was hashed in (`None`: the plain one), announced with it
+    /// so a router re-hashing its tokens gets the same hashes.
+    pub(crate) namespace: Option<std::sync::Arc<HashNamespace>>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -249,8 +252,16 @@ impl BlockPool {
             content,
         };
         // Extend the previous event when this block continues its chain.
+        let namespace = block
+            .namespace
+            .as_deref()
+            .cloned()
+            .unwrap_or_else(HashNamespace::none);
         if let Some(KvEvent::Stored {
-            blocks, medium: m, ..
+            blocks,
+            medium: m,
+            namespace: ns,
+            ..
         }) = self.events.last_mut()
         {
             let continues = blocks.last().map(|b| b.engine_hash) == block.parent.map(eh);
@@ -259,7 +270,7 @@ impl BlockPool {
                 (BlockContent::Tokens(_), BlockContent::Tokens(_))
                     | (BlockContent::Hash(_), BlockContent::Hash(_))
             );
-            if *m == medium && continues && same_kind {
+            if *m == medium && continues && same_kind && *ns == namespace {
                 blocks.push(stored);
                 return;
             }
@@ -271,7 +282,7 @@ impl BlockPool {
             blocks: vec![stored],
             block_size: self.block_size,
             medium,
-            namespace: HashNamespace::none(),
+            namespace,
         });
     }
 

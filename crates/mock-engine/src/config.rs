@@ -34,6 +34,11 @@ impl TimingChoice {
 pub struct MockEngineConfig {
     /// The model name it serves (requests naming another model get 404).
     pub model_name: String,
+    /// More names of the same model (vLLM's repeated `--served-model-name`), each served.
+    pub model_aliases: Vec<String>,
+    /// LoRA adapters it has loaded (`--lora`): listed at `/v1/models` with `parent` and `root`
+    /// the base model, as vLLM lists them, and served under their own names.
+    pub lora_adapters: Vec<String>,
     /// Engine sizes and limits.
     pub engine: EngineConfig,
     /// Timing model.
@@ -64,10 +69,35 @@ pub struct MockEngineConfig {
     pub http: kvrouter_http::HttpLimits,
 }
 
+impl MockEngineConfig {
+    /// The namespace a request naming `model` hashes its blocks in: the adapter's, when `model`
+    /// is one of its LoRA adapters (as vLLM does, and as the router hashes it).
+    pub fn namespace_of(&self, model: &str) -> kvrouter_core::hashing::HashNamespace {
+        kvrouter_core::hashing::HashNamespace {
+            lora_name: self
+                .lora_adapters
+                .iter()
+                .any(|a| a == model)
+                .then(|| model.to_owned()),
+            ..kvrouter_core::hashing::HashNamespace::none()
+        }
+    }
+
+    /// Every name a request may give as `model`: the model's names, then its adapters.
+    pub fn served_names(&self) -> Vec<String> {
+        std::iter::once(self.model_name.clone())
+            .chain(self.model_aliases.iter().cloned())
+            .chain(self.lora_adapters.iter().cloned())
+            .collect()
+    }
+}
+
 impl Default for MockEngineConfig {
     fn default() -> Self {
         Self {
             model_name: "mock-model".into(),
+            model_aliases: Vec::new(),
+            lora_adapters: Vec::new(),
             engine: EngineConfig::default(),
             timing: TimingChoice::DynamoPoly,
             speedup_ratio: 1.0,

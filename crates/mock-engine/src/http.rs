@@ -4,18 +4,18 @@ use crate::config::MockEngineConfig;
 use crate::driver::{Command, Delivery, Shared};
 use crate::error::ApiError;
 use crate::openai::{self, GenRequest, Kind, Usage};
+use crate::submit::{async_stream, submit};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use kvrouter_core::ids::RequestId;
-use kvrouter_engine::{EngineError, EngineRequest, Prompt};
+use kvrouter_engine::Prompt;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 /// Shared state of the handlers.
 #[derive(Clone)]
@@ -62,6 +62,28 @@ impl AppState {
     }
 }
 
+impl AppState {
+    /// The engine's settings.
+    pub(crate) fn config(&self) -> &MockEngineConfig {
+        &self.inner.config
+    }
+
+    /// A fresh request number (the engine request id, and the answer's id).
+    pub(crate) fn next_request_number(&self) -> u64 {
+        self.inner.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Where engine commands go.
+    pub(crate) fn commands(&self) -> &mpsc::UnboundedSender<Command> {
+        &self.inner.commands
+    }
+
+    /// When the server started (Unix seconds), the `created` of its answers.
+    pub(crate) fn created(&self) -> u64 {
+        self.inner.created
+    }
+}
+
 /// The largest request body accepted.
 const MAX_BODY_BYTES: usize = kvrouter_openai::MAX_REQUEST_BODY_BYTES;
 
@@ -71,6 +93,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
+        .route("/v1/responses", post(crate::responses::responses))
+        .route("/v1/embeddings", post(crate::vectors::embeddings))
+        .route("/tokenize", post(crate::vectors::tokenize))
+        .route("/detokenize", post(crate::vectors::detokenize))
         .route("/health", get(health))
         .route("/live", get(health))
         .route("/ready", get(health))
@@ -94,11 +120,16 @@ async fn health() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
+/// The model's names, then each LoRA adapter with `parent` and `root` naming the base (vLLM's shape).
 async fn models(State(s): State<AppState>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{"id": s.inner.config.model_name, "object": "model", "created": s.inner.created, "owned_by": "kvrouter-mock-engine"}],
-    }))
+    let (c, created) = (&s.inner.config, s.inner.created);
+    let base = &c.model_name;
+    let card = |id: &str, parent: Option<&str>| json!({"id": id, "object": "model", "created": created, "owned_by": "kvrouter-mock-engine", "root": parent.unwrap_or(id), "parent": parent});
+    let data: Vec<Value> = std::iter::once(card(base, None))
+        .chain(c.model_aliases.iter().map(|a| card(a, None)))
+        .chain(c.lora_adapters.iter().map(|a| card(a, Some(base))))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 struct PolicyState {
@@ -310,86 +341,42 @@ fn with_request_id(headers: &HeaderMap, answer: Result<Response, ApiError>) -> R
     response
 }
 
-/// Cancels the engine request when the response (or the handler) is dropped early.
-struct CancelGuard {
-    id: RequestId,
-    commands: mpsc::UnboundedSender<Command>,
-    armed: bool,
-}
-
-impl Drop for CancelGuard {
-    fn drop(&mut self) {
-        if self.armed {
-            let _ = self.commands.send(Command::Cancel(self.id));
-        }
-    }
-}
-
-async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiError> {
-    let value: Value = serde_json::from_slice(&body)
+/// A request body: a JSON object.
+pub(crate) fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
+    let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
     if !value.is_object() {
         return Err(ApiError::invalid("the body must be a JSON object", None));
     }
+    Ok(value)
+}
+
+async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiError> {
+    let value = parse_object(&body)?;
     let c = &s.inner.config;
     let tokenizer = c.tokenizer.as_ref();
     let req: GenRequest = match kind {
         Kind::Completion => {
-            openai::parse_completion(&value, &c.model_name, tokenizer, c.default_max_tokens)?
+            openai::parse_completion(&value, &c.served_names(), tokenizer, c.default_max_tokens)?
         }
         Kind::Chat => openai::parse_chat(
             &value,
-            &c.model_name,
+            &c.served_names(),
             tokenizer,
             &c.chat_template,
             c.default_max_tokens.max(128),
         )?,
     };
-    let n = s.inner.next_id.fetch_add(1, Ordering::Relaxed);
-    let id = RequestId(n);
-    let (deliver, mut rx) = mpsc::unbounded_channel();
-    let (accepted_tx, accepted_rx) = oneshot::channel();
-    let engine_request = EngineRequest {
-        id,
-        prompt: Prompt::tokens(req.prompt_tokens.clone()),
-        max_output_tokens: req.max_tokens,
+    let param = if kind == Kind::Chat {
+        "messages"
+    } else {
+        "prompt"
     };
-    s.inner
-        .commands
-        .send(Command::Add {
-            request: engine_request,
-            deliver,
-            accepted: accepted_tx,
-        })
-        .map_err(|_| ApiError::internal("the engine has stopped"))?;
-    let mut guard = CancelGuard {
-        id,
-        commands: s.inner.commands.clone(),
-        armed: true,
+    let prompt = Prompt::Tokens {
+        tokens: req.prompt_tokens.clone(),
+        namespace: c.namespace_of(&req.model),
     };
-    match accepted_rx.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e @ EngineError::TooLong { .. })) => {
-            guard.armed = false;
-            let param = if kind == Kind::Chat {
-                "messages"
-            } else {
-                "prompt"
-            };
-            return Err(ApiError::invalid(
-                format!(
-                    "the prompt of {} tokens does not fit: {e}",
-                    req.prompt_tokens.len()
-                ),
-                Some(param),
-            ));
-        }
-        Ok(Err(e)) => {
-            guard.armed = false;
-            return Err(ApiError::invalid(e.to_string(), None));
-        }
-        Err(_) => return Err(ApiError::internal("the engine has stopped")),
-    }
+    let (n, mut rx, mut guard) = submit(&s, prompt, req.max_tokens, param).await?;
     let prefix = if kind == Kind::Chat {
         "chatcmpl"
     } else {
@@ -485,34 +472,4 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
 
 fn sse(value: &Value) -> Bytes {
     Bytes::from(kvrouter_openai::sse::data_event(value))
-}
-
-/// Turns deliveries into SSE frames; the guard lives inside the stream, so dropping the response
-/// body (client disconnect) cancels the engine request.
-fn async_stream<F>(
-    rx: mpsc::UnboundedReceiver<Delivery>,
-    guard: CancelGuard,
-    render: F,
-) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send + 'static
-where
-    F: FnMut(Delivery, bool) -> Vec<Bytes> + Send + 'static,
-{
-    use futures::StreamExt;
-    let state = (rx, guard, render, true, false);
-    futures::stream::unfold(
-        state,
-        |(mut rx, mut guard, mut render, first, done)| async move {
-            if done {
-                return None;
-            }
-            let event = rx.recv().await?;
-            let finished = matches!(event, Delivery::Done { .. } | Delivery::Failed(_));
-            if finished {
-                guard.armed = false;
-            }
-            let frames = render(event, first);
-            Some((frames, (rx, guard, render, false, finished)))
-        },
-    )
-    .flat_map(|frames| futures::stream::iter(frames.into_iter().map(Ok)))
 }

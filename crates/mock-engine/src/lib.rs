@@ -25,6 +25,9 @@ mod http;
 mod metrics;
 mod openai;
 mod publisher;
+mod responses;
+mod submit;
+mod vectors;
 
 pub use config::{MockEngineConfig, TimingChoice};
 pub use http::app;

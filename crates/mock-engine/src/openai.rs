@@ -16,10 +16,11 @@ pub(crate) struct GenRequest {
     pub(crate) include_usage: bool,
 }
 
-/// The model a request names (the served one when it names none).
-fn check_model(body: &Value, served: &str) -> Result<String, ApiError> {
-    let model = request::check_model(body, std::slice::from_ref(&served.to_owned()), false)?;
-    Ok(model.unwrap_or_else(|| served.to_owned()))
+/// The model a request names, one of the `served` names (base models and LoRA adapters; the
+/// first when it names none).
+pub(crate) fn check_model(body: &Value, served: &[String]) -> Result<String, ApiError> {
+    let model = request::check_model(body, served, false)?;
+    Ok(model.unwrap_or_else(|| served.first().cloned().unwrap_or_default()))
 }
 
 /// The budget and stream flags every generation request carries; only `n` = 1 is served.
@@ -35,7 +36,7 @@ fn sampling(kind: Kind, body: &Value, default_max: u32) -> Result<(u32, StreamFl
 /// `/v1/completions`: `prompt` is a string or a list of token ids (one prompt only).
 pub(crate) fn parse_completion(
     body: &Value,
-    served: &str,
+    served: &[String],
     tokenizer: &dyn Tokenizer,
     default_max: u32,
 ) -> Result<GenRequest, ApiError> {
@@ -67,7 +68,7 @@ pub(crate) fn parse_completion(
 /// `/v1/chat/completions`: `messages` rendered with `template` and tokenized.
 pub(crate) fn parse_chat(
     body: &Value,
-    served: &str,
+    served: &[String],
     tokenizer: &dyn Tokenizer,
     template: &ChatTemplate,
     default_max: u32,
@@ -182,31 +183,33 @@ mod tests {
     #[test]
     fn bad_fields_are_named() {
         let t = BuiltinTokenizer::new();
+        let m = ["m".to_owned()];
         let e =
-            parse_completion(&json!({"prompt": "hi", "max_tokens": 0}), "m", &t, 16).unwrap_err();
+            parse_completion(&json!({"prompt": "hi", "max_tokens": 0}), &m, &t, 16).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
         let e =
-            parse_completion(&json!({"model": "other", "prompt": "hi"}), "m", &t, 16).unwrap_err();
+            parse_completion(&json!({"model": "other", "prompt": "hi"}), &m, &t, 16).unwrap_err();
         assert_eq!(e.status.as_u16(), 404);
         let e = parse_chat(
             &json!({"messages": "hi"}),
-            "m",
+            &m,
             &t,
             &ChatTemplate::ChatMl,
             16,
         )
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages"));
-        let e = parse_completion(&json!({"prompt": 5}), "m", &t, 16).unwrap_err();
+        let e = parse_completion(&json!({"prompt": 5}), &m, &t, 16).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("prompt"));
     }
 
     #[test]
     fn token_id_prompts_are_taken_as_given() {
         let t = BuiltinTokenizer::new();
+        let m = ["m".to_owned()];
         let r = parse_completion(
             &json!({"prompt": [1, 2, 3], "max_tokens": 4, "stream": true}),
-            "m",
+            &m,
             &t,
             16,
         )
@@ -217,7 +220,7 @@ mod tests {
         );
         let r = parse_chat(
             &json!({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3}),
-            "m",
+            &m,
             &t,
             &ChatTemplate::ChatMl,
             16,

@@ -12,12 +12,15 @@
 //! - [`continuation`]: the request that continues an answer elsewhere (`body + generated tokens`)
 //!   and what cannot be continued faithfully.
 //! - [`fingerprint`]: stamping `system_fingerprint` on stream events and whole bodies.
+//! - [`passthrough`]: the Responses, embeddings and tokenize endpoints: what the router routes
+//!   on, and the Responses API's answer shapes.
 //! - [`first_n`]: the answers of requests ended because their RL group has enough samples.
 
 pub mod continuation;
 pub mod error;
 pub mod fingerprint;
 pub mod first_n;
+pub mod passthrough;
 pub mod request;
 pub mod sse;
 pub mod usage;

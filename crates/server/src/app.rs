@@ -2,6 +2,7 @@
 
 use crate::auth;
 use crate::config::WorkerEntry;
+use crate::endpoints;
 use crate::error::ServeError;
 use crate::metrics::{counter_header, gauge_header};
 use crate::picks::PickTable;
@@ -49,7 +50,12 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
-        .route("/v1/models", get(models))
+        .route("/v1/models", get(endpoints::models))
+        .route("/v1/models/{id}", get(endpoints::model))
+        .route("/v1/responses", post(endpoints::responses))
+        .route("/v1/embeddings", post(endpoints::embeddings))
+        .route("/tokenize", post(endpoints::tokenize))
+        .route("/detokenize", post(endpoints::detokenize))
         .route("/v1/pick", post(pick).with_state(picks.clone()))
         .route(
             "/v1/pick/{id}/first-token",
@@ -105,15 +111,6 @@ async fn pick_finish(
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
-}
-
-async fn models(State(s): State<AppState>) -> Json<Value> {
-    let models = s.inner.models.read().expect("models lock").clone();
-    let data: Vec<Value> = models
-        .iter()
-        .map(|m| json!({"id": m, "object": "model", "owned_by": "kvrouter"}))
-        .collect();
-    Json(json!({"object": "list", "data": data}))
 }
 
 async fn live() -> Json<Value> {

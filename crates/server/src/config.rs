@@ -45,6 +45,10 @@ pub struct WorkerEntry {
     /// read from its `/server_info` when absent.
     #[serde(default)]
     pub engine: Option<crate::engines::EngineKind>,
+    /// The models it serves; learned from its `/v1/models` (with its LoRA adapters) when
+    /// empty. Requests go only to the workers that serve their `model`.
+    #[serde(default)]
+    pub models: Vec<String>,
 }
 
 /// A `--workers-file` (TOML): `[[workers]]` tables.

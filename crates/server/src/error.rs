@@ -245,6 +245,18 @@ pub(crate) async fn header_limits(
         }
         .into_response();
     }
+    // A body announced past the limit is refused before any of it is read.
+    let limit = kvrouter_openai::MAX_REQUEST_BODY_BYTES as u64;
+    let announced = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if let Some(n) = announced.filter(|n| *n > limit) {
+        return ServeError::Http {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("request body too large: {n} bytes announced (at most {limit})"),
+        }
+        .into_response();
+    }
     next.run(request).await
 }
 

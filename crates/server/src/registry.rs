@@ -4,6 +4,7 @@
 use crate::config::WorkerEntry;
 use crate::error::ServeError;
 use crate::ingest::{self, Source};
+use crate::pools::{cards_of, ModelCard};
 use crate::state::{AppState, WorkerRecord};
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::WorkerSpec;
@@ -173,9 +174,19 @@ pub(crate) async fn add_worker(
     if let Some(checks) = state.spawn_health_checks(id, entry.url.clone()) {
         subscribers.push(checks);
     }
-    if inner.models.read().expect("models lock").is_empty() {
-        learn_models(state, &entry.url).await;
-    }
+    // The models it serves: as configured, else from its `/v1/models` (with its adapters).
+    let cards = if entry.models.is_empty() {
+        learn_models(state, &entry.url).await
+    } else {
+        entry
+            .models
+            .iter()
+            .map(|m| ModelCard {
+                id: m.clone(),
+                parent: None,
+            })
+            .collect()
+    };
     let mut workers = inner.workers.lock().expect("workers lock");
     // Checked again: another registration of the URL may have finished meanwhile.
     if let Err(e) = check_new_url(&workers, &entry.url) {
@@ -194,27 +205,38 @@ pub(crate) async fn add_worker(
             draining: false,
         },
     );
+    drop(workers);
+    set_models(state, id, Some(cards));
     Ok(id)
 }
 
-async fn learn_models(state: &AppState, url: &str) {
+/// Records the models `id` serves (`None`: it left) and recomputes the names the router
+/// accepts: `--model-name` when given, else every model some worker serves.
+fn set_models(state: &AppState, id: WorkerId, cards: Option<Vec<ModelCard>>) {
+    let inner = &state.inner;
+    let mut pools = inner.pools.write().expect("pools lock");
+    match cards {
+        Some(cards) => pools.set(id, cards),
+        None => pools.remove(id),
+    }
+    if inner.config.model_names.is_empty() {
+        let names = pools.union().into_iter().map(|c| c.id).collect();
+        *inner.models.write().expect("models lock") = names;
+    }
+}
+
+/// The models an engine lists at `/v1/models` (none when it does not answer within 2 s: then it
+/// may serve any model).
+async fn learn_models(state: &AppState, url: &str) -> Vec<ModelCard> {
     let url = format!("{}/v1/models", url.trim_end_matches('/'));
     let Ok(Ok(resp)) =
         tokio::time::timeout(Duration::from_secs(2), state.inner.http.get(&url).send()).await
     else {
-        return;
+        return Vec::new();
     };
-    let Ok(list) = resp.json::<Value>().await else {
-        return;
-    };
-    let names: Vec<String> = list["data"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|m| m["id"].as_str().map(str::to_owned))
-        .collect();
-    if !names.is_empty() {
-        *state.inner.models.write().expect("models lock") = names;
+    match resp.json::<Value>().await {
+        Ok(list) => cards_of(&list),
+        Err(_) => Vec::new(),
     }
 }
 
@@ -232,6 +254,7 @@ pub(crate) fn remove_worker(state: &AppState, id: WorkerId) -> Result<WorkerEntr
         )));
     };
     let _ = state.inner.lock_core().remove_worker(id);
+    set_models(state, id, None);
     Ok(record.entry.clone())
 }
 

@@ -5,6 +5,7 @@
 use crate::error::ServeError;
 use crate::state::AppState;
 use kvrouter_core::hashing::{BlockHasher, BlockHashes, HashNamespace};
+use kvrouter_openai::passthrough::{self, Endpoint, Routed};
 use kvrouter_openai::request::{self, Prompt};
 use kvrouter_tokenizer::ChatMessage;
 use serde_json::Value;
@@ -42,18 +43,10 @@ fn prompt_source(
         }),
         Kind::Chat => {
             let chat = request::chat(body)?;
-            let messages: Vec<ChatMessage> = chat
-                .messages
-                .into_iter()
-                .map(|m| ChatMessage {
-                    role: m.role,
-                    content: m.content,
-                })
-                .collect();
             let rendered = if chat.continue_final_message {
-                template.render_continuation(&messages)
+                template.render_continuation(&chat_messages(chat.messages))
             } else {
-                template.render(&messages, chat.add_generation_prompt)
+                template.render(&chat_messages(chat.messages), chat.add_generation_prompt)
             }
             .map_err(|e| ServeError::invalid(e.to_string(), Some("messages")))?;
             Ok(Source::Text(rendered))
@@ -61,12 +54,66 @@ fn prompt_source(
     }
 }
 
+fn chat_messages(messages: Vec<request::Message>) -> Vec<ChatMessage> {
+    messages
+        .into_iter()
+        .map(|m| ChatMessage {
+            role: m.role,
+            content: m.content,
+        })
+        .collect()
+}
+
+/// The prompt of a pass-through body (`None`: it has none, and is load balanced). Messages
+/// (a Responses `input`, a `/tokenize` chat) are rendered as a chat with the generation prompt,
+/// `param` naming the field they came from.
+fn passthrough_source(
+    endpoint: Endpoint,
+    body: &Value,
+    template: &kvrouter_tokenizer::ChatTemplate,
+) -> Result<Option<Source>, ServeError> {
+    Ok(match passthrough::routed(endpoint, body)? {
+        Routed::Prompt(Prompt::Ids(ids)) => Some(Source::Ids(ids)),
+        Routed::Prompt(Prompt::Text(text)) => Some(Source::Text(text)),
+        Routed::Messages(messages) => {
+            let param = match endpoint {
+                Endpoint::Responses => "input",
+                _ => "messages",
+            };
+            let add_generation_prompt = endpoint == Endpoint::Responses
+                || request::chat(body).is_ok_and(|c| c.add_generation_prompt);
+            let rendered = template
+                .render(&chat_messages(messages), add_generation_prompt)
+                .map_err(|e| ServeError::invalid(e.to_string(), Some(param)))?;
+            Some(Source::Text(rendered))
+        }
+        Routed::Nothing => None,
+    })
+}
+
+/// Tokenizes (when needed) and hashes the prompt of a pass-through body; a body without one
+/// routes on nothing (no blocks: the least loaded worker).
+pub(crate) async fn passthrough_input(
+    state: &AppState,
+    endpoint: Endpoint,
+    body: &Value,
+) -> Result<RoutingInput, ServeError> {
+    match passthrough_source(endpoint, body, &state.inner.config.chat_template)? {
+        Some(src) => input_of(state, body, src).await,
+        None => Ok(RoutingInput {
+            isl_tokens: 0,
+            blocks: BlockHashes::default(),
+        }),
+    }
+}
+
 /// The adapter and salt that namespace the request's blocks: vLLM's `cache_salt` body field, and
-/// the model name when it names a LoRA adapter rather than the base model.
-fn namespace(body: &Value, base_models: &[String]) -> HashNamespace {
+/// the model name when it names a LoRA adapter rather than a base model: as the workers list it
+/// (`adapter`), else any name other than the first model served.
+fn namespace(body: &Value, base_models: &[String], adapter: Option<bool>) -> HashNamespace {
     let cache_salt = request::cache_salt(body).map(str::to_owned);
     let lora_name = request::model(body)
-        .filter(|m| base_models.first().is_some_and(|base| base != m))
+        .filter(|m| adapter.unwrap_or_else(|| base_models.first().is_some_and(|base| base != m)))
         .map(str::to_owned);
     HashNamespace {
         lora_name,
@@ -81,8 +128,15 @@ pub(crate) async fn routing_input(
     body: &Value,
 ) -> Result<RoutingInput, ServeError> {
     let src = source(kind, body, state)?;
+    input_of(state, body, src).await
+}
+
+/// Tokenizes (when needed) and hashes `src`, the prompt of `body`.
+async fn input_of(state: &AppState, body: &Value, src: Source) -> Result<RoutingInput, ServeError> {
     let models = state.inner.models.read().expect("models lock").clone();
-    let ns = namespace(body, &models);
+    let adapter = request::model(body)
+        .and_then(|m| state.inner.pools.read().expect("pools lock").is_adapter(m));
+    let ns = namespace(body, &models, adapter);
     let block_size = state.inner.config.router.kv_cache_block_size;
     match src {
         Source::Ids(ids) => {
@@ -130,13 +184,16 @@ mod tests {
     fn a_model_name_other_than_the_base_model_is_an_adapter_namespace() {
         let base = vec!["base".to_owned()];
         let body = serde_json::json!({"model": "math-lora", "cache_salt": "t1"});
-        let ns = namespace(&body, &base);
+        let ns = namespace(&body, &base, None);
         assert_eq!(ns.lora_name.as_deref(), Some("math-lora"));
         assert_eq!(ns.cache_salt.as_deref(), Some("t1"));
         assert_eq!(
-            namespace(&serde_json::json!({"model": "base"}), &base),
+            namespace(&serde_json::json!({"model": "base"}), &base, None),
             HashNamespace::none()
         );
+        // Two base models (pools): the second is no adapter.
+        let second = serde_json::json!({"model": "other-base"});
+        assert_eq!(namespace(&second, &base, Some(false)).lora_name, None);
     }
 
     /// Short text prompts are tokenized on the request's task: they route even when the

@@ -70,6 +70,8 @@ pub(crate) struct Inner {
     /// The libzmq context of the KV event subscribers (no I/O until a socket is made).
     pub(crate) zmq: zmq::Context,
     pub(crate) models: RwLock<Vec<String>>,
+    /// The models each worker serves (`pools.rs`): requests go to their model's pool.
+    pub(crate) pools: RwLock<crate::pools::Pools>,
     /// Requests waiting in the router queue, by id: where to send their placement.
     waiters: Mutex<HashMap<RequestId, Placement>>,
     /// Wakes the queue driver when load or eligibility changes outside a release.
@@ -381,6 +383,7 @@ impl AppState {
                 metrics: Metrics::new(),
                 zmq: zmq::Context::new(),
                 models: RwLock::new(models),
+                pools: RwLock::default(),
                 waiters: Mutex::new(HashMap::new()),
                 queue_notify: Notify::new(),
                 update_actions: Mutex::new(None),

@@ -271,3 +271,43 @@ fn hash_prompts_from_traces_hit_the_cache_too() {
     let (_, finished, _, _) = run(&mut e, t);
     assert_eq!(finished[0].cached_tokens, 16);
 }
+
+/// A request on a LoRA adapter announces its blocks in the adapter's namespace (a router that
+/// re-hashes the tokens gets the adapter's hashes), and shares no cache with the base model.
+#[test]
+fn adapter_blocks_are_announced_in_their_namespace() {
+    let mut e = engine(small());
+    let lora = HashNamespace {
+        lora_name: Some("sql".into()),
+        ..HashNamespace::none()
+    };
+    e.add_request(EngineRequest {
+        id: RequestId(1),
+        prompt: Prompt::Tokens {
+            tokens: (0..8).collect(),
+            namespace: lora.clone(),
+        },
+        max_output_tokens: 1,
+    })
+    .unwrap();
+    let (_, _, events, t) = run(&mut e, Time::ZERO);
+    let KvEvent::Stored { namespace, .. } = &events[0] else {
+        panic!("{events:?}")
+    };
+    assert_eq!(namespace, &lora);
+    // The same tokens on the base model: announced again, in the plain namespace.
+    e.add_request(req(2, (0..8).collect(), 1)).unwrap();
+    let (_, _, events, _) = run(&mut e, t);
+    let stored: Vec<&HashNamespace> = events
+        .iter()
+        .filter_map(|ev| match ev {
+            KvEvent::Stored { namespace, .. } => Some(namespace),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        stored,
+        vec![&HashNamespace::none()],
+        "no cache shared with the adapter"
+    );
+}

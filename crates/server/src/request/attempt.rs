@@ -85,6 +85,7 @@ pub(crate) async fn attempt(
         if first {
             request.pin = req.pin;
         }
+        request.allowed_workers = req.pool.clone();
         req.admission.apply(&mut request);
         let decision = if admit_next {
             // A request waiting in the queue ends there if its group gets enough samples.
@@ -115,7 +116,7 @@ pub(crate) async fn attempt(
         let send = inner.send_upstream(
             inner
                 .http
-                .post(format!("{base}{}", req.kind.path()))
+                .post(format!("{base}{}", req.upstream_path()))
                 .header("content-type", "application/json")
                 .header(crate::access::REQUEST_ID_HEADER, req.request_id.clone())
                 .body(body.clone()),

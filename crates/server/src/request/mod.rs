@@ -26,6 +26,7 @@ use attempt::{attempt, Origin, Outcome};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use kvrouter_openai::passthrough::Endpoint;
 use parse::Request;
 use parse::{count_error, parse};
 use std::time::Instant;
@@ -36,6 +37,29 @@ use std::time::Instant;
 pub(crate) async fn handle(
     state: AppState,
     kind: Kind,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Result<Response, ServeError> {
+    serve(state, kind, None, headers, raw).await
+}
+
+/// Handles a pass-through endpoint (`/v1/responses`, `/v1/embeddings`, `/tokenize`,
+/// `/detokenize`): parsed, admitted, placed and retried as completions are, its answer passed to
+/// the client unchanged (never continued elsewhere).
+pub(crate) async fn pass_through(
+    state: AppState,
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Result<Response, ServeError> {
+    // `kind` shapes only the empty answer of a first-N-of-M sibling ended before it started.
+    serve(state, Kind::Completion, Some(endpoint), headers, raw).await
+}
+
+async fn serve(
+    state: AppState,
+    kind: Kind,
+    endpoint: Option<Endpoint>,
     headers: HeaderMap,
     raw: Bytes,
 ) -> Result<Response, ServeError> {
@@ -58,7 +82,15 @@ pub(crate) async fn handle(
             let at = (arrival, id.clone(), (access, trace));
             (
                 id,
-                answer(state.clone(), kind, &headers, raw, at, &mut model).await,
+                answer(
+                    state.clone(),
+                    (kind, endpoint),
+                    &headers,
+                    raw,
+                    at,
+                    &mut model,
+                )
+                .await,
             )
         }
         Err((id, e)) => (id, Err(count_error(&state, e))),
@@ -80,13 +112,23 @@ pub(crate) async fn handle(
 /// answered (its access line is the caller's to write), and `model` is the body's once parsed.
 async fn answer(
     state: AppState,
-    kind: Kind,
+    (kind, endpoint): (Kind, Option<Endpoint>),
     headers: &HeaderMap,
     raw: Bytes,
     (arrival, id, sampled): (Instant, HeaderValue, (bool, bool)),
     model: &mut Option<String>,
 ) -> Result<Response, ServeError> {
-    let req = match parse(state.clone(), kind, headers, raw, arrival, id, sampled).await {
+    let req = match parse(
+        state.clone(),
+        (kind, endpoint),
+        headers,
+        raw,
+        arrival,
+        id,
+        sampled,
+    )
+    .await
+    {
         Ok(req) => req,
         Err(e) => return Err(count_error(&state, e)),
     };

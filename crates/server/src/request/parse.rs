@@ -7,11 +7,13 @@ use crate::headers::{
     admission_fields, header_str, pin_from, AdmissionFields, GROUP_HEADER, SESSION_HEADERS,
 };
 use crate::provenance::Provenance;
-use crate::routing::{routing_input, Kind, RoutingInput};
+use crate::routing::{passthrough_input, routing_input, Kind, RoutingInput};
 use crate::state::AppState;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue};
+use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::{Decision, Pin};
+use kvrouter_openai::passthrough::Endpoint;
 use serde_json::Value;
 use std::time::Instant;
 
@@ -19,6 +21,8 @@ use std::time::Instant;
 pub(crate) struct Request {
     pub(crate) state: AppState,
     pub(crate) kind: Kind,
+    /// A pass-through endpoint (`None`: a completion or chat, followed event by event).
+    pub(crate) endpoint: Option<Endpoint>,
     /// The body as the client sent it (first attempts send it unchanged).
     pub(crate) raw: Bytes,
     /// The body as JSON (continuations extend it).
@@ -27,6 +31,8 @@ pub(crate) struct Request {
     pub(crate) arrival: Instant,
     pub(crate) input: RoutingInput,
     pub(crate) pin: Option<Pin>,
+    /// The workers that serve its model (`None`: any).
+    pub(crate) pool: Option<Vec<WorkerId>>,
     pub(crate) admission: AdmissionFields,
     session: Option<String>,
     group: Option<String>,
@@ -43,7 +49,7 @@ pub(crate) struct Request {
 /// Parses the body and headers, and turns the prompt into what the core routes on.
 pub(super) async fn parse(
     state: AppState,
-    kind: Kind,
+    kind: (Kind, Option<Endpoint>),
     headers: &HeaderMap,
     raw: Bytes,
     arrival: Instant,
@@ -67,7 +73,7 @@ pub(super) async fn parse(
 /// [`parse`] of a body already read as JSON (`raw`: the bytes a first attempt sends).
 pub(super) async fn parse_body(
     state: AppState,
-    kind: Kind,
+    (kind, endpoint): (Kind, Option<Endpoint>),
     headers: &HeaderMap,
     (raw, body): (Bytes, Value),
     arrival: Instant,
@@ -77,25 +83,36 @@ pub(super) async fn parse_body(
     if !body.is_object() {
         return Err(ServeError::invalid("the body must be a JSON object", None));
     }
-    {
+    let model = {
         // The body's `model` must be one the workers serve (any, before they report theirs).
         let models = state.inner.models.read().expect("models lock");
-        kvrouter_openai::request::check_model(&body, &models, true)?;
-    }
+        // vLLM's `/tokenize` and `/detokenize` take the model as optional.
+        let required = !matches!(endpoint, Some(Endpoint::Tokenize | Endpoint::Detokenize));
+        kvrouter_openai::request::check_model(&body, &models, required)?
+    };
+    // Only the workers that serve the model (or adapter) may take it.
+    let pool = model
+        .as_deref()
+        .and_then(|m| state.inner.pools.read().expect("pools lock").workers_for(m));
     let stream = kvrouter_openai::request::stream_flags(&body)?.stream;
-    let input = routing_input(&state, kind, &body).await?;
+    let input = match endpoint {
+        None => routing_input(&state, kind, &body).await?,
+        Some(endpoint) => passthrough_input(&state, endpoint, &body).await?,
+    };
     let tokenized = Instant::now();
     let pin = pin_from(headers)?;
     let admission = admission_fields(headers, &body, arrival, &state.inner)?;
     let text = |names: &[&str]| header_str(headers, names).map(str::to_owned);
     Ok(Request {
         kind,
+        endpoint,
         raw,
         body,
         stream,
         arrival,
         input,
         pin,
+        pool,
         admission,
         session: text(&SESSION_HEADERS),
         group: text(&GROUP_HEADER),
@@ -119,6 +136,11 @@ pub(super) fn count_error(state: &AppState, e: ServeError) -> ServeError {
 }
 
 impl Request {
+    /// The engine's path for this request.
+    pub(crate) fn upstream_path(&self) -> &'static str {
+        self.endpoint.map_or(self.kind.path(), Endpoint::path)
+    }
+
     /// Counts a request that failed after it was parsed (with its `model` label).
     pub(crate) fn count_error(&self, e: ServeError) -> ServeError {
         let mode = self.state.inner.config.router.router_mode;

@@ -66,7 +66,7 @@ pub(crate) async fn place(
         .map_err(|(_, e)| count_error(state, e))?;
     let req = parse_body(
         state.clone(),
-        kind,
+        (kind, None),
         headers,
         (Bytes::new(), body),
         arrival,
@@ -98,7 +98,13 @@ async fn place_parsed(
     let id = RequestId(inner.next_request.fetch_add(1, Ordering::Relaxed));
     let mut request = RouteRequest::new(id, req.input.isl_tokens, req.input.blocks.clone());
     request.pin = req.pin;
-    request.allowed_workers = allowed;
+    // Only workers of the request's model pool, and of the caller's subset when it gave one.
+    request.allowed_workers = match (allowed, req.pool.clone()) {
+        (Some(subset), Some(pool)) => {
+            Some(subset.into_iter().filter(|w| pool.contains(w)).collect())
+        }
+        (subset, pool) => subset.or(pool),
+    };
     req.admission.apply(&mut request);
     let (decision, queued) = tokio::select! {
         d = super::admit::admit(&req.state, request) => d?,

@@ -39,7 +39,8 @@ pub(crate) async fn respond(
     let continuable = limit > 0 || config.admin_token.is_some() || stop.is_some();
     let unmigratable = kvrouter_openai::continuation::unmigratable(&req.body);
     let (kind, isl, version) = (req.kind, req.input.isl_tokens, decision.policy_version);
-    if !req.stream && status.is_success() {
+    let passed_through = req.endpoint.is_some();
+    if !req.stream && status.is_success() && !passed_through {
         // Read whole (it is one JSON object): stamped with the policy version, and continued
         // if a weight update aborted it.
         let first = match forward::read(response, &mut guard, &mut stop).await {
@@ -73,7 +74,9 @@ pub(crate) async fn respond(
         builder = builder.header("content-type", ct);
     }
     let builder = headers(builder, worker, version, &decision, expose);
+    // Pass-through answers (Responses events, embeddings, token lists) go out unchanged.
     let follow = match (req.stream && status.is_success(), continuable) {
+        _ if passed_through => Follow::Chunks { stamp: false },
         (true, true) => Follow::Events {
             migration_limit: limit,
         },
