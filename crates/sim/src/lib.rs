@@ -11,9 +11,11 @@
 //! - [`sim`]: the simulation: `step`, `step_until`, `run`.
 //! - [`summary`]: what a run reports (`summary.json`).
 //! - [`report`]: the self-contained `report.html`.
+//! - [`plan`]: the planner's search for the smallest fleet meeting a target.
 
 pub mod config;
 pub mod perfetto;
+pub mod plan;
 mod queue;
 pub mod report;
 pub mod sim;
