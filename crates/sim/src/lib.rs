@@ -12,10 +12,12 @@
 //! - [`summary`]: what a run reports (`summary.json`).
 //! - [`report`]: the self-contained `report.html`.
 //! - [`plan`]: the planner's search for the smallest fleet meeting a target.
+//! - [`plan_report`]: the planner's `report.html`.
 
 pub mod config;
 pub mod perfetto;
 pub mod plan;
+pub mod plan_report;
 mod queue;
 pub mod report;
 pub mod sim;

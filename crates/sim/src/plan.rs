@@ -136,7 +136,10 @@ mod tests {
                         let target = t as f64 + 0.5;
                         let (p, seen) = plan(min, max, jobs, target);
                         let want = (min..=max).find(|&n| cost(n) <= target);
-                        assert_eq!(p.workers, want, "min {min} max {max} jobs {jobs} t {target}");
+                        assert_eq!(
+                            p.workers, want,
+                            "min {min} max {max} jobs {jobs} t {target}"
+                        );
                         let unique: HashSet<_> = seen.iter().collect();
                         assert_eq!(unique.len(), seen.len(), "repeated: {seen:?}");
                         assert!(seen.iter().all(|n| (min..=max).contains(n)), "{seen:?}");
@@ -162,7 +165,12 @@ mod tests {
         assert!(seen.len() <= 2 * 9 + 1, "{seen:?}");
         let (four, _) = plan(1, 256, 4, 26.5);
         assert_eq!(four.workers, Some(38));
-        assert!(four.rounds < one.rounds, "{} vs {}", four.rounds, one.rounds);
+        assert!(
+            four.rounds < one.rounds,
+            "{} vs {}",
+            four.rounds,
+            one.rounds
+        );
     }
 
     #[test]
