@@ -8,6 +8,7 @@ mod layered;
 mod logging;
 mod mock_engine;
 mod picker_args;
+mod plan;
 mod print_config;
 mod routing_args;
 mod serve;
@@ -37,6 +38,8 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Replay a trace or an RL workload through the routing core against simulated engines.
     Sim(Box<sim::SimArgs>),
+    /// The smallest worker count whose simulated TTFT p99 or RL step time meets a target.
+    Plan(Box<plan::PlanArgs>),
     /// Run a simulated inference engine: OpenAI API over HTTP, KV events over ZeroMQ.
     MockEngine(mock_engine::MockEngineArgs),
     /// Replay a trace or an RL workload against a live OpenAI-compatible endpoint.
@@ -60,6 +63,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve::run(*args)),
         Command::Sim(args) => sim::run(*args),
+        Command::Plan(args) => plan::run(*args),
         Command::MockEngine(args) => runtime.block_on(mock_engine::run(args)),
         Command::Bench(args) => runtime.block_on(bench::run(args)),
         Command::Weights(args) => runtime.block_on(weights::run(args)),

@@ -100,14 +100,14 @@ pub(crate) struct SimArgs {
     /// Several configurations on the same workload: MODE[:key=value...],... e.g.
     /// round-robin,least-loaded,kv,kv:router_predicted_ttl_secs=5
     #[arg(long)]
-    compare: Option<String>,
+    pub(crate) compare: Option<String>,
     /// Write each configuration's request timeline as Chrome trace JSON (open in Perfetto);
     /// with several configurations the name gets `-N` per configuration.
     #[arg(long)]
     perfetto: Option<PathBuf>,
     /// Output folder for summary.json and report.html.
     #[arg(long, default_value = "sim-out")]
-    out: PathBuf,
+    pub(crate) out: PathBuf,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -179,7 +179,7 @@ pub(crate) fn load_workload(
 }
 
 impl SimArgs {
-    fn workload(&self) -> anyhow::Result<Workload> {
+    pub(crate) fn workload(&self) -> anyhow::Result<Workload> {
         load_workload(
             self.trace.as_deref(),
             self.workload.as_deref(),
@@ -189,7 +189,7 @@ impl SimArgs {
         )
     }
 
-    fn configs(&self) -> anyhow::Result<Vec<SimConfig>> {
+    pub(crate) fn configs(&self) -> anyhow::Result<Vec<SimConfig>> {
         let base_router = self.routing.config()?;
         let base = SimConfig {
             name: self.routing.router_mode.clone(),
@@ -275,7 +275,7 @@ fn numbered(path: &std::path::Path, n: usize, of: usize) -> PathBuf {
     path.with_file_name(format!("{stem}-{n}.{ext}"))
 }
 
-fn run_one(
+pub(crate) fn run_one(
     config: SimConfig,
     workload: &Workload,
     quiet: bool,
@@ -372,7 +372,7 @@ pub(crate) fn print_table(runs: &[Summary]) {
 
 impl SimArgs {
     /// What the report's head says about the run.
-    fn report_parameters(&self) -> Vec<(String, String)> {
+    pub(crate) fn report_parameters(&self) -> Vec<(String, String)> {
         let workload = match (&self.trace, &self.workload) {
             (Some(path), _) => format!("trace {}", path.display()),
             (None, Some(w)) => match &self.workload_args {

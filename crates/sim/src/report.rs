@@ -5,7 +5,7 @@
 use crate::summary::Summary;
 use std::fmt::Write;
 
-const COLORS: [&str; 8] = [
+pub(crate) const COLORS: [&str; 8] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
 ];
 /// Width of the plot area's box (axes and ticks); the legend sits to its right.
@@ -39,14 +39,21 @@ fn tick(v: f64) -> String {
     }
 }
 
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
 }
 
-fn axes(out: &mut String, title: &str, x_label: &str, y_label: &str, x_max: f64, y_max: f64) {
+pub(crate) fn axes(
+    out: &mut String,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    x_max: f64,
+    y_max: f64,
+) {
     let _ = write!(
         out,
         r#"<svg class="plot" data-plot="{}" width="{}" height="{H}" viewBox="0 0 {} {H}" xmlns="http://www.w3.org/2000/svg">"#,
@@ -104,7 +111,7 @@ fn axes(out: &mut String, title: &str, x_label: &str, y_label: &str, x_max: f64,
     );
 }
 
-fn polyline(
+pub(crate) fn polyline(
     out: &mut String,
     points: &[(f64, f64)],
     x_max: f64,
