@@ -4,7 +4,7 @@ use crate::config::MockEngineConfig;
 use crate::driver::{Command, Delivery, Shared};
 use crate::error::ApiError;
 use crate::openai::{self, GenRequest, Kind, Usage};
-use crate::submit::{async_stream, submit};
+use crate::submit::{async_stream, collect, submit};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -376,7 +376,7 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
         tokens: req.prompt_tokens.clone(),
         namespace: c.namespace_of(&req.model),
     };
-    let (n, mut rx, mut guard) = submit(&s, prompt, req.max_tokens, param).await?;
+    let (n, rx, guard) = submit(&s, prompt, req.max_tokens, param).await?;
     let prefix = if kind == Kind::Chat {
         "chatcmpl"
     } else {
@@ -386,36 +386,19 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
     let model = req.model.clone();
     let created = s.inner.created;
     if !req.stream {
-        let mut ids = Vec::with_capacity(req.max_tokens as usize);
-        loop {
-            match rx.recv().await {
-                Some(Delivery::Token { id }) => ids.push(id),
-                Some(Delivery::Done {
-                    prompt_tokens,
-                    cached_tokens,
-                    completion_tokens,
-                    aborted,
-                }) => {
-                    guard.armed = false;
-                    let usage = Usage {
-                        prompt_tokens,
-                        cached_tokens,
-                        completion_tokens,
-                    };
-                    let text = tokenizer.decode(&ids);
-                    let finish = if aborted { "abort" } else { "length" };
-                    return Ok(Json(openai::full_body(
-                        kind, &rid, &model, created, &text, usage, finish,
-                    ))
-                    .into_response());
-                }
-                Some(Delivery::Failed(e)) => {
-                    guard.armed = false;
-                    return Err(ApiError::internal(e));
-                }
-                None => return Err(ApiError::internal("the engine dropped the request")),
-            }
-        }
+        let whole = collect(rx, guard, req.max_tokens as usize).await?;
+        let text = tokenizer.decode(&whole.ids);
+        let finish = if whole.aborted { "abort" } else { "length" };
+        return Ok(Json(openai::full_body(
+            kind,
+            &rid,
+            &model,
+            created,
+            &text,
+            whole.usage,
+            finish,
+        ))
+        .into_response());
     }
     let tokenizer = c.tokenizer.clone();
     let include_usage = req.include_usage;

@@ -7,7 +7,7 @@ use crate::driver::Delivery;
 use crate::error::ApiError;
 use crate::http::{parse_object, AppState};
 use crate::openai::{check_model, Usage};
-use crate::submit::{async_stream, submit};
+use crate::submit::{async_stream, collect, submit};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -69,39 +69,20 @@ async fn respond(s: AppState, body: Bytes) -> Result<Response, ApiError> {
         tokens,
         namespace: c.namespace_of(&model),
     };
-    let (n, mut rx, mut guard) = submit(&s, prompt, max_tokens, "input").await?;
+    let (n, rx, guard) = submit(&s, prompt, max_tokens, "input").await?;
     let (rid, created) = (format!("resp_mock{n}"), s.created());
     let tokenizer = c.tokenizer.clone();
     if !stream {
-        let mut ids = Vec::new();
-        loop {
-            match rx.recv().await {
-                Some(Delivery::Token { id }) => ids.push(id),
-                Some(Delivery::Done {
-                    prompt_tokens,
-                    cached_tokens,
-                    completion_tokens,
-                    aborted,
-                }) => {
-                    guard.armed = false;
-                    let usage = Usage {
-                        prompt_tokens,
-                        cached_tokens,
-                        completion_tokens,
-                    };
-                    let status = if aborted { "incomplete" } else { "completed" };
-                    let text = tokenizer.decode(&ids);
-                    let body =
-                        response_object(&rid, &model, created, status, &text, Some(triple(usage)));
-                    return Ok(Json(body).into_response());
-                }
-                Some(Delivery::Failed(e)) => {
-                    guard.armed = false;
-                    return Err(ApiError::internal(e));
-                }
-                None => return Err(ApiError::internal("the engine dropped the request")),
-            }
-        }
+        let whole = collect(rx, guard, 0).await?;
+        let status = if whole.aborted {
+            "incomplete"
+        } else {
+            "completed"
+        };
+        let text = tokenizer.decode(&whole.ids);
+        let usage = Some(triple(whole.usage));
+        let body = response_object(&rid, &model, created, status, &text, usage);
+        return Ok(Json(body).into_response());
     }
     let mut seq = 0u64;
     let mut text = String::new();

@@ -4,6 +4,7 @@
 use crate::driver::{Command, Delivery};
 use crate::error::ApiError;
 use crate::http::AppState;
+use crate::openai::Usage;
 use axum::body::Bytes;
 use kvrouter_core::ids::RequestId;
 use kvrouter_engine::{EngineError, EngineRequest, Prompt};
@@ -74,6 +75,51 @@ pub(crate) async fn submit(
         Err(_) => return Err(ApiError::internal("the engine has stopped")),
     }
     Ok((n, rx, guard))
+}
+
+/// A whole (non-streamed) answer: its token ids, its usage, and whether it was aborted.
+pub(crate) struct Collected {
+    pub(crate) ids: Vec<u32>,
+    pub(crate) usage: Usage,
+    pub(crate) aborted: bool,
+}
+
+/// Waits for every delivery of a non-streamed request. The guard is disarmed once the engine
+/// ended the request; if the engine drops it, the guard cancels it on the way out.
+pub(crate) async fn collect(
+    mut rx: mpsc::UnboundedReceiver<Delivery>,
+    mut guard: CancelGuard,
+    capacity: usize,
+) -> Result<Collected, ApiError> {
+    let mut ids = Vec::with_capacity(capacity);
+    loop {
+        match rx.recv().await {
+            Some(Delivery::Token { id }) => ids.push(id),
+            Some(Delivery::Done {
+                prompt_tokens,
+                cached_tokens,
+                completion_tokens,
+                aborted,
+            }) => {
+                guard.armed = false;
+                let usage = Usage {
+                    prompt_tokens,
+                    cached_tokens,
+                    completion_tokens,
+                };
+                return Ok(Collected {
+                    ids,
+                    usage,
+                    aborted,
+                });
+            }
+            Some(Delivery::Failed(e)) => {
+                guard.armed = false;
+                return Err(ApiError::internal(e));
+            }
+            None => return Err(ApiError::internal("the engine dropped the request")),
+        }
+    }
 }
 
 /// Turns deliveries into SSE frames; the guard lives inside the stream, so dropping the response
