@@ -15,6 +15,8 @@
 //! - [`ledger`]: per-rank load accounting (active requests, prefill tokens, decode blocks).
 //! - [`policy`]: the selection policies and the KV cost model.
 //! - [`router`]: the [`Router`] façade that ties them together.
+//! - [`global`]: global routing across clusters: cluster summaries (prefix sketch + load) and
+//!   the global router's policies.
 //! - [`rng`]: the small seeded generator randomized policies own.
 //! - [`fast_map`]: the map hasher used for ids and hashes.
 //! - [`time`]: the `Time` value callers pass as `now`.
@@ -22,6 +24,7 @@
 pub mod approx;
 pub mod event;
 pub mod fast_map;
+pub mod global;
 pub mod hashing;
 pub mod ids;
 pub mod index;

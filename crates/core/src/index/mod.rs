@@ -23,6 +23,7 @@
 //! (dump as events, snapshots for comparison), `capacity.rs` (the capacity bound, eviction).
 
 mod capacity;
+mod checkpoints;
 mod dump;
 mod matches;
 mod tree;

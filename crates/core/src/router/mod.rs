@@ -8,6 +8,7 @@
 //! `remote_event.rs` (what router replicas share: remote events in, outgoing events out), this file (the façade).
 
 pub mod admission;
+mod cluster;
 mod config;
 mod effects;
 mod remote_event;

@@ -1,0 +1,133 @@
+//! The per-cluster estimate: what a request would cost in one cluster, from its summary, the
+//! work sent there since that summary, and the network round trip.
+
+use super::policy::{DEFAULT_OUTPUT_TOKENS_HINT, DEFAULT_PREFILL_TOKENS_PER_S};
+use super::summary::ClusterSummary;
+use super::ClusterId;
+use crate::ids::SequenceHash;
+use serde::{Deserialize, Serialize};
+
+/// A request as the global router sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlobalRequest<'a> {
+    /// Session (trajectory) id, when the client sends one.
+    pub session: Option<u64>,
+    /// The prompt's sequence hashes at the clusters' block size.
+    pub blocks: &'a [SequenceHash],
+    /// Prompt length in tokens.
+    pub input_tokens: u64,
+    /// Expected output tokens (`None`: [`DEFAULT_OUTPUT_TOKENS_HINT`]).
+    pub output_tokens_hint: Option<u64>,
+}
+
+/// Work sent to a cluster that its last summary does not show yet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingLoad {
+    /// Requests.
+    pub requests: u64,
+    /// Their uncached prompt tokens (as estimated when they were sent).
+    pub prefill_tokens: u64,
+}
+
+/// One cluster's estimate for one request. Times in ms.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterEstimate {
+    /// The cluster.
+    pub cluster: ClusterId,
+    /// False when the cluster is routed around (stale or missing summary, marked down, no
+    /// workers); its other figures are then zero.
+    pub eligible: bool,
+    /// Cached prefix from the sketch, blocks.
+    pub cached_blocks: u64,
+    /// Prompt tokens it would prefill.
+    pub uncached_tokens: u64,
+    /// Network round trip to the cluster.
+    pub rtt_ms: f64,
+    /// Waiting behind prefill backlog and for a batch slot.
+    pub queue_ms: f64,
+    /// Prefill of the uncached tokens on one worker.
+    pub prefill_ms: f64,
+    /// Decode of the expected output at the cluster's current inter-token latency.
+    pub decode_ms: f64,
+    /// Requests per batch slot (active + queued + pending) / slots, or per worker when slots
+    /// are unknown: the least-loaded figure.
+    pub load_ratio: f64,
+}
+
+impl ClusterEstimate {
+    /// An estimate for a cluster that is routed around.
+    pub fn ineligible(cluster: ClusterId) -> Self {
+        Self {
+            cluster,
+            eligible: false,
+            cached_blocks: 0,
+            uncached_tokens: 0,
+            rtt_ms: 0.0,
+            queue_ms: 0.0,
+            prefill_ms: 0.0,
+            decode_ms: 0.0,
+            load_ratio: 0.0,
+        }
+    }
+
+    /// Time to first token: round trip + queue + prefill.
+    pub fn ttft_ms(&self) -> f64 {
+        self.rtt_ms + self.queue_ms + self.prefill_ms
+    }
+
+    /// What the kv policy minimises: time to first token plus decode.
+    pub fn cost_ms(&self) -> f64 {
+        self.ttft_ms() + self.decode_ms
+    }
+}
+
+/// The estimate for `request` in a cluster with this summary, pending work and round trip.
+pub fn estimate(
+    cluster: ClusterId,
+    summary: &ClusterSummary,
+    pending: PendingLoad,
+    rtt_ms: f64,
+    request: &GlobalRequest<'_>,
+) -> ClusterEstimate {
+    let l = &summary.load;
+    if l.workers == 0 {
+        return ClusterEstimate::ineligible(cluster);
+    }
+    let cached_blocks = summary.cached_prefix_blocks(request.blocks) as u64;
+    let uncached_tokens = request
+        .input_tokens
+        .saturating_sub(cached_blocks * u64::from(summary.block_size));
+    let speed = if l.prefill_tokens_per_s > 0.0 {
+        l.prefill_tokens_per_s
+    } else {
+        DEFAULT_PREFILL_TOKENS_PER_S
+    };
+    let workers = l.workers as f64;
+    let backlog =
+        (l.active_prefill_tokens + l.queued_prefill_tokens + pending.prefill_tokens) as f64;
+    let output = request
+        .output_tokens_hint
+        .unwrap_or(DEFAULT_OUTPUT_TOKENS_HINT) as f64;
+    let decode_ms = output * l.decode_ms_per_token;
+    let in_flight = (l.active_requests + l.queue_depth + pending.requests) as f64;
+    let (slot_wait_ms, load_ratio) = if l.max_running_requests > 0 {
+        let slots = l.max_running_requests as f64;
+        // Beyond the batch slots a request waits for earlier ones to finish: each full round
+        // of slots ahead of it costs about one request's decode.
+        let overflow = (in_flight + 1.0 - slots).max(0.0);
+        (overflow / slots * decode_ms, in_flight / slots)
+    } else {
+        (0.0, in_flight / workers)
+    };
+    ClusterEstimate {
+        cluster,
+        eligible: true,
+        cached_blocks,
+        uncached_tokens,
+        rtt_ms,
+        queue_ms: backlog / (workers * speed) * 1e3 + slot_wait_ms,
+        prefill_ms: uncached_tokens as f64 / speed * 1e3,
+        decode_ms,
+        load_ratio,
+    }
+}

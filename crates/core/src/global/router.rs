@@ -1,0 +1,363 @@
+//! The global router: clusters, their latest summaries, session homes, and the choice.
+
+use super::estimate::{estimate, ClusterEstimate, GlobalRequest, PendingLoad};
+use super::policy::{GlobalConfig, GlobalConfigError, GlobalPolicy};
+use super::summary::ClusterSummary;
+use super::ClusterId;
+use crate::rng::mix64;
+use crate::time::Time;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// A cluster as configured at the global router.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterSpec {
+    /// Name (matches the summaries it publishes).
+    pub name: String,
+    /// Network round trip from the global router to the cluster, ms.
+    pub rtt_ms: f64,
+    /// Share of sessions under `static-split` (> 0).
+    pub weight: f64,
+}
+
+/// Why a request or summary was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GlobalError {
+    /// No cluster has a fresh summary and is up: nothing to route to (retry later).
+    #[error(
+        "no cluster is available (every summary is stale or missing, or every cluster is down)"
+    )]
+    NoCluster,
+    /// The id names no cluster.
+    #[error("unknown cluster {0}")]
+    UnknownCluster(ClusterId),
+    /// A summary's block size differs from the router's.
+    #[error("cluster {cluster}: summary block size {got}, global router uses {expected}")]
+    BlockSize {
+        /// The cluster.
+        cluster: ClusterId,
+        /// The router's block size.
+        expected: u32,
+        /// The summary's.
+        got: u32,
+    },
+    /// A cluster spec with a bad round trip or weight.
+    #[error("cluster {0:?}: round trip must be ≥ 0 and weight > 0 (finite)")]
+    InvalidSpec(String),
+}
+
+/// Why the chosen cluster was chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionReason {
+    /// The static split's share for the session.
+    StaticShare,
+    /// Lowest load ratio.
+    LeastLoaded,
+    /// Lowest estimated cost (new session, or no session).
+    LowestCost,
+    /// The session's home, kept by hysteresis.
+    SessionHome,
+    /// The session moved: another cluster was clearly cheaper, or its home is unavailable.
+    SessionMoved,
+}
+
+/// The global router's choice, with every cluster's estimate as data.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GlobalDecision {
+    /// Where the request goes.
+    pub cluster: ClusterId,
+    /// Why.
+    pub reason: DecisionReason,
+    /// The session's previous cluster when it moved (its KV does not follow: re-prefill).
+    pub moved_from: Option<ClusterId>,
+    /// Per cluster, in id order.
+    pub estimates: Vec<ClusterEstimate>,
+}
+
+impl GlobalDecision {
+    /// The chosen cluster's estimate.
+    pub fn chosen(&self) -> &ClusterEstimate {
+        &self.estimates[self.cluster.0 as usize]
+    }
+}
+
+#[derive(Debug)]
+struct ClusterState {
+    spec: ClusterSpec,
+    summary: Option<ClusterSummary>,
+    received_at: Time,
+    up: bool,
+    /// Work sent since the summary was built: (sent at, load).
+    pending: Vec<(Time, PendingLoad)>,
+}
+
+/// The global router. See the module documentation of [`crate::global`].
+#[derive(Debug)]
+pub struct GlobalRouter {
+    config: GlobalConfig,
+    block_size: u32,
+    clusters: Vec<ClusterState>,
+    /// Session → (home, last request).
+    sessions: BTreeMap<u64, (ClusterId, Time)>,
+    counter: u64,
+}
+
+impl GlobalRouter {
+    /// A router with no clusters, hashing prompts in `block_size`-token blocks.
+    pub fn new(config: GlobalConfig, block_size: u32) -> Result<Self, GlobalConfigError> {
+        config.validate()?;
+        Ok(Self {
+            config,
+            block_size,
+            clusters: Vec::new(),
+            sessions: BTreeMap::new(),
+            counter: 0,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &GlobalConfig {
+        &self.config
+    }
+
+    /// Adds a cluster (up, without a summary: routed around until its first one arrives).
+    pub fn add_cluster(&mut self, spec: ClusterSpec) -> Result<ClusterId, GlobalError> {
+        let rtt_ok = spec.rtt_ms.is_finite() && spec.rtt_ms >= 0.0;
+        let weight_ok = spec.weight.is_finite() && spec.weight > 0.0;
+        if !(rtt_ok && weight_ok) {
+            return Err(GlobalError::InvalidSpec(spec.name));
+        }
+        self.clusters.push(ClusterState {
+            spec,
+            summary: None,
+            received_at: Time::ZERO,
+            up: true,
+            pending: Vec::new(),
+        });
+        Ok(ClusterId(self.clusters.len() as u32 - 1))
+    }
+
+    /// The clusters' specs, in id order.
+    pub fn clusters(&self) -> impl Iterator<Item = (ClusterId, &ClusterSpec)> {
+        self.clusters
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (ClusterId(i as u32), &c.spec))
+    }
+
+    /// The cluster of this name.
+    pub fn cluster_by_name(&self, name: &str) -> Option<ClusterId> {
+        self.clusters
+            .iter()
+            .position(|c| c.spec.name == name)
+            .map(|i| ClusterId(i as u32))
+    }
+
+    fn state(&self, id: ClusterId) -> Result<&ClusterState, GlobalError> {
+        self.clusters
+            .get(id.0 as usize)
+            .ok_or(GlobalError::UnknownCluster(id))
+    }
+
+    /// Takes a cluster's summary received at `now`. Returns false (and keeps the old one) when
+    /// it is not newer (by sequence) than the one held. Work sent more than one round trip
+    /// before `now` is taken as counted by this summary.
+    pub fn update_summary(
+        &mut self,
+        id: ClusterId,
+        summary: ClusterSummary,
+        now: Time,
+    ) -> Result<bool, GlobalError> {
+        self.state(id)?;
+        if summary.block_size != self.block_size {
+            return Err(GlobalError::BlockSize {
+                cluster: id,
+                expected: self.block_size,
+                got: summary.block_size,
+            });
+        }
+        let c = &mut self.clusters[id.0 as usize];
+        if c.summary
+            .as_ref()
+            .is_some_and(|s| s.sequence >= summary.sequence)
+        {
+            return Ok(false);
+        }
+        let seen_before = now - Duration::from_secs_f64(c.spec.rtt_ms / 1e3);
+        c.pending.retain(|(sent, _)| *sent > seen_before);
+        c.summary = Some(summary);
+        c.received_at = now;
+        Ok(true)
+    }
+
+    /// The summary held for a cluster and when it arrived.
+    pub fn summary(&self, id: ClusterId) -> Option<(&ClusterSummary, Time)> {
+        let c = self.clusters.get(id.0 as usize)?;
+        c.summary.as_ref().map(|s| (s, c.received_at))
+    }
+
+    /// Marks a cluster down (its router failed) or up again. Returns the previous state.
+    pub fn set_up(&mut self, id: ClusterId, up: bool) -> Result<bool, GlobalError> {
+        self.state(id)?;
+        Ok(std::mem::replace(&mut self.clusters[id.0 as usize].up, up))
+    }
+
+    /// Whether a cluster can be routed to at `now`: up, with a summary younger than the bound.
+    pub fn is_eligible(&self, id: ClusterId, now: Time) -> bool {
+        self.state(id).is_ok_and(|c| {
+            c.up && c.summary.is_some() && now.since(c.received_at) <= self.config.max_summary_age
+        })
+    }
+
+    /// Work sent to a cluster that its summary does not show yet.
+    pub fn pending(&self, id: ClusterId) -> PendingLoad {
+        self.state(id).map_or(PendingLoad::default(), |c| {
+            c.pending
+                .iter()
+                .fold(PendingLoad::default(), |a, (_, p)| PendingLoad {
+                    requests: a.requests + p.requests,
+                    prefill_tokens: a.prefill_tokens + p.prefill_tokens,
+                })
+        })
+    }
+
+    /// Every cluster's estimate for a request at `now` (ineligible ones marked).
+    pub fn estimates(&self, request: &GlobalRequest<'_>, now: Time) -> Vec<ClusterEstimate> {
+        (0..self.clusters.len())
+            .map(|i| {
+                let id = ClusterId(i as u32);
+                let c = &self.clusters[i];
+                match (&c.summary, self.is_eligible(id, now)) {
+                    (Some(s), true) => estimate(id, s, self.pending(id), c.spec.rtt_ms, request),
+                    _ => ClusterEstimate::ineligible(id),
+                }
+            })
+            .collect()
+    }
+
+    /// Chooses a cluster for a request at `now` and records it (session home, pending work).
+    pub fn route(
+        &mut self,
+        request: &GlobalRequest<'_>,
+        now: Time,
+    ) -> Result<GlobalDecision, GlobalError> {
+        let estimates = self.estimates(request, now);
+        let eligible: Vec<&ClusterEstimate> = estimates.iter().filter(|e| e.eligible).collect();
+        if eligible.is_empty() {
+            return Err(GlobalError::NoCluster);
+        }
+        let home = request
+            .session
+            .and_then(|s| self.sessions.get(&s))
+            .filter(|(_, last)| now.since(*last) <= self.config.session_ttl)
+            .map(|(c, _)| *c);
+        let cheapest = pick_min(&eligible, ClusterEstimate::cost_ms);
+        let (cluster, reason) = match self.config.policy {
+            GlobalPolicy::StaticSplit => (
+                self.static_share(request, &estimates),
+                DecisionReason::StaticShare,
+            ),
+            GlobalPolicy::LeastLoaded => (
+                pick_min(&eligible, |e| e.load_ratio),
+                DecisionReason::LeastLoaded,
+            ),
+            GlobalPolicy::Kv => match home.map(|h| &estimates[h.0 as usize]) {
+                Some(h) if h.eligible => {
+                    let best = &estimates[cheapest.0 as usize];
+                    if best.cost_ms() < h.cost_ms() * self.config.session_move_ratio {
+                        (cheapest, DecisionReason::SessionMoved)
+                    } else {
+                        (h.cluster, DecisionReason::SessionHome)
+                    }
+                }
+                Some(_) => (cheapest, DecisionReason::SessionMoved),
+                None => (cheapest, DecisionReason::LowestCost),
+            },
+        };
+        let moved_from = home.filter(|h| *h != cluster);
+        let reason = match (reason, moved_from) {
+            (DecisionReason::LowestCost, Some(_)) => DecisionReason::SessionMoved,
+            (r, _) => r,
+        };
+        if let Some(s) = request.session {
+            self.sessions.insert(s, (cluster, now));
+        }
+        let chosen = &estimates[cluster.0 as usize];
+        self.clusters[cluster.0 as usize].pending.push((
+            now,
+            PendingLoad {
+                requests: 1,
+                prefill_tokens: chosen.uncached_tokens,
+            },
+        ));
+        self.counter += 1;
+        Ok(GlobalDecision {
+            cluster,
+            reason,
+            moved_from,
+            estimates,
+        })
+    }
+
+    /// The static split's cluster: the session's (or, without one, the request counter's)
+    /// weighted share; when that cluster is not eligible, the next eligible one.
+    fn static_share(
+        &self,
+        request: &GlobalRequest<'_>,
+        estimates: &[ClusterEstimate],
+    ) -> ClusterId {
+        let key = request.session.unwrap_or(self.counter);
+        let total: f64 = self.clusters.iter().map(|c| c.spec.weight).sum();
+        let x = (mix64(key) >> 11) as f64 / (1u64 << 53) as f64 * total;
+        let mut acc = 0.0;
+        let mut share = self.clusters.len() - 1;
+        for (i, c) in self.clusters.iter().enumerate() {
+            acc += c.spec.weight;
+            if x < acc {
+                share = i;
+                break;
+            }
+        }
+        (0..self.clusters.len())
+            .map(|k| (share + k) % self.clusters.len())
+            .find(|&i| estimates[i].eligible)
+            .map_or(ClusterId(share as u32), |i| ClusterId(i as u32))
+    }
+
+    /// The session's home at `now`, if any.
+    pub fn session_home(&self, session: u64, now: Time) -> Option<ClusterId> {
+        self.sessions
+            .get(&session)
+            .filter(|(_, last)| now.since(*last) <= self.config.session_ttl)
+            .map(|(c, _)| *c)
+    }
+
+    /// Forgets a session (it ended). Returns whether it was known.
+    pub fn end_session(&mut self, session: u64) -> bool {
+        self.sessions.remove(&session).is_some()
+    }
+
+    /// Forgets sessions idle past the TTL.
+    pub fn expire_sessions(&mut self, now: Time) {
+        let ttl = self.config.session_ttl;
+        self.sessions.retain(|_, (_, last)| now.since(*last) <= ttl);
+    }
+
+    /// Sessions with a home.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+}
+
+/// The eligible estimate with the lowest `key` (lowest id on ties).
+fn pick_min(eligible: &[&ClusterEstimate], key: impl Fn(&ClusterEstimate) -> f64) -> ClusterId {
+    let mut best = eligible[0];
+    for e in &eligible[1..] {
+        if key(e) < key(best) {
+            best = e;
+        }
+    }
+    best.cluster
+}
