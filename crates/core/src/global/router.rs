@@ -7,7 +7,7 @@ use super::ClusterId;
 use crate::rng::mix64;
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 /// A cluster as configured at the global router.
@@ -89,8 +89,10 @@ struct ClusterState {
     summary: Option<ClusterSummary>,
     received_at: Time,
     up: bool,
-    /// Work sent since the summary was built: (sent at, load).
-    pending: Vec<(Time, PendingLoad)>,
+    /// Work sent since the summary was built: (sent at, load), in the order sent.
+    pending: VecDeque<(Time, PendingLoad)>,
+    /// The sum of `pending`.
+    pending_total: PendingLoad,
 }
 
 /// The global router. See the module documentation of [`crate::global`].
@@ -134,7 +136,8 @@ impl GlobalRouter {
             summary: None,
             received_at: Time::ZERO,
             up: true,
-            pending: Vec::new(),
+            pending: VecDeque::new(),
+            pending_total: PendingLoad::default(),
         });
         Ok(ClusterId(self.clusters.len() as u32 - 1))
     }
@@ -186,7 +189,16 @@ impl GlobalRouter {
             return Ok(false);
         }
         let seen_before = now - Duration::from_secs_f64(c.spec.rtt_ms / 1e3);
-        c.pending.retain(|(sent, _)| *sent > seen_before);
+        while c
+            .pending
+            .front()
+            .is_some_and(|(sent, _)| *sent <= seen_before)
+        {
+            if let Some((_, p)) = c.pending.pop_front() {
+                c.pending_total.requests -= p.requests;
+                c.pending_total.prefill_tokens -= p.prefill_tokens;
+            }
+        }
         c.summary = Some(summary);
         c.received_at = now;
         Ok(true)
@@ -213,14 +225,8 @@ impl GlobalRouter {
 
     /// Work sent to a cluster that its summary does not show yet.
     pub fn pending(&self, id: ClusterId) -> PendingLoad {
-        self.state(id).map_or(PendingLoad::default(), |c| {
-            c.pending
-                .iter()
-                .fold(PendingLoad::default(), |a, (_, p)| PendingLoad {
-                    requests: a.requests + p.requests,
-                    prefill_tokens: a.prefill_tokens + p.prefill_tokens,
-                })
-        })
+        self.state(id)
+            .map_or(PendingLoad::default(), |c| c.pending_total)
     }
 
     /// Every cluster's estimate for a request at `now` (ineligible ones marked).
@@ -284,14 +290,14 @@ impl GlobalRouter {
         if let Some(s) = request.session {
             self.sessions.insert(s, (cluster, now));
         }
-        let chosen = &estimates[cluster.0 as usize];
-        self.clusters[cluster.0 as usize].pending.push((
-            now,
-            PendingLoad {
-                requests: 1,
-                prefill_tokens: chosen.uncached_tokens,
-            },
-        ));
+        let sent = PendingLoad {
+            requests: 1,
+            prefill_tokens: estimates[cluster.0 as usize].uncached_tokens,
+        };
+        let c = &mut self.clusters[cluster.0 as usize];
+        c.pending.push_back((now, sent));
+        c.pending_total.requests += sent.requests;
+        c.pending_total.prefill_tokens += sent.prefill_tokens;
         self.counter += 1;
         Ok(GlobalDecision {
             cluster,

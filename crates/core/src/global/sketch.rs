@@ -21,8 +21,9 @@ const BITS_PER_BLOCK: u64 = 512;
 
 /// Default distance between checkpoints, in blocks.
 pub const DEFAULT_CHECKPOINT_INTERVAL_BLOCKS: u32 = 16;
-/// Default filter bits per key (measured false-positive rate ≈ 0.2 %, see docs/global-routing.md).
-pub const DEFAULT_BITS_PER_KEY: u32 = 16;
+/// Default filter bits per key before rounding up to a power of two (12 to 24 in effect; measured
+/// false-positive rate ≤ 0.6 %, see docs/global-routing.md).
+pub const DEFAULT_BITS_PER_KEY: u32 = 12;
 /// Largest filter accepted (blocks of 64 bytes): 2^20 blocks = 64 MiB.
 pub(super) const MAX_LOG2_BLOCKS: u32 = 20;
 
