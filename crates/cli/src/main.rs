@@ -13,6 +13,7 @@ mod print_config;
 mod routing_args;
 mod serve;
 mod sim;
+mod sim_global;
 mod startup;
 mod weights;
 

@@ -111,6 +111,15 @@ pub(crate) struct SimArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Global routing across datacenters: a TOML file of `[global]` settings and
+    /// `[[cluster]]` entries (workers, profile, speed, network delay, summary refresh); each
+    /// datacenter runs its own local router. See docs/global-routing.md.
+    #[arg(long)]
+    pub(crate) clusters: Option<PathBuf>,
+    /// Global policies to compare with --clusters, comma-separated: static-split,
+    /// least-loaded, kv.
+    #[arg(long, default_value = "static-split,least-loaded,kv")]
+    pub(crate) global_policy: String,
 }
 
 fn pairs(values: &[String], flag: &str) -> anyhow::Result<Vec<(usize, f64)>> {
@@ -173,12 +182,46 @@ pub(crate) fn load_workload(
         (None, Some("seed001")) => Ok(generators::seed001(&params::<Seed001Params>(
             workload_args,
         )?)),
-        (None, Some(other)) => bail!("--workload {other:?}: expected grpo, agentic or seed001"),
-        (None, None) => bail!("give --trace PATH or --workload grpo|agentic|seed001"),
+        (None, Some("seed002")) => Ok(kvrouter_workload::seed002::seed002(&params::<
+            kvrouter_workload::seed002::Seed002Params,
+        >(
+            workload_args
+        )?)),
+        (None, Some(other)) => {
+            bail!("--workload {other:?}: expected grpo, agentic, seed001 or seed002")
+        }
+        (None, None) => bail!("give --trace PATH or --workload grpo|agentic|seed001|seed002"),
     }
 }
 
 impl SimArgs {
+    /// The generator named by --workload, if any.
+    pub(crate) fn workload_name(&self) -> Option<&str> {
+        self.workload.as_deref()
+    }
+
+    /// Engine limits from the flags.
+    pub(crate) fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            block_size: self.routing.kv_cache_block_size,
+            num_gpu_blocks: self.num_gpu_blocks,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_num_seqs: self.max_num_seqs,
+            ..EngineConfig::default()
+        }
+    }
+
+    /// --concurrency, --kv-event-delay-ms and the router flags, for the global simulation.
+    pub(crate) fn global_inputs(
+        &self,
+    ) -> anyhow::Result<(Option<usize>, f64, kvrouter_core::router::RouterConfig)> {
+        Ok((
+            self.concurrency,
+            self.kv_event_delay_ms,
+            self.routing.config()?,
+        ))
+    }
+
     pub(crate) fn workload(&self) -> anyhow::Result<Workload> {
         load_workload(
             self.trace.as_deref(),
@@ -399,6 +442,9 @@ impl SimArgs {
 }
 
 pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
+    if args.clusters.is_some() {
+        return crate::sim_global::run(&args);
+    }
     let workload = args.workload()?;
     let configs = args.configs()?;
     let mut runs = Vec::with_capacity(configs.len());

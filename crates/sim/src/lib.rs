@@ -11,10 +11,12 @@
 //! - [`sim`]: the simulation: `step`, `step_until`, `run`.
 //! - [`summary`]: what a run reports (`summary.json`).
 //! - [`report`]: the self-contained `report.html`.
+//! - [`global`]: the global (multi-datacenter) simulation behind `--clusters`.
 //! - [`plan`]: the planner's search for the smallest fleet meeting a target.
 //! - [`plan_report`]: the planner's `report.html`.
 
 pub mod config;
+pub mod global;
 pub mod perfetto;
 pub mod plan;
 pub mod plan_report;

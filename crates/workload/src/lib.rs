@@ -12,6 +12,7 @@
 //! - [`readers`]: Mooncake JSONL, agentic session JSON, our RL rollout JSONL; format detection.
 //! - [`generators`]: GRPO, multi-turn agentic and the seed-001 scenario (seeded).
 //! - [`replay`]: when each request starts (arrival times, turns, RL steps, closed loop).
+//! - [`seed002`]: seed 002's global-routing scenario (RL steps of agentic rollouts).
 //! - [`dist`]: the seeded log-normal and exponential draws the generators use.
 
 pub mod dist;
@@ -19,6 +20,7 @@ pub mod generators;
 pub mod model;
 pub mod readers;
 pub mod replay;
+pub mod seed002;
 
 pub use model::{Barrier, Workload, WorkloadRequest};
 pub use readers::{load_trace, LoadError};

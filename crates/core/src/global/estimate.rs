@@ -20,13 +20,16 @@ pub struct GlobalRequest<'a> {
     pub output_tokens_hint: Option<u64>,
 }
 
-/// Work sent to a cluster that its last summary does not show yet.
+/// What the global router knows about a cluster's load beyond its last summary: the work sent
+/// there since, and the sessions living there (they come back after each tool call).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingLoad {
-    /// Requests.
+    /// Requests sent since the summary.
     pub requests: u64,
     /// Their uncached prompt tokens (as estimated when they were sent).
     pub prefill_tokens: u64,
+    /// Sessions whose home is the cluster (between turns they have no active request).
+    pub resident_sessions: u64,
 }
 
 /// One cluster's estimate for one request. Times in ms.
@@ -43,7 +46,8 @@ pub struct ClusterEstimate {
     pub uncached_tokens: u64,
     /// Network round trip to the cluster.
     pub rtt_ms: f64,
-    /// Waiting behind prefill backlog and for a batch slot.
+    /// Waiting behind prefill backlog and for a batch slot (counting the slots the cluster's
+    /// resident sessions will want back).
     pub queue_ms: f64,
     /// Prefill of the uncached tokens on one worker.
     pub prefill_ms: f64,
@@ -110,11 +114,13 @@ pub fn estimate(
         .unwrap_or(DEFAULT_OUTPUT_TOKENS_HINT) as f64;
     let decode_ms = output * l.decode_ms_per_token;
     let in_flight = (l.active_requests + l.queue_depth + pending.requests) as f64;
+    // Resident sessions return after their tool calls: the slots they will want.
+    let expected = in_flight.max(pending.resident_sessions as f64);
     let (slot_wait_ms, load_ratio) = if l.max_running_requests > 0 {
         let slots = l.max_running_requests as f64;
         // Beyond the batch slots a request waits for earlier ones to finish: each full round
         // of slots ahead of it costs about one request's decode.
-        let overflow = (in_flight + 1.0 - slots).max(0.0);
+        let overflow = (expected + 1.0 - slots).max(0.0);
         (overflow / slots * decode_ms, in_flight / slots)
     } else {
         (0.0, in_flight / workers)

@@ -93,6 +93,8 @@ struct ClusterState {
     pending: VecDeque<(Time, PendingLoad)>,
     /// The sum of `pending`.
     pending_total: PendingLoad,
+    /// Sessions whose home this is.
+    resident_sessions: u64,
 }
 
 /// The global router. See the module documentation of [`crate::global`].
@@ -138,6 +140,7 @@ impl GlobalRouter {
             up: true,
             pending: VecDeque::new(),
             pending_total: PendingLoad::default(),
+            resident_sessions: 0,
         });
         Ok(ClusterId(self.clusters.len() as u32 - 1))
     }
@@ -226,7 +229,10 @@ impl GlobalRouter {
     /// Work sent to a cluster that its summary does not show yet.
     pub fn pending(&self, id: ClusterId) -> PendingLoad {
         self.state(id)
-            .map_or(PendingLoad::default(), |c| c.pending_total)
+            .map_or(PendingLoad::default(), |c| PendingLoad {
+                resident_sessions: c.resident_sessions,
+                ..c.pending_total
+            })
     }
 
     /// Every cluster's estimate for a request at `now` (ineligible ones marked).
@@ -288,11 +294,15 @@ impl GlobalRouter {
             (r, _) => r,
         };
         if let Some(s) = request.session {
-            self.sessions.insert(s, (cluster, now));
+            if let Some((old, _)) = self.sessions.insert(s, (cluster, now)) {
+                self.clusters[old.0 as usize].resident_sessions -= 1;
+            }
+            self.clusters[cluster.0 as usize].resident_sessions += 1;
         }
         let sent = PendingLoad {
             requests: 1,
             prefill_tokens: estimates[cluster.0 as usize].uncached_tokens,
+            resident_sessions: 0,
         };
         let c = &mut self.clusters[cluster.0 as usize];
         c.pending.push_back((now, sent));
@@ -342,13 +352,26 @@ impl GlobalRouter {
 
     /// Forgets a session (it ended). Returns whether it was known.
     pub fn end_session(&mut self, session: u64) -> bool {
-        self.sessions.remove(&session).is_some()
+        match self.sessions.remove(&session) {
+            Some((home, _)) => {
+                self.clusters[home.0 as usize].resident_sessions -= 1;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Forgets sessions idle past the TTL.
     pub fn expire_sessions(&mut self, now: Time) {
         let ttl = self.config.session_ttl;
-        self.sessions.retain(|_, (_, last)| now.since(*last) <= ttl);
+        let clusters = &mut self.clusters;
+        self.sessions.retain(|_, (home, last)| {
+            let keep = now.since(*last) <= ttl;
+            if !keep {
+                clusters[home.0 as usize].resident_sessions -= 1;
+            }
+            keep
+        });
     }
 
     /// Sessions with a home.

@@ -399,3 +399,57 @@ fn pending_work_counts_until_a_summary_covers_it() {
         .unwrap();
     assert_eq!(router.pending(ids[0]).requests, 0);
 }
+
+#[test]
+fn resident_sessions_follow_homes_and_count_toward_the_slot_wait() {
+    let mut router = GlobalRouter::new(GlobalConfig::default(), 16).unwrap();
+    let t = Time::from_secs_f64(1.0);
+    let mut ids = Vec::new();
+    for name in ["a", "b"] {
+        let id = router
+            .add_cluster(ClusterSpec {
+                name: name.into(),
+                rtt_ms: 0.0,
+                weight: 1.0,
+            })
+            .unwrap();
+        let mut s = summary(name, &[], 0, 1);
+        s.load.max_running_requests = 2;
+        router.update_summary(id, s, t).unwrap();
+        ids.push(id);
+    }
+    let p = chain(1, 4);
+    let req = |s| GlobalRequest {
+        session: Some(s),
+        blocks: &p,
+        input_tokens: 64,
+        output_tokens_hint: Some(100),
+    };
+    let mut homes = Vec::new();
+    for s in 0..4u64 {
+        // A fresh summary each time: the requests have finished (sessions are between turns),
+        // only their residence remains.
+        let now = t + Duration::from_millis(s + 1);
+        for (k, name) in ["a", "b"].into_iter().enumerate() {
+            let mut fresh = summary(name, &[], 0, 1);
+            fresh.load.max_running_requests = 2;
+            fresh.sequence = s + 2;
+            router.update_summary(ids[k], fresh, now).unwrap();
+        }
+        homes.push(router.route(&req(s), now).unwrap().cluster);
+    }
+    // Two slots each: the sessions living in a (between turns) push new ones to b.
+    assert_eq!(homes, vec![ids[0], ids[0], ids[1], ids[1]]);
+    assert_eq!(router.pending(ids[0]).resident_sessions, 2);
+    assert!(router.end_session(0));
+    assert!(!router.end_session(0));
+    assert_eq!(router.pending(ids[0]).resident_sessions, 1);
+    router.expire_sessions(t + DEFAULT_SESSION_TTL + Duration::from_secs(1));
+    assert_eq!(
+        (
+            router.pending(ids[0]).resident_sessions,
+            router.pending(ids[1]).resident_sessions
+        ),
+        (0, 0)
+    );
+}

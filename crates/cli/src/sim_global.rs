@@ -1,0 +1,107 @@
+//! `kvrouter sim --clusters FILE`: the global simulation, one run per global policy.
+
+use crate::sim::SimArgs;
+use anyhow::{bail, Context};
+use kvrouter_core::global::GlobalPolicy;
+use kvrouter_sim::global::{ClustersFile, GlobalSimConfig, GlobalSimulation, GlobalSummary};
+use kvrouter_workload::seed002::SEED002_SESSIONS_IN_FLIGHT;
+use std::time::Instant;
+
+/// Reads and checks a clusters file; errors name the flag and the field.
+pub(crate) fn read_clusters(path: &std::path::Path) -> anyhow::Result<ClustersFile> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--clusters {}: cannot read", path.display()))?;
+    let file: ClustersFile =
+        toml::from_str(&text).with_context(|| format!("--clusters {}", path.display()))?;
+    if let Err(e) = file.validate() {
+        bail!("--clusters {}: {e}", path.display());
+    }
+    Ok(file)
+}
+
+fn policies(list: &str) -> anyhow::Result<Vec<GlobalPolicy>> {
+    let out: Vec<GlobalPolicy> = list
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse().context("--global-policy"))
+        .collect::<anyhow::Result<_>>()?;
+    if out.is_empty() {
+        bail!("--global-policy: name at least one of static-split, least-loaded, kv");
+    }
+    Ok(out)
+}
+
+pub(crate) fn run(args: &SimArgs) -> anyhow::Result<()> {
+    let Some(path) = &args.clusters else {
+        bail!("--clusters is required here");
+    };
+    let clusters = read_clusters(path)?;
+    let policies = policies(&args.global_policy)?;
+    let workload = args.workload()?;
+    let (concurrency, kv_event_delay_ms, router) = args.global_inputs()?;
+    let sessions_in_flight = concurrency
+        .or((args.workload_name() == Some("seed002")).then_some(SEED002_SESSIONS_IN_FLIGHT));
+    let mut runs: Vec<GlobalSummary> = Vec::new();
+    for policy in policies {
+        let config = GlobalSimConfig {
+            clusters: clusters.clone(),
+            policy,
+            router: router.clone(),
+            engine: args.engine_config(),
+            kv_event_delay_ms,
+            sessions_in_flight,
+        };
+        let started = Instant::now();
+        let sim = GlobalSimulation::new(config, &workload)?;
+        let mut summary = sim.run()?;
+        summary.sim_wall_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+        runs.push(summary);
+    }
+    std::fs::create_dir_all(&args.out).with_context(|| format!("--out {}", args.out.display()))?;
+    std::fs::write(
+        args.out.join("summary.json"),
+        serde_json::to_string_pretty(&runs)? + "\n",
+    )
+    .with_context(|| format!("--out {}", args.out.display()))?;
+    let parameters = vec![
+        ("clusters".to_owned(), path.display().to_string()),
+        ("workload".to_owned(), workload.name.clone()),
+        (
+            "sessions in flight".to_owned(),
+            sessions_in_flight.map_or("all".to_owned(), |n| n.to_string()),
+        ),
+        (
+            "kvrouter version".to_owned(),
+            env!("CARGO_PKG_VERSION").to_owned(),
+        ),
+    ];
+    std::fs::write(
+        args.out.join("report.html"),
+        kvrouter_sim::global::report::render(&runs, &parameters),
+    )?;
+    println!("| policy | step time s | TTFT p50 ms | TTFT p99 ms | hit rate | moves | tail idle s per DC |");
+    println!("|---|---|---|---|---|---|---|");
+    for r in &runs {
+        let tails: Vec<String> = r
+            .clusters
+            .iter()
+            .map(|c| format!("{} {:.1}", c.name, c.tail_idle_s))
+            .collect();
+        println!(
+            "| {} | {:.2} | {:.0} | {:.0} | {:.3} | {} | {} |",
+            r.policy,
+            r.step_time_mean_s,
+            r.ttft_ms.p50,
+            r.ttft_ms.p99,
+            r.hit_rate,
+            r.session_moves,
+            tails.join(", ")
+        );
+    }
+    println!(
+        "wrote {} and {}",
+        args.out.join("summary.json").display(),
+        args.out.join("report.html").display()
+    );
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! The clusters file (`kvrouter sim --clusters FILE`, TOML) and the global simulation's
+//! settings.
+
+use kvrouter_core::global::{GlobalConfig, GlobalPolicy, SketchConfig};
+use kvrouter_core::router::RouterConfig;
+use kvrouter_engine::EngineConfig;
+use serde::{Deserialize, Serialize};
+
+/// Default period between a cluster's summaries, ms.
+pub const DEFAULT_SUMMARY_REFRESH_MS: f64 = 1000.0;
+
+/// The clusters file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClustersFile {
+    /// Global router settings.
+    #[serde(default)]
+    pub global: GlobalSection,
+    /// The clusters (datacenters), in order.
+    #[serde(rename = "cluster")]
+    pub clusters: Vec<ClusterEntry>,
+}
+
+/// `[global]`: the global router.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GlobalSection {
+    /// Default summary refresh period for clusters that do not set one, ms.
+    pub summary_refresh_ms: f64,
+    /// A summary older than this (since it arrived) is routed around, seconds.
+    pub max_summary_age_s: f64,
+    /// Session hysteresis (see `GlobalConfig::session_move_ratio`).
+    pub session_move_ratio: f64,
+    /// Checkpoint interval of the prefix sketch, blocks.
+    pub checkpoint_interval_blocks: u32,
+    /// Sketch bits per key.
+    pub bits_per_key: u32,
+}
+
+impl Default for GlobalSection {
+    fn default() -> Self {
+        let g = GlobalConfig::default();
+        let s = SketchConfig::default();
+        Self {
+            summary_refresh_ms: DEFAULT_SUMMARY_REFRESH_MS,
+            max_summary_age_s: g.max_summary_age.as_secs_f64(),
+            session_move_ratio: g.session_move_ratio,
+            checkpoint_interval_blocks: s.checkpoint_interval_blocks,
+            bits_per_key: s.bits_per_key,
+        }
+    }
+}
+
+/// `[[cluster]]`: one datacenter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterEntry {
+    /// Name.
+    pub name: String,
+    /// Engine workers.
+    pub workers: usize,
+    /// Timing profile of its workers (`dynamo-poly`, a built-in profile or a JSON file).
+    #[serde(default = "poly")]
+    pub profile: String,
+    /// Speed factor on the profile (< 1: older, slower GPUs).
+    #[serde(default = "one")]
+    pub speed: f64,
+    /// One-way network delay between the global router (and clients) and this cluster, ms.
+    #[serde(default)]
+    pub network_delay_ms: f64,
+    /// Summary refresh period, ms (default: `[global] summary_refresh_ms`).
+    pub summary_refresh_ms: Option<f64>,
+    /// Share of sessions under static-split (default: its worker count).
+    pub weight: Option<f64>,
+    /// Most requests running per engine here (default: `--max-num-seqs`).
+    pub max_num_seqs: Option<usize>,
+    /// KV capacity per engine here, blocks (default: `--num-gpu-blocks`).
+    pub num_gpu_blocks: Option<usize>,
+}
+
+fn poly() -> String {
+    "dynamo-poly".into()
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl ClustersFile {
+    /// Checks ranges; the message names the field and cluster.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.clusters.is_empty() {
+            return Err("no [[cluster]] entries".into());
+        }
+        let g = &self.global;
+        let pos = |v: f64| v.is_finite() && v > 0.0;
+        if !pos(g.summary_refresh_ms) {
+            return Err("[global] summary_refresh_ms must be positive".into());
+        }
+        if !pos(g.max_summary_age_s) {
+            return Err("[global] max_summary_age_s must be positive".into());
+        }
+        if !(g.session_move_ratio > 0.0 && g.session_move_ratio <= 1.0) {
+            return Err("[global] session_move_ratio must be in (0, 1]".into());
+        }
+        if g.checkpoint_interval_blocks == 0 || g.bits_per_key == 0 || g.bits_per_key > 64 {
+            return Err(
+                "[global] checkpoint_interval_blocks ≥ 1 and bits_per_key in 1..=64".into(),
+            );
+        }
+        for (i, c) in self.clusters.iter().enumerate() {
+            let at = format!("[[cluster]] {i} ({:?})", c.name);
+            if c.workers == 0 {
+                return Err(format!("{at}: workers must be at least 1"));
+            }
+            if !pos(c.speed) {
+                return Err(format!("{at}: speed must be positive"));
+            }
+            if !(c.network_delay_ms.is_finite() && c.network_delay_ms >= 0.0) {
+                return Err(format!("{at}: network_delay_ms must be ≥ 0"));
+            }
+            if c.summary_refresh_ms.is_some_and(|v| !pos(v)) {
+                return Err(format!("{at}: summary_refresh_ms must be positive"));
+            }
+            if c.max_num_seqs == Some(0) || c.num_gpu_blocks == Some(0) {
+                return Err(format!(
+                    "{at}: max_num_seqs and num_gpu_blocks must be at least 1"
+                ));
+            }
+            if c.weight.is_some_and(|v| !pos(v)) {
+                return Err(format!("{at}: weight must be positive"));
+            }
+            if self.clusters[..i].iter().any(|o| o.name == c.name) {
+                return Err(format!("{at}: duplicate name"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The global router's configuration for a policy.
+    pub fn global_config(&self, policy: GlobalPolicy) -> GlobalConfig {
+        GlobalConfig {
+            policy,
+            max_summary_age: std::time::Duration::from_secs_f64(self.global.max_summary_age_s),
+            session_move_ratio: self.global.session_move_ratio,
+            ..GlobalConfig::default()
+        }
+    }
+
+    /// The sketch settings.
+    pub fn sketch(&self) -> SketchConfig {
+        SketchConfig {
+            checkpoint_interval_blocks: self.global.checkpoint_interval_blocks,
+            bits_per_key: self.global.bits_per_key,
+            ..SketchConfig::default()
+        }
+    }
+}
+
+/// Everything a global run needs besides the workload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GlobalSimConfig {
+    /// The clusters.
+    pub clusters: ClustersFile,
+    /// The global policy.
+    pub policy: GlobalPolicy,
+    /// Each cluster's local router (the same tree `kvrouter serve` uses).
+    pub router: RouterConfig,
+    /// Engine sizes and limits.
+    pub engine: EngineConfig,
+    /// Delay from a block being cached to its local router seeing it, ms.
+    pub kv_event_delay_ms: f64,
+    /// Sessions in flight within an RL step (`None`: all at once).
+    pub sessions_in_flight: Option<usize>,
+}

@@ -1,0 +1,134 @@
+//! Global simulation: small scenarios, determinism, staleness.
+
+use super::config::{ClusterEntry, ClustersFile, GlobalSection, GlobalSimConfig};
+use super::GlobalSimulation;
+use kvrouter_core::global::GlobalPolicy;
+use kvrouter_core::router::RouterConfig;
+use kvrouter_engine::EngineConfig;
+use kvrouter_workload::seed002::{seed002, Seed002Params};
+
+fn cluster(name: &str, workers: usize, speed: f64, delay: f64) -> ClusterEntry {
+    ClusterEntry {
+        name: name.into(),
+        workers,
+        profile: "dynamo-poly".into(),
+        speed,
+        network_delay_ms: delay,
+        summary_refresh_ms: None,
+        weight: None,
+        max_num_seqs: None,
+        num_gpu_blocks: None,
+    }
+}
+
+fn config(policy: GlobalPolicy, clusters: Vec<ClusterEntry>) -> GlobalSimConfig {
+    GlobalSimConfig {
+        clusters: ClustersFile {
+            global: GlobalSection::default(),
+            clusters,
+        },
+        policy,
+        router: RouterConfig {
+            kv_cache_block_size: 16,
+            ..RouterConfig::default()
+        },
+        engine: EngineConfig {
+            block_size: 16,
+            ..EngineConfig::default()
+        },
+        kv_event_delay_ms: 50.0,
+        sessions_in_flight: Some(8),
+    }
+}
+
+fn small() -> kvrouter_workload::Workload {
+    seed002(&Seed002Params {
+        steps: 2,
+        tasks: 6,
+        group_size: 2,
+        turns_median: 4.0,
+        harness_tokens: 1000,
+        tool_tokens_median: 300.0,
+        ..Seed002Params::default()
+    })
+}
+
+fn two_dcs() -> Vec<ClusterEntry> {
+    vec![cluster("a", 2, 1.0, 5.0), cluster("b", 2, 0.5, 20.0)]
+}
+
+#[test]
+fn every_policy_finishes_every_request_deterministically() {
+    let w = small();
+    for policy in GlobalPolicy::ALL {
+        let run = || {
+            GlobalSimulation::new(config(policy, two_dcs()), &w)
+                .unwrap()
+                .run()
+                .unwrap()
+        };
+        let a = run();
+        assert_eq!(a, run(), "{policy}: same inputs, same summary");
+        let served: usize = a.clusters.iter().map(|c| c.requests).sum();
+        assert_eq!(served, w.requests.len(), "{policy}");
+        assert_eq!(a.step_time_s.len(), 2, "{policy}: both steps ended");
+        assert!(a.summary_bytes_max > 0);
+        assert!(a
+            .clusters
+            .iter()
+            .all(|c| c.timeline.iter().all(|b| (0.0..=1.0001).contains(b))));
+    }
+}
+
+#[test]
+fn kv_keeps_sessions_home_and_hits_more_than_least_loaded() {
+    let w = small();
+    let kv = GlobalSimulation::new(config(GlobalPolicy::Kv, two_dcs()), &w)
+        .unwrap()
+        .run()
+        .unwrap();
+    let ll = GlobalSimulation::new(config(GlobalPolicy::LeastLoaded, two_dcs()), &w)
+        .unwrap()
+        .run()
+        .unwrap();
+    assert!(
+        kv.hit_rate > ll.hit_rate,
+        "kv {} vs least-loaded {}",
+        kv.hit_rate,
+        ll.hit_rate
+    );
+    assert!(kv.session_moves < ll.session_moves);
+    assert!(kv.sketch_error.checks > 0);
+    assert!(kv.sketch_error.over_share < 0.05, "{:?}", kv.sketch_error);
+}
+
+#[test]
+fn a_datacenter_whose_summaries_go_stale_is_routed_around() {
+    let w = small();
+    let mut dcs = two_dcs();
+    // b publishes once at t = 0 and then only every 100 s: stale after the 10 s bound.
+    dcs[1].summary_refresh_ms = Some(100_000.0);
+    let run = GlobalSimulation::new(config(GlobalPolicy::Kv, dcs), &w)
+        .unwrap()
+        .run()
+        .unwrap();
+    let late: usize = run.clusters[1].requests;
+    let all = w.requests.len();
+    assert!(late < all / 2, "stale b still served {late} of {all}");
+    assert_eq!(run.clusters.iter().map(|c| c.requests).sum::<usize>(), all);
+}
+
+#[test]
+fn bad_clusters_are_refused_naming_the_field() {
+    let w = small();
+    let mut dcs = two_dcs();
+    dcs[0].workers = 0;
+    let err = GlobalSimulation::new(config(GlobalPolicy::Kv, dcs), &w)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("workers"), "{err}");
+    let err = GlobalSimulation::new(config(GlobalPolicy::Kv, Vec::new()), &w)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("cluster"), "{err}");
+}
