@@ -53,3 +53,57 @@ impl Router {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::global::{ClusterSummary, SketchConfig, SummaryOptions};
+    use crate::ids::WorkerId;
+    use crate::policy::RouterMode;
+    use crate::router::tests::{request, router, store_event, tokens};
+    use crate::time::Time;
+
+    fn options() -> SummaryOptions {
+        SummaryOptions {
+            name: "dc".into(),
+            sequence: 7,
+            sketch: SketchConfig::default(),
+            prefill_tokens_per_s: 5000.0,
+            decode_ms_per_token: 12.0,
+            max_running_requests: 16,
+        }
+    }
+
+    #[test]
+    fn the_summary_holds_the_index_and_the_load() {
+        let mut r = router(RouterMode::Kv, 3);
+        // Worker 1 holds 37 blocks (148 tokens), worker 2 a different 5-block prompt.
+        let long = tokens(1, 148);
+        r.apply_event(&store_event(1, &long)).unwrap();
+        r.apply_event(&store_event(2, &tokens(2, 20))).unwrap();
+        let busy = tokens(3, 40);
+        r.route(&request(9, &busy), Time::ZERO).unwrap();
+        r.set_available(WorkerId(0), false);
+        let s = r.cluster_summary(&options(), Time::from_millis(5)).unwrap();
+        assert_eq!((s.name.as_str(), s.sequence, s.block_size), ("dc", 7, 4));
+        assert_eq!(s.built_at, Time::from_millis(5));
+        assert_eq!(s.load.workers, 2, "the unavailable worker is left out");
+        assert_eq!(s.load.max_running_requests, 16);
+        assert_eq!(s.load.prefill_tokens_per_s, 5000.0);
+        // The request may sit on worker 0 (unavailable now): its load counts only if it is on
+        // an available worker.
+        let on_available =
+            r.ledger().get(crate::ids::RequestId(9)).unwrap().0.worker != WorkerId(0);
+        assert_eq!(s.load.active_requests, u64::from(on_available));
+        // A continuation of worker 1's run is exact; a fresh prompt misses.
+        let mut next = long.clone();
+        next.extend(tokens(4, 40));
+        let seq = request(1, &next).blocks.sequence;
+        assert_eq!(s.cached_prefix_blocks(&seq), 37);
+        assert_eq!(
+            s.cached_prefix_blocks(&request(2, &tokens(5, 80)).blocks.sequence),
+            0
+        );
+        let back = ClusterSummary::from_bytes(&s.to_bytes()).unwrap();
+        assert_eq!(back, s);
+    }
+}
