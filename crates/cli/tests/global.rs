@@ -209,7 +209,19 @@ async fn sessions_stay_in_one_cluster_and_answers_name_it() {
     assert!(
         m.contains("kvrouter_global_summary_age_seconds{cluster=\"fast\"}"),
         "{m}"
-    );
+    ); // A body that is not JSON is the global router's own 400, OpenAI-shaped.
+    let r = s
+        .http
+        .post(format!("{}/v1/completions", s.global.http()))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.headers().get("x-kvrouter-cluster").is_none());
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

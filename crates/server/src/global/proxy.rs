@@ -119,23 +119,37 @@ async fn routing_input(
     prompt: Prompt,
     body: &Bytes,
 ) -> Result<(RoutingInput, Option<u64>, bool), ServeError> {
-    if let Prompt::None = prompt {
-        let none = RoutingInput {
-            isl_tokens: 0,
-            blocks: BlockHashes::default(),
-        };
-        return Ok((none, None, false));
-    }
-    let value: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| ServeError::invalid(format!("the body is not JSON: {e}"), None))?;
-    let stream = value.get("stream").and_then(|v| v.as_bool()) == Some(true);
-    let (input, hint) = match prompt {
-        Prompt::Openai(kind) => (
-            routing::routing_input(&s.app, kind, &value).await?,
-            kvrouter_openai::request::max_tokens(kind, &value)?.map(u64::from),
-        ),
-        Prompt::Passthrough(ep) => (routing::passthrough_input(&s.app, ep, &value).await?, None),
-        Prompt::None => unreachable!("handled above"),
+    let parse = || -> Result<(serde_json::Value, bool), ServeError> {
+        let value: serde_json::Value = serde_json::from_slice(body)
+            .map_err(|e| ServeError::invalid(format!("the body is not JSON: {e}"), None))?;
+        let stream = value.get("stream").and_then(|v| v.as_bool()) == Some(true);
+        Ok((value, stream))
+    };
+    let (input, hint, stream) = match prompt {
+        Prompt::None => {
+            let none = RoutingInput {
+                isl_tokens: 0,
+                blocks: BlockHashes::default(),
+            };
+            (none, None, false)
+        }
+        Prompt::Openai(kind) => {
+            let (value, stream) = parse()?;
+            let hint = kvrouter_openai::request::max_tokens(kind, &value)?.map(u64::from);
+            (
+                routing::routing_input(&s.app, kind, &value).await?,
+                hint,
+                stream,
+            )
+        }
+        Prompt::Passthrough(ep) => {
+            let (value, stream) = parse()?;
+            (
+                routing::passthrough_input(&s.app, ep, &value).await?,
+                None,
+                stream,
+            )
+        }
     };
     Ok((input, hint, stream))
 }
@@ -150,10 +164,9 @@ async fn handle(
 ) -> Result<Response, ServeError> {
     let session = crate::headers::session(&headers)?;
     let (input, output_tokens_hint, stream) = routing_input(s, prompt, &body).await?;
-    let sequence: Vec<_> = input.blocks.sequence.clone();
     let request = GlobalRequest {
         session,
-        blocks: &sequence,
+        blocks: &input.blocks.sequence,
         input_tokens: input.isl_tokens,
         output_tokens_hint,
     };
