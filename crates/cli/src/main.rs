@@ -3,6 +3,7 @@
 mod bench;
 mod discovery_args;
 mod embedded;
+mod global_args;
 mod headings;
 mod layered;
 mod logging;

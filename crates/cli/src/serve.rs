@@ -188,6 +188,9 @@ pub(crate) struct ServeArgs {
     /// Boxed: keeps `ServeArgs` (and the subcommand enum) small.
     #[command(flatten)]
     discovery: Box<crate::discovery_args::DiscoveryArgs>,
+    /// `--global`, `--cluster` and the `--cluster-*` summary settings (boxed like discovery).
+    #[command(flatten)]
+    global: Box<crate::global_args::GlobalArgs>,
 }
 
 /// Client-connection timeouts and the shutdown grace period (`serve` and `mock-engine`).
@@ -374,7 +377,14 @@ impl ServeArgs {
             "admin" => bail!("--session-release-auth admin needs an admin token (--admin-token)"),
             other => bail!("--session-release-auth must be open or admin, got {other:?}"),
         };
-        if workers.is_empty() && self.mock_workers == 0 && !self.discovery.enabled() {
+        if self.global.global && (!workers.is_empty() || self.mock_workers > 0) {
+            bail!("--global starts no engines and routes to clusters: drop --worker, --workers-file and --mock-workers");
+        }
+        if workers.is_empty()
+            && self.mock_workers == 0
+            && !self.discovery.enabled()
+            && !self.global.global
+        {
             bail!("no workers: give --worker URL, --workers-file PATH, --mock-workers N or --discovery");
         }
         if !(self.mock_speedup_ratio.is_finite() && self.mock_speedup_ratio > 0.0) {
@@ -481,6 +491,7 @@ impl ServeArgs {
             discovery: self.discovery.config()?,
             replica_sync: self.replica_sync()?,
             picks: self.picker.picks()?,
+            cluster_summary: self.global.summary()?,
             ..ServeConfig::default()
         })
     }
@@ -581,10 +592,16 @@ fn startup_lines(args: &ServeArgs, server: &kvrouter_server::RunningServer) -> V
 }
 
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let config = args.config()?;
+    let mut config = args.config()?;
     let otel = config.otel.clone();
     let mock_engine = args.mock_engine(&config)?;
     let addr = format!("{}:{}", args.host, args.port);
+    if let Some(global) = args.global.config()? {
+        return crate::global_args::run(global, config, &addr).await;
+    }
+    if args.mock_workers > 0 {
+        crate::global_args::speeds_from_mocks(&mut config.cluster_summary, &mock_engine)?;
+    }
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("--host/--port: binding {addr}"))?;

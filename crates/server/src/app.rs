@@ -38,6 +38,11 @@ pub fn app(state: AppState) -> Router {
         .route("/policy", get(policy_status))
         .route("/trace", get(trace))
         .route("/policy/update", post(policy_update))
+        .route(
+            "/cluster-summary",
+            get(crate::cluster_summary::get)
+                .with_state(crate::cluster_summary::Publisher::new(state.clone())),
+        )
         .fallback(crate::error::unknown_route)
         .method_not_allowed_fallback(crate::error::wrong_method)
         .layer(from_fn_with_state(state.clone(), auth::admin));

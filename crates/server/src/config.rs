@@ -138,6 +138,8 @@ pub struct ServeConfig {
     pub replica_sync: Option<ReplicaSyncConfig>,
     /// The pick API's leases and bounds (`POST /v1/pick`, ext_proc).
     pub picks: PickConfig,
+    /// What `GET /admin/cluster-summary` publishes for a global router.
+    pub cluster_summary: ClusterSummaryConfig,
 }
 
 impl Default for ServeConfig {
@@ -173,6 +175,7 @@ impl Default for ServeConfig {
             discovery: None,
             replica_sync: None,
             picks: PickConfig::default(),
+            cluster_summary: ClusterSummaryConfig::default(),
         }
     }
 }
@@ -389,6 +392,32 @@ impl Default for PickConfig {
             lease: Duration::from_secs(30),
             max_duration: Duration::from_secs(600),
             max_outstanding: 65_536,
+        }
+    }
+}
+
+/// The cluster summary this router publishes at `GET /admin/cluster-summary` for a global
+/// router (`kvrouter serve --cluster-*`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterSummaryConfig {
+    /// The cluster's name in its summaries (`--cluster-name`).
+    pub name: String,
+    /// A summary older than this is rebuilt when asked for; the one served is never older
+    /// (`--cluster-summary-refresh-ms`).
+    pub refresh: Duration,
+    /// Prefill speed of one worker, tokens/s; 0 = unknown (`--cluster-prefill-tokens-per-s`).
+    pub prefill_tokens_per_s: f64,
+    /// Inter-token latency, ms; 0 = unknown (`--cluster-decode-ms-per-token`).
+    pub decode_ms_per_token: f64,
+}
+
+impl Default for ClusterSummaryConfig {
+    fn default() -> Self {
+        Self {
+            name: "local".into(),
+            refresh: Duration::from_secs(1),
+            prefill_tokens_per_s: 0.0,
+            decode_ms_per_token: 0.0,
         }
     }
 }

@@ -30,6 +30,9 @@ pub enum ServeError {
     /// Every attempt at an upstream failed before answering.
     #[error("upstream worker failed: {0}")]
     Upstream(String),
+    /// Nothing can take the request now (the global router has no available cluster).
+    #[error("{0}; retry later")]
+    Unavailable(String),
     /// Missing or wrong admin token.
     #[error("missing or invalid bearer token")]
     Unauthorized,
@@ -98,6 +101,9 @@ impl ServeError {
             ServeError::Route(_) => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", None),
             ServeError::Rejected(_) => (overloaded(), "overloaded", None),
             ServeError::Upstream(_) => (StatusCode::BAD_GATEWAY, "upstream_error", None),
+            ServeError::Unavailable(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", None)
+            }
             ServeError::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error", None),
             ServeError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", None),
             ServeError::Conflict(_) => (StatusCode::CONFLICT, "conflict", None),
@@ -121,6 +127,7 @@ impl ServeError {
             ServeError::Route(_) => "unavailable",
             ServeError::Rejected(_) => "rejected",
             ServeError::Upstream(_) => "upstream_error",
+            ServeError::Unavailable(_) => "unavailable",
         }
     }
 

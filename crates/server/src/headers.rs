@@ -280,3 +280,8 @@ pub(crate) fn admission_fields(
         policy: version_requirement(headers)?,
     })
 }
+
+/// The session key of a request's session header, if any (the global router's sessions).
+pub(crate) fn session(headers: &HeaderMap) -> Result<Option<u64>, ServeError> {
+    Ok(first_text(headers, &SESSION_HEADERS)?.map(session_key))
+}

@@ -30,16 +30,20 @@
 //! - `auth`: the admin token layer and session-release protection (constant-time compare).
 //! - [`validate`]: the limits on worker registrations and the one check of a worker entry.
 //! - [`discovery`]: workers from etcd or Kubernetes (`--discovery`), drained when they go.
+//! - `cluster_summary`: `GET /admin/cluster-summary`, this router's summary for a global router.
+//! - [`global`]: `kvrouter serve --global`, the router across clusters (no local workers).
 
 pub mod access;
 mod app;
 mod auth;
 mod capture;
+mod cluster_summary;
 pub mod config;
 pub mod discovery;
 mod endpoints;
 mod engines;
 mod error;
+pub mod global;
 mod guard;
 mod headers;
 mod health;

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Global routing, live: two local `kvrouter serve` (4 embedded mock engines each; DC "slow" has
+# mock engines SLOW_SPEEDUP/FAST_SPEEDUP as fast) behind `kvrouter serve --global`, against one
+# flat `kvrouter serve` over the same 8 engines (4 fast + 4 slow `kvrouter mock-engine`), on the
+# agentic workload through `kvrouter bench --session-header`. Every run starts with cold caches.
+# Writes bench/global/results.md: served hit rate, TTFT p50, share of requests per DC.
+# Usage: bench/global/run.sh   (env: BIN, FAST_SPEEDUP, SLOW_SPEEDUP, POLICIES, OUT, AGENTIC_ARGS)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN=${BIN:-target/debug/kvrouter}
+FAST_SPEEDUP=${FAST_SPEEDUP:-10}
+SLOW_SPEEDUP=${SLOW_SPEEDUP:-4}
+POLICIES=${POLICIES:-kv least-loaded static-split}
+OUT=${OUT:-target/bench-global}
+AGENTIC_ARGS=${AGENTIC_ARGS:-sessions=16,steps=1,group_size=4,turns_median=5,output_median=48,tool_latency_median_s=0.3,tool_latency_sigma=0.5,seed=7}
+ROUTER_FLAGS=(--router-predicted-ttl-secs 5 --health-check-interval-secs 0)
+TOKEN=bench-global
+[ -x "$BIN" ] || { echo "build $BIN first (cargo build -p kvrouter)" >&2; exit 1; }
+mkdir -p "$OUT"
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+# start NAME ARGS...: starts kvrouter, waits (bounded) for its address line, prints the URL.
+start() {
+  local name=$1; shift
+  "$BIN" "$@" >"$OUT/$name.log" 2>"$OUT/$name.err" &
+  PIDS+=($!)
+  echo $! >"$OUT/$name.pid"
+  for _ in $(seq 1 400); do
+    url=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/$name.log" | head -1 || true)
+    [ -n "$url" ] && { echo "$url"; return; }
+    sleep 0.05
+  done
+  echo "$name did not start" >&2; exit 1
+}
+stop() { for f in "$OUT"/*.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true; rm -f "$f"; done; sleep 0.3; }
+bench() {
+  "$BIN" bench --url "$1" --workload agentic --workload-args "$AGENTIC_ARGS" --session-header \
+    --name "$2" --out "$OUT/$2" --quiet >"$OUT/$2.txt"
+}
+
+SECONDS=0
+# Flat: one router over 4 fast + 4 slow engines.
+WORKERS=()
+for i in 1 2 3 4; do
+  WORKERS+=(--worker "$(start "f$i" mock-engine --port 0 --speedup-ratio "$FAST_SPEEDUP" --kv-events-endpoint tcp://127.0.0.1:0)")
+  WORKERS+=(--worker "$(start "s$i" mock-engine --port 0 --speedup-ratio "$SLOW_SPEEDUP" --kv-events-endpoint tcp://127.0.0.1:0)")
+done
+flat=$(start flat serve --port 0 "${ROUTER_FLAGS[@]}" "${WORKERS[@]}")
+bench "$flat" flat
+# Requests per engine speed class, from the flat router's metrics.
+curl -s "$flat/metrics" >"$OUT/flat.metrics"
+stop
+
+for policy in $POLICIES; do
+  fast=$(start fast serve --port 0 "${ROUTER_FLAGS[@]}" --mock-workers 4 --mock-speedup-ratio "$FAST_SPEEDUP" \
+    --admin-token "$TOKEN" --cluster-name fast --cluster-summary-refresh-ms 200)
+  slow=$(start slow serve --port 0 "${ROUTER_FLAGS[@]}" --mock-workers 4 --mock-speedup-ratio "$SLOW_SPEEDUP" \
+    --admin-token "$TOKEN" --cluster-name slow --cluster-summary-refresh-ms 200)
+  global=$(KVROUTER_CLUSTER_TOKEN=$TOKEN start global serve --port 0 --global --global-policy "$policy" \
+    --cluster "fast=$fast" --cluster "slow=$slow" --global-refresh-ms 200)
+  for _ in $(seq 1 200); do
+    curl -s "$global/health" | grep -q '"available_clusters":2' && break
+    sleep 0.05
+  done
+  bench "$global" "global-$policy"
+  curl -s "$global/metrics" >"$OUT/global-$policy.metrics"
+  stop
+done
+echo "$SECONDS" >"$OUT/seconds.txt"
+
+python3 - "$OUT" "$BIN" "$FAST_SPEEDUP" "$SLOW_SPEEDUP" "$AGENTIC_ARGS" "$POLICIES" <<'PY' > bench/global/results.md
+import json, re, sys
+out, binary, fast, slow, args, policies = sys.argv[1:7]
+policies = policies.split()
+def summary(name):
+    return json.load(open(f"{out}/{name}/summary.json"))[0]
+def shares(name):
+    n = {}
+    for line in open(f"{out}/{name}.metrics"):
+        m = re.match(r'kvrouter_global_requests_total\{cluster="(\w+)",reason="\w+"\} (\d+)', line)
+        if m:
+            n[m[1]] = n.get(m[1], 0) + int(m[2])
+    moves = sum(int(l.split()[-1]) for l in open(f"{out}/{name}.metrics") if l.startswith("kvrouter_global_session_moves_total{"))
+    total = sum(n.values()) or 1
+    return n.get("fast", 0) / total, n.get("slow", 0) / total, moves
+seconds = open(f"{out}/seconds.txt").read().strip()
+print("# Global routing, live: results\n")
+print(f"`bench/global/run.sh` (binary `{binary}`, {seconds} s in all). Two local `kvrouter serve` with 4")
+print(f"embedded mock engines each, DC `fast` at speed-up {fast} and DC `slow` at {slow}, behind")
+print("`kvrouter serve --global` (summaries every 200 ms); against one flat `kvrouter serve` over 4 + 4")
+print(f"`kvrouter mock-engine` at the same speeds. Workload: `kvrouter bench --workload agentic")
+print(f"--workload-args {args} --session-header`. Loopback, one small machine shared with other")
+print("jobs: compare rows, not absolute figures.\n")
+print("| setup | requests | served hit rate | vs flat | TTFT p50 ms | vs flat | share fast | share slow | session moves |")
+print("|---|---|---|---|---|---|---|---|---|")
+base = summary("flat")
+print(f"| flat, 8 engines | {base['completed']} | {base['hit_rate']:.3f} | 1.00x | {base['ttft_ms']['p50']:.1f} | 1.00x | | | |")
+for p in policies:
+    r = summary(f"global-{p}")
+    f, s, moves = shares(f"global-{p}")
+    rh = r["hit_rate"] / base["hit_rate"] if base["hit_rate"] else float("nan")
+    rt = r["ttft_ms"]["p50"] / base["ttft_ms"]["p50"] if base["ttft_ms"]["p50"] else float("nan")
+    print(f"| global, --global-policy {p} | {r['completed']} | {r['hit_rate']:.3f} | {rh:.2f}x | {r['ttft_ms']['p50']:.1f} | {rt:.2f}x | {f:.2f} | {s:.2f} | {moves} |")
+print()
+print(f"Capacity share of DC `fast` by engine speed: {float(fast) / (float(fast) + float(slow)):.2f}.")
+PY
+cat bench/global/results.md

@@ -1,0 +1,205 @@
+//! `kvrouter serve` flags for global routing: `--global` with its `--cluster` entries (the
+//! router across clusters), and the `--cluster-*` settings of the summary a local router
+//! publishes at `GET /admin/cluster-summary`.
+
+use crate::headings as H;
+use anyhow::{bail, Context};
+use clap::Args;
+use kvrouter_core::global::{GlobalConfig, GlobalPolicy};
+use kvrouter_server::config::ClusterSummaryConfig;
+use kvrouter_server::global::{ClusterTarget, GlobalServeConfig};
+use std::time::Duration;
+
+/// Global routing flags (flattened into `serve`).
+#[derive(Debug, Args)]
+pub(crate) struct GlobalArgs {
+    /// Run as the global router: no local engines; each request goes to the `kvrouter serve`
+    /// of the cluster the global policy picks (needs --cluster).
+    #[arg(help_heading = H::GLOBAL, long)]
+    pub(crate) global: bool,
+    /// A cluster behind --global (repeatable): NAME=URL of its `kvrouter serve`, optionally
+    /// `,rtt_ms=X` (round trip to it, default 0) and `,weight=Y` (static-split share, default 1).
+    #[arg(help_heading = H::GLOBAL, long = "cluster", value_name = "NAME=URL[,rtt_ms=X][,weight=Y]")]
+    clusters: Vec<String>,
+    /// How --global picks a cluster: static-split (fixed share of sessions by weight),
+    /// least-loaded (fewest requests per slot, blind to cache) or kv (lowest estimated time
+    /// from each cluster's cache sketch and load; sessions stay unless moving is clearly cheaper).
+    #[arg(help_heading = H::GLOBAL, long, default_value = "kv")]
+    global_policy: String,
+    /// Milliseconds between summary fetches from each cluster.
+    #[arg(help_heading = H::GLOBAL, long, default_value_t = 1000)]
+    global_refresh_ms: u64,
+    /// Milliseconds one summary fetch may take in all.
+    #[arg(help_heading = H::GLOBAL, long, default_value_t = 500)]
+    global_summary_timeout_ms: u64,
+    /// A cluster whose last summary arrived longer ago than this is routed around (its
+    /// sessions move).
+    #[arg(help_heading = H::GLOBAL, long, default_value_t = 10.0)]
+    global_max_summary_age_secs: f64,
+    /// Hysteresis: a session leaves its cluster only for one whose estimate is below this
+    /// fraction of its own (0 < ratio ≤ 1; 1 = no hysteresis).
+    #[arg(help_heading = H::GLOBAL, long, default_value_t = 0.5)]
+    global_session_move_ratio: f64,
+    /// A session idle this long forgets its cluster.
+    #[arg(help_heading = H::GLOBAL, long, default_value_t = 3600.0)]
+    global_session_ttl_secs: f64,
+    /// Bearer token --global sends for the clusters' GET /admin/cluster-summary (their admin
+    /// token). Prefer the environment variable: a flag's value is visible in `ps`.
+    #[arg(help_heading = H::GLOBAL, long, env = "KVROUTER_CLUSTER_TOKEN", hide_env_values = true)]
+    cluster_token: Option<String>,
+    /// This router's cluster name in the summary it publishes (GET /admin/cluster-summary).
+    #[arg(help_heading = H::GLOBAL, long, default_value = "local")]
+    cluster_name: String,
+    /// The published summary is rebuilt when older than this many milliseconds: it is never
+    /// older, and the index is walked at most once per period however many routers poll.
+    #[arg(help_heading = H::GLOBAL, long, default_value_t = 1000)]
+    cluster_summary_refresh_ms: u64,
+    /// Prefill speed of one worker stated in the summary, tokens/s; 0 = unknown (the global
+    /// router assumes 10,000), or derived from the timing model with --mock-workers.
+    #[arg(help_heading = H::GLOBAL, long, default_value_t = 0.0)]
+    cluster_prefill_tokens_per_s: f64,
+    /// Inter-token latency stated in the summary, ms; 0 = unknown, or derived from the timing
+    /// model with --mock-workers.
+    #[arg(help_heading = H::GLOBAL, long, default_value_t = 0.0)]
+    cluster_decode_ms_per_token: f64,
+}
+
+fn millis(v: u64, flag: &str) -> anyhow::Result<Duration> {
+    if v == 0 {
+        bail!("{flag} must be at least 1");
+    }
+    Ok(Duration::from_millis(v))
+}
+
+fn secs(v: f64, flag: &str) -> anyhow::Result<Duration> {
+    match Duration::try_from_secs_f64(v) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => bail!("{flag} must be a number of seconds > 0, got {v}"),
+    }
+}
+
+impl GlobalArgs {
+    /// The global router's settings (`--global`), or `None` without it. `--cluster` without
+    /// `--global` is an error (it would be ignored).
+    pub(crate) fn config(&self) -> anyhow::Result<Option<GlobalServeConfig>> {
+        if !self.global {
+            if !self.clusters.is_empty() {
+                bail!("--cluster needs --global (it lists the clusters a global router routes to)");
+            }
+            return Ok(None);
+        }
+        let clusters = self
+            .clusters
+            .iter()
+            .map(|c| ClusterTarget::parse(c).map_err(|e| anyhow::anyhow!("--cluster {c:?}: {e}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let policy: GlobalPolicy = self
+            .global_policy
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--global-policy: {e}"))?;
+        let ratio = self.global_session_move_ratio;
+        if !(ratio > 0.0 && ratio <= 1.0) {
+            bail!("--global-session-move-ratio must be in (0, 1], got {ratio}");
+        }
+        let config = GlobalServeConfig {
+            clusters,
+            router: GlobalConfig {
+                policy,
+                max_summary_age: secs(
+                    self.global_max_summary_age_secs,
+                    "--global-max-summary-age-secs",
+                )?,
+                session_move_ratio: ratio,
+                session_ttl: secs(self.global_session_ttl_secs, "--global-session-ttl-secs")?,
+            },
+            refresh: millis(self.global_refresh_ms, "--global-refresh-ms")?,
+            summary_timeout: millis(
+                self.global_summary_timeout_ms,
+                "--global-summary-timeout-ms",
+            )?,
+            summary_token: self.cluster_token.clone().filter(|t| !t.trim().is_empty()),
+        };
+        config.validate().map_err(anyhow::Error::msg)?;
+        Ok(Some(config))
+    }
+
+    /// What this router publishes at `GET /admin/cluster-summary`.
+    pub(crate) fn summary(&self) -> anyhow::Result<ClusterSummaryConfig> {
+        ClusterTarget::parse(&format!("{}=http://x", self.cluster_name))
+            .map_err(|e| anyhow::anyhow!("--cluster-name: {e}"))?;
+        let speed = |v: f64, flag: &str| -> anyhow::Result<f64> {
+            if !(v.is_finite() && v >= 0.0) {
+                bail!("{flag} must be a number ≥ 0, got {v}");
+            }
+            Ok(v)
+        };
+        Ok(ClusterSummaryConfig {
+            name: self.cluster_name.clone(),
+            refresh: millis(
+                self.cluster_summary_refresh_ms,
+                "--cluster-summary-refresh-ms",
+            )?,
+            prefill_tokens_per_s: speed(
+                self.cluster_prefill_tokens_per_s,
+                "--cluster-prefill-tokens-per-s",
+            )?,
+            decode_ms_per_token: speed(
+                self.cluster_decode_ms_per_token,
+                "--cluster-decode-ms-per-token",
+            )?,
+        })
+    }
+}
+
+/// Fills the summary's unknown speeds from the embedded mock engines' timing model (after
+/// their speed-up), so a cluster of slower mocks says it is slower.
+pub(crate) fn speeds_from_mocks(
+    summary: &mut ClusterSummaryConfig,
+    mock: &kvrouter_mock_engine::MockEngineConfig,
+) -> anyhow::Result<()> {
+    use kvrouter_engine::timing::StepShape;
+    let model = mock.timing.model(mock.speedup_ratio);
+    if summary.prefill_tokens_per_s == 0.0 {
+        let ms = model.prefill_ms(1024).context("mock timing model")?;
+        summary.prefill_tokens_per_s = if ms > 0.0 { 1024.0 / ms * 1e3 } else { 0.0 };
+    }
+    if summary.decode_ms_per_token == 0.0 {
+        let capacity = (mock.engine.num_gpu_blocks * mock.engine.block_size) as u64;
+        let shape = StepShape {
+            prefill_tokens: 0,
+            decode_seqs: 1,
+            decode_mean_context: 1024.0,
+            active_kv_tokens: 1024,
+            kv_capacity_tokens: capacity.max(1024),
+        };
+        summary.decode_ms_per_token = model.decode_ms(&shape).context("mock timing model")?;
+    }
+    Ok(())
+}
+
+/// Runs `kvrouter serve --global`.
+pub(crate) async fn run(
+    global: GlobalServeConfig,
+    config: kvrouter_server::ServeConfig,
+    addr: &str,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--host/--port: binding {addr}"))?;
+    let names: Vec<&str> = global.clusters.iter().map(|c| c.name.as_str()).collect();
+    let line = format!(
+        "kvrouter serve --global listening on http://{} policy={} clusters={}",
+        listener.local_addr()?,
+        global.router.policy,
+        names.join(",")
+    );
+    let server = kvrouter_server::global::start(global, config, listener).await?;
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+    }
+    crate::serve::shutdown_signal().await?;
+    server.stop().await;
+    Ok(())
+}

@@ -1,0 +1,389 @@
+//! `kvrouter serve --global` with real processes on loopback: two local `kvrouter serve
+//! --mock-workers 4` (one with slower mock engines) publishing `/admin/cluster-summary`, a
+//! third cluster whose router is not there, and the global router in front of them.
+
+mod common;
+
+use common::Proc;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "cluster-secret";
+
+async fn local(name: &str, speedup: &str) -> Proc {
+    common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "4",
+        "--mock-speedup-ratio",
+        speedup,
+        "--admin-token",
+        TOKEN,
+        "--cluster-name",
+        name,
+        "--cluster-summary-refresh-ms",
+        "100",
+    ])
+    .await
+}
+
+/// A loopback URL where nothing listens (the port was free a moment ago).
+fn dead_url() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("http://{}", l.local_addr().unwrap())
+}
+
+struct Setup {
+    fast: Proc,
+    slow: Proc,
+    global: Proc,
+    http: reqwest::Client,
+}
+
+async fn setup() -> Setup {
+    let fast = local("fast", "20").await;
+    let slow = local("slow", "5").await;
+    let clusters = [
+        format!("fast={}", fast.http()),
+        format!("slow={},rtt_ms=2", slow.http()),
+        format!("dead={}", dead_url()),
+    ];
+    let global = common::spawn_with_env(
+        &[
+            "serve",
+            "--port",
+            "0",
+            "--global",
+            "--cluster",
+            &clusters[0],
+            "--cluster",
+            &clusters[1],
+            "--cluster",
+            &clusters[2],
+            "--global-refresh-ms",
+            "100",
+            "--global-summary-timeout-ms",
+            "500",
+            "--global-max-summary-age-secs",
+            "2",
+        ],
+        &[("KVROUTER_CLUSTER_TOKEN", TOKEN)],
+    )
+    .await;
+    let s = Setup {
+        fast,
+        slow,
+        global,
+        http: reqwest::Client::new(),
+    };
+    // Bounded: both live clusters have a summary.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let health = s.get_json(&format!("{}/health", s.global.http())).await;
+        if health["available_clusters"] == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "clusters not available: {health}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s
+}
+
+impl Setup {
+    async fn get_json(&self, url: &str) -> Value {
+        match self.http.get(url).send().await {
+            Ok(r) => r.json().await.unwrap_or(Value::Null),
+            Err(_) => Value::Null,
+        }
+    }
+
+    async fn metrics(&self) -> String {
+        let url = format!("{}/metrics", self.global.http());
+        self.http
+            .get(url)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// One completion of `tokens` prompt ids in `session`: (status, x-kvrouter-cluster).
+    async fn turn(&self, session: &str, tokens: &[u32], stream: bool) -> (u16, String) {
+        let r = self
+            .http
+            .post(format!("{}/v1/completions", self.global.http()))
+            .header("x-session-id", session)
+            .json(
+                &json!({"model": "mock-model", "prompt": tokens, "max_tokens": 4,
+                "stream": stream}),
+            )
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .expect("the global router answers");
+        let status = r.status().as_u16();
+        let cluster = r
+            .headers()
+            .get("x-kvrouter-cluster")
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let body = r.text().await.unwrap();
+        if stream && status == 200 {
+            assert!(body.contains("data: [DONE]"), "a whole stream: {body}");
+        }
+        (status, cluster)
+    }
+}
+
+/// Session `s`'s prompt at turn `k`: its history grows by 160 tokens a turn.
+fn prompt(s: u32, k: u32) -> Vec<u32> {
+    (0..160 * (k + 1))
+        .map(|i| 1 + (s * 7919 + i) % 30_000)
+        .collect()
+}
+
+/// The value of a metric line `name{labels} v`, 0 when absent.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_stay_in_one_cluster_and_answers_name_it() {
+    let s = setup().await;
+    let mut homes = Vec::new();
+    for session in 0..8u32 {
+        let id = format!("session-{session}");
+        let mut seen = Vec::new();
+        for turn in 0..4 {
+            let (status, cluster) = s.turn(&id, &prompt(session, turn), turn % 2 == 1).await;
+            assert_eq!(status, 200, "{id} turn {turn}");
+            seen.push(cluster);
+        }
+        assert!(
+            seen.iter().all(|c| c == &seen[0]),
+            "{id} changed cluster: {seen:?}"
+        );
+        assert!(["fast", "slow"].contains(&seen[0].as_str()), "{seen:?}");
+        homes.push(seen[0].clone());
+    }
+    let m = s.metrics().await;
+    // The unreachable cluster is reported and never chosen.
+    assert_eq!(
+        metric(&m, "kvrouter_global_cluster_eligible{cluster=\"dead\"}"),
+        0.0
+    );
+    assert!(
+        metric(
+            &m,
+            "kvrouter_global_summary_fetch_errors_total{cluster=\"dead\",kind=\"connect\"}"
+        ) >= 1.0,
+        "{m}"
+    );
+    assert!(
+        !m.contains("kvrouter_global_requests_total{cluster=\"dead\""),
+        "{m}"
+    );
+    assert!(!homes.contains(&"dead".to_owned()));
+    // Every later turn kept its home: 8 sessions × 3 turns.
+    let kept: f64 = ["fast", "slow"]
+        .iter()
+        .map(|c| {
+            metric(
+                &m,
+                &format!(
+                    "kvrouter_global_requests_total{{cluster=\"{c}\",reason=\"session_home\"}}"
+                ),
+            )
+        })
+        .sum();
+    assert_eq!(kept, 24.0, "{m}");
+    assert!(
+        m.contains("kvrouter_global_summary_age_seconds{cluster=\"fast\"}"),
+        "{m}"
+    ); // A body that is not JSON is the global router's own 400, OpenAI-shaped.
+    let r = s
+        .http
+        .post(format!("{}/v1/completions", s.global.http()))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.headers().get("x-kvrouter-cluster").is_none());
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_cluster_router_loses_its_traffic_and_sessions_within_a_deadline() {
+    let mut s = setup().await;
+    let (status, home) = s.turn("moving", &prompt(1, 0), false).await;
+    assert_eq!(status, 200);
+    let other = if home == "fast" { "slow" } else { "fast" };
+    let victim = if home == "fast" {
+        &mut s.fast
+    } else {
+        &mut s.slow
+    };
+    victim.child.start_kill().unwrap();
+    victim.child.wait().await.unwrap();
+    // Bounded: the session's next turns are answered by the other cluster.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut turn = 1;
+    loop {
+        let (status, cluster) = s.turn("moving", &prompt(1, turn), turn % 2 == 0).await;
+        turn += 1;
+        if status == 200 && cluster == other {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {status} from {cluster:?}");
+    }
+    // New sessions too, and the metrics say what happened.
+    for k in 0..4 {
+        let (status, cluster) = s.turn(&format!("new-{k}"), &prompt(50 + k, 0), false).await;
+        assert_eq!((status, cluster.as_str()), (200, other));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = s.metrics().await;
+        let eligible = metric(
+            &m,
+            &format!("kvrouter_global_cluster_eligible{{cluster=\"{home}\"}}"),
+        );
+        let moved = metric(
+            &m,
+            &format!("kvrouter_global_session_moves_total{{from=\"{home}\",to=\"{other}\"}}"),
+        );
+        let fetch = metric(
+            &m,
+            &format!(
+                "kvrouter_global_summary_fetch_errors_total{{cluster=\"{home}\",kind=\"connect\"}}"
+            ),
+        );
+        if eligible == 0.0 && moved >= 1.0 && fetch >= 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "metrics: {m}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_local_summary_is_behind_the_admin_token_and_decodes() {
+    let fast = local("fast", "20").await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/admin/cluster-summary", fast.http());
+    let denied = http.get(&url).send().await.unwrap();
+    assert_eq!(denied.status(), 401);
+    // A long prompt puts blocks in the index; the summary shows them within its refresh bound.
+    let r = http
+        .post(format!("{}/v1/completions", fast.http()))
+        .json(&json!({"model": "mock-model", "prompt": prompt(3, 7), "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = http.get(&url).bearer_auth(TOKEN).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            r.headers()["content-type"],
+            "application/x-kvrouter-cluster-summary"
+        );
+        let bytes = r.bytes().await.unwrap();
+        let summary = kvrouter_core::global::ClusterSummary::from_bytes(&bytes).unwrap();
+        assert_eq!(summary.name, "fast");
+        assert_eq!(summary.load.workers, 4);
+        assert!(
+            summary.load.prefill_tokens_per_s > 0.0,
+            "derived from the mocks"
+        );
+        if summary.sketch.keys() > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no blocks in the summary");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_global_flags_are_refused_naming_the_flag() {
+    for (args, says) in [
+        (vec!["--global"], "--cluster"),
+        (
+            vec!["--global", "--cluster", "nonsense"],
+            "--cluster \"nonsense\"",
+        ),
+        (vec!["--global", "--cluster", "a=ftp://x"], "--cluster"),
+        (
+            vec!["--global", "--cluster", "a=http://x,weight=0"],
+            "weight",
+        ),
+        (
+            vec![
+                "--global",
+                "--cluster",
+                "a=http://x",
+                "--cluster",
+                "a=http://y",
+            ],
+            "given twice",
+        ),
+        (
+            vec![
+                "--global",
+                "--cluster",
+                "a=http://x",
+                "--global-policy",
+                "best",
+            ],
+            "--global-policy",
+        ),
+        (
+            vec![
+                "--global",
+                "--cluster",
+                "a=http://x",
+                "--global-refresh-ms",
+                "0",
+            ],
+            "--global-refresh-ms",
+        ),
+        (
+            vec!["--global", "--cluster", "a=http://x", "--mock-workers", "2"],
+            "--global",
+        ),
+        (
+            vec!["--mock-workers", "1", "--cluster", "a=http://x"],
+            "--cluster needs --global",
+        ),
+        (
+            vec!["--mock-workers", "1", "--cluster-name", "a b"],
+            "--cluster-name",
+        ),
+    ] {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"));
+        cmd.arg("serve")
+            .args(["--port", "0"])
+            .args(&args)
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+            .await
+            .expect("exits in time")
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
