@@ -24,5 +24,5 @@ pub mod sim;
 pub mod summary;
 
 pub use config::SimConfig;
-pub use sim::{SimError, Simulation};
+pub use sim::{PlannerSim, SimError, Simulation};
 pub use summary::{summarize, Record, Summary};

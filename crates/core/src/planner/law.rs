@@ -17,6 +17,8 @@ struct Step {
     peak: u32,
     /// Idle time before it (none for the first).
     gap: Option<Duration>,
+    /// Requests of RL groups were in it.
+    rl: bool,
 }
 
 /// The control law's state for one pool.
@@ -140,7 +142,7 @@ impl Planner {
     }
 
     /// Remembers busy and idle spells; returns the phase.
-    fn track_steps(&mut self, now: Time, busy: bool, demand: u32) -> StepPhase {
+    fn track_steps(&mut self, now: Time, busy: bool, rl: bool, demand: u32) -> StepPhase {
         let running = self.steps.back().is_some_and(|s| s.end.is_none());
         match (busy, running) {
             (true, false) => {
@@ -150,6 +152,7 @@ impl Planner {
                     end: None,
                     peak: demand,
                     gap,
+                    rl,
                 });
                 self.steps_seen += 1;
                 while self.steps.len() > STEPS_KEPT {
@@ -166,6 +169,7 @@ impl Planner {
         match self.steps.back_mut() {
             Some(s) if busy => {
                 s.peak = s.peak.max(demand);
+                s.rl |= rl;
                 if demand.saturating_mul(2) > s.peak {
                     StepPhase::Burst
                 } else {
@@ -176,22 +180,29 @@ impl Planner {
         }
     }
 
-    /// When the next step is expected: after an idle spell, the last step's end plus the mean
-    /// recent gap; during a step, its start plus the mean recent period between starts.
+    /// When the next step is expected: after a step, its end plus the mean recent gap between
+    /// steps; during a step, its start plus the mean recent period between starts. Before those
+    /// are known, an RL step's successor is expected at once (the floor holds its peak).
     fn predicted_start(&self) -> Option<Time> {
         let last = self.steps.back()?;
         let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
         match last.end {
             Some(end) => {
                 let gaps = self.steps.iter().filter_map(|s| s.gap);
-                let gap = mean(gaps.map(|g| g.as_secs_f64()).collect())?;
-                Some(end + Duration::from_secs_f64(gap))
+                match mean(gaps.map(|g| g.as_secs_f64()).collect()) {
+                    Some(gap) => Some(end + Duration::from_secs_f64(gap)),
+                    // An RL step with no gap seen yet: the next may come at once.
+                    None => last.rl.then_some(end),
+                }
             }
             None => {
                 let starts: Vec<Time> = self.steps.iter().map(|s| s.start).collect();
                 let periods = starts.windows(2).map(|w| secs(w[0], w[1])).collect();
-                let period = mean(periods)?;
-                Some(last.start + Duration::from_secs_f64(period))
+                match mean(periods) {
+                    Some(period) => Some(last.start + Duration::from_secs_f64(period)),
+                    // The first RL step: its tail may end any time, the next come at once.
+                    None => last.rl.then_some(last.start),
+                }
             }
         }
     }
@@ -203,6 +214,12 @@ impl Planner {
         let c = &self.config;
         let lead = (c.startup + c.up_window).min(c.horizon).as_secs_f64();
         let in_s = secs(now, at);
+        let first_rl_step =
+            self.steps.len() == 1 && self.steps[0].rl && self.steps[0].end.is_none();
+        if first_rl_step {
+            // Held for as long as it runs.
+            return Some((self.steps[0].peak, 0.0));
+        }
         if in_s > lead || -in_s > c.horizon.as_secs_f64() {
             return None;
         }
@@ -225,7 +242,7 @@ impl Planner {
             self.demand.pop_front();
         }
         let busy = s.in_flight_requests + s.queued_requests > 0;
-        let phase = self.track_steps(now, busy, demand);
+        let phase = self.track_steps(now, busy, s.rl_requests > 0, demand);
         let peak_since = |window: Duration| {
             self.demand
                 .iter()

@@ -17,8 +17,11 @@
 //!   cannot reverse more often than once per window);
 //! - **predictive floor**: steps (busy spells between idle ones: an RL step's burst and tail)
 //!   are remembered with their peak demand; when the next is predicted to start within the
-//!   startup lead (the gap after the last step's end, else the period between step starts), the
-//!   floor is the recent peak, held until that step comes or the horizon (~180 s) passes;
+//!   startup lead (after a step: its end plus the recent gap between steps; during a step: its
+//!   start plus the recent period), the floor is the recent peak, held until that step comes or
+//!   the horizon (~180 s) passes. RL steps (requests with group headers) are provisioned
+//!   conservatively until their rhythm is learned: the first step holds its peak, and before a
+//!   gap was seen the next step is expected at once;
 //! - **in-flight need**: never below the workers the requests in flight need at the engines'
 //!   full capacity (scale-down never drains in-flight requests);
 //! - clamped to `[min_workers, max_workers]`.
@@ -145,8 +148,9 @@ pub struct PoolSignals {
     pub ttft_p99_ms: Option<f64>,
     /// Observed mean ITL over the recent window, ms.
     pub itl_ms: Option<f64>,
-    /// RL groups with samples in flight (the step phase, from group headers).
-    pub rl_groups_active: u64,
+    /// Requests in flight that belong to an RL group (`x-kvrouter-group-id`): their busy
+    /// spells are RL steps.
+    pub rl_requests: u64,
 }
 
 /// Why the recommendation is what it is (one entry per signal that set or bounded it).

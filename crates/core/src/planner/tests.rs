@@ -135,6 +135,24 @@ fn the_predictive_floor_provisions_before_a_step_from_step_history() {
     }
 }
 
+/// RL steps (group headers) before their rhythm is learned: the first holds its peak through
+/// its tail and, after it, for the horizon (the next may come at once).
+#[test]
+fn the_first_rl_step_holds_its_peak_until_the_rhythm_is_known() {
+    let mut p = planner();
+    let rl = |n: u64| PoolSignals {
+        rl_requests: n,
+        ..load(n, 8)
+    };
+    for s in 0..100u64 {
+        let n = if s < 60 { 512 - 8 * s } else { 0 };
+        let r = p.tick(at(s), &rl(n));
+        assert_eq!(r.workers, 8, "at {s}: {r:?}");
+    }
+    // 180 s after the step's end, nothing is predicted any more.
+    assert_eq!(p.tick(at(241), &rl(0)).workers, 1);
+}
+
 fn signals_strategy() -> impl Strategy<Value = Vec<(u64, u64, u64, u64)>> {
     prop::collection::vec((0u64..2000, 0u64..50, 0u64..200_000, 0u64..100_000), 1..120)
 }
