@@ -138,6 +138,17 @@ pub struct ServeConfig {
     pub replica_sync: Option<ReplicaSyncConfig>,
     /// The pick API's leases and bounds (`POST /v1/pick`, ext_proc).
     pub picks: PickConfig,
+    /// The planner's advisory mode (`--planner-advise`; `None` = off).
+    pub planner: Option<PlannerAdvice>,
+}
+
+/// The planner's advisory mode: a recommended worker count per model pool, from live signals.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannerAdvice {
+    /// The control law's bounds and targets.
+    pub law: kvrouter_core::planner::PlannerConfig,
+    /// Time between ticks.
+    pub tick: Duration,
 }
 
 impl Default for ServeConfig {
@@ -173,6 +184,7 @@ impl Default for ServeConfig {
             discovery: None,
             replica_sync: None,
             picks: PickConfig::default(),
+            planner: None,
         }
     }
 }
