@@ -211,3 +211,67 @@ async fn the_planner_endpoint_needs_the_token_and_the_flag_and_bad_bounds_name_t
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--planner-max-workers"), "{err}");
 }
+
+/// `kvrouter sim --planner`: the planner run and the fixed fleet of its peak, both in
+/// summary.json, the comparison on stdout and in report.html.
+#[tokio::test]
+async fn sim_with_the_planner_in_the_loop_reports_gpu_seconds_against_the_peak_fleet() {
+    let out_dir = std::env::temp_dir().join(format!("kvrouter-planner-sim-{}", std::process::id()));
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args([
+                "sim",
+                "--workload",
+                "grpo",
+                "--workload-args",
+                "prompts=8,group_size=8,steps=3,output_median=400,output_cap=2048,sync_pause_s=150,seed=7",
+                "--workers",
+                "4",
+                "--planner",
+                "--planner-requests-per-worker",
+                "16",
+                "--planner-startup-s",
+                "10",
+                "--quiet",
+                "--out",
+            ])
+            .arg(&out_dir)
+            .output(),
+    )
+    .await
+    .expect("exits in time")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("fewer GPU-seconds"), "{stdout}");
+    let runs: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
+            .unwrap();
+    let b = &runs[0]["fleet"]["baseline"];
+    assert_eq!(runs[1]["config"], "fixed-4");
+    assert!(b["gpu_seconds_saved"].as_f64().unwrap() > 0.2, "{b}");
+    assert!(b["step_time_ratio"].as_f64().unwrap() <= 1.10, "{b}");
+    let html = std::fs::read_to_string(out_dir.join("report.html")).unwrap();
+    assert!(html.contains("data-plot=\"planner fleet\""));
+    let _ = std::fs::remove_dir_all(&out_dir);
+    // The planner and --compare do not go together.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args([
+            "sim",
+            "--workload",
+            "grpo",
+            "--planner",
+            "--compare",
+            "kv,round-robin",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--compare"));
+}

@@ -8,13 +8,14 @@
 //! # Layout
 //! - [`config`]: simulation settings.
 //! - `queue`: the (time, sequence) event queue.
-//! - [`sim`]: the simulation: `step`, `step_until`, `run`.
+//! - [`sim`]: the simulation: `step`, `step_until`, `run`; `sim/fleet`: the planner in the loop.
 //! - [`summary`]: what a run reports (`summary.json`).
-//! - [`report`]: the self-contained `report.html`.
+//! - [`report`]: the self-contained `report.html`; `fleet_report`: its planner section.
 //! - [`plan`]: the planner's search for the smallest fleet meeting a target.
 //! - [`plan_report`]: the planner's `report.html`.
 
 pub mod config;
+mod fleet_report;
 pub mod perfetto;
 pub mod plan;
 pub mod plan_report;
