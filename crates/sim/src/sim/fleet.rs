@@ -54,7 +54,7 @@ pub(super) struct Fleet {
 impl Fleet {
     pub(super) fn new(p: &PlannerSim) -> Result<Self, SimError> {
         let ok = |v: f64| v.is_finite() && v >= 0.0;
-        if !ok(p.startup_ms) || !(ok(p.tick_ms) && p.tick_ms > 0.0) {
+        if !(ok(p.startup_ms) && ok(p.tick_ms) && p.tick_ms > 0.0) {
             return Err(SimError::Config(
                 "planner: startup ≥ 0 and tick > 0 ms".into(),
             ));
