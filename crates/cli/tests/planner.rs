@@ -98,6 +98,9 @@ async fn the_recommendation_rises_within_seconds_of_a_burst_and_falls_after_its_
         "1",
         "--planner-down-window-s",
         "2",
+        // The first RL step's hold lasts this long after it.
+        "--planner-horizon-s",
+        "2",
     ])
     .await;
     // Idle: down to the minimum once the down window passed.
@@ -113,7 +116,14 @@ async fn the_recommendation_rises_within_seconds_of_a_burst_and_falls_after_its_
             let (client, url) = (s.client.clone(), format!("{}/v1/completions", s.base));
             tokio::spawn(async move {
                 let body = json!({"model": "mock-model", "prompt": format!("burst {i} {}", "x ".repeat(200)), "max_tokens": 300, "ignore_eos": true});
-                let r = client.post(url).json(&body).send().await.unwrap();
+                // RL samples: the planner counts them (`rl_requests`).
+                let r = client
+                    .post(url)
+                    .header("x-kvrouter-group-id", format!("g{}", i / 4))
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
                 assert_eq!(r.status().as_u16(), 200);
                 r.bytes().await.unwrap();
             })
@@ -128,6 +138,12 @@ async fn the_recommendation_rises_within_seconds_of_a_burst_and_falls_after_its_
     .await;
     let rise_s = burst_at.elapsed().as_secs_f64();
     assert!(rise_s < 10.0, "rose after {rise_s:.1} s");
+    let (_, v) = planner(&s).await;
+    let (_, pool) = v["pools"].as_object().unwrap().iter().next().unwrap();
+    assert!(
+        pool["signals"]["rl_requests"].as_u64().unwrap() > 0,
+        "{pool}"
+    );
     let reasons = rec["reasons"].to_string();
     assert!(
         reasons.contains("\"requests\"") && reasons.contains("scale_up"),

@@ -7,6 +7,7 @@
 
 use crate::config::PlannerAdvice;
 use crate::state::Inner;
+use kvrouter_core::ids::WorkerId;
 use kvrouter_core::planner::{Planner, PoolSignals, Recommendation};
 use kvrouter_core::router::ConfigError;
 use kvrouter_core::time::Time;
@@ -40,6 +41,26 @@ struct PoolState {
 pub(crate) struct Advisor {
     config: PlannerAdvice,
     pools: Mutex<BTreeMap<String, PoolState>>,
+    /// Requests in flight with an RL group header, per worker.
+    rl: Arc<Mutex<BTreeMap<WorkerId, u64>>>,
+}
+
+/// One RL request in flight on a worker (held by its load guard; counted until it drops).
+pub(crate) struct RlToken {
+    rl: Arc<Mutex<BTreeMap<WorkerId, u64>>>,
+    worker: WorkerId,
+}
+
+impl Drop for RlToken {
+    fn drop(&mut self) {
+        let mut rl = self.rl.lock().expect("planner rl lock");
+        if let Some(n) = rl.get_mut(&self.worker) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                rl.remove(&self.worker);
+            }
+        }
+    }
 }
 
 impl Advisor {
@@ -55,7 +76,22 @@ impl Advisor {
         Ok(Self {
             config,
             pools: Mutex::new(BTreeMap::new()),
+            rl: Arc::default(),
         })
+    }
+
+    /// Counts a request of an RL group on `worker` while the token lives.
+    pub(crate) fn rl_request(&self, worker: WorkerId) -> RlToken {
+        *self
+            .rl
+            .lock()
+            .expect("planner rl lock")
+            .entry(worker)
+            .or_insert(0) += 1;
+        RlToken {
+            rl: self.rl.clone(),
+            worker,
+        }
     }
 
     fn tick(&self, now: Time, pool: &str, mut signals: PoolSignals, metrics: Option<Hists>) {
@@ -203,6 +239,11 @@ fn signals(inner: &Inner) -> Vec<(String, PoolSignals)> {
             .collect()
     };
     let queued = core.queue_stats().pending_requests as u64;
+    let rl = inner
+        .planner
+        .as_ref()
+        .map(|a| a.rl.lock().expect("planner rl lock").clone())
+        .unwrap_or_default();
     members
         .into_iter()
         .map(|(pool, workers)| {
@@ -214,6 +255,7 @@ fn signals(inner: &Inner) -> Vec<(String, PoolSignals)> {
                 if core.is_available(spec.id) {
                     s.workers += 1;
                 }
+                s.rl_requests += rl.get(&spec.id).copied().unwrap_or(0);
                 s.batched_tokens_per_worker = s.batched_tokens_per_worker.max(
                     spec.max_num_batched_tokens
                         .map(|t| t * u64::from(spec.dp_size)),
