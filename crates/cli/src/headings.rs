@@ -17,3 +17,4 @@ pub(crate) const REPLICAS: &str = "Router replicas (NATS sync)";
 pub(crate) const PICKER: &str = "Pick API and Gateway endpoint picker (ext_proc)";
 pub(crate) const DISCOVERY: &str = "Worker discovery (etcd, Kubernetes)";
 pub(crate) const GLOBAL: &str = "Global routing (across clusters)";
+pub(crate) const PLANNER: &str = "Planner (recommended workers per pool)";

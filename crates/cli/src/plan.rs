@@ -112,6 +112,9 @@ pub(crate) fn run(args: PlanArgs) -> anyhow::Result<()> {
     if args.sim.compare.is_some() {
         bail!("--compare is not used by plan: give one routing configuration");
     }
+    if args.sim.planner {
+        bail!("--planner is not used by plan: it searches fixed fleets");
+    }
     if args.min_workers == 0 {
         bail!("--min-workers must be at least 1");
     }

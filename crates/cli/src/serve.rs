@@ -19,6 +19,14 @@ pub(crate) struct ServeArgs {
     /// The pick API's leases and bounds.
     #[command(flatten)]
     picker: crate::picker_args::PickerArgs,
+    /// Advisory planner: a recommended worker count per model pool from the router's live
+    /// signals, at GET /admin/planner (with its reasons) and as
+    /// kvrouter_planner_recommended_workers{pool}; nothing is scaled.
+    #[arg(help_heading = H::PLANNER, long)]
+    planner_advise: bool,
+    /// The planner's bounds, targets and windows.
+    #[command(flatten)]
+    planner: crate::planner_args::PlannerArgs,
     /// Address to listen on.
     #[arg(help_heading = H::LISTEN, long, default_value = "127.0.0.1")]
     host: String,
@@ -492,6 +500,13 @@ impl ServeArgs {
             replica_sync: self.replica_sync()?,
             picks: self.picker.picks()?,
             cluster_summary: self.global.summary()?,
+            planner: match self.planner_advise {
+                true => Some(kvrouter_server::config::PlannerAdvice {
+                    law: self.planner.config()?,
+                    tick: std::time::Duration::from_secs_f64(self.planner.planner_tick_s),
+                }),
+                false => None,
+            },
             ..ServeConfig::default()
         })
     }

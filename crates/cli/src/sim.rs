@@ -4,6 +4,7 @@ use crate::routing_args::{apply_compare_item, RoutingArgs};
 use anyhow::{bail, Context};
 use clap::Args;
 use kvrouter_engine::EngineConfig;
+use kvrouter_sim::summary::FleetBaseline;
 use kvrouter_sim::{SimConfig, Simulation, Summary};
 use kvrouter_workload::generators::{self, AgenticParams, GrpoParams, Seed001Params};
 use kvrouter_workload::readers::ReadOptions;
@@ -101,6 +102,14 @@ pub(crate) struct SimArgs {
     /// round-robin,least-loaded,kv,kv:router_predicted_ttl_secs=5
     #[arg(long)]
     pub(crate) compare: Option<String>,
+    /// Run the planner in the loop: `--workers` is the starting fleet, resized every
+    /// `--planner-tick-s` by the control law of `serve --planner-advise`; added workers serve
+    /// after `--planner-startup-s`, removed ones drain first. A fixed fleet of the planner's
+    /// peak is run too, for comparison.
+    #[arg(long, conflicts_with = "compare")]
+    pub(crate) planner: bool,
+    #[command(flatten)]
+    planner_args: crate::planner_args::PlannerArgs,
     /// Write each configuration's request timeline as Chrome trace JSON (open in Perfetto);
     /// with several configurations the name gets `-N` per configuration.
     #[arg(long)]
@@ -261,6 +270,19 @@ impl SimArgs {
             replica_sync: !self.no_replica_sync,
             group_sizes: self.group_sizes,
             group_need: self.group_need,
+            planner: if self.planner {
+                let law = self.planner_args.config()?;
+                if self.weight_update.is_some() || self.router_replicas > 1 {
+                    bail!("--planner runs without --weight-update and with one --router-replicas");
+                }
+                Some(kvrouter_sim::PlannerSim {
+                    law,
+                    startup_ms: self.planner_args.planner_startup_s * 1000.0,
+                    tick_ms: self.planner_args.planner_tick_s * 1000.0,
+                })
+            } else {
+                None
+            },
             weight_update: match &self.weight_update {
                 None => None,
                 Some(mode) => Some(kvrouter_sim::config::WeightUpdate {
@@ -413,6 +435,29 @@ pub(crate) fn print_table(runs: &[Summary]) {
     }
 }
 
+/// The planner's figures against the fixed fleet sized for its peak.
+fn print_fleet(runs: &[Summary]) {
+    for r in runs {
+        let Some(f) = &r.fleet else { continue };
+        print!(
+            "{}: planner fleet {:.1} GPU-s (mean {:.2} workers, peak {})",
+            r.config, f.gpu_seconds, f.mean_workers, f.peak_workers
+        );
+        match &f.baseline {
+            Some(b) => println!(
+                "; fixed {} workers {:.1} GPU-s: {:.1} % fewer GPU-seconds, step time {:.2} s vs {:.2} s ({:.3}x)",
+                b.workers,
+                b.gpu_seconds,
+                b.gpu_seconds_saved * 100.0,
+                r.rl.as_ref().map_or(0.0, |x| x.step_time_s.mean),
+                b.step_time_s,
+                b.step_time_ratio
+            ),
+            None => println!(),
+        }
+    }
+}
+
 impl SimArgs {
     /// What the report's head says about the run.
     pub(crate) fn report_parameters(&self) -> Vec<(String, String)> {
@@ -451,7 +496,28 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
     let count = configs.len();
     for (n, config) in configs.into_iter().enumerate() {
         let trace = args.perfetto.as_deref().map(|p| numbered(p, n, count));
-        runs.push(run_one(config, &workload, args.quiet, trace.as_deref())?);
+        let fixed = config.planner.is_some().then(|| config.clone());
+        let mut run = run_one(config, &workload, args.quiet, trace.as_deref())?;
+        if let (Some(base), Some(fleet)) = (fixed, run.fleet.as_mut()) {
+            // The fleet sized for the planner's peak, fixed, on the same workload.
+            let workers = (fleet.peak_workers as usize).max(1);
+            let baseline = SimConfig {
+                name: format!("fixed-{workers}"),
+                workers,
+                planner: None,
+                ..base
+            };
+            let b = run_one(baseline, &workload, args.quiet, None)?;
+            fleet.baseline = Some(FleetBaseline::against(
+                &b,
+                fleet.gpu_seconds,
+                run.rl.as_ref(),
+            ));
+            runs.push(run);
+            runs.push(b);
+            continue;
+        }
+        runs.push(run);
     }
     std::fs::create_dir_all(&args.out).with_context(|| format!("--out {}", args.out.display()))?;
     let summary = serde_json::to_string_pretty(&runs)? + "\n";
@@ -462,6 +528,7 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
         kvrouter_sim::report::render_with(&runs, &args.report_parameters()),
     )?;
     print_table(&runs);
+    print_fleet(&runs);
     println!(
         "wrote {} and {}",
         args.out.join("summary.json").display(),

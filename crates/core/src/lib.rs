@@ -14,6 +14,7 @@
 //!   predicted-placement window.
 //! - [`ledger`]: per-rank load accounting (active requests, prefill tokens, decode blocks).
 //! - [`policy`]: the selection policies and the KV cost model.
+//! - [`planner`]: the planner's control law (recommended workers per pool from live signals).
 //! - [`router`]: the [`Router`] façade that ties them together.
 //! - [`global`]: global routing across clusters: cluster summaries (prefix sketch + load) and
 //!   the global router's policies.
@@ -29,6 +30,7 @@ pub mod hashing;
 pub mod ids;
 pub mod index;
 pub mod ledger;
+pub mod planner;
 pub mod policy;
 pub mod rng;
 pub mod router;

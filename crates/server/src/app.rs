@@ -43,6 +43,7 @@ pub fn app(state: AppState) -> Router {
             get(crate::cluster_summary::get)
                 .with_state(crate::cluster_summary::Publisher::new(state.clone())),
         )
+        .route("/planner", get(planner_status))
         .fallback(crate::error::unknown_route)
         .method_not_allowed_fallback(crate::error::wrong_method)
         .layer(from_fn_with_state(state.clone(), auth::admin));
@@ -224,6 +225,9 @@ async fn metrics(State(s): State<AppState>) -> Response {
         "kvrouter_router_queue_pending_isl_tokens {}",
         q.pending_isl_tokens
     );
+    if let Some(planner) = &inner.planner {
+        planner.render(&mut out, "kvrouter_");
+    }
     let t = inner.tokenizer.stats();
     let _ = writeln!(out, "# HELP kvrouter_tokenizer_cache_segments_total Prompt segments tokenized or served from the cache.\n# TYPE kvrouter_tokenizer_cache_segments_total counter");
     let _ = writeln!(out, "kvrouter_tokenizer_cache_segments_total{{result=\"hit\"}} {}\nkvrouter_tokenizer_cache_segments_total{{result=\"miss\"}} {}", t.hits, t.misses);
@@ -451,6 +455,17 @@ async fn policy_update(State(s): State<AppState>, body: Bytes) -> Result<Respons
         Json(json!({"version": version, "status": "started"})),
     )
         .into_response())
+}
+
+/// `GET /admin/planner`: each model pool's recommended workers with their reasons and the
+/// signals they came from (`--planner-advise`; 404 without it).
+async fn planner_status(State(s): State<AppState>) -> Result<Json<Value>, ServeError> {
+    match &s.inner.planner {
+        Some(p) => Ok(Json(p.status())),
+        None => Err(ServeError::NotFound(
+            "the planner's advisory mode is off: start serve with --planner-advise".into(),
+        )),
+    }
 }
 
 /// `GET /admin/trace`: the recent request timelines as Chrome trace JSON (open in Perfetto).

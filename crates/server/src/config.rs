@@ -140,6 +140,17 @@ pub struct ServeConfig {
     pub picks: PickConfig,
     /// What `GET /admin/cluster-summary` publishes for a global router.
     pub cluster_summary: ClusterSummaryConfig,
+    /// The planner's advisory mode (`--planner-advise`; `None` = off).
+    pub planner: Option<PlannerAdvice>,
+}
+
+/// The planner's advisory mode: a recommended worker count per model pool, from live signals.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannerAdvice {
+    /// The control law's bounds and targets.
+    pub law: kvrouter_core::planner::PlannerConfig,
+    /// Time between ticks.
+    pub tick: Duration,
 }
 
 impl Default for ServeConfig {
@@ -176,6 +187,7 @@ impl Default for ServeConfig {
             replica_sync: None,
             picks: PickConfig::default(),
             cluster_summary: ClusterSummaryConfig::default(),
+            planner: None,
         }
     }
 }

@@ -44,6 +44,8 @@ pub(crate) struct LoadGuard {
     /// The router's own count of the prompt this attempt sent (`None`: a continuation, whose
     /// prompt the router extended, or an empty prompt).
     router_prompt_tokens: Option<std::num::NonZeroU64>,
+    /// Counts it as an RL request for the planner (`--planner-advise`) until it drops.
+    _rl: Option<crate::planner::RlToken>,
 }
 
 impl LoadGuard {
@@ -77,6 +79,7 @@ impl LoadGuard {
             attempt_first: None,
             carried: 0,
             router_prompt_tokens: None,
+            _rl: None,
         }
     }
 
@@ -91,6 +94,9 @@ impl LoadGuard {
     /// A sample of RL group `group` (first-N-of-M), if any.
     pub(crate) fn in_group(mut self, group: Option<u64>) -> Self {
         self.group = group;
+        if let (Some(_), Some(planner)) = (group, &self.state.inner.planner) {
+            self._rl = Some(planner.rl_request(self.worker));
+        }
         self
     }
 

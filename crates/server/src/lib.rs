@@ -22,6 +22,8 @@
 //! - [`otel`]: OTLP trace export of sampled requests' timelines.
 //! - `update_metrics`: the weight-update cycle's gauges on `/metrics`.
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
+//! - `planner`: the planner's advisory mode (`--planner-advise`): live signals per model pool
+//!   into the core's control law, `GET /admin/planner` and its gauge.
 //! - `error`: the one mapping from errors to HTTP responses.
 //!
 //! The server routes to workers by URL and starts no engines: `kvrouter serve --mock-workers N`
@@ -52,6 +54,7 @@ mod metrics;
 pub mod otel;
 mod picks;
 pub mod placement;
+mod planner;
 mod pools;
 pub mod provenance;
 mod queue;
@@ -131,6 +134,7 @@ pub async fn start(
             .map_err(|error| StartError::Worker { url, error })?;
     }
     let driver = queue::spawn(state.inner.clone());
+    let advisor = planner::spawn(state.inner.clone());
     let discovery = config
         .discovery
         .as_ref()
@@ -146,6 +150,9 @@ pub async fn start(
         })
         .await;
         driver.abort();
+        if let Some(task) = advisor {
+            task.abort();
+        }
         for task in discovery.iter().flatten() {
             task.abort();
         }

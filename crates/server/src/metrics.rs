@@ -47,6 +47,13 @@ impl Histogram {
         self.render_series(out, name, "");
     }
 
+    /// Bucket bounds, and per bucket the observations so far (not cumulative), their sum and
+    /// count (the planner's windows are differences of these).
+    pub(crate) fn snapshot(&self) -> (&'static [f64], Vec<u64>, f64, u64) {
+        let d = self.data.lock().expect("histogram lock");
+        (self.buckets, d.0.clone(), d.1, d.2)
+    }
+
     /// The series' lines, with `labels` (`k="v",` each, or empty) before `le`.
     fn render_series(&self, out: &mut String, name: &str, labels: &str) {
         let d = self.data.lock().expect("histogram lock");
@@ -93,6 +100,15 @@ pub(crate) struct ByModel {
 }
 
 impl ByModel {
+    /// The histograms of `model`, if a request named it.
+    pub(crate) fn peek(&self, model: &str) -> Option<Arc<ModelMetrics>> {
+        self.models
+            .lock()
+            .expect("model metrics lock")
+            .get(model)
+            .cloned()
+    }
+
     /// The histograms of `model`, made on first use.
     pub(crate) fn get(&self, model: &str) -> Arc<ModelMetrics> {
         let mut models = self.models.lock().expect("model metrics lock");

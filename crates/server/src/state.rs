@@ -89,6 +89,8 @@ pub(crate) struct Inner {
     pub(crate) lifecycle: kvrouter_http::Lifecycle,
     /// Replica sync (`--replica-sync`): the publisher's wake-up, the NATS link, metrics.
     pub(crate) replica: crate::replica_state::ReplicaState,
+    /// The planner's advisory mode (`--planner-advise`).
+    pub(crate) planner: Option<crate::planner::Advisor>,
 }
 
 impl Inner {
@@ -368,6 +370,10 @@ impl AppState {
         let models = config.model_names.clone();
         let capture =
             (config.trace_capture > 0).then(|| crate::capture::Capture::new(config.trace_capture));
+        let planner = match &config.planner {
+            Some(p) => Some(crate::planner::Advisor::new(p.clone())?),
+            None => None,
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -392,6 +398,7 @@ impl AppState {
                 health: crate::health::Health::default(),
                 lifecycle: Default::default(),
                 replica,
+                planner,
             }),
         })
     }

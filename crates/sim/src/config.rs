@@ -53,6 +53,9 @@ pub struct SimConfig {
     /// KV events).
     #[serde(default = "yes")]
     pub replica_sync: bool,
+    /// The planner in the loop: `workers` is the starting fleet, resized every tick.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planner: Option<crate::sim::PlannerSim>,
 }
 
 fn one() -> usize {
@@ -95,6 +98,7 @@ impl Default for SimConfig {
             router_replicas: 1,
             replica_sync_delay_ms: 0.0,
             replica_sync: true,
+            planner: None,
         }
     }
 }

@@ -8,15 +8,16 @@
 //! # Layout
 //! - [`config`]: simulation settings.
 //! - `queue`: the (time, sequence) event queue.
-//! - [`sim`]: the simulation: `step`, `step_until`, `run`.
+//! - [`sim`]: the simulation: `step`, `step_until`, `run`; `sim/fleet`: the planner in the loop.
 //! - [`summary`]: what a run reports (`summary.json`).
-//! - [`report`]: the self-contained `report.html`.
 //! - [`global`]: the global (multi-datacenter) simulation behind `--clusters`.
+//! - [`report`]: the self-contained `report.html`; `fleet_report`: its planner section.
 //! - [`plan`]: the planner's search for the smallest fleet meeting a target.
 //! - [`plan_report`]: the planner's `report.html`.
 
 pub mod config;
 pub mod global;
+mod fleet_report;
 pub mod perfetto;
 pub mod plan;
 pub mod plan_report;
@@ -26,5 +27,5 @@ pub mod sim;
 pub mod summary;
 
 pub use config::SimConfig;
-pub use sim::{SimError, Simulation};
+pub use sim::{PlannerSim, SimError, Simulation};
 pub use summary::{summarize, Record, Summary};

@@ -487,6 +487,7 @@ pub fn render_with(runs: &[Summary], params: &[(String, String)]) -> String {
     let _ = write!(out, "<h1>kvrouter sim — {}</h1>", esc(workload));
     parameters(&mut out, params);
     table(&mut out, runs);
+    crate::fleet_report::render(&mut out, runs);
     ttft_cdf(&mut out, runs);
     hit_rate_over_time(&mut out, runs);
     series_over_time(

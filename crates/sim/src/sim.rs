@@ -12,6 +12,8 @@ use kvrouter_workload::replay::Replay;
 use kvrouter_workload::Workload;
 use std::time::Duration;
 
+mod fleet;
+pub use fleet::PlannerSim;
 mod placement;
 mod replicas;
 mod rl;
@@ -51,6 +53,10 @@ enum Event {
     Loaded(usize),
     /// Events of router replica `.0` reach the other replicas.
     Sync(usize, Vec<RemoteEvent>),
+    /// The planner looks at the router's signals and resizes the fleet.
+    PlannerTick,
+    /// A worker the planner added finished starting.
+    WorkerReady(usize),
 }
 
 struct WorkerState {
@@ -63,6 +69,62 @@ struct WorkerState {
     dead: bool,
     /// A weight update aborts its requests when its current step ends.
     abort_after_step: bool,
+    /// Starting, serving, draining or removed (the planner's fleet; always serving without).
+    lifecycle: fleet::Lifecycle,
+    /// When it was provisioned (GPU time counts from here) and released.
+    provisioned: (Time, Option<Time>),
+}
+
+fn profiles_of(config: &SimConfig) -> Vec<String> {
+    if config.profiles.is_empty() {
+        vec!["dynamo-poly".to_owned()]
+    } else {
+        config.profiles.clone()
+    }
+}
+
+/// Worker `w`'s engine and what the router learns about it, provisioned at `now`.
+fn new_worker(
+    config: &SimConfig,
+    profiles: &[String],
+    w: usize,
+    now: Time,
+) -> Result<(WorkerState, WorkerSpec), SimError> {
+    let mut engine_config = config.engine.clone();
+    engine_config.block_size = config.router.kv_cache_block_size;
+    let speed = config
+        .speed
+        .iter()
+        .find(|(x, _)| *x == w)
+        .map_or(1.0, |(_, f)| *f);
+    if !speed.is_finite() || speed <= 0.0 {
+        return Err(SimError::Config(format!(
+            "worker {w}: speed must be positive"
+        )));
+    }
+    let timing = kvrouter_engine::timing::by_name(&profiles[w % profiles.len()], speed)
+        .map_err(|e| SimError::Config(e.to_string()))?;
+    let rank = WorkerRank::new(WorkerId(w as u64), 0);
+    let spec = WorkerSpec {
+        id: WorkerId(w as u64),
+        dp_size: 1,
+        max_num_batched_tokens: Some(u64::from(engine_config.max_num_batched_tokens)),
+        kv_capacity_blocks: Some(engine_config.num_gpu_blocks as u64),
+        policy_version: 0,
+    };
+    engine_config.seed = engine_config.seed.wrapping_add(w as u64);
+    let state = WorkerState {
+        engine: Engine::new(engine_config, rank, timing),
+        pending: None,
+        busy_since: None,
+        busy: Vec::new(),
+        samples: Vec::new(),
+        dead: false,
+        abort_after_step: false,
+        lifecycle: fleet::Lifecycle::Serving,
+        provisioned: (now, None),
+    };
+    Ok((state, spec))
 }
 
 /// A simulation in progress.
@@ -95,6 +157,8 @@ pub struct Simulation<'w> {
     /// Workers each request was placed on, in order (a continuation after a failure avoids
     /// them).
     tried: Vec<Vec<WorkerId>>,
+    /// The planner in the loop (`--planner`).
+    fleet: Option<fleet::Fleet>,
 }
 
 fn ms(v: f64) -> Duration {
@@ -122,47 +186,13 @@ impl<'w> Simulation<'w> {
         }
         let mut router =
             Router::new(config.router.clone()).map_err(|e| SimError::Config(e.to_string()))?;
-        let mut engine_config = config.engine.clone();
-        engine_config.block_size = bs;
-        let profiles = if config.profiles.is_empty() {
-            vec!["dynamo-poly".to_owned()]
-        } else {
-            config.profiles.clone()
-        };
+        let profiles = profiles_of(&config);
         let mut workers = Vec::with_capacity(config.workers);
         for w in 0..config.workers {
-            let speed = config
-                .speed
-                .iter()
-                .find(|(x, _)| *x == w)
-                .map_or(1.0, |(_, f)| *f);
-            if !speed.is_finite() || speed <= 0.0 {
-                return Err(SimError::Config(format!(
-                    "worker {w}: speed must be positive"
-                )));
-            }
-            let timing = kvrouter_engine::timing::by_name(&profiles[w % profiles.len()], speed)
-                .map_err(|e| SimError::Config(e.to_string()))?;
-            let rank = WorkerRank::new(WorkerId(w as u64), 0);
-            let mut c = engine_config.clone();
-            c.seed = c.seed.wrapping_add(w as u64);
-            workers.push(WorkerState {
-                engine: Engine::new(c, rank, timing),
-                pending: None,
-                busy_since: None,
-                busy: Vec::new(),
-                samples: Vec::new(),
-                dead: false,
-                abort_after_step: false,
-            });
+            let (state, spec) = new_worker(&config, &profiles, w, Time::ZERO)?;
+            workers.push(state);
             router
-                .add_worker(WorkerSpec {
-                    id: WorkerId(w as u64),
-                    dp_size: 1,
-                    max_num_batched_tokens: Some(u64::from(engine_config.max_num_batched_tokens)),
-                    kv_capacity_blocks: Some(engine_config.num_gpu_blocks as u64),
-                    policy_version: 0,
-                })
+                .add_worker(spec)
                 .map_err(|e| SimError::Config(e.to_string()))?;
         }
         let mut replicas = Vec::new();
@@ -202,7 +232,17 @@ impl<'w> Simulation<'w> {
             last_turn: vec![true; n],
             update_spans: Vec::new(),
             tried: vec![Vec::new(); n],
+            fleet: None,
         };
+        if let Some(p) = &sim.config.planner {
+            if sim.config.weight_update.is_some() || sim.config.router_replicas > 1 {
+                return Err(SimError::Config(
+                    "the planner runs without weight updates and with one router replica".into(),
+                ));
+            }
+            sim.fleet = Some(fleet::Fleet::new(p)?);
+            sim.queue.push(Time::ZERO, Event::PlannerTick);
+        }
         for r in &workload.requests {
             if let Some(a) = r.after {
                 sim.last_turn[a] = false;
@@ -294,6 +334,8 @@ impl<'w> Simulation<'w> {
             Event::Resume(i) => self.route_request(i),
             Event::Loaded(w) => self.loaded(w)?,
             Event::Sync(from, events) => self.synced(from, events),
+            Event::PlannerTick => self.planner_tick()?,
+            Event::WorkerReady(w) => self.worker_ready(w)?,
         }
         self.send_sync();
         Ok(true)
@@ -444,7 +486,12 @@ impl<'w> Simulation<'w> {
             let at = self.now + net;
             if t.index == 0 {
                 // A continuation's first token is not the request's first token.
-                rec.first_token.get_or_insert(at);
+                if rec.first_token.is_none() {
+                    rec.first_token = Some(at);
+                    if let (Some(f), Some(a)) = (self.fleet.as_mut(), rec.arrival) {
+                        f.observe_ttft(at, at.since(a).as_secs_f64() * 1e3);
+                    }
+                }
                 rec.last_token = Some(at);
                 let _ = self.router_of(i).first_token(t.id);
                 continue;
@@ -497,7 +544,9 @@ impl<'w> Simulation<'w> {
         self.workers[w]
             .samples
             .push((self.now, stats.running as f32, kv));
-        self.start_step(w)
+        self.start_step(w)?;
+        self.release_if_drained(w);
+        Ok(())
     }
 
     /// Bookkeeping when request `i` leaves the system: next turns, step barriers, closed loop.
@@ -541,15 +590,37 @@ impl<'w> Simulation<'w> {
             .collect();
         let samples: Vec<Vec<(Time, f32, f32)>> =
             self.workers.iter().map(|w| w.samples.clone()).collect();
-        SummaryBuilder {
+        let provisioned: Vec<(Time, Time)> = match self.fleet {
+            Some(_) => self
+                .workers
+                .iter()
+                .map(|w| (w.provisioned.0, w.provisioned.1.unwrap_or(self.now)))
+                .collect(),
+            None => Vec::new(),
+        };
+        let builder = SummaryBuilder {
             config: &self.config,
             workload: self.workload,
             records: &self.records,
             busy: &busy,
             samples: &samples,
+            provisioned: &provisioned,
             end: self.now,
+        };
+        let mut summary = builder.build();
+        if let Some(mut fleet) = self.fleet_summary() {
+            let start = self
+                .records
+                .iter()
+                .filter_map(|r| r.arrival)
+                .min()
+                .unwrap_or(Time::ZERO);
+            fleet.gpu_seconds = (builder.gpu_seconds(start, self.now) * 1e3).round() / 1e3;
+            let span = self.now.since(start).as_secs_f64().max(1e-9);
+            fleet.mean_workers = (fleet.gpu_seconds / span * 1e3).round() / 1e3;
+            summary.fleet = Some(fleet);
         }
-        .build()
+        summary
     }
 }
 

@@ -68,6 +68,7 @@ pub fn summarize(
         records,
         busy: &[],
         samples: &[],
+        provisioned: &[],
         end,
     }
     .build();
@@ -173,6 +174,74 @@ pub struct RlSummary {
     pub tokens_recomputed: u64,
 }
 
+/// The fleet at one planner tick.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FleetSample {
+    /// Simulated time, seconds.
+    pub t_s: f64,
+    /// Workers serving.
+    pub serving: u32,
+    /// Workers provisioned (serving, starting or draining): what GPU time is paid for.
+    pub provisioned: u32,
+    /// The planner's recommendation.
+    pub recommended: u32,
+}
+
+/// A planner run against a fleet of fixed size (the planner's peak), on the same workload.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FleetBaseline {
+    /// Its workers.
+    pub workers: usize,
+    /// Its GPU-seconds.
+    pub gpu_seconds: f64,
+    /// Its mean RL step time, seconds (0 without steps).
+    pub step_time_s: f64,
+    /// 1 − planner GPU-seconds / its GPU-seconds.
+    pub gpu_seconds_saved: f64,
+    /// Planner mean step time / its mean step time.
+    pub step_time_ratio: f64,
+}
+
+impl FleetBaseline {
+    /// The fixed run `fixed` against a planner run's GPU-seconds and RL figures.
+    pub fn against(
+        fixed: &Summary,
+        planner_gpu_seconds: f64,
+        planner_rl: Option<&RlSummary>,
+    ) -> Self {
+        let gpu_seconds = round3(fixed.workers.len() as f64 * fixed.makespan_s);
+        let step = |rl: Option<&RlSummary>| rl.map_or(0.0, |x| x.step_time_s.mean);
+        let step_time_s = step(fixed.rl.as_ref());
+        let ratio = |a: f64, b: f64| if b > 0.0 { round3(a / b) } else { 0.0 };
+        Self {
+            workers: fixed.workers.len(),
+            gpu_seconds,
+            step_time_s,
+            gpu_seconds_saved: round3(1.0 - ratio(planner_gpu_seconds, gpu_seconds)),
+            step_time_ratio: ratio(step(planner_rl), step_time_s),
+        }
+    }
+}
+
+/// The planner's fleet in a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FleetSummary {
+    /// Worker-seconds provisioned between the first arrival and the last completion.
+    pub gpu_seconds: f64,
+    /// Mean workers provisioned over that span.
+    pub mean_workers: f64,
+    /// Most workers serving at once.
+    pub peak_workers: u32,
+    /// Startup delay of a new worker, seconds.
+    pub startup_s: f64,
+    /// The last recommendation, with its reasons.
+    pub last: Option<kvrouter_core::planner::Recommendation>,
+    /// The fixed fleet sized for the peak, when it was run too.
+    pub baseline: Option<FleetBaseline>,
+    /// The fleet at the ticks where it changed.
+    pub samples: Vec<FleetSample>,
+}
+
 /// Time series for the report (not serialized).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Timeline {
@@ -237,6 +306,9 @@ pub struct Summary {
     pub workers: Vec<WorkerSummary>,
     /// RL figures, for workloads with steps.
     pub rl: Option<RlSummary>,
+    /// The planner's fleet (`--planner` runs only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetSummary>,
     /// Time series for the report.
     #[serde(skip)]
     pub timeline: Timeline,
@@ -248,6 +320,9 @@ pub(crate) struct SummaryBuilder<'a> {
     pub(crate) records: &'a [Record],
     pub(crate) busy: &'a [Vec<(Time, Time)>],
     pub(crate) samples: &'a [Vec<(Time, f32, f32)>],
+    /// Per worker, when it was provisioned and released (empty: a fixed fleet of `busy.len()`
+    /// for the whole run).
+    pub(crate) provisioned: &'a [(Time, Time)],
     pub(crate) end: Time,
 }
 
@@ -259,6 +334,15 @@ fn overlap(intervals: &[(Time, Time)], from: Time, to: Time) -> f64 {
 }
 
 impl SummaryBuilder<'_> {
+    /// Worker-seconds paid for between `from` and `to`.
+    pub(crate) fn gpu_seconds(&self, from: Time, to: Time) -> f64 {
+        if self.provisioned.is_empty() {
+            self.busy.len() as f64 * to.since(from).as_secs_f64()
+        } else {
+            overlap(self.provisioned, from, to)
+        }
+    }
+
     pub(crate) fn build(&self) -> Summary {
         let done: Vec<(usize, &Record)> = self
             .records
@@ -352,6 +436,7 @@ impl SummaryBuilder<'_> {
             sim_wall_s: 0.0,
             workers,
             rl: rl.map(|(r, _)| r),
+            fleet: None,
             timeline: Timeline {
                 step_times_s: step_times,
                 ..timeline
@@ -434,13 +519,12 @@ impl SummaryBuilder<'_> {
             .map(|(a, b)| b.since(*a).as_secs_f64())
             .collect();
         let step_times = times.clone();
-        let workers = self.busy.len() as f64;
         let (mut gpu, mut idle) = (0.0, 0.0);
         for (a, b) in steps.values() {
-            let span = b.since(*a).as_secs_f64();
+            let paid = self.gpu_seconds(*a, *b);
             let busy: f64 = self.busy.iter().map(|iv| overlap(iv, *a, *b)).sum();
-            gpu += workers * span;
-            idle += workers * span - busy;
+            gpu += paid;
+            idle += paid - busy;
         }
         let mut group_times: Vec<f64> = groups
             .values()
