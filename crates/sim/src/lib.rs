@@ -14,6 +14,7 @@
 //! - [`plan`]: the planner's search for the smallest fleet meeting a target.
 //! - [`plan_report`]: the planner's `report.html`.
 
+mod bounds;
 pub mod config;
 pub mod perfetto;
 pub mod plan;
