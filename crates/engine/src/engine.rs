@@ -496,8 +496,10 @@ impl Engine {
         }
         seq.computed = hit_tokens;
         seq.cached_upto = hit_blocks;
-        seq.hit_tokens = hit_tokens.min(seq.prompt_len);
         if !seq.admitted_once {
+            // Like vLLM's `num_cached_tokens`, set at the first scheduling only: a preempted
+            // request readmitted onto its own cached blocks did not find them in the cache.
+            seq.hit_tokens = hit_tokens.min(seq.prompt_len);
             seq.admitted_once = true;
             self.stats.prompt_tokens_total += u64::from(seq.prompt_len);
             self.stats.cached_tokens_total += u64::from(seq.hit_tokens);

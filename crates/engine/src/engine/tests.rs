@@ -381,3 +381,22 @@ fn a_preempted_hash_request_hits_its_own_output_blocks() {
     assert_eq!(e.seqs[&RequestId(1)].computed, 21);
     assert_eq!((out.prefill_tokens, out.decode_seqs), (0, 1));
 }
+
+/// A request preempted and readmitted onto its own cached blocks reports the cache hits of its
+/// first admission (vLLM's `num_cached_tokens`), not its own recomputed prefix: served hit rates
+/// stay below what any cache could serve.
+#[test]
+fn a_preempted_request_reports_the_hits_of_its_first_admission() {
+    let mut e = engine(small());
+    e.add_request(req(1, (0..16).collect(), 20)).unwrap();
+    let mut now = Time::ZERO;
+    for _ in 0..5 {
+        now = e.step(now).unwrap().expect("work").end;
+    }
+    let mut preempted = Vec::new();
+    e.preempt(RequestId(1), &mut preempted);
+    let (_, finished, _, _) = run(&mut e, now);
+    assert_eq!(finished[0].preemptions, 1);
+    assert_eq!(finished[0].cached_tokens, 0);
+    assert_eq!(e.stats().cached_tokens_total, 0);
+}
