@@ -65,7 +65,14 @@ pub(crate) fn step_lower_bounds(
 
     // Prompt tokens a sample alone must compute, and tokens the fleet must compute at least once.
     let blocks: Vec<Vec<u64>> = (0..workload.requests.len())
-        .map(|i| workload.router_blocks(i, bs).sequence.iter().map(|s| s.0).collect())
+        .map(|i| {
+            workload
+                .router_blocks(i, bs)
+                .sequence
+                .iter()
+                .map(|s| s.0)
+                .collect()
+        })
         .collect();
     let mut owners: std::collections::HashMap<u64, (usize, usize)> = Default::default();
     for (i, b) in blocks.iter().enumerate() {
@@ -86,16 +93,30 @@ pub(crate) fn step_lower_bounds(
         let shared = blocks[i]
             .iter()
             .take(cap)
-            .take_while(|s| owners.get(s).is_some_and(|(first, others)| *first != i || *others > 0))
+            .take_while(|s| {
+                owners
+                    .get(s)
+                    .is_some_and(|(first, others)| *first != i || *others > 0)
+            })
             .count();
         let solo_prefill = r.input_tokens - (shared * bs) as u32;
         let mut best = f64::INFINITY;
         for m in &models {
-            best = best.min(alone_ms(m.timing.as_ref(), solo_prefill, r, budget, capacity_tokens)?);
+            best = best.min(alone_ms(
+                m.timing.as_ref(),
+                solo_prefill,
+                r,
+                budget,
+                capacity_tokens,
+            )?);
         }
         chain_ms[i] = best + net_ms + r.after.map_or(0.0, |a| chain_ms[a] + r.delay_ms);
         // Fleet: each distinct block computed once.
-        let new_blocks = blocks[i].iter().take(cap).filter(|s| seen.insert(**s)).count();
+        let new_blocks = blocks[i]
+            .iter()
+            .take(cap)
+            .filter(|s| seen.insert(**s))
+            .count();
         for s in &blocks[i] {
             seen.insert(*s);
         }

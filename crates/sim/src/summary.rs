@@ -334,8 +334,8 @@ impl SummaryBuilder<'_> {
         };
         let finite = (self.config.workers > 0).then(|| {
             let engine = &self.config.engine;
-            let capacity = self.config.workers as u64
-                * (engine.num_gpu_blocks + engine.num_cpu_blocks) as u64;
+            let capacity =
+                self.config.workers as u64 * (engine.num_gpu_blocks + engine.num_cpu_blocks) as u64;
             kvrouter_workload::ceiling::finite_ceilings(
                 self.workload,
                 &order,

@@ -27,7 +27,11 @@ fn no_policy_beats_the_finite_ceiling_on_random_small_workloads() {
             }),
         ];
         for w in &workloads {
-            for mode in [RouterMode::RoundRobin, RouterMode::LeastLoaded, RouterMode::Kv] {
+            for mode in [
+                RouterMode::RoundRobin,
+                RouterMode::LeastLoaded,
+                RouterMode::Kv,
+            ] {
                 let workers = 1 + seed as usize % 3;
                 // Small caches: eviction (and at times preemption) happens.
                 let num_gpu_blocks = 400 + 200 * (seed as usize % 3);

@@ -54,13 +54,22 @@ fn a_lone_request_is_its_own_bound_and_the_simulator_meets_it() {
         by_hand += (-25.74 * p * p + 54.01 * p + 5.74f64).max(1.0);
     }
     let bound = step_lower_bounds(&c, &w).unwrap()[&0];
-    assert!((bound - by_hand / 1e3).abs() < 1e-9, "{bound} vs {by_hand} ms");
+    assert!(
+        (bound - by_hand / 1e3).abs() < 1e-9,
+        "{bound} vs {by_hand} ms"
+    );
     let s = Simulation::new(c, &w).unwrap().run().unwrap();
     let rl = s.rl.unwrap();
     let step = rl.step_time_s.max;
     // The engine counts whole blocks of KV in use, so it is slightly slower, never faster.
-    assert!(step >= bound - 1e-6 && step <= bound * 1.01, "{step} vs {bound}");
-    assert_eq!(rl.step_time_lower_bound_s.unwrap().max, (bound * 1e3).round() / 1e3);
+    assert!(
+        step >= bound - 1e-6 && step <= bound * 1.01,
+        "{step} vs {bound}"
+    );
+    assert_eq!(
+        rl.step_time_lower_bound_s.unwrap().max,
+        (bound * 1e3).round() / 1e3
+    );
 }
 
 /// Work over capacity: many short requests on one worker are bound by their total prefill.
@@ -107,7 +116,11 @@ fn no_policy_beats_the_step_bound_on_random_small_rl_workloads() {
             }),
         ];
         for w in &workloads {
-            for mode in [RouterMode::RoundRobin, RouterMode::LeastLoaded, RouterMode::Kv] {
+            for mode in [
+                RouterMode::RoundRobin,
+                RouterMode::LeastLoaded,
+                RouterMode::Kv,
+            ] {
                 let c = config(1 + seed as usize % 3, mode);
                 let bounds = step_lower_bounds(&c, w).unwrap();
                 let s = Simulation::new(c, w).unwrap().run().unwrap();

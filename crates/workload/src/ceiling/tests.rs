@@ -44,7 +44,10 @@ fn a_tiny_trace_by_hand() {
     assert_eq!(c.lru, 0.0);
     assert!((c.unbounded - 192.0 / 388.0).abs() < 1e-12);
     // Enough room: optimal reaches the unbounded figure.
-    assert_eq!(finite_ceilings(&w, &[0, 1, 2, 3], 64, 3).optimal, c.unbounded);
+    assert_eq!(
+        finite_ceilings(&w, &[0, 1, 2, 3], 64, 3).optimal,
+        c.unbounded
+    );
     assert_eq!(finite_ceilings(&w, &[0, 1, 2, 3], 64, 0).optimal, 0.0);
 }
 
