@@ -113,7 +113,10 @@ fn sim_writes_a_summary_and_a_report_that_renders() {
     );
     let dom = String::from_utf8_lossy(&dom.stdout);
     for column in ["<th>finite ceiling</th>", "<th>step bound s</th>"] {
-        assert!(dom.contains(column), "column {column} missing from the report");
+        assert!(
+            dom.contains(column),
+            "column {column} missing from the report"
+        );
     }
     for plot in [
         "TTFT CDF",

@@ -227,8 +227,15 @@ pub struct Summary {
     pub hit_rate: f64,
     /// Prompt tokens the router expected to be cached / all prompt tokens.
     pub predicted_hit_rate: f64,
-    /// The hit rate one unbounded cache would reach on this workload (block-weighted).
+    /// The hit rate one unbounded cache would reach on this workload, in the units of
+    /// `hit_rate` (router blocks, token-weighted, the last prompt token never cached): no
+    /// routing serves more.
     pub hit_rate_ceiling: f64,
+    /// The same over the workload's own blocks, block-weighted (a partial last block counts as
+    /// a whole hit): the figure `../shared/traces/README.md` quotes. Not comparable with
+    /// `hit_rate` where prompts are short or blocks large.
+    #[serde(default)]
+    pub hit_rate_ceiling_blocks: f64,
     /// The hit rate no routing can exceed with the fleet's combined KV capacity: one
     /// Belady-optimal cache of that size, token-weighted like `hit_rate` (simulator only).
     #[serde(default)]
@@ -368,7 +375,12 @@ impl SummaryBuilder<'_> {
             queue_ms: Stats::of(&mut queue),
             hit_rate: ratio(served, prompt),
             predicted_hit_rate: ratio(predicted, prompt),
-            hit_rate_ceiling: round3(self.workload.hit_rate_ceiling(&order)),
+            hit_rate_ceiling: round3(kvrouter_workload::ceiling::unbounded_ceiling(
+                self.workload,
+                &order,
+                self.config.router.kv_cache_block_size,
+            )),
+            hit_rate_ceiling_blocks: round3(self.workload.hit_rate_ceiling(&order)),
             hit_rate_ceiling_finite: finite.map(|f| round3(f.optimal)),
             hit_rate_lru_fleet: finite.map(|f| round3(f.lru)),
             output_tokens: output,

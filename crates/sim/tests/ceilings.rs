@@ -57,6 +57,7 @@ fn no_policy_beats_the_finite_ceiling_on_random_small_workloads() {
                     w.name, s.hit_rate, s.hit_rate_ceiling
                 );
                 assert!(s.hit_rate <= finite + 1e-3, "{ctx}");
+                assert!(finite <= s.hit_rate_ceiling + 1e-3, "{ctx}");
                 assert!(lru <= finite + 1e-3, "{ctx}");
             }
         }

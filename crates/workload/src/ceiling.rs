@@ -38,6 +38,29 @@ struct Access {
     counted: bool,
 }
 
+/// The unbounded ceiling alone (every computed block stays cached), token-weighted: the same
+/// units as a served hit rate, which it bounds whatever the routing.
+pub fn unbounded_ceiling(workload: &Workload, order: &[usize], block_size: usize) -> f64 {
+    let bs = block_size.max(1);
+    let mut seen: std::collections::HashSet<u64> = Default::default();
+    let (mut hits, mut tokens) = (0u64, 0u64);
+    for &i in order {
+        let req = &workload.requests[i];
+        tokens += u64::from(req.input_tokens);
+        let cap = (req.input_tokens.saturating_sub(1) as usize) / bs;
+        for (k, s) in workload.router_blocks(i, bs).sequence.iter().enumerate() {
+            if !seen.insert(s.0) && k < cap {
+                hits += 1;
+            }
+        }
+    }
+    if tokens == 0 {
+        0.0
+    } else {
+        (hits * bs as u64) as f64 / tokens as f64
+    }
+}
+
 /// Computes the ceilings for requests in `order`, router blocks of `block_size` tokens and a
 /// combined capacity of `capacity_blocks` blocks.
 pub fn finite_ceilings(

@@ -43,6 +43,7 @@ fn a_tiny_trace_by_hand() {
     // LRU with 2 blocks: C evicts A, so the third request finds no prefix; C was evicted again.
     assert_eq!(c.lru, 0.0);
     assert!((c.unbounded - 192.0 / 388.0).abs() < 1e-12);
+    assert_eq!(unbounded_ceiling(&w, &[0, 1, 2, 3], 64), c.unbounded);
     // Enough room: optimal reaches the unbounded figure.
     assert_eq!(
         finite_ceilings(&w, &[0, 1, 2, 3], 64, 3).optimal,
@@ -178,6 +179,7 @@ fn no_fleet_beats_the_optimal_ceiling_on_random_small_traces() {
             );
         }
         assert!(c.lru <= c.optimal + 1e-12 && c.optimal <= c.unbounded + 1e-12);
+        assert!((unbounded_ceiling(&w, &order, 64) - c.unbounded).abs() < 1e-12);
         let distinct: HashSet<u64> = order
             .iter()
             .flat_map(|&i| w.router_blocks(i, 64).sequence)
