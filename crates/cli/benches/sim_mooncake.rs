@@ -73,11 +73,11 @@ fn main() {
             r["ttft_ms"]["p50"].as_f64().unwrap(),
             r["ttft_ms"]["p99"].as_f64().unwrap(),
             r["hit_rate"].as_f64().unwrap(),
-            r["hit_rate_ceiling"].as_f64().unwrap(),
+            r["hit_rate_ceiling_blocks"].as_f64().unwrap(),
             r["sim_wall_s"]
         );
         means.push(r["ttft_ms"]["mean"].as_f64().unwrap());
-        assert!((r["hit_rate_ceiling"].as_f64().unwrap() - 0.366).abs() < 0.001);
+        assert!((r["hit_rate_ceiling_blocks"].as_f64().unwrap() - 0.366).abs() < 0.001);
     }
     assert!(
         means[0] > means[1] && means[1] > means[2],

@@ -398,29 +398,47 @@ fn finish(sim: Simulation<'_>) -> anyhow::Result<Summary> {
 pub(crate) fn print_table(runs: &[Summary]) {
     let rl = runs.iter().any(|r| r.rl.is_some());
     print!(
-        "| config | TTFT p50 ms | TTFT p99 ms | E2E p50 ms | hit rate | ceiling | output tok/s |"
+        "| config | TTFT p50 ms | TTFT p99 ms | E2E p50 ms | hit rate | ceiling | finite ceiling | output tok/s |"
     );
-    println!("{}", if rl { " step time s | GPU idle |" } else { "" });
-    print!("|---|---|---|---|---|---|---|");
-    println!("{}", if rl { "---|---|" } else { "" });
+    println!(
+        "{}",
+        if rl {
+            " step time s | step bound s | GPU idle |"
+        } else {
+            ""
+        }
+    );
+    print!("|---|---|---|---|---|---|---|---|");
+    println!("{}", if rl { "---|---|---|" } else { "" });
+    let opt =
+        |v: Option<f64>, decimals: usize| v.map_or("–".to_owned(), |v| format!("{v:.decimals$}"));
     for r in runs {
         print!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.0} |",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {} | {:.0} |",
             r.config,
             r.ttft_ms.p50,
             r.ttft_ms.p99,
             r.e2e_ms.p50,
             r.hit_rate,
             r.hit_rate_ceiling,
+            opt(r.hit_rate_ceiling_finite, 3),
             r.output_tokens_per_s
         );
+        let bound = |x: &kvrouter_sim::summary::RlSummary| {
+            opt(x.step_time_lower_bound_s.map(|b| b.mean), 2)
+        };
         match &r.rl {
             // A live bench cannot see GPU busy time.
             Some(x) if rl && r.router_mode == "live" => {
-                println!(" {:.2} | – |", x.step_time_s.mean)
+                println!(" {:.2} | {} | – |", x.step_time_s.mean, bound(x))
             }
-            Some(x) if rl => println!(" {:.2} | {:.3} |", x.step_time_s.mean, x.gpu_idle_fraction),
-            _ if rl => println!(" – | – |"),
+            Some(x) if rl => println!(
+                " {:.2} | {} | {:.3} |",
+                x.step_time_s.mean,
+                bound(x),
+                x.gpu_idle_fraction
+            ),
+            _ if rl => println!(" – | – | – |"),
             _ => println!(),
         }
     }

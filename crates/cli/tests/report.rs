@@ -50,6 +50,10 @@ fn sim_writes_a_summary_and_a_report_that_renders() {
         table.contains("| kv:router_predicted_ttl_secs=5 |"),
         "{table}"
     );
+    assert!(
+        table.contains("| finite ceiling |") && table.contains("| step bound s |"),
+        "{table}"
+    );
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     let runs = summary.as_array().unwrap();
@@ -73,6 +77,13 @@ fn sim_writes_a_summary_and_a_report_that_renders() {
             assert!(r["ttft_ms"][stat].is_number());
         }
         assert!(r["rl"]["step_time_s"]["max"].is_number());
+        // Physical limits: the finite-cache ceiling bounds the served hit rate, the step-time
+        // lower bound every step.
+        let finite = r["hit_rate_ceiling_finite"].as_f64().unwrap();
+        assert!(r["hit_rate"].as_f64().unwrap() <= finite + 1e-3);
+        assert!(r["hit_rate_lru_fleet"].is_number());
+        let bound = r["rl"]["step_time_lower_bound_s"]["max"].as_f64().unwrap();
+        assert!(bound > 0.0 && bound <= r["rl"]["step_time_s"]["max"].as_f64().unwrap());
         assert!(r["rl"]["gpu_idle_fraction"].is_number());
     }
 
@@ -101,6 +112,12 @@ fn sim_writes_a_summary_and_a_report_that_renders() {
         String::from_utf8_lossy(&dom.stderr)
     );
     let dom = String::from_utf8_lossy(&dom.stdout);
+    for column in ["<th>finite ceiling</th>", "<th>step bound s</th>"] {
+        assert!(
+            dom.contains(column),
+            "column {column} missing from the report"
+        );
+    }
     for plot in [
         "TTFT CDF",
         "Served prefix hit rate over time",
@@ -373,9 +390,9 @@ fn the_report_has_its_parameters_deltas_and_per_worker_load_and_nothing_overlaps
     ] {
         assert!(dom.contains(want), "{want} missing from the rendered report");
     }
-    // Two configurations against the baseline, a delta for each of 13 columns (12 without
-    // step time when a run has none; this workload has steps).
-    assert_eq!(dom.matches("class=\"delta\"").count(), 2 * 13);
+    // Two configurations against the baseline, a delta for each of 16 columns (fewer without
+    // step time and its bound when a run has none; this workload has steps).
+    assert_eq!(dom.matches("class=\"delta\"").count(), 2 * 16);
     assert_eq!(
         dom.matches("data-plot=\"Per-worker load over time").count(),
         3

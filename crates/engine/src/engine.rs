@@ -153,6 +153,12 @@ pub struct Engine {
     stats: EngineStats,
 }
 
+/// Content hash of block `b` of a block-mode request's output: a pure function of the engine
+/// seed and the prompt (as its generated tokens are), distinct from any trace block.
+fn output_block_content(seed: u64, salt: u64, b: usize) -> kvrouter_core::ids::ContentHash {
+    kvrouter_core::ids::ContentHash(mix(salt ^ mix(b as u64 ^ mix(seed ^ 0x6f75_7470_7574))))
+}
+
 /// The generated token at output position `index` of a request: a pure function of the engine
 /// seed and the prompt, like greedy decoding, so equal prompts produce equal outputs.
 fn filler_token(seed: u64, vocab_size: u32, salt: u64, index: u32) -> u32 {
@@ -490,8 +496,10 @@ impl Engine {
         }
         seq.computed = hit_tokens;
         seq.cached_upto = hit_blocks;
-        seq.hit_tokens = hit_tokens.min(seq.prompt_len);
         if !seq.admitted_once {
+            // Like vLLM's `num_cached_tokens`, set at the first scheduling only: a preempted
+            // request readmitted onto its own cached blocks did not find them in the cache.
+            seq.hit_tokens = hit_tokens.min(seq.prompt_len);
             seq.admitted_once = true;
             self.stats.prompt_tokens_total += u64::from(seq.prompt_len);
             self.stats.cached_tokens_total += u64::from(seq.hit_tokens);
@@ -515,11 +523,16 @@ impl Engine {
         while seq.cached_upto < full {
             let b = seq.cached_upto;
             if b == seq.block_seqs.len() {
-                // An output block: hashable only when the tokens are known.
-                let (Some(tokens), Some(hasher)) = (&seq.tokens, &seq.hasher) else {
-                    break;
+                // A block that ends in output: token mode hashes its tokens; block mode (trace
+                // replay) names it by what determines those tokens (the prompt, through
+                // `output_salt`, the engine seed and the position), so it is cached, evicted
+                // and announced as a real engine (and the mock engine) caches output blocks.
+                let content = match (&seq.tokens, &seq.hasher) {
+                    (Some(tokens), Some(hasher)) => {
+                        hasher.content_hash(&tokens[b * bs..(b + 1) * bs])
+                    }
+                    _ => output_block_content(self.config.seed, seq.output_salt, b),
                 };
-                let content = hasher.content_hash(&tokens[b * bs..(b + 1) * bs]);
                 let parent = seq.block_seqs.last().copied();
                 seq.content.push(content);
                 seq.block_seqs.push(chain(parent, content));

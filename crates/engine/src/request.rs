@@ -90,7 +90,8 @@ pub struct Finished {
     pub id: RequestId,
     /// Prompt tokens.
     pub prompt_tokens: u32,
-    /// Prompt tokens served from the prefix cache at its (last) admission.
+    /// Prompt tokens served from the prefix cache at its first admission (vLLM's
+    /// `num_cached_tokens`: a recompute after preemption does not count).
     pub cached_tokens: u32,
     /// Tokens generated.
     pub output_tokens: u32,

@@ -15,6 +15,7 @@
 //! - [`plan`]: the planner's search for the smallest fleet meeting a target.
 //! - [`plan_report`]: the planner's `report.html`.
 
+mod bounds;
 pub mod config;
 pub mod global;
 mod fleet_report;

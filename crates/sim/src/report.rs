@@ -392,7 +392,7 @@ fn gpu_idle(r: &Summary) -> f64 {
 /// The table's columns: header, value, decimals.
 type Column = (&'static str, fn(&Summary) -> Option<f64>, usize);
 
-const COLUMNS: [Column; 13] = [
+const COLUMNS: [Column; 16] = [
     ("TTFT p50 ms", |r| Some(r.ttft_ms.p50), 1),
     ("TTFT p90 ms", |r| Some(r.ttft_ms.p90), 1),
     ("TTFT p99 ms", |r| Some(r.ttft_ms.p99), 1),
@@ -403,11 +403,22 @@ const COLUMNS: [Column; 13] = [
     ("hit rate", |r| Some(r.hit_rate), 3),
     ("predicted", |r| Some(r.predicted_hit_rate), 3),
     ("ceiling", |r| Some(r.hit_rate_ceiling), 3),
+    ("finite ceiling", |r| r.hit_rate_ceiling_finite, 3),
+    ("fleet LRU", |r| r.hit_rate_lru_fleet, 3),
     ("GPU idle", |r| Some(gpu_idle(r)), 3),
     ("output tok/s", |r| Some(r.output_tokens_per_s), 0),
     (
         "step time s",
         |r| r.rl.as_ref().map(|rl| rl.step_time_s.mean),
+        2,
+    ),
+    (
+        "step bound s",
+        |r| {
+            r.rl.as_ref()
+                .and_then(|rl| rl.step_time_lower_bound_s)
+                .map(|b| b.mean)
+        },
         2,
     ),
 ];

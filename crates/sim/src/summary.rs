@@ -172,6 +172,10 @@ pub struct RlSummary {
     /// Context tokens computed again because of those aborts.
     #[serde(default)]
     pub tokens_recomputed: u64,
+    /// Per-step lower bound on the step time, seconds: the longest sample alone or the step's
+    /// work over the fleet's capacity, whichever is longer (see `bounds.rs`; simulator only).
+    #[serde(default)]
+    pub step_time_lower_bound_s: Option<Spread>,
 }
 
 /// The fleet at one planner tick.
@@ -292,8 +296,23 @@ pub struct Summary {
     pub hit_rate: f64,
     /// Prompt tokens the router expected to be cached / all prompt tokens.
     pub predicted_hit_rate: f64,
-    /// The hit rate one unbounded cache would reach on this workload (block-weighted).
+    /// The hit rate one unbounded cache would reach on this workload, in the units of
+    /// `hit_rate` (router blocks, token-weighted, the last prompt token never cached): no
+    /// routing serves more.
     pub hit_rate_ceiling: f64,
+    /// The same over the workload's own blocks, block-weighted (a partial last block counts as
+    /// a whole hit): the figure `../shared/traces/README.md` quotes. Not comparable with
+    /// `hit_rate` where prompts are short or blocks large.
+    #[serde(default)]
+    pub hit_rate_ceiling_blocks: f64,
+    /// The hit rate no routing can exceed with the fleet's combined KV capacity: one
+    /// Belady-optimal cache of that size, token-weighted like `hit_rate` (simulator only).
+    #[serde(default)]
+    pub hit_rate_ceiling_finite: Option<f64>,
+    /// What one LRU prefix cache of the fleet's combined capacity serves: a reference, not a
+    /// bound (simulator only).
+    #[serde(default)]
+    pub hit_rate_lru_fleet: Option<f64>,
     /// Output tokens generated for completed requests.
     pub output_tokens: u64,
     /// Output tokens per second of simulated time.
@@ -404,6 +423,17 @@ impl SummaryBuilder<'_> {
                 round3(a as f64 / b as f64)
             }
         };
+        let finite = (self.config.workers > 0).then(|| {
+            let engine = &self.config.engine;
+            let capacity =
+                self.config.workers as u64 * (engine.num_gpu_blocks + engine.num_cpu_blocks) as u64;
+            kvrouter_workload::ceiling::finite_ceilings(
+                self.workload,
+                &order,
+                self.config.router.kv_cache_block_size,
+                capacity,
+            )
+        });
         let timeline = self.timeline(start, ttft.clone());
         let mut rl = self.rl();
         let step_times = rl
@@ -429,7 +459,14 @@ impl SummaryBuilder<'_> {
             queue_ms: Stats::of(&mut queue),
             hit_rate: ratio(served, prompt),
             predicted_hit_rate: ratio(predicted, prompt),
-            hit_rate_ceiling: round3(self.workload.hit_rate_ceiling(&order)),
+            hit_rate_ceiling: round3(kvrouter_workload::ceiling::unbounded_ceiling(
+                self.workload,
+                &order,
+                self.config.router.kv_cache_block_size,
+            )),
+            hit_rate_ceiling_blocks: round3(self.workload.hit_rate_ceiling(&order)),
+            hit_rate_ceiling_finite: finite.map(|f| round3(f.optimal)),
+            hit_rate_lru_fleet: finite.map(|f| round3(f.lru)),
             output_tokens: output,
             output_tokens_per_s: round3(output as f64 / makespan),
             makespan_s: round3(makespan),
@@ -526,6 +563,11 @@ impl SummaryBuilder<'_> {
             gpu += paid;
             idle += paid - busy;
         }
+        let bounds = crate::bounds::step_lower_bounds(self.config, self.workload);
+        let mut bound_times: Vec<f64> = steps
+            .keys()
+            .filter_map(|k| bounds.as_ref()?.get(k).copied())
+            .collect();
         let mut group_times: Vec<f64> = groups
             .values()
             .map(|(a, b)| b.since(*a).as_secs_f64())
@@ -546,6 +588,7 @@ impl SummaryBuilder<'_> {
                     .count(),
                 update_aborts: self.records.iter().map(|r| r.update_aborts as usize).sum(),
                 tokens_recomputed: self.records.iter().map(|r| r.recomputed_tokens).sum(),
+                step_time_lower_bound_s: bounds.is_some().then(|| Spread::of(&mut bound_times)),
             },
             step_times,
         ))

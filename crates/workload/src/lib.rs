@@ -9,12 +9,14 @@
 //!
 //! # Layout
 //! - [`model`]: the workload and its requests; block-id → router-block mapping; the cache ceiling.
+//! - [`ceiling`]: hit-rate ceilings of a finite cache (Belady-optimal bound, LRU reference).
 //! - [`readers`]: Mooncake JSONL, agentic session JSON, our RL rollout JSONL; format detection.
 //! - [`generators`]: GRPO, multi-turn agentic and the seed-001 scenario (seeded).
 //! - [`replay`]: when each request starts (arrival times, turns, RL steps, closed loop).
 //! - [`seed002`]: seed 002's global-routing scenario (RL steps of agentic rollouts).
 //! - [`dist`]: the seeded log-normal and exponential draws the generators use.
 
+pub mod ceiling;
 pub mod dist;
 pub mod generators;
 pub mod model;

@@ -311,3 +311,92 @@ fn adapter_blocks_are_announced_in_their_namespace() {
         "no cache shared with the adapter"
     );
 }
+
+/// Stored blocks announced by a run, in chain order.
+fn stored(events: &[KvEvent]) -> usize {
+    events
+        .iter()
+        .map(|e| match e {
+            KvEvent::Stored { blocks, .. } => blocks.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// A trace (block-hash) prompt caches the blocks its output fills, as a token prompt (and a real
+/// engine) does: same blocks stored, announced and left in the cache, so the simulator sees
+/// the mock engine's cache pressure and KV events.
+#[test]
+fn hash_prompts_cache_their_output_blocks_like_token_prompts() {
+    let tokens: Vec<u32> = (0..18).collect();
+    let hashes = BlockHasher::new(4, &Default::default()).hash_blocks(&tokens[..16]);
+    let mut by_tokens = engine(small());
+    by_tokens.add_request(req(1, tokens, 11)).unwrap();
+    let (_, _, tok_events, _) = run(&mut by_tokens, Time::ZERO);
+    let mut by_hash = engine(small());
+    by_hash
+        .add_request(EngineRequest {
+            id: RequestId(1),
+            prompt: Prompt::Blocks {
+                blocks: hashes,
+                len_tokens: 18,
+            },
+            max_output_tokens: 11,
+        })
+        .unwrap();
+    let (_, _, hash_events, _) = run(&mut by_hash, Time::ZERO);
+    // 18 prompt + 10 computed output tokens = 28 = 7 full blocks: 4 prompt, 3 with output.
+    assert_eq!(stored(&tok_events), 7);
+    assert_eq!(stored(&hash_events), 7);
+    assert_eq!(
+        by_hash.stats().cached_blocks,
+        by_tokens.stats().cached_blocks
+    );
+}
+
+/// A preempted trace request recomputes its context from the cache, output blocks included.
+#[test]
+fn a_preempted_hash_request_hits_its_own_output_blocks() {
+    let mut e = engine(small());
+    let hashes = BlockHasher::new(4, &Default::default()).hash_blocks(&(0..8).collect::<Vec<_>>());
+    e.add_request(EngineRequest {
+        id: RequestId(1),
+        prompt: Prompt::Blocks {
+            blocks: hashes,
+            len_tokens: 8,
+        },
+        max_output_tokens: 20,
+    })
+    .unwrap();
+    let mut now = Time::ZERO;
+    // Prefill, then decode until 3 output blocks are full (8 + 12 computed tokens).
+    for _ in 0..13 {
+        now = e.step(now).unwrap().expect("work").end;
+    }
+    let mut preempted = Vec::new();
+    e.preempt(RequestId(1), &mut preempted);
+    let out = e.step(now).unwrap().expect("work");
+    // 8 prompt + 13 output tokens known, 5 full blocks: all hits on readmission, so only the
+    // last token is computed again (a decode step), not 13 tokens of prefill.
+    assert_eq!(e.seqs[&RequestId(1)].computed, 21);
+    assert_eq!((out.prefill_tokens, out.decode_seqs), (0, 1));
+}
+
+/// A request preempted and readmitted onto its own cached blocks reports the cache hits of its
+/// first admission (vLLM's `num_cached_tokens`), not its own recomputed prefix: served hit rates
+/// stay below what any cache could serve.
+#[test]
+fn a_preempted_request_reports_the_hits_of_its_first_admission() {
+    let mut e = engine(small());
+    e.add_request(req(1, (0..16).collect(), 20)).unwrap();
+    let mut now = Time::ZERO;
+    for _ in 0..5 {
+        now = e.step(now).unwrap().expect("work").end;
+    }
+    let mut preempted = Vec::new();
+    e.preempt(RequestId(1), &mut preempted);
+    let (_, finished, _, _) = run(&mut e, now);
+    assert_eq!(finished[0].preemptions, 1);
+    assert_eq!(finished[0].cached_tokens, 0);
+    assert_eq!(e.stats().cached_tokens_total, 0);
+}
