@@ -130,6 +130,8 @@ impl<'w> Simulation<'w> {
             config.profiles.clone()
         };
         let mut workers = Vec::with_capacity(config.workers);
+        let mut timings: Vec<std::sync::Arc<dyn kvrouter_engine::TimingModel>> =
+            Vec::with_capacity(config.workers);
         for w in 0..config.workers {
             let speed = config
                 .speed
@@ -143,6 +145,11 @@ impl<'w> Simulation<'w> {
             }
             let timing = kvrouter_engine::timing::by_name(&profiles[w % profiles.len()], speed)
                 .map_err(|e| SimError::Config(e.to_string()))?;
+            // The router's cost policy times its estimates with the engine's own model.
+            let model = kvrouter_engine::timing::by_name(&profiles[w % profiles.len()], speed)
+                .map_err(|e| SimError::Config(e.to_string()))?;
+            timings.push(std::sync::Arc::from(model));
+            router.set_worker_timing(WorkerId(w as u64), timings[w].clone());
             let rank = WorkerRank::new(WorkerId(w as u64), 0);
             let mut c = engine_config.clone();
             c.seed = c.seed.wrapping_add(w as u64);
@@ -173,6 +180,9 @@ impl<'w> Simulation<'w> {
                 replica
                     .add_worker(spec.clone())
                     .map_err(|e| SimError::Config(e.to_string()))?;
+            }
+            for (w, t) in timings.iter().enumerate() {
+                replica.set_worker_timing(WorkerId(w as u64), std::sync::Arc::clone(t));
             }
             if config.replica_sync {
                 replica.enable_replica_sync(ReplicaId(r as u64), usize::MAX);
@@ -447,6 +457,7 @@ impl<'w> Simulation<'w> {
                 rec.first_token.get_or_insert(at);
                 rec.last_token = Some(at);
                 let _ = self.router_of(i).first_token(t.id);
+                self.router_of(i).observe_first_token(t.id, at);
                 continue;
             } else if let Some(prev) = rec.last_token {
                 rec.itl_sum_ms += at.since(prev).as_secs_f64() * 1e3;
@@ -465,6 +476,8 @@ impl<'w> Simulation<'w> {
                 rec.served_cached = f.cached_tokens;
             }
             rec.output_tokens = rec.carried + f.output_tokens;
+            let (out, now) = (u64::from(rec.output_tokens), self.now);
+            self.router_of(i).observe_output(f.id, out, now);
             self.release(f.id);
             self.done(i);
             if let (Some(g), true) = (self.workload.requests[i].group, self.last_turn[i]) {

@@ -9,6 +9,7 @@
 
 pub mod admission;
 mod config;
+mod cost;
 mod effects;
 mod remote_event;
 mod replica;
@@ -21,6 +22,7 @@ pub use config::{
     ConfigError, KvRetention, RouterConfig, DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER,
     DEFAULT_QUEUE_MAX_REQUESTS, DEFAULT_QUEUE_MAX_WAIT_SECS,
 };
+pub use cost::FittedProfile;
 pub use effects::Effects;
 pub use replica::{RemoteError, RemoteEvent, REMOTE_ID_BASE};
 pub use request::{
@@ -67,6 +69,10 @@ pub struct Router {
     update: Option<update::UpdateCycle>,
     /// Other replicas' requests and holds, and this replica's outgoing events.
     replicas: replica::Replicas,
+    /// The `cost` policy's timing models and what it learned.
+    cost: cost::CostState,
+    /// The latest `now` a routing call passed in (stamps KV events, which carry no time).
+    last_now: Time,
 }
 
 impl Router {
@@ -101,6 +107,8 @@ impl Router {
             progress: BTreeMap::new(),
             update: None,
             replicas: replica::Replicas::default(),
+            cost: cost::CostState::default(),
+            last_now: Time::ZERO,
         })
     }
 
@@ -232,6 +240,8 @@ impl Router {
         if let (KvEvent::Cleared { .. }, Some(p)) = (event, &mut self.predicted) {
             p.clear_rank(rank);
         }
+        let now = self.last_now;
+        self.cost_event(event, now);
         self.index.apply(event)
     }
 
@@ -283,6 +293,7 @@ impl Router {
         if let Some(p) = &mut self.predicted {
             p.expire(now);
         }
+        self.last_now = self.last_now.max(now);
         let mode = self.config.router_mode;
         let allowed = self.allowed_ranks(request, mode)?;
         let eligible: Vec<(WorkerRank, RankLoad)> = allowed
@@ -307,15 +318,25 @@ impl Router {
                         as u64,
             })
             .collect();
-        let scores = policy::kv_scores(
+        let mut scores = policy::kv_scores(
             &candidates,
             request.isl_tokens,
             self.config.kv_cache_block_size,
             &self.config.kv_params(),
         );
+        let mut home = None;
+        if mode == RouterMode::Cost {
+            // The policy's own figure: expected seconds (docs/routing.md).
+            let estimates = self.cost_estimates(request, &candidates, now);
+            home = self.cost_home(request, &candidates, &estimates);
+            for (s, e) in scores.iter_mut().zip(&estimates) {
+                s.total = e.total;
+            }
+        }
         let sticky = self
             .session_rank(request, now)
-            .and_then(|r| candidates.iter().position(|c| c.rank == r));
+            .and_then(|r| candidates.iter().position(|c| c.rank == r))
+            .or(home);
         let grouped = match sticky {
             Some(_) => None,
             None => self.group_choice(request, &candidates),
@@ -353,6 +374,9 @@ impl Router {
             p.insert(rank, &request.blocks, now);
         }
         self.place_in_group(request, rank, now);
+        if mode == RouterMode::Cost {
+            self.cost_placed(request, rank, now);
+        }
         if let (Some(session), Some(ttl)) = (
             request.session,
             self.config.router_session_affinity_ttl_secs,
@@ -482,6 +506,7 @@ impl Router {
             RouterMode::Kv | RouterMode::Direct => {
                 policy::pick_by_cost(scores, self.config.router_temperature, &mut self.rng)
             }
+            RouterMode::Cost => policy::pick_by_cost(scores, 0.0, &mut self.rng),
         }
     }
 
