@@ -14,15 +14,18 @@
 //!   when `n > 0` (half the step in progress);
 //! - `TTFT = residual + ⌊X/B⌋·prefill_ms(B) + prefill_ms(X mod B) + ⌈X/B⌉·decode_now + network`;
 //! - the decode term uses the time-averaged footprint `F = K + O/2` before and
-//!   `F' = F + new KV + L/2` after, `itl = decode_ms(n, F)`, `itl' = decode_ms(n + 1, F')`:
+//!   `F' = F + new KV + L/2 + c·s·L` after (`s` siblings of its RL group already there, whose
+//!   lengths are correlated with its own: `c` is the learned coefficient of variation of group
+//!   lengths), `itl = decode_ms(n, F)`, `itl' = decode_ms(n + 1, F')`:
 //!   `decode = (L·itl' + n·(itl' − itl)·min(L, O/n)) / 1000` seconds: this request's own decode
 //!   time in that batch plus the slowdown it adds to the batch;
 //! - `cost = TTFT + λ·decode` (λ = `router_cost_decode_weight`, default 1: every second of
 //!   anyone's latency counts the same, i.e. the marginal increase of the fleet's summed
 //!   request latency).
 //!
-//! The argmin wins (ties uniformly by the seeded RNG).
+//! The argmin wins; ties go round the fleet in turn ([`argmin_rotating`]).
 
+use super::CandidateScore;
 use crate::timing::{StepShape, TimingModel};
 
 /// What the cost model needs to know about one candidate worker.
@@ -59,6 +62,11 @@ pub struct RequestPicture {
     pub expected_output: f64,
     /// One-way network delay to the candidate, seconds.
     pub network_s: f64,
+    /// Active requests of its RL group on the candidate (`s`).
+    pub siblings_here: u32,
+    /// Coefficient of variation of a group's length (`c`): siblings' lengths move together, so
+    /// each sibling already there is expected to run `c·L` longer alongside this one.
+    pub length_cv: f64,
 }
 
 /// One candidate's estimate, in seconds.
@@ -68,9 +76,11 @@ pub struct CostEstimate {
     pub ttft_s: f64,
     /// Own decode time plus the slowdown added to the batch.
     pub decode_s: f64,
+    /// This request's own uncached prefill time (no queue, no batch).
+    pub prefill_s: f64,
     /// Probability the cached prefix survives until it is used.
     pub survive: f64,
-    /// `ttft_s + λ·decode_s`.
+    /// `ttft_s + λ·decode_s + γ·prefill_s`.
     pub total: f64,
 }
 
@@ -111,12 +121,44 @@ pub fn chunked_prefill_ms<T: TimingModel + ?Sized>(t: &T, x: u64, b: u64, decode
     total + x.div_ceil(b) as f64 * decode_step
 }
 
-/// The estimate for one candidate. `decode_weight` is λ.
+/// The index of the lowest `total`; among candidates tied with it (within 1e-9 relative), the
+/// first at or after `cursor` in rotation, so a symmetric fleet is filled in turn as round-robin
+/// would (the host advances `cursor` once per decision). `scores` must not be empty.
+pub fn argmin_rotating(scores: &[CandidateScore], cursor: usize) -> usize {
+    assert!(!scores.is_empty(), "argmin_rotating needs a candidate");
+    let min = scores.iter().map(|s| s.total).fold(f64::INFINITY, f64::min);
+    let tol = 1e-9 * min.abs().max(1e-12);
+    let n = scores.len();
+    (0..n)
+        .map(|k| (cursor + k) % n)
+        .find(|&i| scores[i].total <= min + tol)
+        .unwrap_or(0)
+}
+
+/// The objective's weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostWeights {
+    /// λ: weight of the decode term.
+    pub decode: f64,
+    /// γ: weight of this request's own prefill time (the work it adds before later arrivals).
+    pub prefill: f64,
+}
+
+impl Default for CostWeights {
+    fn default() -> Self {
+        Self {
+            decode: 1.0,
+            prefill: 1.0,
+        }
+    }
+}
+
+/// The estimate for one candidate.
 pub fn estimate<T: TimingModel + ?Sized>(
     timing: &T,
     w: &WorkerPicture,
     r: &RequestPicture,
-    decode_weight: f64,
+    weights: CostWeights,
 ) -> CostEstimate {
     let cap = w.capacity_tokens.max(1);
     let n = u64::from(w.active_requests);
@@ -139,11 +181,13 @@ pub fn estimate<T: TimingModel + ?Sized>(
     let x = w.prefill_queue_tokens + r.isl_tokens - cached;
     let ttft_ms = residual + chunked_prefill_ms(timing, x, w.batch_tokens, decode_now);
     let ttft_s = ttft_ms / 1e3 + r.network_s;
+    let own_s = chunked_prefill_ms(timing, r.isl_tokens - cached, w.batch_tokens, 0.0) / 1e3;
 
     let l = r.expected_output.max(0.0);
     let footprint = k + w.expected_output_tokens.max(0.0) / 2.0;
     let itl = decode_ms(timing, n, footprint, cap);
-    let after = footprint + r.new_kv_tokens as f64 + l / 2.0;
+    let correlated = r.length_cv.max(0.0) * f64::from(r.siblings_here) * l;
+    let after = footprint + r.new_kv_tokens as f64 + l / 2.0 + correlated;
     let itl_after = decode_ms(timing, n + 1, after, cap);
     let others = if n > 0 {
         n as f64 * (itl_after - itl).max(0.0) * l.min(w.expected_output_tokens.max(0.0) / n as f64)
@@ -154,8 +198,9 @@ pub fn estimate<T: TimingModel + ?Sized>(
     CostEstimate {
         ttft_s,
         decode_s,
+        prefill_s: own_s,
         survive,
-        total: ttft_s + decode_weight * decode_s,
+        total: ttft_s + weights.decode * decode_s + weights.prefill * own_s,
     }
 }
 
@@ -164,6 +209,8 @@ mod tests {
     use super::*;
     use crate::timing::DynamoPoly;
     use proptest::prelude::*;
+
+    const W: CostWeights = CostWeights { decode: 1.0, prefill: 1.0 };
 
     /// The engine's loop, step by step: each step prefills at most `b` tokens and decodes the
     /// batch.
@@ -197,6 +244,8 @@ mod tests {
             new_kv_tokens: isl - cached.min(isl),
             expected_output: out,
             network_s: 0.0,
+            siblings_here: 0,
+            length_cv: 1.0,
         }
     }
 
@@ -214,27 +263,27 @@ mod tests {
         ) {
             let w = worker(q, n, u64::from(n) * 4096);
             let r = request(isl, cached, 100.0);
-            let e = estimate(&DynamoPoly, &w, &r, 1.0);
+            let e = estimate(&DynamoPoly, &w, &r, W);
             // Brute force: residual of the step in progress, then the loop over everything queued
             // and this request's uncached part.
             let decode_now = if n > 0 { decode_ms(&DynamoPoly, u64::from(n), w.kv_tokens as f64, w.capacity_tokens) } else { 0.0 };
             let residual = if n > 0 { 0.5 * (decode_now + DynamoPoly.prefill_ms(q.min(8192)).unwrap()) } else { 0.0 };
             let want = (residual + brute_force_prefill_ms(q + isl - cached.min(isl), 8192, decode_now)) / 1e3;
             prop_assert!((e.ttft_s - want).abs() < 1e-9, "{} vs {want}", e.ttft_s);
-            let more_queue = estimate(&DynamoPoly, &worker(q + 1000, n, w.kv_tokens), &r, 1.0);
+            let more_queue = estimate(&DynamoPoly, &worker(q + 1000, n, w.kv_tokens), &r, W);
             prop_assert!(more_queue.ttft_s >= e.ttft_s);
-            let more_cache = estimate(&DynamoPoly, &w, &request(isl, cached.min(isl) + 64, 100.0), 1.0);
+            let more_cache = estimate(&DynamoPoly, &w, &request(isl, cached.min(isl) + 64, 100.0), W);
             prop_assert!(more_cache.ttft_s <= e.ttft_s + 1e-12);
-            prop_assert!((e.total - (e.ttft_s + e.decode_s)).abs() < 1e-12);
+            prop_assert!((e.total - (e.ttft_s + e.decode_s + e.prefill_s)).abs() < 1e-12);
         }
     }
 
     #[test]
     fn an_idle_worker_starts_at_once_a_busy_one_finishes_its_step_first() {
         let r = request(200, 0, 0.0);
-        let idle = estimate(&DynamoPoly, &worker(0, 0, 0), &r, 1.0);
+        let idle = estimate(&DynamoPoly, &worker(0, 0, 0), &r, W);
         assert!((idle.ttft_s * 1e3 - DynamoPoly.prefill_ms(200).unwrap()).abs() < 1e-9);
-        let busy = estimate(&DynamoPoly, &worker(0, 4, 4096), &r, 1.0);
+        let busy = estimate(&DynamoPoly, &worker(0, 4, 4096), &r, W);
         assert!(busy.ttft_s > idle.ttft_s);
     }
 
@@ -242,11 +291,11 @@ mod tests {
     fn churn_discounts_a_prefix_that_would_be_evicted_before_use() {
         let r = request(8192, 8192, 0.0);
         let mut w = worker(100_000, 8, 8 * 4096);
-        let kept = estimate(&DynamoPoly, &w, &r, 1.0);
-        assert_eq!(kept.survive, 1.0);
+        let kept = estimate(&DynamoPoly, &w, &r, W);
+        assert_eq!(kept.survive, W);
         // A cache's worth of blocks every second: the ~2.5 s queue outlives the prefix.
         w.churn_blocks_per_s = (w.capacity_tokens / 64) as f64;
-        let churned = estimate(&DynamoPoly, &w, &r, 1.0);
+        let churned = estimate(&DynamoPoly, &w, &r, W);
         assert_eq!(churned.survive, 0.0);
         assert!(churned.ttft_s > kept.ttft_s);
     }
@@ -255,12 +304,24 @@ mod tests {
     fn a_long_expected_output_weighs_the_batch_it_joins() {
         // Same TTFT; one batch already holds much KV and long decodes ahead.
         let r = request(100, 0, 5000.0);
-        let light = estimate(&DynamoPoly, &worker(0, 8, 8 * 1000), &r, 1.0);
+        let light = estimate(&DynamoPoly, &worker(0, 8, 8 * 1000), &r, W);
         let mut heavy_w = worker(0, 8, 8 * 1000);
         heavy_w.expected_output_tokens = 8.0 * 20_000.0;
-        let heavy = estimate(&DynamoPoly, &heavy_w, &r, 1.0);
+        let heavy = estimate(&DynamoPoly, &heavy_w, &r, W);
         assert!((light.ttft_s - heavy.ttft_s).abs() < 1e-12);
         assert!(heavy.decode_s > light.decode_s);
-        assert!(estimate(&DynamoPoly, &heavy_w, &r, 0.0).total == heavy.ttft_s);
+        let ttft_only = CostWeights { decode: 0.0, prefill: 0.0 };
+        assert!(estimate(&DynamoPoly, &heavy_w, &r, ttft_only).total == heavy.ttft_s);
+    }
+
+    #[test]
+    fn siblings_already_there_make_a_worker_dearer_for_decode() {
+        let w = worker(0, 8, 8 * 1000);
+        let alone = estimate(&DynamoPoly, &w, &request(100, 0, 3000.0), W);
+        let mut r = request(100, 0, 3000.0);
+        r.siblings_here = 3;
+        let crowded = estimate(&DynamoPoly, &w, &r, W);
+        assert!(crowded.decode_s > alone.decode_s);
+        assert_eq!(crowded.ttft_s, alone.ttft_s);
     }
 }

@@ -22,10 +22,16 @@ struct Mean {
     seen: u64,
 }
 
+/// Coefficient of variation of group lengths assumed before eight grouped samples finished.
+pub const PRIOR_GROUP_CV: f64 = 1.0;
+
 /// Output lengths learned as requests finish.
 #[derive(Debug, Default)]
 pub struct OutputLengths {
     global: Option<f64>,
+    /// EMA of (group mean / global mean − 1)², and the grouped samples seen.
+    group_dev: f64,
+    grouped: u64,
     groups: FastMap<u64, Mean>,
     prompts: FastMap<u64, Mean>,
     tick: u64,
@@ -56,6 +62,9 @@ impl OutputLengths {
             m.sum += t;
             m.count += 1.0;
             m.seen = tick;
+            let dev = (m.sum / m.count) / self.global.unwrap_or(t).max(1.0) - 1.0;
+            self.grouped += 1;
+            self.group_dev += EMA.max(1.0 / self.grouped as f64) * (dev * dev - self.group_dev);
             forget_oldest(&mut self.groups);
         }
         if let Some(p) = prompt {
@@ -73,6 +82,16 @@ impl OutputLengths {
         }
     }
 
+    /// The coefficient of variation of a group's mean length around the global mean (how far
+    /// siblings move together), [`PRIOR_GROUP_CV`] until eight grouped samples finished.
+    pub fn group_cv(&self) -> f64 {
+        if self.grouped < 8 {
+            PRIOR_GROUP_CV
+        } else {
+            self.group_dev.sqrt()
+        }
+    }
+
     /// The expected output of a request: its group's finished siblings shrunk toward the prompt's
     /// history (or the global mean, or [`PRIOR_OUTPUT_TOKENS`]).
     pub fn expected(&self, group: Option<u64>, prompt: Option<u64>) -> f64 {
@@ -87,25 +106,26 @@ impl OutputLengths {
     }
 }
 
-/// Blocks stored per second on one worker, from KV events: an exponentially weighted rate with
-/// a time constant of [`Churn::WINDOW_S`].
+/// An exponentially weighted rate (amount per second) with a time constant of
+/// [`Rate::WINDOW_S`]: blocks stored per second (churn, from KV events), prefill seconds placed
+/// per second (utilisation).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Churn {
+pub struct Rate {
     rate: f64,
     last: Option<Time>,
 }
 
-impl Churn {
+impl Rate {
     /// Time constant of the rate, seconds.
     pub const WINDOW_S: f64 = 30.0;
 
-    /// `blocks` were stored at `now`.
-    pub fn stored(&mut self, blocks: u64, now: Time) {
+    /// `amount` happened at `now`.
+    pub fn add(&mut self, amount: f64, now: Time) {
         let decay = match self.last {
             Some(t) => (-now.since(t).as_secs_f64() / Self::WINDOW_S).exp(),
             None => 1.0,
         };
-        self.rate = self.rate * decay + blocks as f64 / Self::WINDOW_S;
+        self.rate = self.rate * decay + amount / Self::WINDOW_S;
         self.last = Some(now);
     }
 
@@ -191,11 +211,11 @@ mod tests {
 
     #[test]
     fn churn_rate_converges_to_the_stored_rate() {
-        let mut c = Churn::default();
+        let mut c = Rate::default();
         let mut now = Time::ZERO;
         for _ in 0..2000 {
             now = now + Duration::from_millis(100);
-            c.stored(10, now);
+            c.add(10.0, now);
         }
         // 10 blocks every 0.1 s = 100 blocks/s (discretisation error under 1 %).
         assert!((c.rate(now) - 100.0).abs() < 2.0, "{}", c.rate(now));

@@ -83,6 +83,9 @@ pub struct RouterConfig {
     /// batch) against TTFT, both in seconds. 1 (the default) minimises the marginal increase of
     /// the fleet's summed request latency.
     pub router_cost_decode_weight: f64,
+    /// `cost` mode: weight γ of the request's own uncached prefill time, beyond its TTFT: the
+    /// work it puts in front of later arrivals (and the cache it duplicates).
+    pub router_cost_prefill_weight: f64,
     /// `cost` mode: a session's next turn stays on the worker of its last turn unless another is
     /// cheaper by more than this fraction of the best cost (soft affinity).
     pub router_cost_session_margin: f64,
@@ -156,6 +159,7 @@ impl Default for RouterConfig {
             router_group_max_skew: 0,
             kv_retention: KvRetention::Flush,
             router_cost_decode_weight: 1.0,
+            router_cost_prefill_weight: 1.0,
             router_cost_session_margin: 0.1,
             router_cost_fit: false,
             seed: 0,
@@ -212,6 +216,10 @@ impl RouterConfig {
         finite_non_negative(
             self.router_cost_decode_weight,
             "--router-cost-decode-weight",
+        )?;
+        finite_non_negative(
+            self.router_cost_prefill_weight,
+            "--router-cost-prefill-weight",
         )?;
         finite_non_negative(
             self.router_cost_session_margin,

@@ -6,8 +6,8 @@ use super::{RouteRequest, Router};
 use crate::event::KvEvent;
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
-use crate::policy::cost::{estimate, CostEstimate, RequestPicture, WorkerPicture};
-use crate::policy::learn::{Churn, LineFit, OutputLengths};
+use crate::policy::cost::{estimate, CostEstimate, CostWeights, RequestPicture, WorkerPicture};
+use crate::policy::learn::{LineFit, OutputLengths, Rate};
 use crate::policy::Candidate;
 use crate::time::Time;
 use crate::timing::{DynamoPoly, StepShape, TimingError, TimingModel};
@@ -74,7 +74,9 @@ impl TimingModel for FittedProfile {
 pub(super) struct CostState {
     timing: BTreeMap<WorkerId, Arc<dyn TimingModel>>,
     fitted: BTreeMap<WorkerId, FittedProfile>,
-    churn: FastMap<WorkerRank, Churn>,
+    churn: FastMap<WorkerRank, Rate>,
+    /// Active requests per (rank, RL group).
+    siblings: FastMap<(WorkerRank, u64), u32>,
     outputs: OutputLengths,
     active: FastMap<RequestId, Active>,
     /// Σ expected output tokens of the active requests, per rank.
@@ -88,6 +90,14 @@ impl CostState {
         let a = self.active.remove(&id)?;
         if let Some(s) = self.expected_out.get_mut(&a.rank) {
             *s = (*s - a.expected).max(0.0);
+        }
+        if let Some(g) = a.group {
+            if let Some(n) = self.siblings.get_mut(&(a.rank, g)) {
+                *n -= 1;
+                if *n == 0 {
+                    self.siblings.remove(&(a.rank, g));
+                }
+            }
         }
         Some(a)
     }
@@ -161,7 +171,7 @@ impl Router {
                 .churn
                 .entry(event.rank())
                 .or_default()
-                .stored(blocks.len() as u64, now);
+                .add(blocks.len() as f64, now);
         }
     }
 
@@ -190,6 +200,7 @@ impl Router {
             .cost
             .outputs
             .expected(request.group, prompt_key(request));
+        let cv = self.cost.outputs.group_cv();
         candidates
             .iter()
             .map(|c| {
@@ -224,12 +235,20 @@ impl Router {
                     new_kv_tokens: c.new_blocks * bs,
                     expected_output: expected,
                     network_s: 0.0,
+                    siblings_here: request
+                        .group
+                        .and_then(|g| self.cost.siblings.get(&(c.rank, g)).copied())
+                        .unwrap_or(0),
+                    length_cv: cv,
                 };
                 estimate(
                     self.timing_of(c.rank.worker),
                     &w,
                     &r,
-                    self.config.router_cost_decode_weight,
+                    CostWeights {
+                        decode: self.config.router_cost_decode_weight,
+                        prefill: self.config.router_cost_prefill_weight,
+                    },
                 )
             })
             .collect()
@@ -276,6 +295,9 @@ impl Router {
         self.cost.forget_request(request.id);
         self.cost.active.insert(request.id, active);
         *self.cost.expected_out.entry(rank).or_default() += expected;
+        if let Some(g) = request.group {
+            *self.cost.siblings.entry((rank, g)).or_default() += 1;
+        }
         if let Some(s) = request.session {
             self.cost.homes.insert(s, (rank, now));
             if self.cost.homes.len() > MAX_SESSIONS {

@@ -355,6 +355,7 @@ impl Router {
         };
         let score = scores[chosen];
         let rank = score.rank;
+
         let block_size = self.config.kv_cache_block_size as u64;
         let cached_tokens =
             (u64::from(score.overlap.gpu_blocks) * block_size).min(request.isl_tokens);
@@ -506,7 +507,11 @@ impl Router {
             RouterMode::Kv | RouterMode::Direct => {
                 policy::pick_by_cost(scores, self.config.router_temperature, &mut self.rng)
             }
-            RouterMode::Cost => policy::pick_by_cost(scores, 0.0, &mut self.rng),
+            RouterMode::Cost => {
+                let i = policy::cost::argmin_rotating(scores, self.rr_cursor);
+                self.rr_cursor = self.rr_cursor.wrapping_add(1);
+                i
+            }
         }
     }
 
