@@ -580,6 +580,8 @@ impl Router {
 }
 
 #[cfg(test)]
+mod cost_tests;
+#[cfg(test)]
 mod effects_tests;
 #[cfg(test)]
 mod replica_tests;
