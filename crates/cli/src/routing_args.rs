@@ -88,7 +88,7 @@ pub(crate) struct RoutingArgs {
     router_index_max_blocks_per_worker: usize,
     /// `cost` mode: weight of the decode term (own decode time plus the slowdown added to the
     /// batch, seconds) against TTFT.
-    #[arg(help_heading = H::ROUTING, long, default_value_t = 1.0)]
+    #[arg(help_heading = H::ROUTING, long, default_value_t = 0.5)]
     router_cost_decode_weight: f64,
     /// `cost` mode: weight of the request's own uncached prefill time beyond its TTFT (the
     /// work it puts in front of later arrivals).

@@ -19,9 +19,10 @@
 //!   lengths), `itl = decode_ms(n, F)`, `itl' = decode_ms(n + 1, F')`:
 //!   `decode = (L·itl' + n·(itl' − itl)·min(L, O/n)) / 1000` seconds: this request's own decode
 //!   time in that batch plus the slowdown it adds to the batch;
-//! - `cost = TTFT + λ·decode` (λ = `router_cost_decode_weight`, default 1: every second of
-//!   anyone's latency counts the same, i.e. the marginal increase of the fleet's summed
-//!   request latency).
+//! - `own`: this request's own uncached prefill time (no queue, no batch);
+//! - `cost = TTFT + λ·decode + γ·own` (λ = `router_cost_decode_weight`, default 0.5: a second of
+//!   decode, the request's own or added to others, counts half a second of TTFT; γ =
+//!   `router_cost_prefill_weight`, default 1: the work it puts before later arrivals).
 //!
 //! The argmin wins; ties go round the fleet in turn ([`argmin_rotating`]).
 
@@ -147,7 +148,7 @@ pub struct CostWeights {
 impl Default for CostWeights {
     fn default() -> Self {
         Self {
-            decode: 1.0,
+            decode: 0.5,
             prefill: 1.0,
         }
     }
@@ -166,7 +167,8 @@ pub fn estimate<T: TimingModel + ?Sized>(
     let decode_now = decode_ms(timing, n, k, cap);
     // Half the step in progress; the queued prefill is counted whole in the chunks below.
     let residual = if n > 0 { 0.5 * decode_now } else { 0.0 };
-    let wait_ms = residual + chunked_prefill_ms(timing, w.prefill_queue_tokens, w.batch_tokens, decode_now);
+    let wait_ms =
+        residual + chunked_prefill_ms(timing, w.prefill_queue_tokens, w.batch_tokens, decode_now);
     let churn_tokens_per_s = w.churn_blocks_per_s * w.block_size.max(1) as f64;
     let survive = if churn_tokens_per_s > 0.0 {
         let turnover_s = cap as f64 / churn_tokens_per_s;
@@ -207,7 +209,10 @@ mod tests {
     use crate::timing::DynamoPoly;
     use proptest::prelude::*;
 
-    const W: CostWeights = CostWeights { decode: 1.0, prefill: 1.0 };
+    const W: CostWeights = CostWeights {
+        decode: 1.0,
+        prefill: 1.0,
+    };
 
     /// The engine's loop, step by step: each step prefills at most `b` tokens and decodes the
     /// batch.
@@ -307,7 +312,10 @@ mod tests {
         let heavy = estimate(&DynamoPoly, &heavy_w, &r, W);
         assert!((light.ttft_s - heavy.ttft_s).abs() < 1e-12);
         assert!(heavy.decode_s > light.decode_s);
-        let ttft_only = CostWeights { decode: 0.0, prefill: 0.0 };
+        let ttft_only = CostWeights {
+            decode: 0.0,
+            prefill: 0.0,
+        };
         assert!(estimate(&DynamoPoly, &heavy_w, &r, ttft_only).total == heavy.ttft_s);
     }
 

@@ -222,11 +222,7 @@ impl Router {
                         .unwrap_or(0.0),
                     capacity_tokens: capacity * bs,
                     batch_tokens: spec.max_num_batched_tokens.unwrap_or(8192),
-                    churn_blocks_per_s: self
-                        .cost
-                        .churn
-                        .get(&c.rank)
-                        .map_or(0.0, |ch| ch.rate(now)),
+                    churn_blocks_per_s: self.cost.churn.get(&c.rank).map_or(0.0, |ch| ch.rate(now)),
                     block_size: bs,
                 };
                 let r = RequestPicture {
@@ -272,12 +268,7 @@ impl Router {
     }
 
     /// Records a `cost` placement.
-    pub(super) fn cost_placed(
-        &mut self,
-        request: &RouteRequest,
-        rank: WorkerRank,
-        now: Time,
-    ) {
+    pub(super) fn cost_placed(&mut self, request: &RouteRequest, rank: WorkerRank, now: Time) {
         let expected = self
             .cost
             .outputs

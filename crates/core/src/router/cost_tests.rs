@@ -91,18 +91,26 @@ fn a_session_stays_home_unless_moving_is_clearly_cheaper() {
     let _ = r.finish(RequestId(1), at(10)).unwrap();
     // A little load at home: the other worker is cheaper, but not by the margin.
     let mut small = request(50, &tokens(50, 8));
-    small.pin = Some(Pin { worker: home.worker, dp_rank: None });
+    small.pin = Some(Pin {
+        worker: home.worker,
+        dp_rank: None,
+    });
     r.route(&small, at(11)).unwrap();
     let mut next = request(2, &tokens(6, 40));
     next.session = Some(9);
     let d = r.route(&next, at(12)).unwrap();
     let totals: Vec<f64> = d.candidates.iter().map(|c| c.total).collect();
-    assert!(totals.iter().any(|t| *t < d.candidates.iter().find(|c| c.rank == home).unwrap().total));
+    assert!(totals
+        .iter()
+        .any(|t| *t < d.candidates.iter().find(|c| c.rank == home).unwrap().total));
     assert_eq!(d.rank, home, "{totals:?}");
     let _ = r.finish(RequestId(2), at(13)).unwrap();
     // A long prefill queued at home: moving is clearly cheaper.
     let mut big = request(51, &tokens(51, 40_000));
-    big.pin = Some(Pin { worker: home.worker, dp_rank: None });
+    big.pin = Some(Pin {
+        worker: home.worker,
+        dp_rank: None,
+    });
     r.route(&big, at(14)).unwrap();
     let mut third = request(3, &tokens(7, 40));
     third.session = Some(9);
@@ -155,13 +163,22 @@ fn the_online_fit_learns_a_workers_prefill_line() {
     assert!(r.fitted_profile(WorkerId(0)).is_none());
     for i in 0..20u64 {
         let len = 100 + 100 * i as u32;
-        r.route(&request(i, &tokens(i as u32, len)), at(1000 * i)).unwrap();
+        r.route(&request(i, &tokens(i as u32, len)), at(1000 * i))
+            .unwrap();
         // TTFT = 10 ms + 0.02 ms per token to prefill.
         let ttft = 10.0 + 0.02 * f64::from(len);
-        r.observe_first_token(RequestId(i), at(1000 * i) + Duration::from_secs_f64(ttft / 1e3));
+        r.observe_first_token(
+            RequestId(i),
+            at(1000 * i) + Duration::from_secs_f64(ttft / 1e3),
+        );
         r.observe_output(RequestId(i), 10, at(1000 * i + 500));
         let _ = r.finish(RequestId(i), at(1000 * i + 500)).unwrap();
     }
-    let (a, b) = r.fitted_profile(WorkerId(0)).unwrap().prefill.line().unwrap();
+    let (a, b) = r
+        .fitted_profile(WorkerId(0))
+        .unwrap()
+        .prefill
+        .line()
+        .unwrap();
     assert!((a - 10.0).abs() < 0.1 && (b - 0.02).abs() < 1e-4, "{a} {b}");
 }
