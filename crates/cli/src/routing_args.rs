@@ -9,7 +9,8 @@ use kvrouter_core::router::{KvRetention, RouterConfig};
 /// The routing flags.
 #[derive(Debug, Args)]
 pub(crate) struct RoutingArgs {
-    /// Selection policy: round-robin, random, least-loaded, power-of-two, kv, direct.
+    /// Selection policy: round-robin, random, least-loaded, power-of-two, kv, cost (expected
+    /// seconds from the engines' timing model, docs/routing.md), direct.
     #[arg(help_heading = H::ROUTING, long, default_value = "kv")]
     pub(crate) router_mode: String,
     /// Sampling temperature of the KV policy (0 = lowest cost).
@@ -85,6 +86,22 @@ pub(crate) struct RoutingArgs {
     /// are evicted (kvrouter_index_evictions_total).
     #[arg(help_heading = H::KV_EVENTS, long, default_value_t = kvrouter_core::router::DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER)]
     router_index_max_blocks_per_worker: usize,
+    /// `cost` mode: weight of the decode term (own decode time plus the slowdown added to the
+    /// batch, seconds) against TTFT.
+    #[arg(help_heading = H::ROUTING, long, default_value_t = 0.5)]
+    router_cost_decode_weight: f64,
+    /// `cost` mode: weight of the request's own uncached prefill time beyond its TTFT (the
+    /// work it puts in front of later arrivals).
+    #[arg(help_heading = H::ROUTING, long, default_value_t = 1.0)]
+    router_cost_prefill_weight: f64,
+    /// `cost` mode: a session (x-session-id) moves off the worker of its last turn only when
+    /// another is cheaper by more than this fraction.
+    #[arg(help_heading = H::SESSIONS, long, default_value_t = 0.1)]
+    router_cost_session_margin: f64,
+    /// `cost` mode: fit each worker's step times online from the TTFT and inter-token latency
+    /// the router observes, instead of assuming the dynamo-poly profile.
+    #[arg(help_heading = H::ROUTING, long)]
+    router_cost_fit: bool,
     /// KV block size in tokens; must match the engines.
     #[arg(help_heading = H::ROUTING, long, default_value_t = 64)]
     pub(crate) kv_cache_block_size: usize,
@@ -127,6 +144,10 @@ impl RoutingArgs {
                 "retain" => KvRetention::Retain,
                 other => anyhow::bail!("--kv-retention: `{other}` is not flush or retain"),
             },
+            router_cost_decode_weight: self.router_cost_decode_weight,
+            router_cost_prefill_weight: self.router_cost_prefill_weight,
+            router_cost_session_margin: self.router_cost_session_margin,
+            router_cost_fit: self.router_cost_fit,
             seed: self.seed,
             ..RouterConfig::default()
         };

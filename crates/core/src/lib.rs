@@ -35,6 +35,7 @@ pub mod policy;
 pub mod rng;
 pub mod router;
 pub mod time;
+pub mod timing;
 
 pub use event::{BlockContent, KvEvent, Medium, StoredBlock};
 pub use hashing::{BlockHasher, BlockHashes, HashNamespace};

@@ -255,7 +255,13 @@ impl LoadGuard {
         let now = Instant::now();
         if self.attempt_first.is_none() {
             self.attempt_first = Some(now);
-            let _ = self.state.inner.lock_core().first_token(self.id);
+            let at = self.state.inner.now();
+            {
+                let mut core = self.state.inner.lock_core();
+                let _ = core.first_token(self.id);
+                // The cost policy's online fit (router_cost_fit) learns from the TTFT.
+                core.observe_first_token(self.id, at);
+            }
             self.state.inner.wake_queue();
         }
         if self.first_at.is_none() {
@@ -313,15 +319,6 @@ impl LoadGuard {
     fn finish_with(&mut self, usage: Option<Value>) {
         self.done = true;
         let inner = &self.state.inner;
-        inner.release(self.id, Release::Finished);
-        if let (Some(group), true) = (self.group, self.counts_as_sample) {
-            inner.group_sample_finished(group);
-        }
-        let m = &inner.metrics;
-        self.model
-            .duration
-            .observe(self.arrival.elapsed().as_secs_f64());
-        m.requests.inc(&self.labels("ok"));
         let output = self.carried
             + usage
                 .as_ref()
@@ -331,6 +328,18 @@ impl LoadGuard {
                 } else {
                     0
                 });
+        // The cost policy learns output lengths (per RL group, prompt and overall).
+        let at = inner.now();
+        inner.lock_core().observe_output(self.id, output, at);
+        inner.release(self.id, Release::Finished);
+        if let (Some(group), true) = (self.group, self.counts_as_sample) {
+            inner.group_sample_finished(group);
+        }
+        let m = &inner.metrics;
+        self.model
+            .duration
+            .observe(self.arrival.elapsed().as_secs_f64());
+        m.requests.inc(&self.labels("ok"));
         m.osl.observe(output as f64);
         if let Some(engine) = usage.as_ref().and_then(|u| u["prompt_tokens"].as_u64()) {
             self.check_prompt_tokens(engine);

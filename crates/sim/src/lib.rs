@@ -17,8 +17,8 @@
 
 mod bounds;
 pub mod config;
-pub mod global;
 mod fleet_report;
+pub mod global;
 pub mod perfetto;
 pub mod plan;
 pub mod plan_report;

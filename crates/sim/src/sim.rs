@@ -89,7 +89,14 @@ fn new_worker(
     profiles: &[String],
     w: usize,
     now: Time,
-) -> Result<(WorkerState, WorkerSpec), SimError> {
+) -> Result<
+    (
+        WorkerState,
+        WorkerSpec,
+        std::sync::Arc<dyn kvrouter_engine::TimingModel>,
+    ),
+    SimError,
+> {
     let mut engine_config = config.engine.clone();
     engine_config.block_size = config.router.kv_cache_block_size;
     let speed = config
@@ -103,6 +110,8 @@ fn new_worker(
         )));
     }
     let timing = kvrouter_engine::timing::by_name(&profiles[w % profiles.len()], speed)
+        .map_err(|e| SimError::Config(e.to_string()))?;
+    let model = kvrouter_engine::timing::by_name(&profiles[w % profiles.len()], speed)
         .map_err(|e| SimError::Config(e.to_string()))?;
     let rank = WorkerRank::new(WorkerId(w as u64), 0);
     let spec = WorkerSpec {
@@ -124,7 +133,7 @@ fn new_worker(
         lifecycle: fleet::Lifecycle::Serving,
         provisioned: (now, None),
     };
-    Ok((state, spec))
+    Ok((state, spec, std::sync::Arc::from(model)))
 }
 
 /// A simulation in progress.
@@ -188,9 +197,14 @@ impl<'w> Simulation<'w> {
             Router::new(config.router.clone()).map_err(|e| SimError::Config(e.to_string()))?;
         let profiles = profiles_of(&config);
         let mut workers = Vec::with_capacity(config.workers);
+        let mut timings: Vec<std::sync::Arc<dyn kvrouter_engine::TimingModel>> =
+            Vec::with_capacity(config.workers);
         for w in 0..config.workers {
-            let (state, spec) = new_worker(&config, &profiles, w, Time::ZERO)?;
+            let (state, spec, model) = new_worker(&config, &profiles, w, Time::ZERO)?;
             workers.push(state);
+            // The router's cost policy times its estimates with the engine's own model.
+            router.set_worker_timing(WorkerId(w as u64), std::sync::Arc::clone(&model));
+            timings.push(model);
             router
                 .add_worker(spec)
                 .map_err(|e| SimError::Config(e.to_string()))?;
@@ -203,6 +217,9 @@ impl<'w> Simulation<'w> {
                 replica
                     .add_worker(spec.clone())
                     .map_err(|e| SimError::Config(e.to_string()))?;
+            }
+            for (w, t) in timings.iter().enumerate() {
+                replica.set_worker_timing(WorkerId(w as u64), std::sync::Arc::clone(t));
             }
             if config.replica_sync {
                 replica.enable_replica_sync(ReplicaId(r as u64), usize::MAX);
@@ -494,6 +511,7 @@ impl<'w> Simulation<'w> {
                 }
                 rec.last_token = Some(at);
                 let _ = self.router_of(i).first_token(t.id);
+                self.router_of(i).observe_first_token(t.id, at);
                 continue;
             } else if let Some(prev) = rec.last_token {
                 rec.itl_sum_ms += at.since(prev).as_secs_f64() * 1e3;
@@ -512,6 +530,8 @@ impl<'w> Simulation<'w> {
                 rec.served_cached = f.cached_tokens;
             }
             rec.output_tokens = rec.carried + f.output_tokens;
+            let (out, now) = (u64::from(rec.output_tokens), self.now);
+            self.router_of(i).observe_output(f.id, out, now);
             self.release(f.id);
             self.done(i);
             if let (Some(g), true) = (self.workload.requests[i].group, self.last_turn[i]) {

@@ -4,10 +4,13 @@
 //! touch live worker state. The router builds the snapshot, the policy picks, the router commits.
 //!
 //! Layout: `kv_cost.rs` (the KV cost model and temperature sampling), `balance.rs` (round-robin,
-//! random, least-loaded, power-of-two).
+//! random, least-loaded, power-of-two), `cost.rs` (the `cost` policy: expected seconds from the
+//! engine's timing model), `learn.rs` (what it learns online: output lengths, churn, line fits).
 
 mod balance;
+pub mod cost;
 mod kv_cost;
+pub mod learn;
 
 pub use balance::{least_loaded, power_of_two, random_pick, round_robin};
 pub use kv_cost::{kv_scores, pick_by_cost, KvCostParams};
@@ -34,18 +37,22 @@ pub enum RouterMode {
     /// Lowest KV cost: prefix reuse against prefill and decode load.
     #[default]
     Kv,
+    /// Lowest expected time: TTFT plus decode slowdown in seconds, from the engine's timing
+    /// model (docs/routing.md).
+    Cost,
     /// The request names its worker (an upstream picker already chose).
     Direct,
 }
 
 impl RouterMode {
     /// Every mode, in documentation order.
-    pub const ALL: [RouterMode; 6] = [
+    pub const ALL: [RouterMode; 7] = [
         RouterMode::RoundRobin,
         RouterMode::Random,
         RouterMode::LeastLoaded,
         RouterMode::PowerOfTwo,
         RouterMode::Kv,
+        RouterMode::Cost,
         RouterMode::Direct,
     ];
 
@@ -57,6 +64,7 @@ impl RouterMode {
             RouterMode::LeastLoaded => "least-loaded",
             RouterMode::PowerOfTwo => "power-of-two",
             RouterMode::Kv => "kv",
+            RouterMode::Cost => "cost",
             RouterMode::Direct => "direct",
         }
     }
@@ -70,7 +78,7 @@ impl fmt::Display for RouterMode {
 
 /// An unknown mode name.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown router mode {0:?} (expected one of: round-robin, random, least-loaded, power-of-two, kv, direct)")]
+#[error("unknown router mode {0:?} (expected one of: round-robin, random, least-loaded, power-of-two, kv, cost, direct)")]
 pub struct UnknownMode(pub String);
 
 impl FromStr for RouterMode {

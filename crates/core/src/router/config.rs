@@ -79,6 +79,19 @@ pub struct RouterConfig {
     /// `flush` (the default) forgets it, so blocks computed under old weights never attract a
     /// new-policy request; `retain` keeps it, for users who accept cross-version KV reuse.
     pub kv_retention: KvRetention,
+    /// `cost` mode: weight λ of the decode term (own decode time plus the slowdown added to the
+    /// batch) against TTFT, both in seconds (default 0.5: chosen over the routing suite from
+    /// 0.5 and 1, one value for every workload; docs/routing.md).
+    pub router_cost_decode_weight: f64,
+    /// `cost` mode: weight γ of the request's own uncached prefill time, beyond its TTFT: the
+    /// work it puts in front of later arrivals (and the cache it duplicates).
+    pub router_cost_prefill_weight: f64,
+    /// `cost` mode: a session's next turn stays on the worker of its last turn unless another is
+    /// cheaper by more than this fraction of the best cost (soft affinity).
+    pub router_cost_session_margin: f64,
+    /// `cost` mode: fit each worker's step times online from observed TTFT and inter-token
+    /// latency (for engines given no timing profile) instead of assuming `dynamo-poly`.
+    pub router_cost_fit: bool,
     /// Seed of the randomized policies.
     pub seed: u64,
 }
@@ -145,6 +158,10 @@ impl Default for RouterConfig {
             router_session_affinity_ttl_secs: None,
             router_group_max_skew: 0,
             kv_retention: KvRetention::Flush,
+            router_cost_decode_weight: 0.5,
+            router_cost_prefill_weight: 1.0,
+            router_cost_session_margin: 0.1,
+            router_cost_fit: false,
             seed: 0,
         }
     }
@@ -196,6 +213,18 @@ impl RouterConfig {
             "must be at least 1",
         )?;
         finite_non_negative(self.router_temperature, "--router-temperature")?;
+        finite_non_negative(
+            self.router_cost_decode_weight,
+            "--router-cost-decode-weight",
+        )?;
+        finite_non_negative(
+            self.router_cost_prefill_weight,
+            "--router-cost-prefill-weight",
+        )?;
+        finite_non_negative(
+            self.router_cost_session_margin,
+            "--router-cost-session-margin",
+        )?;
         finite_non_negative(
             self.router_kv_overlap_score_credit,
             "--router-kv-overlap-score-credit",

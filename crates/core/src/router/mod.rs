@@ -10,6 +10,7 @@
 pub mod admission;
 mod cluster;
 mod config;
+mod cost;
 mod effects;
 mod remote_event;
 mod replica;
@@ -22,6 +23,7 @@ pub use config::{
     ConfigError, KvRetention, RouterConfig, DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER,
     DEFAULT_QUEUE_MAX_REQUESTS, DEFAULT_QUEUE_MAX_WAIT_SECS,
 };
+pub use cost::FittedProfile;
 pub use effects::Effects;
 pub use replica::{RemoteError, RemoteEvent, REMOTE_ID_BASE};
 pub use request::{
@@ -68,6 +70,10 @@ pub struct Router {
     update: Option<update::UpdateCycle>,
     /// Other replicas' requests and holds, and this replica's outgoing events.
     replicas: replica::Replicas,
+    /// The `cost` policy's timing models and what it learned.
+    cost: cost::CostState,
+    /// The latest `now` a routing call passed in (stamps KV events, which carry no time).
+    last_now: Time,
 }
 
 impl Router {
@@ -102,6 +108,8 @@ impl Router {
             progress: BTreeMap::new(),
             update: None,
             replicas: replica::Replicas::default(),
+            cost: cost::CostState::default(),
+            last_now: Time::ZERO,
         })
     }
 
@@ -233,6 +241,8 @@ impl Router {
         if let (KvEvent::Cleared { .. }, Some(p)) = (event, &mut self.predicted) {
             p.clear_rank(rank);
         }
+        let now = self.last_now;
+        self.cost_event(event, now);
         self.index.apply(event)
     }
 
@@ -284,6 +294,7 @@ impl Router {
         if let Some(p) = &mut self.predicted {
             p.expire(now);
         }
+        self.last_now = self.last_now.max(now);
         let mode = self.config.router_mode;
         let allowed = self.allowed_ranks(request, mode)?;
         let eligible: Vec<(WorkerRank, RankLoad)> = allowed
@@ -308,15 +319,25 @@ impl Router {
                         as u64,
             })
             .collect();
-        let scores = policy::kv_scores(
+        let mut scores = policy::kv_scores(
             &candidates,
             request.isl_tokens,
             self.config.kv_cache_block_size,
             &self.config.kv_params(),
         );
+        let mut home = None;
+        if mode == RouterMode::Cost {
+            // The policy's own figure: expected seconds (docs/routing.md).
+            let estimates = self.cost_estimates(request, &candidates, now);
+            home = self.cost_home(request, &candidates, &estimates);
+            for (s, e) in scores.iter_mut().zip(&estimates) {
+                s.total = e.total;
+            }
+        }
         let sticky = self
             .session_rank(request, now)
-            .and_then(|r| candidates.iter().position(|c| c.rank == r));
+            .and_then(|r| candidates.iter().position(|c| c.rank == r))
+            .or(home);
         let grouped = match sticky {
             Some(_) => None,
             None => self.group_choice(request, &candidates),
@@ -335,6 +356,7 @@ impl Router {
         };
         let score = scores[chosen];
         let rank = score.rank;
+
         let block_size = self.config.kv_cache_block_size as u64;
         let cached_tokens =
             (u64::from(score.overlap.gpu_blocks) * block_size).min(request.isl_tokens);
@@ -354,6 +376,9 @@ impl Router {
             p.insert(rank, &request.blocks, now);
         }
         self.place_in_group(request, rank, now);
+        if mode == RouterMode::Cost {
+            self.cost_placed(request, rank, now);
+        }
         if let (Some(session), Some(ttl)) = (
             request.session,
             self.config.router_session_affinity_ttl_secs,
@@ -483,6 +508,11 @@ impl Router {
             RouterMode::Kv | RouterMode::Direct => {
                 policy::pick_by_cost(scores, self.config.router_temperature, &mut self.rng)
             }
+            RouterMode::Cost => {
+                let i = policy::cost::argmin_rotating(scores, self.rr_cursor);
+                self.rr_cursor = self.rr_cursor.wrapping_add(1);
+                i
+            }
         }
     }
 
@@ -550,6 +580,8 @@ impl Router {
     }
 }
 
+#[cfg(test)]
+mod cost_tests;
 #[cfg(test)]
 mod effects_tests;
 #[cfg(test)]

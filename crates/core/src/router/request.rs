@@ -156,7 +156,8 @@ pub struct Decision {
     pub overlap: TierOverlap,
     /// Prompt tokens expected from the chosen rank's GPU cache.
     pub cached_tokens: u64,
-    /// Every eligible candidate's score (the KV cost breakdown, whatever the mode).
+    /// Every eligible candidate's score (the KV cost breakdown, whatever the mode; in `cost`
+    /// mode `total` is the policy's expected seconds).
     pub candidates: Vec<CandidateScore>,
     /// The policy version of the chosen worker.
     pub policy_version: u64,

@@ -185,12 +185,13 @@ impl Simulation<'_> {
         let profiles = profiles_of(&self.config);
         for _ in 0..n {
             let w = self.workers.len();
-            let (mut state, spec) = new_worker(&self.config, &profiles, w, self.now)?;
+            let (mut state, spec, model) = new_worker(&self.config, &profiles, w, self.now)?;
             state.lifecycle = Lifecycle::Starting;
             self.workers.push(state);
             self.router
                 .add_worker(spec)
                 .map_err(|e| SimError::Config(e.to_string()))?;
+            self.router.set_worker_timing(WorkerId(w as u64), model);
             self.router.set_available(WorkerId(w as u64), false);
             self.queue.push(self.now + startup, Event::WorkerReady(w));
         }

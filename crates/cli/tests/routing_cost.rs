@@ -1,0 +1,100 @@
+//! End to end: `kvrouter serve --router-mode cost` with mock workers drives the same core policy
+//! as `kvrouter sim`: a prompt whose prefix a worker holds goes there, and the decision reports
+//! the cost mode with its expected seconds.
+
+mod common;
+
+use serde_json::{json, Value};
+use std::time::Duration;
+
+fn chat(question: &str) -> Value {
+    let system = "You are a careful assistant. ".repeat(40);
+    json!({"model": "mock-model", "max_tokens": 3, "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": question}
+    ]})
+}
+
+async fn cached_blocks(client: &reqwest::Client, base: &str, worker: u64) -> u64 {
+    let list: Value = client
+        .get(format!("{base}/admin/workers"))
+        .bearer_auth("t0k")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    list["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["id"] == worker)
+        .unwrap()["ranks"][0]["cached_gpu_blocks"]
+        .as_u64()
+        .unwrap()
+}
+
+async fn send(client: &reqwest::Client, base: &str, body: &Value) -> (u64, Value, Value) {
+    let r = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let worker: u64 = r.headers()["x-kvrouter-worker"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let decision: Value =
+        serde_json::from_str(r.headers()["x-kvrouter-decision"].to_str().unwrap()).unwrap();
+    (worker, decision, r.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn cost_mode_serves_and_follows_the_cached_prefix() {
+    let proc = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "3",
+        "--mock-speedup-ratio",
+        "50",
+        "--router-mode",
+        "cost",
+        "--expose-decisions",
+        "--admin-token",
+        "t0k",
+    ])
+    .await;
+    let base = proc.http();
+    let client = reqwest::Client::new();
+    let (first, decision, _) = send(&client, &base, &chat("what is a KV cache?")).await;
+    assert_eq!(decision["mode"], "cost", "{decision}");
+    // Wait (bounded) for the worker's KV events to reach the index.
+    let mut cached = 0;
+    for _ in 0..200 {
+        cached = cached_blocks(&client, &base, first).await;
+        if cached >= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(cached >= 4, "the index learned the prompt ({cached})");
+    // Every worker is idle: the one holding the prefix has the shortest expected TTFT.
+    for i in 0..3 {
+        let (worker, decision, body) =
+            send(&client, &base, &chat(&format!("another question {i}"))).await;
+        assert_eq!(worker, first, "{decision}");
+        assert!(
+            body["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap()
+                >= 256,
+            "{body}"
+        );
+    }
+}

@@ -1,0 +1,302 @@
+//! The router's side of the `cost` policy: per-worker timing models, what it learns online
+//! (output lengths, churn, step-time fits) and the pick. The arithmetic is in
+//! [`crate::policy::cost`]; see docs/routing.md for the objective.
+
+use super::{RouteRequest, Router};
+use crate::event::KvEvent;
+use crate::fast_map::FastMap;
+use crate::ids::{RequestId, WorkerId, WorkerRank};
+use crate::policy::cost::{estimate, CostEstimate, CostWeights, RequestPicture, WorkerPicture};
+use crate::policy::learn::{LineFit, OutputLengths, Rate};
+use crate::policy::Candidate;
+use crate::time::Time;
+use crate::timing::{DynamoPoly, StepShape, TimingError, TimingModel};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Sessions remembered before the oldest half is forgotten.
+const MAX_SESSIONS: usize = 65_536;
+
+/// An active request as the cost policy tracks it.
+#[derive(Clone, Copy, Debug)]
+struct Active {
+    rank: WorkerRank,
+    expected: f64,
+    group: Option<u64>,
+    prompt: Option<u64>,
+    routed: Time,
+    /// Tokens the chosen worker had to prefill up to and including this request.
+    prefill_work: f64,
+}
+
+/// A step-time model fitted from what the router observes of one worker: prefill ms ≈ a + b·T
+/// from (tokens to prefill ahead and including a request, its TTFT), decode ms ≈ c + d·p from
+/// (KV fraction in use, mean inter-token latency). Used for workers given no profile when
+/// `router_cost_fit` is on; until each line has two distinct points it answers as `DynamoPoly`.
+#[derive(Clone, Copy, Debug)]
+pub struct FittedProfile {
+    /// TTFT against tokens to prefill.
+    pub prefill: LineFit,
+    /// Mean ITL against the KV fraction in use.
+    pub decode: LineFit,
+}
+
+impl Default for FittedProfile {
+    fn default() -> Self {
+        Self {
+            prefill: LineFit::new(512.0),
+            decode: LineFit::new(512.0),
+        }
+    }
+}
+
+impl TimingModel for FittedProfile {
+    fn prefill_ms(&self, tokens: u64) -> Result<f64, TimingError> {
+        match self.prefill.line() {
+            Some((a, b)) if tokens > 0 => Ok(a + b * tokens as f64),
+            _ => DynamoPoly.prefill_ms(tokens),
+        }
+    }
+
+    fn decode_ms(&self, shape: &StepShape) -> Result<f64, TimingError> {
+        match self.decode.line() {
+            Some((c, d)) => {
+                let p = shape.active_kv_tokens as f64 / shape.kv_capacity_tokens.max(1) as f64;
+                Ok((c + d * p).max(0.1))
+            }
+            None => DynamoPoly.decode_ms(shape),
+        }
+    }
+}
+
+/// The cost policy's state inside the router.
+#[derive(Debug, Default)]
+pub(super) struct CostState {
+    timing: BTreeMap<WorkerId, Arc<dyn TimingModel>>,
+    fitted: BTreeMap<WorkerId, FittedProfile>,
+    churn: FastMap<WorkerRank, Rate>,
+    /// Active requests per (rank, RL group).
+    siblings: FastMap<(WorkerRank, u64), u32>,
+    outputs: OutputLengths,
+    active: FastMap<RequestId, Active>,
+    /// Σ expected output tokens of the active requests, per rank.
+    expected_out: FastMap<WorkerRank, f64>,
+    /// Session → (rank of its last turn, when).
+    homes: FastMap<u64, (WorkerRank, Time)>,
+}
+
+impl CostState {
+    fn forget_request(&mut self, id: RequestId) -> Option<Active> {
+        let a = self.active.remove(&id)?;
+        if let Some(s) = self.expected_out.get_mut(&a.rank) {
+            *s = (*s - a.expected).max(0.0);
+        }
+        if let Some(g) = a.group {
+            if let Some(n) = self.siblings.get_mut(&(a.rank, g)) {
+                *n -= 1;
+                if *n == 0 {
+                    self.siblings.remove(&(a.rank, g));
+                }
+            }
+        }
+        Some(a)
+    }
+}
+
+/// The prompt key for per-prompt output history: the hash of its last full block.
+fn prompt_key(request: &RouteRequest) -> Option<u64> {
+    request.blocks.sequence.last().map(|h| h.0)
+}
+
+impl Router {
+    /// Times the `cost` policy's estimates for `worker` with `timing` (the profile the engine
+    /// runs; the simulator passes the engine model's own). Workers without one use
+    /// [`DynamoPoly`], or the online fit with `router_cost_fit`.
+    pub fn set_worker_timing(&mut self, worker: WorkerId, timing: Arc<dyn TimingModel>) {
+        self.cost.timing.insert(worker, timing);
+    }
+
+    /// A request's output length, known when it finishes: the `cost` policy learns per RL group,
+    /// per prompt and overall. Call before [`Router::finish`]; unknown ids are ignored.
+    pub fn observe_output(&mut self, id: RequestId, output_tokens: u64, now: Time) {
+        let Some(a) = self.cost.forget_request(id) else {
+            return;
+        };
+        self.cost.outputs.observe(output_tokens, a.group, a.prompt);
+        if self.config.router_cost_fit && output_tokens > 1 {
+            let spec = self.workers.get(&a.rank.worker);
+            let cap = spec.and_then(|s| s.kv_capacity_blocks).unwrap_or(1).max(1) as f64
+                * self.config.kv_cache_block_size as f64;
+            let kv = self.ledger.load(a.rank).active_decode_blocks as f64
+                * self.config.kv_cache_block_size as f64;
+            let itl = now.since(a.routed).as_secs_f64() * 1e3 / output_tokens as f64;
+            self.cost
+                .fitted
+                .entry(a.rank.worker)
+                .or_default()
+                .decode
+                .add(kv / cap, itl);
+        }
+    }
+
+    /// The request's first token arrived at `now`: with `router_cost_fit`, its TTFT feeds the
+    /// worker's prefill line.
+    pub fn observe_first_token(&mut self, id: RequestId, now: Time) {
+        if !self.config.router_cost_fit {
+            return;
+        }
+        if let Some(a) = self.cost.active.get(&id).copied() {
+            let ttft = now.since(a.routed).as_secs_f64() * 1e3;
+            self.cost
+                .fitted
+                .entry(a.rank.worker)
+                .or_default()
+                .prefill
+                .add(a.prefill_work, ttft);
+        }
+    }
+
+    /// The fitted profile of a worker, if any observation arrived.
+    pub fn fitted_profile(&self, worker: WorkerId) -> Option<FittedProfile> {
+        self.cost.fitted.get(&worker).copied()
+    }
+
+    pub(super) fn cost_released(&mut self, id: RequestId) {
+        self.cost.forget_request(id);
+    }
+
+    pub(super) fn cost_event(&mut self, event: &KvEvent, now: Time) {
+        if let KvEvent::Stored { blocks, .. } = event {
+            self.cost
+                .churn
+                .entry(event.rank())
+                .or_default()
+                .add(blocks.len() as f64, now);
+        }
+    }
+
+    fn timing_of(&self, worker: WorkerId) -> &dyn TimingModel {
+        if let Some(t) = self.cost.timing.get(&worker) {
+            return t.as_ref();
+        }
+        if self.config.router_cost_fit {
+            if let Some(f) = self.cost.fitted.get(&worker) {
+                return f;
+            }
+        }
+        &DynamoPoly
+    }
+
+    /// Every candidate's estimate, in candidate order.
+    pub(super) fn cost_estimates(
+        &self,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+        now: Time,
+    ) -> Vec<CostEstimate> {
+        let bs = self.config.kv_cache_block_size as u64;
+        let request_blocks = request.request_blocks(self.config.kv_cache_block_size);
+        let expected = self
+            .cost
+            .outputs
+            .expected(request.group, prompt_key(request));
+        let cv = self.cost.outputs.group_cv();
+        candidates
+            .iter()
+            .map(|c| {
+                let spec = &self.workers[&c.rank.worker];
+                let capacity = spec
+                    .kv_capacity_blocks
+                    .unwrap_or(self.config.router_index_max_blocks_per_worker as u64);
+                let held = request_blocks - c.new_blocks;
+                let cached_blocks = u64::from(c.overlap.gpu_blocks).max(held);
+                let w = WorkerPicture {
+                    prefill_queue_tokens: c.load.active_prefill_tokens,
+                    active_requests: c.load.active_requests,
+                    kv_tokens: c.load.active_decode_blocks * bs,
+                    expected_output_tokens: self
+                        .cost
+                        .expected_out
+                        .get(&c.rank)
+                        .copied()
+                        .unwrap_or(0.0),
+                    capacity_tokens: capacity * bs,
+                    batch_tokens: spec.max_num_batched_tokens.unwrap_or(8192),
+                    churn_blocks_per_s: self.cost.churn.get(&c.rank).map_or(0.0, |ch| ch.rate(now)),
+                    block_size: bs,
+                };
+                let r = RequestPicture {
+                    isl_tokens: request.isl_tokens,
+                    cached_tokens: cached_blocks * bs,
+                    new_kv_tokens: c.new_blocks * bs,
+                    expected_output: expected,
+                    network_s: 0.0,
+                    siblings_here: request
+                        .group
+                        .and_then(|g| self.cost.siblings.get(&(c.rank, g)).copied())
+                        .unwrap_or(0),
+                    length_cv: cv,
+                };
+                estimate(
+                    self.timing_of(c.rank.worker),
+                    &w,
+                    &r,
+                    CostWeights {
+                        decode: self.config.router_cost_decode_weight,
+                        prefill: self.config.router_cost_prefill_weight,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// The session's last rank among the candidates, if it is within the margin of the best:
+    /// soft affinity (a session moves only when that is clearly cheaper).
+    pub(super) fn cost_home(
+        &self,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+        estimates: &[CostEstimate],
+    ) -> Option<usize> {
+        let (rank, _) = self.cost.homes.get(&request.session?)?;
+        let h = candidates.iter().position(|c| c.rank == *rank)?;
+        let best = estimates
+            .iter()
+            .map(|e| e.total)
+            .fold(f64::INFINITY, f64::min);
+        (estimates[h].total <= best * (1.0 + self.config.router_cost_session_margin)).then_some(h)
+    }
+
+    /// Records a `cost` placement.
+    pub(super) fn cost_placed(&mut self, request: &RouteRequest, rank: WorkerRank, now: Time) {
+        let expected = self
+            .cost
+            .outputs
+            .expected(request.group, prompt_key(request));
+        // Called after the ledger recorded the request: its own prefill is in the queue.
+        let queued = self.ledger.load(rank).active_prefill_tokens;
+        let active = Active {
+            rank,
+            expected,
+            group: request.group,
+            prompt: prompt_key(request),
+            routed: now,
+            prefill_work: queued as f64,
+        };
+        self.cost.forget_request(request.id);
+        self.cost.active.insert(request.id, active);
+        *self.cost.expected_out.entry(rank).or_default() += expected;
+        if let Some(g) = request.group {
+            *self.cost.siblings.entry((rank, g)).or_default() += 1;
+        }
+        if let Some(s) = request.session {
+            self.cost.homes.insert(s, (rank, now));
+            if self.cost.homes.len() > MAX_SESSIONS {
+                let mut t: Vec<Time> = self.cost.homes.values().map(|v| v.1).collect();
+                t.sort_unstable();
+                let cut = t[t.len() / 2];
+                self.cost.homes.retain(|_, v| v.1 > cut);
+            }
+        }
+    }
+}

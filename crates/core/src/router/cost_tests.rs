@@ -1,0 +1,184 @@
+use super::tests::{request, router, store_event, tokens, BS};
+use super::*;
+use crate::policy::cost::{estimate, CostWeights, RequestPicture, WorkerPicture};
+use crate::timing::DynamoPoly;
+use proptest::prelude::*;
+use std::time::Duration;
+
+fn at(ms: u64) -> Time {
+    Time::ZERO + Duration::from_millis(ms)
+}
+
+/// The estimate for `rank` rebuilt from the router's public state alone (no learned lengths:
+/// the prior), the naive model the policy must agree with.
+fn naive_total(r: &Router, req: &RouteRequest, rank: WorkerRank) -> f64 {
+    let bs = BS as u64;
+    let load = r.load(rank);
+    let overlap = r.overlaps(req).get(rank).gpu_blocks as u64;
+    let held = r.ledger().held_prefix_blocks(rank, &req.blocks.sequence) as u64;
+    let capacity = r.config().router_index_max_blocks_per_worker as u64 * bs;
+    let w = WorkerPicture {
+        prefill_queue_tokens: load.active_prefill_tokens,
+        active_requests: load.active_requests,
+        kv_tokens: load.active_decode_blocks * bs,
+        expected_output_tokens: f64::from(load.active_requests) * 256.0,
+        capacity_tokens: capacity,
+        batch_tokens: 8192,
+        churn_blocks_per_s: 0.0,
+        block_size: bs,
+    };
+    let p = RequestPicture {
+        isl_tokens: req.isl_tokens,
+        cached_tokens: overlap.max(held) * bs,
+        new_kv_tokens: (req.request_blocks(BS) - held) * bs,
+        expected_output: 256.0,
+        network_s: 0.0,
+        siblings_here: 0,
+        length_cv: 1.0,
+    };
+    estimate(&DynamoPoly, &w, &p, CostWeights::default()).total
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn cost_mode_takes_the_argmin_of_the_naive_estimates(
+        loads in proptest::collection::vec((0u32..4, 1u32..600), 0..12),
+        cached_on in 0u64..4,
+        len in 1u32..800,
+    ) {
+        let mut r = router(RouterMode::Cost, 4);
+        let prompt = tokens(7, len);
+        r.apply_event(&store_event(cached_on, &prompt)).unwrap();
+        for (i, (w, l)) in loads.iter().enumerate() {
+            let mut q = request(100 + i as u64, &tokens(100 + i as u32, *l));
+            q.pin = Some(Pin { worker: WorkerId(u64::from(*w)), dp_rank: None });
+            r.route(&q, at(0)).unwrap();
+        }
+        let req = request(1, &prompt);
+        let naive: Vec<(WorkerRank, f64)> =
+            r.ranks().iter().map(|k| (*k, naive_total(&r, &req, *k))).collect();
+        let d = r.route(&req, at(1)).unwrap();
+        let min = naive.iter().map(|x| x.1).fold(f64::INFINITY, f64::min);
+        let chosen = naive.iter().find(|x| x.0 == d.rank).unwrap().1;
+        prop_assert!(chosen <= min * (1.0 + 1e-9), "chose {chosen}, min {min}: {naive:?} {:?}", d.candidates);
+        for s in &d.candidates {
+            let n = naive.iter().find(|x| x.0 == s.rank).unwrap().1;
+            prop_assert!((s.total - n).abs() <= 1e-9 * n.max(1e-9), "{} vs {n}", s.total);
+        }
+    }
+}
+
+#[test]
+fn a_sibling_burst_follows_the_first_before_any_kv_event() {
+    let mut r = router(RouterMode::Cost, 4);
+    let prompt = tokens(3, 4000);
+    let first = r.route(&request(1, &prompt), at(0)).unwrap();
+    // No KV event yet: the second copy sees the first's blocks in flight there.
+    let second = r.route(&request(2, &prompt), at(1)).unwrap();
+    assert_eq!(second.rank, first.rank);
+    // A request for another prompt goes to an idle worker.
+    let other = r.route(&request(3, &tokens(4, 4000)), at(2)).unwrap();
+    assert_ne!(other.rank, first.rank);
+}
+
+#[test]
+fn a_session_stays_home_unless_moving_is_clearly_cheaper() {
+    let mut r = router(RouterMode::Cost, 2);
+    let mut turn = request(1, &tokens(5, 40));
+    turn.session = Some(9);
+    let home = r.route(&turn, at(0)).unwrap().rank;
+    let _ = r.finish(RequestId(1), at(10)).unwrap();
+    // A little load at home: the other worker is cheaper, but not by the margin.
+    let mut small = request(50, &tokens(50, 8));
+    small.pin = Some(Pin {
+        worker: home.worker,
+        dp_rank: None,
+    });
+    r.route(&small, at(11)).unwrap();
+    let mut next = request(2, &tokens(6, 40));
+    next.session = Some(9);
+    let d = r.route(&next, at(12)).unwrap();
+    let totals: Vec<f64> = d.candidates.iter().map(|c| c.total).collect();
+    assert!(totals
+        .iter()
+        .any(|t| *t < d.candidates.iter().find(|c| c.rank == home).unwrap().total));
+    assert_eq!(d.rank, home, "{totals:?}");
+    let _ = r.finish(RequestId(2), at(13)).unwrap();
+    // A long prefill queued at home: moving is clearly cheaper.
+    let mut big = request(51, &tokens(51, 40_000));
+    big.pin = Some(Pin {
+        worker: home.worker,
+        dp_rank: None,
+    });
+    r.route(&big, at(14)).unwrap();
+    let mut third = request(3, &tokens(7, 40));
+    third.session = Some(9);
+    assert_ne!(r.route(&third, at(15)).unwrap().rank, home);
+}
+
+#[test]
+fn a_group_learned_long_spreads_its_siblings() {
+    let mut r = router(RouterMode::Cost, 2);
+    let prompt = tokens(8, 40);
+    // Ungrouped requests of 50 tokens, then group 1 finished a sample of 20,000 tokens and
+    // group 2 one of 50.
+    let mut finished = vec![(90u64, None, 50u64); 40];
+    finished.extend([(0, Some(1u64), 20_000u64), (0, Some(2), 50)]);
+    for (i, (_, g, out)) in finished.into_iter().enumerate() {
+        let id = 1000 + i as u64;
+        let mut q = request(id, &tokens(1000 + i as u32, 40));
+        q.group = g;
+        r.route(&q, at(0)).unwrap();
+        r.observe_output(RequestId(id), out, at(1));
+        let _ = r.finish(RequestId(id), at(1)).unwrap();
+    }
+    let mut a = request(1, &prompt);
+    a.group = Some(1);
+    let first = r.route(&a, at(2)).unwrap().rank;
+    let mut b = request(2, &prompt);
+    b.group = Some(1);
+    // The prefix is held on `first`, but the pair would decode ~10k tokens side by side there.
+    let d = r.route(&b, at(3)).unwrap();
+    assert_ne!(d.rank, first, "{:?}", d.candidates);
+    // Short siblings stay together with their prefix.
+    let mut c = request(3, &tokens(9, 4000));
+    c.group = Some(2);
+    let home = r.route(&c, at(4)).unwrap().rank;
+    let mut d = request(4, &tokens(9, 4000));
+    d.group = Some(2);
+    assert_eq!(r.route(&d, at(5)).unwrap().rank, home);
+}
+
+#[test]
+fn the_online_fit_learns_a_workers_prefill_line() {
+    let mut r = Router::new(RouterConfig {
+        router_mode: RouterMode::Cost,
+        kv_cache_block_size: BS,
+        router_cost_fit: true,
+        ..Default::default()
+    })
+    .unwrap();
+    r.add_worker(WorkerSpec::new(WorkerId(0))).unwrap();
+    assert!(r.fitted_profile(WorkerId(0)).is_none());
+    for i in 0..20u64 {
+        let len = 100 + 100 * i as u32;
+        r.route(&request(i, &tokens(i as u32, len)), at(1000 * i))
+            .unwrap();
+        // TTFT = 10 ms + 0.02 ms per token to prefill.
+        let ttft = 10.0 + 0.02 * f64::from(len);
+        r.observe_first_token(
+            RequestId(i),
+            at(1000 * i) + Duration::from_secs_f64(ttft / 1e3),
+        );
+        r.observe_output(RequestId(i), 10, at(1000 * i + 500));
+        let _ = r.finish(RequestId(i), at(1000 * i + 500)).unwrap();
+    }
+    let (a, b) = r
+        .fitted_profile(WorkerId(0))
+        .unwrap()
+        .prefill
+        .line()
+        .unwrap();
+    assert!((a - 10.0).abs() < 0.1 && (b - 0.02).abs() < 1e-4, "{a} {b}");
+}
