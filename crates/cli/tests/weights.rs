@@ -180,8 +180,10 @@ async fn publish_pull_fan_out_and_load_on_three_engines_losing_no_rollout() {
                 "mock-engine",
                 "--port",
                 "0",
+                // Slow enough that the step is still decoding when the update's abort
+                // arrives, even on a loaded machine (the pull comes first).
                 "--speedup-ratio",
-                "2",
+                "0.5",
                 "--weight-load-ms",
                 "100",
             ])
