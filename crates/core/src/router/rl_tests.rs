@@ -341,7 +341,7 @@ fn a_sized_group_counts_only_running_siblings_against_its_share() {
     for id in 0..8 {
         let d = r.route(&sized(id, 1, 8), Time::ZERO).unwrap();
         workers.insert(d.rank.worker.0);
-        r.finish(RequestId(id), Time::ZERO).unwrap();
+        let _ = r.finish(RequestId(id), Time::ZERO).unwrap();
     }
     assert_eq!(workers.into_iter().collect::<Vec<u64>>(), vec![0]);
     r.check_invariants().unwrap();
