@@ -187,6 +187,7 @@ impl Router {
         self.paused.remove(&id);
         self.index.remove_worker(id);
         self.index.set_worker_capacity(id, None);
+        self.ledger.forget_idle(id);
         if let Some(p) = &mut self.predicted {
             p.remove_worker(id);
         }
