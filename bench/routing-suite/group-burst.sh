@@ -2,8 +2,8 @@
 # Issue 16 (c) in the simulator: the peer harness's GRPO burst (8 groups × 8 samples sharing a
 # 2,000-token prefix, shuffled, closed loop at concurrency 8, 4 workers, 100 output tokens) with
 # and without group headers. `--group-sizes` is what `--group-headers` sends (id AND size); a
-# known size switches group placement to the fair-share cap, which ignores
-# --router-group-max-skew. Prints hit rate and distinct workers per group for each variant.
+# known size switches group placement to the fair-share cap of running siblings (bounded by
+# --router-group-max-skew when > 0). Prints hit rate and distinct workers per group for each variant.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-target/debug/kvrouter}

@@ -6,8 +6,9 @@
 //! from any state; every unit begun is released exactly once.
 
 use crate::fast_map::FastMap;
-use crate::ids::{RequestId, SequenceHash, WorkerRank};
+use crate::ids::{RequestId, SequenceHash, WorkerId, WorkerRank};
 use serde::{Deserialize, Serialize};
+use std::collections::hash_map::Entry;
 
 /// Why a ledger operation was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -193,18 +194,23 @@ impl LoadLedger {
         }
         state.load.active_decode_blocks -= active.load.private_blocks;
         for seq in &active.load.blocks {
-            if let Some(count) = state.blocks.get_mut(seq) {
-                *count -= 1;
-                if *count == 0 {
-                    state.blocks.remove(seq);
+            if let Entry::Occupied(mut count) = state.blocks.entry(*seq) {
+                *count.get_mut() -= 1;
+                if *count.get() == 0 {
+                    count.remove();
                     state.load.active_decode_blocks -= 1;
                 }
             }
         }
-        if state.load == RankLoad::default() {
-            self.ranks.remove(&active.load.rank);
-        }
+        // An idle rank keeps its (empty) state: its block map's allocation is reused by the
+        // next request instead of growing again block by block ([`LoadLedger::forget_idle`]).
         Ok(active.load)
+    }
+
+    /// Drops the state of `worker`'s idle ranks (a removed worker).
+    pub fn forget_idle(&mut self, worker: WorkerId) {
+        self.ranks
+            .retain(|r, state| r.worker != worker || state.load != RankLoad::default());
     }
 
     /// Active requests on `rank`, sorted by id.

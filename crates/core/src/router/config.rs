@@ -74,6 +74,7 @@ pub struct RouterConfig {
     /// at most this many more active requests than the least-loaded eligible one; beyond that
     /// they spill to the policy's choice, which becomes the group's worker. 0 (the default) turns
     /// it off: on decode-heavy GRPO steps keeping siblings together lengthens the step (sim).
+    /// Groups of a known size use a fair share of running siblings, bounded by this skew when > 0.
     pub router_group_max_skew: u32,
     /// What happens to a worker's cache picture when it starts serving another policy version:
     /// `flush` (the default) forgets it, so blocks computed under old weights never attract a

@@ -41,6 +41,7 @@ impl Router {
             .release(id)
             .map_err(|_| RouteError::UnknownRequest(id))?;
         self.cost_released(id);
+        self.group_released(id);
         if id.0 < super::REMOTE_ID_BASE {
             self.announce(|replica| super::RemoteEvent::Finish {
                 replica,

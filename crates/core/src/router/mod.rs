@@ -62,6 +62,8 @@ pub struct Router {
     unavailable: std::collections::BTreeSet<WorkerId>,
     /// RL group → where its siblings go.
     groups: BTreeMap<u64, rl::GroupHome>,
+    /// Running grouped requests placed here → (group, rank), to count running siblings.
+    group_members: crate::fast_map::FastMap<RequestId, (u64, WorkerRank)>,
     /// RL group → samples finished, for first-N-of-M and the group-tail queue policy.
     progress: BTreeMap<u64, rl::GroupProgress>,
     /// Workers paused by an operator (elastic membership), keeping their load and cache.
@@ -105,6 +107,7 @@ impl Router {
             unavailable: std::collections::BTreeSet::new(),
             paused: std::collections::BTreeSet::new(),
             groups: BTreeMap::new(),
+            group_members: Default::default(),
             progress: BTreeMap::new(),
             update: None,
             replicas: replica::Replicas::default(),
@@ -184,6 +187,7 @@ impl Router {
         self.paused.remove(&id);
         self.index.remove_worker(id);
         self.index.set_worker_capacity(id, None);
+        self.ledger.forget_idle(id);
         if let Some(p) = &mut self.predicted {
             p.remove_worker(id);
         }

@@ -297,7 +297,7 @@ impl Router {
             }
             RemoteEvent::Group { group, rank } => {
                 self.known_rank(rank)?;
-                self.record_group(group, rank, now);
+                self.record_group(group, rank, None, now);
                 Ok(Effects::default())
             }
             RemoteEvent::Version { worker, version } => {

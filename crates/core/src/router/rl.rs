@@ -2,7 +2,7 @@
 //! GRPO group placement.
 
 use super::{RouteError, RouteRequest, Router};
-use crate::ids::{WorkerId, WorkerRank};
+use crate::ids::{RequestId, WorkerId, WorkerRank};
 use crate::policy::Candidate;
 use crate::time::Time;
 use std::collections::BTreeMap;
@@ -15,14 +15,22 @@ const MAX_GROUPS: usize = 65_536;
 pub(super) struct GroupHome {
     /// The rank.
     pub(super) rank: WorkerRank,
-    /// Siblings placed there since it became the group's rank.
-    pub(super) placed: u32,
-    /// Siblings placed anywhere.
+    /// Siblings placed anywhere (here or at another replica).
     pub(super) total: u32,
-    /// Siblings placed per rank (a group spans few ranks).
-    pub(super) per_rank: Vec<(WorkerRank, u32)>,
+    /// Siblings placed here and still running, per rank (a group spans few ranks).
+    pub(super) running: Vec<(WorkerRank, u32)>,
     /// Last placement.
     pub(super) last: Time,
+}
+
+impl GroupHome {
+    /// Siblings of the group running on `rank` (placed by this replica).
+    fn running_on(&self, rank: WorkerRank) -> u32 {
+        self.running
+            .iter()
+            .find(|(r, _)| *r == rank)
+            .map_or(0, |(_, n)| *n)
+    }
 }
 
 /// How far a group is.
@@ -128,12 +136,14 @@ impl Router {
 
     /// Group placement: the candidate holding the request's group, while it keeps its share.
     ///
-    /// With the group's size known, a worker takes at most `ceil(size / k)` siblings in a row,
-    /// where `k` is the fewest workers that keep the group within a worker's fair share of the
-    /// active requests (the rest of the group included); the next sibling goes where the policy puts it
-    /// (usually beside the prefix) and that becomes the group's worker. Without a size, the
-    /// group's worker is used unless it carries more than `router_group_max_skew` active
-    /// requests above the least-loaded candidate (0 turns this off).
+    /// With the group's size known, the group's worker takes the sibling while fewer than
+    /// `ceil(size / k)` of the group's siblings are still running there, where `k` is the fewest
+    /// workers that keep the group within a worker's fair share of the active requests (the
+    /// siblings not placed yet included); otherwise the sibling goes where the policy puts it
+    /// (usually beside the prefix) and that becomes the group's worker. In both cases, with
+    /// `router_group_max_skew` > 0, the group's worker is used only while it carries at most that
+    /// many active requests above the least-loaded candidate (without a size, 0 turns grouping
+    /// off). Finished siblings do not count.
     pub(super) fn group_choice(
         &self,
         request: &RouteRequest,
@@ -141,18 +151,18 @@ impl Router {
     ) -> Option<usize> {
         let home = self.groups.get(&request.group?)?;
         let i = candidates.iter().position(|c| c.rank == home.rank)?;
-        if let Some(cap) = self.group_cap(request, candidates) {
-            return (home.placed < cap).then_some(i);
-        }
         let skew = self.config.router_group_max_skew;
-        if skew == 0 {
-            return None;
+        let within_skew = || {
+            let least = candidates.iter().map(|c| c.load.active_requests).min();
+            least.is_some_and(|l| candidates[i].load.active_requests <= l + skew)
+        };
+        if let Some(cap) = self.group_cap(request, candidates) {
+            return (home.running_on(home.rank) < cap && (skew == 0 || within_skew())).then_some(i);
         }
-        let least = candidates.iter().map(|c| c.load.active_requests).min()?;
-        (candidates[i].load.active_requests <= least + skew).then_some(i)
+        (skew > 0 && within_skew()).then_some(i)
     }
 
-    /// Siblings of a sized group one worker takes: `ceil(size / k)` with `k` the fewest
+    /// Running siblings of a sized group one worker takes: `ceil(size / k)` with `k` the fewest
     /// workers that keep the group within a fair share of the active requests, once the rest of
     /// the group is in.
     fn group_cap(&self, request: &RouteRequest, candidates: &[Candidate]) -> Option<u32> {
@@ -165,8 +175,8 @@ impl Router {
         Some(size.div_ceil(k))
     }
 
-    /// For a sized group leaving its worker: the candidates that have not taken their share of
-    /// it yet (`None`: no restriction).
+    /// For a sized group leaving its worker: the candidates running fewer than their share of
+    /// it (`None`: no restriction).
     pub(super) fn group_room(
         &self,
         request: &RouteRequest,
@@ -177,12 +187,7 @@ impl Router {
         let room: Vec<usize> = candidates
             .iter()
             .enumerate()
-            .filter(|(_, c)| {
-                home.per_rank
-                    .iter()
-                    .find(|(r, _)| *r == c.rank)
-                    .is_none_or(|(_, n)| *n < cap)
-            })
+            .filter(|(_, c)| home.running_on(c.rank) < cap)
             .map(|(i, _)| i)
             .collect();
         (!room.is_empty()).then_some(room)
@@ -200,31 +205,52 @@ impl Router {
             return;
         }
         let Some(group) = request.group else { return };
-        self.record_group(group, rank, now);
+        self.record_group(group, rank, Some(request.id), now);
     }
 
-    /// Records that a sibling of `group` went to `rank` (here or at another replica).
-    pub(super) fn record_group(&mut self, group: u64, rank: WorkerRank, now: Time) {
+    /// Records that a sibling of `group` went to `rank`: placed here (`id`, running until it
+    /// finishes) or at another replica (`None`: it moves the group's worker but is not counted
+    /// as running, since its finish is not tied to the group here).
+    pub(super) fn record_group(
+        &mut self,
+        group: u64,
+        rank: WorkerRank,
+        id: Option<RequestId>,
+        now: Time,
+    ) {
         let home = self.groups.entry(group).or_insert(GroupHome {
             rank,
-            placed: 0,
             total: 0,
-            per_rank: Vec::new(),
+            running: Vec::new(),
             last: now,
         });
-        if home.rank != rank {
-            home.rank = rank;
-            home.placed = 0;
-        }
-        home.placed += 1;
+        home.rank = rank;
         home.total += 1;
         home.last = now;
-        match home.per_rank.iter_mut().find(|(r, _)| *r == rank) {
-            Some((_, n)) => *n += 1,
-            None => home.per_rank.push((rank, 1)),
+        if let Some(id) = id {
+            match home.running.iter_mut().find(|(r, _)| *r == rank) {
+                Some((_, n)) => *n += 1,
+                None => home.running.push((rank, 1)),
+            }
+            self.group_members.insert(id, (group, rank));
         }
         if self.groups.len() > MAX_GROUPS {
             forget_idlest(&mut self.groups, |h| h.last);
+        }
+    }
+
+    /// A request finished or was cancelled: it no longer counts as a running sibling.
+    pub(super) fn group_released(&mut self, id: RequestId) {
+        let Some((group, rank)) = self.group_members.remove(&id) else {
+            return;
+        };
+        if let Some(home) = self.groups.get_mut(&group) {
+            if let Some(k) = home.running.iter().position(|(r, _)| *r == rank) {
+                home.running[k].1 = home.running[k].1.saturating_sub(1);
+                if home.running[k].1 == 0 {
+                    home.running.swap_remove(k);
+                }
+            }
         }
     }
 

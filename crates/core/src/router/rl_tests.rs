@@ -329,3 +329,49 @@ fn a_request_no_worker_will_ever_serve_leaves_the_queue_after_the_max_wait() {
         Some(1024)
     );
 }
+
+#[test]
+fn a_sized_group_counts_only_running_siblings_against_its_share() {
+    // Idle fleet of 4, group of 8 whose prompt worker 0 holds, sent one at a time (each sibling
+    // finishes before the next): nothing runs beside it, so every sibling stays with the prefix.
+    // Counting finished siblings as load spread the group over every worker.
+    let mut r = router(RouterMode::Kv, 4);
+    r.apply_event(&store_event(0, &tokens(1, 8))).unwrap();
+    let mut workers = std::collections::BTreeSet::new();
+    for id in 0..8 {
+        let d = r.route(&sized(id, 1, 8), Time::ZERO).unwrap();
+        workers.insert(d.rank.worker.0);
+        let _ = r.finish(RequestId(id), Time::ZERO).unwrap();
+    }
+    assert_eq!(workers.into_iter().collect::<Vec<u64>>(), vec![0]);
+    r.check_invariants().unwrap();
+}
+
+#[test]
+fn the_skew_bound_applies_to_a_sized_group_too() {
+    // Busy fleet (12 active each): a fair share keeps a group of 8 on one worker, but with
+    // `router_group_max_skew` 2 the group's worker takes siblings only while it carries at most
+    // 2 active requests above the least-loaded worker.
+    let config = RouterConfig {
+        router_mode: RouterMode::Kv,
+        kv_cache_block_size: BS,
+        router_group_max_skew: 2,
+        ..Default::default()
+    };
+    let mut busy = Router::new(config).unwrap();
+    for w in 0..4 {
+        busy.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+    }
+    for id in 0..48 {
+        busy.route(&request(100 + id, &tokens(100 + id as u32, 8)), Time::ZERO)
+            .unwrap();
+    }
+    let mut per_worker = std::collections::BTreeMap::new();
+    for id in 0..8 {
+        let d = busy.route(&sized(id, 2, 8), Time::ZERO).unwrap();
+        *per_worker.entry(d.rank.worker.0).or_insert(0u32) += 1;
+    }
+    assert!(per_worker.len() > 1, "spread past the skew: {per_worker:?}");
+    assert!(per_worker.values().all(|n| *n <= 3), "{per_worker:?}");
+    busy.check_invariants().unwrap();
+}
