@@ -188,7 +188,11 @@ impl std::str::FromStr for PlannerTarget {
 
     /// `POOL=NAMESPACE/deployment/NAME` or `POOL=NAMESPACE/statefulset/NAME`.
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("{s:?}: expected POOL=NAMESPACE/deployment/NAME or POOL=NAMESPACE/statefulset/NAME");
+        let bad = || {
+            format!(
+                "{s:?}: expected POOL=NAMESPACE/deployment/NAME or POOL=NAMESPACE/statefulset/NAME"
+            )
+        };
         let (pool, rest) = s.split_once('=').ok_or_else(bad)?;
         let parts: Vec<&str> = rest.split('/').collect();
         let [namespace, kind, name] = parts.as_slice() else {

@@ -54,7 +54,11 @@ pub(crate) struct Actuator {
 impl Actuator {
     /// No I/O: the client is built by [`spawn`]'s task.
     pub(crate) fn new(config: PlannerAct) -> Self {
-        let targets = config.targets.iter().map(|_| TargetState::default()).collect();
+        let targets = config
+            .targets
+            .iter()
+            .map(|_| TargetState::default())
+            .collect();
         Self {
             config,
             state: Mutex::new(State {
@@ -203,7 +207,11 @@ impl Actuator {
         let name = format!("{prefix}planner_actions_total");
         let _ = writeln!(out, "# HELP {name} Scale patches the planner made, by pool and direction.\n# TYPE {name} counter");
         for ((pool, dir), n) in &s.actions {
-            let _ = writeln!(out, "{name}{{pool=\"{}\",direction=\"{dir}\"}} {n}", esc(pool));
+            let _ = writeln!(
+                out,
+                "{name}{{pool=\"{}\",direction=\"{dir}\"}} {n}",
+                esc(pool)
+            );
         }
         let name = format!("{prefix}planner_action_failures_total");
         let _ = writeln!(out, "# HELP {name} Kubernetes API calls of the planner that failed (retried next tick), by pool and call.\n# TYPE {name} counter");
