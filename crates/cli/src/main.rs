@@ -10,6 +10,7 @@ mod logging;
 mod mock_engine;
 mod picker_args;
 mod plan;
+mod planner_act_args;
 mod planner_args;
 mod print_config;
 mod routing_args;

@@ -27,6 +27,9 @@ pub(crate) struct ServeArgs {
     /// The planner's bounds, targets and windows.
     #[command(flatten)]
     planner: crate::planner_args::PlannerArgs,
+    /// Acting on the recommendations (Kubernetes).
+    #[command(flatten)]
+    planner_act: crate::planner_act_args::PlannerActArgs,
     /// Address to listen on.
     #[arg(help_heading = H::LISTEN, long, default_value = "127.0.0.1")]
     host: String,
@@ -500,7 +503,10 @@ impl ServeArgs {
             replica_sync: self.replica_sync()?,
             picks: self.picker.picks()?,
             cluster_summary: self.global.summary()?,
-            planner: match self.planner_advise {
+            planner_act: self
+                .planner_act
+                .config(self.planner.config()?.min_workers)?,
+            planner: match self.planner_advise || self.planner_act.enabled() {
                 true => Some(kvrouter_server::config::PlannerAdvice {
                     law: self.planner.config()?,
                     tick: std::time::Duration::from_secs_f64(self.planner.planner_tick_s),

@@ -228,6 +228,9 @@ async fn metrics(State(s): State<AppState>) -> Response {
     if let Some(planner) = &inner.planner {
         planner.render(&mut out, "kvrouter_");
     }
+    if let Some(act) = &inner.planner_act {
+        act.render(&mut out, "kvrouter_");
+    }
     let t = inner.tokenizer.stats();
     let _ = writeln!(out, "# HELP kvrouter_tokenizer_cache_segments_total Prompt segments tokenized or served from the cache.\n# TYPE kvrouter_tokenizer_cache_segments_total counter");
     let _ = writeln!(out, "kvrouter_tokenizer_cache_segments_total{{result=\"hit\"}} {}\nkvrouter_tokenizer_cache_segments_total{{result=\"miss\"}} {}", t.hits, t.misses);
@@ -461,7 +464,13 @@ async fn policy_update(State(s): State<AppState>, body: Bytes) -> Result<Respons
 /// signals they came from (`--planner-advise`; 404 without it).
 async fn planner_status(State(s): State<AppState>) -> Result<Json<Value>, ServeError> {
     match &s.inner.planner {
-        Some(p) => Ok(Json(p.status())),
+        Some(p) => {
+            let mut status = p.status();
+            if let Some(act) = &s.inner.planner_act {
+                status["actuation"] = act.status();
+            }
+            Ok(Json(status))
+        }
         None => Err(ServeError::NotFound(
             "the planner's advisory mode is off: start serve with --planner-advise".into(),
         )),

@@ -22,6 +22,8 @@
 //! - [`otel`]: OTLP trace export of sampled requests' timelines.
 //! - `update_metrics`: the weight-update cycle's gauges on `/metrics`.
 //! - `queue`: the driver that places queued requests when load changes or deadlines pass.
+//! - `planner_act`: the planner acting on Kubernetes (`--planner-act`): scale subresources
+//!   patched within the bounds, a shared GPU budget and a cool-down.
 //! - `planner`: the planner's advisory mode (`--planner-advise`): live signals per model pool
 //!   into the core's control law, `GET /admin/planner` and its gauge.
 //! - `error`: the one mapping from errors to HTTP responses.
@@ -55,6 +57,7 @@ pub mod otel;
 mod picks;
 pub mod placement;
 mod planner;
+mod planner_act;
 mod pools;
 pub mod provenance;
 mod queue;
@@ -135,6 +138,7 @@ pub async fn start(
     }
     let driver = queue::spawn(state.inner.clone());
     let advisor = planner::spawn(state.inner.clone());
+    let actuator = planner_act::spawn(state.inner.clone());
     let discovery = config
         .discovery
         .as_ref()
@@ -151,6 +155,9 @@ pub async fn start(
         .await;
         driver.abort();
         if let Some(task) = advisor {
+            task.abort();
+        }
+        if let Some(task) = actuator {
             task.abort();
         }
         for task in discovery.iter().flatten() {

@@ -113,6 +113,25 @@ impl Advisor {
         state.last = Some((rec, signals, now.as_secs_f64()));
     }
 
+    /// The control law's bounds.
+    pub(crate) fn law(&self) -> &kvrouter_core::planner::PlannerConfig {
+        &self.config.law
+    }
+
+    /// Time between ticks.
+    pub(crate) fn tick_interval(&self) -> Duration {
+        self.config.tick
+    }
+
+    /// Each pool's latest recommendation.
+    pub(crate) fn recommendations(&self) -> BTreeMap<String, Recommendation> {
+        let pools = self.pools.lock().expect("planner lock");
+        pools
+            .iter()
+            .filter_map(|(name, p)| Some((name.clone(), p.last.as_ref()?.0.clone())))
+            .collect()
+    }
+
     /// `GET /admin/planner`.
     pub(crate) fn status(&self) -> Value {
         let pools = self.pools.lock().expect("planner lock");

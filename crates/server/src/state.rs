@@ -91,6 +91,8 @@ pub(crate) struct Inner {
     pub(crate) replica: crate::replica_state::ReplicaState,
     /// The planner's advisory mode (`--planner-advise`).
     pub(crate) planner: Option<crate::planner::Advisor>,
+    /// The planner acting on Kubernetes (`--planner-act`).
+    pub(crate) planner_act: Option<crate::planner_act::Actuator>,
 }
 
 impl Inner {
@@ -374,6 +376,10 @@ impl AppState {
             Some(p) => Some(crate::planner::Advisor::new(p.clone())?),
             None => None,
         };
+        let planner_act = config
+            .planner_act
+            .clone()
+            .map(crate::planner_act::Actuator::new);
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -399,6 +405,7 @@ impl AppState {
                 lifecycle: Default::default(),
                 replica,
                 planner,
+                planner_act,
             }),
         })
     }

@@ -28,8 +28,11 @@
 //!
 //! # Layout
 //! - this file: configuration, signals, the recommendation and its reasons;
-//! - `law`: the [`Planner`] state (demand history, steps) and its `tick`.
+//! - `law`: the [`Planner`] state (demand history, steps) and its `tick`;
+//! - `actuate`: acting on recommendations (`serve --planner-act`): the GPU budget's split
+//!   between pools and the cool-down.
 
+pub mod actuate;
 mod law;
 #[cfg(test)]
 mod tests;
