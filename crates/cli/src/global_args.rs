@@ -62,6 +62,14 @@ pub(crate) struct GlobalArgs {
     /// model with --mock-workers.
     #[arg(help_heading = H::GLOBAL, long, default_value_t = 0.0)]
     cluster_decode_ms_per_token: f64,
+    /// Inter-token latency added per extra running request on a worker, stated in the summary,
+    /// ms; 0 = unknown, or derived from the timing model with --mock-workers.
+    #[arg(help_heading = H::GLOBAL, long, default_value_t = 0.0)]
+    cluster_decode_ms_per_token_per_seq: f64,
+    /// Batch slots over all workers stated in the summary; 0 = unknown, or --mock-workers ×
+    /// the mock engines' --max-num-seqs.
+    #[arg(help_heading = H::GLOBAL, long, default_value_t = 0)]
+    cluster_max_running_requests: u64,
 }
 
 fn millis(v: u64, flag: &str) -> anyhow::Result<Duration> {
@@ -147,15 +155,22 @@ impl GlobalArgs {
                 self.cluster_decode_ms_per_token,
                 "--cluster-decode-ms-per-token",
             )?,
+            decode_ms_per_token_per_seq: speed(
+                self.cluster_decode_ms_per_token_per_seq,
+                "--cluster-decode-ms-per-token-per-seq",
+            )?,
+            max_running_requests: self.cluster_max_running_requests,
         })
     }
 }
 
-/// Fills the summary's unknown speeds from the embedded mock engines' timing model (after
-/// their speed-up), so a cluster of slower mocks says it is slower.
+/// Fills the summary's unknown speeds and batch slots from the `workers` embedded mock
+/// engines' configuration and timing model (after their speed-up), so a cluster of slower
+/// mocks says it is slower, and how its steps slow as its batches grow.
 pub(crate) fn speeds_from_mocks(
     summary: &mut ClusterSummaryConfig,
     mock: &kvrouter_mock_engine::MockEngineConfig,
+    workers: usize,
 ) -> anyhow::Result<()> {
     use kvrouter_engine::timing::StepShape;
     let model = mock.timing.model(mock.speedup_ratio);
@@ -163,16 +178,28 @@ pub(crate) fn speeds_from_mocks(
         let ms = model.prefill_ms(1024).context("mock timing model")?;
         summary.prefill_tokens_per_s = if ms > 0.0 { 1024.0 / ms * 1e3 } else { 0.0 };
     }
+    let capacity = ((mock.engine.num_gpu_blocks * mock.engine.block_size) as u64).max(2048);
+    // A decode step of `seqs` requests of 1,024 tokens of context each.
+    let step = |seqs: u64| {
+        model
+            .decode_ms(&StepShape {
+                prefill_tokens: 0,
+                decode_seqs: seqs,
+                decode_mean_context: 1024.0,
+                active_kv_tokens: (1024 * seqs).min(capacity),
+                kv_capacity_tokens: capacity,
+            })
+            .context("mock timing model")
+    };
+    let alone = step(1)?;
     if summary.decode_ms_per_token == 0.0 {
-        let capacity = (mock.engine.num_gpu_blocks * mock.engine.block_size) as u64;
-        let shape = StepShape {
-            prefill_tokens: 0,
-            decode_seqs: 1,
-            decode_mean_context: 1024.0,
-            active_kv_tokens: 1024,
-            kv_capacity_tokens: capacity.max(1024),
-        };
-        summary.decode_ms_per_token = model.decode_ms(&shape).context("mock timing model")?;
+        summary.decode_ms_per_token = alone;
+    }
+    if summary.decode_ms_per_token_per_seq == 0.0 {
+        summary.decode_ms_per_token_per_seq = (step(2)? - alone).max(0.0);
+    }
+    if summary.max_running_requests == 0 {
+        summary.max_running_requests = (workers * mock.engine.max_num_seqs) as u64;
     }
     Ok(())
 }

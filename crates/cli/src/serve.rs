@@ -621,7 +621,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         return crate::global_args::run(global, config, &addr).await;
     }
     if args.mock_workers > 0 {
-        crate::global_args::speeds_from_mocks(&mut config.cluster_summary, &mock_engine)?;
+        crate::global_args::speeds_from_mocks(
+            &mut config.cluster_summary,
+            &mock_engine,
+            args.mock_workers,
+        )?;
     }
     let listener = tokio::net::TcpListener::bind(&addr)
         .await

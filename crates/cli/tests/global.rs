@@ -309,6 +309,11 @@ async fn the_local_summary_is_behind_the_admin_token_and_decodes() {
             summary.load.prefill_tokens_per_s > 0.0,
             "derived from the mocks"
         );
+        // Batch slots (4 mocks × their max-num-seqs) and the batch's effect on decode, from
+        // the mocks' configuration and timing model.
+        let slots = summary.load.max_running_requests;
+        assert!(slots > 0 && slots % 4 == 0, "slots {slots}");
+        assert!(summary.load.decode_ms_per_token_per_seq > 0.0);
         if summary.sketch.keys() > 0 {
             break;
         }

@@ -147,6 +147,7 @@ fn summary_build(c: &mut Criterion) {
         sketch: SketchConfig::default(),
         prefill_tokens_per_s: 10_000.0,
         decode_ms_per_token: 10.0,
+        decode_ms_per_token_per_seq: 0.0,
         max_running_requests: 0,
     };
     let s = router.cluster_summary(&options, Time::ZERO).unwrap();

@@ -58,15 +58,22 @@ impl Publisher {
             sketch: SketchConfig::default(),
             prefill_tokens_per_s: config.prefill_tokens_per_s,
             decode_ms_per_token: config.decode_ms_per_token,
-            max_running_requests: 0,
+            decode_ms_per_token_per_seq: config.decode_ms_per_token_per_seq,
+            max_running_requests: config.max_running_requests,
         };
         let now = self.state.inner.now();
-        let summary = self
+        let mut summary = self
             .state
             .inner
             .lock_core()
             .cluster_summary(&options, now)
             .map_err(|e| ServeError::Upstream(format!("cluster summary: {e}")))?;
+        // The configured latency is one request's alone: state the one at the running batch.
+        let l = &mut summary.load;
+        if l.workers > 0 {
+            l.decode_ms_per_token +=
+                l.decode_ms_per_token_per_seq * l.active_requests as f64 / l.workers as f64;
+        }
         let bytes = Arc::new(summary.to_bytes());
         last.sequence = sequence;
         last.built = Some((Instant::now(), bytes.clone()));

@@ -491,8 +491,14 @@ pub struct ClusterSummaryConfig {
     pub refresh: Duration,
     /// Prefill speed of one worker, tokens/s; 0 = unknown (`--cluster-prefill-tokens-per-s`).
     pub prefill_tokens_per_s: f64,
-    /// Inter-token latency, ms; 0 = unknown (`--cluster-decode-ms-per-token`).
+    /// Inter-token latency of one request alone on a worker, ms; 0 = unknown
+    /// (`--cluster-decode-ms-per-token`).
     pub decode_ms_per_token: f64,
+    /// Inter-token latency added per extra running request on a worker, ms; 0 = unknown
+    /// (`--cluster-decode-ms-per-token-per-seq`).
+    pub decode_ms_per_token_per_seq: f64,
+    /// Batch slots over all workers; 0 = unknown (`--cluster-max-running-requests`).
+    pub max_running_requests: u64,
 }
 
 impl Default for ClusterSummaryConfig {
@@ -502,6 +508,8 @@ impl Default for ClusterSummaryConfig {
             refresh: Duration::from_secs(1),
             prefill_tokens_per_s: 0.0,
             decode_ms_per_token: 0.0,
+            decode_ms_per_token_per_seq: 0.0,
+            max_running_requests: 0,
         }
     }
 }

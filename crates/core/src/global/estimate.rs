@@ -51,7 +51,8 @@ pub struct ClusterEstimate {
     pub queue_ms: f64,
     /// Prefill of the uncached tokens on one worker.
     pub prefill_ms: f64,
-    /// Decode of the expected output at the cluster's current inter-token latency.
+    /// Decode of the expected output at the inter-token latency the batch will have with the
+    /// requests the summary does not show yet (see [`estimate`]).
     pub decode_ms: f64,
     /// Requests per batch slot (active + queued + pending) / slots, or per worker when slots
     /// are unknown: the least-loaded figure.
@@ -112,10 +113,23 @@ pub fn estimate(
     let output = request
         .output_tokens_hint
         .unwrap_or(DEFAULT_OUTPUT_TOKENS_HINT) as f64;
-    let decode_ms = output * l.decode_ms_per_token;
     let in_flight = (l.active_requests + l.queue_depth + pending.requests) as f64;
     // Resident sessions return after their tool calls: the slots they will want.
     let expected = in_flight.max(pending.resident_sessions as f64);
+    // Decode under load: the stated latency is what a request placed now would see; every
+    // other request the summary does not show yet (sent since, sessions coming back) joins
+    // some worker's batch and slows its steps by the stated per-request growth.
+    let running = (l.active_requests as f64).min(match l.max_running_requests {
+        0 => f64::INFINITY,
+        slots => slots as f64,
+    });
+    let joining = (expected - running).max(0.0);
+    let joining = match l.max_running_requests {
+        0 => joining,
+        slots => joining.min(slots as f64 - running),
+    };
+    let itl_ms = l.decode_ms_per_token + l.decode_ms_per_token_per_seq * joining / workers;
+    let decode_ms = output * itl_ms;
     let (slot_wait_ms, load_ratio) = if l.max_running_requests > 0 {
         let slots = l.max_running_requests as f64;
         // Beyond the batch slots a request waits for earlier ones to finish: each full round

@@ -67,6 +67,8 @@ pub struct SummaryOptions {
     pub prefill_tokens_per_s: f64,
     /// Current inter-token latency, ms.
     pub decode_ms_per_token: f64,
+    /// Inter-token latency added per extra running request on one worker, ms (0 = unknown).
+    pub decode_ms_per_token_per_seq: f64,
     /// Batch slots over all workers (0 = unknown).
     pub max_running_requests: u64,
 }

@@ -95,6 +95,8 @@ struct ClusterState {
     pending_total: PendingLoad,
     /// Sessions whose home this is.
     resident_sessions: u64,
+    /// Output tokens of finished requests reported here: (sum, count).
+    outputs: (u64, u64),
 }
 
 /// The global router. See the module documentation of [`crate::global`].
@@ -141,6 +143,7 @@ impl GlobalRouter {
             pending: VecDeque::new(),
             pending_total: PendingLoad::default(),
             resident_sessions: 0,
+            outputs: (0, 0),
         });
         Ok(ClusterId(self.clusters.len() as u32 - 1))
     }
@@ -235,14 +238,43 @@ impl GlobalRouter {
             })
     }
 
+    /// Records a finished request's output length (from the response's usage) for the output
+    /// hint of requests that state none.
+    pub fn record_output(&mut self, id: ClusterId, output_tokens: u64) -> Result<(), GlobalError> {
+        self.state(id)?;
+        let o = &mut self.clusters[id.0 as usize].outputs;
+        *o = (o.0.saturating_add(output_tokens), o.1 + 1);
+        Ok(())
+    }
+
+    /// The output hint for a request without one at a cluster: the running mean of the
+    /// outputs finished there, else over every cluster, else `None` (the estimate then
+    /// assumes [`super::DEFAULT_OUTPUT_TOKENS_HINT`]).
+    pub fn output_tokens_mean(&self, id: ClusterId) -> Option<u64> {
+        let mean = |(sum, n): (u64, u64)| (n > 0).then(|| (sum as f64 / n as f64).round() as u64);
+        let all = self.clusters.iter().fold((0u64, 0u64), |a, c| {
+            (a.0.saturating_add(c.outputs.0), a.1 + c.outputs.1)
+        });
+        self.state(id)
+            .ok()
+            .and_then(|c| mean(c.outputs))
+            .or_else(|| mean(all))
+    }
+
     /// Every cluster's estimate for a request at `now` (ineligible ones marked).
     pub fn estimates(&self, request: &GlobalRequest<'_>, now: Time) -> Vec<ClusterEstimate> {
         (0..self.clusters.len())
             .map(|i| {
                 let id = ClusterId(i as u32);
                 let c = &self.clusters[i];
+                let request = GlobalRequest {
+                    output_tokens_hint: request
+                        .output_tokens_hint
+                        .or_else(|| self.output_tokens_mean(id)),
+                    ..*request
+                };
                 match (&c.summary, self.is_eligible(id, now)) {
-                    (Some(s), true) => estimate(id, s, self.pending(id), c.spec.rtt_ms, request),
+                    (Some(s), true) => estimate(id, s, self.pending(id), c.spec.rtt_ms, &request),
                     _ => ClusterEstimate::ineligible(id),
                 }
             })

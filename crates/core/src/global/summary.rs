@@ -1,12 +1,12 @@
 //! The cluster summary: what a datacenter's local router publishes to the global router, and
 //! its versioned byte form.
 //!
-//! Byte layout, version 1 (all integers little-endian; see docs/global-routing.md):
+//! Byte layout, version 2 (all integers little-endian; see docs/global-routing.md):
 //!
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 4 | magic `KVRS` |
-//! | 4 | 2 | format version (1) |
+//! | 4 | 2 | format version (2) |
 //! | 6 | 2 | flags (0; decoders refuse unknown flags) |
 //! | 8 | 8 | `built_at` µs (the publisher's clock) |
 //! | 16 | 8 | `sequence` (increases per publication) |
@@ -17,9 +17,9 @@
 //! | 41 | 1 | log2 of filter blocks |
 //! | 42 | 2 | name length N (≤ 255) |
 //! | 44 | 8 | keys inserted |
-//! | 52 | 80 | load: 8 × u64 then 2 × f64 (see [`ClusterLoad`], field order) |
-//! | 132 | N | cluster name, UTF-8 |
-//! | 132+N | 64 · 2^log2 | filter words |
+//! | 52 | 88 | load: 8 × u64 then 3 × f64 (see [`ClusterLoad`], field order) |
+//! | 140 | N | cluster name, UTF-8 |
+//! | 140+N | 64 · 2^log2 | filter words |
 //! | end-8 | 8 | XXH3-64 of every byte before it |
 
 use super::sketch::{PrefixSketch, WORDS_PER_BLOCK};
@@ -28,9 +28,9 @@ use crate::time::Time;
 use serde::{Deserialize, Serialize};
 
 /// The format version this build writes and reads.
-pub const SUMMARY_FORMAT_VERSION: u16 = 1;
+pub const SUMMARY_FORMAT_VERSION: u16 = 2;
 const MAGIC: &[u8; 4] = b"KVRS";
-const HEADER_BYTES: usize = 132;
+const HEADER_BYTES: usize = 140;
 const MAX_NAME_BYTES: usize = 255;
 
 /// A cluster's load as the global router weighs it.
@@ -56,6 +56,9 @@ pub struct ClusterLoad {
     pub prefill_tokens_per_s: f64,
     /// Inter-token latency now, ms (how fast a request placed now would decode).
     pub decode_ms_per_token: f64,
+    /// How much the inter-token latency grows per extra running request on one worker, ms (the
+    /// batch's effect, from the workers' speed profile; 0 = not stated).
+    pub decode_ms_per_token_per_seq: f64,
 }
 
 /// What a local router publishes: its cache sketch and load, stamped.
@@ -168,6 +171,7 @@ impl ClusterSummary {
         }
         out.extend_from_slice(&l.prefill_tokens_per_s.to_le_bytes());
         out.extend_from_slice(&l.decode_ms_per_token.to_le_bytes());
+        out.extend_from_slice(&l.decode_ms_per_token_per_seq.to_le_bytes());
         out.extend_from_slice(name.as_bytes());
         for w in self.sketch.words() {
             out.extend_from_slice(&w.to_le_bytes());
@@ -222,11 +226,15 @@ impl ClusterSummary {
         }
         load.prefill_tokens_per_s = r.f64();
         load.decode_ms_per_token = r.f64();
+        load.decode_ms_per_token_per_seq = r.f64();
         if block_size == 0 {
             return Err(SummaryError::Invalid("block size is 0"));
         }
         let speed_ok = |v: f64| v.is_finite() && v >= 0.0;
-        if !(speed_ok(load.prefill_tokens_per_s) && speed_ok(load.decode_ms_per_token)) {
+        if !(speed_ok(load.prefill_tokens_per_s)
+            && speed_ok(load.decode_ms_per_token)
+            && speed_ok(load.decode_ms_per_token_per_seq))
+        {
             return Err(SummaryError::Invalid(
                 "speeds must be finite and non-negative",
             ));

@@ -20,6 +20,7 @@ impl Router {
         let mut load = ClusterLoad {
             prefill_tokens_per_s: options.prefill_tokens_per_s,
             decode_ms_per_token: options.decode_ms_per_token,
+            decode_ms_per_token_per_seq: options.decode_ms_per_token_per_seq,
             max_running_requests: options.max_running_requests,
             ..ClusterLoad::default()
         };
@@ -69,6 +70,7 @@ mod tests {
             sketch: SketchConfig::default(),
             prefill_tokens_per_s: 5000.0,
             decode_ms_per_token: 12.0,
+            decode_ms_per_token_per_seq: 0.5,
             max_running_requests: 16,
         }
     }

@@ -155,7 +155,7 @@ async fn routing_input(
 }
 
 async fn handle(
-    s: &GlobalState,
+    s: &S,
     prompt: Prompt,
     method: Method,
     path: &str,
@@ -196,7 +196,15 @@ async fn handle(
             }
         }
         let failure = match tokio::time::timeout(wait, out.send()).await {
-            Ok(Ok(r)) if !r.status().is_server_error() => return Ok(respond(r, &cluster.name)),
+            Ok(Ok(r)) if !r.status().is_server_error() => {
+                let tap = UsageTap {
+                    state: s.clone(),
+                    cluster: id,
+                    tail: Vec::new(),
+                    output_tokens: None,
+                };
+                return Ok(respond(r, &cluster.name, Some(tap)));
+            }
             Ok(Ok(r)) => (FailKind::Status, Some(r)),
             Ok(Err(e)) => (FailKind::of(&e), None),
             Err(_) => (FailKind::Timeout, None),
@@ -208,7 +216,7 @@ async fn handle(
     }
     match last_failure {
         // Every cluster failed: the last one's 5xx goes back as it was.
-        Some((Some(r), name)) => Ok(respond(r, &name)),
+        Some((Some(r), name)) => Ok(respond(r, &name, None)),
         Some((None, name)) => Err(ServeError::Upstream(format!(
             "cluster {name} (the last one tried) did not answer"
         ))),
@@ -226,8 +234,49 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-/// The cluster's answer as it came (status, headers, streamed body) plus the cluster header.
-fn respond(r: reqwest::Response, cluster: &str) -> Response {
+/// Watches a response body for its usage's `completion_tokens` (the last one: a stream's final
+/// chunk) and, when the body is done, tells the global router (its learned output hint).
+struct UsageTap {
+    state: S,
+    cluster: ClusterId,
+    /// The end of the previous chunk, for a key split across chunks.
+    tail: Vec<u8>,
+    output_tokens: Option<u64>,
+}
+
+impl UsageTap {
+    fn feed(&mut self, chunk: &[u8]) {
+        let mut buf = std::mem::take(&mut self.tail);
+        buf.extend_from_slice(chunk);
+        if let Some(n) = completion_tokens(&buf) {
+            self.output_tokens = Some(n);
+        }
+        self.tail = buf[buf.len().saturating_sub(64)..].to_vec();
+    }
+}
+
+impl Drop for UsageTap {
+    fn drop(&mut self) {
+        if let Some(n) = self.output_tokens {
+            let _ = self.state.lock().record_output(self.cluster, n);
+        }
+    }
+}
+
+/// The last `"completion_tokens": N` in `bytes`.
+fn completion_tokens(bytes: &[u8]) -> Option<u64> {
+    const KEY: &[u8] = b"\"completion_tokens\"";
+    let at = bytes.windows(KEY.len()).rposition(|w| w == KEY)?;
+    let rest = bytes[at + KEY.len()..]
+        .iter()
+        .skip_while(|b| b.is_ascii_whitespace() || **b == b':');
+    let digits: Vec<u8> = rest.take_while(|b| b.is_ascii_digit()).copied().collect();
+    std::str::from_utf8(&digits).ok()?.parse().ok()
+}
+
+/// The cluster's answer as it came (status, headers, streamed body) plus the cluster header;
+/// `tap` watches the body for its usage.
+fn respond(r: reqwest::Response, cluster: &str, tap: Option<UsageTap>) -> Response {
     let status = r.status();
     let mut headers = HeaderMap::new();
     for (name, value) in r.headers() {
@@ -238,8 +287,30 @@ fn respond(r: reqwest::Response, cluster: &str) -> Response {
     if let Ok(v) = HeaderValue::from_str(cluster) {
         headers.insert(HeaderName::from_static(CLUSTER_HEADER), v);
     }
-    let mut response = Response::new(Body::from_stream(r.bytes_stream()));
+    let mut tap = tap;
+    let body = futures::StreamExt::map(r.bytes_stream(), move |chunk| {
+        if let (Some(t), Ok(b)) = (tap.as_mut(), &chunk) {
+            t.feed(b);
+        }
+        chunk
+    });
+    let mut response = Response::new(Body::from_stream(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::completion_tokens;
+
+    #[test]
+    fn completion_tokens_reads_the_last_usage() {
+        assert_eq!(completion_tokens(b"{}"), None);
+        let body = br#"{"usage":{"prompt_tokens":9,"completion_tokens": 42,"total_tokens":51}}"#;
+        assert_eq!(completion_tokens(body), Some(42));
+        let sse = b"data: {\"usage\":{\"completion_tokens\":1}}\n\ndata: {\"usage\":{\"completion_tokens\":7}}\n\ndata: [DONE]";
+        assert_eq!(completion_tokens(sse), Some(7));
+        assert_eq!(completion_tokens(br#""completion_tokens":null"#), None);
+    }
 }

@@ -90,6 +90,7 @@ impl Dc {
                 sketch: config.clusters.sketch(),
                 prefill_tokens_per_s: budget as f64 / prefill_ms.max(1e-3) * 1e3,
                 decode_ms_per_token: 0.0,
+                decode_ms_per_token_per_seq: 0.0,
                 max_running_requests: (entry.workers * engine_config.max_num_seqs) as u64,
             },
             entry: entry.clone(),
@@ -103,31 +104,48 @@ impl Dc {
         })
     }
 
-    /// The inter-token latency a request placed now would see: the mean over workers of a
-    /// decode step at their current KV use (one more sequence).
-    fn decode_ms_per_token(&self) -> f64 {
-        let total: f64 = self
-            .workers
-            .iter()
-            .map(|w| {
-                let s = w.engine.stats();
-                let shape = StepShape {
-                    prefill_tokens: 0,
-                    decode_seqs: s.running as u64 + 1,
-                    decode_mean_context: 0.0,
-                    active_kv_tokens: (s.used_blocks * w.engine.config().block_size) as u64,
-                    kv_capacity_tokens: self.kv_capacity_tokens,
-                };
-                self.timing.decode_ms(&shape).unwrap_or(0.0)
-            })
-            .sum();
-        total / self.workers.len().max(1) as f64
+    /// The inter-token latency a request placed now would see (the mean over workers of a
+    /// decode step at their current KV use, one more sequence), and how much one more request
+    /// per worker adds to it (one more sequence of the workers' mean context).
+    fn decode_ms_per_token(&self) -> (f64, f64) {
+        let (mut now, mut more) = (0.0, 0.0);
+        for w in &self.workers {
+            let s = w.engine.stats();
+            let kv = (s.used_blocks * w.engine.config().block_size) as u64;
+            let per_seq = if s.running > 0 {
+                kv / s.running as u64
+            } else {
+                1024
+            };
+            let shape = |seqs: u64, kv: u64| StepShape {
+                prefill_tokens: 0,
+                decode_seqs: seqs,
+                decode_mean_context: 0.0,
+                active_kv_tokens: kv.min(self.kv_capacity_tokens),
+                kv_capacity_tokens: self.kv_capacity_tokens,
+            };
+            let a = self
+                .timing
+                .decode_ms(&shape(s.running as u64 + 1, kv))
+                .unwrap_or(0.0);
+            let b = self
+                .timing
+                .decode_ms(&shape(s.running as u64 + 2, kv + per_seq))
+                .unwrap_or(a);
+            now += a;
+            more += (b - a).max(0.0);
+        }
+        let n = self.workers.len().max(1) as f64;
+        (now / n, more / n)
     }
 
     /// Builds the next summary at `now`.
     pub(super) fn summary(&mut self, now: Time) -> Result<ClusterSummary, SimError> {
         self.options.sequence += 1;
-        self.options.decode_ms_per_token = self.decode_ms_per_token();
+        (
+            self.options.decode_ms_per_token,
+            self.options.decode_ms_per_token_per_seq,
+        ) = self.decode_ms_per_token();
         self.router
             .cluster_summary(&self.options, now)
             .map_err(|e| SimError::Config(e.to_string()))

@@ -310,6 +310,12 @@ impl<'w> GlobalSimulation<'w> {
     fn done(&mut self, i: usize) {
         self.records[i].finish = Some(self.now);
         self.finished += 1;
+        // The response's usage: the global router learns the output length per cluster.
+        if let Some(d) = self.records[i].dc {
+            let _ = self
+                .global
+                .record_output(ClusterId(d as u32), self.records[i].output_tokens);
+        }
         let out = self.replay.finished(self.workload, i, self.now);
         if let (true, Some(s)) = (out.session_ended, self.workload.requests[i].session) {
             self.global.end_session(s);
