@@ -58,6 +58,7 @@ mod picks;
 pub mod placement;
 mod planner;
 mod planner_act;
+mod planner_driver;
 mod pools;
 pub mod provenance;
 mod queue;
@@ -137,8 +138,8 @@ pub async fn start(
             .map_err(|error| StartError::Worker { url, error })?;
     }
     let driver = queue::spawn(state.inner.clone());
-    let advisor = planner::spawn(state.inner.clone());
-    let actuator = planner_act::spawn(state.inner.clone());
+    let advisor = planner_driver::spawn_advisor(state.inner.clone());
+    let actuator = planner_driver::spawn_actuator(state.inner.clone());
     let discovery = config
         .discovery
         .as_ref()

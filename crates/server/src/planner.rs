@@ -6,7 +6,6 @@
 //! and as `kvrouter_planner_recommended_workers{pool=...}`. Nothing is scaled: advice only.
 
 use crate::config::PlannerAdvice;
-use crate::state::Inner;
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::planner::{Planner, PoolSignals, Recommendation};
 use kvrouter_core::router::ConfigError;
@@ -19,7 +18,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 /// The pool of workers whose models are unknown, or of every worker when none is known.
-const DEFAULT_POOL: &str = "default";
+pub(crate) const DEFAULT_POOL: &str = "default";
 
 /// Latencies are observed over this window.
 const LATENCY_WINDOW: Duration = Duration::from_secs(30);
@@ -94,7 +93,13 @@ impl Advisor {
         }
     }
 
-    fn tick(&self, now: Time, pool: &str, mut signals: PoolSignals, metrics: Option<Hists>) {
+    pub(crate) fn tick(
+        &self,
+        now: Time,
+        pool: &str,
+        mut signals: PoolSignals,
+        metrics: Option<Hists>,
+    ) {
         let mut pools = self.pools.lock().expect("planner lock");
         if !pools.contains_key(pool) && pools.len() >= MAX_POOLS {
             return;
@@ -114,6 +119,11 @@ impl Advisor {
     }
 
     /// The control law's bounds.
+    /// Requests in flight with an RL group header, per worker.
+    pub(crate) fn rl_requests(&self) -> BTreeMap<WorkerId, u64> {
+        self.rl.lock().expect("planner rl lock").clone()
+    }
+
     pub(crate) fn law(&self) -> &kvrouter_core::planner::PlannerConfig {
         &self.config.law
     }
@@ -230,90 +240,4 @@ fn windowed(
             bounds.last().map(|b| b * 1e3)
         }
     }
-}
-
-/// Each pool's signals now (latencies are added from the histograms).
-fn signals(inner: &Inner) -> Vec<(String, PoolSignals)> {
-    // The pools' members first, then the core: never both locks at once.
-    let by_model: Vec<(String, Option<Vec<_>>)> = {
-        let pools = inner.pools.read().expect("pools lock");
-        pools
-            .union()
-            .into_iter()
-            .filter(|c| c.parent.is_none())
-            .map(|c| {
-                let ws = pools.workers_for(&c.id);
-                (c.id, ws)
-            })
-            .collect()
-    };
-    let core = inner.lock_core();
-    let all: Vec<_> = core.workers().map(|w| w.id).collect();
-    let members: Vec<(String, Vec<_>)> = if by_model.is_empty() {
-        vec![(DEFAULT_POOL.to_owned(), all)]
-    } else {
-        by_model
-            .into_iter()
-            .map(|(m, ws)| (m, ws.unwrap_or_else(|| all.clone())))
-            .collect()
-    };
-    let queued = core.queue_stats().pending_requests as u64;
-    let rl = inner
-        .planner
-        .as_ref()
-        .map(|a| a.rl.lock().expect("planner rl lock").clone())
-        .unwrap_or_default();
-    members
-        .into_iter()
-        .map(|(pool, workers)| {
-            let mut s = PoolSignals {
-                queued_requests: queued,
-                ..PoolSignals::default()
-            };
-            for spec in core.workers().filter(|w| workers.contains(&w.id)) {
-                if core.is_available(spec.id) {
-                    s.workers += 1;
-                }
-                s.rl_requests += rl.get(&spec.id).copied().unwrap_or(0);
-                s.batched_tokens_per_worker = s.batched_tokens_per_worker.max(
-                    spec.max_num_batched_tokens
-                        .map(|t| t * u64::from(spec.dp_size)),
-                );
-                s.kv_blocks_per_worker = s
-                    .kv_blocks_per_worker
-                    .max(spec.kv_capacity_blocks.map(|b| b * u64::from(spec.dp_size)));
-            }
-            for rank in core.ranks().iter().filter(|r| workers.contains(&r.worker)) {
-                let load = core.load(*rank);
-                s.in_flight_requests += u64::from(load.active_requests);
-                s.prefill_tokens += load.active_prefill_tokens;
-                s.decode_blocks += load.active_decode_blocks;
-            }
-            (pool, s)
-        })
-        .collect()
-}
-
-/// The advisor's ticks (none without `--planner-advise`).
-pub(crate) fn spawn(inner: Arc<Inner>) -> Option<JoinHandle<()>> {
-    let tick = inner.planner.as_ref()?.config.tick;
-    Some(tokio::spawn(async move {
-        let mut interval = tokio::time::interval(tick);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            interval.tick().await;
-            let Some(advisor) = inner.planner.as_ref() else {
-                return;
-            };
-            let now = inner.now();
-            for (pool, s) in signals(&inner) {
-                let hists = inner
-                    .metrics
-                    .by_model
-                    .peek(&pool)
-                    .map(|m| (m.ttft.snapshot(), m.itl.snapshot()));
-                advisor.tick(now, &pool, s, hists);
-            }
-        }
-    }))
 }

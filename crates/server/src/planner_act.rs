@@ -7,8 +7,7 @@
 //! `~/.kube/config` or the pod's service account, as for `--discovery kubernetes`.
 
 use crate::config::{PlannerAct, PlannerTarget, WorkloadKind};
-use crate::discovery::backoff::Backoff;
-use crate::state::Inner;
+use crate::planner::Advisor;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v1::Scale;
 use kube::api::{Patch, PatchParams};
@@ -23,7 +22,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 /// Longest wait between attempts to build a kube client.
-const CLIENT_BACKOFF_MAX: Duration = Duration::from_secs(30);
+pub(crate) const CLIENT_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 #[derive(Default)]
 struct TargetState {
@@ -68,16 +67,13 @@ impl Actuator {
         }
     }
 
-    fn failed(&self, pool: &str, op: &'static str) {
+    pub(crate) fn failed(&self, pool: &str, op: &'static str) {
         let mut s = self.state.lock().expect("planner act lock");
         *s.failures.entry((pool.to_owned(), op)).or_insert(0) += 1;
     }
 
     /// One tick: read, split, patch.
-    async fn tick(&self, client: &Client, inner: &Inner, now: Time) {
-        let Some(advisor) = inner.planner.as_ref() else {
-            return;
-        };
+    pub(crate) async fn tick(&self, client: &Client, advisor: &Advisor, now: Time) {
         let (law, recs) = (advisor.law(), advisor.recommendations());
         let t = self.config.timeout;
         let mut current = Vec::with_capacity(self.config.targets.len());
@@ -277,36 +273,4 @@ async fn patch_scale(client: &Client, t: &PlannerTarget, n: u32) -> kube::Result
         }
     }
     Ok(())
-}
-
-/// The actuator's ticks (none without `--planner-act`).
-pub(crate) fn spawn(inner: Arc<Inner>) -> Option<JoinHandle<()>> {
-    let tick = inner.planner.as_ref()?.tick_interval();
-    inner.planner_act.as_ref()?;
-    Some(tokio::spawn(async move {
-        let mut backoff = Backoff::new(CLIENT_BACKOFF_MAX);
-        let client = loop {
-            match Client::try_default().await {
-                Ok(c) => break c,
-                Err(e) => {
-                    tracing::warn!("planner: no usable kube config: {e}");
-                    if let Some(act) = inner.planner_act.as_ref() {
-                        for t in &act.config.targets {
-                            act.failed(&t.pool, "client");
-                        }
-                    }
-                    tokio::time::sleep(backoff.failed()).await;
-                }
-            }
-        };
-        let mut interval = tokio::time::interval(tick);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            interval.tick().await;
-            let Some(act) = inner.planner_act.as_ref() else {
-                return;
-            };
-            act.tick(&client, &inner, inner.now()).await;
-        }
-    }))
 }
