@@ -15,7 +15,6 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::task::JoinHandle;
 
 /// The pool of workers whose models are unknown, or of every worker when none is known.
 pub(crate) const DEFAULT_POOL: &str = "default";

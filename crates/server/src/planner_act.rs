@@ -17,9 +17,8 @@ use kvrouter_core::time::Time;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
-use tokio::task::JoinHandle;
 
 /// Longest wait between attempts to build a kube client.
 pub(crate) const CLIENT_BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -67,7 +66,14 @@ impl Actuator {
         }
     }
 
-    pub(crate) fn failed(&self, pool: &str, op: &'static str) {
+    /// Counts a failed client set-up against every target.
+    pub(crate) fn client_failed(&self) {
+        for t in &self.config.targets {
+            self.failed(&t.pool, "client");
+        }
+    }
+
+    fn failed(&self, pool: &str, op: &'static str) {
         let mut s = self.state.lock().expect("planner act lock");
         *s.failures.entry((pool.to_owned(), op)).or_insert(0) += 1;
     }

@@ -109,9 +109,7 @@ pub(crate) fn spawn_actuator(inner: Arc<Inner>) -> Option<JoinHandle<()>> {
                 Err(e) => {
                     tracing::warn!("planner: no usable kube config: {e}");
                     if let Some(act) = inner.planner_act.as_ref() {
-                        for t in &act.config.targets {
-                            act.failed(&t.pool, "client");
-                        }
+                        act.client_failed();
                     }
                     tokio::time::sleep(backoff.failed()).await;
                 }
