@@ -58,6 +58,20 @@ pub trait TimingModel: Debug + Send + Sync {
     }
 }
 
+/// A shared model times like the model it shares (one profile loaded once, read by an engine
+/// and by the router's cost policy).
+impl<T: TimingModel + ?Sized> TimingModel for std::sync::Arc<T> {
+    fn prefill_ms(&self, tokens: u64) -> Result<f64, TimingError> {
+        (**self).prefill_ms(tokens)
+    }
+    fn decode_ms(&self, shape: &StepShape) -> Result<f64, TimingError> {
+        (**self).decode_ms(shape)
+    }
+    fn step_ms(&self, shape: &StepShape) -> Result<f64, TimingError> {
+        (**self).step_ms(shape)
+    }
+}
+
 /// Dynamo mocker's polynomial model.
 ///
 /// Prefill ms = 4.209989e-7·T² + 0.01518344·T + 16.50142 with T the new prefill tokens of the

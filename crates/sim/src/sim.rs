@@ -109,10 +109,12 @@ fn new_worker(
             "worker {w}: speed must be positive"
         )));
     }
-    let timing = kvrouter_engine::timing::by_name(&profiles[w % profiles.len()], speed)
-        .map_err(|e| SimError::Config(e.to_string()))?;
-    let model = kvrouter_engine::timing::by_name(&profiles[w % profiles.len()], speed)
-        .map_err(|e| SimError::Config(e.to_string()))?;
+    // One model, loaded once: the engine times its steps with it and the router's cost
+    // policy its estimates.
+    let model: std::sync::Arc<dyn kvrouter_engine::TimingModel> = std::sync::Arc::from(
+        kvrouter_engine::timing::by_name(&profiles[w % profiles.len()], speed)
+            .map_err(|e| SimError::Config(e.to_string()))?,
+    );
     let rank = WorkerRank::new(WorkerId(w as u64), 0);
     let spec = WorkerSpec {
         id: WorkerId(w as u64),
@@ -123,7 +125,7 @@ fn new_worker(
     };
     engine_config.seed = engine_config.seed.wrapping_add(w as u64);
     let state = WorkerState {
-        engine: Engine::new(engine_config, rank, timing),
+        engine: Engine::new(engine_config, rank, Box::new(std::sync::Arc::clone(&model))),
         pending: None,
         busy_since: None,
         busy: Vec::new(),
@@ -133,7 +135,7 @@ fn new_worker(
         lifecycle: fleet::Lifecycle::Serving,
         provisioned: (now, None),
     };
-    Ok((state, spec, std::sync::Arc::from(model)))
+    Ok((state, spec, model))
 }
 
 /// A simulation in progress.

@@ -23,7 +23,7 @@ pub(super) struct Dc {
     pub(super) router: Router,
     pub(super) workers: Vec<Worker>,
     /// The cluster's profile, for the speeds it states in its summary.
-    timing: Box<dyn TimingModel>,
+    timing: std::sync::Arc<dyn kvrouter_engine::TimingModel>,
     pub(super) delay: Duration,
     pub(super) refresh: Duration,
     options: SummaryOptions,
@@ -42,10 +42,11 @@ impl Dc {
         let bs = config.router.kv_cache_block_size;
         let mut router =
             Router::new(config.router.clone()).map_err(|e| SimError::Config(e.to_string()))?;
-        let timing_of = || {
+        // The cluster's profile, loaded once and shared by its engines.
+        let timing: std::sync::Arc<dyn kvrouter_engine::TimingModel> = std::sync::Arc::from(
             kvrouter_engine::timing::by_name(&entry.profile, entry.speed)
-                .map_err(|e| SimError::Config(format!("cluster {:?}: {e}", entry.name)))
-        };
+                .map_err(|e| SimError::Config(format!("cluster {:?}: {e}", entry.name)))?,
+        );
         let mut engine_config = config.engine.clone();
         engine_config.block_size = bs;
         if let Some(n) = entry.max_num_seqs {
@@ -60,7 +61,7 @@ impl Dc {
             let mut c = engine_config.clone();
             c.seed = c.seed.wrapping_add(w as u64);
             workers.push(Worker {
-                engine: Engine::new(c, rank, timing_of()?),
+                engine: Engine::new(c, rank, Box::new(std::sync::Arc::clone(&timing))),
                 pending: None,
                 busy_since: None,
                 busy: Vec::new(),
@@ -75,7 +76,6 @@ impl Dc {
                 })
                 .map_err(|e| SimError::Config(e.to_string()))?;
         }
-        let timing = timing_of()?;
         let budget = u64::from(engine_config.max_num_batched_tokens);
         let prefill_ms = timing
             .prefill_ms(budget)
