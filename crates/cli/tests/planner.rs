@@ -70,22 +70,6 @@ async fn gauge(s: &Server) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
-/// Polls (bounded by `within`) until `check` gives a value.
-async fn until<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    while start.elapsed() < within {
-        if let Some(v) = check().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out after {within:?} waiting for {what}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_recommendation_rises_within_seconds_of_a_burst_and_falls_after_its_tail() {
     let s = serve(&[
@@ -104,7 +88,7 @@ async fn the_recommendation_rises_within_seconds_of_a_burst_and_falls_after_its_
     ])
     .await;
     // Idle: down to the minimum once the down window passed.
-    until(
+    common::until(
         "an idle recommendation of 1",
         Duration::from_secs(20),
         || async { recommended(&s).await.filter(|(w, _)| *w == 1) },
@@ -130,7 +114,7 @@ async fn the_recommendation_rises_within_seconds_of_a_burst_and_falls_after_its_
         })
         .collect();
     // 24 requests at 4 per worker: 6 workers, within 10 s of the burst.
-    let (risen, rec) = until(
+    let (risen, rec) = common::until(
         "the recommendation to rise",
         Duration::from_secs(10),
         || async { recommended(&s).await.filter(|(w, _)| *w >= 4) },
@@ -149,7 +133,7 @@ async fn the_recommendation_rises_within_seconds_of_a_burst_and_falls_after_its_
         reasons.contains("\"requests\"") && reasons.contains("scale_up"),
         "{rec}"
     );
-    let g = until("the gauge", Duration::from_secs(5), || async {
+    let g = common::until("the gauge", Duration::from_secs(5), || async {
         gauge(&s).await.filter(|g| *g >= 4.0)
     })
     .await;
@@ -165,7 +149,7 @@ async fn the_recommendation_rises_within_seconds_of_a_burst_and_falls_after_its_
     let (at_tail_end, rec) = recommended(&s).await.unwrap();
     assert!(at_tail_end >= 2, "fell during the tail: {rec}");
     // Then down again, after the down window.
-    until(
+    common::until(
         "the recommendation to fall",
         Duration::from_secs(20),
         || async { recommended(&s).await.filter(|(w, _)| *w == 1) },
@@ -188,7 +172,7 @@ async fn the_planner_endpoint_needs_the_token_and_the_flag_and_bad_bounds_name_t
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 401);
-    let (status, v) = until("a first tick", Duration::from_secs(10), || async {
+    let (status, v) = common::until("a first tick", Duration::from_secs(10), || async {
         let (st, v) = planner(&s).await;
         (st == 200 && v["pools"].as_object().is_some_and(|p| !p.is_empty())).then_some((st, v))
     })

@@ -135,22 +135,6 @@ async fn router(kubeconfig: &std::path::Path, extra: &[&str]) -> common::Proc {
     common::spawn_with_env(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await
 }
 
-/// Polls (bounded by `within`) until `check` gives a value.
-async fn until<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    while start.elapsed() < within {
-        if let Some(v) = check().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out after {within:?} waiting for {what}");
-}
-
 async fn metric(base: &str, prefix: &str) -> Option<f64> {
     let text = reqwest::get(format!("{base}/metrics"))
         .await
@@ -195,7 +179,7 @@ async fn a_burst_raises_the_deployments_replicas_through_its_scale_subresource()
     )
     .await;
     let base = r.http();
-    until(
+    common::until(
         "the planner reading the scale",
         Duration::from_secs(20),
         || async { (*fake.gets.lock().unwrap() >= 3).then_some(()) },
@@ -204,7 +188,7 @@ async fn a_burst_raises_the_deployments_replicas_through_its_scale_subresource()
     let before = replicas(&fake, "deployments", "vllm");
     let burst_at = Instant::now();
     let tasks = burst(&base, 24);
-    let up = until(
+    let up = common::until(
         "replicas raised by a PATCH",
         Duration::from_secs(10),
         || async {
@@ -214,7 +198,7 @@ async fn a_burst_raises_the_deployments_replicas_through_its_scale_subresource()
     )
     .await;
     eprintln!("replicas {before} -> {up} in {:?}", burst_at.elapsed());
-    let actions = until("the actions counter", Duration::from_secs(5), || async {
+    let actions = common::until("the actions counter", Duration::from_secs(5), || async {
         metric(
             &base,
             "kvrouter_planner_actions_total{pool=\"mock-model\",direction=\"up\"}",
@@ -276,14 +260,14 @@ async fn the_gpu_budget_caps_the_pools_together() {
     .await;
     let base = r.http();
     let tasks = burst(&base, 24);
-    until(
+    common::until(
         "the deployment at its share",
         Duration::from_secs(15),
         || async { (replicas(&fake, "deployments", "vllm") == 3).then_some(()) },
     )
     .await;
     // The recommendation is over the share (the budget, not the law, held it).
-    let rec = until(
+    let rec = common::until(
         "a recommendation over 3",
         Duration::from_secs(10),
         || async {
@@ -297,7 +281,7 @@ async fn the_gpu_budget_caps_the_pools_together() {
     )
     .await;
     let gets = *fake.gets.lock().unwrap();
-    until("more ticks", Duration::from_secs(10), || async {
+    common::until("more ticks", Duration::from_secs(10), || async {
         (*fake.gets.lock().unwrap() >= gets + 6).then_some(())
     })
     .await;
@@ -333,7 +317,7 @@ async fn forbidden_and_failing_api_calls_are_counted_and_retried() {
     )
     .await;
     let base = r.http();
-    until(
+    common::until(
         "the patch after the failures",
         Duration::from_secs(20),
         || async { (replicas(&fake, "deployments", "vllm") == 3).then_some(()) },

@@ -65,3 +65,20 @@ pub async fn spawn_with_env(args: &[&str], env: &[(&str, &str)]) -> Proc {
         .expect("a startup line");
     Proc { child, line }
 }
+
+/// Polls every 20 ms, bounded by `within`, until `check` gives a value; panics naming `what`
+/// when the time is up.
+pub async fn until<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = std::time::Instant::now();
+    while start.elapsed() < within {
+        if let Some(v) = check().await {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out after {within:?} waiting for {what}");
+}
