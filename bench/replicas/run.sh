@@ -15,6 +15,8 @@ NATS=${NATS:-$(command -v nats-server || echo /usr/sbin/nats-server)}
 # GRPO burst: 16 prompts x 8 samples, one step, each prompt ~2,000 tokens, the whole batch at once.
 GRPO_ARGS=${GRPO_ARGS:-prompts=16,group_size=8,steps=1,template_tokens=200,problem_median=1800,problem_cap=1800,output_median=64,output_cap=128}
 AGENTIC_ARGS=${AGENTIC_ARGS:-sessions=12,steps=1,group_size=4,output_median=48,turns_median=4}
+# Bench flags for the GRPO run; `--group-sizes` also sends x-kvrouter-group-size (fair-share placement).
+GRPO_BENCH_FLAGS=${GRPO_BENCH_FLAGS:---group-header}
 ROUTER_FLAGS=(--router-predicted-ttl-secs 5 --health-check-interval-secs 0)
 [ -x "$BIN" ] || { echo "build $BIN first (cargo build -p kvrouter)" >&2; exit 1; }
 [ -x "$NATS" ] || { echo "nats-server not found (apt-get install nats-server)" >&2; exit 1; }
@@ -79,8 +81,9 @@ run() {
     done
   fi
   local before; before=$(cpu_ticks "${pids[@]}")
+  local gflags=(--group-header); [ "$workload" = grpo ] && read -ra gflags <<<"$GRPO_BENCH_FLAGS"
   "$BIN" bench "${urls[@]}" --workload "$workload" --workload-args "$wargs" --session-header \
-    --group-header --name "$setup-$workload" --out "$OUT/$setup-$workload" --quiet >"$OUT/$setup-$workload.txt"
+    "${gflags[@]}" --name "$setup-$workload" --out "$OUT/$setup-$workload" --quiet >"$OUT/$setup-$workload.txt"
   local after; after=$(cpu_ticks "${pids[@]}")
   echo "$setup $workload $((after - before))" >>"$OUT/cpu.txt"
   stop_all_routers
