@@ -40,16 +40,51 @@ fn cpu_seconds(pid: u32) -> f64 {
 
 /// A 2,048-token prompt: a 1,536-token prefix shared by its family, then its own tail.
 fn prompt(i: u64) -> Vec<u64> {
+    prompt_of(i, PROMPT_TOKENS)
+}
+
+/// A `tokens`-token prompt: three quarters shared by its family, then its own tail.
+fn prompt_of(i: u64, tokens: u64) -> Vec<u64> {
     let family = i % FAMILIES;
-    let mut ids: Vec<u64> = (0..1536).map(|t| 1000 + family * 2000 + t).collect();
-    ids.extend((0..PROMPT_TOKENS - 1536).map(|t| 100_000 + (i * 7919 + t) % 20_000));
+    let shared = tokens * 3 / 4;
+    let mut ids: Vec<u64> = (0..shared).map(|t| 1000 + family * 2000 + t).collect();
+    ids.extend((0..tokens - shared).map(|t| 100_000 + (i * 7919 + t) % 20_000));
     ids
 }
 
+/// The floor under any pick: two bodiless keep-alive HTTP/1.1 exchanges (`GET /live`) per pair,
+/// so the pick figures can be read as this plus the pick's own work.
+async fn live_pairs(base: &str, pid: u32, n: u64, concurrency: u64) -> f64 {
+    let client = reqwest::Client::new();
+    let before = cpu_seconds(pid);
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|c| {
+            let (client, base) = (client.clone(), base.to_owned());
+            tokio::spawn(async move {
+                for _ in (c..n).step_by(concurrency as usize) {
+                    for _ in 0..2 {
+                        let r = client.get(format!("{base}/live")).send().await.unwrap();
+                        assert_eq!(r.status(), 200);
+                        r.bytes().await.unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (cpu_seconds(pid) - before) / n as f64
+}
+
 async fn pick_pairs(base: &str, pid: u32, n: u64, concurrency: u64) -> f64 {
+    pick_pairs_of(base, pid, n, concurrency, PROMPT_TOKENS).await
+}
+
+async fn pick_pairs_of(base: &str, pid: u32, n: u64, concurrency: u64, tokens: u64) -> f64 {
     let client = reqwest::Client::new();
     let bodies: Vec<Vec<u8>> = (0..n)
-        .map(|i| serde_json::to_vec(&json!({"token_ids": prompt(i)})).unwrap())
+        .map(|i| serde_json::to_vec(&json!({"token_ids": prompt_of(i, tokens)})).unwrap())
         .collect();
     let bodies = std::sync::Arc::new(bodies);
     let before = cpu_seconds(pid);
@@ -237,6 +272,8 @@ async fn main() {
     let started = Instant::now();
     let ext = ext_proc_exchanges(&grpc, pid, 4000, 64).await;
     let ext_wall = started.elapsed();
+    let floor = live_pairs(&base, pid, 4000, 16).await;
+    let short = pick_pairs_of(&base, pid, 4000, 16, 64).await;
     println!(
         "router idle CPU: {:.1} ms/s (embedded engines, timers)",
         idle_per_s * 1e3
@@ -245,6 +282,14 @@ async fn main() {
         "pick + finish, {PROMPT_TOKENS}-token prompt as token ids, concurrency 16: {:.1} µs router CPU per pair ({:.0} pairs/s)",
         pick * 1e6,
         4000.0 / pick_wall.as_secs_f64()
+    );
+    println!(
+        "floor: two GET /live per pair, concurrency 16: {:.1} µs router CPU per pair",
+        floor * 1e6
+    );
+    println!(
+        "pick + finish, 64-token prompt as token ids, concurrency 16: {:.1} µs router CPU per pair",
+        short * 1e6
     );
     println!(
         "ext_proc full exchange, {PROMPT_TOKENS}-token prompt, concurrency 64, keep-alive gRPC: {:.1} µs router CPU per exchange ({:.0} exchanges/s)",
