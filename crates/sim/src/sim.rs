@@ -213,8 +213,12 @@ impl<'w> Simulation<'w> {
         }
         let mut replicas = Vec::new();
         for r in 1..config.router_replicas {
+            // Each replica draws its own random tie-breaks, as live replicas whose views of the
+            // fleet differ do; one shared seed would make them agree by accident.
+            let mut replica_config = config.router.clone();
+            replica_config.seed = replica_config.seed.wrapping_add(r as u64);
             let mut replica =
-                Router::new(config.router.clone()).map_err(|e| SimError::Config(e.to_string()))?;
+                Router::new(replica_config).map_err(|e| SimError::Config(e.to_string()))?;
             for spec in router.workers() {
                 replica
                     .add_worker(spec.clone())

@@ -355,7 +355,10 @@ impl Router {
                     let sub_scores: Vec<CandidateScore> = room.iter().map(|i| scores[*i]).collect();
                     room[self.pick(mode, &sub, &sub_scores)]
                 }
-                None => self.pick(mode, &candidates, &scores),
+                None => match self.group_first_choice(request, mode, &scores) {
+                    Some(i) => i,
+                    None => self.pick(mode, &candidates, &scores),
+                },
             },
         };
         let score = scores[chosen];

@@ -1,9 +1,10 @@
 //! The RL controls of the router: operator pauses (elastic membership), policy versions, and
 //! GRPO group placement.
 
-use super::{RouteError, RouteRequest, Router};
+use super::{RouteError, RouteRequest, Router, RouterMode};
 use crate::ids::{RequestId, WorkerId, WorkerRank};
-use crate::policy::Candidate;
+use crate::policy::{Candidate, CandidateScore};
+use crate::rng::mix64;
 use crate::time::Time;
 use std::collections::BTreeMap;
 
@@ -162,6 +163,41 @@ impl Router {
         (skew > 0 && within_skew()).then_some(i)
     }
 
+    /// The worker of a group's first sibling this replica places, when replica sync is on and no
+    /// sibling's worker is known here yet (`kv` mode at temperature 0): among the candidates
+    /// costing at most the best plus this request's own blocks, the one the group hashes highest
+    /// with (rendezvous hashing). Replicas that place siblings of one group at the same instant,
+    /// before they hear of each other, then agree on its worker whenever that favourite is within
+    /// the margin in each one's view, instead of each starting the group on its own argmin (the
+    /// siblings of a whole-batch burst then pay one prefill of the prompt per replica). The margin
+    /// is one more copy of the prompt, which is what the group's later siblings save.
+    pub(super) fn group_first_choice(
+        &self,
+        request: &RouteRequest,
+        mode: RouterMode,
+        scores: &[CandidateScore],
+    ) -> Option<usize> {
+        if self.replica_id().is_none()
+            || mode != RouterMode::Kv
+            || self.config.router_temperature > 0.0
+            || !self.group_placed(request)
+        {
+            return None;
+        }
+        let group = request.group?;
+        if self.groups.contains_key(&group) {
+            return None;
+        }
+        let best = scores.iter().map(|s| s.total).fold(f64::INFINITY, f64::min);
+        let margin = request.request_blocks(self.config.kv_cache_block_size) as f64;
+        scores
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.total <= best + margin)
+            .max_by_key(|(_, s)| rendezvous(group, s.rank))
+            .map(|(i, _)| i)
+    }
+
     /// Running siblings of a sized group one worker takes: `ceil(size / k)` with `k` the fewest
     /// workers that keep the group within a fair share of the active requests, once the rest of
     /// the group is in.
@@ -301,4 +337,9 @@ impl Router {
     pub fn group_count(&self) -> usize {
         self.groups.len()
     }
+}
+
+/// The rendezvous weight of `rank` for `group`: the same on every replica.
+fn rendezvous(group: u64, rank: WorkerRank) -> u64 {
+    mix64(group ^ mix64(rank.worker.0.rotate_left(32) ^ u64::from(rank.dp_rank)))
 }

@@ -375,3 +375,96 @@ fn the_skew_bound_applies_to_a_sized_group_too() {
     assert!(per_worker.values().all(|n| *n <= 3), "{per_worker:?}");
     busy.check_invariants().unwrap();
 }
+
+fn synced_replica(seed: u64, workers: u64) -> Router {
+    let config = RouterConfig {
+        router_mode: RouterMode::Kv,
+        kv_cache_block_size: BS,
+        seed,
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    for w in 0..workers {
+        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+    }
+    r.enable_replica_sync(crate::ids::ReplicaId(seed), 1024);
+    r
+}
+
+#[test]
+fn synced_replicas_start_a_new_group_on_the_same_worker_before_hearing_of_each_other() {
+    // Two replicas with their own seeds place the first sibling each of 16 new groups, taking
+    // turns, before any event passes between them. Their views stay alike (each placed the
+    // same siblings), but their random tie-breaks differ. They agree on every group's worker.
+    let (mut a, mut b) = (synced_replica(1, 8), synced_replica(2, 8));
+    for g in 0..16u64 {
+        let ra = a.route(&sized(2 * g, 100 + g, 8), Time::ZERO).unwrap().rank;
+        let rb = b
+            .route(&sized(2 * g + 1, 100 + g, 8), Time::ZERO)
+            .unwrap()
+            .rank;
+        assert_eq!(ra, rb, "group {g}");
+    }
+    // Without sync each starts the group on its own argmin (seeded ties): they disagree.
+    let (mut c, mut d) = (router(RouterMode::Kv, 8), {
+        let mut d = Router::new(RouterConfig {
+            router_mode: RouterMode::Kv,
+            kv_cache_block_size: BS,
+            seed: 2,
+            ..Default::default()
+        })
+        .unwrap();
+        for w in 0..8 {
+            d.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+        }
+        d
+    });
+    let split = (0..16u64)
+        .filter(|g| {
+            let rc = c.route(&sized(2 * g, 100 + g, 8), Time::ZERO).unwrap().rank;
+            let rd = d
+                .route(&sized(2 * g + 1, 100 + g, 8), Time::ZERO)
+                .unwrap()
+                .rank;
+            rc != rd
+        })
+        .count();
+    assert!(
+        split > 0,
+        "unsynced replicas agreed on every group by chance"
+    );
+    a.check_invariants().unwrap();
+    b.check_invariants().unwrap();
+}
+
+#[test]
+fn a_new_groups_worker_costs_at_most_one_more_prompt_than_the_best() {
+    // Naive model: whatever the load, the rendezvous choice is among the candidates within the
+    // request's own blocks of the cheapest.
+    let mut rng = crate::rng::SeededRng::new(7);
+    for case in 0..64u64 {
+        let mut r = synced_replica(case, 6);
+        for i in 0..rng.below(24) as u64 {
+            let len = 4 + 4 * rng.below(6) as u32;
+            r.route(
+                &request(1_000 + i, &tokens(1_000 + i as u32, len)),
+                Time::ZERO,
+            )
+            .unwrap();
+        }
+        let q = sized(1, 500 + case, 4);
+        let d = r.route(&q, Time::ZERO).unwrap();
+        let best = d
+            .candidates
+            .iter()
+            .map(|s| s.total)
+            .fold(f64::INFINITY, f64::min);
+        let chosen = d.candidates.iter().find(|s| s.rank == d.rank).unwrap();
+        let margin = q.request_blocks(BS) as f64;
+        assert!(
+            chosen.total <= best + margin,
+            "case {case}: {} > {best} + {margin}",
+            chosen.total
+        );
+    }
+}
