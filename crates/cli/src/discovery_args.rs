@@ -38,6 +38,15 @@ pub(crate) struct DiscoveryArgs {
     /// 0.1 s up to this).
     #[arg(help_heading = H::DISCOVERY, long, default_value_t = 5.0)]
     discovery_backoff_max_secs: f64,
+    /// Longest wait in milliseconds for one call to the discovery source (an etcd call or a
+    /// watch's first answer; a pod's annotations on Kubernetes); a call that takes longer
+    /// counts as a failure and the source reconnects.
+    #[arg(help_heading = H::DISCOVERY, long, default_value_t = 5000)]
+    discovery_call_timeout_ms: u64,
+    /// Discovered changes that may wait to be applied (workers are registered one at a time);
+    /// beyond this the source waits before reading more.
+    #[arg(help_heading = H::DISCOVERY, long, default_value_t = 1024)]
+    discovery_event_backlog: usize,
 }
 
 fn secs(v: f64, flag: &str) -> anyhow::Result<Duration> {
@@ -71,6 +80,12 @@ impl DiscoveryArgs {
         if backoff_max.is_zero() {
             bail!("--discovery-backoff-max-secs must be above 0");
         }
+        if self.discovery_call_timeout_ms == 0 {
+            bail!("--discovery-call-timeout-ms must be at least 1");
+        }
+        if self.discovery_event_backlog == 0 {
+            bail!("--discovery-event-backlog must be at least 1");
+        }
         Ok(Some(DiscoveryConfig {
             source,
             drain_grace: secs(
@@ -78,6 +93,8 @@ impl DiscoveryArgs {
                 "--discovery-drain-grace-secs",
             )?,
             backoff_max,
+            call_timeout: Duration::from_millis(self.discovery_call_timeout_ms),
+            event_backlog: self.discovery_event_backlog,
         }))
     }
 }

@@ -136,6 +136,19 @@ pub(crate) struct ServeArgs {
     /// counted (the next heartbeat repairs lost finishes).
     #[arg(help_heading = H::REPLICAS, long, default_value_t = 65536)]
     replica_outbox_max_events: usize,
+    /// Requests one heartbeat lists at most (each with its worker, prompt tokens and blocks, so
+    /// the others restore a lost begin); with more active, the lists go round the requests in
+    /// ranges of ids.
+    #[arg(help_heading = H::REPLICAS, long, default_value_t = 4096)]
+    replica_heartbeat_max_requests: usize,
+    /// Entries read from each shared key-value bucket (members, sessions, policy) on joining,
+    /// at most.
+    #[arg(help_heading = H::REPLICAS, long, default_value_t = 100_000)]
+    replica_join_max_keys: usize,
+    /// Keep worker health verdicts to this replica: do not publish its ejections and
+    /// recoveries, and do not apply the other replicas'.
+    #[arg(help_heading = H::REPLICAS, long)]
+    no_replica_share_health: bool,
     #[command(flatten)]
     pub(crate) log: crate::logging::LogArgs,
     /// Write one access line per request when it ends (log target `kvrouter::access`: request
@@ -553,6 +566,9 @@ impl ServeArgs {
             heartbeat: std::time::Duration::from_millis(self.replica_heartbeat_ms),
             ttl: std::time::Duration::from_millis(self.replica_ttl_ms),
             outbox_max_events: self.replica_outbox_max_events,
+            active_list_max: self.replica_heartbeat_max_requests,
+            join_max_keys: self.replica_join_max_keys,
+            share_health: !self.no_replica_share_health,
         };
         config.validate().map_err(anyhow::Error::msg)?;
         Ok(Some(config))

@@ -7,6 +7,8 @@ mod common;
 mod etcd;
 #[path = "discovery/kubernetes.rs"]
 mod kubernetes;
+#[path = "discovery/silent_etcd.rs"]
+mod silent_etcd;
 
 use futures::StreamExt;
 use serde_json::Value;
@@ -381,6 +383,19 @@ async fn bad_discovery_flags_are_refused_naming_the_flag() {
     ])
     .await;
     assert!(e.contains("--discovery-drain-grace-secs"), "{e}");
+    for flag in ["--discovery-call-timeout-ms", "--discovery-event-backlog"] {
+        let e = fails(&[
+            "serve",
+            "--port",
+            "0",
+            "--discovery",
+            "etcd://h:1",
+            flag,
+            "0",
+        ])
+        .await;
+        assert!(e.contains(flag), "{e}");
+    }
     let e = fails(&[
         "mock-engine",
         "--port",

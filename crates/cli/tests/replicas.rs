@@ -516,6 +516,126 @@ async fn one_replica_drives_an_update_and_its_death_leaves_no_worker_paused() {
     .await;
 }
 
+/// Sends `signal` (`-STOP`, `-CONT`) to a process.
+fn kill(proc: &Proc, signal: &str) {
+    let pid = proc.child.id().expect("running").to_string();
+    let ok = std::process::Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .expect("kill runs")
+        .success();
+    assert!(ok, "kill {signal} {pid}");
+}
+
+/// The value of one labelled sample (`name{labels}`), 0 while it is absent.
+async fn sample(client: &reqwest::Client, base: &str, sample: &str) -> u64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{sample} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+const UNHEALTHY: &str = r#"kvrouter_worker_health_transitions_total{to="unhealthy"}"#;
+const HEALTHY: &str = r#"kvrouter_worker_health_transitions_total{to="healthy"}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_one_replica_ejects_is_avoided_by_the_others_until_it_recovers() {
+    let nats = nats().await;
+    let engines = engines(2, &[]).await;
+    let extra = [
+        "--router-mode",
+        "round-robin",
+        "--health-check-interval-secs",
+        "0.3",
+        // Checks never eject here (they fail while the engine is frozen): only failed requests
+        // do, and requests go through replica A only until it has.
+        "--health-failure-threshold",
+        "1000000",
+        "--health-recovery-threshold",
+        "2",
+        "--outlier-consecutive-failures",
+        "2",
+        "--upstream-response-timeout-secs",
+        "0.5",
+    ];
+    let a = replica(&nats, 1, &engines, &extra).await;
+    let b = replica(&nats, 2, &engines, &extra).await;
+    let client = reqwest::Client::new();
+    joined(&client, &[&a, &b]).await;
+    let (ab, bb) = (a.http(), b.http());
+    kill(&engines[1], "-STOP");
+    // Through A only: requests on the frozen engine time out (and are retried on the other)
+    // until A ejects it.
+    let mut i = 0;
+    until(
+        Duration::from_secs(30),
+        "A to eject the frozen engine",
+        || {
+            i += 1;
+            let (c, base, k) = (client.clone(), ab.clone(), i);
+            async move {
+                complete(&c, &base, &format!("through a {k}"), &[], 2).await;
+                sample(&c, &base, UNHEALTHY).await >= 1
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        worker_sum(&client, &bb, "kvrouter_upstream_retries_total").await,
+        0
+    );
+    // B has seen no failed request; A's verdict reaches it within the sync lag.
+    until(Duration::from_secs(10), "B to apply A's verdict", || {
+        let (c, base) = (client.clone(), bb.clone());
+        async move { sample(&c, &base, UNHEALTHY).await >= 1 }
+    })
+    .await;
+    for k in 0..6 {
+        let w = complete(&client, &bb, &format!("through b {k}"), &[], 2).await;
+        assert_eq!(w, 0, "request {k} through B avoids the ejected engine");
+    }
+    assert_eq!(
+        worker_sum(&client, &bb, "kvrouter_upstream_retries_total").await,
+        0,
+        "no request through B tried the frozen engine"
+    );
+    // A replica that joins now reads A's current ejections (members bucket, heartbeats).
+    let c = replica(&nats, 3, &engines, &extra).await;
+    until(
+        Duration::from_secs(20),
+        "C, joined later, to eject it",
+        || {
+            let (cl, base) = (client.clone(), c.http());
+            async move { sample(&cl, &base, UNHEALTHY).await >= 1 }
+        },
+    )
+    .await;
+    // It recovers: A's checks pass, and both replicas use it again.
+    kill(&engines[1], "-CONT");
+    for base in [&ab, &bb] {
+        let mut k = 0;
+        until(
+            Duration::from_secs(20),
+            "the engine back in rotation",
+            || {
+                k += 1;
+                let (c, base, k) = (client.clone(), base.clone(), k);
+                async move { complete(&c, &base, &format!("after {k}"), &[], 2).await == 1 }
+            },
+        )
+        .await;
+        assert!(sample(&client, base, HEALTHY).await >= 1);
+    }
+}
+
 #[tokio::test]
 async fn bad_replica_flags_are_a_clear_error_naming_the_flag() {
     for (flags, named) in [
@@ -558,6 +678,24 @@ async fn bad_replica_flags_are_a_clear_error_naming_the_flag() {
                 "0",
             ],
             "--replica-outbox-max-events",
+        ),
+        (
+            vec![
+                "--replica-sync",
+                "nats://127.0.0.1:4222",
+                "--replica-heartbeat-max-requests",
+                "0",
+            ],
+            "--replica-heartbeat-max-requests",
+        ),
+        (
+            vec![
+                "--replica-sync",
+                "nats://127.0.0.1:4222",
+                "--replica-join-max-keys",
+                "0",
+            ],
+            "--replica-join-max-keys",
         ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))

@@ -346,9 +346,20 @@ pub struct DiscoveryConfig {
     pub drain_grace: Duration,
     /// The longest wait between reconnects to the source.
     pub backoff_max: Duration,
+    /// The longest wait for one call to the source (an etcd call, a watch's first answer, a
+    /// pod's annotations on Kubernetes).
+    pub call_timeout: Duration,
+    /// Source events that may wait for the driver (which registers workers one at a time); a
+    /// source that gets this far ahead waits.
+    pub event_backlog: usize,
 }
 
 impl DiscoveryConfig {
+    /// Default of [`DiscoveryConfig::call_timeout`].
+    pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+    /// Default of [`DiscoveryConfig::event_backlog`].
+    pub const DEFAULT_EVENT_BACKLOG: usize = 1024;
+
     /// Reads `--discovery` (`etcd://HOST:PORT` or `kubernetes`) with its companion flags.
     pub fn parse(
         spec: &str,
@@ -404,6 +415,13 @@ pub struct ReplicaSyncConfig {
     /// Events waiting to be published at most; more are dropped and counted (the next
     /// heartbeat's active list repairs lost finishes).
     pub outbox_max_events: usize,
+    /// Requests one heartbeat's active list holds at most; with more active, the lists go
+    /// round the ids in ranges (each request is listed every ⌈active / this⌉ heartbeats).
+    pub active_list_max: usize,
+    /// Entries read from each key-value bucket on joining, at most.
+    pub join_max_keys: usize,
+    /// Publish this replica's worker health verdicts and apply the others'.
+    pub share_health: bool,
 }
 
 impl ReplicaSyncConfig {
@@ -415,6 +433,10 @@ impl ReplicaSyncConfig {
     pub const DEFAULT_OUTBOX_MAX_EVENTS: usize = 65_536;
     /// Default cluster name.
     pub const DEFAULT_CLUSTER: &'static str = "kvrouter";
+    /// Default bound of one heartbeat's active list.
+    pub const DEFAULT_ACTIVE_LIST_MAX: usize = kvrouter_core::router::DEFAULT_ACTIVE_LIST_MAX;
+    /// Default bound of the entries read per bucket on joining.
+    pub const DEFAULT_JOIN_MAX_KEYS: usize = 100_000;
 
     /// Sync with the replicas at `url`, defaults otherwise.
     pub fn new(url: impl Into<String>, replica_id: u64) -> Self {
@@ -425,6 +447,9 @@ impl ReplicaSyncConfig {
             heartbeat: Self::DEFAULT_HEARTBEAT,
             ttl: Self::DEFAULT_TTL,
             outbox_max_events: Self::DEFAULT_OUTBOX_MAX_EVENTS,
+            active_list_max: Self::DEFAULT_ACTIVE_LIST_MAX,
+            join_max_keys: Self::DEFAULT_JOIN_MAX_KEYS,
+            share_health: true,
         }
     }
 
@@ -451,6 +476,12 @@ impl ReplicaSyncConfig {
         }
         if self.outbox_max_events == 0 {
             return Err("--replica-outbox-max-events must be at least 1".into());
+        }
+        if self.active_list_max == 0 {
+            return Err("--replica-heartbeat-max-requests must be at least 1".into());
+        }
+        if self.join_max_keys == 0 {
+            return Err("--replica-join-max-keys must be at least 1".into());
         }
         Ok(())
     }

@@ -3,8 +3,10 @@
 //! Kept apart from `replica` so shared state does not depend on the sync loops.
 
 use crate::config::ReplicaSyncConfig;
+use crate::health::Reason;
+use kvrouter_core::ids::WorkerId;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::Notify;
 
 /// Replica sync as the rest of the server sees it: the publisher's wake-up, the link once
@@ -15,6 +17,10 @@ pub(crate) struct ReplicaState {
     /// Wakes the publisher: the core queued events.
     pub(crate) notify: Notify,
     link: OnceLock<Arc<Link>>,
+    /// This replica's own health verdicts not yet published: ejected (with why) or recovered.
+    verdicts: Mutex<Vec<(WorkerId, Option<Reason>)>>,
+    /// Off in tests that show what unshared verdicts cost.
+    share_verdicts: bool,
     pub(crate) metrics: SyncMetrics,
 }
 
@@ -22,8 +28,26 @@ impl ReplicaState {
     pub(crate) fn new(config: Option<&ReplicaSyncConfig>) -> Self {
         Self {
             id: config.map_or(0, |c| c.replica_id),
+            share_verdicts: config.is_some_and(|c| c.share_health),
             ..Default::default()
         }
+    }
+
+    /// This replica's own verdict on `worker` changed: queue it for the others (with sync on).
+    pub(crate) fn verdict(&self, worker: WorkerId, verdict: Option<Reason>) {
+        if !self.share_verdicts {
+            return;
+        }
+        self.verdicts
+            .lock()
+            .expect("verdicts lock")
+            .push((worker, verdict));
+        self.notify.notify_one();
+    }
+
+    /// Takes the verdicts waiting to be published, oldest first.
+    pub(crate) fn take_verdicts(&self) -> Vec<(WorkerId, Option<Reason>)> {
+        std::mem::take(&mut *self.verdicts.lock().expect("verdicts lock"))
     }
 
     /// This replica's id (0 without sync).

@@ -358,6 +358,7 @@ impl AppState {
                 kvrouter_core::ids::ReplicaId(sync.replica_id),
                 sync.outbox_max_events,
             );
+            router.set_active_list_max(sync.active_list_max);
         }
         let replica = crate::replica_state::ReplicaState::new(config.replica_sync.as_ref());
         let http = reqwest::Client::builder()

@@ -25,7 +25,9 @@ pub use config::{
 };
 pub use cost::FittedProfile;
 pub use effects::Effects;
-pub use replica::{RemoteError, RemoteEvent, REMOTE_ID_BASE};
+pub use replica::{
+    ActiveRequest, RemoteError, RemoteEvent, DEFAULT_ACTIVE_LIST_MAX, REMOTE_ID_BASE,
+};
 pub use request::{
     Decision, Pin, RouteError, RouteRequest, VersionRequirement, WorkerSpec, MAX_DP_SIZE,
     MAX_PRIORITY,

@@ -38,13 +38,22 @@ pub enum RemoteEvent {
         /// Its id at the owner.
         request: RequestId,
     },
-    /// Every request the replica has active now (sent with its heartbeat): the others drop
-    /// those of its requests not listed (a lost finish).
+    /// The replica's active requests with ids in `from..to` (`to` `None`: no upper end), sent
+    /// with its heartbeat: the others drop those of its requests in that range not listed (a
+    /// lost finish) and recreate those listed they lack (a lost begin) or still count in
+    /// prefill (a lost first token). A replica with more active requests than fit in one list
+    /// covers them over several heartbeats, range by range.
     Active {
         /// The owner.
         replica: ReplicaId,
-        /// Its active request ids.
-        requests: Vec<RequestId>,
+        /// Its active requests in the range, by id.
+        requests: Vec<ActiveRequest>,
+        /// The first id the list covers.
+        #[serde(default)]
+        from: RequestId,
+        /// The first id past the range (`None`: every id from `from` up).
+        #[serde(default)]
+        to: Option<RequestId>,
     },
     /// A predicted placement (predicted window or approximate mode): `rank` will hold these
     /// blocks; its TTL runs from when the receiver applies it.
@@ -104,6 +113,24 @@ pub enum RemoteEvent {
     },
 }
 
+/// One active request as a heartbeat lists it: enough to recreate its load where its begin was
+/// lost. Its prompt blocks travel as a count (recreated as blocks of its own, not shared with
+/// other requests on the rank), which keeps heartbeats small and errs towards more load.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActiveRequest {
+    /// Its id at the owner.
+    pub request: RequestId,
+    /// Where it runs.
+    pub rank: WorkerRank,
+    /// Uncached prompt tokens it prefills.
+    pub prefill_tokens: u64,
+    /// Blocks it holds (full prompt blocks and its own).
+    pub blocks: u64,
+    /// Past its first token.
+    #[serde(default)]
+    pub decoding: bool,
+}
+
 impl RemoteEvent {
     /// The same event with its worker ids translated from the sender's to this router's
     /// (replicas may number the same engine differently); `None` when one has no counterpart.
@@ -149,6 +176,27 @@ impl RemoteEvent {
             RemoteEvent::Paused { worker, paused } => RemoteEvent::Paused {
                 worker: map(worker)?,
                 paused,
+            },
+            RemoteEvent::Active {
+                replica,
+                requests,
+                from,
+                to,
+            } => RemoteEvent::Active {
+                replica,
+                // A request on a worker this replica does not know cannot be counted here
+                // (its begin was refused too).
+                requests: requests
+                    .into_iter()
+                    .filter_map(|a| {
+                        Some(ActiveRequest {
+                            rank: rank(a.rank)?,
+                            ..a
+                        })
+                    })
+                    .collect(),
+                from,
+                to,
             },
             RemoteEvent::UpdateHeld { replica, workers } => RemoteEvent::UpdateHeld {
                 replica,

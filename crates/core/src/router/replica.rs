@@ -12,15 +12,18 @@
 //! the next one; [`RemoteEvent::ReplicaExpired`] (the host saw no heartbeat for its TTL) drops
 //! everything the replica put on the others: its load and the workers its update held out.
 
-pub use super::remote_event::{RemoteError, RemoteEvent};
+pub use super::remote_event::{ActiveRequest, RemoteError, RemoteEvent};
 use super::{Effects, RouteRequest, Router};
 use crate::ids::{ReplicaId, RequestId, WorkerId, WorkerRank};
-use crate::ledger::RequestLoad;
+use crate::ledger::{Phase, RequestLoad};
 use crate::time::Time;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Local request ids stay below this; remote requests get ids from here up.
 pub const REMOTE_ID_BASE: u64 = 1 << 63;
+
+/// Requests one heartbeat lists by default (see [`Router::set_active_list_max`]).
+pub const DEFAULT_ACTIVE_LIST_MAX: usize = 4096;
 
 /// What the replicas share, as one router sees it.
 #[derive(Debug, Default)]
@@ -40,6 +43,10 @@ struct Outbox {
     events: Vec<RemoteEvent>,
     max_events: usize,
     dropped: u64,
+    /// Requests one active list holds at most.
+    active_max: usize,
+    /// Where the next active list starts (past the previous one's range).
+    active_cursor: RequestId,
 }
 
 impl Replicas {
@@ -73,7 +80,17 @@ impl Router {
             events: Vec::new(),
             max_events: max_events.max(1),
             dropped: 0,
+            active_max: DEFAULT_ACTIVE_LIST_MAX,
+            active_cursor: RequestId(0),
         });
+    }
+
+    /// Bounds the requests one active list holds (default [`DEFAULT_ACTIVE_LIST_MAX`]): with
+    /// more active, each list covers the next range of ids and the lists go round them.
+    pub fn set_active_list_max(&mut self, max: usize) {
+        if let Some(o) = &mut self.replicas.own {
+            o.active_max = max.max(1);
+        }
     }
 
     /// This router's replica id, when sync is on.
@@ -103,19 +120,45 @@ impl Router {
         self.replicas.own.as_ref().map_or(0, |o| o.dropped)
     }
 
-    /// Queues the list of this replica's active requests (send it with each heartbeat).
+    /// Queues the list of this replica's active requests (send it with each heartbeat): all of
+    /// them when they fit in one list, else the next range of ids (see
+    /// [`Router::set_active_list_max`]).
     pub fn replica_active(&mut self) {
-        let Some(replica) = self.replica_id() else {
+        let Some(o) = &self.replicas.own else {
             return;
         };
-        let requests: Vec<RequestId> = self
-            .ledger
-            .active_ids()
-            .into_iter()
-            .filter(|id| id.0 < REMOTE_ID_BASE)
+        let (replica, max, cursor) = (o.id, o.active_max, o.active_cursor);
+        let ids = self.ledger.active_ids();
+        let local = &ids[..ids.partition_point(|id| id.0 < REMOTE_ID_BASE)];
+        let rest = &local[local.partition_point(|id| *id < cursor)..];
+        let (listed, to) = if rest.len() > max {
+            (&rest[..max], Some(rest[max]))
+        } else {
+            (rest, None)
+        };
+        let requests = listed
+            .iter()
+            .filter_map(|id| {
+                let load = self.ledger.request_load(*id)?;
+                let (_, phase) = self.ledger.get(*id)?;
+                Some(ActiveRequest {
+                    request: *id,
+                    rank: load.rank,
+                    prefill_tokens: load.prefill_tokens,
+                    blocks: load.blocks.len() as u64 + load.private_blocks,
+                    decoding: phase == Phase::Decode,
+                })
+            })
             .collect();
-        self.replicas
-            .push(RemoteEvent::Active { replica, requests });
+        if let Some(o) = &mut self.replicas.own {
+            o.active_cursor = to.unwrap_or(RequestId(0));
+        }
+        self.replicas.push(RemoteEvent::Active {
+            replica,
+            requests,
+            from: cursor,
+            to,
+        });
     }
 
     /// Whether another replica's weight update holds `worker` out.
@@ -256,15 +299,12 @@ impl Router {
                 let _ = self.ledger.release(id);
                 Ok(self.released(now))
             }
-            RemoteEvent::Active { replica, requests } => {
-                let keep: BTreeSet<RequestId> = requests.into_iter().collect();
-                let gone: Vec<RequestId> = self
-                    .remote_of(replica)
-                    .filter(|(r, _)| !keep.contains(r))
-                    .map(|(r, _)| r)
-                    .collect();
-                Ok(self.drop_remote(replica, &gone, now))
-            }
+            RemoteEvent::Active {
+                replica,
+                requests,
+                from,
+                to,
+            } => Ok(self.apply_active(replica, requests, from, to, now)),
             RemoteEvent::ReplicaExpired { replica } => {
                 let gone: Vec<RequestId> = self.remote_of(replica).map(|(r, _)| r).collect();
                 let had_held = self.replicas.held.remove(&replica).is_some();
@@ -336,6 +376,55 @@ impl Router {
                 })
             }
         }
+    }
+
+    /// A heartbeat's active list: drops the replica's requests in `from..to` it does not list,
+    /// recreates those it lists that are missing here, and moves to decode those it lists as
+    /// past their first token.
+    fn apply_active(
+        &mut self,
+        replica: ReplicaId,
+        requests: Vec<ActiveRequest>,
+        from: RequestId,
+        to: Option<RequestId>,
+        now: Time,
+    ) -> Effects {
+        let keep: BTreeSet<RequestId> = requests.iter().map(|a| a.request).collect();
+        let in_range = |r: RequestId| r >= from && to.is_none_or(|t| r < t);
+        let gone: Vec<RequestId> = self
+            .remote_of(replica)
+            .filter(|(r, _)| in_range(*r) && !keep.contains(r))
+            .map(|(r, _)| r)
+            .collect();
+        let mut effects = self.drop_remote(replica, &gone, now);
+        let mut moved = false;
+        for a in requests.into_iter().filter(|a| in_range(a.request)) {
+            if !self.replicas.remote.contains_key(&(replica, a.request)) {
+                // A lost begin: its load, as the heartbeat describes it. Its blocks count as
+                // its own (their hashes do not travel in heartbeats).
+                let begin = RemoteEvent::Begin {
+                    replica,
+                    request: a.request,
+                    rank: a.rank,
+                    prefill_tokens: a.prefill_tokens,
+                    blocks: Vec::new(),
+                    private_blocks: a.blocks,
+                };
+                if self.apply_remote(begin, now).is_err() {
+                    continue;
+                }
+            }
+            let Ok(id) = self.remote_id(replica, a.request) else {
+                continue;
+            };
+            if a.decoding && matches!(self.ledger.get(id), Some((_, Phase::Prefill))) {
+                moved |= self.ledger.first_token(id).is_ok();
+            }
+        }
+        if moved {
+            effects.placed.extend(self.poll(now));
+        }
+        effects
     }
 
     fn known_rank(&self, rank: WorkerRank) -> Result<(), RemoteError> {

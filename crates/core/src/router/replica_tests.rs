@@ -130,6 +130,90 @@ fn the_active_list_repairs_a_lost_finish() {
 }
 
 #[test]
+fn the_active_list_restores_a_lost_begin_and_first_token() {
+    let (mut a, mut b) = pair(RouterMode::Kv, 2);
+    let d1 = a.route(&request(1, &tokens(1, 16)), Time::ZERO).unwrap();
+    let d2 = a.route(&request(2, &tokens(2, 16)), Time::ZERO).unwrap();
+    a.first_token(RequestId(2)).unwrap();
+    // Request 1's begin arrives; request 2's begin and first token are lost.
+    let sent = a.take_outgoing();
+    let kept: Vec<RemoteEvent> = sent
+        .into_iter()
+        .filter(|e| {
+            !matches!(
+                e,
+                RemoteEvent::Begin {
+                    request: RequestId(2),
+                    ..
+                } | RemoteEvent::FirstToken { .. }
+            )
+        })
+        .collect();
+    for e in kept {
+        let _ = b.apply_remote(e, Time::ZERO).unwrap();
+    }
+    assert_eq!(
+        b.ledger().active_requests(),
+        1,
+        "request 2's load is invisible"
+    );
+    a.replica_active();
+    deliver(&mut a, &mut b, Time::ZERO);
+    assert_eq!(b.remote_requests()[&A], 2, "the heartbeat restored it");
+    for r in [d1.rank, d2.rank] {
+        let (here, there) = (a.load(r), b.load(r));
+        assert_eq!(there.active_requests, here.active_requests);
+        // Request 2 is past its first token there too: no prefill tokens left.
+        assert_eq!(there.active_prefill_tokens, here.active_prefill_tokens);
+        // Restored blocks count as its own: never less than the owner counts.
+        assert!(there.active_decode_blocks >= here.active_decode_blocks);
+    }
+    b.check_invariants().unwrap();
+    // Its finish then releases it as if nothing was lost.
+    let _ = a.finish(RequestId(2), Time::ZERO).unwrap();
+    let _ = a.finish(RequestId(1), Time::ZERO).unwrap();
+    deliver(&mut a, &mut b, Time::ZERO);
+    assert_eq!(b.ledger().active_requests(), 0);
+    assert!(b.remote_requests().is_empty());
+}
+
+#[test]
+fn active_lists_over_their_bound_go_round_the_ids() {
+    let (mut a, mut b) = pair(RouterMode::Kv, 2);
+    a.set_active_list_max(2);
+    for id in 1..=5 {
+        a.route(&request(id, &tokens(id as u32, 8)), Time::ZERO)
+            .unwrap();
+    }
+    let _ = a.take_outgoing(); // every begin lost
+    let mut sizes = Vec::new();
+    for _ in 0..3 {
+        a.replica_active();
+        let out = a.take_outgoing();
+        for e in &out {
+            if let RemoteEvent::Active { requests, .. } = e {
+                sizes.push(requests.len());
+            }
+        }
+        for e in out {
+            let _ = b.apply_remote(e, Time::ZERO).unwrap();
+        }
+    }
+    assert_eq!(sizes, vec![2, 2, 1], "bounded lists, round the ids");
+    assert_eq!(b.remote_requests()[&A], 5);
+    // A finish lost for an id in a later range is repaired when the lists reach it.
+    let _ = a.finish(RequestId(5), Time::ZERO).unwrap();
+    let _ = a.take_outgoing();
+    a.replica_active(); // ids 1, 2: not 5's range
+    deliver(&mut a, &mut b, Time::ZERO);
+    assert_eq!(b.remote_requests()[&A], 5);
+    a.replica_active(); // ids 3 up
+    deliver(&mut a, &mut b, Time::ZERO);
+    assert_eq!(b.remote_requests()[&A], 4);
+    b.check_invariants().unwrap();
+}
+
+#[test]
 fn sessions_and_groups_placed_by_one_replica_hold_at_the_other() {
     let config = RouterConfig {
         router_mode: RouterMode::RoundRobin,

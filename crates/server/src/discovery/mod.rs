@@ -26,12 +26,9 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-/// Events a source may get ahead of the driver (which registers workers one at a time).
-const EVENT_BACKLOG: usize = 1024;
-
 /// Starts the source of `config` and its driver; abort both to stop.
 pub(crate) fn spawn(state: &AppState, config: &DiscoveryConfig) -> [JoinHandle<()>; 2] {
-    let (tx, rx) = mpsc::channel(EVENT_BACKLOG);
+    let (tx, rx) = mpsc::channel(config.event_backlog.max(1));
     let name = match config.source {
         DiscoverySource::Etcd { .. } => "etcd",
         DiscoverySource::Kubernetes { .. } => "kubernetes",
@@ -42,7 +39,7 @@ pub(crate) fn spawn(state: &AppState, config: &DiscoveryConfig) -> [JoinHandle<(
     });
     let source = match &config.source {
         DiscoverySource::Etcd { endpoint, prefix } => tokio::spawn(etcd::source::run(
-            etcd::EtcdClient::new(endpoint),
+            etcd::EtcdClient::with_call_timeout(endpoint, config.call_timeout),
             prefix.clone(),
             config.backoff_max,
             reconnected,
@@ -58,6 +55,7 @@ pub(crate) fn spawn(state: &AppState, config: &DiscoveryConfig) -> [JoinHandle<(
                 namespace: namespace.clone(),
                 port_name: port_name.clone(),
                 backoff_max: config.backoff_max,
+                call_timeout: config.call_timeout,
             },
             reconnected,
             tx,

@@ -5,7 +5,7 @@
 use super::link::{apply, local_ids};
 use super::wire::{self, Names, SessionValue, WorkerPolicy};
 use crate::replica_state::Link;
-use crate::state::Inner;
+use crate::state::{AppState, Inner};
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
 use kvrouter_core::ids::{WorkerId, WorkerRank};
@@ -13,9 +13,6 @@ use kvrouter_core::router::RemoteEvent;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-/// Keys read from a bucket when joining, at most.
-const MAX_JOIN_KEYS: usize = 100_000;
 
 /// Opens a bucket, making it if it does not exist (`max_age` zero: entries never age out).
 pub(super) async fn open(
@@ -58,14 +55,14 @@ pub(super) async fn open(
     }
 }
 
-/// Every entry of a bucket (at most [`MAX_JOIN_KEYS`]).
-async fn entries(store: &kv::Store) -> Vec<(String, bytes::Bytes)> {
+/// Every entry of a bucket (at most `max`, `--replica-join-max-keys`).
+async fn entries(store: &kv::Store, max: usize) -> Vec<(String, bytes::Bytes)> {
     let mut out = Vec::new();
     let Ok(mut keys) = store.keys().await else {
         return out;
     };
     while let Some(Ok(key)) = keys.next().await {
-        if out.len() >= MAX_JOIN_KEYS {
+        if out.len() >= max {
             break;
         }
         if let Ok(Some(v)) = store.get(&key).await {
@@ -75,17 +72,29 @@ async fn entries(store: &kv::Store) -> Vec<(String, bytes::Bytes)> {
     out
 }
 
-/// What a joining replica reads: the others' worker tables, live sessions, policy versions and
-/// pauses.
+/// What a joining replica reads: the others' worker tables and health ejections, live
+/// sessions, policy versions and pauses.
 pub(super) async fn join(
-    inner: &Inner,
+    state: &AppState,
     peers: &Mutex<super::peers::Peers>,
     members: &kv::Store,
     sessions: &kv::Store,
     policy: &kv::Store,
 ) {
+    let inner = &*state.inner;
     let own = inner.replica.id();
-    for (key, value) in entries(members).await {
+    let max = inner
+        .config
+        .replica_sync
+        .as_ref()
+        .map_or(1, |c| c.join_max_keys);
+    for (key, value) in entries(members, max).await {
+        if let Some(id) = wire::health_key_replica(&key) {
+            if let (false, Ok(list)) = (id == own, serde_json::from_slice(&value)) {
+                super::health::apply(state, id, Vec::new(), Some(list));
+            }
+            continue;
+        }
         let Ok(id) = key.parse::<u64>() else { continue };
         if id == own {
             continue;
@@ -99,7 +108,7 @@ pub(super) async fn join(
     }
     let local = local_ids(inner);
     let mut events = Vec::new();
-    for (key, value) in entries(sessions).await {
+    for (key, value) in entries(sessions, max).await {
         let (Ok(session), Ok(v)) = (
             u64::from_str_radix(&key, 16),
             serde_json::from_slice::<SessionValue>(&value),
@@ -114,7 +123,7 @@ pub(super) async fn join(
             });
         }
     }
-    for (_, value) in entries(policy).await {
+    for (_, value) in entries(policy, max).await {
         let Ok(v) = serde_json::from_slice::<WorkerPolicy>(&value) else {
             continue;
         };

@@ -69,7 +69,7 @@ pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
             return;
         }
     };
-    super::buckets::join(&inner, &peers, &members, &sessions, &policy).await;
+    super::buckets::join(&state, &peers, &members, &sessions, &policy).await;
     inner
         .replica
         .metrics
@@ -143,6 +143,8 @@ async fn receive(
         m.lag_ms.store(lag, Ordering::Relaxed);
         let n = message.events.len() as u64;
         m.received.fetch_add(n, Ordering::Relaxed);
+        // Verdicts name workers by URL: applied whether or not the worker table is known yet.
+        super::health::apply(&state, message.replica, message.verdicts, message.ejected);
         if message.workers.is_some() {
             local = local_ids(inner);
         }
@@ -220,6 +222,7 @@ async fn expire(state: AppState, peers: Arc<Mutex<super::peers::Peers>>) {
                     replica: ReplicaId(id),
                 }],
             );
+            super::health::forget(&state, id);
             if !held.is_empty() {
                 tokio::spawn(super::lease::roll_back(state.clone(), id, held));
             }
@@ -256,9 +259,13 @@ async fn publish(state: AppState, link: Arc<Link>) {
             (core.take_outgoing(), core.outgoing_dropped())
         };
         m.dropped.store(dropped, Ordering::Relaxed);
-        if events.is_empty() {
+        let verdicts = super::health::outgoing(inner);
+        if events.is_empty() && verdicts.is_empty() {
             continue;
         }
+        let ejected = heartbeat
+            .then(|| super::health::own_ejections(inner))
+            .flatten();
         let workers = heartbeat.then(|| {
             let mut table: Vec<(u64, String)> = local_ids(inner)
                 .into_iter()
@@ -272,6 +279,11 @@ async fn publish(state: AppState, link: Arc<Link>) {
             let body = serde_json::to_vec(table).unwrap_or_default();
             let _ = link.client.publish(key, body.into()).await;
         }
+        if let Some(list) = &ejected {
+            let key = Names::kv_subject(&names.members(), &wire::health_key(config.replica_id));
+            let body = serde_json::to_vec(list).unwrap_or_default();
+            let _ = link.client.publish(key, body.into()).await;
+        }
         super::buckets::store_shared(inner, &link, &names, &events).await;
         let n = events.len() as u64;
         let message = Message {
@@ -280,6 +292,8 @@ async fn publish(state: AppState, link: Arc<Link>) {
             sent_unix_ms: wire::unix_ms(SystemTime::now()),
             workers,
             events,
+            verdicts,
+            ejected,
         };
         seq += 1;
         let body = serde_json::to_vec(&message).unwrap_or_default();

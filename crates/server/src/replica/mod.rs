@@ -6,11 +6,12 @@
 //! module carries them:
 //! - core NATS publish/subscribe (`<cluster>.replica.<id>`) for the high-rate deltas: request
 //!   begin / first token / finish, predicted placements, session bindings, group placements,
-//!   versions, pauses, update holds, and each heartbeat's list of active requests. Best effort
-//!   and in order per sender; a lost finish is repaired by the next heartbeat's list, a lost
-//!   begin costs that request's load until it ends.
+//!   versions, pauses, update holds, worker health verdicts (`health.rs`), and each heartbeat's
+//!   list of active requests (with each one's worker, prompt tokens and blocks, at most
+//!   `--replica-heartbeat-max-requests` a list). Best effort and in order per sender; the
+//!   heartbeats' lists repair a lost finish, begin or first token.
 //! - JetStream key-value buckets for what a joining replica must read on start: `members`
-//!   (worker tables, aged out after the TTL), `sessions` (aged out after the session TTL),
+//!   (worker tables and each replica's own health ejections, aged out after the TTL), `sessions` (aged out after the session TTL),
 //!   `policy` (versions, pauses), and `lease` (the weight-update lease, aged out after the TTL).
 //!
 //! Nothing here is on the request path: the request path only queues events in the core (a
@@ -22,6 +23,7 @@
 //! `crate::replica_state`.
 
 mod buckets;
+mod health;
 pub(crate) mod lease;
 mod link;
 mod peers;

@@ -1,6 +1,7 @@
 //! What replicas send each other over NATS: names of subjects and buckets, the delta message,
 //! and the values kept in the key-value buckets. Pure: encoding and names only.
 
+use crate::health::Reason;
 use kvrouter_core::router::RemoteEvent;
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +20,22 @@ pub(crate) struct Message {
     pub(crate) workers: Option<Vec<(u64, String)>>,
     /// The events, oldest first.
     pub(crate) events: Vec<RemoteEvent>,
+    /// Changes of the sender's own worker health verdicts, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) verdicts: Vec<Verdict>,
+    /// Every worker the sender's own observations keep out now (with each heartbeat).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) ejected: Option<Vec<Verdict>>,
+}
+
+/// A replica's health verdict on a worker, named by URL (replicas number workers differently;
+/// verdicts are rare, so they carry the URL rather than wait for the sender's worker table).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Verdict {
+    pub(crate) url: String,
+    /// Why it was ejected; `None`: it recovered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) ejected: Option<Reason>,
 }
 
 /// A session binding as kept in the sessions bucket (read by a joining replica).
@@ -69,7 +86,8 @@ impl Names {
     pub(crate) fn all_deltas(&self) -> String {
         format!("{}.replica.*", self.cluster)
     }
-    /// Heartbeats with worker tables, key = replica id (max age = the replica TTL).
+    /// Heartbeats with worker tables, key = replica id, and each replica's own health
+    /// ejections, key [`health_key`] (max age = the replica TTL).
     pub(crate) fn members(&self) -> String {
         format!("{}_members", self.cluster)
     }
@@ -90,6 +108,16 @@ impl Names {
     pub(crate) fn kv_subject(bucket: &str, key: &str) -> String {
         format!("$KV.{bucket}.{key}")
     }
+}
+
+/// Where replica `id` keeps its own health ejections in the members bucket.
+pub(crate) fn health_key(id: u64) -> String {
+    format!("health.{id}")
+}
+
+/// The replica whose ejections a members-bucket key holds, if it is such a key.
+pub(crate) fn health_key_replica(key: &str) -> Option<u64> {
+    key.strip_prefix("health.")?.parse().ok()
 }
 
 /// A session's key in the sessions bucket.
@@ -134,11 +162,18 @@ mod tests {
                     request: RequestId(1),
                 },
             ],
+            verdicts: vec![Verdict {
+                url: "http://a".into(),
+                ejected: Some(Reason::FailedRequests),
+            }],
+            ejected: Some(vec![]),
         };
         let bytes = serde_json::to_vec(&m).unwrap();
         assert_eq!(serde_json::from_slice::<Message>(&bytes).unwrap(), m);
         let names = Names::new("c1");
         assert_eq!(names.deltas(7), "c1.replica.7");
+        assert_eq!(health_key_replica(&health_key(7)), Some(7));
+        assert_eq!(health_key_replica("7"), None);
         assert_eq!(
             Names::kv_subject(&names.sessions(), &session_key(255)),
             "$KV.c1_sessions.00000000000000ff"

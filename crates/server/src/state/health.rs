@@ -1,9 +1,10 @@
 //! Worker health, the I/O part: carries out [`Transition`]s (a worker out of the eligible set and
 //! its cache entries dropped after a grace period; back in with a cleared index) and runs the
-//! active checks.
+//! active checks. With replica sync, this replica's own changes go out to the others (see
+//! `replica`), and theirs are carried out here the same way ([`AppState::apply_peer_health`]).
 
 use super::AppState;
-use crate::health::{Source, Transition};
+use crate::health::{Reason, Source, Transition};
 use kvrouter_core::ids::WorkerId;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -16,14 +17,40 @@ impl AppState {
             .health
             .record(worker, ok, source, &inner.config.health)
         {
-            Some(Transition::Unhealthy) => self.mark_unhealthy(worker),
-            Some(Transition::Healthy) => self.mark_healthy(worker),
+            Some(Transition::Unhealthy(reason)) => {
+                self.mark_unhealthy(worker, reason, None);
+                inner.replica.verdict(worker, Some(reason));
+            }
+            Some(Transition::Healthy) => {
+                self.mark_healthy(worker);
+                inner.replica.verdict(worker, None);
+            }
             None => {}
         }
     }
 
-    fn mark_unhealthy(&self, worker: WorkerId) {
-        tracing::warn!("worker {worker} is unhealthy: out of the eligible set");
+    /// Carries out changes of state that another replica's verdicts (`peer`) made here; they
+    /// are not published again.
+    pub(crate) fn apply_peer_health(&self, peer: u64, changes: Vec<(WorkerId, Transition)>) {
+        for (worker, t) in changes {
+            match t {
+                Transition::Unhealthy(reason) => self.mark_unhealthy(worker, reason, Some(peer)),
+                Transition::Healthy => self.mark_healthy(worker),
+            }
+        }
+    }
+
+    fn mark_unhealthy(&self, worker: WorkerId, reason: Reason, peer: Option<u64>) {
+        match peer {
+            None => tracing::warn!(
+                "worker {worker} is unhealthy ({}): out of the eligible set",
+                reason.as_str()
+            ),
+            Some(p) => tracing::warn!(
+                "worker {worker} is unhealthy ({}, seen by replica {p}): out of the eligible set",
+                reason.as_str()
+            ),
+        }
         self.inner.lock_core().set_available(worker, false);
         self.inner
             .metrics

@@ -32,14 +32,13 @@ pub enum EtcdError {
     Protocol(String),
 }
 
-/// The longest wait for a unary call's answer.
-const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// A client of etcd's JSON gateway at `http://host:port`.
 #[derive(Clone, Debug)]
 pub struct EtcdClient {
     base: String,
     http: reqwest::Client,
+    /// The longest wait for a call's answer (and for a watch's first answer).
+    call_timeout: Duration,
 }
 
 /// The end of the key range of every key starting with `prefix` (etcd's `range_end`).
@@ -55,14 +54,24 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 }
 
 impl EtcdClient {
+    /// The longest wait for a call's answer unless set ([`EtcdClient::with_call_timeout`]).
+    pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
     /// A client of `endpoint` (`http://host:port`). Does no I/O.
     pub fn new(endpoint: &str) -> Self {
+        Self::with_call_timeout(endpoint, Self::DEFAULT_CALL_TIMEOUT)
+    }
+
+    /// A client of `endpoint` whose calls wait at most `call_timeout` for an answer (and
+    /// connecting at most 2 s of it). Does no I/O.
+    pub fn with_call_timeout(endpoint: &str, call_timeout: Duration) -> Self {
         Self {
             base: endpoint.trim_end_matches('/').to_owned(),
             http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(2))
+                .connect_timeout(call_timeout.min(Duration::from_secs(2)))
                 .build()
                 .expect("HTTP client"),
+            call_timeout,
         }
     }
 
@@ -72,12 +81,12 @@ impl EtcdClient {
 
     async fn call(&self, path: &str, body: Value) -> Result<Value, EtcdError> {
         let request = self.http.post(format!("{}{path}", self.base)).json(&body);
-        let resp = tokio::time::timeout(CALL_TIMEOUT, request.send())
+        let resp = tokio::time::timeout(self.call_timeout, request.send())
             .await
-            .map_err(|_| self.unreachable(format!("no answer within {CALL_TIMEOUT:?}")))?
+            .map_err(|_| self.unreachable(format!("no answer within {:?}", self.call_timeout)))?
             .map_err(|e| self.unreachable(e))?;
         let status = resp.status();
-        let text = tokio::time::timeout(CALL_TIMEOUT, resp.text())
+        let text = tokio::time::timeout(self.call_timeout, resp.text())
             .await
             .map_err(|_| self.unreachable("answer body timed out"))?
             .map_err(|e| self.unreachable(e))?;
@@ -112,7 +121,7 @@ impl EtcdClient {
             .http
             .post(format!("{}/v3/watch", self.base))
             .json(&body);
-        let resp = tokio::time::timeout(CALL_TIMEOUT, request.send())
+        let resp = tokio::time::timeout(self.call_timeout, request.send())
             .await
             .map_err(|_| self.unreachable("watch: no answer"))?
             .map_err(|e| self.unreachable(e))?;

@@ -20,8 +20,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// The longest wait for a pod's annotations.
-const POD_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pods whose annotations are kept (the cache is emptied at each list, and when full).
 const POD_CACHE: usize = 65_536;
 
@@ -31,6 +29,8 @@ pub(crate) struct Settings {
     pub(crate) namespace: Option<String>,
     pub(crate) port_name: Option<String>,
     pub(crate) backoff_max: Duration,
+    /// The longest wait for a pod's annotations (`--discovery-call-timeout-ms`).
+    pub(crate) call_timeout: Duration,
 }
 
 /// Annotations of pods by (name, uid).
@@ -40,11 +40,12 @@ async fn annotations(
     pods: &Api<Pod>,
     pod: &(String, Option<String>),
     cache: &mut PodCache,
+    timeout: Duration,
 ) -> BTreeMap<String, String> {
     if let Some(a) = cache.get(pod) {
         return a.clone();
     }
-    match tokio::time::timeout(POD_TIMEOUT, pods.get_opt(&pod.0)).await {
+    match tokio::time::timeout(timeout, pods.get_opt(&pod.0)).await {
         Ok(Ok(Some(p))) => {
             if cache.len() >= POD_CACHE {
                 cache.clear();
@@ -59,7 +60,7 @@ async fn annotations(
             BTreeMap::new()
         }
         Err(_) => {
-            tracing::warn!(pod = %pod.0, "kubernetes discovery: the pod's annotations took over {POD_TIMEOUT:?}");
+            tracing::warn!(pod = %pod.0, "kubernetes discovery: the pod's annotations took over {timeout:?}");
             BTreeMap::new()
         }
     }
@@ -71,11 +72,12 @@ async fn registrations(
     slice: &EndpointSlice,
     port_name: Option<&str>,
     cache: &mut PodCache,
+    timeout: Duration,
 ) -> BTreeMap<String, Registration> {
     let mut out = BTreeMap::new();
     for ready in slices::ready_endpoints(namespace, slice, port_name) {
         let a = match &ready.pod {
-            Some(pod) => annotations(pods, pod, cache).await,
+            Some(pod) => annotations(pods, pod, cache, timeout).await,
             None => BTreeMap::new(),
         };
         let (registration, warnings) = slices::registration(&ready, &a);
@@ -138,13 +140,29 @@ pub(crate) async fn run(
                 vec![]
             }
             Event::InitApply(s) => {
-                let r = registrations(&pods, &namespace, &s, port_name, &mut cache).await;
+                let r = registrations(
+                    &pods,
+                    &namespace,
+                    &s,
+                    port_name,
+                    &mut cache,
+                    settings.call_timeout,
+                )
+                .await;
                 state.list_item(&s.name_any(), r);
                 vec![]
             }
             Event::InitDone => vec![state.list_done()],
             Event::Apply(s) => {
-                let r = registrations(&pods, &namespace, &s, port_name, &mut cache).await;
+                let r = registrations(
+                    &pods,
+                    &namespace,
+                    &s,
+                    port_name,
+                    &mut cache,
+                    settings.call_timeout,
+                )
+                .await;
                 state.apply(&s.name_any(), r)
             }
             Event::Delete(s) => state.delete(&s.name_any()),
