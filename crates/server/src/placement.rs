@@ -20,6 +20,8 @@ pub struct Placement {
     dp_rank: u32,
     url: String,
     fallbacks: Vec<String>,
+    /// Placed from the request's body (else from its headers alone).
+    body_known: bool,
 }
 
 /// `host:port` of a worker's base URL (the endpoint picker protocol's `IP:port`).
@@ -58,6 +60,53 @@ pub async fn place(
             ServeError::invalid(format!("the body is not valid JSON: {e}"), None),
         )
     })?;
+    place_value(state, headers, value, (subset, fallbacks, source), arrival).await
+}
+
+/// The header naming a request's model when a gateway takes it out of the body (the Gateway
+/// API Inference Extension's body-based routing).
+pub const MODEL_HEADER: &str = "x-gateway-model-name";
+
+/// Places a request whose body is not known (a gateway that streams the body after the headers
+/// were answered) from its `headers` alone: the session, pin and admission headers apply, the
+/// model is the [`MODEL_HEADER`]'s (else the base model), and with no prompt to match, the
+/// choice rests on load. Otherwise as [`place`].
+pub async fn place_without_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    subset: Option<&[String]>,
+    fallbacks: usize,
+    source: &'static str,
+) -> Result<Placement, ServeError> {
+    let arrival = Instant::now();
+    let model = match headers.get(MODEL_HEADER).map(|v| v.to_str()) {
+        Some(Ok(m)) if !m.trim().is_empty() => m.trim().to_owned(),
+        Some(_) => {
+            let e = ServeError::invalid(
+                format!("{MODEL_HEADER} must be a model name"),
+                Some(MODEL_HEADER),
+            );
+            return Err(crate::request::pick::count(state, e));
+        }
+        None => {
+            let models = state.inner.models.read().expect("models lock");
+            models.first().cloned().unwrap_or_default()
+        }
+    };
+    let value = serde_json::json!({"model": model, "prompt": ""});
+    let mut placed =
+        place_value(state, headers, value, (subset, fallbacks, source), arrival).await?;
+    placed.body_known = false;
+    Ok(placed)
+}
+
+async fn place_value(
+    state: &AppState,
+    headers: &HeaderMap,
+    value: serde_json::Value,
+    (subset, fallbacks, source): (Option<&[String]>, usize, &'static str),
+    arrival: Instant,
+) -> Result<Placement, ServeError> {
     let kind = crate::request::pick::kind_of(&value);
     let allowed = subset.map(|s| workers_at(state, s));
     if allowed.as_ref().is_some_and(Vec::is_empty) {
@@ -65,7 +114,9 @@ pub async fn place(
         let e = ServeError::Route(kvrouter_core::router::RouteError::NoWorkers);
         return Err(crate::request::pick::count(state, e));
     }
-    let placed = crate::request::pick::place(state, kind, headers, value, arrival, allowed).await?;
+    let placed =
+        crate::request::pick::place(state, (kind, source), headers, value, arrival, allowed)
+            .await?;
     let rank = placed.decision.rank;
     let mut others: Vec<_> = placed
         .decision
@@ -93,6 +144,7 @@ pub async fn place(
         dp_rank: rank.dp_rank,
         url: placed.url,
         fallbacks: fallback_urls,
+        body_known: true,
     })
 }
 
@@ -115,6 +167,23 @@ impl Placement {
     /// The next-best workers' base URLs, best first.
     pub fn fallback_urls(&self) -> &[String] {
         &self.fallbacks
+    }
+
+    /// Whether it was placed from the request's body (else from its headers alone, with
+    /// [`place_without_body`]).
+    pub fn body_known(&self) -> bool {
+        self.body_known
+    }
+
+    /// The worker answered with HTTP `status`; `stream`: as an event stream (which tells a
+    /// placement made without the body how to read the answer's usage).
+    pub fn answered(&mut self, status: u16, stream: bool) {
+        if let Some(g) = self.guard.as_mut() {
+            g.answered_status(status);
+            if !self.body_known {
+                g.set_stream(stream);
+            }
+        }
     }
 
     /// A chunk of the answer came back (the first one ends the prefill).
