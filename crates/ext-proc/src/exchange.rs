@@ -9,7 +9,9 @@
 //! destination must be set before then. Request body modes (the stream's `protocol_config`):
 //! - `BUFFERED`, `BUFFERED_PARTIAL` (and no `protocol_config`): Envoy holds the headers until
 //!   the body's response; the headers are answered at once, the body placed when complete, and
-//!   the destination goes in the body response's header mutation.
+//!   the destination goes in the body response's header mutation. A `BUFFERED_PARTIAL` body cut
+//!   at Envoy's buffer limit (its one message without `end_of_stream`, not whole JSON) is placed
+//!   from the headers alone, as in `STREAMED` mode.
 //! - `STREAMED`: Envoy sends no body before the headers are answered, and lets the headers go on
 //!   (choosing the host) as soon as they are, before any body response. The request is placed
 //!   from its headers alone ([`kvrouter_server::placement::place_without_body`]: sessions, pins,
@@ -64,8 +66,10 @@ pub(crate) enum Step {
 /// How Envoy sends the request body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum RequestBody {
-    /// `BUFFERED`, `BUFFERED_PARTIAL`, or not said.
+    /// `BUFFERED`, or not said.
     Buffered,
+    /// `BUFFERED_PARTIAL`: one body message, cut at Envoy's buffer limit when larger.
+    BufferedPartial,
     /// `STREAMED`: the headers are answered (and go on) before any body is sent.
     Streamed,
     /// `STREAMED` with `send_body_without_waiting_for_header_response`.
@@ -82,6 +86,7 @@ impl RequestBody {
                 Self::StreamedEarly
             }
             Ok(BodySendMode::Streamed) => Self::Streamed,
+            Ok(BodySendMode::BufferedPartial) => Self::BufferedPartial,
             _ => Self::Buffered,
         }
     }
@@ -169,7 +174,7 @@ impl Exchange {
                 match self.request_body {
                     RequestBody::Streamed => self.place(Trigger::Headers, false),
                     RequestBody::StreamedEarly | RequestBody::FullDuplex => Step::Reply(Vec::new()),
-                    RequestBody::Buffered => {
+                    RequestBody::Buffered | RequestBody::BufferedPartial => {
                         Step::Reply(vec![reply(Out::RequestHeaders(headers_continue()))])
                     }
                 }
@@ -229,6 +234,13 @@ impl Exchange {
         }
         if b.end_of_stream || (early && complete_json(&self.body)) {
             return self.place(Trigger::Body, true);
+        }
+        if self.request_body == RequestBody::BufferedPartial {
+            // The one body message of this mode, and no end: either trailers follow, or Envoy
+            // cut the body at its buffer limit and sends no more. A cut body cannot be read:
+            // the request is placed from its headers then.
+            let whole = complete_json(&self.body);
+            return self.place(Trigger::Body, whole);
         }
         if self.request_body.holds_chunks() {
             return Step::Reply(Vec::new());
@@ -331,7 +343,7 @@ impl Exchange {
                     out.push(reply(Out::RequestBody(body_continue())));
                 }
             }
-            (_, RequestBody::Buffered | RequestBody::Streamed) => {
+            (_, RequestBody::Buffered | RequestBody::BufferedPartial | RequestBody::Streamed) => {
                 let r = ep::BodyResponse {
                     response: Some(common(mutation, None)),
                 };

@@ -154,3 +154,26 @@ async fn streamed_mode_with_early_body_answers_the_headers_after_the_whole_body(
     drop(envoy);
     await_metric(&base, ACTIVE, 0.0).await;
 }
+
+#[tokio::test]
+async fn a_buffered_partial_body_cut_at_the_limit_is_placed_from_the_headers() {
+    const BUFFERED_PARTIAL: i32 = 3;
+    let (_p, base, grpc) = super::picker("1", &[]).await;
+    let mut client = super::connect(&grpc).await;
+    let mut envoy = Envoy::open(&mut client).await;
+    envoy
+        .send(request_headers(BUFFERED_PARTIAL, &[], None))
+        .await;
+    envoy.recv().await;
+    // Envoy's one body message, cut at its buffer limit: no end, and no more to come.
+    let body = completion(5, 0);
+    envoy
+        .send(request_body(&body[..body.len() / 2], false))
+        .await;
+    let r = envoy.recv().await;
+    assert!(is_body(&r), "{r:?}");
+    assert!(destination(&r).0.is_some(), "{r:?}");
+    assert_eq!(sum(&metrics(&base).await, ACTIVE), 1.0);
+    drop(envoy);
+    await_metric(&base, ACTIVE, 0.0).await;
+}
