@@ -344,4 +344,15 @@ async fn picks_have_access_lines_like_proxied_requests() {
     assert_eq!(line["http_status"], 404);
     assert_eq!(line["status"], "client_error");
     assert_eq!(line["pick"], "api");
+    // So does one whose body is refused before it is read as a request.
+    let resp = post(
+        &format!("{}/v1/pick", r.http),
+        Some("pick-bad-ids"),
+        json!({"token_ids": "not ids"}),
+    )
+    .await;
+    assert_eq!(resp.status(), 400);
+    let line = r.await_line(true, |v| is_access(v, "pick-bad-ids")).await;
+    assert_eq!(line["http_status"], 400);
+    assert_eq!(line["pick"], "api");
 }

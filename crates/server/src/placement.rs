@@ -54,12 +54,8 @@ pub async fn place(
     source: &'static str,
 ) -> Result<Placement, ServeError> {
     let arrival = Instant::now();
-    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
-        crate::request::pick::count(
-            state,
-            ServeError::invalid(format!("the body is not valid JSON: {e}"), None),
-        )
-    })?;
+    let value = serde_json::from_slice(body)
+        .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None));
     place_value(state, headers, value, (subset, fallbacks, source), arrival).await
 }
 
@@ -79,21 +75,18 @@ pub async fn place_without_body(
     source: &'static str,
 ) -> Result<Placement, ServeError> {
     let arrival = Instant::now();
-    let model = match headers.get(MODEL_HEADER).map(|v| v.to_str()) {
-        Some(Ok(m)) if !m.trim().is_empty() => m.trim().to_owned(),
-        Some(_) => {
-            let e = ServeError::invalid(
-                format!("{MODEL_HEADER} must be a model name"),
-                Some(MODEL_HEADER),
-            );
-            return Err(crate::request::pick::count(state, e));
-        }
+    let value = match headers.get(MODEL_HEADER).map(|v| v.to_str()) {
+        Some(Ok(m)) if !m.trim().is_empty() => Ok(m.trim().to_owned()),
+        Some(_) => Err(ServeError::invalid(
+            format!("{MODEL_HEADER} must be a model name"),
+            Some(MODEL_HEADER),
+        )),
         None => {
             let models = state.inner.models.read().expect("models lock");
-            models.first().cloned().unwrap_or_default()
+            Ok(models.first().cloned().unwrap_or_default())
         }
-    };
-    let value = serde_json::json!({"model": model, "prompt": ""});
+    }
+    .map(|model| serde_json::json!({"model": model, "prompt": ""}));
     let mut placed =
         place_value(state, headers, value, (subset, fallbacks, source), arrival).await?;
     placed.body_known = false;
@@ -103,20 +96,14 @@ pub async fn place_without_body(
 async fn place_value(
     state: &AppState,
     headers: &HeaderMap,
-    value: serde_json::Value,
+    value: Result<serde_json::Value, ServeError>,
     (subset, fallbacks, source): (Option<&[String]>, usize, &'static str),
     arrival: Instant,
 ) -> Result<Placement, ServeError> {
-    let kind = crate::request::pick::kind_of(&value);
+    // None of the endpoints the gateway allows being a worker answers 503 (the protocol's).
     let allowed = subset.map(|s| workers_at(state, s));
-    if allowed.as_ref().is_some_and(Vec::is_empty) {
-        // None of the endpoints the gateway allows is a worker (the protocol: 503).
-        let e = ServeError::Route(kvrouter_core::router::RouteError::NoWorkers);
-        return Err(crate::request::pick::count(state, e));
-    }
     let placed =
-        crate::request::pick::place(state, (kind, source), headers, value, arrival, allowed)
-            .await?;
+        crate::request::pick::place(state, source, headers, value, arrival, allowed).await?;
     let rank = placed.decision.rank;
     let mut others: Vec<_> = placed
         .decision
