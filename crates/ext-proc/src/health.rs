@@ -38,8 +38,8 @@ pub(crate) async fn report(
     mut readiness: Readiness,
     mut draining: watch::Receiver<bool>,
 ) -> tokio::task::AbortHandle {
-    let now = status(readiness.ready(), *draining.borrow_and_update());
-    set(&reporter, now).await;
+    let mut last = status(readiness.ready(), *draining.borrow_and_update());
+    set(&reporter, last).await;
     tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -47,7 +47,11 @@ pub(crate) async fn report(
                 changed = draining.changed() => if changed.is_err() { return },
             }
             let now = status(readiness.ready(), *draining.borrow_and_update());
-            set(&reporter, now).await;
+            // Watchers hear of changes only (a second worker changes nothing).
+            if now != last {
+                set(&reporter, now).await;
+                last = now;
+            }
         }
     })
     .abort_handle()

@@ -98,14 +98,35 @@ async fn health_follows_the_workers_and_an_unknown_service_is_not_found() {
     let mut watching = watch(&mut client, EXT_PROC).await;
     assert_eq!(next(&mut watching).await, ServingStatus::Serving);
     let admin = reqwest::Client::new();
-    // The last worker leaves: not serving.
-    let r = admin
-        .delete(format!("{base}/admin/workers/0"))
-        .bearer_auth("t")
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.status());
+    let other = crate::common::spawn(&["mock-engine", "--port", "0"]).await;
+    let add = |url: String| {
+        let req = admin
+            .post(format!("{base}/admin/workers"))
+            .bearer_auth("t")
+            .json(&serde_json::json!({ "url": url }));
+        async move {
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 201);
+            r.json::<serde_json::Value>().await.unwrap()["id"]
+                .as_u64()
+                .unwrap()
+        }
+    };
+    let remove = |id: u64| {
+        let req = admin
+            .delete(format!("{base}/admin/workers/{id}"))
+            .bearer_auth("t");
+        async move {
+            let r = req.send().await.unwrap();
+            assert!(r.status().is_success(), "{}", r.status());
+        }
+    };
+    // A second worker comes, the first leaves: still serving, and watchers hear nothing.
+    let second = add(other.http()).await;
+    remove(0).await;
+    assert_eq!(check(&mut client, "").await, Ok(ServingStatus::Serving));
+    // The last worker leaves: not serving (the next status watchers hear).
+    remove(second).await;
     assert_eq!(next(&mut watching).await, ServingStatus::NotServing);
     for name in ["", EXT_PROC] {
         assert_eq!(
@@ -113,15 +134,8 @@ async fn health_follows_the_workers_and_an_unknown_service_is_not_found() {
             Ok(ServingStatus::NotServing)
         );
     }
-    // It comes back: serving again.
-    let r = admin
-        .post(format!("{base}/admin/workers"))
-        .bearer_auth("t")
-        .json(&serde_json::json!({"url": url}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 201);
+    // One comes back: serving again.
+    add(url).await;
     assert_eq!(next(&mut watching).await, ServingStatus::Serving);
     assert_eq!(check(&mut client, "").await, Ok(ServingStatus::Serving));
 }
