@@ -192,3 +192,26 @@ async fn sigterm_turns_health_not_serving_while_a_stream_in_flight_drains() {
         .expect("waitable");
     assert!(exited.success(), "{exited:?}");
 }
+
+#[tokio::test]
+async fn a_stream_that_outlasts_the_grace_period_is_ended_unavailable() {
+    let (mut p, _base, grpc) = super::picker("1", &["--shutdown-grace-secs", "1"]).await;
+    let mut picker = connect(&grpc).await;
+    let mut envoy = Envoy::open(&mut picker).await;
+    envoy.send(request_headers(BUFFERED, &[], None)).await;
+    envoy.recv().await;
+    envoy
+        .send(request_body(&super::completion(1, 0), true))
+        .await;
+    assert!(destination(&envoy.recv().await).0.is_some());
+    kill(&p, "-TERM");
+    let ended = tokio::time::timeout(Duration::from_secs(20), envoy.rx.message())
+        .await
+        .expect("the stream ends in time");
+    assert_eq!(ended.map_err(|s| s.code()).err(), Some(Code::Unavailable));
+    let exited = tokio::time::timeout(Duration::from_secs(20), p.child.wait())
+        .await
+        .expect("the process exits after the grace period")
+        .expect("waitable");
+    assert!(exited.success(), "{exited:?}");
+}
