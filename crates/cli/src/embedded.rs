@@ -64,9 +64,10 @@ impl Serving {
         }
     }
 
-    /// Drains the router (requests in flight get the grace period), then stops the engines.
-    pub(crate) async fn stop(self) {
-        self.server.stop().await;
+    /// Drains the router (requests in flight get the grace period) while `also` runs (another
+    /// server over the same router, draining too), then stops the engines once both are done.
+    pub(crate) async fn stop_with(self, also: impl std::future::Future<Output = ()>) {
+        tokio::join!(self.server.stop(), also);
         stop_all(self.engines).await;
     }
 }

@@ -647,7 +647,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("--host/--port: binding {addr}"))?;
     // The embedded engines are started here, not by the server, and stopped after it drained.
-    let ext_proc = args.picker.ext_proc()?;
+    let mut ext_proc = args.picker.ext_proc()?;
+    // The picker drains for as long as the HTTP server does.
+    ext_proc.shutdown_grace = config.http.shutdown_grace;
     let serving =
         crate::embedded::Serving::start(config, &mock_engine, args.mock_workers, listener).await?;
     let server = &serving.server;
@@ -686,13 +688,18 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     shutdown_signal().await?;
+    // The picker and the HTTP server drain together (each for up to the grace period); the
+    // embedded engines stop after both.
     if let Some(tx) = stop_ext_proc {
         let _ = tx.send(());
     }
-    if let Some(task) = ext_proc_task {
-        let _ = task.await;
-    }
-    serving.stop().await;
+    serving
+        .stop_with(async {
+            if let Some(task) = ext_proc_task {
+                let _ = task.await;
+            }
+        })
+        .await;
     if let Some(otel) = otel {
         // Sends the spans still buffered (the batch processor's thread blocks on the export).
         tokio::task::spawn_blocking(move || otel.shutdown()).await?;

@@ -1,7 +1,8 @@
 //! `kvrouter serve --ext-proc-port` as a Gateway API endpoint picker, driven the way Envoy
 //! drives it: a gRPC client replays Envoy's message sequence (request headers, body chunks,
-//! response headers, response body, trailers) in buffered and full-duplex body modes, with
-//! cancellation mid-stream; and a small HTTP proxy in the test asks the picker over ext_proc and
+//! response headers, response body, trailers) in buffered, streamed (`streamed.rs`) and
+//! full-duplex body modes, with cancellation mid-stream; the gRPC health service
+//! (`health.rs`); and a small HTTP proxy in the test asks the picker over ext_proc and
 //! forwards to `kvrouter mock-engine` processes.
 
 mod common;
@@ -463,6 +464,12 @@ async fn fail_open_lets_an_unplaceable_request_go_on_without_a_destination() {
 
 #[path = "ext_proc/proxy.rs"]
 mod proxy;
+
+#[path = "ext_proc/health.rs"]
+mod health;
+
+#[path = "ext_proc/streamed.rs"]
+mod streamed;
 
 #[tokio::test]
 async fn a_gateway_in_front_of_engines_sends_a_prefix_to_one_engine_and_releases_load() {

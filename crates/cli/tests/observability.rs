@@ -314,3 +314,45 @@ async fn metrics_carry_the_model_label_and_the_prefix_renames_every_name() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--metrics-prefix"));
 }
+
+#[tokio::test]
+async fn picks_have_access_lines_like_proxied_requests() {
+    let mut r = start(&["--log-format", "json", "--access-log"]).await;
+    let resp = post(&format!("{}/v1/pick", r.http), Some("pick-1"), completion()).await;
+    assert_eq!(resp.status(), 200);
+    let pick: Value = resp.json().await.unwrap();
+    let id = pick["id"].as_str().unwrap().to_owned();
+    let finish = format!("{}/v1/pick/{id}/finish", r.http);
+    let resp = post(&finish, None, json!({"completion_tokens": 3})).await;
+    assert_eq!(resp.status(), 200);
+    let line = r.await_line(true, |v| is_access(v, "pick-1")).await;
+    assert_eq!(line["pick"], "api", "{line}");
+    assert_eq!(line["status"], "ok");
+    assert_eq!(line["worker"], 0);
+    assert_eq!(line["model"], "mock-model");
+    assert_eq!(line["completion_tokens"], 3);
+    assert!(line["prompt_tokens"].as_u64().unwrap() > 0, "{line}");
+    // A pick the router refuses has its line too.
+    let resp = post(
+        &format!("{}/v1/pick", r.http),
+        Some("pick-bad"),
+        json!({"model": "nope", "prompt": "x"}),
+    )
+    .await;
+    assert_eq!(resp.status(), 404);
+    let line = r.await_line(true, |v| is_access(v, "pick-bad")).await;
+    assert_eq!(line["http_status"], 404);
+    assert_eq!(line["status"], "client_error");
+    assert_eq!(line["pick"], "api");
+    // So does one whose body is refused before it is read as a request.
+    let resp = post(
+        &format!("{}/v1/pick", r.http),
+        Some("pick-bad-ids"),
+        json!({"token_ids": "not ids"}),
+    )
+    .await;
+    assert_eq!(resp.status(), 400);
+    let line = r.await_line(true, |v| is_access(v, "pick-bad-ids")).await;
+    assert_eq!(line["http_status"], 400);
+    assert_eq!(line["pick"], "api");
+}

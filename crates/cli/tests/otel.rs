@@ -187,6 +187,112 @@ async fn each_request_is_one_trace_with_tokenize_route_first_byte_and_stream_spa
 }
 
 #[tokio::test]
+async fn a_pick_is_one_trace_with_its_route_span() {
+    let (endpoint, mut spans_rx) = receiver().await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--mock-workers",
+            "2",
+            "--otlp-endpoint",
+            &endpoint,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = timeout(Duration::from_secs(60), out.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let base = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .to_owned();
+    let client = reqwest::Client::new();
+    let post = |path: String, body: serde_json::Value| {
+        let req = client
+            .post(format!("{base}{path}"))
+            .header("x-request-id", "otel-pick")
+            .json(&body);
+        async move {
+            let resp = timeout(Duration::from_secs(30), req.send())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.json::<serde_json::Value>().await.unwrap()
+        }
+    };
+    let pick = post(
+        "/v1/pick".into(),
+        json!({"model": "mock-model", "prompt": "trace my pick"}),
+    )
+    .await;
+    let id = pick["id"].as_str().unwrap();
+    post(format!("/v1/pick/{id}/first-token"), json!({})).await;
+    post(
+        format!("/v1/pick/{id}/finish"),
+        json!({"completion_tokens": 2}),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut all: Vec<Span> = Vec::new();
+    while !all.iter().any(|s| s.name == "request") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (_, spans) = timeout(left, spans_rx.recv())
+            .await
+            .expect("spans exported in time")
+            .expect("receiver alive");
+        all.extend(spans);
+    }
+    let root = all.iter().find(|s| s.name == "request").unwrap();
+    assert_eq!(
+        attr(root, "kvrouter.request_id"),
+        Some(Any::StringValue("otel-pick".into()))
+    );
+    assert_eq!(
+        attr(root, "kvrouter.pick"),
+        Some(Any::StringValue("api".into()))
+    );
+    let (trace, parent) = (root.trace_id.clone(), root.span_id.clone());
+    // The children may come in a later batch than the root.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let children = |all: &[Span]| {
+        all.iter()
+            .filter(|s| s.trace_id == trace && s.parent_span_id == parent)
+            .map(|s| s.name.clone())
+            .collect::<Vec<_>>()
+    };
+    let mut names = children(&all);
+    while !names.iter().any(|n| n == "route") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (_, spans) = timeout(left, spans_rx.recv())
+            .await
+            .expect("the route span in time")
+            .expect("receiver alive");
+        all.extend(spans);
+        names = children(&all);
+    }
+    let route = all
+        .iter()
+        .find(|s| s.name == "route" && s.trace_id == trace)
+        .unwrap();
+    let worker = attr(route, "kvrouter.worker");
+    assert!(matches!(worker, Some(Any::IntValue(0 | 1))), "{worker:?}");
+    assert!(
+        names.iter().any(|n| n == "upstream_first_byte"),
+        "{names:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_bad_otlp_flag_is_refused_naming_it() {
     for (args, flag) in [
         (vec!["--otlp-endpoint", "127.0.0.1:4318"], "--otlp-endpoint"),

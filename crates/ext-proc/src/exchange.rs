@@ -1,26 +1,41 @@
 //! One ext_proc stream: one HTTP request through the gateway, as Envoy sends it (request
 //! headers, body chunks, trailers; then response headers, body chunks, trailers). The exchange
-//! collects the request until its body is complete, asks its host to place it
-//! ([`Step::Place`]), answers the chosen worker in the `x-gateway-destination-endpoint` header
-//! and the `envoy.lb` dynamic metadata, and feeds the answer it then sees to the placement,
-//! which accounts the first token and the end as a proxied request's guard does.
+//! collects what it needs of the request, asks its host to place it ([`Step::Place`]), answers
+//! the chosen worker in the `x-gateway-destination-endpoint` header and the `envoy.lb` dynamic
+//! metadata, and feeds the answer it then sees to the placement, which accounts the first token
+//! and the end as a proxied request's guard does.
 //!
-//! Body modes: `BUFFERED` (and `BUFFERED_PARTIAL`): the destination goes in the body response's
-//! header mutation. `FULL_DUPLEX_STREAMED`: nothing is answered until the body is complete;
-//! then the headers response (with the destination) and the body, sent back whole. Classic
-//! `STREAMED` request bodies cannot carry a body-based destination (Envoy sends the headers on
-//! before the body); they are answered as buffered ones.
+//! Envoy picks the upstream host when it lets the request headers go on to its router, so the
+//! destination must be set before then. Request body modes (the stream's `protocol_config`):
+//! - `BUFFERED`, `BUFFERED_PARTIAL` (and no `protocol_config`): Envoy holds the headers until
+//!   the body's response; the headers are answered at once, the body placed when complete, and
+//!   the destination goes in the body response's header mutation. A `BUFFERED_PARTIAL` body cut
+//!   at Envoy's buffer limit (its one message without `end_of_stream`, not whole JSON) is placed
+//!   from the headers alone, as in `STREAMED` mode.
+//! - `STREAMED`: Envoy sends no body before the headers are answered, and lets the headers go on
+//!   (choosing the host) as soon as they are, before any body response. The request is placed
+//!   from its headers alone ([`kvrouter_server::placement::place_without_body`]: sessions, pins,
+//!   `x-gateway-model-name`, load; no prompt) and the destination goes in the headers response;
+//!   body chunks are let through.
+//! - `STREAMED` with `send_body_without_waiting_for_header_response`: Envoy streams the body
+//!   before the headers are answered and holds the headers until they are. Nothing is answered
+//!   until the body is complete (its last chunk, its trailers, or a chunk that completes its
+//!   JSON: Envoy sends trailers only after the chunks before them were answered); then the
+//!   headers response (with the destination) and one response per body chunk, in order.
+//! - `FULL_DUPLEX_STREAMED`: nothing is answered until the body is complete; then the headers
+//!   response (with the destination) and the body, sent back whole.
 
-use crate::pb::envoy::config::core::v3 as core;
+use crate::messages::{
+    body_continue, common, destination_metadata, header_map, headers_continue, immediate, reply,
+    set_headers, subset_hint,
+};
 use crate::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
-use crate::pb::envoy::r#type::v3::HttpStatus;
 use crate::pb::envoy::service::ext_proc::v3 as ep;
 use crate::FailureMode;
 use ep::processing_request::Request as In;
 use ep::processing_response::Response as Out;
 use kvrouter_server::placement::{endpoint_of, Placement};
 use kvrouter_server::ServeError;
-use prost_types::value::Kind as V;
 
 /// The header and metadata key of the chosen endpoints.
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";
@@ -39,15 +54,50 @@ pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
 pub(crate) enum Step {
     /// Send these responses (none: wait for the next message).
     Reply(Vec<ep::ProcessingResponse>),
-    /// The request is complete: place it and hand the result to [`Exchange::placed`].
+    /// Place the request and hand the result to [`Exchange::placed`]; `body: None`: from its
+    /// headers alone (the body comes after the destination is fixed).
     Place {
         headers: http::HeaderMap,
-        body: Vec<u8>,
+        body: Option<Vec<u8>>,
         subset: Option<Vec<String>>,
     },
 }
 
-/// Which message completed the request.
+/// How Envoy sends the request body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RequestBody {
+    /// `BUFFERED`, or not said.
+    Buffered,
+    /// `BUFFERED_PARTIAL`: one body message, cut at Envoy's buffer limit when larger.
+    BufferedPartial,
+    /// `STREAMED`: the headers are answered (and go on) before any body is sent.
+    Streamed,
+    /// `STREAMED` with `send_body_without_waiting_for_header_response`.
+    StreamedEarly,
+    /// `FULL_DUPLEX_STREAMED`.
+    FullDuplex,
+}
+
+impl RequestBody {
+    fn of(c: &ep::ProtocolConfiguration) -> Self {
+        match BodySendMode::try_from(c.request_body_mode) {
+            Ok(BodySendMode::FullDuplexStreamed) => Self::FullDuplex,
+            Ok(BodySendMode::Streamed) if c.send_body_without_waiting_for_header_response => {
+                Self::StreamedEarly
+            }
+            Ok(BodySendMode::Streamed) => Self::Streamed,
+            Ok(BodySendMode::BufferedPartial) => Self::BufferedPartial,
+            _ => Self::Buffered,
+        }
+    }
+
+    /// Whether body chunks wait, unanswered, for the placement.
+    fn holds_chunks(self) -> bool {
+        matches!(self, Self::StreamedEarly | Self::FullDuplex)
+    }
+}
+
+/// Which message completed what the placement needs.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Trigger {
     Headers,
@@ -61,7 +111,9 @@ pub(crate) struct Exchange {
     max_body_bytes: usize,
     headers: http::HeaderMap,
     body: Vec<u8>,
-    request_full_duplex: bool,
+    request_body: RequestBody,
+    /// Body chunks received and not answered yet (`STREAMED` early bodies).
+    held_chunks: usize,
     response_full_duplex: bool,
     subset: Option<Vec<String>>,
     trigger: Option<Trigger>,
@@ -69,148 +121,10 @@ pub(crate) struct Exchange {
     response_ok: bool,
 }
 
-fn reply(r: Out) -> ep::ProcessingResponse {
-    ep::ProcessingResponse {
-        response: Some(r),
-        ..Default::default()
-    }
-}
-
-fn common(mutation: Option<ep::HeaderMutation>, body: Option<Vec<u8>>) -> ep::CommonResponse {
-    ep::CommonResponse {
-        header_mutation: mutation,
-        body_mutation: body.map(|b| ep::BodyMutation {
-            mutation: Some(ep::body_mutation::Mutation::StreamedResponse(
-                ep::StreamedBodyResponse {
-                    body: b,
-                    end_of_stream: true,
-                    ..Default::default()
-                },
-            )),
-        }),
-        ..Default::default()
-    }
-}
-
-fn headers_continue() -> ep::HeadersResponse {
-    ep::HeadersResponse {
-        response: Some(ep::CommonResponse::default()),
-    }
-}
-
-fn body_continue() -> ep::BodyResponse {
-    ep::BodyResponse {
-        response: Some(ep::CommonResponse::default()),
-    }
-}
-
-/// The headers of an Envoy header map, pseudo-headers (`:path`, `:status`) apart.
-fn header_map(h: Option<&core::HeaderMap>) -> (http::HeaderMap, Vec<(String, String)>) {
-    let mut out = http::HeaderMap::new();
-    let mut pseudo = Vec::new();
-    for hv in h.map(|h| h.headers.as_slice()).unwrap_or_default() {
-        let value = if hv.raw_value.is_empty() {
-            hv.value.as_bytes()
-        } else {
-            hv.raw_value.as_slice()
-        };
-        if hv.key.starts_with(':') {
-            pseudo.push((hv.key.clone(), String::from_utf8_lossy(value).into_owned()));
-            continue;
-        }
-        if let (Ok(k), Ok(v)) = (
-            http::HeaderName::from_bytes(hv.key.as_bytes()),
-            http::HeaderValue::from_bytes(value),
-        ) {
-            out.append(k, v);
-        }
-    }
-    (out, pseudo)
-}
-
-/// The subset hint of a request's filter metadata, if any.
-fn subset_hint(m: &core::Metadata) -> Option<Vec<String>> {
-    let hint = m
-        .filter_metadata
-        .get(SUBSET_NAMESPACE)?
-        .fields
-        .get(SUBSET_KEY)?;
-    let list = match &hint.kind {
-        Some(V::ListValue(l)) => l
-            .values
-            .iter()
-            .filter_map(|v| match &v.kind {
-                Some(V::StringValue(s)) => Some(s.clone()),
-                _ => None,
-            })
-            .collect(),
-        Some(V::StringValue(s)) => s.split(',').map(|e| e.trim().to_owned()).collect(),
-        _ => Vec::new(),
-    };
-    Some(list)
-}
-
-/// The dynamic metadata naming the chosen endpoints.
-pub(crate) fn destination_metadata(endpoints: &str) -> prost_types::Struct {
-    let inner = prost_types::Struct {
-        fields: [(
-            DESTINATION.to_owned(),
-            prost_types::Value {
-                kind: Some(V::StringValue(endpoints.to_owned())),
-            },
-        )]
-        .into(),
-    };
-    prost_types::Struct {
-        fields: [(
-            LB_NAMESPACE.to_owned(),
-            prost_types::Value {
-                kind: Some(V::StructValue(inner)),
-            },
-        )]
-        .into(),
-    }
-}
-
-fn set_header(key: &str, value: &str) -> ep::HeaderMutation {
-    set_headers(&[(key, value)])
-}
-
-fn set_headers(pairs: &[(&str, &str)]) -> ep::HeaderMutation {
-    let set = pairs
-        .iter()
-        .map(|(key, value)| core::HeaderValueOption {
-            header: Some(core::HeaderValue {
-                key: (*key).to_owned(),
-                raw_value: value.as_bytes().to_vec(),
-                ..Default::default()
-            }),
-            append_action: core::header_value_option::HeaderAppendAction::OverwriteIfExistsOrAdd
-                as i32,
-            ..Default::default()
-        })
-        .collect();
-    ep::HeaderMutation {
-        set_headers: set,
-        remove_headers: Vec::new(),
-    }
-}
-
-/// The immediate answer for a request that could not be placed: the router's error, with
-/// overload shed as 429 (the protocol's "drop this request").
-fn immediate(e: &ServeError) -> ep::ProcessingResponse {
-    let (status, _, _) = e.parts();
-    let code = match status.as_u16() {
-        529 => 429,
-        c => c,
-    };
-    reply(Out::ImmediateResponse(ep::ImmediateResponse {
-        status: Some(HttpStatus { code: code.into() }),
-        headers: Some(set_header("content-type", "application/json")),
-        body: e.body().to_string().into_bytes(),
-        details: format!("kvrouter: {e}"),
-        ..Default::default()
-    }))
+/// Whether `body` is a whole JSON document (checked only when it ends with `}`).
+fn complete_json(body: &[u8]) -> bool {
+    let end = body.iter().rev().find(|b| !b.is_ascii_whitespace());
+    end == Some(&b'}') && serde_json::from_slice::<serde_json::Value>(body).is_ok()
 }
 
 impl Exchange {
@@ -220,7 +134,8 @@ impl Exchange {
             max_body_bytes,
             headers: http::HeaderMap::new(),
             body: Vec::new(),
-            request_full_duplex: false,
+            request_body: RequestBody::Buffered,
+            held_chunks: 0,
             response_full_duplex: false,
             subset: None,
             trigger: None,
@@ -229,11 +144,12 @@ impl Exchange {
         }
     }
 
-    fn place(&mut self, trigger: Trigger) -> Step {
+    fn place(&mut self, trigger: Trigger, with_body: bool) -> Step {
         self.trigger = Some(trigger);
+        let body = std::mem::take(&mut self.body);
         Step::Place {
             headers: std::mem::take(&mut self.headers),
-            body: std::mem::take(&mut self.body),
+            body: with_body.then_some(body),
             subset: self.subset.clone(),
         }
     }
@@ -241,8 +157,8 @@ impl Exchange {
     /// Takes one message from the gateway.
     pub(crate) fn on_message(&mut self, msg: ep::ProcessingRequest) -> Step {
         if let Some(c) = &msg.protocol_config {
+            self.request_body = RequestBody::of(c);
             let full = BodySendMode::FullDuplexStreamed as i32;
-            self.request_full_duplex = c.request_body_mode == full;
             self.response_full_duplex = c.response_body_mode == full;
         }
         if let Some(hint) = msg.metadata_context.as_ref().and_then(subset_hint) {
@@ -253,78 +169,42 @@ impl Exchange {
             Some(In::RequestHeaders(h)) => {
                 self.headers = header_map(h.headers.as_ref()).0;
                 if h.end_of_stream {
-                    return self.place(Trigger::Headers);
+                    return self.place(Trigger::Headers, true);
                 }
-                if self.request_full_duplex {
-                    return Step::Reply(Vec::new());
+                match self.request_body {
+                    RequestBody::Streamed => self.place(Trigger::Headers, false),
+                    RequestBody::StreamedEarly | RequestBody::FullDuplex => Step::Reply(Vec::new()),
+                    RequestBody::Buffered | RequestBody::BufferedPartial => {
+                        Step::Reply(vec![reply(Out::RequestHeaders(headers_continue()))])
+                    }
                 }
-                Step::Reply(vec![reply(Out::RequestHeaders(headers_continue()))])
             }
-            Some(In::RequestBody(b)) if !placed => {
-                if self.body.len() + b.body.len() > self.max_body_bytes {
-                    let e = ServeError::Http {
-                        status: http::StatusCode::PAYLOAD_TOO_LARGE,
-                        message: format!(
-                            "the request body is larger than {} bytes",
-                            self.max_body_bytes
-                        ),
-                    };
-                    return Step::Reply(vec![immediate(&e)]);
-                }
-                self.body.extend_from_slice(&b.body);
-                if b.end_of_stream {
-                    return self.place(Trigger::Body);
-                }
-                if self.request_full_duplex {
-                    return Step::Reply(Vec::new());
-                }
-                Step::Reply(vec![reply(Out::RequestBody(body_continue()))])
-            }
+            Some(In::RequestBody(b)) if !placed => self.on_body(&b),
             Some(In::RequestBody(_)) => Step::Reply(vec![reply(Out::RequestBody(body_continue()))]),
-            Some(In::RequestTrailers(_)) if !placed => self.place(Trigger::Trailers),
+            Some(In::RequestTrailers(_)) if !placed => self.place(Trigger::Trailers, true),
             Some(In::RequestTrailers(_)) => Step::Reply(vec![reply(Out::RequestTrailers(
                 ep::TrailersResponse::default(),
             ))]),
             Some(In::ResponseHeaders(h)) => {
-                let (_, pseudo) = header_map(h.headers.as_ref());
+                let (headers, pseudo) = header_map(h.headers.as_ref());
                 let status = pseudo
                     .iter()
                     .find(|(k, _)| k == ":status")
                     .and_then(|(_, v)| v.parse::<u16>().ok());
                 self.response_ok = status.is_none_or(|s| (200..300).contains(&s));
+                if let (Some(p), Some(status)) = (self.placement.as_mut(), status) {
+                    let stream = headers
+                        .get(http::header::CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|v| v.starts_with("text/event-stream"));
+                    p.answered(status, stream);
+                }
                 if h.end_of_stream {
                     self.end();
                 }
                 Step::Reply(vec![reply(Out::ResponseHeaders(headers_continue()))])
             }
-            Some(In::ResponseBody(b)) => {
-                if let Some(p) = self.placement.as_mut() {
-                    if !b.body.is_empty() {
-                        p.on_chunk(&b.body);
-                    }
-                }
-                let eos = b.end_of_stream;
-                let out = if self.response_full_duplex {
-                    let mut r = ep::BodyResponse {
-                        response: Some(common(None, Some(b.body))),
-                    };
-                    if let Some(ep::body_mutation::Mutation::StreamedResponse(s)) = r
-                        .response
-                        .as_mut()
-                        .and_then(|c| c.body_mutation.as_mut())
-                        .and_then(|m| m.mutation.as_mut())
-                    {
-                        s.end_of_stream = eos;
-                    }
-                    r
-                } else {
-                    body_continue()
-                };
-                if eos {
-                    self.end();
-                }
-                Step::Reply(vec![reply(Out::ResponseBody(out))])
-            }
+            Some(In::ResponseBody(b)) => Step::Reply(vec![self.on_response_body(b)]),
             Some(In::ResponseTrailers(_)) => {
                 self.end();
                 Step::Reply(vec![reply(Out::ResponseTrailers(
@@ -333,6 +213,69 @@ impl Exchange {
             }
             None => Step::Reply(Vec::new()),
         }
+    }
+
+    /// A chunk of the request body, before the request was placed.
+    fn on_body(&mut self, b: &ep::HttpBody) -> Step {
+        if self.body.len() + b.body.len() > self.max_body_bytes {
+            let e = ServeError::Http {
+                status: http::StatusCode::PAYLOAD_TOO_LARGE,
+                message: format!(
+                    "the request body is larger than {} bytes",
+                    self.max_body_bytes
+                ),
+            };
+            return Step::Reply(vec![immediate(&e)]);
+        }
+        self.body.extend_from_slice(&b.body);
+        let early = self.request_body == RequestBody::StreamedEarly;
+        if early {
+            self.held_chunks += 1;
+        }
+        if b.end_of_stream || (early && complete_json(&self.body)) {
+            return self.place(Trigger::Body, true);
+        }
+        if self.request_body == RequestBody::BufferedPartial {
+            // The one body message of this mode, and no end: either trailers follow, or Envoy
+            // cut the body at its buffer limit and sends no more. A cut body cannot be read:
+            // the request is placed from its headers then.
+            let whole = complete_json(&self.body);
+            return self.place(Trigger::Body, whole);
+        }
+        if self.request_body.holds_chunks() {
+            return Step::Reply(Vec::new());
+        }
+        Step::Reply(vec![reply(Out::RequestBody(body_continue()))])
+    }
+
+    /// A chunk of the answer: accounted, and let through (sent back in full-duplex mode).
+    fn on_response_body(&mut self, b: ep::HttpBody) -> ep::ProcessingResponse {
+        if let Some(p) = self.placement.as_mut() {
+            if !b.body.is_empty() {
+                p.on_chunk(&b.body);
+            }
+        }
+        let eos = b.end_of_stream;
+        let out = if self.response_full_duplex {
+            let mut r = ep::BodyResponse {
+                response: Some(common(None, Some(b.body))),
+            };
+            if let Some(ep::body_mutation::Mutation::StreamedResponse(s)) = r
+                .response
+                .as_mut()
+                .and_then(|c| c.body_mutation.as_mut())
+                .and_then(|m| m.mutation.as_mut())
+            {
+                s.end_of_stream = eos;
+            }
+            r
+        } else {
+            body_continue()
+        };
+        if eos {
+            self.end();
+        }
+        reply(Out::ResponseBody(out))
     }
 
     /// The answer ended: the placement's load is released (finished, or failed on a non-2xx).
@@ -378,23 +321,34 @@ impl Exchange {
             },
         };
         let trigger = self.trigger.unwrap_or(Trigger::Body);
+        let headers_response = |mutation| {
+            reply(Out::RequestHeaders(ep::HeadersResponse {
+                response: Some(common(mutation, None)),
+            }))
+        };
         let mut out = Vec::new();
-        if self.request_full_duplex || trigger == Trigger::Headers {
-            let r = ep::HeadersResponse {
-                response: Some(common(mutation.clone(), None)),
-            };
-            out.push(reply(Out::RequestHeaders(r)));
-            if self.request_full_duplex && trigger != Trigger::Headers {
+        match (trigger, self.request_body) {
+            (Trigger::Headers, _) => out.push(headers_response(mutation)),
+            (_, RequestBody::FullDuplex) => {
+                out.push(headers_response(mutation));
                 let r = ep::BodyResponse {
                     response: Some(common(None, Some(body))),
                 };
                 out.push(reply(Out::RequestBody(r)));
             }
-        } else {
-            let r = ep::BodyResponse {
-                response: Some(common(mutation, None)),
-            };
-            out.push(reply(Out::RequestBody(r)));
+            (_, RequestBody::StreamedEarly) => {
+                out.push(headers_response(mutation));
+                // Each chunk held gets its own response, in order.
+                for _ in 0..std::mem::take(&mut self.held_chunks) {
+                    out.push(reply(Out::RequestBody(body_continue())));
+                }
+            }
+            (_, RequestBody::Buffered | RequestBody::BufferedPartial | RequestBody::Streamed) => {
+                let r = ep::BodyResponse {
+                    response: Some(common(mutation, None)),
+                };
+                out.push(reply(Out::RequestBody(r)));
+            }
         }
         if trigger == Trigger::Trailers {
             out.push(reply(Out::RequestTrailers(ep::TrailersResponse::default())));

@@ -8,13 +8,19 @@
 //! # Layout
 //! - [`pb`]: the code generated from the vendored protocol files (`proto/`).
 //! - `exchange`: one stream's state: what to answer to each message, when to place.
+//! - `messages`: reading and building the protocol's messages.
 //! - `service`: the tonic service: one task per stream, placing through
-//!   [`kvrouter_server::placement`], bounded by the pick timeout.
+//!   [`kvrouter_server::placement`], bounded by the pick timeout; draining on shutdown.
+//! - `health`: the gRPC health service (`grpc.health.v1.Health`) on the same port.
 
 pub mod pb;
 
 mod exchange;
+mod health;
+mod messages;
 mod service;
+
+pub use health::EXT_PROC_SERVICE;
 
 pub use exchange::{
     DESTINATION, LB_NAMESPACE, RANK_HEADER, SUBSET_KEY, SUBSET_NAMESPACE, WORKER_HEADER,
@@ -45,6 +51,8 @@ pub struct ExtProcConfig {
     pub pick_timeout: std::time::Duration,
     /// The largest request body read.
     pub max_body_bytes: usize,
+    /// On shutdown, how long streams in flight get to finish (`--shutdown-grace-secs`).
+    pub shutdown_grace: std::time::Duration,
 }
 
 impl Default for ExtProcConfig {
@@ -54,6 +62,7 @@ impl Default for ExtProcConfig {
             fallbacks: 1,
             pick_timeout: std::time::Duration::from_secs(10),
             max_body_bytes: 64 << 20,
+            shutdown_grace: std::time::Duration::from_secs(30),
         }
     }
 }

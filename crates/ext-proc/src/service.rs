@@ -1,6 +1,11 @@
 //! The tonic service: each gRPC stream is one request through the gateway, driven by its
 //! [`Exchange`] on a task of its own; the stream's end (or the gateway going away) drops the
 //! exchange, which releases a placement whose answer had not ended.
+//!
+//! Shutdown ([`serve`]'s `shutdown`): the picker drains. The health service turns
+//! `NOT_SERVING`, new streams are refused (`UNAVAILABLE`: the gateway's failure mode applies),
+//! and the streams in flight go on, for up to the grace period; then the port closes and the
+//! streams still open end (`UNAVAILABLE`), releasing their load.
 
 use crate::exchange::{Exchange, Step};
 use crate::pb::envoy::service::ext_proc::v3 as ep;
@@ -9,21 +14,73 @@ use ep::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
 use futures::StreamExt;
 use kvrouter_server::{AppState, ServeError};
 use std::pin::Pin;
-use tokio::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+
+/// How long streams still open after the grace period get to end before the server stops.
+const CUT_MARGIN: Duration = Duration::from_secs(1);
+
+/// Where the picker is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Serving,
+    /// Shutting down: new streams are refused, those in flight go on.
+    Draining,
+    /// The grace period is over: the streams still open end now.
+    Cutting,
+}
+
+/// Resolves once `phase` is `at`.
+async fn reached(phase: &mut watch::Receiver<Phase>, at: Phase) {
+    let _ = phase.wait_for(|p| *p == at).await;
+}
+
+/// What every stream of one service shares.
+struct Shared {
+    phase: watch::Sender<Phase>,
+    /// Streams in flight.
+    streams: watch::Sender<usize>,
+}
+
+/// Counts one stream in flight while it lives.
+struct InFlight(Arc<Shared>);
+
+impl InFlight {
+    fn new(shared: &Arc<Shared>) -> Self {
+        shared.streams.send_modify(|n| *n += 1);
+        Self(shared.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.streams.send_modify(|n| *n -= 1);
+    }
+}
 
 /// The ext_proc service over a router's state.
 #[derive(Clone)]
 pub struct ExtProc {
     state: AppState,
     config: ExtProcConfig,
+    shared: Arc<Shared>,
 }
 
 impl ExtProc {
     /// The service for `state` (no I/O).
     pub fn new(state: AppState, config: ExtProcConfig) -> Self {
-        Self { state, config }
+        let shared = Arc::new(Shared {
+            phase: watch::channel(Phase::Serving).0,
+            streams: watch::channel(0).0,
+        });
+        Self {
+            state,
+            config,
+            shared,
+        }
     }
 
     /// The tonic server of this service.
@@ -31,48 +88,82 @@ impl ExtProc {
         ExternalProcessorServer::new(self)
     }
 
+    async fn place(&self, step: Step, exchange: &mut Exchange) -> Vec<ep::ProcessingResponse> {
+        let Step::Place {
+            headers,
+            body,
+            subset,
+        } = step
+        else {
+            return Vec::new();
+        };
+        let (fallbacks, source) = (self.config.fallbacks, "ext_proc");
+        let placing = async {
+            match &body {
+                Some(body) => {
+                    kvrouter_server::placement::place(
+                        &self.state,
+                        &headers,
+                        body,
+                        subset.as_deref(),
+                        fallbacks,
+                        source,
+                    )
+                    .await
+                }
+                None => {
+                    kvrouter_server::placement::place_without_body(
+                        &self.state,
+                        &headers,
+                        subset.as_deref(),
+                        fallbacks,
+                        source,
+                    )
+                    .await
+                }
+            }
+        };
+        let placed = tokio::time::timeout(self.config.pick_timeout, placing)
+            .await
+            .unwrap_or_else(|_| {
+                Err(ServeError::Http {
+                    status: http::StatusCode::GATEWAY_TIMEOUT,
+                    message: format!(
+                        "no placement within {:.3}s (--ext-proc-pick-timeout-secs)",
+                        self.config.pick_timeout.as_secs_f64()
+                    ),
+                })
+            });
+        exchange.placed(placed, body.unwrap_or_default())
+    }
+
     async fn run(
         self,
         mut inbound: Streaming<ep::ProcessingRequest>,
         tx: mpsc::Sender<Result<ep::ProcessingResponse, Status>>,
+        _in_flight: InFlight,
     ) {
         let mut exchange = Exchange::new(self.config.failure_mode, self.config.max_body_bytes);
+        let mut phase = self.shared.phase.subscribe();
         // Bounded by the gateway: one stream carries one request and its answer.
-        while let Some(msg) = inbound.next().await {
-            let Ok(msg) = msg else {
-                // The gateway cancelled the stream: dropping the exchange releases the load.
+        loop {
+            let msg = tokio::select! {
+                msg = inbound.next() => msg,
+                () = reached(&mut phase, Phase::Cutting) => {
+                    let _ = tx.send(Err(Status::unavailable(
+                        "kvrouter shut down (--shutdown-grace-secs passed)",
+                    ))).await;
+                    return;
+                }
+            };
+            let Some(Ok(msg)) = msg else {
+                // The stream ended, or the gateway cancelled it: dropping the exchange
+                // releases the load of an answer that had not ended.
                 return;
             };
             let out = match exchange.on_message(msg) {
                 Step::Reply(out) => out,
-                Step::Place {
-                    headers,
-                    body,
-                    subset,
-                } => {
-                    let placed = tokio::time::timeout(
-                        self.config.pick_timeout,
-                        kvrouter_server::placement::place(
-                            &self.state,
-                            &headers,
-                            &body,
-                            subset.as_deref(),
-                            self.config.fallbacks,
-                            "ext_proc",
-                        ),
-                    )
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(ServeError::Http {
-                            status: http::StatusCode::GATEWAY_TIMEOUT,
-                            message: format!(
-                                "no placement within {:.3}s (--ext-proc-pick-timeout-secs)",
-                                self.config.pick_timeout.as_secs_f64()
-                            ),
-                        })
-                    });
-                    exchange.placed(placed, body)
-                }
+                place => self.place(place, &mut exchange).await,
             };
             for r in out {
                 if tx.send(Ok(r)).await.is_err() {
@@ -93,23 +184,61 @@ impl ExternalProcessor for ExtProc {
         &self,
         request: Request<Streaming<ep::ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
+        if *self.shared.phase.borrow() != Phase::Serving {
+            return Err(Status::unavailable(
+                "kvrouter is draining for shutdown and takes no new requests",
+            ));
+        }
+        let in_flight = InFlight::new(&self.shared);
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
-        tokio::spawn(self.clone().run(inbound, tx));
+        tokio::spawn(self.clone().run(inbound, tx, in_flight));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
 
-/// Serves the ext_proc service on `listener` until `shutdown` resolves.
+/// Serves the ext_proc service and the gRPC health service on `listener`. When `shutdown`
+/// resolves, drains: health turns `NOT_SERVING`, new streams are refused, and the streams in
+/// flight get up to the configured grace period before the server stops.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     service: ExtProc,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    let shared = service.shared.clone();
+    let grace = service.config.shutdown_grace;
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let reporting = crate::health::report(reporter, service.state.readiness(), drain_rx).await;
+    let (cut_tx, cut_rx) = tokio::sync::oneshot::channel::<()>();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tonic::transport::Server::builder()
+    let server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        .add_service(health)
         .add_service(service.into_server())
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+        .serve_with_incoming_shutdown(incoming, async {
+            let _ = cut_rx.await;
+        });
+    tokio::pin!(server);
+    let result = async {
+        tokio::select! {
+            r = &mut server => return Some(r),
+            () = shutdown => {}
+        }
+        shared.phase.send_replace(Phase::Draining);
+        let _ = drain_tx.send(true);
+        let mut streams = shared.streams.subscribe();
+        tokio::select! {
+            r = &mut server => return Some(r),
+            _ = tokio::time::timeout(grace, async {
+                let _ = streams.wait_for(|n| *n == 0).await;
+            }) => {}
+        }
+        shared.phase.send_replace(Phase::Cutting);
+        let _ = cut_tx.send(());
+        tokio::time::timeout(CUT_MARGIN, &mut server).await.ok()
+    }
+    .await;
+    reporting.abort();
+    result.unwrap_or(Ok(()))
 }

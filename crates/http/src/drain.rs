@@ -51,6 +51,11 @@ impl Lifecycle {
         self.phase() != Phase::Serving
     }
 
+    /// The phase, to watch for changes (a readiness report that follows draining).
+    pub fn subscribe(&self) -> watch::Receiver<Phase> {
+        self.phase.subscribe()
+    }
+
     /// Moves to `phase` (never back).
     pub(crate) fn advance(&self, phase: Phase) {
         self.phase.send_if_modified(|p| {

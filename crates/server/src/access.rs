@@ -121,12 +121,19 @@ pub(crate) fn emit(p: &Provenance) {
         ttft_ms = p.ttft_ms,
         duration_ms = p.e2e_ms,
         migrations = p.migrations,
+        pick = p.pick,
         "request"
     );
 }
 
-/// Writes the access line of a request the router refused before a worker answered it.
-pub(crate) fn emit_error(id: &HeaderValue, model: Option<&str>, e: &ServeError, e2e_ms: f64) {
+/// Writes the access line of a request the router refused before a worker answered it
+/// (`pick`: a pick's source, as in [`emit`]).
+pub(crate) fn emit_error(
+    id: &HeaderValue,
+    (model, pick): (Option<&str>, Option<&'static str>),
+    e: &ServeError,
+    e2e_ms: f64,
+) {
     tracing::info!(
         target: ACCESS_TARGET,
         request_id = id.to_str().unwrap_or(""),
@@ -135,6 +142,7 @@ pub(crate) fn emit_error(id: &HeaderValue, model: Option<&str>, e: &ServeError, 
         http_status = e.parts().0.as_u16(),
         duration_ms = e2e_ms,
         error = %e,
+        pick,
         "request"
     );
 }

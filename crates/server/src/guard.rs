@@ -118,6 +118,13 @@ impl LoadGuard {
         self.counts_as_sample = success;
     }
 
+    /// A pick (`api`, `ext_proc`): its caller sends the request (for the access line and trace).
+    pub(crate) fn picked_by(&mut self, source: &'static str) {
+        if let Some(p) = self.prov.as_mut() {
+            p.pick = Some(source);
+        }
+    }
+
     /// The worker answered with HTTP status `status` (for the access line).
     pub(crate) fn answered_status(&mut self, status: u16) {
         if let Some(p) = self.prov.as_mut() {
@@ -140,6 +147,12 @@ impl LoadGuard {
     /// The worker serving this attempt.
     pub(crate) fn worker(&self) -> WorkerId {
         self.worker
+    }
+
+    /// Whether the answer is an event stream (for a pick placed without the request's body,
+    /// which learns it from the answer's headers).
+    pub(crate) fn set_stream(&mut self, stream: bool) {
+        self.stream = stream;
     }
 
     /// Whether the client asked for a stream.

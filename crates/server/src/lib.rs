@@ -62,6 +62,7 @@ mod planner_driver;
 mod pools;
 pub mod provenance;
 mod queue;
+pub mod readiness;
 mod registry;
 mod replica;
 mod replica_state;

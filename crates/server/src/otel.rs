@@ -111,6 +111,9 @@ impl Otel {
         if let Some(s) = p.http_status {
             attrs.push(KeyValue::new("http.response.status_code", i64::from(s)));
         }
+        if let Some(source) = p.pick {
+            attrs.push(KeyValue::new("kvrouter.pick", source));
+        }
         let mut root = self
             .tracer
             .span_builder("request")

@@ -20,6 +20,8 @@ pub struct Placement {
     dp_rank: u32,
     url: String,
     fallbacks: Vec<String>,
+    /// Placed from the request's body (else from its headers alone).
+    body_known: bool,
 }
 
 /// `host:port` of a worker's base URL (the endpoint picker protocol's `IP:port`).
@@ -52,20 +54,56 @@ pub async fn place(
     source: &'static str,
 ) -> Result<Placement, ServeError> {
     let arrival = Instant::now();
-    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
-        crate::request::pick::count(
-            state,
-            ServeError::invalid(format!("the body is not valid JSON: {e}"), None),
-        )
-    })?;
-    let kind = crate::request::pick::kind_of(&value);
-    let allowed = subset.map(|s| workers_at(state, s));
-    if allowed.as_ref().is_some_and(Vec::is_empty) {
-        // None of the endpoints the gateway allows is a worker (the protocol: 503).
-        let e = ServeError::Route(kvrouter_core::router::RouteError::NoWorkers);
-        return Err(crate::request::pick::count(state, e));
+    let value = serde_json::from_slice(body)
+        .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None));
+    place_value(state, headers, value, (subset, fallbacks, source), arrival).await
+}
+
+/// The header naming a request's model when a gateway takes it out of the body (the Gateway
+/// API Inference Extension's body-based routing).
+pub const MODEL_HEADER: &str = "x-gateway-model-name";
+
+/// Places a request whose body is not known (a gateway that streams the body after the headers
+/// were answered) from its `headers` alone: the session, pin and admission headers apply, the
+/// model is the [`MODEL_HEADER`]'s (else the base model), and with no prompt to match, the
+/// choice rests on load. Otherwise as [`place`].
+pub async fn place_without_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    subset: Option<&[String]>,
+    fallbacks: usize,
+    source: &'static str,
+) -> Result<Placement, ServeError> {
+    let arrival = Instant::now();
+    let value = match headers.get(MODEL_HEADER).map(|v| v.to_str()) {
+        Some(Ok(m)) if !m.trim().is_empty() => Ok(m.trim().to_owned()),
+        Some(_) => Err(ServeError::invalid(
+            format!("{MODEL_HEADER} must be a model name"),
+            Some(MODEL_HEADER),
+        )),
+        None => {
+            let models = state.inner.models.read().expect("models lock");
+            Ok(models.first().cloned().unwrap_or_default())
+        }
     }
-    let placed = crate::request::pick::place(state, kind, headers, value, arrival, allowed).await?;
+    .map(|model| serde_json::json!({"model": model, "prompt": ""}));
+    let mut placed =
+        place_value(state, headers, value, (subset, fallbacks, source), arrival).await?;
+    placed.body_known = false;
+    Ok(placed)
+}
+
+async fn place_value(
+    state: &AppState,
+    headers: &HeaderMap,
+    value: Result<serde_json::Value, ServeError>,
+    (subset, fallbacks, source): (Option<&[String]>, usize, &'static str),
+    arrival: Instant,
+) -> Result<Placement, ServeError> {
+    // None of the endpoints the gateway allows being a worker answers 503 (the protocol's).
+    let allowed = subset.map(|s| workers_at(state, s));
+    let placed =
+        crate::request::pick::place(state, source, headers, value, arrival, allowed).await?;
     let rank = placed.decision.rank;
     let mut others: Vec<_> = placed
         .decision
@@ -93,6 +131,7 @@ pub async fn place(
         dp_rank: rank.dp_rank,
         url: placed.url,
         fallbacks: fallback_urls,
+        body_known: true,
     })
 }
 
@@ -115,6 +154,23 @@ impl Placement {
     /// The next-best workers' base URLs, best first.
     pub fn fallback_urls(&self) -> &[String] {
         &self.fallbacks
+    }
+
+    /// Whether it was placed from the request's body (else from its headers alone, with
+    /// [`place_without_body`]).
+    pub fn body_known(&self) -> bool {
+        self.body_known
+    }
+
+    /// The worker answered with HTTP `status`; `stream`: as an event stream (which tells a
+    /// placement made without the body how to read the answer's usage).
+    pub fn answered(&mut self, status: u16, stream: bool) {
+        if let Some(g) = self.guard.as_mut() {
+            g.answered_status(status);
+            if !self.body_known {
+                g.set_stream(stream);
+            }
+        }
     }
 
     /// A chunk of the answer came back (the first one ends the prefill).

@@ -52,6 +52,9 @@ pub(crate) struct Provenance {
     pub(crate) status: &'static str,
     /// Why it was ended early: `group-satisfied` (first-N-of-M).
     pub(crate) abort_reason: Option<&'static str>,
+    /// A pick, whose caller sent the request itself: `api` (`POST /v1/pick`) or `ext_proc`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) pick: Option<&'static str>,
     /// The HTTP status the worker answered (the access log's; not in the provenance line).
     #[serde(skip)]
     pub(crate) http_status: Option<u16>,

@@ -213,6 +213,8 @@ pub(crate) async fn add_worker(
 /// Records the models `id` serves (`None`: it left) and recomputes the names the router
 /// accepts: `--model-name` when given, else every model some worker serves.
 fn set_models(state: &AppState, id: WorkerId, cards: Option<Vec<ModelCard>>) {
+    // A worker came or left: readiness reports look again.
+    state.inner.roster.send_replace(state.worker_count());
     let inner = &state.inner;
     let mut pools = inner.pools.write().expect("pools lock");
     match cards {

@@ -87,6 +87,8 @@ pub(crate) struct Inner {
     pub(crate) health: crate::health::Health,
     /// Serving or draining for shutdown.
     pub(crate) lifecycle: kvrouter_http::Lifecycle,
+    /// The number of registered workers, watched by readiness reports (`readiness.rs`).
+    pub(crate) roster: tokio::sync::watch::Sender<usize>,
     /// Replica sync (`--replica-sync`): the publisher's wake-up, the NATS link, metrics.
     pub(crate) replica: crate::replica_state::ReplicaState,
     /// The planner's advisory mode (`--planner-advise`).
@@ -404,6 +406,7 @@ impl AppState {
                 capture,
                 health: crate::health::Health::default(),
                 lifecycle: Default::default(),
+                roster: tokio::sync::watch::channel(0).0,
                 replica,
                 planner,
                 planner_act,

@@ -98,7 +98,7 @@ async fn serve(
     let mut response = answered.unwrap_or_else(|e| {
         if access {
             let ms = arrival.elapsed().as_secs_f64() * 1e3;
-            crate::access::emit_error(&id, model.as_deref(), &e, ms);
+            crate::access::emit_error(&id, (model.as_deref(), None), &e, ms);
         }
         e.into_response()
     });

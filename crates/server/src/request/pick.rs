@@ -33,13 +33,8 @@ pub(crate) struct Placed {
     pub(crate) prompt_tokens: u64,
 }
 
-/// Counts a request that failed before it was placed (as a proxied one is counted).
-pub(crate) fn count(state: &AppState, e: ServeError) -> ServeError {
-    count_error(state, e)
-}
-
 /// The request kind a body is: a chat (it has `messages`), else a completion.
-pub(crate) fn kind_of(body: &Value) -> Kind {
+fn kind_of(body: &Value) -> Kind {
     if body.get("messages").is_some() {
         Kind::Chat
     } else {
@@ -48,41 +43,70 @@ pub(crate) fn kind_of(body: &Value) -> Kind {
 }
 
 /// Places the request `body` (with its `headers`) as a proxied request would be placed, without
-/// sending it. Errors are counted as a proxied request's are.
+/// sending it, on one of the `allowed` workers when given (none: 503). `body` is the caller's
+/// reading of the request (its error refuses the pick). Errors are counted as a proxied
+/// request's are. `source` (`api`, `ext_proc`) marks its access line and trace, which the access
+/// log and OTLP sample as they sample proxied requests: the line is written when the pick ends,
+/// or here when it is refused.
 pub(crate) async fn place(
     state: &AppState,
-    kind: Kind,
+    source: &'static str,
     headers: &HeaderMap,
-    body: Value,
+    body: Result<Value, ServeError>,
     arrival: Instant,
     allowed: Option<Vec<kvrouter_core::ids::WorkerId>>,
 ) -> Result<Placed, ServeError> {
-    // A pick carries the client's x-request-id (or gets one); the access log and OTLP traces
-    // cover proxied requests only.
-    let request_id = state
-        .inner
-        .request_ids
-        .take(headers)
-        .map_err(|(_, e)| count_error(state, e))?;
-    let req = parse_body(
+    let config = &state.inner.config;
+    let access = config.access_log.as_ref().is_some_and(|a| a.sampled());
+    let trace = config.otel.as_ref().is_some_and(|o| o.sampled());
+    // The model of a refused pick's access line (read only when the line is written).
+    let model = access
+        .then(|| {
+            body.as_ref()
+                .ok()?
+                .get("model")?
+                .as_str()
+                .map(str::to_owned)
+        })
+        .flatten();
+    let refused = |id: &axum::http::HeaderValue, e: ServeError| {
+        if access {
+            let ms = arrival.elapsed().as_secs_f64() * 1e3;
+            crate::access::emit_error(id, (model.as_deref(), Some(source)), &e, ms);
+        }
+        e
+    };
+    let request_id = match state.inner.request_ids.take(headers) {
+        Ok(id) => id,
+        Err((id, e)) => return Err(refused(&id, count_error(state, e))),
+    };
+    let body = body.map_err(|e| refused(&request_id, count_error(state, e)))?;
+    if allowed.as_ref().is_some_and(Vec::is_empty) {
+        // None of the endpoints the caller allows is a worker.
+        let e = ServeError::Route(kvrouter_core::router::RouteError::NoWorkers);
+        return Err(refused(&request_id, count_error(state, e)));
+    }
+    let kind = kind_of(&body);
+    let parsed = parse_body(
         state.clone(),
         (kind, None),
         headers,
         (Bytes::new(), body),
         arrival,
-        request_id,
-        (false, false),
+        request_id.clone(),
+        (access, trace),
     )
-    .await
-    .map_err(|e| count_error(state, e))?;
-    place_parsed(&req, allowed)
+    .await;
+    let req = parsed.map_err(|e| refused(&request_id, count_error(state, e)))?;
+    place_parsed(&req, allowed, source)
         .await
-        .map_err(|e| req.count_error(e))
+        .map_err(|e| refused(&request_id, req.count_error(e)))
 }
 
 async fn place_parsed(
     req: &Request,
     allowed: Option<Vec<kvrouter_core::ids::WorkerId>>,
+    source: &'static str,
 ) -> Result<Placed, ServeError> {
     let inner = &req.state.inner;
     let mut stop = match (req.admission.group, req.admission.group_need) {
@@ -112,6 +136,7 @@ async fn place_parsed(
     };
     req.placed(&decision);
     let mut guard = guard_for(req, id, &decision, &Origin::First, queued);
+    guard.picked_by(source);
     let Some(url) = crate::registry::url_of(&req.state, decision.rank.worker) else {
         guard.retire();
         return Err(ServeError::Upstream(
@@ -179,13 +204,13 @@ pub(crate) async fn pick(
 ) -> Result<Response, ServeError> {
     let arrival = Instant::now();
     let state = table.state().clone();
-    let body = pick_body(&state, &raw).map_err(|e| count_error(&state, e))?;
     let config = &state.inner.config.picks;
-    if table.len() >= config.max_outstanding {
-        return Err(count_error(&state, too_many(config.max_outstanding)));
-    }
-    let kind = kind_of(&body);
-    let placed = place(&state, kind, &headers, body, arrival, None).await?;
+    let body = if table.len() >= config.max_outstanding {
+        Err(too_many(config.max_outstanding))
+    } else {
+        pick_body(&state, &raw)
+    };
+    let placed = place(&state, "api", &headers, body, arrival, None).await?;
     let Placed {
         id,
         guard,
