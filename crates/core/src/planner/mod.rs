@@ -15,6 +15,10 @@
 //! - **scale down** only when every demand of the last `down_window` was below the current
 //!   recommendation, to the largest of them (the tail is waited for, and the recommendation
 //!   cannot reverse more often than once per window);
+//! - **tail release**: in an RL step's tail (requests of RL groups, demand at most half the
+//!   step's peak, nothing queued, requests in flight not risen over the down window, the last
+//!   scale-up at least a down window ago) the recommendation follows the up window's demand
+//!   down at once: the step's requests only finish, so the fleet shrinks as they do;
 //! - **predictive floor**: steps (busy spells between idle ones: an RL step's burst and tail)
 //!   are remembered with their peak demand; when the next is predicted to start within the
 //!   startup lead (after a step: its end plus the recent gap between steps; during a step: its
@@ -69,6 +73,12 @@ pub struct PlannerConfig {
     pub horizon: Duration,
     /// Time a new worker takes to serve: the floor rises this long before a predicted step.
     pub startup: Duration,
+    /// Prior for RL steps before a gap between them was seen: the share r of a synchronous step
+    /// spent in rollout, so the trainer's phase after a rollout span S lasts at least
+    /// S × (1 − r) / r (none: the next step may come at once, and the first step holds its
+    /// peak). The sheet's §6.2 puts r at 0.45–0.9, 0.75 typical.
+    #[serde(default)]
+    pub rl_rollout_share: Option<f64>,
 }
 
 impl Default for PlannerConfig {
@@ -85,6 +95,7 @@ impl Default for PlannerConfig {
             down_window: Duration::from_secs(30),
             horizon: Duration::from_secs(180),
             startup: Duration::from_secs(30),
+            rl_rollout_share: None,
         }
     }
 }
@@ -120,6 +131,12 @@ impl PlannerConfig {
             if !(t.is_finite() && t > 0.0) {
                 return err("latency targets must be positive");
             }
+        }
+        if self
+            .rl_rollout_share
+            .is_some_and(|r| !(r > 0.0 && r <= 1.0))
+        {
+            return err("RL rollout share must be in (0, 1]");
         }
         if self.up_window.is_zero() || self.down_window.is_zero() || self.horizon.is_zero() {
             return err("windows and horizon must be positive");
@@ -214,6 +231,13 @@ pub enum Reason {
     },
     /// Scale-down to the largest demand of the down window.
     ScaleDown {
+        /// Workers.
+        workers: u32,
+    },
+    /// An RL step's tail: its requests only finish (none queued, none started over the down
+    /// window, the last scale-up a window ago or more), so the fleet follows the demand of the
+    /// up window down at once; removed workers drain and are released as their requests end.
+    TailRelease {
         /// Workers.
         workers: u32,
     },
