@@ -20,12 +20,13 @@
 //!   scale-up at least a down window ago) the recommendation follows the up window's demand
 //!   down at once: the step's requests only finish, so the fleet shrinks as they do;
 //! - **predictive floor**: steps (busy spells between idle ones: an RL step's burst and tail)
-//!   are remembered with their peak demand; when the next is predicted to start within the
-//!   startup lead (after a step: its end plus the recent gap between steps; during a step: its
-//!   start plus the recent period), the floor is the recent peak, held until that step comes or
-//!   the horizon (~180 s) passes. RL steps (requests with group headers) are provisioned
-//!   conservatively until their rhythm is learned: the first step holds its peak, and before a
-//!   gap was seen the next step is expected at once;
+//!   are remembered with their peak demand, span and the gap before them; the next is expected
+//!   at the earliest it may come (the last step's end, or now while it runs, plus the shorter of
+//!   the shortest recent gap and its span × the smallest recent gap-to-span ratio), and from the
+//!   startup lead before that until it comes (or the horizon, ~180 s, passes) the floor is the
+//!   recent peak. Before a gap was seen, RL steps (requests with group headers) use the
+//!   configured rollout share r (gap = span × (1 − r) / r) or, without one, are provisioned
+//!   conservatively: the first step holds its peak, and the next is expected at once;
 //! - **in-flight need**: never below the workers the requests in flight need at the engines'
 //!   full capacity (scale-down never drains in-flight requests);
 //! - clamped to `[min_workers, max_workers]`.
