@@ -34,11 +34,14 @@
 //! # Layout
 //! - this file: configuration, signals, the recommendation and its reasons;
 //! - `law`: the [`Planner`] state (demand history, steps) and its `tick`;
+//! - `tests`, `rl_tests`: unit and property tests (RL steps in the second);
 //! - `actuate`: acting on recommendations (`serve --planner-act`): the GPU budget's split
 //!   between pools and the cool-down.
 
 pub mod actuate;
 mod law;
+#[cfg(test)]
+mod rl_tests;
 #[cfg(test)]
 mod tests;
 
