@@ -15,9 +15,9 @@
 //! - **scale down** only when every demand of the last `down_window` was below the current
 //!   recommendation, to the largest of them (the tail is waited for, and the recommendation
 //!   cannot reverse more often than once per window);
-//! - **tail release**: in an RL step's tail (requests of RL groups, demand at most half the
-//!   step's peak, nothing queued, requests in flight not risen over the down window, the last
-//!   scale-up at least a down window ago) the recommendation follows the up window's demand
+//! - **tail release**: in an RL step's tail (requests of RL groups, requests at most half the
+//!   step's most, nothing queued, requests in flight not risen over the down window, the last
+//!   rise at least a down window ago) the recommendation follows the up window's demand
 //!   down at once: the step's requests only finish, so the fleet shrinks as they do;
 //! - **predictive floor**: steps (busy spells between idle ones: an RL step's burst and tail)
 //!   are remembered with their peak demand, span and the gap before them; the next is expected
