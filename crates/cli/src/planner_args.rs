@@ -44,6 +44,12 @@ pub(crate) struct PlannerArgs {
     /// window) before a predicted step; in `sim`, the startup delay of added workers.
     #[arg(help_heading = H::PLANNER, long, default_value_t = 30.0)]
     pub(crate) planner_startup_s: f64,
+    /// Prior for RL steps before a gap between two was seen: the share of a synchronous step
+    /// spent in rollout (the trainer's phase after a rollout span S lasts S × (1 − r) / r).
+    /// Unset: the next RL step may come at once, so the first step and the gap after it hold
+    /// the step's peak. Sourced range 0.45–0.9, 0.75 typical (docs/planner.md).
+    #[arg(help_heading = H::PLANNER, long)]
+    planner_rl_rollout_share: Option<f64>,
     /// Seconds between planner ticks.
     #[arg(help_heading = H::PLANNER, long, default_value_t = 1.0)]
     pub(crate) planner_tick_s: f64,
@@ -83,6 +89,12 @@ impl PlannerArgs {
             bail!("--planner-startup-s must be a non-negative number of seconds");
         }
         secs(self.planner_tick_s, "--planner-tick-s")?;
+        if self
+            .planner_rl_rollout_share
+            .is_some_and(|r| !(r > 0.0 && r <= 1.0))
+        {
+            bail!("--planner-rl-rollout-share must be in (0, 1]");
+        }
         let config = PlannerConfig {
             min_workers: self.planner_min_workers,
             max_workers: self.planner_max_workers,
@@ -94,6 +106,7 @@ impl PlannerArgs {
             down_window: secs(self.planner_down_window_s, "--planner-down-window-s")?,
             horizon: secs(self.planner_horizon_s, "--planner-horizon-s")?,
             startup: Duration::from_secs_f64(self.planner_startup_s),
+            rl_rollout_share: self.planner_rl_rollout_share,
             ..PlannerConfig::default()
         };
         config.validate()?;

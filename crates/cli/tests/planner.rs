@@ -225,7 +225,7 @@ async fn sim_with_the_planner_in_the_loop_reports_gpu_seconds_against_the_peak_f
                 "--workload",
                 "grpo",
                 "--workload-args",
-                "prompts=8,group_size=8,steps=3,output_median=400,output_cap=2048,sync_pause_s=150,seed=7",
+                "prompts=8,group_size=8,steps=3,output_median=400,output_cap=2048,sync_pause_s=150,rollout_share=0.75,seed=7",
                 "--workers",
                 "4",
                 "--planner",
@@ -233,6 +233,8 @@ async fn sim_with_the_planner_in_the_loop_reports_gpu_seconds_against_the_peak_f
                 "16",
                 "--planner-startup-s",
                 "10",
+                "--planner-rl-rollout-share",
+                "0.75",
                 "--quiet",
                 "--out",
             ])
@@ -274,4 +276,25 @@ async fn sim_with_the_planner_in_the_loop_reports_gpu_seconds_against_the_peak_f
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--compare"));
+    // A rollout share outside (0, 1], as a flag or a workload argument, is named.
+    for (args, name) in [
+        (
+            ["--planner-rl-rollout-share", "1.5"],
+            "--planner-rl-rollout-share",
+        ),
+        (
+            ["--workload-args", "steps=1,rollout_share=0"],
+            "rollout_share",
+        ),
+    ] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args(["sim", "--workload", "grpo", "--planner", "--quiet"])
+            .args(args)
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(name), "{err}");
+    }
 }

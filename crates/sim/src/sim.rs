@@ -602,14 +602,21 @@ impl<'w> Simulation<'w> {
         }
     }
 
+    /// When the run ends: the last step's train phase and pause when the workload has a train
+    /// phase (whole RL steps), else now.
+    fn end(&self) -> Time {
+        self.replay.steps_end().unwrap_or(self.now)
+    }
+
     fn summary(&self) -> Summary {
+        let end = self.end();
         let busy: Vec<Vec<(Time, Time)>> = self
             .workers
             .iter()
             .map(|w| {
                 let mut b = w.busy.clone();
                 if let Some(since) = w.busy_since {
-                    b.push((since, self.now));
+                    b.push((since, end));
                 }
                 b
             })
@@ -620,7 +627,7 @@ impl<'w> Simulation<'w> {
             Some(_) => self
                 .workers
                 .iter()
-                .map(|w| (w.provisioned.0, w.provisioned.1.unwrap_or(self.now)))
+                .map(|w| (w.provisioned.0, w.provisioned.1.unwrap_or(end)))
                 .collect(),
             None => Vec::new(),
         };
@@ -631,7 +638,7 @@ impl<'w> Simulation<'w> {
             busy: &busy,
             samples: &samples,
             provisioned: &provisioned,
-            end: self.now,
+            end,
         };
         let mut summary = builder.build();
         if let Some(mut fleet) = self.fleet_summary() {
@@ -641,8 +648,8 @@ impl<'w> Simulation<'w> {
                 .filter_map(|r| r.arrival)
                 .min()
                 .unwrap_or(Time::ZERO);
-            fleet.gpu_seconds = (builder.gpu_seconds(start, self.now) * 1e3).round() / 1e3;
-            let span = self.now.since(start).as_secs_f64().max(1e-9);
+            fleet.gpu_seconds = (builder.gpu_seconds(start, end) * 1e3).round() / 1e3;
+            let span = end.since(start).as_secs_f64().max(1e-9);
             fleet.mean_workers = (fleet.gpu_seconds / span * 1e3).round() / 1e3;
             summary.fleet = Some(fleet);
         }

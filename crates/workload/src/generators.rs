@@ -85,11 +85,21 @@ pub struct GrpoParams {
     pub output_cap: u32,
     /// Weight-sync pause between steps, seconds.
     pub sync_pause_s: f64,
+    /// Share of a synchronous step in rollout: the train phase after each step is its rollout
+    /// span × (1 − r) / r (the sheet's §6.2: 0.75, sweep 0.45–0.9). 1 (the default): no train
+    /// phase, the next step follows after `sync_pause_s` alone.
+    pub rollout_share: f64,
     /// Steps rollouts may run ahead of training (0 = synchronous; the sheet's async runs use
     /// 1 to 4).
     pub staleness: u32,
     /// Seed.
     pub seed: u64,
+}
+
+/// The barrier's rollout share: none for 1 (no train phase); out-of-range values are kept for
+/// [`Workload::validate`] to name.
+fn rollout_share(r: f64) -> Option<f64> {
+    (r != 1.0).then_some(r)
 }
 
 impl Default for GrpoParams {
@@ -107,6 +117,7 @@ impl Default for GrpoParams {
             output_sigma_within: 0.7,
             output_cap: 20_480,
             sync_pause_s: 1.0,
+            rollout_share: 1.0,
             staleness: 0,
             seed: 0,
         }
@@ -160,6 +171,7 @@ pub fn grpo(p: &GrpoParams) -> Workload {
         barrier: Some(Barrier {
             pause_ms: p.sync_pause_s * 1000.0,
             staleness: p.staleness,
+            rollout_share: rollout_share(p.rollout_share),
         }),
     }
 }
@@ -205,6 +217,9 @@ pub struct AgenticParams {
     pub group_size: u32,
     /// Weight-sync pause between RL steps, seconds.
     pub sync_pause_s: f64,
+    /// Share of an RL step in rollout (train phase = rollout span × (1 − r) / r); 1 (the
+    /// default): none.
+    pub rollout_share: f64,
     /// Steps that may run ahead of the slowest unfinished one.
     pub staleness: u32,
     /// Seed.
@@ -231,6 +246,7 @@ impl Default for AgenticParams {
             steps: 0,
             group_size: 1,
             sync_pause_s: 1.0,
+            rollout_share: 1.0,
             staleness: 0,
             seed: 0,
         }
@@ -308,6 +324,7 @@ pub fn agentic(p: &AgenticParams) -> Workload {
         barrier: rl.then_some(Barrier {
             pause_ms: p.sync_pause_s * 1000.0,
             staleness: p.staleness,
+            rollout_share: rollout_share(p.rollout_share),
         }),
     }
 }

@@ -32,8 +32,9 @@ pub struct WorkloadRequest {
 }
 
 /// A step barrier (GRPO): step k + 1 + `staleness` starts when every request of step k finished,
-/// plus a weight-sync pause. Staleness 0 is synchronous on-policy training; staleness s lets
-/// rollouts run up to s steps ahead of the policy being trained (asynchronous RL).
+/// plus the trainer's phase and a weight-sync pause. Staleness 0 is synchronous on-policy
+/// training; staleness s lets rollouts run up to s steps ahead of the policy being trained
+/// (asynchronous RL).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Barrier {
     /// Weight-sync pause between steps, ms.
@@ -41,6 +42,28 @@ pub struct Barrier {
     /// How many steps rollouts may run ahead (0 = synchronous).
     #[serde(default)]
     pub staleness: u32,
+    /// Share r of a synchronous step spent in rollout (none: no train phase). The trainer's
+    /// phase after a step is its measured rollout span × (1 − r) / r, before the pause
+    /// (../shared/reference/rl-rollout-workloads.md §6.2, §8: r = 0.75, sweep 0.45–0.9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_share: Option<f64>,
+}
+
+impl Barrier {
+    /// Time from a step's last request to the next step's release: the train phase for a
+    /// rollout span of `span`, then the pause.
+    pub fn gap_after(&self, span: std::time::Duration) -> std::time::Duration {
+        let pause = std::time::Duration::from_secs_f64(self.pause_ms.max(0.0) / 1e3);
+        match self.rollout_share {
+            Some(r) if r > 0.0 && r < 1.0 => span.mul_f64((1.0 - r) / r) + pause,
+            _ => pause,
+        }
+    }
+
+    /// Whether a step is followed by a train phase.
+    pub fn has_train_phase(&self) -> bool {
+        self.rollout_share.is_some_and(|r| r > 0.0 && r < 1.0)
+    }
 }
 
 /// A workload.
@@ -106,6 +129,13 @@ impl Workload {
                 "the router block size {router_block_size} must divide the workload block size {}",
                 self.block_size
             ));
+        }
+        if let Some(r) = self.barrier.and_then(|b| b.rollout_share) {
+            if !(r > 0.0 && r <= 1.0) {
+                return Err(format!(
+                    "rollout_share {r} must be in (0, 1] (the share of an RL step in rollout)"
+                ));
+            }
         }
         for (i, r) in self.requests.iter().enumerate() {
             if let Some(a) = r.after {

@@ -329,6 +329,7 @@ fn read_rollouts(path: &Path, text: &str, opts: ReadOptions) -> Result<Workload,
         barrier: Some(Barrier {
             pause_ms: 1000.0,
             staleness: 0,
+            rollout_share: None,
         }),
     })
 }

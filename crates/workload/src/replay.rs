@@ -29,6 +29,10 @@ pub struct Replay<'w> {
     followers: Vec<Vec<usize>>,
     /// Per RL step: its first requests, and how many of its requests are unfinished.
     steps: BTreeMap<u32, (Vec<usize>, usize)>,
+    /// When each RL step was released (its rollout span starts there).
+    released: BTreeMap<u32, Time>,
+    /// With a train phase: when the last step's train phase and pause end.
+    steps_end: Option<Time>,
     /// Closed loop: requests not yet started, in order.
     backlog: VecDeque<usize>,
     closed_loop: bool,
@@ -47,6 +51,8 @@ impl<'w> Replay<'w> {
             workload,
             followers: vec![Vec::new(); n],
             steps: BTreeMap::new(),
+            released: BTreeMap::new(),
+            steps_end: None,
             backlog: VecDeque::new(),
             closed_loop: concurrency.is_some(),
         };
@@ -94,10 +100,18 @@ impl<'w> Replay<'w> {
         (r, start)
     }
 
-    fn release(&self, step: u32, at: Time, start: &mut Vec<(Time, usize)>) {
+    fn release(&mut self, step: u32, at: Time, start: &mut Vec<(Time, usize)>) {
         if let Some((first, _)) = self.steps.get(&step) {
             start.extend(first.iter().map(|&i| (at, i)));
+            self.released.insert(step, at);
         }
+    }
+
+    /// With a train phase (`Barrier::rollout_share`), once the last step finished: when its
+    /// train phase and pause end, i.e. when the step after it would be released. A run of N
+    /// steps lasts until then (N whole steps: rollout, train, sync).
+    pub fn steps_end(&self) -> Option<Time> {
+        self.steps_end
     }
 
     /// Request `i` finished at `now` (`failed`: its session does not continue).
@@ -124,10 +138,20 @@ impl<'w> Replay<'w> {
             if let Some(s) = self.steps.get_mut(&step) {
                 s.1 = s.1.saturating_sub(1);
                 if s.1 == 0 {
+                    // The trainer's phase (from this step's rollout span), then the pause.
+                    let span = self
+                        .released
+                        .get(&step)
+                        .map_or(Duration::ZERO, |a| now.since(*a));
+                    let at = now + barrier.gap_after(span);
                     let ahead = barrier.staleness as usize;
                     let next = self.steps.range(step + 1..).nth(ahead).map(|(k, _)| *k);
-                    if let Some(next) = next {
-                        self.release(next, now + ms(barrier.pause_ms), &mut out.start);
+                    match next {
+                        Some(next) => self.release(next, at, &mut out.start),
+                        None if barrier.has_train_phase() => {
+                            self.steps_end = Some(self.steps_end.map_or(at, |e| e.max(at)));
+                        }
+                        None => {}
                     }
                 }
             }
@@ -211,6 +235,58 @@ mod tests {
         );
     }
 
+    /// The sheet's §8: train phase = rollout span × (1 − r) / r, then the pause; the run's
+    /// steps end after the last step's train phase.
+    #[test]
+    fn a_train_phase_follows_each_step_in_proportion_to_its_rollout_span() {
+        let mut requests: Vec<WorkloadRequest> = (0..4).map(|_| req()).collect();
+        for (i, q) in requests.iter_mut().enumerate() {
+            q.arrival_ms = None;
+            q.step = Some(i as u32 / 2);
+        }
+        let w = workload(
+            requests,
+            Some(Barrier {
+                pause_ms: 1000.0,
+                staleness: 0,
+                rollout_share: Some(0.75),
+            }),
+        );
+        let (mut r, _) = Replay::new(&w, None, 1.0);
+        r.finished(0, Time::from_millis(30_000), false);
+        // Rollout span 60 s: train 20 s, pause 1 s.
+        let out = r.finished(1, Time::from_millis(60_000), false);
+        assert_eq!(
+            out.start,
+            vec![
+                (Time::from_millis(81_000), 2),
+                (Time::from_millis(81_000), 3)
+            ]
+        );
+        assert_eq!(r.steps_end(), None);
+        r.finished(2, Time::from_millis(90_000), false);
+        r.finished(3, Time::from_millis(111_000), false);
+        // Second span 30 s: train 10 s, pause 1 s.
+        assert_eq!(r.steps_end(), Some(Time::from_millis(122_000)));
+        // Without a rollout share, nothing changes: no steps end is reported.
+        let mut plain = w.clone();
+        plain.barrier = plain.barrier.map(|b| Barrier {
+            rollout_share: None,
+            ..b
+        });
+        let (mut r, _) = Replay::new(&plain, None, 1.0);
+        r.finished(0, Time::ZERO, false);
+        let out = r.finished(1, Time::from_millis(60_000), false);
+        assert_eq!(out.start[0].0, Time::from_millis(61_000));
+        assert!(plain.validate(4).is_ok());
+        let mut bad = w.clone();
+        bad.barrier = bad.barrier.map(|b| Barrier {
+            rollout_share: Some(1.5),
+            ..b
+        });
+        assert!(bad.validate(4).unwrap_err().contains("rollout_share"));
+    }
+
     #[test]
     fn steps_wait_for_the_previous_step_and_the_pause() {
         let mut requests: Vec<WorkloadRequest> = (0..6).map(|_| req()).collect();
@@ -223,6 +299,7 @@ mod tests {
             Some(Barrier {
                 pause_ms: 50.0,
                 staleness: 0,
+                rollout_share: None,
             }),
         );
         let (mut r, start) = Replay::new(&w, None, 1.0);
@@ -239,6 +316,7 @@ mod tests {
             Some(Barrier {
                 pause_ms: 0.0,
                 staleness: 1,
+                rollout_share: None,
             }),
         );
         let (mut r, start) = Replay::new(&w, None, 1.0);

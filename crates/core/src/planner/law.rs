@@ -15,6 +15,8 @@ struct Step {
     start: Time,
     end: Option<Time>,
     peak: u32,
+    /// Most requests (in flight and queued) at once in it.
+    peak_requests: u64,
     /// Idle time before it (none for the first).
     gap: Option<Duration>,
     /// Requests of RL groups were in it.
@@ -25,8 +27,10 @@ struct Step {
 #[derive(Debug)]
 pub struct Planner {
     config: PlannerConfig,
-    /// (time, demand) of recent ticks, oldest first.
-    demand: VecDeque<(Time, u32)>,
+    /// (time, demand, requests in flight and queued) of recent ticks, oldest first.
+    demand: VecDeque<(Time, u32, u64)>,
+    /// When the recommendation last rose.
+    last_up: Option<Time>,
     /// When the first tick was (scale-down needs a full window of history).
     first_tick: Option<Time>,
     /// The last recommendation.
@@ -55,6 +59,7 @@ impl Planner {
         Ok(Self {
             config,
             demand: VecDeque::new(),
+            last_up: None,
             first_tick: None,
             current: None,
             steps: VecDeque::new(),
@@ -142,7 +147,8 @@ impl Planner {
     }
 
     /// Remembers busy and idle spells; returns the phase.
-    fn track_steps(&mut self, now: Time, busy: bool, rl: bool, demand: u32) -> StepPhase {
+    fn track_steps(&mut self, now: Time, rl: bool, demand: u32, requests: u64) -> StepPhase {
+        let busy = requests > 0;
         let running = self.steps.back().is_some_and(|s| s.end.is_none());
         match (busy, running) {
             (true, false) => {
@@ -151,6 +157,7 @@ impl Planner {
                     start: now,
                     end: None,
                     peak: demand,
+                    peak_requests: requests,
                     gap,
                     rl,
                 });
@@ -169,6 +176,7 @@ impl Planner {
         match self.steps.back_mut() {
             Some(s) if busy => {
                 s.peak = s.peak.max(demand);
+                s.peak_requests = s.peak_requests.max(requests);
                 s.rl |= rl;
                 if demand.saturating_mul(2) > s.peak {
                     StepPhase::Burst
@@ -180,42 +188,64 @@ impl Planner {
         }
     }
 
-    /// When the next step is expected: after a step, its end plus the mean recent gap between
-    /// steps; during a step, its start plus the mean recent period between starts. Before those
-    /// are known, an RL step's successor is expected at once (the floor holds its peak).
-    fn predicted_start(&self) -> Option<Time> {
+    /// The shortest gap the next step may leave after the last one: the shortest recent gap,
+    /// or the last step's span (so far) times the smallest recent gap-to-span ratio, whichever
+    /// is shorter (a trainer whose phase is fixed, or one whose phase follows the rollout);
+    /// before any gap was seen, for an RL step with a configured rollout share r, its span
+    /// (so far) × (1 − r) / r.
+    fn expected_gap(&self, now: Time) -> Option<f64> {
         let last = self.steps.back()?;
-        let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
-        match last.end {
-            Some(end) => {
-                let gaps = self.steps.iter().filter_map(|s| s.gap);
-                match mean(gaps.map(|g| g.as_secs_f64()).collect()) {
-                    Some(gap) => Some(end + Duration::from_secs_f64(gap)),
-                    // An RL step with no gap seen yet: the next may come at once.
-                    None => last.rl.then_some(end),
-                }
+        let span = secs(last.start, last.end.unwrap_or(now)).max(0.0);
+        let min = |v: Vec<f64>| v.into_iter().reduce(f64::min);
+        let gaps = min(self
+            .steps
+            .iter()
+            .filter_map(|s| Some(s.gap?.as_secs_f64()))
+            .collect());
+        let ratios = min(self
+            .steps
+            .iter()
+            .zip(self.steps.iter().skip(1))
+            .filter_map(|(a, b)| {
+                let span = secs(a.start, a.end?);
+                (span > 0.0).then(|| b.gap.map(|g| g.as_secs_f64() / span))?
+            })
+            .collect());
+        match (gaps, ratios) {
+            (Some(g), Some(r)) => Some(g.min(r * span)),
+            (Some(g), None) => Some(g),
+            _ => {
+                let r = self.config.rl_rollout_share.filter(|_| last.rl)?;
+                Some(span * (1.0 - r) / r)
             }
-            None => {
-                let starts: Vec<Time> = self.steps.iter().map(|s| s.start).collect();
-                let periods = starts.windows(2).map(|w| secs(w[0], w[1])).collect();
-                match mean(periods) {
-                    Some(period) => Some(last.start + Duration::from_secs_f64(period)),
-                    // The first RL step: its tail may end any time, the next come at once.
-                    None => last.rl.then_some(last.start),
-                }
-            }
+        }
+    }
+
+    /// When the next step may start, at the earliest: after a step, its end plus the expected
+    /// gap; during a step, now (it may end at any moment) plus the expected gap. Before a gap
+    /// is known (no rollout share configured), an RL step's successor is expected at once (the
+    /// floor holds its peak).
+    fn predicted_start(&self, now: Time) -> Option<Time> {
+        let last = self.steps.back()?;
+        let from = last.end.unwrap_or(now);
+        match self.expected_gap(now) {
+            Some(gap) => Some(from + Duration::from_secs_f64(gap)),
+            // An RL step with no gap seen yet: the next may come at once.
+            None => last.rl.then_some(from),
         }
     }
 
     /// The predictive floor at `now`: recent steps' peak when the next step is due within the
     /// startup lead and not overdue by more than the horizon.
     fn floor(&self, now: Time) -> Option<(u32, f64)> {
-        let at = self.predicted_start()?;
+        let at = self.predicted_start(now)?;
         let c = &self.config;
         let lead = (c.startup + c.up_window).min(c.horizon).as_secs_f64();
         let in_s = secs(now, at);
-        let first_rl_step =
-            self.steps.len() == 1 && self.steps[0].rl && self.steps[0].end.is_none();
+        let first_rl_step = self.steps.len() == 1
+            && self.steps[0].rl
+            && self.steps[0].end.is_none()
+            && c.rl_rollout_share.is_none();
         if first_rl_step {
             // Held for as long as it runs.
             return Some((self.steps[0].peak, 0.0));
@@ -227,27 +257,54 @@ impl Planner {
         Some((peak, in_s))
     }
 
+    /// Whether the pool is in an RL step's tail whose requests only finish: requests of RL
+    /// groups in flight, at most half the step's most requests, nothing queued, requests in
+    /// flight and queued never rising over the down window (of which there is a full one), and
+    /// the last rise of the recommendation at least a down window ago (so the flapping bound of
+    /// the scale-down holds for this rule too). Every condition but the last reads request
+    /// counts only, so more load (the same requests, more blocks) meets them alike.
+    fn in_rl_tail(&self, now: Time, first: Time, s: &PoolSignals) -> bool {
+        let c = &self.config;
+        let window: Vec<u64> = self
+            .demand
+            .iter()
+            .filter(|(t, _, _)| now.since(*t) <= c.down_window)
+            .map(|(_, _, r)| *r)
+            .collect();
+        let requests = s.in_flight_requests + s.queued_requests;
+        let half_of_peak = self
+            .steps
+            .back()
+            .is_some_and(|st| st.end.is_none() && requests.saturating_mul(2) <= st.peak_requests);
+        s.rl_requests > 0
+            && half_of_peak
+            && s.queued_requests == 0
+            && now.since(first) >= c.down_window
+            && self.last_up.is_none_or(|u| now.since(u) >= c.down_window)
+            && window.windows(2).all(|w| w[1] <= w[0])
+    }
+
     /// One tick: the recommendation at `now` from the pool's signals.
     pub fn tick(&mut self, now: Time, s: &PoolSignals) -> Recommendation {
         let c = self.config.clone();
         let (demand, mut reasons) = self.demand_of(s);
         let first = *self.first_tick.get_or_insert(now);
-        self.demand.push_back((now, demand));
+        let requests = s.in_flight_requests + s.queued_requests;
+        self.demand.push_back((now, demand, requests));
         let keep = c.up_window.max(c.down_window);
         while self
             .demand
             .front()
-            .is_some_and(|(t, _)| now.since(*t) > keep)
+            .is_some_and(|(t, _, _)| now.since(*t) > keep)
         {
             self.demand.pop_front();
         }
-        let busy = s.in_flight_requests + s.queued_requests > 0;
-        let phase = self.track_steps(now, busy, s.rl_requests > 0, demand);
+        let phase = self.track_steps(now, s.rl_requests > 0, demand, requests);
         let peak_since = |window: Duration| {
             self.demand
                 .iter()
-                .filter(|(t, _)| now.since(*t) <= window)
-                .map(|(_, d)| *d)
+                .filter(|(t, _, _)| now.since(*t) <= window)
+                .map(|(_, d, _)| *d)
                 .max()
                 .unwrap_or(0)
         };
@@ -259,6 +316,9 @@ impl Planner {
         if up > prev {
             workers = up;
             reasons.push(Reason::ScaleUp { workers });
+        } else if up < prev && self.in_rl_tail(now, first, s) {
+            workers = up;
+            reasons.push(Reason::TailRelease { workers });
         } else if down < prev && now.since(first) >= c.down_window {
             workers = down;
             reasons.push(Reason::ScaleDown { workers });
@@ -268,8 +328,8 @@ impl Planner {
                 .demand
                 .iter()
                 .rev()
-                .find(|(_, d)| *d >= prev)
-                .map_or(first, |(t, _)| *t);
+                .find(|(_, d, _)| *d >= prev)
+                .map_or(first, |(t, _, _)| *t);
             let until = held_by.max(first) + c.down_window;
             reasons.push(Reason::HoldForTail {
                 window_peak: down,
@@ -295,6 +355,9 @@ impl Planner {
                 min: c.min_workers,
                 max: c.max_workers,
             });
+        }
+        if clamped > prev {
+            self.last_up = Some(now);
         }
         self.current = Some(clamped);
         Recommendation {

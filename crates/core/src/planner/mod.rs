@@ -15,13 +15,18 @@
 //! - **scale down** only when every demand of the last `down_window` was below the current
 //!   recommendation, to the largest of them (the tail is waited for, and the recommendation
 //!   cannot reverse more often than once per window);
+//! - **tail release**: in an RL step's tail (requests of RL groups, requests at most half the
+//!   step's most, nothing queued, requests in flight not risen over the down window, the last
+//!   rise at least a down window ago) the recommendation follows the up window's demand
+//!   down at once: the step's requests only finish, so the fleet shrinks as they do;
 //! - **predictive floor**: steps (busy spells between idle ones: an RL step's burst and tail)
-//!   are remembered with their peak demand; when the next is predicted to start within the
-//!   startup lead (after a step: its end plus the recent gap between steps; during a step: its
-//!   start plus the recent period), the floor is the recent peak, held until that step comes or
-//!   the horizon (~180 s) passes. RL steps (requests with group headers) are provisioned
-//!   conservatively until their rhythm is learned: the first step holds its peak, and before a
-//!   gap was seen the next step is expected at once;
+//!   are remembered with their peak demand, span and the gap before them; the next is expected
+//!   at the earliest it may come (the last step's end, or now while it runs, plus the shorter of
+//!   the shortest recent gap and its span × the smallest recent gap-to-span ratio), and from the
+//!   startup lead before that until it comes (or the horizon, ~180 s, passes) the floor is the
+//!   recent peak. Before a gap was seen, RL steps (requests with group headers) use the
+//!   configured rollout share r (gap = span × (1 − r) / r) or, without one, are provisioned
+//!   conservatively: the first step holds its peak, and the next is expected at once;
 //! - **in-flight need**: never below the workers the requests in flight need at the engines'
 //!   full capacity (scale-down never drains in-flight requests);
 //! - clamped to `[min_workers, max_workers]`.
@@ -29,11 +34,14 @@
 //! # Layout
 //! - this file: configuration, signals, the recommendation and its reasons;
 //! - `law`: the [`Planner`] state (demand history, steps) and its `tick`;
+//! - `tests`, `rl_tests`: unit and property tests (RL steps in the second);
 //! - `actuate`: acting on recommendations (`serve --planner-act`): the GPU budget's split
 //!   between pools and the cool-down.
 
 pub mod actuate;
 mod law;
+#[cfg(test)]
+mod rl_tests;
 #[cfg(test)]
 mod tests;
 
@@ -69,6 +77,12 @@ pub struct PlannerConfig {
     pub horizon: Duration,
     /// Time a new worker takes to serve: the floor rises this long before a predicted step.
     pub startup: Duration,
+    /// Prior for RL steps before a gap between them was seen: the share r of a synchronous step
+    /// spent in rollout, so the trainer's phase after a rollout span S lasts at least
+    /// S × (1 − r) / r (none: the next step may come at once, and the first step holds its
+    /// peak). The sheet's §6.2 puts r at 0.45–0.9, 0.75 typical.
+    #[serde(default)]
+    pub rl_rollout_share: Option<f64>,
 }
 
 impl Default for PlannerConfig {
@@ -85,6 +99,7 @@ impl Default for PlannerConfig {
             down_window: Duration::from_secs(30),
             horizon: Duration::from_secs(180),
             startup: Duration::from_secs(30),
+            rl_rollout_share: None,
         }
     }
 }
@@ -120,6 +135,12 @@ impl PlannerConfig {
             if !(t.is_finite() && t > 0.0) {
                 return err("latency targets must be positive");
             }
+        }
+        if self
+            .rl_rollout_share
+            .is_some_and(|r| !(r > 0.0 && r <= 1.0))
+        {
+            return err("RL rollout share must be in (0, 1]");
         }
         if self.up_window.is_zero() || self.down_window.is_zero() || self.horizon.is_zero() {
             return err("windows and horizon must be positive");
@@ -214,6 +235,13 @@ pub enum Reason {
     },
     /// Scale-down to the largest demand of the down window.
     ScaleDown {
+        /// Workers.
+        workers: u32,
+    },
+    /// An RL step's tail: its requests only finish (none queued, none started over the down
+    /// window, the last scale-up a window ago or more), so the fleet follows the demand of the
+    /// up window down at once; removed workers drain and are released as their requests end.
+    TailRelease {
         /// Workers.
         workers: u32,
     },

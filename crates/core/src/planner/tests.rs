@@ -2,11 +2,11 @@ use super::*;
 use crate::time::Time;
 use proptest::prelude::*;
 
-fn at(s: u64) -> Time {
+pub(super) fn at(s: u64) -> Time {
     Time::from_millis(s * 1000)
 }
 
-fn load(in_flight: u64, workers: u32) -> PoolSignals {
+pub(super) fn load(in_flight: u64, workers: u32) -> PoolSignals {
     PoolSignals {
         workers,
         in_flight_requests: in_flight,
@@ -15,7 +15,7 @@ fn load(in_flight: u64, workers: u32) -> PoolSignals {
     }
 }
 
-fn planner() -> Planner {
+pub(super) fn planner() -> Planner {
     Planner::new(PlannerConfig::default()).unwrap()
 }
 

@@ -37,6 +37,7 @@ fn one_request(input_tokens: u32, output_tokens: u32) -> Workload {
         barrier: Some(Barrier {
             pause_ms: 0.0,
             staleness: 0,
+            rollout_share: None,
         }),
     }
 }

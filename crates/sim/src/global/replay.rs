@@ -34,7 +34,7 @@ pub(super) struct StepReplay {
     step_of: Vec<u32>,
     steps: BTreeMap<u32, StepState>,
     cap: usize,
-    barrier: Option<f64>,
+    barrier: Option<kvrouter_workload::Barrier>,
 }
 
 impl StepReplay {
@@ -49,7 +49,7 @@ impl StepReplay {
             step_of: vec![0; n],
             steps: BTreeMap::new(),
             cap: sessions_in_flight.unwrap_or(usize::MAX).max(1),
-            barrier: w.barrier.map(|b| b.pause_ms),
+            barrier: w.barrier,
         };
         let mut start = Vec::new();
         for (i, q) in w.requests.iter().enumerate() {
@@ -116,9 +116,12 @@ impl StepReplay {
         }
         if s.left == 0 {
             s.end = Some(now);
-            if let Some(pause) = self.barrier {
+            if let Some(barrier) = self.barrier {
+                // The trainer's phase (from the step's rollout span), then the pause.
+                let span = s.start.map_or(Duration::ZERO, |a| now.since(a));
+                let at = now + barrier.gap_after(span);
                 if let Some(next) = self.steps.range(step + 1..).next().map(|(k, _)| *k) {
-                    self.release(next, now + ms(pause), &mut out.start);
+                    self.release(next, at, &mut out.start);
                 }
             }
         }

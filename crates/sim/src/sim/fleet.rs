@@ -162,7 +162,10 @@ impl Simulation<'_> {
         if let Some(f) = self.fleet.as_mut() {
             f.samples.push(sample);
         }
-        if self.finished < self.workload.requests.len() {
+        // Until the last request, and through the last step's train phase when there is one.
+        if self.finished < self.workload.requests.len()
+            || self.replay.steps_end().is_some_and(|e| now < e)
+        {
             self.queue.push(now + tick, Event::PlannerTick);
         }
         Ok(())
