@@ -15,8 +15,9 @@ NATS=${NATS:-$(command -v nats-server || echo /usr/sbin/nats-server)}
 # GRPO burst: 16 prompts x 8 samples, one step, each prompt ~2,000 tokens, the whole batch at once.
 GRPO_ARGS=${GRPO_ARGS:-prompts=16,group_size=8,steps=1,template_tokens=200,problem_median=1800,problem_cap=1800,output_median=64,output_cap=128}
 AGENTIC_ARGS=${AGENTIC_ARGS:-sessions=12,steps=1,group_size=4,output_median=48,turns_median=4}
-# Bench flags for the GRPO run; `--group-sizes` also sends x-kvrouter-group-size (fair-share placement).
-GRPO_BENCH_FLAGS=${GRPO_BENCH_FLAGS:---group-header}
+# Bench flags for the GRPO run: a GRPO client knows its group size and sends it (x-kvrouter-group-size).
+# GRPO_BENCH_FLAGS=--group-header sends the id only.
+GRPO_BENCH_FLAGS=${GRPO_BENCH_FLAGS:---group-sizes}
 ROUTER_FLAGS=(--router-predicted-ttl-secs 5 --health-check-interval-secs 0)
 [ -x "$BIN" ] || { echo "build $BIN first (cargo build -p kvrouter)" >&2; exit 1; }
 [ -x "$NATS" ] || { echo "nats-server not found (apt-get install nats-server)" >&2; exit 1; }
