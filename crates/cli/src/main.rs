@@ -1,23 +1,31 @@
 //! The `kvrouter` binary: `serve`, `mock-engine`, `sim` and `bench`.
 
+mod admin_args;
 mod bench;
 mod discovery_args;
 mod embedded;
+mod flag_values;
 mod global_args;
 mod headings;
+mod health_args;
+mod kv_event_args;
 mod layered;
 mod logging;
 mod mock_engine;
+mod observability_args;
 mod picker_args;
 mod plan;
 mod planner_act_args;
 mod planner_args;
+mod planner_serve_args;
 mod print_config;
+mod replica_args;
 mod routing_args;
 mod serve;
 mod sim;
 mod sim_global;
 mod startup;
+mod upstream_args;
 mod weights;
 
 use clap::{Parser, Subcommand};
@@ -58,7 +66,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(()); // --print-config
     };
     match &cli.command {
-        Command::Serve(args) => logging::init(&args.log)?,
+        Command::Serve(args) => logging::init(&args.observability.log)?,
         _ => logging::init(&logging::LogArgs::default())?,
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()

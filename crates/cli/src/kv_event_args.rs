@@ -1,0 +1,46 @@
+//! `kvrouter serve`'s bounds of KV event ingestion (the message size, the index lock's hold,
+//! replays).
+
+use crate::flag_values::secs;
+use crate::headings as H;
+use anyhow::bail;
+use clap::Args;
+use kvrouter_server::IngestConfig;
+
+/// Bounds of reading and applying the workers' KV events.
+#[derive(Debug, Args)]
+pub(crate) struct KvEventArgs {
+    /// KV event messages larger than this many bytes are dropped (counted as `oversize`) and
+    /// the rank re-synced; libzmq refuses frames over 4× this outright.
+    #[arg(help_heading = H::KV_EVENTS, long, default_value_t = 8 << 20)]
+    kv_event_max_message_bytes: usize,
+    /// Blocks of a KV event applied per hold of the index lock (larger events are applied in
+    /// slices, letting requests route in between).
+    #[arg(help_heading = H::KV_EVENTS, long, default_value_t = 512)]
+    kv_event_apply_slice_blocks: usize,
+    /// Seconds one replay request to an engine's replay socket may take in all.
+    #[arg(help_heading = H::KV_EVENTS, long, default_value_t = 5.0)]
+    kv_event_replay_timeout_secs: f64,
+}
+
+impl KvEventArgs {
+    /// The validated ingestion settings.
+    pub(crate) fn config(&self) -> anyhow::Result<IngestConfig> {
+        if self.kv_event_max_message_bytes == 0 {
+            bail!("--kv-event-max-message-bytes must be at least 1");
+        }
+        if self.kv_event_apply_slice_blocks == 0 {
+            bail!("--kv-event-apply-slice-blocks must be at least 1");
+        }
+        let replay_timeout = secs(
+            Some(self.kv_event_replay_timeout_secs),
+            "--kv-event-replay-timeout-secs",
+        )?
+        .unwrap_or_default();
+        Ok(IngestConfig {
+            max_message_bytes: self.kv_event_max_message_bytes,
+            apply_slice_blocks: self.kv_event_apply_slice_blocks,
+            replay_timeout,
+        })
+    }
+}

@@ -1,0 +1,42 @@
+//! `kvrouter serve`'s planner flags: `--planner-advise`, the control law's flags (shared with
+//! `sim`, crate::planner_args) and acting on the recommendations (crate::planner_act_args).
+
+use crate::headings as H;
+use crate::planner_act_args::PlannerActArgs;
+use crate::planner_args::PlannerArgs;
+use clap::Args;
+use kvrouter_server::config::{PlannerAct, PlannerAdvice};
+
+/// The advisory planner and its actions.
+#[derive(Debug, Args)]
+pub(crate) struct PlannerServeArgs {
+    /// Advisory planner: a recommended worker count per model pool from the router's live
+    /// signals, at GET /admin/planner (with its reasons) and as
+    /// kvrouter_planner_recommended_workers{pool}; nothing is scaled.
+    #[arg(help_heading = H::PLANNER, long)]
+    planner_advise: bool,
+    /// The planner's bounds, targets and windows.
+    #[command(flatten)]
+    planner: PlannerArgs,
+    /// Acting on the recommendations (Kubernetes).
+    #[command(flatten)]
+    planner_act: PlannerActArgs,
+}
+
+impl PlannerServeArgs {
+    /// The actuation's configuration (`None` without --planner-act).
+    pub(crate) fn act(&self) -> anyhow::Result<Option<PlannerAct>> {
+        self.planner_act.config(self.planner.config()?.min_workers)
+    }
+
+    /// The planner's law and tick (`None` unless it advises or acts).
+    pub(crate) fn advice(&self) -> anyhow::Result<Option<PlannerAdvice>> {
+        Ok(match self.planner_advise || self.planner_act.enabled() {
+            true => Some(PlannerAdvice {
+                law: self.planner.config()?,
+                tick: std::time::Duration::from_secs_f64(self.planner.planner_tick_s),
+            }),
+            false => None,
+        })
+    }
+}
