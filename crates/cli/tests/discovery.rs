@@ -31,20 +31,16 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Polls `check` every 20 ms until it holds; panics naming `what` after `limit`.
-async fn poll<F, Fut>(what: &str, limit: Duration, mut check: F) -> Duration
+/// Polls `check` every 20 ms until it holds; panics naming `what` after `limit`. The time it
+/// took.
+async fn poll<F, Fut>(what: &str, limit: Duration, check: F) -> Duration
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
     let start = Instant::now();
-    while start.elapsed() < limit {
-        if check().await {
-            return start.elapsed();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("{what}: not within {limit:?}");
+    common::until(what, limit, check).await;
+    start.elapsed()
 }
 
 /// The router's view of the worker at `url`: (id, state, cached GPU blocks).
@@ -115,22 +111,6 @@ async fn engine(etcd: &str, http_port: u16, events_port: u16, speedup: &str) -> 
         TTL_SECS,
     ])
     .await
-}
-
-/// The sum of a counter family in the router's `/metrics`.
-async fn counter(http: &reqwest::Client, router: &str, name: &str) -> f64 {
-    let m = http
-        .get(format!("{router}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    m.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 fn resyncs(metrics: &str, worker: u64) -> f64 {
@@ -216,7 +196,9 @@ async fn engines_registered_in_etcd_are_routed_to_drained_on_lease_expiry_and_re
         lag <= Duration::from_secs(2),
         "drained {lag:?} after the lease expired"
     );
-    let retries = counter(&http, &base, "kvrouter_upstream_retries_total").await;
+    let retries = common::metric(&base, "kvrouter_upstream_retries_total")
+        .await
+        .unwrap_or(0.0);
     for i in 0..6 {
         assert_ne!(
             complete(&http, &base, &format!("after {i}")).await,
@@ -225,23 +207,15 @@ async fn engines_registered_in_etcd_are_routed_to_drained_on_lease_expiry_and_re
         );
     }
     assert_eq!(
-        counter(&http, &base, "kvrouter_upstream_retries_total").await,
+        common::metric(&base, "kvrouter_upstream_retries_total")
+            .await
+            .unwrap_or(0.0),
         retries,
         "no request was even tried on the draining engine"
     );
 
     // Back on the same ports: registered again, routed to again, its KV events re-synced.
-    let before = resyncs(
-        &http
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap(),
-        id_a,
-    );
+    let before = resyncs(&common::metrics(&base).await, id_a);
     let _a = engine(&etcd.client, ports[0].0, ports[0].1, "50").await;
     let lag = poll(
         "the engine is back in rotation",
@@ -261,17 +235,7 @@ async fn engines_registered_in_etcd_are_routed_to_drained_on_lease_expiry_and_re
     poll(
         "its KV event stream is re-synced",
         Duration::from_secs(10),
-        || async {
-            let m = http
-                .get(format!("{base}/metrics"))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            resyncs(&m, id_a) > before
-        },
+        || async { resyncs(&common::metrics(&base).await, id_a) > before },
     )
     .await;
     let mut on_a = false;

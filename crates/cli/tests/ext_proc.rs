@@ -14,7 +14,7 @@ use kvrouter_ext_proc::pb::envoy::config::core::v3 as core;
 use kvrouter_ext_proc::pb::envoy::service::ext_proc::v3 as ep;
 use prost_types::value::Kind as V;
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 const BUFFERED: i32 = 2;
@@ -195,34 +195,16 @@ fn completion(prefix: u64, tail: u64) -> Vec<u8> {
 }
 
 async fn metrics(base: &str) -> String {
-    reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    common::metrics(base).await
 }
 
+/// The sum of the samples whose line starts with `prefix`; 0 when none.
 fn sum(m: &str, prefix: &str) -> f64 {
-    m.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    common::metric_in(m, prefix).unwrap_or(0.0)
 }
 
 async fn await_metric(base: &str, prefix: &str, want: f64) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let v = sum(&metrics(base).await, prefix);
-        if v == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{prefix} stayed {v}, want {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::until_metric(base, prefix, want, Duration::from_secs(15)).await
 }
 
 const ACTIVE: &str = "kvrouter_worker_active_requests{";
@@ -499,11 +481,10 @@ async fn a_gateway_in_front_of_engines_sends_a_prefix_to_one_engine_and_releases
         let blocks_before = sum(&metrics(&base).await, "kvrouter_worker_cached_blocks{");
         let (first, _) = proxy::complete(&http, &gateway, &completion(prefix, 0)).await;
         // The engine's KV events reach the picker's index.
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while sum(&metrics(&base).await, "kvrouter_worker_cached_blocks{") < blocks_before + 8.0 {
-            assert!(Instant::now() < deadline, "KV events never arrived");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        common::until("the KV events", Duration::from_secs(15), || async {
+            sum(&metrics(&base).await, "kvrouter_worker_cached_blocks{") >= blocks_before + 8.0
+        })
+        .await;
         for tail in 1..4 {
             let (upstream, text) =
                 proxy::complete(&http, &gateway, &completion(prefix, tail)).await;

@@ -45,33 +45,8 @@ fn batch(seq: u64, chains: u32, len: u32) -> ZmqMessage {
     ZmqMessage::try_from(frames).unwrap()
 }
 
-async fn metric(client: &reqwest::Client, base: &str, prefix: &str) -> f64 {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// Polls the metric (bounded: 10 s) until it equals `want`; returns the last value seen.
-async fn until_metric(client: &reqwest::Client, base: &str, prefix: &str, want: f64) -> f64 {
-    let mut seen = f64::NAN;
-    for _ in 0..1000 {
-        seen = metric(client, base, prefix).await;
-        if seen == want {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    seen
-}
+/// How long a metric may take to reach its value (1000 polls of 10 ms before the common poll).
+const WAIT: Duration = Duration::from_secs(10);
 
 #[tokio::test]
 async fn the_index_stays_at_the_declared_capacity_and_counts_evictions() {
@@ -107,30 +82,26 @@ async fn the_index_stays_at_the_declared_capacity_and_counts_evictions() {
     ])
     .await;
     let base = router.http();
-    let client = reqwest::Client::new();
     let cached = "kvrouter_worker_cached_blocks{worker=\"0\"";
     // A PUB drops messages until the subscription arrives: re-send batch 0 until it lands.
     let mut landed = false;
     for _ in 0..500 {
         publisher.send(batch(0, 4, 8)).await.unwrap();
-        if metric(&client, &base, cached).await > 0.0 {
+        if common::metric(&base, cached).await.unwrap_or(0.0) > 0.0 {
             landed = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(landed, "the router never subscribed");
-    assert_eq!(until_metric(&client, &base, cached, 32.0).await, 32.0);
+    common::until_metric(&base, cached, 32.0, WAIT).await;
     // 50 more batches of 32 blocks: 1,632 blocks stored, far beyond the 64 declared.
     for seq in 1..=50 {
         publisher.send(batch(seq, 4, 8)).await.unwrap();
     }
     let evictions = "kvrouter_index_evictions_total{worker=\"0\"}";
-    assert_eq!(
-        until_metric(&client, &base, evictions, (51 * 32 - 64) as f64).await,
-        (51 * 32 - 64) as f64
-    );
-    assert_eq!(metric(&client, &base, cached).await, 64.0);
+    common::until_metric(&base, evictions, (51 * 32 - 64) as f64, WAIT).await;
+    assert_eq!(common::metric(&base, cached).await.unwrap_or(0.0), 64.0);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -181,7 +152,7 @@ async fn an_unsatisfiable_request_fails_within_the_queue_bound_and_a_flood_is_sh
     assert!(message.contains("policy version"), "{body}");
     assert!(started.elapsed() >= Duration::from_secs(3));
     let shed = "kvrouter_rejections_total{reason=\"max_wait\"}";
-    assert_eq!(metric(&client, &base, shed).await, 1.0);
+    assert_eq!(common::metric(&base, shed).await.unwrap_or(0.0), 1.0);
     // Two wait; a third is beyond --router-queue-max-requests and is shed at once.
     let a = tokio::spawn({
         let (c, b) = (client.clone(), base.clone());
@@ -192,7 +163,7 @@ async fn an_unsatisfiable_request_fails_within_the_queue_bound_and_a_flood_is_sh
         async move { chat(&c, &b, 99).await }
     });
     let pending = "kvrouter_router_queue_pending_requests";
-    assert_eq!(until_metric(&client, &base, pending, 2.0).await, 2.0);
+    common::until_metric(&base, pending, 2.0, WAIT).await;
     let (status, body) = chat(&client, &base, 99).await;
     assert_eq!(status, 529, "{body}");
     assert_eq!(a.await.unwrap().0, 503);
@@ -254,12 +225,11 @@ async fn embedded_engines_render_with_the_routers_chat_template() {
     let first = vec![serde_json::json!({"role": "user", "content": question})];
     let (w1, _) = turn(serde_json::json!(first)).await;
     let cached = "kvrouter_worker_cached_blocks{";
-    for _ in 0..1000 {
-        if metric(&client, &base, cached).await > 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // Waits (bounded) for the first turn's KV events; the checks below tell if they never came.
+    let _ = common::poll(WAIT, || async {
+        common::metric(&base, cached).await.unwrap_or(0.0) > 0.0
+    })
+    .await;
     let second = serde_json::json!([
         {"role": "user", "content": question},
         {"role": "assistant", "content": "ok"},
@@ -278,7 +248,9 @@ async fn embedded_engines_render_with_the_routers_chat_template() {
         w2, w1,
         "the session's second turn follows its cached prefix"
     );
-    let mismatches = metric(&client, &base, "kvrouter_prompt_token_mismatch_total").await;
+    let mismatches = common::metric(&base, "kvrouter_prompt_token_mismatch_total")
+        .await
+        .unwrap_or(0.0);
     assert_eq!(mismatches, 0.0, "router and engines count the same prompt");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -321,6 +293,6 @@ async fn an_engine_rendering_another_template_is_counted_as_a_mismatch() {
         let _ = r.bytes().await;
     }
     let name = "kvrouter_prompt_token_mismatch_total{worker=\"0\"}";
-    assert_eq!(until_metric(&client, &base, name, 2.0).await, 2.0);
+    common::until_metric(&base, name, 2.0, WAIT).await;
     let _ = std::fs::remove_dir_all(&dir);
 }

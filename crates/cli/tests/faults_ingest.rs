@@ -21,15 +21,6 @@ use zmtp::{event_message, noise, RawPub};
 
 const BS: usize = 64;
 
-async fn metrics(base: &str) -> String {
-    reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// Sum of the samples of `name` whose labels contain every fragment of `labels`.
 fn sample(text: &str, name: &str, labels: &[&str]) -> u64 {
     text.lines()
@@ -46,16 +37,15 @@ fn cached(text: &str, worker: u64) -> u64 {
 
 /// Polls `/metrics` until `ok` holds or `within` passes; returns the last text and whether it held.
 async fn until(base: &str, within: Duration, ok: impl Fn(&str) -> bool) -> (String, bool) {
-    let deadline = Instant::now() + within;
-    loop {
-        let text = metrics(base).await;
-        if ok(&text) {
-            return (text, true);
-        }
-        if Instant::now() >= deadline {
-            return (text, false);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let ok = &ok;
+    let held = common::poll(within, || async move {
+        let text = common::metrics(base).await;
+        ok(&text).then_some(text)
+    })
+    .await;
+    match held {
+        Some(text) => (text, true),
+        None => (common::metrics(base).await, false),
     }
 }
 
@@ -293,7 +283,7 @@ async fn adversarial_publishers_never_stop_ingestion() {
     f.conn.shutdown().await.unwrap();
     f.reconnect().await;
     f.probe(0, 8, "a truncated frame").await;
-    let m = metrics(&f.base).await;
+    let m = common::metrics(&f.base).await;
     for reason in ["oversize", "seq_backwards", "malformed"] {
         let label = format!("reason=\"{reason}\"");
         assert!(

@@ -74,20 +74,6 @@ fn kill(proc: &common::Proc, signal: &str) {
     assert!(ok, "kill {signal} {pid}");
 }
 
-/// The sum of the samples of `name` (all label sets) in `base`'s `/metrics`.
-async fn metric(base: &str, name: &str) -> f64 {
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 async fn exits_within(proc: &mut common::Proc, limit: Duration) -> std::process::ExitStatus {
     timeout(limit, proc.child.wait())
         .await
@@ -166,14 +152,25 @@ async fn a_frozen_engine_is_retried_elsewhere_within_the_first_byte_timeout() {
         );
         assert!(seen.elapsed < Duration::from_secs(10), "{seen:?}");
     }
-    assert!(metric(&base, "kvrouter_upstream_timeouts_total").await >= 1.0);
-    assert!(metric(&base, "kvrouter_upstream_retries_total").await >= 1.0);
+    assert!(
+        common::metric(&base, "kvrouter_upstream_timeouts_total")
+            .await
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    assert!(
+        common::metric(&base, "kvrouter_upstream_retries_total")
+            .await
+            .unwrap_or(0.0)
+            >= 1.0
+    );
     assert_eq!(
-        metric(
+        common::metric(
             &base,
             "kvrouter_worker_health_transitions_total{to=\"unhealthy\"}"
         )
-        .await,
+        .await
+        .unwrap_or(0.0),
         1.0,
         "the frozen worker counts as failed"
     );
@@ -206,11 +203,12 @@ async fn a_stream_whose_engine_freezes_mid_way_ends_after_the_idle_timeout() {
         assert!(seen.done && seen.errors == 1, "{seen:?}");
     }
     assert_eq!(
-        metric(
+        common::metric(
             &base,
             "kvrouter_worker_health_transitions_total{to=\"unhealthy\"}"
         )
-        .await,
+        .await
+        .unwrap_or(0.0),
         1.0,
         "the frozen worker counts as failed"
     );
@@ -492,11 +490,13 @@ async fn whole_in_flight(
         let status = r.status().as_u16();
         Ok((status, r.text().await.map_err(|e| format!("{e:?}"))?))
     });
-    let until = Instant::now() + Duration::from_secs(30);
-    while metric(engine, "kvrouter_mock_running_requests").await < 1.0 {
-        assert!(Instant::now() < until, "the request never ran");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::until("the request to run", Duration::from_secs(30), || async {
+        common::metric(engine, "kvrouter_mock_running_requests")
+            .await
+            .unwrap_or(0.0)
+            >= 1.0
+    })
+    .await;
     task
 }
 

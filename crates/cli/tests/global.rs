@@ -79,18 +79,16 @@ async fn setup() -> Setup {
         http: reqwest::Client::new(),
     };
     // Bounded: both live clusters have a summary.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let health = s.get_json(&format!("{}/health", s.global.http())).await;
-        if health["available_clusters"] == 2 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "clusters not available: {health}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let health = format!("{}/health", s.global.http());
+    let available = common::poll(Duration::from_secs(20), || async {
+        s.get_json(&health).await["available_clusters"] == 2
+    })
+    .await;
+    assert!(
+        available.is_some(),
+        "clusters not available: {}",
+        s.get_json(&health).await
+    );
     s
 }
 
@@ -103,15 +101,7 @@ impl Setup {
     }
 
     async fn metrics(&self) -> String {
-        let url = format!("{}/metrics", self.global.http());
-        self.http
-            .get(url)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        common::metrics(&self.global.http()).await
     }
 
     /// One completion of `tokens` prompt ids in `session`: (status, x-kvrouter-cluster).
@@ -151,9 +141,7 @@ fn prompt(s: u32, k: u32) -> Vec<u32> {
 
 /// The value of a metric line `name{labels} v`, 0 when absent.
 fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
+    common::metric_in(text, series).unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -253,8 +241,8 @@ async fn a_dead_cluster_router_loses_its_traffic_and_sessions_within_a_deadline(
         let (status, cluster) = s.turn(&format!("new-{k}"), &prompt(50 + k, 0), false).await;
         assert_eq!((status, cluster.as_str()), (200, other));
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let (s, home) = (&s, home.as_str());
+    let reported = common::poll(Duration::from_secs(10), || async move {
         let m = s.metrics().await;
         let eligible = metric(
             &m,
@@ -270,12 +258,10 @@ async fn a_dead_cluster_router_loses_its_traffic_and_sessions_within_a_deadline(
                 "kvrouter_global_summary_fetch_errors_total{{cluster=\"{home}\",kind=\"connect\"}}"
             ),
         );
-        if eligible == 0.0 && moved >= 1.0 && fetch >= 1.0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "metrics: {m}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        eligible == 0.0 && moved >= 1.0 && fetch >= 1.0
+    })
+    .await;
+    assert!(reported.is_some(), "metrics: {}", s.metrics().await);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -5,7 +5,7 @@
 mod common;
 
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 struct Server {
     _proc: common::Proc,
@@ -50,38 +50,23 @@ impl Server {
     }
 
     async fn metrics(&self) -> String {
-        let r = self.client.get(format!("{}/metrics", self.base)).send();
-        r.await.unwrap().text().await.unwrap()
+        common::metrics(&self.base).await
     }
 
-    /// The sum of the samples of `name` whose line starts with `prefix` (name and labels).
+    /// The sum of the samples whose line starts with `prefix` (name and labels); 0 when none.
     async fn metric(&self, prefix: &str) -> f64 {
-        sum(&self.metrics().await, prefix)
+        common::metric(&self.base, prefix).await.unwrap_or(0.0)
     }
 
-    /// Polls `/metrics` until `prefix` sums to `want` (bounded).
+    /// Polls `/metrics` until `prefix` sums to `want` (bounded: 15 s).
     async fn await_metric(&self, prefix: &str, want: f64) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let v = self.metric(prefix).await;
-            if v == want {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{prefix} stayed {v}, want {want}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        common::until_metric(&self.base, prefix, want, Duration::from_secs(15)).await
     }
 }
 
+/// The sum of the samples of `metrics` whose line starts with `prefix`; 0 when none.
 fn sum(metrics: &str, prefix: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    common::metric_in(metrics, prefix).unwrap_or(0.0)
 }
 
 fn worker(pick: &Value) -> u64 {
@@ -126,18 +111,12 @@ async fn picks_of_the_same_prefix_choose_the_worker_that_cached_it() {
         let w = worker(&first);
         run_on_worker(&s, &first, &ids(prefix, 0)).await;
         // The engine's KV events reach the router's index.
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while s
-            .metric(&format!("kvrouter_worker_cached_blocks{{worker=\"{w}\""))
-            .await
-            < 8.0
-        {
-            assert!(
-                Instant::now() < deadline,
-                "worker {w}'s KV events never arrived"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let blocks = format!("kvrouter_worker_cached_blocks{{worker=\"{w}\"");
+        let what = format!("worker {w}'s KV events");
+        common::until(&what, Duration::from_secs(15), || async {
+            s.metric(&blocks).await >= 8.0
+        })
+        .await;
         for tail in 1..4 {
             let again = s.pick(&[], json!({"token_ids": ids(prefix, tail)})).await;
             assert_eq!(worker(&again), w, "prefix {prefix}, tail {tail}: {again}");

@@ -55,21 +55,6 @@ async fn recommended(s: &Server) -> Option<(u64, Value)> {
     Some((rec["workers"].as_u64()?, rec))
 }
 
-async fn gauge(s: &Server) -> Option<f64> {
-    let text = s
-        .client
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find(|l| l.starts_with("kvrouter_planner_recommended_workers{pool="))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_recommendation_rises_within_seconds_of_a_burst_and_falls_after_its_tail() {
     let s = serve(&[
@@ -134,7 +119,9 @@ async fn the_recommendation_rises_within_seconds_of_a_burst_and_falls_after_its_
         "{rec}"
     );
     let g = common::until("the gauge", Duration::from_secs(5), || async {
-        gauge(&s).await.filter(|g| *g >= 4.0)
+        common::metric(&s.base, "kvrouter_planner_recommended_workers{pool=")
+            .await
+            .filter(|g| *g >= 4.0)
     })
     .await;
     assert!(g >= 4.0);

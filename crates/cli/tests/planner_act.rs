@@ -135,18 +135,6 @@ async fn router(kubeconfig: &std::path::Path, extra: &[&str]) -> common::Proc {
     common::spawn_with_env(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await
 }
 
-async fn metric(base: &str, prefix: &str) -> Option<f64> {
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
 /// Long requests from many clients at once (the planner's demand: requests / 4 per worker).
 fn burst(base: &str, n: usize) -> Vec<tokio::task::JoinHandle<()>> {
     (0..n)
@@ -199,7 +187,7 @@ async fn a_burst_raises_the_deployments_replicas_through_its_scale_subresource()
     .await;
     eprintln!("replicas {before} -> {up} in {:?}", burst_at.elapsed());
     let actions = common::until("the actions counter", Duration::from_secs(5), || async {
-        metric(
+        common::metric(
             &base,
             "kvrouter_planner_actions_total{pool=\"mock-model\",direction=\"up\"}",
         )
@@ -271,7 +259,7 @@ async fn the_gpu_budget_caps_the_pools_together() {
         "a recommendation over 3",
         Duration::from_secs(10),
         || async {
-            metric(
+            common::metric(
                 &base,
                 "kvrouter_planner_recommended_workers{pool=\"mock-model\"}",
             )
@@ -324,7 +312,7 @@ async fn forbidden_and_failing_api_calls_are_counted_and_retried() {
     )
     .await;
     for op in ["get", "patch"] {
-        let n = metric(
+        let n = common::metric(
             &base,
             &format!("kvrouter_planner_action_failures_total{{pool=\"mock-model\",op=\"{op}\"}}"),
         )
@@ -337,7 +325,7 @@ async fn forbidden_and_failing_api_calls_are_counted_and_retried() {
         "one successful patch"
     );
     assert_eq!(
-        metric(
+        common::metric(
             &base,
             "kvrouter_planner_actions_total{pool=\"mock-model\",direction=\"up\"}"
         )

@@ -69,17 +69,12 @@ async fn nats() -> Nats {
         .kill_on_drop(true)
         .spawn()
         .expect("start nats-server");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "nats-server did not listen in time"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::until("nats-server to listen", Duration::from_secs(20), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
     Nats {
         child,
         url: format!("nats://127.0.0.1:{port}"),
@@ -125,65 +120,30 @@ async fn replica(nats: &Nats, id: u64, engines: &[Proc], extra: &[&str]) -> Proc
     common::spawn(&args).await
 }
 
-/// The value of an unlabelled metric.
-async fn metric(client: &reqwest::Client, base: &str, name: &str) -> u64 {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing"))
+/// The value of an unlabelled metric (panics when it is missing).
+async fn metric(base: &str, name: &str) -> u64 {
+    let value = common::metric(base, &format!("{name} ")).await;
+    value.unwrap_or_else(|| panic!("{name} missing")) as u64
 }
 
 /// Sum of a per-worker metric over all workers.
-async fn worker_sum(client: &reqwest::Client, base: &str, name: &str) -> u64 {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
+async fn worker_sum(base: &str, name: &str) -> u64 {
+    common::metric(base, &format!("{name}{{"))
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
-/// Polls `check` every 20 ms until it holds, for at most `limit`.
-async fn until<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        .unwrap_or(0.0) as u64
 }
 
 /// Waits until every replica hears from all the others.
-async fn joined(client: &reqwest::Client, replicas: &[&Proc]) {
+async fn joined(replicas: &[&Proc]) {
     for r in replicas {
         let base = r.http();
         let peers = replicas.len() as u64 - 1;
-        until(
-            Duration::from_secs(20),
+        common::until(
             "replicas to see each other",
+            Duration::from_secs(20),
             || {
-                let (c, b) = (client.clone(), base.clone());
-                async move { metric(&c, &b, "kvrouter_replica_peers_alive").await == peers }
+                let b = base.clone();
+                async move { metric(&b, "kvrouter_replica_peers_alive").await == peers }
             },
         )
         .await;
@@ -234,7 +194,7 @@ async fn same_prefix_through_different_replicas_lands_on_the_same_engine() {
         replica(&nats, 3, &engines, &extra).await,
     ];
     let client = reqwest::Client::new();
-    joined(&client, &rs.iter().collect::<Vec<_>>()).await;
+    joined(&rs.iter().collect::<Vec<_>>()).await;
     let mut agree = 0;
     for k in 0..8 {
         let first = complete(&client, &rs[k % 3].http(), &prompt(k), &[], 2).await;
@@ -251,12 +211,7 @@ async fn same_prefix_through_different_replicas_lands_on_the_same_engine() {
         agree += usize::from(again == first);
     }
     assert_eq!(agree, 8, "every prefix followed through another replica");
-    let received = metric(
-        &client,
-        &rs[0].http(),
-        "kvrouter_replica_events_received_total",
-    )
-    .await;
+    let received = metric(&rs[0].http(), "kvrouter_replica_events_received_total").await;
     assert!(received > 0);
 }
 
@@ -273,7 +228,7 @@ async fn a_session_pinned_through_one_replica_keeps_its_worker_through_others() 
     let a = replica(&nats, 1, &engines, &extra).await;
     let b = replica(&nats, 2, &engines, &extra).await;
     let client = reqwest::Client::new();
-    joined(&client, &[&a, &b]).await;
+    joined(&[&a, &b]).await;
     let mut bound = Vec::new();
     for s in 0..6 {
         let session = format!("session-{s}");
@@ -290,15 +245,10 @@ async fn a_session_pinned_through_one_replica_keeps_its_worker_through_others() 
     // Round-robin spreads them: the binding is what keeps them, not a shared preference.
     assert!(bound.iter().any(|(_, w)| *w != bound[0].1));
     // B has everything A sent (B hears from A only).
-    let sent = metric(
-        &client,
-        &a.http(),
-        "kvrouter_replica_events_published_total",
-    )
-    .await;
-    until(Duration::from_secs(10), "B to receive A's events", || {
-        let (c, base) = (client.clone(), b.http());
-        async move { metric(&c, &base, "kvrouter_replica_events_received_total").await >= sent }
+    let sent = metric(&a.http(), "kvrouter_replica_events_published_total").await;
+    common::until("B to receive A's events", Duration::from_secs(10), || {
+        let base = b.http();
+        async move { metric(&base, "kvrouter_replica_events_received_total").await >= sent }
     })
     .await;
     // B's own round-robin cursor is somewhere else than A's was.
@@ -316,9 +266,9 @@ async fn a_session_pinned_through_one_replica_keeps_its_worker_through_others() 
     }
     // A replica that joins later reads the bindings from the sessions bucket.
     let c = replica(&nats, 3, &engines, &extra).await;
-    until(Duration::from_secs(20), "replica C to join", || {
-        let (cl, base) = (client.clone(), c.http());
-        async move { metric(&cl, &base, "kvrouter_replica_connected").await == 1 }
+    common::until("replica C to join", Duration::from_secs(20), || {
+        let base = c.http();
+        async move { metric(&base, "kvrouter_replica_connected").await == 1 }
     })
     .await;
     complete(&client, &c.http(), "no session", &[], 2).await;
@@ -346,7 +296,7 @@ async fn a_killed_replica_leaves_no_phantom_load() {
         replica(&nats, 3, &engines, &[]).await,
     ];
     let client = reqwest::Client::new();
-    joined(&client, &rs.iter().collect::<Vec<_>>()).await;
+    joined(&rs.iter().collect::<Vec<_>>()).await;
     // Load through replica 3 that will not finish before it dies.
     let victim = rs[2].http();
     let mut doomed = Vec::new();
@@ -358,12 +308,12 @@ async fn a_killed_replica_leaves_no_phantom_load() {
         }));
     }
     let (a, b) = (rs[0].http(), rs[1].http());
-    until(
-        Duration::from_secs(20),
+    common::until(
         "replica 1 to count replica 3's load",
+        Duration::from_secs(20),
         || {
-            let (c, base) = (client.clone(), a.clone());
-            async move { metric(&c, &base, "kvrouter_replica_remote_active_requests").await >= 12 }
+            let base = a.clone();
+            async move { metric(&base, "kvrouter_replica_remote_active_requests").await >= 12 }
         },
     )
     .await;
@@ -387,14 +337,14 @@ async fn a_killed_replica_leaves_no_phantom_load() {
             .expect("requests on the other replicas are unaffected");
     }
     for base in [&a, &b] {
-        until(
-            Duration::from_millis(TTL_MS + 3000),
+        common::until(
             "phantom load to go",
+            Duration::from_millis(TTL_MS + 3000),
             || {
-                let (c, base) = (client.clone(), base.clone());
+                let base = base.clone();
                 async move {
-                    metric(&c, &base, "kvrouter_replica_remote_active_requests").await == 0
-                        && worker_sum(&c, &base, "kvrouter_worker_active_requests").await == 0
+                    metric(&base, "kvrouter_replica_remote_active_requests").await == 0
+                        && worker_sum(&base, "kvrouter_worker_active_requests").await == 0
                 }
             },
         )
@@ -405,10 +355,7 @@ async fn a_killed_replica_leaves_no_phantom_load() {
         gone_after >= Duration::from_millis(TTL_MS / 2),
         "expired by TTL, not at once: {gone_after:?}"
     );
-    assert_eq!(
-        metric(&client, &a, "kvrouter_replica_expired_total").await,
-        1
-    );
+    assert_eq!(metric(&a, "kvrouter_replica_expired_total").await, 1);
     drop(doomed);
 }
 
@@ -444,7 +391,7 @@ async fn one_replica_drives_an_update_and_its_death_leaves_no_worker_paused() {
     let a = replica(&nats, 1, &engines, &[]).await;
     let b = replica(&nats, 2, &engines, &[]).await;
     let client = reqwest::Client::new();
-    joined(&client, &[&a, &b]).await;
+    joined(&[&a, &b]).await;
     let update = |base: String| {
         let c = client.clone();
         async move {
@@ -463,9 +410,9 @@ async fn one_replica_drives_an_update_and_its_death_leaves_no_worker_paused() {
     assert_eq!(update(b.http()).await, 409);
     // B honours A's hold and sees its progress; the engine is paused for its load.
     let engine0 = engines[0].http();
-    until(
-        Duration::from_secs(10),
+    common::until(
         "B to hold worker 0 for A's update",
+        Duration::from_secs(10),
         || {
             let (c, base, e) = (client.clone(), b.http(), engine0.clone());
             async move {
@@ -480,7 +427,7 @@ async fn one_replica_drives_an_update_and_its_death_leaves_no_worker_paused() {
     drop(a); // SIGKILL mid-load
              // Held out until A expires; then B wins the free lease, resumes the engine (which answers
              // once its load is over) and adopts the version it reports: the cycle is finished.
-    until(Duration::from_secs(20), "worker 0 back in service", || {
+    common::until("worker 0 back in service", Duration::from_secs(20), || {
         let (c, base, e) = (client.clone(), b.http(), engine0.clone());
         async move {
             let p = policy(&c, &base).await;
@@ -491,12 +438,7 @@ async fn one_replica_drives_an_update_and_its_death_leaves_no_worker_paused() {
     })
     .await;
     assert_eq!(
-        metric(
-            &client,
-            &b.http(),
-            "kvrouter_replica_update_rollbacks_total"
-        )
-        .await,
+        metric(&b.http(), "kvrouter_replica_update_rollbacks_total").await,
         1
     );
     // It serves through B (pinned to it), and B may drive the next update.
@@ -509,7 +451,7 @@ async fn one_replica_drives_an_update_and_its_death_leaves_no_worker_paused() {
     )
     .await;
     assert_eq!(w, 0);
-    until(Duration::from_secs(10), "the lease to be free", || {
+    common::until("the lease to be free", Duration::from_secs(10), || {
         let (c, base) = (client.clone(), b.http());
         async move { policy(&c, &base).await["update_lease"].is_null() }
     })
@@ -528,19 +470,11 @@ fn kill(proc: &Proc, signal: &str) {
 }
 
 /// The value of one labelled sample (`name{labels}`), 0 while it is absent.
-async fn sample(client: &reqwest::Client, base: &str, sample: &str) -> u64 {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
+/// The value of one sample (`name{labels}`), 0 when absent.
+async fn sample(base: &str, sample: &str) -> u64 {
+    common::metric(base, &format!("{sample} "))
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{sample} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+        .unwrap_or(0.0) as u64
 }
 
 const UNHEALTHY: &str = r#"kvrouter_worker_health_transitions_total{to="unhealthy"}"#;
@@ -569,33 +503,30 @@ async fn a_worker_one_replica_ejects_is_avoided_by_the_others_until_it_recovers(
     let a = replica(&nats, 1, &engines, &extra).await;
     let b = replica(&nats, 2, &engines, &extra).await;
     let client = reqwest::Client::new();
-    joined(&client, &[&a, &b]).await;
+    joined(&[&a, &b]).await;
     let (ab, bb) = (a.http(), b.http());
     kill(&engines[1], "-STOP");
     // Through A only: requests on the frozen engine time out (and are retried on the other)
     // until A ejects it.
     let mut i = 0;
-    until(
-        Duration::from_secs(30),
+    common::until(
         "A to eject the frozen engine",
+        Duration::from_secs(30),
         || {
             i += 1;
             let (c, base, k) = (client.clone(), ab.clone(), i);
             async move {
                 complete(&c, &base, &format!("through a {k}"), &[], 2).await;
-                sample(&c, &base, UNHEALTHY).await >= 1
+                sample(&base, UNHEALTHY).await >= 1
             }
         },
     )
     .await;
-    assert_eq!(
-        worker_sum(&client, &bb, "kvrouter_upstream_retries_total").await,
-        0
-    );
+    assert_eq!(worker_sum(&bb, "kvrouter_upstream_retries_total").await, 0);
     // B has seen no failed request; A's verdict reaches it within the sync lag.
-    until(Duration::from_secs(10), "B to apply A's verdict", || {
-        let (c, base) = (client.clone(), bb.clone());
-        async move { sample(&c, &base, UNHEALTHY).await >= 1 }
+    common::until("B to apply A's verdict", Duration::from_secs(10), || {
+        let base = bb.clone();
+        async move { sample(&base, UNHEALTHY).await >= 1 }
     })
     .await;
     for k in 0..6 {
@@ -603,18 +534,18 @@ async fn a_worker_one_replica_ejects_is_avoided_by_the_others_until_it_recovers(
         assert_eq!(w, 0, "request {k} through B avoids the ejected engine");
     }
     assert_eq!(
-        worker_sum(&client, &bb, "kvrouter_upstream_retries_total").await,
+        worker_sum(&bb, "kvrouter_upstream_retries_total").await,
         0,
         "no request through B tried the frozen engine"
     );
     // A replica that joins now reads A's current ejections (members bucket, heartbeats).
     let c = replica(&nats, 3, &engines, &extra).await;
-    until(
-        Duration::from_secs(20),
+    common::until(
         "C, joined later, to eject it",
+        Duration::from_secs(20),
         || {
-            let (cl, base) = (client.clone(), c.http());
-            async move { sample(&cl, &base, UNHEALTHY).await >= 1 }
+            let base = c.http();
+            async move { sample(&base, UNHEALTHY).await >= 1 }
         },
     )
     .await;
@@ -622,9 +553,9 @@ async fn a_worker_one_replica_ejects_is_avoided_by_the_others_until_it_recovers(
     kill(&engines[1], "-CONT");
     for base in [&ab, &bb] {
         let mut k = 0;
-        until(
-            Duration::from_secs(20),
+        common::until(
             "the engine back in rotation",
+            Duration::from_secs(20),
             || {
                 k += 1;
                 let (c, base, k) = (client.clone(), base.clone(), k);
@@ -632,7 +563,7 @@ async fn a_worker_one_replica_ejects_is_avoided_by_the_others_until_it_recovers(
             },
         )
         .await;
-        assert!(sample(&client, base, HEALTHY).await >= 1);
+        assert!(sample(base, HEALTHY).await >= 1);
     }
 }
 

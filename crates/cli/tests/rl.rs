@@ -150,36 +150,8 @@ async fn admin(s: &Server, path: &str, body: Option<Value>) -> (u16, Value) {
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
-async fn metric(s: &Server, prefix: &str) -> f64 {
-    let text = s
-        .client
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// Polls (bounded) until `done` holds.
-async fn until<F, Fut>(what: &str, mut done: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..3000 {
-        if done().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
+/// How long a poll waits for the router (3000 polls of 5 ms before the common poll).
+const WAIT: Duration = Duration::from_secs(15);
 
 /// Starts the GRPO step (every sample of every group, streams and non-streamed answers), waits
 /// until all of it is in flight, runs the update, and checks every answer.
@@ -195,8 +167,11 @@ async fn update_under_load(mode: &str) -> (Server, Vec<Answer>) {
         }
     }
     let total = (GROUPS * SAMPLES) as f64;
-    until("the step in flight", || async {
-        metric(&s, "kvrouter_worker_active_requests{").await >= total
+    common::until("the step in flight", WAIT, || async {
+        common::metric(&s.base, "kvrouter_worker_active_requests{")
+            .await
+            .unwrap_or(0.0)
+            >= total
     })
     .await;
     let (status, body) = admin(
@@ -221,7 +196,7 @@ async fn update_under_load(mode: &str) -> (Server, Vec<Answer>) {
             complete(&s, GROUPS, true, &[("x-kvrouter-min-policy-version", "1")]).await
         })
     };
-    until("the update to finish", || async {
+    common::until("the update to finish", WAIT, || async {
         let (_, p) = admin(&s, "/admin/policy", None).await;
         p["update"]["running"] == false
     })
@@ -290,11 +265,12 @@ async fn drain_lets_the_step_finish_on_the_old_policy_then_updates() {
         assert!(a.fingerprints.iter().all(|f| f == "policy-0"), "{a:?}");
     }
     assert_eq!(
-        metric(
-            &s,
+        common::metric(
+            &s.base,
             "kvrouter_migrations_total{migration_type=\"weight_update\""
         )
-        .await,
+        .await
+        .unwrap_or(0.0),
         0.0
     );
 }
@@ -322,11 +298,12 @@ async fn abort_continues_the_step_on_the_new_policy_with_exact_token_counts() {
         );
     }
     assert!(
-        metric(
-            &s,
+        common::metric(
+            &s.base,
             "kvrouter_migrations_total{migration_type=\"weight_update\""
         )
         .await
+        .unwrap_or(0.0)
             >= answers.len() as f64
     );
     // The captured timeline shows each worker's weight load and both attempts of the step.
@@ -425,8 +402,11 @@ async fn first_n_of_m_ends_the_rest_of_the_group_with_what_they_produced() {
         }));
     }
     // The long ones are running before the short ones finish.
-    until("the long samples in flight", || async {
-        metric(&s, "kvrouter_worker_active_requests{").await >= 4.0
+    common::until("the long samples in flight", WAIT, || async {
+        common::metric(&s.base, "kvrouter_worker_active_requests{")
+            .await
+            .unwrap_or(0.0)
+            >= 4.0
     })
     .await;
     for _ in 0..2 {
@@ -459,8 +439,11 @@ async fn first_n_of_m_ends_the_rest_of_the_group_with_what_they_produced() {
         (Some("abort"), 0)
     );
     // Their capacity is free.
-    until("the aborted samples released", || async {
-        metric(&s, "kvrouter_worker_active_requests{").await == 0.0
+    common::until("the aborted samples released", WAIT, || async {
+        common::metric(&s.base, "kvrouter_worker_active_requests{")
+            .await
+            .unwrap_or(0.0)
+            == 0.0
     })
     .await;
     // Bad group headers name the header.
@@ -479,7 +462,7 @@ async fn first_n_of_m_ends_the_rest_of_the_group_with_what_they_produced() {
     assert_eq!(e["error"]["param"], "x-kvrouter-group-need");
     // The provenance log says which samples were ended and why.
     let mut lines: Vec<Value> = Vec::new();
-    until("seven provenance lines", || {
+    common::until("seven provenance lines", WAIT, || {
         lines = std::fs::read_to_string(&log)
             .unwrap_or_default()
             .lines()
@@ -582,8 +565,11 @@ async fn an_update_over_engine_processes_reaches_the_engines_and_continues_their
             ));
         }
     }
-    until("the step in flight", || async {
-        metric(&s, "kvrouter_worker_active_requests{").await >= 6.0
+    common::until("the step in flight", WAIT, || async {
+        common::metric(&s.base, "kvrouter_worker_active_requests{")
+            .await
+            .unwrap_or(0.0)
+            >= 6.0
     })
     .await;
     let (status, _) = admin(
@@ -593,7 +579,7 @@ async fn an_update_over_engine_processes_reaches_the_engines_and_continues_their
     )
     .await;
     assert_eq!(status, 202);
-    until("the update to finish", || async {
+    common::until("the update to finish", WAIT, || async {
         let (_, p) = admin(&s, "/admin/policy", None).await;
         p["update"]["running"] == false
     })

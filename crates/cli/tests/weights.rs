@@ -77,19 +77,8 @@ async fn stream(client: &reqwest::Client, base: &str, i: u64) -> (u16, u64, u64,
     (status, tokens, pieces, fp)
 }
 
-async fn until<F, Fut>(what: &str, mut done: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..3000 {
-        if done().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
+/// How long a poll waits (3000 polls of 10 ms before the common poll).
+const WAIT: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn publish_pull_fan_out_and_load_on_three_engines_losing_no_rollout() {
@@ -204,19 +193,10 @@ async fn publish_pull_fan_out_and_load_on_three_engines_losing_no_rollout() {
         let (client, base) = (client.clone(), base.clone());
         step.push(tokio::spawn(async move { stream(&client, &base, i).await }));
     }
-    until("the step in flight", || async {
-        let m = client
-            .get(format!("{base}/metrics"))
-            .send()
+    common::until("the step in flight", WAIT, || async {
+        common::metric(&base, "kvrouter_worker_active_requests{")
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        m.lines()
-            .filter(|l| l.starts_with("kvrouter_worker_active_requests{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
+            .unwrap_or(0.0)
             >= 6.0
     })
     .await;
@@ -229,7 +209,7 @@ async fn publish_pull_fan_out_and_load_on_three_engines_losing_no_rollout() {
         .await
         .unwrap();
     assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
-    until("the update to finish", || async {
+    common::until("the update to finish", WAIT, || async {
         let p = client
             .get(format!("{base}/admin/policy"))
             .bearer_auth(TOKEN)

@@ -66,19 +66,100 @@ pub async fn spawn_with_env(args: &[&str], env: &[(&str, &str)]) -> Proc {
     Proc { child, line }
 }
 
-/// Polls every 20 ms, bounded by `within`, until `check` gives a value; panics naming `what`
-/// when the time is up.
-pub async fn until<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+/// What a poll's check gives: `true` or `Some(value)` when done, `false` or `None` when not yet.
+pub trait Ready {
+    type Value;
+    fn ready(self) -> Option<Self::Value>;
+}
+
+impl Ready for bool {
+    type Value = ();
+    fn ready(self) -> Option<()> {
+        self.then_some(())
+    }
+}
+
+impl<T> Ready for Option<T> {
+    type Value = T;
+    fn ready(self) -> Option<T> {
+        self
+    }
+}
+
+/// Polls every 20 ms, bounded by `within`, until `check` is ready (see [`Ready`]); `None` when
+/// the time is up.
+pub async fn poll<F, Fut>(within: Duration, mut check: F) -> Option<<Fut::Output as Ready>::Value>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
+    Fut: std::future::Future,
+    Fut::Output: Ready,
 {
     let start = std::time::Instant::now();
     while start.elapsed() < within {
-        if let Some(v) = check().await {
-            return v;
+        if let Some(v) = check().await.ready() {
+            return Some(v);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    panic!("timed out after {within:?} waiting for {what}");
+    None
+}
+
+/// Polls every 20 ms, bounded by `within`, until `check` is ready (`true` or a value; see
+/// [`Ready`]); panics naming `what` when the time is up.
+pub async fn until<F, Fut>(what: &str, within: Duration, check: F) -> <Fut::Output as Ready>::Value
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future,
+    Fut::Output: Ready,
+{
+    match poll(within, check).await {
+        Some(v) => v,
+        None => panic!("timed out after {within:?} waiting for {what}"),
+    }
+}
+
+/// The text of `base`'s `/metrics`; panics when it cannot be read (the process is up).
+pub async fn metrics(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("the /metrics body")
+}
+
+/// The sum of the samples on the lines of a `/metrics` text that start with `series` (a metric
+/// name, or a name with its labels or their beginning: `name{worker="0"`); `None` when there is
+/// no such sample.
+pub fn metric_in(text: &str, series: &str) -> Option<f64> {
+    let mut values = text
+        .lines()
+        .filter(|l| l.starts_with(series))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .peekable();
+    values.peek()?;
+    Some(values.sum())
+}
+
+/// [`metric_in`] of `base`'s `/metrics`.
+pub async fn metric(base: &str, series: &str) -> Option<f64> {
+    metric_in(&metrics(base).await, series)
+}
+
+/// Polls `base`'s `/metrics` (bounded by `within`) until `series` sums to `want` (an absent
+/// series counts 0); panics with the last value seen when the time is up.
+pub async fn until_metric(base: &str, series: &str, want: f64, within: Duration) {
+    let last = std::cell::Cell::new(None);
+    let seen = &last;
+    let reached = poll(within, || async move {
+        let v = metric(base, series).await;
+        seen.set(v);
+        v.unwrap_or(0.0) == want
+    })
+    .await;
+    assert!(
+        reached.is_some(),
+        "{series} stayed {:?} for {within:?}, want {want}",
+        last.get()
+    );
 }
