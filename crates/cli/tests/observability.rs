@@ -1,5 +1,7 @@
 //! Structured logs, the access log and the request id, on a real `kvrouter serve` process.
 
+mod common;
+
 use serde_json::{json, Value};
 use std::process::Stdio;
 use std::time::Duration;
@@ -252,16 +254,9 @@ async fn text_logs_stay_the_default() {
 }
 
 async fn scrape(base: &str) -> String {
-    timeout(Duration::from_secs(30), async {
-        reqwest::get(format!("{base}/metrics"))
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text")
-    })
-    .await
-    .expect("metrics in time")
+    timeout(Duration::from_secs(30), common::metrics(base))
+        .await
+        .expect("metrics in time")
 }
 
 #[tokio::test]
