@@ -43,6 +43,8 @@ fn planned(prior: Option<f64>) -> SimConfig {
             },
             startup_ms: 30_000.0,
             tick_ms: 1000.0,
+            migrate_tail: 0,
+            migrate_slowdown: 0.1,
         }),
         ..SimConfig::default()
     }
