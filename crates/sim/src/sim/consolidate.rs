@@ -11,16 +11,20 @@
 use super::fleet::Lifecycle;
 use super::{Event, Simulation};
 use kvrouter_core::ids::{RequestId, WorkerId, WorkerRank};
-use kvrouter_core::planner::migrate::{blocks_within_slowdown, place_moves, Holding, Load};
+use kvrouter_core::planner::migrate::{blocks_within, decode_ms, place_moves, Holding, Load};
 use kvrouter_core::planner::StepPhase;
 
 impl Simulation<'_> {
     /// At a planner tick in an RL tail: draining workers holding at most the limit are marked
     /// to move their requests when their current step ends.
     pub(super) fn mark_tail_moves(&mut self) {
-        let Some(f) = self.fleet.as_ref() else {
+        let Some(f) = self.fleet.as_mut() else {
             return;
         };
+        if f.last.as_ref().is_some_and(|r| r.phase == StepPhase::Idle) {
+            // A new step's tail starts with fresh references.
+            f.reference.clear();
+        }
         let in_tail = f.last.as_ref().is_some_and(|r| r.phase == StepPhase::Tail);
         if f.migrate_tail == 0 || !in_tail || self.router.queue_stats().pending_requests > 0 {
             return;
@@ -28,8 +32,13 @@ impl Simulation<'_> {
         let limit = f.migrate_tail;
         for w in 0..self.workers.len() {
             let n = self.load_of(w);
+            // A worker that took moved requests drains in place (a request moves once).
+            let received = self
+                .fleet
+                .as_ref()
+                .is_some_and(|f| f.reference.contains_key(&w));
             let worker = &mut self.workers[w];
-            if worker.lifecycle == Lifecycle::Draining && n > 0 && n <= limit {
+            if worker.lifecycle == Lifecycle::Draining && n > 0 && n <= limit && !received {
                 worker.move_after_step = true;
             }
         }
@@ -95,10 +104,11 @@ impl Simulation<'_> {
             blocks: stats.used_blocks as u64,
             requests: ids.len() as u64,
         };
+        let source_ms = decode_ms(self.workers[w].timing.as_ref(), bs, capacity, source);
         let targets: Vec<usize> = (0..self.workers.len())
             .filter(|t| self.workers[*t].lifecycle == Lifecycle::Serving)
             .collect();
-        let holding: Vec<Holding> = targets
+        let (holding, holding_ms): (Vec<Holding>, Vec<f64>) = targets
             .iter()
             .map(|t| {
                 let load = Load {
@@ -110,26 +120,35 @@ impl Simulation<'_> {
                             .sum::<u64>(),
                     requests: u64::from(self.load_of(*t)),
                 };
-                let max_blocks = blocks_within_slowdown(
-                    self.workers[*t].timing.as_ref(),
+                let model = self.workers[*t].timing.as_ref();
+                let own = decode_ms(model, bs, capacity, load);
+                let reference = f.reference.get(t).copied().unwrap_or(own).max(source_ms);
+                let max_blocks = blocks_within(
+                    model,
                     bs,
                     capacity,
                     kv_cap,
                     load,
-                    source,
                     source.requests,
-                    f.migrate_slowdown,
+                    reference * (1.0 + f.migrate_slowdown),
                 );
-                Holding {
+                let holding = Holding {
                     requests: load.requests as u32,
                     blocks: load.blocks,
                     max_blocks,
-                }
+                };
+                (holding, own)
             })
-            .collect();
+            .unzip();
         let Some(plan) = place_moves(&holding, &moved, max_requests) else {
             return;
         };
+        // Each target's reference: its decode time before its first move, fixed for the tail.
+        if let Some(f) = self.fleet.as_mut() {
+            for k in &plan {
+                f.reference.entry(targets[*k]).or_insert(holding_ms[*k]);
+            }
+        }
         // The worker is released now; its requests continue on their targets.
         let now = self.now;
         let worker = &mut self.workers[w];

@@ -71,6 +71,9 @@ pub(super) struct Fleet {
     pub(super) incoming: std::collections::HashMap<usize, (usize, u64)>,
     /// Requests moved so far.
     pub(super) tail_moves: u64,
+    /// Workers that took moved requests in this step's tail → their decode time (ms) before the
+    /// first move: a move's bound is the slowdown over the slower of it and the source's.
+    pub(super) reference: std::collections::HashMap<usize, f64>,
 }
 
 impl Fleet {
@@ -101,6 +104,7 @@ impl Fleet {
             migrate_slowdown: p.migrate_slowdown,
             incoming: std::collections::HashMap::new(),
             tail_moves: 0,
+            reference: std::collections::HashMap::new(),
         })
     }
 
