@@ -174,7 +174,7 @@ mod tests {
         };
         let bound = 1.1 * decode_ms(&DynamoPoly, bs, cap, one);
         let b = blocks_within(&DynamoPoly, bs, cap, cap, one, 1, bound);
-        assert!(b >= 1_280 + 64 && b < 2_560, "{b}");
+        assert!((1_280 + 64..2_560).contains(&b), "{b}");
         // No slowdown allowed: nothing fits.
         let exact = decode_ms(&DynamoPoly, bs, cap, one);
         assert_eq!(
