@@ -110,6 +110,18 @@ pub(crate) struct SimArgs {
     pub(crate) planner: bool,
     #[command(flatten)]
     planner_args: crate::planner_args::PlannerArgs,
+    /// With `--planner`: tail consolidation. A worker the planner drains in an RL step's tail
+    /// that holds at most N requests moves them to the serving workers (each re-prefilled
+    /// there, as a migration after a failure) when they all fit within
+    /// `--planner-requests-per-worker` and `--planner-kv-usage`, and is released at once.
+    /// 0 (the default): off, a drained worker holds its GPU until its last request ends.
+    #[arg(long, default_value_t = 0, requires = "planner")]
+    planner_migrate_tail: u32,
+    /// With `--planner-migrate-tail`: a move may make a target's decode step at most this
+    /// fraction slower than the slower of its own and the source's step before it (decode
+    /// time grows with the KV read; the step's last sample sets the step time).
+    #[arg(long, default_value_t = 0.1, requires = "planner")]
+    planner_migrate_slowdown: f64,
     /// Write each configuration's request timeline as Chrome trace JSON (open in Perfetto);
     /// with several configurations the name gets `-N` per configuration.
     #[arg(long)]
@@ -279,6 +291,14 @@ impl SimArgs {
                     law,
                     startup_ms: self.planner_args.planner_startup_s * 1000.0,
                     tick_ms: self.planner_args.planner_tick_s * 1000.0,
+                    migrate_tail: self.planner_migrate_tail,
+                    migrate_slowdown: if self.planner_migrate_slowdown.is_finite()
+                        && self.planner_migrate_slowdown >= 0.0
+                    {
+                        self.planner_migrate_slowdown
+                    } else {
+                        bail!("--planner-migrate-slowdown must be a non-negative number");
+                    },
                 })
             } else {
                 None
@@ -472,6 +492,12 @@ fn print_fleet(runs: &[Summary]) {
                 b.step_time_ratio
             ),
             None => println!(),
+        }
+        if f.tail_moves > 0 {
+            println!(
+                "{}: {} requests moved off workers released in RL tails",
+                r.config, f.tail_moves
+            );
         }
     }
 }

@@ -12,6 +12,7 @@ use kvrouter_workload::replay::Replay;
 use kvrouter_workload::Workload;
 use std::time::Duration;
 
+mod consolidate;
 mod fleet;
 pub use fleet::PlannerSim;
 mod placement;
@@ -69,6 +70,11 @@ struct WorkerState {
     dead: bool,
     /// A weight update aborts its requests when its current step ends.
     abort_after_step: bool,
+    /// The planner moves its requests elsewhere when its current step ends (tail
+    /// consolidation).
+    move_after_step: bool,
+    /// Its timing model (tail consolidation bounds a target's decode slowdown with it).
+    timing: std::sync::Arc<dyn kvrouter_engine::TimingModel>,
     /// Starting, serving, draining or removed (the planner's fleet; always serving without).
     lifecycle: fleet::Lifecycle,
     /// When it was provisioned (GPU time counts from here) and released.
@@ -132,6 +138,8 @@ fn new_worker(
         samples: Vec::new(),
         dead: false,
         abort_after_step: false,
+        move_after_step: false,
+        timing: std::sync::Arc::clone(&model),
         lifecycle: fleet::Lifecycle::Serving,
         provisioned: (now, None),
     };
@@ -495,6 +503,12 @@ impl<'w> Simulation<'w> {
             return Ok(());
         };
         let net = ms(self.config.network_delay_ms);
+        if self.fleet.as_ref().is_some_and(|f| !f.incoming.is_empty()) {
+            let started = out.tokens.iter().filter(|t| t.index == 0).map(|t| t.id);
+            for id in started.chain(out.finished.iter().map(|f| f.id)) {
+                self.arrived(id.0 as usize);
+            }
+        }
         for (id, _) in &out.admitted {
             self.records[id.0 as usize]
                 .admitted
@@ -549,6 +563,9 @@ impl<'w> Simulation<'w> {
         }
         if std::mem::take(&mut self.workers[w].abort_after_step) {
             self.abort_for_update(w);
+        }
+        if std::mem::take(&mut self.workers[w].move_after_step) {
+            self.move_off(w);
         }
         if !out.tokens.is_empty() || !out.finished.is_empty() {
             self.poll_queue();

@@ -244,6 +244,9 @@ pub struct FleetSummary {
     pub baseline: Option<FleetBaseline>,
     /// The fleet at the ticks where it changed.
     pub samples: Vec<FleetSample>,
+    /// Requests moved off workers released in RL tails (`--planner-migrate-tail`).
+    #[serde(default)]
+    pub tail_moves: u64,
 }
 
 /// Time series for the report (not serialized).

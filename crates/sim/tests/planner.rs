@@ -43,6 +43,8 @@ fn planned(prior: Option<f64>) -> SimConfig {
             },
             startup_ms: 30_000.0,
             tick_ms: 1000.0,
+            migrate_tail: 0,
+            migrate_slowdown: 0.1,
         }),
         ..SimConfig::default()
     }
@@ -111,6 +113,35 @@ fn the_fleet_shrinks_in_tails_and_train_phases_and_is_back_for_each_step() {
     assert_eq!(run(planned(Some(0.75)), &w).fleet, p.fleet);
 }
 
+/// Tail consolidation (`--planner-migrate-tail`): a worker drained in a tail with at most 4
+/// requests hands them to the serving workers (each re-prefilled there, as a migration after a
+/// failure) when they fit within the decode slowdown bound, and is released at once instead of
+/// holding its GPU until its last long sample ends. Measured when written: 20.0 % fewer
+/// GPU-seconds at 0.999× the step time, against 17.4 % drained in place.
+#[test]
+fn tail_consolidation_moves_stragglers_and_saves_more_gpu_seconds() {
+    let w = workload(0.75);
+    let mut c = planned(Some(0.75));
+    if let Some(p) = c.planner.as_mut() {
+        p.migrate_tail = 4;
+    }
+    let m = run(c, &w);
+    assert_eq!(m.completed, m.requests, "no request lost");
+    let fleet = m.fleet.clone().unwrap();
+    assert!(fleet.tail_moves > 0, "{fleet:?}");
+    // Every migration is a tail move (no worker failed).
+    assert_eq!(m.migrations as u64, fleet.tail_moves);
+    let base = fixed(4, &w);
+    let with = against(&base, &m);
+    let without = against(&base, &run(planned(Some(0.75)), &w));
+    eprintln!("drained in place: {without:?}\nconsolidated: {with:?}");
+    assert!(
+        with.gpu_seconds_saved > without.gpu_seconds_saved,
+        "{with:?} vs {without:?}"
+    );
+    assert!(with.step_time_ratio <= 1.10, "{with:?}");
+}
+
 #[test]
 fn bad_planner_settings_are_refused() {
     let w = workload(0.75);
@@ -127,6 +158,11 @@ fn bad_planner_settings_are_refused() {
     let mut c = planned(None);
     if let Some(p) = c.planner.as_mut() {
         p.law.rl_rollout_share = Some(1.5);
+    }
+    assert!(Simulation::new(c, &w).is_err());
+    let mut c = planned(None);
+    if let Some(p) = c.planner.as_mut() {
+        p.migrate_slowdown = -0.1;
     }
     assert!(Simulation::new(c, &w).is_err());
     // A rollout share outside (0, 1] in the workload is named.

@@ -35,11 +35,14 @@
 //! - this file: configuration, signals, the recommendation and its reasons;
 //! - `law`: the [`Planner`] state (demand history, steps) and its `tick`;
 //! - `tests`, `rl_tests`: unit and property tests (RL steps in the second);
+//! - `migrate`: tail consolidation (`sim --planner-migrate-tail`): where the requests of a
+//!   worker released in an RL tail may move;
 //! - `actuate`: acting on recommendations (`serve --planner-act`): the GPU budget's split
 //!   between pools and the cool-down.
 
 pub mod actuate;
 mod law;
+pub mod migrate;
 #[cfg(test)]
 mod rl_tests;
 #[cfg(test)]

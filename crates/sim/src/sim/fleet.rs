@@ -23,6 +23,19 @@ pub struct PlannerSim {
     pub startup_ms: f64,
     /// Time between planner ticks, ms.
     pub tick_ms: f64,
+    /// Tail consolidation: a worker drained in an RL step's tail that holds at most this many
+    /// requests moves them to the serving workers (each re-prefilled there, as a migration)
+    /// when they fit, and is released at once (0: off; it drains in place).
+    #[serde(default)]
+    pub migrate_tail: u32,
+    /// Tail consolidation's bound on a target's decode step: at most this fraction slower than
+    /// the slower of its own and the source's before the move.
+    #[serde(default = "default_migrate_slowdown")]
+    pub migrate_slowdown: f64,
+}
+
+fn default_migrate_slowdown() -> f64 {
+    0.1
 }
 
 /// Where a worker is in the planner's fleet.
@@ -48,7 +61,19 @@ pub(super) struct Fleet {
     tick: Duration,
     ttft: VecDeque<(Time, f64)>,
     samples: Vec<FleetSample>,
-    last: Option<Recommendation>,
+    pub(super) last: Option<Recommendation>,
+    /// Tail consolidation's limit (0: off), fair share and KV usage target.
+    pub(super) migrate_tail: u32,
+    pub(super) requests_per_worker: u32,
+    pub(super) kv_usage_target: f64,
+    pub(super) migrate_slowdown: f64,
+    /// Requests moved and not started on their target yet: request → (target, KV blocks).
+    pub(super) incoming: std::collections::HashMap<usize, (usize, u64)>,
+    /// Requests moved so far.
+    pub(super) tail_moves: u64,
+    /// Workers that took moved requests in this step's tail → their decode time (ms) before the
+    /// first move: a move's bound is the slowdown over the slower of it and the source's.
+    pub(super) reference: std::collections::HashMap<usize, f64>,
 }
 
 impl Fleet {
@@ -57,6 +82,11 @@ impl Fleet {
         if !(ok(p.startup_ms) && ok(p.tick_ms) && p.tick_ms > 0.0) {
             return Err(SimError::Config(
                 "planner: startup ≥ 0 and tick > 0 ms".into(),
+            ));
+        }
+        if !ok(p.migrate_slowdown) {
+            return Err(SimError::Config(
+                "planner: the migration slowdown must be ≥ 0".into(),
             ));
         }
         let mut law = p.law.clone();
@@ -68,6 +98,13 @@ impl Fleet {
             ttft: VecDeque::new(),
             samples: Vec::new(),
             last: None,
+            migrate_tail: p.migrate_tail,
+            requests_per_worker: p.law.requests_per_worker,
+            kv_usage_target: p.law.kv_usage_target,
+            migrate_slowdown: p.migrate_slowdown,
+            incoming: std::collections::HashMap::new(),
+            tail_moves: 0,
+            reference: std::collections::HashMap::new(),
         })
     }
 
@@ -148,6 +185,7 @@ impl Simulation<'_> {
         } else if target < serving + starting {
             self.shrink(serving + starting - target);
         }
+        self.mark_tail_moves();
         for w in 0..self.workers.len() {
             self.release_if_drained(w);
         }
@@ -270,6 +308,7 @@ impl Simulation<'_> {
             peak_workers: f.samples.iter().map(|s| s.serving).max().unwrap_or(0),
             startup_s: f.startup.as_secs_f64(),
             last: f.last.clone(),
+            tail_moves: f.tail_moves,
             samples: f
                 .samples
                 .iter()

@@ -75,7 +75,19 @@ impl Simulation<'_> {
             return;
         }
         let (now, tried) = (self.now, std::mem::take(&mut self.tried[i]));
-        let placed = self.router_of(i).route_continuation(&route, &tried, now);
+        let placed = match self.planned_target(i) {
+            // Moved off a worker released in an RL tail: to the target its room was planned
+            // on (the source is no longer routable), else by the failure rule.
+            Some(target) => {
+                let mut pinned = route.clone();
+                pinned.allowed_workers = Some(vec![target]);
+                let router = self.router_of(i);
+                router
+                    .route_continuation(&pinned, &[], now)
+                    .or_else(|_| router.route_continuation(&route, &tried, now))
+            }
+            None => self.router_of(i).route_continuation(&route, &tried, now),
+        };
         self.tried[i] = tried;
         match placed {
             Ok(d) => self.dispatch(i, &d),
