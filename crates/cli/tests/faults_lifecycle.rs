@@ -64,16 +64,6 @@ async fn stream(base: &str, max_tokens: u64, started: Option<&tokio::sync::Barri
     seen
 }
 
-fn kill(proc: &common::Proc, signal: &str) {
-    let pid = proc.child.id().expect("running").to_string();
-    let ok = std::process::Command::new("kill")
-        .args([signal, &pid])
-        .status()
-        .expect("kill runs")
-        .success();
-    assert!(ok, "kill {signal} {pid}");
-}
-
 async fn exits_within(proc: &mut common::Proc, limit: Duration) -> std::process::ExitStatus {
     timeout(limit, proc.child.wait())
         .await
@@ -126,7 +116,7 @@ async fn a_frozen_engine_is_retried_elsewhere_within_the_first_byte_timeout() {
     for _ in 0..2 {
         assert!(stream(&base, 2, None).await.done);
     }
-    kill(&frozen, "-STOP");
+    frozen.signal("-STOP");
     let mut tasks = Vec::new();
     for _ in 0..4 {
         let base = base.clone();
@@ -174,7 +164,7 @@ async fn a_frozen_engine_is_retried_elsewhere_within_the_first_byte_timeout() {
         1.0,
         "the frozen worker counts as failed"
     );
-    kill(&frozen, "-CONT");
+    frozen.signal("-CONT");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -194,7 +184,7 @@ async fn a_stream_whose_engine_freezes_mid_way_ends_after_the_idle_timeout() {
     .await;
     let base = r.http();
     let tasks = streams_in_flight(&base, 2, 100_000).await;
-    kill(&e, "-STOP");
+    e.signal("-STOP");
     for t in tasks {
         let seen = timeout(Duration::from_secs(20), t)
             .await
@@ -212,7 +202,7 @@ async fn a_stream_whose_engine_freezes_mid_way_ends_after_the_idle_timeout() {
         1.0,
         "the frozen worker counts as failed"
     );
-    kill(&e, "-CONT");
+    e.signal("-CONT");
 }
 
 /// Starts `n` streams of `max_tokens` on `base` and waits until each has its first token.
@@ -279,7 +269,7 @@ async fn sigterm_lets_streams_finish_within_the_grace_period() {
     );
     // Long enough (seconds) for the readiness probe to see the drain.
     let tasks = streams_in_flight(&base, 8, 2_000).await;
-    kill(&r, "-TERM");
+    r.signal("-TERM");
     reports_draining(&base).await;
     finish_whole_then_exit(tasks, 2_000, &mut r).await;
 }
@@ -290,7 +280,7 @@ async fn sigterm_ends_what_outlasts_the_grace_period_with_an_error_event() {
     let mut r = router(&[&e], &["--shutdown-grace-secs", "1"]).await;
     let tasks = streams_in_flight(&r.http(), 4, 100_000).await;
     let t0 = Instant::now();
-    kill(&r, "-TERM");
+    r.signal("-TERM");
     for t in tasks {
         let seen = timeout(Duration::from_secs(20), t).await.unwrap().unwrap();
         assert!(seen.done && seen.errors == 1, "{seen:?}");
@@ -338,7 +328,7 @@ async fn sigterm_drains_the_router_before_its_embedded_engines() {
         .expect("the embedded engine's URL")
         .to_owned();
     let tasks = streams_in_flight(&base, 4, 2_000).await;
-    kill(&r, "-TERM");
+    r.signal("-TERM");
     reports_draining(&base).await;
     // A fresh connection: the engine is not draining while the router is.
     let probe = reqwest::Client::builder()
@@ -363,7 +353,7 @@ async fn the_mock_engine_drains_on_sigterm_too() {
     let mut e = engine(&["--shutdown-grace-secs", "3"]).await;
     let base = e.http();
     let long = streams_in_flight(&base, 2, 100_000).await;
-    kill(&e, "-TERM");
+    e.signal("-TERM");
     reports_draining(&base).await;
     for t in long {
         let seen = timeout(Duration::from_secs(20), t).await.unwrap().unwrap();
@@ -516,7 +506,7 @@ async fn an_unanswered_request_at_grace_expiry_gets_an_openai_503() {
 /// SIGTERMs `proc` while a non-streamed request to `base` runs on `engine`: it gets a 503.
 async fn answers_503_at_grace_expiry(proc: &mut common::Proc, base: &str, engine: &str) {
     let task = whole_in_flight(base, engine).await;
-    kill(proc, "-TERM");
+    proc.signal("-TERM");
     let answer = timeout(Duration::from_secs(20), task)
         .await
         .unwrap()

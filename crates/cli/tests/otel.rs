@@ -1,13 +1,14 @@
 //! OTLP traces from a real `kvrouter serve`, received by a small OTLP/HTTP (protobuf) receiver
 //! on 127.0.0.1 inside the test, which decodes each export request.
 
+mod common;
+
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use serde_json::json;
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
@@ -78,32 +79,17 @@ fn attr(span: &Span, key: &str) -> Option<Any> {
 #[tokio::test]
 async fn each_request_is_one_trace_with_tokenize_route_first_byte_and_stream_spans() {
     let (endpoint, mut spans_rx) = receiver().await;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--mock-workers",
-            "2",
-            "--otlp-endpoint",
-            &endpoint,
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = timeout(Duration::from_secs(60), out.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let base = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap()
-        .to_owned();
+    let router = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "2",
+        "--otlp-endpoint",
+        &endpoint,
+    ])
+    .await;
+    let base = router.http();
     let client = reqwest::Client::new();
     for (id, stream) in [("otel-1", false), ("otel-2", true)] {
         let body = json!({"model": "mock-model", "prompt": "trace me please", "max_tokens": 3, "stream": stream});
@@ -189,32 +175,17 @@ async fn each_request_is_one_trace_with_tokenize_route_first_byte_and_stream_spa
 #[tokio::test]
 async fn a_pick_is_one_trace_with_its_route_span() {
     let (endpoint, mut spans_rx) = receiver().await;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--mock-workers",
-            "2",
-            "--otlp-endpoint",
-            &endpoint,
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = timeout(Duration::from_secs(60), out.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let base = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap()
-        .to_owned();
+    let router = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "2",
+        "--otlp-endpoint",
+        &endpoint,
+    ])
+    .await;
+    let base = router.http();
     let client = reqwest::Client::new();
     let post = |path: String, body: serde_json::Value| {
         let req = client

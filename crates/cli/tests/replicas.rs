@@ -458,17 +458,6 @@ async fn one_replica_drives_an_update_and_its_death_leaves_no_worker_paused() {
     .await;
 }
 
-/// Sends `signal` (`-STOP`, `-CONT`) to a process.
-fn kill(proc: &Proc, signal: &str) {
-    let pid = proc.child.id().expect("running").to_string();
-    let ok = std::process::Command::new("kill")
-        .args([signal, &pid])
-        .status()
-        .expect("kill runs")
-        .success();
-    assert!(ok, "kill {signal} {pid}");
-}
-
 /// The value of one labelled sample (`name{labels}`), 0 while it is absent.
 /// The value of one sample (`name{labels}`), 0 when absent.
 async fn sample(base: &str, sample: &str) -> u64 {
@@ -505,7 +494,7 @@ async fn a_worker_one_replica_ejects_is_avoided_by_the_others_until_it_recovers(
     let client = reqwest::Client::new();
     joined(&[&a, &b]).await;
     let (ab, bb) = (a.http(), b.http());
-    kill(&engines[1], "-STOP");
+    engines[1].signal("-STOP");
     // Through A only: requests on the frozen engine time out (and are retried on the other)
     // until A ejects it.
     let mut i = 0;
@@ -550,7 +539,7 @@ async fn a_worker_one_replica_ejects_is_avoided_by_the_others_until_it_recovers(
     )
     .await;
     // It recovers: A's checks pass, and both replicas use it again.
-    kill(&engines[1], "-CONT");
+    engines[1].signal("-CONT");
     for base in [&ab, &bb] {
         let mut k = 0;
         common::until(

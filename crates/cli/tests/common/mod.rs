@@ -30,6 +30,17 @@ impl Proc {
             .to_owned()
     }
 
+    /// Sends `signal` (`-TERM`, `-STOP`, `-CONT`) to the process with `kill`.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("running").to_string();
+        let ok = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .expect("kill runs")
+            .success();
+        assert!(ok, "kill {signal} {pid}");
+    }
+
     /// The value of `key=value` on the startup line.
     pub fn field(&self, key: &str) -> String {
         let prefix = format!("{key}=");

@@ -60,16 +60,6 @@ async fn next(
         .status()
 }
 
-fn kill(proc: &crate::common::Proc, signal: &str) {
-    let pid = proc.child.id().expect("running").to_string();
-    let ok = std::process::Command::new("kill")
-        .args([signal, &pid])
-        .status()
-        .expect("kill runs")
-        .success();
-    assert!(ok, "kill {signal} {pid}");
-}
-
 #[tokio::test]
 async fn health_follows_the_workers_and_an_unknown_service_is_not_found() {
     let engine = crate::common::spawn(&["mock-engine", "--port", "0"]).await;
@@ -162,7 +152,7 @@ async fn sigterm_turns_health_not_serving_while_a_stream_in_flight_drains() {
     envoy.send(response_headers(200)).await;
     envoy.recv().await;
 
-    kill(&p, "-TERM");
+    p.signal("-TERM");
     assert_eq!(next(&mut watching).await, ServingStatus::NotServing);
     // The port still answers while it drains, on new connections too.
     let mut fresh = health(&grpc).await;
@@ -204,7 +194,7 @@ async fn a_stream_that_outlasts_the_grace_period_is_ended_unavailable() {
         .send(request_body(&super::completion(1, 0), true))
         .await;
     assert!(destination(&envoy.recv().await).0.is_some());
-    kill(&p, "-TERM");
+    p.signal("-TERM");
     let ended = tokio::time::timeout(Duration::from_secs(20), envoy.rx.message())
         .await
         .expect("the stream ends in time");

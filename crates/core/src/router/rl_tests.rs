@@ -1,6 +1,6 @@
 //! Tests of the RL controls (`rl.rs`): pauses, policy versions, group placement.
 
-use super::tests::{request, router, store_event, tokens, BS};
+use super::tests::{request, router, seeded_router, store_event, tokens, BS};
 use super::*;
 use crate::router::admission::Admission;
 
@@ -377,16 +377,7 @@ fn the_skew_bound_applies_to_a_sized_group_too() {
 }
 
 fn synced_replica(seed: u64, workers: u64) -> Router {
-    let config = RouterConfig {
-        router_mode: RouterMode::Kv,
-        kv_cache_block_size: BS,
-        seed,
-        ..Default::default()
-    };
-    let mut r = Router::new(config).unwrap();
-    for w in 0..workers {
-        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
-    }
+    let mut r = seeded_router(RouterMode::Kv, seed, workers);
     r.enable_replica_sync(crate::ids::ReplicaId(seed), 1024);
     r
 }
@@ -406,19 +397,10 @@ fn synced_replicas_start_a_new_group_on_the_same_worker_before_hearing_of_each_o
         assert_eq!(ra, rb, "group {g}");
     }
     // Without sync each starts the group on its own argmin (seeded ties): they disagree.
-    let (mut c, mut d) = (router(RouterMode::Kv, 8), {
-        let mut d = Router::new(RouterConfig {
-            router_mode: RouterMode::Kv,
-            kv_cache_block_size: BS,
-            seed: 2,
-            ..Default::default()
-        })
-        .unwrap();
-        for w in 0..8 {
-            d.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
-        }
-        d
-    });
+    let (mut c, mut d) = (
+        seeded_router(RouterMode::Kv, 1, 8),
+        seeded_router(RouterMode::Kv, 2, 8),
+    );
     let split = (0..16u64)
         .filter(|g| {
             let rc = c.route(&sized(2 * g, 100 + g, 8), Time::ZERO).unwrap().rank;

@@ -19,6 +19,21 @@ pub(super) fn router(mode: RouterMode, workers: u64) -> Router {
     r
 }
 
+/// A router of `mode` with its own `seed` over `workers` single-rank workers.
+pub(super) fn seeded_router(mode: RouterMode, seed: u64, workers: u64) -> Router {
+    let config = RouterConfig {
+        router_mode: mode,
+        kv_cache_block_size: BS,
+        seed,
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    for w in 0..workers {
+        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+    }
+    r
+}
+
 pub(super) fn tokens(prefix: u32, len: u32) -> Vec<u32> {
     (0..len).map(|i| prefix * 10_000 + i).collect()
 }
@@ -296,16 +311,7 @@ fn allowed_workers_restrict_candidates() {
 #[test]
 fn same_seed_same_decisions() {
     let run = |seed| {
-        let config = RouterConfig {
-            router_mode: RouterMode::Random,
-            kv_cache_block_size: BS,
-            seed,
-            ..Default::default()
-        };
-        let mut r = Router::new(config).unwrap();
-        for w in 0..8 {
-            r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
-        }
+        let mut r = seeded_router(RouterMode::Random, seed, 8);
         (0..50)
             .map(|i| {
                 r.route(&request(i, &tokens(1, 4)), Time::ZERO)
