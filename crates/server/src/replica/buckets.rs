@@ -8,9 +8,8 @@ use crate::replica_state::Link;
 use crate::state::{AppState, Inner};
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
-use kvrouter_core::ids::{WorkerId, WorkerRank};
+use kvrouter_core::ids::WorkerRank;
 use kvrouter_core::router::RemoteEvent;
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -163,10 +162,7 @@ pub(super) async fn store_shared(
     if !events.iter().any(stored) {
         return;
     }
-    let urls: HashMap<WorkerId, String> = local_ids(inner)
-        .into_iter()
-        .map(|(url, id)| (id, url))
-        .collect();
+    let urls = super::link::local_urls(inner);
     for e in events {
         let (bucket, key, body) = match e {
             RemoteEvent::Session {

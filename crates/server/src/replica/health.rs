@@ -10,7 +10,6 @@ use super::wire::Verdict;
 use crate::health::Reason;
 use crate::state::{AppState, Inner};
 use kvrouter_core::ids::WorkerId;
-use std::collections::HashMap;
 
 fn sharing(inner: &Inner) -> bool {
     inner
@@ -20,20 +19,13 @@ fn sharing(inner: &Inner) -> bool {
         .is_some_and(|c| c.share_health)
 }
 
-fn urls(inner: &Inner) -> HashMap<WorkerId, String> {
-    super::link::local_ids(inner)
-        .into_iter()
-        .map(|(url, id)| (id, url))
-        .collect()
-}
-
 /// This replica's verdict changes waiting to go out, by URL.
 pub(super) fn outgoing(inner: &Inner) -> Vec<Verdict> {
     let changes = inner.replica.take_verdicts();
     if changes.is_empty() {
         return Vec::new();
     }
-    let urls = urls(inner);
+    let urls = super::link::local_urls(inner);
     changes
         .into_iter()
         .filter_map(|(w, ejected)| {
@@ -51,7 +43,7 @@ pub(super) fn own_ejections(inner: &Inner) -> Option<Vec<Verdict>> {
         return None;
     }
     let own = inner.health.own_ejections();
-    let urls = urls(inner);
+    let urls = super::link::local_urls(inner);
     Some(
         own.into_iter()
             .filter_map(|(w, reason)| {

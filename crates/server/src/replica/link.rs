@@ -97,6 +97,17 @@ pub(super) fn local_ids(inner: &Inner) -> HashMap<String, WorkerId> {
         .collect()
 }
 
+/// This replica's workers: id → URL (the reverse of [`local_ids`]).
+pub(super) fn local_urls(inner: &Inner) -> HashMap<WorkerId, String> {
+    inner
+        .workers
+        .lock()
+        .expect("workers lock")
+        .iter()
+        .map(|(id, r)| (*id, r.entry.url.clone()))
+        .collect()
+}
+
 /// Applies events to the core and carries out what they set in motion.
 pub(super) fn apply(inner: &Inner, events: Vec<RemoteEvent>) {
     let m = &inner.replica.metrics;
@@ -267,9 +278,9 @@ async fn publish(state: AppState, link: Arc<Link>) {
             .then(|| super::health::own_ejections(inner))
             .flatten();
         let workers = heartbeat.then(|| {
-            let mut table: Vec<(u64, String)> = local_ids(inner)
+            let mut table: Vec<(u64, String)> = local_urls(inner)
                 .into_iter()
-                .map(|(url, id)| (id.0, url))
+                .map(|(id, url)| (id.0, url))
                 .collect();
             table.sort();
             table
