@@ -1,18 +1,33 @@
-//! One chunk in, one zstd frame out, and back: XOR against the base chunk, split into byte
-//! planes (the high bytes of BF16 weights barely change, the low bytes do), compress. Where the
-//! XOR compresses badly (more than half its size, as when every byte changed), the new bytes are
-//! compressed too and the smaller frame kept, so a delta is never much worse than plain zstd.
+//! One chunk in, one zstd frame out, and back. With a base chunk the frame holds the XOR of the
+//! two: sparse (only the changed elements, [`crate::sparse`]) when few elements changed, as after
+//! an RL step, else the whole XOR split into byte planes (the high bytes of BF16 weights barely
+//! change, the low bytes do). Where the dense XOR compresses badly (more than half its size, as
+//! when every byte changed), the new bytes are compressed too and the smaller frame kept, so a
+//! delta is never much worse than plain zstd.
 
 use crate::delta::Frame;
+use crate::sparse;
 
 /// Compressed/raw ratio above which the plain (non-XOR) chunk is tried as well.
 const TRY_PLAIN_ABOVE: f64 = 0.5;
+
+/// How a chunk was encoded (the mode fields of its [`Frame`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Mode {
+    pub(crate) xor: bool,
+    pub(crate) planes: u8,
+    pub(crate) sparse: bool,
+}
 
 /// Per-thread buffers and zstd contexts.
 pub(crate) struct Codec {
     compressor: zstd::bulk::Compressor<'static>,
     decompressor: zstd::bulk::Decompressor<'static>,
     planes: Vec<u8>,
+    /// The dense XOR of a chunk, or a sparse payload's changed bytes.
+    scratch: Vec<u8>,
+    /// A sparse payload before compression or after decompression.
+    payload: Vec<u8>,
     /// The last compressed frame.
     pub(crate) out: Vec<u8>,
     spare: Vec<u8>,
@@ -28,37 +43,65 @@ impl Codec {
             compressor,
             decompressor: zstd::bulk::Decompressor::new()?,
             planes: vec![0; chunk_bytes],
+            scratch: Vec::with_capacity(chunk_bytes),
+            payload: Vec::with_capacity(sparse::max_payload(chunk_bytes, 1)),
             out: Vec::with_capacity(bound),
             spare: Vec::with_capacity(bound),
         })
     }
 
-    /// Encodes `new` (XOR `base` in place when there is one; `base` is clobbered) into `self.out`.
+    /// Encodes `new` (against `base` when there is one) into `self.out`.
     pub(crate) fn encode(
         &mut self,
         new: &[u8],
-        base: Option<&mut [u8]>,
+        base: Option<&[u8]>,
         element_bytes: usize,
-    ) -> std::io::Result<(bool, u8)> {
+    ) -> std::io::Result<Mode> {
         let planes = if element_bytes > 1 && new.len() % element_bytes == 0 {
             element_bytes
         } else {
             1
         };
+        let mode = |xor, sparse| Mode {
+            xor,
+            planes: planes as u8,
+            sparse,
+        };
         let Some(base) = base else {
             self.compress(new, planes, false)?;
-            return Ok((false, planes as u8));
+            return Ok(mode(false, false));
         };
-        xor_into(base, new);
-        self.compress(base, planes, false)?;
+        if matches!(planes, 1 | 2 | 4 | 8) {
+            let limit = sparse::max_changed(new.len(), planes);
+            if sparse::encode(
+                new,
+                base,
+                planes,
+                limit,
+                &mut self.scratch,
+                &mut self.payload,
+            ) {
+                self.out.clear();
+                self.compressor
+                    .compress_to_buffer(&self.payload[..], &mut self.out)?;
+                return Ok(mode(true, true));
+            }
+        }
+        self.scratch.clear();
+        self.scratch.extend_from_slice(new);
+        xor_into(&mut self.scratch, base);
+        let xored = std::mem::take(&mut self.scratch);
+        let done = self.compress(&xored, planes, false);
+        self.scratch = xored;
+        done?;
         if self.out.len() as f64 > TRY_PLAIN_ABOVE * new.len() as f64 {
             self.compress(new, planes, true)?;
             if self.spare.len() < self.out.len() {
                 std::mem::swap(&mut self.out, &mut self.spare);
-                return Ok((false, planes as u8));
+                return Ok(mode(false, false));
             }
         }
-        Ok((true, planes as u8))
+        Ok(mode(true, false))
     }
 
     fn compress(&mut self, src: &[u8], planes: usize, into_spare: bool) -> std::io::Result<()> {
@@ -89,6 +132,19 @@ impl Codec {
     ) -> Result<(), String> {
         let raw = frame.raw as usize;
         let planes = frame.planes as usize;
+        if frame.sparse {
+            let base = base
+                .filter(|_| frame.xor)
+                .ok_or("a sparse frame without a base segment")?;
+            self.payload.clear();
+            self.payload
+                .reserve(sparse::max_payload(raw, planes.max(1)));
+            self.decompressor
+                .decompress_to_buffer(data, &mut self.payload)
+                .map_err(|e| format!("zstd: {e}"))?;
+            out[..raw].copy_from_slice(&base[..raw]);
+            return sparse::apply(&self.payload, planes, &mut out[..raw]);
+        }
         let target: &mut [u8] = if planes > 1 {
             &mut self.planes[..raw]
         } else {

@@ -23,6 +23,9 @@ pub const TRAILER_BYTES: u64 = 56;
 /// Largest manifest read back (a 100 GB checkpoint in 4 MiB frames needs a few MB).
 const MAX_MANIFEST_BYTES: u64 = 1 << 30;
 
+/// The manifest format written: 2 added sparse frames.
+pub const FORMAT: u32 = 2;
+
 /// A version and its checkpoint digest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VersionId {
@@ -43,8 +46,12 @@ pub struct Frame {
     pub raw: u64,
     /// The chunk is new XOR base (else the new bytes themselves).
     pub xor: bool,
-    /// Byte planes the chunk was split into before compression (1: none).
+    /// Byte planes the chunk was split into before compression (1: none); for a sparse frame,
+    /// the element size.
     pub planes: u8,
+    /// Only the changed elements are listed (format 2; see `sparse`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sparse: bool,
 }
 
 /// How one segment of the result is rebuilt.
@@ -61,7 +68,7 @@ pub struct DeltaSegment {
 /// The delta manifest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeltaManifest {
-    /// Format (1).
+    /// Format: 2 ([`FORMAT`]); 1 (no sparse frames) is still read.
     pub format: u32,
     /// The base it applies to.
     pub base: VersionId,
@@ -88,7 +95,7 @@ impl DeltaManifest {
     /// Structural checks: one entry per segment, frames cover each segment and tile the data.
     pub fn check(&self) -> Result<()> {
         let label = self.label();
-        if self.format != 1
+        if !(1..=FORMAT).contains(&self.format)
             || !self.new.is_consistent()
             || !(4096..=256 << 20).contains(&self.chunk_bytes)
         {
@@ -110,9 +117,11 @@ impl DeltaManifest {
         for (s, d) in segs.iter().zip(&self.segments) {
             let raw: u64 = d.frames.iter().map(|f| f.raw).sum();
             if raw != s.segment.len
-                || d.frames
-                    .iter()
-                    .any(|f| f.raw > self.chunk_bytes || f.planes == 0)
+                || d.frames.iter().any(|f| {
+                    f.raw > self.chunk_bytes
+                        || f.planes == 0
+                        || (f.sparse && (!f.xor || self.format < 2))
+                })
             {
                 return Err(WeightsError::corrupted(
                     &s.segment.name,

@@ -148,11 +148,11 @@ pub fn diff(
                     (Some((f, p)), Some((_, b))) => {
                         f.read_exact_at(&mut buf_base[..n], b.offset + done)
                             .map_err(|e| WeightsError::io(p, e))?;
-                        Some(&mut buf_base[..n])
+                        Some(&buf_base[..n])
                     }
                     _ => None,
                 };
-                let (xor, planes) = codec
+                let mode = codec
                     .encode(nb, base_chunk, seg.element_bytes())
                     .map_err(|e| WeightsError::Invalid(format!("zstd: {e}")))?;
                 frames_sha.update(&codec.out);
@@ -170,8 +170,9 @@ pub fn diff(
                     offset,
                     len: codec.out.len() as u64,
                     raw: n as u64,
-                    xor,
-                    planes,
+                    xor: mode.xor,
+                    planes: mode.planes,
+                    sparse: mode.sparse,
                 });
                 done += n as u64;
             }
@@ -215,7 +216,7 @@ pub fn diff(
     }
     let w = writer.into_inner().expect("writer lock");
     let manifest = DeltaManifest {
-        format: 1,
+        format: delta::FORMAT,
         base: VersionId {
             version: base_marker.version,
             digest: base_marker.digest.clone(),

@@ -6,7 +6,8 @@
 //! - `layout`: a checkpoint directory as files cut into segments (safetensors headers, tensors,
 //!   other files).
 //! - `checkpoint`: the version marker (`weights.json`): version id and SHA-256 of every segment.
-//! - `codec`: one chunk to one zstd frame and back (XOR, byte planes).
+//! - `codec`: one chunk to one zstd frame and back (XOR, byte planes); `sparse`: the changed
+//!   elements of an XOR chunk.
 //! - `delta`: the delta file format and its manifest.
 //! - `diff`, `apply`: building and applying deltas, streaming in chunks on a thread pool
 //!   (`parallel`).
@@ -28,6 +29,7 @@ pub mod gen;
 pub mod layout;
 mod parallel;
 pub mod serve;
+mod sparse;
 pub mod store;
 pub mod transfer;
 
