@@ -140,13 +140,15 @@ fn rebuild(
                     .map_err(|e| WeightsError::io(delta_path, e))?;
                 frames_sha.update(&*frame_buf);
                 let n = frame.raw as usize;
-                let base_chunk = match (&d.base, frame.xor) {
-                    (Some((bname, boff)), true) => {
-                        let f = &base_files[bname.as_str()];
-                        f.read_exact_at(&mut base_buf[..n], boff + done)
-                            .map_err(|e| WeightsError::io(base.join(bname), e))?;
-                        Some(&base_buf[..n])
-                    }
+                let corrupt = |e: String| {
+                    WeightsError::corrupted(
+                        name,
+                        &label,
+                        format!("a frame of the delta does not decode: {e}"),
+                    )
+                };
+                let base_range = match (&d.base, frame.xor) {
+                    (Some((bname, boff)), true) => Some((bname, boff + done)),
                     (None, true) => {
                         return Err(WeightsError::corrupted(
                             name,
@@ -156,15 +158,29 @@ fn rebuild(
                     }
                     _ => None,
                 };
-                codec
-                    .decode(frame, frame_buf, base_chunk, out_buf)
-                    .map_err(|e| {
-                        WeightsError::corrupted(
-                            name,
-                            &label,
-                            format!("a frame of the delta does not decode: {e}"),
-                        )
-                    })?;
+                let read_base = |bname: &String, at: u64, buf: &mut [u8]| {
+                    base_files[bname.as_str()]
+                        .read_exact_at(buf, at)
+                        .map_err(|e| WeightsError::io(base.join(bname), e))
+                };
+                match base_range {
+                    // The base chunk goes straight into the output, then the changes onto it.
+                    Some((bname, at)) if frame.sparse => {
+                        read_base(bname, at, &mut out_buf[..n])?;
+                        codec
+                            .patch(frame, frame_buf, &mut out_buf[..n])
+                            .map_err(corrupt)?;
+                    }
+                    Some((bname, at)) => {
+                        read_base(bname, at, &mut base_buf[..n])?;
+                        codec
+                            .decode(frame, frame_buf, Some(&base_buf[..n]), out_buf)
+                            .map_err(corrupt)?;
+                    }
+                    None => codec
+                        .decode(frame, frame_buf, None, out_buf)
+                        .map_err(corrupt)?,
+                }
                 sha.update(&out_buf[..n]);
                 out_file
                     .write_all_at(&out_buf[..n], want.segment.offset + done)

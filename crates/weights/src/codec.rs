@@ -122,7 +122,27 @@ impl Codec {
         Ok(())
     }
 
-    /// Decodes `frame` (its bytes `data`) into `out`; with `base` (the base chunk) for XOR frames.
+    /// Applies a sparse XOR `frame` (its bytes `data`) to `out`, which holds the base chunk.
+    pub(crate) fn patch(
+        &mut self,
+        frame: &Frame,
+        data: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), String> {
+        let (raw, planes) = (frame.raw as usize, frame.planes as usize);
+        if !frame.sparse || !frame.xor || raw != out.len() {
+            return Err("not a sparse XOR frame of this chunk".into());
+        }
+        self.payload.clear();
+        self.payload
+            .reserve(sparse::max_payload(raw, planes.max(1)));
+        self.decompressor
+            .decompress_to_buffer(data, &mut self.payload)
+            .map_err(|e| format!("zstd: {e}"))?;
+        sparse::apply(&self.payload, planes, out)
+    }
+
+    /// Decodes a dense `frame` (its bytes `data`) into `out`; with `base` (the base chunk) for XOR frames.
     pub(crate) fn decode(
         &mut self,
         frame: &Frame,
@@ -133,17 +153,7 @@ impl Codec {
         let raw = frame.raw as usize;
         let planes = frame.planes as usize;
         if frame.sparse {
-            let base = base
-                .filter(|_| frame.xor)
-                .ok_or("a sparse frame without a base segment")?;
-            self.payload.clear();
-            self.payload
-                .reserve(sparse::max_payload(raw, planes.max(1)));
-            self.decompressor
-                .decompress_to_buffer(data, &mut self.payload)
-                .map_err(|e| format!("zstd: {e}"))?;
-            out[..raw].copy_from_slice(&base[..raw]);
-            return sparse::apply(&self.payload, planes, &mut out[..raw]);
+            return Err("a sparse frame is applied in place, not decoded".into());
         }
         let target: &mut [u8] = if planes > 1 {
             &mut self.planes[..raw]

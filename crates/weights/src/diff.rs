@@ -1,7 +1,7 @@
 //! `diff`: new checkpoint XOR base checkpoint, tensor by tensor, in chunks, compressed, into one
-//! delta file. Segments run in parallel (largest first); each thread holds about five chunks
-//! (new, base, planes, two frame buffers), so memory is `threads × 5 × chunk_bytes` plus the
-//! manifest, whatever the checkpoint size. Frames land in the file in the order threads finish
+//! delta file. Segments run in parallel (largest first); each thread holds about seven chunks
+//! (the mapped new and base chunks, planes, XOR scratch, sparse payload, two frame buffers), so
+//! memory is `threads × 7 × chunk_bytes` plus the manifest, whatever the checkpoint size. Frames land in the file in the order threads finish
 //! them (the manifest says where each is), so the file's bytes depend on scheduling; the result it
 //! rebuilds does not.
 
@@ -10,6 +10,7 @@ use crate::codec::Codec;
 use crate::delta::{self, DeltaManifest, DeltaSegment, Frame, VersionId, MAGIC};
 use crate::error::{Result, WeightsError};
 use crate::layout::{self, Segment};
+use crate::map;
 use crate::parallel;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -111,14 +112,8 @@ pub fn diff(
     let result = parallel::run(
         opts.threads,
         &jobs,
-        || {
-            (
-                vec![0u8; chunk],
-                vec![0u8; chunk],
-                Codec::new(opts.zstd_level, chunk),
-            )
-        },
-        |&(fi, si), (buf_new, buf_base, codec)| {
+        || Codec::new(opts.zstd_level, chunk),
+        |&(fi, si), codec| {
             let codec = codec
                 .as_mut()
                 .map_err(|e| WeightsError::Invalid(format!("zstd: {e}")))?;
@@ -139,21 +134,14 @@ pub fn diff(
             let mut done = 0u64;
             while done < seg.len {
                 let n = (seg.len - done).min(chunk as u64) as usize;
-                let nb = &mut buf_new[..n];
-                new_file
-                    .read_exact_at(nb, seg.offset + done)
-                    .map_err(|e| WeightsError::io(&new_path, e))?;
-                sha.update(&*nb);
+                let nb = map::chunk(&new_file, &new_path, seg.offset + done, n)?;
+                sha.update(&nb[..]);
                 let base_chunk = match (&base_file, partner) {
-                    (Some((f, p)), Some((_, b))) => {
-                        f.read_exact_at(&mut buf_base[..n], b.offset + done)
-                            .map_err(|e| WeightsError::io(p, e))?;
-                        Some(&buf_base[..n])
-                    }
+                    (Some((f, p)), Some((_, b))) => Some(map::chunk(f, p, b.offset + done, n)?),
                     _ => None,
                 };
                 let mode = codec
-                    .encode(nb, base_chunk, seg.element_bytes())
+                    .encode(&nb, base_chunk.as_deref(), seg.element_bytes())
                     .map_err(|e| WeightsError::Invalid(format!("zstd: {e}")))?;
                 frames_sha.update(&codec.out);
                 let offset = {

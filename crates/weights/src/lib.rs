@@ -9,6 +9,7 @@
 //! - `codec`: one chunk to one zstd frame and back (XOR, byte planes); `sparse`: the changed
 //!   elements of an XOR chunk.
 //! - `delta`: the delta file format and its manifest.
+//! - `map`: read-only memory maps of checkpoint chunks (the crate's one `unsafe`).
 //! - `diff`, `apply`: building and applying deltas, streaming in chunks on a thread pool
 //!   (`parallel`).
 //! - `gen`: test checkpoints (BF16) and the RL-step / adversarial update models.
@@ -27,6 +28,7 @@ mod diff;
 mod error;
 pub mod gen;
 pub mod layout;
+mod map;
 mod parallel;
 pub mod serve;
 mod sparse;

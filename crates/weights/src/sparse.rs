@@ -54,9 +54,11 @@ pub(crate) fn encode(
         last = idx + 1;
         xor.extend_from_slice(bytes);
     };
+    let bits = 8 * e as u32;
+    let mask = u64::MAX >> (64 - bits);
     let words = new.len() / 8;
-    for w in 0..words {
-        let (a, b) = (&new[w * 8..w * 8 + 8], &base[w * 8..w * 8 + 8]);
+    let pairs = new.chunks_exact(8).zip(base.chunks_exact(8));
+    for (w, (a, b)) in pairs.enumerate() {
         let x = u64::from_le_bytes(a.try_into().expect("8"))
             ^ u64::from_le_bytes(b.try_into().expect("8"));
         if x == 0 {
@@ -64,13 +66,12 @@ pub(crate) fn encode(
         }
         let xb = x.to_le_bytes();
         for j in 0..per_word {
-            let el = &xb[j * e..j * e + e];
-            if el.iter().any(|&v| v != 0) {
+            if (x >> (j as u32 * bits)) & mask != 0 {
                 changed += 1;
                 if changed > max_changed {
                     return false;
                 }
-                note(w * per_word + j, el, out, xor);
+                note(w * per_word + j, &xb[j * e..j * e + e], out, xor);
             }
         }
     }
