@@ -136,6 +136,10 @@ struct ApplyArgs {
     /// The directory to create.
     #[arg(long)]
     out: PathBuf,
+    /// An older version directory (same file system) whose files are overwritten instead of
+    /// allocating new ones; it is consumed: gone afterwards, whether or not apply succeeds.
+    #[arg(long)]
+    recycle: Option<PathBuf>,
     #[command(flatten)]
     codec: CodecArgs,
 }
@@ -305,9 +309,16 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
         }
         WeightsCommand::Apply(a) => {
             let threads = a.codec.options()?.threads;
-            let m =
-                blocking(move || Ok(kvrouter_weights::apply(&a.base, &a.delta, &a.out, threads)?))
-                    .await?;
+            let m = blocking(move || {
+                Ok(kvrouter_weights::apply_recycling(
+                    &a.base,
+                    &a.delta,
+                    &a.out,
+                    threads,
+                    a.recycle.as_deref(),
+                )?)
+            })
+            .await?;
             print(
                 serde_json::json!({"version": m.version, "digest": m.digest, "bytes": m.total_bytes()}),
             );

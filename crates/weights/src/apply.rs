@@ -1,7 +1,8 @@
 //! `apply`: base checkpoint + delta file -> new checkpoint, verified. Refuses a delta made
 //! against another base (by the base's marker, or by hashing it when it has none); writes into a
 //! hidden sibling directory, checks the SHA-256 of every segment as it is written, and renames
-//! it into place only when all match. Memory: `threads × (3 × chunk_bytes + largest frame)`.
+//! it into place only when all match (with `recycle`, into the files of an older version).
+//! Memory: `threads × (5 × chunk_bytes + largest frame)`.
 
 use crate::checkpoint::{self, CheckpointManifest};
 use crate::codec::Codec;
@@ -23,6 +24,22 @@ pub fn apply(
     out: &Path,
     threads: usize,
 ) -> Result<CheckpointManifest> {
+    apply_recycling(base, delta_path, out, threads, None)
+}
+
+/// [`apply`], overwriting the files of `recycle` (an older version directory, on the same file
+/// system) instead of allocating new ones: a rollout worker that keeps two versions turns the
+/// older into the newer. Allocating fresh page-cache pages for a new file costs the kernel
+/// about as much CPU as hashing it (docs/weights.md, "Numbers"). `recycle` is consumed: its
+/// marker is removed first (it no longer claims a version), its files move into the output, and
+/// it is gone afterwards, whether or not the apply succeeds.
+pub fn apply_recycling(
+    base: &Path,
+    delta_path: &Path,
+    out: &Path,
+    threads: usize,
+    recycle: Option<&Path>,
+) -> Result<CheckpointManifest> {
     if threads == 0 {
         return Err(WeightsError::Invalid("threads must be at least 1".into()));
     }
@@ -38,16 +55,67 @@ pub fn apply(
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| WeightsError::io(&tmp, e))?;
     }
+    if let Some(old) = recycle {
+        check_recycle(old, base, out)?;
+    }
     std::fs::create_dir_all(&tmp).map_err(|e| WeightsError::io(&tmp, e))?;
-    let result = rebuild(base, delta_path, &m, &tmp, threads).and_then(|()| {
-        checkpoint::write_marker(&tmp, &m.new)?;
-        std::fs::rename(&tmp, out).map_err(|e| WeightsError::io(out, e))
-    });
+    let result = recycle
+        .map_or(Ok(()), |old| move_files(old, &tmp, &m.new))
+        .and_then(|()| rebuild(base, delta_path, &m, &tmp, threads))
+        .and_then(|()| {
+            checkpoint::write_marker(&tmp, &m.new)?;
+            std::fs::rename(&tmp, out).map_err(|e| WeightsError::io(out, e))
+        });
+    if let Some(old) = recycle {
+        let _ = std::fs::remove_dir_all(old);
+    }
     if let Err(e) = result {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(e);
     }
     Ok(m.new)
+}
+
+/// `recycle` must be a directory other than the base and the output.
+fn check_recycle(old: &Path, base: &Path, out: &Path) -> Result<()> {
+    let canon = |p: &Path| std::fs::canonicalize(p).ok();
+    if !old.is_dir() {
+        return Err(WeightsError::Invalid(format!(
+            "the directory to recycle {} does not exist",
+            old.display()
+        )));
+    }
+    if canon(old) == canon(base) || old == out {
+        return Err(WeightsError::Invalid(format!(
+            "the directory to recycle {} is the base or the output",
+            old.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Moves the files of `old` into `tmp` under the names of `new`'s files, largest to largest,
+/// after removing `old`'s marker.
+fn move_files(old: &Path, tmp: &Path, new: &CheckpointManifest) -> Result<()> {
+    checkpoint::remove_marker(old)?;
+    let mut have = Vec::new();
+    for entry in std::fs::read_dir(old).map_err(|e| WeightsError::io(old, e))? {
+        let entry = entry.map_err(|e| WeightsError::io(old, e))?;
+        let meta = entry
+            .metadata()
+            .map_err(|e| WeightsError::io(entry.path(), e))?;
+        if meta.is_file() {
+            have.push((meta.len(), entry.path()));
+        }
+    }
+    have.sort_unstable_by(|a, b| b.cmp(a));
+    let mut want: Vec<_> = new.files.iter().collect();
+    want.sort_unstable_by(|a, b| b.size.cmp(&a.size));
+    for ((_, from), f) in have.into_iter().zip(want) {
+        let to = layout::file_path(tmp, &f.name)?;
+        std::fs::rename(&from, &to).map_err(|e| WeightsError::io(&from, e))?;
+    }
+    Ok(())
 }
 
 /// The base must be the version the delta was made against.
@@ -100,7 +168,13 @@ fn rebuild(
     let mut out_files = Vec::new();
     for f in &m.new.files {
         let p = layout::file_path(tmp, &f.name)?;
-        let file = File::create(&p).map_err(|e| WeightsError::io(&p, e))?;
+        // Not truncated: a recycled file keeps its pages; every byte is rewritten below.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&p)
+            .map_err(|e| WeightsError::io(&p, e))?;
         file.set_len(f.size).map_err(|e| WeightsError::io(&p, e))?;
         out_files.push((file, p));
     }

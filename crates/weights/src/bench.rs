@@ -220,7 +220,18 @@ fn run_in(s: &Path, o: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<
         runs.push(timed("apply (RL step)", threads, size, || {
             crate::apply::apply(&base, &delta, &out, threads).map(|_| ())
         })?);
-        std::fs::remove_dir_all(&out).map_err(|e| WeightsError::io(&out, e))?;
+        if threads == 1 {
+            // The same apply into the pages of the version just written (a worker that keeps
+            // two versions): no fresh page-cache pages to allocate.
+            let again = s.join("applied-recycled");
+            progress("apply into a recycled directory, 1 thread");
+            runs.push(timed("apply (RL step, recycled output)", 1, size, || {
+                crate::apply::apply_recycling(&base, &delta, &again, 1, Some(&out)).map(|_| ())
+            })?);
+            std::fs::remove_dir_all(&again).map_err(|e| WeightsError::io(&again, e))?;
+        } else {
+            std::fs::remove_dir_all(&out).map_err(|e| WeightsError::io(&out, e))?;
+        }
     }
     let plain_new = plain_zstd_bytes(&new, o.threads)?;
     ratios.push(Ratio {

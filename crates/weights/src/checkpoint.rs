@@ -223,6 +223,15 @@ pub fn read_marker(dir: &Path) -> Result<Option<CheckpointManifest>> {
     }
 }
 
+/// Removes `dir/weights.json`, if there is one: the directory no longer claims a version.
+pub(crate) fn remove_marker(dir: &Path) -> Result<()> {
+    let path = dir.join(MARKER);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(WeightsError::io(&path, e)),
+        _ => Ok(()),
+    }
+}
+
 /// Writes `dir/weights.json` (through a temporary file and a rename).
 pub fn write_marker(dir: &Path, manifest: &CheckpointManifest) -> Result<()> {
     let path = dir.join(MARKER);

@@ -44,7 +44,7 @@ impl Codec {
             decompressor: zstd::bulk::Decompressor::new()?,
             planes: vec![0; chunk_bytes],
             scratch: Vec::with_capacity(chunk_bytes),
-            payload: Vec::with_capacity(sparse::max_payload(chunk_bytes, 1)),
+            payload: Vec::with_capacity(sparse::max_payload(chunk_bytes)),
             out: Vec::with_capacity(bound),
             spare: Vec::with_capacity(bound),
         })
@@ -134,8 +134,7 @@ impl Codec {
             return Err("not a sparse XOR frame of this chunk".into());
         }
         self.payload.clear();
-        self.payload
-            .reserve(sparse::max_payload(raw, planes.max(1)));
+        self.payload.reserve(sparse::max_payload(raw));
         self.decompressor
             .decompress_to_buffer(data, &mut self.payload)
             .map_err(|e| format!("zstd: {e}"))?;

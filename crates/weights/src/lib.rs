@@ -35,6 +35,6 @@ mod sparse;
 pub mod store;
 pub mod transfer;
 
-pub use apply::apply;
+pub use apply::{apply, apply_recycling};
 pub use diff::{diff, CodecOptions, DEFAULT_CHUNK_BYTES, DEFAULT_ZSTD_LEVEL};
 pub use error::{Result, WeightsError};

@@ -242,3 +242,33 @@ fn generated_checkpoints_are_valid_safetensors() {
     }
     assert_eq!(tensors, 4);
 }
+
+#[test]
+fn few_changes_make_sparse_frames_and_a_recycled_apply_rebuilds_the_same_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, new) = make_pair(dir.path(), 7, 0.002);
+    let delta = dir.path().join("d.kvwd");
+    let m = diff(&base, Some(1), &new, 2, &delta, &opts(2)).unwrap();
+    assert_eq!(m.format, 2);
+    let frames: Vec<_> = m.segments.iter().flat_map(|d| &d.frames).collect();
+    assert!(frames.iter().any(|f| f.sparse && f.xor), "{frames:?}");
+    // An older version to recycle: a copy of the base with its marker (bigger or smaller files
+    // than the result's; every byte must be rewritten).
+    let old = dir.path().join("old");
+    std::fs::create_dir_all(&old).unwrap();
+    for e in std::fs::read_dir(&base).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), old.join(e.file_name())).unwrap();
+    }
+    std::fs::write(old.join("extra.bin"), vec![9u8; 50_000]).unwrap();
+    write_marker(&old, &checkpoint::stamp(&old, 1, 1).unwrap()).unwrap();
+    let err =
+        kvrouter_weights::apply_recycling(&base, &delta, &dir.path().join("o2"), 1, Some(&base))
+            .expect_err("recycling the base must be refused");
+    assert!(err.to_string().contains("is the base"), "{err}");
+    let out = dir.path().join("out");
+    kvrouter_weights::apply_recycling(&base, &delta, &out, 2, Some(&old)).unwrap();
+    assert_same_files(&new, &out);
+    checkpoint::verify(&out, &checkpoint::read_marker(&out).unwrap().unwrap(), 2).unwrap();
+    assert!(!old.exists(), "the recycled directory is consumed");
+}
