@@ -110,7 +110,7 @@ fn move_files(old: &Path, tmp: &Path, new: &CheckpointManifest) -> Result<()> {
     }
     have.sort_unstable_by(|a, b| b.cmp(a));
     let mut want: Vec<_> = new.files.iter().collect();
-    want.sort_unstable_by(|a, b| b.size.cmp(&a.size));
+    want.sort_unstable_by_key(|f| std::cmp::Reverse(f.size));
     for ((_, from), f) in have.into_iter().zip(want) {
         let to = layout::file_path(tmp, &f.name)?;
         std::fs::rename(&from, &to).map_err(|e| WeightsError::io(&from, e))?;

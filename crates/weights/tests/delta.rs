@@ -272,3 +272,30 @@ fn few_changes_make_sparse_frames_and_a_recycled_apply_rebuilds_the_same_files()
     checkpoint::verify(&out, &checkpoint::read_marker(&out).unwrap().unwrap(), 2).unwrap();
     assert!(!old.exists(), "the recycled directory is consumed");
 }
+
+#[test]
+fn sparse_frames_need_format_2_and_unknown_formats_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, new) = make_pair(dir.path(), 11, 0.002);
+    let delta = dir.path().join("d.kvwd");
+    diff(&base, Some(1), &new, 2, &delta, &opts(1)).unwrap();
+    let m = kvrouter_weights::delta::read_manifest(&delta).unwrap();
+    assert!(m.segments.iter().flat_map(|d| &d.frames).any(|f| f.sparse));
+    let mut old = m.clone();
+    old.format = 1;
+    assert!(
+        old.check().is_err(),
+        "a format 1 manifest cannot hold sparse frames"
+    );
+    for d in &mut old.segments {
+        for f in &mut d.frames {
+            f.sparse = false;
+        }
+    }
+    old.check()
+        .expect("format 1 without sparse frames is still read");
+    let mut next = m;
+    next.format = 3;
+    let err = next.check().unwrap_err().to_string();
+    assert!(err.contains("unknown format"), "{err}");
+}
