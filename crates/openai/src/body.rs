@@ -11,9 +11,9 @@
 
 use crate::error::RequestError;
 use crate::request::{self, Prompt, PromptView};
-use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
-use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::fmt;
@@ -63,9 +63,13 @@ impl From<Value> for Body {
 }
 
 impl Body {
-    /// Reads a body from its bytes: the same errors as `serde_json::from_slice::<Value>`.
+    /// Reads a body from its bytes: the same errors as `serde_json::from_slice::<Value>`
+    /// (a body that is no object, or no JSON, is read, or refused, as a plain [`Value`]).
     pub fn from_slice(raw: &[u8]) -> Result<Self, serde_json::Error> {
-        serde_json::from_slice(raw)
+        match serde_json::from_slice::<Object>(raw) {
+            Ok(Object(body)) => Ok(body),
+            Err(_) => serde_json::from_slice::<Value>(raw).map(Body::from),
+        }
     }
 
     /// The fields other than a token-id `prompt` or `token_ids`: for every view but the
@@ -165,27 +169,27 @@ impl Body {
     }
 }
 
-impl<'de> Deserialize<'de> for Body {
+/// A body parsed as an object, its token-id fields read into ids; any other body fails, and
+/// [`Body::from_slice`] reads it as a plain [`Value`] instead.
+struct Object(Body);
+
+impl<'de> Deserialize<'de> for Object {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(BodyVisitor)
+        d.deserialize_map(ObjectVisitor)
     }
 }
 
-struct BodyVisitor;
+struct ObjectVisitor;
 
-impl<'de> Visitor<'de> for BodyVisitor {
-    type Value = Body;
+impl<'de> Visitor<'de> for ObjectVisitor {
+    type Value = Object;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
+        f.write_str("a JSON object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Body, A::Error> {
-        let mut body = Body {
-            fields: Value::Null,
-            prompt: None,
-            token_ids: None,
-        };
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Object, A::Error> {
+        let mut body = Body::default();
         let mut map = Map::new();
         while let Some(key) = access.next_key::<String>()? {
             let slot = match key.as_str() {
@@ -197,190 +201,154 @@ impl<'de> Visitor<'de> for BodyVisitor {
                     continue;
                 }
             };
-            // A repeated key: the last one wins, as in a `Value`.
-            match access.next_value_seed(Node::FIELD)? {
-                Parsed::Ids(ids) => {
+            // The parser checks and skips the value; then it is read as ids when it is wholly
+            // ids, else as JSON. A repeated key: the last one wins, as in a `Value`.
+            let raw = access.next_value::<&'de RawValue>()?.get();
+            match read_ids(raw.as_bytes()) {
+                Some(ids) => {
                     map.remove(&key);
                     *slot = Some(ids);
                 }
-                other => {
+                None => {
                     *slot = None;
-                    map.insert(key, other.into_value());
+                    let value = serde_json::from_str(raw).map_err(de::Error::custom)?;
+                    map.insert(key, value);
                 }
             }
         }
         body.fields = Value::Object(map);
-        Ok(body)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Body, A::Error> {
-        Value::deserialize(SeqAccessDeserializer::new(seq)).map(Body::from)
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Body, E> {
-        Ok(Value::Bool(v).into())
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Body, E> {
-        Ok(Value::from(v).into())
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Body, E> {
-        Ok(Value::from(v).into())
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Body, E> {
-        Ok(Value::from(v).into())
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Body, E> {
-        Ok(Value::String(v.to_owned()).into())
-    }
-
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Body, E> {
-        Ok(Value::String(v).into())
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Body, E> {
-        Ok(Value::Null.into())
+        Ok(Object(body))
     }
 }
 
-/// What a node of a `prompt`/`token_ids` field was read as.
-enum Parsed {
-    /// A token id (an array's item).
-    Id(u32),
-    /// An array that is wholly token ids (or, at the field, a batch of them).
-    Ids(TokenIds),
-    /// Anything else.
-    Json(Value),
+/// A cursor over a JSON value the parser has already checked.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
 }
 
-impl Parsed {
-    fn into_value(self) -> Value {
-        match self {
-            Parsed::Id(t) => Value::from(t),
-            Parsed::Ids(ids) => ids.to_value(),
-            Parsed::Json(v) => v,
+impl Cursor<'_> {
+    fn skip_whitespace(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.at) {
+            self.at += 1;
         }
     }
-}
 
-/// Reads one node of a field: the field itself (depth 0), an item of its array (1) or an item
-/// of an item (2). Ids are read at depths 1 and 2; arrays of ids at depths 0 and 1.
-#[derive(Clone, Copy)]
-struct Node {
-    depth: u8,
-}
+    /// The next byte after any whitespace, consumed.
+    fn next(&mut self) -> Option<u8> {
+        self.skip_whitespace();
+        let b = *self.bytes.get(self.at)?;
+        self.at += 1;
+        Some(b)
+    }
 
-impl Node {
-    const FIELD: Node = Node { depth: 0 };
-}
+    fn peek(&mut self) -> Option<u8> {
+        self.skip_whitespace();
+        self.bytes.get(self.at).copied()
+    }
 
-/// The items of an array read so far.
-enum Items {
-    Flat(Vec<u32>),
-    Batch(Vec<Vec<u32>>),
-    Json(Vec<Value>),
-}
-
-impl Items {
-    fn push(&mut self, item: Parsed) {
-        match (&mut *self, item) {
-            (Items::Flat(ids), Parsed::Id(t)) => ids.push(t),
-            (Items::Batch(lists), Parsed::Ids(TokenIds::Flat(l))) if !lists.is_empty() => {
-                lists.push(l)
+    /// A token id: an integer from 0 to `u32::MAX` (not a negative, fractional or exponent
+    /// number, nor a larger one).
+    fn id(&mut self) -> Option<u32> {
+        self.skip_whitespace();
+        let start = self.at;
+        let mut value: u64 = 0;
+        while let Some(&b) = self.bytes.get(self.at) {
+            if !b.is_ascii_digit() || self.at - start == 10 {
+                break;
             }
-            (Items::Flat(ids), Parsed::Ids(TokenIds::Flat(l))) if ids.is_empty() => {
-                *self = Items::Batch(vec![l])
-            }
-            (Items::Json(values), item) => values.push(item.into_value()),
-            (_, item) => {
-                let mut values = self.take_values();
-                values.push(item.into_value());
-                *self = Items::Json(values);
+            value = value * 10 + u64::from(b - b'0');
+            self.at += 1;
+        }
+        match self.bytes.get(self.at) {
+            _ if self.at == start => None,
+            Some(b'0'..=b'9' | b'.' | b'e' | b'E') => None,
+            _ => u32::try_from(value).ok(),
+        }
+    }
+
+    /// `[id, ...]`, with room for `capacity` ids.
+    fn list(&mut self, capacity: usize) -> Option<Vec<u32>> {
+        if self.next()? != b'[' {
+            return None;
+        }
+        let mut ids = Vec::with_capacity(capacity);
+        if self.peek()? == b']' {
+            self.at += 1;
+            return Some(ids);
+        }
+        loop {
+            ids.push(self.id()?);
+            match self.next()? {
+                b',' => {}
+                b']' => return Some(ids),
+                _ => return None,
             }
         }
     }
 
-    fn take_values(&mut self) -> Vec<Value> {
-        match std::mem::replace(self, Items::Json(Vec::new())) {
-            Items::Flat(ids) => ids.into_iter().map(Value::from).collect(),
-            Items::Batch(lists) => lists
-                .into_iter()
-                .map(|l| TokenIds::Flat(l).to_value())
-                .collect(),
-            Items::Json(values) => values,
-        }
+    fn at_end(&mut self) -> bool {
+        self.skip_whitespace();
+        self.at == self.bytes.len()
     }
 }
 
-impl<'de> DeserializeSeed<'de> for Node {
-    type Value = Parsed;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Parsed, D::Error> {
-        d.deserialize_any(self)
+/// `raw` (a JSON value the parser has checked) as token ids, when it is wholly ids: `[1, 2]`
+/// or a batch `[[1, 2], [3]]`. `None` for anything else, which is then read as JSON.
+fn read_ids(raw: &[u8]) -> Option<TokenIds> {
+    let mut cursor = Cursor { bytes: raw, at: 0 };
+    if cursor.next()? != b'[' {
+        return None;
     }
+    let ids = if cursor.peek()? == b'[' {
+        let mut lists = Vec::new();
+        loop {
+            lists.push(cursor.list(0)?);
+            match cursor.next()? {
+                b',' => {}
+                b']' => break TokenIds::Batch(lists),
+                _ => return None,
+            }
+        }
+    } else {
+        // Room for every id (one more than the commas), without regrowing.
+        let commas = raw.iter().filter(|&&b| b == b',').count();
+        cursor.at = 0;
+        TokenIds::Flat(cursor.list(commas + 1)?)
+    };
+    cursor.at_end().then_some(ids)
 }
 
-impl<'de> Visitor<'de> for Node {
-    type Value = Parsed;
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Parsed, A::Error> {
-        if self.depth >= 2 {
-            return Value::deserialize(SeqAccessDeserializer::new(seq)).map(Parsed::Json);
+    #[test]
+    fn only_arrays_of_ids_are_read_as_ids() {
+        let flat = |ids: &[u32]| Some(TokenIds::Flat(ids.to_vec()));
+        assert_eq!(read_ids(b"[]"), flat(&[]));
+        assert_eq!(read_ids(b" [ 0 , 7,4294967295 ] "), flat(&[0, 7, u32::MAX]));
+        assert_eq!(
+            read_ids(b"[[1, 2], [], [3]]"),
+            Some(TokenIds::Batch(vec![vec![1, 2], vec![], vec![3]]))
+        );
+        for raw in [
+            "[4294967296]",
+            "[12345678901]",
+            "[-1]",
+            "[1.0]",
+            "[1e2]",
+            "[1E2]",
+            "[\"1\"]",
+            "[[1], 2]",
+            "[1, [2]]",
+            "[[[1]]]",
+            "[null]",
+            "\"[1]\"",
+            "7",
+            "{}",
+        ] {
+            assert_eq!(read_ids(raw.as_bytes()), None, "{raw}");
         }
-        let item = Node {
-            depth: self.depth + 1,
-        };
-        let mut items = Items::Flat(Vec::new());
-        while let Some(parsed) = seq.next_element_seed(item)? {
-            items.push(parsed);
-        }
-        Ok(match items {
-            Items::Flat(ids) => Parsed::Ids(TokenIds::Flat(ids)),
-            // Only the field holds batches: at depth 1 an array of arrays is plain JSON.
-            Items::Batch(lists) if self.depth == 0 => Parsed::Ids(TokenIds::Batch(lists)),
-            mut other => Parsed::Json(Value::Array(other.take_values())),
-        })
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Parsed, E> {
-        match u32::try_from(v) {
-            Ok(t) if self.depth > 0 => Ok(Parsed::Id(t)),
-            _ => Ok(Parsed::Json(Value::from(v))),
-        }
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Parsed, A::Error> {
-        Value::deserialize(MapAccessDeserializer::new(map)).map(Parsed::Json)
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Parsed, E> {
-        Ok(Parsed::Json(Value::Bool(v)))
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Parsed, E> {
-        Ok(Parsed::Json(Value::from(v)))
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Parsed, E> {
-        Ok(Parsed::Json(Value::from(v)))
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Parsed, E> {
-        Ok(Parsed::Json(Value::String(v.to_owned())))
-    }
-
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Parsed, E> {
-        Ok(Parsed::Json(Value::String(v)))
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Parsed, E> {
-        Ok(Parsed::Json(Value::Null))
     }
 }

@@ -177,7 +177,11 @@ fn each_token_id_error_names_its_field() {
         let ours = Body::from_slice(text.as_bytes()).unwrap().prompt();
         assert_eq!(ours, naive, "{text}");
         let e = ours.unwrap_err();
-        assert_eq!((e.to_string().as_str(), e.param()), (message, Some("prompt")), "{text}");
+        assert_eq!(
+            (e.to_string().as_str(), e.param()),
+            (message, Some("prompt")),
+            "{text}"
+        );
     }
     let conflict = "give `token_ids`, `prompt` or `messages`, not several";
     let invalid = "`token_ids` must be a list of token ids (integers from 0 to 4294967295)";
@@ -199,7 +203,11 @@ fn each_token_id_error_names_its_field() {
             .token_ids_as_prompt();
         assert_eq!(ours, naive, "{text}");
         let e = ours.unwrap_err();
-        assert_eq!((e.to_string().as_str(), e.param()), (message, Some("token_ids")), "{text}");
+        assert_eq!(
+            (e.to_string().as_str(), e.param()),
+            (message, Some("token_ids")),
+            "{text}"
+        );
     }
     // An empty list is taken (as before), and then fails as an empty prompt.
     let mut body = Body::from_slice(br#"{"token_ids": []}"#).unwrap();
@@ -210,15 +218,28 @@ fn each_token_id_error_names_its_field() {
 #[test]
 fn token_id_prompts_are_read_into_ids_and_others_kept_as_json() {
     let body = Body::from_slice(br#"{"prompt": [5, 6], "model": "m"}"#).unwrap();
-    assert_eq!(body.fields(), &json!({"model": "m"}), "the ids are out of the JSON");
-    assert_eq!(body.to_value().as_ref(), &json!({"prompt": [5, 6], "model": "m"}));
+    assert_eq!(
+        body.fields(),
+        &json!({"model": "m"}),
+        "the ids are out of the JSON"
+    );
+    assert_eq!(
+        body.to_value().as_ref(),
+        &json!({"prompt": [5, 6], "model": "m"})
+    );
     let text = Body::from_slice(br#"{"prompt": "hi"}"#).unwrap();
     assert_eq!(text.fields(), &json!({"prompt": "hi"}));
     assert!(matches!(text.to_value(), std::borrow::Cow::Borrowed(_)));
     let mut picked = Body::from_slice(br#"{"token_ids": [1]}"#).unwrap();
     picked.insert("model", json!("m"));
     picked.token_ids_as_prompt().unwrap();
-    assert_eq!(picked.to_value().as_ref(), &json!({"prompt": [1], "model": "m"}));
+    assert_eq!(
+        picked.to_value().as_ref(),
+        &json!({"prompt": [1], "model": "m"})
+    );
     picked.insert("prompt", json!("x"));
-    assert_eq!(picked.to_value().as_ref(), &json!({"prompt": "x", "model": "m"}));
+    assert_eq!(
+        picked.to_value().as_ref(),
+        &json!({"prompt": "x", "model": "m"})
+    );
 }

@@ -149,10 +149,14 @@ pub(crate) async fn body_input(
 
 /// Tokenizes (when needed) and hashes `src`, the prompt of `body`.
 async fn input_of(state: &AppState, body: &Value, src: Source) -> Result<RoutingInput, ServeError> {
-    let models = state.inner.models.read().expect("models lock").clone();
     let adapter = request::model(body)
         .and_then(|m| state.inner.pools.read().expect("pools lock").is_adapter(m));
-    let ns = namespace(body, &models, adapter);
+    // Read under the lock, not copied: nothing here awaits.
+    let ns = namespace(
+        body,
+        &state.inner.models.read().expect("models lock"),
+        adapter,
+    );
     let block_size = state.inner.config.router.kv_cache_block_size;
     match src {
         Source::Ids(ids) => {
