@@ -121,10 +121,11 @@ pub(crate) struct Exchange {
     response_ok: bool,
 }
 
-/// Whether `body` is a whole JSON document (checked only when it ends with `}`).
+/// Whether `body` is a whole JSON document (checked only when it ends with `}`; read without
+/// building it).
 fn complete_json(body: &[u8]) -> bool {
     let end = body.iter().rev().find(|b| !b.is_ascii_whitespace());
-    end == Some(&b'}') && serde_json::from_slice::<serde_json::Value>(body).is_ok()
+    end == Some(&b'}') && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
 }
 
 impl Exchange {

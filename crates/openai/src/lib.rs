@@ -5,6 +5,8 @@
 //! - [`request`]: the endpoint ([`Kind`]), typed views of a request body (model, prompt or
 //!   messages, the sampling fields the router and the mock engine read), each error naming its
 //!   field.
+//! - [`body`]: a request body read once, a token-id `prompt` (or `token_ids`) read straight
+//!   into `u32`s rather than a JSON value per token.
 //! - [`error`]: the one OpenAI error body `{"error":{"message","type","param","code"}}` and the
 //!   errors of reading a request.
 //! - [`sse`]: the one server-sent-events splitter (any chunk boundaries, LF or CRLF) and writer.
@@ -16,6 +18,7 @@
 //!   on, and the Responses API's answer shapes.
 //! - [`first_n`]: the answers of requests ended because their RL group has enough samples.
 
+pub mod body;
 pub mod continuation;
 pub mod error;
 pub mod fingerprint;
@@ -25,6 +28,7 @@ pub mod request;
 pub mod sse;
 pub mod usage;
 
+pub use body::Body;
 pub use error::{error_body, RequestError};
 pub use request::Kind;
 

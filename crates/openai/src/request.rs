@@ -88,14 +88,17 @@ fn token_ids(items: &[Value]) -> Result<Vec<u32>, RequestError> {
         })
 }
 
+/// The error of a `prompt` of no shape a completion takes.
+pub(crate) fn prompt_shape() -> RequestError {
+    RequestError::invalid(
+        "`prompt` must be a string, a list of strings or token ids",
+        "prompt",
+    )
+}
+
 /// The `prompt` of a `/v1/completions` body: a string, a list of token ids, or a batch.
 pub fn prompt(body: &Value) -> Result<PromptView, RequestError> {
-    let shape = || {
-        RequestError::invalid(
-            "`prompt` must be a string, a list of strings or token ids",
-            "prompt",
-        )
-    };
+    let shape = prompt_shape;
     let one = |first| PromptView { first, count: 1 };
     match body.get("prompt") {
         Some(Value::String(s)) => Ok(one(Prompt::Text(s.clone()))),

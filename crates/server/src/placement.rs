@@ -54,7 +54,7 @@ pub async fn place(
     source: &'static str,
 ) -> Result<Placement, ServeError> {
     let arrival = Instant::now();
-    let value = serde_json::from_slice(body)
+    let value = kvrouter_openai::Body::from_slice(body)
         .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None));
     place_value(state, headers, value, (subset, fallbacks, source), arrival).await
 }
@@ -86,7 +86,7 @@ pub async fn place_without_body(
             Ok(models.first().cloned().unwrap_or_default())
         }
     }
-    .map(|model| serde_json::json!({"model": model, "prompt": ""}));
+    .map(|model| serde_json::json!({"model": model, "prompt": ""}).into());
     let mut placed =
         place_value(state, headers, value, (subset, fallbacks, source), arrival).await?;
     placed.body_known = false;
@@ -96,7 +96,7 @@ pub async fn place_without_body(
 async fn place_value(
     state: &AppState,
     headers: &HeaderMap,
-    value: Result<serde_json::Value, ServeError>,
+    value: Result<kvrouter_openai::Body, ServeError>,
     (subset, fallbacks, source): (Option<&[String]>, usize, &'static str),
     arrival: Instant,
 ) -> Result<Placement, ServeError> {

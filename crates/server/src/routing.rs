@@ -6,7 +6,8 @@ use crate::error::ServeError;
 use crate::state::AppState;
 use kvrouter_core::hashing::{BlockHasher, BlockHashes, HashNamespace};
 use kvrouter_openai::passthrough::{self, Endpoint, Routed};
-use kvrouter_openai::request::{self, Prompt};
+use kvrouter_openai::request::{self, Prompt, PromptView};
+use kvrouter_openai::{Body, RequestError};
 use kvrouter_tokenizer::ChatMessage;
 use serde_json::Value;
 
@@ -25,19 +26,17 @@ enum Source {
     Text(String),
 }
 
-fn source(kind: Kind, body: &Value, state: &AppState) -> Result<Source, ServeError> {
-    prompt_source(kind, body, &state.inner.config.chat_template)
-}
-
 /// The prompt of a request body: token ids, or text (a chat rendered with `template`). A batch
-/// of prompts is routed on its first one.
+/// of prompts is routed on its first one. `prompt`: the completion's prompt view, read from
+/// `body` or from the [`Body`] it came from.
 fn prompt_source(
     kind: Kind,
     body: &Value,
+    prompt: impl FnOnce() -> Result<PromptView, RequestError>,
     template: &kvrouter_tokenizer::ChatTemplate,
 ) -> Result<Source, ServeError> {
     match kind {
-        Kind::Completion => Ok(match request::prompt(body)?.first {
+        Kind::Completion => Ok(match prompt()?.first {
             Prompt::Ids(ids) => Source::Ids(ids),
             Prompt::Text(text) => Source::Text(text),
         }),
@@ -127,16 +126,37 @@ pub(crate) async fn routing_input(
     kind: Kind,
     body: &Value,
 ) -> Result<RoutingInput, ServeError> {
-    let src = source(kind, body, state)?;
+    let template = &state.inner.config.chat_template;
+    let src = prompt_source(kind, body, || request::prompt(body), template)?;
     input_of(state, body, src).await
+}
+
+/// [`routing_input`] (`endpoint: None`) or [`passthrough_input`] of a body read with
+/// [`Body`], whose token-id prompt is read without a JSON value per token.
+pub(crate) async fn body_input(
+    state: &AppState,
+    kind: Kind,
+    endpoint: Option<Endpoint>,
+    body: &Body,
+) -> Result<RoutingInput, ServeError> {
+    let Some(endpoint) = endpoint else {
+        let template = &state.inner.config.chat_template;
+        let src = prompt_source(kind, body.fields(), || body.prompt(), template)?;
+        return input_of(state, body.fields(), src).await;
+    };
+    passthrough_input(state, endpoint, &body.to_value()).await
 }
 
 /// Tokenizes (when needed) and hashes `src`, the prompt of `body`.
 async fn input_of(state: &AppState, body: &Value, src: Source) -> Result<RoutingInput, ServeError> {
-    let models = state.inner.models.read().expect("models lock").clone();
     let adapter = request::model(body)
         .and_then(|m| state.inner.pools.read().expect("pools lock").is_adapter(m));
-    let ns = namespace(body, &models, adapter);
+    // Read under the lock, not copied: nothing here awaits.
+    let ns = namespace(
+        body,
+        &state.inner.models.read().expect("models lock"),
+        adapter,
+    );
     let block_size = state.inner.config.router.kv_cache_block_size;
     match src {
         Source::Ids(ids) => {
@@ -232,7 +252,14 @@ mod tests {
     fn chats_render_with_the_request_flags() {
         use kvrouter_tokenizer::ChatTemplate;
         let hi = serde_json::json!([{"role": "user", "content": "hi"}]);
-        let render = |body: Value| prompt_source(Kind::Chat, &body, &ChatTemplate::ChatMl);
+        let render = |body: Value| {
+            prompt_source(
+                Kind::Chat,
+                &body,
+                || request::prompt(&body),
+                &ChatTemplate::ChatMl,
+            )
+        };
         assert_eq!(
             render(serde_json::json!({"messages": hi})),
             Ok(Source::Text(
@@ -254,7 +281,10 @@ mod tests {
         assert_eq!(
             prompt_source(
                 Kind::Completion,
-                &serde_json::json!({"prompt": [[1, 2], "b"]}),
+                &Value::Null,
+                || Body::from_slice(br#"{"prompt": [[1, 2], "b"]}"#)
+                    .unwrap()
+                    .prompt(),
                 &ChatTemplate::ChatMl
             ),
             Ok(Source::Ids(vec![1, 2]))

@@ -362,7 +362,7 @@ impl Flow {
         let tokenizer = &req.state.inner.tokenizer;
         let body = self
             .machine
-            .body(&req.body, |text| tokenizer.inner().encode(text));
+            .body(&req.body.to_value(), |text| tokenizer.inner().encode(text));
         let input = routing_input(&req.state, req.kind, &body).await?;
         let bytes = Bytes::from(serde_json::to_vec(&body).expect("a JSON value serializes"));
         attempt(req, &bytes, &input, origin, &mut self.tried, &mut self.stop).await

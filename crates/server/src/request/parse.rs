@@ -7,13 +7,14 @@ use crate::headers::{
     admission_fields, header_str, pin_from, AdmissionFields, GROUP_HEADER, SESSION_HEADERS,
 };
 use crate::provenance::Provenance;
-use crate::routing::{passthrough_input, routing_input, Kind, RoutingInput};
+use crate::routing::{body_input, Kind, RoutingInput};
 use crate::state::AppState;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue};
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::{Decision, Pin};
 use kvrouter_openai::passthrough::Endpoint;
+use kvrouter_openai::Body;
 use serde_json::Value;
 use std::time::Instant;
 
@@ -26,7 +27,7 @@ pub(crate) struct Request {
     /// The body as the client sent it (first attempts send it unchanged).
     pub(crate) raw: Bytes,
     /// The body as JSON (continuations extend it).
-    pub(crate) body: Value,
+    pub(crate) body: Body,
     pub(crate) stream: bool,
     pub(crate) arrival: Instant,
     pub(crate) input: RoutingInput,
@@ -56,7 +57,7 @@ pub(super) async fn parse(
     request_id: HeaderValue,
     (access, trace): (bool, bool),
 ) -> Result<Request, ServeError> {
-    let body: Value = serde_json::from_slice(&raw)
+    let body = Body::from_slice(&raw)
         .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
     parse_body(
         state,
@@ -75,7 +76,7 @@ pub(super) async fn parse_body(
     state: AppState,
     (kind, endpoint): (Kind, Option<Endpoint>),
     headers: &HeaderMap,
-    (raw, body): (Bytes, Value),
+    (raw, body): (Bytes, Body),
     arrival: Instant,
     request_id: HeaderValue,
     (access, trace): (bool, bool),
@@ -88,20 +89,17 @@ pub(super) async fn parse_body(
         let models = state.inner.models.read().expect("models lock");
         // vLLM's `/tokenize` and `/detokenize` take the model as optional.
         let required = !matches!(endpoint, Some(Endpoint::Tokenize | Endpoint::Detokenize));
-        kvrouter_openai::request::check_model(&body, &models, required)?
+        kvrouter_openai::request::check_model(body.fields(), &models, required)?
     };
     // Only the workers that serve the model (or adapter) may take it.
     let pool = model
         .as_deref()
         .and_then(|m| state.inner.pools.read().expect("pools lock").workers_for(m));
-    let stream = kvrouter_openai::request::stream_flags(&body)?.stream;
-    let input = match endpoint {
-        None => routing_input(&state, kind, &body).await?,
-        Some(endpoint) => passthrough_input(&state, endpoint, &body).await?,
-    };
+    let stream = kvrouter_openai::request::stream_flags(body.fields())?.stream;
+    let input = body_input(&state, kind, endpoint, &body).await?;
     let tokenized = Instant::now();
     let pin = pin_from(headers)?;
-    let admission = admission_fields(headers, &body, arrival, &state.inner)?;
+    let admission = admission_fields(headers, body.fields(), arrival, &state.inner)?;
     let text = |names: &[&str]| header_str(headers, names).map(str::to_owned);
     Ok(Request {
         kind,
@@ -166,7 +164,7 @@ impl Request {
 
     /// The body's `model`, if it names one.
     pub(crate) fn model(&self) -> Option<&str> {
-        self.body.get("model").and_then(Value::as_str)
+        self.body.fields().get("model").and_then(Value::as_str)
     }
 
     /// The request's provenance line as far as the request itself says (with

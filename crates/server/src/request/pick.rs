@@ -17,6 +17,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use kvrouter_core::ids::RequestId;
 use kvrouter_core::router::{Decision, RouteRequest};
+use kvrouter_openai::Body;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -34,8 +35,8 @@ pub(crate) struct Placed {
 }
 
 /// The request kind a body is: a chat (it has `messages`), else a completion.
-fn kind_of(body: &Value) -> Kind {
-    if body.get("messages").is_some() {
+fn kind_of(body: &Body) -> Kind {
+    if body.contains_key("messages") {
         Kind::Chat
     } else {
         Kind::Completion
@@ -52,7 +53,7 @@ pub(crate) async fn place(
     state: &AppState,
     source: &'static str,
     headers: &HeaderMap,
-    body: Result<Value, ServeError>,
+    body: Result<Body, ServeError>,
     arrival: Instant,
     allowed: Option<Vec<kvrouter_core::ids::WorkerId>>,
 ) -> Result<Placed, ServeError> {
@@ -64,6 +65,7 @@ pub(crate) async fn place(
         .then(|| {
             body.as_ref()
                 .ok()?
+                .fields()
                 .get("model")?
                 .as_str()
                 .map(str::to_owned)
@@ -161,36 +163,18 @@ fn group_satisfied(group: u64) -> ServeError {
 
 /// The body of a pick request: an OpenAI chat or completion body, or `{"token_ids": [...]}`
 /// (the prompt as token ids; `model` optional).
-fn pick_body(state: &AppState, raw: &[u8]) -> Result<Value, ServeError> {
-    let mut body: Value = serde_json::from_slice(raw)
+fn pick_body(state: &AppState, raw: &[u8]) -> Result<Body, ServeError> {
+    let mut body = Body::from_slice(raw)
         .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
-    let Some(obj) = body.as_object_mut() else {
+    if !body.is_object() {
         return Err(ServeError::invalid("the body must be a JSON object", None));
-    };
-    if let Some(ids) = obj.remove("token_ids") {
-        if obj.contains_key("prompt") || obj.contains_key("messages") {
-            return Err(ServeError::invalid(
-                "give `token_ids`, `prompt` or `messages`, not several",
-                Some("token_ids"),
-            ));
-        }
-        let valid = ids.as_array().is_some_and(|a| {
-            a.iter()
-                .all(|t| t.as_u64().is_some_and(|t| t <= u64::from(u32::MAX)))
-        });
-        if !valid {
-            return Err(ServeError::invalid(
-                "`token_ids` must be a list of token ids (integers from 0 to 4294967295)",
-                Some("token_ids"),
-            ));
-        }
-        obj.insert("prompt".into(), ids);
     }
-    if obj.get("model").is_none_or(Value::is_null) {
+    body.token_ids_as_prompt()?;
+    if body.fields().get("model").is_none_or(Value::is_null) {
         // A pick may leave the model out: the base model is meant.
         let models = state.inner.models.read().expect("models lock");
         let model = models.first().cloned().unwrap_or_default();
-        obj.insert("model".into(), Value::String(model));
+        body.insert("model", Value::String(model));
     }
     Ok(body)
 }
