@@ -27,12 +27,16 @@ pub struct PlannerSim {
     /// requests moves them to the serving workers and to the draining ones that hold more
     /// (each re-prefilled there, as a migration) when they fit, and is released at once (0:
     /// off; it drains in place).
-    #[serde(default)]
+    #[serde(default = "default_migrate_tail")]
     pub migrate_tail: u32,
     /// Tail consolidation's bound: no request (moved, or on a target) delayed by the moves of
     /// a tail past this fraction of its age, were it to generate every token it may.
     #[serde(default = "default_migrate_slowdown")]
     pub migrate_slowdown: f64,
+}
+
+fn default_migrate_tail() -> u32 {
+    64
 }
 
 fn default_migrate_slowdown() -> f64 {
