@@ -255,7 +255,9 @@ impl Planner {
     fn floor(&self, now: Time) -> Option<(u32, f64)> {
         let at = self.predicted_start(now)?;
         let c = &self.config;
-        let lead = (c.startup + self.wake_margin()).min(c.horizon).as_secs_f64();
+        let lead = (c.startup + self.wake_margin())
+            .min(c.horizon)
+            .as_secs_f64();
         let in_s = secs(now, at);
         let first_rl_step = self.steps.len() == 1
             && self.steps[0].rl

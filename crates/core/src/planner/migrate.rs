@@ -4,10 +4,12 @@
 //! A moved request is continued on its target as a migration after a failure is: its prompt
 //! and the tokens it generated so far are prefilled again there. The rule only decides where
 //! they may go: each target stays within the fair share of requests the law sizes the fleet
-//! with, within its KV usage target, and within a decode slowdown: a decode step is timed by
-//! the KV it reads (Dynamo's published model: memory-bound), so adding a long sample's context
-//! to a target slows every request on it, and the step's last sample sets the step time. A
-//! target's blocks after the move are bounded by a decode-time bound ([`blocks_within`]).
+//! with, within its KV usage target, and within a delay bound: a decode step is timed by the KV
+//! it reads (Dynamo's published model: memory-bound), so adding a long sample's context to a
+//! target slows every request on it, and the step's last sample sets the step time. No
+//! affected request may end later than `1 + slowdown` times its end without the moves, however
+//! many tokens it may still generate ([`delay_bound_ms`]); a target's blocks after the move
+//! are bounded by that decode time ([`blocks_within`]).
 //! A worker is moved whole or not at all (it is released only when empty). Pure: the caller
 //! reads the fleet.
 
@@ -309,7 +311,12 @@ mod tests {
         }
     }
 
-    fn a4(remaining_tokens: u64, age_ms: f64, committed_ms: f64, committed_step_ms: f64) -> Affected {
+    fn a4(
+        remaining_tokens: u64,
+        age_ms: f64,
+        committed_ms: f64,
+        committed_step_ms: f64,
+    ) -> Affected {
         Affected {
             remaining_tokens,
             age_ms,

@@ -4,9 +4,10 @@
 //! the tokens generated so far are prefilled again on the target, placed by
 //! `Router::route_continuation`), so it pays the same cost. The move waits for the worker's
 //! current step to end (nothing it finishes is lost) and happens only when every request fits
-//! on the serving workers within the fair share, the KV usage target and the decode slowdown
-//! bound (`--planner-migrate-slowdown`; [`kvrouter_core::planner::migrate`]), and the worker
-//! holds at most N requests.
+//! on the serving workers (or the draining ones that hold more KV) within the fair share, the
+//! KV usage target, the KV its requests could reach (no preemption) and the delay bound
+//! (`--planner-migrate-slowdown`; [`kvrouter_core::planner::migrate`]), and the worker holds
+//! at most N requests.
 
 use super::fleet::Lifecycle;
 use super::{Event, Simulation};
@@ -36,10 +37,7 @@ impl Simulation<'_> {
         for w in 0..self.workers.len() {
             let n = self.load_of(w);
             // A worker that took moved requests drains in place (a request moves once).
-            let received = self
-                .fleet
-                .as_ref()
-                .is_some_and(|f| f.received.contains(&w));
+            let received = self.fleet.as_ref().is_some_and(|f| f.received.contains(&w));
             let worker = &mut self.workers[w];
             if worker.lifecycle == Lifecycle::Draining && n > 0 && n <= limit && !received {
                 worker.move_after_step = true;
@@ -118,10 +116,7 @@ impl Simulation<'_> {
     /// decode step to the target's), as if each generated the most tokens any request of the
     /// workload may (the stand-in for the `max_tokens` a trainer sets for all its samples).
     pub(super) fn move_off(&mut self, w: usize) {
-        let received = self
-            .fleet
-            .as_ref()
-            .is_some_and(|f| f.received.contains(&w));
+        let received = self.fleet.as_ref().is_some_and(|f| f.received.contains(&w));
         if self.workers[w].lifecycle != Lifecycle::Draining || received {
             return;
         }
@@ -272,7 +267,10 @@ impl Simulation<'_> {
                 },
             );
             delays.extend(own.iter().map(|(i, _)| (*i, (after - before).max(0.0))));
-            delays.extend(into.iter().map(|j| (held[*j].0, (after - source_ms).max(0.0))));
+            delays.extend(
+                into.iter()
+                    .map(|j| (held[*j].0, (after - source_ms).max(0.0))),
+            );
         }
         if let Some(f) = self.fleet.as_mut() {
             for (i, step_ms) in delays {
