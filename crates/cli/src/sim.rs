@@ -111,15 +111,18 @@ pub(crate) struct SimArgs {
     #[command(flatten)]
     planner_args: crate::planner_args::PlannerArgs,
     /// With `--planner`: tail consolidation. A worker the planner drains in an RL step's tail
-    /// that holds at most N requests moves them to the serving workers (each re-prefilled
-    /// there, as a migration after a failure) when they all fit within
-    /// `--planner-requests-per-worker` and `--planner-kv-usage`, and is released at once.
-    /// 0 (the default): off, a drained worker holds its GPU until its last request ends.
-    #[arg(long, default_value_t = 0, requires = "planner")]
+    /// that holds at most N requests moves them to the serving workers and to the draining
+    /// ones that hold more (each re-prefilled there, as a migration after a failure) when
+    /// they all fit within `--planner-requests-per-worker`, `--planner-kv-usage`, the KV
+    /// they could reach at their max tokens and the delay bound of
+    /// `--planner-migrate-slowdown`, and is released at once. 0: off, a drained worker holds
+    /// its GPU until its last request ends. Default 64 (the default requests per worker).
+    #[arg(long, default_value_t = 64, requires = "planner")]
     planner_migrate_tail: u32,
-    /// With `--planner-migrate-tail`: a move may make a target's decode step at most this
-    /// fraction slower than the slower of its own and the source's step before it (decode
-    /// time grows with the KV read; the step's last sample sets the step time).
+    /// With `--planner-migrate-tail`: no request (moved, or on a target) may end later than
+    /// 1 + this fraction times its end without the moves, however many of the tokens it may
+    /// still generate it generates (decode time grows with the KV read; the step's last sample
+    /// sets the step time).
     #[arg(long, default_value_t = 0.1, requires = "planner")]
     planner_migrate_slowdown: f64,
     /// Write each configuration's request timeline as Chrome trace JSON (open in Perfetto);

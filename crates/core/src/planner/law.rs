@@ -235,12 +235,29 @@ impl Planner {
         }
     }
 
+    /// The margin of a wake over the startup: three of the longest recent tick intervals (a
+    /// step's end is seen up to a tick late, a gap is measured between two ticks, and the wake
+    /// is decided at a tick), at most the up window (the up window before two ticks were
+    /// seen).
+    fn wake_margin(&self) -> Duration {
+        let c = &self.config;
+        self.demand
+            .iter()
+            .zip(self.demand.iter().skip(1))
+            .map(|((a, _, _), (b, _, _))| b.since(*a))
+            .max()
+            .map_or(c.up_window, |d| (d * 3).min(c.up_window))
+    }
+
     /// The predictive floor at `now`: recent steps' peak when the next step is due within the
-    /// startup lead and not overdue by more than the horizon.
+    /// startup lead (the startup plus the wake margin) and not overdue by more than the
+    /// horizon.
     fn floor(&self, now: Time) -> Option<(u32, f64)> {
         let at = self.predicted_start(now)?;
         let c = &self.config;
-        let lead = (c.startup + c.up_window).min(c.horizon).as_secs_f64();
+        let lead = (c.startup + self.wake_margin())
+            .min(c.horizon)
+            .as_secs_f64();
         let in_s = secs(now, at);
         let first_rl_step = self.steps.len() == 1
             && self.steps[0].rl

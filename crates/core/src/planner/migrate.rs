@@ -4,10 +4,12 @@
 //! A moved request is continued on its target as a migration after a failure is: its prompt
 //! and the tokens it generated so far are prefilled again there. The rule only decides where
 //! they may go: each target stays within the fair share of requests the law sizes the fleet
-//! with, within its KV usage target, and within a decode slowdown: a decode step is timed by
-//! the KV it reads (Dynamo's published model: memory-bound), so adding a long sample's context
-//! to a target slows every request on it, and the step's last sample sets the step time. A
-//! target's blocks after the move are bounded by a decode-time bound ([`blocks_within`]).
+//! with, within its KV usage target, and within a delay bound: a decode step is timed by the KV
+//! it reads (Dynamo's published model: memory-bound), so adding a long sample's context to a
+//! target slows every request on it, and the step's last sample sets the step time. No
+//! affected request may end later than `1 + slowdown` times its end without the moves, however
+//! many tokens it may still generate ([`delay_bound_ms`]); a target's blocks after the move
+//! are bounded by that decode time ([`blocks_within`]).
 //! A worker is moved whole or not at all (it is released only when empty). Pure: the caller
 //! reads the fleet.
 
@@ -80,6 +82,52 @@ pub fn blocks_within(
         }
     }
     lo
+}
+
+/// A request a move would slow: what it may still generate (its `max_tokens` less the tokens
+/// it has), its age, and what earlier moves of this tail already committed it to.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Affected {
+    /// Tokens it may still generate, at most.
+    pub remaining_tokens: u64,
+    /// Time since it arrived, ms.
+    pub age_ms: f64,
+    /// Delay committed by earlier moves' prefill stalls, ms.
+    pub committed_ms: f64,
+    /// Decode time per step added by earlier moves, ms.
+    pub committed_step_ms: f64,
+}
+
+/// The highest decode step time (ms) a worker may reach while every affected request, decoding
+/// at `base_ms` a step now, still ends within `1 + slowdown` times the time it would have
+/// taken without the moves, however many of the tokens it may still generate it generates.
+///
+/// `base_ms` includes the step time earlier moves added (`committed_step`), so a request of
+/// age `a` that still generates `x ≤ remaining` tokens ends at `a + x·(base − committed_step)`
+/// without the moves and `a + x·(base + Δ) + stall + committed` with them (Δ: this move's
+/// addition). Both are linear in `x`, so the bound holds for every `x` when it holds at
+/// `x = 0` (`stall + committed ≤ slowdown·a`) and at `x = remaining`: `Δ ≤
+/// slowdown·(base − committed_step) − committed_step + (slowdown·a − stall − committed) /
+/// remaining`. A step's time is its
+/// last sample's end, so no step takes longer than `1 + slowdown` times (the sim's runs in
+/// docs/planner.md measure it). `f64::NEG_INFINITY` when some request has no room left (nothing
+/// may be added); unbounded without requests.
+pub fn delay_bound_ms(base_ms: f64, affected: &[Affected], stall_ms: f64, slowdown: f64) -> f64 {
+    affected
+        .iter()
+        .map(|a| {
+            let room = slowdown * a.age_ms - a.committed_ms - stall_ms;
+            if room < 0.0 {
+                f64::NEG_INFINITY
+            } else if a.remaining_tokens == 0 {
+                f64::INFINITY
+            } else {
+                let without = (base_ms - a.committed_step_ms).max(0.0);
+                base_ms + slowdown * without + room / a.remaining_tokens as f64
+                    - a.committed_step_ms
+            }
+        })
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// Places the moved requests (each given by the KV blocks of its prompt and the tokens it
@@ -187,6 +235,94 @@ mod tests {
             1_300
         );
         assert_eq!(blocks_within(&DynamoPoly, bs, cap, cap, one, 1, 1.0), 1_280);
+    }
+
+    #[test]
+    fn the_delay_bound_reads_what_may_remain_and_the_age() {
+        let a = |remaining_tokens, age_ms, committed_ms, committed_step_ms| Affected {
+            remaining_tokens,
+            age_ms,
+            committed_ms,
+            committed_step_ms,
+        };
+        // 150 s old, up to 7,500 tokens left, 10 %: 10 % of its step (1 ms) and 15 s of room
+        // over 7,500 steps (2 ms).
+        let b = delay_bound_ms(10.0, &[a(7_500, 150_000.0, 0.0, 0.0)], 0.0, 0.1);
+        assert!((b - 13.0).abs() < 1e-9, "{b}");
+        // The tightest request decides; committed delay, committed step time and the stall
+        // use up room: 10 + 0.95 + (15,000 − 3,000 − 1,500) / 15,000 − 0.5 = 11.15.
+        let b = delay_bound_ms(
+            10.0,
+            &[
+                a(7_500, 150_000.0, 0.0, 0.0),
+                a(15_000, 150_000.0, 3_000.0, 0.5),
+            ],
+            1_500.0,
+            0.1,
+        );
+        assert!((b - 11.15).abs() < 1e-9, "{b}");
+        // Stalls past its share of the age: no room; no request: unbounded; none left to
+        // generate: only the stall counts.
+        assert_eq!(
+            delay_bound_ms(10.0, &[a(100, 1_000.0, 200.0, 0.0)], 0.0, 0.1),
+            f64::NEG_INFINITY
+        );
+        assert_eq!(delay_bound_ms(10.0, &[], 0.0, 0.1), f64::INFINITY);
+        assert_eq!(
+            delay_bound_ms(10.0, &[a(0, 1_000.0, 0.0, 0.0)], 50.0, 0.1),
+            f64::INFINITY
+        );
+    }
+
+    proptest! {
+        /// Against the definition: at the bound, every request of a random set ends within
+        /// 1 + slowdown times its end without the moves for every count of tokens it may
+        /// still generate (checked at 0, remaining and a few in between).
+        #[test]
+        fn at_the_delay_bound_no_request_ends_later_than_the_slowdown_allows(
+            reqs in prop::collection::vec((0u64..20_000, 1.0f64..300_000.0, 0.0f64..5_000.0, 0.0f64..2.0), 1..6),
+            base in 5.0f64..40.0,
+            stall in 0.0f64..3_000.0,
+            slowdown in 0.0f64..0.5,
+        ) {
+            let affected: Vec<Affected> = reqs
+                .iter()
+                .map(|&(r, age, c, cs)| a4(r, age, c, cs))
+                .collect();
+            let bound = delay_bound_ms(base, &affected, stall, slowdown);
+            let delta = bound - base;
+            for x in &affected {
+                let fits_at = |tokens: f64| {
+                    let without = x.age_ms + tokens * (base - x.committed_step_ms).max(0.0);
+                    let with = x.age_ms + tokens * (base + delta)
+                        + stall + x.committed_ms;
+                    with <= (1.0 + slowdown) * without + 1e-6 * without.max(1.0)
+                };
+                if bound.is_finite() {
+                    let r = x.remaining_tokens as f64;
+                    for k in 0..=4 {
+                        prop_assert!(fits_at(r * f64::from(k) / 4.0), "{x:?} {bound}");
+                    }
+                } else if bound == f64::NEG_INFINITY {
+                    // Some request had no room at all.
+                    prop_assert!(affected.iter().any(|y| slowdown * y.age_ms < y.committed_ms + stall));
+                }
+            }
+        }
+    }
+
+    fn a4(
+        remaining_tokens: u64,
+        age_ms: f64,
+        committed_ms: f64,
+        committed_step_ms: f64,
+    ) -> Affected {
+        Affected {
+            remaining_tokens,
+            age_ms,
+            committed_ms,
+            committed_step_ms,
+        }
     }
 
     /// Whether some assignment of the moved requests fits (every one tried).

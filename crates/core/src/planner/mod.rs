@@ -23,7 +23,8 @@
 //!   are remembered with their peak demand, span and the gap before them; the next is expected
 //!   at the earliest it may come (the last step's end, or now while it runs, plus the shorter of
 //!   the shortest recent gap and its span × the smallest recent gap-to-span ratio), and from the
-//!   startup lead before that until it comes (or the horizon, ~180 s, passes) the floor is the
+//!   startup lead (the startup plus three tick intervals, at most the up window) before that
+//!   until it comes (or the horizon, ~180 s, passes) the floor is the
 //!   recent peak. Before a gap was seen, RL steps (requests with group headers) use the
 //!   configured rollout share r (gap = span × (1 − r) / r) or, without one, are provisioned
 //!   conservatively: the first step holds its peak, and the next is expected at once;
@@ -78,7 +79,8 @@ pub struct PlannerConfig {
     /// How far ahead a predicted step is provisioned for, and how long a predicted step that
     /// has not come keeps the floor.
     pub horizon: Duration,
-    /// Time a new worker takes to serve: the floor rises this long before a predicted step.
+    /// Time a new worker takes to serve: the floor rises this long (plus three tick intervals,
+    /// at most the up window) before a predicted step.
     pub startup: Duration,
     /// Prior for RL steps before a gap between them was seen: the share r of a synchronous step
     /// spent in rollout, so the trainer's phase after a rollout span S lasts at least

@@ -83,16 +83,17 @@ fn a_long_step_does_not_raise_the_floor_before_it_could_end() {
             assert_eq!(r.floor, 0, "at {t}: {r:?}");
         }
     }
-    // It ends at 410: the next is expected at 480, the floor rises at 445.
-    for t in 410..445u64 {
+    // It ends at 410: the next is expected at 480, the floor rises at 447 (the startup and
+    // three 1 s ticks before).
+    for t in 410..447u64 {
         assert_eq!(p.tick(at(t), &load(0, 1)).workers, 1, "at {t}");
     }
-    assert_eq!(p.tick(at(445), &load(0, 1)).workers, 8);
+    assert_eq!(p.tick(at(447), &load(0, 1)).workers, 8);
 }
 
 /// With a rollout-share prior, the gap after the first RL step is expected to be its
 /// rollout span × (1 − r) / r: the first step's peak is not held through that gap, and the
-/// floor is back `startup + up window` before it ends.
+/// floor is back the startup plus three ticks before it ends.
 #[test]
 fn a_rollout_share_prior_times_the_first_gap() {
     let mut p = with_prior(0.75);
@@ -101,16 +102,16 @@ fn a_rollout_share_prior_times_the_first_gap() {
         let n = if t < 20 { 512 } else { 4 };
         p.tick(at(t), &rl(n, 8));
     }
-    for t in 150..165u64 {
+    for t in 150..167u64 {
         assert_eq!(p.tick(at(t), &rl(0, 1)).workers, 1, "at {t}");
     }
-    let r = p.tick(at(165), &rl(0, 1));
+    let r = p.tick(at(167), &rl(0, 1));
     assert_eq!(r.workers, 8, "{r:?}");
     assert_eq!(
         r.reasons.last(),
         Some(&Reason::PredictedStep {
             workers: 8,
-            in_s: 35.0
+            in_s: 33.0
         })
     );
     let bad = PlannerConfig {

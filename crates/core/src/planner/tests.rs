@@ -105,8 +105,9 @@ fn bounds_clamp_and_bad_configurations_are_refused() {
 }
 
 /// Steps of 60 s every 130 s (70 s idle): the first idle spell goes down to one worker once
-/// the down window passed; from the third step on, the floor is back up `startup + up_window`
-/// (35 s) before the predicted start (the last end plus the gap seen before).
+/// the down window passed; from the third step on, the floor is back up the startup plus
+/// three tick intervals (33 s) before the predicted start (the last end plus the gap seen
+/// before).
 #[test]
 fn the_predictive_floor_provisions_before_a_step_from_step_history() {
     let mut p = planner();
@@ -115,23 +116,50 @@ fn the_predictive_floor_provisions_before_a_step_from_step_history() {
         let r = p.tick(at(s), &load(if busy { 512 } else { 0 }, 8));
         let expect = match s {
             90..=129 => Some(1),
-            220..=224 => Some(1),
-            225..=259 => Some(8),
+            220..=226 => Some(1),
+            227..=259 => Some(8),
             _ => None,
         };
         if let Some(w) = expect {
             assert_eq!(r.workers, w, "at {s}: {r:?}");
         }
-        if s == 225 {
+        if s == 227 {
             assert_eq!(
                 r.reasons.last(),
                 Some(&Reason::PredictedStep {
                     workers: 8,
-                    in_s: 35.0
+                    in_s: 33.0
                 })
             );
             assert_eq!(r.phase, StepPhase::Idle);
         }
+    }
+}
+
+/// The wake's margin over the startup is three tick intervals, at most the up window: the
+/// steps of 60 s every 130 s ticked every 0.5 s rise 31.5 s before the predicted start (30 s +
+/// 3 × 0.5 s), ticked every 1 s 33 s before, ticked every 5 s 35 s before (the up window).
+/// Under the old margin (the up window at every tick rate) the first two fail.
+#[test]
+fn the_wake_margin_is_three_ticks_at_most_the_up_window() {
+    for (tick_ms, lead_ms) in [(500u64, 31_500u64), (1000, 33_000), (5000, 35_000)] {
+        let mut p = planner();
+        let (mut low, mut rose) = (false, None);
+        let mut t = 0;
+        while t < 260_000 {
+            let busy = t % 130_000 < 60_000;
+            let r = p.tick(Time::from_millis(t), &load(if busy { 512 } else { 0 }, 8));
+            if t >= 190_000 {
+                low |= r.workers == 1;
+                if low && rose.is_none() && r.workers == 8 {
+                    rose = Some(t);
+                }
+            }
+            t += tick_ms;
+        }
+        // The third step is expected at 260 s: the first tick at or after 260 s − lead.
+        let want = (260_000 - lead_ms).div_ceil(tick_ms) * tick_ms;
+        assert_eq!(rose, Some(want), "tick {tick_ms} ms");
     }
 }
 

@@ -24,14 +24,19 @@ pub struct PlannerSim {
     /// Time between planner ticks, ms.
     pub tick_ms: f64,
     /// Tail consolidation: a worker drained in an RL step's tail that holds at most this many
-    /// requests moves them to the serving workers (each re-prefilled there, as a migration)
-    /// when they fit, and is released at once (0: off; it drains in place).
-    #[serde(default)]
+    /// requests moves them to the serving workers and to the draining ones that hold more
+    /// (each re-prefilled there, as a migration) when they fit, and is released at once (0:
+    /// off; it drains in place).
+    #[serde(default = "default_migrate_tail")]
     pub migrate_tail: u32,
-    /// Tail consolidation's bound on a target's decode step: at most this fraction slower than
-    /// the slower of its own and the source's before the move.
+    /// Tail consolidation's bound: no request (moved, or on a target) delayed by the moves of
+    /// a tail past this fraction of its age, were it to generate every token it may.
     #[serde(default = "default_migrate_slowdown")]
     pub migrate_slowdown: f64,
+}
+
+fn default_migrate_tail() -> u32 {
+    64
 }
 
 fn default_migrate_slowdown() -> f64 {
@@ -71,9 +76,11 @@ pub(super) struct Fleet {
     pub(super) incoming: std::collections::HashMap<usize, (usize, u64)>,
     /// Requests moved so far.
     pub(super) tail_moves: u64,
-    /// Workers that took moved requests in this step's tail → their decode time (ms) before the
-    /// first move: a move's bound is the slowdown over the slower of it and the source's.
-    pub(super) reference: std::collections::HashMap<usize, f64>,
+    /// Workers that took moved requests in this step's tail (they drain in place).
+    pub(super) received: std::collections::HashSet<usize>,
+    /// Requests slowed by this tail's moves → (delay committed by prefill stalls, decode step
+    /// time added), ms.
+    pub(super) committed: std::collections::HashMap<usize, (f64, f64)>,
 }
 
 impl Fleet {
@@ -104,7 +111,8 @@ impl Fleet {
             migrate_slowdown: p.migrate_slowdown,
             incoming: std::collections::HashMap::new(),
             tail_moves: 0,
-            reference: std::collections::HashMap::new(),
+            received: std::collections::HashSet::new(),
+            committed: std::collections::HashMap::new(),
         })
     }
 

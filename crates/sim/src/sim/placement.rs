@@ -2,6 +2,7 @@
 //! server's rule, and releases of load whose effects (queued requests placed, update calls) are
 //! carried out in one place.
 
+use super::fleet::Lifecycle;
 use super::{ms, Event, Simulation};
 use kvrouter_core::ids::RequestId;
 use kvrouter_core::router::{Admission, Decision, Effects, RouteRequest};
@@ -77,14 +78,21 @@ impl Simulation<'_> {
         let (now, tried) = (self.now, std::mem::take(&mut self.tried[i]));
         let placed = match self.planned_target(i) {
             // Moved off a worker released in an RL tail: to the target its room was planned
-            // on (the source is no longer routable), else by the failure rule.
+            // on (the source is no longer routable; a draining target takes it though it takes
+            // no new requests), else by the failure rule.
             Some(target) => {
+                let draining = self.workers[target.0 as usize].lifecycle == Lifecycle::Draining;
                 let mut pinned = route.clone();
                 pinned.allowed_workers = Some(vec![target]);
                 let router = self.router_of(i);
-                router
-                    .route_continuation(&pinned, &[], now)
-                    .or_else(|_| router.route_continuation(&route, &tried, now))
+                if draining {
+                    router.set_available(target, true);
+                }
+                let placed = router.route_continuation(&pinned, &[], now);
+                if draining {
+                    router.set_available(target, false);
+                }
+                placed.or_else(|_| router.route_continuation(&route, &tried, now))
             }
             None => self.router_of(i).route_continuation(&route, &tried, now),
         };
