@@ -36,9 +36,8 @@ pub(crate) struct GlobalArgs {
     /// sessions move).
     #[arg(help_heading = H::GLOBAL, long, default_value_t = 10.0)]
     global_max_summary_age_secs: f64,
-    /// Hysteresis r: a session leaves its cluster for a full one only when that one's estimate
-    /// is below r × its own, for one with a free batch slot when the move saves more than
-    /// (1 − r) × its time to first token (0 < r ≤ 1; 1 = no hysteresis).
+    /// Hysteresis: a session leaves its cluster only for one whose estimate is below this
+    /// fraction of its own (0 < ratio ≤ 1; 1 = no hysteresis).
     #[arg(help_heading = H::GLOBAL, long, default_value_t = 0.5)]
     global_session_move_ratio: f64,
     /// A session idle this long forgets its cluster.

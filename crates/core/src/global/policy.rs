@@ -65,7 +65,8 @@ impl FromStr for GlobalPolicy {
 /// Default bound on a summary's age (time since it was received) before its cluster is routed
 /// around: 10 s.
 pub const DEFAULT_MAX_SUMMARY_AGE: Duration = Duration::from_secs(10);
-/// Default hysteresis of [`session_moves`].
+/// Default hysteresis: a session moves only when another cluster's estimate is below this
+/// fraction of its home cluster's.
 pub const DEFAULT_SESSION_MOVE_RATIO: f64 = 0.5;
 /// Default idle time after which a session's home is forgotten: 1 h.
 pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(3600);
