@@ -57,9 +57,6 @@ pub struct ClusterEstimate {
     /// Requests per batch slot (active + queued + pending) / slots, or per worker when slots
     /// are unknown: the least-loaded figure.
     pub load_ratio: f64,
-    /// The part of `queue_ms` spent waiting for a batch slot (0: the cluster has a free slot
-    /// for the request, counting its resident sessions').
-    pub slot_wait_ms: f64,
 }
 
 impl ClusterEstimate {
@@ -75,7 +72,6 @@ impl ClusterEstimate {
             prefill_ms: 0.0,
             decode_ms: 0.0,
             load_ratio: 0.0,
-            slot_wait_ms: 0.0,
         }
     }
 
@@ -153,6 +149,5 @@ pub fn estimate(
         prefill_ms: uncached_tokens as f64 / speed * 1e3,
         decode_ms,
         load_ratio,
-        slot_wait_ms,
     }
 }

@@ -26,9 +26,9 @@ mod tests;
 
 pub use estimate::{estimate, ClusterEstimate, GlobalRequest, PendingLoad};
 pub use policy::{
-    session_moves, GlobalConfig, GlobalConfigError, GlobalPolicy, UnknownGlobalPolicy,
-    DEFAULT_MAX_SUMMARY_AGE, DEFAULT_OUTPUT_TOKENS_HINT, DEFAULT_PREFILL_TOKENS_PER_S,
-    DEFAULT_SESSION_MOVE_RATIO, DEFAULT_SESSION_TTL,
+    GlobalConfig, GlobalConfigError, GlobalPolicy, UnknownGlobalPolicy, DEFAULT_MAX_SUMMARY_AGE,
+    DEFAULT_OUTPUT_TOKENS_HINT, DEFAULT_PREFILL_TOKENS_PER_S, DEFAULT_SESSION_MOVE_RATIO,
+    DEFAULT_SESSION_TTL,
 };
 pub use router::{ClusterSpec, DecisionReason, GlobalDecision, GlobalError, GlobalRouter};
 pub use sketch::{

@@ -1,7 +1,7 @@
 //! The global router: clusters, their latest summaries, session homes, and the choice.
 
 use super::estimate::{estimate, ClusterEstimate, GlobalRequest, PendingLoad};
-use super::policy::{session_moves, GlobalConfig, GlobalConfigError, GlobalPolicy};
+use super::policy::{GlobalConfig, GlobalConfigError, GlobalPolicy};
 use super::summary::ClusterSummary;
 use super::ClusterId;
 use crate::rng::mix64;
@@ -310,7 +310,7 @@ impl GlobalRouter {
             GlobalPolicy::Kv => match home.map(|h| &estimates[h.0 as usize]) {
                 Some(h) if h.eligible => {
                     let best = &estimates[cheapest.0 as usize];
-                    if session_moves(h, best, self.config.session_move_ratio) {
+                    if best.cost_ms() < h.cost_ms() * self.config.session_move_ratio {
                         (cheapest, DecisionReason::SessionMoved)
                     } else {
                         (h.cluster, DecisionReason::SessionHome)
