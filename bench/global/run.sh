@@ -66,6 +66,8 @@ for policy in $POLICIES; do
   done
   bench "$global" "global-$policy"
   curl -s "$global/metrics" >"$OUT/global-$policy.metrics"
+  curl -s "$fast/metrics" >"$OUT/fast-$policy.metrics"
+  curl -s "$slow/metrics" >"$OUT/slow-$policy.metrics"
   stop
 done
 echo "$SECONDS" >"$OUT/seconds.txt"

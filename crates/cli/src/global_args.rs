@@ -70,6 +70,11 @@ pub(crate) struct GlobalArgs {
     /// the mock engines' --max-num-seqs.
     #[arg(help_heading = H::GLOBAL, long, default_value_t = 0)]
     cluster_max_running_requests: u64,
+    /// Inter-token latency added per KV block in use on a worker (engines whose steps slow
+    /// with the context they hold), stated in the summary through its latency, ms; 0 =
+    /// unknown, or derived from the timing model with --mock-workers.
+    #[arg(help_heading = H::GLOBAL, long, default_value_t = 0.0)]
+    cluster_decode_ms_per_token_per_kv_block: f64,
 }
 
 fn millis(v: u64, flag: &str) -> anyhow::Result<Duration> {
@@ -160,6 +165,10 @@ impl GlobalArgs {
                 "--cluster-decode-ms-per-token-per-seq",
             )?,
             max_running_requests: self.cluster_max_running_requests,
+            decode_ms_per_token_per_kv_block: speed(
+                self.cluster_decode_ms_per_token_per_kv_block,
+                "--cluster-decode-ms-per-token-per-kv-block",
+            )?,
         })
     }
 }
@@ -179,24 +188,33 @@ pub(crate) fn speeds_from_mocks(
         summary.prefill_tokens_per_s = if ms > 0.0 { 1024.0 / ms * 1e3 } else { 0.0 };
     }
     let capacity = ((mock.engine.num_gpu_blocks * mock.engine.block_size) as u64).max(2048);
-    // A decode step of `seqs` requests of 1,024 tokens of context each.
-    let step = |seqs: u64| {
+    // A decode step of `seqs` requests of 1,024 tokens of context each, `kv` tokens held.
+    let step = |seqs: u64, kv: u64| {
         model
             .decode_ms(&StepShape {
                 prefill_tokens: 0,
                 decode_seqs: seqs,
                 decode_mean_context: 1024.0,
-                active_kv_tokens: (1024 * seqs).min(capacity),
+                active_kv_tokens: kv.min(capacity),
                 kv_capacity_tokens: capacity,
             })
             .context("mock timing model")
     };
-    let alone = step(1)?;
+    let alone = step(1, 1024)?;
+    // The growth with the KV held (one more 1,024 tokens, per block), and what one more
+    // request adds beyond its KV (none for dynamo-poly, whose steps follow KV use alone).
+    let blocks = (1024 / mock.engine.block_size.max(1)).max(1) as f64;
+    let per_block = ((step(1, 2048)? - alone) / blocks).max(0.0);
     if summary.decode_ms_per_token == 0.0 {
         summary.decode_ms_per_token = alone;
     }
+    let kv_known = summary.decode_ms_per_token_per_kv_block > 0.0;
+    if !kv_known {
+        summary.decode_ms_per_token_per_kv_block = per_block;
+    }
     if summary.decode_ms_per_token_per_seq == 0.0 {
-        summary.decode_ms_per_token_per_seq = (step(2)? - alone).max(0.0);
+        let kv_part = summary.decode_ms_per_token_per_kv_block * blocks;
+        summary.decode_ms_per_token_per_seq = (step(2, 2048)? - alone - kv_part).max(0.0);
     }
     if summary.max_running_requests == 0 {
         summary.max_running_requests = (workers * mock.engine.max_num_seqs) as u64;

@@ -308,6 +308,56 @@ async fn the_local_summary_is_behind_the_admin_token_and_decodes() {
     }
 }
 
+/// The mocks' steps slow with the KV they hold (dynamo-poly), so a long request running in a
+/// cluster must raise the latency its summary states by its blocks, not by one request of
+/// 1,024 tokens (the earlier statement, which let the fast cluster look idle under load).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_summary_prices_decode_by_the_kv_its_requests_hold() {
+    let dc = local("kv-use", "1").await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/admin/cluster-summary", dc.http());
+    let read = || async {
+        let r = http.get(&url).bearer_auth(TOKEN).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        kvrouter_core::global::ClusterSummary::from_bytes(&r.bytes().await.unwrap()).unwrap()
+    };
+    let idle = read().await;
+    assert_eq!(idle.load.active_requests, 0);
+    let per_request = idle.load.decode_ms_per_token_per_seq;
+    assert!(per_request > 0.0, "growth of one 1,024-token request");
+    // 8,192 tokens: the KV of eight 1,024-token requests, on one of 4 workers.
+    let long: Vec<u32> = (0..8192).map(|i| 1 + (i * 7) % 30_000).collect();
+    let post = http.post(format!("{}/v1/completions", dc.http())).json(
+        &json!({"model": "mock-model", "prompt": long, "max_tokens": 400,
+            "ignore_eos": true}),
+    );
+    let running = tokio::spawn(post.send());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let busy = loop {
+        let s = read().await;
+        if s.load.active_requests == 1
+            && s.load.active_decode_blocks >= 8192 / u64::from(s.block_size)
+        {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the request never showed: {:?}",
+            s.load
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // 8,192 tokens over 4 workers: twice one 1,024-token request's growth (the earlier
+    // statement added a quarter of it), and one more such request would add eight.
+    let growth = busy.load.decode_ms_per_token - idle.load.decode_ms_per_token;
+    assert!(
+        growth >= 1.5 * per_request,
+        "stated latency grew {growth} ms, one 1,024-token request adds {per_request}"
+    );
+    assert!(busy.load.decode_ms_per_token_per_seq >= 4.0 * per_request);
+    assert_eq!(running.await.unwrap().unwrap().status(), 200);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_global_flags_are_refused_naming_the_flag() {
     for (args, says) in [

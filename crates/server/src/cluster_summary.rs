@@ -68,17 +68,40 @@ impl Publisher {
             .lock_core()
             .cluster_summary(&options, now)
             .map_err(|e| ServeError::Upstream(format!("cluster summary: {e}")))?;
-        // The configured latency is one request's alone: state the one at the running batch.
-        let l = &mut summary.load;
-        if l.workers > 0 {
-            l.decode_ms_per_token +=
-                l.decode_ms_per_token_per_seq * l.active_requests as f64 / l.workers as f64;
-        }
+        let block_size = summary.block_size;
+        state_decode_under_load(
+            &mut summary.load,
+            block_size,
+            config.decode_ms_per_token_per_kv_block,
+        );
         let bytes = Arc::new(summary.to_bytes());
         last.sequence = sequence;
         last.built = Some((Instant::now(), bytes.clone()));
         Ok(bytes)
     }
+}
+
+/// The configured latency is one request's alone: states the one at the running batch and
+/// the KV it holds (`per_kv_block` ms per block per worker), and the growth one more request
+/// brings as what its batch slot and its context (the running requests' mean, else 1,024
+/// tokens) add.
+fn state_decode_under_load(
+    l: &mut kvrouter_core::global::ClusterLoad,
+    block_size: u32,
+    per_kv_block: f64,
+) {
+    if l.workers == 0 {
+        return;
+    }
+    let workers = l.workers as f64;
+    let per_request_blocks = if l.active_requests > 0 {
+        l.active_decode_blocks as f64 / l.active_requests as f64
+    } else {
+        1024.0 / f64::from(block_size.max(1))
+    };
+    l.decode_ms_per_token += l.decode_ms_per_token_per_seq * l.active_requests as f64 / workers
+        + per_kv_block * l.active_decode_blocks as f64 / workers;
+    l.decode_ms_per_token_per_seq += per_kv_block * per_request_blocks;
 }
 
 /// `GET /admin/cluster-summary` (behind the admin token).

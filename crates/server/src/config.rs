@@ -530,6 +530,10 @@ pub struct ClusterSummaryConfig {
     pub decode_ms_per_token_per_seq: f64,
     /// Batch slots over all workers; 0 = unknown (`--cluster-max-running-requests`).
     pub max_running_requests: u64,
+    /// Inter-token latency added per KV block in use on a worker, ms; 0 = unknown
+    /// (`--cluster-decode-ms-per-token-per-kv-block`): engines whose steps slow with the
+    /// context they hold, not only with the requests they run.
+    pub decode_ms_per_token_per_kv_block: f64,
 }
 
 impl Default for ClusterSummaryConfig {
@@ -541,6 +545,7 @@ impl Default for ClusterSummaryConfig {
             decode_ms_per_token: 0.0,
             decode_ms_per_token_per_seq: 0.0,
             max_running_requests: 0,
+            decode_ms_per_token_per_kv_block: 0.0,
         }
     }
 }

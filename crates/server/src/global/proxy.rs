@@ -186,6 +186,28 @@ async fn handle(
         let id = decision.cluster;
         s.metrics.sent(id, decision.reason, decision.moved_from);
         let cluster = &s.clusters[id.0 as usize];
+        if tracing::enabled!(target: "kvrouter::global", tracing::Level::DEBUG) {
+            // Every cluster's estimate, ms: the decision as data, for `--log-level`.
+            let estimates: Vec<String> = decision
+                .estimates
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{}: cost {:.1} = rtt {:.1} + queue {:.1} + prefill {:.1} + decode {:.1}, cached {} blocks, load {:.3}",
+                        s.clusters[e.cluster.0 as usize].name,
+                        e.cost_ms(),
+                        e.rtt_ms,
+                        e.queue_ms,
+                        e.prefill_ms,
+                        e.decode_ms,
+                        e.cached_blocks,
+                        e.load_ratio
+                    )
+                })
+                .collect();
+            tracing::debug!(target: "kvrouter::global", cluster = %cluster.name, reason = ?decision.reason,
+                estimates = %estimates.join("; "), "global decision");
+        }
         let mut out = s
             .http
             .request(method.clone(), format!("{}{path}", cluster.url))
