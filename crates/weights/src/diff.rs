@@ -1,9 +1,9 @@
 //! `diff`: new checkpoint XOR base checkpoint, tensor by tensor, in chunks, compressed, into one
 //! delta file. Segments run in parallel (largest first); each thread holds about seven chunks
 //! (the mapped new and base chunks, planes, XOR scratch, sparse payload, two frame buffers), so
-//! memory is `threads × 7 × chunk_bytes` plus the manifest, whatever the checkpoint size. Frames land in the file in the order threads finish
-//! them (the manifest says where each is), so the file's bytes depend on scheduling; the result it
-//! rebuilds does not.
+//! memory is `threads × 7 × chunk_bytes` plus the manifest, whatever the checkpoint size.
+//! Frames land in the file in the order threads finish them (the manifest says where each is),
+//! so the file's bytes depend on scheduling; the result it rebuilds does not.
 
 use crate::checkpoint::{self, CheckpointManifest, FileDigests, SegmentDigest};
 use crate::codec::Codec;
