@@ -20,6 +20,10 @@ struct Outcome {
     tokens: u64,
     usage_tokens: Option<u64>,
     error: bool,
+    /// How the stream ended, for a failure's message: `[DONE]` seen, and the transport error
+    /// that cut it, if one did.
+    done: bool,
+    cut: Option<String>,
 }
 
 async fn one(
@@ -59,10 +63,18 @@ async fn one(
         tokens: 0,
         usage_tokens: None,
         error: false,
+        done: false,
+        cut: None,
     };
     let mut first = true;
     while let Some(chunk) = s.next().await {
-        let Ok(chunk) = chunk else { break };
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                out.cut = Some(format!("{e:?}"));
+                break;
+            }
+        };
         if first {
             first = false;
             started.fetch_add(1, Ordering::SeqCst);
@@ -72,6 +84,7 @@ async fn one(
             let event: String = buf.drain(..end + 2).collect();
             let data = event.trim().trim_start_matches("data:").trim();
             if data == "[DONE]" {
+                out.done = true;
                 continue;
             }
             let v: Value = serde_json::from_str(data).unwrap();
@@ -202,11 +215,16 @@ async fn run(migration_limit: &str, chat: bool) -> Vec<Outcome> {
 async fn with_migration_every_stream_completes_exactly() {
     let outcomes = run("3", false).await;
     report("migration-limit 3", &outcomes);
-    let broken: Vec<usize> = outcomes
+    let broken: Vec<String> = outcomes
         .iter()
         .enumerate()
         .filter(|(_, o)| o.error || o.tokens != MAX_TOKENS)
-        .map(|(i, _)| i)
+        .map(|(i, o)| {
+            format!(
+                "#{i}: {} tokens, usage {:?}, in-band error {}, [DONE] {}, cut by {:?}",
+                o.tokens, o.usage_tokens, o.error, o.done, o.cut
+            )
+        })
         .collect();
     assert!(
         broken.is_empty(),
