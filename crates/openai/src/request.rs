@@ -98,7 +98,6 @@ pub(crate) fn prompt_shape() -> RequestError {
 
 /// The `prompt` of a `/v1/completions` body: a string, a list of token ids, or a batch.
 pub fn prompt(body: &Value) -> Result<PromptView, RequestError> {
-    let shape = prompt_shape;
     let one = |first| PromptView { first, count: 1 };
     match body.get("prompt") {
         Some(Value::String(s)) => Ok(one(Prompt::Text(s.clone()))),
@@ -109,7 +108,7 @@ pub fn prompt(body: &Value) -> Result<PromptView, RequestError> {
             let first = match &items[0] {
                 Value::String(s) => Prompt::Text(s.clone()),
                 Value::Array(ids) => Prompt::Ids(token_ids(ids)?),
-                _ => return Err(shape()),
+                _ => return Err(prompt_shape()),
             };
             Ok(PromptView {
                 first,
@@ -117,7 +116,7 @@ pub fn prompt(body: &Value) -> Result<PromptView, RequestError> {
             })
         }
         None => Err(RequestError::invalid("`prompt` is required", "prompt")),
-        _ => Err(shape()),
+        _ => Err(prompt_shape()),
     }
 }
 

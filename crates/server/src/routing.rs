@@ -6,8 +6,8 @@ use crate::error::ServeError;
 use crate::state::AppState;
 use kvrouter_core::hashing::{BlockHasher, BlockHashes, HashNamespace};
 use kvrouter_openai::passthrough::{self, Endpoint, Routed};
-use kvrouter_openai::request::{self, Prompt, PromptView};
-use kvrouter_openai::{Body, RequestError};
+use kvrouter_openai::request::{self, Prompt};
+use kvrouter_openai::Body;
 use kvrouter_tokenizer::ChatMessage;
 use serde_json::Value;
 
@@ -27,21 +27,19 @@ enum Source {
 }
 
 /// The prompt of a request body: token ids, or text (a chat rendered with `template`). A batch
-/// of prompts is routed on its first one. `prompt`: the completion's prompt view, read from
-/// `body` or from the [`Body`] it came from.
+/// of prompts is routed on its first one.
 fn prompt_source(
     kind: Kind,
-    body: &Value,
-    prompt: impl FnOnce() -> Result<PromptView, RequestError>,
+    body: &Body,
     template: &kvrouter_tokenizer::ChatTemplate,
 ) -> Result<Source, ServeError> {
     match kind {
-        Kind::Completion => Ok(match prompt()?.first {
+        Kind::Completion => Ok(match body.prompt()?.first {
             Prompt::Ids(ids) => Source::Ids(ids),
             Prompt::Text(text) => Source::Text(text),
         }),
         Kind::Chat => {
-            let chat = request::chat(body)?;
+            let chat = request::chat(body.fields())?;
             let rendered = if chat.continue_final_message {
                 template.render_continuation(&chat_messages(chat.messages))
             } else {
@@ -95,10 +93,11 @@ fn passthrough_source(
 pub(crate) async fn passthrough_input(
     state: &AppState,
     endpoint: Endpoint,
-    body: &Value,
+    body: &Body,
 ) -> Result<RoutingInput, ServeError> {
-    match passthrough_source(endpoint, body, &state.inner.config.chat_template)? {
-        Some(src) => input_of(state, body, src).await,
+    let body = body.to_value();
+    match passthrough_source(endpoint, &body, &state.inner.config.chat_template)? {
+        Some(src) => input_of(state, &body, src).await,
         None => Ok(RoutingInput {
             isl_tokens: 0,
             blocks: BlockHashes::default(),
@@ -120,31 +119,15 @@ fn namespace(body: &Value, base_models: &[String], adapter: Option<bool>) -> Has
     }
 }
 
-/// Tokenizes (when needed) and hashes the prompt of `body`.
+/// Tokenizes (when needed) and hashes the prompt of `body` (a token-id prompt is read without
+/// a JSON value per token, see [`Body`]).
 pub(crate) async fn routing_input(
     state: &AppState,
     kind: Kind,
-    body: &Value,
-) -> Result<RoutingInput, ServeError> {
-    let template = &state.inner.config.chat_template;
-    let src = prompt_source(kind, body, || request::prompt(body), template)?;
-    input_of(state, body, src).await
-}
-
-/// [`routing_input`] (`endpoint: None`) or [`passthrough_input`] of a body read with
-/// [`Body`], whose token-id prompt is read without a JSON value per token.
-pub(crate) async fn body_input(
-    state: &AppState,
-    kind: Kind,
-    endpoint: Option<Endpoint>,
     body: &Body,
 ) -> Result<RoutingInput, ServeError> {
-    let Some(endpoint) = endpoint else {
-        let template = &state.inner.config.chat_template;
-        let src = prompt_source(kind, body.fields(), || body.prompt(), template)?;
-        return input_of(state, body.fields(), src).await;
-    };
-    passthrough_input(state, endpoint, &body.to_value()).await
+    let src = prompt_source(kind, body, &state.inner.config.chat_template)?;
+    input_of(state, body.fields(), src).await
 }
 
 /// Tokenizes (when needed) and hashes `src`, the prompt of `body`.
@@ -230,8 +213,8 @@ mod tests {
             state.inner.tokenize_slots.close();
             state
         };
-        let short = serde_json::json!({"prompt": "hello world ".repeat(10)});
-        let long = serde_json::json!({"prompt": "hello world ".repeat(1000)});
+        let short = Body::from(serde_json::json!({"prompt": "hello world ".repeat(10)}));
+        let long = Body::from(serde_json::json!({"prompt": "hello world ".repeat(1000)}));
         let state = with_limit(2048);
         let input = routing_input(&state, Kind::Completion, &short)
             .await
@@ -252,14 +235,7 @@ mod tests {
     fn chats_render_with_the_request_flags() {
         use kvrouter_tokenizer::ChatTemplate;
         let hi = serde_json::json!([{"role": "user", "content": "hi"}]);
-        let render = |body: Value| {
-            prompt_source(
-                Kind::Chat,
-                &body,
-                || request::prompt(&body),
-                &ChatTemplate::ChatMl,
-            )
-        };
+        let render = |body: Value| prompt_source(Kind::Chat, &body.into(), &ChatTemplate::ChatMl);
         assert_eq!(
             render(serde_json::json!({"messages": hi})),
             Ok(Source::Text(
@@ -281,10 +257,7 @@ mod tests {
         assert_eq!(
             prompt_source(
                 Kind::Completion,
-                &Value::Null,
-                || Body::from_slice(br#"{"prompt": [[1, 2], "b"]}"#)
-                    .unwrap()
-                    .prompt(),
+                &Body::from_slice(br#"{"prompt": [[1, 2], "b"]}"#).unwrap(),
                 &ChatTemplate::ChatMl
             ),
             Ok(Source::Ids(vec![1, 2]))

@@ -119,11 +119,11 @@ async fn routing_input(
     prompt: Prompt,
     body: &Bytes,
 ) -> Result<(RoutingInput, Option<u64>, bool), ServeError> {
-    let parse = || -> Result<(serde_json::Value, bool), ServeError> {
-        let value: serde_json::Value = serde_json::from_slice(body)
+    let parse = || -> Result<(kvrouter_openai::Body, bool), ServeError> {
+        let body = kvrouter_openai::Body::from_slice(body)
             .map_err(|e| ServeError::invalid(format!("the body is not JSON: {e}"), None))?;
-        let stream = value.get("stream").and_then(|v| v.as_bool()) == Some(true);
-        Ok((value, stream))
+        let stream = body.fields().get("stream").and_then(|v| v.as_bool()) == Some(true);
+        Ok((body, stream))
     };
     let (input, hint, stream) = match prompt {
         Prompt::None => {
@@ -134,18 +134,18 @@ async fn routing_input(
             (none, None, false)
         }
         Prompt::Openai(kind) => {
-            let (value, stream) = parse()?;
-            let hint = kvrouter_openai::request::max_tokens(kind, &value)?.map(u64::from);
+            let (body, stream) = parse()?;
+            let hint = kvrouter_openai::request::max_tokens(kind, body.fields())?.map(u64::from);
             (
-                routing::routing_input(&s.app, kind, &value).await?,
+                routing::routing_input(&s.app, kind, &body).await?,
                 hint,
                 stream,
             )
         }
         Prompt::Passthrough(ep) => {
-            let (value, stream) = parse()?;
+            let (body, stream) = parse()?;
             (
-                routing::passthrough_input(&s.app, ep, &value).await?,
+                routing::passthrough_input(&s.app, ep, &body).await?,
                 None,
                 stream,
             )

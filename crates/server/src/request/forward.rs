@@ -363,8 +363,8 @@ impl Flow {
         let body = self
             .machine
             .body(&req.body.to_value(), |text| tokenizer.inner().encode(text));
-        let input = routing_input(&req.state, req.kind, &body).await?;
         let bytes = Bytes::from(serde_json::to_vec(&body).expect("a JSON value serializes"));
+        let input = routing_input(&req.state, req.kind, &body.into()).await?;
         attempt(req, &bytes, &input, origin, &mut self.tried, &mut self.stop).await
     }
 }

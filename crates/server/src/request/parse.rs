@@ -7,7 +7,7 @@ use crate::headers::{
     admission_fields, header_str, pin_from, AdmissionFields, GROUP_HEADER, SESSION_HEADERS,
 };
 use crate::provenance::Provenance;
-use crate::routing::{body_input, Kind, RoutingInput};
+use crate::routing::{passthrough_input, routing_input, Kind, RoutingInput};
 use crate::state::AppState;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue};
@@ -96,7 +96,10 @@ pub(super) async fn parse_body(
         .as_deref()
         .and_then(|m| state.inner.pools.read().expect("pools lock").workers_for(m));
     let stream = kvrouter_openai::request::stream_flags(body.fields())?.stream;
-    let input = body_input(&state, kind, endpoint, &body).await?;
+    let input = match endpoint {
+        None => routing_input(&state, kind, &body).await?,
+        Some(endpoint) => passthrough_input(&state, endpoint, &body).await?,
+    };
     let tokenized = Instant::now();
     let pin = pin_from(headers)?;
     let admission = admission_fields(headers, body.fields(), arrival, &state.inner)?;
