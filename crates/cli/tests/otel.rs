@@ -69,16 +69,9 @@ async fn receiver() -> (String, mpsc::UnboundedReceiver<(String, Vec<Span>)>) {
     (format!("http://{addr}"), rx)
 }
 
-fn attr(span: &Span, key: &str) -> Option<Any> {
-    span.attributes
-        .iter()
-        .find(|a| a.key == key)
-        .and_then(|a| a.value.clone()?.value)
-}
-
-#[tokio::test]
-async fn each_request_is_one_trace_with_tokenize_route_first_byte_and_stream_spans() {
-    let (endpoint, mut spans_rx) = receiver().await;
+/// `serve --mock-workers 2` exporting its traces to a fresh [`receiver`].
+async fn traced_router() -> (common::Proc, mpsc::UnboundedReceiver<(String, Vec<Span>)>) {
+    let (endpoint, spans_rx) = receiver().await;
     let router = common::spawn(&[
         "serve",
         "--port",
@@ -89,6 +82,19 @@ async fn each_request_is_one_trace_with_tokenize_route_first_byte_and_stream_spa
         &endpoint,
     ])
     .await;
+    (router, spans_rx)
+}
+
+fn attr(span: &Span, key: &str) -> Option<Any> {
+    span.attributes
+        .iter()
+        .find(|a| a.key == key)
+        .and_then(|a| a.value.clone()?.value)
+}
+
+#[tokio::test]
+async fn each_request_is_one_trace_with_tokenize_route_first_byte_and_stream_spans() {
+    let (router, mut spans_rx) = traced_router().await;
     let base = router.http();
     let client = reqwest::Client::new();
     for (id, stream) in [("otel-1", false), ("otel-2", true)] {
@@ -174,17 +180,7 @@ async fn each_request_is_one_trace_with_tokenize_route_first_byte_and_stream_spa
 
 #[tokio::test]
 async fn a_pick_is_one_trace_with_its_route_span() {
-    let (endpoint, mut spans_rx) = receiver().await;
-    let router = common::spawn(&[
-        "serve",
-        "--port",
-        "0",
-        "--mock-workers",
-        "2",
-        "--otlp-endpoint",
-        &endpoint,
-    ])
-    .await;
+    let (router, mut spans_rx) = traced_router().await;
     let base = router.http();
     let client = reqwest::Client::new();
     let post = |path: String, body: serde_json::Value| {
