@@ -205,6 +205,11 @@ struct PullArgs {
     /// Fetch from this in-region peer (`kvrouter weights serve`) instead of the store.
     #[arg(long)]
     peer: Option<String>,
+    /// An older version directory (same file system, not --have) whose files the first delta
+    /// overwrites instead of allocating new ones (later deltas reuse the versions they
+    /// supersede); consumed once a delta is applied, left alone otherwise.
+    #[arg(long)]
+    recycle: Option<PathBuf>,
     #[command(flatten)]
     store: StoreArgs,
     #[command(flatten)]
@@ -219,6 +224,10 @@ struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8300")]
     listen: String,
+    /// Versions kept in --dir (at least 1): pulling one more overwrites the files of the oldest
+    /// dropped one and deletes the rest.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    keep_versions: u64,
     #[command(flatten)]
     store: StoreArgs,
     #[command(flatten)]
@@ -387,8 +396,16 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
                 );
             } else {
                 let store = a.store.require()?;
-                let r = store::pull(&store, a.version, &a.out, a.have.as_deref(), &work, threads)
-                    .await?;
+                let r = store::pull_recycling(
+                    &store,
+                    a.version,
+                    &a.out,
+                    a.have.as_deref(),
+                    &work,
+                    threads,
+                    a.recycle.as_deref(),
+                )
+                .await?;
                 let _ = std::fs::remove_dir_all(&work);
                 print(r);
             }
@@ -398,6 +415,7 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
                 a.dir.clone(),
                 a.store.open()?,
                 a.codec.options()?.threads,
+                a.keep_versions as usize,
             );
             let listener = tokio::net::TcpListener::bind(&a.listen)
                 .await

@@ -280,6 +280,10 @@ async fn publish_pull_fan_out_and_load_on_three_engines_losing_no_rollout() {
         (json!({"peer": "ftp://x", "dir": "/tmp/x"}), "source.peer"),
         (json!({"peer": peer_url, "dir": ""}), "source.dir"),
         (
+            json!({"peer": peer_url, "dir": "/tmp/x", "keep": 0}),
+            "source.keep",
+        ),
+        (
             json!({"store": "nope://x", "dir": "/tmp/x"}),
             "source.store",
         ),

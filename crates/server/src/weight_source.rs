@@ -15,6 +15,9 @@ use std::path::PathBuf;
 
 /// Threads a fetch uses to verify and apply deltas, unless the request says otherwise.
 const DEFAULT_FETCH_THREADS: usize = 2;
+/// Versions a worker's cache directory keeps, unless the request says otherwise: the one the
+/// engine runs and the one it loads next. The fetch after that overwrites the older one's files.
+const DEFAULT_KEEP_VERSIONS: usize = 2;
 
 /// The `source` field.
 #[derive(Clone, Debug, Deserialize)]
@@ -35,6 +38,9 @@ pub(crate) struct SourceBody {
     /// Threads per fetch.
     #[serde(default)]
     threads: Option<usize>,
+    /// Versions kept in each cache directory (at least 1).
+    #[serde(default)]
+    keep: Option<usize>,
 }
 
 /// One worker's fetch: the checkpoint directory, or why there is none.
@@ -53,6 +59,12 @@ impl SourceBody {
             return Err(ServeError::invalid(
                 "`source.threads` must be at least 1",
                 Some("source.threads"),
+            ));
+        }
+        if self.keep == Some(0) {
+            return Err(ServeError::invalid(
+                "`source.keep` must be at least 1",
+                Some("source.keep"),
             ));
         }
         if let Some(p) = &self.peer {
@@ -82,6 +94,7 @@ impl SourceBody {
         Ok(Source {
             peer: self.peer.clone(),
             store,
+            keep: Some(self.keep.unwrap_or(DEFAULT_KEEP_VERSIONS)),
         })
     }
 

@@ -13,7 +13,8 @@
 //! - `diff`, `apply`: building and applying deltas, streaming in chunks on a thread pool
 //!   (`parallel`).
 //! - `gen`: test checkpoints (BF16) and the RL-step / adversarial update models.
-//! - `store`: object-storage layout (`base/vK/`, `delta/vK-vK+1/`, `latest`), publish and pull.
+//! - `store`: object-storage layout (`base/vK/`, `delta/vK-vK+1/`, `latest`), publish; `pull`:
+//!   walking the chain down to this machine (recycling superseded versions' files).
 //! - `transfer`: resumable, verified downloads from a store or a peer.
 //! - `serve`: the in-region peer server.
 //! - `bench`: the throughput / size / memory benchmark.
@@ -30,6 +31,7 @@ pub mod gen;
 pub mod layout;
 mod map;
 mod parallel;
+mod pull;
 pub mod serve;
 mod sparse;
 pub mod store;

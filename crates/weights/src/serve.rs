@@ -28,6 +28,7 @@ pub struct Peer {
     cache: PathBuf,
     store: Option<Store>,
     threads: usize,
+    keep: usize,
     pull_lock: tokio::sync::Mutex<()>,
     store_pulls: AtomicU64,
     files_served: AtomicU64,
@@ -35,12 +36,14 @@ pub struct Peer {
 }
 
 impl Peer {
-    /// A peer serving `cache`, pulling what it lacks from `store` (if any). Does no I/O.
-    pub fn new(cache: PathBuf, store: Option<Store>, threads: usize) -> Arc<Self> {
+    /// A peer serving `cache`, pulling what it lacks from `store` (if any) and keeping the
+    /// newest `keep` versions (at least 1). Does no I/O.
+    pub fn new(cache: PathBuf, store: Option<Store>, threads: usize, keep: usize) -> Arc<Self> {
         Arc::new(Peer {
             cache,
             store,
             threads,
+            keep: keep.max(1),
             pull_lock: tokio::sync::Mutex::new(()),
             store_pulls: AtomicU64::new(0),
             files_served: AtomicU64::new(0),
@@ -66,6 +69,7 @@ impl Peer {
             let source = Source {
                 peer: None,
                 store: Some(store.clone()),
+                keep: Some(self.keep),
             };
             transfer::fetch_version(&source, v, &self.cache, self.threads)
                 .await

@@ -17,6 +17,51 @@ pub struct Source {
     pub peer: Option<String>,
     /// The object store.
     pub store: Option<Store>,
+    /// Versions a cache keeps (at least 1; `None`: all). A fetch that would leave more recycles
+    /// the files of the newest one it drops into the new version and deletes the others, once
+    /// the new version is in place.
+    pub keep: Option<usize>,
+}
+
+/// What a fetch does to the versions already in a cache that keeps `keep` of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Retention {
+    /// The version whose files the new one is written into (never the base it is applied to).
+    pub(crate) recycle: Option<u64>,
+    /// Versions deleted once the new one is in place.
+    pub(crate) delete: Vec<u64>,
+}
+
+/// The cache holds `local` and fetches `new` starting from `have`: the newest `keep - 1` others
+/// stay; of the rest, the newest that is not `have` is recycled, and the others are deleted.
+pub(crate) fn retention(local: &[u64], new: u64, keep: usize, have: Option<u64>) -> Retention {
+    let mut others: Vec<u64> = local.iter().copied().filter(|&v| v != new).collect();
+    others.sort_unstable_by(|a, b| b.cmp(a));
+    others.dedup();
+    let mut drop = others.split_off(keep.saturating_sub(1).min(others.len()));
+    let recycle = drop
+        .iter()
+        .position(|&v| Some(v) != have)
+        .map(|i| drop.remove(i));
+    Retention {
+        recycle,
+        delete: drop,
+    }
+}
+
+/// Every complete version in `cache`, with its directory.
+pub fn local_versions(cache: &Path) -> Vec<(u64, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(cache) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let v: u64 = e.file_name().to_str()?.strip_prefix('v')?.parse().ok()?;
+            let marker = checkpoint::read_marker(&e.path()).ok()??;
+            (marker.version == v).then(|| (v, e.path()))
+        })
+        .collect()
 }
 
 /// `cache/vN`.
@@ -26,14 +71,9 @@ pub fn version_dir(cache: &Path, version: u64) -> PathBuf {
 
 /// The newest complete version in `cache` at or below `at_most`.
 pub fn newest_local(cache: &Path, at_most: u64) -> Option<(u64, PathBuf)> {
-    let entries = std::fs::read_dir(cache).ok()?;
-    entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let v: u64 = e.file_name().to_str()?.strip_prefix('v')?.parse().ok()?;
-            let marker = checkpoint::read_marker(&e.path()).ok()??;
-            (marker.version == v && v <= at_most).then(|| (v, e.path()))
-        })
+    local_versions(cache)
+        .into_iter()
+        .filter(|(v, _)| *v <= at_most)
         .max_by_key(|(v, _)| *v)
 }
 
@@ -50,13 +90,24 @@ pub async fn fetch_version(
         return Ok(dest);
     }
     let work = cache.join(".work");
+    let have = newest_local(cache, version);
+    let plan = source.keep.map_or_else(Retention::default, |keep| {
+        let local: Vec<u64> = local_versions(cache).iter().map(|(v, _)| *v).collect();
+        retention(&local, version, keep.max(1), have.as_ref().map(|(v, _)| *v))
+    });
+    let mut drop: Vec<PathBuf> = plan.delete.iter().map(|&v| version_dir(cache, v)).collect();
+    let recycle = plan.recycle.map(|v| version_dir(cache, v));
     if let Some(peer) = &source.peer {
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| WeightsError::Transfer(e.to_string()))?;
         match pull_from_peer(&client, peer, version, &dest, &work, threads).await {
-            Ok(_) => return Ok(dest),
+            Ok(_) => {
+                drop.extend(recycle);
+                remove_versions(&drop).await;
+                return Ok(dest);
+            }
             // A peer that cannot deliver is not the end when the store can.
             Err(e) if source.store.is_some() => {
                 tracing::warn!("peer {peer}: {e}; pulling version {version} from the store");
@@ -69,9 +120,32 @@ pub async fn fetch_version(
             "a weight source needs a peer or a store".into(),
         ));
     };
-    let have = newest_local(cache, version).map(|(_, p)| p);
-    store::pull(store, Some(version), &dest, have.as_deref(), &work, threads).await?;
+    let have = have.map(|(_, p)| p);
+    let report = store::pull_recycling(
+        store,
+        Some(version),
+        &dest,
+        have.as_deref(),
+        &work,
+        threads,
+        recycle.as_deref(),
+    )
+    .await?;
+    if report.recycled == 0 {
+        drop.extend(recycle);
+    }
+    remove_versions(&drop).await;
     Ok(dest)
+}
+
+/// Deletes superseded version directories (best effort: one that cannot be deleted is only
+/// disk space, and the next fetch tries again).
+async fn remove_versions(dirs: &[PathBuf]) {
+    for d in dirs {
+        if let Err(e) = tokio::fs::remove_dir_all(d).await {
+            tracing::warn!("removing the superseded version {}: {e}", d.display());
+        }
+    }
 }
 
 /// Downloads version `version` from the peer at `peer` into `out` (which must not exist),
@@ -197,4 +271,71 @@ async fn download(client: &reqwest::Client, url: &str, dest: &Path) -> Result<u6
         .await
         .map_err(|e| WeightsError::io(dest, e))?;
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_cache_of_two_recycles_the_version_before_the_one_it_moves_forward() {
+        // The engine runs v6; v7 arrives: v5 is overwritten, v6 stays as the base.
+        let r = retention(&[5, 6], 7, 2, Some(6));
+        assert_eq!(
+            r,
+            Retention {
+                recycle: Some(5),
+                delete: vec![]
+            }
+        );
+        // Older leftovers beyond the one recycled go.
+        let r = retention(&[2, 3, 5, 6], 7, 2, Some(6));
+        assert_eq!(r.recycle, Some(5));
+        assert_eq!(r.delete, vec![3, 2]);
+        // Nothing to drop while the cache is not full.
+        assert_eq!(retention(&[6], 7, 2, Some(6)), Retention::default());
+        assert_eq!(retention(&[], 7, 3, None), Retention::default());
+    }
+
+    #[test]
+    fn the_base_of_the_apply_is_never_recycled() {
+        // keep = 1: the base itself must go, but only after the new version is built from it.
+        let r = retention(&[6], 7, 1, Some(6));
+        assert_eq!(r.recycle, None);
+        assert_eq!(r.delete, vec![6]);
+        let r = retention(&[5, 6], 7, 1, Some(6));
+        assert_eq!(r.recycle, Some(5));
+        assert_eq!(r.delete, vec![6]);
+    }
+
+    proptest! {
+        /// Against the plain statement: after the fetch the cache holds the new version and the
+        /// newest `keep - 1` others; every other version is recycled or deleted exactly once;
+        /// the base is never recycled.
+        #[test]
+        fn retention_keeps_the_newest(
+            local in proptest::collection::btree_set(0u64..20, 0..8),
+            new in 0u64..20,
+            keep in 1usize..5,
+            have_at in proptest::option::of(0usize..8),
+        ) {
+            let local: Vec<u64> = local.into_iter().collect();
+            let have = have_at.and_then(|i| local.get(i).copied());
+            let r = retention(&local, new, keep, have);
+            let mut others: Vec<u64> = local.iter().copied().filter(|&v| v != new).collect();
+            others.sort_unstable();
+            let stay: Vec<u64> = others.iter().rev().take(keep - 1).copied().collect();
+            let mut gone: Vec<u64> = r.delete.clone();
+            gone.extend(r.recycle);
+            gone.sort_unstable();
+            let mut want: Vec<u64> = others.iter().copied().filter(|v| !stay.contains(v)).collect();
+            want.sort_unstable();
+            prop_assert_eq!(gone, want);
+            prop_assert!(r.recycle.is_none() || r.recycle != have);
+            if let Some(v) = r.recycle {
+                prop_assert!(r.delete.iter().all(|&d| d < v || Some(d) == have));
+            }
+        }
+    }
 }

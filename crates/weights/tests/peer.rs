@@ -38,7 +38,7 @@ async fn published_store(root: &Path) -> Store {
 }
 
 async fn start_peer(root: &Path, store: Store) -> String {
-    let peer = Peer::new(root.join("peer-cache"), Some(store), 2);
+    let peer = Peer::new(root.join("peer-cache"), Some(store), 2, 3);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app(peer)).await.unwrap() });
@@ -63,6 +63,7 @@ async fn three_workers_one_store_pull() {
     let source = Source {
         peer: Some(url.clone()),
         store: None,
+        keep: None,
     };
     let fetches = (0..3).map(|w| {
         let source = source.clone();
@@ -142,7 +143,7 @@ async fn ranged_resume_and_a_corrupted_transfer() {
     assert!(!root.join("out2").exists());
 
     // Unknown version: an OpenAI-shaped 404 naming the field, from a peer without a store.
-    let bare = Peer::new(root.join("empty"), None, 1);
+    let bare = Peer::new(root.join("empty"), None, 1, 3);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app(bare)).await.unwrap() });

@@ -3,7 +3,8 @@
 //! installs it).
 
 use kvrouter_weights::gen::{write_checkpoint, GenSpec, Update};
-use kvrouter_weights::store::{publish, pull, Store};
+use kvrouter_weights::store::{publish, pull, pull_recycling, Store};
+use kvrouter_weights::transfer::{fetch_version, Source};
 use kvrouter_weights::{CodecOptions, WeightsError};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -170,6 +171,129 @@ async fn local_filesystem_store_publish_pull_and_resume() {
         text.contains("model.layers.1.k_proj.weight") && text.contains("version v3"),
         "{text}"
     );
+}
+
+/// The inode numbers of a directory's shard files (not its marker).
+fn inodes(dir: &Path) -> Vec<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut v: Vec<u64> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name() != "weights.json")
+        .map(|e| e.metadata().unwrap().ino())
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_recycles_the_given_directory_and_every_superseded_intermediate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    std::fs::create_dir_all(root.join("store")).unwrap();
+    let store = Store::open(&format!("file://{}", root.join("store").display()), &[]).unwrap();
+    let dirs = versions(root, 3);
+    for (k, d) in dirs.iter().enumerate() {
+        let prev = k.checked_sub(1).map(|p| dirs[p].as_path());
+        publish(&store, d, k as u64, prev, 10, &opts())
+            .await
+            .unwrap();
+    }
+    // v0 -> v3 by three deltas: the first overwrites `old`, the second has nothing to reuse
+    // (its base is the local v0), the third overwrites the first's intermediate, i.e. `old`'s
+    // files again.
+    let old = root.join("old");
+    copy_dir(&dirs[1], &old);
+    let old_inodes = inodes(&old);
+    let work = root.join("work");
+    let r = pull_recycling(
+        &store,
+        Some(3),
+        &root.join("out3"),
+        Some(&dirs[0]),
+        &work,
+        2,
+        Some(&old),
+    )
+    .await
+    .unwrap();
+    assert_eq!((r.deltas, r.recycled), (3, 2));
+    same_tensors(&dirs[3], &root.join("out3"));
+    assert_eq!(inodes(&root.join("out3")), old_inodes);
+    assert!(!old.exists(), "the recycled directory is consumed");
+    let left: Vec<_> = std::fs::read_dir(&work)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "intermediates left behind: {left:?}");
+
+    // Nothing to apply: the directory to recycle is left alone.
+    let keep = root.join("keep");
+    copy_dir(&dirs[1], &keep);
+    let r = pull_recycling(
+        &store,
+        Some(0),
+        &root.join("out0"),
+        Some(&dirs[0]),
+        &work,
+        2,
+        Some(&keep),
+    )
+    .await
+    .unwrap();
+    assert_eq!((r.deltas, r.recycled), (0, 0));
+    same_tensors(&dirs[1], &keep);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_keeps_its_newest_versions_and_writes_the_next_into_the_oldest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    std::fs::create_dir_all(root.join("store")).unwrap();
+    let store = Store::open(&format!("file://{}", root.join("store").display()), &[]).unwrap();
+    let dirs = versions(root, 4);
+    for (k, d) in dirs.iter().enumerate() {
+        let prev = k.checked_sub(1).map(|p| dirs[p].as_path());
+        publish(&store, d, k as u64, prev, 10, &opts())
+            .await
+            .unwrap();
+    }
+    let cache = root.join("cache");
+    let source = Source {
+        peer: None,
+        store: Some(store),
+        keep: Some(2),
+    };
+    let listing = || {
+        let mut v: Vec<String> = std::fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with('v'))
+            .collect();
+        v.sort();
+        v
+    };
+    fetch_version(&source, 1, &cache, 2).await.unwrap();
+    fetch_version(&source, 2, &cache, 2).await.unwrap();
+    assert_eq!(listing(), ["v1", "v2"]);
+    let v1_inodes = inodes(&cache.join("v1"));
+    // v3 comes from v2 (kept: the engine runs it) into v1's files.
+    fetch_version(&source, 3, &cache, 2).await.unwrap();
+    assert_eq!(listing(), ["v2", "v3"]);
+    assert_eq!(inodes(&cache.join("v3")), v1_inodes);
+    same_tensors(&dirs[3], &cache.join("v3"));
+    same_tensors(&dirs[2], &cache.join("v2"));
+    fetch_version(&source, 4, &cache, 2).await.unwrap();
+    assert_eq!(listing(), ["v3", "v4"]);
+    same_tensors(&dirs[4], &cache.join("v4"));
 }
 
 struct Moto(Child);

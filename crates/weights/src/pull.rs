@@ -1,0 +1,194 @@
+//! `pull`: a version from object storage onto this machine. The chain is walked from a local copy
+//! already on it (or the nearest full checkpoint at or below the wanted version), one delta at a
+//! time, each verified. With a directory to recycle, every applied delta overwrites the files of
+//! a version no longer needed (the given one first, then each superseded intermediate) instead of
+//! allocating new pages (see `apply_recycling`).
+
+use crate::checkpoint::{self, CheckpointManifest};
+use crate::error::{Result, WeightsError};
+use crate::layout::MARKER;
+use crate::store::{blocking, copy_checkpoint, Store};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+fn transfer(e: impl std::fmt::Display) -> WeightsError {
+    WeightsError::Transfer(e.to_string())
+}
+
+/// What `pull` did.
+#[derive(Clone, Debug, Serialize)]
+pub struct PullReport {
+    /// The version now in `out`.
+    pub version: u64,
+    /// Where the chain started: a full checkpoint downloaded, or the local copy given.
+    pub started_from: u64,
+    /// Whether a full checkpoint was downloaded.
+    pub downloaded_full: bool,
+    /// Deltas downloaded and applied.
+    pub deltas: u64,
+    /// Deltas applied into the files of a recycled directory.
+    pub recycled: u64,
+    /// Object-store read requests.
+    pub store_reads: u64,
+}
+
+/// Pulls `version` (default: `latest`) into `out` (which must not exist), starting from `have`
+/// (a local checkpoint with a marker) when it is on the chain. `work` holds downloads and
+/// intermediate versions (resumable: a rerun after a failure continues partial downloads).
+pub async fn pull(
+    store: &Store,
+    version: Option<u64>,
+    out: &Path,
+    have: Option<&Path>,
+    work: &Path,
+    threads: usize,
+) -> Result<PullReport> {
+    pull_recycling(store, version, out, have, work, threads, None).await
+}
+
+/// [`pull`], applying the first delta into the files of `recycle` (an older version directory
+/// on the same file system, neither `have` nor `out`), and each later one into the intermediate
+/// version it supersedes. `recycle` is consumed once a delta is applied (as by
+/// `apply_recycling`); it is left alone when no delta is (a full download, or `have` is the
+/// wanted version).
+pub async fn pull_recycling(
+    store: &Store,
+    version: Option<u64>,
+    out: &Path,
+    have: Option<&Path>,
+    work: &Path,
+    threads: usize,
+    recycle: Option<&Path>,
+) -> Result<PullReport> {
+    let reads_before = store.reads();
+    let target = match version {
+        Some(v) => v,
+        None => store
+            .latest()
+            .await?
+            .ok_or_else(|| transfer("the store has no `latest`"))?,
+    };
+    if out.exists() {
+        return Err(WeightsError::Invalid(format!(
+            "{} exists already",
+            out.display()
+        )));
+    }
+    tokio::fs::create_dir_all(work)
+        .await
+        .map_err(|e| WeightsError::io(work, e))?;
+    let have_version = match have {
+        Some(dir) => checkpoint::read_marker(dir)?.map(|m| m.version),
+        None => None,
+    };
+    let full = store
+        .full_versions()
+        .await?
+        .into_iter()
+        .filter(|v| *v <= target)
+        .max();
+    let (mut current, mut at, downloaded_full) = match (have_version, full) {
+        // A local copy on the way is cheaper to move forward than a full download.
+        (Some(h), _) if h <= target => (have.expect("have").to_path_buf(), h, false),
+        (_, Some(f)) => (download_full(store, f, work, threads).await?, f, true),
+        (_, None) => {
+            return Err(transfer(format!(
+                "no full checkpoint at or below v{target} in the store"
+            )))
+        }
+    };
+    let started_from = at;
+    let (mut deltas, mut recycled) = (0, 0);
+    let mut spare = recycle.map(Path::to_path_buf);
+    while at < target {
+        let rel = format!("delta/v{at}-v{}/delta.kvwd", at + 1);
+        let local = work.join(format!("delta-v{at}-v{}.kvwd", at + 1));
+        store.download(&rel, &local).await?;
+        let next = work.join(format!("v{}", at + 1));
+        if next.exists() {
+            tokio::fs::remove_dir_all(&next)
+                .await
+                .map_err(|e| WeightsError::io(&next, e))?;
+        }
+        let reuse = spare.take();
+        recycled += u64::from(reuse.is_some());
+        blocking({
+            let (current, local, next) = (current.clone(), local.clone(), next.clone());
+            move || {
+                crate::apply::apply_recycling(&current, &local, &next, threads, reuse.as_deref())
+                    .map(|_| ())
+            }
+        })
+        .await?;
+        let _ = tokio::fs::remove_file(&local).await;
+        if current.starts_with(work) {
+            // Superseded: the next delta overwrites its files.
+            spare = Some(current);
+        }
+        current = next;
+        at += 1;
+        deltas += 1;
+    }
+    if let Some(s) = spare.filter(|s| s.starts_with(work)) {
+        let _ = tokio::fs::remove_dir_all(&s).await;
+    }
+    if current.starts_with(work) {
+        tokio::fs::rename(&current, out)
+            .await
+            .map_err(|e| WeightsError::io(out, e))?;
+    } else {
+        copy_checkpoint(&current, out).await?;
+    }
+    Ok(PullReport {
+        version: target,
+        started_from,
+        downloaded_full,
+        deltas,
+        recycled,
+        store_reads: store.reads() - reads_before,
+    })
+}
+
+async fn download_full(
+    store: &Store,
+    version: u64,
+    work: &Path,
+    threads: usize,
+) -> Result<PathBuf> {
+    let dir = work.join(format!("base-v{version}"));
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(|e| WeightsError::io(&dir, e))?;
+    let bytes = store
+        .get_bytes(&format!("base/v{version}/{MARKER}"))
+        .await?
+        .ok_or_else(|| {
+            transfer(format!(
+                "base/v{version} has no {MARKER} (incomplete upload)"
+            ))
+        })?;
+    let marker: CheckpointManifest = serde_json::from_slice(&bytes).map_err(|e| {
+        WeightsError::corrupted("__manifest__", format!("v{version}"), e.to_string())
+    })?;
+    for f in &marker.files {
+        let dest = crate::layout::file_path(&dir, &f.name)?;
+        let complete = tokio::fs::metadata(&dest)
+            .await
+            .map(|m| m.len() == f.size)
+            .unwrap_or(false);
+        if !complete {
+            store
+                .download(&format!("base/v{version}/{}", f.name), &dest)
+                .await?;
+        }
+    }
+    blocking({
+        let dir = dir.clone();
+        move || {
+            checkpoint::verify(&dir, &marker, threads)?;
+            checkpoint::write_marker(&dir, &marker)
+        }
+    })
+    .await?;
+    Ok(dir)
+}
