@@ -167,6 +167,8 @@ pub struct GlobalSummary {
     pub timeline_bucket_s: f64,
     /// Steps as (start, end) seconds, for the timeline.
     pub steps: Vec<(f64, f64)>,
+    /// Per step, the rollout that ended it and where its time went.
+    pub critical_rollouts: Vec<super::critical::CriticalRollout>,
     /// The sketch alone: each fresh summary against its own index, on recent prompts.
     pub sketch_error: EstimateError,
     /// The global decision's estimate (stale summary) against the chosen datacenter's index
@@ -328,6 +330,12 @@ impl GlobalSummary {
                 .iter()
                 .map(|(_, s, e)| (r3(s.as_secs_f64()), r3(e.as_secs_f64())))
                 .collect(),
+            critical_rollouts: super::critical::critical_rollouts(
+                x.workload,
+                x.records,
+                &x.steps,
+                x.dcs.len(),
+            ),
             sketch_error: error(
                 x.sketch_checks
                     .iter()

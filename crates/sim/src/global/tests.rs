@@ -172,3 +172,34 @@ fn bad_clusters_are_refused_naming_the_field() {
         .unwrap();
     assert!(err.to_string().contains("cluster"), "{err}");
 }
+
+#[test]
+fn each_step_names_the_rollout_that_ended_it_and_accounts_for_its_time() {
+    let w = small();
+    for policy in GlobalPolicy::ALL {
+        let run = GlobalSimulation::new(config(policy, two_dcs()), &w)
+            .unwrap()
+            .run()
+            .unwrap();
+        assert_eq!(
+            run.critical_rollouts.len(),
+            run.step_time_s.len(),
+            "{policy}"
+        );
+        for (c, step) in run.critical_rollouts.iter().zip(&run.step_time_s) {
+            // The step ends when its last rollout does.
+            assert!((c.end_s - step).abs() < 0.01, "{policy}: {c:?} vs {step}");
+            // Its span is its turns' waits, decodes and the gaps between them, nothing else.
+            let parts = c.to_first_token_s + c.decode_s + c.between_turns_s;
+            assert!(
+                (c.end_s - c.start_s - parts).abs() < 0.01,
+                "{policy}: {c:?}"
+            );
+            assert_eq!(c.turns_per_datacenter.iter().sum::<usize>(), c.turns);
+            assert!(c.output_tokens > 0 && c.decode_ms_per_token > 0.0);
+            if policy == GlobalPolicy::StaticSplit {
+                assert_eq!(c.datacenter_changes, 0);
+            }
+        }
+    }
+}
