@@ -79,8 +79,8 @@ pub(crate) fn run(args: &SimArgs) -> anyhow::Result<()> {
         args.out.join("report.html"),
         kvrouter_sim::global::report::render(&runs, &parameters),
     )?;
-    println!("| policy | step time s | TTFT p50 ms | TTFT p99 ms | hit rate | moves | tail idle s per DC |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| policy | step time s | TTFT p50 ms | TTFT p99 ms | hit rate | moves | engine changes in DC | tail idle s per DC |");
+    println!("|---|---|---|---|---|---|---|---|");
     for r in &runs {
         let tails: Vec<String> = r
             .clusters
@@ -88,13 +88,14 @@ pub(crate) fn run(args: &SimArgs) -> anyhow::Result<()> {
             .map(|c| format!("{} {:.1}", c.name, c.tail_idle_s))
             .collect();
         println!(
-            "| {} | {:.2} | {:.0} | {:.0} | {:.3} | {} | {} |",
+            "| {} | {:.2} | {:.0} | {:.0} | {:.3} | {} | {} | {} |",
             r.policy,
             r.step_time_mean_s,
             r.ttft_ms.p50,
             r.ttft_ms.p99,
             r.hit_rate,
             r.session_moves,
+            r.engine_changes_within_dc,
             tails.join(", ")
         );
     }

@@ -66,6 +66,9 @@ impl Dc {
                 busy_since: None,
                 busy: Vec::new(),
             });
+            // As in `kvrouter sim`: the router's cost policy times its estimates with the
+            // engine's own model (this cluster's profile at its speed).
+            router.set_worker_timing(WorkerId(w as u64), std::sync::Arc::clone(&timing));
             router
                 .add_worker(WorkerSpec {
                     id: WorkerId(w as u64),

@@ -4,10 +4,11 @@
 //! summaries it publishes every refresh period, delayed by the network.
 //!
 //! Layout: `config.rs` (the clusters file), `dc.rs` (one datacenter), `replay.rs` (RL steps
-//! with sessions in flight), `run.rs` (the event loop), `summary.rs` (`summary.json`),
+//! with sessions in flight), `run.rs` (the event loop), `summary.rs` (`summary.json`), `critical.rs` (the rollout that ends each step),
 //! `report.rs` (`report.html`).
 
 pub mod config;
+mod critical;
 mod dc;
 mod replay;
 pub mod report;
@@ -17,5 +18,6 @@ pub mod summary;
 mod tests;
 
 pub use config::{ClustersFile, GlobalSimConfig};
+pub use critical::CriticalRollout;
 pub use run::GlobalSimulation;
 pub use summary::GlobalSummary;

@@ -110,6 +110,11 @@ impl<'w> GlobalSimulation<'w> {
         self.now
     }
 
+    /// Datacenter `d`'s local router (what it has learned so far), for inspection.
+    pub fn local_router(&self, d: usize) -> Option<&kvrouter_core::router::Router> {
+        self.dcs.get(d).map(|dc| &dc.router)
+    }
+
     /// Processes the next event; false when none is left.
     pub fn step(&mut self) -> Result<bool, SimError> {
         let Some((at, event)) = self.queue.pop() else {
@@ -181,7 +186,9 @@ impl<'w> GlobalSimulation<'w> {
         let blocks = self.blocks(i);
         self.records[i].actual_cached_blocks = self.dcs[d].exact_prefix_blocks(&blocks.sequence);
         let mut route = RouteRequest::new(RequestId(i as u64), u64::from(req.input_tokens), blocks);
+        // What a client sends as x-session-id and x-kvrouter-group-id, as in `kvrouter sim`.
         route.session = req.session;
+        route.group = req.group;
         match self.dcs[d].router.submit(route, self.now) {
             Ok(Admission::Dispatched(decision)) => self.deliver(i, d, &decision),
             Ok(Admission::Queued) => Ok(()),
@@ -246,12 +253,19 @@ impl<'w> GlobalSimulation<'w> {
                     .first_token
                     .get_or_insert(back);
                 let _ = self.dcs[d].router.first_token(t.id);
+                // What `kvrouter serve` reports at the first token (the cost policy's fit);
+                // the local router sits beside its engines.
+                self.dcs[d].router.observe_first_token(t.id, self.now);
             }
         }
         for f in &out.finished {
             let i = f.id.0 as usize;
             self.records[i].cached_tokens = u64::from(f.cached_tokens);
             self.records[i].output_tokens = u64::from(f.output_tokens);
+            // The response's usage, as `kvrouter serve` reports it before the finish.
+            self.dcs[d]
+                .router
+                .observe_output(f.id, u64::from(f.output_tokens), self.now);
             if let Ok(effects) = self.dcs[d].router.finish(f.id, self.now) {
                 self.apply(d, effects)?;
             }

@@ -155,12 +155,20 @@ pub struct GlobalSummary {
     pub step_time_mean_s: f64,
     /// Requests whose session moved to another datacenter (re-prefill).
     pub session_moves: usize,
+    /// Follow-up turns that stayed in their session's datacenter but went to another engine
+    /// there than the session's previous turn (the local router's choice).
+    pub engine_changes_within_dc: usize,
+    /// Prompt tokens the chosen datacenter held (its best engine's prefix when the request
+    /// arrived) that the engine it was placed on did not: cache lost to the local choice.
+    pub cache_lost_within_dc_tokens: u64,
     /// Per datacenter.
     pub clusters: Vec<ClusterReport>,
     /// Width of a timeline bucket, seconds.
     pub timeline_bucket_s: f64,
     /// Steps as (start, end) seconds, for the timeline.
     pub steps: Vec<(f64, f64)>,
+    /// Per step, the rollout that ended it and where its time went.
+    pub critical_rollouts: Vec<super::critical::CriticalRollout>,
     /// The sketch alone: each fresh summary against its own index, on recent prompts.
     pub sketch_error: EstimateError,
     /// The global decision's estimate (stale summary) against the chosen datacenter's index
@@ -174,6 +182,25 @@ pub struct GlobalSummary {
     pub sim_end_s: f64,
     /// Wall time of the run, seconds (filled by the caller).
     pub sim_wall_s: f64,
+}
+
+/// Follow-up turns placed in the same datacenter as their session's previous turn but on
+/// another engine.
+fn engine_changes_within_dc(workload: &Workload, records: &[GlobalRecord]) -> usize {
+    let mut turns: Vec<(u64, Time, usize)> = records
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| Some((workload.requests[i].session?, r.arrival?, i)))
+        .collect();
+    turns.sort_unstable();
+    turns
+        .windows(2)
+        .filter(|p| p[0].0 == p[1].0)
+        .filter(|p| {
+            let (a, b) = (&records[p[0].2], &records[p[1].2]);
+            a.dc.is_some() && a.dc == b.dc && a.worker != b.worker
+        })
+        .count()
 }
 
 fn busy_in(busy: &[(Time, Time)], from: Time, to: Time) -> f64 {
@@ -290,6 +317,12 @@ impl GlobalSummary {
             step_time_mean_s: r3(step_time_s.iter().sum::<f64>() / step_time_s.len().max(1) as f64),
             step_time_s,
             session_moves: x.records.iter().filter(|r| r.moved).count(),
+            engine_changes_within_dc: engine_changes_within_dc(x.workload, x.records),
+            cache_lost_within_dc_tokens: x
+                .records
+                .iter()
+                .map(|r| (r.actual_cached_blocks * bs).saturating_sub(r.cached_tokens))
+                .sum(),
             clusters,
             timeline_bucket_s: bucket,
             steps: x
@@ -297,6 +330,12 @@ impl GlobalSummary {
                 .iter()
                 .map(|(_, s, e)| (r3(s.as_secs_f64()), r3(e.as_secs_f64())))
                 .collect(),
+            critical_rollouts: super::critical::critical_rollouts(
+                x.workload,
+                x.records,
+                &x.steps,
+                x.dcs.len(),
+            ),
             sketch_error: error(
                 x.sketch_checks
                     .iter()

@@ -103,6 +103,46 @@ fn kv_keeps_sessions_home_and_hits_more_than_least_loaded() {
 }
 
 #[test]
+fn local_routers_learn_from_first_tokens_and_outputs_as_in_serve() {
+    // `kvrouter serve` and plain `kvrouter sim` report each first token and each finished
+    // output to the router (the `cost` policy's online fit and learned output lengths); the
+    // datacenters' local routers must too, or `--router-mode cost` behaves differently here.
+    let w = small();
+    // Static split: both datacenters serve sessions.
+    let mut c = config(GlobalPolicy::StaticSplit, two_dcs());
+    c.router.router_mode = kvrouter_core::policy::RouterMode::Cost;
+    c.router.router_cost_fit = true;
+    let mut sim = GlobalSimulation::new(c, &w).unwrap();
+    while sim.step().unwrap() {}
+    for d in 0..2 {
+        let router = sim.local_router(d).unwrap();
+        let fed: Vec<bool> = (0..2)
+            .map(|w| {
+                router
+                    .fitted_profile(kvrouter_core::ids::WorkerId(w))
+                    .is_some_and(|f| f.prefill.line().is_some() || f.decode.line().is_some())
+            })
+            .collect();
+        assert!(fed.iter().any(|f| *f), "datacenter {d}: {fed:?}");
+    }
+}
+
+#[test]
+fn the_summary_counts_engine_changes_inside_a_datacenter() {
+    let w = small();
+    let mut hard = config(GlobalPolicy::StaticSplit, two_dcs());
+    hard.router.router_session_affinity_ttl_secs = Some(3600.0);
+    let pinned = GlobalSimulation::new(hard, &w).unwrap().run().unwrap();
+    // Static split and hard session affinity: every turn on its session's first engine.
+    assert_eq!(pinned.engine_changes_within_dc, 0);
+    let mut spread = config(GlobalPolicy::StaticSplit, two_dcs());
+    spread.router.router_mode = kvrouter_core::policy::RouterMode::RoundRobin;
+    let rr = GlobalSimulation::new(spread, &w).unwrap().run().unwrap();
+    assert!(rr.engine_changes_within_dc > 0);
+    assert!(rr.cache_lost_within_dc_tokens > pinned.cache_lost_within_dc_tokens);
+}
+
+#[test]
 fn a_datacenter_whose_summaries_go_stale_is_routed_around() {
     let w = small();
     let mut dcs = two_dcs();
@@ -131,4 +171,35 @@ fn bad_clusters_are_refused_naming_the_field() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("cluster"), "{err}");
+}
+
+#[test]
+fn each_step_names_the_rollout_that_ended_it_and_accounts_for_its_time() {
+    let w = small();
+    for policy in GlobalPolicy::ALL {
+        let run = GlobalSimulation::new(config(policy, two_dcs()), &w)
+            .unwrap()
+            .run()
+            .unwrap();
+        assert_eq!(
+            run.critical_rollouts.len(),
+            run.step_time_s.len(),
+            "{policy}"
+        );
+        for (c, step) in run.critical_rollouts.iter().zip(&run.step_time_s) {
+            // The step ends when its last rollout does.
+            assert!((c.end_s - step).abs() < 0.01, "{policy}: {c:?} vs {step}");
+            // Its span is its turns' waits, decodes and the gaps between them, nothing else.
+            let parts = c.to_first_token_s + c.decode_s + c.between_turns_s;
+            assert!(
+                (c.end_s - c.start_s - parts).abs() < 0.01,
+                "{policy}: {c:?}"
+            );
+            assert_eq!(c.turns_per_datacenter.iter().sum::<usize>(), c.turns);
+            assert!(c.output_tokens > 0 && c.decode_ms_per_token > 0.0);
+            if policy == GlobalPolicy::StaticSplit {
+                assert_eq!(c.datacenter_changes, 0);
+            }
+        }
+    }
 }
