@@ -21,8 +21,9 @@
 //!   down at once: the step's requests only finish, so the fleet shrinks as they do;
 //! - **predictive floor**: steps (busy spells between idle ones: an RL step's burst and tail)
 //!   are remembered with their peak demand, span and the gap before them; the next is expected
-//!   at the earliest it may come (the last step's end, or now while it runs, plus the shorter of
-//!   the shortest recent gap and its span × the smallest recent gap-to-span ratio), and from the
+//!   at the earliest it may come (the last step's end, or now while it runs, plus the shortest
+//!   recent gap or its span × the smallest recent gap-to-span ratio: the one the history has
+//!   not refuted, the earlier while both fit), and from the
 //!   startup lead (the startup plus three tick intervals, at most the up window) before that
 //!   until it comes (or the horizon, ~180 s, passes) the floor is the
 //!   recent peak. Before a gap was seen, RL steps (requests with group headers) use the
@@ -35,6 +36,8 @@
 //! # Layout
 //! - this file: configuration, signals, the recommendation and its reasons;
 //! - `law`: the [`Planner`] state (demand history, steps) and its `tick`;
+//! - `gap`: the gap expected before the next step (a fixed trainer phase or one that follows
+//!   the rollout, as the step history supports);
 //! - `tests`, `rl_tests`: unit and property tests (RL steps in the second);
 //! - `migrate`: tail consolidation (`sim --planner-migrate-tail`): where the requests of a
 //!   worker released in an RL tail may move;
@@ -42,6 +45,7 @@
 //!   between pools and the cool-down.
 
 pub mod actuate;
+mod gap;
 mod law;
 pub mod migrate;
 #[cfg(test)]
