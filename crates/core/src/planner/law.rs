@@ -214,10 +214,12 @@ impl Planner {
             })
             .collect();
         let slack = 2.0 * self.tick_interval().unwrap_or_default().as_secs_f64();
-        gap::expected_gap(&gaps, &pairs, span, slack).or_else(|| {
-            let r = self.config.rl_rollout_share.filter(|_| last.rl)?;
-            Some(span * (1.0 - r) / r)
-        })
+        let prior = self
+            .config
+            .rl_rollout_share
+            .filter(|_| last.rl)
+            .map(|r| (1.0 - r) / r);
+        gap::expected_gap(&gaps, &pairs, span, slack, prior)
     }
 
     /// When the next step may start, at the earliest: after a step, its end plus the expected

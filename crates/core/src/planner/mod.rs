@@ -26,8 +26,9 @@
 //!   not refuted, the earlier while both fit), and from the
 //!   startup lead (the startup plus three tick intervals, at most the up window) before that
 //!   until it comes (or the horizon, ~180 s, passes) the floor is the
-//!   recent peak. Before a gap was seen, RL steps (requests with group headers) use the
-//!   configured rollout share r (gap = span × (1 − r) / r) or, without one, are provisioned
+//!   recent peak. RL steps (requests with group headers) use the configured rollout share r
+//!   (gap ≥ span × (1 − r) / r, until a gap shorter than that refutes it) or, before a gap
+//!   was seen and without one, are provisioned
 //!   conservatively: the first step holds its peak, and the next is expected at once;
 //! - **in-flight need**: never below the workers the requests in flight need at the engines'
 //!   full capacity (scale-down never drains in-flight requests);
@@ -86,10 +87,11 @@ pub struct PlannerConfig {
     /// Time a new worker takes to serve: the floor rises this long (plus three tick intervals,
     /// at most the up window) before a predicted step.
     pub startup: Duration,
-    /// Prior for RL steps before a gap between them was seen: the share r of a synchronous step
-    /// spent in rollout, so the trainer's phase after a rollout span S lasts at least
-    /// S × (1 − r) / r (none: the next step may come at once, and the first step holds its
-    /// peak). The sheet's §6.2 puts r at 0.45–0.9, 0.75 typical.
+    /// Prior for RL steps: the share r of a synchronous step spent in rollout, so the trainer's
+    /// phase after a rollout span S lasts at least S × (1 − r) / r. It times the first gap and
+    /// bounds later ones from below until a gap shorter than it is seen (none: the next step
+    /// may come at once, and the first step holds its peak). The sheet's §6.2 puts r at
+    /// 0.45–0.9, 0.75 typical.
     #[serde(default)]
     pub rl_rollout_share: Option<f64>,
 }
