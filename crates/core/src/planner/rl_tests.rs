@@ -121,6 +121,48 @@ fn a_rollout_share_prior_times_the_first_gap() {
     assert!(Planner::new(bad).is_err());
 }
 
+/// A trainer whose phase follows the rollout (gaps of a third of the span before them): the
+/// prior r = 0.75, which the first gap respects, keeps the second gap from being expected
+/// shorter than it; once two gaps told the models apart, the fleet is woken for the
+/// rollout-proportional gap, not the shortest gap seen (the fixed-phase model the second gap
+/// refuted).
+#[test]
+fn gaps_that_follow_the_span_wake_the_fleet_for_the_proportional_gap() {
+    let mut p = with_prior(0.75);
+    // Steps of 150, 180 and 210 s with gaps of 50 and 60 s: [0, 150), [200, 380), [440, 650).
+    let busy = |t: u64| {
+        [(0, 150), (200, 380), (440, 650)]
+            .iter()
+            .find(|(a, b)| (*a..*b).contains(&t))
+            .map(|(a, _)| if t < a + 20 { 512 } else { 4 })
+    };
+    for t in 0..650u64 {
+        let r = p.tick(at(t), &rl(busy(t).unwrap_or(0), 8));
+        // After the second step (one gap seen, the prior r = 0.75 not refuted by it) the next
+        // is expected no earlier than 380 + 180 / 3 = 440: up at 407, not at 397 (50 s).
+        if (397..407).contains(&t) {
+            assert_eq!(r.workers, 1, "at {t}: {r:?}");
+        }
+        if t == 407 {
+            assert_eq!(r.workers, 8, "at {t}: {r:?}");
+        }
+    }
+    // The next is expected at 650 + 210 / 3 = 720: the floor rises at 687 (startup and three
+    // ticks). The shortest gap (50 s) would have raised it at 667.
+    for t in 650..687u64 {
+        assert_eq!(p.tick(at(t), &rl(0, 1)).workers, 1, "at {t}");
+    }
+    let r = p.tick(at(687), &rl(0, 1));
+    assert_eq!(r.workers, 8, "{r:?}");
+    assert_eq!(
+        r.reasons.last(),
+        Some(&Reason::PredictedStep {
+            workers: 8,
+            in_s: 33.0
+        })
+    );
+}
+
 /// A naive model of an RL step's tail: the most of `⌈requests / per worker⌉` and
 /// `⌈blocks / (capacity × usage)⌉` over the up window (5 ticks and this one), never below the
 /// in-flight need at full engine capacity.
