@@ -12,7 +12,9 @@ use serde_json::{json, Value};
 use std::pin::Pin;
 use std::time::Duration;
 
-const MAX_TOKENS: usize = 40;
+/// Enough tokens that the test stops the engine long before it has produced them all, even on
+/// a loaded machine (at `--speedup-ratio 1` a token takes milliseconds).
+const MAX_TOKENS: usize = 100;
 /// Content chunks the client reads before the serving engine is stopped.
 const BEFORE_KILL: usize = 3;
 const WITHIN: Duration = Duration::from_secs(60);
@@ -128,12 +130,17 @@ async fn engine() -> common::Proc {
     common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", "1"]).await
 }
 
+/// The reference engine: the same seed, so the same tokens, faster (timing plays no part).
+async fn reference_engine() -> common::Proc {
+    common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", "100"]).await
+}
+
 /// Streams `prompt` (the ids `ids`, flat or as a batch of one) through a router over two engines,
 /// stops and kills the engine serving it after [`BEFORE_KILL`] tokens, and checks the answer the
 /// client got against the reference engine.
 async fn continued_after_a_kill(prompt: Value, ids: &[u32]) {
     let mut engines = vec![engine().await, engine().await];
-    let reference = engine().await;
+    let reference = reference_engine().await;
     let urls: Vec<String> = engines.iter().map(common::Proc::http).collect();
     let router = common::spawn(&[
         "serve",
@@ -254,4 +261,120 @@ async fn a_token_id_prompt_is_continued_with_its_ids_and_the_generated_ones() {
 async fn a_batch_of_one_token_id_prompt_is_continued_the_same_way() {
     let ids = prompt_ids();
     continued_after_a_kill(json!([ids]), &ids).await;
+}
+
+/// A non-streamed answer is continued only after a weight update's abort (a broken connection
+/// retries it whole): the answer to a token-id prompt, aborted after a few tokens, is joined
+/// from the first engine run and the continuation of the ids followed by the generated ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_token_id_answer_aborted_by_an_update_is_continued_with_the_generated_ids() {
+    let ids = prompt_ids();
+    whole_continued_after_an_update(json!(ids), &ids).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_to_a_batch_of_one_is_continued_the_same_way() {
+    let ids = prompt_ids();
+    whole_continued_after_an_update(json!([ids]), &ids).await;
+}
+
+/// Asks for a whole answer to `prompt` (the ids `ids`, flat or as a batch of one), aborts it by
+/// a weight update after a few tokens, and checks the joined answer against the reference.
+async fn whole_continued_after_an_update(prompt: Value, ids: &[u32]) {
+    const TOKEN: &str = "t0ken";
+    let serving = engine().await;
+    let reference = reference_engine().await;
+    let url = serving.http();
+    let router = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--admin-token",
+        TOKEN,
+        "--worker",
+        &url,
+    ])
+    .await;
+    let base = router.http();
+    let client = reqwest::Client::new();
+    let steps = || async { common::metric(&url, "kvrouter_mock_steps_total").await };
+    let before = steps().await.unwrap_or(0.0);
+    let body = json!({"model": "mock-model", "prompt": prompt, "max_tokens": MAX_TOKENS});
+    let task = {
+        let (client, base) = (client.clone(), base.clone());
+        tokio::spawn(async move {
+            let r = client
+                .post(format!("{base}/v1/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            r.json::<Value>().await.unwrap()
+        })
+    };
+    // A prefill step and a few decode steps: some tokens generated, most not.
+    common::until("a few tokens generated", WITHIN, || async {
+        steps().await.unwrap_or(0.0) >= before + 1.0 + BEFORE_KILL as f64
+    })
+    .await;
+    let update = client
+        .post(format!("{base}/admin/policy/update"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"version": 1, "mode": "abort"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(update.status().as_u16(), 202);
+    let answer = tokio::time::timeout(WITHIN, task)
+        .await
+        .expect("the answer in time")
+        .unwrap();
+
+    let text = answer["choices"][0]["text"].as_str().expect("a text");
+    assert_eq!(answer["choices"][0]["finish_reason"], "length", "{answer}");
+    // The mock's tokens are three ASCII bytes each (" xy").
+    let tokens: Vec<String> = text
+        .as_bytes()
+        .chunks(3)
+        .map(|c| String::from_utf8(c.to_vec()).unwrap())
+        .collect();
+    assert_eq!(tokens.len(), MAX_TOKENS, "{text:?}");
+    assert_eq!(
+        answer["usage"]["prompt_tokens"],
+        json!(ids.len()),
+        "{answer}"
+    );
+    assert_eq!(
+        answer["usage"]["completion_tokens"],
+        json!(MAX_TOKENS),
+        "{answer}"
+    );
+    assert_eq!(
+        common::metric(&base, "kvrouter_migrations_total").await,
+        Some(1.0)
+    );
+
+    let first = streamed(&client, &reference.http(), &request(json!(ids), MAX_TOKENS)).await;
+    let k = tokens
+        .iter()
+        .zip(&first.texts)
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!((1..MAX_TOKENS).contains(&k), "continued after {k} tokens");
+    let generated = tokenize(&client, &reference.http(), &tokens[..k].concat()).await;
+    assert_eq!(generated.len(), k);
+    let continuation: Vec<u32> = ids.iter().chain(&generated).copied().collect();
+    let rest = streamed(
+        &client,
+        &reference.http(),
+        &request(json!(continuation), MAX_TOKENS - k),
+    )
+    .await;
+    assert_eq!(tokens[k..], rest.texts[..]);
+    // The serving engine was asked for the original prompt, then for the continuation.
+    assert_eq!(
+        common::metric(&url, "kvrouter_mock_prompt_tokens_total").await,
+        Some((2 * ids.len() + k) as f64)
+    );
 }
