@@ -49,7 +49,7 @@ pub(crate) fn parse_completion(
         ));
     }
     let prompt_tokens = match view.first {
-        Prompt::Ids(ids) => ids,
+        Prompt::Ids(ids) => ids.into_owned(),
         Prompt::Text(text) => tokenizer.encode(&text),
     };
     if prompt_tokens.is_empty() {

@@ -44,8 +44,8 @@ pub(crate) fn embedding(tokens: &[u32]) -> Vec<f32> {
 /// Every input of an embeddings body, tokenized.
 fn inputs(body: &Value, tokenizer: &dyn Tokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
     embeddings_input(body)?;
-    let one = |p: Prompt| match p {
-        Prompt::Ids(ids) => ids,
+    let one = |p: Prompt<'_>| match p {
+        Prompt::Ids(ids) => ids.into_owned(),
         Prompt::Text(t) => tokenizer.encode(&t),
     };
     let input = &body["input"];

@@ -123,16 +123,17 @@ impl Body {
     }
 
     /// The `prompt` of a `/v1/completions` body, as [`request::prompt`] reads the whole body.
-    pub fn prompt(&self) -> Result<PromptView, RequestError> {
+    /// Token ids read into the body are borrowed, not copied.
+    pub fn prompt(&self) -> Result<PromptView<'_>, RequestError> {
         match &self.prompt {
             None => request::prompt(&self.fields),
             Some(TokenIds::Flat(ids)) if ids.is_empty() => Err(request::prompt_shape()),
             Some(TokenIds::Flat(ids)) => Ok(PromptView {
-                first: Prompt::Ids(ids.clone()),
+                first: Prompt::Ids(Cow::Borrowed(ids)),
                 count: 1,
             }),
             Some(TokenIds::Batch(lists)) => Ok(PromptView {
-                first: Prompt::Ids(lists.first().cloned().unwrap_or_default()),
+                first: Prompt::Ids(Cow::Borrowed(lists.first().map_or(&[], Vec::as_slice))),
                 count: lists.len(),
             }),
         }
@@ -322,6 +323,27 @@ fn read_ids(raw: &[u8]) -> Option<TokenIds> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The prompt view of ids read into the body borrows them (no copy of a long prompt);
+    /// text in the fields is borrowed too.
+    #[test]
+    fn prompt_views_borrow_the_ids() {
+        let borrowed = |raw: &str| {
+            let body = Body::from_slice(raw.as_bytes()).unwrap();
+            let view = body.prompt().unwrap();
+            match view.first {
+                Prompt::Ids(Cow::Borrowed(ids)) => (ids.to_vec(), view.count),
+                other => panic!("{raw}: {other:?}"),
+            }
+        };
+        assert_eq!(borrowed(r#"{"prompt": [1, 2, 3]}"#), (vec![1, 2, 3], 1));
+        assert_eq!(borrowed(r#"{"prompt": [[4], [5, 6]]}"#), (vec![4], 2));
+        let text = Body::from_slice(br#"{"prompt": "hi"}"#).unwrap();
+        assert!(matches!(
+            text.prompt().unwrap().first,
+            Prompt::Text(Cow::Borrowed("hi"))
+        ));
+    }
 
     #[test]
     fn only_arrays_of_ids_are_read_as_ids() {

@@ -3,11 +3,17 @@
 //! requests cannot be continued faithfully.
 
 use crate::request::Kind;
+use crate::Body;
 use serde_json::{json, Value};
 
-/// Why a request cannot be continued elsewhere, if it cannot: several choices, structured
-/// output or logprobs would not survive a restart from the generated text.
-pub fn unmigratable(body: &Value) -> Option<&'static str> {
+/// Why a request cannot be continued elsewhere, if it cannot: several prompts or choices,
+/// structured output or logprobs would not survive a restart from the generated text.
+pub fn unmigratable(body: &Body) -> Option<&'static str> {
+    // A batch of several prompts (its token-id lists are read out of the fields).
+    if body.prompt().is_ok_and(|p| p.count > 1) {
+        return Some("a batch of several prompts");
+    }
+    let body = body.fields();
     let above_one = |k: &str| body.get(k).and_then(Value::as_u64).is_some_and(|n| n > 1);
     if above_one("n") || above_one("best_of") {
         return Some("n > 1");
@@ -62,15 +68,11 @@ pub fn body(
         body[key] = json!(max.saturating_sub(generated_tokens).max(1));
     }
     match kind {
-        Kind::Completion => match &original["prompt"] {
-            Value::String(p) => body["prompt"] = json!(format!("{p}{generated_text}")),
-            Value::Array(ids) if ids.iter().all(Value::is_u64) => {
-                let mut all: Vec<Value> = ids.clone();
-                all.extend(encode(generated_text).into_iter().map(Value::from));
-                body["prompt"] = Value::Array(all);
+        Kind::Completion => {
+            if let Some(prompt) = continued_prompt(&original["prompt"], generated_text, encode) {
+                body["prompt"] = prompt;
             }
-            _ => {}
-        },
+        }
         Kind::Chat => {
             if let Some(messages) = body["messages"].as_array_mut() {
                 messages.push(json!({"role": "assistant", "content": generated_text}));
@@ -80,6 +82,39 @@ pub fn body(
         }
     }
     body
+}
+
+/// A completion's `prompt` extended by the generated text: a string, token ids (the text as
+/// `encode` tokenizes it), or a batch of one of either (kept a batch of one). `None` for any
+/// other prompt (a batch of several is refused by [`unmigratable`]).
+fn continued_prompt(
+    prompt: &Value,
+    generated_text: &str,
+    encode: impl FnOnce(&str) -> Vec<u32>,
+) -> Option<Value> {
+    match prompt.as_array().map(Vec::as_slice) {
+        Some([one]) if one.is_string() || one.is_array() => {
+            one_prompt(one, generated_text, encode).map(|p| Value::Array(vec![p]))
+        }
+        _ => one_prompt(prompt, generated_text, encode),
+    }
+}
+
+/// One prompt (a string or token ids) extended by the generated text.
+fn one_prompt(
+    prompt: &Value,
+    generated_text: &str,
+    encode: impl FnOnce(&str) -> Vec<u32>,
+) -> Option<Value> {
+    match prompt {
+        Value::String(p) => Some(json!(format!("{p}{generated_text}"))),
+        Value::Array(ids) if ids.iter().all(Value::is_u64) => {
+            let mut all: Vec<Value> = ids.clone();
+            all.extend(encode(generated_text).into_iter().map(Value::from));
+            Some(Value::Array(all))
+        }
+        _ => None,
+    }
 }
 
 /// The text a streamed chunk adds (its first choice's), if any.
@@ -128,20 +163,28 @@ pub fn finishing(v: &Value) -> bool {
 mod tests {
     use super::*;
 
+    /// [`unmigratable`] of `v` read as the router reads a body (token ids read out of it).
+    fn un(v: Value) -> Option<&'static str> {
+        unmigratable(&Body::from_slice(v.to_string().as_bytes()).unwrap())
+    }
+
     #[test]
     fn requests_that_cannot_be_continued_faithfully_are_named() {
-        assert_eq!(unmigratable(&json!({"n": 2})), Some("n > 1"));
+        assert_eq!(un(json!({"n": 2})), Some("n > 1"));
         assert_eq!(
-            unmigratable(&json!({"response_format": {"type": "json_schema"}})),
+            un(json!({"response_format": {"type": "json_schema"}})),
             Some("structured output")
         );
+        assert_eq!(un(json!({"guided_regex": "a+"})), Some("structured output"));
+        assert_eq!(un(json!({"logprobs": 2})), Some("logprobs"));
+        let several = Some("a batch of several prompts");
+        assert_eq!(un(json!({"prompt": ["a", "b"]})), several);
+        assert_eq!(un(json!({"prompt": [[1], [2]]})), several);
+        for one in [json!([1, 2, 3]), json!([[1, 2]]), json!(["a"]), json!("a")] {
+            assert_eq!(un(json!({ "prompt": one })), None, "{one}");
+        }
         assert_eq!(
-            unmigratable(&json!({"guided_regex": "a+"})),
-            Some("structured output")
-        );
-        assert_eq!(unmigratable(&json!({"logprobs": 2})), Some("logprobs"));
-        assert_eq!(
-            unmigratable(&json!({"logprobs": false, "n": 1, "response_format": {"type": "text"}})),
+            un(json!({"logprobs": false, "n": 1, "response_format": {"type": "text"}})),
             None
         );
     }
@@ -172,6 +215,36 @@ mod tests {
             },
         );
         assert_eq!(c, json!({"prompt": [1, 2, 3, 9], "max_tokens": 4}));
+
+        // A batch of one prompt stays a batch of one, extended.
+        let ids = |_: &str| vec![9, 10];
+        let c = body(
+            Kind::Completion,
+            &json!({"prompt": [[1, 2]]}),
+            " xy",
+            2,
+            ids,
+        );
+        assert_eq!(c, json!({"prompt": [[1, 2, 9, 10]]}));
+        let c = body(
+            Kind::Completion,
+            &json!({"prompt": ["Once"]}),
+            " upon",
+            1,
+            none,
+        );
+        assert_eq!(c, json!({"prompt": ["Once upon"]}));
+        // Anything else is left as it is (and batches of several are refused first).
+        for prompt in [
+            json!([[[1]]]),
+            json!([{"a": 1}]),
+            json!(["a", "b"]),
+            json!(7),
+        ] {
+            let original = json!({ "prompt": prompt });
+            let ids = |_: &str| vec![9];
+            assert_eq!(body(Kind::Completion, &original, " xy", 1, ids), original);
+        }
 
         let c = body(
             Kind::Chat,

@@ -34,9 +34,9 @@ impl Endpoint {
 
 /// What a pass-through body is routed on.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Routed {
-    /// A prompt: token ids or text.
-    Prompt(Prompt),
+pub enum Routed<'a> {
+    /// A prompt: token ids or text (borrowed from the body where it can be).
+    Prompt(Prompt<'a>),
     /// Chat messages (rendered with the chat template).
     Messages(Vec<Message>),
     /// No prompt: plain load balancing.
@@ -44,7 +44,7 @@ pub enum Routed {
 }
 
 /// What `body`, sent to `endpoint`, is routed on.
-pub fn routed(endpoint: Endpoint, body: &Value) -> Result<Routed, RequestError> {
+pub fn routed(endpoint: Endpoint, body: &Value) -> Result<Routed<'_>, RequestError> {
     match endpoint {
         Endpoint::Responses => responses_input(body),
         Endpoint::Embeddings => embeddings_input(body).map(|p| Routed::Prompt(p.first)),
@@ -52,7 +52,7 @@ pub fn routed(endpoint: Endpoint, body: &Value) -> Result<Routed, RequestError> 
             Ok(Routed::Messages(request::chat(body)?.messages))
         }
         Endpoint::Tokenize => match body.get("prompt") {
-            Some(Value::String(s)) => Ok(Routed::Prompt(Prompt::Text(s.clone()))),
+            Some(Value::String(s)) => Ok(Routed::Prompt(Prompt::Text(s.into()))),
             None | Some(Value::Null) => Err(RequestError::invalid(
                 "`prompt` (or `messages`) is required",
                 "prompt",
@@ -68,12 +68,12 @@ pub fn routed(endpoint: Endpoint, body: &Value) -> Result<Routed, RequestError> 
 
 /// The `input` of `/v1/embeddings`: a string, token ids, or a batch of either (the batch is
 /// routed on its first item).
-pub fn embeddings_input(body: &Value) -> Result<request::PromptView, RequestError> {
+pub fn embeddings_input(body: &Value) -> Result<request::PromptView<'_>, RequestError> {
     let Some(input) = body.get("input") else {
         return Err(RequestError::invalid("`input` is required", "input"));
     };
     // The same shapes as a completion's `prompt`: read with the one reader, errors renamed.
-    request::prompt(&json!({ "prompt": input })).map_err(|e| match e {
+    request::prompt_of(input).map_err(|e| match e {
         RequestError::Invalid { message, .. } => {
             RequestError::invalid_at(message.replace("`prompt`", "`input`"), "input".to_owned())
         }
@@ -99,7 +99,7 @@ pub fn detokenize_tokens(body: &Value) -> Result<Vec<u32>, RequestError> {
 /// is one user message; a list holds messages (`role` and `content`, a string or a list of
 /// `input_text`/`output_text` parts). Items of other types (function call outputs, ...) carry no
 /// text the router routes on.
-pub fn responses_input(body: &Value) -> Result<Routed, RequestError> {
+pub fn responses_input(body: &Value) -> Result<Routed<'static>, RequestError> {
     let mut messages = Vec::new();
     match body.get("instructions") {
         None | Some(Value::Null) => {}
@@ -281,7 +281,7 @@ mod tests {
         );
         assert_eq!(
             routed(Endpoint::Embeddings, &json!({"input": [1, 2]})),
-            Ok(Routed::Prompt(Prompt::Ids(vec![1, 2])))
+            Ok(Routed::Prompt(Prompt::Ids(vec![1, 2].into())))
         );
         let e = routed(Endpoint::Embeddings, &json!({"input": 7})).unwrap_err();
         assert_eq!(e.param(), Some("input"));

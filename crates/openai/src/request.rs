@@ -3,6 +3,7 @@
 
 use crate::error::RequestError;
 use serde_json::Value;
+use std::borrow::Cow;
 
 /// Which endpoint a request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -59,21 +60,33 @@ pub fn check_model(
     }
 }
 
-/// One prompt: token ids (taken as given) or text (to be tokenized).
+/// One prompt: token ids (taken as given) or text (to be tokenized), borrowed from the body
+/// where it can be (a token-id prompt read by [`crate::Body`], any text), owned where it had
+/// to be converted (token ids read from JSON values).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Prompt {
+pub enum Prompt<'a> {
     /// Token ids.
-    Ids(Vec<u32>),
+    Ids(Cow<'a, [u32]>),
     /// Text.
-    Text(String),
+    Text(Cow<'a, str>),
+}
+
+impl Prompt<'_> {
+    /// The prompt, owning its ids or text.
+    pub fn into_owned(self) -> Prompt<'static> {
+        match self {
+            Prompt::Ids(ids) => Prompt::Ids(Cow::Owned(ids.into_owned())),
+            Prompt::Text(text) => Prompt::Text(Cow::Owned(text.into_owned())),
+        }
+    }
 }
 
 /// The `prompt` of a completion: its first prompt, and how many prompts the body carries (a
 /// batch is a list of strings or of token-id lists).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PromptView {
+pub struct PromptView<'a> {
     /// The first (often only) prompt.
-    pub first: Prompt,
+    pub first: Prompt<'a>,
     /// How many prompts the body carries.
     pub count: usize,
 }
@@ -97,17 +110,25 @@ pub(crate) fn prompt_shape() -> RequestError {
 }
 
 /// The `prompt` of a `/v1/completions` body: a string, a list of token ids, or a batch.
-pub fn prompt(body: &Value) -> Result<PromptView, RequestError> {
-    let one = |first| PromptView { first, count: 1 };
+pub fn prompt(body: &Value) -> Result<PromptView<'_>, RequestError> {
     match body.get("prompt") {
-        Some(Value::String(s)) => Ok(one(Prompt::Text(s.clone()))),
-        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_u64) => {
-            token_ids(items).map(|ids| one(Prompt::Ids(ids)))
+        Some(value) => prompt_of(value),
+        None => Err(RequestError::invalid("`prompt` is required", "prompt")),
+    }
+}
+
+/// A prompt's value read as [`prompt`] reads a body's `prompt` (errors name `prompt`).
+pub(crate) fn prompt_of(value: &Value) -> Result<PromptView<'_>, RequestError> {
+    let one = |first| PromptView { first, count: 1 };
+    match value {
+        Value::String(s) => Ok(one(Prompt::Text(Cow::Borrowed(s)))),
+        Value::Array(items) if !items.is_empty() && items.iter().all(Value::is_u64) => {
+            token_ids(items).map(|ids| one(Prompt::Ids(Cow::Owned(ids))))
         }
-        Some(Value::Array(items)) if !items.is_empty() => {
+        Value::Array(items) if !items.is_empty() => {
             let first = match &items[0] {
-                Value::String(s) => Prompt::Text(s.clone()),
-                Value::Array(ids) => Prompt::Ids(token_ids(ids)?),
+                Value::String(s) => Prompt::Text(Cow::Borrowed(s)),
+                Value::Array(ids) => Prompt::Ids(Cow::Owned(token_ids(ids)?)),
                 _ => return Err(prompt_shape()),
             };
             Ok(PromptView {
@@ -115,7 +136,6 @@ pub fn prompt(body: &Value) -> Result<PromptView, RequestError> {
                 count: items.len(),
             })
         }
-        None => Err(RequestError::invalid("`prompt` is required", "prompt")),
         _ => Err(prompt_shape()),
     }
 }
@@ -431,7 +451,8 @@ mod tests {
 
     #[test]
     fn batches_report_their_size() {
-        let v = prompt(&json!({"prompt": ["a", "b"]})).unwrap();
+        let body = json!({"prompt": ["a", "b"]});
+        let v = prompt(&body).unwrap();
         assert_eq!((v.first, v.count), (Prompt::Text("a".into()), 2));
         assert_eq!(
             prompt(&json!({"prompt": [[1, -1]]})).unwrap_err().param(),

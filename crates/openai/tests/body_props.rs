@@ -149,7 +149,7 @@ proptest! {
         body.token_ids_as_prompt().unwrap();
         let view = body.prompt().unwrap();
         prop_assert_eq!(view.count, 1);
-        prop_assert_eq!(view.first, kvrouter_openai::request::Prompt::Ids(ids));
+        prop_assert_eq!(view.first, kvrouter_openai::request::Prompt::Ids(ids.into()));
     }
 }
 
@@ -173,8 +173,11 @@ fn each_token_id_error_names_its_field() {
         (r#"{"prompt": [1], "prompt": 5}"#, shape),
         (r#"{}"#, "`prompt` is required"),
     ] {
-        let naive = prompt(&serde_json::from_str(text).unwrap());
-        let ours = Body::from_slice(text.as_bytes()).unwrap().prompt();
+        let (naive, ours) = (
+            serde_json::from_str(text).unwrap(),
+            Body::from_slice(text.as_bytes()).unwrap(),
+        );
+        let (naive, ours) = (prompt(&naive), ours.prompt());
         assert_eq!(ours, naive, "{text}");
         let e = ours.unwrap_err();
         assert_eq!(

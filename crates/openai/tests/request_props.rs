@@ -39,12 +39,12 @@ fn any_json() -> impl Strategy<Value = Value> {
 
 /// The view of a body, for either endpoint.
 #[derive(Debug, PartialEq)]
-enum View {
-    Prompt(PromptView),
+enum View<'a> {
+    Prompt(PromptView<'a>),
     Chat(ChatView),
 }
 
-fn view(kind: Kind, body: &Value) -> Result<View, RequestError> {
+fn view(kind: Kind, body: &Value) -> Result<View<'_>, RequestError> {
     match kind {
         Kind::Completion => prompt(body).map(View::Prompt),
         Kind::Chat => chat(body).map(View::Chat),
@@ -55,9 +55,9 @@ fn kinds() -> impl Strategy<Value = Kind> {
     prop_oneof![Just(Kind::Completion), Just(Kind::Chat)]
 }
 
-fn text(first: &str, count: usize) -> Result<View, RequestError> {
+fn text(first: &str, count: usize) -> Result<View<'static>, RequestError> {
     Ok(View::Prompt(PromptView {
-        first: Prompt::Text(first.to_owned()),
+        first: Prompt::Text(first.to_owned().into()),
         count,
     }))
 }
@@ -106,16 +106,17 @@ proptest! {
         let single = json!({"prompt": ids});
         prop_assert_eq!(
             prompt(&single),
-            Ok(PromptView { first: Prompt::Ids(ids.clone()), count: 1 })
+            Ok(PromptView { first: Prompt::Ids(ids.clone().into()), count: 1 })
         );
         let batch = json!({"prompt": [ids.clone(), [1, 2]]});
-        prop_assert_eq!(prompt(&batch), Ok(PromptView { first: Prompt::Ids(ids), count: 2 }));
+        prop_assert_eq!(prompt(&batch), Ok(PromptView { first: Prompt::Ids(ids.into()), count: 2 }));
     }
 
     #[test]
     fn text_prompts_are_taken_as_given(t in ".{0,40}", other in ".{0,8}") {
-        prop_assert_eq!(view(Kind::Completion, &json!({"prompt": t})), text(&t, 1));
-        prop_assert_eq!(view(Kind::Completion, &json!({"prompt": [t, other]})), text(&t, 2));
+        let (one, batch) = (json!({"prompt": t}), json!({"prompt": [t, other]}));
+        prop_assert_eq!(view(Kind::Completion, &one), text(&t, 1));
+        prop_assert_eq!(view(Kind::Completion, &batch), text(&t, 2));
     }
 
     #[test]

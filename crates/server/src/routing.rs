@@ -20,24 +20,15 @@ pub(crate) struct RoutingInput {
     pub(crate) blocks: BlockHashes,
 }
 
-#[derive(Debug, PartialEq)]
-enum Source {
-    Ids(Vec<u32>),
-    Text(String),
-}
-
-/// The prompt of a request body: token ids, or text (a chat rendered with `template`). A batch
-/// of prompts is routed on its first one.
-fn prompt_source(
+/// The prompt of a request body: token ids, or text (a chat rendered with `template`),
+/// borrowed from the body where it can be. A batch of prompts is routed on its first one.
+fn prompt_source<'a>(
     kind: Kind,
-    body: &Body,
+    body: &'a Body,
     template: &kvrouter_tokenizer::ChatTemplate,
-) -> Result<Source, ServeError> {
+) -> Result<Prompt<'a>, ServeError> {
     match kind {
-        Kind::Completion => Ok(match body.prompt()?.first {
-            Prompt::Ids(ids) => Source::Ids(ids),
-            Prompt::Text(text) => Source::Text(text),
-        }),
+        Kind::Completion => Ok(body.prompt()?.first),
         Kind::Chat => {
             let chat = request::chat(body.fields())?;
             let rendered = if chat.continue_final_message {
@@ -46,7 +37,7 @@ fn prompt_source(
                 template.render(&chat_messages(chat.messages), chat.add_generation_prompt)
             }
             .map_err(|e| ServeError::invalid(e.to_string(), Some("messages")))?;
-            Ok(Source::Text(rendered))
+            Ok(Prompt::Text(rendered.into()))
         }
     }
 }
@@ -64,14 +55,13 @@ fn chat_messages(messages: Vec<request::Message>) -> Vec<ChatMessage> {
 /// The prompt of a pass-through body (`None`: it has none, and is load balanced). Messages
 /// (a Responses `input`, a `/tokenize` chat) are rendered as a chat with the generation prompt,
 /// `param` naming the field they came from.
-fn passthrough_source(
+fn passthrough_source<'a>(
     endpoint: Endpoint,
-    body: &Value,
+    body: &'a Value,
     template: &kvrouter_tokenizer::ChatTemplate,
-) -> Result<Option<Source>, ServeError> {
+) -> Result<Option<Prompt<'a>>, ServeError> {
     Ok(match passthrough::routed(endpoint, body)? {
-        Routed::Prompt(Prompt::Ids(ids)) => Some(Source::Ids(ids)),
-        Routed::Prompt(Prompt::Text(text)) => Some(Source::Text(text)),
+        Routed::Prompt(prompt) => Some(prompt),
         Routed::Messages(messages) => {
             let param = match endpoint {
                 Endpoint::Responses => "input",
@@ -82,7 +72,7 @@ fn passthrough_source(
             let rendered = template
                 .render(&chat_messages(messages), add_generation_prompt)
                 .map_err(|e| ServeError::invalid(e.to_string(), Some(param)))?;
-            Some(Source::Text(rendered))
+            Some(Prompt::Text(rendered.into()))
         }
         Routed::Nothing => None,
     })
@@ -131,7 +121,11 @@ pub(crate) async fn routing_input(
 }
 
 /// Tokenizes (when needed) and hashes `src`, the prompt of `body`.
-async fn input_of(state: &AppState, body: &Value, src: Source) -> Result<RoutingInput, ServeError> {
+async fn input_of(
+    state: &AppState,
+    body: &Value,
+    src: Prompt<'_>,
+) -> Result<RoutingInput, ServeError> {
     let adapter = request::model(body)
         .and_then(|m| state.inner.pools.read().expect("pools lock").is_adapter(m));
     // Read under the lock, not copied: nothing here awaits.
@@ -142,14 +136,14 @@ async fn input_of(state: &AppState, body: &Value, src: Source) -> Result<Routing
     );
     let block_size = state.inner.config.router.kv_cache_block_size;
     match src {
-        Source::Ids(ids) => {
+        Prompt::Ids(ids) => {
             let blocks = BlockHasher::new(block_size, &ns).hash_blocks(&ids);
             Ok(RoutingInput {
                 isl_tokens: ids.len() as u64,
                 blocks,
             })
         }
-        Source::Text(text) if text.len() <= state.inner.config.tokenize_inline_max_bytes => {
+        Prompt::Text(text) if text.len() <= state.inner.config.tokenize_inline_max_bytes => {
             // Short prompts: tokenizing costs less than the hand-off to the blocking pool.
             let ids = state.inner.tokenizer.encode(&text);
             Ok(RoutingInput {
@@ -157,7 +151,8 @@ async fn input_of(state: &AppState, body: &Value, src: Source) -> Result<Routing
                 blocks: BlockHasher::new(block_size, &ns).hash_blocks(&ids),
             })
         }
-        Source::Text(text) => {
+        Prompt::Text(text) => {
+            let text = text.into_owned();
             let _permit = state
                 .inner
                 .tokenize_slots
@@ -235,16 +230,18 @@ mod tests {
     fn chats_render_with_the_request_flags() {
         use kvrouter_tokenizer::ChatTemplate;
         let hi = serde_json::json!([{"role": "user", "content": "hi"}]);
-        let render = |body: Value| prompt_source(Kind::Chat, &body.into(), &ChatTemplate::ChatMl);
+        let render = |body: Value| {
+            prompt_source(Kind::Chat, &body.into(), &ChatTemplate::ChatMl).map(Prompt::into_owned)
+        };
         assert_eq!(
             render(serde_json::json!({"messages": hi})),
-            Ok(Source::Text(
+            Ok(Prompt::Text(
                 "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n".into()
             ))
         );
         assert_eq!(
             render(serde_json::json!({"messages": hi, "add_generation_prompt": false})),
-            Ok(Source::Text("<|im_start|>user\nhi<|im_end|>\n".into())),
+            Ok(Prompt::Text("<|im_start|>user\nhi<|im_end|>\n".into())),
             "the engine renders no assistant opener: neither does the router"
         );
         assert_eq!(
@@ -260,7 +257,7 @@ mod tests {
                 &Body::from_slice(br#"{"prompt": [[1, 2], "b"]}"#).unwrap(),
                 &ChatTemplate::ChatMl
             ),
-            Ok(Source::Ids(vec![1, 2]))
+            Ok(Prompt::Ids(vec![1, 2].into()))
         );
     }
 }

@@ -10,7 +10,7 @@
 //!
 //! Engines stream one token per content chunk (vLLM, SGLang and the mock engine do), which is how
 //! tokens already sent are counted. Requests that cannot be continued faithfully (`n` > 1,
-//! structured output, logprobs) end with an error instead of a corrupted answer.
+//! several prompts, structured output, logprobs) end with an error instead of a corrupted answer.
 
 use axum::body::Bytes;
 use kvrouter_openai::continuation::{

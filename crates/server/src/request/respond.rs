@@ -37,7 +37,7 @@ pub(crate) async fn respond(
     // migration on failure, or a weight update's abort (the admin API is on), or a first-N-of-M
     // sample's end. Others pass through; their first event carries the version serving it all.
     let continuable = limit > 0 || config.admin_token.is_some() || stop.is_some();
-    let unmigratable = kvrouter_openai::continuation::unmigratable(req.body.fields());
+    let unmigratable = kvrouter_openai::continuation::unmigratable(&req.body);
     let (kind, isl, version) = (req.kind, req.input.isl_tokens, decision.policy_version);
     let passed_through = req.endpoint.is_some();
     if !req.stream && status.is_success() && !passed_through {
