@@ -360,7 +360,11 @@ mod tests {
         assert!(saving > 0.0);
         // Forty-eight requests on the prefix in the last window: the copy pays for itself.
         let credit = replica_credit_s(W.replica, 48.0, 1, saving);
-        assert!(copy.total - credit < holder.total, "{} {credit}", copy.total);
+        assert!(
+            copy.total - credit < holder.total,
+            "{} {credit}",
+            copy.total
+        );
         // A cold prefix (one request, this one) does not; nor does a candidate no better placed.
         assert!(copy.total - replica_credit_s(W.replica, 1.0, 1, saving) > holder.total);
         assert_eq!(replica_credit_s(W.replica, 48.0, 1, -saving), 0.0);

@@ -260,7 +260,11 @@ mod tests {
             now = now + Duration::from_millis(500);
             h.observe(7, now);
         }
-        assert!((h.recent(7, now) - 60.0).abs() < 2.0, "{}", h.recent(7, now));
+        assert!(
+            (h.recent(7, now) - 60.0).abs() < 2.0,
+            "{}",
+            h.recent(7, now)
+        );
         assert_eq!(h.recent(8, now), 0.0);
         // It cools once the prefix stops arriving.
         assert!(h.recent(7, now + Duration::from_secs(300)) < 0.1);

@@ -256,7 +256,11 @@ impl Router {
             .map(|(c, (w, r))| estimate(self.timing_of(c.rank.worker), w, r, weights))
             .collect();
         // The replica credit: only for a prefix some candidate holds and others lack.
-        let deepest = pictures.iter().map(|p| p.1.cached_tokens).max().unwrap_or(0);
+        let deepest = pictures
+            .iter()
+            .map(|p| p.1.cached_tokens)
+            .max()
+            .unwrap_or(0);
         let depth_blocks = (deepest / bs.max(1)) as usize;
         let key = depth_blocks
             .checked_sub(1)
@@ -292,7 +296,8 @@ impl Router {
                 ..*r
             };
             let next = estimate(self.timing_of(c.rank.worker), w, &as_holder, weights);
-            let credit = replica_credit_s(weights.replica, recent, holders, best_holder - next.total);
+            let credit =
+                replica_credit_s(weights.replica, recent, holders, best_holder - next.total);
             e.replica_s = credit;
             e.total -= credit;
         }

@@ -196,7 +196,7 @@ fn a_hot_prefix_is_copied_to_an_idle_worker_a_cold_one_is_not() {
         for i in 0..60u64 {
             let t = i * 500;
             for (id, _) in live.iter().filter(|(_, end)| *end <= t) {
-                r.finish(RequestId(*id), at(t)).unwrap();
+                let _ = r.finish(RequestId(*id), at(t)).unwrap();
             }
             live.retain(|(_, end)| *end > t);
             // The hot run repeats the shared prefix; the cold one asks for a fresh one each time
@@ -217,7 +217,10 @@ fn a_hot_prefix_is_copied_to_an_idle_worker_a_cold_one_is_not() {
         on
     };
     let hot = run(true);
-    assert!(hot[1] > 0, "the hot prefix never got a second holder: {hot:?}");
+    assert!(
+        hot[1] > 0,
+        "the hot prefix never got a second holder: {hot:?}"
+    );
     // A prefix seen once is not worth a copy: every request stays with its holder.
     assert_eq!(run(false), [60, 0]);
 }
