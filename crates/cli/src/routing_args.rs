@@ -98,6 +98,10 @@ pub(crate) struct RoutingArgs {
     /// another is cheaper by more than this fraction.
     #[arg(help_heading = H::SESSIONS, long, default_value_t = 0.1)]
     router_cost_session_margin: f64,
+    /// `cost` mode: weight of the replica credit, which lets a worker copy a hot prefix that
+    /// other workers hold when the next requests on it would be served sooner there (0: off).
+    #[arg(help_heading = H::ROUTING, long, default_value_t = 1.0)]
+    router_cost_replica_weight: f64,
     /// `cost` mode: fit each worker's step times online from the TTFT and inter-token latency
     /// the router observes, instead of assuming the dynamo-poly profile.
     #[arg(help_heading = H::ROUTING, long)]
@@ -147,6 +151,7 @@ impl RoutingArgs {
             router_cost_decode_weight: self.router_cost_decode_weight,
             router_cost_prefill_weight: self.router_cost_prefill_weight,
             router_cost_session_margin: self.router_cost_session_margin,
+            router_cost_replica_weight: self.router_cost_replica_weight,
             router_cost_fit: self.router_cost_fit,
             seed: self.seed,
             ..RouterConfig::default()

@@ -24,6 +24,9 @@
 //!   decode, the request's own or added to others, counts half a second of TTFT; γ =
 //!   `router_cost_prefill_weight`, default 1: the work it puts before later arrivals).
 //!
+//! - the router then subtracts a replica credit ([`replica_credit_s`]) from a candidate lacking a
+//!   hot prefix that others hold, so a hot prefix gets a second holder when its holders are busy.
+//!
 //! The argmin wins; ties go round the fleet in turn ([`argmin_rotating`]).
 
 use super::CandidateScore;
@@ -81,7 +84,9 @@ pub struct CostEstimate {
     pub prefill_s: f64,
     /// Probability the cached prefix survives until it is used.
     pub survive: f64,
-    /// `ttft_s + λ·decode_s + γ·prefill_s`.
+    /// Replica credit subtracted from `total` (set by the router, 0 from [`estimate`]).
+    pub replica_s: f64,
+    /// `ttft_s + λ·decode_s + γ·prefill_s − replica_s`.
     pub total: f64,
 }
 
@@ -143,6 +148,8 @@ pub struct CostWeights {
     pub decode: f64,
     /// γ: weight of this request's own prefill time (the work it adds before later arrivals).
     pub prefill: f64,
+    /// ρ: weight of the replica credit ([`replica_credit_s`]); 0 turns it off.
+    pub replica: f64,
 }
 
 impl Default for CostWeights {
@@ -150,8 +157,24 @@ impl Default for CostWeights {
         Self {
             decode: 0.5,
             prefill: 1.0,
+            replica: 1.0,
         }
     }
+}
+
+/// The replica credit, seconds, of a candidate that lacks a hot prefix `holders` workers hold:
+/// placing the request there copies the prefix (its duplicate prefill is already in the
+/// candidate's cost), and every later request on the prefix then has one more holder to go to.
+/// `recent` requests arrived on the prefix in the last window, so about as many are expected in
+/// the next; `saving_s` is how much cheaper the next one would be on this candidate, were it a
+/// holder, than on the best holder now; the new holder takes its share `1/(holders + 1)` of them:
+///
+/// `credit = ρ · recent · max(0, saving) / (holders + 1)`.
+pub fn replica_credit_s(weight: f64, recent: f64, holders: u32, saving_s: f64) -> f64 {
+    if saving_s <= 0.0 || recent <= 0.0 {
+        return 0.0;
+    }
+    weight * recent * saving_s / f64::from(holders + 1)
 }
 
 /// The estimate for one candidate.
@@ -199,6 +222,7 @@ pub fn estimate<T: TimingModel + ?Sized>(
         decode_s,
         prefill_s: own_s,
         survive,
+        replica_s: 0.0,
         total: ttft_s + weights.decode * decode_s + weights.prefill * own_s,
     }
 }
@@ -212,6 +236,7 @@ mod tests {
     const W: CostWeights = CostWeights {
         decode: 1.0,
         prefill: 1.0,
+        replica: 1.0,
     };
 
     /// The engine's loop, step by step: each step prefills at most `b` tokens and decodes the
@@ -315,8 +340,37 @@ mod tests {
         let ttft_only = CostWeights {
             decode: 0.0,
             prefill: 0.0,
+            replica: 0.0,
         };
         assert!(estimate(&DynamoPoly, &heavy_w, &r, ttft_only).total == heavy.ttft_s);
+    }
+
+    #[test]
+    fn a_hot_prefix_earns_a_replica_where_its_holder_is_busier() {
+        // seed001's shape: one worker holds a 6,144-token prefix and decodes 2 requests; an idle
+        // worker lacks it. For this request alone the holder is cheaper ...
+        let r = request(6200, 6144, 200.0);
+        let holder = estimate(&DynamoPoly, &worker(0, 2, 2 * 6400), &r, W);
+        let idle = worker(0, 0, 0);
+        let copy = estimate(&DynamoPoly, &idle, &request(6200, 0, 200.0), W);
+        assert!(copy.total > holder.total);
+        // ... but were the idle worker a holder, the next request would be cheaper there.
+        let as_holder = estimate(&DynamoPoly, &idle, &r, W);
+        let saving = holder.total - as_holder.total;
+        assert!(saving > 0.0);
+        // Forty-eight requests on the prefix in the last window: the copy pays for itself.
+        let credit = replica_credit_s(W.replica, 48.0, 1, saving);
+        assert!(
+            copy.total - credit < holder.total,
+            "{} {credit}",
+            copy.total
+        );
+        // A cold prefix (one request, this one) does not; nor does a candidate no better placed.
+        assert!(copy.total - replica_credit_s(W.replica, 1.0, 1, saving) > holder.total);
+        assert_eq!(replica_credit_s(W.replica, 48.0, 1, -saving), 0.0);
+        assert_eq!(replica_credit_s(0.0, 48.0, 1, saving), 0.0);
+        // More holders already: each new one takes a smaller share.
+        assert!(replica_credit_s(1.0, 48.0, 3, saving) < credit);
     }
 
     #[test]

@@ -138,6 +138,34 @@ impl Rate {
     }
 }
 
+/// How hot each prefix is: per prefix key (the hash of its last block), the requests that
+/// arrived on it in the last [`Rate::WINDOW_S`] seconds, exponentially weighted. Bounded: past
+/// [`MAX_KEYS`] keys the least recently seen half is forgotten.
+#[derive(Debug, Default)]
+pub struct PrefixHeat {
+    keys: FastMap<u64, Rate>,
+}
+
+impl PrefixHeat {
+    /// One request arrived on prefix `key` at `now`.
+    pub fn observe(&mut self, key: u64, now: Time) {
+        self.keys.entry(key).or_default().add(1.0, now);
+        if self.keys.len() > MAX_KEYS {
+            let mut last: Vec<Time> = self.keys.values().filter_map(|r| r.last).collect();
+            last.sort_unstable();
+            let cut = last[last.len() / 2];
+            self.keys.retain(|_, r| r.last.is_some_and(|t| t > cut));
+        }
+    }
+
+    /// Requests on `key` in the last window (rate × window), as of `now`; 0 if never seen.
+    pub fn recent(&self, key: u64, now: Time) -> f64 {
+        self.keys
+            .get(&key)
+            .map_or(0.0, |r| r.rate(now) * Rate::WINDOW_S)
+    }
+}
+
 /// Ordinary least squares `y ≈ a + b·x` over exponentially forgotten samples (each new sample
 /// multiplies the old sums by `1 − 1/window`), updated in O(1).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -220,6 +248,32 @@ mod tests {
         // 10 blocks every 0.1 s = 100 blocks/s (discretisation error under 1 %).
         assert!((c.rate(now) - 100.0).abs() < 2.0, "{}", c.rate(now));
         assert!(c.rate(now + Duration::from_secs(300)) < 1.0);
+    }
+
+    #[test]
+    fn prefix_heat_counts_the_recent_requests_of_a_prefix() {
+        let mut h = PrefixHeat::default();
+        let mut now = Time::ZERO;
+        assert_eq!(h.recent(7, now), 0.0);
+        // Two requests a second on prefix 7: about 60 in a 30 s window once steady.
+        for _ in 0..1000 {
+            now = now + Duration::from_millis(500);
+            h.observe(7, now);
+        }
+        assert!(
+            (h.recent(7, now) - 60.0).abs() < 2.0,
+            "{}",
+            h.recent(7, now)
+        );
+        assert_eq!(h.recent(8, now), 0.0);
+        // It cools once the prefix stops arriving.
+        assert!(h.recent(7, now + Duration::from_secs(300)) < 0.1);
+        // Bounded: a flood of one-off prefixes keeps the map near MAX_KEYS.
+        for k in 0..(MAX_KEYS as u64 + 10) {
+            now = now + Duration::from_millis(1);
+            h.observe(1000 + k, now);
+        }
+        assert!(h.keys.len() <= MAX_KEYS);
     }
 
     #[test]

@@ -90,6 +90,11 @@ pub struct RouterConfig {
     /// `cost` mode: a session's next turn stays on the worker of its last turn unless another is
     /// cheaper by more than this fraction of the best cost (soft affinity).
     pub router_cost_session_margin: f64,
+    /// `cost` mode: weight ρ of the replica credit: a worker lacking a hot prefix that others
+    /// hold is credited ρ × (requests on the prefix in the last 30 s) × (how much cheaper the
+    /// next one would be there, were it a holder) / (holders + 1). Default 1; 0 turns it off
+    /// (docs/routing.md).
+    pub router_cost_replica_weight: f64,
     /// `cost` mode: fit each worker's step times online from observed TTFT and inter-token
     /// latency (for engines given no timing profile) instead of assuming `dynamo-poly`.
     pub router_cost_fit: bool,
@@ -162,6 +167,7 @@ impl Default for RouterConfig {
             router_cost_decode_weight: 0.5,
             router_cost_prefill_weight: 1.0,
             router_cost_session_margin: 0.1,
+            router_cost_replica_weight: 1.0,
             router_cost_fit: false,
             seed: 0,
         }
@@ -225,6 +231,10 @@ impl RouterConfig {
         finite_non_negative(
             self.router_cost_session_margin,
             "--router-cost-session-margin",
+        )?;
+        finite_non_negative(
+            self.router_cost_replica_weight,
+            "--router-cost-replica-weight",
         )?;
         finite_non_negative(
             self.router_kv_overlap_score_credit,

@@ -6,8 +6,10 @@ use super::{RouteRequest, Router};
 use crate::event::KvEvent;
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
-use crate::policy::cost::{estimate, CostEstimate, CostWeights, RequestPicture, WorkerPicture};
-use crate::policy::learn::{LineFit, OutputLengths, Rate};
+use crate::policy::cost::{
+    estimate, replica_credit_s, CostEstimate, CostWeights, RequestPicture, WorkerPicture,
+};
+use crate::policy::learn::{LineFit, OutputLengths, PrefixHeat, Rate};
 use crate::policy::Candidate;
 use crate::time::Time;
 use crate::timing::{DynamoPoly, StepShape, TimingError, TimingModel};
@@ -83,6 +85,8 @@ pub(super) struct CostState {
     expected_out: FastMap<WorkerRank, f64>,
     /// Session → (rank of its last turn, when).
     homes: FastMap<u64, (WorkerRank, Time)>,
+    /// Recent requests per cached prefix (for the replica credit).
+    heat: PrefixHeat,
 }
 
 impl CostState {
@@ -187,13 +191,14 @@ impl Router {
         &DynamoPoly
     }
 
-    /// Every candidate's estimate, in candidate order.
+    /// Every candidate's estimate, in candidate order (replica credit included), and the key of
+    /// the deepest prefix any candidate holds (for [`Router::cost_placed`] to count).
     pub(super) fn cost_estimates(
         &self,
         request: &RouteRequest,
         candidates: &[Candidate],
         now: Time,
-    ) -> Vec<CostEstimate> {
+    ) -> (Vec<CostEstimate>, Option<u64>) {
         let bs = self.config.kv_cache_block_size as u64;
         let request_blocks = request.request_blocks(self.config.kv_cache_block_size);
         let expected = self
@@ -201,7 +206,12 @@ impl Router {
             .outputs
             .expected(request.group, prompt_key(request));
         let cv = self.cost.outputs.group_cv();
-        candidates
+        let weights = CostWeights {
+            decode: self.config.router_cost_decode_weight,
+            prefill: self.config.router_cost_prefill_weight,
+            replica: self.config.router_cost_replica_weight,
+        };
+        let pictures: Vec<(WorkerPicture, RequestPicture)> = candidates
             .iter()
             .map(|c| {
                 let spec = &self.workers[&c.rank.worker];
@@ -237,17 +247,61 @@ impl Router {
                         .unwrap_or(0),
                     length_cv: cv,
                 };
-                estimate(
-                    self.timing_of(c.rank.worker),
-                    &w,
-                    &r,
-                    CostWeights {
-                        decode: self.config.router_cost_decode_weight,
-                        prefill: self.config.router_cost_prefill_weight,
-                    },
-                )
+                (w, r)
             })
-            .collect()
+            .collect();
+        let mut estimates: Vec<CostEstimate> = candidates
+            .iter()
+            .zip(&pictures)
+            .map(|(c, (w, r))| estimate(self.timing_of(c.rank.worker), w, r, weights))
+            .collect();
+        // The replica credit: only for a prefix some candidate holds and others lack.
+        let deepest = pictures
+            .iter()
+            .map(|p| p.1.cached_tokens)
+            .max()
+            .unwrap_or(0);
+        let depth_blocks = (deepest / bs.max(1)) as usize;
+        let key = depth_blocks
+            .checked_sub(1)
+            .and_then(|i| request.blocks.sequence.get(i))
+            .map(|h| h.0);
+        let (Some(k), true) = (key, weights.replica > 0.0) else {
+            return (estimates, key);
+        };
+        let recent = self.cost.heat.recent(k, now);
+        let holders = pictures
+            .iter()
+            .filter(|p| p.1.cached_tokens >= deepest)
+            .count() as u32;
+        // The credit is at most ρ·recent/(holders + 1) × the best holder's whole cost: skip the
+        // second estimates when that cannot matter (a cold prefix).
+        if weights.replica * recent / f64::from(holders + 1) < 1.0 {
+            return (estimates, key);
+        }
+        let best_holder = estimates
+            .iter()
+            .zip(&pictures)
+            .filter(|(_, p)| p.1.cached_tokens >= deepest)
+            .map(|(e, _)| e.total)
+            .fold(f64::INFINITY, f64::min);
+        for ((c, (w, r)), e) in candidates.iter().zip(&pictures).zip(estimates.iter_mut()) {
+            if r.cached_tokens >= deepest {
+                continue;
+            }
+            let copied = deepest.min(r.isl_tokens) - r.cached_tokens.min(r.isl_tokens);
+            let as_holder = RequestPicture {
+                cached_tokens: deepest,
+                new_kv_tokens: r.new_kv_tokens.saturating_sub(copied),
+                ..*r
+            };
+            let next = estimate(self.timing_of(c.rank.worker), w, &as_holder, weights);
+            let credit =
+                replica_credit_s(weights.replica, recent, holders, best_holder - next.total);
+            e.replica_s = credit;
+            e.total -= credit;
+        }
+        (estimates, key)
     }
 
     /// The session's last rank among the candidates, if it is within the margin of the best:
@@ -267,8 +321,17 @@ impl Router {
         (estimates[h].total <= best * (1.0 + self.config.router_cost_session_margin)).then_some(h)
     }
 
-    /// Records a `cost` placement.
-    pub(super) fn cost_placed(&mut self, request: &RouteRequest, rank: WorkerRank, now: Time) {
+    /// Records a `cost` placement; `prefix` is the key [`Router::cost_estimates`] returned.
+    pub(super) fn cost_placed(
+        &mut self,
+        request: &RouteRequest,
+        rank: WorkerRank,
+        prefix: Option<u64>,
+        now: Time,
+    ) {
+        if let Some(k) = prefix {
+            self.cost.heat.observe(k, now);
+        }
         let expected = self
             .cost
             .outputs

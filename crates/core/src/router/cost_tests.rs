@@ -182,3 +182,45 @@ fn the_online_fit_learns_a_workers_prefill_line() {
         .unwrap();
     assert!((a - 10.0).abs() < 0.1 && (b - 0.02).abs() < 1e-4, "{a} {b}");
 }
+
+#[test]
+fn a_hot_prefix_is_copied_to_an_idle_worker_a_cold_one_is_not() {
+    // seed001's shape: worker 0 holds a 6,000-token prefix; requests on it arrive every 500 ms
+    // and decode for 1.2 s, so the holder is usually busy while worker 1 idles.
+    let shared = tokens(8, 6000);
+    let run = |hot: bool| {
+        let mut r = router(RouterMode::Cost, 2);
+        r.apply_event(&store_event(0, &shared)).unwrap();
+        let mut on = [0u32; 2];
+        let mut live: Vec<(u64, u64)> = Vec::new();
+        for i in 0..60u64 {
+            let t = i * 500;
+            for (id, _) in live.iter().filter(|(_, end)| *end <= t) {
+                let _ = r.finish(RequestId(*id), at(t)).unwrap();
+            }
+            live.retain(|(_, end)| *end > t);
+            // The hot run repeats the shared prefix; the cold one asks for a fresh one each time
+            // (stored on worker 0 as if it had been computed there before).
+            let prompt = if hot {
+                let mut p = shared.clone();
+                p.extend(tokens(1000 + i as u32, 200));
+                p
+            } else {
+                let p = tokens(2000 + i as u32, 6200);
+                r.apply_event(&store_event(0, &p)).unwrap();
+                p
+            };
+            let d = r.route(&request(i + 1, &prompt), at(t)).unwrap();
+            on[d.rank.worker.0 as usize] += 1;
+            live.push((i + 1, t + 1200));
+        }
+        on
+    };
+    let hot = run(true);
+    assert!(
+        hot[1] > 0,
+        "the hot prefix never got a second holder: {hot:?}"
+    );
+    // A prefix seen once is not worth a copy: every request stays with its holder.
+    assert_eq!(run(false), [60, 0]);
+}

@@ -332,9 +332,11 @@ impl Router {
             &self.config.kv_params(),
         );
         let mut home = None;
+        let mut prefix = None;
         if mode == RouterMode::Cost {
             // The policy's own figure: expected seconds (docs/routing.md).
-            let estimates = self.cost_estimates(request, &candidates, now);
+            let (estimates, key) = self.cost_estimates(request, &candidates, now);
+            prefix = key;
             home = self.cost_home(request, &candidates, &estimates);
             for (s, e) in scores.iter_mut().zip(&estimates) {
                 s.total = e.total;
@@ -386,7 +388,7 @@ impl Router {
         }
         self.place_in_group(request, rank, now);
         if mode == RouterMode::Cost {
-            self.cost_placed(request, rank, now);
+            self.cost_placed(request, rank, prefix, now);
         }
         if let (Some(session), Some(ttl)) = (
             request.session,
