@@ -205,9 +205,10 @@ struct PullArgs {
     /// Fetch from this in-region peer (`kvrouter weights serve`) instead of the store.
     #[arg(long)]
     peer: Option<String>,
-    /// An older version directory (same file system, not --have) whose files the first delta
-    /// overwrites instead of allocating new ones (later deltas reuse the versions they
-    /// supersede); consumed once a delta is applied, left alone otherwise.
+    /// An older checkpoint directory (with weights.json, same file system, neither holding
+    /// --have, --out nor --work) whose files the first delta overwrites instead of allocating
+    /// new ones (later deltas reuse the versions they supersede); consumed once the first apply
+    /// starts (after the whole delta is checked), left alone otherwise.
     #[arg(long)]
     recycle: Option<PathBuf>,
     #[command(flatten)]
@@ -224,8 +225,8 @@ struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8300")]
     listen: String,
-    /// Versions kept in --dir (at least 1): pulling one more overwrites the files of the oldest
-    /// dropped one and deletes the rest.
+    /// Versions kept in --dir (at least 1): pulling one more writes it into the files of the
+    /// newest version it drops (never the base it is applied to) and deletes older ones.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     keep_versions: u64,
     #[command(flatten)]

@@ -87,11 +87,18 @@ pub(crate) fn start(state: &AppState, body: UpdateBody) -> Result<(), ServeError
     );
     let fetches = match (body.source.as_ref(), source) {
         (Some(spec), Some(source)) => {
-            let targets: Vec<WorkerId> = inner
-                .lock_core()
-                .update_status()
-                .map(|s| s.phases.keys().copied().collect())
-                .unwrap_or_default();
+            let targets: Vec<(WorkerId, u64)> = {
+                let core = inner.lock_core();
+                let ids: Vec<WorkerId> = core
+                    .update_status()
+                    .map(|s| s.phases.keys().copied().collect())
+                    .unwrap_or_default();
+                let running: HashMap<WorkerId, u64> =
+                    core.workers().map(|w| (w.id, w.policy_version)).collect();
+                ids.into_iter()
+                    .map(|id| (id, running.get(&id).copied().unwrap_or(0)))
+                    .collect()
+            };
             spec.start(source, body.version, &targets)
         }
         _ => HashMap::new(),

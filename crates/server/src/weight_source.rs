@@ -95,25 +95,33 @@ impl SourceBody {
             peer: self.peer.clone(),
             store,
             keep: Some(self.keep.unwrap_or(DEFAULT_KEEP_VERSIONS)),
+            protect: Vec::new(),
         })
     }
 
-    /// Starts fetching `version` for `workers`; one fetch per distinct directory.
+    /// Starts fetching `version` for `workers` (each with the version it runs now, which its
+    /// directory's fetch never recycles or deletes); one fetch per distinct directory.
     pub(crate) fn start(
         &self,
         source: Source,
         version: u64,
-        workers: &[WorkerId],
+        workers: &[(WorkerId, u64)],
     ) -> HashMap<WorkerId, Fetch> {
         let threads = self.threads.unwrap_or(DEFAULT_FETCH_THREADS);
+        let dir_of = |w: &WorkerId| self.dir.replace("{worker}", &w.0.to_string());
+        let mut running: HashMap<String, Vec<u64>> = HashMap::new();
+        for (w, v) in workers {
+            running.entry(dir_of(w)).or_default().push(*v);
+        }
         let mut by_dir: HashMap<String, Fetch> = HashMap::new();
         let mut out = HashMap::new();
-        for w in workers {
-            let dir = self.dir.replace("{worker}", &w.0.to_string());
+        for (w, _) in workers {
+            let dir = dir_of(w);
             let fetch = by_dir
                 .entry(dir.clone())
                 .or_insert_with(|| {
-                    let source = source.clone();
+                    let mut source = source.clone();
+                    source.protect = running.get(&dir).cloned().unwrap_or_default();
                     let task = tokio::spawn(async move {
                         let cache = PathBuf::from(&dir);
                         fetch_version(&source, version, &cache, threads)

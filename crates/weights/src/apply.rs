@@ -30,9 +30,12 @@ pub fn apply(
 /// [`apply`], overwriting the files of `recycle` (an older version directory, on the same file
 /// system) instead of allocating new ones: a rollout worker that keeps two versions turns the
 /// older into the newer. Allocating fresh page-cache pages for a new file costs the kernel
-/// about as much CPU as hashing it (docs/weights.md, "Numbers"). `recycle` is consumed: its
-/// marker is removed first (it no longer claims a version), its files move into the output, and
-/// it is gone afterwards, whether or not the apply succeeds.
+/// about as much CPU as hashing it (docs/weights.md, "Numbers"). `recycle` must be a checkpoint
+/// directory (with a marker) that neither is nor holds the base or the output. It is left alone
+/// when a check fails (the base, `recycle` itself, the whole delta file); after that it is
+/// consumed: its marker is removed first (it no longer claims a version), its files move into
+/// the output, and it is gone afterwards, whether or not the rebuild succeeds (a base whose
+/// bytes are damaged is found only then).
 pub fn apply_recycling(
     base: &Path,
     delta_path: &Path,
@@ -56,7 +59,9 @@ pub fn apply_recycling(
         std::fs::remove_dir_all(&tmp).map_err(|e| WeightsError::io(&tmp, e))?;
     }
     if let Some(old) = recycle {
-        check_recycle(old, base, out)?;
+        check_recycle(old, &[base, out, &tmp])?;
+        // A damaged delta would fail after `old`'s files are overwritten: check it whole first.
+        delta::verify_file(delta_path)?;
     }
     std::fs::create_dir_all(&tmp).map_err(|e| WeightsError::io(&tmp, e))?;
     let result = recycle
@@ -76,22 +81,44 @@ pub fn apply_recycling(
     Ok(m.new)
 }
 
-/// `recycle` must be a directory other than the base and the output.
-fn check_recycle(old: &Path, base: &Path, out: &Path) -> Result<()> {
-    let canon = |p: &Path| std::fs::canonicalize(p).ok();
-    if !old.is_dir() {
-        return Err(WeightsError::Invalid(format!(
-            "the directory to recycle {} does not exist",
+/// `recycle` must be a checkpoint directory (it has a version marker) that is neither one of
+/// `spare` nor holds one of them (a parent of the base would take the base with it).
+pub(crate) fn check_recycle(old: &Path, spare: &[&Path]) -> Result<()> {
+    let invalid = |why: &str| {
+        Err(WeightsError::Invalid(format!(
+            "the directory to recycle {} {why}",
             old.display()
-        )));
+        )))
+    };
+    if !old.exists() {
+        return invalid("does not exist");
     }
-    if canon(old) == canon(base) || old == out {
-        return Err(WeightsError::Invalid(format!(
-            "the directory to recycle {} is the base or the output",
-            old.display()
-        )));
+    if !old.is_dir() {
+        return invalid("is not a directory");
+    }
+    let canonical = std::fs::canonicalize(old).map_err(|e| WeightsError::io(old, e))?;
+    for p in spare {
+        if canonical_or_planned(p).is_some_and(|p| p.starts_with(&canonical)) {
+            return invalid(&format!("is or holds {}, which must survive", p.display()));
+        }
+    }
+    if checkpoint::read_marker(old)?.is_none() {
+        return invalid("has no weights.json: only a checkpoint directory is recycled");
     }
     Ok(())
+}
+
+/// `p` made absolute with its symbolic links resolved; for a path not created yet, its
+/// nearest existing ancestor's resolution joined with the rest.
+fn canonical_or_planned(p: &Path) -> Option<std::path::PathBuf> {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return Some(c);
+    }
+    let parent = p
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    Some(canonical_or_planned(parent)?.join(p.file_name()?))
 }
 
 /// Moves the files of `old` into `tmp` under the names of `new`'s files, largest to largest,

@@ -47,10 +47,11 @@ pub async fn pull(
 }
 
 /// [`pull`], applying the first delta into the files of `recycle` (an older version directory
-/// on the same file system, neither `have` nor `out`), and each later one into the intermediate
-/// version it supersedes. `recycle` is consumed once a delta is applied (as by
-/// `apply_recycling`); it is left alone when no delta is (a full download, or `have` is the
-/// wanted version).
+/// on the same file system that neither is nor holds `have`, `out` or `work`), and each later
+/// one into the intermediate version it supersedes. `recycle` is consumed once the first apply
+/// starts (as by `apply_recycling`, which checks the whole delta first); it is left alone when
+/// no delta is applied (a full download, or `have` is the wanted version) or a check or
+/// download fails before that.
 pub async fn pull_recycling(
     store: &Store,
     version: Option<u64>,
@@ -60,6 +61,11 @@ pub async fn pull_recycling(
     threads: usize,
     recycle: Option<&Path>,
 ) -> Result<PullReport> {
+    if let Some(old) = recycle {
+        let mut spare = vec![out, work];
+        spare.extend(have);
+        crate::apply::check_recycle(old, &spare)?;
+    }
     let reads_before = store.reads();
     let target = match version {
         Some(v) => v,

@@ -70,6 +70,7 @@ impl Peer {
                 peer: None,
                 store: Some(store.clone()),
                 keep: Some(self.keep),
+                protect: Vec::new(),
             };
             transfer::fetch_version(&source, v, &self.cache, self.threads)
                 .await

@@ -21,6 +21,9 @@ pub struct Source {
     /// the files of the newest one it drops into the new version and deletes the others, once
     /// the new version is in place.
     pub keep: Option<usize>,
+    /// Versions never recycled or deleted, whatever `keep` says: the ones engines run now (after
+    /// a rollback that is not the newest).
+    pub protect: Vec<u64>,
 }
 
 /// What a fetch does to the versions already in a cache that keeps `keep` of them.
@@ -32,10 +35,21 @@ pub(crate) struct Retention {
     pub(crate) delete: Vec<u64>,
 }
 
-/// The cache holds `local` and fetches `new` starting from `have`: the newest `keep - 1` others
-/// stay; of the rest, the newest that is not `have` is recycled, and the others are deleted.
-pub(crate) fn retention(local: &[u64], new: u64, keep: usize, have: Option<u64>) -> Retention {
-    let mut others: Vec<u64> = local.iter().copied().filter(|&v| v != new).collect();
+/// The cache holds `local` and fetches `new` starting from `have`: the `protect`ed versions and
+/// the newest `keep - 1` others stay; of the rest, the newest that is not `have` is recycled,
+/// and the others are deleted.
+pub(crate) fn retention(
+    local: &[u64],
+    new: u64,
+    keep: usize,
+    have: Option<u64>,
+    protect: &[u64],
+) -> Retention {
+    let mut others: Vec<u64> = local
+        .iter()
+        .copied()
+        .filter(|&v| v != new && !protect.contains(&v))
+        .collect();
     others.sort_unstable_by(|a, b| b.cmp(a));
     others.dedup();
     let mut drop = others.split_off(keep.saturating_sub(1).min(others.len()));
@@ -93,7 +107,8 @@ pub async fn fetch_version(
     let have = newest_local(cache, version);
     let plan = source.keep.map_or_else(Retention::default, |keep| {
         let local: Vec<u64> = local_versions(cache).iter().map(|(v, _)| *v).collect();
-        retention(&local, version, keep.max(1), have.as_ref().map(|(v, _)| *v))
+        let have = have.as_ref().map(|(v, _)| *v);
+        retention(&local, version, keep.max(1), have, &source.protect)
     });
     let mut drop: Vec<PathBuf> = plan.delete.iter().map(|&v| version_dir(cache, v)).collect();
     let recycle = plan.recycle.map(|v| version_dir(cache, v));
@@ -281,7 +296,7 @@ mod tests {
     #[test]
     fn a_cache_of_two_recycles_the_version_before_the_one_it_moves_forward() {
         // The engine runs v6; v7 arrives: v5 is overwritten, v6 stays as the base.
-        let r = retention(&[5, 6], 7, 2, Some(6));
+        let r = retention(&[5, 6], 7, 2, Some(6), &[]);
         assert_eq!(
             r,
             Retention {
@@ -290,40 +305,57 @@ mod tests {
             }
         );
         // Older leftovers beyond the one recycled go.
-        let r = retention(&[2, 3, 5, 6], 7, 2, Some(6));
+        let r = retention(&[2, 3, 5, 6], 7, 2, Some(6), &[]);
         assert_eq!(r.recycle, Some(5));
         assert_eq!(r.delete, vec![3, 2]);
         // Nothing to drop while the cache is not full.
-        assert_eq!(retention(&[6], 7, 2, Some(6)), Retention::default());
-        assert_eq!(retention(&[], 7, 3, None), Retention::default());
+        assert_eq!(retention(&[6], 7, 2, Some(6), &[]), Retention::default());
+        assert_eq!(retention(&[], 7, 3, None, &[]), Retention::default());
     }
 
     #[test]
     fn the_base_of_the_apply_is_never_recycled() {
         // keep = 1: the base itself must go, but only after the new version is built from it.
-        let r = retention(&[6], 7, 1, Some(6));
+        let r = retention(&[6], 7, 1, Some(6), &[]);
         assert_eq!(r.recycle, None);
         assert_eq!(r.delete, vec![6]);
-        let r = retention(&[5, 6], 7, 1, Some(6));
+        let r = retention(&[5, 6], 7, 1, Some(6), &[]);
         assert_eq!(r.recycle, Some(5));
         assert_eq!(r.delete, vec![6]);
     }
 
+    #[test]
+    fn a_version_an_engine_runs_is_never_recycled_nor_deleted() {
+        // Rolled back to v1 while v4 is cached: fetching v5 must not write into v1's files.
+        let r = retention(&[1, 4], 5, 2, Some(4), &[1]);
+        assert_eq!(r, Retention::default());
+        let r = retention(&[1, 3, 4], 5, 2, Some(4), &[1]);
+        assert_eq!(r.recycle, Some(3));
+        assert!(r.delete.is_empty());
+        let r = retention(&[1, 4], 5, 1, Some(4), &[1]);
+        assert_eq!((r.recycle, r.delete), (None, vec![4]));
+    }
+
     proptest! {
         /// Against the plain statement: after the fetch the cache holds the new version and the
-        /// newest `keep - 1` others; every other version is recycled or deleted exactly once;
-        /// the base is never recycled.
+        /// newest `keep - 1` others and the protected ones; every other version is recycled or
+        /// deleted exactly once; the base is never recycled.
         #[test]
         fn retention_keeps_the_newest(
             local in proptest::collection::btree_set(0u64..20, 0..8),
             new in 0u64..20,
             keep in 1usize..5,
             have_at in proptest::option::of(0usize..8),
+            protect in proptest::collection::vec(0u64..20, 0..3),
         ) {
             let local: Vec<u64> = local.into_iter().collect();
             let have = have_at.and_then(|i| local.get(i).copied());
-            let r = retention(&local, new, keep, have);
-            let mut others: Vec<u64> = local.iter().copied().filter(|&v| v != new).collect();
+            let r = retention(&local, new, keep, have, &protect);
+            let mut others: Vec<u64> = local
+                .iter()
+                .copied()
+                .filter(|&v| v != new && !protect.contains(&v))
+                .collect();
             others.sort_unstable();
             let stay: Vec<u64> = others.iter().rev().take(keep - 1).copied().collect();
             let mut gone: Vec<u64> = r.delete.clone();

@@ -262,10 +262,39 @@ fn few_changes_make_sparse_frames_and_a_recycled_apply_rebuilds_the_same_files()
     }
     std::fs::write(old.join("extra.bin"), vec![9u8; 50_000]).unwrap();
     write_marker(&old, &checkpoint::stamp(&old, 1, 1).unwrap()).unwrap();
-    let err =
-        kvrouter_weights::apply_recycling(&base, &delta, &dir.path().join("o2"), 1, Some(&base))
-            .expect_err("recycling the base must be refused");
-    assert!(err.to_string().contains("is the base"), "{err}");
+    let o2 = dir.path().join("o2");
+    let refused = |recycle: &std::path::Path, delta: &std::path::Path, why: &str| {
+        let err = kvrouter_weights::apply_recycling(&base, delta, &o2, 1, Some(recycle))
+            .expect_err(why)
+            .to_string();
+        assert!(err.contains(why), "{err}");
+        assert!(!o2.exists());
+    };
+    // The base, a directory holding it (its parent), and a directory that is not a checkpoint
+    // are refused and left alone.
+    refused(&base, &delta, "which must survive");
+    refused(dir.path(), &delta, "which must survive");
+    let junk = dir.path().join("junk");
+    std::fs::create_dir_all(&junk).unwrap();
+    std::fs::write(junk.join("important.txt"), "keep").unwrap();
+    refused(&junk, &delta, "has no weights.json");
+    assert!(junk.join("important.txt").exists());
+    refused(&junk.join("important.txt"), &delta, "is not a directory");
+    assert!(base.exists() && dir.path().join("d.kvwd").exists());
+    // A damaged delta is found before the directory to recycle is touched.
+    let bad = dir.path().join("bad.kvwd");
+    let mut bytes = std::fs::read(&delta).unwrap();
+    bytes[20] ^= 0x40;
+    std::fs::write(&bad, &bytes).unwrap();
+    let err = kvrouter_weights::apply_recycling(&base, &bad, &o2, 1, Some(&old)).unwrap_err();
+    assert!(
+        matches!(err, kvrouter_weights::WeightsError::Corrupted { .. }),
+        "{err}"
+    );
+    assert!(
+        checkpoint::read_marker(&old).unwrap().is_some(),
+        "the directory to recycle is untouched"
+    );
     let out = dir.path().join("out");
     kvrouter_weights::apply_recycling(&base, &delta, &out, 2, Some(&old)).unwrap();
     assert_same_files(&new, &out);

@@ -64,6 +64,7 @@ async fn three_workers_one_store_pull() {
         peer: Some(url.clone()),
         store: None,
         keep: None,
+        protect: Vec::new(),
     };
     let fetches = (0..3).map(|w| {
         let source = source.clone();

@@ -235,6 +235,47 @@ async fn pull_recycles_the_given_directory_and_every_superseded_intermediate() {
         .collect();
     assert!(left.is_empty(), "intermediates left behind: {left:?}");
 
+    // A directory that holds the base, and one whose first delta arrives damaged, are left
+    // alone (the pull fails before its files are touched).
+    let holder = root.join("holder");
+    copy_dir(&dirs[0], &holder.join("v0"));
+    copy_dir(&dirs[1], &holder);
+    let err = pull_recycling(
+        &store,
+        Some(2),
+        &root.join("out2h"),
+        Some(&holder.join("v0")),
+        &work,
+        2,
+        Some(&holder),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("which must survive"), "{err}");
+    assert!(holder.join("v0").join("weights.json").exists());
+    let spare = root.join("spare");
+    copy_dir(&dirs[1], &spare);
+    let stored = root.join("store/delta/v0-v1/delta.kvwd");
+    let good = std::fs::read(&stored).unwrap();
+    let mut bad = good.clone();
+    bad[20] ^= 0x40;
+    std::fs::write(&stored, &bad).unwrap();
+    let err = pull_recycling(
+        &store,
+        Some(2),
+        &root.join("out2b"),
+        Some(&dirs[0]),
+        &root.join("work-b"),
+        2,
+        Some(&spare),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, WeightsError::Corrupted { .. }), "{err}");
+    same_tensors(&dirs[1], &spare);
+    assert!(spare.join("weights.json").exists());
+    std::fs::write(&stored, &good).unwrap();
+
     // Nothing to apply: the directory to recycle is left alone.
     let keep = root.join("keep");
     copy_dir(&dirs[1], &keep);
@@ -271,6 +312,7 @@ async fn a_cache_keeps_its_newest_versions_and_writes_the_next_into_the_oldest()
         peer: None,
         store: Some(store),
         keep: Some(2),
+        protect: Vec::new(),
     };
     let listing = || {
         let mut v: Vec<String> = std::fs::read_dir(&cache)
