@@ -8,7 +8,9 @@
 //! # Layout
 //! - [`config`]: simulation settings.
 //! - `queue`: the (time, sequence) event queue.
-//! - [`sim`]: the simulation: `step`, `step_until`, `run`; `sim/fleet`: the planner in the loop.
+//! - [`sim`]: the simulation: `step`, `step_until`, `run`; `sim/setup`, `sim/worker`,
+//!   `sim/engines` (deliveries, engine steps, worker deaths), `sim/results`; `sim/fleet`: the
+//!   planner in the loop.
 //! - [`summary`]: what a run reports (`summary.json`).
 //! - [`global`]: the global (multi-datacenter) simulation behind `--clusters`.
 //! - [`report`]: the self-contained `report.html`; `fleet_report`: its planner section.
