@@ -7,7 +7,8 @@
 //! workload: open-loop arrival times, previous-turn chains with their delays, RL step barriers,
 //! or a fixed concurrency (closed loop).
 
-use crate::sim::{load_workload, print_table};
+use crate::sim_table::print_table;
+use crate::workload_args::load_workload;
 use anyhow::{bail, Context};
 use clap::Args;
 use kvrouter_core::rng::mix64 as mix;

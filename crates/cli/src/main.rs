@@ -24,9 +24,13 @@ mod routing_args;
 mod serve;
 mod sim;
 mod sim_global;
+mod sim_planner_args;
+mod sim_rl_args;
+mod sim_table;
 mod startup;
 mod upstream_args;
 mod weights;
+mod workload_args;
 
 use clap::{Parser, Subcommand};
 

@@ -112,7 +112,7 @@ pub(crate) fn run(args: PlanArgs) -> anyhow::Result<()> {
     if args.sim.compare.is_some() {
         bail!("--compare is not used by plan: give one routing configuration");
     }
-    if args.sim.planner {
+    if args.sim.planner.enabled() {
         bail!("--planner is not used by plan: it searches fixed fleets");
     }
     if args.min_workers == 0 {

@@ -1,14 +1,13 @@
 //! `kvrouter sim`.
 
 use crate::routing_args::{apply_compare_item, RoutingArgs};
+use crate::sim_table::{print_fleet, print_table};
 use anyhow::{bail, Context};
 use clap::Args;
 use kvrouter_engine::EngineConfig;
 use kvrouter_sim::summary::FleetBaseline;
 use kvrouter_sim::{SimConfig, Simulation, Summary};
-use kvrouter_workload::generators::{self, AgenticParams, GrpoParams, Seed001Params};
-use kvrouter_workload::readers::ReadOptions;
-use kvrouter_workload::{load_trace, Workload};
+use kvrouter_workload::Workload;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -16,15 +15,8 @@ use std::time::Instant;
 /// Flags of `kvrouter sim`.
 #[derive(Debug, Args)]
 pub(crate) struct SimArgs {
-    /// A trace: Mooncake JSONL, RL rollout JSONL, an agentic session JSON, or a folder of them.
-    #[arg(long, conflicts_with = "workload")]
-    trace: Option<PathBuf>,
-    /// A generated workload: grpo, agentic or seed001.
-    #[arg(long)]
-    workload: Option<String>,
-    /// Generator parameters as key=value,key=value (names as in docs/workloads.md).
-    #[arg(long)]
-    workload_args: Option<String>,
+    #[command(flatten)]
+    workload: crate::workload_args::WorkloadArgs,
     /// Number of simulated workers.
     #[arg(long, default_value_t = 8)]
     workers: usize,
@@ -82,49 +74,14 @@ pub(crate) struct SimArgs {
     /// Replicas do not share events (what unsynchronised replicas lose).
     #[arg(long)]
     no_replica_sync: bool,
-    /// RL requests carry their group's size (as x-kvrouter-group-size): fair-share group
-    /// placement.
-    #[arg(long)]
-    group_sizes: bool,
-    /// First-N-of-M: end a group's other samples once N finished (as x-kvrouter-group-need).
-    #[arg(long)]
-    group_need: Option<u32>,
-    /// Weight updates between RL steps, run by the router: drain, abort or rolling.
-    #[arg(long)]
-    weight_update: Option<String>,
-    /// Workers updated at a time with --weight-update rolling.
-    #[arg(long, default_value_t = 1)]
-    weight_update_batch: usize,
-    /// Time an engine takes to load new weights, ms.
-    #[arg(long, default_value_t = 1000.0)]
-    weight_load_ms: f64,
+    #[command(flatten)]
+    rl: crate::sim_rl_args::SimRlArgs,
     /// Several configurations on the same workload: MODE[:key=value...],... e.g.
     /// round-robin,least-loaded,kv,kv:router_predicted_ttl_secs=5
     #[arg(long)]
     pub(crate) compare: Option<String>,
-    /// Run the planner in the loop: `--workers` is the starting fleet, resized every
-    /// `--planner-tick-s` by the control law of `serve --planner-advise`; added workers serve
-    /// after `--planner-startup-s`, removed ones drain first. A fixed fleet of the planner's
-    /// peak is run too, for comparison.
-    #[arg(long, conflicts_with = "compare")]
-    pub(crate) planner: bool,
     #[command(flatten)]
-    planner_args: crate::planner_args::PlannerArgs,
-    /// With `--planner`: tail consolidation. A worker the planner drains in an RL step's tail
-    /// that holds at most N requests moves them to the serving workers and to the draining
-    /// ones that hold more (each re-prefilled there, as a migration after a failure) when
-    /// they all fit within `--planner-requests-per-worker`, `--planner-kv-usage`, the KV
-    /// they could reach at their max tokens and the delay bound of
-    /// `--planner-migrate-slowdown`, and is released at once. 0: off, a drained worker holds
-    /// its GPU until its last request ends. Default 64 (the default requests per worker).
-    #[arg(long, default_value_t = 64, requires = "planner")]
-    planner_migrate_tail: u32,
-    /// With `--planner-migrate-tail`: no request (moved, or on a target) may end later than
-    /// 1 + this fraction times its end without the moves, however many of the tokens it may
-    /// still generate it generates (decode time grows with the KV read; the step's last sample
-    /// sets the step time).
-    #[arg(long, default_value_t = 0.1, requires = "planner")]
-    planner_migrate_slowdown: f64,
+    pub(crate) planner: crate::sim_planner_args::SimPlannerArgs,
     /// Write each configuration's request timeline as Chrome trace JSON (open in Perfetto);
     /// with several configurations the name gets `-N` per configuration.
     #[arg(long)]
@@ -164,64 +121,10 @@ fn pairs(values: &[String], flag: &str) -> anyhow::Result<Vec<(usize, f64)>> {
         .collect()
 }
 
-fn params<T: serde::de::DeserializeOwned + serde::Serialize + Default>(
-    args: Option<&str>,
-) -> anyhow::Result<T> {
-    let mut value = serde_json::to_value(T::default())?;
-    for kv in args
-        .unwrap_or("")
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-    {
-        let (k, v) = kv
-            .split_once('=')
-            .with_context(|| format!("--workload-args: {kv:?} is not key=value"))?;
-        value[k.trim()] = serde_json::from_str(v.trim())
-            .unwrap_or_else(|_| serde_json::Value::String(v.trim().to_owned()));
-    }
-    serde_json::from_value(value).context("--workload-args")
-}
-
-/// Loads a trace or generates a workload (shared by `sim` and `bench`).
-pub(crate) fn load_workload(
-    trace: Option<&std::path::Path>,
-    workload: Option<&str>,
-    workload_args: Option<&str>,
-    session_gap_s: f64,
-    max_requests: usize,
-) -> anyhow::Result<Workload> {
-    match (trace, workload) {
-        (Some(path), _) => {
-            let opts = ReadOptions {
-                session_gap_s,
-                seed: 0,
-                max_requests,
-            };
-            Ok(load_trace(path, opts).map_err(|e| anyhow::anyhow!("--trace {e}"))?)
-        }
-        (None, Some("grpo")) => Ok(generators::grpo(&params::<GrpoParams>(workload_args)?)),
-        (None, Some("agentic")) => Ok(generators::agentic(&params::<AgenticParams>(
-            workload_args,
-        )?)),
-        (None, Some("seed001")) => Ok(generators::seed001(&params::<Seed001Params>(
-            workload_args,
-        )?)),
-        (None, Some("seed002")) => Ok(kvrouter_workload::seed002::seed002(&params::<
-            kvrouter_workload::seed002::Seed002Params,
-        >(
-            workload_args
-        )?)),
-        (None, Some(other)) => {
-            bail!("--workload {other:?}: expected grpo, agentic, seed001 or seed002")
-        }
-        (None, None) => bail!("give --trace PATH or --workload grpo|agentic|seed001|seed002"),
-    }
-}
-
 impl SimArgs {
     /// The generator named by --workload, if any.
     pub(crate) fn workload_name(&self) -> Option<&str> {
-        self.workload.as_deref()
+        self.workload.name()
     }
 
     /// Engine limits from the flags.
@@ -247,13 +150,7 @@ impl SimArgs {
     }
 
     pub(crate) fn workload(&self) -> anyhow::Result<Workload> {
-        load_workload(
-            self.trace.as_deref(),
-            self.workload.as_deref(),
-            self.workload_args.as_deref(),
-            self.session_gap_s,
-            self.max_requests,
-        )
+        self.workload.load(self.session_gap_s, self.max_requests)
     }
 
     pub(crate) fn configs(&self) -> anyhow::Result<Vec<SimConfig>> {
@@ -283,49 +180,14 @@ impl SimArgs {
             router_replicas: self.router_replicas,
             replica_sync_delay_ms: self.replica_sync_delay_ms,
             replica_sync: !self.no_replica_sync,
-            group_sizes: self.group_sizes,
-            group_need: self.group_need,
-            planner: if self.planner {
-                let law = self.planner_args.config()?;
-                if self.weight_update.is_some() || self.router_replicas > 1 {
-                    bail!("--planner runs without --weight-update and with one --router-replicas");
-                }
-                Some(kvrouter_sim::PlannerSim {
-                    law,
-                    startup_ms: self.planner_args.planner_startup_s * 1000.0,
-                    tick_ms: self.planner_args.planner_tick_s * 1000.0,
-                    migrate_tail: self.planner_migrate_tail,
-                    migrate_slowdown: if self.planner_migrate_slowdown.is_finite()
-                        && self.planner_migrate_slowdown >= 0.0
-                    {
-                        self.planner_migrate_slowdown
-                    } else {
-                        bail!("--planner-migrate-slowdown must be a non-negative number");
-                    },
-                })
-            } else {
-                None
-            },
-            weight_update: match &self.weight_update {
-                None => None,
-                Some(mode) => Some(kvrouter_sim::config::WeightUpdate {
-                    mode: mode
-                        .parse()
-                        .map_err(|e: String| anyhow::anyhow!("--weight-update: {e}"))?,
-                    batch: self.weight_update_batch,
-                    load_ms: self.weight_load_ms,
-                }),
-            },
+            group_sizes: self.rl.group_sizes(),
+            group_need: self.rl.group_need(),
+            planner: self
+                .planner
+                .sim(self.rl.updates_weights() || self.router_replicas > 1)?,
+            weight_update: self.rl.weight_update()?,
         };
-        if self.group_need == Some(0) {
-            bail!("--group-need must be at least 1");
-        }
-        if self.weight_update_batch == 0 {
-            bail!("--weight-update-batch must be at least 1");
-        }
-        if !(self.weight_load_ms.is_finite() && self.weight_load_ms >= 0.0) {
-            bail!("--weight-load-ms must be a non-negative number");
-        }
+        self.rl.check()?;
         if self.workers == 0 {
             bail!("--workers must be at least 1");
         }
@@ -418,106 +280,11 @@ fn finish(sim: Simulation<'_>) -> anyhow::Result<Summary> {
     Ok(sim.run()?)
 }
 
-pub(crate) fn print_table(runs: &[Summary]) {
-    let rl = runs.iter().any(|r| r.rl.is_some());
-    print!(
-        "| config | TTFT p50 ms | TTFT p99 ms | E2E p50 ms | hit rate | ceiling | finite ceiling | output tok/s |"
-    );
-    println!(
-        "{}",
-        if rl {
-            " step time s | step bound s | GPU idle |"
-        } else {
-            ""
-        }
-    );
-    print!("|---|---|---|---|---|---|---|---|");
-    println!("{}", if rl { "---|---|---|" } else { "" });
-    let opt =
-        |v: Option<f64>, decimals: usize| v.map_or("–".to_owned(), |v| format!("{v:.decimals$}"));
-    for r in runs {
-        print!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {} | {:.0} |",
-            r.config,
-            r.ttft_ms.p50,
-            r.ttft_ms.p99,
-            r.e2e_ms.p50,
-            r.hit_rate,
-            r.hit_rate_ceiling,
-            opt(r.hit_rate_ceiling_finite, 3),
-            r.output_tokens_per_s
-        );
-        let bound = |x: &kvrouter_sim::summary::RlSummary| {
-            opt(x.step_time_lower_bound_s.map(|b| b.mean), 2)
-        };
-        match &r.rl {
-            // A live bench cannot see GPU busy time.
-            Some(x) if rl && r.router_mode == "live" => {
-                println!(" {:.2} | {} | – |", x.step_time_s.mean, bound(x))
-            }
-            Some(x) if rl => println!(
-                " {:.2} | {} | {:.3} |",
-                x.step_time_s.mean,
-                bound(x),
-                x.gpu_idle_fraction
-            ),
-            _ if rl => println!(" – | – | – |"),
-            _ => println!(),
-        }
-    }
-    for r in runs {
-        let Some(x) = &r.rl else { continue };
-        if x.ended_early + x.rollouts_lost + x.update_aborts > 0 {
-            println!(
-                "{}: {} samples ended early (first-N-of-M), {} rollouts lost, {} aborted by weight updates, {} tokens recomputed",
-                r.config, x.ended_early, x.rollouts_lost, x.update_aborts, x.tokens_recomputed
-            );
-        }
-    }
-}
-
-/// The planner's figures against the fixed fleet sized for its peak.
-fn print_fleet(runs: &[Summary]) {
-    for r in runs {
-        let Some(f) = &r.fleet else { continue };
-        print!(
-            "{}: planner fleet {:.1} GPU-s (mean {:.2} workers, peak {})",
-            r.config, f.gpu_seconds, f.mean_workers, f.peak_workers
-        );
-        match &f.baseline {
-            Some(b) => println!(
-                "; fixed {} workers {:.1} GPU-s: {:.1} % fewer GPU-seconds, step time {:.2} s vs {:.2} s ({:.3}x)",
-                b.workers,
-                b.gpu_seconds,
-                b.gpu_seconds_saved * 100.0,
-                r.rl.as_ref().map_or(0.0, |x| x.step_time_s.mean),
-                b.step_time_s,
-                b.step_time_ratio
-            ),
-            None => println!(),
-        }
-        if f.tail_moves > 0 {
-            println!(
-                "{}: {} requests moved off workers released in RL tails",
-                r.config, f.tail_moves
-            );
-        }
-    }
-}
-
 impl SimArgs {
     /// What the report's head says about the run.
     pub(crate) fn report_parameters(&self) -> Vec<(String, String)> {
-        let workload = match (&self.trace, &self.workload) {
-            (Some(path), _) => format!("trace {}", path.display()),
-            (None, Some(w)) => match &self.workload_args {
-                Some(a) => format!("{w} ({a})"),
-                None => w.clone(),
-            },
-            (None, None) => String::new(),
-        };
         let mut p = vec![
-            ("workload".to_owned(), workload),
+            ("workload".to_owned(), self.workload.describe()),
             ("workers".to_owned(), self.workers.to_string()),
             ("profile".to_owned(), self.profile.clone()),
             ("seed".to_owned(), self.routing.seed.to_string()),

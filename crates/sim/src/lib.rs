@@ -8,8 +8,11 @@
 //! # Layout
 //! - [`config`]: simulation settings.
 //! - `queue`: the (time, sequence) event queue.
-//! - [`sim`]: the simulation: `step`, `step_until`, `run`; `sim/fleet`: the planner in the loop.
-//! - [`summary`]: what a run reports (`summary.json`).
+//! - [`sim`]: the simulation: `step`, `step_until`, `run`; `sim/setup`, `sim/worker`,
+//!   `sim/engines` (deliveries, engine steps, worker deaths), `sim/results`; `sim/fleet`: the
+//!   planner in the loop.
+//! - [`summary`]: what a run reports (`summary.json`); `summary/build`: how a run's records
+//!   become one.
 //! - [`global`]: the global (multi-datacenter) simulation behind `--clusters`.
 //! - [`report`]: the self-contained `report.html`; `fleet_report`: its planner section.
 //! - [`plan`]: the planner's search for the smallest fleet meeting a target.

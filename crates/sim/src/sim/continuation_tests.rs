@@ -4,7 +4,7 @@
 use super::*;
 use kvrouter_core::event::{BlockContent, Medium, StoredBlock};
 use kvrouter_core::hashing::HashNamespace;
-use kvrouter_core::ids::EngineHash;
+use kvrouter_core::ids::{EngineHash, RequestId};
 use kvrouter_core::policy::RouterMode;
 use kvrouter_workload::WorkloadRequest;
 

@@ -1,0 +1,108 @@
+//! Where `kvrouter sim`'s requests come from: a trace or a generated workload (the loader is
+//! shared with `bench`).
+
+use anyhow::{bail, Context};
+use clap::Args;
+use kvrouter_workload::generators::{self, AgenticParams, GrpoParams, Seed001Params};
+use kvrouter_workload::readers::ReadOptions;
+use kvrouter_workload::{load_trace, Workload};
+use std::path::PathBuf;
+
+/// The workload flags of `kvrouter sim`.
+#[derive(Debug, Args)]
+pub(crate) struct WorkloadArgs {
+    /// A trace: Mooncake JSONL, RL rollout JSONL, an agentic session JSON, or a folder of them.
+    #[arg(long, conflicts_with = "workload")]
+    trace: Option<PathBuf>,
+    /// A generated workload: grpo, agentic or seed001.
+    #[arg(long)]
+    workload: Option<String>,
+    /// Generator parameters as key=value,key=value (names as in docs/workloads.md).
+    #[arg(long)]
+    workload_args: Option<String>,
+}
+
+impl WorkloadArgs {
+    /// The generator named by --workload, if any.
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.workload.as_deref()
+    }
+
+    /// The trace or the generated workload (`--session-gap-s` and `--max-requests` apply to
+    /// traces).
+    pub(crate) fn load(&self, session_gap_s: f64, max_requests: usize) -> anyhow::Result<Workload> {
+        load_workload(
+            self.trace.as_deref(),
+            self.workload.as_deref(),
+            self.workload_args.as_deref(),
+            session_gap_s,
+            max_requests,
+        )
+    }
+
+    /// The workload as the report's head names it.
+    pub(crate) fn describe(&self) -> String {
+        match (&self.trace, &self.workload) {
+            (Some(path), _) => format!("trace {}", path.display()),
+            (None, Some(w)) => match &self.workload_args {
+                Some(a) => format!("{w} ({a})"),
+                None => w.clone(),
+            },
+            (None, None) => String::new(),
+        }
+    }
+}
+
+fn params<T: serde::de::DeserializeOwned + serde::Serialize + Default>(
+    args: Option<&str>,
+) -> anyhow::Result<T> {
+    let mut value = serde_json::to_value(T::default())?;
+    for kv in args
+        .unwrap_or("")
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+    {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--workload-args: {kv:?} is not key=value"))?;
+        value[k.trim()] = serde_json::from_str(v.trim())
+            .unwrap_or_else(|_| serde_json::Value::String(v.trim().to_owned()));
+    }
+    serde_json::from_value(value).context("--workload-args")
+}
+
+/// Loads a trace or generates a workload (shared by `sim` and `bench`).
+pub(crate) fn load_workload(
+    trace: Option<&std::path::Path>,
+    workload: Option<&str>,
+    workload_args: Option<&str>,
+    session_gap_s: f64,
+    max_requests: usize,
+) -> anyhow::Result<Workload> {
+    match (trace, workload) {
+        (Some(path), _) => {
+            let opts = ReadOptions {
+                session_gap_s,
+                seed: 0,
+                max_requests,
+            };
+            Ok(load_trace(path, opts).map_err(|e| anyhow::anyhow!("--trace {e}"))?)
+        }
+        (None, Some("grpo")) => Ok(generators::grpo(&params::<GrpoParams>(workload_args)?)),
+        (None, Some("agentic")) => Ok(generators::agentic(&params::<AgenticParams>(
+            workload_args,
+        )?)),
+        (None, Some("seed001")) => Ok(generators::seed001(&params::<Seed001Params>(
+            workload_args,
+        )?)),
+        (None, Some("seed002")) => Ok(kvrouter_workload::seed002::seed002(&params::<
+            kvrouter_workload::seed002::Seed002Params,
+        >(
+            workload_args
+        )?)),
+        (None, Some(other)) => {
+            bail!("--workload {other:?}: expected grpo, agentic, seed001 or seed002")
+        }
+        (None, None) => bail!("give --trace PATH or --workload grpo|agentic|seed001|seed002"),
+    }
+}
