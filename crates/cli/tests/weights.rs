@@ -398,3 +398,123 @@ fn tempfile_dir() -> TempDir {
     std::fs::create_dir_all(&d).unwrap();
     TempDir(d)
 }
+
+/// Waits for the running update to end and returns `/admin/policy`.
+async fn updated(client: &reqwest::Client, base: &str, version: u64, source: &Value) -> Value {
+    let r = client
+        .post(format!("{base}/admin/policy/update"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"version": version, "mode": "abort", "source": source}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
+    let policy = || async {
+        client
+            .get(format!("{base}/admin/policy"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    };
+    common::until("the update to finish", WAIT, || async {
+        policy().await["update"]["running"] == false
+    })
+    .await;
+    policy().await
+}
+
+/// A worker cache keeping 2 versions never recycles the version its engine runs: after a
+/// rollback to v1 (not the newest in the cache), the update to v4 writes into v2's files and
+/// leaves v1 whole (before, v1 was deleted while the engine still ran it).
+#[tokio::test]
+async fn a_rolled_back_version_survives_the_next_fetch_while_its_engine_runs_it() {
+    let tmp = tempfile_dir();
+    let root = tmp.as_path();
+    let store = format!("file://{}", root.join("store").display());
+    std::fs::create_dir_all(root.join("store")).unwrap();
+    for v in 0..=4u32 {
+        let dir = root.join(format!("trainer/v{v}"));
+        let steps = v.to_string();
+        kvrouter(&[
+            "weights",
+            "gen",
+            "--out",
+            p(&dir),
+            "--size-mib",
+            "2",
+            "--steps",
+            &steps,
+            "--lr",
+            "1e-5",
+            "--threads",
+            "1",
+        ])
+        .await;
+        let version = v.to_string();
+        let prev = root.join(format!("trainer/v{}", v.saturating_sub(1)));
+        let mut args = vec![
+            "weights",
+            "publish",
+            "--dir",
+            p(&dir),
+            "--version",
+            &version,
+            "--store",
+            &store,
+            "--threads",
+            "1",
+        ];
+        if v > 0 {
+            args.extend(["--prev", p(&prev)]);
+        }
+        kvrouter(&args).await;
+    }
+    let router = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "1",
+        "--admin-token",
+        TOKEN,
+    ])
+    .await;
+    let base = router.http();
+    let client = reqwest::Client::new();
+    let cache = root.join("cache");
+    let source = json!({"store": store, "dir": p(&cache), "keep": 2, "threads": 1});
+    let listing = || {
+        let mut v: Vec<String> = std::fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with('v'))
+            .collect();
+        v.sort();
+        v
+    };
+    for version in [2, 3, 1, 4] {
+        let policy = updated(&client, &base, version, &source).await;
+        let w = &policy["workers"][0];
+        assert_eq!(
+            (w["policy_version"].as_u64(), w["state"].as_str()),
+            (Some(version), Some("serving")),
+            "{policy}"
+        );
+        if version == 1 {
+            // Rolled back: v3 (run until now) and v2 stay beside v1.
+            assert_eq!(listing(), ["v1", "v2", "v3"]);
+        }
+    }
+    // v1 was run while v4 was fetched: v2 was recycled, v1 is whole.
+    assert_eq!(listing(), ["v1", "v3", "v4"]);
+    let r = kvrouter(&["weights", "verify", "--dir", p(&cache.join("v1"))]).await;
+    assert_eq!(
+        (r["ok"].as_bool(), r["version"].as_u64()),
+        (Some(true), Some(1)),
+        "{r}"
+    );
+}
