@@ -201,36 +201,8 @@ async fn publish_pull_fan_out_and_load_on_three_engines_losing_no_rollout() {
     })
     .await;
     let dir = format!("{}/worker-{{worker}}", root.display());
-    let r = client
-        .post(format!("{base}/admin/policy/update"))
-        .bearer_auth(TOKEN)
-        .json(&json!({"version": 1, "mode": "abort", "source": {"peer": peer_url, "dir": dir, "threads": 1}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
-    common::until("the update to finish", WAIT, || async {
-        let p = client
-            .get(format!("{base}/admin/policy"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json::<Value>()
-            .await
-            .unwrap();
-        p["update"]["running"] == false
-    })
-    .await;
-    let policy = client
-        .get(format!("{base}/admin/policy"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap();
+    let source = json!({"peer": peer_url, "dir": dir, "threads": 1});
+    let policy = updated(&client, &base, 1, &source).await;
     assert_eq!(policy["update"]["done"], 3, "{policy}");
     for w in policy["workers"].as_array().unwrap() {
         assert_eq!(
@@ -399,7 +371,8 @@ fn tempfile_dir() -> TempDir {
     TempDir(d)
 }
 
-/// Waits for the running update to end and returns `/admin/policy`.
+/// Starts an abort update to `version` with `source`, waits for it to end and returns
+/// `/admin/policy`.
 async fn updated(client: &reqwest::Client, base: &str, version: u64, source: &Value) -> Value {
     let r = client
         .post(format!("{base}/admin/policy/update"))
