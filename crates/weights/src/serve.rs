@@ -4,7 +4,7 @@
 //! other request for it waits and then reads the cache), so the WAN is crossed once per region.
 //!
 //! - `GET /v1/versions/{N}/marker`: the version's `weights.json`
-//! - `GET /v1/versions/{N}/files/{name}`: a file; `Range: bytes=A-` / `bytes=A-B` answer 206
+//! - `GET /v1/versions/{N}/files/{name}`: a file; `Range: bytes=A-` / `bytes=A-B` / `bytes=-N` answer 206
 //! - `GET /v1/stats`: `store_pulls`, `store_reads`, `files_served`, `bytes_served`
 
 use crate::error::WeightsError;
@@ -133,17 +133,43 @@ async fn marker(
     Ok(([(header::CONTENT_TYPE, "application/json")], bytes).into_response())
 }
 
-/// `bytes=A-` or `bytes=A-B` against a file of `size` bytes: the half-open range.
-fn parse_range(value: &str, size: u64) -> Option<(u64, u64)> {
-    let spec = value.strip_prefix("bytes=")?;
-    let (a, b) = spec.split_once('-')?;
-    let start: u64 = a.trim().parse().ok()?;
-    let end = if b.trim().is_empty() {
-        size
-    } else {
-        b.trim().parse::<u64>().ok()?.checked_add(1)?.min(size)
+/// What a `Range` header asks of a file, as RFC 9110 reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wanted {
+    /// No header, or one that is not a single well-formed byte range: it is ignored (200).
+    Whole,
+    /// The half-open byte range to send (206).
+    Part(u64, u64),
+    /// Well-formed but outside the file (416).
+    Unsatisfiable,
+}
+
+/// `bytes=A-`, `bytes=A-B` or `bytes=-N` (the last N bytes) against a file of `size` bytes.
+fn parse_range(value: Option<&str>, size: u64) -> Wanted {
+    let Some(spec) = value.and_then(|v| v.trim().strip_prefix("bytes=")) else {
+        return Wanted::Whole;
     };
-    (start < end).then_some((start, end))
+    let Some((a, b)) = spec.split_once('-').filter(|_| !spec.contains(',')) else {
+        return Wanted::Whole;
+    };
+    let (a, b) = (a.trim(), b.trim());
+    let number = |t: &str| t.parse::<u64>().ok();
+    match (a.is_empty(), number(a), b.is_empty(), number(b)) {
+        // The last N bytes.
+        (true, _, false, Some(0)) => Wanted::Unsatisfiable,
+        (true, _, false, Some(n)) if size > 0 => Wanted::Part(size.saturating_sub(n), size),
+        (true, _, false, Some(_)) => Wanted::Unsatisfiable,
+        (false, Some(start), true, _) if start < size => Wanted::Part(start, size),
+        (false, Some(_), true, _) => Wanted::Unsatisfiable,
+        (false, Some(start), false, Some(last)) if last >= start => {
+            if start < size {
+                Wanted::Part(start, last.saturating_add(1).min(size))
+            } else {
+                Wanted::Unsatisfiable
+            }
+        }
+        _ => Wanted::Whole,
+    }
 }
 
 async fn file(
@@ -171,18 +197,16 @@ async fn file(
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "name"))?
         .len();
     let range = headers.get(header::RANGE).and_then(|r| r.to_str().ok());
-    let (status, start, end) = match range {
-        None => (StatusCode::OK, 0, size),
-        Some(r) => match parse_range(r, size) {
-            Some((a, b)) => (StatusCode::PARTIAL_CONTENT, a, b),
-            None => {
-                return Ok((
-                    StatusCode::RANGE_NOT_SATISFIABLE,
-                    [(header::CONTENT_RANGE, format!("bytes */{size}"))],
-                )
-                    .into_response());
-            }
-        },
+    let (status, start, end) = match parse_range(range, size) {
+        Wanted::Whole => (StatusCode::OK, 0, size),
+        Wanted::Part(a, b) => (StatusCode::PARTIAL_CONTENT, a, b),
+        Wanted::Unsatisfiable => {
+            return Ok((
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                [(header::CONTENT_RANGE, format!("bytes */{size}"))],
+            )
+                .into_response());
+        }
     };
     f.seek(std::io::SeekFrom::Start(start))
         .await
@@ -221,14 +245,33 @@ async fn stats(State(peer): State<Arc<Peer>>) -> Json<serde_json::Value> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_range;
+    use super::{parse_range, Wanted};
 
     #[test]
-    fn ranges() {
-        assert_eq!(parse_range("bytes=10-", 100), Some((10, 100)));
-        assert_eq!(parse_range("bytes=10-19", 100), Some((10, 20)));
-        assert_eq!(parse_range("bytes=10-500", 100), Some((10, 100)));
-        assert_eq!(parse_range("bytes=100-", 100), None);
-        assert_eq!(parse_range("items=1-2", 100), None);
+    fn ranges_as_rfc_9110_reads_them() {
+        let r = |v: &str| parse_range(Some(v), 100);
+        assert_eq!(parse_range(None, 100), Wanted::Whole);
+        assert_eq!(r("bytes=10-"), Wanted::Part(10, 100));
+        assert_eq!(r("bytes=10-19"), Wanted::Part(10, 20));
+        assert_eq!(r("bytes=10-500"), Wanted::Part(10, 100));
+        // Suffixes: the last N bytes, all of a shorter file; N = 0 cannot be satisfied.
+        assert_eq!(r("bytes=-10"), Wanted::Part(90, 100));
+        assert_eq!(r("bytes=-500"), Wanted::Part(0, 100));
+        assert_eq!(r("bytes=-0"), Wanted::Unsatisfiable);
+        assert_eq!(parse_range(Some("bytes=-5"), 0), Wanted::Unsatisfiable);
+        // Well-formed but past the end.
+        assert_eq!(r("bytes=100-"), Wanted::Unsatisfiable);
+        assert_eq!(r("bytes=150-160"), Wanted::Unsatisfiable);
+        // Not a single well-formed byte range: ignored, the whole file.
+        for v in [
+            "items=1-2",
+            "bytes=abc",
+            "bytes=5-2",
+            "bytes=1-2,4-5",
+            "bytes=-",
+            "bytes=x-",
+        ] {
+            assert_eq!(r(v), Wanted::Whole, "{v}");
+        }
     }
 }
