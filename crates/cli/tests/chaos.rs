@@ -108,6 +108,24 @@ async fn one(
     out
 }
 
+/// How each stream that did not end with exactly `MAX_TOKENS` tokens (and, with `usage`, one
+/// final usage saying so) ended: its tokens, usage, in-band error, `[DONE]`, transport error.
+fn broken(outcomes: &[Outcome], usage: bool) -> Vec<String> {
+    outcomes
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| {
+            o.error || o.tokens != MAX_TOKENS || (usage && o.usage_tokens != Some(MAX_TOKENS))
+        })
+        .map(|(i, o)| {
+            format!(
+                "#{i}: {} tokens, usage {:?}, in-band error {}, [DONE] {}, cut by {:?}",
+                o.tokens, o.usage_tokens, o.error, o.done, o.cut
+            )
+        })
+        .collect()
+}
+
 /// Prints the run's figures (shown with `--nocapture`).
 fn report(name: &str, outcomes: &[Outcome]) {
     let complete = outcomes
@@ -215,17 +233,7 @@ async fn run(migration_limit: &str, chat: bool) -> Vec<Outcome> {
 async fn with_migration_every_stream_completes_exactly() {
     let outcomes = run("3", false).await;
     report("migration-limit 3", &outcomes);
-    let broken: Vec<String> = outcomes
-        .iter()
-        .enumerate()
-        .filter(|(_, o)| o.error || o.tokens != MAX_TOKENS)
-        .map(|(i, o)| {
-            format!(
-                "#{i}: {} tokens, usage {:?}, in-band error {}, [DONE] {}, cut by {:?}",
-                o.tokens, o.usage_tokens, o.error, o.done, o.cut
-            )
-        })
-        .collect();
+    let broken = broken(&outcomes, false);
     assert!(
         broken.is_empty(),
         "requests without exactly {MAX_TOKENS} tokens: {broken:?}"
@@ -259,11 +267,12 @@ async fn without_migration_broken_streams_end_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chats_are_continued_with_the_partial_assistant_message() {
     let outcomes = run("3", true).await;
-    let broken = outcomes
-        .iter()
-        .filter(|o| o.error || o.tokens != MAX_TOKENS || o.usage_tokens != Some(MAX_TOKENS))
-        .count();
-    assert_eq!(broken, 0, "every chat stream completes exactly");
+    report("chat migration-limit 3", &outcomes);
+    let broken = broken(&outcomes, true);
+    assert!(
+        broken.is_empty(),
+        "every chat stream completes exactly; these did not: {broken:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
