@@ -7,13 +7,9 @@
 use crate::checkpoint::{self, CheckpointManifest};
 use crate::error::{Result, WeightsError};
 use crate::layout::MARKER;
-use crate::store::{blocking, copy_checkpoint, Store};
+use crate::store::{blocking, copy_checkpoint, transfer, Store};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-
-fn transfer(e: impl std::fmt::Display) -> WeightsError {
-    WeightsError::Transfer(e.to_string())
-}
 
 /// What `pull` did.
 #[derive(Clone, Debug, Serialize)]

@@ -45,7 +45,7 @@ impl std::fmt::Debug for Store {
     }
 }
 
-fn transfer(e: impl std::fmt::Display) -> WeightsError {
+pub(crate) fn transfer(e: impl std::fmt::Display) -> WeightsError {
     WeightsError::Transfer(e.to_string())
 }
 

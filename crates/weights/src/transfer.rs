@@ -85,10 +85,15 @@ pub fn version_dir(cache: &Path, version: u64) -> PathBuf {
 
 /// The newest complete version in `cache` at or below `at_most`.
 pub fn newest_local(cache: &Path, at_most: u64) -> Option<(u64, PathBuf)> {
-    local_versions(cache)
-        .into_iter()
+    newest_at_most(&local_versions(cache), at_most)
+}
+
+fn newest_at_most(local: &[(u64, PathBuf)], at_most: u64) -> Option<(u64, PathBuf)> {
+    local
+        .iter()
         .filter(|(v, _)| *v <= at_most)
         .max_by_key(|(v, _)| *v)
+        .cloned()
 }
 
 /// Makes `cache/vN` hold version N (nothing to do when it does): from the peer, else the store
@@ -100,15 +105,18 @@ pub async fn fetch_version(
     threads: usize,
 ) -> Result<PathBuf> {
     let dest = version_dir(cache, version);
-    if newest_local(cache, version).is_some_and(|(v, _)| v == version) {
+    // One scan of the cache (each version's marker is read): what is here, and the newest
+    // version at or below the wanted one to move forward.
+    let local = local_versions(cache);
+    if local.iter().any(|(v, _)| *v == version) {
         return Ok(dest);
     }
     let work = cache.join(".work");
-    let have = newest_local(cache, version);
+    let have = newest_at_most(&local, version);
     let plan = source.keep.map_or_else(Retention::default, |keep| {
-        let local: Vec<u64> = local_versions(cache).iter().map(|(v, _)| *v).collect();
+        let versions: Vec<u64> = local.iter().map(|(v, _)| *v).collect();
         let have = have.as_ref().map(|(v, _)| *v);
-        retention(&local, version, keep.max(1), have, &source.protect)
+        retention(&versions, version, keep.max(1), have, &source.protect)
     });
     let mut drop: Vec<PathBuf> = plan.delete.iter().map(|&v| version_dir(cache, v)).collect();
     let recycle = plan.recycle.map(|v| version_dir(cache, v));
