@@ -1,6 +1,6 @@
 //! `apply`: base checkpoint + delta file -> new checkpoint, verified. Refuses a delta made
 //! against another base (by the base's marker, or by hashing it when it has none); writes into a
-//! hidden sibling directory, checks the SHA-256 of every segment as it is written, and renames
+//! hidden sibling directory, checks the digest of every segment as it is written, and renames
 //! it into place only when all match (with `recycle`, into the files of an older version).
 //! Memory: `threads × (5 × chunk_bytes + largest frame)`.
 
@@ -8,6 +8,7 @@ use crate::checkpoint::{self, CheckpointManifest};
 use crate::codec::Codec;
 use crate::delta::{self, DeltaManifest};
 use crate::diff::temp_path;
+use crate::digest::SegmentHash;
 use crate::error::{Result, WeightsError};
 use crate::layout;
 use crate::parallel;
@@ -159,7 +160,17 @@ fn check_base(base: &Path, m: &DeltaManifest, threads: usize) -> Result<()> {
             ));
         }
         Some(marker) => marker,
-        None => checkpoint::stamp(base, m.base.version, threads)?,
+        // Hashed as the delta's base was, so the digests can match.
+        None => {
+            let hash = SegmentHash::of_format(m.base.marker_format).ok_or_else(|| {
+                WeightsError::corrupted(
+                    "__manifest__",
+                    m.label(),
+                    format!("unknown base marker format {}", m.base.marker_format),
+                )
+            })?;
+            checkpoint::stamp_with(base, m.base.version, hash, threads)?
+        }
     };
     if have.version != m.base.version || have.digest != m.base.digest {
         return Err(WeightsError::BaseMismatch {
@@ -232,7 +243,7 @@ fn rebuild(
             let name = &want.segment.name;
             let d = &m.segments[k];
             let (out_file, out_path) = &out_files[fi];
-            let (mut sha, mut frames_sha) = (Sha256::new(), Sha256::new());
+            let (mut sha, mut frames_sha) = (m.new.hash().hasher(), Sha256::new());
             let mut done = 0u64;
             for frame in &d.frames {
                 frame_buf.resize(frame.len as usize, 0);
@@ -295,8 +306,8 @@ fn rebuild(
                     "the delta's frames of this tensor do not match their SHA-256",
                 ));
             }
-            if hex::encode(sha.finalize()) != want.sha256 {
-                let what = "the rebuilt tensor's SHA-256 is wrong while the delta's frames are intact: the base tensor is corrupted";
+            if sha.hex() != want.digest {
+                let what = "the rebuilt tensor's digest is wrong while the delta's frames are intact: the base tensor is corrupted";
                 return Err(WeightsError::corrupted(
                     name,
                     format!("v{}", m.base.version),

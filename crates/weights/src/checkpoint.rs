@@ -1,7 +1,9 @@
-//! The version marker of a checkpoint directory (`weights.json`): its version id, the SHA-256
-//! of every segment (every tensor, every safetensors header, every other file) and a checkpoint
-//! digest over all of them. `stamp` computes it, `verify` checks a directory against it.
+//! The version marker of a checkpoint directory (`weights.json`): its version id, the digest
+//! of every segment (every tensor, every safetensors header, every other file; BLAKE3 in format
+//! 2, SHA-256 in format 1, see `digest`) and a checkpoint digest (SHA-256) over all of them.
+//! `stamp` computes it, `verify` checks a directory against it.
 
+use crate::digest::SegmentHash;
 use crate::error::{Result, WeightsError};
 use crate::layout::{self, FileLayout, Segment, MARKER};
 use crate::parallel;
@@ -14,14 +16,16 @@ use std::path::Path;
 /// Bytes read at a time while hashing (per thread).
 pub const HASH_CHUNK_BYTES: usize = 4 << 20;
 
-/// A segment with its SHA-256.
+/// A segment with its digest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SegmentDigest {
     /// Where it is and what it is.
     #[serde(flatten)]
     pub segment: Segment,
-    /// SHA-256 of its bytes, hex.
-    pub sha256: String,
+    /// The digest of its bytes, hex, by the marker's [`CheckpointManifest::hash`] (named
+    /// `sha256` in format 1 markers, which are still read).
+    #[serde(alias = "sha256")]
+    pub digest: String,
 }
 
 /// One file of a stamped checkpoint.
@@ -38,7 +42,7 @@ pub struct FileDigests {
 /// The marker: version id plus digests.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointManifest {
-    /// Format of this file (1).
+    /// Format of this file: 2 (segments digested with BLAKE3, written) or 1 (SHA-256, read).
     pub format: u32,
     /// Policy version.
     pub version: u64,
@@ -49,11 +53,11 @@ pub struct CheckpointManifest {
 }
 
 impl CheckpointManifest {
-    /// Builds the manifest (computing the checkpoint digest) from digested files.
-    pub fn new(version: u64, files: Vec<FileDigests>) -> Self {
+    /// Builds the manifest (computing the checkpoint digest) from files digested with `hash`.
+    pub fn new(version: u64, hash: SegmentHash, files: Vec<FileDigests>) -> Self {
         let digest = checkpoint_digest(&files);
         CheckpointManifest {
-            format: 1,
+            format: hash.format(),
             version,
             digest,
             files,
@@ -77,9 +81,16 @@ impl CheckpointManifest {
             .collect()
     }
 
-    /// Whether the digest matches the listed segments.
+    /// How its segments are digested (SHA-256 for a format it does not know; `is_consistent`
+    /// refuses those).
+    pub fn hash(&self) -> SegmentHash {
+        SegmentHash::of_format(self.format).unwrap_or(SegmentHash::Sha256)
+    }
+
+    /// Whether its format is known and the digest matches the listed segments.
     pub fn is_consistent(&self) -> bool {
-        self.format == 1 && checkpoint_digest(&self.files) == self.digest
+        SegmentHash::of_format(self.format).is_some()
+            && checkpoint_digest(&self.files) == self.digest
     }
 }
 
@@ -91,22 +102,23 @@ fn checkpoint_digest(files: &[FileDigests]) -> String {
             let g = &s.segment;
             h.update(format!(
                 "{}\t{}\t{:?}\t{}\t{}\t{}\n",
-                g.name, g.dtype, g.shape, g.offset, g.len, s.sha256
+                g.name, g.dtype, g.shape, g.offset, g.len, s.digest
             ));
         }
     }
     hex::encode(h.finalize())
 }
 
-/// SHA-256 of `len` bytes of `file` from `offset`, read `buf.len()` at a time.
+/// The `hash` digest of `len` bytes of `file` from `offset`, read `buf.len()` at a time.
 pub(crate) fn hash_range(
+    hash: SegmentHash,
     file: &File,
     path: &Path,
     offset: u64,
     len: u64,
     buf: &mut [u8],
 ) -> Result<String> {
-    let mut h = Sha256::new();
+    let mut h = hash.hasher();
     let mut done = 0u64;
     while done < len {
         let n = (len - done).min(buf.len() as u64) as usize;
@@ -115,11 +127,16 @@ pub(crate) fn hash_range(
         h.update(&buf[..n]);
         done += n as u64;
     }
-    Ok(hex::encode(h.finalize()))
+    Ok(h.hex())
 }
 
-/// Hashes every segment of `files` under `dir` on `threads` threads.
-pub fn digest_layout(dir: &Path, files: &[FileLayout], threads: usize) -> Result<Vec<FileDigests>> {
+/// Hashes every segment of `files` under `dir` with `hash` on `threads` threads.
+pub fn digest_layout(
+    dir: &Path,
+    files: &[FileLayout],
+    hash: SegmentHash,
+    threads: usize,
+) -> Result<Vec<FileDigests>> {
     let jobs: Vec<(usize, &Segment)> = files
         .iter()
         .enumerate()
@@ -132,7 +149,7 @@ pub fn digest_layout(dir: &Path, files: &[FileLayout], threads: usize) -> Result
         |(i, seg), buf| {
             let path = layout::file_path(dir, &files[*i].name)?;
             let file = File::open(&path).map_err(|e| WeightsError::io(&path, e))?;
-            hash_range(&file, &path, seg.offset, seg.len, buf)
+            hash_range(hash, &file, &path, seg.offset, seg.len, buf)
         },
     )?;
     let mut it = digests.into_iter();
@@ -146,19 +163,31 @@ pub fn digest_layout(dir: &Path, files: &[FileLayout], threads: usize) -> Result
                 .iter()
                 .map(|s| SegmentDigest {
                     segment: s.clone(),
-                    sha256: it.next().expect("one digest per segment"),
+                    digest: it.next().expect("one digest per segment"),
                 })
                 .collect(),
         })
         .collect())
 }
 
-/// Computes the marker of `dir` as version `version` (does not write it).
+/// Computes the marker of `dir` as version `version` (does not write it), with the hash new
+/// markers use.
 pub fn stamp(dir: &Path, version: u64, threads: usize) -> Result<CheckpointManifest> {
+    stamp_with(dir, version, SegmentHash::WRITTEN, threads)
+}
+
+/// [`stamp`] with a given segment hash (to match a digest made with it).
+pub fn stamp_with(
+    dir: &Path,
+    version: u64,
+    hash: SegmentHash,
+    threads: usize,
+) -> Result<CheckpointManifest> {
     let files = layout::read_dir_layout(dir)?;
     Ok(CheckpointManifest::new(
         version,
-        digest_layout(dir, &files, threads)?,
+        hash,
+        digest_layout(dir, &files, hash, threads)?,
     ))
 }
 
@@ -189,16 +218,20 @@ pub fn verify(dir: &Path, manifest: &CheckpointManifest, threads: usize) -> Resu
             ));
         }
     }
-    let got = digest_layout(dir, &manifest.layout(), threads)?;
+    let hash = manifest.hash();
+    let got = digest_layout(dir, &manifest.layout(), hash, threads)?;
     for (want, have) in manifest.files.iter().zip(&got) {
         for (w, h) in want.segments.iter().zip(&have.segments) {
-            if w.sha256 != h.sha256 {
+            if w.digest != h.digest {
                 return Err(WeightsError::corrupted(
                     &w.segment.name,
                     version,
                     format!(
-                        "SHA-256 {} in {}, {} expected",
-                        h.sha256, want.name, w.sha256
+                        "{} {} in {}, {} expected",
+                        hash.name(),
+                        h.digest,
+                        want.name,
+                        w.digest
                     ),
                 ));
             }

@@ -2,7 +2,8 @@
 //! trailer: manifest offset and length (u64 LE), the manifest's SHA-256, `KVWDEND1`.
 //!
 //! The manifest holds the base version id, the full marker of the result (every tensor's name,
-//! dtype, shape, offsets and SHA-256), and per segment its base range and frames (offset,
+//! dtype, shape, offsets and digest: BLAKE3 in a format 2 marker), and per segment its base
+//! range and frames (offset,
 //! length, mode) with the SHA-256 of its frames; `data_sha256` is the SHA-256 of all frames (the
 //! delta file less its manifest and trailer).
 
@@ -33,6 +34,14 @@ pub struct VersionId {
     pub version: u64,
     /// Checkpoint digest ([`CheckpointManifest::digest`]).
     pub digest: String,
+    /// The format of the marker that digest came from (so a base without a marker is hashed
+    /// the same way); 1 in deltas written before it was recorded.
+    #[serde(default = "first_marker_format")]
+    pub marker_format: u32,
+}
+
+fn first_marker_format() -> u32 {
+    1
 }
 
 /// One zstd frame: a chunk of a segment.
@@ -72,7 +81,7 @@ pub struct DeltaManifest {
     pub format: u32,
     /// The base it applies to.
     pub base: VersionId,
-    /// The result, with the SHA-256 of every segment.
+    /// The result, with the digest of every segment.
     pub new: CheckpointManifest,
     /// zstd level used.
     pub zstd_level: i32,

@@ -8,6 +8,7 @@
 use crate::checkpoint::{self, CheckpointManifest, FileDigests, SegmentDigest};
 use crate::codec::Codec;
 use crate::delta::{self, DeltaManifest, DeltaSegment, Frame, VersionId, MAGIC};
+use crate::digest::SegmentHash;
 use crate::error::{Result, WeightsError};
 use crate::layout::{self, Segment};
 use crate::map;
@@ -130,7 +131,8 @@ pub fn diff(
                 }
                 None => None,
             };
-            let (mut sha, mut frames_sha, mut frames) = (Sha256::new(), Sha256::new(), Vec::new());
+            let (mut sha, mut frames_sha, mut frames) =
+                (SegmentHash::WRITTEN.hasher(), Sha256::new(), Vec::new());
             let mut done = 0u64;
             while done < seg.len {
                 let n = (seg.len - done).min(chunk as u64) as usize;
@@ -166,7 +168,7 @@ pub fn diff(
             }
             let base = partner.map(|(name, b)| (name.to_string(), b.offset));
             Ok((
-                hex::encode(sha.finalize()),
+                sha.hex(),
                 DeltaSegment {
                     base,
                     frames,
@@ -189,10 +191,10 @@ pub fn diff(
     for (fi, f) in new_files.iter().enumerate() {
         let mut segs = Vec::new();
         for (si, s) in f.segments.iter().enumerate() {
-            let (sha256, d) = by_job.remove(&(fi, si)).expect("every segment ran");
+            let (digest, d) = by_job.remove(&(fi, si)).expect("every segment ran");
             segs.push(SegmentDigest {
                 segment: s.clone(),
-                sha256,
+                digest,
             });
             segments.push(d);
         }
@@ -208,8 +210,9 @@ pub fn diff(
         base: VersionId {
             version: base_marker.version,
             digest: base_marker.digest.clone(),
+            marker_format: base_marker.format,
         },
-        new: CheckpointManifest::new(new_version, files),
+        new: CheckpointManifest::new(new_version, SegmentHash::WRITTEN, files),
         zstd_level: opts.zstd_level,
         chunk_bytes: chunk as u64,
         data_len: w.offset - MAGIC.len() as u64,

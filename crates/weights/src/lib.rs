@@ -26,6 +26,7 @@ pub mod checkpoint;
 mod codec;
 pub mod delta;
 mod diff;
+pub mod digest;
 mod error;
 pub mod gen;
 pub mod layout;

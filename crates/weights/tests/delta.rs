@@ -328,3 +328,64 @@ fn sparse_frames_need_format_2_and_unknown_formats_are_refused() {
     let err = next.check().unwrap_err().to_string();
     assert!(err.contains("unknown format"), "{err}");
 }
+
+/// Markers written before BLAKE3 (format 1: SHA-256 digests in a `sha256` field) are still read
+/// and verified, and a delta made against such a base applies to the base without its marker:
+/// the base is hashed with SHA-256, as its digest was.
+#[test]
+fn sha256_markers_of_format_1_still_verify_and_a_delta_on_one_hashes_its_base_alike() {
+    use kvrouter_weights::digest::SegmentHash;
+    let dir = tempfile::tempdir().unwrap();
+    let (base, new) = make_pair(dir.path(), 21, 0.05);
+    let old = checkpoint::stamp_with(&base, 1, SegmentHash::Sha256, 1).unwrap();
+    assert_eq!((old.format, old.hash()), (1, SegmentHash::Sha256));
+    // Written as the old binary wrote it: each segment's digest under `sha256`.
+    let mut text: serde_json::Value = serde_json::to_value(&old).unwrap();
+    for f in text["files"].as_array_mut().unwrap() {
+        for s in f["segments"].as_array_mut().unwrap() {
+            let s = s.as_object_mut().unwrap();
+            let d = s.remove("digest").unwrap();
+            s.insert("sha256".into(), d);
+        }
+    }
+    std::fs::write(base.join("weights.json"), text.to_string()).unwrap();
+    let read = checkpoint::read_marker(&base).unwrap().unwrap();
+    assert_eq!(read, old);
+    checkpoint::verify(&base, &read, 1).unwrap();
+    let fresh = checkpoint::stamp(&base, 1, 1).unwrap();
+    assert_eq!((fresh.format, fresh.hash()), (2, SegmentHash::Blake3));
+    assert_ne!(
+        fresh.digest, old.digest,
+        "the two hashes give other digests"
+    );
+
+    let delta = dir.path().join("d.kvwd");
+    let m = diff(&base, None, &new, 2, &delta, &opts(1)).unwrap();
+    assert_eq!(
+        (m.base.digest.as_str(), m.base.marker_format),
+        (old.digest.as_str(), 1)
+    );
+    assert_eq!(m.new.hash(), SegmentHash::Blake3);
+    std::fs::remove_file(base.join("weights.json")).unwrap();
+    let out = dir.path().join("out");
+    apply(&base, &delta, &out, 1).expect("the marker-less base is hashed with SHA-256");
+    assert_same_files(&new, &out);
+    let marker = checkpoint::read_marker(&out).unwrap().unwrap();
+    checkpoint::verify(&out, &marker, 1).unwrap();
+    // A flipped byte is named with the marker's own hash.
+    let seg = &marker.files[0].segments.last().unwrap().segment;
+    let path = out.join(&marker.files[0].name);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[seg.offset as usize] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    let err = checkpoint::verify(&out, &marker, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("BLAKE3") && err.contains(&seg.name), "{err}");
+
+    // A delta written before `marker_format` was recorded reads as format 1.
+    let mut v = serde_json::to_value(&m).unwrap();
+    v["base"].as_object_mut().unwrap().remove("marker_format");
+    let back: kvrouter_weights::delta::DeltaManifest = serde_json::from_value(v).unwrap();
+    assert_eq!(back.base.marker_format, 1);
+}
