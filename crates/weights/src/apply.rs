@@ -60,7 +60,7 @@ pub fn apply_recycling(
         std::fs::remove_dir_all(&tmp).map_err(|e| WeightsError::io(&tmp, e))?;
     }
     if let Some(old) = recycle {
-        check_recycle(old, &[base, out, &tmp])?;
+        check_recycle(old, &[base, out, &tmp, delta_path])?;
         // A damaged delta would fail after `old`'s files are overwritten: check it whole first.
         delta::verify_file(delta_path)?;
     }
@@ -106,6 +106,20 @@ pub(crate) fn check_recycle(old: &Path, spare: &[&Path]) -> Result<()> {
     if checkpoint::read_marker(old)?.is_none() {
         return invalid("has no weights.json: only a checkpoint directory is recycled");
     }
+    // Its files are overwritten in place: one with another name (a hard link, say into the
+    // base) would change under that name too.
+    for entry in std::fs::read_dir(old).map_err(|e| WeightsError::io(old, e))? {
+        let entry = entry.map_err(|e| WeightsError::io(old, e))?;
+        let meta = entry
+            .metadata()
+            .map_err(|e| WeightsError::io(entry.path(), e))?;
+        if meta.is_file() && std::os::unix::fs::MetadataExt::nlink(&meta) > 1 {
+            return invalid(&format!(
+                "holds {}, which has other hard links: overwriting it would change them",
+                entry.path().display()
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -146,31 +160,36 @@ fn move_files(old: &Path, tmp: &Path, new: &CheckpointManifest) -> Result<()> {
     Ok(())
 }
 
-/// The base must be the version the delta was made against.
+/// The base must be the version the delta was made against. A base whose marker hashes its
+/// segments another way than the delta's base marker did (a cache stamped before BLAKE3, a
+/// store published after) is hashed again the delta's way: the same bytes, another digest.
 fn check_base(base: &Path, m: &DeltaManifest, threads: usize) -> Result<()> {
+    let want_hash = SegmentHash::of_format(m.base.marker_format).ok_or_else(|| {
+        WeightsError::corrupted(
+            "__manifest__",
+            m.label(),
+            format!("unknown base marker format {}", m.base.marker_format),
+        )
+    })?;
     let have = match checkpoint::read_marker(base)? {
-        Some(marker) if !marker.is_consistent() => {
-            return Err(WeightsError::corrupted(
-                "__manifest__",
-                format!("v{}", marker.version),
-                format!(
-                    "{}/weights.json does not match its own digest",
-                    base.display()
-                ),
-            ));
-        }
-        Some(marker) => marker,
-        // Hashed as the delta's base was, so the digests can match.
-        None => {
-            let hash = SegmentHash::of_format(m.base.marker_format).ok_or_else(|| {
-                WeightsError::corrupted(
+        Some(marker) => {
+            if let Err(why) = marker.check() {
+                return Err(WeightsError::corrupted(
                     "__manifest__",
-                    m.label(),
-                    format!("unknown base marker format {}", m.base.marker_format),
-                )
-            })?;
-            checkpoint::stamp_with(base, m.base.version, hash, threads)?
+                    format!("v{}", marker.version),
+                    format!("{}/weights.json: {why}", base.display()),
+                ));
+            }
+            if marker.version == m.base.version
+                && marker.digest != m.base.digest
+                && marker.hash() != want_hash
+            {
+                checkpoint::stamp_with(base, marker.version, want_hash, threads)?
+            } else {
+                marker
+            }
         }
+        None => checkpoint::stamp_with(base, m.base.version, want_hash, threads)?,
     };
     if have.version != m.base.version || have.digest != m.base.digest {
         return Err(WeightsError::BaseMismatch {

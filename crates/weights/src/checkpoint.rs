@@ -39,8 +39,9 @@ pub struct FileDigests {
     pub segments: Vec<SegmentDigest>,
 }
 
-/// The marker: version id plus digests.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The marker: version id plus digests. Serialized with each segment's digest under `sha256`
+/// in format 1 (as the binaries that wrote format 1 read it) and `digest` in format 2.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct CheckpointManifest {
     /// Format of this file: 2 (segments digested with BLAKE3, written) or 1 (SHA-256, read).
     pub format: u32,
@@ -55,7 +56,7 @@ pub struct CheckpointManifest {
 impl CheckpointManifest {
     /// Builds the manifest (computing the checkpoint digest) from files digested with `hash`.
     pub fn new(version: u64, hash: SegmentHash, files: Vec<FileDigests>) -> Self {
-        let digest = checkpoint_digest(&files);
+        let digest = checkpoint_digest(hash.format(), &files);
         CheckpointManifest {
             format: hash.format(),
             version,
@@ -89,13 +90,82 @@ impl CheckpointManifest {
 
     /// Whether its format is known and the digest matches the listed segments.
     pub fn is_consistent(&self) -> bool {
-        SegmentHash::of_format(self.format).is_some()
-            && checkpoint_digest(&self.files) == self.digest
+        self.check().is_ok()
+    }
+
+    /// [`is_consistent`](Self::is_consistent), saying why not.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if SegmentHash::of_format(self.format).is_none() {
+            return Err(format!(
+                "unknown marker format {} (this binary reads 1 and 2)",
+                self.format
+            ));
+        }
+        if checkpoint_digest(self.format, &self.files) != self.digest {
+            return Err("the marker's digest does not match its segment list".into());
+        }
+        Ok(())
     }
 }
 
-fn checkpoint_digest(files: &[FileDigests]) -> String {
+impl Serialize for CheckpointManifest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Seg<'a> {
+            #[serde(flatten)]
+            segment: &'a Segment,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            sha256: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            digest: Option<&'a str>,
+        }
+        #[derive(Serialize)]
+        struct Files<'a> {
+            name: &'a str,
+            size: u64,
+            segments: Vec<Seg<'a>>,
+        }
+        #[derive(Serialize)]
+        struct Marker<'a> {
+            format: u32,
+            version: u64,
+            digest: &'a str,
+            files: Vec<Files<'a>>,
+        }
+        let old = self.format == 1;
+        Marker {
+            format: self.format,
+            version: self.version,
+            digest: &self.digest,
+            files: self
+                .files
+                .iter()
+                .map(|f| Files {
+                    name: &f.name,
+                    size: f.size,
+                    segments: f
+                        .segments
+                        .iter()
+                        .map(|g| Seg {
+                            segment: &g.segment,
+                            sha256: old.then_some(g.digest.as_str()),
+                            digest: (!old).then_some(g.digest.as_str()),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+        .serialize(s)
+    }
+}
+
+/// SHA-256 over the segment list; from format 2 on, the format's own line first, so a marker
+/// relabelled to another format no longer matches its digest.
+fn checkpoint_digest(format: u32, files: &[FileDigests]) -> String {
     let mut h = Sha256::new();
+    if format >= 2 {
+        h.update(format!("format\t{format}\n"));
+    }
     for f in files {
         h.update(format!("file\t{}\t{}\n", f.name, f.size));
         for s in &f.segments {
@@ -194,12 +264,8 @@ pub fn stamp_with(
 /// Checks every byte of `dir` against `manifest`; the first bad segment is named.
 pub fn verify(dir: &Path, manifest: &CheckpointManifest, threads: usize) -> Result<()> {
     let version = format!("v{}", manifest.version);
-    if !manifest.is_consistent() {
-        return Err(WeightsError::corrupted(
-            "__manifest__",
-            version,
-            "the marker's digest does not match its segment list",
-        ));
+    if let Err(why) = manifest.check() {
+        return Err(WeightsError::corrupted("__manifest__", version, why));
     }
     for f in &manifest.files {
         let path = layout::file_path(dir, &f.name)?;
@@ -282,6 +348,13 @@ pub fn marker_or_stamp(
 ) -> Result<CheckpointManifest> {
     match read_marker(dir)? {
         Some(m) => {
+            if let Err(why) = m.check() {
+                return Err(WeightsError::corrupted(
+                    "__manifest__",
+                    format!("v{}", m.version),
+                    format!("{}/{MARKER}: {why}", dir.display()),
+                ));
+            }
             if let Some(v) = version.filter(|v| *v != m.version) {
                 return Err(WeightsError::Invalid(format!(
                     "{} is stamped v{} but v{v} was given",

@@ -105,6 +105,7 @@ impl DeltaManifest {
     pub fn check(&self) -> Result<()> {
         let label = self.label();
         if !(1..=FORMAT).contains(&self.format)
+            || crate::digest::SegmentHash::of_format(self.base.marker_format).is_none()
             || !self.new.is_consistent()
             || !(4096..=256 << 20).contains(&self.chunk_bytes)
         {

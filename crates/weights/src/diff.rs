@@ -79,6 +79,12 @@ pub fn diff(
     opts: &CodecOptions,
 ) -> Result<DeltaManifest> {
     opts.check()?;
+    if out.is_dir() {
+        return Err(WeightsError::Invalid(format!(
+            "{} is a directory; --out names the delta file to write",
+            out.display()
+        )));
+    }
     let base_marker = checkpoint::marker_or_stamp(base, base_version, opts.threads)?;
     if new_version <= base_marker.version {
         return Err(WeightsError::Invalid(format!(

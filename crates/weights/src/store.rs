@@ -264,7 +264,7 @@ pub async fn publish(
             "--full-every must be at least 1".into(),
         ));
     }
-    let marker = blocking({
+    let mut marker = blocking({
         let (dir, threads) = (dir.to_path_buf(), opts.threads);
         move || {
             let m = checkpoint::marker_or_stamp(&dir, Some(version), threads)?;
@@ -305,6 +305,13 @@ pub async fn publish(
         delta_bytes = std::fs::metadata(&tmp).ok().map(|m| m.len());
         let _ = std::fs::remove_file(&tmp);
         uploaded?;
+        // The delta names `dir`'s bytes by the marker the diff just made (the format written
+        // now); a marker `dir` had from before (format 1) would give the same bytes a second
+        // version id, and the next delta (its base) would not match what pullers rebuild.
+        if m.new.digest != marker.digest {
+            checkpoint::write_marker(dir, &m.new)?;
+            marker = m.new.clone();
+        }
     }
     let full = prev.is_none() || version % full_every == 0;
     if full {

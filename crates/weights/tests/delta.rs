@@ -340,15 +340,12 @@ fn sha256_markers_of_format_1_still_verify_and_a_delta_on_one_hashes_its_base_al
     let old = checkpoint::stamp_with(&base, 1, SegmentHash::Sha256, 1).unwrap();
     assert_eq!((old.format, old.hash()), (1, SegmentHash::Sha256));
     // Written as the old binary wrote it: each segment's digest under `sha256`.
-    let mut text: serde_json::Value = serde_json::to_value(&old).unwrap();
-    for f in text["files"].as_array_mut().unwrap() {
-        for s in f["segments"].as_array_mut().unwrap() {
-            let s = s.as_object_mut().unwrap();
-            let d = s.remove("digest").unwrap();
-            s.insert("sha256".into(), d);
-        }
-    }
-    std::fs::write(base.join("weights.json"), text.to_string()).unwrap();
+    let text = serde_json::to_string(&old).unwrap();
+    assert!(
+        text.contains("\"sha256\"") && !text.contains("\"digest\": \""),
+        "{text}"
+    );
+    std::fs::write(base.join("weights.json"), text).unwrap();
     let read = checkpoint::read_marker(&base).unwrap().unwrap();
     assert_eq!(read, old);
     checkpoint::verify(&base, &read, 1).unwrap();
@@ -388,4 +385,95 @@ fn sha256_markers_of_format_1_still_verify_and_a_delta_on_one_hashes_its_base_al
     v["base"].as_object_mut().unwrap().remove("marker_format");
     let back: kvrouter_weights::delta::DeltaManifest = serde_json::from_value(v).unwrap();
     assert_eq!(back.base.marker_format, 1);
+}
+
+/// A format 1 marker is written back as format 1 binaries read it (`sha256` per segment); a
+/// marker relabelled to the other format, or to an unknown one, is refused by name.
+#[test]
+fn markers_are_written_in_their_format_and_relabelled_ones_are_refused() {
+    use kvrouter_weights::digest::SegmentHash;
+    let dir = tempfile::tempdir().unwrap();
+    let (base, _) = make_pair(dir.path(), 22, 0.05);
+    let old = checkpoint::stamp_with(&base, 1, SegmentHash::Sha256, 1).unwrap();
+    let new = checkpoint::stamp(&base, 1, 1).unwrap();
+    let segments = |m: &checkpoint::CheckpointManifest| -> Vec<serde_json::Value> {
+        let v = serde_json::to_value(m).unwrap();
+        v["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|f| f["segments"].as_array().unwrap().clone())
+            .collect()
+    };
+    assert!(segments(&old)
+        .iter()
+        .all(|s| s.get("sha256").is_some() && s.get("digest").is_none()));
+    assert!(segments(&new)
+        .iter()
+        .all(|s| s.get("digest").is_some() && s.get("sha256").is_none()));
+    for m in [&old, &new] {
+        let back: checkpoint::CheckpointManifest =
+            serde_json::from_slice(&serde_json::to_vec(m).unwrap()).unwrap();
+        assert_eq!(&back, m);
+    }
+    let mut relabelled = old.clone();
+    relabelled.format = 2;
+    assert!(relabelled.check().unwrap_err().contains("does not match"));
+    let mut unknown = new.clone();
+    unknown.format = 3;
+    let err = checkpoint::verify(&base, &unknown, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown marker format 3"), "{err}");
+    write_marker(&base, &unknown).unwrap();
+    let err = diff(&base, None, &base, 2, &dir.path().join("d.kvwd"), &opts(1))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown marker format 3"), "{err}");
+    assert!(!dir.path().join("d.kvwd").exists());
+}
+
+/// `--recycle` never overwrites a file another name shares (a hard-linked copy of the base),
+/// nor consumes the delta being applied when it lies in the recycled directory.
+#[test]
+fn recycling_refuses_hard_linked_files_and_a_directory_holding_the_delta() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, new) = make_pair(dir.path(), 23, 0.05);
+    write_marker(&base, &checkpoint::stamp(&base, 1, 1).unwrap()).unwrap();
+    let delta = dir.path().join("d.kvwd");
+    diff(&base, None, &new, 2, &delta, &opts(1)).unwrap();
+    let linked = dir.path().join("linked");
+    std::fs::create_dir(&linked).unwrap();
+    for e in std::fs::read_dir(&base).unwrap() {
+        let e = e.unwrap();
+        std::fs::hard_link(e.path(), linked.join(e.file_name())).unwrap();
+    }
+    let out = dir.path().join("out");
+    let err = kvrouter_weights::apply_recycling(&base, &delta, &out, 1, Some(&linked))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("other hard links"), "{err}");
+    checkpoint::verify(&base, &checkpoint::read_marker(&base).unwrap().unwrap(), 1)
+        .expect("the base is intact");
+    assert!(linked.exists() && !out.exists());
+
+    let spare = dir.path().join("spare");
+    std::fs::create_dir(&spare).unwrap();
+    for e in std::fs::read_dir(&new).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), spare.join(e.file_name())).unwrap();
+    }
+    write_marker(&spare, &checkpoint::stamp(&spare, 9, 1).unwrap()).unwrap();
+    let inner = spare.join("d.kvwd");
+    std::fs::copy(&delta, &inner).unwrap();
+    let err = kvrouter_weights::apply_recycling(&base, &inner, &out, 1, Some(&spare))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("which must survive"), "{err}");
+    assert!(inner.exists() && !out.exists());
+
+    let err = diff(&base, None, &new, 3, &linked, &opts(1))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is a directory"), "{err}");
 }

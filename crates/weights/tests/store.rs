@@ -397,3 +397,59 @@ async fn s3_compatible_store_publish_and_pull() {
     let tmp = tempfile::tempdir().unwrap();
     publish_and_pull(&store, tmp.path()).await;
 }
+
+/// A version published from a directory stamped before BLAKE3 (format 1) keeps one version id:
+/// publish adopts the delta's marker for it, so the next delta's base is what pullers rebuild.
+/// And a puller whose cached base is format 1 while the store's deltas hash bases with BLAKE3
+/// hashes its base the delta's way instead of refusing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn format_1_markers_on_either_side_keep_the_delta_chain_whole() {
+    use kvrouter_weights::checkpoint::{self, stamp_with, write_marker};
+    use kvrouter_weights::digest::SegmentHash;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    std::fs::create_dir_all(root.join("store")).unwrap();
+    let store = Store::open(&format!("file://{}", root.join("store").display()), &[]).unwrap();
+    let dirs = versions(root, 2);
+    write_marker(
+        &dirs[1],
+        &stamp_with(&dirs[1], 1, SegmentHash::Sha256, 2).unwrap(),
+    )
+    .unwrap();
+    for (k, d) in dirs.iter().enumerate() {
+        let prev = k.checked_sub(1).map(|p| dirs[p].as_path());
+        publish(&store, d, k as u64, prev, 100, &opts())
+            .await
+            .unwrap();
+    }
+    let v1 = checkpoint::read_marker(&dirs[1]).unwrap().unwrap();
+    assert_eq!(
+        v1.hash(),
+        SegmentHash::Blake3,
+        "publish adopted the delta's marker"
+    );
+    let out = root.join("pulled-v2");
+    pull(&store, Some(2), &out, None, &root.join("work"), 2)
+        .await
+        .expect("the chain v0 -> v1 -> v2 applies");
+    same_tensors(&dirs[2], &out);
+
+    // A cache stamped the old way, pulling deltas whose bases were hashed with BLAKE3.
+    let cached = root.join("cache/v0");
+    std::fs::create_dir_all(&cached).unwrap();
+    for e in std::fs::read_dir(&dirs[0]).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), cached.join(e.file_name())).unwrap();
+    }
+    write_marker(
+        &cached,
+        &stamp_with(&cached, 0, SegmentHash::Sha256, 2).unwrap(),
+    )
+    .unwrap();
+    let out = root.join("cache/v2");
+    let r = pull(&store, Some(2), &out, Some(&cached), &root.join("work2"), 2)
+        .await
+        .expect("the format 1 base is hashed as the delta's base was");
+    assert_eq!(r.deltas, 2);
+    same_tensors(&dirs[2], &out);
+}
