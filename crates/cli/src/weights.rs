@@ -199,7 +199,9 @@ struct PullArgs {
     /// A local checkpoint (with weights.json) to move forward by deltas instead of a full download.
     #[arg(long)]
     have: Option<PathBuf>,
-    /// Downloads and intermediate versions (kept on failure, so a rerun resumes).
+    /// Downloads and intermediate versions (default OUT.work; kept after a failed transfer, so
+    /// a rerun resumes; removed after a success, and after a refusal of the arguments (--have
+    /// not the chain's base, a refused --recycle) if this pull created it).
     #[arg(long)]
     work: Option<PathBuf>,
     /// Fetch from this in-region peer (`kvrouter weights serve`) instead of the store.

@@ -63,3 +63,47 @@ async fn an_engine_that_cannot_bind_is_an_error() {
     }
     assert!(start_on_loopback(&template(), 0).await.unwrap().is_empty());
 }
+
+/// A batch of several prompts is refused with an OpenAI-shaped 400 naming `prompt` (streamed or
+/// not, text or token ids); a batch of one is served.
+#[tokio::test]
+async fn a_batch_of_several_prompts_is_refused_naming_prompt() {
+    let engines = start_on_loopback(&template(), 1).await.unwrap();
+    let http = engines[0].endpoints.http;
+    let client = reqwest::Client::new();
+    for prompt in [json!(["a", "b"]), json!([[1, 2], [3, 4]])] {
+        for stream in [false, true] {
+            let r = client
+                .post(format!("http://{http}/v1/completions"))
+                .json(&json!({"model": "mock-model", "prompt": prompt, "max_tokens": 2, "stream": stream}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 400);
+            let body: Value = r.json().await.unwrap();
+            let e = &body["error"];
+            assert_eq!(
+                (e["type"].as_str(), e["param"].as_str(), e["code"].as_u64()),
+                (Some("invalid_request_error"), Some("prompt"), Some(400)),
+                "{body}"
+            );
+            assert!(
+                e["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("one prompt per request"),
+                "{body}"
+            );
+        }
+    }
+    let r = client
+        .post(format!("http://{http}/v1/completions"))
+        .json(&json!({"model": "mock-model", "prompt": ["hello there"], "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    for e in engines {
+        e.stop().await;
+    }
+}

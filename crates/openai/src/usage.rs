@@ -34,9 +34,17 @@ pub fn value(prompt_tokens: u64, completion_tokens: u64, cached_tokens: Option<u
 }
 
 /// Folds the usage of a continuation's stream into the whole answer's: `carried` tokens were
-/// streamed by earlier attempts, and the continuation's prompt held them. The prompt reported is
-/// `first_prompt` (the original prompt's count, if an earlier attempt reported it), else the
-/// continuation's prompt less the carried tokens.
+/// streamed by earlier attempts, and the continuation's prompt held them. The folded usage
+/// describes the client's request, not the last attempt:
+/// - `prompt_tokens`: the client's prompt: `first_prompt` (the original prompt's count, if an
+///   earlier attempt reported it), else the continuation's prompt less the carried tokens;
+/// - `completion_tokens`: every token of the answer, from all attempts;
+/// - `prompt_tokens_details.cached_tokens`: the tokens of the client's prompt that the engine
+///   which finished the answer found in its prefix cache, so never more than `prompt_tokens`.
+///   The continuation's prompt is the client's prompt followed by the carried tokens and a
+///   prefix cache matches from the start, so that is the continuation's count capped at the
+///   client's prompt; the carried tokens it found cached (or prefilled again) are in neither
+///   count.
 pub fn fold_continued(usage: &mut Value, carried: u64, first_prompt: Option<u64>) {
     if !usage.is_object() {
         return;
@@ -51,6 +59,9 @@ pub fn fold_continued(usage: &mut Value, carried: u64, first_prompt: Option<u64>
     usage["completion_tokens"] = json!(completion);
     usage["prompt_tokens"] = json!(prompt);
     usage["total_tokens"] = json!(completion + prompt);
+    if let Some(cached) = usage["prompt_tokens_details"]["cached_tokens"].as_u64() {
+        usage["prompt_tokens_details"]["cached_tokens"] = json!(cached.min(prompt));
+    }
 }
 
 /// The usage of a whole answer joined from parts: the first part's usage (its prompt, its
@@ -102,6 +113,19 @@ mod tests {
             u["prompt_tokens_details"]["cached_tokens"], 4,
             "details kept"
         );
+        // The continuation found the whole client prompt and 2 carried tokens cached: only the
+        // client's prompt counts (before, cached 8 > prompt 6).
+        let mut u = value(9, 3, Some(8));
+        fold_continued(&mut u, 3, Some(6));
+        assert_eq!(u, value(6, 6, Some(6)));
+        // Part of the client prompt cached: unchanged; no prompt count from before: the
+        // continuation's prompt less the carried tokens bounds it.
+        let mut u = value(9, 3, Some(4));
+        fold_continued(&mut u, 3, Some(6));
+        assert_eq!(u, value(6, 6, Some(4)));
+        let mut u = value(9, 1, Some(9));
+        fold_continued(&mut u, 3, None);
+        assert_eq!(u, value(6, 4, Some(6)));
         // A malformed usage is left alone, never a panic.
         let mut odd = json!(3);
         fold_continued(&mut odd, 2, None);

@@ -447,7 +447,7 @@ async fn policy_update(State(s): State<AppState>, body: Bytes) -> Result<Respons
     let version = update.version;
     // With replica sync, one replica drives an update at a time.
     let lease = crate::replica::lease::acquire(&s).await?;
-    let started = crate::update::start(&s, update);
+    let started = crate::update::start(&s, update).await;
     if let Some(revision) = lease {
         // Renewed while the cycle runs; given up at once if it did not start.
         crate::replica::lease::hold(s.clone(), revision, update_progress);

@@ -42,6 +42,15 @@ pub enum ServeError {
     /// An admin action that clashes with one already running.
     #[error("{0}")]
     Conflict(String),
+    /// Something a request names does not exist (a policy version no weight source has);
+    /// `param` names the field.
+    #[error("{message}")]
+    Missing {
+        /// What is missing.
+        message: String,
+        /// The field that names it.
+        param: &'static str,
+    },
     /// An admin resource that clashes with one that exists (a worker URL registered twice);
     /// `param` names the field.
     #[error("{message}")]
@@ -108,6 +117,9 @@ impl ServeError {
             ServeError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", None),
             ServeError::Conflict(_) => (StatusCode::CONFLICT, "conflict", None),
             ServeError::Exists { param, .. } => (StatusCode::CONFLICT, "conflict", Some(*param)),
+            ServeError::Missing { param, .. } => {
+                (StatusCode::NOT_FOUND, "invalid_request_error", Some(*param))
+            }
             ServeError::Http { status, .. } => (*status, "invalid_request_error", None),
         }
     }
@@ -121,6 +133,7 @@ impl ServeError {
             | ServeError::NotFound(_)
             | ServeError::Conflict(_)
             | ServeError::Exists { .. }
+            | ServeError::Missing { .. }
             | ServeError::Http { .. } => "client_error",
             ServeError::Route(e) if e.is_client_error() => "client_error",
             ServeError::Route(RouteError::DeadlineExceeded) => "deadline_exceeded",

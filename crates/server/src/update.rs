@@ -46,8 +46,9 @@ pub(crate) struct UpdateBody {
     pub(crate) source: Option<SourceBody>,
 }
 
-/// Starts a cycle and the task that carries it out.
-pub(crate) fn start(state: &AppState, body: UpdateBody) -> Result<(), ServeError> {
+/// Starts a cycle and the task that carries it out. With a `source`, first makes sure it has
+/// the version: an update to a version no one has is refused before any worker leaves rotation.
+pub(crate) async fn start(state: &AppState, body: UpdateBody) -> Result<(), ServeError> {
     let mode: UpdateMode = body
         .mode
         .as_deref()
@@ -64,6 +65,13 @@ pub(crate) fn start(state: &AppState, body: UpdateBody) -> Result<(), ServeError
     };
     let source = body.source.as_ref().map(SourceBody::validate).transpose()?;
     let inner = &state.inner;
+    if let (Some(spec), Some(source)) = (body.source.as_ref(), source.as_ref()) {
+        let targets: Vec<WorkerId> = match &plan.workers {
+            Some(ws) => ws.clone(),
+            None => inner.lock_core().workers().map(|w| w.id).collect(),
+        };
+        spec.check(source, body.version, &targets).await?;
+    }
     let now = inner.now();
     let (actions, later) = inner
         .begin_update(|core| core.begin_update(plan, now))

@@ -50,12 +50,27 @@ pub enum WeightsError {
     /// Object store or peer transfer failed.
     #[error("transfer: {0}")]
     Transfer(String),
+    /// The source does not have what was asked for (a version beyond the store, a missing
+    /// object of the chain): not a transfer failure, and retrying does not help until it is
+    /// published.
+    #[error("not found: {0}")]
+    Missing(String),
     /// Bad argument from the caller.
     #[error("{0}")]
     Invalid(String),
 }
 
 impl WeightsError {
+    /// The arguments cannot work (a base that is not the one the chain needs, a directory that
+    /// may not be recycled, an output that exists): a rerun with the same ones fails the same
+    /// way, unlike a transfer that broke off.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            WeightsError::BaseMismatch { .. } | WeightsError::Invalid(_)
+        )
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         WeightsError::Io {
             path: path.into(),

@@ -30,7 +30,11 @@ pub struct PullReport {
 
 /// Pulls `version` (default: `latest`) into `out` (which must not exist), starting from `have`
 /// (a local checkpoint with a marker) when it is on the chain. `work` holds downloads and
-/// intermediate versions (resumable: a rerun after a failure continues partial downloads).
+/// intermediate versions (resumable: a rerun after a failure in transfer continues partial
+/// downloads). A pull refused for its arguments ([`WeightsError::is_refusal`]: `have` is not the
+/// base the chain needs, `recycle` may not be overwritten, `out` exists) removes `work` if it
+/// created it: a rerun with the same arguments would fail the same way. A `work` that was
+/// there before is the caller's and stays.
 pub async fn pull(
     store: &Store,
     version: Option<u64>,
@@ -49,6 +53,27 @@ pub async fn pull(
 /// no delta is applied (a full download, or `have` is the wanted version) or a check or
 /// download fails before that.
 pub async fn pull_recycling(
+    store: &Store,
+    version: Option<u64>,
+    out: &Path,
+    have: Option<&Path>,
+    work: &Path,
+    threads: usize,
+    recycle: Option<&Path>,
+) -> Result<PullReport> {
+    let created = !work.exists();
+    let result = pull_into(store, version, out, have, work, threads, recycle).await;
+    if result.as_ref().is_err_and(WeightsError::is_refusal) && created {
+        if let Err(e) = tokio::fs::remove_dir_all(work).await {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!("removing {} after a refused pull: {e}", work.display());
+            }
+        }
+    }
+    result
+}
+
+async fn pull_into(
     store: &Store,
     version: Option<u64>,
     out: &Path,
@@ -94,7 +119,7 @@ pub async fn pull_recycling(
         (Some(h), _) if h <= target => (have.expect("have").to_path_buf(), h, false),
         (_, Some(f)) => (download_full(store, f, work, threads).await?, f, true),
         (_, None) => {
-            return Err(transfer(format!(
+            return Err(WeightsError::Missing(format!(
                 "no full checkpoint at or below v{target} in the store"
             )))
         }

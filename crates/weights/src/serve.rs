@@ -3,9 +3,14 @@
 //! clients check. With a store, a version it lacks is pulled once (one pull at a time; every
 //! other request for it waits and then reads the cache), so the WAN is crossed once per region.
 //!
+//! - `GET /v1/versions/{N}`: whether the peer can serve N (`{"version", "cached"}`; 404 when
+//!   neither its cache nor its store has it), without pulling it: one or two store HEADs
 //! - `GET /v1/versions/{N}/marker`: the version's `weights.json`
 //! - `GET /v1/versions/{N}/files/{name}`: a file; `Range: bytes=A-` / `bytes=A-B` / `bytes=-N` answer 206
 //! - `GET /v1/stats`: `store_pulls`, `store_reads`, `files_served`, `bytes_served`
+//!
+//! A version the store does not have is 404 (`param` `version`); 502 is kept for a store that
+//! could not be read.
 
 use crate::error::WeightsError;
 use crate::store::Store;
@@ -51,9 +56,28 @@ impl Peer {
         })
     }
 
+    fn cached(&self, v: u64) -> bool {
+        transfer::newest_local(&self.cache, v).is_some_and(|(h, _)| h == v)
+    }
+
+    /// Whether version `v` is in the cache (`Some(true)`) or the store (`Some(false)`).
+    async fn find(&self, v: u64) -> Result<Option<bool>, ApiError> {
+        if self.cached(v) {
+            return Ok(Some(true));
+        }
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        match store.has_version(v).await {
+            Ok(true) => Ok(Some(false)),
+            Ok(false) => Ok(None),
+            Err(e) => Err(pull_failed(v, e)),
+        }
+    }
+
     /// Makes sure version `v` is in the cache.
     async fn ensure(&self, v: u64) -> Result<PathBuf, ApiError> {
-        let have = |p: &Self| transfer::newest_local(&p.cache, v).is_some_and(|(h, _)| h == v);
+        let have = |p: &Self| p.cached(v);
         if have(self) {
             return Ok(transfer::version_dir(&self.cache, v));
         }
@@ -74,18 +98,23 @@ impl Peer {
             };
             transfer::fetch_version(&source, v, &self.cache, self.threads)
                 .await
-                .map_err(|e| {
-                    let status = if matches!(e, WeightsError::Transfer(_)) {
-                        StatusCode::BAD_GATEWAY
-                    } else {
-                        StatusCode::INTERNAL_SERVER_ERROR
-                    };
-                    ApiError(status, format!("pulling version {v}: {e}"), "version")
-                })?;
+                .map_err(|e| pull_failed(v, e))?;
             self.store_pulls.fetch_add(1, Ordering::Relaxed);
         }
         Ok(transfer::version_dir(&self.cache, v))
     }
+}
+
+/// The answer to a pull of version `v` that failed: 404 when the store does not have it, 502
+/// when the store could not be read, 500 for the peer's own failures (disk, a corrupted
+/// download).
+fn pull_failed(v: u64, e: WeightsError) -> ApiError {
+    let status = match e {
+        WeightsError::Missing(_) => StatusCode::NOT_FOUND,
+        WeightsError::Transfer(_) => StatusCode::BAD_GATEWAY,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    ApiError(status, format!("pulling version {v}: {e}"), "version")
 }
 
 /// An OpenAI-shaped error answer.
@@ -106,6 +135,7 @@ impl IntoResponse for ApiError {
 /// The HTTP surface.
 pub fn app(peer: Arc<Peer>) -> Router {
     Router::new()
+        .route("/v1/versions/{version}", get(version))
         .route("/v1/versions/{version}/marker", get(marker))
         .route("/v1/versions/{version}/files/{name}", get(file))
         .route("/v1/stats", get(stats))
@@ -120,6 +150,24 @@ fn parse_version(v: &str) -> Result<u64, ApiError> {
             "version",
         )
     })
+}
+
+async fn version(
+    State(peer): State<Arc<Peer>>,
+    UrlPath(v): UrlPath<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let v = parse_version(&v)?;
+    match peer.find(v).await? {
+        Some(cached) => Ok(Json(json!({"version": v, "cached": cached}))),
+        None => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            match &peer.store {
+                Some(s) => format!("version {v} is neither here nor in the store {}", s.url()),
+                None => format!("version {v} is not here and this peer has no store"),
+            },
+            "version",
+        )),
+    }
 }
 
 async fn marker(

@@ -164,11 +164,12 @@ impl Store {
         }
         let resume = opts.range.is_some();
         self.read();
-        let result = self
-            .inner
-            .get_opts(&key, opts)
-            .await
-            .map_err(|e| transfer(format!("{rel}: {e}")))?;
+        let result = self.inner.get_opts(&key, opts).await.map_err(|e| match e {
+            object_store::Error::NotFound { .. } => {
+                WeightsError::Missing(format!("{rel} is not in the store {}", self.url))
+            }
+            e => transfer(format!("{rel}: {e}")),
+        })?;
         let mut file = if resume {
             tokio::fs::OpenOptions::new()
                 .append(true)
@@ -191,6 +192,34 @@ impl Store {
         tokio::fs::rename(&partial, dest)
             .await
             .map_err(|e| WeightsError::io(dest, e))
+    }
+
+    /// Whether the store holds `version`: a delta that produces it, or a complete full
+    /// checkpoint of it (one or two HEAD requests; the chain before it is not walked).
+    pub async fn has_version(&self, version: u64) -> Result<bool> {
+        if let Some(prev) = version.checked_sub(1) {
+            if self
+                .exists(&format!("delta/v{prev}-v{version}/delta.kvwd"))
+                .await?
+            {
+                return Ok(true);
+            }
+        }
+        self.exists(&format!("base/v{version}/{MARKER}")).await
+    }
+
+    async fn exists(&self, rel: &str) -> Result<bool> {
+        self.read();
+        match self.inner.head(&self.key(rel)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(transfer(format!("{rel}: {e}"))),
+        }
+    }
+
+    /// The URL it was opened with.
+    pub fn url(&self) -> &str {
+        &self.url
     }
 
     /// The versions with a complete full checkpoint.

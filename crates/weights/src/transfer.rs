@@ -161,6 +161,37 @@ pub async fn fetch_version(
     Ok(dest)
 }
 
+/// Whether `source` can deliver `version`, asked without fetching it: the peer
+/// (`GET /v1/versions/N`, which asks its store), then the store (HEAD of the delta that makes it,
+/// or of its full checkpoint's marker). `Ok(false)`: no one has it. An error: no one could be
+/// asked (each request bounded by `timeout`).
+pub async fn has_version(source: &Source, version: u64, timeout: Duration) -> Result<bool> {
+    let mut unreachable = None;
+    if let Some(peer) = &source.peer {
+        let url = format!("{}/v1/versions/{version}", peer.trim_end_matches('/'));
+        let answer = reqwest::Client::new()
+            .get(&url)
+            .timeout(timeout)
+            .send()
+            .await;
+        match answer {
+            Ok(r) if r.status().is_success() => return Ok(true),
+            Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => {}
+            Ok(r) => unreachable = Some(format!("{url} answered {}", r.status())),
+            Err(e) => unreachable = Some(format!("{url}: {e}")),
+        }
+    }
+    match (&source.store, unreachable) {
+        (Some(store), _) => tokio::time::timeout(timeout, store.has_version(version))
+            .await
+            .map_err(|_| {
+                WeightsError::Transfer(format!("{}: no answer within {timeout:?}", store.url()))
+            })?,
+        (None, Some(why)) => Err(WeightsError::Transfer(why)),
+        (None, None) => Ok(false),
+    }
+}
+
 /// Deletes superseded version directories (best effort: one that cannot be deleted is only
 /// disk space, and the next fetch tries again).
 async fn remove_versions(dirs: &[PathBuf]) {

@@ -70,6 +70,9 @@ pub struct Router {
     progress: BTreeMap<u64, rl::GroupProgress>,
     /// Workers paused by an operator (elastic membership), keeping their load and cache.
     paused: std::collections::BTreeSet<WorkerId>,
+    /// The paused workers that a failed weight load paused (not an operator): the next cycle
+    /// that loads on them resumes them.
+    paused_by_update: std::collections::BTreeSet<WorkerId>,
     /// The running (or last) weight-update cycle.
     update: Option<update::UpdateCycle>,
     /// Other replicas' requests and holds, and this replica's outgoing events.
@@ -108,6 +111,7 @@ impl Router {
             sessions: BTreeMap::new(),
             unavailable: std::collections::BTreeSet::new(),
             paused: std::collections::BTreeSet::new(),
+            paused_by_update: std::collections::BTreeSet::new(),
             groups: BTreeMap::new(),
             group_members: Default::default(),
             progress: BTreeMap::new(),
@@ -187,6 +191,7 @@ impl Router {
             .ok_or(RouteError::UnknownWorker(id))?;
         self.unavailable.remove(&id);
         self.paused.remove(&id);
+        self.paused_by_update.remove(&id);
         self.index.remove_worker(id);
         self.index.set_worker_capacity(id, None);
         self.ledger.forget_idle(id);

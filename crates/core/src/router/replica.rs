@@ -352,6 +352,8 @@ impl Router {
             }
             RemoteEvent::Paused { worker, paused } => {
                 self.known_rank(WorkerRank::new(worker, 0))?;
+                // Another replica's operator (or update cycle) owns the pause now.
+                self.paused_by_update.remove(&worker);
                 if paused {
                     self.paused.insert(worker);
                 } else {

@@ -66,18 +66,47 @@ impl Router {
     /// Pauses (true) or resumes (false) a worker: out of rotation, e.g. a colocated engine put to
     /// sleep between RL steps, without being marked failed. Unlike health, a pause keeps the
     /// worker's cache picture as well as its load accounting, and only an explicit resume
-    /// undoes it. Returns whether the worker is known.
+    /// undoes it (or, for a worker a failed weight load paused, the next load that succeeds on
+    /// it). An operator's pause or resume takes the worker over from the update cycle: a paused
+    /// worker stays paused until the operator resumes it. Returns whether the worker is known.
     pub fn set_paused(&mut self, id: WorkerId, paused: bool) -> bool {
         if !self.workers.contains_key(&id) {
             return false;
         }
+        self.paused_by_update.remove(&id);
+        self.set_paused_as(id, paused);
+        true
+    }
+
+    /// A failed weight load paused the worker, unless an operator had: the next load that
+    /// succeeds on it resumes it.
+    pub(super) fn pause_for_failed_load(&mut self, id: WorkerId) {
+        if self.workers.contains_key(&id) && !self.paused.contains(&id) {
+            self.set_paused_as(id, true);
+            self.paused_by_update.insert(id);
+        }
+    }
+
+    /// The worker now runs the version a cycle loaded: back in rotation if only a failed load
+    /// had paused it.
+    pub(super) fn resume_after_load(&mut self, id: WorkerId) {
+        if self.paused_by_update.remove(&id) {
+            self.set_paused_as(id, false);
+        }
+    }
+
+    /// Whether the worker is paused because a weight load failed on it (not by an operator).
+    pub fn is_paused_by_update(&self, id: WorkerId) -> bool {
+        self.paused_by_update.contains(&id)
+    }
+
+    fn set_paused_as(&mut self, id: WorkerId, paused: bool) {
         if paused {
             self.paused.insert(id);
         } else {
             self.paused.remove(&id);
         }
         self.announce(|_| super::RemoteEvent::Paused { worker: id, paused });
-        true
     }
 
     /// Whether an operator paused the worker.

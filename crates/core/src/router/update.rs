@@ -84,7 +84,8 @@ pub enum UpdatePhase {
     Loaded,
     /// Serving the new version.
     Done,
-    /// The engine failed to load; left out of rotation (paused) for the operator.
+    /// The engine failed to load; left out of rotation (paused) until a later cycle loads on it
+    /// or an operator resumes it.
     Failed,
 }
 
@@ -270,8 +271,9 @@ impl Router {
 
     /// The host finished loading weights on `worker` (`ok`), or failed to. A loaded worker is
     /// back in rotation once no worker that began loading at or before it is still loading; from
-    /// then on it serves the new version and its cache picture is dropped unless KV retention is `retain`. A failed one
-    /// stays out (paused). Returns the next engine calls.
+    /// then on it serves the new version and its cache picture is dropped unless KV retention is
+    /// `retain`, and a pause an earlier failed load left on it is lifted (an operator's pause
+    /// stays). A failed one stays out (paused). Returns the next engine calls.
     pub fn update_loaded(
         &mut self,
         worker: WorkerId,
@@ -295,7 +297,7 @@ impl Router {
             _ => return Err(UpdateError::NotUpdating(worker)),
         }
         if !ok {
-            let _ = self.set_paused(worker, true);
+            self.pause_for_failed_load(worker);
         }
         let cycle = self.update.as_mut().expect("running cycle");
         // A loaded worker waits for the loads that started no later than its own (loads take
@@ -331,6 +333,7 @@ impl Router {
         // KV is retained.
         for w in back {
             self.set_policy_version(w, version);
+            self.resume_after_load(w);
             if self.config.kv_retention == super::KvRetention::Flush {
                 self.clear_worker_cache(w);
             }

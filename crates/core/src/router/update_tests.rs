@@ -153,6 +153,34 @@ fn a_failed_load_leaves_the_worker_paused_and_the_cycle_goes_on() {
 }
 
 #[test]
+fn the_next_load_that_succeeds_resumes_what_a_failed_load_paused_but_not_an_operators_pause() {
+    let mut r = router(RouterMode::RoundRobin, 3);
+    assert!(r.set_paused(WorkerId(2), true));
+    let actions = r
+        .begin_update(plan(1, UpdateMode::Drain, 1), Time::ZERO)
+        .unwrap();
+    assert_eq!(loads(&actions), vec![0, 1, 2]);
+    for w in 0..3 {
+        r.update_loaded(WorkerId(w), false, Time::ZERO).unwrap();
+    }
+    assert!((0..3).all(|w| r.is_paused(WorkerId(w))));
+    assert!(r.is_paused_by_update(WorkerId(0)) && !r.is_paused_by_update(WorkerId(2)));
+    // An operator's pause of a worker a failed load paused makes it the operator's.
+    assert!(r.set_paused(WorkerId(1), true));
+    assert!(!r.is_paused_by_update(WorkerId(1)));
+    let actions = r
+        .begin_update(plan(1, UpdateMode::Drain, 1), Time::ZERO)
+        .unwrap();
+    assert_eq!(loads(&actions), vec![0, 1, 2]);
+    for w in 0..3 {
+        r.update_loaded(WorkerId(w), true, Time::ZERO).unwrap();
+    }
+    assert!(!r.is_paused(WorkerId(0)) && r.is_available(WorkerId(0)));
+    assert!(r.is_paused(WorkerId(1)) && r.is_paused(WorkerId(2)));
+    assert!(r.workers().all(|w| w.policy_version == 1));
+}
+
+#[test]
 fn bad_plans_and_reports_are_refused() {
     let mut r = router(RouterMode::RoundRobin, 2);
     assert_eq!(

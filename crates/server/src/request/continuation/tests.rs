@@ -144,6 +144,35 @@ fn a_weight_update_abort_continues_without_the_abort_reaching_the_client() {
     assert_eq!(parse(&out).0[0]["choices"][0]["finish_reason"], "abort");
 }
 
+/// The continuation's prompt is the client's plus the 2 tokens carried: an engine that had all
+/// of it cached reports 9 cached tokens, but the client's prompt is 7 (before, the client saw
+/// cached 9 > prompt 7).
+#[test]
+fn a_continued_usage_never_counts_more_cached_tokens_than_prompt_tokens() {
+    let cached_usage = |prompt: u64, completion: u64, cached: u64| {
+        let u = json!({"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion, "prompt_tokens_details": {"cached_tokens": cached}});
+        format!("data: {}\n\n", json!({"choices": [], "usage": u}))
+    };
+    let mut m = follow(0);
+    let abort = json!({"choices": [{"index": 0, "text": " b", "finish_reason": "abort"}]});
+    let input = text_event(" a") + &format!("data: {abort}\n\n") + &cached_usage(7, 2, 0);
+    m.chunk(Bytes::from(input + "data: [DONE]\n\n"), || true);
+    assert_eq!(m.upstream_over(true), Next::Continue { after_abort: true });
+    m.continuing();
+    m.started(1);
+    let out = m.chunk(
+        Bytes::from(text_event(" c") + &cached_usage(9, 1, 9) + "data: [DONE]\n\n"),
+        NEVER,
+    );
+    let (v, _) = parse(&out);
+    assert_eq!(
+        v[1]["usage"],
+        json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
+            "prompt_tokens_details": {"cached_tokens": 7}})
+    );
+}
+
 #[test]
 fn plain_streams_pass_chunks_through_and_never_continue() {
     let mut m = Continuation::new(Kind::Completion, Follow::Chunks { stamp: true }, 2, 5, None);

@@ -1,0 +1,119 @@
+//! A pull that is refused (its arguments cannot work: a `--have` that is not the base the
+//! chain needs, a directory to recycle that may not be overwritten) removes the work directory
+//! it created; one that failed in transfer keeps it, so a rerun resumes.
+
+use kvrouter_weights::checkpoint::{stamp, write_marker};
+use kvrouter_weights::gen::{write_checkpoint, GenSpec, Update};
+use kvrouter_weights::store::{publish, pull, pull_recycling, Store};
+use kvrouter_weights::{CodecOptions, WeightsError};
+use std::path::Path;
+
+fn spec(seed: u64) -> GenSpec {
+    GenSpec {
+        total_bytes: 1 << 20,
+        tensor_bytes: 256 << 10,
+        cols: 512,
+        files: 2,
+        seed,
+    }
+}
+
+/// v0 and v1 (a delta) in a filesystem store under `root/store`.
+async fn store_with_two_versions(root: &Path) -> Store {
+    std::fs::create_dir_all(root.join("store")).unwrap();
+    let store = Store::open(&format!("file://{}", root.join("store").display()), &[]).unwrap();
+    let opts = CodecOptions {
+        zstd_level: 1,
+        chunk_bytes: 256 << 10,
+        threads: 1,
+    };
+    for k in 0..=1u32 {
+        let d = root.join(format!("ckpt/v{k}"));
+        write_checkpoint(&d, &spec(5), Update::Rl { lr: 1e-5, steps: k }, 1).unwrap();
+        let prev = (k > 0).then(|| root.join("ckpt/v0"));
+        publish(&store, &d, k as u64, prev.as_deref(), 100, &opts)
+            .await
+            .unwrap();
+    }
+    store
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_pull_leaves_no_work_directory_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let store = store_with_two_versions(root).await;
+    // Another checkpoint that calls itself v0: the delta v0->v1 does not apply to it.
+    let impostor = root.join("impostor");
+    write_checkpoint(&impostor, &spec(6), Update::Rl { lr: 1e-5, steps: 0 }, 1).unwrap();
+    write_marker(&impostor, &stamp(&impostor, 0, 1).unwrap()).unwrap();
+
+    let work = root.join("out.work");
+    let err = pull(
+        &store,
+        Some(1),
+        &root.join("out"),
+        Some(&impostor),
+        &work,
+        1,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, WeightsError::BaseMismatch { .. }), "{err}");
+    assert!(!work.exists(), "a refused pull left {}", work.display());
+    assert!(!root.join("out").exists());
+
+    // A directory to recycle that is not a checkpoint: refused, nothing created.
+    let junk = root.join("junk");
+    std::fs::create_dir_all(&junk).unwrap();
+    let err = pull_recycling(
+        &store,
+        Some(1),
+        &root.join("out"),
+        Some(&root.join("ckpt/v0")),
+        &work,
+        1,
+        Some(&junk),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, WeightsError::Invalid(_)), "{err}");
+    assert!(!work.exists());
+
+    // A work directory that was there before (a rerun's partial downloads) is the caller's: kept.
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("notes"), b"the caller's").unwrap();
+    let err = pull(
+        &store,
+        Some(1),
+        &root.join("out"),
+        Some(&impostor),
+        &work,
+        1,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, WeightsError::BaseMismatch { .. }), "{err}");
+    assert!(work.join("notes").exists());
+    std::fs::remove_dir_all(&work).unwrap();
+
+    // A version the store lacks after data came: kept for the rerun (the base is reused).
+    let err = pull(&store, Some(2), &root.join("out"), None, &work, 1)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("v1-v2"), "{err}");
+    assert!(work.join("base-v0").exists());
+
+    // The right base works, and the rerun finds what it needs.
+    pull(
+        &store,
+        Some(1),
+        &root.join("out"),
+        Some(&root.join("ckpt/v0")),
+        &work,
+        1,
+    )
+    .await
+    .unwrap();
+    assert!(root.join("out").join("weights.json").exists());
+}
