@@ -331,6 +331,17 @@ pub(crate) fn remove_marker(dir: &Path) -> Result<()> {
     }
 }
 
+/// The refusal for an output directory that exists already, saying what it holds: a version,
+/// nothing (an incomplete copy), or a marker that cannot be read (and why).
+pub(crate) fn occupied(out: &Path) -> WeightsError {
+    let holds = match read_marker(out) {
+        Ok(Some(m)) => format!("it holds v{}", m.version),
+        Ok(None) => format!("it has no {MARKER}: an incomplete version? remove it"),
+        Err(e) => format!("its {MARKER} cannot be read: {e}"),
+    };
+    WeightsError::Invalid(format!("{} exists already; {holds}", out.display()))
+}
+
 /// Writes `dir/weights.json` (through a temporary file and a rename).
 pub fn write_marker(dir: &Path, manifest: &CheckpointManifest) -> Result<()> {
     let path = dir.join(MARKER);
@@ -373,5 +384,27 @@ pub fn marker_or_stamp(
             })?;
             stamp(dir, v, threads)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_occupied_output_says_what_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("v1");
+        std::fs::create_dir(&out).unwrap();
+        let text = |out: &Path| occupied(out).to_string();
+        assert!(text(&out).contains("no weights.json"), "{}", text(&out));
+        std::fs::write(out.join(MARKER), r#"{"format": 2, "sha256": 1}"#).unwrap();
+        assert!(text(&out).contains("cannot be read"), "{}", text(&out));
+        write_marker(
+            &out,
+            &CheckpointManifest::new(7, SegmentHash::WRITTEN, Vec::new()),
+        )
+        .unwrap();
+        assert!(text(&out).contains("it holds v7"), "{}", text(&out));
     }
 }

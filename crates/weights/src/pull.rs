@@ -96,10 +96,7 @@ async fn pull_into(
             .ok_or_else(|| transfer("the store has no `latest`"))?,
     };
     if out.exists() {
-        return Err(WeightsError::Invalid(format!(
-            "{} exists already",
-            out.display()
-        )));
+        return Err(checkpoint::occupied(out));
     }
     tokio::fs::create_dir_all(work)
         .await

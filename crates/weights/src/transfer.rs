@@ -214,10 +214,7 @@ pub async fn pull_from_peer(
 ) -> Result<u64> {
     let peer = peer.trim_end_matches('/');
     if out.exists() {
-        return Err(WeightsError::Invalid(format!(
-            "{} exists already",
-            out.display()
-        )));
+        return Err(checkpoint::occupied(out));
     }
     let marker_url = format!("{peer}/v1/versions/{version}/marker");
     let response = client
