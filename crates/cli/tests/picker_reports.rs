@@ -60,18 +60,30 @@ const FINISHED: &str = "kvrouter_picks_total{source=\"api\",end=\"finished\"}";
 async fn a_report_piggy_backed_on_the_next_pick_is_applied_and_answered() {
     let s = serve("2", &[]).await;
     let a = s.pick(json!({"token_ids": ids(0, 0)})).await;
-    assert!(a.get("reports").is_none(), "no reports sent, none answered: {a}");
+    assert!(
+        a.get("reports").is_none(),
+        "no reports sent, none answered: {a}"
+    );
     // The first token of `a` rides on `b`, then its finish (with its usage) on `c`.
     let first = json!([{"id": a["id"], "event": "first_token"}]);
     let b = s
         .pick(json!({"token_ids": ids(1, 0), "reports": first}))
         .await;
-    assert_eq!(b["reports"], json!([{"id": a["id"], "status": "generating"}]));
+    assert_eq!(
+        b["reports"],
+        json!([{"id": a["id"], "status": "generating"}])
+    );
     assert_eq!(s.metric("kvrouter_picks_outstanding").await, 2.0);
-    let done = json!([{"id": a["id"], "event": "finish", "completion_tokens": 5, "prompt_tokens": 552}]);
-    let c = s.pick(json!({"token_ids": ids(2, 0), "reports": done})).await;
+    let done =
+        json!([{"id": a["id"], "event": "finish", "completion_tokens": 5, "prompt_tokens": 552}]);
+    let c = s
+        .pick(json!({"token_ids": ids(2, 0), "reports": done}))
+        .await;
     assert_eq!(c["reports"], json!([{"id": a["id"], "status": "released"}]));
-    assert_eq!(c["prompt_tokens"], 552, "the reports are no part of the prompt: {c}");
+    assert_eq!(
+        c["prompt_tokens"], 552,
+        "the reports are no part of the prompt: {c}"
+    );
     // `a` is released (as finished, with its output), `b` and `c` are outstanding.
     assert_eq!(s.metric("kvrouter_picks_outstanding").await, 2.0);
     assert_eq!(s.metric("kvrouter_worker_active_requests{").await, 2.0);
@@ -80,7 +92,9 @@ async fn a_report_piggy_backed_on_the_next_pick_is_applied_and_answered() {
     // A numeric id is the same pick; `cancelled` releases without a finish.
     let n: u64 = b["id"].as_str().unwrap().parse().unwrap();
     let cancel = json!([{"id": n, "event": "finish", "status": "cancelled"}]);
-    let d = s.pick(json!({"token_ids": ids(3, 0), "reports": cancel})).await;
+    let d = s
+        .pick(json!({"token_ids": ids(3, 0), "reports": cancel}))
+        .await;
     assert_eq!(d["reports"][0]["status"], "released", "{d}");
     assert_eq!(s.metric("kvrouter_picks_outstanding").await, 2.0);
     assert_eq!(s.metric(FINISHED).await, 1.0);
@@ -94,7 +108,9 @@ async fn piggy_backed_reports_are_applied_before_the_pick_is_placed() {
     let (status, v) = s.post("/v1/pick", json!({"token_ids": ids(1, 0)})).await;
     assert_eq!(status, 529, "{v}");
     let done = json!([{"id": a["id"], "event": "finish"}]);
-    let b = s.pick(json!({"token_ids": ids(1, 0), "reports": done})).await;
+    let b = s
+        .pick(json!({"token_ids": ids(1, 0), "reports": done}))
+        .await;
     assert_eq!(b["reports"][0]["status"], "released", "{b}");
     assert_eq!(s.metric("kvrouter_picks_outstanding").await, 1.0);
 }
@@ -113,12 +129,17 @@ async fn bad_reports_answer_their_own_errors_and_the_pick_goes_on() {
         {"id": a["id"], "event": "finish"},
         7,
     ]);
-    let b = s.pick(json!({"token_ids": ids(1, 0), "reports": reports})).await;
+    let b = s
+        .pick(json!({"token_ids": ids(1, 0), "reports": reports}))
+        .await;
     let out = b["reports"].as_array().unwrap();
     assert_eq!(out.len(), 8, "{b}");
     let code = |i: usize| out[i]["error"]["code"].as_u64();
     let param = |i: usize| out[i]["error"]["param"].as_str().unwrap_or("").to_owned();
-    assert_eq!((code(0), out[0]["id"].clone()), (Some(404), json!("999999")));
+    assert_eq!(
+        (code(0), out[0]["id"].clone()),
+        (Some(404), json!("999999"))
+    );
     assert_eq!(code(1), Some(404), "{}", out[1]);
     assert_eq!((code(2), param(2)), (Some(400), "reports[2]".into()));
     assert_eq!(out[2]["id"], Value::Null);
@@ -134,9 +155,15 @@ async fn bad_reports_answer_their_own_errors_and_the_pick_goes_on() {
     assert_eq!(s.metric(FINISHED).await, 1.0);
     // `reports` that is no list refuses the pick, naming it.
     let (status, v) = s
-        .post("/v1/pick", json!({"token_ids": ids(2, 0), "reports": {"id": "1"}}))
+        .post(
+            "/v1/pick",
+            json!({"token_ids": ids(2, 0), "reports": {"id": "1"}}),
+        )
         .await;
-    assert_eq!((status, v["error"]["param"].clone()), (400, json!("reports")));
+    assert_eq!(
+        (status, v["error"]["param"].clone()),
+        (400, json!("reports"))
+    );
     assert_eq!(s.metric("kvrouter_picks_outstanding").await, 1.0);
 }
 

@@ -182,7 +182,8 @@ impl Run {
             match run.next().await {
                 Next::Replies(out) => Some((out.into_iter().map(Ok).collect(), Some(run))),
                 Next::Cut => {
-                    let cut = Status::unavailable("kvrouter shut down (--shutdown-grace-secs passed)");
+                    let cut =
+                        Status::unavailable("kvrouter shut down (--shutdown-grace-secs passed)");
                     Some((vec![Err(cut)], None))
                 }
                 Next::End => None,

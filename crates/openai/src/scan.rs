@@ -337,7 +337,11 @@ mod tests {
     fn ids_of_every_length_read_as_serde_reads_them() {
         let mut n: u64 = 0;
         for digits in 1..=11u32 {
-            for v in [10u64.pow(digits - 1), 10u64.pow(digits) - 1, 10u64.pow(digits) / 3] {
+            for v in [
+                10u64.pow(digits - 1),
+                10u64.pow(digits) - 1,
+                10u64.pow(digits) / 3,
+            ] {
                 let v = if digits == 1 { v - 1 + n % 2 } else { v };
                 n += 1;
                 for text in [
@@ -356,7 +360,11 @@ mod tests {
                                 .map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok()))
                                 .collect()
                         });
-                    assert_eq!(read_ids(text.as_bytes()), naive.map(TokenIds::Flat), "{text}");
+                    assert_eq!(
+                        read_ids(text.as_bytes()),
+                        naive.map(TokenIds::Flat),
+                        "{text}"
+                    );
                 }
             }
         }

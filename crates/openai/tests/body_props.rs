@@ -282,8 +282,14 @@ fn any_body_text() -> impl Strategy<Value = String> {
     ];
     let ids = prop::collection::vec((any::<u16>(), 0..4usize), 0..6).prop_map(|ids| {
         let sep = [",", " , ", ",\n", ", 0"];
-        let inner: Vec<String> = ids.iter().map(|(id, s)| format!("{id}{}", sep[*s])).collect();
-        format!("[{}]", inner.concat().trim_end_matches([',', ' ', '\n', '0']))
+        let inner: Vec<String> = ids
+            .iter()
+            .map(|(id, s)| format!("{id}{}", sep[*s]))
+            .collect();
+        format!(
+            "[{}]",
+            inner.concat().trim_end_matches([',', ' ', '\n', '0'])
+        )
     });
     let value = prop_oneof![3 => any_json().prop_map(|v| v.to_string()), 2 => ids];
     let field = (key, value).prop_map(|(k, v)| format!("\"{k}\": {v}"));

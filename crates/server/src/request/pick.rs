@@ -7,6 +7,7 @@
 use super::attempt::{guard_for, Origin};
 use super::parse::{count_error, parse_body, Request};
 use super::pick_report;
+use super::respond::DecisionView;
 use crate::error::ServeError;
 use crate::guard::LoadGuard;
 use crate::picks::PickTable;
@@ -18,7 +19,6 @@ use axum::response::{IntoResponse, Response};
 use kvrouter_core::ids::RequestId;
 use kvrouter_core::router::{Decision, RouteRequest};
 use kvrouter_openai::Body;
-use super::respond::DecisionView;
 use serde_json::Value;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
