@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from kvrouter import BadRequestError, KvrouterError, KvrouterServer, NotFoundError, Pick, RolloutHeaders
+from kvrouter import BadRequestError, KvrouterError, KvrouterServer, NotFoundError, Pick, RolloutHeaders, report_entry
 
 from conftest import ServerFactory
 
@@ -74,3 +74,21 @@ async def test_a_full_queue_refuses_a_pick_with_529(serve: ServerFactory) -> Non
             await client.pick(token_ids=prompt(2, 0))
         assert refused.value.status == 529
         await client.report(first, "finish")
+
+
+async def test_reports_ride_on_the_next_pick_and_in_batches(router: KvrouterServer) -> None:
+    async with router.client(model=MODEL) as client, httpx.AsyncClient() as own:
+        first = await client.pick(token_ids=prompt(3, 0))
+        assert first.reports == []
+        done = report_entry(first, "finish", completion_tokens=3)
+        second = await client.pick(token_ids=prompt(3, 1), reports=[report_entry(first, "first_token"), done])
+        assert second.reports == [{"id": first.id, "status": "generating"}, {"id": first.id, "status": "released"}]
+        # An id finished already is that report's error, not the pick's.
+        third = await client.pick(token_ids=prompt(3, 2), reports=[done])
+        assert third.reports[0]["error"]["code"] == 404
+        outcomes = await client.report_batch([report_entry(p, "finish", status="cancelled") for p in (second, third)])
+        assert [o["status"] for o in outcomes] == ["released", "released"]
+        metrics = (await own.get(router.url + "/metrics")).text
+        assert all(active(metrics, w) == 0 for w in (0, 1))
+        with pytest.raises(ValueError):
+            report_entry(first, "done")  # type: ignore[arg-type]

@@ -3,7 +3,8 @@
 //! generator in this process, router CPU time from /proc divided by the requests.
 //!
 //! - pick API: `POST /v1/pick` (a 2,048-token prompt as token ids) + `POST /v1/pick/{id}/finish`,
-//!   at concurrency 16 over keep-alive HTTP/1.1.
+//!   at concurrency 16 over keep-alive HTTP/1.1; and a steady client's picks that each carry
+//!   the previous pick's finish (`reports`), one exchange per pick.
 //! - ext_proc: one full Envoy exchange per request (request headers, the same prompt's body,
 //!   response headers, three response body chunks, the last ending the stream), at
 //!   concurrency 64, each task on its own keep-alive gRPC connection.
@@ -106,6 +107,60 @@ async fn pick_pairs_of(base: &str, pid: u32, n: u64, concurrency: u64, tokens: u
                     let r = client
                         .post(format!("{base}/v1/pick/{id}/finish"))
                         .json(&json!({"completion_tokens": 16}))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 200);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (cpu_seconds(pid) - before) / n as f64
+}
+
+/// A steady pick client: each pick carries the previous pick's finish (`reports`), so each
+/// pick is one HTTP exchange; each task's last pick is finished with `POST /v1/pick/reports`.
+async fn piggy_backed_picks(base: &str, pid: u32, n: u64, concurrency: u64) -> f64 {
+    let client = reqwest::Client::new();
+    // `{"token_ids": [...]}` less its opening brace, for the reports to go in front.
+    let tails: Vec<Vec<u8>> = (0..n)
+        .map(|i| serde_json::to_vec(&json!({"token_ids": prompt(i)})).unwrap()[1..].to_vec())
+        .collect();
+    let tails = std::sync::Arc::new(tails);
+    let before = cpu_seconds(pid);
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|c| {
+            let (client, base, tails) = (client.clone(), base.to_owned(), tails.clone());
+            tokio::spawn(async move {
+                let mut previous: Option<String> = None;
+                for i in (c..n).step_by(concurrency as usize) {
+                    let mut body = b"{".to_vec();
+                    if let Some(id) = &previous {
+                        let r = json!([{"id": id, "event": "finish", "completion_tokens": 16}]);
+                        body.extend_from_slice(format!("\"reports\": {r}, ").as_bytes());
+                    }
+                    body.extend_from_slice(&tails[i as usize]);
+                    let r = client
+                        .post(format!("{base}/v1/pick"))
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 200);
+                    let v: serde_json::Value = r.json().await.unwrap();
+                    if previous.is_some() {
+                        assert_eq!(v["reports"][0]["status"], "released", "{v}");
+                    }
+                    previous = Some(v["id"].as_str().unwrap().to_owned());
+                }
+                if let Some(id) = previous {
+                    let r = client
+                        .post(format!("{base}/v1/pick/reports"))
+                        .json(&json!({"reports": [{"id": id, "event": "finish"}]}))
                         .send()
                         .await
                         .unwrap();
@@ -274,6 +329,7 @@ async fn main() {
     let ext_wall = started.elapsed();
     let floor = live_pairs(&base, pid, 4000, 16).await;
     let short = pick_pairs_of(&base, pid, 4000, 16, 64).await;
+    let piggy = piggy_backed_picks(&base, pid, 4000, 16).await;
     println!(
         "router idle CPU: {:.1} ms/s (embedded engines, timers)",
         idle_per_s * 1e3
@@ -290,6 +346,10 @@ async fn main() {
     println!(
         "pick + finish, 64-token prompt as token ids, concurrency 16: {:.1} µs router CPU per pair",
         short * 1e6
+    );
+    println!(
+        "pick with the previous pick's finish piggy-backed, {PROMPT_TOKENS}-token prompt as token ids, concurrency 16: {:.1} µs router CPU per pick",
+        piggy * 1e6
     );
     println!(
         "ext_proc full exchange, {PROMPT_TOKENS}-token prompt, concurrency 64, keep-alive gRPC: {:.1} µs router CPU per exchange ({:.0} exchanges/s)",

@@ -1,6 +1,6 @@
 //! The tonic service: each gRPC stream is one request through the gateway, driven by its
-//! [`Exchange`] on a task of its own; the stream's end (or the gateway going away) drops the
-//! exchange, which releases a placement whose answer had not ended.
+//! [`Exchange`] as its response stream is polled; the stream's end (or the gateway going away)
+//! drops the exchange, which releases a placement whose answer had not ended.
 //!
 //! Shutdown ([`serve`]'s `shutdown`): the picker drains. The health service turns
 //! `NOT_SERVING`, new streams are refused (`UNAVAILABLE`: the gateway's failure mode applies),
@@ -16,8 +16,7 @@ use kvrouter_server::{AppState, ServeError};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
 /// How long streams still open after the grace period get to end before the server stops.
@@ -136,41 +135,61 @@ impl ExtProc {
             });
         exchange.placed(placed, body.unwrap_or_default())
     }
+}
 
-    async fn run(
-        self,
-        mut inbound: Streaming<ep::ProcessingRequest>,
-        tx: mpsc::Sender<Result<ep::ProcessingResponse, Status>>,
-        _in_flight: InFlight,
-    ) {
-        let mut exchange = Exchange::new(self.config.failure_mode, self.config.max_body_bytes);
-        let mut phase = self.shared.phase.subscribe();
-        // Bounded by the gateway: one stream carries one request and its answer.
-        loop {
-            let msg = tokio::select! {
-                msg = inbound.next() => msg,
-                () = reached(&mut phase, Phase::Cutting) => {
-                    let _ = tx.send(Err(Status::unavailable(
-                        "kvrouter shut down (--shutdown-grace-secs passed)",
-                    ))).await;
-                    return;
+/// What one stream does next.
+enum Next {
+    /// Send these responses (none: wait for the next message).
+    Replies(Vec<ep::ProcessingResponse>),
+    /// The grace period of a shutdown passed: end the stream with `UNAVAILABLE`.
+    Cut,
+    /// The gateway ended (or cancelled) the stream.
+    End,
+}
+
+/// One stream while it runs: its messages in, its [`Exchange`], its place in the shutdown.
+/// The response stream owns it, so the stream's end (or the gateway going away, which drops
+/// the response stream) drops the exchange, releasing the load of an answer that had not
+/// ended. Each message is handled as the response stream is polled: no task or channel of its
+/// own.
+struct Run {
+    service: ExtProc,
+    inbound: Streaming<ep::ProcessingRequest>,
+    exchange: Exchange,
+    phase: watch::Receiver<Phase>,
+    _in_flight: InFlight,
+}
+
+impl Run {
+    async fn next(&mut self) -> Next {
+        let msg = tokio::select! {
+            msg = self.inbound.next() => msg,
+            () = reached(&mut self.phase, Phase::Cutting) => return Next::Cut,
+        };
+        let Some(Ok(msg)) = msg else {
+            return Next::End;
+        };
+        Next::Replies(match self.exchange.on_message(msg) {
+            Step::Reply(out) => out,
+            place => self.service.place(place, &mut self.exchange).await,
+        })
+    }
+
+    /// The stream of responses: each message's, in order, until the stream ends.
+    fn responses(self) -> Outbound {
+        let replies = futures::stream::unfold(Some(self), |run| async move {
+            let mut run = run?;
+            match run.next().await {
+                Next::Replies(out) => Some((out.into_iter().map(Ok).collect(), Some(run))),
+                Next::Cut => {
+                    let cut =
+                        Status::unavailable("kvrouter shut down (--shutdown-grace-secs passed)");
+                    Some((vec![Err(cut)], None))
                 }
-            };
-            let Some(Ok(msg)) = msg else {
-                // The stream ended, or the gateway cancelled it: dropping the exchange
-                // releases the load of an answer that had not ended.
-                return;
-            };
-            let out = match exchange.on_message(msg) {
-                Step::Reply(out) => out,
-                place => self.place(place, &mut exchange).await,
-            };
-            for r in out {
-                if tx.send(Ok(r)).await.is_err() {
-                    return;
-                }
+                Next::End => None,
             }
-        }
+        });
+        Box::pin(replies.flat_map(|out: Vec<_>| futures::stream::iter(out)))
     }
 }
 
@@ -189,11 +208,14 @@ impl ExternalProcessor for ExtProc {
                 "kvrouter is draining for shutdown and takes no new requests",
             ));
         }
-        let in_flight = InFlight::new(&self.shared);
-        let inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(16);
-        tokio::spawn(self.clone().run(inbound, tx, in_flight));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let run = Run {
+            _in_flight: InFlight::new(&self.shared),
+            phase: self.shared.phase.subscribe(),
+            exchange: Exchange::new(self.config.failure_mode, self.config.max_body_bytes),
+            inbound: request.into_inner(),
+            service: self.clone(),
+        };
+        Ok(Response::new(run.responses()))
     }
 }
 

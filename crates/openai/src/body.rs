@@ -8,19 +8,20 @@
 //! [`Value`] among the other fields, so every view and every error is the one the [`Value`]
 //! reading gives ([`Body::prompt`] equals [`crate::request::prompt`] of the whole body, and
 //! [`Body::to_value`] is the body [`serde_json::from_slice`] reads).
+//!
+//! An object body is read in one pass (`scan::object`: the ids scanned once, the other values
+//! read by `serde_json`); what that pass does not take, and every error, is read by the serde
+//! visitor here (the parser checks and skips an id array, then it is scanned).
 
 use crate::error::RequestError;
 use crate::request::{self, Prompt, PromptView};
+use crate::scan::{read_ids, PROMPT, TOKEN_IDS};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::fmt;
-
-/// The fields read into token ids when they are wholly token ids.
-const PROMPT: &str = "prompt";
-const TOKEN_IDS: &str = "token_ids";
 
 /// A JSON array that is wholly token ids (every id an integer from 0 to `u32::MAX`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,6 +67,15 @@ impl Body {
     /// Reads a body from its bytes: the same errors as `serde_json::from_slice::<Value>`
     /// (a body that is no object, or no JSON, is read, or refused, as a plain [`Value`]).
     pub fn from_slice(raw: &[u8]) -> Result<Self, serde_json::Error> {
+        // One pass over an object body (most are); anything else, and every error, as
+        // `serde_json` reads it.
+        if let Some(f) = crate::scan::object(raw) {
+            return Ok(Body {
+                fields: Value::Object(f.map),
+                prompt: f.prompt,
+                token_ids: f.token_ids,
+            });
+        }
         match serde_json::from_slice::<Object>(raw) {
             Ok(Object(body)) => Ok(body),
             Err(_) => serde_json::from_slice::<Value>(raw).map(Body::from),
@@ -102,6 +112,21 @@ impl Body {
             }
             map.insert(key.to_owned(), value);
         }
+    }
+
+    /// Takes the field `key` out of an object body (`None`: it has none, or is no object).
+    /// Token ids read into the body come back as their JSON array.
+    pub fn remove(&mut self, key: &str) -> Option<Value> {
+        let ids = match key {
+            PROMPT => self.prompt.take(),
+            TOKEN_IDS => self.token_ids.take(),
+            _ => None,
+        };
+        let value = match &mut self.fields {
+            Value::Object(map) => map.remove(key),
+            _ => None,
+        };
+        ids.map(|ids| ids.to_value()).or(value)
     }
 
     /// The whole body, as `serde_json::from_slice::<Value>` reads it (borrowed when nothing
@@ -222,104 +247,6 @@ impl<'de> Visitor<'de> for ObjectVisitor {
     }
 }
 
-/// A cursor over a JSON value the parser has already checked.
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl Cursor<'_> {
-    fn skip_whitespace(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.at) {
-            self.at += 1;
-        }
-    }
-
-    /// The next byte after any whitespace, consumed.
-    fn next(&mut self) -> Option<u8> {
-        self.skip_whitespace();
-        let b = *self.bytes.get(self.at)?;
-        self.at += 1;
-        Some(b)
-    }
-
-    fn peek(&mut self) -> Option<u8> {
-        self.skip_whitespace();
-        self.bytes.get(self.at).copied()
-    }
-
-    /// A token id: an integer from 0 to `u32::MAX` (not a negative, fractional or exponent
-    /// number, nor a larger one).
-    fn id(&mut self) -> Option<u32> {
-        self.skip_whitespace();
-        let start = self.at;
-        let mut value: u64 = 0;
-        while let Some(&b) = self.bytes.get(self.at) {
-            if !b.is_ascii_digit() || self.at - start == 10 {
-                break;
-            }
-            value = value * 10 + u64::from(b - b'0');
-            self.at += 1;
-        }
-        match self.bytes.get(self.at) {
-            _ if self.at == start => None,
-            Some(b'0'..=b'9' | b'.' | b'e' | b'E') => None,
-            _ => u32::try_from(value).ok(),
-        }
-    }
-
-    /// `[id, ...]`, with room for `capacity` ids.
-    fn list(&mut self, capacity: usize) -> Option<Vec<u32>> {
-        if self.next()? != b'[' {
-            return None;
-        }
-        let mut ids = Vec::with_capacity(capacity);
-        if self.peek()? == b']' {
-            self.at += 1;
-            return Some(ids);
-        }
-        loop {
-            ids.push(self.id()?);
-            match self.next()? {
-                b',' => {}
-                b']' => return Some(ids),
-                _ => return None,
-            }
-        }
-    }
-
-    fn at_end(&mut self) -> bool {
-        self.skip_whitespace();
-        self.at == self.bytes.len()
-    }
-}
-
-/// `raw` (a JSON value the parser has checked) as token ids, when it is wholly ids: `[1, 2]`
-/// or a batch `[[1, 2], [3]]`. `None` for anything else, which is then read as JSON.
-fn read_ids(raw: &[u8]) -> Option<TokenIds> {
-    let mut cursor = Cursor { bytes: raw, at: 0 };
-    if cursor.next()? != b'[' {
-        return None;
-    }
-    let ids = if cursor.peek()? == b'[' {
-        let mut lists = Vec::new();
-        loop {
-            lists.push(cursor.list(0)?);
-            match cursor.next()? {
-                b',' => {}
-                b']' => break TokenIds::Batch(lists),
-                _ => return None,
-            }
-        }
-    } else {
-        // Room for every id (one more than the commas), without regrowing.
-        let commas = raw.iter().filter(|&&b| b == b',').count();
-        cursor.at = 0;
-        TokenIds::Flat(cursor.list(commas + 1)?)
-    };
-    cursor.at_end().then_some(ids)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,34 +270,5 @@ mod tests {
             text.prompt().unwrap().first,
             Prompt::Text(Cow::Borrowed("hi"))
         ));
-    }
-
-    #[test]
-    fn only_arrays_of_ids_are_read_as_ids() {
-        let flat = |ids: &[u32]| Some(TokenIds::Flat(ids.to_vec()));
-        assert_eq!(read_ids(b"[]"), flat(&[]));
-        assert_eq!(read_ids(b" [ 0 , 7,4294967295 ] "), flat(&[0, 7, u32::MAX]));
-        assert_eq!(
-            read_ids(b"[[1, 2], [], [3]]"),
-            Some(TokenIds::Batch(vec![vec![1, 2], vec![], vec![3]]))
-        );
-        for raw in [
-            "[4294967296]",
-            "[12345678901]",
-            "[-1]",
-            "[1.0]",
-            "[1e2]",
-            "[1E2]",
-            "[\"1\"]",
-            "[[1], 2]",
-            "[1, [2]]",
-            "[[[1]]]",
-            "[null]",
-            "\"[1]\"",
-            "7",
-            "{}",
-        ] {
-            assert_eq!(read_ids(raw.as_bytes()), None, "{raw}");
-        }
     }
 }

@@ -7,6 +7,7 @@
 //!   field.
 //! - [`body`]: a request body read once, a token-id `prompt` (or `token_ids`) read straight
 //!   into `u32`s rather than a JSON value per token.
+//! - `scan`: the one-pass reading of an object body and its token ids from the raw text.
 //! - [`error`]: the one OpenAI error body `{"error":{"message","type","param","code"}}` and the
 //!   errors of reading a request.
 //! - [`sse`]: the one server-sent-events splitter (any chunk boundaries, LF or CRLF) and writer.
@@ -25,6 +26,7 @@ pub mod fingerprint;
 pub mod first_n;
 pub mod passthrough;
 pub mod request;
+mod scan;
 pub mod sse;
 pub mod usage;
 

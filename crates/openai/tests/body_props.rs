@@ -246,3 +246,82 @@ fn token_id_prompts_are_read_into_ids_and_others_kept_as_json() {
         &json!({"prompt": "x", "model": "m"})
     );
 }
+
+/// Any JSON value: scalars, strings full of the characters a skip must not stop at
+/// (quotes, escapes, brackets, commas, braces, non-ASCII), and nested arrays and objects.
+fn any_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(Value::from),
+        "[\"\\\\,\\[\\]{}: a-zé\\n\\t]{0,8}".prop_map(Value::from),
+        prop::collection::vec(any::<u32>(), 0..6).prop_map(|v| json!(v)),
+    ];
+    leaf.prop_recursive(4, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::vec(("[a-z\"\\\\}]{0,3}", inner), 0..4)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        ]
+    })
+}
+
+/// Object bodies of any values under keys that matter (`prompt`, `token_ids`) and keys a walk
+/// may not take (escaped, non-ASCII), written compact or pretty, with ids written with odd
+/// spacing and leading zeros now and then.
+fn any_body_text() -> impl Strategy<Value = String> {
+    let key = prop_oneof![
+        3 => Just("prompt".to_owned()),
+        3 => Just("token_ids".to_owned()),
+        1 => Just("model".to_owned()),
+        1 => Just("a\\\"b".to_owned()),
+        1 => Just("ü".to_owned()),
+    ];
+    let ids = prop::collection::vec((any::<u16>(), 0..4usize), 0..6).prop_map(|ids| {
+        let sep = [",", " , ", ",\n", ", 0"];
+        let inner: Vec<String> = ids
+            .iter()
+            .map(|(id, s)| format!("{id}{}", sep[*s]))
+            .collect();
+        format!(
+            "[{}]",
+            inner.concat().trim_end_matches([',', ' ', '\n', '0'])
+        )
+    });
+    let value = prop_oneof![3 => any_json().prop_map(|v| v.to_string()), 2 => ids];
+    let field = (key, value).prop_map(|(k, v)| format!("\"{k}\": {v}"));
+    (prop::collection::vec(field, 0..4), any::<bool>()).prop_map(|(f, pretty)| {
+        let text = format!("{{{}}}", f.join(", "));
+        match (pretty, serde_json::from_str::<Value>(&text)) {
+            (true, Ok(v)) => serde_json::to_string_pretty(&v).unwrap(),
+            _ => text,
+        }
+    })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The one-pass walk of an object body reads what `serde_json` reads, and fails where it
+    /// fails, with its error, on bodies with any nested values.
+    #[test]
+    fn any_object_body_reads_as_its_value_reads(text in any_body_text(), cut in any::<prop::sample::Index>(), byte in any::<u8>()) {
+        let naive = serde_json::from_str::<Value>(&text).map_err(|e| e.to_string());
+        let ours = Body::from_slice(text.as_bytes()).map_err(|e| e.to_string());
+        prop_assert_eq!(ours.as_ref().map(|b| b.to_value().into_owned()).map_err(Clone::clone), naive.clone(), "{}", text);
+        if let (Ok(body), Ok(naive)) = (&ours, &naive) {
+            prop_assert_eq!(body.prompt(), prompt(naive), "{}", text);
+        }
+        let mut bytes = text.into_bytes();
+        let at = cut.index(bytes.len().max(1));
+        if at < bytes.len() {
+            bytes[at] = byte;
+        }
+        let naive = serde_json::from_slice::<Value>(&bytes).map_err(|e| e.to_string());
+        let ours = Body::from_slice(&bytes).map_err(|e| e.to_string());
+        prop_assert_eq!(ours.map(|b| b.to_value().into_owned()), naive);
+    }
+}

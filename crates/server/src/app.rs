@@ -67,6 +67,10 @@ pub fn app(state: AppState) -> Router {
             "/v1/pick/{id}/first-token",
             post(pick_first_token).with_state(picks.clone()),
         )
+        .route(
+            "/v1/pick/reports",
+            post(pick_reports).with_state(picks.clone()),
+        )
         .route("/v1/pick/{id}/finish", post(pick_finish).with_state(picks))
         .route("/health", get(health))
         .route("/live", get(live))
@@ -102,7 +106,7 @@ async fn pick(State(t): State<Arc<PickTable>>, headers: HeaderMap, body: Bytes) 
 }
 
 async fn pick_first_token(State(t): State<Arc<PickTable>>, Path(id): Path<String>) -> Response {
-    match crate::request::pick::first_token(&t, &id) {
+    match crate::request::pick_report::first_token(&t, &id) {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }
@@ -113,7 +117,14 @@ async fn pick_finish(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    match crate::request::pick::finish(&t, &id, &body) {
+    match crate::request::pick_report::finish(&t, &id, &body) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn pick_reports(State(t): State<Arc<PickTable>>, body: Bytes) -> Response {
+    match crate::request::pick_report::batch(&t, &body) {
         Ok(v) => Json(v).into_response(),
         Err(e) => e.into_response(),
     }

@@ -22,7 +22,7 @@ from .errors import (
     WeightUpdateTimeout,
 )
 from .headers import RolloutHeaders
-from .pick import Pick, PickEvent, PickStatus
+from .pick import Pick, PickEvent, PickStatus, report_entry
 from .provenance import Provenance, ProvenanceRecord, fingerprint_version, read_provenance_log, wait_for_provenance
 from .server import KvrouterServer, find_binary, free_port
 from .stream import Stream
@@ -58,6 +58,7 @@ __all__ = [
     "fingerprint_version",
     "free_port",
     "read_provenance_log",
+    "report_entry",
     "wait_for_provenance",
 ]
 __version__ = "0.1.0"

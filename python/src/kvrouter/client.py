@@ -202,6 +202,7 @@ class AsyncKvrouterClient:
         model: str | None = None,
         rl: RolloutHeaders | None = None,
         extra_headers: Mapping[str, str] | None = None,
+        reports: Sequence[Mapping[str, Any]] | None = None,
         **params: Any,
     ) -> Pick:
         """``POST /v1/pick``: where to send a request (give one of ``token_ids``, ``prompt`` or
@@ -209,7 +210,12 @@ class AsyncKvrouterClient:
         :meth:`report` its first token and its finish. Raises what a proxied request would
         (a ``KvrouterError`` with ``status`` 529 when refused under overload,
         ``ServiceUnavailableError`` ...); may wait in the router
-        queue as a proxied request would."""
+        queue as a proxied request would.
+
+        ``reports``: reports of earlier picks (:func:`kvrouter.report_entry`), applied before
+        this pick is placed, so a steady client pays one HTTP exchange per pick; each one's
+        outcome is in ``pick.reports`` (an unknown or expired id is that report's error, never
+        the pick's). They are applied once the body is read, also when the pick is refused."""
         given = [name for name, v in (("token_ids", token_ids), ("prompt", prompt), ("messages", messages)) if v is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of token_ids, prompt or messages (got {given or 'none'})")
@@ -222,6 +228,8 @@ class AsyncKvrouterClient:
             body["messages"] = list(messages)
         if model or self.model:
             body["model"] = model or self.model
+        if reports:
+            body["reports"] = [dict(r) for r in reports]
         answer = await self._transport.json("POST", "/v1/pick", json=body, headers=_headers(rl, extra_headers))
         return Pick.from_body(answer)
 
@@ -247,3 +255,10 @@ class AsyncKvrouterClient:
             await self._transport.json("POST", f"/v1/pick/{pick_id}/finish", json=body)
         else:
             raise ValueError(f"event must be 'first_token' or 'finish', not {event!r}")
+
+    async def report_batch(self, reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """``POST /v1/pick/reports``: several reports (:func:`kvrouter.report_entry`) in one
+        exchange, applied in order; each one's outcome, in the same order (``{"id", "status"}``,
+        or ``{"id", "error": {...}}`` for an unknown, finished or expired id)."""
+        answer = await self._transport.json("POST", "/v1/pick/reports", json={"reports": [dict(r) for r in reports]})
+        return list(answer.get("reports") or [])

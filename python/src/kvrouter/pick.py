@@ -39,6 +39,9 @@ class Pick:
     lease_ms: int
     #: The decision and every candidate's score breakdown.
     decision: dict[str, Any] = field(default_factory=dict)
+    #: The outcome of each report sent with this pick (``pick(reports=...)``), in order:
+    #: ``{"id", "status"}``, or ``{"id", "error": {...}}`` for an unknown, finished or expired id.
+    reports: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Pick:
@@ -53,6 +56,7 @@ class Pick:
             cached_tokens=int(body.get("cached_tokens") or 0),
             lease_ms=int(body.get("lease_ms") or 0),
             decision=dict(body.get("decision") or {}),
+            reports=list(body.get("reports") or []),
         )
 
 
@@ -72,3 +76,22 @@ def finish_body(
         if value is not None:
             body[key] = value
     return body
+
+
+def report_entry(
+    pick: Pick | str,
+    event: PickEvent,
+    *,
+    status: PickStatus = "ok",
+    prompt_tokens: int | None = None,
+    completion_tokens: int | None = None,
+    cached_tokens: int | None = None,
+) -> dict[str, Any]:
+    """One report for ``pick(reports=[...])`` or ``report_batch([...])``: a pick's
+    ``first_token``, or its ``finish`` with its status and the token counts given."""
+    if event not in ("first_token", "finish"):
+        raise ValueError(f"event must be 'first_token' or 'finish', not {event!r}")
+    entry: dict[str, Any] = {"id": pick.id if isinstance(pick, Pick) else pick, "event": event}
+    if event == "finish":
+        entry.update(finish_body(status, prompt_tokens, completion_tokens, cached_tokens))
+    return entry

@@ -16,6 +16,7 @@ mod continuation;
 mod forward;
 mod parse;
 pub(crate) mod pick;
+pub(crate) mod pick_report;
 mod respond;
 
 use crate::error::ServeError;

@@ -6,9 +6,10 @@
 
 use super::attempt::{guard_for, Origin};
 use super::parse::{count_error, parse_body, Request};
+use super::pick_report;
+use super::respond::DecisionView;
 use crate::error::ServeError;
 use crate::guard::LoadGuard;
-use crate::health::Source;
 use crate::picks::PickTable;
 use crate::routing::Kind;
 use crate::state::{stopped, AppState};
@@ -18,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use kvrouter_core::ids::RequestId;
 use kvrouter_core::router::{Decision, RouteRequest};
 use kvrouter_openai::Body;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -162,13 +163,18 @@ fn group_satisfied(group: u64) -> ServeError {
 }
 
 /// The body of a pick request: an OpenAI chat or completion body, or `{"token_ids": [...]}`
-/// (the prompt as token ids; `model` optional).
-fn pick_body(state: &AppState, raw: &[u8]) -> Result<Body, ServeError> {
+/// (the prompt as token ids; `model` optional); with the reports of earlier picks it carries
+/// (its `reports` field, taken out of the body).
+fn pick_body(state: &AppState, raw: &[u8]) -> Result<(Body, Option<Vec<Value>>), ServeError> {
     let mut body = Body::from_slice(raw)
         .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
     if !body.is_object() {
         return Err(ServeError::invalid("the body must be a JSON object", None));
     }
+    let reports = body
+        .remove(pick_report::REPORTS)
+        .map(pick_report::report_list)
+        .transpose()?;
     body.token_ids_as_prompt()?;
     if body.fields().get("model").is_none_or(Value::is_null) {
         // A pick may leave the model out: the base model is meant.
@@ -176,11 +182,13 @@ fn pick_body(state: &AppState, raw: &[u8]) -> Result<Body, ServeError> {
         let model = models.first().cloned().unwrap_or_default();
         body.insert("model", Value::String(model));
     }
-    Ok(body)
+    Ok((body, reports))
 }
 
-/// `POST /v1/pick`: places the request and answers the chosen worker, the pick's id, its lease
-/// and the score breakdown.
+/// `POST /v1/pick`: applies the reports of earlier picks it carries (`reports`), then places
+/// the request and answers the chosen worker, the pick's id, its lease, the score breakdown and
+/// each report's outcome. Reports are applied once the body is read, also when the pick is then
+/// refused.
 pub(crate) async fn pick(
     table: &Arc<PickTable>,
     headers: HeaderMap,
@@ -189,10 +197,14 @@ pub(crate) async fn pick(
     let arrival = Instant::now();
     let state = table.state().clone();
     let config = &state.inner.config.picks;
+    let (body, outcomes) = match pick_body(&state, &raw) {
+        Ok((body, reports)) => (Ok(body), reports.map(|r| pick_report::apply(table, r))),
+        Err(e) => (Err(e), None),
+    };
     let body = if table.len() >= config.max_outstanding {
         Err(too_many(config.max_outstanding))
     } else {
-        pick_body(&state, &raw)
+        body
     };
     let placed = place(&state, "api", &headers, body, arrival, None).await?;
     let Placed {
@@ -214,16 +226,21 @@ pub(crate) async fn pick(
         return Err(too_many(config.max_outstanding));
     }
     let rank = decision.rank;
-    let answer = json!({
-        "id": id.0.to_string(),
-        "object": "kvrouter.pick",
-        "worker": {"id": rank.worker.0, "url": url, "dp_rank": rank.dp_rank},
-        "policy_version": decision.policy_version,
-        "prompt_tokens": prompt_tokens,
-        "cached_tokens": decision.cached_tokens,
-        "lease_ms": lease_ms,
-        "decision": super::respond::decision_json(&decision),
-    });
+    let answer = Answer {
+        id: id.0,
+        object: "kvrouter.pick",
+        worker: Chosen {
+            id: rank.worker.0,
+            url: &url,
+            dp_rank: rank.dp_rank,
+        },
+        policy_version: decision.policy_version,
+        prompt_tokens,
+        cached_tokens: decision.cached_tokens,
+        lease_ms,
+        decision: DecisionView(&decision),
+        reports: outcomes,
+    };
     Ok((
         [
             ("x-kvrouter-worker", rank.worker.0.to_string()),
@@ -237,111 +254,39 @@ pub(crate) async fn pick(
         .into_response())
 }
 
+/// The answer of a pick, written straight to JSON.
+#[derive(serde::Serialize)]
+struct Answer<'a> {
+    #[serde(serialize_with = "as_text")]
+    id: u64,
+    object: &'static str,
+    worker: Chosen<'a>,
+    policy_version: u64,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    lease_ms: u64,
+    decision: DecisionView<'a>,
+    /// The outcome of each report the pick carried (absent when it carried none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reports: Option<Vec<Value>>,
+}
+
+/// The chosen worker in a pick's answer.
+#[derive(serde::Serialize)]
+struct Chosen<'a> {
+    id: u64,
+    url: &'a str,
+    dp_rank: u32,
+}
+
+/// A pick id as the answer gives it: text (clients keep it as an opaque string).
+fn as_text<S: serde::Serializer>(id: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(id)
+}
+
 fn too_many(max: usize) -> ServeError {
     ServeError::Http {
         status: crate::error::overloaded(),
         message: format!("{max} picks are outstanding (--pick-max-outstanding); retry later"),
     }
-}
-
-fn pick_id(id: &str) -> Result<u64, ServeError> {
-    id.parse()
-        .map_err(|_| ServeError::NotFound(format!("no outstanding pick `{id}`")))
-}
-
-fn unknown(id: u64) -> ServeError {
-    ServeError::NotFound(format!(
-        "no outstanding pick `{id}` (finished, expired or never handed out)"
-    ))
-}
-
-/// `POST /v1/pick/{id}/first-token`: the caller got the answer's first token; the lease now
-/// runs to `--pick-max-duration-secs`.
-pub(crate) fn first_token(table: &PickTable, id: &str) -> Result<Value, ServeError> {
-    let id = pick_id(id)?;
-    let until = Instant::now() + table.state().inner.config.picks.max_duration;
-    if !table.first_token(id, until) {
-        return Err(unknown(id));
-    }
-    Ok(json!({"id": id.to_string(), "object": "kvrouter.pick", "status": "generating"}))
-}
-
-/// How a pick ended, as its caller reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum End {
-    /// The answer completed.
-    Ok,
-    /// The caller gave up (or the answer was aborted).
-    Cancelled,
-    /// The worker failed (connection error, 5xx, broken stream): counts toward its health.
-    Failed,
-}
-
-/// The body of a finish report; every field optional.
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FinishReport {
-    status: Option<End>,
-    prompt_tokens: Option<u64>,
-    completion_tokens: Option<u64>,
-    cached_tokens: Option<u64>,
-}
-
-fn finish_report(raw: &[u8]) -> Result<FinishReport, ServeError> {
-    if raw.iter().all(u8::is_ascii_whitespace) {
-        return Ok(FinishReport::default());
-    }
-    let de = &mut serde_json::Deserializer::from_slice(raw);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let msg = format!("invalid finish report: {}", e.inner());
-        if path == "." || path.is_empty() {
-            ServeError::invalid(msg, None)
-        } else {
-            ServeError::invalid_at(msg, path)
-        }
-    })
-}
-
-/// `POST /v1/pick/{id}/finish`: the pick ended (`status`: `ok`, the default, `cancelled` or
-/// `failed`), with the answer's token counts when the caller has them. Its load is released.
-pub(crate) fn finish(table: &PickTable, id: &str, raw: &[u8]) -> Result<Value, ServeError> {
-    let report = finish_report(raw)?;
-    let id = pick_id(id)?;
-    let state = table.state();
-    let mut guard = table.take(id).ok_or_else(|| unknown(id))?;
-    let end = report.status.unwrap_or(End::Ok);
-    let metrics = &state.inner.metrics;
-    match end {
-        End::Ok => {
-            let mut usage = serde_json::Map::new();
-            for (k, v) in [
-                ("prompt_tokens", report.prompt_tokens),
-                ("completion_tokens", report.completion_tokens),
-            ] {
-                if let Some(v) = v {
-                    usage.insert(k.into(), v.into());
-                }
-            }
-            if let Some(c) = report.cached_tokens {
-                usage.insert("prompt_tokens_details".into(), json!({"cached_tokens": c}));
-            }
-            guard.finish_reported((!usage.is_empty()).then_some(Value::Object(usage)));
-            metrics.picks.inc(&[("source", "api"), ("end", "finished")]);
-        }
-        End::Cancelled | End::Failed => {
-            if end == End::Failed {
-                state.observe_health(guard.worker(), false, Source::Request);
-            }
-            let label = if end == End::Failed {
-                "failed"
-            } else {
-                "cancelled"
-            };
-            metrics.picks.inc(&[("source", "api"), ("end", label)]);
-            drop(guard);
-        }
-    }
-    Ok(json!({"id": id.to_string(), "object": "kvrouter.pick", "status": "released"}))
 }

@@ -14,7 +14,6 @@ use axum::response::{IntoResponse, Response};
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::Decision;
 use kvrouter_openai::first_n;
-use serde_json::Value;
 use tokio::sync::watch;
 
 /// Answers with the first attempt's response, continued where the machine says so.
@@ -107,23 +106,54 @@ fn headers(
 }
 
 fn decision_header(d: &Decision) -> Option<HeaderValue> {
-    HeaderValue::from_str(&decision_json(d).to_string()).ok()
+    HeaderValue::from_str(&serde_json::to_string(&DecisionView(d)).ok()?).ok()
 }
 
-/// The decision and every candidate's score breakdown, as JSON.
-pub(crate) fn decision_json(d: &Decision) -> Value {
-    let compact: Vec<Value> = d
-        .candidates
-        .iter()
-        .map(|c| {
-            serde_json::json!({
-                "worker": c.rank.worker.0, "dp_rank": c.rank.dp_rank,
-                "overlap": c.overlap.gpu_blocks, "credit": c.credit_blocks,
-                "prefill": c.prefill_blocks, "decode": c.decode_blocks, "total": c.total,
-            })
-        })
-        .collect();
-    serde_json::json!({"mode": d.mode.as_str(), "worker": d.rank.worker.0, "dp_rank": d.rank.dp_rank, "candidates": compact})
+/// The decision and every candidate's score breakdown, written as JSON straight from the
+/// decision: `{"mode", "worker", "dp_rank", "candidates": [{"worker", "dp_rank", "overlap",
+/// "credit", "prefill", "decode", "total"}]}`.
+pub(crate) struct DecisionView<'a>(pub(crate) &'a Decision);
+
+/// One candidate's score breakdown in a [`DecisionView`].
+#[derive(serde::Serialize)]
+struct CandidateView {
+    worker: u64,
+    dp_rank: u32,
+    overlap: u32,
+    credit: f64,
+    prefill: f64,
+    decode: f64,
+    total: f64,
+}
+
+/// The candidates of a [`DecisionView`].
+struct Candidates<'a>(&'a [kvrouter_core::policy::CandidateScore]);
+
+impl serde::Serialize for Candidates<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|c| CandidateView {
+            worker: c.rank.worker.0,
+            dp_rank: c.rank.dp_rank,
+            overlap: c.overlap.gpu_blocks,
+            credit: c.credit_blocks,
+            prefill: c.prefill_blocks,
+            decode: c.decode_blocks,
+            total: c.total,
+        }))
+    }
+}
+
+impl serde::Serialize for DecisionView<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let d = self.0;
+        let mut m = s.serialize_struct("Decision", 4)?;
+        m.serialize_field("mode", d.mode.as_str())?;
+        m.serialize_field("worker", &d.rank.worker.0)?;
+        m.serialize_field("dp_rank", &d.rank.dp_rank)?;
+        m.serialize_field("candidates", &Candidates(&d.candidates))?;
+        m.end()
+    }
 }
 
 /// The whole answer of a request ended before it produced anything because its group has

@@ -1,0 +1,251 @@
+//! The pick API's reports: a caller that sends a picked request itself tells the router its
+//! first token (`POST /v1/pick/{id}/first-token`) and its end (`POST /v1/pick/{id}/finish`),
+//! so the load of the pick is right. Reports can also come in a batch
+//! (`POST /v1/pick/reports`) or ride on the caller's next pick (its `reports` field, applied
+//! before that pick is placed), so a steady client pays one HTTP exchange per pick. A report of
+//! a batch answers its own outcome: an unknown, finished or expired id is that report's error,
+//! never the batch's or the pick's.
+
+use crate::error::ServeError;
+use crate::health::Source;
+use crate::picks::PickTable;
+use serde_json::{json, Value};
+use std::time::Instant;
+
+/// The body field (of a pick, or of `POST /v1/pick/reports`) that carries reports.
+pub(crate) const REPORTS: &str = "reports";
+
+/// How a pick ended, as its caller reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum End {
+    /// The answer completed.
+    Ok,
+    /// The caller gave up (or the answer was aborted).
+    Cancelled,
+    /// The worker failed (connection error, 5xx, broken stream): counts toward its health.
+    Failed,
+}
+
+/// The body of a finish report; every field optional.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FinishReport {
+    status: Option<End>,
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+}
+
+/// Which lifecycle event a batched report is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Event {
+    /// As `POST /v1/pick/{id}/first-token`.
+    #[serde(alias = "first-token")]
+    FirstToken,
+    /// As `POST /v1/pick/{id}/finish`.
+    Finish,
+}
+
+/// A pick's id as a report gives it: the answer's string, or that number.
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+enum Id {
+    Text(String),
+    Number(u64),
+}
+
+/// One report of a batch: the pick, the event, and for a finish its report's fields.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Report {
+    id: Id,
+    event: Event,
+    status: Option<End>,
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+}
+
+fn pick_id(id: &str) -> Result<u64, ServeError> {
+    id.parse()
+        .map_err(|_| ServeError::NotFound(format!("no outstanding pick `{id}`")))
+}
+
+fn unknown(id: u64) -> ServeError {
+    ServeError::NotFound(format!(
+        "no outstanding pick `{id}` (finished, expired or never handed out)"
+    ))
+}
+
+fn finish_report(raw: &[u8]) -> Result<FinishReport, ServeError> {
+    if raw.iter().all(u8::is_ascii_whitespace) {
+        return Ok(FinishReport::default());
+    }
+    let de = &mut serde_json::Deserializer::from_slice(raw);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let msg = format!("invalid finish report: {}", e.inner());
+        if path == "." || path.is_empty() {
+            ServeError::invalid(msg, None)
+        } else {
+            ServeError::invalid_at(msg, path)
+        }
+    })
+}
+
+/// Marks pick `id`'s first token: its lease now runs to `--pick-max-duration-secs`.
+fn mark_first_token(table: &PickTable, id: u64) -> Result<&'static str, ServeError> {
+    let until = Instant::now() + table.state().inner.config.picks.max_duration;
+    if !table.first_token(id, until) {
+        return Err(unknown(id));
+    }
+    Ok("generating")
+}
+
+/// Ends pick `id` as `report` says, releasing its load.
+fn release(table: &PickTable, id: u64, report: FinishReport) -> Result<&'static str, ServeError> {
+    let state = table.state();
+    let mut guard = table.take(id).ok_or_else(|| unknown(id))?;
+    let end = report.status.unwrap_or(End::Ok);
+    let metrics = &state.inner.metrics;
+    match end {
+        End::Ok => {
+            let mut usage = serde_json::Map::new();
+            for (k, v) in [
+                ("prompt_tokens", report.prompt_tokens),
+                ("completion_tokens", report.completion_tokens),
+            ] {
+                if let Some(v) = v {
+                    usage.insert(k.into(), v.into());
+                }
+            }
+            if let Some(c) = report.cached_tokens {
+                usage.insert("prompt_tokens_details".into(), json!({"cached_tokens": c}));
+            }
+            guard.finish_reported((!usage.is_empty()).then_some(Value::Object(usage)));
+            metrics.picks.inc(&[("source", "api"), ("end", "finished")]);
+        }
+        End::Cancelled | End::Failed => {
+            if end == End::Failed {
+                state.observe_health(guard.worker(), false, Source::Request);
+            }
+            let label = if end == End::Failed {
+                "failed"
+            } else {
+                "cancelled"
+            };
+            metrics.picks.inc(&[("source", "api"), ("end", label)]);
+            drop(guard);
+        }
+    }
+    Ok("released")
+}
+
+fn answer(id: u64, status: &str) -> Value {
+    json!({"id": id.to_string(), "object": "kvrouter.pick", "status": status})
+}
+
+/// `POST /v1/pick/{id}/first-token`: the caller got the answer's first token; the lease now
+/// runs to `--pick-max-duration-secs`.
+pub(crate) fn first_token(table: &PickTable, id: &str) -> Result<Value, ServeError> {
+    let id = pick_id(id)?;
+    Ok(answer(id, mark_first_token(table, id)?))
+}
+
+/// `POST /v1/pick/{id}/finish`: the pick ended (`status`: `ok`, the default, `cancelled` or
+/// `failed`), with the answer's token counts when the caller has them. Its load is released.
+pub(crate) fn finish(table: &PickTable, id: &str, raw: &[u8]) -> Result<Value, ServeError> {
+    let report = finish_report(raw)?;
+    let id = pick_id(id)?;
+    Ok(answer(id, release(table, id, report)?))
+}
+
+/// The reports of a body's `reports` field: a list, else a 400 naming it.
+pub(crate) fn report_list(value: Value) -> Result<Vec<Value>, ServeError> {
+    match value {
+        Value::Array(list) => Ok(list),
+        _ => Err(ServeError::invalid(
+            "`reports` must be a list of pick reports ({\"id\", \"event\": \"first_token\" or \"finish\", ...})",
+            Some(REPORTS),
+        )),
+    }
+}
+
+/// Applies one report of a batch (the `at`-th): its outcome, `{"id", "status"}` or
+/// `{"id", "error": {...}}` (an OpenAI-shaped error naming `reports[at]...` for a malformed
+/// report).
+fn apply_one(table: &PickTable, at: usize, value: Value) -> Value {
+    // The id as given, for the outcome of a report that cannot be read.
+    let given = value.get("id").cloned().unwrap_or(Value::Null);
+    let outcome = serde_path_to_error::deserialize::<_, Report>(value)
+        .map_err(|e| {
+            let path = e.path().to_string();
+            let param = if path == "." || path.is_empty() {
+                format!("{REPORTS}[{at}]")
+            } else {
+                format!("{REPORTS}[{at}].{path}")
+            };
+            ServeError::invalid_at(format!("invalid pick report: {}", e.inner()), param)
+        })
+        .and_then(|r| {
+            let id = match &r.id {
+                Id::Text(text) => pick_id(text)?,
+                Id::Number(n) => *n,
+            };
+            let status = match r.event {
+                Event::FirstToken => mark_first_token(table, id)?,
+                Event::Finish => {
+                    let report = FinishReport {
+                        status: r.status,
+                        prompt_tokens: r.prompt_tokens,
+                        completion_tokens: r.completion_tokens,
+                        cached_tokens: r.cached_tokens,
+                    };
+                    release(table, id, report)?
+                }
+            };
+            Ok((id, status))
+        });
+    match outcome {
+        Ok((id, status)) => json!({"id": id.to_string(), "status": status}),
+        Err(e) => {
+            let mut body = e.body();
+            json!({"id": given, "error": body["error"].take()})
+        }
+    }
+}
+
+/// Applies `reports` in order: each one's outcome, in the same order.
+pub(crate) fn apply(table: &PickTable, reports: Vec<Value>) -> Vec<Value> {
+    reports
+        .into_iter()
+        .enumerate()
+        .map(|(at, r)| apply_one(table, at, r))
+        .collect()
+}
+
+/// `POST /v1/pick/reports` with `{"reports": [...]}`: applies them in order and answers each
+/// one's outcome. Only a body that is not such an object is an error.
+pub(crate) fn batch(table: &PickTable, raw: &[u8]) -> Result<Value, ServeError> {
+    let body: Value = serde_json::from_slice(raw)
+        .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    let Value::Object(mut body) = body else {
+        return Err(ServeError::invalid("the body must be a JSON object", None));
+    };
+    let Some(reports) = body.remove(REPORTS) else {
+        return Err(ServeError::invalid(
+            "`reports` is missing (a list of pick reports)",
+            Some(REPORTS),
+        ));
+    };
+    if let Some(other) = body.keys().next() {
+        return Err(ServeError::invalid_at(
+            format!("unknown field `{other}`, expected `{REPORTS}`"),
+            other.clone(),
+        ));
+    }
+    let outcomes = apply(table, report_list(reports)?);
+    Ok(json!({"object": "kvrouter.pick.reports", REPORTS: outcomes}))
+}
