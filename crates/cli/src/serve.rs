@@ -267,8 +267,8 @@ impl ServeArgs {
             http: self.http.limits()?,
             max_step_lag: std::time::Duration::try_from_secs_f64(self.mock_max_step_lag_ms / 1e3)
                 .map_err(|_| {
-                    anyhow::anyhow!("--mock-max-step-lag-ms must be a non-negative number")
-                })?,
+                anyhow::anyhow!("--mock-max-step-lag-ms must be a non-negative number")
+            })?,
             ..MockEngineConfig::default()
         };
         Ok(crate::embedded::like_the_router(template, config))

@@ -219,6 +219,10 @@ async fn run(
         let due = epoch + Duration::from_micros(outcome.end.as_micros());
         if due > Instant::now() {
             tokio::time::sleep_until(due).await;
+        } else {
+            // Catching up: let the host's other tasks (HTTP, an embedding router) run between
+            // steps.
+            tokio::task::yield_now().await;
         }
         let late_ms = Instant::now().saturating_duration_since(due).as_secs_f64() * 1e3;
         for t in &outcome.tokens {

@@ -42,7 +42,10 @@ async fn a_long_decode_keeps_the_model_pace_without_spinning() {
     assert_eq!(r["usage"]["completion_tokens"], tokens, "{r}");
     // The model: one prefill step (≥ 1.65 ms), then a decode step per further token.
     let model = (tokens - 1) as f64 * 5.74e-3 / 10.0;
-    assert!(wall >= model, "faster than the model: {wall:.3} s < {model:.3} s");
+    assert!(
+        wall >= model,
+        "faster than the model: {wall:.3} s < {model:.3} s"
+    );
     assert!(
         wall <= model * 1.25 + 0.1,
         "steps stretched by the host: {wall:.3} s for {model:.3} s of model time"
