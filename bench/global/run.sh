@@ -3,7 +3,10 @@
 # mock engines SLOW_SPEEDUP/FAST_SPEEDUP as fast) behind `kvrouter serve --global`, against one
 # flat `kvrouter serve` over the same 8 engines (4 fast + 4 slow `kvrouter mock-engine`), on the
 # agentic workload through `kvrouter bench --session-header`. Every run starts with cold caches.
-# Writes bench/global/results.md: served hit rate, TTFT p50, share of requests per DC.
+# Then the simulator on the same workload: `kvrouter sim --clusters` with
+# bench/global/live-mirror.toml (the same two DCs, at FAST_SPEEDUP / SLOW_SPEEDUP).
+# Writes bench/global/results.md: served hit rate, TTFT p50, share of requests per DC, and the
+# simulator's TTFT p50 beside the live one per policy.
 # Usage: bench/global/run.sh   (env: BIN, FAST_SPEEDUP, SLOW_SPEEDUP, POLICIES, OUT, AGENTIC_ARGS)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -72,6 +75,15 @@ for policy in $POLICIES; do
 done
 echo "$SECONDS" >"$OUT/seconds.txt"
 
+# The simulator's counterpart: the mirror file at this run's speeds, the same workload and
+# local-router flags, every policy in one run.
+sed -e "/^name = \"fast\"/,/^$/ s/^speed = .*/speed = $FAST_SPEEDUP/" \
+    -e "/^name = \"slow\"/,/^$/ s/^speed = .*/speed = $SLOW_SPEEDUP/" \
+    bench/global/live-mirror.toml >"$OUT/live-mirror.toml"
+"$BIN" sim --clusters "$OUT/live-mirror.toml" --workload agentic --workload-args "$AGENTIC_ARGS" \
+  --global-policy "$(echo $POLICIES | tr ' ' ,)" --router-predicted-ttl-secs 5 --kv-event-delay-ms 1 \
+  --out "$OUT/sim" --quiet >"$OUT/sim.txt"
+
 python3 - "$OUT" "$BIN" "$FAST_SPEEDUP" "$SLOW_SPEEDUP" "$AGENTIC_ARGS" "$POLICIES" <<'PY' > bench/global/results.md
 import json, re, sys
 out, binary, fast, slow, args, policies = sys.argv[1:7]
@@ -107,5 +119,19 @@ for p in policies:
     print(f"| global, --global-policy {p} | {r['completed']} | {r['hit_rate']:.3f} | {rh:.2f}x | {r['ttft_ms']['p50']:.1f} | {rt:.2f}x | {f:.2f} | {s:.2f} | {moves} |")
 print()
 print(f"Capacity share of DC `fast` by engine speed: {float(fast) / (float(fast) + float(slow)):.2f}.")
+print()
+print("Simulator, same workload: `kvrouter sim --clusters` with bench/global/live-mirror.toml at")
+print(f"speeds {fast} / {slow} (`{out}/live-mirror.toml`), `--router-predicted-ttl-secs 5 --kv-event-delay-ms 1`.\n")
+print("| policy | sim TTFT p50 ms | live TTFT p50 ms | live / sim | sim hit | live hit | sim share slow | live share slow |")
+print("|---|---|---|---|---|---|---|---|")
+sim = {p["policy"]: p for p in json.load(open(f"{out}/sim/summary.json"))}
+for p in policies:
+    s, r = sim[p], summary(f"global-{p}")
+    n = sum(c["requests"] for c in s["clusters"]) or 1
+    share = next((c["requests"] for c in s["clusters"] if c["name"] == "slow"), 0) / n
+    _, live_slow, _ = shares(f"global-{p}")
+    st, lt = s["ttft_ms"]["p50"], r["ttft_ms"]["p50"]
+    ratio = lt / st if st else float("nan")
+    print(f"| {p} | {st:.1f} | {lt:.1f} | {ratio:.2f}x | {s['hit_rate']:.3f} | {r['hit_rate']:.3f} | {share:.2f} | {live_slow:.2f} |")
 PY
 cat bench/global/results.md

@@ -43,6 +43,11 @@ pub(crate) struct GlobalArgs {
     /// A session idle this long forgets its cluster.
     #[arg(help_heading = H::GLOBAL, long, default_value_t = 3600.0)]
     global_session_ttl_secs: f64,
+    /// Window over which --global measures the prefill work it sends each cluster (tokens/s);
+    /// against the cluster's prefill capacity it is the share of the workers' time prefill
+    /// steps take from decode, which the kv estimate charges.
+    #[arg(help_heading = H::GLOBAL, long, default_value_t = 5.0)]
+    global_load_window_secs: f64,
     /// Bearer token --global sends for the clusters' GET /admin/cluster-summary (their admin
     /// token). Prefer the environment variable: a flag's value is visible in `ps`.
     #[arg(help_heading = H::GLOBAL, long, env = "KVROUTER_CLUSTER_TOKEN", hide_env_values = true)]
@@ -124,6 +129,7 @@ impl GlobalArgs {
                 )?,
                 session_move_ratio: ratio,
                 session_ttl: secs(self.global_session_ttl_secs, "--global-session-ttl-secs")?,
+                load_window: secs(self.global_load_window_secs, "--global-load-window-secs")?,
             },
             refresh: millis(self.global_refresh_ms, "--global-refresh-ms")?,
             summary_timeout: millis(

@@ -52,6 +52,11 @@ pub(crate) struct MockEngineArgs {
     /// Time to load new weights (POST /update_weights), ms, before the speed-up ratio.
     #[arg(long, default_value_t = 0.0)]
     weight_load_ms: f64,
+    /// How far, ms, the host may fall behind the timing model (late timer ticks, a busy CPU)
+    /// while the engine keeps working: within it the engine catches up and keeps the model's
+    /// pace; beyond it the next step starts from the wall clock.
+    #[arg(long, default_value_t = 50.0)]
+    max_step_lag_ms: f64,
     /// ZeroMQ endpoint to publish KV events on (bound; port 0 picks one), e.g. tcp://127.0.0.1:5557.
     #[arg(long)]
     kv_events_endpoint: Option<String>,
@@ -154,6 +159,8 @@ impl MockEngineArgs {
             weight_load: std::time::Duration::try_from_secs_f64(self.weight_load_ms / 1e3)
                 .map_err(|_| anyhow::anyhow!("--weight-load-ms must be a non-negative number"))?,
             http: self.http.limits()?,
+            max_step_lag: std::time::Duration::try_from_secs_f64(self.max_step_lag_ms / 1e3)
+                .map_err(|_| anyhow::anyhow!("--max-step-lag-ms must be a non-negative number"))?,
             ..MockEngineConfig::default()
         })
     }

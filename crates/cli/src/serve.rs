@@ -47,6 +47,10 @@ pub(crate) struct ServeArgs {
     /// Weight-load time of each embedded mock engine (weight updates), ms before the speed-up.
     #[arg(help_heading = H::MOCK, long, default_value_t = 0.0)]
     mock_weight_load_ms: f64,
+    /// How far, ms, the host may fall behind the embedded mock engines' timing model while they
+    /// keep working (they catch up within it; see `kvrouter mock-engine --max-step-lag-ms`).
+    #[arg(help_heading = H::MOCK, long, default_value_t = 50.0)]
+    mock_max_step_lag_ms: f64,
     /// KV capacity in blocks of each embedded mock engine.
     #[arg(help_heading = H::MOCK, long, default_value_t = 16_384)]
     mock_num_gpu_blocks: usize,
@@ -261,6 +265,10 @@ impl ServeArgs {
                     anyhow::anyhow!("--mock-weight-load-ms must be a non-negative number")
                 })?,
             http: self.http.limits()?,
+            max_step_lag: std::time::Duration::try_from_secs_f64(self.mock_max_step_lag_ms / 1e3)
+                .map_err(|_| {
+                anyhow::anyhow!("--mock-max-step-lag-ms must be a non-negative number")
+            })?,
             ..MockEngineConfig::default()
         };
         Ok(crate::embedded::like_the_router(template, config))

@@ -67,7 +67,15 @@ pub struct MockEngineConfig {
     pub weight_load: std::time::Duration,
     /// Client-connection timeouts and the shutdown grace period.
     pub http: kvrouter_http::HttpLimits,
+    /// How far the host may fall behind the timing model (late timer ticks, a busy CPU) while
+    /// the engine keeps working: within it the engine catches up, so its steps keep the model's
+    /// pace; beyond it the next step starts from the wall clock. Default
+    /// [`DEFAULT_MAX_STEP_LAG`].
+    pub max_step_lag: std::time::Duration,
 }
+
+/// Default [`MockEngineConfig::max_step_lag`]: 50 ms.
+pub const DEFAULT_MAX_STEP_LAG: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl MockEngineConfig {
     /// The namespace a request naming `model` hashes its blocks in: the adapter's, when `model`
@@ -111,6 +119,7 @@ impl Default for MockEngineConfig {
             default_max_tokens: 16,
             weight_load: std::time::Duration::ZERO,
             http: kvrouter_http::HttpLimits::default(),
+            max_step_lag: DEFAULT_MAX_STEP_LAG,
         }
     }
 }

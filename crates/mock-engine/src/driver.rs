@@ -1,5 +1,12 @@
 //! The engine driver: one task owns the engine, adds and cancels requests, and steps it against
 //! the wall clock, delivering each step's tokens when the timing model says the step ends.
+//!
+//! Steps follow the model's clock, not the host's: while the engine keeps working, the next step
+//! starts where the last one ended ([`step_start`]), so a late timer tick or a busy CPU delays
+//! the delivery of a step's tokens but does not stretch the steps after it (the engine catches
+//! up, up to `max_step_lag`). The driver sleeps until a step's end (tokio's timer, 1 ms
+//! resolution) and never spins: a fast profile's steps shorter than a tick are delivered a few at
+//! a time, each no earlier than its end.
 
 use crate::config::MockEngineConfig;
 use crate::publisher::PublisherHandle;
@@ -98,8 +105,36 @@ pub(crate) fn spawn(
     let tokenizer = config.tokenizer.clone();
     engine.set_token_mapper(Box::new(move |raw| tokenizer.filler_token(raw)));
     let weight_load = config.weight_load.div_f64(config.speedup_ratio.max(1e-9));
-    tokio::spawn(run(engine, rx, shared, publisher, weight_load));
+    let pacing = Pacing {
+        max_lag: config.max_step_lag,
+    };
+    tokio::spawn(run(engine, rx, shared, publisher, weight_load, pacing));
     tx
+}
+
+/// How steps follow the model's clock.
+#[derive(Clone, Copy, Debug)]
+struct Pacing {
+    /// How far the host may fall behind the model before the engine restarts from the wall
+    /// clock instead of catching up.
+    max_lag: Duration,
+}
+
+/// Where the next step starts on the model's clock. While the engine keeps working
+/// (`last_end`: the end of its previous step) it starts there, however late the host is, so
+/// host delays are caught up instead of stretching every later step; but never before the
+/// newest request it admits arrived (`newest_arrival`), and from the wall clock `now` after
+/// idling or when the host fell more than `max_lag` behind (a stalled process is not replayed).
+pub(crate) fn step_start(
+    last_end: Option<Time>,
+    newest_arrival: Option<Time>,
+    now: Time,
+    max_lag: Duration,
+) -> Time {
+    match last_end {
+        Some(end) if now.since(end) <= max_lag => newest_arrival.map_or(end, |a| a.max(end)),
+        _ => now,
+    }
 }
 
 /// Driver state the control commands change.
@@ -114,8 +149,14 @@ async fn run(
     shared: Arc<Shared>,
     publisher: Option<PublisherHandle>,
     weight_load: Duration,
+    pacing: Pacing,
 ) {
     let epoch = Instant::now();
+    let clock = || Time::from_micros(epoch.elapsed().as_micros() as u64);
+    // The end of the last step while the engine keeps working, and when the newest request
+    // added since it arrived (see `step_start`).
+    let mut last_end: Option<Time> = None;
+    let mut newest_arrival: Option<Time> = None;
     let mut streams: HashMap<RequestId, mpsc::UnboundedSender<Delivery>> = HashMap::new();
     let mut control = Control {
         paused: false,
@@ -126,8 +167,10 @@ async fn run(
             // Steps refresh the figures; an engine about to wait (a cancel or an abort left it
             // idle) takes none, so refresh them here.
             shared.snapshot.lock().expect("snapshot lock").stats = engine.stats();
+            last_end = None;
             match rx.recv().await {
                 Some(cmd) => {
+                    note(&cmd, &mut last_end, &mut newest_arrival, clock());
                     handle(
                         &mut engine,
                         &mut streams,
@@ -142,6 +185,7 @@ async fn run(
             }
         }
         while let Ok(cmd) = rx.try_recv() {
+            note(&cmd, &mut last_end, &mut newest_arrival, clock());
             handle(
                 &mut engine,
                 &mut streams,
@@ -155,11 +199,15 @@ async fn run(
         if control.paused {
             continue;
         }
-        let now = Time::from_micros(epoch.elapsed().as_micros() as u64);
+        let now = step_start(last_end, newest_arrival.take(), clock(), pacing.max_lag);
         let outcome = match engine.step(now) {
             Ok(Some(out)) => out,
-            Ok(None) => continue,
+            Ok(None) => {
+                last_end = None;
+                continue;
+            }
             Err(e) => {
+                last_end = None;
                 for (id, tx) in streams.drain() {
                     let _ = tx.send(Delivery::Failed(e.to_string()));
                     engine.cancel(id);
@@ -167,8 +215,15 @@ async fn run(
                 continue;
             }
         };
+        last_end = Some(outcome.end);
         let due = epoch + Duration::from_micros(outcome.end.as_micros());
-        wait_until(due).await;
+        if due > Instant::now() {
+            tokio::time::sleep_until(due).await;
+        } else {
+            // Catching up: let the host's other tasks (HTTP, an embedding router) run between
+            // steps.
+            tokio::task::yield_now().await;
+        }
         let late_ms = Instant::now().saturating_duration_since(due).as_secs_f64() * 1e3;
         for t in &outcome.tokens {
             if let Some(tx) = streams.get(&t.id) {
@@ -206,16 +261,16 @@ async fn run(
     }
 }
 
-/// Waits until `due` with sub-millisecond accuracy: tokio's timer has a 1 ms resolution, so it
-/// sleeps until about a millisecond before and yields for the rest. Steps shorter than that (fast
-/// profiles, large speed-ups) are then not stretched to a whole timer tick.
-async fn wait_until(due: Instant) {
-    let margin = Duration::from_millis(1);
-    if due.saturating_duration_since(Instant::now()) > 2 * margin {
-        tokio::time::sleep_until(due - margin).await;
-    }
-    while Instant::now() < due {
-        tokio::task::yield_now().await;
+/// Notes a command for the step clock: a request's arrival (the step admitting it starts no
+/// earlier); pausing, resuming or loading weights take real time, so the next step starts from
+/// the wall clock.
+fn note(cmd: &Command, last_end: &mut Option<Time>, newest_arrival: &mut Option<Time>, now: Time) {
+    match cmd {
+        Command::Add { .. } => *newest_arrival = Some(now),
+        Command::Cancel(_) => {}
+        Command::Pause { .. } | Command::Resume(_) | Command::LoadWeights { .. } => {
+            *last_end = None
+        }
     }
 }
 
@@ -289,5 +344,27 @@ async fn handle(
                 .policy_version = version;
             let _ = done.send(version);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::step_start;
+    use kvrouter_core::time::Time;
+    use std::time::Duration;
+
+    #[test]
+    fn steps_follow_the_model_clock_and_catch_up_within_the_lag() {
+        let ms = Time::from_millis;
+        let lag = Duration::from_millis(50);
+        // Idle: from the wall clock.
+        assert_eq!(step_start(None, None, ms(100), lag), ms(100));
+        // Working, host 3 ms late (a timer tick, a busy CPU): where the last step ended.
+        assert_eq!(step_start(Some(ms(97)), None, ms(100), lag), ms(97));
+        // A request that arrived after the last step ended: not before it arrived.
+        assert_eq!(step_start(Some(ms(97)), Some(ms(99)), ms(100), lag), ms(99));
+        assert_eq!(step_start(Some(ms(97)), Some(ms(90)), ms(100), lag), ms(97));
+        // More than the lag behind: restart from the wall clock.
+        assert_eq!(step_start(Some(ms(40)), None, ms(100), lag), ms(100));
     }
 }

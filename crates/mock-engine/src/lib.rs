@@ -29,7 +29,7 @@ mod responses;
 mod submit;
 mod vectors;
 
-pub use config::{MockEngineConfig, TimingChoice};
+pub use config::{MockEngineConfig, TimingChoice, DEFAULT_MAX_STEP_LAG};
 pub use http::app;
 
 use std::net::SocketAddr;

@@ -20,9 +20,14 @@ pub struct GlobalRequest<'a> {
     pub output_tokens_hint: Option<u64>,
 }
 
+/// The most of a worker's time that prefill steps are taken to hold: decode never slows by more
+/// than 1 / (1 − this) from prefill interference.
+pub const MAX_PREFILL_SHARE: f64 = 0.9;
+
 /// What the global router knows about a cluster's load beyond its last summary: the work sent
-/// there since, and the sessions living there (they come back after each tool call).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// there since, the sessions living there (they come back after each tool call), and the rate
+/// of prefill work it has been sending there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PendingLoad {
     /// Requests sent since the summary.
     pub requests: u64,
@@ -30,6 +35,9 @@ pub struct PendingLoad {
     pub prefill_tokens: u64,
     /// Sessions whose home is the cluster (between turns they have no active request).
     pub resident_sessions: u64,
+    /// Uncached prompt tokens per second sent to the cluster over the load window
+    /// ([`super::GlobalConfig::load_window`]).
+    pub sent_prefill_tokens_per_s: f64,
 }
 
 /// One cluster's estimate for one request. Times in ms.
@@ -128,7 +136,14 @@ pub fn estimate(
         0 => joining,
         slots => joining.min(slots as f64 - running),
     };
-    let itl_ms = l.decode_ms_per_token + l.decode_ms_per_token_per_seq * joining / workers;
+    // Contention: a worker's steps that carry prefill hold up every request decoding there, so
+    // the prefill work arriving (the rate sent lately, against the cluster's prefill capacity)
+    // takes that share of the workers' time from decode. A cluster that takes most new
+    // sessions pays for it in every request's decode, not only once its backlog shows.
+    let prefill_share =
+        (pending.sent_prefill_tokens_per_s / (workers * speed)).clamp(0.0, MAX_PREFILL_SHARE);
+    let itl_ms = (l.decode_ms_per_token + l.decode_ms_per_token_per_seq * joining / workers)
+        / (1.0 - prefill_share);
     let decode_ms = output * itl_ms;
     let (slot_wait_ms, load_ratio) = if l.max_running_requests > 0 {
         let slots = l.max_running_requests as f64;

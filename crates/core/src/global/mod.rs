@@ -24,11 +24,11 @@ mod summary;
 #[cfg(test)]
 mod tests;
 
-pub use estimate::{estimate, ClusterEstimate, GlobalRequest, PendingLoad};
+pub use estimate::{estimate, ClusterEstimate, GlobalRequest, PendingLoad, MAX_PREFILL_SHARE};
 pub use policy::{
-    GlobalConfig, GlobalConfigError, GlobalPolicy, UnknownGlobalPolicy, DEFAULT_MAX_SUMMARY_AGE,
-    DEFAULT_OUTPUT_TOKENS_HINT, DEFAULT_PREFILL_TOKENS_PER_S, DEFAULT_SESSION_MOVE_RATIO,
-    DEFAULT_SESSION_TTL,
+    GlobalConfig, GlobalConfigError, GlobalPolicy, UnknownGlobalPolicy, DEFAULT_LOAD_WINDOW,
+    DEFAULT_MAX_SUMMARY_AGE, DEFAULT_OUTPUT_TOKENS_HINT, DEFAULT_PREFILL_TOKENS_PER_S,
+    DEFAULT_SESSION_MOVE_RATIO, DEFAULT_SESSION_TTL,
 };
 pub use router::{ClusterSpec, DecisionReason, GlobalDecision, GlobalError, GlobalRouter};
 pub use sketch::{

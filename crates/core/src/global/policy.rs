@@ -73,6 +73,9 @@ pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(3600);
 pub const DEFAULT_PREFILL_TOKENS_PER_S: f64 = 10_000.0;
 /// Output tokens assumed when a request gives no hint, for the decode part of the estimate.
 pub const DEFAULT_OUTPUT_TOKENS_HINT: u64 = 256;
+/// Default window over which the global router measures the prefill work it sends each
+/// cluster (tokens/s): 5 s.
+pub const DEFAULT_LOAD_WINDOW: Duration = Duration::from_secs(5);
 
 /// The global router's settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -88,6 +91,10 @@ pub struct GlobalConfig {
     /// Sessions idle this long lose their home.
     #[serde(with = "secs")]
     pub session_ttl: Duration,
+    /// The prefill work sent to a cluster over this window (tokens/s, against its prefill
+    /// capacity) is the share of its workers' time that prefill steps take from decode.
+    #[serde(with = "secs")]
+    pub load_window: Duration,
 }
 
 mod secs {
@@ -111,6 +118,7 @@ impl Default for GlobalConfig {
             max_summary_age: DEFAULT_MAX_SUMMARY_AGE,
             session_move_ratio: DEFAULT_SESSION_MOVE_RATIO,
             session_ttl: DEFAULT_SESSION_TTL,
+            load_window: DEFAULT_LOAD_WINDOW,
         }
     }
 }
@@ -137,6 +145,9 @@ impl GlobalConfig {
         }
         if self.session_ttl.is_zero() {
             return Err(GlobalConfigError::ZeroDuration("session ttl"));
+        }
+        if self.load_window.is_zero() {
+            return Err(GlobalConfigError::ZeroDuration("load window"));
         }
         Ok(())
     }

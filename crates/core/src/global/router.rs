@@ -97,6 +97,23 @@ struct ClusterState {
     resident_sessions: u64,
     /// Output tokens of finished requests reported here: (sum, count).
     outputs: (u64, u64),
+    /// Uncached prompt tokens sent within the load window: (sent at, tokens), in the order
+    /// sent, and their sum.
+    sent: VecDeque<(Time, u64)>,
+    sent_tokens: u64,
+}
+
+impl ClusterState {
+    /// Forgets the work sent before the window ending at `now`.
+    fn trim_sent(&mut self, now: Time, window: Duration) {
+        while let Some(&(at, tokens)) = self.sent.front() {
+            if now.since(at) <= window {
+                break;
+            }
+            self.sent.pop_front();
+            self.sent_tokens -= tokens;
+        }
+    }
 }
 
 /// The global router. See the module documentation of [`crate::global`].
@@ -144,6 +161,8 @@ impl GlobalRouter {
             pending_total: PendingLoad::default(),
             resident_sessions: 0,
             outputs: (0, 0),
+            sent: VecDeque::new(),
+            sent_tokens: 0,
         });
         Ok(ClusterId(self.clusters.len() as u32 - 1))
     }
@@ -229,11 +248,14 @@ impl GlobalRouter {
         })
     }
 
-    /// Work sent to a cluster that its summary does not show yet.
+    /// Work sent to a cluster that its summary does not show yet, its resident sessions, and
+    /// the rate of prefill work sent there over the load window (as of the last `route`).
     pub fn pending(&self, id: ClusterId) -> PendingLoad {
+        let window = self.config.load_window.as_secs_f64();
         self.state(id)
             .map_or(PendingLoad::default(), |c| PendingLoad {
                 resident_sessions: c.resident_sessions,
+                sent_prefill_tokens_per_s: c.sent_tokens as f64 / window,
                 ..c.pending_total
             })
     }
@@ -287,6 +309,10 @@ impl GlobalRouter {
         request: &GlobalRequest<'_>,
         now: Time,
     ) -> Result<GlobalDecision, GlobalError> {
+        let window = self.config.load_window;
+        self.clusters
+            .iter_mut()
+            .for_each(|c| c.trim_sent(now, window));
         let estimates = self.estimates(request, now);
         let eligible: Vec<&ClusterEstimate> = estimates.iter().filter(|e| e.eligible).collect();
         if eligible.is_empty() {
@@ -334,9 +360,11 @@ impl GlobalRouter {
         let sent = PendingLoad {
             requests: 1,
             prefill_tokens: estimates[cluster.0 as usize].uncached_tokens,
-            resident_sessions: 0,
+            ..PendingLoad::default()
         };
         let c = &mut self.clusters[cluster.0 as usize];
+        c.sent.push_back((now, sent.prefill_tokens));
+        c.sent_tokens += sent.prefill_tokens;
         c.pending.push_back((now, sent));
         c.pending_total.requests += sent.requests;
         c.pending_total.prefill_tokens += sent.prefill_tokens;

@@ -409,11 +409,13 @@ fn resident_sessions_follow_homes_and_count_toward_the_slot_wait() {
     let mut router = GlobalRouter::new(GlobalConfig::default(), 16).unwrap();
     let t = Time::from_secs_f64(1.0);
     let mut ids = Vec::new();
-    for name in ["a", "b"] {
+    // b is 5 ms further away: a is cheaper until its slots are spoken for (not a tie, which
+    // the prefill a's first sessions sent would break).
+    for (name, rtt_ms) in [("a", 0.0), ("b", 5.0)] {
         let id = router
             .add_cluster(ClusterSpec {
                 name: name.into(),
-                rtt_ms: 0.0,
+                rtt_ms,
                 weight: 1.0,
             })
             .unwrap();
@@ -601,4 +603,72 @@ fn the_output_hint_is_learned_from_finished_requests() {
     };
     assert_eq!(router.estimates(&hinted, t)[0].decode_ms, 50.0);
     assert!(router.record_output(ClusterId(9), 1).is_err());
+}
+
+#[test]
+fn prefill_sent_lately_takes_its_share_of_decode() {
+    let p = chain(6, 1);
+    let req = GlobalRequest {
+        session: None,
+        blocks: &p,
+        input_tokens: 16,
+        output_tokens_hint: Some(100),
+    };
+    // 2 workers × 10,000 prefill tokens/s; 10 ms per token alone.
+    let s = decode_cluster("a", 2, 10.0, 0.0);
+    let at = |rate: f64| {
+        let pending = PendingLoad {
+            sent_prefill_tokens_per_s: rate,
+            ..PendingLoad::default()
+        };
+        estimate(ClusterId(0), &s, pending, 0.0, &req).decode_ms
+    };
+    assert_eq!(at(0.0), 1000.0);
+    // Prefill steps hold half the workers' time: decode at half speed.
+    assert!((at(10_000.0) - 2000.0).abs() < 1e-6, "{}", at(10_000.0));
+    // Overload is capped, not infinite.
+    let cap = 1000.0 / (1.0 - MAX_PREFILL_SHARE);
+    assert!((at(1e9) - cap).abs() < 1e-6, "{}", at(1e9));
+}
+
+/// Fresh sessions, one every 250 ms, each 2,000 uncached tokens: the summaries (every 250 ms)
+/// show both clusters idle, since each prefill is done before the next arrives. The fast
+/// cluster (10,000 tokens/s, 4 ms per token) takes them until the prefill work sent there
+/// lately (8,000 tokens/s, 80 % of its prefill capacity) slows its decode past the slow one's
+/// (4,000 tokens/s, 10 ms per token); before, it took every one.
+#[test]
+fn a_cluster_taking_every_fresh_session_pays_for_its_prefill_steps() {
+    let config = GlobalConfig::default();
+    let mut router = GlobalRouter::new(config, 16).unwrap();
+    let spec = |name: &str| ClusterSpec {
+        name: name.into(),
+        rtt_ms: 0.0,
+        weight: 1.0,
+    };
+    let fast = router.add_cluster(spec("fast")).unwrap();
+    let slow = router.add_cluster(spec("slow")).unwrap();
+    let mut placed = Vec::new();
+    for k in 0..80u64 {
+        let t = Time::from_millis(250 * k + 1);
+        let mut f = decode_cluster("fast", 1, 4.0, 0.0);
+        let mut s = decode_cluster("slow", 1, 10.0, 0.0);
+        f.load.prefill_tokens_per_s = 10_000.0;
+        s.load.prefill_tokens_per_s = 4_000.0;
+        (f.sequence, s.sequence) = (k + 1, k + 1);
+        router.update_summary(fast, f, t).unwrap();
+        router.update_summary(slow, s, t).unwrap();
+        let p = prompt(100 + k, 0, 125, k);
+        let req = GlobalRequest {
+            session: Some(k),
+            blocks: &p,
+            input_tokens: 2_000,
+            output_tokens_hint: Some(50),
+        };
+        placed.push(router.route(&req, t).unwrap().cluster);
+    }
+    let on_slow = placed.iter().filter(|c| **c == slow).count();
+    assert!(
+        (2..=40).contains(&on_slow),
+        "{on_slow} of 80 fresh sessions on the slow cluster"
+    );
 }

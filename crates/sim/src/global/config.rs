@@ -35,6 +35,9 @@ pub struct GlobalSection {
     pub checkpoint_interval_blocks: u32,
     /// Sketch bits per key.
     pub bits_per_key: u32,
+    /// Window of the prefill work sent per cluster that the kv estimate charges to decode
+    /// (see `GlobalConfig::load_window`), seconds.
+    pub load_window_s: f64,
 }
 
 impl Default for GlobalSection {
@@ -47,6 +50,7 @@ impl Default for GlobalSection {
             session_move_ratio: g.session_move_ratio,
             checkpoint_interval_blocks: s.checkpoint_interval_blocks,
             bits_per_key: s.bits_per_key,
+            load_window_s: g.load_window.as_secs_f64(),
         }
     }
 }
@@ -100,6 +104,9 @@ impl ClustersFile {
         if !pos(g.max_summary_age_s) {
             return Err("[global] max_summary_age_s must be positive".into());
         }
+        if !pos(g.load_window_s) {
+            return Err("[global] load_window_s must be positive".into());
+        }
         if !(g.session_move_ratio > 0.0 && g.session_move_ratio <= 1.0) {
             return Err("[global] session_move_ratio must be in (0, 1]".into());
         }
@@ -143,6 +150,7 @@ impl ClustersFile {
             policy,
             max_summary_age: std::time::Duration::from_secs_f64(self.global.max_summary_age_s),
             session_move_ratio: self.global.session_move_ratio,
+            load_window: std::time::Duration::from_secs_f64(self.global.load_window_s),
             ..GlobalConfig::default()
         }
     }
