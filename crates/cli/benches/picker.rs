@@ -78,6 +78,19 @@ async fn live_pairs(base: &str, pid: u32, n: u64, concurrency: u64) -> f64 {
     (cpu_seconds(pid) - before) / n as f64
 }
 
+/// `POST /v1/pick` with a JSON body; the answer, which must be 200.
+async fn post_pick(client: &reqwest::Client, base: &str, body: Vec<u8>) -> serde_json::Value {
+    let r = client
+        .post(format!("{base}/v1/pick"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
 async fn pick_pairs(base: &str, pid: u32, n: u64, concurrency: u64) -> f64 {
     pick_pairs_of(base, pid, n, concurrency, PROMPT_TOKENS).await
 }
@@ -94,15 +107,7 @@ async fn pick_pairs_of(base: &str, pid: u32, n: u64, concurrency: u64, tokens: u
             let (client, base, bodies) = (client.clone(), base.to_owned(), bodies.clone());
             tokio::spawn(async move {
                 for i in (c..n).step_by(concurrency as usize) {
-                    let r = client
-                        .post(format!("{base}/v1/pick"))
-                        .header("content-type", "application/json")
-                        .body(bodies[i as usize].clone())
-                        .send()
-                        .await
-                        .unwrap();
-                    assert_eq!(r.status(), 200);
-                    let v: serde_json::Value = r.json().await.unwrap();
+                    let v = post_pick(&client, &base, bodies[i as usize].clone()).await;
                     let id = v["id"].as_str().unwrap();
                     let r = client
                         .post(format!("{base}/v1/pick/{id}/finish"))
@@ -143,15 +148,7 @@ async fn piggy_backed_picks(base: &str, pid: u32, n: u64, concurrency: u64) -> f
                         body.extend_from_slice(format!("\"reports\": {r}, ").as_bytes());
                     }
                     body.extend_from_slice(&tails[i as usize]);
-                    let r = client
-                        .post(format!("{base}/v1/pick"))
-                        .header("content-type", "application/json")
-                        .body(body)
-                        .send()
-                        .await
-                        .unwrap();
-                    assert_eq!(r.status(), 200);
-                    let v: serde_json::Value = r.json().await.unwrap();
+                    let v = post_pick(&client, &base, body).await;
                     if previous.is_some() {
                         assert_eq!(v["reports"][0]["status"], "released", "{v}");
                     }
