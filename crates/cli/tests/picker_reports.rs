@@ -205,3 +205,87 @@ async fn a_batch_of_reports_is_applied_in_order() {
     let (status, v) = s.post("/v1/pick/reports", json!({"reports": []})).await;
     assert_eq!((status, v["reports"].clone()), (200, json!([])));
 }
+
+/// Found by probing: reports are bounded in number, state possible token counts and name
+/// picks by the exact id handed out; a pick refused after its reports were applied says so;
+/// a full pick table answers 529 with `Retry-After`.
+#[tokio::test]
+async fn reports_are_bounded_checked_and_answered_when_the_pick_is_refused() {
+    let s = serve("1", &["--pick-max-outstanding", "2"]).await;
+    let a = s.pick(json!({"token_ids": ids(0, 0)})).await;
+    let id = a["id"].as_str().unwrap().to_owned();
+    let too_many: Vec<Value> = (0..1025)
+        .map(|_| json!({"id": "999999", "event": "finish"}))
+        .collect();
+    let (status, v) = s
+        .post("/v1/pick/reports", json!({"reports": too_many}))
+        .await;
+    assert_eq!(
+        (status, v["error"]["param"].clone()),
+        (400, json!("reports")),
+        "{v}"
+    );
+
+    let reports = json!([
+        {"id": format!("+{id}"), "event": "first_token"},
+        {"id": format!("0{id}"), "event": "first_token"},
+        {"id": &id, "event": "finish", "prompt_tokens": 5, "cached_tokens": 9},
+        {"id": &id, "event": "finish", "completion_tokens": 18446744073709551615u64},
+    ]);
+    let (status, v) = s
+        .post("/v1/pick/reports", json!({"reports": reports}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let out = v["reports"].as_array().unwrap();
+    let code = |i: usize| out[i]["error"]["code"].as_u64();
+    let param = |i: usize| out[i]["error"]["param"].as_str().unwrap_or("").to_owned();
+    assert_eq!((code(0), code(1)), (Some(404), Some(404)), "{v}");
+    assert_eq!(
+        (code(2), param(2)),
+        (Some(400), "reports[2].cached_tokens".into())
+    );
+    assert_eq!(
+        (code(3), param(3)),
+        (Some(400), "reports[3].completion_tokens".into())
+    );
+    assert_eq!(
+        s.metric("kvrouter_picks_outstanding").await,
+        1.0,
+        "nothing released"
+    );
+
+    // A pick refused for its own body still applies its reports, and says how they went.
+    let done = json!([{"id": &id, "event": "finish", "completion_tokens": 3}]);
+    let (status, v) = s
+        .post("/v1/pick", json!({"token_ids": [-1], "reports": done}))
+        .await;
+    assert_eq!(
+        (status, v["error"]["param"].clone()),
+        (400, json!("token_ids")),
+        "{v}"
+    );
+    assert_eq!(
+        v["reports"],
+        json!([{"id": &id, "status": "released"}]),
+        "{v}"
+    );
+    assert_eq!(s.metric("kvrouter_picks_outstanding").await, 0.0);
+
+    // `reports: null` is no reports; a full table answers 529 with Retry-After.
+    s.pick(json!({"token_ids": ids(1, 0), "reports": null}))
+        .await;
+    s.pick(json!({"token_ids": ids(2, 0)})).await;
+    let r = s
+        .client
+        .post(format!("{}/v1/pick", s.base))
+        .json(&json!({"token_ids": ids(3, 0)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 529);
+    assert!(
+        r.headers().get("retry-after").is_some(),
+        "{:?}",
+        r.headers()
+    );
+}

@@ -100,9 +100,7 @@ async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes)
 }
 
 async fn pick(State(t): State<Arc<PickTable>>, headers: HeaderMap, body: Bytes) -> Response {
-    crate::request::pick::pick(&t, headers, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    crate::request::pick::pick(&t, headers, body).await
 }
 
 async fn pick_first_token(State(t): State<Arc<PickTable>>, Path(id): Path<String>) -> Response {

@@ -165,7 +165,7 @@ fn group_satisfied(group: u64) -> ServeError {
 /// The body of a pick request: an OpenAI chat or completion body, or `{"token_ids": [...]}`
 /// (the prompt as token ids; `model` optional); with the reports of earlier picks it carries
 /// (its `reports` field, taken out of the body).
-fn pick_body(state: &AppState, raw: &[u8]) -> Result<(Body, Option<Vec<Value>>), ServeError> {
+fn pick_body(raw: &[u8]) -> Result<(Body, Option<Vec<Value>>), ServeError> {
     let mut body = Body::from_slice(raw)
         .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
     if !body.is_object() {
@@ -175,6 +175,12 @@ fn pick_body(state: &AppState, raw: &[u8]) -> Result<(Body, Option<Vec<Value>>),
         .remove(pick_report::REPORTS)
         .map(pick_report::report_list)
         .transpose()?;
+    Ok((body, reports))
+}
+
+/// The rest of a pick body's checks, after its reports are out: token ids as the prompt, and
+/// the base model when it names none.
+fn pick_request(state: &AppState, mut body: Body) -> Result<Body, ServeError> {
     body.token_ids_as_prompt()?;
     if body.fields().get("model").is_none_or(Value::is_null) {
         // A pick may leave the model out: the base model is meant.
@@ -182,31 +188,68 @@ fn pick_body(state: &AppState, raw: &[u8]) -> Result<(Body, Option<Vec<Value>>),
         let model = models.first().cloned().unwrap_or_default();
         body.insert("model", Value::String(model));
     }
-    Ok((body, reports))
+    Ok(body)
 }
 
 /// `POST /v1/pick`: applies the reports of earlier picks it carries (`reports`), then places
 /// the request and answers the chosen worker, the pick's id, its lease, the score breakdown and
-/// each report's outcome. Reports are applied once the body is read, also when the pick is then
-/// refused.
-pub(crate) async fn pick(
+/// each report's outcome. Reports are applied once the body is read as a JSON object with a
+/// valid `reports` list, also when the pick is then refused; a refusal then carries their
+/// outcomes too (`reports` beside `error`).
+pub(crate) async fn pick(table: &Arc<PickTable>, headers: HeaderMap, raw: Bytes) -> Response {
+    let (outcomes, answer) = pick_reporting(table, headers, raw).await;
+    match (answer, outcomes) {
+        (Ok(r), _) => r,
+        (Err(e), None) => e.into_response(),
+        (Err(e), Some(outcomes)) => {
+            let mut body = e.body();
+            body[pick_report::REPORTS] = Value::Array(outcomes);
+            let mut response = e.into_response();
+            response
+                .headers_mut()
+                .remove(axum::http::header::CONTENT_LENGTH);
+            *response.body_mut() = axum::body::Body::from(body.to_string());
+            response
+        }
+    }
+}
+
+/// [`pick`]: the outcomes of the reports applied (when a refusal must carry them), and the
+/// answer.
+async fn pick_reporting(
     table: &Arc<PickTable>,
     headers: HeaderMap,
     raw: Bytes,
-) -> Result<Response, ServeError> {
+) -> (Option<Vec<Value>>, Result<Response, ServeError>) {
     let arrival = Instant::now();
     let state = table.state().clone();
-    let config = &state.inner.config.picks;
-    let (body, outcomes) = match pick_body(&state, &raw) {
-        Ok((body, reports)) => (Ok(body), reports.map(|r| pick_report::apply(table, r))),
+    let (body, outcomes) = match pick_body(&raw) {
+        Ok((body, reports)) => (
+            pick_request(&state, body),
+            reports.map(|r| pick_report::apply(table, r)),
+        ),
         Err(e) => (Err(e), None),
     };
+    let mut outcomes = outcomes;
+    let answer = placed_answer(table, &state, &headers, body, arrival, &mut outcomes).await;
+    (outcomes, answer)
+}
+
+async fn placed_answer(
+    table: &Arc<PickTable>,
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Result<Body, ServeError>,
+    arrival: Instant,
+    outcomes: &mut Option<Vec<Value>>,
+) -> Result<Response, ServeError> {
+    let config = &state.inner.config.picks;
     let body = if table.len() >= config.max_outstanding {
         Err(too_many(config.max_outstanding))
     } else {
         body
     };
-    let placed = place(&state, "api", &headers, body, arrival, None).await?;
+    let placed = place(state, "api", headers, body, arrival, None).await?;
     let Placed {
         id,
         guard,
@@ -239,7 +282,7 @@ pub(crate) async fn pick(
         cached_tokens: decision.cached_tokens,
         lease_ms,
         decision: DecisionView(&decision),
-        reports: outcomes,
+        reports: outcomes.take(),
     };
     Ok((
         [

@@ -15,6 +15,12 @@ use std::time::Instant;
 /// The body field (of a pick, or of `POST /v1/pick/reports`) that carries reports.
 pub(crate) const REPORTS: &str = "reports";
 
+/// Most reports one body carries (a pick's or a batch's); a longer list is refused whole.
+pub(crate) const MAX_REPORTS: usize = 1024;
+
+/// Largest token count a report may state (no model has a context near 2^32 tokens).
+const MAX_REPORTED_TOKENS: u64 = u32::MAX as u64;
+
 /// How a pick ended, as its caller reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -68,9 +74,42 @@ struct Report {
     cached_tokens: Option<u64>,
 }
 
+/// A pick id exactly as answers write it (decimal, no sign, no leading zero); any other
+/// text names no pick.
 fn pick_id(id: &str) -> Result<u64, ServeError> {
-    id.parse()
-        .map_err(|_| ServeError::NotFound(format!("no outstanding pick `{id}`")))
+    let canonical = !id.is_empty()
+        && id.bytes().all(|b| b.is_ascii_digit())
+        && (id == "0" || !id.starts_with('0'));
+    canonical
+        .then(|| id.parse().ok())
+        .flatten()
+        .ok_or_else(|| ServeError::NotFound(format!("no outstanding pick `{id}`")))
+}
+
+/// A finish report's token counts must be possible: each at most 2^32 − 1, and the cached
+/// tokens no more than the prompt's. `at` prefixes the field a refusal names.
+fn check_counts(report: &FinishReport, at: &str) -> Result<(), ServeError> {
+    for (field, v) in [
+        ("prompt_tokens", report.prompt_tokens),
+        ("completion_tokens", report.completion_tokens),
+        ("cached_tokens", report.cached_tokens),
+    ] {
+        if v.is_some_and(|v| v > MAX_REPORTED_TOKENS) {
+            return Err(ServeError::invalid_at(
+                format!("`{field}` must be at most {MAX_REPORTED_TOKENS}"),
+                format!("{at}{field}"),
+            ));
+        }
+    }
+    if let (Some(cached), Some(prompt)) = (report.cached_tokens, report.prompt_tokens) {
+        if cached > prompt {
+            return Err(ServeError::invalid_at(
+                format!("`cached_tokens` ({cached}) must not exceed `prompt_tokens` ({prompt})"),
+                format!("{at}cached_tokens"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn unknown(id: u64) -> ServeError {
@@ -158,13 +197,23 @@ pub(crate) fn first_token(table: &PickTable, id: &str) -> Result<Value, ServeErr
 /// `failed`), with the answer's token counts when the caller has them. Its load is released.
 pub(crate) fn finish(table: &PickTable, id: &str, raw: &[u8]) -> Result<Value, ServeError> {
     let report = finish_report(raw)?;
+    check_counts(&report, "")?;
     let id = pick_id(id)?;
     Ok(answer(id, release(table, id, report)?))
 }
 
-/// The reports of a body's `reports` field: a list, else a 400 naming it.
+/// The reports of a body's `reports` field: a list of at most [`MAX_REPORTS`] (`null`: none),
+/// else a 400 naming it.
 pub(crate) fn report_list(value: Value) -> Result<Vec<Value>, ServeError> {
     match value {
+        Value::Null => Ok(Vec::new()),
+        Value::Array(list) if list.len() > MAX_REPORTS => Err(ServeError::invalid(
+            format!(
+                "`reports` holds {} reports; at most {MAX_REPORTS} go in one body",
+                list.len()
+            ),
+            Some(REPORTS),
+        )),
         Value::Array(list) => Ok(list),
         _ => Err(ServeError::invalid(
             "`reports` must be a list of pick reports ({\"id\", \"event\": \"first_token\" or \"finish\", ...})",
@@ -203,6 +252,7 @@ fn apply_one(table: &PickTable, at: usize, value: Value) -> Value {
                         completion_tokens: r.completion_tokens,
                         cached_tokens: r.cached_tokens,
                     };
+                    check_counts(&report, &format!("{REPORTS}[{at}]."))?;
                     release(table, id, report)?
                 }
             };
