@@ -223,18 +223,19 @@ async fn pick_reporting(
 ) -> (Option<Vec<Value>>, Result<Response, ServeError>) {
     let arrival = Instant::now();
     let state = table.state().clone();
-    let (body, outcomes) = match pick_body(&raw) {
+    let (body, mut outcomes) = match pick_body(&raw) {
         Ok((body, reports)) => (
             pick_request(&state, body),
             reports.map(|r| pick_report::apply(table, r)),
         ),
         Err(e) => (Err(e), None),
     };
-    let mut outcomes = outcomes;
     let answer = placed_answer(table, &state, &headers, body, arrival, &mut outcomes).await;
     (outcomes, answer)
 }
 
+/// Places `body` (unless the pick table is full) and answers it, taking the reports' outcomes
+/// into the answer; on a refusal they stay in `outcomes` for the error to carry.
 async fn placed_answer(
     table: &Arc<PickTable>,
     state: &AppState,
