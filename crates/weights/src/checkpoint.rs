@@ -322,6 +322,22 @@ pub fn read_marker(dir: &Path) -> Result<Option<CheckpointManifest>> {
     }
 }
 
+/// [`read_marker`], refusing a marker of an unknown format or one that does not match its own
+/// digest (named as the version it claims).
+pub(crate) fn read_consistent_marker(dir: &Path) -> Result<Option<CheckpointManifest>> {
+    let Some(m) = read_marker(dir)? else {
+        return Ok(None);
+    };
+    if let Err(why) = m.check() {
+        return Err(WeightsError::corrupted(
+            "__manifest__",
+            format!("v{}", m.version),
+            format!("{}/{MARKER}: {why}", dir.display()),
+        ));
+    }
+    Ok(Some(m))
+}
+
 /// Removes `dir/weights.json`, if there is one: the directory no longer claims a version.
 pub(crate) fn remove_marker(dir: &Path) -> Result<()> {
     let path = dir.join(MARKER);
@@ -357,15 +373,8 @@ pub fn marker_or_stamp(
     version: Option<u64>,
     threads: usize,
 ) -> Result<CheckpointManifest> {
-    match read_marker(dir)? {
+    match read_consistent_marker(dir)? {
         Some(m) => {
-            if let Err(why) = m.check() {
-                return Err(WeightsError::corrupted(
-                    "__manifest__",
-                    format!("v{}", m.version),
-                    format!("{}/{MARKER}: {why}", dir.display()),
-                ));
-            }
             if let Some(v) = version.filter(|v| *v != m.version) {
                 return Err(WeightsError::Invalid(format!(
                     "{} is stamped v{} but v{v} was given",

@@ -3,9 +3,8 @@
 //!
 //! The manifest holds the base version id, the full marker of the result (every tensor's name,
 //! dtype, shape, offsets and digest: BLAKE3 in a format 2 marker), and per segment its base
-//! range and frames (offset,
-//! length, mode) with the SHA-256 of its frames; `data_sha256` is the SHA-256 of all frames (the
-//! delta file less its manifest and trailer).
+//! range and frames (offset, length, mode) with the SHA-256 of its frames; `data_sha256` is the
+//! SHA-256 of all frames (the delta file less its manifest and trailer).
 
 use crate::checkpoint::CheckpointManifest;
 use crate::error::{Result, WeightsError};
