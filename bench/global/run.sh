@@ -7,19 +7,25 @@
 # bench/global/live-mirror.toml (the same two DCs, at FAST_SPEEDUP / SLOW_SPEEDUP).
 # Writes bench/global/results.md: served hit rate, TTFT p50, share of requests per DC, and the
 # simulator's TTFT p50 beside the live one per policy.
+# Speeds: 1 / 0.4 by default, so each request's model time (prefill, decode steps of ~10-25 ms)
+# dominates its latency, as on real engines (speed-up 1); at speed-up 10 a request's model time
+# was 2-6 ms and the live TTFT measured the host's CPU queueing, not routing. Use the release
+# binary: a debug build's router CPU is itself tens of ms per request on a loaded host.
+# The host's load average and the kvrouter processes' CPU are sampled every 2 s (OUT/cpu.txt).
 # Usage: bench/global/run.sh   (env: BIN, FAST_SPEEDUP, SLOW_SPEEDUP, POLICIES, OUT, AGENTIC_ARGS)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BIN=${BIN:-target/debug/kvrouter}
-FAST_SPEEDUP=${FAST_SPEEDUP:-10}
-SLOW_SPEEDUP=${SLOW_SPEEDUP:-4}
+BIN=${BIN:-target/release/kvrouter}
+FAST_SPEEDUP=${FAST_SPEEDUP:-1}
+SLOW_SPEEDUP=${SLOW_SPEEDUP:-0.4}
 POLICIES=${POLICIES:-kv least-loaded static-split}
 OUT=${OUT:-target/bench-global}
 AGENTIC_ARGS=${AGENTIC_ARGS:-sessions=16,steps=1,group_size=4,turns_median=5,output_median=48,tool_latency_median_s=0.3,tool_latency_sigma=0.5,seed=7}
 ROUTER_FLAGS=(--router-predicted-ttl-secs 5 --health-check-interval-secs 0)
 TOKEN=bench-global
-[ -x "$BIN" ] || { echo "build $BIN first (cargo build -p kvrouter)" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "build $BIN first (cargo build --release -p kvrouter)" >&2; exit 1; }
 mkdir -p "$OUT"
+rm -f "$OUT/cpu.txt"
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
@@ -38,10 +44,24 @@ start() {
   echo "$name did not start" >&2; exit 1
 }
 stop() { for f in "$OUT"/*.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true; rm -f "$f"; done; sleep 0.3; }
+# The host's load while a bench runs, every 2 s: label, time s, 1-min load average, CPU seconds
+# used so far by this run's serving processes (routers, engines; the report takes their rate:
+# cores busy).
+sample_cpu() {
+  while :; do
+    echo "$1 $(date +%s.%N) $(cut -d' ' -f1 /proc/loadavg) $(ps -o times= -p "$(cat "$OUT"/*.pid | paste -sd,)" | awk '{s+=$1} END {print s+0}')" >>"$OUT/cpu.txt"
+    sleep 2
+  done
+}
 bench() {
+  sample_cpu "$2" &
+  local sampler=$!
+  PIDS+=("$sampler")
   "$BIN" bench --url "$1" --workload agentic --workload-args "$AGENTIC_ARGS" --session-header \
     --name "$2" --out "$OUT/$2" --quiet >"$OUT/$2.txt"
+  kill "$sampler" 2>/dev/null || true
 }
+nproc >"$OUT/nproc.txt"
 
 SECONDS=0
 # Flat: one router over 4 fast + 4 slow engines.
@@ -133,5 +153,18 @@ for p in policies:
     st, lt = s["ttft_ms"]["p50"], r["ttft_ms"]["p50"]
     ratio = lt / st if st else float("nan")
     print(f"| {p} | {st:.1f} | {lt:.1f} | {ratio:.2f}x | {s['hit_rate']:.3f} | {r['hit_rate']:.3f} | {share:.2f} | {live_slow:.2f} |")
+print()
+print(f"Host during each bench ({open(f'{out}/nproc.txt').read().strip()} cores; samples every 2 s): the serving")
+print("processes' CPU (routers and engines, cores busy on average) and the 1-minute load average.\n")
+print("| run | seconds | serving processes, cores | load average max |")
+print("|---|---|---|---|")
+runs = {}
+for line in open(f"{out}/cpu.txt"):
+    label, t, load, cpu = line.split()
+    runs.setdefault(label, []).append((float(t), float(load), float(cpu)))
+for label, r in runs.items():
+    dt = r[-1][0] - r[0][0]
+    cores = (r[-1][2] - r[0][2]) / dt if dt > 0 else float("nan")
+    print(f"| {label} | {dt:.0f} | {cores:.2f} | {max(x[1] for x in r):.2f} |")
 PY
 cat bench/global/results.md

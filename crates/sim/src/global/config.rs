@@ -38,6 +38,32 @@ pub struct GlobalSection {
     /// Window of the prefill work sent per cluster that the kv estimate charges to decode
     /// (see `GlobalConfig::load_window`), seconds.
     pub load_window_s: f64,
+    /// The output length the global router is told per request.
+    pub output_hint: OutputHint,
+}
+
+/// What the global router knows of a request's output length (`[global] output_hint`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutputHint {
+    /// Nothing: the global router's running mean of finished outputs (clients that send no
+    /// `max_tokens`, or a cap far above what they generate).
+    #[default]
+    Learned,
+    /// The request's own output length, as a client sending `max_tokens` equal to it (what
+    /// `kvrouter bench` sends, with `min_tokens` and `ignore_eos`, and what `serve --global`
+    /// reads as the request's hint).
+    MaxTokens,
+}
+
+impl OutputHint {
+    /// The hint for a request of `output_tokens`.
+    pub fn for_request(self, output_tokens: u32) -> Option<u64> {
+        match self {
+            Self::Learned => None,
+            Self::MaxTokens => Some(u64::from(output_tokens.max(1))),
+        }
+    }
 }
 
 impl Default for GlobalSection {
@@ -51,6 +77,7 @@ impl Default for GlobalSection {
             checkpoint_interval_blocks: s.checkpoint_interval_blocks,
             bits_per_key: s.bits_per_key,
             load_window_s: g.load_window.as_secs_f64(),
+            output_hint: OutputHint::default(),
         }
     }
 }

@@ -159,7 +159,13 @@ impl<'w> GlobalSimulation<'w> {
             session: req.session,
             blocks: &blocks.sequence,
             input_tokens: u64::from(req.input_tokens),
-            output_tokens_hint: None,
+            // What the client tells the global router (`[global] output_hint`).
+            output_tokens_hint: self
+                .config
+                .clusters
+                .global
+                .output_hint
+                .for_request(req.output_tokens),
         };
         let rec = &mut self.records[i];
         rec.arrival = Some(self.now);

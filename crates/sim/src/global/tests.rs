@@ -203,3 +203,37 @@ fn each_step_names_the_rollout_that_ended_it_and_accounts_for_its_time() {
         }
     }
 }
+
+#[test]
+fn the_global_router_is_told_each_requests_output_when_clients_send_max_tokens() {
+    use super::config::OutputHint;
+    assert_eq!(OutputHint::Learned.for_request(300), None);
+    assert_eq!(OutputHint::MaxTokens.for_request(300), Some(300));
+    assert_eq!(OutputHint::MaxTokens.for_request(0), Some(1));
+    assert_eq!(
+        serde_json::from_str::<OutputHint>("\"max-tokens\"").unwrap(),
+        OutputHint::MaxTokens
+    );
+    // The hint reaches the kv estimate: a near, slow DC and a far one at full speed, where a
+    // short answer is cheaper near and a long one far. Told each request's output (here from
+    // a few tokens to over a thousand) instead of a running mean, kv places some sessions
+    // elsewhere. The other policies do not read it.
+    let w = small();
+    let run = |hint: OutputHint, policy: GlobalPolicy| {
+        let dcs = vec![cluster("far", 2, 1.0, 150.0), cluster("near", 2, 0.5, 1.0)];
+        let mut c = config(policy, dcs);
+        c.clusters.global.output_hint = hint;
+        GlobalSimulation::new(c, &w).unwrap().run().unwrap()
+    };
+    let dcs = |s: &super::GlobalSummary| s.clusters.iter().map(|c| c.requests).collect::<Vec<_>>();
+    let (learned, told) = (
+        run(OutputHint::Learned, GlobalPolicy::Kv),
+        run(OutputHint::MaxTokens, GlobalPolicy::Kv),
+    );
+    assert_ne!(dcs(&learned), dcs(&told), "kv: the hint changes placements");
+    assert_eq!(
+        run(OutputHint::Learned, GlobalPolicy::LeastLoaded),
+        run(OutputHint::MaxTokens, GlobalPolicy::LeastLoaded),
+        "least-loaded does not read the hint"
+    );
+}
