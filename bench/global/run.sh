@@ -37,7 +37,7 @@ start() {
   PIDS+=($!)
   echo $! >"$OUT/$name.pid"
   for _ in $(seq 1 400); do
-    url=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/$name.log" | head -1 || true)
+    url=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/$name.log" 2>/dev/null | head -1 || true)
     [ -n "$url" ] && { echo "$url"; return; }
     sleep 0.05
   done
