@@ -393,7 +393,10 @@ mod tests {
     #[test]
     fn a_cold_group_spreads_by_running_siblings() {
         let p: Vec<f64> = cold_group_spread(&[2, 1, 1, 3]).collect();
-        assert_eq!(p, [COLD_SPREAD_PENALTY_S, 0.0, 0.0, 2.0 * COLD_SPREAD_PENALTY_S]);
+        assert_eq!(
+            p,
+            [COLD_SPREAD_PENALTY_S, 0.0, 0.0, 2.0 * COLD_SPREAD_PENALTY_S]
+        );
         assert_eq!(cold_group_spread(&[]).count(), 0);
     }
 

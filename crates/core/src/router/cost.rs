@@ -7,7 +7,8 @@ use crate::event::KvEvent;
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
 use crate::policy::cost::{
-    cold_group_spread, estimate, replica_credit_s, CostEstimate, CostWeights, RequestPicture, WorkerPicture,
+    cold_group_spread, estimate, replica_credit_s, CostEstimate, CostWeights, RequestPicture,
+    WorkerPicture,
 };
 use crate::policy::learn::{LineFit, OutputLengths, PrefixHeat, Rate};
 use crate::policy::Candidate;

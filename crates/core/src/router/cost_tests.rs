@@ -242,7 +242,10 @@ fn a_group_placed_before_any_output_is_known_spreads_evenly() {
         }
         per_group.push(on);
     }
-    assert!(per_group.iter().all(|on| on.iter().all(|n| *n == 2)), "{per_group:?}");
+    assert!(
+        per_group.iter().all(|on| on.iter().all(|n| *n == 2)),
+        "{per_group:?}"
+    );
     // Once a length is known the cost decides again: a short group's siblings share a prefix.
     r.observe_output(RequestId(1), 50, at(20));
     let _ = r.finish(RequestId(1), at(20)).unwrap();
