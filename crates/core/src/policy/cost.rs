@@ -177,6 +177,23 @@ pub fn replica_credit_s(weight: f64, recent: f64, holders: u32, saving_s: f64) -
     weight * recent * saving_s / f64::from(holders + 1)
 }
 
+/// Seconds added per running sibling above the least crowded candidate's, for a grouped request
+/// placed before any output length was observed ([`cold_group_spread`]): large enough that a
+/// less crowded eligible worker always wins.
+pub const COLD_SPREAD_PENALTY_S: f64 = 1e6;
+
+/// The cold-start spread of an RL group: before any output length was observed the expected
+/// output is only the prior, yet siblings' lengths are correlated (one long group decodes long
+/// side by side), so a sibling goes to a candidate with the fewest running siblings of its
+/// group; among those the cost decides. Returns the penalty to add to each candidate given its
+/// running siblings (`siblings[i]`): [`COLD_SPREAD_PENALTY_S`] per sibling above the least.
+pub fn cold_group_spread(siblings: &[u32]) -> impl Iterator<Item = f64> + '_ {
+    let least = siblings.iter().copied().min().unwrap_or(0);
+    siblings
+        .iter()
+        .map(move |s| f64::from(s - least) * COLD_SPREAD_PENALTY_S)
+}
+
 /// The estimate for one candidate.
 pub fn estimate<T: TimingModel + ?Sized>(
     timing: &T,
@@ -371,6 +388,16 @@ mod tests {
         assert_eq!(replica_credit_s(0.0, 48.0, 1, saving), 0.0);
         // More holders already: each new one takes a smaller share.
         assert!(replica_credit_s(1.0, 48.0, 3, saving) < credit);
+    }
+
+    #[test]
+    fn a_cold_group_spreads_by_running_siblings() {
+        let p: Vec<f64> = cold_group_spread(&[2, 1, 1, 3]).collect();
+        assert_eq!(
+            p,
+            [COLD_SPREAD_PENALTY_S, 0.0, 0.0, 2.0 * COLD_SPREAD_PENALTY_S]
+        );
+        assert_eq!(cold_group_spread(&[]).count(), 0);
     }
 
     #[test]

@@ -82,6 +82,11 @@ impl OutputLengths {
         }
     }
 
+    /// Whether any output length has been observed (before that every expectation is the prior).
+    pub fn observed(&self) -> bool {
+        self.global.is_some()
+    }
+
     /// The coefficient of variation of a group's mean length around the global mean (how far
     /// siblings move together), [`PRIOR_GROUP_CV`] until eight grouped samples finished.
     pub fn group_cv(&self) -> f64 {

@@ -7,7 +7,8 @@ use crate::event::KvEvent;
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
 use crate::policy::cost::{
-    estimate, replica_credit_s, CostEstimate, CostWeights, RequestPicture, WorkerPicture,
+    cold_group_spread, estimate, replica_credit_s, CostEstimate, CostWeights, RequestPicture,
+    WorkerPicture,
 };
 use crate::policy::learn::{LineFit, OutputLengths, PrefixHeat, Rate};
 use crate::policy::Candidate;
@@ -255,6 +256,14 @@ impl Router {
             .zip(&pictures)
             .map(|(c, (w, r))| estimate(self.timing_of(c.rank.worker), w, r, weights))
             .collect();
+        // Cold start: no output length observed yet, so a group's siblings spread (their lengths
+        // are correlated and unknown; docs/routing.md).
+        if request.group.is_some() && !self.cost.outputs.observed() {
+            let siblings: Vec<u32> = pictures.iter().map(|p| p.1.siblings_here).collect();
+            for (e, penalty) in estimates.iter_mut().zip(cold_group_spread(&siblings)) {
+                e.total += penalty;
+            }
+        }
         // The replica credit: only for a prefix some candidate holds and others lack.
         let deepest = pictures
             .iter()

@@ -224,3 +224,36 @@ fn a_hot_prefix_is_copied_to_an_idle_worker_a_cold_one_is_not() {
     // A prefix seen once is not worth a copy: every request stays with its holder.
     assert_eq!(run(false), [60, 0]);
 }
+
+#[test]
+fn a_group_placed_before_any_output_is_known_spreads_evenly() {
+    // A GRPO step's first burst: 8 groups of 16 siblings, each group on its own 2,000-token
+    // prompt, all at once over 8 workers, nothing finished yet. Their lengths are unknown and
+    // correlated, so every group spreads 2 per worker rather than following its prefix.
+    let mut r = router(RouterMode::Cost, 8);
+    let mut per_group = Vec::new();
+    for g in 0..8u64 {
+        let prompt = tokens(10 + g as u32, 2000);
+        let mut on = [0u32; 8];
+        for i in 0..16u64 {
+            let mut q = request(g * 100 + i + 1, &prompt);
+            q.group = Some(g);
+            on[r.route(&q, at(0)).unwrap().rank.worker.0 as usize] += 1;
+        }
+        per_group.push(on);
+    }
+    assert!(
+        per_group.iter().all(|on| on.iter().all(|n| *n == 2)),
+        "{per_group:?}"
+    );
+    // Once a length is known the cost decides again: a short group's siblings share a prefix.
+    r.observe_output(RequestId(1), 50, at(20));
+    let _ = r.finish(RequestId(1), at(20)).unwrap();
+    let other = tokens(4, 4000);
+    let mut a = request(10_000, &other);
+    a.group = Some(99);
+    let home = r.route(&a, at(21)).unwrap().rank;
+    let mut b = request(10_001, &other);
+    b.group = Some(99);
+    assert_eq!(r.route(&b, at(22)).unwrap().rank, home);
+}
