@@ -379,6 +379,11 @@ async fn a_stream_coalesce_cap_above_its_bound_is_a_clear_error() {
             "65",
             "--stream-coalesce-yields: 65 is above 64",
         ),
+        (
+            "--stream-coalesce-max-hold-us",
+            "1000001",
+            "--stream-coalesce-max-hold-us: 1000001 is above 1000000",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
             .args(["serve", "--port", "0", "--mock-workers", "1"])
