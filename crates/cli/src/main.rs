@@ -73,9 +73,13 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => logging::init(&args.observability.log)?,
         _ => logging::init(&logging::LogArgs::default())?,
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Command::Serve(args) = &cli.command {
+        if let Some(n) = args.worker_threads()? {
+            runtime.worker_threads(n);
+        }
+    }
+    let runtime = runtime.enable_all().build()?;
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve::run(*args)),
         Command::Sim(args) => sim::run(*args),

@@ -74,6 +74,11 @@ pub(crate) struct ServeArgs {
     /// Retries, migration, stream and upstream timeouts.
     #[command(flatten)]
     upstream: crate::upstream_args::UpstreamArgs,
+    /// Runtime worker threads (0 = auto: 1 on a machine of at most 2 CPUs, where a second
+    /// worker mostly adds cross-thread wake-ups per streamed chunk, else one per CPU; the
+    /// `TOKIO_WORKER_THREADS` variable, when set, replaces auto); at most 1024.
+    #[arg(help_heading = H::LISTEN, long, default_value_t = 0)]
+    worker_threads: usize,
     /// Text prompts of at most this many bytes are tokenized on the request's task rather than
     /// handed to the blocking pool (0 = always the pool).
     #[arg(help_heading = H::TOKENIZER, long, default_value_t = 2048)]
@@ -222,6 +227,7 @@ impl ServeArgs {
             stream_idle_timeout: self.upstream.stream_idle_timeout()?,
             stream_coalesce_max_bytes: self.upstream.stream_coalesce_max_bytes()?,
             stream_coalesce_yields: self.upstream.stream_coalesce_yields()?,
+            stream_coalesce_max_hold: self.upstream.stream_coalesce_max_hold()?,
             trace_capture: self.observability.trace_capture,
             metrics_prefix: self.observability.metrics_prefix()?,
             otel: self.observability.otel()?,
@@ -386,4 +392,44 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || otel.shutdown()).await?;
     }
     Ok(())
+}
+
+/// Largest `--worker-threads`.
+const MAX_WORKER_THREADS: usize = 1024;
+
+impl ServeArgs {
+    /// The runtime's worker threads for `--worker-threads` (`None`: tokio's own choice).
+    pub(crate) fn worker_threads(&self) -> anyhow::Result<Option<usize>> {
+        let n = crate::flag_values::at_most(
+            self.worker_threads,
+            MAX_WORKER_THREADS,
+            "--worker-threads",
+        )?;
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let env_set = std::env::var_os("TOKIO_WORKER_THREADS").is_some();
+        Ok(worker_threads(n, cpus, env_set))
+    }
+}
+
+/// `--worker-threads n` on a machine of `cpus` CPUs; `env_set`: `TOKIO_WORKER_THREADS` is set.
+fn worker_threads(n: usize, cpus: usize, env_set: bool) -> Option<usize> {
+    match n {
+        0 if env_set || cpus > 2 => None,
+        0 => Some(1),
+        n => Some(n),
+    }
+}
+
+#[cfg(test)]
+mod worker_thread_tests {
+    #[test]
+    fn auto_is_one_worker_on_two_cpus_and_tokios_choice_above_or_when_the_variable_is_set() {
+        use super::worker_threads;
+        assert_eq!(worker_threads(0, 1, false), Some(1));
+        assert_eq!(worker_threads(0, 2, false), Some(1));
+        assert_eq!(worker_threads(0, 3, false), None);
+        assert_eq!(worker_threads(0, 2, true), None);
+        assert_eq!(worker_threads(3, 2, true), Some(3));
+        assert_eq!(worker_threads(4, 64, false), Some(4));
+    }
 }

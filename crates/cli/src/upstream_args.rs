@@ -23,10 +23,15 @@ pub(crate) struct UpstreamArgs {
     /// one write, up to this many bytes (0 = each chunk alone; at most 16777216).
     #[arg(help_heading = H::UPSTREAM, long, default_value_t = 65536)]
     stream_coalesce_max_bytes: usize,
-    /// Before passing such a batch on, yield up to this many times to the scheduler (lets the
-    /// worker connection hand over chunks it already read; no data is waited for; at most 64).
-    #[arg(help_heading = H::UPSTREAM, long, default_value_t = 0)]
+    /// Before passing such a batch on, yield to the scheduler (lets the worker connection hand
+    /// over chunks it already read; no data is waited for) until this many turns in a row
+    /// brought nothing; 0 = never; at most 64.
+    #[arg(help_heading = H::UPSTREAM, long, default_value_t = 2)]
     stream_coalesce_yields: u32,
+    /// The longest, in microseconds, a batch waits in those turns after its first chunk came
+    /// (at most 1000000).
+    #[arg(help_heading = H::UPSTREAM, long, default_value_t = 500)]
+    stream_coalesce_max_hold_us: u64,
     /// Seconds to open a connection to a worker before it counts as failed.
     #[arg(help_heading = H::UPSTREAM, long, default_value_t = 5.0)]
     upstream_connect_timeout_secs: f64,
@@ -44,6 +49,8 @@ pub(crate) struct UpstreamArgs {
 const MAX_STREAM_COALESCE_BYTES: usize = 16 << 20;
 /// Largest `--stream-coalesce-yields`.
 const MAX_STREAM_COALESCE_YIELDS: u32 = 64;
+/// Largest `--stream-coalesce-max-hold-us` (one second).
+const MAX_STREAM_COALESCE_HOLD_US: u64 = 1_000_000;
 
 impl UpstreamArgs {
     /// `--stream-idle-timeout-secs` (`None` for 0: never).
@@ -71,6 +78,16 @@ impl UpstreamArgs {
             MAX_STREAM_COALESCE_YIELDS,
             "--stream-coalesce-yields",
         )
+    }
+
+    /// `--stream-coalesce-max-hold-us`, bounded.
+    pub(crate) fn stream_coalesce_max_hold(&self) -> anyhow::Result<Duration> {
+        at_most(
+            self.stream_coalesce_max_hold_us,
+            MAX_STREAM_COALESCE_HOLD_US,
+            "--stream-coalesce-max-hold-us",
+        )
+        .map(Duration::from_micros)
     }
 
     /// `--upstream-connect-timeout-secs`.

@@ -366,6 +366,41 @@ async fn coalesced_streams_keep_every_event_whole() {
     assert_eq!(merged[0]["system_fingerprint"], "policy-0");
 }
 
+/// The names of a process's threads (Linux `/proc`).
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn worker_threads_sets_the_runtimes_worker_count() {
+    for n in ["1", "3"] {
+        let server = serve(&["--worker-threads", n]).await;
+        let pid = server._proc.child.id().expect("running");
+        // The runtime starts its workers before serving: all are there once it answers.
+        let workers = thread_names(pid)
+            .iter()
+            .filter(|c| c.as_str() == "tokio-rt-worker")
+            .count();
+        assert_eq!(workers.to_string(), n, "{:?}", thread_names(pid));
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args(["serve", "--port", "0", "--mock-workers", "1"])
+        .args(["--worker-threads", "1025"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--worker-threads: 1025 is above 1024"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn a_stream_coalesce_cap_above_its_bound_is_a_clear_error() {
     for (flag, value, message) in [
@@ -378,6 +413,11 @@ async fn a_stream_coalesce_cap_above_its_bound_is_a_clear_error() {
             "--stream-coalesce-yields",
             "65",
             "--stream-coalesce-yields: 65 is above 64",
+        ),
+        (
+            "--stream-coalesce-max-hold-us",
+            "1000001",
+            "--stream-coalesce-max-hold-us: 1000001 is above 1000000",
         ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))

@@ -108,9 +108,12 @@ pub struct ServeConfig {
     /// Chunks of a worker's stream already there when one comes are passed on to the client
     /// together, up to this many bytes (0 = each alone).
     pub stream_coalesce_max_bytes: usize,
-    /// Before passing such a batch on, yield up to this many times to the scheduler so the
-    /// worker connection's task can hand over chunks it already read (0 = never).
+    /// Before passing such a batch on, yield to the scheduler so the worker connection's task
+    /// can hand over chunks it already read, until this many turns in a row brought nothing
+    /// (0 = never).
     pub stream_coalesce_yields: u32,
+    /// The longest a batch waits in such turns after its first chunk came.
+    pub stream_coalesce_max_hold: std::time::Duration,
     /// Where finished requests are logged (`--provenance-log`).
     pub provenance: Option<Arc<crate::provenance::ProvenanceLog>>,
     /// Recent request timelines kept for `GET /admin/trace` (0 = off).
@@ -243,7 +246,8 @@ impl Default for ServeConfig {
             migration_limit: 0,
             stream_idle_timeout: Some(std::time::Duration::from_secs(300)),
             stream_coalesce_max_bytes: 64 * 1024,
-            stream_coalesce_yields: 0,
+            stream_coalesce_yields: 2,
+            stream_coalesce_max_hold: std::time::Duration::from_micros(500),
             trace_capture: 0,
             provenance: None,
             access_log: None,

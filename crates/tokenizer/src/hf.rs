@@ -78,7 +78,8 @@ impl Tokenizer for HfTokenizer {
     }
 
     fn encode(&self, text: &str) -> Vec<u32> {
-        match self.inner.encode(text, false) {
+        // Ids only: `encode_fast` skips the offsets `encode` converts for every token.
+        match self.inner.encode_fast(text, false) {
             Ok(enc) => enc.get_ids().to_vec(),
             Err(_) => Vec::new(),
         }

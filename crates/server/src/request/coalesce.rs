@@ -1,21 +1,43 @@
 //! Coalescing of the upstream's chunks: once a chunk has come, every further chunk that is
 //! already there (up to a byte cap) goes on with it as one, so the client gets one write where
-//! the engine's bytes came in one read. It never waits for more data: a batch is passed on as
-//! soon as nothing else is ready (with `yields` > 0, after up to that many turns of the
-//! scheduler, which let the upstream connection's task hand over chunks it already read: hyper
-//! hands them over one at a time). The bytes are passed on
-//! exactly (concatenated in order), so SSE events split across chunks stay whole for whoever
-//! splits them.
+//! the engine's bytes came in one read. It never waits for data the router has not read: a
+//! batch is passed on as soon as nothing else is ready, after at most `yields` turns of the
+//! scheduler in a row that brought nothing (a turn that brings a chunk does not count), and
+//! never later than `max_hold` after its first chunk came. The turns let the upstream
+//! connection's task hand over chunks it already read: hyper hands them over one at a time,
+//! each only after the previous one was taken. The bytes are passed on exactly (concatenated
+//! in order), so SSE events split across chunks stay whole for whoever splits them.
 
 use axum::body::Bytes;
 use futures::Stream;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 /// A batch of the upstream's chunks: their bytes, and how many chunks they were.
 pub(crate) struct Batch {
     pub(crate) bytes: Bytes,
     pub(crate) chunks: u64,
+}
+
+/// How long a batch may wait for chunks the upstream's connection already read.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Hold {
+    /// Turns of the scheduler in a row that bring nothing, at most, before a batch goes on.
+    pub(crate) yields: u32,
+    /// The longest a batch waits after its first chunk came.
+    pub(crate) max: Duration,
+}
+
+/// A batch kept over a turn of the scheduler.
+struct Partial {
+    first: Bytes,
+    merged: Option<bytes::BytesMut>,
+    chunks: u64,
+    /// Turns in a row that brought nothing.
+    idle_turns: u32,
+    /// When the batch's first chunk came (read only when turns are allowed).
+    since: Option<Instant>,
 }
 
 /// Wraps an upstream of chunks: each item is every chunk that was ready, merged.
@@ -25,20 +47,18 @@ pub(crate) struct Coalesce<S> {
     /// An item taken from `inner` that could not join the last batch (an error, the end, or a
     /// chunk past the cap): it is the next item.
     held: Option<Option<Result<Bytes, String>>>,
-    /// Turns of the scheduler a batch may wait, at most, on `Pending` before it goes on.
-    yields: u32,
-    /// A batch kept over one yield: its bytes and chunk count.
-    partial: Option<(Bytes, Option<bytes::BytesMut>, u64, u32)>,
+    hold: Hold,
+    partial: Option<Partial>,
 }
 
 impl<S> Coalesce<S> {
-    /// Merges up to `cap` bytes (0 or 1: no merging); `yields`: see the module.
-    pub(crate) fn new(inner: S, cap: usize, yields: u32) -> Self {
+    /// Merges up to `cap` bytes (0 or 1: no merging); `hold`: see the module.
+    pub(crate) fn new(inner: S, cap: usize, hold: Hold) -> Self {
         Self {
             inner,
             cap,
             held: None,
-            yields,
+            hold,
             partial: None,
         }
     }
@@ -52,9 +72,9 @@ where
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        // A batch kept over a yield goes on now, with whatever came meanwhile.
-        let (first, mut merged, mut chunks, yielded) = match this.partial.take() {
-            Some((first, merged, chunks, y)) => (first, merged, chunks, y),
+        // A batch kept over a turn goes on now, with whatever came meanwhile.
+        let (mut p, resumed) = match this.partial.take() {
+            Some(p) => (p, true),
             None => {
                 let first = match this.held.take() {
                     Some(held) => held,
@@ -63,37 +83,52 @@ where
                         Poll::Pending => return Poll::Pending,
                     },
                 };
-                match first {
-                    Some(Ok(b)) => (b, None, 1, 0),
+                let first = match first {
+                    Some(Ok(b)) => b,
                     Some(Err(e)) => return Poll::Ready(Some(Err(e))),
                     None => return Poll::Ready(None),
-                }
+                };
+                let p = Partial {
+                    first,
+                    merged: None,
+                    chunks: 1,
+                    idle_turns: 0,
+                    since: (this.hold.yields > 0).then(Instant::now),
+                };
+                (p, false)
             }
         };
-        let mut len = merged.as_ref().map_or(first.len(), |m| m.len());
+        let mut len = p.merged.as_ref().map_or(p.first.len(), |m| m.len());
+        let chunks_before = p.chunks;
         // Take what is ready, never waiting for data: `Pending` ends the batch.
         while len < this.cap {
             match Pin::new(&mut this.inner).poll_next(cx) {
                 Poll::Ready(Some(Ok(b))) if len + b.len() <= this.cap => {
-                    let m = merged.get_or_insert_with(|| {
+                    let m = p.merged.get_or_insert_with(|| {
                         let want = this.cap.min(2 * len.max(b.len()));
                         let mut m = bytes::BytesMut::with_capacity(want);
-                        m.extend_from_slice(&first);
+                        m.extend_from_slice(&p.first);
                         m
                     });
                     m.extend_from_slice(&b);
                     len += b.len();
-                    chunks += 1;
+                    p.chunks += 1;
                 }
                 Poll::Ready(other) => {
                     this.held = Some(other);
                     break;
                 }
                 Poll::Pending => {
-                    if yielded < this.yields {
+                    if resumed && p.chunks == chunks_before {
+                        p.idle_turns += 1;
+                    } else if resumed {
+                        p.idle_turns = 0;
+                    }
+                    let young = p.since.is_some_and(|t| t.elapsed() < this.hold.max);
+                    if p.idle_turns < this.hold.yields && young {
                         // A scheduler turn: the upstream's connection task may hand over
                         // chunks it already read. Woken at once; no data is waited for.
-                        this.partial = Some((first, merged, chunks, yielded + 1));
+                        this.partial = Some(p);
                         cx.waker().wake_by_ref();
                         return Poll::Pending;
                     }
@@ -101,8 +136,11 @@ where
                 }
             }
         }
-        let bytes = merged.map_or(first, bytes::BytesMut::freeze);
-        Poll::Ready(Some(Ok(Batch { bytes, chunks })))
+        let bytes = p.merged.map_or(p.first, bytes::BytesMut::freeze);
+        Poll::Ready(Some(Ok(Batch {
+            bytes,
+            chunks: p.chunks,
+        })))
     }
 }
 
@@ -118,9 +156,24 @@ mod tests {
 
     type Rx = mpsc::UnboundedReceiver<Result<Bytes, String>>;
 
+    fn hold(yields: u32, max: Duration) -> Hold {
+        Hold { yields, max }
+    }
+
+    const NO_TURNS: Hold = Hold {
+        yields: 0,
+        max: Duration::ZERO,
+    };
+
     fn pair(cap: usize) -> (Tx, Coalesce<Rx>) {
         let (tx, rx) = mpsc::unbounded();
-        (tx, Coalesce::new(rx, cap, 0))
+        (tx, Coalesce::new(rx, cap, NO_TURNS))
+    }
+
+    fn pending<S: Stream + Unpin>(s: &mut S) -> bool {
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        Pin::new(s).poll_next(&mut cx).is_pending()
     }
 
     fn send(tx: &Tx, s: &'static str) {
@@ -223,36 +276,74 @@ mod tests {
     }
 
     #[test]
-    fn with_one_yield_what_came_during_it_joins_the_batch_and_nothing_waits_longer() {
+    fn turns_that_bring_chunks_do_not_count_and_an_idle_turn_ends_the_batch() {
         let (tx, rx) = mpsc::unbounded();
-        let mut s = Coalesce::new(rx, COALESCE_MAX_BYTES, 1);
+        let mut s = Coalesce::new(rx, COALESCE_MAX_BYTES, hold(1, Duration::from_secs(60)));
         assert!(ready(&mut s).is_none());
         send(&tx, "a");
         // Nothing more ready: the batch is kept over one turn (and its task woken at once).
-        let waker = futures::task::noop_waker();
-        let mut cx = Context::from_waker(&waker);
-        assert!(Pin::new(&mut s).poll_next(&mut cx).is_pending());
+        assert!(pending(&mut s));
         send(&tx, "b");
-        assert_eq!(
-            ready(&mut s).unwrap().unwrap().unwrap(),
-            ("ab".to_string(), 2)
-        );
-        // After its one turn a batch goes on even if nothing came.
+        // That turn brought "b": another turn is allowed.
+        assert!(pending(&mut s));
         send(&tx, "c");
-        assert!(Pin::new(&mut s).poll_next(&mut cx).is_pending());
+        assert!(pending(&mut s));
+        // A turn that brought nothing ends the batch.
         assert_eq!(
             ready(&mut s).unwrap().unwrap().unwrap(),
-            ("c".to_string(), 1)
+            ("abc".to_string(), 3)
+        );
+        // After one idle turn a batch goes on even if nothing came.
+        send(&tx, "d");
+        assert!(pending(&mut s));
+        assert_eq!(
+            ready(&mut s).unwrap().unwrap().unwrap(),
+            ("d".to_string(), 1)
         );
         // A merge cap of 0 passes every chunk alone.
         let (tx, rx) = mpsc::unbounded();
-        let mut s = Coalesce::new(rx, 0, 0);
+        let mut s = Coalesce::new(rx, 0, NO_TURNS);
         send(&tx, "x");
         send(&tx, "y");
         assert_eq!(
             ready(&mut s).unwrap().unwrap().unwrap(),
             ("x".to_string(), 1)
         );
+        assert_eq!(
+            ready(&mut s).unwrap().unwrap().unwrap(),
+            ("y".to_string(), 1)
+        );
+    }
+
+    #[test]
+    fn a_batch_goes_on_once_it_has_been_held_max_hold_even_while_chunks_come() {
+        let (tx, rx) = mpsc::unbounded();
+        let max = Duration::from_millis(20);
+        let mut s = Coalesce::new(rx, COALESCE_MAX_BYTES, hold(64, max));
+        send(&tx, "0");
+        let begun = Instant::now();
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut sent = 1;
+        // A chunk every turn: only the hold bound ends the batch.
+        let batch = loop {
+            match Pin::new(&mut s).poll_next(&mut cx) {
+                Poll::Ready(item) => break item.unwrap().unwrap(),
+                Poll::Pending => {}
+            }
+            assert!(begun.elapsed() < Duration::from_secs(5), "{sent} sent");
+            send(&tx, "x");
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert!(begun.elapsed() >= max);
+        // Every chunk sent during the hold is in it.
+        assert_eq!(batch.chunks, sent);
+        assert!(sent > 2, "{sent}");
+        // No turns at all with a zero bound: a lone chunk goes on at once.
+        let (tx, rx) = mpsc::unbounded();
+        let mut s = Coalesce::new(rx, COALESCE_MAX_BYTES, hold(4, Duration::ZERO));
+        send(&tx, "y");
         assert_eq!(
             ready(&mut s).unwrap().unwrap().unwrap(),
             ("y".to_string(), 1)

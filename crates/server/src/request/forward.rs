@@ -5,7 +5,7 @@
 //! ends the answer with what it produced.
 
 use super::attempt::{attempt, Origin, Outcome};
-use super::coalesce::{Batch, Coalesce};
+use super::coalesce::{Batch, Coalesce, Hold};
 use super::continuation::{Continuation, Next, Whole};
 use super::parse::Request;
 use crate::error::ServeError;
@@ -58,11 +58,11 @@ fn upstream(response: reqwest::Response, config: &crate::config::ServeConfig) ->
         .bytes_stream()
         .map(|r| r.map_err(|e| e.to_string()))
         .boxed();
-    let (cap, yields) = (
-        config.stream_coalesce_max_bytes,
-        config.stream_coalesce_yields,
-    );
-    Coalesce::new(chunks, cap, yields)
+    let hold = Hold {
+        yields: config.stream_coalesce_yields,
+        max: config.stream_coalesce_max_hold,
+    };
+    Coalesce::new(chunks, config.stream_coalesce_max_bytes, hold)
 }
 
 /// A stream's idle timer (`--stream-idle-timeout-secs`): one `Sleep` for the whole stream. Each
