@@ -1,6 +1,7 @@
 //! Router CPU per placement without forwarding, measured as `overhead` measures the proxy: the
 //! router as its own process (pinned to one core with `taskset` when it exists), the load
-//! generator in this process, router CPU time from /proc divided by the requests.
+//! generator in this process, router CPU time from /proc divided by the requests: the median
+//! of 11 windows of 1,000 (see `windows`).
 //!
 //! - pick API: `POST /v1/pick` (a 2,048-token prompt as token ids) + `POST /v1/pick/{id}/finish`,
 //!   at concurrency 16 over keep-alive HTTP/1.1; and a steady client's picks that each carry
@@ -9,7 +10,8 @@
 //!   response headers, three response body chunks, the last ending the stream), at
 //!   concurrency 64, each task on its own keep-alive gRPC connection.
 //!
-//! `cargo bench -p kvrouter --bench picker`    (bounded: a few thousand loopback requests)
+//! `cargo bench -p kvrouter --bench picker`    (bounded: some 60,000 loopback requests);
+//! `KVROUTER_PICKER_BIN=<kvrouter>` measures another build of the router with the same client.
 
 #![allow(missing_docs)]
 
@@ -26,17 +28,42 @@ use tokio::process::Command;
 const BIN: &str = env!("CARGO_BIN_EXE_kvrouter");
 const PROMPT_TOKENS: u64 = 2048;
 const FAMILIES: u64 = 32;
+/// Operations per window of a line, and windows per line.
+const WINDOW: u64 = 1_000;
+const WINDOWS: u64 = 11;
 
+/// Runs `f` (the router CPU seconds it measured): those and its wall time.
+async fn timed(f: impl std::future::Future<Output = f64>) -> (f64, Duration) {
+    let started = Instant::now();
+    let cpu = f.await;
+    (cpu, started.elapsed())
+}
+
+/// The router's CPU time so far (user + system, all its threads): the run time the scheduler
+/// keeps per thread in nanoseconds (`/proc/<pid>/task/*/schedstat`), where `/proc/<pid>/stat`
+/// counts 10 ms ticks.
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let f: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    let ns: u64 = tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e9
+}
+
+/// One keep-alive client for every line, so its connections outlive a window.
+fn client() -> reqwest::Client {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    CLIENT.get_or_init(reqwest::Client::new).clone()
+}
+
+/// The first of `n` prompt numbers no window has sent yet (each window sends new tails, as
+/// one run of 4,000 did).
+fn fresh_prompts(n: u64) -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(n, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// A 2,048-token prompt: a 1,536-token prefix shared by its family, then its own tail.
@@ -56,7 +83,7 @@ fn prompt_of(i: u64, tokens: u64) -> Vec<u64> {
 /// The floor under any pick: two bodiless keep-alive HTTP/1.1 exchanges (`GET /live`) per pair,
 /// so the pick figures can be read as this plus the pick's own work.
 async fn live_pairs(base: &str, pid: u32, n: u64, concurrency: u64) -> f64 {
-    let client = reqwest::Client::new();
+    let client = client();
     let before = cpu_seconds(pid);
     let tasks: Vec<_> = (0..concurrency)
         .map(|c| {
@@ -75,7 +102,7 @@ async fn live_pairs(base: &str, pid: u32, n: u64, concurrency: u64) -> f64 {
     for t in tasks {
         t.await.unwrap();
     }
-    (cpu_seconds(pid) - before) / n as f64
+    cpu_seconds(pid) - before
 }
 
 /// `POST /v1/pick` with a JSON body; the answer, which must be 200.
@@ -96,8 +123,9 @@ async fn pick_pairs(base: &str, pid: u32, n: u64, concurrency: u64) -> f64 {
 }
 
 async fn pick_pairs_of(base: &str, pid: u32, n: u64, concurrency: u64, tokens: u64) -> f64 {
-    let client = reqwest::Client::new();
-    let bodies: Vec<Vec<u8>> = (0..n)
+    let client = client();
+    let first = fresh_prompts(n);
+    let bodies: Vec<Vec<u8>> = (first..first + n)
         .map(|i| serde_json::to_vec(&json!({"token_ids": prompt_of(i, tokens)})).unwrap())
         .collect();
     let bodies = std::sync::Arc::new(bodies);
@@ -123,15 +151,16 @@ async fn pick_pairs_of(base: &str, pid: u32, n: u64, concurrency: u64, tokens: u
     for t in tasks {
         t.await.unwrap();
     }
-    (cpu_seconds(pid) - before) / n as f64
+    cpu_seconds(pid) - before
 }
 
 /// A steady pick client: each pick carries the previous pick's finish (`reports`), so each
 /// pick is one HTTP exchange; each task's last pick is finished with `POST /v1/pick/reports`.
 async fn piggy_backed_picks(base: &str, pid: u32, n: u64, concurrency: u64) -> f64 {
-    let client = reqwest::Client::new();
+    let client = client();
     // `{"token_ids": [...]}` less its opening brace, for the reports to go in front.
-    let tails: Vec<Vec<u8>> = (0..n)
+    let first = fresh_prompts(n);
+    let tails: Vec<Vec<u8>> = (first..first + n)
         .map(|i| serde_json::to_vec(&json!({"token_ids": prompt(i)})).unwrap()[1..].to_vec())
         .collect();
     let tails = std::sync::Arc::new(tails);
@@ -169,7 +198,7 @@ async fn piggy_backed_picks(base: &str, pid: u32, n: u64, concurrency: u64) -> f
     for t in tasks {
         t.await.unwrap();
     }
-    (cpu_seconds(pid) - before) / n as f64
+    cpu_seconds(pid) - before
 }
 
 fn msg(r: In) -> ep::ProcessingRequest {
@@ -243,6 +272,7 @@ async fn ext_proc_exchanges(addr: &str, pid: u32, n: u64, concurrency: u64) -> f
             .unwrap();
         clients.push(ExternalProcessorClient::new(channel));
     }
+    let first = fresh_prompts(n);
     let before = cpu_seconds(pid);
     let tasks: Vec<_> = clients
         .into_iter()
@@ -253,18 +283,23 @@ async fn ext_proc_exchanges(addr: &str, pid: u32, n: u64, concurrency: u64) -> f
                     let (tx, rx) = tokio::sync::mpsc::channel(8);
                     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
                     let mut inbound = client.process(stream).await.unwrap().into_inner();
-                    for m in exchange_messages(i) {
+                    for m in exchange_messages(first + i) {
                         tx.send(m).await.unwrap();
                         inbound.message().await.unwrap().expect("a response");
                     }
                 }
+                client
             })
         })
         .collect();
+    let mut clients = Vec::new();
     for t in tasks {
-        t.await.unwrap();
+        clients.push(t.await.unwrap());
     }
-    (cpu_seconds(pid) - before) / n as f64
+    // Measured before the connections close (closing them is not an exchange's cost).
+    let cpu = cpu_seconds(pid) - before;
+    drop(clients);
+    cpu
 }
 
 #[tokio::main]
@@ -273,12 +308,14 @@ async fn main() {
         .arg("-V")
         .output()
         .is_ok_and(|o| o.status.success());
+    // Another build of the router (a before/after comparison under the same conditions).
+    let bin = std::env::var("KVROUTER_PICKER_BIN").unwrap_or_else(|_| BIN.to_owned());
     let mut cmd = if taskset {
         let mut c = Command::new("taskset");
-        c.args(["-c", "0", BIN]);
+        c.args(["-c", "0", &bin]);
         c
     } else {
-        Command::new(BIN)
+        Command::new(&bin)
     };
     let args = [
         "serve",
@@ -315,42 +352,67 @@ async fn main() {
     let idle_start = cpu_seconds(pid);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle_per_s = (cpu_seconds(pid) - idle_start) / 2.0;
-    // Warm up (caches, connections, the index's families), then measure.
-    pick_pairs(&base, pid, 500, 16).await;
-    let started = Instant::now();
-    let pick = pick_pairs(&base, pid, 4000, 16).await;
-    let pick_wall = started.elapsed();
-    ext_proc_exchanges(&grpc, pid, 500, 64).await;
-    let started = Instant::now();
-    let ext = ext_proc_exchanges(&grpc, pid, 4000, 64).await;
-    let ext_wall = started.elapsed();
-    let floor = live_pairs(&base, pid, 4000, 16).await;
-    let short = pick_pairs_of(&base, pid, 4000, 16, 64).await;
-    let piggy = piggy_backed_picks(&base, pid, 4000, 16).await;
     println!(
-        "router idle CPU: {:.1} ms/s (embedded engines, timers)",
+        "router idle CPU: {:.1} ms/s (embedded engines, timers; taken off each line below)",
         idle_per_s * 1e3
     );
-    println!(
-        "pick + finish, {PROMPT_TOKENS}-token prompt as token ids, concurrency 16: {:.1} µs router CPU per pair ({:.0} pairs/s)",
-        pick * 1e6,
-        4000.0 / pick_wall.as_secs_f64()
+    // Warm up (caches, connections, the index's families), then measure ([`windows`]).
+    // `KVROUTER_PICKER_LINES=piggy,pair` runs only those lines (names below), to profile one.
+    let lines = std::env::var("KVROUTER_PICKER_LINES").unwrap_or_default();
+    let want = |name: &str| lines.is_empty() || lines.split(',').any(|l| l.trim() == name);
+    pick_pairs(&base, pid, 500, 16).await;
+    if want("pair") {
+        let (us, rate) = windows(idle_per_s, |n| pick_pairs(&base, pid, n, 16)).await;
+        println!(
+            "pair: pick + finish, {PROMPT_TOKENS}-token prompt as token ids, concurrency 16: {us} µs router CPU per pair ({rate:.0} pairs/s)"
+        );
+    }
+    if want("ext") {
+        ext_proc_exchanges(&grpc, pid, 500, 64).await;
+        let (us, rate) = windows(idle_per_s, |n| ext_proc_exchanges(&grpc, pid, n, 64)).await;
+        println!(
+            "ext: ext_proc full exchange, {PROMPT_TOKENS}-token prompt, concurrency 64, keep-alive gRPC: {us} µs router CPU per exchange ({rate:.0} exchanges/s)"
+        );
+    }
+    if want("floor") {
+        let (us, _) = windows(idle_per_s, |n| live_pairs(&base, pid, n, 16)).await;
+        println!("floor: two GET /live per pair, concurrency 16: {us} µs router CPU per pair");
+    }
+    if want("short") {
+        let (us, _) = windows(idle_per_s, |n| pick_pairs_of(&base, pid, n, 16, 64)).await;
+        println!(
+            "short: pick + finish, 64-token prompt as token ids, concurrency 16: {us} µs router CPU per pair"
+        );
+    }
+    if want("piggy") {
+        let (us, _) = windows(idle_per_s, |n| piggy_backed_picks(&base, pid, n, 16)).await;
+        println!(
+            "piggy: pick with the previous pick's finish piggy-backed, {PROMPT_TOKENS}-token prompt as token ids, concurrency 16: {us} µs router CPU per pick"
+        );
+    }
+}
+
+/// Runs a line in WINDOWS windows of WINDOW operations: router CPU per operation (less the
+/// idle rate over each window's wall time), as `median (min–max)` in µs, and operations/s.
+/// The median of windows resists the bursts of other work on a shared machine.
+async fn windows<F, Fut>(idle_per_s: f64, mut line: F) -> (String, f64)
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = f64>,
+{
+    let mut per_op = Vec::new();
+    let mut wall_total = Duration::ZERO;
+    for _ in 0..WINDOWS {
+        let (cpu, wall) = timed(line(WINDOW)).await;
+        wall_total += wall;
+        per_op.push((cpu - idle_per_s * wall.as_secs_f64()) / WINDOW as f64 * 1e6);
+    }
+    per_op.sort_by(f64::total_cmp);
+    let text = format!(
+        "{:.1} ({:.1}–{:.1})",
+        per_op[per_op.len() / 2],
+        per_op[0],
+        per_op[per_op.len() - 1]
     );
-    println!(
-        "floor: two GET /live per pair, concurrency 16: {:.1} µs router CPU per pair",
-        floor * 1e6
-    );
-    println!(
-        "pick + finish, 64-token prompt as token ids, concurrency 16: {:.1} µs router CPU per pair",
-        short * 1e6
-    );
-    println!(
-        "pick with the previous pick's finish piggy-backed, {PROMPT_TOKENS}-token prompt as token ids, concurrency 16: {:.1} µs router CPU per pick",
-        piggy * 1e6
-    );
-    println!(
-        "ext_proc full exchange, {PROMPT_TOKENS}-token prompt, concurrency 64, keep-alive gRPC: {:.1} µs router CPU per exchange ({:.0} exchanges/s)",
-        ext * 1e6,
-        4000.0 / ext_wall.as_secs_f64()
-    );
+    (text, (WINDOWS * WINDOW) as f64 / wall_total.as_secs_f64())
 }

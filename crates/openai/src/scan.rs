@@ -370,6 +370,57 @@ mod tests {
         }
     }
 
+    /// Long lists of ids of every length, with every separator and a bad id at any place,
+    /// read as `serde_json` reads them.
+    #[test]
+    fn long_lists_read_as_serde_reads_them() {
+        let serde_ids = |text: &str| -> Option<Vec<u32>> {
+            let vs = serde_json::from_str::<Vec<Value>>(text).ok()?;
+            vs.iter()
+                .map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok()))
+                .collect()
+        };
+        // Deterministic ids of 1 to 10 digits (xorshift).
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let seps = [",", ", ", " ,", ",\n", ",  "];
+        for round in 0..300 {
+            let n = 1 + next() % 60;
+            let mut ids: Vec<String> = (0..n)
+                .map(|_| {
+                    let digits = 1 + next() % 10;
+                    (next() % 10u64.pow(digits as u32)).to_string()
+                })
+                .collect();
+            if round % 3 == 0 {
+                // One bad id somewhere: a leading zero, a fraction, an exponent, too large, or
+                // a byte above 0x7F.
+                let at = (next() % n) as usize;
+                let bad = ["07", "1.5", "2e3", "4294967296", "\u{e9}", "-3", "99x"];
+                ids[at] = bad[(next() % bad.len() as u64) as usize].to_owned();
+            }
+            let mut text = String::from("[");
+            for (i, id) in ids.iter().enumerate() {
+                if i > 0 {
+                    text.push_str(seps[(next() % seps.len() as u64) as usize]);
+                }
+                text.push_str(id);
+            }
+            text.push(']');
+            text.push_str(&" ".repeat((next() % 10) as usize));
+            assert_eq!(
+                read_ids(text.as_bytes()),
+                serde_ids(&text).map(TokenIds::Flat),
+                "{text}"
+            );
+        }
+    }
+
     /// The walk takes what it can check and leaves the rest to `serde_json`.
     #[test]
     fn the_walk_declines_what_it_does_not_read_itself() {

@@ -9,6 +9,7 @@
 use crate::error::ServeError;
 use crate::health::Source;
 use crate::picks::PickTable;
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::time::Instant;
 
@@ -226,9 +227,10 @@ pub(crate) fn report_list(value: Value) -> Result<Vec<Value>, ServeError> {
 /// `{"id", "error": {...}}` (an OpenAI-shaped error naming `reports[at]...` for a malformed
 /// report).
 fn apply_one(table: &PickTable, at: usize, value: Value) -> Value {
-    // The id as given, for the outcome of a report that cannot be read.
-    let given = value.get("id").cloned().unwrap_or(Value::Null);
-    let outcome = serde_path_to_error::deserialize::<_, Report>(value)
+    // Read plainly; only a report that cannot be read is read again for the path of its
+    // error (tracking the path of every field cost each good report a microsecond).
+    let outcome = Report::deserialize(&value)
+        .or_else(|_| serde_path_to_error::deserialize::<_, Report>(&value))
         .map_err(|e| {
             let path = e.path().to_string();
             let param = if path == "." || path.is_empty() {
@@ -261,6 +263,8 @@ fn apply_one(table: &PickTable, at: usize, value: Value) -> Value {
     match outcome {
         Ok((id, status)) => json!({"id": id.to_string(), "status": status}),
         Err(e) => {
+            // The id as given, for the outcome of a report that cannot be read.
+            let given = value.get("id").cloned().unwrap_or(Value::Null);
             let mut body = e.body();
             json!({"id": given, "error": body["error"].take()})
         }
