@@ -177,6 +177,15 @@ pub fn replica_credit_s(weight: f64, recent: f64, holders: u32, saving_s: f64) -
     weight * recent * saving_s / f64::from(holders + 1)
 }
 
+/// Whether a hot prefix with `holders` holders among `candidates` workers may earn one more
+/// through the replica credit: only while a worker that does not hold it stays left over, the
+/// reserve that large uncached requests (which no cached prefix helps) find idle. The credit
+/// values the copy for the prefix's own traffic; taking the last non-holder would charge that
+/// traffic's queueing to every other prompt, which the one-step estimate does not see.
+pub fn keeps_a_reserve(holders: u32, candidates: usize) -> bool {
+    (holders as usize) + 2 <= candidates
+}
+
 /// Seconds added per running sibling above the least crowded candidate's, for a grouped request
 /// placed before any output length was observed ([`cold_group_spread`]): large enough that a
 /// less crowded eligible worker always wins.

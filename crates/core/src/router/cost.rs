@@ -7,8 +7,8 @@ use crate::event::KvEvent;
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
 use crate::policy::cost::{
-    cold_group_spread, estimate, replica_credit_s, CostEstimate, CostWeights, RequestPicture,
-    WorkerPicture,
+    cold_group_spread, estimate, keeps_a_reserve, replica_credit_s, CostEstimate, CostWeights,
+    RequestPicture, WorkerPicture,
 };
 use crate::policy::learn::{LineFit, OutputLengths, PrefixHeat, Rate};
 use crate::policy::Candidate;
@@ -285,7 +285,9 @@ impl Router {
             .count() as u32;
         // The credit is at most ρ·recent/(holders + 1) × the best holder's whole cost: skip the
         // second estimates when that cannot matter (a cold prefix).
-        if weights.replica * recent / f64::from(holders + 1) < 1.0 {
+        if weights.replica * recent / f64::from(holders + 1) < 1.0
+            || !keeps_a_reserve(holders, candidates.len())
+        {
             return (estimates, key);
         }
         let best_holder = estimates
