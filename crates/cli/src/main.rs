@@ -74,10 +74,13 @@ fn main() -> anyhow::Result<()> {
         _ => logging::init(&logging::LogArgs::default())?,
     }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let Command::Serve(args) = &cli.command {
-        if let Some(n) = args.worker_threads()? {
-            runtime.worker_threads(n);
-        }
+    let workers = match &cli.command {
+        Command::Serve(args) => args.worker_threads()?,
+        // TOKIO_WORKER_THREADS checked for every command (tokio panics on a bad one).
+        _ => serve::worker_threads(0, serve::worker_threads_variable().as_deref())?,
+    };
+    if let Some(n) = workers {
+        runtime.worker_threads(n);
     }
     let runtime = runtime.enable_all().build()?;
     match cli.command {

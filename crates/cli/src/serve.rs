@@ -74,9 +74,9 @@ pub(crate) struct ServeArgs {
     /// Retries, migration, stream and upstream timeouts.
     #[command(flatten)]
     upstream: crate::upstream_args::UpstreamArgs,
-    /// Runtime worker threads (0 = auto: 1 on a machine of at most 2 CPUs, where a second
-    /// worker mostly adds cross-thread wake-ups per streamed chunk, else one per CPU; the
-    /// `TOKIO_WORKER_THREADS` variable, when set, replaces auto); at most 1024.
+    /// Runtime worker threads (0 = auto: `TOKIO_WORKER_THREADS` when set, else one per CPU);
+    /// at most 1024. On a 2-CPU host 1 saves CPU per streamed chunk, but then a large body's
+    /// parse and chat template hold up every other request for as long as they take.
     #[arg(help_heading = H::LISTEN, long, default_value_t = 0)]
     worker_threads: usize,
     /// Text prompts of at most this many bytes are tokenized on the request's task rather than
@@ -398,38 +398,52 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
 const MAX_WORKER_THREADS: usize = 1024;
 
 impl ServeArgs {
-    /// The runtime's worker threads for `--worker-threads` (`None`: tokio's own choice).
+    /// The runtime's worker threads for `--worker-threads` (`None`: tokio's own choice, one
+    /// per CPU).
     pub(crate) fn worker_threads(&self) -> anyhow::Result<Option<usize>> {
         let n = crate::flag_values::at_most(
             self.worker_threads,
             MAX_WORKER_THREADS,
             "--worker-threads",
         )?;
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let env_set = std::env::var_os("TOKIO_WORKER_THREADS").is_some();
-        Ok(worker_threads(n, cpus, env_set))
+        worker_threads(n, worker_threads_variable().as_deref())
     }
 }
 
-/// `--worker-threads n` on a machine of `cpus` CPUs; `env_set`: `TOKIO_WORKER_THREADS` is set.
-fn worker_threads(n: usize, cpus: usize, env_set: bool) -> Option<usize> {
-    match n {
-        0 if env_set || cpus > 2 => None,
-        0 => Some(1),
-        n => Some(n),
+/// `TOKIO_WORKER_THREADS`, if set (lossily decoded: a value that is not UTF-8 is refused too).
+pub(crate) fn worker_threads_variable() -> Option<String> {
+    std::env::var_os("TOKIO_WORKER_THREADS").map(|v| v.to_string_lossy().into_owned())
+}
+
+/// `--worker-threads n`, given the `TOKIO_WORKER_THREADS` variable's value `env`: the flag
+/// wins; without it a set variable must be a count in 1..=1024 (tokio itself would panic on
+/// a bad one and take no bound), and otherwise tokio chooses.
+pub(crate) fn worker_threads(n: usize, env: Option<&str>) -> anyhow::Result<Option<usize>> {
+    if n > 0 {
+        return Ok(Some(n));
+    }
+    let Some(v) = env else { return Ok(None) };
+    match v.trim().parse::<usize>() {
+        Ok(k) if (1..=MAX_WORKER_THREADS).contains(&k) => Ok(Some(k)),
+        _ => anyhow::bail!(
+            "TOKIO_WORKER_THREADS: `{v}` is not a worker count from 1 to {MAX_WORKER_THREADS} \
+             (unset it, or give --worker-threads, which takes precedence)"
+        ),
     }
 }
 
 #[cfg(test)]
 mod worker_thread_tests {
     #[test]
-    fn auto_is_one_worker_on_two_cpus_and_tokios_choice_above_or_when_the_variable_is_set() {
+    fn the_flag_wins_then_a_checked_variable_then_tokios_choice() {
         use super::worker_threads;
-        assert_eq!(worker_threads(0, 1, false), Some(1));
-        assert_eq!(worker_threads(0, 2, false), Some(1));
-        assert_eq!(worker_threads(0, 3, false), None);
-        assert_eq!(worker_threads(0, 2, true), None);
-        assert_eq!(worker_threads(3, 2, true), Some(3));
-        assert_eq!(worker_threads(4, 64, false), Some(4));
+        assert_eq!(worker_threads(3, Some("x")).unwrap(), Some(3));
+        assert_eq!(worker_threads(0, None).unwrap(), None);
+        assert_eq!(worker_threads(0, Some("4")).unwrap(), Some(4));
+        assert_eq!(worker_threads(0, Some("1024")).unwrap(), Some(1024));
+        for bad in ["x", "0", "-1", "1025", "", "2.5"] {
+            let e = worker_threads(0, Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("TOKIO_WORKER_THREADS"), "{bad}: {e}");
+        }
     }
 }

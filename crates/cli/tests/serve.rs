@@ -399,6 +399,19 @@ async fn worker_threads_sets_the_runtimes_worker_count() {
         err.contains("--worker-threads: 1025 is above 1024"),
         "{err}"
     );
+    // A bad variable is refused by name (tokio itself panicked on it, and took any count).
+    for bad in ["x", "0", "2000"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args(["serve", "--port", "0", "--mock-workers", "1"])
+            .env("TOKIO_WORKER_THREADS", bad)
+            .output()
+            .await
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {err}");
+        assert!(err.contains("TOKIO_WORKER_THREADS: `"), "{bad}: {err}");
+        assert!(!err.contains("panicked"), "{bad}: {err}");
+    }
 }
 
 #[tokio::test]
