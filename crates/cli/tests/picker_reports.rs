@@ -128,12 +128,13 @@ async fn bad_reports_answer_their_own_errors_and_the_pick_goes_on() {
         {"id": a["id"], "event": "finish"},
         {"id": a["id"], "event": "finish"},
         7,
+        {"id": [1], "event": "finish"},
     ]);
     let b = s
         .pick(json!({"token_ids": ids(1, 0), "reports": reports}))
         .await;
     let out = b["reports"].as_array().unwrap();
-    assert_eq!(out.len(), 8, "{b}");
+    assert_eq!(out.len(), 9, "{b}");
     let code = |i: usize| out[i]["error"]["code"].as_u64();
     let param = |i: usize| out[i]["error"]["param"].as_str().unwrap_or("").to_owned();
     assert_eq!(
@@ -141,6 +142,12 @@ async fn bad_reports_answer_their_own_errors_and_the_pick_goes_on() {
         (Some(404), json!("999999"))
     );
     assert_eq!(code(1), Some(404), "{}", out[1]);
+    // A 404 names the report's id as the field at fault.
+    assert_eq!(
+        (param(0), param(1)),
+        ("reports[0].id".into(), "reports[1].id".into())
+    );
+    assert_eq!(param(6), "reports[6].id", "{}", out[6]);
     assert_eq!((code(2), param(2)), (Some(400), "reports[2]".into()));
     assert_eq!(out[2]["id"], Value::Null);
     assert_eq!((code(3), param(3)), (Some(400), "reports[3].event".into()));
@@ -150,6 +157,11 @@ async fn bad_reports_answer_their_own_errors_and_the_pick_goes_on() {
     let message = out[6]["error"]["message"].as_str().unwrap();
     assert!(message.contains("finished, expired"), "{message}");
     assert_eq!((code(7), param(7)), (Some(400), "reports[7]".into()));
+    // An id of the wrong type says what an id is, not serde's words.
+    assert_eq!((code(8), param(8)), (Some(400), "reports[8].id".into()));
+    let message = out[8]["error"]["message"].as_str().unwrap();
+    assert!(message.contains("a string of digits"), "{message}");
+    assert!(!message.contains("variant"), "{message}");
     // Only `a` was released: the new pick is the one outstanding.
     assert_eq!(s.metric("kvrouter_picks_outstanding").await, 1.0);
     assert_eq!(s.metric(FINISHED).await, 1.0);

@@ -238,7 +238,15 @@ fn apply_one(table: &PickTable, at: usize, value: Value) -> Value {
             } else {
                 format!("{REPORTS}[{at}].{path}")
             };
-            ServeError::invalid_at(format!("invalid pick report: {}", e.inner()), param)
+            // serde's words for an untagged id ("did not match any variant") say nothing.
+            let msg = if path == "id" {
+                "`id` must be a pick id as answers give it: a string of digits or a \
+                 non-negative integer"
+                    .to_owned()
+            } else {
+                e.inner().to_string()
+            };
+            ServeError::invalid_at(format!("invalid pick report: {msg}"), param)
         })
         .and_then(|r| {
             let id = match &r.id {
@@ -266,7 +274,12 @@ fn apply_one(table: &PickTable, at: usize, value: Value) -> Value {
             // The id as given, for the outcome of a report that cannot be read.
             let given = value.get("id").cloned().unwrap_or(Value::Null);
             let mut body = e.body();
-            json!({"id": given, "error": body["error"].take()})
+            let mut error = body["error"].take();
+            // An id that names no outstanding pick: the field at fault is the report's id.
+            if error["param"].is_null() {
+                error["param"] = json!(format!("{REPORTS}[{at}].id"));
+            }
+            json!({"id": given, "error": error})
         }
     }
 }
