@@ -79,5 +79,43 @@ fn cost(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, cost);
+/// The deep-queue case: 64 workers with 256 requests each in flight, every request behind one
+/// 16-block system prompt (then 112 blocks of its own); the routed prompt shares only the system
+/// prompt. Load structures that compare a prompt with each request on a worker pay here.
+fn deep_queues(c: &mut Criterion) {
+    let system: Vec<u64> = (0..16).map(|i| 1 << 43 | i).collect();
+    let prompt = |n: u64, len: u64| -> Vec<u64> {
+        let mut b = system.clone();
+        b.extend((0..len).map(|j| 1 << 44 | n << 16 | j));
+        b
+    };
+    let tokens = prompt_tokens(&prompt(1 << 20, BLOCKS as u64 - 16));
+    let hashed = hasher().hash_blocks(&tokens);
+    let mut group = c.benchmark_group("route_64_workers_16k_in_flight_shared_system_prompt");
+    for (name, mode) in [("cost", RouterMode::Cost), ("kv", RouterMode::Kv)] {
+        let mut r = router(mode, &[]);
+        for n in 0..64 * 256u64 {
+            let t = prompt_tokens(&prompt(n, 112));
+            let req = RouteRequest::new(
+                RequestId(1 << 41 | n),
+                t.len() as u64,
+                hasher().hash_blocks(&t),
+            );
+            r.route(&req, Time::ZERO).unwrap();
+        }
+        let mut id = 0u64;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                id += 1;
+                let req = RouteRequest::new(RequestId(id), tokens.len() as u64, hashed.clone());
+                let d = r.route(&req, Time::from_micros(id)).unwrap();
+                let _ = r.finish(RequestId(id), Time::from_micros(id)).unwrap();
+                black_box(d.rank)
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, cost, deep_queues);
 criterion_main!(benches);
