@@ -69,10 +69,7 @@ fn cost(c: &mut Criterion) {
         group.bench_function(format!("{name}/prehashed"), |b| {
             b.iter(|| {
                 id += 1;
-                let req = RouteRequest::new(RequestId(id), tokens.len() as u64, hashed.clone());
-                let d = r.route(&req, Time::from_micros(id)).unwrap();
-                let _ = r.finish(RequestId(id), Time::from_micros(id)).unwrap();
-                black_box(d.rank)
+                black_box(route_and_finish(&mut r, id, tokens.len() as u64, &hashed))
             })
         });
     }
@@ -107,10 +104,7 @@ fn deep_queues(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.iter(|| {
                 id += 1;
-                let req = RouteRequest::new(RequestId(id), tokens.len() as u64, hashed.clone());
-                let d = r.route(&req, Time::from_micros(id)).unwrap();
-                let _ = r.finish(RequestId(id), Time::from_micros(id)).unwrap();
-                black_box(d.rank)
+                black_box(route_and_finish(&mut r, id, tokens.len() as u64, &hashed))
             })
         });
     }

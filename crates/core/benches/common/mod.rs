@@ -2,8 +2,10 @@
 #![allow(dead_code, unreachable_pub)]
 
 use kvrouter_core::event::{BlockContent, KvEvent, Medium, StoredBlock};
-use kvrouter_core::hashing::{BlockHasher, HashNamespace};
-use kvrouter_core::ids::{EngineHash, WorkerId};
+use kvrouter_core::hashing::{BlockHasher, BlockHashes, HashNamespace};
+use kvrouter_core::ids::{EngineHash, RequestId, WorkerId, WorkerRank};
+use kvrouter_core::router::{RouteRequest, Router};
+use kvrouter_core::time::Time;
 use std::collections::HashSet;
 
 /// Router block size used by the benches.
@@ -112,4 +114,18 @@ pub fn chain_id(blocks: &[u64]) -> u64 {
         h = (h ^ b).wrapping_mul(0x1000_0000_01b3);
     }
     h
+}
+
+/// One timed decision of the route benches: request `id` (`isl_tokens`, a clone of `blocks`)
+/// routed and then finished at `id` µs; the rank it went to.
+pub fn route_and_finish(
+    r: &mut Router,
+    id: u64,
+    isl_tokens: u64,
+    blocks: &BlockHashes,
+) -> WorkerRank {
+    let req = RouteRequest::new(RequestId(id), isl_tokens, blocks.clone());
+    let d = r.route(&req, Time::from_micros(id)).unwrap();
+    let _ = r.finish(RequestId(id), Time::from_micros(id)).unwrap();
+    d.rank
 }
