@@ -74,12 +74,12 @@ fn main() -> anyhow::Result<()> {
         _ => logging::init(&logging::LogArgs::default())?,
     }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    let workers = match &cli.command {
+    let flag = match &cli.command {
         Command::Serve(args) => args.worker_threads()?,
-        // TOKIO_WORKER_THREADS checked for every command (tokio panics on a bad one).
-        _ => serve::worker_threads(0, serve::worker_threads_variable().as_deref())?,
+        _ => 0,
     };
-    if let Some(n) = workers {
+    // TOKIO_WORKER_THREADS is checked for every command (tokio panics on a bad one).
+    if let Some(n) = serve::runtime_worker_threads(flag)? {
         runtime.worker_threads(n);
     }
     let runtime = runtime.enable_all().build()?;

@@ -398,27 +398,24 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
 const MAX_WORKER_THREADS: usize = 1024;
 
 impl ServeArgs {
-    /// The runtime's worker threads for `--worker-threads` (`None`: tokio's own choice, one
-    /// per CPU).
-    pub(crate) fn worker_threads(&self) -> anyhow::Result<Option<usize>> {
-        let n = crate::flag_values::at_most(
-            self.worker_threads,
-            MAX_WORKER_THREADS,
-            "--worker-threads",
-        )?;
-        worker_threads(n, worker_threads_variable().as_deref())
+    /// `--worker-threads`, bounded (0 = auto, see [`runtime_worker_threads`]).
+    pub(crate) fn worker_threads(&self) -> anyhow::Result<usize> {
+        crate::flag_values::at_most(self.worker_threads, MAX_WORKER_THREADS, "--worker-threads")
     }
 }
 
-/// `TOKIO_WORKER_THREADS`, if set (lossily decoded: a value that is not UTF-8 is refused too).
-pub(crate) fn worker_threads_variable() -> Option<String> {
-    std::env::var_os("TOKIO_WORKER_THREADS").map(|v| v.to_string_lossy().into_owned())
+/// The runtime's worker threads for a command given `--worker-threads flag` (0 for commands
+/// without the flag), checking `TOKIO_WORKER_THREADS` (lossily decoded: a value that is not
+/// UTF-8 is refused too); `None`: tokio's own choice, one per CPU.
+pub(crate) fn runtime_worker_threads(flag: usize) -> anyhow::Result<Option<usize>> {
+    let env = std::env::var_os("TOKIO_WORKER_THREADS").map(|v| v.to_string_lossy().into_owned());
+    worker_threads(flag, env.as_deref())
 }
 
 /// `--worker-threads n`, given the `TOKIO_WORKER_THREADS` variable's value `env`: the flag
 /// wins; without it a set variable must be a count in 1..=1024 (tokio itself would panic on
 /// a bad one and take no bound), and otherwise tokio chooses.
-pub(crate) fn worker_threads(n: usize, env: Option<&str>) -> anyhow::Result<Option<usize>> {
+fn worker_threads(n: usize, env: Option<&str>) -> anyhow::Result<Option<usize>> {
     if n > 0 {
         return Ok(Some(n));
     }
