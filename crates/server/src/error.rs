@@ -174,7 +174,7 @@ impl IntoResponse for ServeError {
     fn into_response(self) -> Response {
         let (status, _, _) = self.parts();
         let mut response = (status, axum::Json(self.body())).into_response();
-        if matches!(self, ServeError::Rejected(_)) || status == overloaded() {
+        if status == overloaded() {
             response
                 .headers_mut()
                 .insert(axum::http::header::RETRY_AFTER, RETRY_AFTER_SECS.into());
