@@ -273,10 +273,9 @@ fn apply_one(table: &PickTable, at: usize, value: Value) -> Value {
         Err(e) => {
             // The id as given, for the outcome of a report that cannot be read.
             let given = value.get("id").cloned().unwrap_or(Value::Null);
-            let mut body = e.body();
-            let mut error = body["error"].take();
-            // An id that names no outstanding pick: the field at fault is the report's id.
-            if error["param"].is_null() {
+            let mut error = e.body()["error"].take();
+            // A report's only 404 is its id naming no outstanding pick: that is the field.
+            if matches!(e, ServeError::NotFound(_)) {
                 error["param"] = json!(format!("{REPORTS}[{at}].id"));
             }
             json!({"id": given, "error": error})
