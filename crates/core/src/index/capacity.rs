@@ -23,7 +23,6 @@ use super::{holder_id, PrefixIndex, RankState};
 use crate::event::Medium;
 use crate::fast_map::{FastMap, FastSet};
 use crate::ids::{EngineHash, SequenceHash, WorkerId};
-use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
 /// Most blocks each rank of a worker keeps, per tier.
@@ -53,13 +52,19 @@ impl TierCapacity {
     }
 }
 
-/// The blocks one (rank, tier) holds, with their eviction order.
+/// How many blocks one (rank, tier) holds, and its eviction order.
+///
+/// Which blocks are held, and under which engine hash, is on the tree; this keeps only their
+/// count and the eviction candidates (a stored chain's tip, an exposed parent), so storing a
+/// block costs no insert here.
 #[derive(Debug, Default)]
 pub(super) struct Recency {
-    /// Every held block: the engine hash it was stored under and its current stamp.
-    held: FastMap<SequenceHash, (EngineHash, i64)>,
+    /// Blocks held.
+    held: usize,
+    /// Every eviction candidate and the stamp of its live queue entry.
+    candidates: FastMap<SequenceHash, i64>,
     /// Eviction candidates by increasing stamp; an entry whose stamp is no longer the block's
-    /// current one is stale.
+    /// candidate stamp is stale.
     queue: VecDeque<(SequenceHash, i64)>,
     /// The next stamp pushed at the back (youngest).
     next_back: i64,
@@ -70,73 +75,44 @@ pub(super) struct Recency {
 impl Recency {
     /// Blocks held.
     pub(super) fn len(&self) -> usize {
-        self.held.len()
+        self.held
     }
 
-    /// A block is held under `engine`; a newly held one is the youngest eviction candidate.
-    pub(super) fn stored(&mut self, seq: SequenceHash, engine: EngineHash) {
-        if let Some(stamp) = self.hold(seq, engine) {
-            self.queue.push_back((seq, stamp));
-            self.compact();
-        }
+    /// `count` more blocks are held (the tree says which).
+    pub(super) fn held_more(&mut self, count: usize) {
+        self.held += count;
     }
 
-    /// [`Self::stored`] for a run of blocks that the tree holds as one chain, each block the
-    /// parent of the next. Every block but the last has a held child, and keeps one until that
-    /// child is dropped, which makes it the oldest candidate ([`Self::exposed`]); a queue entry
-    /// for it could only ever be skipped, so only the last block is queued.
-    pub(super) fn stored_chain(
-        &mut self,
-        run: impl ExactSizeIterator<Item = (SequenceHash, EngineHash)>,
-    ) {
-        let last = run.len().saturating_sub(1);
-        self.held.reserve(run.len());
-        for (k, (seq, engine)) in run.enumerate() {
-            if let Some(stamp) = self.hold(seq, engine) {
-                if k == last {
-                    self.queue.push_back((seq, stamp));
-                }
-            }
-        }
+    /// A newly held block with no held child: the youngest eviction candidate.
+    pub(super) fn queue_youngest(&mut self, seq: SequenceHash) {
+        let stamp = self.next_back;
+        self.next_back += 1;
+        self.candidates.insert(seq, stamp);
+        self.queue.push_back((seq, stamp));
         self.compact();
     }
 
-    /// Records a block as held under `engine`; returns its stamp if it is newly held.
-    fn hold(&mut self, seq: SequenceHash, engine: EngineHash) -> Option<i64> {
-        match self.held.entry(seq) {
-            Entry::Occupied(mut entry) => {
-                entry.get_mut().0 = engine;
-                None
-            }
-            Entry::Vacant(entry) => {
-                let stamp = self.next_back;
-                self.next_back += 1;
-                entry.insert((engine, stamp));
-                Some(stamp)
-            }
-        }
-    }
-
-    /// A block is no longer held; returns the engine hash it was held under.
-    pub(super) fn dropped(&mut self, seq: SequenceHash) -> Option<EngineHash> {
-        self.held.remove(&seq).map(|(engine, _)| engine)
+    /// A held block is no longer held.
+    pub(super) fn dropped(&mut self, seq: SequenceHash) {
+        self.held -= 1;
+        self.candidates.remove(&seq);
     }
 
     /// A held block may have lost its last held child: it becomes the oldest candidate.
     pub(super) fn exposed(&mut self, seq: SequenceHash) {
         let stamp = self.next_front;
-        if let Some(entry) = self.held.get_mut(&seq) {
-            self.next_front -= 1;
-            entry.1 = stamp;
-            self.queue.push_front((seq, stamp));
-            self.compact();
-        }
+        self.next_front -= 1;
+        self.candidates.insert(seq, stamp);
+        self.queue.push_front((seq, stamp));
+        self.compact();
     }
 
-    /// The oldest candidate still held under the stamp it was queued with, taken off the queue.
+    /// The oldest candidate still queued under its candidate stamp, taken off the queue (it is
+    /// no longer a candidate).
     pub(super) fn pop_oldest(&mut self) -> Option<SequenceHash> {
         while let Some((seq, stamp)) = self.queue.pop_front() {
-            if self.held.get(&seq).is_some_and(|e| e.1 == stamp) {
+            if self.candidates.get(&seq) == Some(&stamp) {
+                self.candidates.remove(&seq);
                 return Some(seq);
             }
         }
@@ -145,16 +121,17 @@ impl Recency {
 
     /// Forgets everything.
     pub(super) fn clear(&mut self) {
-        self.held = FastMap::default();
+        self.held = 0;
+        self.candidates = FastMap::default();
         self.queue = VecDeque::new();
     }
 
     /// Drops stale entries once they outnumber live ones (amortised O(1) per push).
     fn compact(&mut self) {
-        if self.queue.len() > 2 * self.held.len() + 32 {
-            let held = &self.held;
+        if self.queue.len() > 2 * self.held + 32 {
+            let candidates = &self.candidates;
             self.queue
-                .retain(|(seq, stamp)| held.get(seq).is_some_and(|e| e.1 == *stamp));
+                .retain(|(seq, stamp)| candidates.get(seq) == Some(stamp));
         }
     }
 
@@ -166,23 +143,19 @@ impl Recency {
 
     /// Heap bytes (capacity-based estimate).
     pub(super) fn heap_bytes(&self) -> usize {
-        self.held.capacity() * (std::mem::size_of::<(SequenceHash, (EngineHash, i64))>() + 1)
+        self.candidates.capacity() * (std::mem::size_of::<(SequenceHash, i64)>() + 1)
             + self.queue.capacity() * std::mem::size_of::<(SequenceHash, i64)>()
     }
 
-    /// Every held block, for invariant checks.
-    pub(super) fn held(&self) -> impl Iterator<Item = (SequenceHash, EngineHash)> + '_ {
-        self.held.iter().map(|(s, (e, _))| (*s, *e))
-    }
-
-    /// The held blocks that have a live queue entry.
-    fn queued(&self) -> FastSet<SequenceHash> {
-        let held = &self.held;
-        self.queue
-            .iter()
-            .filter(|(seq, stamp)| held.get(seq).is_some_and(|e| e.1 == *stamp))
-            .map(|(seq, _)| *seq)
-            .collect()
+    /// The candidates, each checked to have its live queue entry.
+    fn queued(&self) -> Result<FastSet<SequenceHash>, String> {
+        let live: FastSet<(SequenceHash, i64)> = self.queue.iter().copied().collect();
+        for (seq, stamp) in &self.candidates {
+            if !live.contains(&(*seq, *stamp)) {
+                return Err(format!("candidate {seq} has no live queue entry"));
+            }
+        }
+        Ok(self.candidates.keys().copied().collect())
     }
 }
 
@@ -229,17 +202,19 @@ impl PrefixIndex {
     ) -> Option<EngineHash> {
         let holder = holder_id(slot, medium);
         let at = self.tree.lookup(seq)?;
-        if !self.tree.holds(at, holder) {
-            return None;
-        }
         let parent = self.tree.parent_hash(at);
-        self.tree.remove_holder(at, holder);
+        let engine = self.tree.remove_holder(at, holder)?;
+        let parent_held = parent.filter(|p| {
+            self.tree
+                .lookup(*p)
+                .is_some_and(|at| self.tree.holds(at, holder))
+        });
         let recency = &mut self.rank_mut(slot).recency[medium.index()];
-        let engine = recency.dropped(seq);
-        if let Some(p) = parent {
+        recency.dropped(seq);
+        if let Some(p) = parent_held {
             recency.exposed(p);
         }
-        engine
+        Some(engine)
     }
 
     /// Evicts oldest leaves of (`slot`, `medium`) until it is within its worker's capacity.
@@ -316,17 +291,25 @@ impl PrefixIndex {
                 ));
             }
         }
-        let queued = recency.queued();
-        for (seq, _) in recency.held() {
+        let queued = recency.queued().map_err(|e| format!("{name}: {e}"))?;
+        for seq in &queued {
             let held = self
                 .tree
-                .lookup(seq)
+                .lookup(*seq)
                 .is_some_and(|at| self.tree.holds(at, holder));
             if !held {
-                return Err(format!("{name}: block {seq} is bookkept but not held"));
+                return Err(format!("{name}: candidate {seq} is not held"));
             }
-            if !self.has_held_child(seq, holder) && !queued.contains(&seq) {
-                return Err(format!("{name}: leaf {seq} is not an eviction candidate"));
+        }
+        for id in self.tree.node_ids() {
+            let node = self.tree.node(id);
+            if !node.holds(holder) {
+                continue;
+            }
+            for &seq in &node.hashes {
+                if !self.has_held_child(seq, holder) && !queued.contains(&seq) {
+                    return Err(format!("{name}: leaf {seq} is not an eviction candidate"));
+                }
             }
         }
         Ok(())

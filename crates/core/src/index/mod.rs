@@ -38,6 +38,7 @@ use crate::hashing::{chain, HashNamespace, BASE_SEED};
 use crate::ids::{ContentHash, EngineHash, SequenceHash, WorkerId, WorkerRank};
 use capacity::Recency;
 use std::collections::BTreeMap;
+use std::ops::Range;
 use tree::{BlockRef, HolderId, Tree};
 
 /// Why an event could not be applied (in full). The index stays consistent either way.
@@ -291,6 +292,7 @@ impl PrefixIndex {
         };
         let mut error = None;
         let mut seqs = Vec::with_capacity(blocks.len());
+        let mut engines = Vec::with_capacity(blocks.len());
         let mut prev = parent_ref.map(|at| self.tree.block(at));
         for block in blocks {
             let seq = match &block.content {
@@ -309,64 +311,70 @@ impl PrefixIndex {
                 BlockContent::Sequence(seq) => *seq,
             };
             seqs.push(seq);
+            engines.push(block.engine_hash);
             prev = Some(seq);
         }
 
-        let inserted = self.insert_chain(rank, parent_ref, &seqs, holder);
-        if let Err(e) = inserted.1 {
+        let mut fresh = Vec::new();
+        let (applied, inserted) =
+            self.insert_chain(rank, parent_ref, &seqs, &engines, holder, &mut fresh);
+        if let Err(e) = inserted {
             error = Some(e);
         }
-        let applied = inserted.0;
 
-        self.bookkeep(slot, medium, &blocks[..applied], &seqs[..applied]);
+        self.bookkeep(slot, medium, &engines[..applied], &seqs[..applied], &fresh);
         self.evict_over_capacity(slot, medium);
         error.map_or(Ok(()), Err)
     }
 
     /// Engine-hash and recency bookkeeping of stored blocks, once the tree holds them all for
-    /// (`slot`, `medium`). Block by block: its engine hash maps to it, it is recorded as held
-    /// (if it still is), and the block its engine hash named before, if another, is dropped.
+    /// (`slot`, `medium`) under their engine hashes; `fresh` names (by position) those it did not
+    /// hold before. Block by block: its engine hash maps to it, a fresh one still held is
+    /// recorded, and the block its engine hash named before, if another, is dropped.
     fn bookkeep(
         &mut self,
         slot: u32,
         medium: Medium,
-        blocks: &[crate::event::StoredBlock],
+        engines: &[EngineHash],
         seqs: &[SequenceHash],
+        fresh: &[Range<usize>],
     ) {
         let holder = holder_id(slot, medium);
         let tier = medium.index();
         // Drops touch neither engine map, so all its inserts can go first, in order; they
         // name the blocks whose old engine hash must be dropped (`replaced`, by position).
         let mut replaced = Vec::new();
-        let engine = &mut self.rank_mut(slot).engine[tier];
+        let state = self.rank_mut(slot);
+        let engine = &mut state.engine[tier];
         engine.reserve(seqs.len());
-        for (k, (block, seq)) in blocks.iter().zip(seqs).enumerate() {
-            if let Some(old) = engine.insert(block.engine_hash, *seq) {
+        for (k, (eh, seq)) in engines.iter().zip(seqs).enumerate() {
+            if let Some(old) = engine.insert(*eh, *seq) {
                 if old != *seq {
                     replaced.push((k, old));
                 }
             }
         }
-        // Every block of the chain is held until a drop takes one away; only then is the tree
-        // asked again.
+        // Fresh blocks count as held before any drop, which discounts them again.
+        let recency = &mut state.recency[tier];
+        recency.held_more(fresh.iter().map(ExactSizeIterator::len).sum());
+        // Every block of the chain is held until a drop takes one away; only the chain's tip has
+        // no held child, so only it is queued (if fresh).
         if replaced.is_empty() {
-            let run = seqs
-                .iter()
-                .copied()
-                .zip(blocks.iter().map(|b| b.engine_hash));
-            self.rank_mut(slot).recency[tier].stored_chain(run);
+            if fresh.last().is_some_and(|r| r.end == seqs.len()) {
+                recency.queue_youngest(seqs[seqs.len() - 1]);
+            }
             return;
         }
         let mut dropped_any = false;
         let mut next = replaced.into_iter().peekable();
-        for (k, (block, seq)) in blocks.iter().zip(seqs).enumerate() {
+        for (k, seq) in seqs.iter().enumerate() {
             let held = !dropped_any
                 || self
                     .tree
                     .lookup(*seq)
                     .is_some_and(|at| self.tree.holds(at, holder));
-            if held {
-                self.rank_mut(slot).recency[tier].stored(*seq, block.engine_hash);
+            if held && fresh.iter().any(|r| r.contains(&k)) {
+                self.rank_mut(slot).recency[tier].queue_youngest(*seq);
             }
             if let Some((_, old)) = next.next_if(|(at, _)| *at == k) {
                 self.drop_block(slot, medium, old);
@@ -375,14 +383,17 @@ impl PrefixIndex {
         }
     }
 
-    /// Adds `holder` to the chain `seqs` hanging off `parent`. Returns how many blocks were
-    /// applied and an error if the chain collides with the tree.
+    /// Adds `holder` to the chain `seqs` hanging off `parent`, block `k` stored under
+    /// `engines[k]`. Returns how many blocks were applied and an error if the chain collides
+    /// with the tree; pushes onto `fresh` the position ranges `holder` did not hold before.
     fn insert_chain(
         &mut self,
         rank: WorkerRank,
         parent: Option<BlockRef>,
         seqs: &[SequenceHash],
+        engines: &[EngineHash],
         holder: HolderId,
+        fresh: &mut Vec<Range<usize>>,
     ) -> (usize, Result<(), IndexError>) {
         let mut prev = parent;
         let mut prev_hash = parent.map(|at| self.tree.block(at));
@@ -390,7 +401,8 @@ impl PrefixIndex {
         while i < seqs.len() {
             let expected_depth = prev.map_or(0, |at| at.depth + 1);
             let Some(at) = self.tree.lookup(seqs[i]) else {
-                self.tree.append(prev, &seqs[i..], holder);
+                self.tree.append(prev, &seqs[i..], &engines[i..], holder);
+                fresh.push(i..seqs.len());
                 return (seqs.len(), Ok(()));
             };
             if at.depth != expected_depth || self.tree.parent_hash(at) != prev_hash {
@@ -406,8 +418,16 @@ impl PrefixIndex {
             {
                 j += 1;
             }
-            self.tree
-                .add_holder(at.node, at.depth, at.depth + (j - i) as u32, holder);
+            let added = self.tree.add_holder(
+                at.node,
+                at.depth,
+                at.depth + (j - i) as u32,
+                holder,
+                &engines[i..j],
+            );
+            if added > 0 {
+                fresh.push(i..j);
+            }
             prev = self.tree.lookup(seqs[j - 1]);
             prev_hash = Some(seqs[j - 1]);
             i = j;
@@ -470,13 +490,16 @@ impl PrefixIndex {
     pub(crate) fn store_predicted(&mut self, rank: WorkerRank, seqs: &[SequenceHash]) {
         let slot = self.slot_for(rank);
         let holder = holder_id(slot, Medium::Gpu);
-        let (applied, _) = self.insert_chain(rank, None, seqs, holder);
-        let state = self.rank_mut(slot);
-        let tier = Medium::Gpu.index();
-        for seq in &seqs[..applied] {
-            state.engine[tier].insert(EngineHash(seq.0), *seq);
-        }
-        state.recency[tier].stored_chain(seqs[..applied].iter().map(|s| (*s, EngineHash(s.0))));
+        let engines: Vec<EngineHash> = seqs.iter().map(|s| EngineHash(s.0)).collect();
+        let mut fresh = Vec::new();
+        let (applied, _) = self.insert_chain(rank, None, seqs, &engines, holder, &mut fresh);
+        self.bookkeep(
+            slot,
+            Medium::Gpu,
+            &engines[..applied],
+            &seqs[..applied],
+            &fresh,
+        );
     }
 
     /// Drops one block stored by [`Self::store_predicted`].
@@ -605,6 +628,21 @@ impl PrefixIndex {
                     })
                     .copied()
                     .collect();
+                // The engine hash each held block is stored under names it.
+                for id in self.tree.node_ids() {
+                    let n = self.tree.node(id);
+                    for (i, seq) in n.hashes.iter().enumerate() {
+                        let Some(eh) = n.engine_of(n.start + i as u32, holder) else {
+                            break;
+                        };
+                        if state.engine[medium.index()].get(&eh) != Some(seq) {
+                            return Err(format!(
+                                "{} {medium:?}: block {seq} is held under {eh}, which names another",
+                                state.rank
+                            ));
+                        }
+                    }
+                }
                 let on_tree = held.get(&holder).copied().unwrap_or(0);
                 if reachable.len() != on_tree {
                     return Err(format!(

@@ -7,9 +7,13 @@
 //!
 //! Splits and merges always move the shorter side, so the map updates they cost are bounded by
 //! the shorter run.
+//!
+//! Each node also keeps, per holder, the engine hash under which that holder stored each block of
+//! the run (the reverse of the index's per-holder engine-hash map). Keeping it inline costs a
+//! sequential write per stored block instead of an insert into another per-holder map.
 
 use crate::fast_map::FastMap;
-use crate::ids::SequenceHash;
+use crate::ids::{EngineHash, SequenceHash};
 
 /// Index of a node in the arena.
 pub(crate) type NodeId = u32;
@@ -32,6 +36,9 @@ pub(crate) struct Node {
     pub(crate) hashes: Vec<SequenceHash>,
     /// Sorted, unique.
     pub(crate) holders: Vec<HolderId>,
+    /// Parallel to `holders`: for each holder, the engine hash it stored each block of `hashes`
+    /// under (same length as `hashes`).
+    pub(crate) engines: Vec<Vec<EngineHash>>,
     /// The holders as per-tier bitsets over rank slots, for fast matching: word `i` of tier `t`
     /// (0 GPU, 1 GPU or CPU, 2 any tier) is at `3 * i + t`.
     pub(crate) bits: Vec<u64>,
@@ -68,6 +75,12 @@ impl Node {
 
     pub(crate) fn holds(&self, holder: HolderId) -> bool {
         self.holders.binary_search(&holder).is_ok()
+    }
+
+    /// The engine hash `holder` stored the block at `depth` under, if it holds the node.
+    pub(crate) fn engine_of(&self, depth: u32, holder: HolderId) -> Option<EngineHash> {
+        let pos = self.holders.binary_search(&holder).ok()?;
+        Some(self.engines[pos][(depth - self.start) as usize])
     }
 }
 
@@ -116,7 +129,13 @@ impl Tree {
             .nodes
             .iter()
             .flatten()
-            .map(|n| n.hashes.capacity() * 8 + n.holders.capacity() * 4 + n.children.capacity() * 4)
+            .map(|n| {
+                n.hashes.capacity() * 8
+                    + n.holders.capacity() * 4
+                    + n.children.capacity() * 4
+                    + n.engines.capacity() * std::mem::size_of::<Vec<EngineHash>>()
+                    + n.engines.iter().map(|e| e.capacity() * 8).sum::<usize>()
+            })
             .sum();
         map + arena + runs + self.free.capacity() * 4
     }
@@ -206,6 +225,11 @@ impl Tree {
                 start,
                 hashes: n.hashes.drain(..k).collect(),
                 holders: n.holders.clone(),
+                engines: n
+                    .engines
+                    .iter_mut()
+                    .map(|e| e.drain(..k).collect())
+                    .collect(),
                 bits: n.bits.clone(),
                 children: vec![id],
             };
@@ -223,6 +247,7 @@ impl Tree {
                 start: depth,
                 hashes: n.hashes.split_off(k),
                 holders: n.holders.clone(),
+                engines: n.engines.iter_mut().map(|e| e.split_off(k)).collect(),
                 bits: n.bits.clone(),
                 children: std::mem::take(&mut n.children),
             };
@@ -270,6 +295,9 @@ impl Tree {
             let p = self.node_mut(parent);
             let first_new = p.hashes.len();
             p.hashes.extend_from_slice(&c.hashes);
+            for (pe, ce) in p.engines.iter_mut().zip(&c.engines) {
+                pe.extend_from_slice(ce);
+            }
             p.children = c.children;
             let start = p.start;
             for (i, hash) in c.hashes.iter().enumerate() {
@@ -287,6 +315,9 @@ impl Tree {
             let p = self.release(parent);
             let c = self.node_mut(child);
             c.hashes.splice(0..0, p.hashes.iter().copied());
+            for (ce, pe) in c.engines.iter_mut().zip(&p.engines) {
+                ce.splice(0..0, pe.iter().copied());
+            }
             c.start = p.start;
             c.parent = p.parent;
             self.replace_child(p.parent, parent, child);
@@ -315,31 +346,47 @@ impl Tree {
         self.merge_down(cur);
     }
 
-    /// Adds `holder` to blocks `[from, to)` of node `id`.
-    pub(crate) fn add_holder(&mut self, id: NodeId, from: u32, to: u32, holder: HolderId) {
-        if self.node(id).holds(holder) {
-            return;
+    /// Adds `holder` to blocks `[from, to)` of node `id`, stored under `engines` (one per
+    /// block). Returns how many of them `holder` did not hold before (0 or all of them); for
+    /// blocks it already held, only their engine hashes are updated.
+    pub(crate) fn add_holder(
+        &mut self,
+        id: NodeId,
+        from: u32,
+        to: u32,
+        holder: HolderId,
+        engines: &[EngineHash],
+    ) -> usize {
+        debug_assert_eq!(engines.len(), (to - from) as usize);
+        let node = self.node_mut(id);
+        if let Ok(pos) = node.holders.binary_search(&holder) {
+            let offset = (from - node.start) as usize;
+            node.engines[pos][offset..offset + engines.len()].copy_from_slice(engines);
+            return 0;
         }
         let target = self.isolate(id, from, to);
         let node = self.node_mut(target);
         let pos = node.holders.binary_search(&holder).unwrap_err();
         node.holders.insert(pos, holder);
+        node.engines.insert(pos, engines.to_vec());
         node.bits = tier_bits(&node.holders);
         self.compact(target);
+        engines.len()
     }
 
-    /// Removes `holder` from one block.
-    pub(crate) fn remove_holder(&mut self, at: BlockRef, holder: HolderId) {
+    /// Removes `holder` from one block; returns the engine hash it held the block under.
+    pub(crate) fn remove_holder(&mut self, at: BlockRef, holder: HolderId) -> Option<EngineHash> {
         if !self.holds(at, holder) {
-            return;
+            return None;
         }
         let target = self.isolate(at.node, at.depth, at.depth + 1);
         let node = self.node_mut(target);
-        if let Ok(pos) = node.holders.binary_search(&holder) {
-            node.holders.remove(pos);
-            node.bits = tier_bits(&node.holders);
-        }
+        let pos = node.holders.binary_search(&holder).ok()?;
+        node.holders.remove(pos);
+        let engine = node.engines.remove(pos)[0];
+        node.bits = tier_bits(&node.holders);
         self.tidy(target);
+        Some(engine)
     }
 
     /// Removes `holder` from every node it is on. `nodes` names those nodes by one of their
@@ -350,6 +397,7 @@ impl Tree {
                 let node = self.node_mut(at.node);
                 if let Ok(pos) = node.holders.binary_search(&holder) {
                     node.holders.remove(pos);
+                    node.engines.remove(pos);
                     node.bits = tier_bits(&node.holders);
                 }
             }
@@ -386,13 +434,16 @@ impl Tree {
         }
     }
 
-    /// Appends new blocks (none of them in the tree) after `parent`, held by `holder`.
+    /// Appends new blocks (none of them in the tree) after `parent`, held by `holder` under
+    /// `engines` (one per block).
     pub(crate) fn append(
         &mut self,
         parent: Option<BlockRef>,
         hashes: &[SequenceHash],
+        engines: &[EngineHash],
         holder: HolderId,
     ) {
+        debug_assert_eq!(hashes.len(), engines.len());
         if hashes.is_empty() {
             return;
         }
@@ -411,6 +462,7 @@ impl Tree {
                     self.blocks.reserve(hashes.len());
                     let p = self.nodes[pid as usize].as_mut().expect("live node");
                     p.hashes.extend_from_slice(hashes);
+                    p.engines[0].extend_from_slice(engines);
                     for (i, hash) in hashes.iter().enumerate() {
                         let depth = base + (first + i) as u32;
                         self.blocks.insert(*hash, BlockRef { node: pid, depth });
@@ -425,6 +477,7 @@ impl Tree {
             start,
             hashes: hashes.to_vec(),
             holders: vec![holder],
+            engines: vec![engines.to_vec()],
             bits: tier_bits(&[holder]),
             children: Vec::new(),
         });
@@ -441,6 +494,13 @@ impl Tree {
             let n = self.node(id);
             if n.hashes.is_empty() {
                 return Err(format!("node {id} has an empty run"));
+            }
+            if n.engines.len() != n.holders.len()
+                || n.engines.iter().any(|e| e.len() != n.hashes.len())
+            {
+                return Err(format!(
+                    "node {id} engine hashes do not match its holders and run"
+                ));
             }
             if !n.holders.windows(2).all(|w| w[0] < w[1]) {
                 return Err(format!("node {id} holders not sorted and unique"));
