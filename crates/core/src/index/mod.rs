@@ -133,6 +133,16 @@ pub struct PrefixIndex {
     caps: FastMap<WorkerId, TierCapacity>,
     /// Per worker: blocks evicted by the bound so far.
     evictions: BTreeMap<WorkerId, u64>,
+    /// Buffers a `Stored` event is worked out in, kept to spare allocations per event.
+    scratch: Scratch,
+}
+
+/// The per-event buffers of [`PrefixIndex::apply`] (empty between events).
+#[derive(Debug, Default)]
+struct Scratch {
+    seqs: Vec<SequenceHash>,
+    engines: Vec<EngineHash>,
+    fresh: Vec<Range<usize>>,
 }
 
 /// Below this many blocks, debug builds check every invariant after every event.
@@ -161,6 +171,7 @@ impl PrefixIndex {
             free_slots: Vec::new(),
             caps: FastMap::default(),
             evictions: BTreeMap::new(),
+            scratch: Scratch::default(),
         }
     }
 
@@ -291,8 +302,13 @@ impl PrefixIndex {
             namespace.seed()
         };
         let mut error = None;
-        let mut seqs = Vec::with_capacity(blocks.len());
-        let mut engines = Vec::with_capacity(blocks.len());
+        let Scratch {
+            mut seqs,
+            mut engines,
+            mut fresh,
+        } = std::mem::take(&mut self.scratch);
+        seqs.reserve(blocks.len());
+        engines.reserve(blocks.len());
         let mut prev = parent_ref.map(|at| self.tree.block(at));
         for block in blocks {
             let seq = match &block.content {
@@ -315,7 +331,6 @@ impl PrefixIndex {
             prev = Some(seq);
         }
 
-        let mut fresh = Vec::new();
         let (applied, inserted) =
             self.insert_chain(rank, parent_ref, &seqs, &engines, holder, &mut fresh);
         if let Err(e) = inserted {
@@ -323,6 +338,14 @@ impl PrefixIndex {
         }
 
         self.bookkeep(slot, medium, &engines[..applied], &seqs[..applied], &fresh);
+        seqs.clear();
+        engines.clear();
+        fresh.clear();
+        self.scratch = Scratch {
+            seqs,
+            engines,
+            fresh,
+        };
         self.evict_over_capacity(slot, medium);
         error.map_or(Ok(()), Err)
     }
@@ -590,7 +613,10 @@ impl PrefixIndex {
                 .flat_map(|r| r.recency.iter())
                 .map(Recency::heap_bytes)
                 .sum::<usize>();
-        self.tree.heap_bytes() + engine
+        let scratch = self.scratch.seqs.capacity() * 8
+            + self.scratch.engines.capacity() * 8
+            + self.scratch.fresh.capacity() * std::mem::size_of::<Range<usize>>();
+        self.tree.heap_bytes() + engine + scratch
     }
 
     /// Checks every structural invariant; returns the first violation found.
