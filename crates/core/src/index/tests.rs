@@ -415,3 +415,40 @@ fn a_stored_chain_queues_only_its_tip_and_still_evicts_tip_first() {
     assert_eq!(index.evictions(), vec![(WorkerId(1), 2)]);
     index.check_invariants().unwrap();
 }
+
+#[test]
+fn an_evicted_block_forgets_the_engine_hash_it_was_last_stored_under() {
+    // The tree keeps, per holder, the engine hash each block was last stored under; eviction
+    // forgets that one, and an earlier hash of the same block names a block no longer held.
+    let under = |h: u32| KvEvent::Stored {
+        worker: WorkerId(1),
+        dp_rank: 0,
+        parent: None,
+        blocks: vec![StoredBlock {
+            engine_hash: eh(1, h),
+            content: BlockContent::Tokens(block_tokens(1)),
+        }],
+        block_size: BS,
+        medium: Medium::Gpu,
+        namespace: HashNamespace::none(),
+    };
+    let mut index = PrefixIndex::new(BS);
+    index.set_worker_capacity(WorkerId(1), Some(TierCapacity::uniform(1)));
+    index.apply(&under(10)).unwrap();
+    index.apply(&under(20)).unwrap();
+    assert_eq!(index.holder_counts(), vec![(rank(1), Medium::Gpu, 1)]);
+    index.check_invariants().unwrap();
+    index.apply(&stored(1, None, &[2], Medium::Gpu)).unwrap();
+    assert_eq!(gpu(&index, 1, &[1]), 0);
+    assert_eq!(gpu(&index, 1, &[2]), 1);
+    assert_eq!(
+        index.apply(&removed(1, &[20], Medium::Gpu)),
+        Err(IndexError::BlockNotFound {
+            rank: rank(1),
+            hash: eh(1, 20)
+        })
+    );
+    assert_eq!(index.apply(&removed(1, &[10], Medium::Gpu)), Ok(()));
+    assert_eq!(gpu(&index, 1, &[2]), 1);
+    index.check_invariants().unwrap();
+}
