@@ -27,7 +27,7 @@ OVERHEAD_SPEEDUP=${OVERHEAD_SPEEDUP:-1000}
 OUT=${OUT:-bench/peers/out}
 SCALE=${SCALE:-full}
 TRACE=${TRACE:-/work/shared/traces/claude_code_sessions_dev}
-ALL_CONFIGS="kvrouter-kv kvrouter-kv-pred kvrouter-kv-group kvrouter-rr sglang-cache_aware sglang-rr vllm-kv_aware vllm-cache_aware vllm-consistent_hash vllm-rr"
+ALL_CONFIGS="kvrouter-kv kvrouter-kv-pred kvrouter-kv-group kvrouter-cost kvrouter-rr sglang-cache_aware sglang-rr vllm-kv_aware vllm-cache_aware vllm-consistent_hash vllm-rr"
 CONFIGS=${CONFIGS:-$ALL_CONFIGS}
 WORKLOADS=${WORKLOADS:-agentic grpo overhead}
 MODEL=mock-model
@@ -125,8 +125,10 @@ start_router() { # $1 = config name, $2 = log file
   ROUTER_URL="http://127.0.0.1:$port"
   local cmd=()
   case $cfg in
-    kvrouter-kv|kvrouter-kv-pred|kvrouter-kv-group|kvrouter-rr)
+    kvrouter-kv|kvrouter-kv-pred|kvrouter-kv-group|kvrouter-cost|kvrouter-rr)
       local mode=kv; [ "$cfg" = kvrouter-rr ] && mode=round-robin
+      # cost: the cost model in seconds (issue 16), default flags otherwise.
+      [ "$cfg" = kvrouter-cost ] && mode=cost
       cmd=("$BIN" serve --host 127.0.0.1 --port "$port" --router-mode "$mode" --model-name "$MODEL")
       # kv-pred: also count placements the router just made, before the engines' KV events arrive.
       [ "$cfg" = kvrouter-kv-pred ] && cmd+=(--router-predicted-ttl-secs 10)

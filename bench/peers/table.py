@@ -18,6 +18,7 @@ ORDER = [
     "kvrouter-kv",
     "kvrouter-kv-pred",
     "kvrouter-kv-group",
+    "kvrouter-cost",
     "kvrouter-rr",
     "sglang-cache_aware",
     "sglang-rr",

@@ -25,27 +25,44 @@ pub(crate) fn augment(cmd: Command) -> Command {
         .collect();
     names.iter().fold(cmd, |cmd, name| {
         cmd.mut_subcommand(name, |sub| {
-            sub.arg(
-                Arg::new(CONFIG)
-                    .long(CONFIG)
-                    .value_name("FILE")
-                    .env("KVROUTER_CONFIG")
-                    .value_parser(clap::value_parser!(std::path::PathBuf))
-                    .help_heading("Configuration")
-                    .help(
-                        "TOML file of flag values (keys are flag names: port = 9000); \
+            negative_values(sub)
+                .arg(
+                    Arg::new(CONFIG)
+                        .long(CONFIG)
+                        .value_name("FILE")
+                        .env("KVROUTER_CONFIG")
+                        .value_parser(clap::value_parser!(std::path::PathBuf))
+                        .help_heading("Configuration")
+                        .help(
+                            "TOML file of flag values (keys are flag names: port = 9000); \
                          command-line flags > KVROUTER_<FLAG> environment > this file > defaults",
-                    ),
-            )
-            .arg(
-                Arg::new(PRINT_CONFIG)
-                    .long(PRINT_CONFIG)
-                    .action(ArgAction::SetTrue)
-                    .help_heading("Configuration")
-                    .help("Print the effective configuration as TOML (secrets redacted) and exit"),
-            )
+                        ),
+                )
+                .arg(
+                    Arg::new(PRINT_CONFIG)
+                        .long(PRINT_CONFIG)
+                        .action(ArgAction::SetTrue)
+                        .help_heading("Configuration")
+                        .help(
+                            "Print the effective configuration as TOML (secrets redacted) and exit",
+                        ),
+                )
         })
     })
+}
+
+/// `--flag -1` reads `-1` as the flag's value (which its parser then refuses, naming the flag)
+/// rather than as an unknown flag `-1`, in `cmd` and every subcommand below it.
+fn negative_values(cmd: Command) -> Command {
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_owned())
+        .collect();
+    names
+        .iter()
+        .fold(cmd.allow_negative_numbers(true), |cmd, name| {
+            cmd.mut_subcommand(name, negative_values)
+        })
 }
 
 /// Where a flag's value came from.

@@ -154,6 +154,24 @@ fn unknown_keys_name_the_key_and_line() {
 }
 
 #[test]
+fn a_negative_value_after_a_space_is_refused_naming_its_flag() {
+    for args in [
+        &["serve", "--port", "-1"][..],
+        &["serve", "--worker-threads", "-1"],
+        &["sim", "--workers", "-3"],
+        &["weights", "bench", "--threads", "-2"],
+    ] {
+        let e = error_of(args, &[], "");
+        let flag = args[args.len() - 2];
+        assert!(
+            e.contains(flag) && e.contains(args[args.len() - 1]),
+            "{args:?}: {e}"
+        );
+        assert!(!e.contains("unexpected argument"), "{args:?}: {e}");
+    }
+}
+
+#[test]
 fn bad_values_name_the_key_or_variable() {
     let e = error_of(
         &["serve", "--config", "k.toml"],

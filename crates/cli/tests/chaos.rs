@@ -141,8 +141,12 @@ fn report(name: &str, outcomes: &[Outcome]) {
 
 async fn run(migration_limit: &str, chat: bool) -> Vec<Outcome> {
     let mut engines = Vec::new();
-    for _ in 0..4 {
-        engines.push(common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", "3"]).await);
+    // Engine 1, the one killed, runs 6× slower, so its streams last long enough (about a
+    // second in a debug build) to be seen running: a fast engine's 60 tokens took ~0.15 s, and
+    // on a loaded machine every stream could end before the kill (nothing left to break).
+    for speed in ["3", "0.5", "3", "3"] {
+        engines
+            .push(common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", speed]).await);
     }
     let urls: Vec<String> = engines.iter().map(common::Proc::http).collect();
     let mut args = vec![
@@ -177,11 +181,13 @@ async fn run(migration_limit: &str, chat: bool) -> Vec<Outcome> {
             drop(permit);
             o
         }));
-        // Kill one engine once a good number of streams are under way, some of them on it
-        // (bounded wait: a loaded machine starts streams late).
+        // Kill one engine once a good number of streams are under way, some of them on it.
+        // The wait is bounded by time, not by polls (a loaded machine starts streams late and
+        // answers each poll late); killing before that would test nothing, so it fails instead.
         if i == CONCURRENCY + 8 {
             let engine_metrics = format!("{}/metrics", urls[1]);
-            for _ in 0..2000 {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+            loop {
                 let running = client
                     .get(&engine_metrics)
                     .send()
@@ -197,6 +203,11 @@ async fn run(migration_limit: &str, chat: bool) -> Vec<Outcome> {
                 if running >= 2.0 && started.load(Ordering::SeqCst) >= CONCURRENCY / 2 {
                     break;
                 }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "engine 1 never had 2 streams running with {} started in 90 s",
+                    started.load(Ordering::SeqCst)
+                );
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             engines[1].child.start_kill().unwrap();

@@ -129,12 +129,13 @@ async fn bad_reports_answer_their_own_errors_and_the_pick_goes_on() {
         {"id": a["id"], "event": "finish"},
         7,
         {"id": [1], "event": "finish"},
+        {"id": "9".repeat(5_000), "event": "finish"},
     ]);
     let b = s
         .pick(json!({"token_ids": ids(1, 0), "reports": reports}))
         .await;
     let out = b["reports"].as_array().unwrap();
-    assert_eq!(out.len(), 9, "{b}");
+    assert_eq!(out.len(), 10, "{b}");
     let code = |i: usize| out[i]["error"]["code"].as_u64();
     let param = |i: usize| out[i]["error"]["param"].as_str().unwrap_or("").to_owned();
     assert_eq!(
@@ -162,6 +163,13 @@ async fn bad_reports_answer_their_own_errors_and_the_pick_goes_on() {
     let message = out[8]["error"]["message"].as_str().unwrap();
     assert!(message.contains("a string of digits"), "{message}");
     assert!(!message.contains("variant"), "{message}");
+    // A huge id comes back cut to its start and its length, in the outcome and the message.
+    assert_eq!(code(9), Some(404), "{}", out[9]);
+    let echoed = out[9]["id"].as_str().unwrap();
+    let message = out[9]["error"]["message"].as_str().unwrap();
+    for text in [echoed, message] {
+        assert!(text.len() < 200 && text.contains("(5000 bytes)"), "{text}");
+    }
     // Only `a` was released: the new pick is the one outstanding.
     assert_eq!(s.metric("kvrouter_picks_outstanding").await, 1.0);
     assert_eq!(s.metric(FINISHED).await, 1.0);

@@ -126,52 +126,92 @@ async fn input_of(
     body: &Value,
     src: Prompt<'_>,
 ) -> Result<RoutingInput, ServeError> {
+    match src {
+        Prompt::Text(text) if text.len() > state.inner.config.tokenize_inline_max_bytes => {
+            let text = text.into_owned();
+            let ns = namespace_of(state, body);
+            let st = state.clone();
+            off_task(state, move || {
+                input_now(&st, &ns, Prompt::Text(text.into()))
+            })
+            .await
+        }
+        // Token ids, and short prompts: tokenizing costs less than the hand-off to the pool.
+        src => Ok(input_now(state, &namespace_of(state, body), src)),
+    }
+}
+
+fn namespace_of(state: &AppState, body: &Value) -> HashNamespace {
     let adapter = request::model(body)
         .and_then(|m| state.inner.pools.read().expect("pools lock").is_adapter(m));
     // Read under the lock, not copied: nothing here awaits.
-    let ns = namespace(
+    namespace(
         body,
         &state.inner.models.read().expect("models lock"),
         adapter,
-    );
+    )
+}
+
+/// Tokenizes (when needed) and hashes `src` on the calling thread.
+fn input_now(state: &AppState, ns: &HashNamespace, src: Prompt<'_>) -> RoutingInput {
     let block_size = state.inner.config.router.kv_cache_block_size;
+    let hasher = BlockHasher::new(block_size, ns);
     match src {
-        Prompt::Ids(ids) => {
-            let blocks = BlockHasher::new(block_size, &ns).hash_blocks(&ids);
-            Ok(RoutingInput {
-                isl_tokens: ids.len() as u64,
-                blocks,
-            })
-        }
-        Prompt::Text(text) if text.len() <= state.inner.config.tokenize_inline_max_bytes => {
-            // Short prompts: tokenizing costs less than the hand-off to the blocking pool.
-            let ids = state.inner.tokenizer.encode(&text);
-            Ok(RoutingInput {
-                isl_tokens: ids.len() as u64,
-                blocks: BlockHasher::new(block_size, &ns).hash_blocks(&ids),
-            })
-        }
+        Prompt::Ids(ids) => RoutingInput {
+            isl_tokens: ids.len() as u64,
+            blocks: hasher.hash_blocks(&ids),
+        },
         Prompt::Text(text) => {
-            let text = text.into_owned();
-            let _permit = state
-                .inner
-                .tokenize_slots
-                .acquire()
-                .await
-                .map_err(|_| ServeError::Upstream("shutting down".into()))?;
-            let st = state.clone();
-            tokio::task::spawn_blocking(move || {
-                let ids = st.inner.tokenizer.encode(&text);
-                let blocks = BlockHasher::new(block_size, &ns).hash_blocks(&ids);
-                RoutingInput {
-                    isl_tokens: ids.len() as u64,
-                    blocks,
-                }
-            })
-            .await
-            .map_err(|e| ServeError::Upstream(format!("tokenization failed: {e}")))
+            let ids = state.inner.tokenizer.encode(&text);
+            RoutingInput {
+                isl_tokens: ids.len() as u64,
+                blocks: hasher.hash_blocks(&ids),
+            }
         }
     }
+}
+
+/// [`routing_input`] (or [`passthrough_input`] for `endpoint`) on the calling thread, for a body
+/// already on the blocking pool (a big body: see `parse::BIG_BODY_BYTES`).
+pub(crate) fn routing_input_now(
+    state: &AppState,
+    (kind, endpoint): (Kind, Option<Endpoint>),
+    body: &Body,
+) -> Result<RoutingInput, ServeError> {
+    let template = &state.inner.config.chat_template;
+    match endpoint {
+        None => {
+            let src = prompt_source(kind, body, template)?;
+            Ok(input_now(state, &namespace_of(state, body.fields()), src))
+        }
+        Some(endpoint) => {
+            let body = body.to_value();
+            Ok(match passthrough_source(endpoint, &body, template)? {
+                Some(src) => input_now(state, &namespace_of(state, &body), src),
+                None => RoutingInput {
+                    isl_tokens: 0,
+                    blocks: BlockHashes::default(),
+                },
+            })
+        }
+    }
+}
+
+/// Runs `work` on the blocking pool, holding one of its bounded slots (tokenization of long
+/// prompts, and all the parsing of big bodies), so that it holds up no other request's task.
+pub(crate) async fn off_task<T: Send + 'static>(
+    state: &AppState,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ServeError> {
+    let _permit = state
+        .inner
+        .tokenize_slots
+        .acquire()
+        .await
+        .map_err(|_| ServeError::Upstream("shutting down".into()))?;
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ServeError::Upstream(format!("tokenization failed: {e}")))
 }
 
 #[cfg(test)]

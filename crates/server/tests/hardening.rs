@@ -285,6 +285,52 @@ async fn a_chat_message_without_content_names_the_field() {
     server.stop().await;
 }
 
+/// Bodies over 256 KiB are parsed, templated and tokenized on the blocking pool: the same
+/// answers and the same errors, in the same order, as a small body's.
+#[tokio::test]
+async fn a_big_body_is_answered_and_refused_as_a_small_one() {
+    let server = with_worker(None).await;
+    let state = server.state.clone();
+    let text = "lorem ipsum ".repeat(30_000); // 360 KB
+    let chat = |model: &str, last: Value| {
+        json!({"model": model, "max_tokens": 2,
+            "messages": [{"role": "system", "content": text}, last]})
+        .to_string()
+    };
+    let post = |body: String| req("POST", "/v1/chat/completions", None, &body);
+    let ok = chat("mock-model", json!({"role": "user", "content": "hi"}));
+    assert!(ok.len() > 256 << 10);
+    let (s, b) = call(&state, post(ok)).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert!(
+        b["usage"]["prompt_tokens"].as_u64().unwrap() > 30_000,
+        "{b}"
+    );
+    // The message's own error, then the model's before it.
+    let (s, b) = call(&state, post(chat("mock-model", json!({"role": "user"})))).await;
+    assert_eq!(
+        (s, b["error"]["param"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("messages[1].content")),
+        "{b}"
+    );
+    let (s, b) = call(&state, post(chat("no-such-model", json!({"role": "user"})))).await;
+    assert_eq!(b["error"]["param"], "model", "{s} {b}");
+    // Not JSON, and JSON that is not an object.
+    let (s, b) = call(&state, post(format!("{{\"x\": \"{text}"))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{b}");
+    assert!(b["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("not valid JSON"));
+    let (s, b) = call(&state, post(json!([text]).to_string())).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{b}");
+    assert!(b["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("JSON object"));
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn the_mock_engine_answers_unknown_routes_and_methods_in_json() {
     let server = with_worker(None).await;

@@ -94,7 +94,7 @@ pub(crate) async fn place(
         state.clone(),
         (kind, None),
         headers,
-        (Bytes::new(), body),
+        (Bytes::new(), body, None),
         arrival,
         request_id.clone(),
         (access, trace),

@@ -84,7 +84,23 @@ fn pick_id(id: &str) -> Result<u64, ServeError> {
     canonical
         .then(|| id.parse().ok())
         .flatten()
-        .ok_or_else(|| ServeError::NotFound(format!("no outstanding pick `{id}`")))
+        .ok_or_else(|| ServeError::NotFound(format!("no outstanding pick `{}`", shown(id))))
+}
+
+/// The longest id text an answer repeats whole: a pick id has at most 20 digits.
+const MAX_SHOWN_ID: usize = 32;
+
+/// `id` as an answer repeats it: whole up to [`MAX_SHOWN_ID`] bytes, else its start and its
+/// length, so a huge id does not come back whole.
+fn shown(id: &str) -> std::borrow::Cow<'_, str> {
+    if id.len() <= MAX_SHOWN_ID {
+        return id.into();
+    }
+    let mut end = MAX_SHOWN_ID;
+    while !id.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &id[..end], id.len()).into()
 }
 
 /// A finish report's token counts must be possible: each at most 2^32 − 1, and the cached
@@ -272,7 +288,12 @@ fn apply_one(table: &PickTable, at: usize, value: Value) -> Value {
         Ok((id, status)) => json!({"id": id.to_string(), "status": status}),
         Err(e) => {
             // The id as given, for the outcome of a report that cannot be read.
-            let given = value.get("id").cloned().unwrap_or(Value::Null);
+            let given = match value.get("id") {
+                Some(Value::String(text)) => Value::String(shown(text).into_owned()),
+                Some(other @ (Value::Number(_) | Value::Bool(_) | Value::Null)) => other.clone(),
+                // A list or an object is not an id: its type is enough to repeat.
+                Some(_) | None => Value::Null,
+            };
             let mut error = e.body()["error"].take();
             // A report's only 404 is its id naming no outstanding pick: that is the field.
             if matches!(e, ServeError::NotFound(_)) {

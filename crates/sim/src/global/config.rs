@@ -43,7 +43,9 @@ pub struct GlobalSection {
 }
 
 /// What the global router knows of a request's output length (`[global] output_hint`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Read from its name only (`"learned"` or `"max-tokens"`): serde's derived form would also take
+/// a table such as `{ learned = {} }`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum OutputHint {
     /// Nothing: the global router's running mean of finished outputs (clients that send no
@@ -54,6 +56,26 @@ pub enum OutputHint {
     /// `kvrouter bench` sends, with `min_tokens` and `ignore_eos`, and what `serve --global`
     /// reads as the request's hint).
     MaxTokens,
+}
+
+impl<'de> Deserialize<'de> for OutputHint {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = OutputHint;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"learned\" or \"max-tokens\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<OutputHint, E> {
+                match v {
+                    "learned" => Ok(OutputHint::Learned),
+                    "max-tokens" => Ok(OutputHint::MaxTokens),
+                    other => Err(E::invalid_value(serde::de::Unexpected::Str(other), &self)),
+                }
+            }
+        }
+        d.deserialize_str(Name)
+    }
 }
 
 impl OutputHint {
@@ -207,4 +229,37 @@ pub struct GlobalSimConfig {
     pub kv_event_delay_ms: f64,
     /// Sessions in flight within an RL step (`None`: all at once).
     pub sessions_in_flight: Option<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OutputHint;
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Section {
+        output_hint: OutputHint,
+    }
+
+    fn read(text: &str) -> Result<OutputHint, String> {
+        serde_json::from_str::<Section>(text)
+            .map(|s| s.output_hint)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn an_output_hint_is_one_of_two_names_and_a_bad_one_lists_them() {
+        let hint = |v: &str| read(&format!("{{\"output_hint\": {v}}}"));
+        assert_eq!(hint("\"learned\""), Ok(OutputHint::Learned));
+        assert_eq!(hint("\"max-tokens\""), Ok(OutputHint::MaxTokens));
+        // The derived reading took `{ learned = {} }` (TOML) as "learned".
+        for bad in [
+            "{\"learned\": {}}",
+            "{\"learned\": null}",
+            "\"max_tokens\"",
+            "1",
+        ] {
+            let e = hint(bad).expect_err(bad);
+            assert!(e.contains("\"learned\" or \"max-tokens\""), "{bad}: {e}");
+        }
+    }
 }
