@@ -5,10 +5,13 @@
 //! by several counted once). A request goes begin → first token → finish, and may be cancelled
 //! from any state; every unit begun is released exactly once.
 
+mod chains;
+
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, SequenceHash, WorkerId, WorkerRank};
+use chains::ChainTrie;
 use serde::{Deserialize, Serialize};
-use std::collections::hash_map::Entry;
+use std::collections::BTreeMap;
 
 /// Why a ledger operation was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -64,8 +67,8 @@ struct Active {
 #[derive(Debug, Default)]
 struct RankState {
     load: RankLoad,
-    /// Reference counts of shared blocks.
-    blocks: FastMap<SequenceHash, u32>,
+    /// The block chains of its active requests, shared prefixes stored once.
+    chains: ChainTrie,
 }
 
 /// The ledger of every rank's load.
@@ -113,26 +116,23 @@ impl LoadLedger {
         ids
     }
 
-    /// How many leading blocks of `blocks` are already held by active requests on `rank`.
-    /// Active blocks are prefix-closed per request, so a binary search over the prefix length
-    /// needs only O(log n) probes.
+    /// How many leading blocks of `blocks` are already held by active requests on `rank`: one
+    /// lookup per segment of the held chains it runs through, and a binary search in the last
+    /// (a sequence hash stands for its whole prefix).
     pub fn held_prefix_blocks(&self, rank: WorkerRank, blocks: &[SequenceHash]) -> usize {
-        let Some(state) = self.ranks.get(&rank) else {
-            return 0;
-        };
-        if state.blocks.is_empty() {
-            return 0;
+        match self.ranks.get(&rank) {
+            Some(state) if !state.chains.is_empty() => state.chains.held_prefix(blocks),
+            _ => 0,
         }
-        let (mut lo, mut hi) = (0usize, blocks.len());
-        while lo < hi {
-            let mid = lo + (hi - lo).div_ceil(2);
-            if state.blocks.contains_key(&blocks[mid - 1]) {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        lo
+    }
+
+    /// Each block that active requests on `rank` hold, with how many of them hold it. Walks
+    /// every held block: for tests and diagnostics, not for the routing path.
+    pub fn held_block_counts(&self, rank: WorkerRank) -> BTreeMap<SequenceHash, u32> {
+        self.ranks
+            .get(&rank)
+            .map(|state| state.chains.block_counts().into_iter().collect())
+            .unwrap_or_default()
     }
 
     /// Starts accounting for a request.
@@ -143,14 +143,9 @@ impl LoadLedger {
         let state = self.ranks.entry(load.rank).or_default();
         state.load.active_requests += 1;
         state.load.active_prefill_tokens += load.prefill_tokens;
-        state.load.active_decode_blocks += load.private_blocks;
-        for seq in &load.blocks {
-            let count = state.blocks.entry(*seq).or_insert(0);
-            if *count == 0 {
-                state.load.active_decode_blocks += 1;
-            }
-            *count += 1;
-        }
+        let before = state.chains.blocks();
+        state.chains.insert(&load.blocks);
+        state.load.active_decode_blocks += load.private_blocks + (state.chains.blocks() - before);
         self.requests.insert(
             id,
             Active {
@@ -192,18 +187,13 @@ impl LoadLedger {
         if active.phase == Phase::Prefill {
             state.load.active_prefill_tokens -= active.load.prefill_tokens;
         }
-        state.load.active_decode_blocks -= active.load.private_blocks;
-        for seq in &active.load.blocks {
-            if let Entry::Occupied(mut count) = state.blocks.entry(*seq) {
-                *count.get_mut() -= 1;
-                if *count.get() == 0 {
-                    count.remove();
-                    state.load.active_decode_blocks -= 1;
-                }
-            }
-        }
-        // An idle rank keeps its (empty) state: its block map's allocation is reused by the
-        // next request instead of growing again block by block ([`LoadLedger::forget_idle`]).
+        let before = state.chains.blocks();
+        let held = state.chains.remove(&active.load.blocks);
+        debug_assert!(held, "an active request's chain is held");
+        state.load.active_decode_blocks -=
+            active.load.private_blocks + (before - state.chains.blocks());
+        // An idle rank keeps its (empty) state: its trie's allocations are reused by the next
+        // request ([`LoadLedger::forget_idle`]).
         Ok(active.load)
     }
 
@@ -242,8 +232,14 @@ impl LoadLedger {
         }
         for (rank, state) in &self.ranks {
             let (mut load, blocks) = expect.remove(rank).unwrap_or_default();
-            load.active_decode_blocks += blocks.len() as u64;
-            if load != state.load || blocks != state.blocks {
+            state.chains.check().map_err(|e| format!("{rank}: {e}"))?;
+            if blocks != state.chains.block_counts() {
+                return Err(format!(
+                    "{rank}: block counts differ from the active requests'"
+                ));
+            }
+            load.active_decode_blocks += state.chains.blocks();
+            if load != state.load {
                 return Err(format!(
                     "{rank}: ledger {:?}, recomputed {load:?}",
                     state.load
