@@ -126,7 +126,7 @@ fn chain_op() -> impl Strategy<Value = ChainOp> {
     // Three tokens and short prompts: chains share prefixes, branch and end inside each other.
     let tokens = prop::collection::vec(0u8..3, 0..9);
     prop_oneof![
-        3 => (0u64..24, 0u64..2, tokens).prop_map(|(id, w, tokens)| ChainOp::Begin { id, w, tokens }),
+        3 => (0u64..34, 0u64..2, tokens).prop_map(|(id, w, tokens)| ChainOp::Begin { id, w, tokens }),
         1 => (0u64..24).prop_map(|id| ChainOp::FirstToken { id }),
         2 => (0u64..24).prop_map(|id| ChainOp::Release { id }),
     ]
@@ -166,7 +166,7 @@ proptest! {
                 }
             }
             ledger.check_invariants().map_err(TestCaseError::fail)?;
-            for w in 0..2 {
+            for w in 0..3 {
                 let rank = WorkerRank::new(WorkerId(w), 0);
                 let mut counts: BTreeMap<SequenceHash, u32> = BTreeMap::new();
                 let mut private = 0;
@@ -181,6 +181,7 @@ proptest! {
                 for q in queries.iter().chain(active.values().map(|l| &l.blocks)) {
                     let naive = q.iter().take_while(|b| counts.contains_key(b)).count();
                     prop_assert_eq!(ledger.held_prefix_blocks(rank, q), naive, "query {:?}", q);
+                    prop_assert_eq!(ledger.held_prefixes(q).get(rank), naive, "query {:?}", q);
                 }
             }
         }

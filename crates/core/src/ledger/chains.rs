@@ -1,18 +1,20 @@
-//! The blocks a rank's active requests hold, as a compressed trie of their block chains.
+//! The blocks active requests hold, as one compressed trie of their block chains over all ranks.
 //!
-//! Each active request holds the chain of its prompt's full blocks. The trie stores every chain
-//! once, cut into segments where chains branch or end, and counts on each segment the requests
-//! whose chain runs through it. Beginning or releasing a request walks its chain segment by
-//! segment: a request that shares a prefix with active ones touches one counter per shared
-//! segment and stores only the blocks it adds, so its cost does not grow with the blocks it
-//! shares, nor with the number of requests it shares them with.
+//! Each active request holds the chain of its prompt's full blocks on its rank. The trie stores
+//! every chain once, cut into segments where chains branch or end, and keeps on each segment the
+//! ranks whose requests' chains run through it, with how many requests each. Beginning or
+//! releasing a request walks its chain segment by segment: a request that shares a prefix with
+//! active ones touches one counter per shared segment and stores only the blocks it adds, so its
+//! cost grows neither with the blocks it shares nor with the requests it shares them with. The
+//! prefix every rank holds of a prompt is one walk down the prompt's path, whatever the number of
+//! ranks.
 //!
-//! The trie is canonical: no segment is empty or unheld, and a segment with one child holds more
-//! requests than that child (else the two would be one segment). So it has at most two segments
-//! per distinct chain, and it is a function of the multiset of active chains alone.
+//! The trie is canonical: no segment is empty or unheld, and a segment with one child has other
+//! holders than that child (else the two would be one segment). So it has at most two segments
+//! per distinct chain, and it is a function of the active (rank, chain) pairs alone.
 
 use crate::fast_map::FastMap;
-use crate::ids::SequenceHash;
+use crate::ids::{SequenceHash, WorkerRank};
 use std::hash::{Hash, Hasher};
 
 /// A segment's index in [`ChainTrie::segments`].
@@ -40,24 +42,64 @@ impl Hash for Edge {
 struct Segment {
     /// The segment it continues, or [`ROOT`].
     parent: SegmentId,
-    /// Active requests whose chain covers the whole segment (0: the slot is free).
+    /// Active chains that cover the whole segment, over all ranks (0: the slot is free).
     refs: u32,
     /// Number of child segments.
     children: u32,
     /// XOR of the children's ids: the only child's id when there is one.
     children_xor: SegmentId,
-    /// The blocks, in chain order; a free slot keeps its allocation for the next segment.
+    /// The ranks holding it, sorted, each with its number of chains through it (> 0).
+    holders: Vec<(WorkerRank, u32)>,
+    /// The blocks, in chain order. A free slot keeps both vectors' allocations for reuse.
     blocks: Vec<SequenceHash>,
 }
 
-/// The chains of a rank's active requests, with each segment's request count.
+impl Segment {
+    /// One more chain of `rank` covers the segment; true if `rank` did not hold it before.
+    fn hold(&mut self, rank: WorkerRank) -> bool {
+        self.refs += 1;
+        match self.holders.binary_search_by_key(&rank, |h| h.0) {
+            Ok(i) => {
+                self.holders[i].1 += 1;
+                false
+            }
+            Err(i) => {
+                self.holders.insert(i, (rank, 1));
+                true
+            }
+        }
+    }
+
+    /// One chain of `rank` through the segment ended; true if `rank` no longer holds it.
+    fn release(&mut self, rank: WorkerRank) -> bool {
+        let i = self
+            .holders
+            .binary_search_by_key(&rank, |h| h.0)
+            .expect("a released chain's rank holds its segments");
+        self.refs -= 1;
+        self.holders[i].1 -= 1;
+        if self.holders[i].1 == 0 {
+            self.holders.remove(i);
+            return true;
+        }
+        false
+    }
+
+    fn held_by(&self, rank: WorkerRank) -> bool {
+        self.holders.binary_search_by_key(&rank, |h| h.0).is_ok()
+    }
+
+    fn len(&self) -> u64 {
+        self.blocks.len() as u64
+    }
+}
+
+/// The chains of the active requests, each segment with the ranks holding it.
 #[derive(Debug, Default)]
 pub(crate) struct ChainTrie {
     segments: Vec<Segment>,
     free: Vec<SegmentId>,
     edges: FastMap<Edge, SegmentId>,
-    /// Blocks stored: Σ segment lengths.
-    blocks: u64,
 }
 
 /// Length of the common prefix of `a` and `b`.
@@ -65,17 +107,22 @@ fn common_prefix(a: &[SequenceHash], b: &[SequenceHash]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
+/// How many leading blocks of `query` equal those of `segment`, given that the first do. A
+/// sequence hash stands for its whole prefix, so the equal blocks are a prefix: a binary search.
+fn matched(segment: &[SequenceHash], query: &[SequenceHash]) -> usize {
+    let (mut lo, mut hi) = (1usize, segment.len().min(query.len()));
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if segment[mid - 1] == query[mid - 1] {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
 impl ChainTrie {
-    /// Distinct blocks held: a block shared by several chains counts once.
-    pub(crate) fn blocks(&self) -> u64 {
-        self.blocks
-    }
-
-    /// Whether no chain is held.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.edges.is_empty()
-    }
-
     fn child(&self, parent: SegmentId, first: SequenceHash) -> Option<SegmentId> {
         self.edges.get(&Edge { parent, first }).copied()
     }
@@ -88,8 +135,8 @@ impl ChainTrie {
         &mut self.segments[id as usize]
     }
 
-    /// A new segment under `parent` (not linked yet), in a free slot when there is one.
-    fn allocate(&mut self, parent: SegmentId, refs: u32, blocks: &[SequenceHash]) -> SegmentId {
+    /// A new, unheld segment under `parent` (not linked yet), in a free slot when there is one.
+    fn allocate(&mut self, parent: SegmentId, blocks: &[SequenceHash]) -> SegmentId {
         let id = match self.free.pop() {
             Some(id) => id,
             None => {
@@ -103,12 +150,20 @@ impl ChainTrie {
         };
         let s = self.segment_mut(id);
         s.parent = parent;
-        s.refs = refs;
-        s.children = 0;
-        s.children_xor = 0;
-        s.blocks.clear();
         s.blocks.extend_from_slice(blocks);
         id
+    }
+
+    /// Returns segment `id` (unlinked, unheld) to the free slots.
+    fn free(&mut self, id: SegmentId) {
+        let s = self.segment_mut(id);
+        debug_assert_eq!(s.refs, 0);
+        s.refs = 0;
+        s.children = 0;
+        s.children_xor = 0;
+        s.holders.clear();
+        s.blocks.clear();
+        self.free.push(id);
     }
 
     /// Links `id` under `parent` by its first block.
@@ -122,20 +177,37 @@ impl ChainTrie {
         }
     }
 
+    /// Unlinks `id` (first block `first`) from `parent`.
+    fn unlink(&mut self, parent: SegmentId, id: SegmentId, first: SequenceHash) {
+        self.edges.remove(&Edge { parent, first });
+        if parent != ROOT {
+            let p = self.segment_mut(parent);
+            p.children -= 1;
+            p.children_xor ^= id;
+        }
+    }
+
     /// Splits segment `id` after its first `at` blocks (`0 < at < len`): the head becomes a new
-    /// segment in its place, the tail keeps `id` (so its children's edges stay). Returns the head.
+    /// segment in its place with the same holders, the tail keeps `id` (so its children's edges
+    /// stay). Returns the head.
     fn split(&mut self, id: SegmentId, at: usize) -> SegmentId {
-        let (parent, refs, first) = {
+        let (parent, first) = {
             let s = self.segment(id);
-            (s.parent, s.refs, s.blocks[0])
+            (s.parent, s.blocks[0])
         };
-        let head = self.allocate(parent, refs, &[]);
+        let head = self.allocate(parent, &[]);
         let mut blocks = std::mem::take(&mut self.segment_mut(head).blocks);
+        let mut holders = std::mem::take(&mut self.segment_mut(head).holders);
         let tail = self.segment_mut(id);
         blocks.extend_from_slice(&tail.blocks[..at]);
         tail.blocks.drain(..at);
+        holders.extend_from_slice(&tail.holders);
         tail.parent = head;
-        self.segment_mut(head).blocks = blocks;
+        let refs = tail.refs;
+        let h = self.segment_mut(head);
+        h.blocks = blocks;
+        h.holders = holders;
+        h.refs = refs;
         self.edges.insert(Edge { parent, first }, head);
         if parent != ROOT {
             self.segment_mut(parent).children_xor ^= id ^ head;
@@ -144,70 +216,75 @@ impl ChainTrie {
         head
     }
 
-    /// Adds a chain (an active request's full blocks).
-    pub(crate) fn insert(&mut self, chain: &[SequenceHash]) {
-        let (mut parent, mut pos) = (ROOT, 0);
+    /// Adds a chain (an active request's full blocks) on `rank`. Returns how many of its blocks
+    /// `rank` did not hold before.
+    pub(crate) fn insert(&mut self, rank: WorkerRank, chain: &[SequenceHash]) -> u64 {
+        let (mut parent, mut pos, mut added) = (ROOT, 0, 0);
         while pos < chain.len() {
             let rest = &chain[pos..];
             let Some(mut id) = self.child(parent, rest[0]) else {
-                let leaf = self.allocate(parent, 1, rest);
+                let leaf = self.allocate(parent, rest);
+                self.segment_mut(leaf).hold(rank);
                 self.link(parent, leaf);
-                self.blocks += rest.len() as u64;
-                return;
+                return added + rest.len() as u64;
             };
             let s = &self.segment(id).blocks;
-            let (matched, len) = (common_prefix(s, rest), s.len());
-            if matched < len {
-                id = self.split(id, matched);
+            let (common, len) = (common_prefix(s, rest), s.len());
+            if common < len {
+                id = self.split(id, common);
             }
-            self.segment_mut(id).refs += 1;
+            let s = self.segment_mut(id);
+            if s.hold(rank) {
+                added += s.len();
+            }
             parent = id;
-            pos += matched;
+            pos += common;
         }
+        added
     }
 
-    /// Removes a chain [`ChainTrie::insert`] added. Returns false, changing nothing, if the trie
-    /// does not hold it.
-    pub(crate) fn remove(&mut self, chain: &[SequenceHash]) -> bool {
-        if !self.holds(chain) {
-            return false;
-        }
-        // The deepest segment still held after the release, and the first one that is not.
-        let (mut parent, mut pos) = (ROOT, 0);
-        let mut dropped = None;
+    /// Removes a chain that [`ChainTrie::insert`] added on `rank` (and no removal took back
+    /// since). Returns how many of its blocks `rank` no longer holds.
+    pub(crate) fn remove(&mut self, rank: WorkerRank, chain: &[SequenceHash]) -> u64 {
+        debug_assert!(self.holds(rank, chain), "removing a chain that is not held");
+        let (mut parent, mut pos, mut released) = (ROOT, 0, 0);
         while pos < chain.len() {
-            let id = self.child(parent, chain[pos]).expect("held chain");
+            let id = self
+                .child(parent, chain[pos])
+                .expect("a held chain's segment");
             let s = self.segment_mut(id);
-            s.refs -= 1;
+            if s.release(rank) {
+                released += s.len();
+            }
             pos += s.blocks.len();
             if s.refs == 0 {
-                dropped = Some(id);
-                break;
+                // No chain covers it, so none covers what lies below it on this chain either.
+                let first = s.blocks[0];
+                self.unlink(parent, id, first);
+                return released + self.drop_branch(id, rank, chain, pos);
             }
             parent = id;
         }
-        if let Some(top) = dropped {
-            // Every segment below an unheld one is unheld too: drop the branch.
-            let first = self.segment(top).blocks[0];
-            self.edges.remove(&Edge { parent, first });
-            if parent != ROOT {
-                let p = self.segment_mut(parent);
-                p.children -= 1;
-                p.children_xor ^= top;
-            }
-            self.drop_branch(top, chain, pos);
-        }
+        // Only the deepest segment still held can have lost what kept it apart from its child.
         if parent != ROOT {
             self.merge_only_child(parent);
         }
-        true
+        released
     }
 
-    /// Frees segment `top` (its edge already removed) and the unheld chain below it: the rest of
-    /// `chain` from `pos`. (In a canonical trie there is none: a segment held by one request with
-    /// one child held by the same request would have been merged with it.)
-    fn drop_branch(&mut self, top: SegmentId, chain: &[SequenceHash], mut pos: usize) {
-        let mut id = top;
+    /// Frees segment `top` (unlinked, unheld) and the segments below it on the rest of `chain`
+    /// (from `pos`), released by `rank`; returns their blocks. (In a canonical trie there are
+    /// none: an only child held like its parent would have been merged with it.) Then merges
+    /// `top`'s parent if it can be.
+    fn drop_branch(
+        &mut self,
+        top: SegmentId,
+        rank: WorkerRank,
+        chain: &[SequenceHash],
+        mut pos: usize,
+    ) -> u64 {
+        let parent = self.segment(top).parent;
+        let (mut id, mut released) = (top, 0);
         loop {
             let child = chain.get(pos).and_then(|first| self.child(id, *first));
             if let Some(c) = child {
@@ -216,50 +293,46 @@ impl ChainTrie {
                     first: chain[pos],
                 });
                 let s = self.segment_mut(c);
-                s.refs -= 1;
+                if s.release(rank) {
+                    released += s.len();
+                }
                 pos += s.blocks.len();
             }
-            let s = self.segment_mut(id);
-            debug_assert_eq!(s.refs, 0, "a segment is held by no more than its parent");
-            let len = s.blocks.len() as u64;
-            s.blocks.clear();
-            s.children = 0;
-            s.children_xor = 0;
-            self.blocks -= len;
-            self.free.push(id);
+            self.free(id);
             match child {
                 Some(c) => id = c,
                 None => break,
             }
         }
+        if parent != ROOT {
+            self.merge_only_child(parent);
+        }
+        released
     }
 
-    /// Merges segment `id` with its only child when both are held by the same requests (keeps
-    /// the trie canonical after a release).
+    /// Merges segment `id` with its only child when both have the same holders (keeps the trie
+    /// canonical after a release).
     fn merge_only_child(&mut self, id: SegmentId) {
         let s = self.segment(id);
         if s.children != 1 {
             return;
         }
         let child = s.children_xor;
-        if self.segment(child).refs != s.refs {
+        let c = self.segment(child);
+        if c.refs != s.refs || c.holders != s.holders {
             return;
         }
-        let (parent, first) = (s.parent, s.blocks[0]);
-        let child_first = self.segment(child).blocks[0];
+        let (parent, first, child_first) = (s.parent, s.blocks[0], c.blocks[0]);
         // The child keeps its id (so its own children's edges stay) and takes the blocks before.
         let mut blocks = std::mem::take(&mut self.segment_mut(id).blocks);
         let c = self.segment_mut(child);
         blocks.extend_from_slice(&c.blocks);
-        let mut spare = std::mem::replace(&mut c.blocks, blocks);
+        let spare = std::mem::replace(&mut c.blocks, blocks);
         c.parent = parent;
-        spare.clear();
         let s = self.segment_mut(id);
         s.blocks = spare;
         s.refs = 0;
-        s.children = 0;
-        s.children_xor = 0;
-        self.free.push(id);
+        self.free(id);
         self.edges.remove(&Edge {
             parent: id,
             first: child_first,
@@ -270,47 +343,39 @@ impl ChainTrie {
         }
     }
 
-    /// Whether the trie holds `chain` as the chain of an active request (it ends on a segment
-    /// boundary, every segment on the way matching).
-    fn holds(&self, chain: &[SequenceHash]) -> bool {
+    /// Whether `rank` holds `chain` as the chain of an active request: it ends on a segment
+    /// boundary, every segment on the way matching and held by `rank`.
+    fn holds(&self, rank: WorkerRank, chain: &[SequenceHash]) -> bool {
         let (mut parent, mut pos) = (ROOT, 0);
         while pos < chain.len() {
             let Some(id) = self.child(parent, chain[pos]) else {
                 return false;
             };
-            let s = &self.segment(id).blocks;
-            if chain.len() - pos < s.len() || chain[pos..pos + s.len()] != s[..] {
+            let s = self.segment(id);
+            let n = s.blocks.len();
+            if chain.len() - pos < n || chain[pos..pos + n] != s.blocks[..] || !s.held_by(rank) {
                 return false;
             }
             parent = id;
-            pos += s.len();
+            pos += n;
         }
         true
     }
 
-    /// How many leading blocks of `query` some held chain starts with. A sequence hash stands for
-    /// its whole prefix, so within a segment the matching blocks are a prefix: a binary search.
-    pub(crate) fn held_prefix(&self, query: &[SequenceHash]) -> usize {
+    /// How many leading blocks of `query` the chains held on `rank` start with.
+    pub(crate) fn held_prefix(&self, rank: WorkerRank, query: &[SequenceHash]) -> usize {
         let (mut parent, mut pos) = (ROOT, 0);
         while pos < query.len() {
             let Some(id) = self.child(parent, query[pos]) else {
                 return pos;
             };
-            let s = &self.segment(id).blocks;
-            let rest = &query[pos..];
-            let n = s.len().min(rest.len());
-            // Blocks 0..lo match (block 0 found the edge); hi is the last candidate length.
-            let (mut lo, mut hi) = (1usize, n);
-            while lo < hi {
-                let mid = lo + (hi - lo).div_ceil(2);
-                if s[mid - 1] == rest[mid - 1] {
-                    lo = mid;
-                } else {
-                    hi = mid - 1;
-                }
+            let s = self.segment(id);
+            if !s.held_by(rank) {
+                return pos;
             }
-            pos += lo;
-            if lo < s.len() {
+            let m = matched(&s.blocks, &query[pos..]);
+            pos += m;
+            if m < s.blocks.len() {
                 return pos;
             }
             parent = id;
@@ -318,20 +383,55 @@ impl ChainTrie {
         pos
     }
 
-    /// Each block's count of the chains through it, summed over the segments that hold it.
-    pub(crate) fn block_counts(&self) -> FastMap<SequenceHash, u32> {
-        let mut counts = FastMap::default();
+    /// For every rank holding a prefix of `query`, the length of the longest, sorted by rank.
+    /// One walk: the ranks holding a segment include those holding its children.
+    pub(crate) fn held_prefixes(&self, query: &[SequenceHash], out: &mut Vec<(WorkerRank, usize)>) {
+        out.clear();
+        let (mut parent, mut pos) = (ROOT, 0);
+        while pos < query.len() {
+            let Some(id) = self.child(parent, query[pos]) else {
+                return;
+            };
+            let s = self.segment(id);
+            let m = matched(&s.blocks, &query[pos..]);
+            pos += m;
+            if parent == ROOT {
+                out.extend(s.holders.iter().map(|h| (h.0, pos)));
+            } else {
+                let mut i = 0;
+                for (rank, _) in &s.holders {
+                    // Both sorted by rank, the holders a subset of `out`'s ranks.
+                    while out[i].0 < *rank {
+                        i += 1;
+                    }
+                    out[i].1 = pos;
+                }
+            }
+            if m < s.blocks.len() {
+                return;
+            }
+            parent = id;
+        }
+    }
+
+    /// Per rank, each held block's count of the chains through it (summed over the segments
+    /// that hold it) and the number of blocks held (Σ lengths of the segments it holds).
+    pub(crate) fn block_counts(&self) -> FastMap<WorkerRank, (FastMap<SequenceHash, u32>, u64)> {
+        let mut counts: FastMap<WorkerRank, (FastMap<SequenceHash, u32>, u64)> = FastMap::default();
         for s in self.segments.iter().filter(|s| s.refs > 0) {
-            for b in &s.blocks {
-                *counts.entry(*b).or_default() += s.refs;
+            for (rank, n) in &s.holders {
+                let (blocks, held) = counts.entry(*rank).or_default();
+                *held += s.len();
+                for b in &s.blocks {
+                    *blocks.entry(*b).or_default() += n;
+                }
             }
         }
         counts
     }
 
-    /// Checks the trie's structure: edges, parents, child counts, stored blocks, canonical form.
+    /// Checks the trie's structure: edges, parents, children, holders, canonical form.
     pub(crate) fn check(&self) -> Result<(), String> {
-        let mut blocks = 0u64;
         let mut children = vec![(0u32, 0 as SegmentId, 0u32); self.segments.len()];
         let mut free = vec![false; self.segments.len()];
         for id in &self.free {
@@ -341,7 +441,7 @@ impl ChainTrie {
         for (i, s) in self.segments.iter().enumerate() {
             let id = i as SegmentId;
             if s.refs == 0 {
-                if !s.blocks.is_empty() || !free[i] {
+                if !s.blocks.is_empty() || !s.holders.is_empty() || !free[i] {
                     return Err(format!("segment {id}: unheld but not free"));
                 }
                 continue;
@@ -350,13 +450,25 @@ impl ChainTrie {
             let Some(first) = s.blocks.first() else {
                 return Err(format!("segment {id}: empty"));
             };
-            blocks += s.blocks.len() as u64;
             if self.child(s.parent, *first) != Some(id) {
                 return Err(format!("segment {id}: no edge from its parent"));
             }
+            let sorted = s.holders.windows(2).all(|w| w[0].0 < w[1].0);
+            let total: u32 = s.holders.iter().map(|h| h.1).sum();
+            if !sorted || s.holders.iter().any(|h| h.1 == 0) || total != s.refs {
+                return Err(format!(
+                    "segment {id}: holders {:?}, refs {}",
+                    s.holders, s.refs
+                ));
+            }
             if s.parent != ROOT {
                 let p = self.segment(s.parent);
-                if p.refs < s.refs {
+                let covered = s.holders.iter().all(|(r, n)| {
+                    p.holders
+                        .binary_search_by_key(r, |h| h.0)
+                        .is_ok_and(|j| p.holders[j].1 >= *n)
+                });
+                if !covered {
                     return Err(format!("segment {id}: held more than its parent"));
                 }
                 let c = &mut children[s.parent as usize];
@@ -378,12 +490,9 @@ impl ChainTrie {
             if (n, xor) != (s.children, s.children_xor) || refs > s.refs {
                 return Err(format!("segment {i}: children do not add up"));
             }
-            if n == 1 && refs == s.refs {
+            if n == 1 && self.segment(xor).holders == s.holders {
                 return Err(format!("segment {i}: should be merged with its only child"));
             }
-        }
-        if blocks != self.blocks {
-            return Err(format!("{} blocks counted, {blocks} stored", self.blocks));
         }
         Ok(())
     }
