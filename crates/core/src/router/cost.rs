@@ -251,16 +251,21 @@ impl Router {
                 (w, r)
             })
             .collect();
-        let terms: Vec<WorkerTerms> = candidates
+        // Each candidate's profile and worker terms, looked up and computed once.
+        let timings: Vec<&dyn TimingModel> = candidates
+            .iter()
+            .map(|c| self.timing_of(c.rank.worker))
+            .collect();
+        let terms: Vec<WorkerTerms> = timings
             .iter()
             .zip(&pictures)
-            .map(|(c, (w, _))| worker_terms(self.timing_of(c.rank.worker), w))
+            .map(|(t, (w, _))| worker_terms(*t, w))
             .collect();
-        let mut estimates: Vec<CostEstimate> = candidates
+        let mut estimates: Vec<CostEstimate> = timings
             .iter()
             .zip(&pictures)
             .zip(&terms)
-            .map(|((c, (w, r)), t)| estimate_with(self.timing_of(c.rank.worker), w, t, r, weights))
+            .map(|((timing, (w, r)), t)| estimate_with(*timing, w, t, r, weights))
             .collect();
         // Cold start: no output length observed yet, so a group's siblings spread (their lengths
         // are correlated and unknown; docs/routing.md).
@@ -302,7 +307,7 @@ impl Router {
             .filter(|(_, p)| p.1.cached_tokens >= deepest)
             .map(|(e, _)| e.total)
             .fold(f64::INFINITY, f64::min);
-        for (((c, (w, r)), t), e) in candidates
+        for (((timing, (w, r)), t), e) in timings
             .iter()
             .zip(&pictures)
             .zip(&terms)
@@ -317,7 +322,7 @@ impl Router {
                 new_kv_tokens: r.new_kv_tokens.saturating_sub(copied),
                 ..*r
             };
-            let next = estimate_with(self.timing_of(c.rank.worker), w, t, &as_holder, weights);
+            let next = estimate_with(*timing, w, t, &as_holder, weights);
             let credit =
                 replica_credit_s(weights.replica, recent, holders, best_holder - next.total);
             e.replica_s = credit;
