@@ -116,10 +116,25 @@ pub fn chunked_prefill_ms<T: TimingModel + ?Sized>(t: &T, x: u64, b: u64, decode
         return 0.0;
     }
     let b = b.max(1);
+    chunked_with_full_step(t, x, b, ms(t.prefill_ms(b), t), decode_step)
+}
+
+/// [`chunked_prefill_ms`] given the time of a full step of `b ≥ 1` tokens, `full_step` (the
+/// same figures, one profile query fewer).
+fn chunked_with_full_step<T: TimingModel + ?Sized>(
+    t: &T,
+    x: u64,
+    b: u64,
+    full_step: f64,
+    decode_step: f64,
+) -> f64 {
+    if x == 0 {
+        return 0.0;
+    }
     let (full, rem) = (x / b, x % b);
     let mut total = 0.0;
     if full > 0 {
-        total += full as f64 * ms(t.prefill_ms(b), t);
+        total += full as f64 * full_step;
     }
     if rem > 0 {
         total += ms(t.prefill_ms(rem), t);
@@ -203,6 +218,66 @@ pub fn cold_group_spread(siblings: &[u32]) -> impl Iterator<Item = f64> + '_ {
         .map(move |s| f64::from(s - least) * COLD_SPREAD_PENALTY_S)
 }
 
+/// The terms of a candidate's estimate that depend on the worker alone: computed once per
+/// candidate however many request pictures are priced on it ([`estimate_with`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WorkerTerms {
+    /// KV capacity in tokens, at least 1.
+    capacity: u64,
+    /// Token budget per step, at least 1.
+    batch: u64,
+    /// Time of a full prefill step of `batch` tokens, ms.
+    full_step_ms: f64,
+    /// The decode step now (0 with no active request), ms.
+    decode_now_ms: f64,
+    /// Half the step in progress, ms.
+    residual_ms: f64,
+    /// Probability a cached prefix survives until this request's prefill starts.
+    survive: f64,
+    /// Time-averaged KV footprint of the batch, tokens (`F`).
+    footprint: f64,
+    /// The batch's inter-token latency now, ms.
+    itl_ms: f64,
+}
+
+/// The worker's terms of [`estimate`].
+pub fn worker_terms<T: TimingModel + ?Sized>(timing: &T, w: &WorkerPicture) -> WorkerTerms {
+    let cap = w.capacity_tokens.max(1);
+    let batch = w.batch_tokens.max(1);
+    let full_step_ms = ms(timing.prefill_ms(batch), timing);
+    let n = u64::from(w.active_requests);
+    let k = w.kv_tokens as f64;
+    let decode_now = decode_ms(timing, n, k, cap);
+    // Half the step in progress; the queued prefill is counted whole in the chunks below.
+    let residual = if n > 0 { 0.5 * decode_now } else { 0.0 };
+    let churn_tokens_per_s = w.churn_blocks_per_s * w.block_size.max(1) as f64;
+    let survive = if churn_tokens_per_s > 0.0 {
+        let wait_ms = residual
+            + chunked_with_full_step(
+                timing,
+                w.prefill_queue_tokens,
+                batch,
+                full_step_ms,
+                decode_now,
+            );
+        let turnover_s = cap as f64 / churn_tokens_per_s;
+        (1.0 - wait_ms / 1e3 / turnover_s).clamp(0.0, 1.0)
+    } else {
+        1.0
+    };
+    let footprint = k + w.expected_output_tokens.max(0.0) / 2.0;
+    WorkerTerms {
+        capacity: cap,
+        batch,
+        full_step_ms,
+        decode_now_ms: decode_now,
+        residual_ms: residual,
+        survive,
+        footprint,
+        itl_ms: decode_ms(timing, n, footprint, cap),
+    }
+}
+
 /// The estimate for one candidate.
 pub fn estimate<T: TimingModel + ?Sized>(
     timing: &T,
@@ -210,30 +285,37 @@ pub fn estimate<T: TimingModel + ?Sized>(
     r: &RequestPicture,
     weights: CostWeights,
 ) -> CostEstimate {
-    let cap = w.capacity_tokens.max(1);
+    estimate_with(timing, w, &worker_terms(timing, w), r, weights)
+}
+
+/// [`estimate`] with the worker's terms already computed (`terms` from [`worker_terms`] of the
+/// same `timing` and `w`).
+pub fn estimate_with<T: TimingModel + ?Sized>(
+    timing: &T,
+    w: &WorkerPicture,
+    terms: &WorkerTerms,
+    r: &RequestPicture,
+    weights: CostWeights,
+) -> CostEstimate {
+    let &WorkerTerms {
+        capacity: cap,
+        batch,
+        full_step_ms,
+        decode_now_ms: decode_now,
+        residual_ms: residual,
+        survive,
+        footprint,
+        itl_ms: itl,
+    } = terms;
     let n = u64::from(w.active_requests);
-    let k = w.kv_tokens as f64;
-    let decode_now = decode_ms(timing, n, k, cap);
-    // Half the step in progress; the queued prefill is counted whole in the chunks below.
-    let residual = if n > 0 { 0.5 * decode_now } else { 0.0 };
-    let wait_ms =
-        residual + chunked_prefill_ms(timing, w.prefill_queue_tokens, w.batch_tokens, decode_now);
-    let churn_tokens_per_s = w.churn_blocks_per_s * w.block_size.max(1) as f64;
-    let survive = if churn_tokens_per_s > 0.0 {
-        let turnover_s = cap as f64 / churn_tokens_per_s;
-        (1.0 - wait_ms / 1e3 / turnover_s).clamp(0.0, 1.0)
-    } else {
-        1.0
-    };
     let cached = (r.cached_tokens.min(r.isl_tokens) as f64 * survive).round() as u64;
     let x = w.prefill_queue_tokens + r.isl_tokens - cached;
-    let ttft_ms = residual + chunked_prefill_ms(timing, x, w.batch_tokens, decode_now);
+    let ttft_ms = residual + chunked_with_full_step(timing, x, batch, full_step_ms, decode_now);
     let ttft_s = ttft_ms / 1e3 + r.network_s;
-    let own_s = chunked_prefill_ms(timing, r.isl_tokens - cached, w.batch_tokens, 0.0) / 1e3;
+    let own_s =
+        chunked_with_full_step(timing, r.isl_tokens - cached, batch, full_step_ms, 0.0) / 1e3;
 
     let l = r.expected_output.max(0.0);
-    let footprint = k + w.expected_output_tokens.max(0.0) / 2.0;
-    let itl = decode_ms(timing, n, footprint, cap);
     let correlated = r.length_cv.max(0.0) * f64::from(r.siblings_here) * l;
     let after = footprint + r.new_kv_tokens as f64 + l / 2.0 + correlated;
     let itl_after = decode_ms(timing, n + 1, after, cap);

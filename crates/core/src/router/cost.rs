@@ -7,8 +7,8 @@ use crate::event::KvEvent;
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
 use crate::policy::cost::{
-    cold_group_spread, estimate, keeps_a_reserve, replica_credit_s, CostEstimate, CostWeights,
-    RequestPicture, WorkerPicture,
+    cold_group_spread, estimate_with, keeps_a_reserve, replica_credit_s, worker_terms,
+    CostEstimate, CostWeights, RequestPicture, WorkerPicture, WorkerTerms,
 };
 use crate::policy::learn::{LineFit, OutputLengths, PrefixHeat, Rate};
 use crate::policy::Candidate;
@@ -251,10 +251,21 @@ impl Router {
                 (w, r)
             })
             .collect();
-        let mut estimates: Vec<CostEstimate> = candidates
+        // Each candidate's profile and worker terms, looked up and computed once.
+        let timings: Vec<&dyn TimingModel> = candidates
+            .iter()
+            .map(|c| self.timing_of(c.rank.worker))
+            .collect();
+        let terms: Vec<WorkerTerms> = timings
             .iter()
             .zip(&pictures)
-            .map(|(c, (w, r))| estimate(self.timing_of(c.rank.worker), w, r, weights))
+            .map(|(t, (w, _))| worker_terms(*t, w))
+            .collect();
+        let mut estimates: Vec<CostEstimate> = timings
+            .iter()
+            .zip(&pictures)
+            .zip(&terms)
+            .map(|((timing, (w, r)), t)| estimate_with(*timing, w, t, r, weights))
             .collect();
         // Cold start: no output length observed yet, so a group's siblings spread (their lengths
         // are correlated and unknown; docs/routing.md).
@@ -296,7 +307,12 @@ impl Router {
             .filter(|(_, p)| p.1.cached_tokens >= deepest)
             .map(|(e, _)| e.total)
             .fold(f64::INFINITY, f64::min);
-        for ((c, (w, r)), e) in candidates.iter().zip(&pictures).zip(estimates.iter_mut()) {
+        for (((timing, (w, r)), t), e) in timings
+            .iter()
+            .zip(&pictures)
+            .zip(&terms)
+            .zip(estimates.iter_mut())
+        {
             if r.cached_tokens >= deepest {
                 continue;
             }
@@ -306,7 +322,7 @@ impl Router {
                 new_kv_tokens: r.new_kv_tokens.saturating_sub(copied),
                 ..*r
             };
-            let next = estimate(self.timing_of(c.rank.worker), w, &as_holder, weights);
+            let next = estimate_with(*timing, w, t, &as_holder, weights);
             let credit =
                 replica_credit_s(weights.replica, recent, holders, best_holder - next.total);
             e.replica_s = credit;

@@ -317,17 +317,15 @@ impl Router {
             return Err(RouteError::AllEligibleWorkersOverloaded);
         }
         let overlaps = self.overlaps(request);
+        let held = self.ledger.held_prefixes(&request.blocks.sequence);
+        let request_blocks = request.request_blocks(self.config.kv_cache_block_size);
         let candidates: Vec<Candidate> = eligible
             .iter()
             .map(|(rank, load)| Candidate {
                 rank: *rank,
                 load: *load,
                 overlap: overlaps.get(*rank),
-                new_blocks: request.request_blocks(self.config.kv_cache_block_size)
-                    - self
-                        .ledger
-                        .held_prefix_blocks(*rank, &request.blocks.sequence)
-                        as u64,
+                new_blocks: request_blocks - held.get(*rank) as u64,
             })
             .collect();
         let mut scores = policy::kv_scores(

@@ -5,10 +5,13 @@
 //! by several counted once). A request goes begin → first token → finish, and may be cancelled
 //! from any state; every unit begun is released exactly once.
 
+mod chains;
+
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, SequenceHash, WorkerId, WorkerRank};
+use chains::ChainTrie;
 use serde::{Deserialize, Serialize};
-use std::collections::hash_map::Entry;
+use std::collections::BTreeMap;
 
 /// Why a ledger operation was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -61,18 +64,30 @@ struct Active {
     phase: Phase,
 }
 
-#[derive(Debug, Default)]
-struct RankState {
-    load: RankLoad,
-    /// Reference counts of shared blocks.
-    blocks: FastMap<SequenceHash, u32>,
-}
-
 /// The ledger of every rank's load.
 #[derive(Debug, Default)]
 pub struct LoadLedger {
-    ranks: FastMap<WorkerRank, RankState>,
+    ranks: FastMap<WorkerRank, RankLoad>,
+    /// The block chains of the active requests, shared prefixes stored once.
+    chains: ChainTrie,
     requests: FastMap<RequestId, Active>,
+}
+
+/// How many leading blocks of one prompt each rank's active requests hold
+/// ([`LoadLedger::held_prefixes`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeldPrefixes {
+    /// The ranks holding at least one block, sorted, with the length held.
+    ranks: Vec<(WorkerRank, usize)>,
+}
+
+impl HeldPrefixes {
+    /// The held length on `rank` (0 when it holds none of the prompt).
+    pub fn get(&self, rank: WorkerRank) -> usize {
+        self.ranks
+            .binary_search_by_key(&rank, |r| r.0)
+            .map_or(0, |i| self.ranks[i].1)
+    }
 }
 
 impl LoadLedger {
@@ -83,7 +98,7 @@ impl LoadLedger {
 
     /// The current load of `rank` (zero when it has none).
     pub fn load(&self, rank: WorkerRank) -> RankLoad {
-        self.ranks.get(&rank).map(|r| r.load).unwrap_or_default()
+        self.ranks.get(&rank).copied().unwrap_or_default()
     }
 
     /// Number of active requests over all ranks.
@@ -113,26 +128,29 @@ impl LoadLedger {
         ids
     }
 
-    /// How many leading blocks of `blocks` are already held by active requests on `rank`.
-    /// Active blocks are prefix-closed per request, so a binary search over the prefix length
-    /// needs only O(log n) probes.
+    /// How many leading blocks of `blocks` are already held by active requests on `rank`: one
+    /// lookup per segment of the held chains it runs through, and a binary search in the last
+    /// (a sequence hash stands for its whole prefix).
     pub fn held_prefix_blocks(&self, rank: WorkerRank, blocks: &[SequenceHash]) -> usize {
-        let Some(state) = self.ranks.get(&rank) else {
-            return 0;
-        };
-        if state.blocks.is_empty() {
-            return 0;
-        }
-        let (mut lo, mut hi) = (0usize, blocks.len());
-        while lo < hi {
-            let mid = lo + (hi - lo).div_ceil(2);
-            if state.blocks.contains_key(&blocks[mid - 1]) {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        lo
+        self.chains.held_prefix(rank, blocks)
+    }
+
+    /// [`LoadLedger::held_prefix_blocks`] on every rank at once: one walk down the prompt's path,
+    /// whatever the number of ranks.
+    pub fn held_prefixes(&self, blocks: &[SequenceHash]) -> HeldPrefixes {
+        let mut held = HeldPrefixes::default();
+        self.chains.held_prefixes(blocks, &mut held.ranks);
+        held
+    }
+
+    /// Each block that active requests on `rank` hold, with how many of them hold it. Walks
+    /// every held block: for tests and diagnostics, not for the routing path.
+    pub fn held_block_counts(&self, rank: WorkerRank) -> BTreeMap<SequenceHash, u32> {
+        self.chains
+            .block_counts()
+            .remove(&rank)
+            .map(|(blocks, _)| blocks.into_iter().collect())
+            .unwrap_or_default()
     }
 
     /// Starts accounting for a request.
@@ -141,16 +159,10 @@ impl LoadLedger {
             return Err(LedgerError::DuplicateRequest(id));
         }
         let state = self.ranks.entry(load.rank).or_default();
-        state.load.active_requests += 1;
-        state.load.active_prefill_tokens += load.prefill_tokens;
-        state.load.active_decode_blocks += load.private_blocks;
-        for seq in &load.blocks {
-            let count = state.blocks.entry(*seq).or_insert(0);
-            if *count == 0 {
-                state.load.active_decode_blocks += 1;
-            }
-            *count += 1;
-        }
+        state.active_requests += 1;
+        state.active_prefill_tokens += load.prefill_tokens;
+        state.active_decode_blocks +=
+            load.private_blocks + self.chains.insert(load.rank, &load.blocks);
         self.requests.insert(
             id,
             Active {
@@ -173,7 +185,7 @@ impl LoadLedger {
                 .ranks
                 .get_mut(&active.load.rank)
                 .expect("rank of active request");
-            state.load.active_prefill_tokens -= active.load.prefill_tokens;
+            state.active_prefill_tokens -= active.load.prefill_tokens;
         }
         Ok(())
     }
@@ -188,29 +200,19 @@ impl LoadLedger {
             .ranks
             .get_mut(&active.load.rank)
             .expect("rank of active request");
-        state.load.active_requests -= 1;
+        state.active_requests -= 1;
         if active.phase == Phase::Prefill {
-            state.load.active_prefill_tokens -= active.load.prefill_tokens;
+            state.active_prefill_tokens -= active.load.prefill_tokens;
         }
-        state.load.active_decode_blocks -= active.load.private_blocks;
-        for seq in &active.load.blocks {
-            if let Entry::Occupied(mut count) = state.blocks.entry(*seq) {
-                *count.get_mut() -= 1;
-                if *count.get() == 0 {
-                    count.remove();
-                    state.load.active_decode_blocks -= 1;
-                }
-            }
-        }
-        // An idle rank keeps its (empty) state: its block map's allocation is reused by the
-        // next request instead of growing again block by block ([`LoadLedger::forget_idle`]).
+        state.active_decode_blocks -=
+            active.load.private_blocks + self.chains.remove(active.load.rank, &active.load.blocks);
         Ok(active.load)
     }
 
     /// Drops the state of `worker`'s idle ranks (a removed worker).
     pub fn forget_idle(&mut self, worker: WorkerId) {
         self.ranks
-            .retain(|r, state| r.worker != worker || state.load != RankLoad::default());
+            .retain(|r, load| r.worker != worker || *load != RankLoad::default());
     }
 
     /// Active requests on `rank`, sorted by id.
@@ -225,8 +227,9 @@ impl LoadLedger {
         ids
     }
 
-    /// Recomputes every rank's load from the active requests and compares.
+    /// Recomputes every rank's load and held blocks from the active requests and compares.
     pub fn check_invariants(&self) -> Result<(), String> {
+        self.chains.check()?;
         let mut expect: FastMap<WorkerRank, (RankLoad, FastMap<SequenceHash, u32>)> =
             FastMap::default();
         for active in self.requests.values() {
@@ -240,18 +243,25 @@ impl LoadLedger {
                 *blocks.entry(*seq).or_default() += 1;
             }
         }
+        let mut held = self.chains.block_counts();
         for (rank, state) in &self.ranks {
             let (mut load, blocks) = expect.remove(rank).unwrap_or_default();
-            load.active_decode_blocks += blocks.len() as u64;
-            if load != state.load || blocks != state.blocks {
+            let (counts, distinct) = held.remove(rank).unwrap_or_default();
+            if blocks != counts {
                 return Err(format!(
-                    "{rank}: ledger {:?}, recomputed {load:?}",
-                    state.load
+                    "{rank}: block counts differ from the active requests'"
                 ));
+            }
+            load.active_decode_blocks += distinct;
+            if load != *state {
+                return Err(format!("{rank}: ledger {state:?}, recomputed {load:?}"));
             }
         }
         if let Some((rank, _)) = expect.into_iter().next() {
             return Err(format!("{rank} has active requests but no ledger entry"));
+        }
+        if let Some((rank, _)) = held.into_iter().next() {
+            return Err(format!("{rank} holds blocks but has no ledger entry"));
         }
         Ok(())
     }
