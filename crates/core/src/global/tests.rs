@@ -672,3 +672,136 @@ fn a_cluster_taking_every_fresh_session_pays_for_its_prefill_steps() {
         "{on_slow} of 80 fresh sessions on the slow cluster"
     );
 }
+
+/// Two clusters of `slots` batch slots each (10 ms per token, 10,000 prefill tokens/s), `a`
+/// 10 ms away and `b` 20 ms, with late binding holding up to `hold` requests.
+fn slotted(hold: usize, slots: u64) -> (GlobalRouter, ClusterId, ClusterId) {
+    let config = GlobalConfig {
+        hold_limit: hold,
+        ..GlobalConfig::default()
+    };
+    let mut router = GlobalRouter::new(config, 16).unwrap();
+    let t = Time::from_secs_f64(1.0);
+    let mut ids = Vec::new();
+    for (name, rtt) in [("a", 10.0), ("b", 20.0)] {
+        let id = router
+            .add_cluster(ClusterSpec {
+                name: name.into(),
+                rtt_ms: rtt,
+                weight: 1.0,
+            })
+            .unwrap();
+        let mut s = summary(name, &[], 0, 1);
+        s.load.max_running_requests = slots;
+        router.update_summary(id, s, t).unwrap();
+        ids.push(id);
+    }
+    (router, ids[0], ids[1])
+}
+
+#[test]
+fn late_binding_holds_a_request_until_a_batch_slot_frees() {
+    let t = Time::from_secs_f64(1.0);
+    let p = chain(8, 4);
+    let req = |s: u64| GlobalRequest {
+        session: Some(s),
+        blocks: &p,
+        input_tokens: 64,
+        output_tokens_hint: Some(100),
+    };
+    let routed = |s: Submitted| match s {
+        Submitted::Routed(d) => Some(d.cluster),
+        Submitted::Held => None,
+    };
+    // Without late binding every request is placed on arrival, slots or not.
+    let (mut off, _, _) = slotted(0, 1);
+    for s in 0..3 {
+        assert!(routed(off.submit(s, &req(s), t).unwrap()).is_some());
+    }
+    // With it: one per slot, then the third waits for the first slot to free, wherever.
+    let (mut router, a, b) = slotted(8, 1);
+    assert_eq!(routed(router.submit(0, &req(0), t).unwrap()), Some(a));
+    assert_eq!(routed(router.submit(1, &req(1), t).unwrap()), Some(b));
+    assert_eq!(router.submit(2, &req(2), t).unwrap(), Submitted::Held);
+    assert_eq!(router.held_count(), 1);
+    assert!(router.release(t).is_empty());
+    router.request_done(b).unwrap();
+    let out = router.release(t);
+    assert_eq!(out.len(), 1);
+    assert_eq!((out[0].0, out[0].1.cluster), (2, b));
+    assert_eq!(router.held_count(), 0);
+    // A full hold routes at once.
+    let (mut full, _, _) = slotted(1, 1);
+    for s in 0..2 {
+        assert!(routed(full.submit(s, &req(s), t).unwrap()).is_some());
+    }
+    assert_eq!(full.submit(2, &req(2), t).unwrap(), Submitted::Held);
+    assert!(routed(full.submit(3, &req(3), t).unwrap()).is_some());
+}
+
+#[test]
+fn a_held_session_waits_for_home_unless_waiting_costs_more_than_its_re_prefill() {
+    let t = Time::from_secs_f64(1.0);
+    // A long context (4,096 tokens: 410 ms of prefill elsewhere) and a short answer (10
+    // tokens, 100 ms): waiting for a slot at home (~100 ms) is cheaper than the re-prefill.
+    let long = chain(9, 256);
+    let short = chain(10, 1);
+    let (mut router, a, b) = slotted(8, 1);
+    let session = |blocks: &[SequenceHash], out: u64| GlobalRequest {
+        session: Some(1),
+        blocks,
+        input_tokens: blocks.len() as u64 * 16,
+        output_tokens_hint: Some(out),
+    };
+    let other = GlobalRequest {
+        session: Some(2),
+        blocks: &short,
+        input_tokens: 16,
+        output_tokens_hint: Some(10),
+    };
+    let Submitted::Routed(d) = router.submit(0, &session(&long, 10), t).unwrap() else {
+        panic!("first request held");
+    };
+    assert_eq!(d.cluster, a);
+    // Its home's summary now holds its context.
+    let mut s = summary("a", &[(9, 256)], 0, 1);
+    s.load.max_running_requests = 1;
+    s.sequence = 2;
+    router.update_summary(a, s, t).unwrap();
+    // b is taken by another session, then frees; a stays full (session 1's first turn).
+    assert!(matches!(
+        router.submit(1, &other, t).unwrap(),
+        Submitted::Routed(_)
+    ));
+    assert_eq!(
+        router.submit(2, &session(&long, 10), t).unwrap(),
+        Submitted::Held
+    );
+    router.request_done(b).unwrap();
+    assert!(router.release(t).is_empty(), "short answer: wait for home");
+    // The same session with a long answer (1,000 tokens, 10 s a slot): waiting for home's
+    // slot costs more than the re-prefill at b, so it moves.
+    let (mut router, a, b) = slotted(8, 1);
+    let Submitted::Routed(_) = router.submit(0, &session(&long, 1000), t).unwrap() else {
+        panic!("first request held");
+    };
+    let mut s = summary("a", &[(9, 256)], 0, 1);
+    s.load.max_running_requests = 1;
+    s.sequence = 2;
+    router.update_summary(a, s, t).unwrap();
+    assert!(matches!(
+        router.submit(1, &other, t).unwrap(),
+        Submitted::Routed(_)
+    ));
+    assert_eq!(
+        router.submit(2, &session(&long, 1000), t).unwrap(),
+        Submitted::Held
+    );
+    router.request_done(b).unwrap();
+    let out = router.release(t);
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        (out[0].1.cluster, out[0].1.reason, out[0].1.moved_from),
+        (b, DecisionReason::SessionMoved, Some(a))
+    );
+}
