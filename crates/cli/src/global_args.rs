@@ -130,9 +130,6 @@ impl GlobalArgs {
                 session_move_ratio: ratio,
                 session_ttl: secs(self.global_session_ttl_secs, "--global-session-ttl-secs")?,
                 load_window: secs(self.global_load_window_secs, "--global-load-window-secs")?,
-                // Late binding needs the proxy to hold requests; not wired live (sim only).
-                hold_limit: 0,
-                hold_order: Default::default(),
             },
             refresh: millis(self.global_refresh_ms, "--global-refresh-ms")?,
             summary_timeout: millis(

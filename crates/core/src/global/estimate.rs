@@ -57,9 +57,6 @@ pub struct ClusterEstimate {
     /// Waiting behind prefill backlog and for a batch slot (counting the slots the cluster's
     /// resident sessions will want back).
     pub queue_ms: f64,
-    /// The part of `queue_ms` that is the wait for a batch slot.
-    #[serde(default)]
-    pub slot_wait_ms: f64,
     /// Prefill of the uncached tokens on one worker.
     pub prefill_ms: f64,
     /// Decode of the expected output at the inter-token latency the batch will have with the
@@ -80,7 +77,6 @@ impl ClusterEstimate {
             uncached_tokens: 0,
             rtt_ms: 0.0,
             queue_ms: 0.0,
-            slot_wait_ms: 0.0,
             prefill_ms: 0.0,
             decode_ms: 0.0,
             load_ratio: 0.0,
@@ -95,12 +91,6 @@ impl ClusterEstimate {
     /// What the kv policy minimises: time to first token plus decode.
     pub fn cost_ms(&self) -> f64 {
         self.ttft_ms() + self.decode_ms
-    }
-
-    /// The cost with a batch slot free now (late binding's view of a cluster it counts a free
-    /// slot in): [`Self::cost_ms`] without the slot wait.
-    pub fn cost_with_slot_ms(&self) -> f64 {
-        self.cost_ms() - self.slot_wait_ms
     }
 }
 
@@ -171,7 +161,6 @@ pub fn estimate(
         uncached_tokens,
         rtt_ms,
         queue_ms: backlog / (workers * speed) * 1e3 + slot_wait_ms,
-        slot_wait_ms,
         prefill_ms: uncached_tokens as f64 / speed * 1e3,
         decode_ms,
         load_ratio,

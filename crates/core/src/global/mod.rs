@@ -26,13 +26,11 @@ mod tests;
 
 pub use estimate::{estimate, ClusterEstimate, GlobalRequest, PendingLoad, MAX_PREFILL_SHARE};
 pub use policy::{
-    GlobalConfig, GlobalConfigError, GlobalPolicy, HoldOrder, UnknownGlobalPolicy,
-    DEFAULT_HOLD_LIMIT, DEFAULT_LOAD_WINDOW, DEFAULT_MAX_SUMMARY_AGE, DEFAULT_OUTPUT_TOKENS_HINT,
-    DEFAULT_PREFILL_TOKENS_PER_S, DEFAULT_SESSION_MOVE_RATIO, DEFAULT_SESSION_TTL,
+    GlobalConfig, GlobalConfigError, GlobalPolicy, UnknownGlobalPolicy, DEFAULT_LOAD_WINDOW,
+    DEFAULT_MAX_SUMMARY_AGE, DEFAULT_OUTPUT_TOKENS_HINT, DEFAULT_PREFILL_TOKENS_PER_S,
+    DEFAULT_SESSION_MOVE_RATIO, DEFAULT_SESSION_TTL,
 };
-pub use router::{
-    ClusterSpec, DecisionReason, GlobalDecision, GlobalError, GlobalRouter, Submitted,
-};
+pub use router::{ClusterSpec, DecisionReason, GlobalDecision, GlobalError, GlobalRouter};
 pub use sketch::{
     PrefixSketch, SketchConfig, SketchError, DEFAULT_BITS_PER_KEY,
     DEFAULT_CHECKPOINT_INTERVAL_BLOCKS,

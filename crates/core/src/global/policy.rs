@@ -76,9 +76,6 @@ pub const DEFAULT_OUTPUT_TOKENS_HINT: u64 = 256;
 /// Default window over which the global router measures the prefill work it sends each
 /// cluster (tokens/s): 5 s.
 pub const DEFAULT_LOAD_WINDOW: Duration = Duration::from_secs(5);
-/// Default bound on the requests the `kv` policy holds at the global router while no cluster
-/// has a free batch slot (late binding; 0 = off): 0 (off).
-pub const DEFAULT_HOLD_LIMIT: usize = 0;
 
 /// The global router's settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -98,27 +95,6 @@ pub struct GlobalConfig {
     /// capacity) is the share of its workers' time that prefill steps take from decode.
     #[serde(with = "secs")]
     pub load_window: Duration,
-    /// Late binding (`kv` only): while every cluster's batch slots are taken by the requests
-    /// the global router sent there and has not seen finish, hold up to this many requests
-    /// and place each when a slot frees (0 = off: place every request on arrival). Needs the
-    /// host to report finished requests ([`super::GlobalRouter::request_done`]) and to call
-    /// [`super::GlobalRouter::release`] after each report and each summary.
-    pub hold_limit: usize,
-    /// Which held request gets a freed batch slot first.
-    pub hold_order: HoldOrder,
-}
-
-/// The order in which late binding offers freed batch slots to held requests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum HoldOrder {
-    /// First held, first placed.
-    #[default]
-    Arrival,
-    /// The sessions with the most turns so far first (then arrival): with heavy-tailed turn
-    /// counts, the sessions that have run longest are expected to run longest, and a step ends
-    /// with its longest rollout (longest processing time first).
-    LongestSession,
 }
 
 mod secs {
@@ -143,8 +119,6 @@ impl Default for GlobalConfig {
             session_move_ratio: DEFAULT_SESSION_MOVE_RATIO,
             session_ttl: DEFAULT_SESSION_TTL,
             load_window: DEFAULT_LOAD_WINDOW,
-            hold_limit: DEFAULT_HOLD_LIMIT,
-            hold_order: HoldOrder::default(),
         }
     }
 }

@@ -1,10 +1,9 @@
 //! The global router: clusters, their latest summaries, session homes, and the choice.
 
 use super::estimate::{estimate, ClusterEstimate, GlobalRequest, PendingLoad};
-use super::policy::{GlobalConfig, GlobalConfigError, GlobalPolicy, HoldOrder};
+use super::policy::{GlobalConfig, GlobalConfigError, GlobalPolicy};
 use super::summary::ClusterSummary;
 use super::ClusterId;
-use crate::ids::SequenceHash;
 use crate::rng::mix64;
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
@@ -77,36 +76,6 @@ pub struct GlobalDecision {
     pub estimates: Vec<ClusterEstimate>,
 }
 
-/// What [`GlobalRouter::submit`] did with a request.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Submitted {
-    /// Placed now.
-    Routed(GlobalDecision),
-    /// Held until a cluster has a free batch slot; [`GlobalRouter::release`] places it.
-    Held,
-}
-
-/// A request held at the global router (late binding), owning what its estimate needs.
-#[derive(Clone, Debug)]
-struct Held {
-    id: u64,
-    session: Option<u64>,
-    blocks: Vec<SequenceHash>,
-    input_tokens: u64,
-    output_tokens_hint: Option<u64>,
-}
-
-impl Held {
-    fn request(&self) -> GlobalRequest<'_> {
-        GlobalRequest {
-            session: self.session,
-            blocks: &self.blocks,
-            input_tokens: self.input_tokens,
-            output_tokens_hint: self.output_tokens_hint,
-        }
-    }
-}
-
 impl GlobalDecision {
     /// The chosen cluster's estimate.
     pub fn chosen(&self) -> &ClusterEstimate {
@@ -132,8 +101,6 @@ struct ClusterState {
     /// sent, and their sum.
     sent: VecDeque<(Time, u64)>,
     sent_tokens: u64,
-    /// Requests sent here and not yet reported finished ([`GlobalRouter::request_done`]).
-    outstanding: u64,
 }
 
 impl ClusterState {
@@ -155,11 +122,9 @@ pub struct GlobalRouter {
     config: GlobalConfig,
     block_size: u32,
     clusters: Vec<ClusterState>,
-    /// Session → (home, last request, requests routed so far).
-    sessions: BTreeMap<u64, (ClusterId, Time, u64)>,
+    /// Session → (home, last request).
+    sessions: BTreeMap<u64, (ClusterId, Time)>,
     counter: u64,
-    /// Requests held until a batch slot frees (late binding), in arrival order.
-    held: VecDeque<Held>,
 }
 
 impl GlobalRouter {
@@ -172,7 +137,6 @@ impl GlobalRouter {
             clusters: Vec::new(),
             sessions: BTreeMap::new(),
             counter: 0,
-            held: VecDeque::new(),
         })
     }
 
@@ -199,7 +163,6 @@ impl GlobalRouter {
             outputs: (0, 0),
             sent: VecDeque::new(),
             sent_tokens: 0,
-            outstanding: 0,
         });
         Ok(ClusterId(self.clusters.len() as u32 - 1))
     }
@@ -346,44 +309,24 @@ impl GlobalRouter {
         request: &GlobalRequest<'_>,
         now: Time,
     ) -> Result<GlobalDecision, GlobalError> {
-        self.trim_sent(now);
-        let estimates = self.estimates(request, now);
-        let (cluster, reason) = self.choose(request, &estimates, now)?;
-        Ok(self.commit(request, cluster, reason, estimates, now))
-    }
-
-    fn trim_sent(&mut self, now: Time) {
         let window = self.config.load_window;
         self.clusters
             .iter_mut()
             .for_each(|c| c.trim_sent(now, window));
-    }
-
-    /// The session's home at `now` (within the TTL).
-    fn home(&self, request: &GlobalRequest<'_>, now: Time) -> Option<ClusterId> {
-        request
-            .session
-            .and_then(|s| self.sessions.get(&s))
-            .filter(|(_, last, _)| now.since(*last) <= self.config.session_ttl)
-            .map(|(c, _, _)| *c)
-    }
-
-    /// The policy's choice among the estimates.
-    fn choose(
-        &self,
-        request: &GlobalRequest<'_>,
-        estimates: &[ClusterEstimate],
-        now: Time,
-    ) -> Result<(ClusterId, DecisionReason), GlobalError> {
+        let estimates = self.estimates(request, now);
         let eligible: Vec<&ClusterEstimate> = estimates.iter().filter(|e| e.eligible).collect();
         if eligible.is_empty() {
             return Err(GlobalError::NoCluster);
         }
-        let home = self.home(request, now);
+        let home = request
+            .session
+            .and_then(|s| self.sessions.get(&s))
+            .filter(|(_, last)| now.since(*last) <= self.config.session_ttl)
+            .map(|(c, _)| *c);
         let cheapest = pick_min(&eligible, ClusterEstimate::cost_ms);
-        Ok(match self.config.policy {
+        let (cluster, reason) = match self.config.policy {
             GlobalPolicy::StaticSplit => (
-                self.static_share(request, estimates),
+                self.static_share(request, &estimates),
                 DecisionReason::StaticShare,
             ),
             GlobalPolicy::LeastLoaded => (
@@ -402,27 +345,14 @@ impl GlobalRouter {
                 Some(_) => (cheapest, DecisionReason::SessionMoved),
                 None => (cheapest, DecisionReason::LowestCost),
             },
-        })
-    }
-
-    /// Records the choice (session home, pending and outstanding work) and returns it.
-    fn commit(
-        &mut self,
-        request: &GlobalRequest<'_>,
-        cluster: ClusterId,
-        reason: DecisionReason,
-        estimates: Vec<ClusterEstimate>,
-        now: Time,
-    ) -> GlobalDecision {
-        let home = self.home(request, now);
+        };
         let moved_from = home.filter(|h| *h != cluster);
         let reason = match (reason, moved_from) {
             (DecisionReason::LowestCost, Some(_)) => DecisionReason::SessionMoved,
             (r, _) => r,
         };
         if let Some(s) = request.session {
-            let turns = self.sessions.get(&s).map_or(0, |e| e.2);
-            if let Some((old, _, _)) = self.sessions.insert(s, (cluster, now, turns + 1)) {
+            if let Some((old, _)) = self.sessions.insert(s, (cluster, now)) {
                 self.clusters[old.0 as usize].resident_sessions -= 1;
             }
             self.clusters[cluster.0 as usize].resident_sessions += 1;
@@ -438,185 +368,13 @@ impl GlobalRouter {
         c.pending.push_back((now, sent));
         c.pending_total.requests += sent.requests;
         c.pending_total.prefill_tokens += sent.prefill_tokens;
-        c.outstanding += 1;
         self.counter += 1;
-        GlobalDecision {
+        Ok(GlobalDecision {
             cluster,
             reason,
             moved_from,
             estimates,
-        }
-    }
-
-    /// Whether the requests sent to a cluster and not reported finished leave one of the batch
-    /// slots its summary states free (always, when it states none).
-    fn has_free_slot(&self, id: ClusterId) -> bool {
-        let c = &self.clusters[id.0 as usize];
-        match c.summary.as_ref().map(|s| s.load.max_running_requests) {
-            Some(slots) if slots > 0 => c.outstanding < slots,
-            _ => true,
-        }
-    }
-
-    /// Late binding's placement of a request now, or `None` to hold it: a cluster with a free
-    /// slot (the session's home when it has one; else the cheapest, for a session only when
-    /// waiting at home, behind the `ahead` held requests of that home, costs more than moving,
-    /// re-prefill included).
-    fn place_now(
-        &self,
-        request: &GlobalRequest<'_>,
-        estimates: &[ClusterEstimate],
-        ahead: &[u64],
-        now: Time,
-    ) -> Option<(ClusterId, DecisionReason)> {
-        let free: Vec<&ClusterEstimate> = estimates
-            .iter()
-            .filter(|e| e.eligible && self.has_free_slot(e.cluster))
-            .collect();
-        let home = self
-            .home(request, now)
-            .map(|h| &estimates[h.0 as usize])
-            .filter(|h| h.eligible);
-        let Some(h) = home else {
-            return (!free.is_empty()).then(|| {
-                (
-                    pick_min(&free, ClusterEstimate::cost_ms),
-                    DecisionReason::LowestCost,
-                )
-            });
-        };
-        if self.has_free_slot(h.cluster) {
-            return Some((h.cluster, DecisionReason::SessionHome));
-        }
-        if free.is_empty() {
-            return None;
-        }
-        // This turn alone: a free slot elsewhere (re-prefill included) against waiting at
-        // home, where a slot frees about every decode / slots and this request is behind the
-        // held ones of the same home.
-        let best = &estimates[pick_min(&free, ClusterEstimate::cost_with_slot_ms).0 as usize];
-        let slots = self.clusters[h.cluster.0 as usize]
-            .summary
-            .as_ref()
-            .map_or(1, |s| s.load.max_running_requests.max(1)) as f64;
-        let wait = (ahead[h.cluster.0 as usize] + 1) as f64 / slots * h.decode_ms;
-        let home_cost = h.cost_with_slot_ms() + wait;
-        (best.cost_with_slot_ms() < home_cost)
-            .then_some((best.cluster, DecisionReason::SessionMoved))
-    }
-
-    /// Routes a request, or (late binding, [`GlobalConfig::hold_limit`] > 0, `kv` policy) holds
-    /// it while no cluster it should go to has a free batch slot. `id` is the host's handle
-    /// for a held request, returned by [`Self::release`] when it is placed. When the hold is
-    /// full the request is routed at once as by [`Self::route`].
-    pub fn submit(
-        &mut self,
-        id: u64,
-        request: &GlobalRequest<'_>,
-        now: Time,
-    ) -> Result<Submitted, GlobalError> {
-        let late = self.config.policy == GlobalPolicy::Kv && self.config.hold_limit > 0;
-        if !late || self.held.len() >= self.config.hold_limit {
-            return self.route(request, now).map(Submitted::Routed);
-        }
-        self.trim_sent(now);
-        let estimates = self.estimates(request, now);
-        if !estimates.iter().any(|e| e.eligible) {
-            return Err(GlobalError::NoCluster);
-        }
-        let ahead = self.held_per_home(now);
-        if let Some((cluster, reason)) = self.place_now(request, &estimates, &ahead, now) {
-            return Ok(Submitted::Routed(
-                self.commit(request, cluster, reason, estimates, now),
-            ));
-        }
-        self.held.push_back(Held {
-            id,
-            session: request.session,
-            blocks: request.blocks.to_vec(),
-            input_tokens: request.input_tokens,
-            output_tokens_hint: request.output_tokens_hint,
-        });
-        Ok(Submitted::Held)
-    }
-
-    /// Held requests per home cluster (sessions whose home is that cluster).
-    fn held_per_home(&self, now: Time) -> Vec<u64> {
-        let mut ahead = vec![0; self.clusters.len()];
-        for h in &self.held {
-            if let Some(c) = self.home(&h.request(), now) {
-                ahead[c.0 as usize] += 1;
-            }
-        }
-        ahead
-    }
-
-    /// A request sent to `id` finished (its response ended, whatever its status): its batch
-    /// slot is free again for late binding.
-    pub fn request_done(&mut self, id: ClusterId) -> Result<(), GlobalError> {
-        self.state(id)?;
-        let c = &mut self.clusters[id.0 as usize];
-        c.outstanding = c.outstanding.saturating_sub(1);
-        Ok(())
-    }
-
-    /// Places the held requests that can go now (in [`GlobalConfig::hold_order`]; one that
-    /// must wait does not hold up later ones bound elsewhere): `(id, decision)` each.
-    pub fn release(&mut self, now: Time) -> Vec<(u64, GlobalDecision)> {
-        let mut out = Vec::new();
-        if self.held.is_empty() {
-            return out;
-        }
-        self.trim_sent(now);
-        let mut order: Vec<usize> = (0..self.held.len()).collect();
-        if self.config.hold_order == HoldOrder::LongestSession {
-            // Stable: equal turns keep arrival order.
-            order.sort_by_key(|&i| {
-                std::cmp::Reverse(
-                    self.held[i]
-                        .session
-                        .and_then(|s| self.sessions.get(&s))
-                        .map_or(0, |e| e.2),
-                )
-            });
-        }
-        let mut placed = vec![false; self.held.len()];
-        let mut ahead = vec![0; self.clusters.len()];
-        for i in order {
-            let any_free = (0..self.clusters.len()).any(|c| {
-                let id = ClusterId(c as u32);
-                self.is_eligible(id, now) && self.has_free_slot(id)
-            });
-            if !any_free {
-                break;
-            }
-            let request = self.held[i].request();
-            let estimates = self.estimates(&request, now);
-            match self.place_now(&request, &estimates, &ahead, now) {
-                Some((cluster, reason)) => {
-                    let h = self.held[i].clone();
-                    let d = self.commit(&h.request(), cluster, reason, estimates, now);
-                    out.push((h.id, d));
-                    placed[i] = true;
-                }
-                None => {
-                    if let Some(c) = self.home(&request, now) {
-                        ahead[c.0 as usize] += 1;
-                    }
-                }
-            }
-        }
-        let mut k = 0;
-        self.held.retain(|_| {
-            k += 1;
-            !placed[k - 1]
-        });
-        out
-    }
-
-    /// Requests held now (late binding).
-    pub fn held_count(&self) -> usize {
-        self.held.len()
+        })
     }
 
     /// The static split's cluster: the session's (or, without one, the request counter's)
@@ -648,14 +406,14 @@ impl GlobalRouter {
     pub fn session_home(&self, session: u64, now: Time) -> Option<ClusterId> {
         self.sessions
             .get(&session)
-            .filter(|(_, last, _)| now.since(*last) <= self.config.session_ttl)
-            .map(|(c, _, _)| *c)
+            .filter(|(_, last)| now.since(*last) <= self.config.session_ttl)
+            .map(|(c, _)| *c)
     }
 
     /// Forgets a session (it ended). Returns whether it was known.
     pub fn end_session(&mut self, session: u64) -> bool {
         match self.sessions.remove(&session) {
-            Some((home, _, _)) => {
+            Some((home, _)) => {
                 self.clusters[home.0 as usize].resident_sessions -= 1;
                 true
             }
@@ -667,7 +425,7 @@ impl GlobalRouter {
     pub fn expire_sessions(&mut self, now: Time) {
         let ttl = self.config.session_ttl;
         let clusters = &mut self.clusters;
-        self.sessions.retain(|_, (home, last, _)| {
+        self.sessions.retain(|_, (home, last)| {
             let keep = now.since(*last) <= ttl;
             if !keep {
                 clusters[home.0 as usize].resident_sessions -= 1;

@@ -40,11 +40,6 @@ pub struct GlobalSection {
     pub load_window_s: f64,
     /// The output length the global router is told per request.
     pub output_hint: OutputHint,
-    /// Late binding: requests the `kv` policy may hold while no cluster has a free batch slot
-    /// (see `GlobalConfig::hold_limit`; 0 = off).
-    pub hold_limit: usize,
-    /// Which held request gets a freed slot first (`arrival` or `longest-session`).
-    pub hold_order: kvrouter_core::global::HoldOrder,
 }
 
 /// What the global router knows of a request's output length (`[global] output_hint`).
@@ -83,8 +78,6 @@ impl Default for GlobalSection {
             bits_per_key: s.bits_per_key,
             load_window_s: g.load_window.as_secs_f64(),
             output_hint: OutputHint::default(),
-            hold_limit: g.hold_limit,
-            hold_order: g.hold_order,
         }
     }
 }
@@ -185,8 +178,6 @@ impl ClustersFile {
             max_summary_age: std::time::Duration::from_secs_f64(self.global.max_summary_age_s),
             session_move_ratio: self.global.session_move_ratio,
             load_window: std::time::Duration::from_secs_f64(self.global.load_window_s),
-            hold_limit: self.global.hold_limit,
-            hold_order: self.global.hold_order,
             ..GlobalConfig::default()
         }
     }

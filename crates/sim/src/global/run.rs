@@ -8,9 +8,7 @@ use super::replay::StepReplay;
 use super::summary::{GlobalRecord, GlobalSummary, SketchCheck};
 use crate::queue::EventQueue;
 use crate::sim::SimError;
-use kvrouter_core::global::{
-    ClusterId, ClusterSpec, ClusterSummary, GlobalDecision, GlobalRequest, GlobalRouter, Submitted,
-};
+use kvrouter_core::global::{ClusterId, ClusterSpec, ClusterSummary, GlobalRequest, GlobalRouter};
 use kvrouter_core::ids::RequestId;
 use kvrouter_core::router::{Admission, Decision, Effects, RouteRequest};
 use kvrouter_core::time::Time;
@@ -112,21 +110,6 @@ impl<'w> GlobalSimulation<'w> {
         self.now
     }
 
-    /// Requests the global router holds (late binding).
-    #[cfg(test)]
-    pub(super) fn held(&self) -> usize {
-        self.global.held_count()
-    }
-
-    /// Requests sent to datacenter `d` whose last token has not reached the client.
-    #[cfg(test)]
-    pub(super) fn outstanding(&self, d: usize) -> usize {
-        self.records
-            .iter()
-            .filter(|r| r.dc == Some(d) && r.finish.is_none())
-            .count()
-    }
-
     /// Datacenter `d`'s local router (what it has learned so far), for inspection.
     pub fn local_router(&self, d: usize) -> Option<&kvrouter_core::router::Router> {
         self.dcs.get(d).map(|dc| &dc.router)
@@ -152,7 +135,6 @@ impl<'w> GlobalSimulation<'w> {
                 let _ = self
                     .global
                     .update_summary(ClusterId(d as u32), *s, self.now);
-                self.release();
             }
             Event::Done(i) => self.done(i),
         }
@@ -185,42 +167,23 @@ impl<'w> GlobalSimulation<'w> {
                 .output_hint
                 .for_request(req.output_tokens),
         };
-        self.records[i].arrival = Some(self.now);
-        match self.global.submit(i as u64, &request, self.now) {
-            Ok(Submitted::Routed(decision)) => self.send(i, &decision, blocks.sequence),
-            // Late binding: placed by `release` when a batch slot frees.
-            Ok(Submitted::Held) => {}
+        let rec = &mut self.records[i];
+        rec.arrival = Some(self.now);
+        match self.global.route(&request, self.now) {
+            Ok(decision) => {
+                let d = decision.cluster.0 as usize;
+                rec.dc = Some(d);
+                rec.moved = decision.moved_from.is_some();
+                rec.estimated_cached_blocks = decision.chosen().cached_blocks;
+                self.dcs[d].recent.push(blocks.sequence);
+                self.queue
+                    .push(self.now + self.dcs[d].delay, Event::AtDc(i, d));
+            }
             Err(_) => {
                 // No datacenter has a fresh summary: the client retries after a refresh.
                 let retry = ms(self.config.clusters.global.summary_refresh_ms);
                 self.queue.push(self.now + retry, Event::Arrive(i));
             }
-        }
-    }
-
-    /// Sends request i where the global router placed it.
-    fn send(
-        &mut self,
-        i: usize,
-        decision: &GlobalDecision,
-        blocks: Vec<kvrouter_core::ids::SequenceHash>,
-    ) {
-        let d = decision.cluster.0 as usize;
-        let rec = &mut self.records[i];
-        rec.dc = Some(d);
-        rec.moved = decision.moved_from.is_some();
-        rec.estimated_cached_blocks = decision.chosen().cached_blocks;
-        self.dcs[d].recent.push(blocks);
-        self.queue
-            .push(self.now + self.dcs[d].delay, Event::AtDc(i, d));
-    }
-
-    /// Sends the held requests the global router places now (late binding).
-    fn release(&mut self) {
-        for (id, decision) in self.global.release(self.now) {
-            let i = id as usize;
-            let blocks = self.blocks(i).sequence;
-            self.send(i, &decision, blocks);
         }
     }
 
@@ -372,7 +335,6 @@ impl<'w> GlobalSimulation<'w> {
             let _ = self
                 .global
                 .record_output(ClusterId(d as u32), self.records[i].output_tokens);
-            let _ = self.global.request_done(ClusterId(d as u32));
         }
         let out = self.replay.finished(self.workload, i, self.now);
         if let (true, Some(s)) = (out.session_ended, self.workload.requests[i].session) {
@@ -381,7 +343,6 @@ impl<'w> GlobalSimulation<'w> {
         for (at, f) in out.start {
             self.queue.push(at, Event::Arrive(f));
         }
-        self.release();
     }
 
     fn summary(&self) -> GlobalSummary {

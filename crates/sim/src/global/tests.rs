@@ -237,31 +237,3 @@ fn the_global_router_is_told_each_requests_output_when_clients_send_max_tokens()
         "least-loaded does not read the hint"
     );
 }
-
-#[test]
-fn late_binding_finishes_every_request_and_holds_only_while_slots_are_full() {
-    let w = small();
-    // 2 DCs × 2 engines × 1 slot: 4 slots for 8 sessions in flight, so requests are held.
-    let mut dcs = two_dcs();
-    for d in &mut dcs {
-        d.max_num_seqs = Some(1);
-    }
-    let mut c = config(GlobalPolicy::Kv, dcs);
-    c.clusters.global.hold_limit = 64;
-    let mut sim = GlobalSimulation::new(c.clone(), &w).unwrap();
-    let mut held_max = 0;
-    while sim.step().unwrap() {
-        held_max = held_max.max(sim.held());
-        // Never more requests out at a DC than its slots: the rest wait at the global router.
-        for d in 0..2 {
-            assert!(sim.outstanding(d) <= 2, "dc {d}: {}", sim.outstanding(d));
-        }
-    }
-    assert!(held_max > 0, "nothing was held");
-    let run = || GlobalSimulation::new(c.clone(), &w).unwrap().run().unwrap();
-    let a = run();
-    assert_eq!(a, run(), "same inputs, same summary");
-    let served: usize = a.clusters.iter().map(|c| c.requests).sum();
-    assert_eq!(served, w.requests.len());
-    assert_eq!(a.step_time_s.len(), 2);
-}
