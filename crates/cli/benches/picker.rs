@@ -8,7 +8,9 @@
 //!   the previous pick's finish (`reports`), one exchange per pick.
 //! - ext_proc: one full Envoy exchange per request (request headers, the same prompt's body,
 //!   response headers, three response body chunks, the last ending the stream), at
-//!   concurrency 64, each task on its own keep-alive gRPC connection.
+//!   concurrency 64, each task on its own keep-alive gRPC connection; and (`ext-headers`, on a
+//!   second router started with `--ext-proc-observe headers`) the exchange Envoy then makes:
+//!   request headers, body and response headers, then the stream's end.
 //!
 //! `cargo bench -p kvrouter --bench picker`    (bounded: some 60,000 loopback requests);
 //! `KVROUTER_PICKER_BIN=<kvrouter>` measures another build of the router with the same client.
@@ -208,7 +210,12 @@ fn msg(r: In) -> ep::ProcessingRequest {
     }
 }
 
-fn exchange_messages(i: u64) -> Vec<ep::ProcessingRequest> {
+/// One exchange's messages as Envoy sends them with the bench's processing mode (request body
+/// `BUFFERED`; response body `BUFFERED` for the full line, whose three chunks stand for a
+/// streamed answer, `STREAMED` for the headers line): request headers, request body, response
+/// headers, then the three response body chunks (the last ending the stream), which a gateway
+/// told to send no body (`--ext-proc-observe headers`) does not send.
+fn exchange_messages(i: u64, response_body_mode: i32) -> Vec<ep::ProcessingRequest> {
     let h = |pairs: &[(&str, &str)]| core::HeaderMap {
         headers: pairs
             .iter()
@@ -231,7 +238,7 @@ fn exchange_messages(i: u64) -> Vec<ep::ProcessingRequest> {
     }));
     first.protocol_config = Some(ep::ProtocolConfiguration {
         request_body_mode: 2,
-        response_body_mode: 2,
+        response_body_mode,
         ..Default::default()
     });
     let chunk = |b: &[u8], eos| {
@@ -261,7 +268,23 @@ fn exchange_messages(i: u64) -> Vec<ep::ProcessingRequest> {
     ]
 }
 
-async fn ext_proc_exchanges(addr: &str, pid: u32, n: u64, concurrency: u64) -> f64 {
+/// Whether a response headers' answer asks Envoy to send no response body (a `mode_override`
+/// with `response_body_mode: NONE`), which Envoy with `allow_mode_override` applies at once
+/// (`Filter::onReceiveMessage` in `source/extensions/filters/http/ext_proc/ext_proc.cc`).
+fn no_more_body(r: &ep::ProcessingResponse) -> bool {
+    r.mode_override
+        .as_ref()
+        .is_some_and(|m| m.response_body_mode == 0)
+}
+
+/// The full exchange line: `response_body_mode` as the gateway's processing mode says it.
+async fn ext_proc_exchanges(
+    addr: &str,
+    pid: u32,
+    n: u64,
+    concurrency: u64,
+    response_body_mode: i32,
+) -> f64 {
     let mut clients = Vec::new();
     for _ in 0..concurrency {
         // One keep-alive HTTP/2 connection per task, as a gateway worker thread holds one.
@@ -283,10 +306,21 @@ async fn ext_proc_exchanges(addr: &str, pid: u32, n: u64, concurrency: u64) -> f
                     let (tx, rx) = tokio::sync::mpsc::channel(8);
                     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
                     let mut inbound = client.process(stream).await.unwrap().into_inner();
-                    for m in exchange_messages(first + i) {
+                    for m in exchange_messages(first + i, response_body_mode) {
+                        let body = matches!(m.request, Some(In::ResponseBody(_)));
                         tx.send(m).await.unwrap();
-                        inbound.message().await.unwrap().expect("a response");
+                        let r = inbound.message().await.unwrap().expect("a response");
+                        if !body && no_more_body(&r) {
+                            // The answer's body goes by unseen; at the HTTP stream's end Envoy
+                            // half-closes the stream and resets it (`Filter::onDestroy` ->
+                            // `closeStreamMaybeGraceful` -> `ProcessorStreamImpl::close`:
+                            // `closeStream()` then `resetStream()`), below.
+                            break;
+                        }
                     }
+                    // Half-close, then reset (dropping the response stream).
+                    drop(tx);
+                    drop(inbound);
                 }
                 client
             })
@@ -302,8 +336,19 @@ async fn ext_proc_exchanges(addr: &str, pid: u32, n: u64, concurrency: u64) -> f
     cpu
 }
 
-#[tokio::main]
-async fn main() {
+/// A router process under measurement.
+struct Router {
+    _child: tokio::process::Child,
+    base: String,
+    grpc: String,
+    pid: u32,
+    /// Its CPU rate while idle (embedded engines, timers), taken off each line.
+    idle_per_s: f64,
+}
+
+/// Starts the router (`KVROUTER_PICKER_BIN`, else this build) with `extra` flags, pinned to
+/// core 0 when `taskset` exists; `None` when it does not start (an older build without a flag).
+async fn start_router(extra: &[&str]) -> Option<Router> {
     let taskset = std::process::Command::new("taskset")
         .arg("-V")
         .output()
@@ -328,6 +373,7 @@ async fn main() {
     ];
     let mut child = cmd
         .args(args)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -337,8 +383,7 @@ async fn main() {
     let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
         .await
         .unwrap()
-        .unwrap()
-        .unwrap();
+        .unwrap()?;
     let field = |p: &str| {
         line.split_whitespace()
             .find_map(|w| w.strip_prefix(p))
@@ -353,41 +398,73 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle_per_s = (cpu_seconds(pid) - idle_start) / 2.0;
     println!(
-        "router idle CPU: {:.1} ms/s (embedded engines, timers; taken off each line below)",
+        "router {extra:?} idle CPU: {:.1} ms/s (embedded engines, timers; taken off each line below)",
         idle_per_s * 1e3
     );
+    Some(Router {
+        _child: child,
+        base,
+        grpc,
+        pid,
+        idle_per_s,
+    })
+}
+
+#[tokio::main]
+async fn main() {
     // Warm up (caches, connections, the index's families), then measure ([`windows`]).
     // `KVROUTER_PICKER_LINES=piggy,pair` runs only those lines (names below), to profile one.
     let lines = std::env::var("KVROUTER_PICKER_LINES").unwrap_or_default();
     let want = |name: &str| lines.is_empty() || lines.split(',').any(|l| l.trim() == name);
-    pick_pairs(&base, pid, 500, 16).await;
+    let router = start_router(&[]).await.expect("the router starts");
+    let (base, grpc, pid, idle_per_s) = (&router.base, &router.grpc, router.pid, router.idle_per_s);
+    pick_pairs(base, pid, 500, 16).await;
     if want("pair") {
-        let (us, rate) = windows(idle_per_s, |n| pick_pairs(&base, pid, n, 16)).await;
+        let (us, rate) = windows(idle_per_s, |n| pick_pairs(base, pid, n, 16)).await;
         println!(
             "pair: pick + finish, {PROMPT_TOKENS}-token prompt as token ids, concurrency 16: {us} µs router CPU per pair ({rate:.0} pairs/s)"
         );
     }
     if want("ext") {
-        ext_proc_exchanges(&grpc, pid, 500, 64).await;
-        let (us, rate) = windows(idle_per_s, |n| ext_proc_exchanges(&grpc, pid, n, 64)).await;
+        ext_proc_exchanges(grpc, pid, 500, 64, 2).await;
+        let (us, rate) = windows(idle_per_s, |n| ext_proc_exchanges(grpc, pid, n, 64, 2)).await;
         println!(
             "ext: ext_proc full exchange, {PROMPT_TOKENS}-token prompt, concurrency 64, keep-alive gRPC: {us} µs router CPU per exchange ({rate:.0} exchanges/s)"
         );
     }
     if want("floor") {
-        let (us, _) = windows(idle_per_s, |n| live_pairs(&base, pid, n, 16)).await;
+        let (us, _) = windows(idle_per_s, |n| live_pairs(base, pid, n, 16)).await;
         println!("floor: two GET /live per pair, concurrency 16: {us} µs router CPU per pair");
     }
     if want("short") {
-        let (us, _) = windows(idle_per_s, |n| pick_pairs_of(&base, pid, n, 16, 64)).await;
+        let (us, _) = windows(idle_per_s, |n| pick_pairs_of(base, pid, n, 16, 64)).await;
         println!(
             "short: pick + finish, 64-token prompt as token ids, concurrency 16: {us} µs router CPU per pair"
         );
     }
     if want("piggy") {
-        let (us, _) = windows(idle_per_s, |n| piggy_backed_picks(&base, pid, n, 16)).await;
+        let (us, _) = windows(idle_per_s, |n| piggy_backed_picks(base, pid, n, 16)).await;
         println!(
             "piggy: pick with the previous pick's finish piggy-backed, {PROMPT_TOKENS}-token prompt as token ids, concurrency 16: {us} µs router CPU per pick"
+        );
+    }
+    if want("ext-headers") {
+        drop(router);
+        // Its own router: `--ext-proc-observe` is a process's setting.
+        let Some(router) = start_router(&["--ext-proc-observe", "headers"]).await else {
+            println!("ext-headers: skipped (this router build has no --ext-proc-observe)");
+            return;
+        };
+        let (grpc, pid) = (&router.grpc, router.pid);
+        // The response body mode a gateway sets for streamed answers (`STREAMED`); the picker's
+        // override turns it off after the response headers.
+        ext_proc_exchanges(grpc, pid, 500, 64, 1).await;
+        let (us, rate) = windows(router.idle_per_s, |n| {
+            ext_proc_exchanges(grpc, pid, n, 64, 1)
+        })
+        .await;
+        println!(
+            "ext-headers: ext_proc exchange with --ext-proc-observe headers (request headers, body, response headers, then the stream's end), {PROMPT_TOKENS}-token prompt, concurrency 64, keep-alive gRPC: {us} µs router CPU per exchange ({rate:.0} exchanges/s)"
         );
     }
 }

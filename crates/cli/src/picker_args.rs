@@ -33,6 +33,21 @@ pub(crate) struct PickerArgs {
     /// mode applies; keep it below the gateway's ext_proc message_timeout.
     #[arg(help_heading = H::PICKER, long, default_value_t = 10.0)]
     ext_proc_pick_timeout_secs: f64,
+    /// How much of each answer the endpoint picker asks the gateway for: full (the response
+    /// headers, every body chunk and the end: first token and usage are seen) or headers (only
+    /// the response headers; their answer asks Envoy, which needs allow_mode_override, for no
+    /// body, and the answer's end is the ext_proc stream's end). See docs/topologies.md.
+    #[arg(help_heading = H::PICKER, long, value_enum, default_value_t = ExtProcObserve::Full)]
+    ext_proc_observe: ExtProcObserve,
+}
+
+/// `--ext-proc-observe`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ExtProcObserve {
+    /// Every phase of the answer the gateway sends.
+    Full,
+    /// The response headers, then the stream's end.
+    Headers,
 }
 
 /// `--ext-proc-failure-mode`.
@@ -78,6 +93,10 @@ impl PickerArgs {
             },
             fallbacks: self.ext_proc_fallbacks,
             pick_timeout,
+            observe: match self.ext_proc_observe {
+                ExtProcObserve::Full => kvrouter_ext_proc::Observe::Full,
+                ExtProcObserve::Headers => kvrouter_ext_proc::Observe::Headers,
+            },
             ..Default::default()
         })
     }

@@ -1,7 +1,8 @@
 //! `kvrouter serve --ext-proc-port` as a Gateway API endpoint picker, driven the way Envoy
 //! drives it: a gRPC client replays Envoy's message sequence (request headers, body chunks,
 //! response headers, response body, trailers) in buffered, streamed (`streamed.rs`) and
-//! full-duplex body modes, with cancellation mid-stream; the gRPC health service
+//! full-duplex body modes, with cancellation mid-stream; with `--ext-proc-observe headers`
+//! (`observe.rs`); the gRPC health service
 //! (`health.rs`); and a small HTTP proxy in the test asks the picker over ext_proc and
 //! forwards to `kvrouter mock-engine` processes.
 
@@ -277,8 +278,10 @@ async fn buffered_mode_names_the_worker_and_the_answer_releases_it() {
         envoy.recv().await.response,
         Some(Out::ResponseHeaders(_))
     ));
-    for (i, chunk) in SSE.iter().enumerate() {
-        envoy.send(response_body(chunk, i == SSE.len() - 1)).await;
+    // An answer with trailers: its last chunk does not end the stream (no trailers follow a
+    // chunk that does), the trailers do.
+    for chunk in SSE {
+        envoy.send(response_body(chunk, false)).await;
         assert!(matches!(
             envoy.recv().await.response,
             Some(Out::ResponseBody(_))
@@ -291,6 +294,9 @@ async fn buffered_mode_names_the_worker_and_the_answer_releases_it() {
         envoy.recv().await.response,
         Some(Out::ResponseTrailers(_))
     ));
+    // Nothing follows the answer's end: the picker ends its side with its last answer.
+    let end = tokio::time::timeout(Duration::from_secs(20), envoy.rx.message()).await;
+    assert!(matches!(end, Ok(Ok(None))), "{end:?}");
     let m = metrics(&base).await;
     assert_eq!(sum(&m, ACTIVE), 0.0);
     assert_eq!(
@@ -453,6 +459,9 @@ mod health;
 #[path = "ext_proc/streamed.rs"]
 mod streamed;
 
+#[path = "ext_proc/observe.rs"]
+mod observe;
+
 #[tokio::test]
 async fn a_gateway_in_front_of_engines_sends_a_prefix_to_one_engine_and_releases_load() {
     let mut engines = Vec::new();
@@ -468,16 +477,27 @@ async fn a_gateway_in_front_of_engines_sends_a_prefix_to_one_engine_and_releases
         ];
         engines.push(common::spawn(&args).await);
     }
-    let mut args = vec!["serve", "--port", "0", "--ext-proc-port", "0"];
     let urls: Vec<String> = engines.iter().map(common::Proc::http).collect();
-    for u in &urls {
+    // Observing every chunk of the answer, then only its headers and the stream's end (the
+    // gateway taking the picker's mode override), each with its own router.
+    through_gateway(&urls, &[], 0..3).await;
+    through_gateway(&urls, &["--ext-proc-observe", "headers"], 10..13).await;
+}
+
+/// A router with `extra` flags over the engines at `urls`, behind the test's gateway: each
+/// prefix's requests go to one engine, and every answer's end releases its load.
+async fn through_gateway(urls: &[String], extra: &[&str], prefixes: std::ops::Range<u64>) {
+    let mut args = vec!["serve", "--port", "0", "--ext-proc-port", "0"];
+    for u in urls {
         args.extend(["--worker", u.as_str()]);
     }
+    args.extend(extra);
     let router = common::spawn(&args).await;
     let base = router.http();
     let gateway = proxy::start(&router.field("ext_proc")).await;
     let http = reqwest::Client::new();
-    for prefix in 0..3 {
+    let requests = prefixes.clone().count() as f64 * 4.0;
+    for prefix in prefixes {
         let blocks_before = sum(&metrics(&base).await, "kvrouter_worker_cached_blocks{");
         let (first, _) = proxy::complete(&http, &gateway, &completion(prefix, 0)).await;
         // The engine's KV events reach the picker's index.
@@ -488,17 +508,15 @@ async fn a_gateway_in_front_of_engines_sends_a_prefix_to_one_engine_and_releases
         for tail in 1..4 {
             let (upstream, text) =
                 proxy::complete(&http, &gateway, &completion(prefix, tail)).await;
-            assert_eq!(upstream, first, "prefix {prefix}, tail {tail}");
+            assert_eq!(upstream, first, "{extra:?}: prefix {prefix}, tail {tail}");
             assert!(text.contains("data: [DONE]"), "{text}");
         }
     }
     await_metric(&base, ACTIVE, 0.0).await;
-    let m = metrics(&base).await;
-    assert_eq!(
-        sum(
-            &m,
-            "kvrouter_picks_total{source=\"ext_proc\",end=\"finished\"}"
-        ),
-        12.0
-    );
+    await_metric(
+        &base,
+        "kvrouter_picks_total{source=\"ext_proc\",end=\"finished\"}",
+        requests,
+    )
+    .await;
 }

@@ -24,14 +24,21 @@
 //!   headers response (with the destination) and one response per body chunk, in order.
 //! - `FULL_DUPLEX_STREAMED`: nothing is answered until the body is complete; then the headers
 //!   response (with the destination) and the body, sent back whole.
+//!
+//! The answer ([`Observe`]): with `Full`, every response phase the gateway sends is observed
+//! (the first body chunk marks the first token, the end carries the usage). With `Headers`, the
+//! response headers' answer asks Envoy for no more of the answer ([`headers_only_override`]),
+//! and the answer's end is the gRPC stream's end ([`Exchange::closed`]).
 
 use crate::messages::{
     body_continue, common, destination_metadata, header_map, headers_continue, immediate, reply,
     set_headers, subset_hint,
 };
 use crate::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use crate::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::HeaderSendMode;
+use crate::pb::envoy::extensions::filters::http::ext_proc::v3::ProcessingMode;
 use crate::pb::envoy::service::ext_proc::v3 as ep;
-use crate::FailureMode;
+use crate::{ExtProcConfig, FailureMode, Observe};
 use ep::processing_request::Request as In;
 use ep::processing_response::Response as Out;
 use kvrouter_server::placement::{endpoint_of, Placement};
@@ -109,6 +116,21 @@ enum Trigger {
 pub(crate) struct Exchange {
     failure: FailureMode,
     max_body_bytes: usize,
+    observe: Observe,
+    /// The request body mode as the gateway said it (`protocol_config`), echoed in a mode
+    /// override so that it matches an `allowed_override_modes` entry.
+    request_body_mode: i32,
+    /// Envoy honours a mode override on this stream: not when it sends bodies before the
+    /// headers' answer (`send_body_without_waiting_for_header_response`) or either body mode is
+    /// `FULL_DUPLEX_STREAMED` (its `Filter::onReceiveMessage` ignores `mode_override` then).
+    override_possible: bool,
+    /// The response headers were answered with [`headers_only_override`] and no body chunk
+    /// came since: the stream's end is the answer's end.
+    end_by_close: bool,
+    /// The gateway sends nothing more: the answer ended (response headers or a body chunk
+    /// with `end_of_stream`, or trailers; none follow an `end_of_stream`), or it was refused
+    /// with an immediate response (after which Envoy closes the stream).
+    over: bool,
     headers: http::HeaderMap,
     body: Vec<u8>,
     request_body: RequestBody,
@@ -128,11 +150,39 @@ fn complete_json(body: &[u8]) -> bool {
     end == Some(&b'}') && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
 }
 
+/// The mode override of [`Observe::Headers`], sent on the response headers' answer: no response
+/// body, and response trailers if the answer has any. Envoy (`ext_proc.cc`, as of 1.37) applies
+/// it in `Filter::onReceiveMessage` when the filter sets `allow_mode_override` (and the override
+/// is in `allowed_override_modes`, if that list is set; header modes `DEFAULT` keep the
+/// configured ones, body modes are taken as given, hence the request body mode echoed). It then
+/// sends no body chunk. It keeps the stream open because trailers are still wanted:
+/// `Filter::closeGrpcStreamIfLastRespReceived` closes it after the response headers' answer
+/// only when `bodyMode() == NONE && !sendTrailers()`, and `encodeHeaders` only when
+/// `noExternalProcess()`. An HTTP/1.1 answer has no trailers, so the stream stays open until
+/// the HTTP stream ends: `Filter::onDestroy` calls `closeStreamMaybeGraceful`, which half-closes
+/// the stream (`closeStream`) and then resets it (`ProcessorStreamImpl::close`; or, with the
+/// runtime flag `ext_proc_graceful_grpc_close`, off by default, waits for the server to close).
+/// It does so both when the answer completed and when the downstream client went away, so a
+/// cancellation after the response headers cannot be told from a completion.
+fn headers_only_override(request_body_mode: i32) -> ProcessingMode {
+    ProcessingMode {
+        request_body_mode,
+        response_body_mode: BodySendMode::None as i32,
+        response_trailer_mode: HeaderSendMode::Send as i32,
+        ..Default::default()
+    }
+}
+
 impl Exchange {
-    pub(crate) fn new(failure: FailureMode, max_body_bytes: usize) -> Self {
+    pub(crate) fn new(config: &ExtProcConfig) -> Self {
         Self {
-            failure,
-            max_body_bytes,
+            failure: config.failure_mode,
+            max_body_bytes: config.max_body_bytes,
+            observe: config.observe,
+            request_body_mode: BodySendMode::None as i32,
+            override_possible: true,
+            end_by_close: false,
+            over: false,
             headers: http::HeaderMap::new(),
             body: Vec::new(),
             request_body: RequestBody::Buffered,
@@ -161,6 +211,10 @@ impl Exchange {
             self.request_body = RequestBody::of(c);
             let full = BodySendMode::FullDuplexStreamed as i32;
             self.response_full_duplex = c.response_body_mode == full;
+            self.request_body_mode = c.request_body_mode;
+            self.override_possible = !c.send_body_without_waiting_for_header_response
+                && c.request_body_mode != full
+                && !self.response_full_duplex;
         }
         if let Some(hint) = msg.metadata_context.as_ref().and_then(subset_hint) {
             self.subset = Some(hint);
@@ -200,14 +254,24 @@ impl Exchange {
                         .is_some_and(|v| v.starts_with("text/event-stream"));
                     p.answered(status, stream);
                 }
+                let mut out = reply(Out::ResponseHeaders(headers_continue()));
                 if h.end_of_stream {
                     self.end();
+                    self.over = true;
+                } else if self.observe == Observe::Headers && self.override_possible {
+                    // The answer began; its body will not be seen.
+                    if let Some(p) = self.placement.as_mut() {
+                        p.first_token();
+                    }
+                    out.mode_override = Some(headers_only_override(self.request_body_mode));
+                    self.end_by_close = self.placement.is_some();
                 }
-                Step::Reply(vec![reply(Out::ResponseHeaders(headers_continue()))])
+                Step::Reply(vec![out])
             }
             Some(In::ResponseBody(b)) => Step::Reply(vec![self.on_response_body(b)]),
             Some(In::ResponseTrailers(_)) => {
                 self.end();
+                self.over = true;
                 Step::Reply(vec![reply(Out::ResponseTrailers(
                     ep::TrailersResponse::default(),
                 ))])
@@ -226,6 +290,7 @@ impl Exchange {
                     self.max_body_bytes
                 ),
             };
+            self.over = true;
             return Step::Reply(vec![immediate(&e)]);
         }
         self.body.extend_from_slice(&b.body);
@@ -251,6 +316,9 @@ impl Exchange {
 
     /// A chunk of the answer: accounted, and let through (sent back in full-duplex mode).
     fn on_response_body(&mut self, b: ep::HttpBody) -> ep::ProcessingResponse {
+        // A chunk after the override: the gateway did not take it (no `allow_mode_override`),
+        // and the answer is observed in full.
+        self.end_by_close = false;
         if let Some(p) = self.placement.as_mut() {
             if !b.body.is_empty() {
                 p.on_chunk(&b.body);
@@ -275,6 +343,7 @@ impl Exchange {
         };
         if eos {
             self.end();
+            self.over = true;
         }
         reply(Out::ResponseBody(out))
     }
@@ -282,7 +351,28 @@ impl Exchange {
     /// The answer ended: the placement's load is released (finished, or failed on a non-2xx).
     fn end(&mut self) {
         if let Some(p) = self.placement.take() {
-            p.end(self.response_ok);
+            if self.end_by_close {
+                // Trailers after the override: no body was seen, its length is not known.
+                p.end_unmeasured(self.response_ok);
+            } else {
+                p.end(self.response_ok);
+            }
+        }
+    }
+
+    /// Whether the gateway sends nothing more on this stream: the picker may end its side
+    /// with its last answer (one write for both).
+    pub(crate) fn over(&self) -> bool {
+        self.over
+    }
+
+    /// The gateway closed (or reset) the stream (called on drop). After the response headers
+    /// were answered with [`headers_only_override`] that is the answer's end (see there);
+    /// otherwise the answer had not ended, and dropping the placement releases its load as
+    /// cancelled.
+    fn closed(&mut self) {
+        if self.end_by_close {
+            self.end();
         }
     }
 
@@ -312,7 +402,10 @@ impl Exchange {
                 (Some(mutation), Some(destination_metadata(&endpoints)))
             }
             Err(e) => match self.failure {
-                FailureMode::Closed => return vec![immediate(&e)],
+                FailureMode::Closed => {
+                    self.over = true;
+                    return vec![immediate(&e)];
+                }
                 // Fail open: the request goes on without a destination (the gateway's own
                 // load balancing places it).
                 FailureMode::Open => {
@@ -358,5 +451,13 @@ impl Exchange {
             first.dynamic_metadata = metadata;
         }
         out
+    }
+}
+
+impl Drop for Exchange {
+    /// Envoy's close is a half-close and a reset in a row: when the reset arrives first, the
+    /// server drops the stream's response without reading the half-close.
+    fn drop(&mut self) {
+        self.closed();
     }
 }

@@ -39,6 +39,22 @@ pub enum FailureMode {
     Open,
 }
 
+/// How much of the answer the picker asks the gateway to send (`--ext-proc-observe`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Observe {
+    /// Every phase the gateway's processing mode sends: the response headers, each body chunk
+    /// (the first marks the first token, the last carries the usage) and the end.
+    #[default]
+    Full,
+    /// The response headers only: their answer asks Envoy (`mode_override`, honoured when the
+    /// filter sets `allow_mode_override`) for no response body and for response trailers, so
+    /// the answer's end is the gRPC stream's end (Envoy half-closes it when the HTTP stream
+    /// ends; an HTTP/1.1 answer has no trailers) or its trailers. The first token is taken at
+    /// the response headers and the output length is not known. Three messages per request
+    /// in buffered mode instead of three plus one per body chunk.
+    Headers,
+}
+
 /// Settings of the ext_proc service (`kvrouter serve --ext-proc-*`).
 #[derive(Clone, Debug)]
 pub struct ExtProcConfig {
@@ -53,6 +69,8 @@ pub struct ExtProcConfig {
     pub max_body_bytes: usize,
     /// On shutdown, how long streams in flight get to finish (`--shutdown-grace-secs`).
     pub shutdown_grace: std::time::Duration,
+    /// How much of the answer to ask the gateway for.
+    pub observe: Observe,
 }
 
 impl Default for ExtProcConfig {
@@ -63,6 +81,7 @@ impl Default for ExtProcConfig {
             pick_timeout: std::time::Duration::from_secs(10),
             max_body_bytes: 64 << 20,
             shutdown_grace: std::time::Duration::from_secs(30),
+            observe: Observe::Full,
         }
     }
 }

@@ -141,6 +141,8 @@ impl ExtProc {
 enum Next {
     /// Send these responses (none: wait for the next message).
     Replies(Vec<ep::ProcessingResponse>),
+    /// Send these responses and end the stream: the gateway sends nothing more.
+    Last(Vec<ep::ProcessingResponse>),
     /// The grace period of a shutdown passed: end the stream with `UNAVAILABLE`.
     Cut,
     /// The gateway ended (or cancelled) the stream.
@@ -167,12 +169,18 @@ impl Run {
             () = reached(&mut self.phase, Phase::Cutting) => return Next::Cut,
         };
         let Some(Ok(msg)) = msg else {
+            // The exchange's drop ends the answer or releases its load (`Exchange::closed`).
             return Next::End;
         };
-        Next::Replies(match self.exchange.on_message(msg) {
+        let out = match self.exchange.on_message(msg) {
             Step::Reply(out) => out,
             place => self.service.place(place, &mut self.exchange).await,
-        })
+        };
+        if self.exchange.over() {
+            Next::Last(out)
+        } else {
+            Next::Replies(out)
+        }
     }
 
     /// The stream of responses: each message's, in order, until the stream ends.
@@ -181,6 +189,9 @@ impl Run {
             let mut run = run?;
             match run.next().await {
                 Next::Replies(out) => Some((out.into_iter().map(Ok).collect(), Some(run))),
+                // Ending the response with the last answer lets the server write both at once
+                // (the gateway would close the stream after it anyway).
+                Next::Last(out) => Some((out.into_iter().map(Ok).collect(), None)),
                 Next::Cut => {
                     let cut =
                         Status::unavailable("kvrouter shut down (--shutdown-grace-secs passed)");
@@ -211,7 +222,7 @@ impl ExternalProcessor for ExtProc {
         let run = Run {
             _in_flight: InFlight::new(&self.shared),
             phase: self.shared.phase.subscribe(),
-            exchange: Exchange::new(self.config.failure_mode, self.config.max_body_bytes),
+            exchange: Exchange::new(&self.config),
             inbound: request.into_inner(),
             service: self.clone(),
         };

@@ -311,6 +311,15 @@ impl LoadGuard {
         self.finish_with(usage);
     }
 
+    /// The answer ended, its body unseen (an endpoint picker told the gateway not to send it):
+    /// the load is released as finished, and no output length is learnt or observed.
+    pub(crate) fn finish_unmeasured(&mut self) {
+        if self.done {
+            return;
+        }
+        self.finish_as(None, false);
+    }
+
     /// The caller of a pick reported the first token (the pick API and ext_proc, where the
     /// answer does not pass through the router).
     pub(crate) fn first_token(&mut self) {
@@ -330,6 +339,12 @@ impl LoadGuard {
     }
 
     fn finish_with(&mut self, usage: Option<Value>) {
+        self.finish_as(usage, true);
+    }
+
+    /// Ends the request as finished; `measured`: its output length is known (from `usage`, else
+    /// counted from the chunks seen) and learnt.
+    fn finish_as(&mut self, usage: Option<Value>, measured: bool) {
         self.done = true;
         let inner = &self.state.inner;
         let output = self.carried
@@ -341,9 +356,11 @@ impl LoadGuard {
                 } else {
                     0
                 });
-        // The cost policy learns output lengths (per RL group, prompt and overall).
-        let at = inner.now();
-        inner.lock_core().observe_output(self.id, output, at);
+        if measured {
+            // The cost policy learns output lengths (per RL group, prompt and overall).
+            let at = inner.now();
+            inner.lock_core().observe_output(self.id, output, at);
+        }
         inner.release(self.id, Release::Finished);
         if let (Some(group), true) = (self.group, self.counts_as_sample) {
             inner.group_sample_finished(group);
@@ -353,7 +370,9 @@ impl LoadGuard {
             .duration
             .observe(self.arrival.elapsed().as_secs_f64());
         m.requests.inc(&self.labels("ok"));
-        m.osl.observe(output as f64);
+        if measured {
+            m.osl.observe(output as f64);
+        }
         if let Some(engine) = usage.as_ref().and_then(|u| u["prompt_tokens"].as_u64()) {
             self.check_prompt_tokens(engine);
         }

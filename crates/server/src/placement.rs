@@ -180,16 +180,38 @@ impl Placement {
         }
     }
 
+    /// The answer began without its body being seen (the gateway sends only its headers): its
+    /// prefill is taken as over now, as a first chunk would mark it.
+    pub fn first_token(&mut self) {
+        if let Some(g) = self.guard.as_mut() {
+            g.first_token();
+        }
+    }
+
     /// The answer ended: `ok` (the worker answered with success) releases the load as
     /// finished, else as failed (counted toward the worker's health).
-    pub fn end(mut self, ok: bool) {
+    pub fn end(self, ok: bool) {
+        self.end_with(ok, true);
+    }
+
+    /// As [`Placement::end`] for an answer whose body was not seen: its output length is not
+    /// known, so neither the cost policy nor the output length histogram learns one.
+    pub fn end_unmeasured(self, ok: bool) {
+        self.end_with(ok, false);
+    }
+
+    fn end_with(mut self, ok: bool, measured: bool) {
         let Some(mut guard) = self.guard.take() else {
             return;
         };
         let metrics = &self.state.inner.metrics;
         if ok {
             guard.answered(true);
-            guard.finish();
+            if measured {
+                guard.finish();
+            } else {
+                guard.finish_unmeasured();
+            }
             metrics
                 .picks
                 .inc(&[("source", self.source), ("end", "finished")]);

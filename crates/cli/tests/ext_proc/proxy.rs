@@ -55,15 +55,27 @@ async fn forward(State(mut gw): State<Gateway>, body: Bytes) -> Response {
         .await
         .expect("the engine answers");
     envoy.send(response_headers(answer.status().as_u16())).await;
-    envoy.recv().await;
+    // With `allow_mode_override`, Envoy takes the picker's override: no body goes to it when
+    // the override says so, and the stream's end (below) is the answer's end.
+    let body_wanted = envoy
+        .recv()
+        .await
+        .mode_override
+        .is_none_or(|m| m.response_body_mode != 0);
     let mut text = Vec::new();
     while let Some(chunk) = answer.chunk().await.expect("the body") {
-        envoy.send(response_body(&chunk, false)).await;
-        envoy.recv().await;
+        if body_wanted {
+            envoy.send(response_body(&chunk, false)).await;
+            envoy.recv().await;
+        }
         text.extend_from_slice(&chunk);
     }
-    envoy.send(response_body(b"", true)).await;
-    envoy.recv().await;
+    if body_wanted {
+        envoy.send(response_body(b"", true)).await;
+        envoy.recv().await;
+    }
+    // The HTTP stream's end: Envoy half-closes the ext_proc stream, then resets it.
+    drop(envoy);
     ([("x-upstream", upstream)], text).into_response()
 }
 
