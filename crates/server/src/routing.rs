@@ -203,15 +203,21 @@ pub(crate) async fn off_task<T: Send + 'static>(
     state: &AppState,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ServeError> {
-    let _permit = state
+    // The slot goes with the work: a request dropped while it runs (its client gone) does not
+    // free the slot before the work ends, so abandoned work stays within the bound.
+    let permit = state
         .inner
         .tokenize_slots
-        .acquire()
+        .clone()
+        .acquire_owned()
         .await
         .map_err(|_| ServeError::Upstream("shutting down".into()))?;
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| ServeError::Upstream(format!("tokenization failed: {e}")))
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        work()
+    })
+    .await
+    .map_err(|e| ServeError::Upstream(format!("tokenization failed: {e}")))
 }
 
 #[cfg(test)]

@@ -65,7 +65,7 @@ pub(crate) struct Inner {
     pub(crate) epoch: Instant,
     pub(crate) http: reqwest::Client,
     pub(crate) tokenizer: CachedTokenizer,
-    pub(crate) tokenize_slots: Semaphore,
+    pub(crate) tokenize_slots: Arc<Semaphore>,
     pub(crate) metrics: Metrics,
     /// The libzmq context of the KV event subscribers (no I/O until a socket is made).
     pub(crate) zmq: zmq::Context,
@@ -394,7 +394,7 @@ impl AppState {
                 epoch: Instant::now(),
                 http,
                 tokenizer,
-                tokenize_slots: Semaphore::new(slots),
+                tokenize_slots: Arc::new(Semaphore::new(slots)),
                 metrics: Metrics::new(),
                 zmq: zmq::Context::new(),
                 models: RwLock::new(models),
