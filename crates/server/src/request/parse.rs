@@ -67,9 +67,9 @@ pub(super) async fn parse(
         let (st, bytes) = (state.clone(), raw.clone());
         let (body, input) = crate::routing::off_task(&state, move || {
             let body = read_json(&bytes)?;
-            // A non-object is refused by `parse_body`; its prompt is not read.
-            let input = body
-                .is_object()
+            // A body `parse_body` refuses before its prompt (not an object, an unknown model, a
+            // bad stream flag) is not templated or tokenized here either.
+            let input = (body.is_object() && passes_cheap_checks(&st, kind.1, &body))
                 .then(|| crate::routing::routing_input_now(&st, kind, &body));
             Ok::<_, ServeError>((body, input))
         })
@@ -88,6 +88,29 @@ pub(super) async fn parse(
         sampled,
     )
     .await
+}
+
+/// Whether `body` passes the checks [`parse_body`] makes before it reads the prompt: its model
+/// and its stream flags.
+fn passes_cheap_checks(state: &AppState, endpoint: Option<Endpoint>, body: &Body) -> bool {
+    check_model(state, endpoint, body).is_ok()
+        && kvrouter_openai::request::stream_flags(body.fields()).is_ok()
+}
+
+/// The body's `model`, which must be one the workers serve (any, before they report theirs).
+fn check_model(
+    state: &AppState,
+    endpoint: Option<Endpoint>,
+    body: &Body,
+) -> Result<Option<String>, ServeError> {
+    let models = state.inner.models.read().expect("models lock");
+    // vLLM's `/tokenize` and `/detokenize` take the model as optional.
+    let required = !matches!(endpoint, Some(Endpoint::Tokenize | Endpoint::Detokenize));
+    Ok(kvrouter_openai::request::check_model(
+        body.fields(),
+        &models,
+        required,
+    )?)
 }
 
 fn read_json(raw: &[u8]) -> Result<Body, ServeError> {
@@ -109,13 +132,7 @@ pub(super) async fn parse_body(
     if !body.is_object() {
         return Err(ServeError::invalid("the body must be a JSON object", None));
     }
-    let model = {
-        // The body's `model` must be one the workers serve (any, before they report theirs).
-        let models = state.inner.models.read().expect("models lock");
-        // vLLM's `/tokenize` and `/detokenize` take the model as optional.
-        let required = !matches!(endpoint, Some(Endpoint::Tokenize | Endpoint::Detokenize));
-        kvrouter_openai::request::check_model(body.fields(), &models, required)?
-    };
+    let model = check_model(&state, endpoint, &body)?;
     // Only the workers that serve the model (or adapter) may take it.
     let pool = model
         .as_deref()
