@@ -130,12 +130,14 @@ async fn bad_reports_answer_their_own_errors_and_the_pick_goes_on() {
         7,
         {"id": [1], "event": "finish"},
         {"id": "9".repeat(5_000), "event": "finish"},
+        {"id": a["id"], "event": "x".repeat(5_000)},
+        {"id": a["id"], "event": "finish", "k".repeat(5_000): 1},
     ]);
     let b = s
         .pick(json!({"token_ids": ids(1, 0), "reports": reports}))
         .await;
     let out = b["reports"].as_array().unwrap();
-    assert_eq!(out.len(), 10, "{b}");
+    assert_eq!(out.len(), 12, "{b}");
     let code = |i: usize| out[i]["error"]["code"].as_u64();
     let param = |i: usize| out[i]["error"]["param"].as_str().unwrap_or("").to_owned();
     assert_eq!(
@@ -169,6 +171,20 @@ async fn bad_reports_answer_their_own_errors_and_the_pick_goes_on() {
     let message = out[9]["error"]["message"].as_str().unwrap();
     for text in [echoed, message] {
         assert!(text.len() < 200 && text.contains("(5000 bytes)"), "{text}");
+    }
+    // So do serde's messages quoting a huge event or key.
+    for i in [10, 11] {
+        assert_eq!(code(i), Some(400), "{}", out[i]);
+        let message = out[i]["error"]["message"].as_str().unwrap();
+        assert!(
+            message.len() < 400 && message.contains(" bytes)"),
+            "{message}"
+        );
+        assert!(
+            out[i]["error"]["param"].as_str().unwrap().len() < 100,
+            "{}",
+            out[i]
+        );
     }
     // Only `a` was released: the new pick is the one outstanding.
     assert_eq!(s.metric("kvrouter_picks_outstanding").await, 1.0);

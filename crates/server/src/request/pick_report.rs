@@ -90,17 +90,27 @@ fn pick_id(id: &str) -> Result<u64, ServeError> {
 /// The longest id text an answer repeats whole: a pick id has at most 20 digits.
 const MAX_SHOWN_ID: usize = 32;
 
+/// The longest message of a malformed report an answer repeats whole (serde's messages quote
+/// the offending value or key, which may be huge).
+const MAX_SHOWN_MESSAGE: usize = 256;
+
 /// `id` as an answer repeats it: whole up to [`MAX_SHOWN_ID`] bytes, else its start and its
 /// length, so a huge id does not come back whole.
 fn shown(id: &str) -> std::borrow::Cow<'_, str> {
-    if id.len() <= MAX_SHOWN_ID {
-        return id.into();
+    cut(id, MAX_SHOWN_ID)
+}
+
+/// `text` whole up to `max` bytes, else its first `max` bytes (at a character boundary) and its
+/// length.
+fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
     }
-    let mut end = MAX_SHOWN_ID;
-    while !id.is_char_boundary(end) {
+    let mut end = max;
+    while !text.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}… ({} bytes)", &id[..end], id.len()).into()
+    format!("{}… ({} bytes)", &text[..end], text.len()).into()
 }
 
 /// A finish report's token counts must be possible: each at most 2^32 − 1, and the cached
@@ -248,7 +258,7 @@ fn apply_one(table: &PickTable, at: usize, value: Value) -> Value {
     let outcome = Report::deserialize(&value)
         .or_else(|_| serde_path_to_error::deserialize::<_, Report>(&value))
         .map_err(|e| {
-            let path = e.path().to_string();
+            let path = cut(&e.path().to_string(), MAX_SHOWN_ID).into_owned();
             let param = if path == "." || path.is_empty() {
                 format!("{REPORTS}[{at}]")
             } else {
@@ -260,7 +270,7 @@ fn apply_one(table: &PickTable, at: usize, value: Value) -> Value {
                  non-negative integer"
                     .to_owned()
             } else {
-                e.inner().to_string()
+                cut(&e.inner().to_string(), MAX_SHOWN_MESSAGE).into_owned()
             };
             ServeError::invalid_at(format!("invalid pick report: {msg}"), param)
         })
