@@ -137,6 +137,10 @@ pub struct PrefixIndex {
     scratch: Scratch,
 }
 
+/// The blocks' worth of buffers a Stored event's scratch keeps between events (an event of
+/// more grows them for its own time only).
+const SCRATCH_KEPT_BLOCKS: usize = 4096;
+
 /// The per-event buffers of [`PrefixIndex::apply`] (empty between events).
 #[derive(Debug, Default)]
 struct Scratch {
@@ -341,6 +345,10 @@ impl PrefixIndex {
         seqs.clear();
         engines.clear();
         fresh.clear();
+        // Kept for the next event, but not at the size of one huge event for good.
+        seqs.shrink_to(SCRATCH_KEPT_BLOCKS);
+        engines.shrink_to(SCRATCH_KEPT_BLOCKS);
+        fresh.shrink_to(SCRATCH_KEPT_BLOCKS);
         self.scratch = Scratch {
             seqs,
             engines,
@@ -390,13 +398,16 @@ impl PrefixIndex {
         }
         let mut dropped_any = false;
         let mut next = replaced.into_iter().peekable();
+        // `fresh` is sorted and disjoint (pushed walking forward): a cursor, not a scan per block.
+        let mut ranges = fresh.iter().peekable();
         for (k, seq) in seqs.iter().enumerate() {
+            while ranges.next_if(|r| r.end <= k).is_some() {}
             let held = !dropped_any
                 || self
                     .tree
                     .lookup(*seq)
                     .is_some_and(|at| self.tree.holds(at, holder));
-            if held && fresh.iter().any(|r| r.contains(&k)) {
+            if held && ranges.peek().is_some_and(|r| r.contains(&k)) {
                 self.rank_mut(slot).recency[tier].queue_youngest(*seq);
             }
             if let Some((_, old)) = next.next_if(|(at, _)| *at == k) {
