@@ -20,6 +20,16 @@ pub(crate) struct RoutingInput {
     pub(crate) blocks: BlockHashes,
 }
 
+impl RoutingInput {
+    /// A body without a prompt: no blocks, so the least loaded worker.
+    fn nothing() -> Self {
+        Self {
+            isl_tokens: 0,
+            blocks: BlockHashes::default(),
+        }
+    }
+}
+
 /// The prompt of a request body: token ids, or text (a chat rendered with `template`),
 /// borrowed from the body where it can be. A batch of prompts is routed on its first one.
 fn prompt_source<'a>(
@@ -88,10 +98,7 @@ pub(crate) async fn passthrough_input(
     let body = body.to_value();
     match passthrough_source(endpoint, &body, &state.inner.config.chat_template)? {
         Some(src) => input_of(state, &body, src).await,
-        None => Ok(RoutingInput {
-            isl_tokens: 0,
-            blocks: BlockHashes::default(),
-        }),
+        None => Ok(RoutingInput::nothing()),
     }
 }
 
@@ -188,10 +195,7 @@ pub(crate) fn routing_input_now(
             let body = body.to_value();
             Ok(match passthrough_source(endpoint, &body, template)? {
                 Some(src) => input_now(state, &namespace_of(state, &body), src),
-                None => RoutingInput {
-                    isl_tokens: 0,
-                    blocks: BlockHashes::default(),
-                },
+                None => RoutingInput::nothing(),
             })
         }
     }
