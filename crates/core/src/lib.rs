@@ -34,6 +34,7 @@ pub mod planner;
 pub mod policy;
 pub mod rng;
 pub mod router;
+mod sorted;
 pub mod time;
 pub mod timing;
 

@@ -3,6 +3,7 @@
 use super::tree::Tree;
 use super::PrefixIndex;
 use crate::ids::{SequenceHash, WorkerRank};
+use crate::sorted::SortedWalk;
 use serde::{Deserialize, Serialize};
 
 /// How much of a prompt's prefix a rank can reuse, in blocks.
@@ -53,6 +54,13 @@ impl OverlapScores {
             .binary_search_by(|r| r.rank.cmp(&rank))
             .map(|i| self.ranks[i].overlap)
             .unwrap_or_default()
+    }
+
+    /// [`OverlapScores::get`] for ranks asked in ascending order (as the router asks its
+    /// candidates), by one forward walk.
+    pub fn walk(&self) -> impl FnMut(WorkerRank) -> TierOverlap + '_ {
+        let mut walk = SortedWalk::new(&self.ranks, |r| r.rank);
+        move |rank| walk.find(rank).map(|r| r.overlap).unwrap_or_default()
     }
 
     /// Combines two results rank by rank, keeping the larger value of each tier.

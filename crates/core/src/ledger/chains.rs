@@ -102,11 +102,6 @@ pub(crate) struct ChainTrie {
     edges: FastMap<Edge, SegmentId>,
 }
 
-/// Length of the common prefix of `a` and `b`.
-fn common_prefix(a: &[SequenceHash], b: &[SequenceHash]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
 /// How many leading blocks of `query` equal those of `segment`, given that the first do. A
 /// sequence hash stands for its whole prefix, so the equal blocks are a prefix: a binary search.
 fn matched(segment: &[SequenceHash], query: &[SequenceHash]) -> usize {
@@ -229,7 +224,7 @@ impl ChainTrie {
                 return added + rest.len() as u64;
             };
             let s = &self.segment(id).blocks;
-            let (common, len) = (common_prefix(s, rest), s.len());
+            let (common, len) = (matched(s, rest), s.len());
             if common < len {
                 id = self.split(id, common);
             }

@@ -9,6 +9,7 @@ mod chains;
 
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, SequenceHash, WorkerId, WorkerRank};
+use crate::sorted::SortedWalk;
 use chains::ChainTrie;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -87,6 +88,13 @@ impl HeldPrefixes {
         self.ranks
             .binary_search_by_key(&rank, |r| r.0)
             .map_or(0, |i| self.ranks[i].1)
+    }
+
+    /// [`HeldPrefixes::get`] for ranks asked in ascending order (as the router asks its
+    /// candidates), by one forward walk.
+    pub fn walk(&self) -> impl FnMut(WorkerRank) -> usize + '_ {
+        let mut walk = SortedWalk::new(&self.ranks, |r| r.0);
+        move |rank| walk.find(rank).map_or(0, |r| r.1)
     }
 }
 

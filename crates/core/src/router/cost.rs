@@ -14,7 +14,6 @@ use crate::policy::learn::{LineFit, OutputLengths, PrefixHeat, Rate};
 use crate::policy::Candidate;
 use crate::time::Time;
 use crate::timing::{DynamoPoly, StepShape, TimingError, TimingModel};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Sessions remembered before the oldest half is forgotten.
@@ -75,8 +74,8 @@ impl TimingModel for FittedProfile {
 /// The cost policy's state inside the router.
 #[derive(Debug, Default)]
 pub(super) struct CostState {
-    timing: BTreeMap<WorkerId, Arc<dyn TimingModel>>,
-    fitted: BTreeMap<WorkerId, FittedProfile>,
+    timing: FastMap<WorkerId, Arc<dyn TimingModel>>,
+    fitted: FastMap<WorkerId, FittedProfile>,
     churn: FastMap<WorkerRank, Rate>,
     /// Active requests per (rank, RL group).
     siblings: FastMap<(WorkerRank, u64), u32>,
@@ -106,6 +105,49 @@ impl CostState {
         }
         Some(a)
     }
+}
+
+/// A candidate's step-time model: the built-in polynomial called directly (inlined into the
+/// estimate), any other profile through its trait object.
+#[derive(Clone, Copy, Debug)]
+enum Timing<'a> {
+    Poly,
+    Model(&'a dyn TimingModel),
+}
+
+impl TimingModel for Timing<'_> {
+    fn prefill_ms(&self, tokens: u64) -> Result<f64, TimingError> {
+        match self {
+            Timing::Poly => DynamoPoly.prefill_ms(tokens),
+            Timing::Model(m) => m.prefill_ms(tokens),
+        }
+    }
+
+    fn decode_ms(&self, shape: &StepShape) -> Result<f64, TimingError> {
+        match self {
+            Timing::Poly => DynamoPoly.decode_ms(shape),
+            Timing::Model(m) => m.decode_ms(shape),
+        }
+    }
+}
+
+/// What every candidate's pictures share: the request and the moment.
+struct PriceContext {
+    block_size: u64,
+    request_blocks: u64,
+    isl_tokens: u64,
+    expected: f64,
+    cv: f64,
+    group: Option<u64>,
+    now: Time,
+}
+
+/// One candidate as the estimate sees it.
+struct Priced<'a> {
+    timing: Timing<'a>,
+    w: WorkerPicture,
+    r: RequestPicture,
+    terms: WorkerTerms,
 }
 
 /// The prompt key for per-prompt output history: the hash of its last full block.
@@ -180,16 +222,61 @@ impl Router {
         }
     }
 
-    fn timing_of(&self, worker: WorkerId) -> &dyn TimingModel {
+    fn timing_of(&self, worker: WorkerId) -> Timing<'_> {
         if let Some(t) = self.cost.timing.get(&worker) {
-            return t.as_ref();
+            return Timing::Model(t.as_ref());
         }
         if self.config.router_cost_fit {
             if let Some(f) = self.cost.fitted.get(&worker) {
-                return f;
+                return Timing::Model(f);
             }
         }
-        &DynamoPoly
+        Timing::Poly
+    }
+
+    /// One candidate's pictures, profile and worker terms.
+    fn priced(&self, c: &Candidate, cx: &PriceContext) -> Priced<'_> {
+        let bs = cx.block_size;
+        let spec = &self.workers[&c.rank.worker];
+        let capacity = spec
+            .kv_capacity_blocks
+            .unwrap_or(self.config.router_index_max_blocks_per_worker as u64);
+        let held = cx.request_blocks - c.new_blocks;
+        let cached_blocks = u64::from(c.overlap.gpu_blocks).max(held);
+        let w = WorkerPicture {
+            prefill_queue_tokens: c.load.active_prefill_tokens,
+            active_requests: c.load.active_requests,
+            kv_tokens: c.load.active_decode_blocks * bs,
+            expected_output_tokens: self.cost.expected_out.get(&c.rank).copied().unwrap_or(0.0),
+            capacity_tokens: capacity * bs,
+            batch_tokens: spec.max_num_batched_tokens.unwrap_or(8192),
+            churn_blocks_per_s: self
+                .cost
+                .churn
+                .get(&c.rank)
+                .map_or(0.0, |ch| ch.rate(cx.now)),
+            block_size: bs,
+        };
+        let r = RequestPicture {
+            isl_tokens: cx.isl_tokens,
+            cached_tokens: cached_blocks * bs,
+            new_kv_tokens: c.new_blocks * bs,
+            expected_output: cx.expected,
+            network_s: 0.0,
+            siblings_here: cx
+                .group
+                .and_then(|g| self.cost.siblings.get(&(c.rank, g)).copied())
+                .unwrap_or(0),
+            length_cv: cx.cv,
+        };
+        let timing = self.timing_of(c.rank.worker);
+        let terms = worker_terms(&timing, &w);
+        Priced {
+            timing,
+            w,
+            r,
+            terms,
+        }
     }
 
     /// Every candidate's estimate, in candidate order (replica credit included), and the key of
@@ -201,86 +288,39 @@ impl Router {
         now: Time,
     ) -> (Vec<CostEstimate>, Option<u64>) {
         let bs = self.config.kv_cache_block_size as u64;
-        let request_blocks = request.request_blocks(self.config.kv_cache_block_size);
-        let expected = self
-            .cost
-            .outputs
-            .expected(request.group, prompt_key(request));
-        let cv = self.cost.outputs.group_cv();
+        let cx = PriceContext {
+            block_size: bs,
+            request_blocks: request.request_blocks(self.config.kv_cache_block_size),
+            isl_tokens: request.isl_tokens,
+            expected: self
+                .cost
+                .outputs
+                .expected(request.group, prompt_key(request)),
+            cv: self.cost.outputs.group_cv(),
+            group: request.group,
+            now,
+        };
         let weights = CostWeights {
             decode: self.config.router_cost_decode_weight,
             prefill: self.config.router_cost_prefill_weight,
             replica: self.config.router_cost_replica_weight,
         };
-        let pictures: Vec<(WorkerPicture, RequestPicture)> = candidates
+        // Each candidate's pictures, profile and worker terms, computed once.
+        let priced: Vec<Priced> = candidates.iter().map(|c| self.priced(c, &cx)).collect();
+        let mut estimates: Vec<CostEstimate> = priced
             .iter()
-            .map(|c| {
-                let spec = &self.workers[&c.rank.worker];
-                let capacity = spec
-                    .kv_capacity_blocks
-                    .unwrap_or(self.config.router_index_max_blocks_per_worker as u64);
-                let held = request_blocks - c.new_blocks;
-                let cached_blocks = u64::from(c.overlap.gpu_blocks).max(held);
-                let w = WorkerPicture {
-                    prefill_queue_tokens: c.load.active_prefill_tokens,
-                    active_requests: c.load.active_requests,
-                    kv_tokens: c.load.active_decode_blocks * bs,
-                    expected_output_tokens: self
-                        .cost
-                        .expected_out
-                        .get(&c.rank)
-                        .copied()
-                        .unwrap_or(0.0),
-                    capacity_tokens: capacity * bs,
-                    batch_tokens: spec.max_num_batched_tokens.unwrap_or(8192),
-                    churn_blocks_per_s: self.cost.churn.get(&c.rank).map_or(0.0, |ch| ch.rate(now)),
-                    block_size: bs,
-                };
-                let r = RequestPicture {
-                    isl_tokens: request.isl_tokens,
-                    cached_tokens: cached_blocks * bs,
-                    new_kv_tokens: c.new_blocks * bs,
-                    expected_output: expected,
-                    network_s: 0.0,
-                    siblings_here: request
-                        .group
-                        .and_then(|g| self.cost.siblings.get(&(c.rank, g)).copied())
-                        .unwrap_or(0),
-                    length_cv: cv,
-                };
-                (w, r)
-            })
-            .collect();
-        // Each candidate's profile and worker terms, looked up and computed once.
-        let timings: Vec<&dyn TimingModel> = candidates
-            .iter()
-            .map(|c| self.timing_of(c.rank.worker))
-            .collect();
-        let terms: Vec<WorkerTerms> = timings
-            .iter()
-            .zip(&pictures)
-            .map(|(t, (w, _))| worker_terms(*t, w))
-            .collect();
-        let mut estimates: Vec<CostEstimate> = timings
-            .iter()
-            .zip(&pictures)
-            .zip(&terms)
-            .map(|((timing, (w, r)), t)| estimate_with(*timing, w, t, r, weights))
+            .map(|p| estimate_with(&p.timing, &p.w, &p.terms, &p.r, weights))
             .collect();
         // Cold start: no output length observed yet, so a group's siblings spread (their lengths
         // are correlated and unknown; docs/routing.md).
         if request.group.is_some() && !self.cost.outputs.observed() {
-            let siblings: Vec<u32> = pictures.iter().map(|p| p.1.siblings_here).collect();
+            let siblings: Vec<u32> = priced.iter().map(|p| p.r.siblings_here).collect();
             for (e, penalty) in estimates.iter_mut().zip(cold_group_spread(&siblings)) {
                 e.total += penalty;
             }
         }
         // The replica credit: only for a prefix some candidate holds and others lack.
-        let deepest = pictures
-            .iter()
-            .map(|p| p.1.cached_tokens)
-            .max()
-            .unwrap_or(0);
+        let deepest = priced.iter().map(|p| p.r.cached_tokens).max().unwrap_or(0);
         let depth_blocks = (deepest / bs.max(1)) as usize;
         let key = depth_blocks
             .checked_sub(1)
@@ -290,9 +330,9 @@ impl Router {
             return (estimates, key);
         };
         let recent = self.cost.heat.recent(k, now);
-        let holders = pictures
+        let holders = priced
             .iter()
-            .filter(|p| p.1.cached_tokens >= deepest)
+            .filter(|p| p.r.cached_tokens >= deepest)
             .count() as u32;
         // The credit is at most ρ·recent/(holders + 1) × the best holder's whole cost: skip the
         // second estimates when that cannot matter (a cold prefix).
@@ -303,16 +343,12 @@ impl Router {
         }
         let best_holder = estimates
             .iter()
-            .zip(&pictures)
-            .filter(|(_, p)| p.1.cached_tokens >= deepest)
+            .zip(&priced)
+            .filter(|(_, p)| p.r.cached_tokens >= deepest)
             .map(|(e, _)| e.total)
             .fold(f64::INFINITY, f64::min);
-        for (((timing, (w, r)), t), e) in timings
-            .iter()
-            .zip(&pictures)
-            .zip(&terms)
-            .zip(estimates.iter_mut())
-        {
+        for (p, e) in priced.iter().zip(estimates.iter_mut()) {
+            let r = &p.r;
             if r.cached_tokens >= deepest {
                 continue;
             }
@@ -322,7 +358,7 @@ impl Router {
                 new_kv_tokens: r.new_kv_tokens.saturating_sub(copied),
                 ..*r
             };
-            let next = estimate_with(*timing, w, t, &as_holder, weights);
+            let next = estimate_with(&p.timing, &p.w, &p.terms, &as_holder, weights);
             let credit =
                 replica_credit_s(weights.replica, recent, holders, best_holder - next.total);
             e.replica_s = credit;

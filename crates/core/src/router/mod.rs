@@ -308,24 +308,29 @@ impl Router {
         self.last_now = self.last_now.max(now);
         let mode = self.config.router_mode;
         let allowed = self.allowed_ranks(request, mode)?;
-        let eligible: Vec<(WorkerRank, RankLoad)> = allowed
-            .iter()
-            .map(|r| (*r, self.ledger.load(*r)))
-            .filter(|(r, load)| !self.is_busy(*r, load))
-            .collect();
+        // Sized up front: a filtered collect grows by reallocation.
+        let mut eligible: Vec<(WorkerRank, RankLoad)> = Vec::with_capacity(allowed.len());
+        eligible.extend(
+            allowed
+                .iter()
+                .map(|r| (*r, self.ledger.load(*r)))
+                .filter(|(r, load)| !self.is_busy(*r, load)),
+        );
         if eligible.is_empty() {
             return Err(RouteError::AllEligibleWorkersOverloaded);
         }
         let overlaps = self.overlaps(request);
         let held = self.ledger.held_prefixes(&request.blocks.sequence);
         let request_blocks = request.request_blocks(self.config.kv_cache_block_size);
+        // Eligible ranks come in rank order: both lookups walk forward.
+        let (mut overlap_of, mut held_of) = (overlaps.walk(), held.walk());
         let candidates: Vec<Candidate> = eligible
             .iter()
             .map(|(rank, load)| Candidate {
                 rank: *rank,
                 load: *load,
-                overlap: overlaps.get(*rank),
-                new_blocks: request_blocks - held.get(*rank) as u64,
+                overlap: overlap_of(*rank),
+                new_blocks: request_blocks - held_of(*rank) as u64,
             })
             .collect();
         let mut scores = policy::kv_scores(
@@ -481,13 +486,14 @@ impl Router {
                 .as_ref()
                 .is_none_or(|a| a.contains(&r.worker))
         };
-        let ranks: Vec<WorkerRank> = self
-            .ranks
-            .iter()
-            .filter(permitted)
-            .filter(|r| !self.excluded(r.worker))
-            .copied()
-            .collect();
+        let mut ranks: Vec<WorkerRank> = Vec::with_capacity(self.ranks.len());
+        ranks.extend(
+            self.ranks
+                .iter()
+                .filter(permitted)
+                .filter(|r| !self.excluded(r.worker))
+                .copied(),
+        );
         if ranks.is_empty() {
             // Workers held out by an operator or an update come back: wait for them.
             let held = self

@@ -149,14 +149,12 @@ impl Router {
             return Ok(ranks);
         }
         let newest = self.newest_policy_version();
-        let kept: Vec<WorkerRank> = ranks
-            .into_iter()
-            .filter(|r| {
-                request
-                    .policy
-                    .accepts(self.workers[&r.worker].policy_version, newest)
-            })
-            .collect();
+        let mut kept: Vec<WorkerRank> = ranks;
+        kept.retain(|r| {
+            request
+                .policy
+                .accepts(self.workers[&r.worker].policy_version, newest)
+        });
         if kept.is_empty() {
             Err(RouteError::NoCompatibleVersion)
         } else {
