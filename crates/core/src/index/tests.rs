@@ -1,6 +1,6 @@
 use super::*;
-use crate::event::StoredBlock;
-use crate::hashing::BlockHasher;
+use crate::event::{BlockContent, StoredBlock};
+use crate::hashing::{BlockHasher, HashNamespace};
 use crate::ids::WorkerId;
 
 const BS: usize = 4;
