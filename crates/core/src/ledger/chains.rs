@@ -225,6 +225,11 @@ impl ChainTrie {
             };
             let s = &self.segment(id).blocks;
             let (common, len) = (matched(s, rest), s.len());
+            debug_assert_eq!(
+                s[..common],
+                rest[..common],
+                "a sequence hash stands for its prefix"
+            );
             if common < len {
                 id = self.split(id, common);
             }
