@@ -242,6 +242,38 @@ pub struct WorkerTerms {
 
 /// The worker's terms of [`estimate`].
 pub fn worker_terms<T: TimingModel + ?Sized>(timing: &T, w: &WorkerPicture) -> WorkerTerms {
+    steady_terms(timing, w).with_churn(w.churn_blocks_per_s, w.block_size)
+}
+
+/// [`WorkerTerms`] but for the survival, which moves with the churn rate (and so with time):
+/// what a host may keep while the worker's picture (churn aside) and profile stay the same.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SteadyTerms {
+    /// The terms with `survive` = 1.
+    terms: WorkerTerms,
+    /// The wait until a request's prefill would start there, ms.
+    wait_ms: f64,
+}
+
+impl SteadyTerms {
+    /// The worker's terms at a churn of `churn_blocks_per_s` blocks of `block_size` tokens.
+    pub fn with_churn(&self, churn_blocks_per_s: f64, block_size: u64) -> WorkerTerms {
+        let churn_tokens_per_s = churn_blocks_per_s * block_size.max(1) as f64;
+        let survive = if churn_tokens_per_s > 0.0 {
+            let turnover_s = self.terms.capacity as f64 / churn_tokens_per_s;
+            (1.0 - self.wait_ms / 1e3 / turnover_s).clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        WorkerTerms {
+            survive,
+            ..self.terms
+        }
+    }
+}
+
+/// The worker's terms but for the survival (`w.churn_blocks_per_s` is not read).
+pub fn steady_terms<T: TimingModel + ?Sized>(timing: &T, w: &WorkerPicture) -> SteadyTerms {
     let cap = w.capacity_tokens.max(1);
     let batch = w.batch_tokens.max(1);
     let full_step_ms = ms(timing.prefill_ms(batch), timing);
@@ -250,31 +282,27 @@ pub fn worker_terms<T: TimingModel + ?Sized>(timing: &T, w: &WorkerPicture) -> W
     let decode_now = decode_ms(timing, n, k, cap);
     // Half the step in progress; the queued prefill is counted whole in the chunks below.
     let residual = if n > 0 { 0.5 * decode_now } else { 0.0 };
-    let churn_tokens_per_s = w.churn_blocks_per_s * w.block_size.max(1) as f64;
-    let survive = if churn_tokens_per_s > 0.0 {
-        let wait_ms = residual
-            + chunked_with_full_step(
-                timing,
-                w.prefill_queue_tokens,
-                batch,
-                full_step_ms,
-                decode_now,
-            );
-        let turnover_s = cap as f64 / churn_tokens_per_s;
-        (1.0 - wait_ms / 1e3 / turnover_s).clamp(0.0, 1.0)
-    } else {
-        1.0
-    };
+    let wait_ms = residual
+        + chunked_with_full_step(
+            timing,
+            w.prefill_queue_tokens,
+            batch,
+            full_step_ms,
+            decode_now,
+        );
     let footprint = k + w.expected_output_tokens.max(0.0) / 2.0;
-    WorkerTerms {
-        capacity: cap,
-        batch,
-        full_step_ms,
-        decode_now_ms: decode_now,
-        residual_ms: residual,
-        survive,
-        footprint,
-        itl_ms: decode_ms(timing, n, footprint, cap),
+    SteadyTerms {
+        terms: WorkerTerms {
+            capacity: cap,
+            batch,
+            full_step_ms,
+            decode_now_ms: decode_now,
+            residual_ms: residual,
+            survive: 1.0,
+            footprint,
+            itl_ms: decode_ms(timing, n, footprint, cap),
+        },
+        wait_ms,
     }
 }
 

@@ -7,8 +7,8 @@ use crate::event::KvEvent;
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
 use crate::policy::cost::{
-    cold_group_spread, estimate_with, keeps_a_reserve, replica_credit_s, worker_terms,
-    CostEstimate, CostWeights, RequestPicture, WorkerPicture, WorkerTerms,
+    cold_group_spread, estimate_with, keeps_a_reserve, replica_credit_s, steady_terms,
+    CostEstimate, CostWeights, RequestPicture, SteadyTerms, WorkerPicture, WorkerTerms,
 };
 use crate::policy::learn::{LineFit, OutputLengths, PrefixHeat, Rate};
 use crate::policy::Candidate;
@@ -87,6 +87,22 @@ pub(super) struct CostState {
     homes: FastMap<u64, (WorkerRank, Time)>,
     /// Recent requests per cached prefix (for the replica credit).
     heat: PrefixHeat,
+    /// Each rank's worker terms but for the survival, kept while its picture (churn aside) and
+    /// the profiles stay the same: between two decisions only the ranks whose load moved
+    /// change. One entry per registered rank at most (a removed worker's go with it).
+    steady: FastMap<WorkerRank, Steady>,
+    /// Bumped whenever a profile may answer differently (a new timing, a fit's new point), so
+    /// every kept [`Steady`] is recomputed.
+    profiles_epoch: u64,
+}
+
+/// A rank's kept [`SteadyTerms`] and what they were computed from.
+#[derive(Clone, Copy, Debug)]
+struct Steady {
+    /// The picture, its churn set to 0 (the survival is recomputed each decision).
+    picture: WorkerPicture,
+    epoch: u64,
+    terms: SteadyTerms,
 }
 
 impl CostState {
@@ -161,6 +177,7 @@ impl Router {
     /// [`DynamoPoly`], or the online fit with `router_cost_fit`.
     pub fn set_worker_timing(&mut self, worker: WorkerId, timing: Arc<dyn TimingModel>) {
         self.cost.timing.insert(worker, timing);
+        self.cost.profiles_epoch += 1;
     }
 
     /// A request's output length, known when it finishes: the `cost` policy learns per RL group,
@@ -183,6 +200,7 @@ impl Router {
                 .or_default()
                 .decode
                 .add(kv / cap, itl);
+            self.cost.profiles_epoch += 1;
         }
     }
 
@@ -200,12 +218,25 @@ impl Router {
                 .or_default()
                 .prefill
                 .add(a.prefill_work, ttft);
+            self.cost.profiles_epoch += 1;
         }
     }
 
     /// The fitted profile of a worker, if any observation arrived.
     pub fn fitted_profile(&self, worker: WorkerId) -> Option<FittedProfile> {
         self.cost.fitted.get(&worker).copied()
+    }
+
+    /// Forgets every kept steady term, so the next decision computes all afresh (tests compare
+    /// decisions with and without them).
+    #[cfg(test)]
+    pub(super) fn forget_kept_terms(&mut self) {
+        self.cost.steady.clear();
+    }
+
+    /// Drops what the cost policy kept for a removed worker's ranks.
+    pub(super) fn cost_worker_removed(&mut self, worker: WorkerId) {
+        self.cost.steady.retain(|rank, _| rank.worker != worker);
     }
 
     pub(super) fn cost_released(&mut self, id: RequestId) {
@@ -235,7 +266,12 @@ impl Router {
     }
 
     /// One candidate's pictures, profile and worker terms.
-    fn priced(&self, c: &Candidate, cx: &PriceContext) -> Priced<'_> {
+    fn priced(
+        &self,
+        c: &Candidate,
+        cx: &PriceContext,
+        steady: &mut FastMap<WorkerRank, Steady>,
+    ) -> Priced<'_> {
         let bs = cx.block_size;
         let spec = &self.workers[&c.rank.worker];
         let capacity = spec
@@ -270,7 +306,27 @@ impl Router {
             length_cv: cx.cv,
         };
         let timing = self.timing_of(c.rank.worker);
-        let terms = worker_terms(&timing, &w);
+        let key = WorkerPicture {
+            churn_blocks_per_s: 0.0,
+            ..w
+        };
+        let epoch = self.cost.profiles_epoch;
+        let kept = match steady.get(&c.rank) {
+            Some(k) if k.picture == key && k.epoch == epoch => k.terms,
+            _ => {
+                let terms = steady_terms(&timing, &w);
+                steady.insert(
+                    c.rank,
+                    Steady {
+                        picture: key,
+                        epoch,
+                        terms,
+                    },
+                );
+                terms
+            }
+        };
+        let terms = kept.with_churn(w.churn_blocks_per_s, w.block_size);
         Priced {
             timing,
             w,
@@ -282,10 +338,24 @@ impl Router {
     /// Every candidate's estimate, in candidate order (replica credit included), and the key of
     /// the deepest prefix any candidate holds (for [`Router::cost_placed`] to count).
     pub(super) fn cost_estimates(
+        &mut self,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+        now: Time,
+    ) -> (Vec<CostEstimate>, Option<u64>) {
+        let mut steady = std::mem::take(&mut self.cost.steady);
+        let out = self.estimates_keeping(request, candidates, now, &mut steady);
+        self.cost.steady = steady;
+        out
+    }
+
+    /// [`Router::cost_estimates`], reusing and updating the kept steady terms.
+    fn estimates_keeping(
         &self,
         request: &RouteRequest,
         candidates: &[Candidate],
         now: Time,
+        steady: &mut FastMap<WorkerRank, Steady>,
     ) -> (Vec<CostEstimate>, Option<u64>) {
         let bs = self.config.kv_cache_block_size as u64;
         let cx = PriceContext {
@@ -306,7 +376,10 @@ impl Router {
             replica: self.config.router_cost_replica_weight,
         };
         // Each candidate's pictures, profile and worker terms, computed once.
-        let priced: Vec<Priced> = candidates.iter().map(|c| self.priced(c, &cx)).collect();
+        let priced: Vec<Priced> = candidates
+            .iter()
+            .map(|c| self.priced(c, &cx, steady))
+            .collect();
         let mut estimates: Vec<CostEstimate> = priced
             .iter()
             .map(|p| estimate_with(&p.timing, &p.w, &p.terms, &p.r, weights))

@@ -3,6 +3,7 @@ use super::*;
 use crate::policy::cost::{estimate, CostWeights, RequestPicture, WorkerPicture};
 use crate::timing::DynamoPoly;
 use proptest::prelude::*;
+use std::sync::Arc;
 use std::time::Duration;
 
 fn at(ms: u64) -> Time {
@@ -289,4 +290,122 @@ fn a_group_placed_before_any_output_is_known_spreads_evenly() {
     let mut b = request(10_001, &other);
     b.group = Some(99);
     assert_eq!(r.route(&b, at(22)).unwrap().rank, home);
+}
+
+/// A profile twice as slow as [`DynamoPoly`], to swap in mid-run.
+#[derive(Debug)]
+struct Slower;
+
+impl crate::timing::TimingModel for Slower {
+    fn prefill_ms(&self, tokens: u64) -> Result<f64, crate::timing::TimingError> {
+        Ok(2.0 * DynamoPoly.prefill_ms(tokens)?)
+    }
+    fn decode_ms(
+        &self,
+        shape: &crate::timing::StepShape,
+    ) -> Result<f64, crate::timing::TimingError> {
+        Ok(2.0 * DynamoPoly.decode_ms(shape)?)
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Route { prompt: u32, len: u32 },
+    Finish(usize),
+    FirstToken(usize),
+    Output(usize, u64),
+    Store(u64, u32),
+    Slow(u64),
+    Remove(u64),
+    Add(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u32..5, 1u32..700).prop_map(|(prompt, len)| Op::Route { prompt, len }),
+        2 => (0usize..64).prop_map(Op::Finish),
+        1 => (0usize..64).prop_map(Op::FirstToken),
+        1 => (0usize..64, 2u64..400).prop_map(|(i, n)| Op::Output(i, n)),
+        1 => (0u64..4, 0u32..5).prop_map(|(w, p)| Op::Store(w, p)),
+        1 => (0u64..4).prop_map(Op::Slow),
+        1 => (0u64..4).prop_map(Op::Remove),
+        1 => (0u64..4).prop_map(Op::Add),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// The steady terms kept across decisions change nothing: a router that forgets them before
+    /// every decision makes the same decisions with the same figures, whatever happens between
+    /// (loads moving, churn, the online fit's new points, a new profile, workers leaving and
+    /// coming back).
+    #[test]
+    fn kept_worker_terms_decide_as_fresh_ones(ops in proptest::collection::vec(op(), 1..60)) {
+        let config = RouterConfig {
+            router_mode: RouterMode::Cost,
+            kv_cache_block_size: BS,
+            router_cost_fit: true,
+            ..Default::default()
+        };
+        let mut kept = Router::new(config.clone()).unwrap();
+        let mut fresh = Router::new(config).unwrap();
+        for r in [&mut kept, &mut fresh] {
+            for w in 0..4 {
+                r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+            }
+        }
+        let mut active: Vec<RequestId> = Vec::new();
+        for (step, op) in ops.iter().enumerate() {
+            let now = at(10 * step as u64);
+            let pick = |i: &usize| active.get(i % active.len().max(1)).copied();
+            match op {
+                Op::Route { prompt, len } => {
+                    let req = request(step as u64, &tokens(*prompt, *len));
+                    fresh.forget_kept_terms();
+                    let (a, b) = (kept.route(&req, now), fresh.route(&req, now));
+                    prop_assert_eq!(&a, &b);
+                    if a.is_ok() {
+                        active.push(req.id);
+                    }
+                }
+                Op::Finish(i) => {
+                    if let Some(id) = pick(i) {
+                        active.retain(|x| *x != id);
+                        prop_assert_eq!(kept.finish(id, now).is_ok(), fresh.finish(id, now).is_ok());
+                    }
+                }
+                Op::FirstToken(i) => {
+                    if let Some(id) = pick(i) {
+                        kept.observe_first_token(id, now);
+                        fresh.observe_first_token(id, now);
+                    }
+                }
+                Op::Output(i, n) => {
+                    if let Some(id) = pick(i) {
+                        kept.observe_output(id, *n, now);
+                        fresh.observe_output(id, *n, now);
+                    }
+                }
+                Op::Store(w, p) => {
+                    let e = store_event(*w, &tokens(*p, 256));
+                    prop_assert_eq!(kept.apply_event(&e).is_ok(), fresh.apply_event(&e).is_ok());
+                }
+                Op::Slow(w) => {
+                    kept.set_worker_timing(WorkerId(*w), Arc::new(Slower));
+                    fresh.set_worker_timing(WorkerId(*w), Arc::new(Slower));
+                }
+                Op::Remove(w) => {
+                    prop_assert_eq!(
+                        kept.remove_worker(WorkerId(*w)).is_ok(),
+                        fresh.remove_worker(WorkerId(*w)).is_ok()
+                    );
+                }
+                Op::Add(w) => {
+                    let mut spec = WorkerSpec::new(WorkerId(*w));
+                    spec.kv_capacity_blocks = Some(64 + 64 * *w);
+                    prop_assert_eq!(kept.add_worker(spec.clone()).is_ok(), fresh.add_worker(spec).is_ok());
+                }
+            }
+        }
+    }
 }

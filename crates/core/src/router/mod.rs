@@ -198,6 +198,7 @@ impl Router {
         if let Some(p) = &mut self.predicted {
             p.remove_worker(id);
         }
+        self.cost_worker_removed(id);
         self.rebuild_ranks();
         Ok(spec)
     }
