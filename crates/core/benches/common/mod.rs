@@ -4,7 +4,8 @@
 use kvrouter_core::event::{BlockContent, KvEvent, Medium, StoredBlock};
 use kvrouter_core::hashing::{BlockHasher, BlockHashes, HashNamespace};
 use kvrouter_core::ids::{EngineHash, RequestId, WorkerId, WorkerRank};
-use kvrouter_core::router::{RouteRequest, Router};
+use kvrouter_core::policy::RouterMode;
+use kvrouter_core::router::{RouteRequest, Router, RouterConfig, WorkerSpec};
 use kvrouter_core::time::Time;
 use std::collections::HashSet;
 
@@ -128,4 +129,76 @@ pub fn route_and_finish(
     let d = r.route(&req, Time::from_micros(id)).unwrap();
     let _ = r.finish(RequestId(id), Time::from_micros(id)).unwrap();
     d.rank
+}
+
+/// The cost bench's fleet: 64 workers (16,384 blocks, 8,192-token steps each) fed `trace`'s KV
+/// events, with its first 256 requests in flight (ids from 2^40).
+pub fn cost_bench_router(mode: RouterMode, trace: &[TraceRequest]) -> Router {
+    let config = RouterConfig {
+        router_mode: mode,
+        kv_cache_block_size: BLOCK_SIZE,
+        ..RouterConfig::default()
+    };
+    let mut router = Router::new(config).unwrap();
+    for w in 0..64 {
+        let mut spec = WorkerSpec::new(WorkerId(w));
+        spec.kv_capacity_blocks = Some(16_384);
+        spec.max_num_batched_tokens = Some(8_192);
+        router.add_worker(spec).unwrap();
+    }
+    let (events, _) = engine_events(trace, 64);
+    for e in &events {
+        let _ = router.apply_event(e);
+    }
+    for (i, r) in trace.iter().take(256).enumerate() {
+        let tokens = prompt_tokens(&r.blocks);
+        let req = RouteRequest::new(
+            RequestId(1 << 40 | i as u64),
+            tokens.len() as u64,
+            hasher().hash_blocks(&tokens),
+        );
+        router.route(&req, Time::ZERO).unwrap();
+    }
+    router
+}
+
+/// The cost bench's prompt: the trace's longest, cut or padded to `blocks` router blocks; its
+/// token count and block hashes.
+pub fn cost_bench_prompt(trace: &[TraceRequest], blocks: usize) -> (u64, BlockHashes) {
+    let mut ids = trace
+        .iter()
+        .max_by_key(|r| r.blocks.len())
+        .unwrap()
+        .blocks
+        .clone();
+    ids.truncate(blocks);
+    ids.extend((ids.len() as u64..blocks as u64).map(|i| 1 << 42 | i));
+    let tokens = prompt_tokens(&ids);
+    let hashed = hasher().hash_blocks(&tokens);
+    assert_eq!(hashed.len(), blocks);
+    (tokens.len() as u64, hashed)
+}
+
+/// The deep-queue state: [`cost_bench_router`] without a trace and with 64 × 256 requests in
+/// flight, each a 16-block system prompt and 112 blocks of its own; and a `blocks`-block prompt
+/// that shares only the system prompt (its token count and block hashes).
+pub fn deep_queue_state(mode: RouterMode, blocks: usize) -> (Router, u64, BlockHashes) {
+    let system: Vec<u64> = (0..16).map(|i| 1 << 43 | i).collect();
+    let prompt = |n: u64, len: u64| -> Vec<u64> {
+        let mut b = system.clone();
+        b.extend((0..len).map(|j| 1 << 44 | n << 16 | j));
+        b
+    };
+    let mut r = cost_bench_router(mode, &[]);
+    for n in 0..64 * 256u64 {
+        let t = prompt_tokens(&prompt(n, 112));
+        let req = RouteRequest::new(
+            RequestId(1 << 41 | n),
+            t.len() as u64,
+            hasher().hash_blocks(&t),
+        );
+        r.route(&req, Time::ZERO).unwrap();
+    }
+    let tokens = prompt_tokens(&prompt(1 << 20, blocks as u64 - 16));
+    (r, tokens.len() as u64, hasher().hash_blocks(&tokens))
 }
