@@ -17,7 +17,8 @@ const BLOCKS: usize = 2048;
 
 fn cost(c: &mut Criterion) {
     let trace = load_trace();
-    let (isl, hashed) = cost_bench_prompt(&trace, BLOCKS);
+    let (tokens, hashed) = long_trace_prompt(&trace, BLOCKS);
+    let isl = tokens.len() as u64;
     let mut group = c.benchmark_group("route_64_workers_2048_blocks");
     for (name, mode) in [("cost", RouterMode::Cost), ("kv", RouterMode::Kv)] {
         let mut r = cost_bench_router(mode, &trace);

@@ -36,17 +36,8 @@ fn router(mode: RouterMode, predicted: Option<f64>) -> Router {
 fn route(c: &mut Criterion) {
     let trace = load_trace();
     // A 32k-token prompt: a trace prompt's blocks, extended with fresh blocks.
-    let mut blocks = trace
-        .iter()
-        .max_by_key(|r| r.blocks.len())
-        .unwrap()
-        .blocks
-        .clone();
-    blocks.truncate(512);
-    blocks.extend((blocks.len() as u64..512).map(|i| 1 << 42 | i));
-    let tokens = prompt_tokens(&blocks);
+    let (tokens, hashed) = long_trace_prompt(&trace, 512);
     assert_eq!(tokens.len(), 32 * 1024);
-    let hashed = hasher().hash_blocks(&tokens);
 
     let mut group = c.benchmark_group("route_64_workers_32k_tokens");
     for (name, mode, predicted) in [

@@ -34,8 +34,8 @@ fn main() -> ExitCode {
     };
     let standard = |mode| {
         let trace = load_trace();
-        let (isl, hashed) = cost_bench_prompt(&trace, BLOCKS);
-        (cost_bench_router(mode, &trace), isl, hashed)
+        let (tokens, hashed) = long_trace_prompt(&trace, BLOCKS);
+        (cost_bench_router(mode, &trace), tokens.len() as u64, hashed)
     };
     let (mut r, isl, hashes) = match args.first().map(String::as_str) {
         Some("cost") => standard(RouterMode::Cost),

@@ -162,9 +162,9 @@ pub fn cost_bench_router(mode: RouterMode, trace: &[TraceRequest]) -> Router {
     router
 }
 
-/// The cost bench's prompt: the trace's longest, cut or padded to `blocks` router blocks; its
-/// token count and block hashes.
-pub fn cost_bench_prompt(trace: &[TraceRequest], blocks: usize) -> (u64, BlockHashes) {
+/// A long prompt (the route and cost benches'): the trace's longest, cut or padded with fresh
+/// blocks to `blocks` router blocks; its tokens and block hashes.
+pub fn long_trace_prompt(trace: &[TraceRequest], blocks: usize) -> (Vec<u32>, BlockHashes) {
     let mut ids = trace
         .iter()
         .max_by_key(|r| r.blocks.len())
@@ -176,7 +176,7 @@ pub fn cost_bench_prompt(trace: &[TraceRequest], blocks: usize) -> (u64, BlockHa
     let tokens = prompt_tokens(&ids);
     let hashed = hasher().hash_blocks(&tokens);
     assert_eq!(hashed.len(), blocks);
-    (tokens.len() as u64, hashed)
+    (tokens, hashed)
 }
 
 /// The deep-queue state: [`cost_bench_router`] without a trace and with 64 × 256 requests in
