@@ -2,6 +2,7 @@
 //! (output lengths, churn, step-time fits) and the pick. The arithmetic is in
 //! [`crate::policy::cost`]; see docs/routing.md for the objective.
 
+use super::profiles::{FittedProfile, Timing};
 use super::{RouteRequest, Router};
 use crate::event::KvEvent;
 use crate::fast_map::FastMap;
@@ -10,10 +11,10 @@ use crate::policy::cost::{
     cold_group_spread, estimate_with, keeps_a_reserve, replica_credit_s, steady_terms,
     CostEstimate, CostWeights, RequestPicture, SteadyTerms, WorkerPicture, WorkerTerms,
 };
-use crate::policy::learn::{LineFit, OutputLengths, PrefixHeat, Rate};
+use crate::policy::learn::{OutputLengths, PrefixHeat, Rate};
 use crate::policy::Candidate;
 use crate::time::Time;
-use crate::timing::{DynamoPoly, StepShape, TimingError, TimingModel};
+use crate::timing::TimingModel;
 use std::sync::Arc;
 
 /// Sessions remembered before the oldest half is forgotten.
@@ -29,46 +30,6 @@ struct Active {
     routed: Time,
     /// Tokens the chosen worker had to prefill up to and including this request.
     prefill_work: f64,
-}
-
-/// A step-time model fitted from what the router observes of one worker: prefill ms ≈ a + b·T
-/// from (tokens to prefill ahead and including a request, its TTFT), decode ms ≈ c + d·p from
-/// (KV fraction in use, mean inter-token latency). Used for workers given no profile when
-/// `router_cost_fit` is on; until each line has two distinct points it answers as `DynamoPoly`.
-#[derive(Clone, Copy, Debug)]
-pub struct FittedProfile {
-    /// TTFT against tokens to prefill.
-    pub prefill: LineFit,
-    /// Mean ITL against the KV fraction in use.
-    pub decode: LineFit,
-}
-
-impl Default for FittedProfile {
-    fn default() -> Self {
-        Self {
-            prefill: LineFit::new(512.0),
-            decode: LineFit::new(512.0),
-        }
-    }
-}
-
-impl TimingModel for FittedProfile {
-    fn prefill_ms(&self, tokens: u64) -> Result<f64, TimingError> {
-        match self.prefill.line() {
-            Some((a, b)) if tokens > 0 => Ok(a + b * tokens as f64),
-            _ => DynamoPoly.prefill_ms(tokens),
-        }
-    }
-
-    fn decode_ms(&self, shape: &StepShape) -> Result<f64, TimingError> {
-        match self.decode.line() {
-            Some((c, d)) => {
-                let p = shape.active_kv_tokens as f64 / shape.kv_capacity_tokens.max(1) as f64;
-                Ok((c + d * p).max(0.1))
-            }
-            None => DynamoPoly.decode_ms(shape),
-        }
-    }
 }
 
 /// The cost policy's state inside the router.
@@ -123,30 +84,6 @@ impl CostState {
     }
 }
 
-/// A candidate's step-time model: the built-in polynomial called directly (inlined into the
-/// estimate), any other profile through its trait object.
-#[derive(Clone, Copy, Debug)]
-enum Timing<'a> {
-    Poly,
-    Model(&'a dyn TimingModel),
-}
-
-impl TimingModel for Timing<'_> {
-    fn prefill_ms(&self, tokens: u64) -> Result<f64, TimingError> {
-        match self {
-            Timing::Poly => DynamoPoly.prefill_ms(tokens),
-            Timing::Model(m) => m.prefill_ms(tokens),
-        }
-    }
-
-    fn decode_ms(&self, shape: &StepShape) -> Result<f64, TimingError> {
-        match self {
-            Timing::Poly => DynamoPoly.decode_ms(shape),
-            Timing::Model(m) => m.decode_ms(shape),
-        }
-    }
-}
-
 /// What every candidate's pictures share: the request and the moment.
 struct PriceContext {
     block_size: u64,
@@ -174,7 +111,7 @@ fn prompt_key(request: &RouteRequest) -> Option<u64> {
 impl Router {
     /// Times the `cost` policy's estimates for `worker` with `timing` (the profile the engine
     /// runs; the simulator passes the engine model's own). Workers without one use
-    /// [`DynamoPoly`], or the online fit with `router_cost_fit`.
+    /// [`DynamoPoly`](crate::timing::DynamoPoly), or the online fit with `router_cost_fit`.
     pub fn set_worker_timing(&mut self, worker: WorkerId, timing: Arc<dyn TimingModel>) {
         self.cost.timing.insert(worker, timing);
         self.cost.profiles_epoch += 1;

@@ -12,6 +12,7 @@ mod cluster;
 mod config;
 mod cost;
 mod effects;
+mod profiles;
 mod remote_event;
 mod replica;
 mod request;
@@ -23,8 +24,8 @@ pub use config::{
     ConfigError, KvRetention, RouterConfig, DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER,
     DEFAULT_QUEUE_MAX_REQUESTS, DEFAULT_QUEUE_MAX_WAIT_SECS,
 };
-pub use cost::FittedProfile;
 pub use effects::Effects;
+pub use profiles::FittedProfile;
 pub use replica::{
     ActiveRequest, RemoteError, RemoteEvent, DEFAULT_ACTIVE_LIST_MAX, REMOTE_ID_BASE,
 };
