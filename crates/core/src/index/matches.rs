@@ -161,8 +161,11 @@ impl PrefixIndex {
                 end => end,
             }
         };
-        let mut ranks = Vec::new();
-        for (w, word) in initial.iter().skip(2).step_by(3).enumerate() {
+        // Sized up front (one entry per slot holding the first block in any tier): growing by
+        // pushes reallocates a few times per query.
+        let holders = initial.iter().skip(2).step_by(3);
+        let mut ranks = Vec::with_capacity(holders.clone().map(|w| w.count_ones() as usize).sum());
+        for (w, word) in holders.enumerate() {
             let mut bits = *word;
             while bits != 0 {
                 let slot = w as u32 * 64 + bits.trailing_zeros();

@@ -336,7 +336,13 @@ pub fn estimate_with<T: TimingModel + ?Sized>(
         itl_ms: itl,
     } = terms;
     let n = u64::from(w.active_requests);
-    let cached = (r.cached_tokens.min(r.isl_tokens) as f64 * survive).round() as u64;
+    let held = r.cached_tokens.min(r.isl_tokens);
+    // The same figure either way; `round` is a library call, skipped when the prefix survives.
+    let cached = if survive == 1.0 {
+        held
+    } else {
+        (held as f64 * survive).round() as u64
+    };
     let x = w.prefill_queue_tokens + r.isl_tokens - cached;
     let ttft_ms = residual + chunked_with_full_step(timing, x, batch, full_step_ms, decode_now);
     let ttft_s = ttft_ms / 1e3 + r.network_s;

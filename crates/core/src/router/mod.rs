@@ -273,17 +273,23 @@ impl Router {
     }
 
     fn is_busy(&self, rank: WorkerRank, load: &RankLoad) -> bool {
-        let spec = &self.workers[&rank.worker];
         let c = &self.config;
+        if let Some(t) = c.active_prefill_tokens_threshold {
+            if load.active_prefill_tokens > t {
+                return true;
+            }
+        }
+        if c.active_decode_blocks_threshold.is_none()
+            && c.active_prefill_tokens_threshold_frac.is_none()
+        {
+            // The spec is not needed (and its lookup is not free, once per candidate).
+            return false;
+        }
+        let spec = &self.workers[&rank.worker];
         if let (Some(t), Some(capacity)) =
             (c.active_decode_blocks_threshold, spec.kv_capacity_blocks)
         {
             if load.active_decode_blocks as f64 > t * capacity as f64 {
-                return true;
-            }
-        }
-        if let Some(t) = c.active_prefill_tokens_threshold {
-            if load.active_prefill_tokens > t {
                 return true;
             }
         }
