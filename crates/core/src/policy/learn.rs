@@ -134,6 +134,11 @@ impl Rate {
         self.last = Some(now);
     }
 
+    /// Whether nothing was ever added.
+    pub fn is_unset(&self) -> bool {
+        self.last.is_none()
+    }
+
     /// The rate at `now`, blocks per second.
     pub fn rate(&self, now: Time) -> f64 {
         match self.last {

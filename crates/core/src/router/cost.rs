@@ -3,7 +3,7 @@
 //! [`crate::policy::cost`]; see docs/routing.md for the objective.
 
 use super::profiles::{FittedProfile, Timing};
-use super::{RouteRequest, Router};
+use super::{RouteRequest, Router, WorkerSpec};
 use crate::event::KvEvent;
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
@@ -37,24 +37,39 @@ struct Active {
 pub(super) struct CostState {
     timing: FastMap<WorkerId, Arc<dyn TimingModel>>,
     fitted: FastMap<WorkerId, FittedProfile>,
-    churn: FastMap<WorkerRank, Rate>,
+    /// What is kept per rank (one lookup per candidate). A removed worker's ranks lose their
+    /// churn and kept terms at once, and their entries go when their last request does.
+    ranks: FastMap<WorkerRank, RankCost>,
     /// Active requests per (rank, RL group).
     siblings: FastMap<(WorkerRank, u64), u32>,
     outputs: OutputLengths,
     active: FastMap<RequestId, Active>,
-    /// Σ expected output tokens of the active requests, per rank.
-    expected_out: FastMap<WorkerRank, f64>,
     /// Session → (rank of its last turn, when).
     homes: FastMap<u64, (WorkerRank, Time)>,
     /// Recent requests per cached prefix (for the replica credit).
     heat: PrefixHeat,
-    /// Each rank's worker terms but for the survival, kept while its picture (churn aside) and
-    /// the profiles stay the same: between two decisions only the ranks whose load moved
-    /// change. One entry per registered rank at most (a removed worker's go with it).
-    steady: FastMap<WorkerRank, Steady>,
     /// Bumped whenever a profile may answer differently (a new timing, a fit's new point), so
     /// every kept [`Steady`] is recomputed.
     profiles_epoch: u64,
+}
+
+/// The cost policy's state of one rank.
+#[derive(Clone, Copy, Debug, Default)]
+struct RankCost {
+    /// Blocks its engine stores per second (from KV events).
+    churn: Rate,
+    /// Σ expected output tokens of its active requests.
+    expected_out: f64,
+    /// Its worker terms but for the survival, kept while its picture (churn aside) and the
+    /// profiles stay the same: between two decisions only the ranks whose load moved change.
+    steady: Option<Steady>,
+}
+
+impl RankCost {
+    /// Whether the entry says nothing an absent one would not (so it may go).
+    fn is_idle(&self) -> bool {
+        self.expected_out == 0.0 && self.churn.is_unset() && self.steady.is_none()
+    }
 }
 
 /// A rank's kept [`SteadyTerms`] and what they were computed from.
@@ -69,8 +84,11 @@ struct Steady {
 impl CostState {
     fn forget_request(&mut self, id: RequestId) -> Option<Active> {
         let a = self.active.remove(&id)?;
-        if let Some(s) = self.expected_out.get_mut(&a.rank) {
-            *s = (*s - a.expected).max(0.0);
+        if let Some(s) = self.ranks.get_mut(&a.rank) {
+            s.expected_out = (s.expected_out - a.expected).max(0.0);
+            if s.is_idle() {
+                self.ranks.remove(&a.rank);
+            }
         }
         if let Some(g) = a.group {
             if let Some(n) = self.siblings.get_mut(&(a.rank, g)) {
@@ -124,9 +142,10 @@ impl Router {
             return;
         };
         self.cost.outputs.observe(output_tokens, a.group, a.prompt);
-        if self.config.router_cost_fit && output_tokens > 1 {
-            let spec = self.workers.get(&a.rank.worker);
-            let cap = spec.and_then(|s| s.kv_capacity_blocks).unwrap_or(1).max(1) as f64
+        // A removed worker's fit is gone (and not started again by its last requests).
+        let spec = self.workers.get(&a.rank.worker);
+        if let (true, Some(spec), true) = (self.config.router_cost_fit, spec, output_tokens > 1) {
+            let cap = spec.kv_capacity_blocks.unwrap_or(1).max(1) as f64
                 * self.config.kv_cache_block_size as f64;
             let kv = self.ledger.load(a.rank).active_decode_blocks as f64
                 * self.config.kv_cache_block_size as f64;
@@ -147,7 +166,8 @@ impl Router {
         if !self.config.router_cost_fit {
             return;
         }
-        if let Some(a) = self.cost.active.get(&id).copied() {
+        let active = self.cost.active.get(&id).copied();
+        if let Some(a) = active.filter(|a| self.workers.contains_key(&a.rank.worker)) {
             let ttft = now.since(a.routed).as_secs_f64() * 1e3;
             self.cost
                 .fitted
@@ -168,12 +188,29 @@ impl Router {
     /// decisions with and without them).
     #[cfg(test)]
     pub(super) fn forget_kept_terms(&mut self) {
-        self.cost.steady.clear();
+        for s in self.cost.ranks.values_mut() {
+            s.steady = None;
+        }
     }
 
-    /// Drops what the cost policy kept for a removed worker's ranks.
+    /// Drops what the cost policy learned about a removed worker: its ranks' churn and kept
+    /// terms, its fitted profile. The expected output of requests still active there stays
+    /// until they end (the entry goes with the last).
     pub(super) fn cost_worker_removed(&mut self, worker: WorkerId) {
-        self.cost.steady.retain(|rank, _| rank.worker != worker);
+        self.cost.fitted.remove(&worker);
+        self.cost.ranks.retain(|rank, s| {
+            if rank.worker == worker {
+                s.churn = Rate::default();
+                s.steady = None;
+            }
+            !s.is_idle()
+        });
+    }
+
+    /// Entries of the cost policy's per-rank state (tests check it stays bounded).
+    #[cfg(test)]
+    pub(super) fn cost_rank_entries(&self) -> usize {
+        self.cost.ranks.len()
     }
 
     pub(super) fn cost_released(&mut self, id: RequestId) {
@@ -183,9 +220,10 @@ impl Router {
     pub(super) fn cost_event(&mut self, event: &KvEvent, now: Time) {
         if let KvEvent::Stored { blocks, .. } = event {
             self.cost
-                .churn
+                .ranks
                 .entry(event.rank())
                 .or_default()
+                .churn
                 .add(blocks.len() as f64, now);
         }
     }
@@ -202,15 +240,17 @@ impl Router {
         Timing::Poly
     }
 
-    /// One candidate's pictures, profile and worker terms.
+    /// One candidate's pictures, profile and worker terms; `spec` is its worker's and `ranks`
+    /// the per-rank state (taken out of the router while the candidates borrow it).
     fn priced(
         &self,
         c: &Candidate,
+        spec: &WorkerSpec,
         cx: &PriceContext,
-        steady: &mut FastMap<WorkerRank, Steady>,
+        ranks: &mut FastMap<WorkerRank, RankCost>,
     ) -> Priced<'_> {
         let bs = cx.block_size;
-        let spec = &self.workers[&c.rank.worker];
+        let state = ranks.entry(c.rank).or_default();
         let capacity = spec
             .kv_capacity_blocks
             .unwrap_or(self.config.router_index_max_blocks_per_worker as u64);
@@ -220,14 +260,10 @@ impl Router {
             prefill_queue_tokens: c.load.active_prefill_tokens,
             active_requests: c.load.active_requests,
             kv_tokens: c.load.active_decode_blocks * bs,
-            expected_output_tokens: self.cost.expected_out.get(&c.rank).copied().unwrap_or(0.0),
+            expected_output_tokens: state.expected_out,
             capacity_tokens: capacity * bs,
             batch_tokens: spec.max_num_batched_tokens.unwrap_or(8192),
-            churn_blocks_per_s: self
-                .cost
-                .churn
-                .get(&c.rank)
-                .map_or(0.0, |ch| ch.rate(cx.now)),
+            churn_blocks_per_s: state.churn.rate(cx.now),
             block_size: bs,
         };
         let r = RequestPicture {
@@ -248,18 +284,15 @@ impl Router {
             ..w
         };
         let epoch = self.cost.profiles_epoch;
-        let kept = match steady.get(&c.rank) {
+        let kept = match state.steady {
             Some(k) if k.picture == key && k.epoch == epoch => k.terms,
             _ => {
                 let terms = steady_terms(&timing, &w);
-                steady.insert(
-                    c.rank,
-                    Steady {
-                        picture: key,
-                        epoch,
-                        terms,
-                    },
-                );
+                state.steady = Some(Steady {
+                    picture: key,
+                    epoch,
+                    terms,
+                });
                 terms
             }
         };
@@ -280,9 +313,9 @@ impl Router {
         candidates: &[Candidate],
         now: Time,
     ) -> (Vec<CostEstimate>, Option<u64>) {
-        let mut steady = std::mem::take(&mut self.cost.steady);
-        let out = self.estimates_keeping(request, candidates, now, &mut steady);
-        self.cost.steady = steady;
+        let mut ranks = std::mem::take(&mut self.cost.ranks);
+        let out = self.estimates_keeping(request, candidates, now, &mut ranks);
+        self.cost.ranks = ranks;
         out
     }
 
@@ -292,7 +325,7 @@ impl Router {
         request: &RouteRequest,
         candidates: &[Candidate],
         now: Time,
-        steady: &mut FastMap<WorkerRank, Steady>,
+        ranks: &mut FastMap<WorkerRank, RankCost>,
     ) -> (Vec<CostEstimate>, Option<u64>) {
         let bs = self.config.kv_cache_block_size as u64;
         let cx = PriceContext {
@@ -312,10 +345,20 @@ impl Router {
             prefill: self.config.router_cost_prefill_weight,
             replica: self.config.router_cost_replica_weight,
         };
-        // Each candidate's pictures, profile and worker terms, computed once.
+        // Each candidate's pictures, profile and worker terms, computed once. Candidates come in
+        // rank order, so their specs are found by one walk (a lookup for any out of order).
+        let mut specs = self.workers.iter().peekable();
         let priced: Vec<Priced> = candidates
             .iter()
-            .map(|c| self.priced(c, &cx, steady))
+            .map(|c| {
+                let worker = c.rank.worker;
+                while specs.next_if(|(w, _)| **w < worker).is_some() {}
+                let spec = match specs.peek() {
+                    Some((w, s)) if **w == worker => s,
+                    _ => &self.workers[&worker],
+                };
+                self.priced(c, spec, &cx, ranks)
+            })
             .collect();
         let mut estimates: Vec<CostEstimate> = priced
             .iter()
@@ -421,7 +464,7 @@ impl Router {
         };
         self.cost.forget_request(request.id);
         self.cost.active.insert(request.id, active);
-        *self.cost.expected_out.entry(rank).or_default() += expected;
+        self.cost.ranks.entry(rank).or_default().expected_out += expected;
         if let Some(g) = request.group {
             *self.cost.siblings.entry((rank, g)).or_default() += 1;
         }

@@ -185,6 +185,49 @@ fn the_online_fit_learns_a_workers_prefill_line() {
 }
 
 #[test]
+fn what_the_policy_learns_of_a_worker_goes_with_it() {
+    // Discovery churn: workers come and go under new ids, each stores blocks, serves and has
+    // its speed fitted. Half of them leave with a request still running.
+    let mut r = Router::new(RouterConfig {
+        router_mode: RouterMode::Cost,
+        kv_cache_block_size: BS,
+        router_cost_fit: true,
+        ..Default::default()
+    })
+    .unwrap();
+    r.add_worker(WorkerSpec::new(WorkerId(0))).unwrap();
+    for i in 1..=200u64 {
+        let now = at(100 * i);
+        r.add_worker(WorkerSpec::new(WorkerId(i))).unwrap();
+        r.apply_event(&store_event(i, &tokens(i as u32, 256)))
+            .unwrap();
+        let mut q = request(i, &tokens(i as u32, 300));
+        q.pin = Some(Pin {
+            worker: WorkerId(i),
+            dp_rank: None,
+        });
+        r.route(&q, now).unwrap();
+        r.observe_first_token(RequestId(i), now + Duration::from_millis(20));
+        let leaves_running = i % 2 == 0;
+        if !leaves_running {
+            r.observe_output(RequestId(i), 10, now + Duration::from_millis(50));
+            let _ = r.finish(RequestId(i), now).unwrap();
+        }
+        r.remove_worker(WorkerId(i)).unwrap();
+        if leaves_running {
+            r.observe_output(RequestId(i), 10, now + Duration::from_millis(50));
+            let _ = r.finish(RequestId(i), now).unwrap();
+        }
+        assert!(r.fitted_profile(WorkerId(i)).is_none(), "worker {i}");
+        assert!(
+            r.cost_rank_entries() <= 1,
+            "{} entries after worker {i}",
+            r.cost_rank_entries()
+        );
+    }
+}
+
+#[test]
 fn a_hot_prefix_is_copied_to_an_idle_worker_a_cold_one_is_not() {
     // seed001's shape: worker 0 holds a 6,000-token prefix; requests on it arrive every 500 ms
     // and decode for 1.2 s, so the holder is usually busy while worker 1 idles.
