@@ -6,6 +6,12 @@
 
 mod common;
 
+/// jemalloc, as the `kvrouter` binary runs the router (glibc's malloc would weigh the request's
+/// chain copies several times more than they cost there).
+#[cfg(all(unix, not(target_env = "musl")))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use common::*;
 use criterion::{criterion_group, criterion_main, Criterion};
 use kvrouter_core::ids::{RequestId, WorkerId};

@@ -15,6 +15,12 @@
 #[path = "../benches/common/mod.rs"]
 mod common;
 
+/// jemalloc, as the `kvrouter` binary runs the router (glibc's malloc would weigh the request's
+/// chain copies several times more than they cost there).
+#[cfg(all(unix, not(target_env = "musl")))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use common::*;
 use kvrouter_core::policy::RouterMode;
 use std::process::ExitCode;
