@@ -30,13 +30,16 @@ struct Active {
     routed: Time,
     /// Tokens the chosen worker had to prefill up to and including this request.
     prefill_work: f64,
+    /// Whether its timings may feed its worker's fit: false once the worker was removed (a
+    /// worker registered again under the same id is a new one).
+    fits: bool,
 }
 
 /// The cost policy's state inside the router.
 #[derive(Debug, Default)]
 pub(super) struct CostState {
     timing: FastMap<WorkerId, Arc<dyn TimingModel>>,
-    fitted: FastMap<WorkerId, FittedProfile>,
+    fitted: FastMap<WorkerId, Fit>,
     /// What is kept per rank (one lookup per candidate). A removed worker's ranks lose their
     /// churn and kept terms at once, and their entries go when their last request does.
     ranks: FastMap<WorkerRank, RankCost>,
@@ -48,9 +51,17 @@ pub(super) struct CostState {
     homes: FastMap<u64, (WorkerRank, Time)>,
     /// Recent requests per cached prefix (for the replica credit).
     heat: PrefixHeat,
-    /// Bumped whenever a profile may answer differently (a new timing, a fit's new point), so
-    /// every kept [`Steady`] is recomputed.
+    /// Bumped whenever a worker is given a profile, so every kept [`Steady`] is recomputed
+    /// (a fit's new point only makes its own worker's terms stale: [`Fit::points`]).
     profiles_epoch: u64,
+}
+
+/// A worker's online fit and the number of points it took (its version: a kept [`Steady`]
+/// computed from fewer is stale).
+#[derive(Clone, Copy, Debug, Default)]
+struct Fit {
+    profile: FittedProfile,
+    points: u64,
 }
 
 /// The cost policy's state of one rank.
@@ -60,6 +71,8 @@ struct RankCost {
     churn: Rate,
     /// Σ expected output tokens of its active requests.
     expected_out: f64,
+    /// Its active requests (a float sum need not come back to exactly 0).
+    requests: u32,
     /// Its worker terms but for the survival, kept while its picture (churn aside) and the
     /// profiles stay the same: between two decisions only the ranks whose load moved change.
     steady: Option<Steady>,
@@ -68,7 +81,7 @@ struct RankCost {
 impl RankCost {
     /// Whether the entry says nothing an absent one would not (so it may go).
     fn is_idle(&self) -> bool {
-        self.expected_out == 0.0 && self.churn.is_unset() && self.steady.is_none()
+        self.requests == 0 && self.churn.is_unset() && self.steady.is_none()
     }
 }
 
@@ -77,7 +90,8 @@ impl RankCost {
 struct Steady {
     /// The picture, its churn set to 0 (the survival is recomputed each decision).
     picture: WorkerPicture,
-    epoch: u64,
+    /// The profiles' epoch and the worker's fit version (0 without a fit).
+    epoch: (u64, u64),
     terms: SteadyTerms,
 }
 
@@ -86,6 +100,7 @@ impl CostState {
         let a = self.active.remove(&id)?;
         if let Some(s) = self.ranks.get_mut(&a.rank) {
             s.expected_out = (s.expected_out - a.expected).max(0.0);
+            s.requests = s.requests.saturating_sub(1);
             if s.is_idle() {
                 self.ranks.remove(&a.rank);
             }
@@ -142,21 +157,16 @@ impl Router {
             return;
         };
         self.cost.outputs.observe(output_tokens, a.group, a.prompt);
-        // A removed worker's fit is gone (and not started again by its last requests).
-        let spec = self.workers.get(&a.rank.worker);
-        if let (true, Some(spec), true) = (self.config.router_cost_fit, spec, output_tokens > 1) {
-            let cap = spec.kv_capacity_blocks.unwrap_or(1).max(1) as f64
+        if self.config.router_cost_fit && a.fits && output_tokens > 1 {
+            let spec = self.workers.get(&a.rank.worker);
+            let cap = spec.and_then(|s| s.kv_capacity_blocks).unwrap_or(1).max(1) as f64
                 * self.config.kv_cache_block_size as f64;
             let kv = self.ledger.load(a.rank).active_decode_blocks as f64
                 * self.config.kv_cache_block_size as f64;
             let itl = now.since(a.routed).as_secs_f64() * 1e3 / output_tokens as f64;
-            self.cost
-                .fitted
-                .entry(a.rank.worker)
-                .or_default()
-                .decode
-                .add(kv / cap, itl);
-            self.cost.profiles_epoch += 1;
+            let fit = self.cost.fitted.entry(a.rank.worker).or_default();
+            fit.profile.decode.add(kv / cap, itl);
+            fit.points += 1;
         }
     }
 
@@ -166,22 +176,17 @@ impl Router {
         if !self.config.router_cost_fit {
             return;
         }
-        let active = self.cost.active.get(&id).copied();
-        if let Some(a) = active.filter(|a| self.workers.contains_key(&a.rank.worker)) {
+        if let Some(a) = self.cost.active.get(&id).copied().filter(|a| a.fits) {
             let ttft = now.since(a.routed).as_secs_f64() * 1e3;
-            self.cost
-                .fitted
-                .entry(a.rank.worker)
-                .or_default()
-                .prefill
-                .add(a.prefill_work, ttft);
-            self.cost.profiles_epoch += 1;
+            let fit = self.cost.fitted.entry(a.rank.worker).or_default();
+            fit.profile.prefill.add(a.prefill_work, ttft);
+            fit.points += 1;
         }
     }
 
     /// The fitted profile of a worker, if any observation arrived.
     pub fn fitted_profile(&self, worker: WorkerId) -> Option<FittedProfile> {
-        self.cost.fitted.get(&worker).copied()
+        self.cost.fitted.get(&worker).map(|f| f.profile)
     }
 
     /// Forgets every kept steady term, so the next decision computes all afresh (tests compare
@@ -195,9 +200,14 @@ impl Router {
 
     /// Drops what the cost policy learned about a removed worker: its ranks' churn and kept
     /// terms, its fitted profile. The expected output of requests still active there stays
-    /// until they end (the entry goes with the last).
+    /// until they end (the entry goes with the last), and their timings no longer feed a fit.
     pub(super) fn cost_worker_removed(&mut self, worker: WorkerId) {
         self.cost.fitted.remove(&worker);
+        for a in self.cost.active.values_mut() {
+            if a.rank.worker == worker {
+                a.fits = false;
+            }
+        }
         self.cost.ranks.retain(|rank, s| {
             if rank.worker == worker {
                 s.churn = Rate::default();
@@ -228,16 +238,17 @@ impl Router {
         }
     }
 
-    fn timing_of(&self, worker: WorkerId) -> Timing<'_> {
+    /// The worker's profile and its fit version (0 unless the fit answers).
+    fn timing_of(&self, worker: WorkerId) -> (Timing<'_>, u64) {
         if let Some(t) = self.cost.timing.get(&worker) {
-            return Timing::Model(t.as_ref());
+            return (Timing::Model(t.as_ref()), 0);
         }
         if self.config.router_cost_fit {
             if let Some(f) = self.cost.fitted.get(&worker) {
-                return Timing::Model(f);
+                return (Timing::Model(&f.profile), f.points);
             }
         }
-        Timing::Poly
+        (Timing::Poly, 0)
     }
 
     /// One candidate's pictures, profile and worker terms; `spec` is its worker's and `ranks`
@@ -278,12 +289,12 @@ impl Router {
                 .unwrap_or(0),
             length_cv: cx.cv,
         };
-        let timing = self.timing_of(c.rank.worker);
+        let (timing, fit_version) = self.timing_of(c.rank.worker);
         let key = WorkerPicture {
             churn_blocks_per_s: 0.0,
             ..w
         };
-        let epoch = self.cost.profiles_epoch;
+        let epoch = (self.cost.profiles_epoch, fit_version);
         let kept = match state.steady {
             Some(k) if k.picture == key && k.epoch == epoch => k.terms,
             _ => {
@@ -461,10 +472,13 @@ impl Router {
             prompt: prompt_key(request),
             routed: now,
             prefill_work: queued as f64,
+            fits: true,
         };
         self.cost.forget_request(request.id);
         self.cost.active.insert(request.id, active);
-        self.cost.ranks.entry(rank).or_default().expected_out += expected;
+        let state = self.cost.ranks.entry(rank).or_default();
+        state.expected_out += expected;
+        state.requests += 1;
         if let Some(g) = request.group {
             *self.cost.siblings.entry((rank, g)).or_default() += 1;
         }

@@ -185,9 +185,54 @@ fn the_online_fit_learns_a_workers_prefill_line() {
 }
 
 #[test]
+fn a_fits_new_point_makes_its_workers_kept_terms_stale() {
+    let config = RouterConfig {
+        router_mode: RouterMode::Cost,
+        kv_cache_block_size: BS,
+        router_cost_fit: true,
+        ..Default::default()
+    };
+    let (mut kept, mut fresh) = (
+        Router::new(config.clone()).unwrap(),
+        Router::new(config).unwrap(),
+    );
+    let pinned = |id: u64, len: u32| {
+        let mut q = request(id, &tokens(id as u32, len));
+        q.pin = Some(Pin {
+            worker: WorkerId(0),
+            dp_rank: None,
+        });
+        q
+    };
+    for r in [&mut kept, &mut fresh] {
+        for w in 0..2 {
+            // Small steps, so the kept full-step time enters every estimate.
+            let mut spec = WorkerSpec::new(WorkerId(w));
+            spec.max_num_batched_tokens = Some(256);
+            r.add_worker(spec).unwrap();
+        }
+        // Two TTFTs on worker 0 (its prefill line answers from the third).
+        r.route(&pinned(1, 300), at(0)).unwrap();
+        r.route(&pinned(2, 900), at(1)).unwrap();
+        r.observe_first_token(RequestId(1), at(40));
+        r.observe_first_token(RequestId(2), at(90));
+        // Worker 0's terms are kept here; a third TTFT then gives it a line, and the request
+        // ends, so its picture is what it was.
+        r.route(&pinned(3, 600), at(100)).unwrap();
+        r.observe_first_token(RequestId(3), at(900));
+        let _ = r.finish(RequestId(3), at(901)).unwrap();
+    }
+    fresh.forget_kept_terms();
+    let probe = request(4, &tokens(9, 700));
+    assert_eq!(kept.route(&probe, at(902)), fresh.route(&probe, at(902)));
+}
+
+#[test]
 fn what_the_policy_learns_of_a_worker_goes_with_it() {
-    // Discovery churn: workers come and go under new ids, each stores blocks, serves and has
-    // its speed fitted. Half of them leave with a request still running.
+    // Discovery churn: workers come and go under new ids; each stores blocks, serves three
+    // requests (expected lengths differ and are fractional, as learned lengths are) and has its
+    // speed fitted. Two of its requests are still running when it leaves, and every tenth
+    // worker comes back under the same id while they do.
     let mut r = Router::new(RouterConfig {
         router_mode: RouterMode::Cost,
         kv_cache_block_size: BS,
@@ -198,32 +243,43 @@ fn what_the_policy_learns_of_a_worker_goes_with_it() {
     r.add_worker(WorkerSpec::new(WorkerId(0))).unwrap();
     for i in 1..=200u64 {
         let now = at(100 * i);
+        let later = now + Duration::from_millis(50);
         r.add_worker(WorkerSpec::new(WorkerId(i))).unwrap();
         r.apply_event(&store_event(i, &tokens(i as u32, 256)))
             .unwrap();
-        let mut q = request(i, &tokens(i as u32, 300));
-        q.pin = Some(Pin {
-            worker: WorkerId(i),
-            dp_rank: None,
-        });
-        r.route(&q, now).unwrap();
-        r.observe_first_token(RequestId(i), now + Duration::from_millis(20));
-        let leaves_running = i % 2 == 0;
-        if !leaves_running {
-            r.observe_output(RequestId(i), 10, now + Duration::from_millis(50));
-            let _ = r.finish(RequestId(i), now).unwrap();
+        let ids = [3 * i, 3 * i + 1, 3 * i + 2].map(RequestId);
+        for (k, id) in ids.iter().enumerate() {
+            let mut q = request(id.0, &tokens(i as u32, 300));
+            q.pin = Some(Pin {
+                worker: WorkerId(i),
+                dp_rank: None,
+            });
+            r.route(&q, now).unwrap();
+            if k == 1 {
+                // The first ends: a length learned between placements moves the third's
+                // expectation, so the rank's sum of them need not return to exactly 0.
+                r.observe_first_token(ids[0], now + Duration::from_millis(20));
+                r.observe_output(ids[0], 7 + i % 13, later);
+                let _ = r.finish(ids[0], later).unwrap();
+            }
         }
         r.remove_worker(WorkerId(i)).unwrap();
-        if leaves_running {
-            r.observe_output(RequestId(i), 10, now + Duration::from_millis(50));
-            let _ = r.finish(RequestId(i), now).unwrap();
+        let back = i % 10 == 0;
+        if back {
+            r.add_worker(WorkerSpec::new(WorkerId(i))).unwrap();
+        }
+        // The requests that were running there end now: their timings are not the new
+        // worker's (nor a removed one's) to fit.
+        r.observe_first_token(ids[1], later);
+        for id in &ids[1..] {
+            r.observe_output(*id, 11 + i % 7, later);
+            let _ = r.finish(*id, later).unwrap();
         }
         assert!(r.fitted_profile(WorkerId(i)).is_none(), "worker {i}");
-        assert!(
-            r.cost_rank_entries() <= 1,
-            "{} entries after worker {i}",
-            r.cost_rank_entries()
-        );
+        if back {
+            r.remove_worker(WorkerId(i)).unwrap();
+        }
+        assert_eq!(r.cost_rank_entries(), 0, "after worker {i}");
     }
 }
 
