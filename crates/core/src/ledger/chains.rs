@@ -2,10 +2,12 @@
 //!
 //! Each active request holds the chain of its prompt's full blocks on its rank. The trie stores
 //! every chain once, cut into segments where chains branch or end, and keeps on each segment the
-//! ranks whose requests' chains run through it, with how many requests each. Beginning or
-//! releasing a request walks its chain segment by segment: a request that shares a prefix with
-//! active ones touches one counter per shared segment and stores only the blocks it adds, so its
-//! cost grows neither with the blocks it shares nor with the requests it shares them with. The
+//! ranks whose requests' chains run through it, with how many requests each. Beginning a
+//! request walks its chain segment by segment, and releasing it walks back up from the segment
+//! its chain ends on ([`ChainEnd`], all the ledger keeps of the chain): a request that shares a
+//! prefix with active ones touches one counter per shared segment and stores only the blocks it
+//! adds, so its cost grows neither with the blocks it shares nor with the requests it shares
+//! them with. The
 //! prefix every rank holds of a prompt is one walk down the prompt's path, whatever the number of
 //! ranks.
 //!
@@ -22,6 +24,11 @@ type SegmentId = u32;
 
 /// The parent of the top segments (no segment has this id).
 const ROOT: SegmentId = SegmentId::MAX;
+
+/// Where an active request's chain ends in the trie: what [`ChainTrie::remove`] needs of it, so
+/// the ledger does not keep a copy of the chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ChainEnd(SegmentId);
 
 /// The edge from a segment (or [`ROOT`]) to its child starting with a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,8 +219,12 @@ impl ChainTrie {
     }
 
     /// Adds a chain (an active request's full blocks) on `rank`. Returns how many of its blocks
-    /// `rank` did not hold before.
-    pub(crate) fn insert(&mut self, rank: WorkerRank, chain: &[SequenceHash]) -> u64 {
+    /// `rank` did not hold before, and the chain's end: the segment its last block closes
+    /// ([`ROOT`] for an empty chain), which [`ChainTrie::remove`] takes back. The end stays
+    /// the same segment while the chain is held: a split keeps the id of the part that ends
+    /// where the segment ended, and a segment that a chain ends on is never merged into its
+    /// child (the child is held by one chain fewer).
+    pub(crate) fn insert(&mut self, rank: WorkerRank, chain: &[SequenceHash]) -> (u64, ChainEnd) {
         let (mut parent, mut pos, mut added) = (ROOT, 0, 0);
         while pos < chain.len() {
             let rest = &chain[pos..];
@@ -221,7 +232,7 @@ impl ChainTrie {
                 let leaf = self.allocate(parent, rest);
                 self.segment_mut(leaf).hold(rank);
                 self.link(parent, leaf);
-                return added + rest.len() as u64;
+                return (added + rest.len() as u64, ChainEnd(leaf));
             };
             let s = &self.segment(id).blocks;
             let (common, len) = (matched(s, rest), s.len());
@@ -240,74 +251,52 @@ impl ChainTrie {
             parent = id;
             pos += common;
         }
-        added
+        (added, ChainEnd(parent))
     }
 
-    /// Removes a chain that [`ChainTrie::insert`] added on `rank` (and no removal took back
-    /// since). Returns how many of its blocks `rank` no longer holds.
-    pub(crate) fn remove(&mut self, rank: WorkerRank, chain: &[SequenceHash]) -> u64 {
-        debug_assert!(self.holds(rank, chain), "removing a chain that is not held");
-        let (mut parent, mut pos, mut released) = (ROOT, 0, 0);
-        while pos < chain.len() {
-            let id = self
-                .child(parent, chain[pos])
-                .expect("a held chain's segment");
+    /// Removes a chain of `rank` by the end [`ChainTrie::insert`] returned for it (and no
+    /// removal took back since), walking up from its last segment. Returns how many of its
+    /// blocks `rank` no longer holds.
+    pub(crate) fn remove(&mut self, rank: WorkerRank, end: ChainEnd) -> u64 {
+        debug_assert!(self.holds(rank, end), "removing a chain that is not held");
+        let (mut id, mut released, mut deepest_held) = (end.0, 0, None);
+        while id != ROOT {
             let s = self.segment_mut(id);
+            let parent = s.parent;
             if s.release(rank) {
                 released += s.len();
             }
-            pos += s.blocks.len();
             if s.refs == 0 {
-                // No chain covers it, so none covers what lies below it on this chain either.
+                // No chain covers it, so none covers what lay below it (freed already, or
+                // merged into it in a canonical trie).
                 let first = s.blocks[0];
                 self.unlink(parent, id, first);
-                return released + self.drop_branch(id, rank, chain, pos);
+                self.free(id);
+            } else if deepest_held.is_none() {
+                deepest_held = Some(id);
             }
-            parent = id;
+            id = parent;
         }
         // Only the deepest segment still held can have lost what kept it apart from its child.
-        if parent != ROOT {
-            self.merge_only_child(parent);
+        if let Some(d) = deepest_held {
+            self.merge_only_child(d);
         }
         released
     }
 
-    /// Frees segment `top` (unlinked, unheld) and the segments below it on the rest of `chain`
-    /// (from `pos`), released by `rank`; returns their blocks. (In a canonical trie there are
-    /// none: an only child held like its parent would have been merged with it.) Then merges
-    /// `top`'s parent if it can be.
-    fn drop_branch(
-        &mut self,
-        top: SegmentId,
-        rank: WorkerRank,
-        chain: &[SequenceHash],
-        mut pos: usize,
-    ) -> u64 {
-        let parent = self.segment(top).parent;
-        let (mut id, mut released) = (top, 0);
-        loop {
-            let child = chain.get(pos).and_then(|first| self.child(id, *first));
-            if let Some(c) = child {
-                self.edges.remove(&Edge {
-                    parent: id,
-                    first: chain[pos],
-                });
-                let s = self.segment_mut(c);
-                if s.release(rank) {
-                    released += s.len();
-                }
-                pos += s.blocks.len();
-            }
-            self.free(id);
-            match child {
-                Some(c) => id = c,
-                None => break,
-            }
+    /// The blocks of the chain ending at `end`, from the root (for checks and diagnostics).
+    pub(crate) fn chain(&self, end: ChainEnd) -> Vec<SequenceHash> {
+        let mut segments = Vec::new();
+        let mut id = end.0;
+        while id != ROOT {
+            segments.push(id);
+            id = self.segment(id).parent;
         }
-        if parent != ROOT {
-            self.merge_only_child(parent);
-        }
-        released
+        segments
+            .iter()
+            .rev()
+            .flat_map(|id| self.segment(*id).blocks.iter().copied())
+            .collect()
     }
 
     /// Merges segment `id` with its only child when both have the same holders (keeps the trie
@@ -343,21 +332,17 @@ impl ChainTrie {
         }
     }
 
-    /// Whether `rank` holds `chain` as the chain of an active request: it ends on a segment
-    /// boundary, every segment on the way matching and held by `rank`.
-    fn holds(&self, rank: WorkerRank, chain: &[SequenceHash]) -> bool {
-        let (mut parent, mut pos) = (ROOT, 0);
-        while pos < chain.len() {
-            let Some(id) = self.child(parent, chain[pos]) else {
+    /// Whether `rank` holds every segment from `end` up to the root.
+    fn holds(&self, rank: WorkerRank, end: ChainEnd) -> bool {
+        let mut id = end.0;
+        while id != ROOT {
+            let Some(s) = self.segments.get(id as usize) else {
                 return false;
             };
-            let s = self.segment(id);
-            let n = s.blocks.len();
-            if chain.len() - pos < n || chain[pos..pos + n] != s.blocks[..] || !s.held_by(rank) {
+            if s.refs == 0 || !s.held_by(rank) {
                 return false;
             }
-            parent = id;
-            pos += n;
+            id = s.parent;
         }
         true
     }

@@ -10,7 +10,7 @@ mod chains;
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, SequenceHash, WorkerId, WorkerRank};
 use crate::sorted::SortedWalk;
-use chains::ChainTrie;
+use chains::{ChainEnd, ChainTrie};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -59,9 +59,24 @@ pub enum Phase {
     Decode,
 }
 
+/// What an active request puts on its rank, as the ledger keeps it (its chain lives in the
+/// trie alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActiveLoad {
+    /// The rank serving it.
+    pub rank: WorkerRank,
+    /// Uncached prompt tokens it will prefill.
+    pub prefill_tokens: u64,
+    /// Its full prompt blocks (the length of its chain).
+    pub chain_blocks: u64,
+    /// Blocks it holds that no other request can share.
+    pub private_blocks: u64,
+}
+
 #[derive(Debug)]
 struct Active {
-    load: RequestLoad,
+    load: ActiveLoad,
+    end: ChainEnd,
     phase: Phase,
 }
 
@@ -125,8 +140,8 @@ impl LoadLedger {
     }
 
     /// What an active request puts on its rank.
-    pub fn request_load(&self, id: RequestId) -> Option<&RequestLoad> {
-        self.requests.get(&id).map(|a| &a.load)
+    pub fn request_load(&self, id: RequestId) -> Option<ActiveLoad> {
+        self.requests.get(&id).map(|a| a.load)
     }
 
     /// Ids of every active request, sorted.
@@ -163,18 +178,44 @@ impl LoadLedger {
 
     /// Starts accounting for a request.
     pub fn begin(&mut self, id: RequestId, load: RequestLoad) -> Result<(), LedgerError> {
+        let RequestLoad {
+            rank,
+            prefill_tokens,
+            blocks,
+            private_blocks,
+        } = load;
+        self.begin_chain(id, rank, prefill_tokens, &blocks, private_blocks)
+    }
+
+    /// [`LoadLedger::begin`] with the request's chain borrowed: the ledger stores it once, in
+    /// its trie of active chains, and keeps no copy of it.
+    pub fn begin_chain(
+        &mut self,
+        id: RequestId,
+        rank: WorkerRank,
+        prefill_tokens: u64,
+        blocks: &[SequenceHash],
+        private_blocks: u64,
+    ) -> Result<(), LedgerError> {
         if self.requests.contains_key(&id) {
             return Err(LedgerError::DuplicateRequest(id));
         }
-        let state = self.ranks.entry(load.rank).or_default();
+        let (added, end) = self.chains.insert(rank, blocks);
+        let state = self.ranks.entry(rank).or_default();
         state.active_requests += 1;
-        state.active_prefill_tokens += load.prefill_tokens;
-        state.active_decode_blocks +=
-            load.private_blocks + self.chains.insert(load.rank, &load.blocks);
+        state.active_prefill_tokens += prefill_tokens;
+        state.active_decode_blocks += private_blocks + added;
+        let load = ActiveLoad {
+            rank,
+            prefill_tokens,
+            chain_blocks: blocks.len() as u64,
+            private_blocks,
+        };
         self.requests.insert(
             id,
             Active {
                 load,
+                end,
                 phase: Phase::Prefill,
             },
         );
@@ -199,7 +240,7 @@ impl LoadLedger {
     }
 
     /// The request ended (finished, cancelled or failed): release everything it held.
-    pub fn release(&mut self, id: RequestId) -> Result<RequestLoad, LedgerError> {
+    pub fn release(&mut self, id: RequestId) -> Result<ActiveLoad, LedgerError> {
         let active = self
             .requests
             .remove(&id)
@@ -213,7 +254,7 @@ impl LoadLedger {
             state.active_prefill_tokens -= active.load.prefill_tokens;
         }
         state.active_decode_blocks -=
-            active.load.private_blocks + self.chains.remove(active.load.rank, &active.load.blocks);
+            active.load.private_blocks + self.chains.remove(active.load.rank, active.end);
         Ok(active.load)
     }
 
@@ -247,8 +288,17 @@ impl LoadLedger {
                 load.active_prefill_tokens += active.load.prefill_tokens;
             }
             load.active_decode_blocks += active.load.private_blocks;
-            for seq in &active.load.blocks {
-                *blocks.entry(*seq).or_default() += 1;
+            let chain = self.chains.chain(active.end);
+            if chain.len() as u64 != active.load.chain_blocks {
+                return Err(format!(
+                    "a chain of {} blocks on {} reads {} in the trie",
+                    active.load.chain_blocks,
+                    active.load.rank,
+                    chain.len()
+                ));
+            }
+            for seq in chain {
+                *blocks.entry(seq).or_default() += 1;
             }
         }
         let mut held = self.chains.block_counts();

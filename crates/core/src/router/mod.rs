@@ -39,7 +39,7 @@ use crate::approx::ApproxIndex;
 use crate::event::KvEvent;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
 use crate::index::{IndexError, OverlapScores, PrefixIndex, TierCapacity};
-use crate::ledger::{LoadLedger, RankLoad, RequestLoad};
+use crate::ledger::{LoadLedger, RankLoad};
 use crate::policy::{self, Candidate, CandidateScore, RouterMode};
 use crate::rng::SeededRng;
 use crate::time::Time;
@@ -389,14 +389,12 @@ impl Router {
             (u64::from(score.overlap.gpu_blocks) * block_size).min(request.isl_tokens);
         let full = request.blocks.sequence.len() as u64;
         self.ledger
-            .begin(
+            .begin_chain(
                 request.id,
-                RequestLoad {
-                    rank,
-                    prefill_tokens: request.isl_tokens - cached_tokens,
-                    blocks: request.blocks.sequence.clone(),
-                    private_blocks: request.request_blocks(self.config.kv_cache_block_size) - full,
-                },
+                rank,
+                request.isl_tokens - cached_tokens,
+                &request.blocks.sequence,
+                request.request_blocks(self.config.kv_cache_block_size) - full,
             )
             .map_err(|_| RouteError::DuplicateRequest(request.id))?;
         if let Some(p) = &mut self.predicted {

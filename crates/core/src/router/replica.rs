@@ -145,7 +145,7 @@ impl Router {
                     request: *id,
                     rank: load.rank,
                     prefill_tokens: load.prefill_tokens,
-                    blocks: load.blocks.len() as u64 + load.private_blocks,
+                    blocks: load.chain_blocks + load.private_blocks,
                     decoding: phase == Phase::Decode,
                 })
             })
@@ -197,13 +197,15 @@ impl Router {
         if !self.replicas.syncing() {
             return;
         }
-        if let Some(load) = self.ledger.request_load(request.id).cloned() {
+        if let Some(load) = self.ledger.request_load(request.id) {
+            // The ledger's chain is the request's full blocks.
+            let blocks = request.blocks.sequence.clone();
             self.announce(|replica| RemoteEvent::Begin {
                 replica,
                 request: request.id,
                 rank,
                 prefill_tokens: load.prefill_tokens,
-                blocks: load.blocks,
+                blocks,
                 private_blocks: load.private_blocks,
             });
         }
