@@ -150,7 +150,7 @@ impl Rate {
 
 /// How hot each prefix is: per prefix key (the hash of its last block), the requests that
 /// arrived on it in the last [`Rate::WINDOW_S`] seconds, exponentially weighted. Bounded: past
-/// [`MAX_KEYS`] keys the least recently seen half is forgotten.
+/// 65,536 keys (`MAX_KEYS`) the least recently seen half is forgotten.
 #[derive(Debug, Default)]
 pub struct PrefixHeat {
     keys: FastMap<u64, Rate>,
