@@ -10,6 +10,16 @@ fn at(ms: u64) -> Time {
     Time::ZERO + Duration::from_millis(ms)
 }
 
+/// The `cost` mode with the online fit on.
+fn fit_config() -> RouterConfig {
+    RouterConfig {
+        router_mode: RouterMode::Cost,
+        kv_cache_block_size: BS,
+        router_cost_fit: true,
+        ..Default::default()
+    }
+}
+
 /// The estimate for `rank` rebuilt from the router's public state alone (no learned lengths:
 /// the prior), the naive model the policy must agree with.
 fn naive_total(r: &Router, req: &RouteRequest, rank: WorkerRank) -> f64 {
@@ -153,13 +163,7 @@ fn a_group_learned_long_spreads_its_siblings() {
 
 #[test]
 fn the_online_fit_learns_a_workers_prefill_line() {
-    let mut r = Router::new(RouterConfig {
-        router_mode: RouterMode::Cost,
-        kv_cache_block_size: BS,
-        router_cost_fit: true,
-        ..Default::default()
-    })
-    .unwrap();
+    let mut r = Router::new(fit_config()).unwrap();
     r.add_worker(WorkerSpec::new(WorkerId(0))).unwrap();
     assert!(r.fitted_profile(WorkerId(0)).is_none());
     for i in 0..20u64 {
@@ -186,12 +190,7 @@ fn the_online_fit_learns_a_workers_prefill_line() {
 
 #[test]
 fn a_fits_new_point_makes_its_workers_kept_terms_stale() {
-    let config = RouterConfig {
-        router_mode: RouterMode::Cost,
-        kv_cache_block_size: BS,
-        router_cost_fit: true,
-        ..Default::default()
-    };
+    let config = fit_config();
     let (mut kept, mut fresh) = (
         Router::new(config.clone()).unwrap(),
         Router::new(config).unwrap(),
@@ -233,13 +232,7 @@ fn what_the_policy_learns_of_a_worker_goes_with_it() {
     // requests (expected lengths differ and are fractional, as learned lengths are) and has its
     // speed fitted. Two of its requests are still running when it leaves, and every tenth
     // worker comes back under the same id while they do.
-    let mut r = Router::new(RouterConfig {
-        router_mode: RouterMode::Cost,
-        kv_cache_block_size: BS,
-        router_cost_fit: true,
-        ..Default::default()
-    })
-    .unwrap();
+    let mut r = Router::new(fit_config()).unwrap();
     r.add_worker(WorkerSpec::new(WorkerId(0))).unwrap();
     for i in 1..=200u64 {
         let now = at(100 * i);
@@ -440,12 +433,7 @@ proptest! {
     /// coming back).
     #[test]
     fn kept_worker_terms_decide_as_fresh_ones(ops in proptest::collection::vec(op(), 1..60)) {
-        let config = RouterConfig {
-            router_mode: RouterMode::Cost,
-            kv_cache_block_size: BS,
-            router_cost_fit: true,
-            ..Default::default()
-        };
+        let config = fit_config();
         let mut kept = Router::new(config.clone()).unwrap();
         let mut fresh = Router::new(config).unwrap();
         for r in [&mut kept, &mut fresh] {
