@@ -7,9 +7,8 @@
 //! its chain ends on ([`ChainEnd`], all the ledger keeps of the chain): a request that shares a
 //! prefix with active ones touches one counter per shared segment and stores only the blocks it
 //! adds, so its cost grows neither with the blocks it shares nor with the requests it shares
-//! them with. The
-//! prefix every rank holds of a prompt is one walk down the prompt's path, whatever the number of
-//! ranks.
+//! them with. The prefix every rank holds of a prompt is one walk down the prompt's path,
+//! whatever the number of ranks.
 //!
 //! The trie is canonical: no segment is empty or unheld, and a segment with one child has other
 //! holders than that child (else the two would be one segment). So it has at most two segments
