@@ -338,7 +338,7 @@ impl ChainTrie {
             let Some(s) = self.segments.get(id as usize) else {
                 return false;
             };
-            if s.refs == 0 || !s.held_by(rank) {
+            if !s.held_by(rank) {
                 return false;
             }
             id = s.parent;

@@ -394,7 +394,7 @@ impl Router {
                 rank,
                 request.isl_tokens - cached_tokens,
                 &request.blocks.sequence,
-                request.request_blocks(self.config.kv_cache_block_size) - full,
+                request_blocks - full,
             )
             .map_err(|_| RouteError::DuplicateRequest(request.id))?;
         if let Some(p) = &mut self.predicted {
