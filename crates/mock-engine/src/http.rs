@@ -283,7 +283,7 @@ async fn update_weights(State(s): State<AppState>, body: Bytes) -> Result<Json<V
 }
 
 /// A `model_path` must be a checkpoint directory stamped with `version` (its `weights.json`,
-/// as `kvrouter weights` writes it) whose every tensor matches its SHA-256.
+/// as `kvrouter weights` writes it) whose every tensor matches the digest its marker records.
 async fn check_checkpoint(path: &str, version: u64) -> Result<String, ApiError> {
     let dir = std::path::PathBuf::from(path);
     let bad = |m: String| ApiError::invalid(m, Some("model_path"));
