@@ -41,6 +41,10 @@ pub(crate) struct SimArgs {
     /// One-way router-engine network delay, ms.
     #[arg(long, default_value_t = 0.0)]
     network_delay_ms: f64,
+    /// Router ingress time per prompt token, µs (reading the body, tokenizing, hashing) before a
+    /// request is routed: requests that arrive together are then routed shortest first, as live.
+    #[arg(long, default_value_t = 0.0)]
+    ingress_us_per_token: f64,
     /// Divide open-loop arrival times by this.
     #[arg(long, default_value_t = 1.0)]
     arrival_speedup: f64,
@@ -169,6 +173,7 @@ impl SimArgs {
             profiles: self.profile.split(',').map(str::to_owned).collect(),
             kv_event_delay_ms: self.kv_event_delay_ms,
             network_delay_ms: self.network_delay_ms,
+            ingress_us_per_token: self.ingress_us_per_token,
             arrival_speedup: self.arrival_speedup,
             concurrency: self.concurrency,
             failures: pairs(&self.worker_failures, "--worker-failure")?
@@ -193,6 +198,9 @@ impl SimArgs {
         }
         if self.router_replicas == 0 {
             bail!("--router-replicas must be at least 1");
+        }
+        if !(self.ingress_us_per_token.is_finite() && self.ingress_us_per_token >= 0.0) {
+            bail!("--ingress-us-per-token must be a non-negative number");
         }
         if !(self.replica_sync_delay_ms.is_finite() && self.replica_sync_delay_ms >= 0.0) {
             bail!("--replica-sync-delay-ms must be a non-negative number");

@@ -22,6 +22,11 @@ pub struct SimConfig {
     pub kv_event_delay_ms: f64,
     /// One-way network delay between router and engines, ms.
     pub network_delay_ms: f64,
+    /// The router's ingress time per prompt token, µs: receiving and parsing the request body,
+    /// tokenizing and hashing the prompt, before the request is routed. With it, requests that
+    /// arrive together are routed shortest first, as a live router's are (a long prompt's body is
+    /// still being read when a short one sent just after it is placed). 0: routed on arrival.
+    pub ingress_us_per_token: f64,
     /// Divides open-loop arrival times.
     pub arrival_speedup: f64,
     /// Closed-loop replay: keep this many requests in flight, ignoring arrival times.
@@ -87,6 +92,7 @@ impl Default for SimConfig {
             profiles: vec!["dynamo-poly".into()],
             kv_event_delay_ms: 50.0,
             network_delay_ms: 0.0,
+            ingress_us_per_token: 0.0,
             arrival_speedup: 1.0,
             concurrency: None,
             failures: Vec::new(),

@@ -45,6 +45,8 @@ pub enum SimError {
 enum Event {
     /// A request reaches the router.
     Arrive(usize),
+    /// A request the router has read (after its ingress time) is routed.
+    Route(usize),
     /// A routed request reaches its engine.
     Deliver(usize, usize),
     /// A worker's step ends.
@@ -146,6 +148,7 @@ impl<'w> Simulation<'w> {
         self.now = at;
         match event {
             Event::Arrive(i) => self.arrive(i),
+            Event::Route(i) => self.route_request(i),
             Event::Deliver(i, w) => self.deliver(i, w)?,
             Event::StepEnd(w) => self.step_end(w)?,
             Event::Visible(events) => {
@@ -183,7 +186,14 @@ impl<'w> Simulation<'w> {
 
     fn arrive(&mut self, i: usize) {
         self.records[i].arrival = Some(self.now);
-        self.route_request(i);
+        let per_token = self.config.ingress_us_per_token;
+        if per_token > 0.0 {
+            let tokens = f64::from(self.workload.requests[i].input_tokens);
+            let at = self.now + ms(tokens * per_token / 1e3);
+            self.queue.push(at, Event::Route(i));
+        } else {
+            self.route_request(i);
+        }
     }
 
     /// Bookkeeping when request `i` leaves the system: next turns, step barriers, closed loop.

@@ -317,3 +317,48 @@ fn mooncake_conversation_orders_policies_as_published() {
         "random {random}, least-loaded {balanced}, kv {kv}"
     );
 }
+
+/// A long prompt and a short one arriving together at one worker: routed on arrival, the short
+/// one waits behind the long one's prefill (trace order); with an ingress time per prompt token
+/// the short one is read, routed and prefilled first, as a live router places them, and each
+/// time to first token includes its own ingress.
+#[test]
+fn with_an_ingress_time_requests_arriving_together_are_routed_shortest_first() {
+    let req = |first_block: u64, input_tokens: u32| WorkloadRequest {
+        arrival_ms: Some(0.0),
+        after: None,
+        delay_ms: 0.0,
+        session: None,
+        blocks: (first_block..first_block + u64::from(input_tokens) / 64).collect(),
+        input_tokens,
+        output_tokens: 2,
+        group: None,
+        step: None,
+        policy_version: None,
+    };
+    let w = Workload {
+        name: "ingress".into(),
+        block_size: 64,
+        requests: vec![req(0, 32_768), req(1_000, 128)],
+        barrier: None,
+    };
+    let ttft = |ingress_us_per_token: f64| -> Vec<f64> {
+        let c = SimConfig {
+            ingress_us_per_token,
+            ..config("kv", RouterMode::Kv, 1)
+        };
+        let mut sim = Simulation::new(c, &w).unwrap();
+        while sim.step().unwrap() {}
+        sim.records()
+            .iter()
+            .map(|r| r.first_token.unwrap().since(r.arrival.unwrap()).as_secs_f64() * 1e3)
+            .collect()
+    };
+    let on_arrival = ttft(0.0);
+    assert!(on_arrival[1] > on_arrival[0], "{on_arrival:?}");
+    let read_first = ttft(0.1);
+    assert!(read_first[1] < read_first[0], "{read_first:?}");
+    assert!(read_first[1] < on_arrival[1] / 10.0, "{read_first:?} {on_arrival:?}");
+    // The long prompt's 3.3 ms of ingress is in its time to first token.
+    assert!(read_first[0] >= on_arrival[0] + 3.2, "{read_first:?} {on_arrival:?}");
+}
