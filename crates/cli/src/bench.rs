@@ -259,6 +259,7 @@ async fn replay(
         pick: args.pick,
     });
     let deadline = Time::from_secs_f64(args.duration_s);
+    let owned = Arc::new(workload.clone());
     let text_prompts = args.prompt_format == "text";
     let (mut replay, start) = Replay::new(workload, args.concurrency, args.arrival_speedup);
     // (due time, request) min-heap.
@@ -279,28 +280,31 @@ async fn replay(
             if at > deadline {
                 continue;
             }
-            let req = &workload.requests[i];
-            let prompt = if text_prompts {
-                serde_json::Value::from(prompt_text(workload, i))
-            } else {
-                serde_json::Value::from(prompt_tokens(workload, i, args.vocab_size))
-            };
-            let body = serde_json::json!({
-                "model": shared.model,
-                "prompt": prompt,
-                "max_tokens": req.output_tokens,
-                "min_tokens": req.output_tokens,
-                "ignore_eos": true,
-                "temperature": 0.0,
-                "stream": true,
-                "stream_options": {"include_usage": true},
-            });
+            // The request counts as sent now; its body is built in its own task, so a long
+            // prompt's body does not hold back the requests due after it (they would reach the
+            // router in trace order, late, where a simulator's arrive together).
             records[i].arrival = Some(shared.now());
             in_flight += 1;
-            let (tx, shared) = (tx.clone(), shared.clone());
-            let (session, group) = (req.session, req.group);
+            let (tx, shared, owned) = (tx.clone(), shared.clone(), owned.clone());
+            let vocab_size = args.vocab_size;
             tokio::spawn(async move {
-                let outcome = send(shared, body, session, group).await;
+                let req = &owned.requests[i];
+                let prompt = if text_prompts {
+                    serde_json::Value::from(prompt_text(&owned, i))
+                } else {
+                    serde_json::Value::from(prompt_tokens(&owned, i, vocab_size))
+                };
+                let body = serde_json::json!({
+                    "model": shared.model,
+                    "prompt": prompt,
+                    "max_tokens": req.output_tokens,
+                    "min_tokens": req.output_tokens,
+                    "ignore_eos": true,
+                    "temperature": 0.0,
+                    "stream": true,
+                    "stream_options": {"include_usage": true},
+                });
+                let outcome = send(shared.clone(), body, req.session, req.group).await;
                 let _ = tx.send((i, outcome));
             });
         }
