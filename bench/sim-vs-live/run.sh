@@ -13,9 +13,12 @@
 #   SIM_FLAGS  flags that make the sim model this live setup (default below: the live path's
 #              ~1 ms KV-event delay over loopback ZeroMQ and ~1 ms one-way router + HTTP hop)
 #   OUT        output directory (default target/sim-vs-live)
-# The sim also runs with --network-delay-ms 0 and 2 ("sim range"): on this trace a few long
-# conversations decide the hit rate and their placement flips with a 1 ms timing change, so the
-# range shows how much of a difference is noise.
+# The sim also runs with --network-delay-ms 0 and 2, and with --ingress-us-per-token $INGRESS
+# ("sim range"): on this trace a few long conversations decide the hit rate and their placement
+# flips with a 1 ms timing change, and requests that share a trace timestamp reach a live router
+# partly shortest first (a long body takes longer to send and read), which the ingress run models
+# fully and the others not at all; the range shows how much of a difference is that.
+#   INGRESS    µs per prompt token for the ingress run (default 0.05)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODES=${1:-kv}
@@ -53,6 +56,10 @@ for MODE in ${MODES//,/ }; do
   "$BIN" sim --trace "$TRACE" --workers "$WORKERS" --max-requests "$N" \
     --arrival-speedup "$SPEEDUP" --router-mode "$MODE" $SIM_FLAGS --out "$OUT/$MODE/sim" \
     --quiet >/dev/null
+  # shellcheck disable=SC2086
+  "$BIN" sim --trace "$TRACE" --workers "$WORKERS" --max-requests "$N" \
+    --arrival-speedup "$SPEEDUP" --router-mode "$MODE" $SIM_FLAGS \
+    --ingress-us-per-token "${INGRESS:-0.05}" --out "$OUT/$MODE/sim-ingress" --quiet >/dev/null
   for NET in 0 2; do
     "$BIN" sim --trace "$TRACE" --workers "$WORKERS" --max-requests "$N" \
       --arrival-speedup "$SPEEDUP" --router-mode "$MODE" --kv-event-delay-ms 1 \
@@ -68,7 +75,7 @@ print("|---|---|---|---|---|---|---|---|---|---|")
 for m in modes:
     lives = [load(f"{out}/{m}/live{r}") for r in range(1, repeats + 1)]
     sim = load(f"{out}/{m}/sim")
-    rng = [load(f"{out}/{m}/sim-net{n}") for n in (0, 2)] + [sim]
+    rng = [load(f"{out}/{m}/sim-net{n}") for n in (0, 2)] + [sim, load(f"{out}/{m}/sim-ingress")]
     lt = sum(l["ttft_ms"]["p50"] for l in lives) / len(lives)
     lh = sum(l["hit_rate"] for l in lives) / len(lives)
     st, sh = sim["ttft_ms"]["p50"], sim["hit_rate"]
