@@ -351,14 +351,26 @@ fn with_an_ingress_time_requests_arriving_together_are_routed_shortest_first() {
         while sim.step().unwrap() {}
         sim.records()
             .iter()
-            .map(|r| r.first_token.unwrap().since(r.arrival.unwrap()).as_secs_f64() * 1e3)
+            .map(|r| {
+                r.first_token
+                    .unwrap()
+                    .since(r.arrival.unwrap())
+                    .as_secs_f64()
+                    * 1e3
+            })
             .collect()
     };
     let on_arrival = ttft(0.0);
     assert!(on_arrival[1] > on_arrival[0], "{on_arrival:?}");
     let read_first = ttft(0.1);
     assert!(read_first[1] < read_first[0], "{read_first:?}");
-    assert!(read_first[1] < on_arrival[1] / 10.0, "{read_first:?} {on_arrival:?}");
+    assert!(
+        read_first[1] < on_arrival[1] / 10.0,
+        "{read_first:?} {on_arrival:?}"
+    );
     // The long prompt's 3.3 ms of ingress is in its time to first token.
-    assert!(read_first[0] >= on_arrival[0] + 3.2, "{read_first:?} {on_arrival:?}");
+    assert!(
+        read_first[0] >= on_arrival[0] + 3.2,
+        "{read_first:?} {on_arrival:?}"
+    );
 }
