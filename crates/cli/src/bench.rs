@@ -280,9 +280,9 @@ async fn replay(
             if at > deadline {
                 continue;
             }
-            // The request counts as sent now; its body is built in its own task, so a long
-            // prompt's body does not hold back the requests due after it (they would reach the
-            // router in trace order, late, where a simulator's arrive together).
+            // Its body is built in its own task, so a long prompt's body does not hold back the
+            // requests due after it (they would reach the router in trace order, late, where a
+            // simulator's arrive together). Its arrival becomes the time sending began.
             records[i].arrival = Some(shared.now());
             in_flight += 1;
             let (tx, shared, owned) = (tx.clone(), shared.clone(), owned.clone());
@@ -322,6 +322,7 @@ async fn replay(
             in_flight -= 1;
             settled += 1;
             let r = &mut records[i];
+            r.arrival = o.sent.or(r.arrival);
             let failed = o.error.is_some();
             if let Some(e) = o.error {
                 errors += 1;

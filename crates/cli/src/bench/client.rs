@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 /// What one request measured (times relative to the start of the run).
 #[derive(Debug, Default)]
 pub(super) struct Outcome {
+    /// When its body was ready and sending began (the request's arrival for its TTFT).
+    pub(super) sent: Option<Time>,
     pub(super) first_token: Option<Time>,
     pub(super) last_token: Option<Time>,
     pub(super) finish: Option<Time>,
@@ -60,7 +62,10 @@ pub(super) async fn send(
     session: Option<u64>,
     group: Option<u64>,
 ) -> Outcome {
-    let mut out = Outcome::default();
+    let mut out = Outcome {
+        sent: Some(shared.now()),
+        ..Outcome::default()
+    };
     let result = tokio::time::timeout(
         shared.timeout,
         stream_one(&shared, body, session, group, &mut out),
