@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 const TOKEN: &str = "cluster-secret";
 
-async fn local(name: &str, speedup: &str) -> Proc {
-    common::spawn(&[
+async fn local(name: &str, speedup: &str, extra: &[&str]) -> Proc {
+    let mut args = vec![
         "serve",
         "--port",
         "0",
@@ -25,8 +25,9 @@ async fn local(name: &str, speedup: &str) -> Proc {
         name,
         "--cluster-summary-refresh-ms",
         "100",
-    ])
-    .await
+    ];
+    args.extend_from_slice(extra);
+    common::spawn(&args).await
 }
 
 /// A loopback URL where nothing listens (the port was free a moment ago).
@@ -43,8 +44,13 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
-    let fast = local("fast", "20").await;
-    let slow = local("slow", "5").await;
+    setup_with(&[]).await
+}
+
+/// Two clusters (their routers started with `local_args` too) and a dead one.
+async fn setup_with(local_args: &[&str]) -> Setup {
+    let fast = local("fast", "20", local_args).await;
+    let slow = local("slow", "5", local_args).await;
     let clusters = [
         format!("fast={}", fast.http()),
         format!("slow={},rtt_ms=2", slow.http()),
@@ -266,7 +272,7 @@ async fn a_dead_cluster_router_loses_its_traffic_and_sessions_within_a_deadline(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_local_summary_is_behind_the_admin_token_and_decodes() {
-    let fast = local("fast", "20").await;
+    let fast = local("fast", "20", &[]).await;
     let http = reqwest::Client::new();
     let url = format!("{}/admin/cluster-summary", fast.http());
     let denied = http.get(&url).send().await.unwrap();
@@ -313,7 +319,7 @@ async fn the_local_summary_is_behind_the_admin_token_and_decodes() {
 /// 1,024 tokens (the earlier statement, which let the fast cluster look idle under load).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_summary_prices_decode_by_the_kv_its_requests_hold() {
-    let dc = local("kv-use", "1").await;
+    let dc = local("kv-use", "1", &[]).await;
     let http = reqwest::Client::new();
     let url = format!("{}/admin/cluster-summary", dc.http());
     let read = || async {
@@ -427,4 +433,59 @@ async fn bad_global_flags_are_refused_naming_the_flag() {
         assert!(!out.status.success(), "{args:?} was accepted");
         assert!(err.contains(says), "{args:?}: {err}");
     }
+}
+
+/// A session released at the global router is forgotten there (its gauge drops, a second
+/// release finds nothing) and released by the cluster router that pinned it; the dead cluster
+/// is reported as not answering. Both release routes of `serve` are served.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_released_at_the_global_router_is_released_everywhere() {
+    let s = setup_with(&["--router-session-affinity-ttl-secs", "300"]).await;
+    let mut home = String::new();
+    for turn in 0..2 {
+        let (status, cluster) = s.turn("held", &prompt(1, turn), false).await;
+        assert_eq!(status, 200);
+        home = cluster;
+    }
+    let sessions = |m: &str| metric(m, "kvrouter_global_sessions");
+    assert_eq!(sessions(&s.metrics().await), 1.0);
+    let release = || async {
+        let r = s
+            .http
+            .delete(format!("{}/v1/sessions/held", s.global.http()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.json::<Value>().await.unwrap()
+    };
+    let first = release().await;
+    assert_eq!(first["released"], true, "{first}");
+    assert_eq!(first["clusters"][&home], true, "{first}");
+    assert_eq!(first["clusters"]["dead"], Value::Null, "{first}");
+    let other = if home == "fast" { "slow" } else { "fast" };
+    assert_eq!(first["clusters"][other], false, "{first}");
+    assert_eq!(sessions(&s.metrics().await), 0.0);
+    let again = release().await;
+    assert_eq!(again["released"], false, "{again}");
+    assert_eq!(again["clusters"][&home], false, "{again}");
+
+    let (status, home2) = s.turn("held-2", &prompt(2, 0), true).await;
+    assert_eq!(status, 200);
+    let finish = |body: Value| {
+        let ask = s
+            .http
+            .post(format!("{}/finish_session", s.global.http()))
+            .json(&body);
+        async move { ask.send().await.unwrap() }
+    };
+    let r = finish(json!({"session_id": "held-2"})).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["released"], true, "{v}");
+    assert_eq!(v["clusters"][&home2], true, "{v}");
+    let r = finish(json!({"session": "held-2"})).await;
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "session_id", "{v}");
 }

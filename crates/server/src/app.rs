@@ -259,27 +259,11 @@ async fn release_session(State(s): State<AppState>, Path(id): Path<String>) -> J
 }
 
 async fn finish_session(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ServeError> {
-    let v: Value = serde_json::from_slice(&body)
-        .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
-    let id = match v.get("session_id") {
-        Some(Value::String(id)) => id,
-        None | Some(Value::Null) => {
-            return Err(ServeError::invalid(
-                "`session_id` is required",
-                Some("session_id"),
-            ))
-        }
-        Some(_) => {
-            return Err(ServeError::invalid(
-                "`session_id` must be a string",
-                Some("session_id"),
-            ))
-        }
-    };
+    let id = crate::headers::finish_session_id(&body)?;
     let released = s
         .inner
         .lock_core()
-        .release_session(crate::headers::session_key(id));
+        .release_session(crate::headers::session_key(&id));
     Ok(Json(json!({"session_id": id, "released": released})))
 }
 

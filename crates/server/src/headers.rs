@@ -195,6 +195,23 @@ pub(crate) fn session_key(id: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(id.as_bytes())
 }
 
+/// The `session_id` of a `POST /finish_session` body, or the error naming it.
+pub(crate) fn finish_session_id(body: &[u8]) -> Result<String, ServeError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    match v.get("session_id") {
+        Some(Value::String(id)) => Ok(id.clone()),
+        None | Some(Value::Null) => Err(ServeError::invalid(
+            "`session_id` is required",
+            Some("session_id"),
+        )),
+        Some(_) => Err(ServeError::invalid(
+            "`session_id` must be a string",
+            Some("session_id"),
+        )),
+    }
+}
+
 pub(crate) fn admission_fields(
     headers: &HeaderMap,
     body: &Value,

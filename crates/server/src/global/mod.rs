@@ -18,6 +18,7 @@
 mod metrics;
 mod poll;
 mod proxy;
+mod sessions;
 
 use crate::state::AppState;
 use crate::{RunningServer, ServeConfig, StartError};

@@ -1,6 +1,6 @@
 //! The global router's HTTP surface: OpenAI requests placed on a cluster and forwarded
 //! unchanged to its `kvrouter serve` (streamed back as they come, with `x-kvrouter-cluster`),
-//! plus `/health`, `/live` and `/metrics`.
+//! plus `/health`, `/live`, `/metrics` and session release (`sessions.rs`).
 //!
 //! `serve`'s own forwarder is bound to worker attempts and the core's load ledger; a cluster's
 //! router does that work itself, so forwarding here is a plain pass-through: body bytes out,
@@ -16,7 +16,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{OriginalUri, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use kvrouter_core::global::{ClusterId, GlobalError, GlobalRequest};
 use kvrouter_core::hashing::BlockHashes;
@@ -51,6 +51,15 @@ pub(super) fn app(state: S) -> Router {
         .route("/ready", get(health))
         .route("/live", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
+        .merge(
+            Router::new()
+                .route("/v1/sessions/{id}", delete(super::sessions::release))
+                .route("/finish_session", post(super::sessions::finish))
+                .route_layer(axum::middleware::from_fn_with_state(
+                    state.app.clone(),
+                    crate::auth::session_release,
+                )),
+        )
         .fallback(crate::error::unknown_route)
         .method_not_allowed_fallback(crate::error::wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(
