@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 mod client;
 mod pick;
 
-use client::{send, Outcome, Shared};
+use client::{end_session, send, Outcome, Shared};
 
 /// `kvrouter bench` flags.
 #[derive(Debug, Args)]
@@ -76,6 +76,12 @@ pub(crate) struct BenchArgs {
     /// Send each request's session as an `x-session-id` header (sticky-session routers).
     #[arg(long)]
     pub(crate) session_header: bool,
+    /// End each session when its last turn finishes (or a turn fails, which ends it): `POST
+    /// /finish_session` to the first --url, as an agent framework ending a trajectory does.
+    /// It releases the session's pin (`serve`) and its home cluster (`serve --global`). Needs
+    /// --session-header.
+    #[arg(long, requires = "session_header")]
+    pub(crate) end_sessions: bool,
     /// Send each request's RL group as an `x-kvrouter-group-id` header (group placement).
     #[arg(long)]
     pub(crate) group_header: bool,
@@ -260,6 +266,14 @@ async fn replay(
     });
     let deadline = Time::from_secs_f64(args.duration_s);
     let owned = Arc::new(workload.clone());
+    // A session ends with a turn that no later turn follows.
+    let mut followed = vec![false; n];
+    for r in &workload.requests {
+        if let Some(p) = r.after {
+            followed[p] = true;
+        }
+    }
+    let mut endings = Vec::new();
     let text_prompts = args.prompt_format == "text";
     let (mut replay, start) = Replay::new(workload, args.concurrency, args.arrival_speedup);
     // (due time, request) min-heap.
@@ -339,6 +353,11 @@ async fn replay(
                 r.worker = o.worker;
                 r.ended_early = o.ended_early;
             }
+            if let (true, Some(session)) = (args.end_sessions, workload.requests[i].session) {
+                if failed || !followed[i] {
+                    endings.push(tokio::spawn(end_session(shared.clone(), session)));
+                }
+            }
             let at = o.finish.unwrap_or_else(|| shared.now());
             let released = replay.finished(i, at, failed);
             for f in released.dropped {
@@ -358,6 +377,12 @@ async fn replay(
     }
     if !args.quiet {
         eprintln!();
+    }
+    // Each ending is bounded by the request timeout.
+    let ended = futures::future::join_all(endings).await;
+    let unended = ended.iter().filter(|e| !matches!(e, Ok(true))).count();
+    if unended > 0 {
+        eprintln!("kvrouter bench: {unended} session end(s) were not acknowledged");
     }
     if let Some(e) = &first_error {
         eprintln!("kvrouter bench: {errors} request(s) failed; first error: {e}");

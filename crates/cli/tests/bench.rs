@@ -342,3 +342,63 @@ async fn pick_mode_asks_the_router_and_sends_to_the_worker_directly() {
     assert_eq!(value("kvrouter_worker_active_requests{"), 0.0);
     let _ = std::fs::remove_dir_all(out);
 }
+
+/// `--end-sessions` ends each session after its last turn: the router that pinned every session
+/// holds none of them afterwards, where the same run without the flag leaves them pinned.
+#[tokio::test]
+async fn end_sessions_releases_every_session_the_run_pinned() {
+    let http = reqwest::Client::new();
+    let mut still_pinned = Vec::new();
+    for end in [false, true] {
+        let server = common::spawn(&[
+            "serve",
+            "--port",
+            "0",
+            "--mock-workers",
+            "2",
+            "--mock-speedup-ratio",
+            "50",
+            "--router-session-affinity-ttl-secs",
+            "300",
+        ])
+        .await;
+        let out = temp(&format!("end-sessions-{end}"));
+        std::fs::create_dir_all(&out).unwrap();
+        let url = server.http();
+        let mut args = vec![
+            "--url",
+            &url,
+            "--workload",
+            "agentic",
+            "--workload-args",
+            "sessions=3,turns_median=3,output_median=8,tool_latency_median_s=0.01",
+            "--session-header",
+        ];
+        if end {
+            args.push("--end-sessions");
+        }
+        let (output, summary) = bench(&args, &out).await;
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let s = summary.expect("summary.json");
+        assert_eq!(s["completed"], s["requests"], "{s}");
+        // A release answers whether the router still held the session.
+        let mut pinned = 0;
+        for session in 0..3 {
+            let v: Value = http
+                .delete(format!("{url}/v1/sessions/{session}"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            pinned += usize::from(v["released"] == true);
+        }
+        still_pinned.push(pinned);
+    }
+    assert_eq!(still_pinned, vec![3, 0]);
+}

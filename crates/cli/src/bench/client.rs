@@ -56,6 +56,18 @@ impl Shared {
     }
 }
 
+/// `POST /finish_session` for `session` (its `x-session-id`) at the first URL; whether the
+/// endpoint answered 2xx within the request timeout.
+pub(super) async fn end_session(shared: Arc<Shared>, session: u64) -> bool {
+    let ask = shared
+        .client
+        .post(format!("{}/finish_session", shared.urls[0]))
+        .json(&serde_json::json!({ "session_id": session.to_string() }))
+        .timeout(shared.timeout)
+        .send();
+    matches!(ask.await, Ok(r) if r.status().is_success())
+}
+
 pub(super) async fn send(
     shared: Arc<Shared>,
     body: serde_json::Value,
