@@ -12,7 +12,8 @@
 # was 2-6 ms and the live TTFT measured the host's CPU queueing, not routing. Use the release
 # binary: a debug build's router CPU is itself tens of ms per request on a loaded host.
 # The host's load average and the kvrouter processes' CPU are sampled every 2 s (OUT/cpu.txt).
-# Usage: bench/global/run.sh   (env: BIN, FAST_SPEEDUP, SLOW_SPEEDUP, POLICIES, OUT, AGENTIC_ARGS)
+# Usage: bench/global/run.sh   (env: BIN, FAST_SPEEDUP, SLOW_SPEEDUP, POLICIES, OUT, AGENTIC_ARGS,
+#        BENCH_FLAGS: more `kvrouter bench` flags, e.g. --end-sessions)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-target/release/kvrouter}
@@ -57,8 +58,9 @@ bench() {
   sample_cpu "$2" &
   local sampler=$!
   PIDS+=("$sampler")
+  # shellcheck disable=SC2086
   "$BIN" bench --url "$1" --workload agentic --workload-args "$AGENTIC_ARGS" --session-header \
-    --name "$2" --out "$OUT/$2" --quiet >"$OUT/$2.txt"
+    ${BENCH_FLAGS:-} --name "$2" --out "$OUT/$2" --quiet >"$OUT/$2.txt"
   kill "$sampler" 2>/dev/null || true
 }
 nproc >"$OUT/nproc.txt"
