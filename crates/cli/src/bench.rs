@@ -193,13 +193,14 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         urls.push(url);
     }
-    let workload = load_workload(
+    // Shared with the tasks that build each request's body.
+    let workload = Arc::new(load_workload(
         args.trace.as_deref(),
         args.workload.as_deref(),
         args.workload_args.as_deref(),
         args.session_gap_s,
         args.max_requests,
-    )?;
+    )?);
     workload
         .validate(1)
         .map_err(|e| anyhow::anyhow!("workload: {e}"))?;
@@ -239,7 +240,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 async fn replay(
     args: &BenchArgs,
-    workload: &Workload,
+    workload: &Arc<Workload>,
     client: reqwest::Client,
     urls: Vec<String>,
     model: String,
@@ -265,14 +266,6 @@ async fn replay(
         pick: args.pick,
     });
     let deadline = Time::from_secs_f64(args.duration_s);
-    let owned = Arc::new(workload.clone());
-    // A session ends with a turn that no later turn follows.
-    let mut followed = vec![false; n];
-    for r in &workload.requests {
-        if let Some(p) = r.after {
-            followed[p] = true;
-        }
-    }
     let mut endings = Vec::new();
     let text_prompts = args.prompt_format == "text";
     let (mut replay, start) = Replay::new(workload, args.concurrency, args.arrival_speedup);
@@ -299,7 +292,7 @@ async fn replay(
             // simulator's arrive together). Its arrival becomes the time sending began.
             records[i].arrival = Some(shared.now());
             in_flight += 1;
-            let (tx, shared, owned) = (tx.clone(), shared.clone(), owned.clone());
+            let (tx, shared, owned) = (tx.clone(), shared.clone(), workload.clone());
             let vocab_size = args.vocab_size;
             tokio::spawn(async move {
                 let req = &owned.requests[i];
@@ -318,7 +311,7 @@ async fn replay(
                     "stream": true,
                     "stream_options": {"include_usage": true},
                 });
-                let outcome = send(shared.clone(), body, req.session, req.group).await;
+                let outcome = send(shared, body, req.session, req.group).await;
                 let _ = tx.send((i, outcome));
             });
         }
@@ -353,8 +346,9 @@ async fn replay(
                 r.worker = o.worker;
                 r.ended_early = o.ended_early;
             }
+            // A session ends with a failed turn or one no later turn follows.
             if let (true, Some(session)) = (args.end_sessions, workload.requests[i].session) {
-                if failed || !followed[i] {
+                if failed || !replay.has_followers(i) {
                     endings.push(tokio::spawn(end_session(shared.clone(), session)));
                 }
             }
@@ -389,7 +383,7 @@ async fn replay(
     }
     // Only requests that were sent count: the rest of the trace was cut by --duration-s.
     let sent: Vec<usize> = (0..n).filter(|i| records[*i].arrival.is_some()).collect();
-    let mut cut = workload.clone();
+    let mut cut = Workload::clone(workload);
     cut.requests = sent.iter().map(|&i| workload.requests[i].clone()).collect();
     // `after` indices no longer match after the cut; the summary does not read them.
     let recs: Vec<Record> = sent.iter().map(|&i| records[i].clone()).collect();

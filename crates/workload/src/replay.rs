@@ -114,6 +114,11 @@ impl<'w> Replay<'w> {
         self.steps_end
     }
 
+    /// Whether a later request waits for request `i` (the next turn of its session).
+    pub fn has_followers(&self, i: usize) -> bool {
+        !self.followers[i].is_empty()
+    }
+
     /// Request `i` finished at `now` (`failed`: its session does not continue).
     pub fn finished(&mut self, i: usize, now: Time, failed: bool) -> Released {
         let mut out = Released::default();
