@@ -37,8 +37,9 @@ pub(super) async fn finish(
 }
 
 /// Forgets the session here and asks every cluster's router to release it (concurrently, each
-/// bounded by `--global-summary-timeout-ms`, so a hung cluster does not hold the answer). `released`: whether this router or any cluster
-/// knew the session; `clusters`: each cluster's own `released`, or null where it did not answer.
+/// bounded by `--global-summary-timeout-ms`, so a hung cluster does not hold the answer).
+/// `released`: whether this router or any cluster knew the session; `clusters`: each cluster's
+/// own `released`, or null where it did not answer.
 async fn release_everywhere(s: &S, headers: &HeaderMap, id: &str) -> Value {
     let known = s.lock().end_session(crate::headers::session_key(id));
     let timeout = s.config.summary_timeout;
