@@ -20,22 +20,28 @@ async fn bench(args: &[&str], out: &std::path::Path) -> (std::process::Output, O
     (output, summary)
 }
 
+/// `kvrouter serve` with `workers` embedded mock engines at speed-up `speedup`, plus `extra`.
+async fn mock_serve(workers: &str, speedup: &str, extra: &[&str]) -> common::Proc {
+    let mut args = vec![
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        workers,
+        "--mock-speedup-ratio",
+        speedup,
+    ];
+    args.extend_from_slice(extra);
+    common::spawn(&args).await
+}
+
 fn temp(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("kvrouter-bench-{name}-{}", std::process::id()))
 }
 
 #[tokio::test]
 async fn grpo_groups_replay_live_and_share_their_prompts() {
-    let server = common::spawn(&[
-        "serve",
-        "--port",
-        "0",
-        "--mock-workers",
-        "2",
-        "--mock-speedup-ratio",
-        "50",
-    ])
-    .await;
+    let server = mock_serve("2", "50", &[]).await;
     let out = temp("grpo");
     std::fs::create_dir_all(&out).unwrap();
     let trace = out.join("trace.json");
@@ -114,16 +120,7 @@ async fn grpo_groups_replay_live_and_share_their_prompts() {
 
 #[tokio::test]
 async fn a_trace_slice_replays_with_its_arrival_times() {
-    let server = common::spawn(&[
-        "serve",
-        "--port",
-        "0",
-        "--mock-workers",
-        "2",
-        "--mock-speedup-ratio",
-        "100",
-    ])
-    .await;
+    let server = mock_serve("2", "100", &[]).await;
     let trace = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../../shared/traces/mooncake_conversation/conversation_trace.jsonl"
@@ -183,16 +180,7 @@ async fn bad_flags_and_dead_endpoints_name_the_flag() {
 
 #[tokio::test]
 async fn first_n_of_m_live_ends_the_rest_of_each_group() {
-    let server = common::spawn(&[
-        "serve",
-        "--port",
-        "0",
-        "--mock-workers",
-        "2",
-        "--mock-speedup-ratio",
-        "20",
-    ])
-    .await;
+    let server = mock_serve("2", "20", &[]).await;
     let out = temp("need");
     let (output, summary) = bench(
         &[
@@ -245,18 +233,7 @@ async fn served(base: &str) -> u64 {
 async fn a_repeated_url_spreads_requests_round_robin() {
     let mut routers = Vec::new();
     for _ in 0..2 {
-        routers.push(
-            common::spawn(&[
-                "serve",
-                "--port",
-                "0",
-                "--mock-workers",
-                "1",
-                "--mock-speedup-ratio",
-                "50",
-            ])
-            .await,
-        );
+        routers.push(mock_serve("1", "50", &[]).await);
     }
     let out = temp("urls");
     let (a, b) = (routers[0].http(), routers[1].http());
@@ -286,16 +263,7 @@ async fn a_repeated_url_spreads_requests_round_robin() {
 
 #[tokio::test]
 async fn pick_mode_asks_the_router_and_sends_to_the_worker_directly() {
-    let server = common::spawn(&[
-        "serve",
-        "--port",
-        "0",
-        "--mock-workers",
-        "2",
-        "--mock-speedup-ratio",
-        "50",
-    ])
-    .await;
+    let server = mock_serve("2", "50", &[]).await;
     let out = temp("pick");
     std::fs::create_dir_all(&out).unwrap();
     let (output, summary) = bench(
@@ -350,18 +318,7 @@ async fn end_sessions_releases_every_session_the_run_pinned() {
     let http = reqwest::Client::new();
     let mut still_pinned = Vec::new();
     for end in [false, true] {
-        let server = common::spawn(&[
-            "serve",
-            "--port",
-            "0",
-            "--mock-workers",
-            "2",
-            "--mock-speedup-ratio",
-            "50",
-            "--router-session-affinity-ttl-secs",
-            "300",
-        ])
-        .await;
+        let server = mock_serve("2", "50", &["--router-session-affinity-ttl-secs", "300"]).await;
         let out = temp(&format!("end-sessions-{end}"));
         std::fs::create_dir_all(&out).unwrap();
         let url = server.http();
