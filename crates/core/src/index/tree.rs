@@ -11,9 +11,15 @@
 //! Each node also keeps, per holder, the engine hash under which that holder stored each block of
 //! the run (the reverse of the index's per-holder engine-hash map). Keeping it inline costs a
 //! sequential write per stored block instead of an insert into another per-holder map.
+//!
+//! Layout: this file (nodes, lookups, holders, appends), `tree/reshape.rs` (splits, merges,
+//! deleting empty leaves), `tree/check.rs` (the invariants).
 
 use crate::fast_map::FastMap;
 use crate::ids::{EngineHash, SequenceHash};
+
+mod check;
+mod reshape;
 
 /// Index of a node in the arena.
 pub(crate) type NodeId = u32;
@@ -101,7 +107,7 @@ impl Tree {
         self.nodes[id as usize].as_ref().expect("live node")
     }
 
-    fn node_mut(&mut self, id: NodeId) -> &mut Node {
+    pub(super) fn node_mut(&mut self, id: NodeId) -> &mut Node {
         self.nodes[id as usize].as_mut().expect("live node")
     }
 
@@ -161,7 +167,7 @@ impl Tree {
         self.node(at.node).holds(holder)
     }
 
-    fn alloc(&mut self, node: Node) -> NodeId {
+    pub(super) fn alloc(&mut self, node: Node) -> NodeId {
         if let Some(id) = self.free.pop() {
             self.nodes[id as usize] = Some(node);
             id
@@ -171,12 +177,12 @@ impl Tree {
         }
     }
 
-    fn release(&mut self, id: NodeId) -> Node {
+    pub(super) fn release(&mut self, id: NodeId) -> Node {
         self.free.push(id);
         self.nodes[id as usize].take().expect("live node")
     }
 
-    fn point_blocks_at(&mut self, id: NodeId) {
+    pub(super) fn point_blocks_at(&mut self, id: NodeId) {
         let node = self.nodes[id as usize].as_ref().expect("live node");
         self.blocks.reserve(node.hashes.len());
         for (i, hash) in node.hashes.iter().enumerate() {
@@ -188,162 +194,6 @@ impl Tree {
                 },
             );
         }
-    }
-
-    fn replace_child(&mut self, parent: Option<NodeId>, old: NodeId, new: NodeId) {
-        if let Some(p) = parent {
-            let children = &mut self.node_mut(p).children;
-            if let Some(slot) = children.iter_mut().find(|c| **c == old) {
-                *slot = new;
-            }
-        }
-    }
-
-    fn detach_child(&mut self, parent: Option<NodeId>, child: NodeId) {
-        if let Some(p) = parent {
-            let children = &mut self.node_mut(p).children;
-            if let Some(i) = children.iter().position(|c| *c == child) {
-                children.swap_remove(i);
-            }
-        }
-    }
-
-    /// Splits `id` so that one node ends just before `depth` and another starts at it; returns
-    /// (head, tail). `depth` must be strictly inside the node.
-    fn split_at(&mut self, id: NodeId, depth: u32) -> (NodeId, NodeId) {
-        let (start, len) = {
-            let n = self.node(id);
-            (n.start, n.hashes.len() as u32)
-        };
-        debug_assert!(depth > start && depth < start + len);
-        let k = (depth - start) as usize;
-        if k <= len as usize - k {
-            // Move the head into a new node; `id` keeps the tail and its children.
-            let n = self.node_mut(id);
-            let head = Node {
-                parent: n.parent,
-                start,
-                hashes: n.hashes.drain(..k).collect(),
-                holders: n.holders.clone(),
-                engines: n
-                    .engines
-                    .iter_mut()
-                    .map(|e| e.drain(..k).collect())
-                    .collect(),
-                bits: n.bits.clone(),
-                children: vec![id],
-            };
-            n.start = depth;
-            let old_parent = n.parent;
-            let head_id = self.alloc(head);
-            self.node_mut(id).parent = Some(head_id);
-            self.replace_child(old_parent, id, head_id);
-            self.point_blocks_at(head_id);
-            (head_id, id)
-        } else {
-            let n = self.node_mut(id);
-            let tail = Node {
-                parent: Some(id),
-                start: depth,
-                hashes: n.hashes.split_off(k),
-                holders: n.holders.clone(),
-                engines: n.engines.iter_mut().map(|e| e.split_off(k)).collect(),
-                bits: n.bits.clone(),
-                children: std::mem::take(&mut n.children),
-            };
-            let tail_id = self.alloc(tail);
-            self.node_mut(id).children = vec![tail_id];
-            let grandchildren = self.node(tail_id).children.clone();
-            for c in grandchildren {
-                self.node_mut(c).parent = Some(tail_id);
-            }
-            self.point_blocks_at(tail_id);
-            (id, tail_id)
-        }
-    }
-
-    /// Splits as needed so that blocks `[from, to)` of node `id` form one node; returns it.
-    fn isolate(&mut self, id: NodeId, from: u32, to: u32) -> NodeId {
-        let mut cur = id;
-        if from > self.node(cur).start {
-            cur = self.split_at(cur, from).1;
-        }
-        if to < self.node(cur).end() {
-            cur = self.split_at(cur, to).0;
-        }
-        cur
-    }
-
-    /// Merges `parent` with its only child when both have the same holders. Returns the survivor.
-    fn merge_down(&mut self, parent: NodeId) -> NodeId {
-        let child = {
-            let p = self.node(parent);
-            if p.children.len() != 1 {
-                return parent;
-            }
-            let c = p.children[0];
-            if self.node(c).holders != p.holders {
-                return parent;
-            }
-            c
-        };
-        if self.node(parent).hashes.len() >= self.node(child).hashes.len() {
-            let c = self.release(child);
-            for &g in &c.children {
-                self.node_mut(g).parent = Some(parent);
-            }
-            let p = self.node_mut(parent);
-            let first_new = p.hashes.len();
-            p.hashes.extend_from_slice(&c.hashes);
-            for (pe, ce) in p.engines.iter_mut().zip(&c.engines) {
-                pe.extend_from_slice(ce);
-            }
-            p.children = c.children;
-            let start = p.start;
-            for (i, hash) in c.hashes.iter().enumerate() {
-                let depth = start + (first_new + i) as u32;
-                self.blocks.insert(
-                    *hash,
-                    BlockRef {
-                        node: parent,
-                        depth,
-                    },
-                );
-            }
-            parent
-        } else {
-            let p = self.release(parent);
-            let c = self.node_mut(child);
-            c.hashes.splice(0..0, p.hashes.iter().copied());
-            for (ce, pe) in c.engines.iter_mut().zip(&p.engines) {
-                ce.splice(0..0, pe.iter().copied());
-            }
-            c.start = p.start;
-            c.parent = p.parent;
-            self.replace_child(p.parent, parent, child);
-            for (i, hash) in p.hashes.iter().enumerate() {
-                self.blocks.insert(
-                    *hash,
-                    BlockRef {
-                        node: child,
-                        depth: p.start + i as u32,
-                    },
-                );
-            }
-            child
-        }
-    }
-
-    /// Restores path compression around `id` after its holders changed.
-    fn compact(&mut self, id: NodeId) {
-        let mut cur = id;
-        if let Some(p) = self.node(id).parent {
-            let parent = self.node(p);
-            if parent.children.len() == 1 && parent.holders == self.node(id).holders {
-                cur = self.merge_down(p);
-            }
-        }
-        self.merge_down(cur);
     }
 
     /// Adds `holder` to blocks `[from, to)` of node `id`, stored under `engines` (one per
@@ -409,31 +259,6 @@ impl Tree {
         }
     }
 
-    /// Deletes `id` if it is empty and childless (and then its ancestors likewise), else
-    /// restores compression around it.
-    fn tidy(&mut self, id: NodeId) {
-        let mut cur = id;
-        loop {
-            let (empty_leaf, parent) = {
-                let n = self.node(cur);
-                (n.holders.is_empty() && n.children.is_empty(), n.parent)
-            };
-            if !empty_leaf {
-                self.compact(cur);
-                return;
-            }
-            let node = self.release(cur);
-            for hash in &node.hashes {
-                self.blocks.remove(hash);
-            }
-            self.detach_child(parent, cur);
-            match parent {
-                Some(p) => cur = p,
-                None => return,
-            }
-        }
-    }
-
     /// Appends new blocks (none of them in the tree) after `parent`, held by `holder` under
     /// `engines` (one per block).
     pub(crate) fn append(
@@ -485,76 +310,5 @@ impl Tree {
             self.node_mut(p).children.push(id);
         }
         self.point_blocks_at(id);
-    }
-
-    /// Checks the structural invariants; returns a description of the first violation.
-    pub(crate) fn check(&self) -> Result<(), String> {
-        let mut mapped = 0usize;
-        for id in self.node_ids() {
-            let n = self.node(id);
-            if n.hashes.is_empty() {
-                return Err(format!("node {id} has an empty run"));
-            }
-            if n.engines.len() != n.holders.len()
-                || n.engines.iter().any(|e| e.len() != n.hashes.len())
-            {
-                return Err(format!(
-                    "node {id} engine hashes do not match its holders and run"
-                ));
-            }
-            if !n.holders.windows(2).all(|w| w[0] < w[1]) {
-                return Err(format!("node {id} holders not sorted and unique"));
-            }
-            if n.bits != tier_bits(&n.holders) {
-                return Err(format!("node {id} tier bits are stale"));
-            }
-            if n.holders.is_empty() && n.children.is_empty() {
-                return Err(format!("node {id} is an empty leaf"));
-            }
-            match n.parent {
-                None if n.start != 0 => return Err(format!("root-level node {id} at depth > 0")),
-                Some(p) => {
-                    let pn = self.nodes.get(p as usize).and_then(Option::as_ref);
-                    let Some(pn) = pn else {
-                        return Err(format!("node {id} has a dead parent"));
-                    };
-                    if !pn.children.contains(&id) || pn.end() != n.start {
-                        return Err(format!("node {id} is not attached to its parent {p}"));
-                    }
-                    if pn.children.len() == 1 && pn.holders == n.holders {
-                        return Err(format!("node {id} should have been merged into {p}"));
-                    }
-                }
-                None => {}
-            }
-            for &c in &n.children {
-                if self
-                    .nodes
-                    .get(c as usize)
-                    .and_then(Option::as_ref)
-                    .map(|c| c.parent)
-                    != Some(Some(id))
-                {
-                    return Err(format!("child {c} of {id} does not point back"));
-                }
-            }
-            for (i, hash) in n.hashes.iter().enumerate() {
-                let want = BlockRef {
-                    node: id,
-                    depth: n.start + i as u32,
-                };
-                if self.blocks.get(hash) != Some(&want) {
-                    return Err(format!("block {hash} of node {id} is mis-mapped"));
-                }
-                mapped += 1;
-            }
-        }
-        if mapped != self.blocks.len() {
-            return Err(format!(
-                "{} blocks mapped, {mapped} in nodes",
-                self.blocks.len()
-            ));
-        }
-        Ok(())
     }
 }
