@@ -83,12 +83,20 @@ fn main() -> anyhow::Result<()> {
         runtime.worker_threads(n);
     }
     let runtime = runtime.enable_all().build()?;
-    match cli.command {
+    let result = match cli.command {
         Command::Serve(args) => runtime.block_on(serve::run(*args)),
         Command::Sim(args) => sim::run(*args),
         Command::Plan(args) => plan::run(*args),
         Command::MockEngine(args) => runtime.block_on(mock_engine::run(args)),
         Command::Bench(args) => runtime.block_on(bench::run(args)),
         Command::Weights(args) => runtime.block_on(weights::run(args)),
-    }
+    };
+    // Work still running on the runtime's threads (a long tokenization in a blocking task, a
+    // request a client abandoned) would hold the process in the runtime's drop for as long as it
+    // runs, past any drain's grace period: it gets this long, then the process exits anyway.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
+    result
 }
+
+/// How long leftover runtime work may hold the process once a command is done.
+const RUNTIME_SHUTDOWN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);

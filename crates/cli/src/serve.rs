@@ -147,15 +147,43 @@ pub(crate) async fn shutdown_signal() -> anyhow::Result<()> {
         _ = int.recv() => "SIGINT",
     };
     eprintln!("{name}: draining (a second signal stops at once)");
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {},
-            _ = int.recv() => {},
-        }
-        eprintln!("second signal: stopping now");
-        std::process::exit(130);
-    });
-    Ok(())
+    drop((term, int));
+    // The second signal is awaited on a thread of its own with its own small runtime: the
+    // server's worker threads may all be busy (CPU-heavy requests) or already shut down, and
+    // the second signal must stop the process either way.
+    let (armed, ready) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("second-signal".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => return drop(armed.send(Err(e.to_string()))),
+            };
+            runtime.block_on(async move {
+                let listeners = signal(SignalKind::terminate())
+                    .and_then(|t| Ok((t, signal(SignalKind::interrupt())?)));
+                let (mut term, mut int) = match listeners {
+                    Ok(l) => l,
+                    Err(e) => return drop(armed.send(Err(e.to_string()))),
+                };
+                let _ = armed.send(Ok(()));
+                tokio::select! {
+                    _ = term.recv() => {},
+                    _ = int.recv() => {},
+                }
+                eprintln!("second signal: stopping now");
+                std::process::exit(130);
+            });
+        })
+        .context("starting the second-signal thread")?;
+    match ready.recv() {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => anyhow::bail!("installing the second-signal handler: {e}"),
+        Err(_) => anyhow::bail!("installing the second-signal handler: its thread ended"),
+    }
 }
 
 fn read_workers_file(path: &PathBuf) -> anyhow::Result<Vec<WorkerEntry>> {

@@ -292,6 +292,47 @@ async fn sigterm_ends_what_outlasts_the_grace_period_with_an_error_event() {
     assert!(t0.elapsed() < Duration::from_secs(6), "{:?}", t0.elapsed());
 }
 
+/// Work still running when the grace period ends (here the router tokenizing a ~60 MB prompt,
+/// seconds of CPU in a blocking task) does not hold the process past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn work_that_outlasts_the_grace_period_does_not_hold_the_process() {
+    let e = engine(&[]).await;
+    let mut r = router(&[&e], &["--shutdown-grace-secs", "1"]).await;
+    let prompt = "lorem ipsum dolor sit amet ".repeat(2_200_000);
+    let body = json!({"model": "mock-model", "prompt": prompt, "max_tokens": 1}).to_string();
+    let mut conn = TcpStream::connect(r.http().trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    // Once this returns, all but the sockets' buffers (a few MB) has been read by the router.
+    conn.write_all(body.as_bytes()).await.unwrap();
+    let t0 = Instant::now();
+    r.signal("-TERM");
+    exits_within(&mut r, Duration::from_secs(30)).await;
+    // Grace 1 s, then 1 s for what is left on the runtime.
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+}
+
+/// A second signal stops the process at once, whatever the drain still waits for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_signal_stops_the_drain_at_once() {
+    let e = engine(&[]).await;
+    let mut r = router(&[&e], &["--shutdown-grace-secs", "600"]).await;
+    let _tasks = streams_in_flight(&r.http(), 2, 100_000).await;
+    r.signal("-TERM");
+    reports_draining(&r.http()).await;
+    let t0 = Instant::now();
+    r.signal("-INT");
+    let status = exits_within(&mut r, Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(130), "{status}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
+
 /// `serve --mock-workers`: the CLI, not the server, owns the embedded engines; on SIGTERM the
 /// router drains first while its engines keep serving, so its streams finish, then the engines
 /// stop and the process exits.
