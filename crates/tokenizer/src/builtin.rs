@@ -111,20 +111,31 @@ impl Tokenizer for BuiltinTokenizer {
 
     fn encode(&self, text: &str) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
-        let mut rest = text;
-        while !rest.is_empty() {
-            let next = SPECIALS
+        // Where each special token next occurs at or after `at` (`None`: nowhere). One is looked
+        // for again only once `at` has passed it, so the text is scanned once per special token,
+        // not once per occurrence of any of them (which made text full of one special token
+        // quadratic).
+        let mut next = SPECIALS.map(|(s, _)| text.find(s));
+        let mut at = 0;
+        loop {
+            for ((s, _), p) in SPECIALS.iter().zip(next.iter_mut()) {
+                if p.is_some_and(|p| p < at) {
+                    *p = text[at..].find(s).map(|q| at + q);
+                }
+            }
+            let first = SPECIALS
                 .iter()
-                .filter_map(|(s, id)| rest.find(s).map(|at| (at, *s, *id)))
+                .zip(&next)
+                .filter_map(|((s, id), p)| p.map(|p| (p, *s, *id)))
                 .min();
-            match next {
-                Some((at, s, id)) => {
-                    self.encode_plain(&rest[..at], &mut out);
+            match first {
+                Some((p, s, id)) => {
+                    self.encode_plain(&text[at..p], &mut out);
                     out.push(id);
-                    rest = &rest[at + s.len()..];
+                    at = p + s.len();
                 }
                 None => {
-                    self.encode_plain(rest, &mut out);
+                    self.encode_plain(&text[at..], &mut out);
                     break;
                 }
             }
@@ -158,6 +169,52 @@ impl Tokenizer for BuiltinTokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first special token in `rest`, searched afresh each time (the straightforward rule the
+    /// encoder must agree with).
+    fn naive_encode(t: &BuiltinTokenizer, text: &str) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut rest = text;
+        while !rest.is_empty() {
+            let next = SPECIALS
+                .iter()
+                .filter_map(|(s, id)| rest.find(s).map(|at| (at, *s, *id)))
+                .min();
+            match next {
+                Some((at, s, id)) => {
+                    t.encode_plain(&rest[..at], &mut out);
+                    out.push(id);
+                    rest = &rest[at + s.len()..];
+                }
+                None => {
+                    t.encode_plain(rest, &mut out);
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn special_tokens_split_the_text_as_a_fresh_search_would(
+            parts in prop::collection::vec(
+                prop_oneof![
+                    prop::sample::select(vec![
+                        "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|im_", "|>", "<|",
+                    ]).prop_map(str::to_owned),
+                    "[a-z <|>é\n]{0,12}",
+                ],
+                0..40,
+            )
+        ) {
+            let t = BuiltinTokenizer::new();
+            let text: String = parts.concat();
+            prop_assert_eq!(t.encode(&text), naive_encode(&t, &text));
+        }
+    }
 
     #[test]
     fn pieces_follow_gpt2_style_splitting() {
