@@ -26,7 +26,7 @@ pub(crate) struct PlanArgs {
     /// Smallest worker count searched.
     #[arg(long, default_value_t = 1)]
     min_workers: usize,
-    /// Largest worker count searched.
+    /// Largest worker count searched (at most 4,096).
     #[arg(long, default_value_t = 64)]
     max_workers: usize,
     /// Simulator runs at a time (0 = the available cores).
@@ -34,12 +34,16 @@ pub(crate) struct PlanArgs {
     jobs: usize,
 }
 
+/// The largest fleet `plan` searches (each count is a whole simulation of that many engines).
+const MAX_WORKERS: usize = 4096;
+
 /// One searched count: the sim's numbers for it.
 struct Point {
     ttft_p50_ms: f64,
     ttft_p99_ms: f64,
     step_time_s: Option<f64>,
     failed: usize,
+    rejected: usize,
     sim_wall_s: f64,
 }
 
@@ -59,8 +63,9 @@ impl PlanArgs {
 }
 
 fn cost(p: &Point, step: bool) -> f64 {
-    // A count at which requests fail does not meet any target.
-    if p.failed > 0 {
+    // A count at which requests fail or are refused does not meet any target: its latency
+    // figures count only the requests it served.
+    if p.failed > 0 || p.rejected > 0 {
         return f64::INFINITY;
     }
     match (step, p.step_time_s) {
@@ -76,6 +81,7 @@ fn point(s: &Summary) -> Point {
         ttft_p99_ms: s.ttft_ms.p99,
         step_time_s: s.rl.as_ref().map(|r| r.step_time_s.mean),
         failed: s.failed,
+        rejected: s.rejected,
         sim_wall_s: s.sim_wall_s,
     }
 }
@@ -120,6 +126,9 @@ pub(crate) fn run(args: PlanArgs) -> anyhow::Result<()> {
     }
     if args.max_workers < args.min_workers {
         bail!("--max-workers must be at least --min-workers");
+    }
+    if args.max_workers > MAX_WORKERS {
+        bail!("--max-workers must be at most {MAX_WORKERS}");
     }
     let jobs = match args.jobs {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -189,6 +198,7 @@ fn write_outputs(
                 "ttft_p99_ms": p.ttft_p99_ms,
                 "step_time_s": p.step_time_s,
                 "failed": p.failed,
+                "rejected": p.rejected,
                 "meets": plan.points.iter().any(|&(m, c)| m == *n && c <= target),
                 "sim_wall_s": p.sim_wall_s,
             })

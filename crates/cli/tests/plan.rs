@@ -108,6 +108,46 @@ fn plan_finds_the_smallest_fleet_that_meets_the_ttft_target() {
 }
 
 #[test]
+fn a_count_that_refuses_requests_does_not_meet_the_target() {
+    // Every count meets this TTFT target on the requests it serves, but with the router
+    // refusing overloaded requests the small fleets serve only some of them.
+    let out_dir = dir("rejects");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .arg("plan")
+        .args(WORKLOAD)
+        .args([
+            "--reject-when-overloaded",
+            "--active-prefill-tokens-threshold",
+            "20000",
+            "--ttft-p99-ms",
+            "600000",
+            "--max-workers",
+            "16",
+            "--jobs",
+            "2",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan = json(&out_dir.join("plan.json"));
+    let n = plan["workers"].as_u64().unwrap();
+    let points = plan["points"].as_array().unwrap();
+    let at = |w: u64| points.iter().find(|p| p["workers"].as_u64() == Some(w));
+    assert!(n > 1, "one worker refuses most requests: {plan}");
+    assert_eq!(at(n).unwrap()["rejected"].as_u64(), Some(0), "{plan}");
+    let below = at(n - 1).unwrap_or_else(|| panic!("{} not searched: {plan}", n - 1));
+    assert!(below["rejected"].as_u64().unwrap() > 0, "{plan}");
+    assert_eq!(below["meets"].as_bool(), Some(false), "{plan}");
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+#[test]
 fn plan_fails_naming_the_flag_when_no_count_meets_the_target() {
     let out_dir = dir("none");
     let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
@@ -149,6 +189,10 @@ fn plan_needs_a_target_and_a_sane_range() {
                 "2",
             ],
             "--max-workers",
+        ),
+        (
+            vec!["--ttft-p99-ms", "100", "--max-workers", "100000"],
+            "--max-workers must be at most 4096",
         ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
