@@ -207,6 +207,9 @@ struct PullArgs {
     /// Fetch from this in-region peer (`kvrouter weights serve`) instead of the store.
     #[arg(long)]
     peer: Option<String>,
+    /// With --peer: fail when the peer sends nothing for this many seconds (a stalled peer).
+    #[arg(long, default_value_t = 30.0)]
+    peer_read_timeout_secs: f64,
     /// An older checkpoint directory (with weights.json, same file system, neither holding
     /// --have, --out nor --work) whose files the first delta overwrites instead of allocating
     /// new ones (later deltas reuse the versions they supersede); consumed once the first apply
@@ -385,8 +388,12 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|| a.out.with_extension("work"));
             if let Some(peer) = &a.peer {
                 let version = a.version.context("--version is required with --peer")?;
+                let read_timeout = std::time::Duration::try_from_secs_f64(a.peer_read_timeout_secs)
+                    .ok()
+                    .filter(|t| !t.is_zero() && *t <= std::time::Duration::from_secs(86_400))
+                    .context("--peer-read-timeout-secs must be a positive number of seconds, at most 86400")?;
                 let n = transfer::pull_from_peer(
-                    &reqwest::Client::new(),
+                    &transfer::peer_client(read_timeout)?,
                     peer,
                     version,
                     &a.out,

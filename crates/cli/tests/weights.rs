@@ -492,3 +492,67 @@ async fn a_rolled_back_version_survives_the_next_fetch_while_its_engine_runs_it(
         "{r}"
     );
 }
+
+/// A peer that accepts, reads the request and never answers fails the pull after
+/// `--peer-read-timeout-secs`, instead of holding it for good.
+#[tokio::test]
+async fn a_stalled_peer_fails_the_pull_after_the_read_timeout() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stalled = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            held.push(conn); // Kept open, never written to.
+        }
+    });
+    let dir = tempfile_dir();
+    let out = dir.as_path().join("out");
+    let started = std::time::Instant::now();
+    let run = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args([
+                "weights",
+                "pull",
+                "--version",
+                "1",
+                "--out",
+                p(&out),
+                "--peer",
+            ])
+            .arg(format!("http://{addr}"))
+            .args(["--peer-read-timeout-secs", "1"])
+            .output(),
+    )
+    .await
+    .expect("the pull ends on its own")
+    .unwrap();
+    assert!(!run.status.success());
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!out.exists());
+    let bad = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args([
+            "weights",
+            "pull",
+            "--version",
+            "1",
+            "--out",
+            p(&out),
+            "--peer",
+        ])
+        .arg(format!("http://{addr}"))
+        .args(["--peer-read-timeout-secs", "0"])
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("--peer-read-timeout-secs"),
+        "{err}"
+    );
+    stalled.abort();
+}

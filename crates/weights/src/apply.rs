@@ -107,12 +107,18 @@ pub(crate) fn check_recycle(old: &Path, spare: &[&Path]) -> Result<()> {
         return invalid("has no weights.json: only a checkpoint directory is recycled");
     }
     // Its files are overwritten in place: one with another name (a hard link, say into the
-    // base) would change under that name too.
+    // base, or a symbolic link, say into a model cache) would change under that name too.
     for entry in std::fs::read_dir(old).map_err(|e| WeightsError::io(old, e))? {
         let entry = entry.map_err(|e| WeightsError::io(old, e))?;
         let meta = entry
             .metadata()
             .map_err(|e| WeightsError::io(entry.path(), e))?;
+        if meta.is_symlink() {
+            return invalid(&format!(
+                "holds {}, a symbolic link: overwriting it would change the file it points to",
+                entry.path().display()
+            ));
+        }
         if meta.is_file() && std::os::unix::fs::MetadataExt::nlink(&meta) > 1 {
             return invalid(&format!(
                 "holds {}, which has other hard links: overwriting it would change them",

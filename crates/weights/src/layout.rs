@@ -62,15 +62,22 @@ struct HeaderEntry {
     data_offsets: [u64; 2],
 }
 
-/// Reads the layout of every regular file in `dir` (sorted by name; the marker left out).
+/// Reads the layout of every regular file in `dir` (sorted by name; the marker left out). A
+/// symbolic link counts as the file it points to (a Hugging Face cache snapshot is all links);
+/// a link that points nowhere is an error naming it.
 pub fn read_dir_layout(dir: &Path) -> Result<Vec<FileLayout>> {
     let entries = std::fs::read_dir(dir).map_err(|e| WeightsError::io(dir, e))?;
     let mut names = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| WeightsError::io(dir, e))?;
-        let ty = entry
+        let mut ty = entry
             .file_type()
             .map_err(|e| WeightsError::io(entry.path(), e))?;
+        if ty.is_symlink() {
+            ty = std::fs::metadata(entry.path())
+                .map_err(|e| WeightsError::io(entry.path(), e))?
+                .file_type();
+        }
         let name = entry.file_name().to_string_lossy().into_owned();
         if ty.is_file() && name != MARKER && !name.starts_with('.') {
             names.push(name);
@@ -147,6 +154,17 @@ fn parse_header(path: &Path, file: &str, header: &[u8], size: u64) -> Result<Vec
                 format!("tensor `{name}`: data_offsets end before start"),
             ));
         }
+        // Offsets past the file cannot be right, and checking it here keeps the sums below
+        // from overflowing.
+        if end > size.saturating_sub(data_start) {
+            return Err(WeightsError::format(
+                path,
+                format!(
+                    "tensor `{name}`: data_offsets end at {end}, past the {} bytes of data",
+                    size.saturating_sub(data_start)
+                ),
+            ));
+        }
         tensors.push(Segment {
             name,
             dtype: entry.dtype,
@@ -193,4 +211,59 @@ pub fn file_path(dir: &Path, name: &str) -> Result<PathBuf> {
         )));
     }
     Ok(dir.join(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A safetensors file of one `U8` tensor `t` whose header claims `offsets`, with `data`
+    /// bytes after the header.
+    fn safetensors(offsets: [u64; 2], data: usize) -> Vec<u8> {
+        let header = format!(
+            r#"{{"t":{{"dtype":"U8","shape":[{}],"data_offsets":[{},{}]}}}}"#,
+            offsets[1].wrapping_sub(offsets[0]),
+            offsets[0],
+            offsets[1]
+        );
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend(std::iter::repeat_n(7u8, data));
+        bytes
+    }
+
+    #[test]
+    fn offsets_past_the_file_are_refused_not_summed() {
+        let dir = tempfile::tempdir().unwrap();
+        for offsets in [[u64::MAX, u64::MAX], [0, u64::MAX], [0, 9]] {
+            std::fs::write(dir.path().join("m.safetensors"), safetensors(offsets, 8)).unwrap();
+            let err = read_dir_layout(dir.path()).unwrap_err().to_string();
+            assert!(err.contains("data_offsets end at"), "{offsets:?}: {err}");
+        }
+        std::fs::write(dir.path().join("m.safetensors"), safetensors([0, 8], 8)).unwrap();
+        let layout = read_dir_layout(dir.path()).unwrap();
+        assert_eq!(layout[0].segments.len(), 2);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn linked_files_are_read_as_the_files_they_point_to() {
+        let blobs = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(blobs.path().join("a"), safetensors([0, 8], 8)).unwrap();
+        std::fs::write(blobs.path().join("b"), b"{}").unwrap();
+        std::os::unix::fs::symlink(blobs.path().join("a"), dir.path().join("m.safetensors"))
+            .unwrap();
+        std::os::unix::fs::symlink(blobs.path().join("b"), dir.path().join("config.json")).unwrap();
+        let names: Vec<String> = read_dir_layout(dir.path())
+            .unwrap()
+            .into_iter()
+            .map(|f| f.name)
+            .collect();
+        assert_eq!(names, ["config.json", "m.safetensors"]);
+        // A link to nothing is named, not skipped.
+        std::os::unix::fs::symlink(blobs.path().join("gone"), dir.path().join("x.bin")).unwrap();
+        let err = read_dir_layout(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("x.bin"), "{err}");
+    }
 }

@@ -206,13 +206,20 @@ async fn download_full(
                 .await?;
         }
     }
-    blocking({
+    let verified = blocking({
         let dir = dir.clone();
         move || {
             checkpoint::verify(&dir, &marker, threads)?;
             checkpoint::write_marker(&dir, &marker)
         }
     })
-    .await?;
+    .await;
+    if let Err(e @ WeightsError::Corrupted { .. }) = verified {
+        // A file of the right size but wrong bytes would otherwise be kept (it looks complete)
+        // and fail every later pull the same way: the next pull downloads the version afresh.
+        let _ = tokio::fs::remove_dir_all(&dir).await;
+        return Err(e);
+    }
+    verified?;
     Ok(dir)
 }

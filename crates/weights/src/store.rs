@@ -280,6 +280,9 @@ pub struct PublishReport {
 /// Publishes `dir` as `version`: a delta against `prev` (the local copy of `version − 1`), and a
 /// full checkpoint when there is no `prev` or `version` is a multiple of `full_every`; then
 /// `latest`. Stamps `dir` (writes its `weights.json`) when it has no marker.
+///
+/// Versions only go forward: a `version` at or below the store's `latest` is refused before
+/// anything is written, since replacing it would break the deltas that build on it.
 pub async fn publish(
     store: &Store,
     dir: &Path,
@@ -292,6 +295,15 @@ pub async fn publish(
         return Err(WeightsError::Invalid(
             "--full-every must be at least 1".into(),
         ));
+    }
+    if let Some(latest) = store.latest().await? {
+        if version <= latest {
+            return Err(WeightsError::Invalid(format!(
+                "--version {version}: the store already has versions up to v{latest}; a \
+                 published version is never replaced (publish v{} or later)",
+                latest + 1
+            )));
+        }
     }
     let mut marker = blocking({
         let (dir, threads) = (dir.to_path_buf(), opts.threads);

@@ -121,10 +121,7 @@ pub async fn fetch_version(
     let mut drop: Vec<PathBuf> = plan.delete.iter().map(|&v| version_dir(cache, v)).collect();
     let recycle = plan.recycle.map(|v| version_dir(cache, v));
     if let Some(peer) = &source.peer {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| WeightsError::Transfer(e.to_string()))?;
+        let client = peer_client(PEER_READ_TIMEOUT)?;
         match pull_from_peer(&client, peer, version, &dest, &work, threads).await {
             Ok(_) => {
                 drop.extend(recycle);
@@ -200,6 +197,22 @@ async fn remove_versions(dirs: &[PathBuf]) {
             tracing::warn!("removing the superseded version {}: {e}", d.display());
         }
     }
+}
+
+/// How long a peer may take to connect.
+pub const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a peer transfer may go without a byte before it fails (a stalled peer; a slow one
+/// that keeps sending is not cut off, whatever the checkpoint's size).
+pub const PEER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The HTTP client for peer transfers: [`PEER_CONNECT_TIMEOUT`], and `read_timeout` without a
+/// byte.
+pub fn peer_client(read_timeout: Duration) -> Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .connect_timeout(PEER_CONNECT_TIMEOUT)
+        .read_timeout(read_timeout)
+        .build()
+        .map_err(|e| WeightsError::Transfer(e.to_string()))
 }
 
 /// Downloads version `version` from the peer at `peer` into `out` (which must not exist),

@@ -436,7 +436,7 @@ fn markers_are_written_in_their_format_and_relabelled_ones_are_refused() {
 /// `--recycle` never overwrites a file another name shares (a hard-linked copy of the base),
 /// nor consumes the delta being applied when it lies in the recycled directory.
 #[test]
-fn recycling_refuses_hard_linked_files_and_a_directory_holding_the_delta() {
+fn recycling_refuses_linked_files_and_a_directory_holding_the_delta() {
     let dir = tempfile::tempdir().unwrap();
     let (base, new) = make_pair(dir.path(), 23, 0.05);
     write_marker(&base, &checkpoint::stamp(&base, 1, 1).unwrap()).unwrap();
@@ -456,6 +456,21 @@ fn recycling_refuses_hard_linked_files_and_a_directory_holding_the_delta() {
     checkpoint::verify(&base, &checkpoint::read_marker(&base).unwrap().unwrap(), 1)
         .expect("the base is intact");
     assert!(linked.exists() && !out.exists());
+
+    // Symbolic links likewise (a directory of links into a model cache).
+    let symlinked = dir.path().join("symlinked");
+    std::fs::create_dir(&symlinked).unwrap();
+    for e in std::fs::read_dir(&base).unwrap() {
+        let e = e.unwrap();
+        std::os::unix::fs::symlink(e.path(), symlinked.join(e.file_name())).unwrap();
+    }
+    let err = kvrouter_weights::apply_recycling(&base, &delta, &out, 1, Some(&symlinked))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("a symbolic link"), "{err}");
+    checkpoint::verify(&base, &checkpoint::read_marker(&base).unwrap().unwrap(), 1)
+        .expect("the base is intact");
+    assert!(!out.exists());
 
     let spare = dir.path().join("spare");
     std::fs::create_dir(&spare).unwrap();

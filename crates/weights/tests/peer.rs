@@ -34,7 +34,9 @@ async fn published_store(root: &Path) -> Store {
             .await
             .unwrap();
     }
-    store
+    // A store of its own for the peer, whose read count starts at 0 (publishing reads
+    // `latest` first).
+    Store::open(&format!("file://{}", root.join("store").display()), &[]).unwrap()
 }
 
 async fn start_peer(root: &Path, store: Store) -> String {

@@ -104,6 +104,27 @@ async fn local_filesystem_store_publish_pull_and_resume() {
     let store = Store::open(&format!("file://{}", root.join("store").display()), &[]).unwrap();
     publish_and_pull(&store, root).await;
 
+    // A published version is never replaced: publishing v1 again is refused before anything is
+    // written, so the delta v2 builds on and `latest` stay as they were.
+    let delta = std::fs::read(root.join("store/delta/v0-v1/delta.kvwd")).unwrap();
+    let err = publish(
+        &store,
+        &root.join("ckpt/v2"),
+        1,
+        Some(&root.join("ckpt/v0")),
+        3,
+        &opts(),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("--version 1") && err.contains("v4"), "{err}");
+    assert_eq!(store.latest().await.unwrap(), Some(4));
+    assert_eq!(
+        std::fs::read(root.join("store/delta/v0-v1/delta.kvwd")).unwrap(),
+        delta
+    );
+
     // Resume: half of the v0->v1 delta is already downloaded; the rest comes with a range request.
     let work = root.join("work-resume");
     std::fs::create_dir_all(&work).unwrap();
@@ -171,6 +192,22 @@ async fn local_filesystem_store_publish_pull_and_resume() {
         text.contains("model.layers.1.k_proj.weight") && text.contains("version v3"),
         "{text}"
     );
+    // Once the store is mended, the same work directory pulls it: the bad copy, complete in
+    // size, was dropped rather than kept as downloaded.
+    bytes[last] ^= 1;
+    std::fs::write(&shard, &bytes).unwrap();
+    let r = pull(
+        &store,
+        Some(3),
+        &root.join("out3-mended"),
+        None,
+        &root.join("work-bad3"),
+        2,
+    )
+    .await
+    .unwrap();
+    assert_eq!((r.version, r.deltas), (3, 0));
+    same_tensors(&root.join("ckpt/v3"), &root.join("out3-mended"));
 }
 
 /// The inode numbers of a directory's shard files (not its marker).
