@@ -114,6 +114,10 @@ pub(crate) struct HttpArgs {
     /// Seconds a client gets to send a whole request head once it started (slowloris).
     #[arg(help_heading = H::HTTP, long, default_value_t = 10.0)]
     http_header_read_timeout_secs: f64,
+    /// Seconds a client gets to send a whole request body once its head arrived (a body that
+    /// stalls or trickles; at the 64 MiB body limit the default asks for about 1.1 MB/s).
+    #[arg(help_heading = H::HTTP, long, default_value_t = 60.0)]
+    http_body_read_timeout_secs: f64,
     /// Seconds a client connection with no request in flight may stay silent.
     #[arg(help_heading = H::HTTP, long, default_value_t = 60.0)]
     http_idle_timeout_secs: f64,
@@ -128,6 +132,10 @@ impl HttpArgs {
             header_read_timeout: positive(
                 self.http_header_read_timeout_secs,
                 "--http-header-read-timeout-secs",
+            )?,
+            body_read_timeout: positive(
+                self.http_body_read_timeout_secs,
+                "--http-body-read-timeout-secs",
             )?,
             idle_timeout: positive(self.http_idle_timeout_secs, "--http-idle-timeout-secs")?,
             shutdown_grace: secs(Some(self.shutdown_grace_secs), "--shutdown-grace-secs")?

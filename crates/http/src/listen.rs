@@ -3,7 +3,9 @@
 //!
 //! - A connection with no request in flight that sends nothing for `idle_timeout` is closed (a
 //!   silent connection, or an idle keep-alive one).
-//! - A request head must arrive whole within `header_read_timeout` of its first byte (slowloris).
+//! - A request head must arrive whole within `header_read_timeout` of its first byte (slowloris),
+//!   and its body within `body_read_timeout` of the head ([`crate::body`]): reading it then
+//!   fails, the request is answered with an error and the connection closed.
 //! - On shutdown the server drains ([`crate::drain`]): it keeps accepting, refuses new work with
 //!   `503`, lets requests in flight finish for up to `shutdown_grace`, then ends the rest (event
 //!   streams with an error event and `[DONE]`) and returns within [`CUT_MARGIN`].
@@ -14,6 +16,7 @@
 //! accept and again after every response, so it cannot tell an idle keep-alive connection from a
 //! slow head; both timeouts are kept here instead, from the bytes read and the requests in flight.
 
+use crate::body::TimedBody;
 use crate::drain::{refusal, shutting_down, DrainBody, Lifecycle, Phase};
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};
@@ -43,6 +46,8 @@ pub const CUT_MARGIN: Duration = Duration::from_secs(2);
 pub struct HttpLimits {
     /// Time to receive a whole request head once its first byte arrived.
     pub header_read_timeout: Duration,
+    /// Time to receive a whole request body once its head arrived.
+    pub body_read_timeout: Duration,
     /// Time a connection with no request in flight may stay silent.
     pub idle_timeout: Duration,
     /// Time requests in flight get to finish on shutdown.
@@ -53,6 +58,7 @@ impl Default for HttpLimits {
     fn default() -> Self {
         Self {
             header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(30),
         }
@@ -188,6 +194,7 @@ async fn handle(
     app: axum::Router,
     lifecycle: Lifecycle,
     activity: Arc<Mutex<Activity>>,
+    body_read_timeout: Duration,
     request: Request<hyper::body::Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let held = InFlight::begin(&activity);
@@ -197,7 +204,9 @@ async fn handle(
         }
     }
     let response = tokio::select! {
-        r = app.oneshot(request.map(Body::new)) => match r { Ok(r) => r, Err(e) => match e {} },
+        r = app.oneshot(request.map(|b| Body::new(TimedBody::new(b, body_read_timeout)))) => {
+            match r { Ok(r) => r, Err(e) => match e {} }
+        }
         _ = lifecycle.reached(Phase::Cutting) => {
             return Ok(DrainBody::whole(shutting_down(StatusCode::SERVICE_UNAVAILABLE), held));
         }
@@ -214,11 +223,13 @@ async fn connection(tcp: TcpStream, app: axum::Router, lifecycle: Lifecycle, lim
         activity: activity.clone(),
     });
     let (svc_lifecycle, svc_activity) = (lifecycle.clone(), activity.clone());
+    let body_read_timeout = limits.body_read_timeout;
     let service = hyper::service::service_fn(move |request| {
         handle(
             app.clone(),
             svc_lifecycle.clone(),
             svc_activity.clone(),
+            body_read_timeout,
             request,
         )
     });
@@ -321,6 +332,7 @@ mod tests {
     fn limits() -> HttpLimits {
         HttpLimits {
             header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(30),
         }

@@ -160,3 +160,50 @@ async fn a_request_unanswered_at_the_end_of_the_grace_period_gets_an_openai_503(
         .expect("serve returns after the grace period")
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_body_that_stalls_is_answered_and_its_connection_closed_after_the_body_timeout() {
+    let app = axum::Router::new().route(
+        "/echo",
+        post(|body: axum::body::Bytes| async move { format!("{} bytes", body.len()) }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = HttpLimits {
+        body_read_timeout: Duration::from_millis(300),
+        ..HttpLimits::default()
+    };
+    let (_stop, mut stopped) = watch::channel(false);
+    tokio::spawn(serve(
+        listener,
+        app,
+        limits,
+        Lifecycle::default(),
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        },
+    ));
+    // A whole body in time is served.
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(
+        b"POST /echo HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}",
+    )
+    .await
+    .unwrap();
+    let whole = read_all(tcp).await;
+    assert!(
+        whole.starts_with("HTTP/1.1 200") && whole.ends_with("2 bytes"),
+        "{whole}"
+    );
+    // One that stops after its first byte is answered with the reason, and closed.
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(b"POST /echo HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\n\r\n{")
+        .await
+        .unwrap();
+    let stalled = read_all(tcp).await;
+    assert!(stalled.starts_with("HTTP/1.1 400"), "{stalled}");
+    assert!(
+        stalled.contains("--http-body-read-timeout-secs"),
+        "{stalled}"
+    );
+}
