@@ -2,7 +2,7 @@
 
 use crate::headings as H;
 use clap::Args;
-use kvrouter_server::PickConfig;
+use kvrouter_server::{PickConfig, SessionReleaseAuth};
 
 /// The pick API's leases and bounds.
 #[derive(Args, Debug, Clone)]
@@ -18,6 +18,11 @@ pub(crate) struct PickerArgs {
     /// Outstanding picks at most; more are refused with 529.
     #[arg(help_heading = H::PICKER, long, default_value_t = 65_536)]
     pick_max_outstanding: usize,
+    /// Who may pick and report (POST /v1/pick and /v1/pick/...): open (any client) or admin
+    /// (the admin token). Reports release load, and a failed one counts against its worker's
+    /// health.
+    #[arg(help_heading = H::PICKER, long, value_enum, default_value_t = PickAuth::Open)]
+    pick_auth: PickAuth,
     /// Serve Envoy's external processing (ext_proc) gRPC service on this port, as a Gateway
     /// API Inference Extension endpoint picker (0 picks a free one; unset = off).
     #[arg(help_heading = H::PICKER, long)]
@@ -41,6 +46,15 @@ pub(crate) struct PickerArgs {
     ext_proc_observe: ExtProcObserve,
 }
 
+/// `--pick-auth`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PickAuth {
+    /// Any client of the data plane.
+    Open,
+    /// Callers with the admin token.
+    Admin,
+}
+
 /// `--ext-proc-observe`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ExtProcObserve {
@@ -60,8 +74,8 @@ pub(crate) enum ExtProcFailureMode {
 }
 
 impl PickerArgs {
-    /// The validated pick settings.
-    pub(crate) fn picks(&self) -> anyhow::Result<PickConfig> {
+    /// The validated pick settings (`admin_token`: whether the admin API has a token).
+    pub(crate) fn picks(&self, admin_token: bool) -> anyhow::Result<PickConfig> {
         let positive = |v: f64, flag: &str| {
             std::time::Duration::try_from_secs_f64(v)
                 .ok()
@@ -71,10 +85,18 @@ impl PickerArgs {
         if self.pick_max_outstanding == 0 {
             anyhow::bail!("--pick-max-outstanding must be at least 1");
         }
+        let auth = match self.pick_auth {
+            PickAuth::Open => SessionReleaseAuth::Open,
+            PickAuth::Admin if admin_token => SessionReleaseAuth::Admin,
+            PickAuth::Admin => {
+                anyhow::bail!("--pick-auth admin needs an admin token (--admin-token)")
+            }
+        };
         Ok(PickConfig {
             lease: positive(self.pick_lease_secs, "--pick-lease-secs")?,
             max_duration: positive(self.pick_max_duration_secs, "--pick-max-duration-secs")?,
             max_outstanding: self.pick_max_outstanding,
+            auth,
         })
     }
 

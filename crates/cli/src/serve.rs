@@ -226,6 +226,7 @@ impl ServeArgs {
             workers.extend(read_workers_file(path)?);
         }
         let (admin_token, session_release_auth) = self.admin.config()?;
+        let picks = self.picker.picks(admin_token.is_some())?;
         if self.global.global && (!workers.is_empty() || self.mock_workers > 0) {
             bail!("--global starts no engines and routes to clusters: drop --worker, --workers-file and --mock-workers");
         }
@@ -286,7 +287,7 @@ impl ServeArgs {
             kv_ingest: self.kv_events.config()?,
             discovery: self.discovery.config()?,
             replica_sync: self.replicas.config()?,
-            picks: self.picker.picks()?,
+            picks,
             cluster_summary: self.global.summary()?,
             planner_act: self.planner.act()?,
             planner: self.planner.advice()?,

@@ -297,12 +297,35 @@ async fn bad_picks_get_errors_naming_the_field() {
     );
 }
 
+/// `--pick-auth admin`: picks and every report need the admin token, so a client of the data
+/// plane can neither add load nor report a worker failed.
+#[tokio::test]
+async fn with_pick_auth_admin_picks_and_reports_need_the_admin_token() {
+    let s = serve("2", &["--pick-auth", "admin", "--admin-token", "p1ck"]).await;
+    let body = json!({"model": "mock-model", "prompt": "hello"});
+    let (status, e) = s.post("/v1/pick", &[], body.clone()).await;
+    assert_eq!(status, 401, "{e}");
+    assert_eq!(s.metric("kvrouter_picks_outstanding").await, 0.0);
+    let auth = [("authorization", "Bearer p1ck")];
+    let p = s.pick(&auth, body).await;
+    let finish = format!("/v1/pick/{}/finish", p["id"].as_str().unwrap());
+    let failed = json!({"status": "failed"});
+    for path in [finish.as_str(), "/v1/pick/reports"] {
+        let (status, e) = s.post(path, &[], failed.clone()).await;
+        assert_eq!(status, 401, "{path}: {e}");
+    }
+    assert_eq!(s.metric("kvrouter_picks_outstanding").await, 1.0);
+    assert_eq!(s.post(&finish, &auth, json!({})).await.0, 200);
+    assert_eq!(s.metric("kvrouter_picks_outstanding").await, 0.0);
+}
+
 #[tokio::test]
 async fn bad_pick_flags_are_refused_naming_the_flag() {
     for (flag, value) in [
         ("--pick-lease-secs", "0"),
         ("--pick-max-duration-secs", "-1"),
         ("--pick-max-outstanding", "0"),
+        ("--pick-auth", "admin"),
     ] {
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
             .args(["serve", "--port", "0", "--mock-workers", "1"])

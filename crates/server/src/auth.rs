@@ -58,9 +58,21 @@ pub(crate) async fn session_release(
     request: Request,
     next: Next,
 ) -> Response {
-    if s.inner.config.session_release_auth == SessionReleaseAuth::Admin {
-        if let Err(e) = check_admin(&s, request.headers()) {
-            // Without an admin token nobody may release sessions: 401, not "admin API off".
+    let rule = s.inner.config.session_release_auth;
+    guarded(rule, &s, request, next).await
+}
+
+/// Layer of the pick API (`POST /v1/pick` and its reports): open by default; with
+/// `--pick-auth admin` every call needs the admin token.
+pub(crate) async fn pick(State(s): State<AppState>, request: Request, next: Next) -> Response {
+    let rule = s.inner.config.picks.auth;
+    guarded(rule, &s, request, next).await
+}
+
+async fn guarded(rule: SessionReleaseAuth, s: &AppState, request: Request, next: Next) -> Response {
+    if rule == SessionReleaseAuth::Admin {
+        if let Err(e) = check_admin(s, request.headers()) {
+            // Without an admin token nobody may call it: 401, not "admin API off".
             let e = match e {
                 ServeError::NotFound(_) => ServeError::Unauthorized,
                 e => e,

@@ -67,7 +67,8 @@ pub struct WorkersFile {
     pub workers: Vec<WorkerEntry>,
 }
 
-/// Who may release a session's affinity (`DELETE /v1/sessions/{id}`, `POST /finish_session`).
+/// Who may call a data-plane control endpoint: releasing a session's affinity
+/// (`DELETE /v1/sessions/{id}`, `POST /finish_session`) or the pick API and its reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SessionReleaseAuth {
@@ -261,6 +262,9 @@ pub struct PickConfig {
     pub max_duration: Duration,
     /// Outstanding picks at most; more are refused with 529 (`--pick-max-outstanding`).
     pub max_outstanding: usize,
+    /// Who may pick and report (`--pick-auth`): reports release load and a `failed` one counts
+    /// against its worker's health, so an untrusted data plane should not send them.
+    pub auth: SessionReleaseAuth,
 }
 
 impl Default for PickConfig {
@@ -269,6 +273,7 @@ impl Default for PickConfig {
             lease: Duration::from_secs(30),
             max_duration: Duration::from_secs(600),
             max_outstanding: 65_536,
+            auth: SessionReleaseAuth::Open,
         }
     }
 }

@@ -242,23 +242,31 @@ class AsyncKvrouterClient:
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
         cached_tokens: int | None = None,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> None:
         """Reports a pick's ``first_token`` (its lease then runs to the router's
         ``--pick-max-duration-secs``) or its ``finish`` (``status``: ``ok``, ``cancelled`` or
         ``failed``, with the answer's token counts when known), which releases its load.
-        Raises :class:`kvrouter.NotFoundError` for a pick finished or expired already."""
+        Raises :class:`kvrouter.NotFoundError` for a pick finished or expired already.
+        ``extra_headers``: e.g. ``{"Authorization": "Bearer ..."}`` for a router run with
+        ``--pick-auth admin`` (as for :meth:`pick`)."""
         pick_id = pick.id if isinstance(pick, Pick) else pick
+        headers = dict(extra_headers or {})
         if event == "first_token":
-            await self._transport.json("POST", f"/v1/pick/{pick_id}/first-token", json={})
+            await self._transport.json("POST", f"/v1/pick/{pick_id}/first-token", json={}, headers=headers)
         elif event == "finish":
             body = finish_body(status, prompt_tokens, completion_tokens, cached_tokens)
-            await self._transport.json("POST", f"/v1/pick/{pick_id}/finish", json=body)
+            await self._transport.json("POST", f"/v1/pick/{pick_id}/finish", json=body, headers=headers)
         else:
             raise ValueError(f"event must be 'first_token' or 'finish', not {event!r}")
 
-    async def report_batch(self, reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    async def report_batch(
+        self, reports: Sequence[Mapping[str, Any]], *, extra_headers: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]:
         """``POST /v1/pick/reports``: several reports (:func:`kvrouter.report_entry`) in one
         exchange, applied in order; each one's outcome, in the same order (``{"id", "status"}``,
         or ``{"id", "error": {...}}`` for an unknown, finished or expired id)."""
-        answer = await self._transport.json("POST", "/v1/pick/reports", json={"reports": [dict(r) for r in reports]})
+        answer = await self._transport.json(
+            "POST", "/v1/pick/reports", json={"reports": [dict(r) for r in reports]}, headers=dict(extra_headers or {})
+        )
         return list(answer.get("reports") or [])
