@@ -34,9 +34,6 @@ pub(crate) struct PlanArgs {
     jobs: usize,
 }
 
-/// The largest fleet `plan` searches (each count is a whole simulation of that many engines).
-const MAX_WORKERS: usize = 4096;
-
 /// One searched count: the sim's numbers for it.
 struct Point {
     ttft_p50_ms: f64,
@@ -127,8 +124,11 @@ pub(crate) fn run(args: PlanArgs) -> anyhow::Result<()> {
     if args.max_workers < args.min_workers {
         bail!("--max-workers must be at least --min-workers");
     }
-    if args.max_workers > MAX_WORKERS {
-        bail!("--max-workers must be at most {MAX_WORKERS}");
+    if args.max_workers > kvrouter_sim::MAX_WORKERS {
+        bail!(
+            "--max-workers must be at most {}",
+            kvrouter_sim::MAX_WORKERS
+        );
     }
     let jobs = match args.jobs {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),

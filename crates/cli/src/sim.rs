@@ -107,6 +107,11 @@ pub(crate) struct SimArgs {
     pub(crate) global_policy: String,
 }
 
+/// Largest `--kv-event-delay-ms` and `--network-delay-ms`: an hour.
+const MAX_DELAY_MS: f64 = 3_600_000.0;
+/// Latest simulated time a flag may name (`--worker-failure`): a year.
+const MAX_TIME_MS: f64 = 365.0 * 86_400_000.0;
+
 fn pairs(values: &[String], flag: &str) -> anyhow::Result<Vec<(usize, f64)>> {
     values
         .iter()
@@ -142,10 +147,32 @@ impl SimArgs {
         }
     }
 
+    /// Checks the engine and delay flags every simulation reads: a zero `--max-num-seqs` would
+    /// never admit a request (the run would not end), and a delay past an hour (or not a
+    /// number) is a typo, not a network.
+    fn check_engine_and_delays(&self) -> anyhow::Result<()> {
+        if self.max_num_seqs == 0 {
+            bail!("--max-num-seqs must be at least 1");
+        }
+        if self.num_gpu_blocks == 0 {
+            bail!("--num-gpu-blocks must be at least 1");
+        }
+        for (flag, v) in [
+            ("--kv-event-delay-ms", self.kv_event_delay_ms),
+            ("--network-delay-ms", self.network_delay_ms),
+        ] {
+            if !(v.is_finite() && (0.0..=MAX_DELAY_MS).contains(&v)) {
+                bail!("{flag} must be a number of milliseconds from 0 to {MAX_DELAY_MS}");
+            }
+        }
+        Ok(())
+    }
+
     /// --concurrency, --kv-event-delay-ms and the router flags, for the global simulation.
     pub(crate) fn global_inputs(
         &self,
     ) -> anyhow::Result<(Option<usize>, f64, kvrouter_core::router::RouterConfig)> {
+        self.check_engine_and_delays()?;
         Ok((
             self.concurrency,
             self.kv_event_delay_ms,
@@ -193,8 +220,30 @@ impl SimArgs {
             weight_update: self.rl.weight_update()?,
         };
         self.rl.check()?;
-        if self.workers == 0 {
-            bail!("--workers must be at least 1");
+        self.check_engine_and_delays()?;
+        if self.workers == 0 || self.workers > kvrouter_sim::MAX_WORKERS {
+            bail!("--workers must be from 1 to {}", kvrouter_sim::MAX_WORKERS);
+        }
+        for (w, at_ms) in &base.failures {
+            if *w >= self.workers || !(at_ms.is_finite() && *at_ms >= 0.0 && *at_ms <= MAX_TIME_MS)
+            {
+                bail!(
+                    "--worker-failure {w}@{}: the worker must be below --workers {} and the time \
+                     a number of seconds from 0 to {}",
+                    at_ms / 1000.0,
+                    self.workers,
+                    MAX_TIME_MS / 1000.0
+                );
+            }
+        }
+        for (w, factor) in &base.speed {
+            if *w >= self.workers || !(factor.is_finite() && (1e-3..=1e3).contains(factor)) {
+                bail!(
+                    "--slow-worker {w}@{factor}: the worker must be below --workers {} and the \
+                     factor from 0.001 to 1000",
+                    self.workers
+                );
+            }
         }
         if self.router_replicas == 0 {
             bail!("--router-replicas must be at least 1");

@@ -82,6 +82,27 @@ fn bad_clusters_files_and_policies_are_refused_naming_the_flag() {
             "bogus",
         ),
         ("not toml [", "--clusters"),
+        // Values that overflowed a duration (a panic) or stalled the run.
+        (
+            "[global]\nmax_summary_age_s = 1e300\n[[cluster]]\nname = \"a\"\nworkers = 1\n",
+            "max_summary_age_s",
+        ),
+        (
+            "[global]\nsummary_refresh_ms = 1e-300\n[[cluster]]\nname = \"a\"\nworkers = 1\n",
+            "summary_refresh_ms",
+        ),
+        (
+            "[[cluster]]\nname = \"a\"\nworkers = 1\nspeed = 1e-300\n",
+            "speed",
+        ),
+        (
+            "[[cluster]]\nname = \"a\"\nworkers = 1\nnetwork_delay_ms = 1e300\n",
+            "network_delay_ms",
+        ),
+        (
+            "[[cluster]]\nname = \"a\"\nworkers = 100000000\n",
+            "workers",
+        ),
     ];
     for (i, (text, needle)) in cases.iter().enumerate() {
         let path = out.join(format!("c{i}.toml"));

@@ -166,6 +166,51 @@ fn bad_traces_and_flags_are_named() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("--compare"));
+    // Values that panicked (a duration overflow), hung (no request ever admitted) or were
+    // quietly clamped or ignored: each is refused naming its flag.
+    for (flag, value) in [
+        ("--network-delay-ms", "inf"),
+        ("--network-delay-ms", "-5"),
+        ("--kv-event-delay-ms", "nan"),
+        ("--max-num-seqs", "0"),
+        ("--slow-worker", "99@2"),
+        ("--worker-failure", "0@nan"),
+        ("--workers", "100000"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args(["sim", "--workload", "grpo", "--quiet"])
+            .arg(format!("{flag}={value}"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {value} accepted");
+        assert!(
+            err.contains(flag) && !err.contains("panicked"),
+            "{flag} {value}: {err}"
+        );
+    }
+    // A trace time that overflows the clock names its file and line.
+    let dir = std::env::temp_dir().join(format!("kvrouter-bad-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("t.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [1]}\n\
+         {\"timestamp\": 1e300, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [1]}\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args(["sim", "--quiet", "--trace"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("t.jsonl") && err.contains('2') && err.contains("timestamp"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

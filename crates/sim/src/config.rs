@@ -4,6 +4,9 @@ use kvrouter_core::router::RouterConfig;
 use kvrouter_engine::EngineConfig;
 use serde::{Deserialize, Serialize};
 
+/// The largest fleet one simulation runs (each engine is simulated in full).
+pub const MAX_WORKERS: usize = 4096;
+
 /// Everything a run needs besides the workload.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SimConfig {

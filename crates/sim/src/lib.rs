@@ -30,6 +30,6 @@ pub mod report;
 pub mod sim;
 pub mod summary;
 
-pub use config::SimConfig;
+pub use config::{SimConfig, MAX_WORKERS};
 pub use sim::{PlannerSim, SimError, Simulation};
 pub use summary::{summarize, Record, Summary};

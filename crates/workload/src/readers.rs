@@ -27,6 +27,23 @@ fn err(path: &Path, line: Option<usize>, reason: impl Into<String>) -> LoadError
     }
 }
 
+/// Latest time a trace may name, ms (a year): past it a value is a typo, and it overflows the
+/// simulator's clock.
+pub const MAX_TRACE_MS: f64 = 365.0 * 86_400_000.0;
+
+/// A time field of a trace (`field`, already in ms): a number from 0 to [`MAX_TRACE_MS`].
+fn time_ms(path: &Path, line: Option<usize>, field: &str, v: f64) -> Result<f64, LoadError> {
+    if v.is_finite() && (0.0..=MAX_TRACE_MS).contains(&v) {
+        Ok(v)
+    } else {
+        Err(err(
+            path,
+            line,
+            format!("{field} is {v}: expected milliseconds from 0 to {MAX_TRACE_MS}"),
+        ))
+    }
+}
+
 /// Options of the readers.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ReadOptions {
@@ -132,6 +149,8 @@ fn read_mooncake(path: &Path, text: &str, opts: ReadOptions) -> Result<Workload,
         if l.output_length == 0 {
             return Err(err(path, Some(n + 1), "output_length is 0"));
         }
+        let timestamp = time_ms(path, Some(n + 1), "timestamp", l.timestamp)?;
+        let delay = time_ms(path, Some(n + 1), "delay", l.delay.unwrap_or(0.0))?;
         let session = l.session_id.as_ref().map(|s| s.to_string());
         let after = session
             .as_ref()
@@ -144,10 +163,10 @@ fn read_mooncake(path: &Path, text: &str, opts: ReadOptions) -> Result<Workload,
             arrival_ms: if after.is_some() {
                 None
             } else {
-                Some(l.timestamp)
+                Some(timestamp)
             },
             after,
-            delay_ms: l.delay.unwrap_or(0.0),
+            delay_ms: delay,
             session: None,
             blocks: l.hash_ids,
             input_tokens: l.input_length,
@@ -207,11 +226,18 @@ fn session_turns(
             .map(|v| v.as_u64().map(|id| namespace << 40 | id))
             .collect::<Option<_>>()
             .ok_or_else(|| err(path, None, format!("request {k} has a non-integer hash id")))?;
+        let think = field("think_time").unwrap_or(0.0) * 1000.0;
+        let delay_ms = time_ms(
+            path,
+            None,
+            &format!("request {k}: think_time (s → ms)"),
+            think,
+        )?;
         let i = out.len();
         out.push(WorkloadRequest {
             arrival_ms: None,
             after: prev,
-            delay_ms: field("think_time").unwrap_or(0.0) * 1000.0,
+            delay_ms,
             session: Some(session),
             blocks: ids,
             input_tokens: input as u32,
@@ -292,6 +318,7 @@ fn read_rollouts(path: &Path, text: &str, opts: ReadOptions) -> Result<Workload,
         if let Some(bs) = l.block_size {
             block_size.get_or_insert(bs);
         }
+        time_ms(path, Some(n + 1), "tool_latency_ms", l.tool_latency_ms)?;
         let prev = last_turn.get(&l.trajectory).copied();
         let (after, delay_ms) = match prev {
             Some((turn, i, latency)) if l.turn > turn => (Some(i), latency),

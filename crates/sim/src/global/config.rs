@@ -131,6 +131,9 @@ pub struct ClusterEntry {
     pub num_gpu_blocks: Option<usize>,
 }
 
+/// A day, in seconds: the bound of the file's times and periods.
+const DAY_S: f64 = 86_400.0;
+
 fn poly() -> String {
     "dynamo-poly".into()
 }
@@ -147,14 +150,18 @@ impl ClustersFile {
         }
         let g = &self.global;
         let pos = |v: f64| v.is_finite() && v > 0.0;
-        if !pos(g.summary_refresh_ms) {
-            return Err("[global] summary_refresh_ms must be positive".into());
+        // Periods from 1 ms (a shorter one would stall the run on summaries) to a day; times in
+        // seconds up to a day: past that a value is a typo, and overflows a duration.
+        let period_ms = |v: f64| v.is_finite() && (1.0..=DAY_S * 1e3).contains(&v);
+        let secs = |v: f64| pos(v) && v <= DAY_S;
+        if !period_ms(g.summary_refresh_ms) {
+            return Err("[global] summary_refresh_ms must be from 1 to 86400000".into());
         }
-        if !pos(g.max_summary_age_s) {
-            return Err("[global] max_summary_age_s must be positive".into());
+        if !secs(g.max_summary_age_s) {
+            return Err("[global] max_summary_age_s must be positive, at most 86400".into());
         }
-        if !pos(g.load_window_s) {
-            return Err("[global] load_window_s must be positive".into());
+        if !secs(g.load_window_s) {
+            return Err("[global] load_window_s must be positive, at most 86400".into());
         }
         if !(g.session_move_ratio > 0.0 && g.session_move_ratio <= 1.0) {
             return Err("[global] session_move_ratio must be in (0, 1]".into());
@@ -166,17 +173,24 @@ impl ClustersFile {
         }
         for (i, c) in self.clusters.iter().enumerate() {
             let at = format!("[[cluster]] {i} ({:?})", c.name);
-            if c.workers == 0 {
-                return Err(format!("{at}: workers must be at least 1"));
+            if c.workers == 0 || c.workers > crate::MAX_WORKERS {
+                return Err(format!(
+                    "{at}: workers must be from 1 to {}",
+                    crate::MAX_WORKERS
+                ));
             }
-            if !pos(c.speed) {
-                return Err(format!("{at}: speed must be positive"));
+            if !(c.speed.is_finite() && (1e-3..=1e3).contains(&c.speed)) {
+                return Err(format!("{at}: speed must be from 0.001 to 1000"));
             }
-            if !(c.network_delay_ms.is_finite() && c.network_delay_ms >= 0.0) {
-                return Err(format!("{at}: network_delay_ms must be ≥ 0"));
+            if !(c.network_delay_ms.is_finite()
+                && (0.0..=DAY_S * 1e3).contains(&c.network_delay_ms))
+            {
+                return Err(format!("{at}: network_delay_ms must be from 0 to 86400000"));
             }
-            if c.summary_refresh_ms.is_some_and(|v| !pos(v)) {
-                return Err(format!("{at}: summary_refresh_ms must be positive"));
+            if c.summary_refresh_ms.is_some_and(|v| !period_ms(v)) {
+                return Err(format!(
+                    "{at}: summary_refresh_ms must be from 1 to 86400000"
+                ));
             }
             if c.max_num_seqs == Some(0) || c.num_gpu_blocks == Some(0) {
                 return Err(format!(
