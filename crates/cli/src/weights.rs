@@ -388,6 +388,9 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|| a.out.with_extension("work"));
             if let Some(peer) = &a.peer {
                 let version = a.version.context("--version is required with --peer")?;
+                if a.store.store.is_some() || a.have.is_some() || a.recycle.is_some() {
+                    bail!("--peer pulls whole files from the peer: --store, --have and --recycle do not apply");
+                }
                 let read_timeout = std::time::Duration::try_from_secs_f64(a.peer_read_timeout_secs)
                     .ok()
                     .filter(|t| !t.is_zero() && *t <= std::time::Duration::from_secs(86_400))

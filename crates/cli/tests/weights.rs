@@ -240,11 +240,11 @@ async fn publish_pull_fan_out_and_load_on_three_engines_losing_no_rollout() {
     }
     assert_eq!(paths.len(), 3);
     // The WAN was crossed once for the region: the update's check that v1 exists (HEAD of the
-    // delta), then one pull (LIST, marker, 2 shards of base v0, one delta); the three workers
-    // read from the peer.
+    // delta), the peer's own check before pulling (the same HEAD), then one pull (LIST, marker,
+    // 2 shards of base v0, one delta); the three workers read from the peer.
     let stats = get_json(&client, format!("{peer_url}/v1/stats")).await;
     assert_eq!(stats["store_pulls"], 1, "{stats}");
-    assert_eq!(stats["store_reads"], 6, "{stats}");
+    assert_eq!(stats["store_reads"], 7, "{stats}");
     assert_eq!(stats["files_served"], 6, "{stats}");
 
     // Bad sources are refused before anything starts, naming the field.
@@ -554,5 +554,23 @@ async fn a_stalled_peer_fails_the_pull_after_the_read_timeout() {
         !bad.status.success() && err.contains("--peer-read-timeout-secs"),
         "{err}"
     );
+    // --have and --store do not apply to a peer pull: refused rather than ignored.
+    let mixed = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args([
+            "weights",
+            "pull",
+            "--version",
+            "1",
+            "--out",
+            p(&out),
+            "--peer",
+        ])
+        .arg(format!("http://{addr}"))
+        .args(["--have", p(dir.as_path())])
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&mixed.stderr);
+    assert!(!mixed.status.success() && err.contains("--have"), "{err}");
     stalled.abort();
 }

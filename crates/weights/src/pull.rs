@@ -102,7 +102,16 @@ async fn pull_into(
         .await
         .map_err(|e| WeightsError::io(work, e))?;
     let have_version = match have {
-        Some(dir) => checkpoint::read_marker(dir)?.map(|m| m.version),
+        Some(dir) => Some(
+            checkpoint::read_marker(dir)?
+                .ok_or_else(|| {
+                    WeightsError::Invalid(format!(
+                        "--have {}: no {MARKER} there (not a checkpoint directory)",
+                        dir.display()
+                    ))
+                })?
+                .version,
+        ),
         None => None,
     };
     let full = store

@@ -90,6 +90,16 @@ impl Peer {
         };
         let _turn = self.pull_lock.lock().await;
         if !have(self) {
+            // A version the store lacks is answered at once (one or two HEADs), not after
+            // pulling and applying the chain below it.
+            let known = store.has_version(v).await.map_err(|e| pull_failed(v, e))?;
+            if !known {
+                return Err(ApiError(
+                    StatusCode::NOT_FOUND,
+                    format!("version {v} is not in the store"),
+                    "version",
+                ));
+            }
             let source = Source {
                 peer: None,
                 store: Some(store.clone()),

@@ -53,9 +53,39 @@ impl Store {
     /// Opens `url` (`file:///abs/dir`, `s3://bucket/prefix`, …) with backend options (for S3:
     /// `aws_endpoint`, `aws_region`, `aws_access_key_id`, `aws_secret_access_key`,
     /// `aws_allow_http`, …; nothing is read from the environment).
+    ///
+    /// Refused: a scheme other than `file` and `s3` (`memory://` would take a publish and lose
+    /// it at exit), and an option the backend does not know (the library would drop a misspelt
+    /// `aws_endpont` silently and talk to AWS instead).
     pub fn open(url: &str, options: &[(String, String)]) -> Result<Store> {
         let parsed = url::Url::parse(url)
             .map_err(|e| WeightsError::Invalid(format!("--store {url}: {e}")))?;
+        match parsed.scheme() {
+            "file" => {
+                if let Some((key, _)) = options.first() {
+                    return Err(WeightsError::Invalid(format!(
+                        "--store-option {key}: a file:// store takes no options"
+                    )));
+                }
+            }
+            "s3" | "s3a" => {
+                for (key, _) in options {
+                    key.parse::<object_store::aws::AmazonS3ConfigKey>()
+                        .map_err(|_| {
+                            WeightsError::Invalid(format!(
+                                "--store-option {key}: not an S3 option (aws_endpoint, \
+                                 aws_region, aws_access_key_id, aws_secret_access_key, \
+                                 aws_allow_http, ...)"
+                            ))
+                        })?;
+                }
+            }
+            other => {
+                return Err(WeightsError::Invalid(format!(
+                    "--store {url}: scheme {other}:// is not supported (file:// or s3://)"
+                )))
+            }
+        }
         let (store, prefix) = object_store::parse_url_opts(
             &parsed,
             options.iter().map(|(k, v)| (k.as_str(), v.clone())),

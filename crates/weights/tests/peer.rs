@@ -87,14 +87,37 @@ async fn three_workers_one_store_pull() {
     }
     let s = stats(&url).await;
     assert_eq!(s["store_pulls"], 1, "{s}");
-    // One pull from v0: LIST, the marker and 2 shards of base/v0, 2 deltas.
-    assert_eq!(s["store_reads"], 6, "{s}");
+    // One pull from v0: whether v2 is there (the HEAD of its delta), then LIST, the marker and
+    // 2 shards of base/v0, 2 deltas.
+    assert_eq!(s["store_reads"], 7, "{s}");
     assert_eq!(s["files_served"], 6, "{s}");
     // Asking again costs the store nothing.
     fetch_version(&source, 2, &root.join("worker-3"), 2)
         .await
         .unwrap();
-    assert_eq!(stats(&url).await["store_reads"], 6);
+    assert_eq!(stats(&url).await["store_reads"], 7);
+    // A version the store lacks is a 404 at once from a peer with nothing cached: two HEADs
+    // (its delta, its full checkpoint), no pull of the chain below it.
+    let fresh = Peer::new(
+        root.join("fresh-cache"),
+        Some(Store::open(&format!("file://{}", root.join("store").display()), &[]).unwrap()),
+        2,
+        3,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let fresh_url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app(fresh)).await.unwrap() });
+    let r = reqwest::get(format!("{fresh_url}/v1/versions/50/marker"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let s = stats(&fresh_url).await;
+    assert_eq!(
+        (s["store_pulls"].as_u64(), s["store_reads"].as_u64()),
+        (Some(0), Some(2)),
+        "{s}"
+    );
+    assert!(!root.join("fresh-cache/.work").exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -125,6 +125,23 @@ async fn local_filesystem_store_publish_pull_and_resume() {
         delta
     );
 
+    // A --have that is not a checkpoint directory is refused, not silently ignored.
+    let err = pull(
+        &store,
+        Some(1),
+        &root.join("out-nohave"),
+        Some(&root.join("no-such-dir")),
+        &root.join("work-nohave"),
+        2,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.is_refusal() && err.to_string().contains("--have"),
+        "{err}"
+    );
+    assert!(!root.join("out-nohave").exists() && !root.join("work-nohave").exists());
+
     // Resume: half of the v0->v1 delta is already downloaded; the rest comes with a range request.
     let work = root.join("work-resume");
     std::fs::create_dir_all(&work).unwrap();
@@ -489,4 +506,15 @@ async fn format_1_markers_on_either_side_keep_the_delta_chain_whole() {
         .expect("the format 1 base is hashed as the delta's base was");
     assert_eq!(r.deltas, 2);
     same_tensors(&dirs[2], &out);
+}
+
+#[test]
+fn stores_that_would_lose_data_or_ignore_an_option_are_refused() {
+    let opt = |k: &str| vec![(k.to_string(), "x".to_string())];
+    let err =
+        |url: &str, opts: &[(String, String)]| Store::open(url, opts).unwrap_err().to_string();
+    assert!(err("memory:///", &[]).contains("memory://"));
+    assert!(err("s3://b/p", &opt("aws_endpont")).contains("aws_endpont"));
+    assert!(err("file:///tmp/x", &opt("aws_region")).contains("aws_region"));
+    Store::open("s3://b/p", &opt("aws_region")).expect("a known S3 option");
 }
