@@ -285,6 +285,27 @@ async fn bad_picks_get_errors_naming_the_field() {
         (400, &json!("status")),
         "{v}"
     );
+    // A list is not a report (serde would read one as the fields in order), and a syntax error
+    // names no field.
+    let (status, v) = s
+        .post(&path, &[], json!(["failed", null, null, null]))
+        .await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("object"),
+        "{v}"
+    );
+    let r = s
+        .client
+        .post(format!("{}{path}", s.base))
+        .header("content-type", "application/json")
+        .body("{")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["param"].is_null(), "{v}");
     assert_eq!(
         s.report(&p["id"], "finish", json!({"status": "cancelled"}))
             .await,

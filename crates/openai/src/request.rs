@@ -262,12 +262,31 @@ pub fn chat(body: &Value) -> Result<ChatView, RequestError> {
         .enumerate()
         .map(|(i, m)| message(i, m))
         .collect::<Result<Vec<_>, _>>()?;
-    let flag = |k: &str, default: bool| body.get(k).and_then(Value::as_bool).unwrap_or(default);
+    let continue_final_message = flag(body, "continue_final_message", false)?;
+    let add_generation_prompt = flag(body, "add_generation_prompt", !continue_final_message)?;
+    if continue_final_message && add_generation_prompt {
+        return Err(RequestError::invalid(
+            "`continue_final_message` and `add_generation_prompt` cannot both be true",
+            "continue_final_message",
+        ));
+    }
     Ok(ChatView {
         messages,
-        continue_final_message: flag("continue_final_message", false),
-        add_generation_prompt: flag("add_generation_prompt", true),
+        continue_final_message,
+        add_generation_prompt,
     })
+}
+
+/// A boolean field (absent or null: `default`); any other type is an error naming it.
+fn flag(body: &Value, key: &'static str, default: bool) -> Result<bool, RequestError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(RequestError::invalid(
+            format!("`{key}` must be a boolean"),
+            key,
+        )),
+    }
 }
 
 /// Whether the answer is streamed, and whether the stream ends with a usage chunk.
@@ -291,11 +310,25 @@ pub fn stream_flags(body: &Value) -> Result<StreamFlags, RequestError> {
             ))
         }
     };
-    let include_usage = body
-        .get("stream_options")
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let include_usage = match body.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(options @ Value::Object(_)) => match options.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(RequestError::invalid(
+                    "`stream_options.include_usage` must be a boolean",
+                    "stream_options.include_usage",
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(RequestError::invalid(
+                "`stream_options` must be an object",
+                "stream_options",
+            ))
+        }
+    };
     Ok(StreamFlags {
         stream,
         include_usage,
@@ -412,6 +445,45 @@ mod tests {
             chat(&json!({"messages": [{"role": "user", "content": "hi"}]}))
                 .unwrap()
                 .add_generation_prompt
+        );
+        // Continuing the final message leaves the generation prompt out unless asked for, and
+        // asking for both is an error (as vLLM answers).
+        let hi = json!([{"role": "user", "content": "hi"}]);
+        let view = chat(&json!({"messages": hi, "continue_final_message": true})).unwrap();
+        assert!(view.continue_final_message && !view.add_generation_prompt);
+        for (body, field) in [
+            (
+                json!({"messages": hi, "continue_final_message": true, "add_generation_prompt": true}),
+                "continue_final_message",
+            ),
+            (
+                json!({"messages": hi, "continue_final_message": "yes"}),
+                "continue_final_message",
+            ),
+            (
+                json!({"messages": hi, "add_generation_prompt": 0}),
+                "add_generation_prompt",
+            ),
+        ] {
+            assert_eq!(chat(&body).unwrap_err().param(), Some(field), "{body}");
+        }
+    }
+
+    #[test]
+    fn stream_options_of_the_wrong_type_are_named() {
+        for (body, field) in [
+            (json!({"stream_options": "x"}), "stream_options"),
+            (
+                json!({"stream_options": {"include_usage": "yes"}}),
+                "stream_options.include_usage",
+            ),
+        ] {
+            assert_eq!(stream_flags(&body).unwrap_err().param(), Some(field));
+        }
+        assert!(
+            !stream_flags(&json!({"stream_options": null}))
+                .unwrap()
+                .include_usage
         );
     }
 

@@ -149,8 +149,17 @@ fn finish_report(raw: &[u8]) -> Result<FinishReport, ServeError> {
     if raw.iter().all(u8::is_ascii_whitespace) {
         return Ok(FinishReport::default());
     }
-    let de = &mut serde_json::Deserializer::from_slice(raw);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    // Syntax first (its error has no field to name), then the shape: a report is an object
+    // (serde would take a list of its fields in order too).
+    let body: Value = serde_json::from_slice(raw)
+        .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    if !body.is_object() {
+        return Err(ServeError::invalid(
+            "a finish report must be a JSON object",
+            None,
+        ));
+    }
+    serde_path_to_error::deserialize(body).map_err(|e| {
         let path = e.path().to_string();
         let msg = format!("invalid finish report: {}", e.inner());
         if path == "." || path.is_empty() {
