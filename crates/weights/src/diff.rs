@@ -245,5 +245,46 @@ pub(crate) fn temp_path(path: &Path) -> PathBuf {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    remove_stale_partials(path, &name);
     path.with_file_name(format!(".{name}.partial-{}", std::process::id()))
+}
+
+/// Removes what killed runs left beside `path`: `.{name}.partial-{pid}` entries whose process
+/// is gone. A signal or a crash leaves them (a checkpoint's worth of bytes each), and the pid
+/// suffix means no rerun would reuse them. A pid is gone when `/proc/{pid}` is absent (Linux;
+/// elsewhere nothing is removed); a live process's partial, or our own, is left alone.
+fn remove_stale_partials(path: &Path, name: &str) {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let prefix = format!(".{name}.partial-");
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let stale = entry.path();
+        let removed = match entry.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&stale),
+            _ => std::fs::remove_file(&stale),
+        };
+        match removed {
+            Ok(()) => tracing::info!("removed {} (left by a run that ended)", stale.display()),
+            Err(e) => tracing::warn!("could not remove {}: {e}", stale.display()),
+        }
+    }
 }

@@ -135,6 +135,7 @@ pub fn write_checkpoint(dir: &Path, spec: &GenSpec, update: Update, threads: usi
     let tensors = spec.tensors();
     let files = spec.files.max(1);
     let mut handles = Vec::new();
+    let mut finals = Vec::new();
     let mut placements = vec![(0usize, 0u64); tensors.len()];
     for fi in 0..files {
         let mut header = serde_json::Map::new();
@@ -153,7 +154,11 @@ pub fn write_checkpoint(dir: &Path, spec: &GenSpec, update: Update, threads: usi
         while text.len() % 8 != 0 {
             text.push(b' ');
         }
-        let path = dir.join(format!("model-{:05}-of-{:05}.safetensors", fi + 1, files));
+        // Written under a hidden partial name and renamed once whole: a run killed half-way
+        // leaves no shard that reads as complete (the file is sized before it is filled).
+        let done = dir.join(format!("model-{:05}-of-{:05}.safetensors", fi + 1, files));
+        let path = crate::diff::temp_path(&done);
+        finals.push((path.clone(), done));
         let file = File::create(&path).map_err(|e| WeightsError::io(&path, e))?;
         let data_start = 8 + text.len() as u64;
         file.write_all_at(&(text.len() as u64).to_le_bytes(), 0)
@@ -188,6 +193,10 @@ pub fn write_checkpoint(dir: &Path, spec: &GenSpec, update: Update, threads: usi
             Ok(())
         },
     )?;
+    drop(handles);
+    for (partial, done) in finals {
+        std::fs::rename(&partial, &done).map_err(|e| WeightsError::io(&done, e))?;
+    }
     Ok(())
 }
 

@@ -219,6 +219,29 @@ fn a_delta_for_another_base_is_refused_naming_both_versions() {
     assert_nothing_written(dir.path());
 }
 
+/// A run killed half-way leaves `.NAME.partial-PID` beside its output; the next run that writes
+/// there removes those whose process is gone, and leaves a live process's alone.
+#[cfg(target_os = "linux")]
+#[test]
+fn partials_left_by_ended_runs_are_removed_by_the_next_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, new) = make_pair(dir.path(), 9, 0.05);
+    // Above the kernel's largest pid (2^22): never a live process.
+    let gone = dir.path().join(".d.kvwd.partial-4194305");
+    let gone_dir = dir.path().join(".out.partial-4194306");
+    // pid 1 is always running.
+    let live = dir.path().join(".d.kvwd.partial-1");
+    std::fs::write(&gone, b"half a delta").unwrap();
+    std::fs::create_dir(&gone_dir).unwrap();
+    std::fs::write(gone_dir.join("model.safetensors"), b"half").unwrap();
+    std::fs::write(&live, b"someone else's").unwrap();
+    let delta = dir.path().join("d.kvwd");
+    diff(&base, Some(1), &new, 2, &delta, &opts(1)).unwrap();
+    apply(&base, &delta, &dir.path().join("out"), 1).unwrap();
+    assert!(!gone.exists() && !gone_dir.exists());
+    assert!(live.exists());
+}
+
 #[test]
 fn generated_checkpoints_are_valid_safetensors() {
     use kvrouter_weights::gen::{write_checkpoint, GenSpec, Update};
