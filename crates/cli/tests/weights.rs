@@ -507,22 +507,18 @@ async fn a_stalled_peer_fails_the_pull_after_the_read_timeout() {
     });
     let dir = tempfile_dir();
     let out = dir.as_path().join("out");
+    let peer = format!("http://{addr}");
+    let pull = |extra: &[&str]| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args(["weights", "pull", "--version", "1", "--out", p(&out)])
+            .args(["--peer", &peer])
+            .args(extra)
+            .output()
+    };
     let started = std::time::Instant::now();
     let run = tokio::time::timeout(
         Duration::from_secs(60),
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
-            .args([
-                "weights",
-                "pull",
-                "--version",
-                "1",
-                "--out",
-                p(&out),
-                "--peer",
-            ])
-            .arg(format!("http://{addr}"))
-            .args(["--peer-read-timeout-secs", "1"])
-            .output(),
+        pull(&["--peer-read-timeout-secs", "1"]),
     )
     .await
     .expect("the pull ends on its own")
@@ -534,43 +530,18 @@ async fn a_stalled_peer_fails_the_pull_after_the_read_timeout() {
         started.elapsed()
     );
     assert!(!out.exists());
-    let bad = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
-        .args([
-            "weights",
-            "pull",
-            "--version",
-            "1",
-            "--out",
-            p(&out),
-            "--peer",
-        ])
-        .arg(format!("http://{addr}"))
-        .args(["--peer-read-timeout-secs", "0"])
-        .output()
-        .await
-        .unwrap();
-    let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(
-        !bad.status.success() && err.contains("--peer-read-timeout-secs"),
-        "{err}"
-    );
-    // --have and --store do not apply to a peer pull: refused rather than ignored.
-    let mixed = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
-        .args([
-            "weights",
-            "pull",
-            "--version",
-            "1",
-            "--out",
-            p(&out),
-            "--peer",
-        ])
-        .arg(format!("http://{addr}"))
-        .args(["--have", p(dir.as_path())])
-        .output()
-        .await
-        .unwrap();
-    let err = String::from_utf8_lossy(&mixed.stderr);
-    assert!(!mixed.status.success() && err.contains("--have"), "{err}");
+    // A zero timeout is refused; --have and --store do not apply to a peer pull: refused
+    // rather than ignored.
+    for (extra, flag) in [
+        (
+            ["--peer-read-timeout-secs", "0"],
+            "--peer-read-timeout-secs",
+        ),
+        (["--have", p(dir.as_path())], "--have"),
+    ] {
+        let bad = pull(&extra).await.unwrap();
+        let err = String::from_utf8_lossy(&bad.stderr);
+        assert!(!bad.status.success() && err.contains(flag), "{err}");
+    }
     stalled.abort();
 }
