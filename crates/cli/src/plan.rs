@@ -136,7 +136,7 @@ pub(crate) fn run(args: PlanArgs) -> anyhow::Result<()> {
     };
     let step = args.step_time_s.is_some() && args.ttft_p99_ms.is_none();
     let workload = args.sim.workload()?;
-    let base = args.sim.configs()?.remove(0);
+    let base = args.sim.configs_up_to(args.max_workers)?.remove(0);
     let mut points: BTreeMap<usize, Point> = BTreeMap::new();
     let plan = plan::search(args.min_workers, args.max_workers, jobs, target, |counts| {
         let summaries = run_batch(&base, &workload, counts)?;
@@ -170,12 +170,22 @@ pub(crate) fn run(args: PlanArgs) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        None => bail!(
-            "no worker count up to --max-workers {} meets {flag} {target} (at {}: {metric} {:.1}); raise --max-workers",
-            args.max_workers,
-            args.max_workers,
-            plan.points.last().map_or(f64::NAN, |p| p.1)
-        ),
+        None => {
+            // A size that refuses or loses requests fails whatever its latency: say so, since
+            // more workers may not help (a prompt larger than an engine's KV cache).
+            let lost = points
+                .get(&args.max_workers)
+                .filter(|p| p.rejected + p.failed > 0)
+                .map_or(String::new(), |p| {
+                    format!(", {} requests refused, {} failed", p.rejected, p.failed)
+                });
+            bail!(
+                "no worker count up to --max-workers {} meets {flag} {target} (at {}: {metric} {:.1}{lost}); raise --max-workers",
+                args.max_workers,
+                args.max_workers,
+                plan.points.last().map_or(f64::NAN, |p| p.1)
+            )
+        }
     }
 }
 

@@ -154,12 +154,11 @@ pub(crate) async fn shutdown_signal() -> anyhow::Result<()> {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     };
-    eprintln!("{name}: draining (a second signal stops at once)");
-    drop((term, int));
     // The second signal is awaited on a thread of its own with its own small runtime: the
     // server's worker threads may all be busy (CPU-heavy requests) or already shut down, and
-    // the second signal must stop the process either way.
-    let (armed, ready) = std::sync::mpsc::channel();
+    // the second signal must stop the process either way. Until that thread listens, these
+    // listeners are kept, so a signal in between is not lost; the message comes once it does.
+    let (armed, ready) = tokio::sync::oneshot::channel::<Result<(), String>>();
     std::thread::Builder::new()
         .name("second-signal".into())
         .spawn(move || {
@@ -187,11 +186,22 @@ pub(crate) async fn shutdown_signal() -> anyhow::Result<()> {
             });
         })
         .context("starting the second-signal thread")?;
-    match ready.recv() {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => anyhow::bail!("installing the second-signal handler: {e}"),
-        Err(_) => anyhow::bail!("installing the second-signal handler: its thread ended"),
+    let second_already = tokio::select! {
+        r = ready => match r {
+            Ok(Ok(())) => false,
+            Ok(Err(e)) => anyhow::bail!("installing the second-signal handler: {e}"),
+            Err(_) => anyhow::bail!("installing the second-signal handler: its thread ended"),
+        },
+        _ = term.recv() => true,
+        _ = int.recv() => true,
+    };
+    if second_already {
+        eprintln!("second signal: stopping now");
+        std::process::exit(130);
     }
+    drop((term, int));
+    eprintln!("{name}: draining (a second signal stops at once)");
+    Ok(())
 }
 
 fn read_workers_file(path: &PathBuf) -> anyhow::Result<Vec<WorkerEntry>> {

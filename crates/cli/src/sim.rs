@@ -185,6 +185,12 @@ impl SimArgs {
     }
 
     pub(crate) fn configs(&self) -> anyhow::Result<Vec<SimConfig>> {
+        self.configs_up_to(self.workers)
+    }
+
+    /// The configurations, for fleets of up to `fleet` workers (`plan` searches sizes past
+    /// `--workers`, so a fault may name a worker only its larger fleets have).
+    pub(crate) fn configs_up_to(&self, fleet: usize) -> anyhow::Result<Vec<SimConfig>> {
         let base_router = self.routing.config()?;
         let base = SimConfig {
             name: self.routing.router_mode.clone(),
@@ -225,23 +231,20 @@ impl SimArgs {
             bail!("--workers must be from 1 to {}", kvrouter_sim::MAX_WORKERS);
         }
         for (w, at_ms) in &base.failures {
-            if *w >= self.workers || !(at_ms.is_finite() && *at_ms >= 0.0 && *at_ms <= MAX_TIME_MS)
-            {
+            if *w >= fleet || !(at_ms.is_finite() && *at_ms >= 0.0 && *at_ms <= MAX_TIME_MS) {
                 bail!(
-                    "--worker-failure {w}@{}: the worker must be below --workers {} and the time \
-                     a number of seconds from 0 to {}",
+                    "--worker-failure {w}@{}: the worker must be below {fleet} (the fleet) and \
+                     the time a number of seconds from 0 to {}",
                     at_ms / 1000.0,
-                    self.workers,
                     MAX_TIME_MS / 1000.0
                 );
             }
         }
         for (w, factor) in &base.speed {
-            if *w >= self.workers || !(factor.is_finite() && (1e-3..=1e3).contains(factor)) {
+            if *w >= fleet || !(factor.is_finite() && (1e-3..=1e3).contains(factor)) {
                 bail!(
-                    "--slow-worker {w}@{factor}: the worker must be below --workers {} and the \
-                     factor from 0.001 to 1000",
-                    self.workers
+                    "--slow-worker {w}@{factor}: the worker must be below {fleet} (the fleet) \
+                     and the factor from 0.001 to 1000"
                 );
             }
         }

@@ -50,6 +50,14 @@ pub(crate) fn print_table(runs: &[Summary]) {
         }
     }
     for r in runs {
+        if r.rejected + r.failed > 0 {
+            println!(
+                "{}: {} of {} requests refused, {} failed (the latency and hit columns count only those served)",
+                r.config, r.rejected, r.requests, r.failed
+            );
+        }
+    }
+    for r in runs {
         let Some(x) = &r.rl else { continue };
         if x.ended_early + x.rollouts_lost + x.update_aborts > 0 {
             println!(

@@ -207,9 +207,14 @@ struct PullArgs {
     /// Fetch from this in-region peer (`kvrouter weights serve`) instead of the store.
     #[arg(long)]
     peer: Option<String>,
-    /// With --peer: fail when the peer sends nothing for this many seconds (a stalled peer).
+    /// With --peer: fail when a file transfer sends nothing for this many seconds (a stalled
+    /// peer).
     #[arg(long, default_value_t = 30.0)]
     peer_read_timeout_secs: f64,
+    /// With --peer: how long the peer may take to answer for the version's marker (a peer
+    /// without the version first fetches it from its store).
+    #[arg(long, default_value_t = 1800.0)]
+    peer_marker_timeout_secs: f64,
     /// An older checkpoint directory (with weights.json, same file system, neither holding
     /// --have, --out nor --work) whose files the first delta overwrites instead of allocating
     /// new ones (later deltas reuse the versions they supersede); consumed once the first apply
@@ -391,19 +396,20 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
                 if a.store.store.is_some() || a.have.is_some() || a.recycle.is_some() {
                     bail!("--peer pulls whole files from the peer: --store, --have and --recycle do not apply");
                 }
-                let read_timeout = std::time::Duration::try_from_secs_f64(a.peer_read_timeout_secs)
-                    .ok()
-                    .filter(|t| !t.is_zero() && *t <= std::time::Duration::from_secs(86_400))
-                    .context("--peer-read-timeout-secs must be a positive number of seconds, at most 86400")?;
-                let n = transfer::pull_from_peer(
-                    &transfer::peer_client(read_timeout)?,
-                    peer,
-                    version,
-                    &a.out,
-                    &work,
-                    threads,
-                )
-                .await?;
+                let secs = |v: f64, flag: &str| {
+                    std::time::Duration::try_from_secs_f64(v)
+                        .ok()
+                        .filter(|t| !t.is_zero() && *t <= std::time::Duration::from_secs(86_400))
+                        .with_context(|| {
+                            format!("{flag} must be a positive number of seconds, at most 86400")
+                        })
+                };
+                let client = transfer::PeerClient::with_marker_timeout(
+                    secs(a.peer_read_timeout_secs, "--peer-read-timeout-secs")?,
+                    secs(a.peer_marker_timeout_secs, "--peer-marker-timeout-secs")?,
+                )?;
+                let n = transfer::pull_from_peer(&client, peer, version, &a.out, &work, threads)
+                    .await?;
                 print(
                     serde_json::json!({"version": version, "peer": peer, "bytes_transferred": n, "store_reads": 0}),
                 );

@@ -132,12 +132,20 @@ async fn bad_reports_answer_their_own_errors_and_the_pick_goes_on() {
         {"id": "9".repeat(5_000), "event": "finish"},
         {"id": a["id"], "event": "x".repeat(5_000)},
         {"id": a["id"], "event": "finish", "k".repeat(5_000): 1},
+        // A list is not a report, even one whose items line up with a report's fields.
+        [a["id"], "finish", "failed", null, null, null],
     ]);
     let b = s
         .pick(json!({"token_ids": ids(1, 0), "reports": reports}))
         .await;
     let out = b["reports"].as_array().unwrap();
-    assert_eq!(out.len(), 12, "{b}");
+    assert_eq!(out.len(), 13, "{b}");
+    assert_eq!(out[12]["error"]["code"].as_u64(), Some(400), "{}", out[12]);
+    assert_eq!(out[12]["error"]["param"], "reports[12]", "{}", out[12]);
+    assert!(out[12]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("object"));
     let code = |i: usize| out[i]["error"]["code"].as_u64();
     let param = |i: usize| out[i]["error"]["param"].as_str().unwrap_or("").to_owned();
     assert_eq!(

@@ -142,6 +142,39 @@ fn sim_writes_a_summary_and_a_report_that_renders() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Requests the router refused are said under the table: its latency columns count only the
+/// requests served, so a run refusing most of them would otherwise read as fast.
+#[test]
+fn refused_requests_are_reported_beside_the_table() {
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/traces/mooncake_conversation_head1000/conversation_trace_head1000.jsonl"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args(["sim", "--trace", trace, "--max-requests", "200"])
+        .args(["--arrival-speedup", "4", "--workers", "1"])
+        .args([
+            "--reject-when-overloaded",
+            "--active-prefill-tokens-threshold",
+            "20000",
+        ])
+        .args(["--out"])
+        .arg(std::env::temp_dir().join(format!("kvrouter-refused-{}", std::process::id())))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("requests refused"))
+        .unwrap_or_else(|| panic!("no refusal line in {stdout}"));
+    assert!(line.contains("of 200 requests refused"), "{line}");
+}
+
 #[test]
 fn bad_traces_and_flags_are_named() {
     let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))

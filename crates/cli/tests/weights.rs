@@ -494,7 +494,8 @@ async fn a_rolled_back_version_survives_the_next_fetch_while_its_engine_runs_it(
 }
 
 /// A peer that accepts, reads the request and never answers fails the pull after
-/// `--peer-read-timeout-secs`, instead of holding it for good.
+/// `--peer-marker-timeout-secs` (the marker is the first thing asked), instead of holding it
+/// for good.
 #[tokio::test]
 async fn a_stalled_peer_fails_the_pull_after_the_read_timeout() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -518,7 +519,7 @@ async fn a_stalled_peer_fails_the_pull_after_the_read_timeout() {
     let started = std::time::Instant::now();
     let run = tokio::time::timeout(
         Duration::from_secs(60),
-        pull(&["--peer-read-timeout-secs", "1"]),
+        pull(&["--peer-marker-timeout-secs", "1"]),
     )
     .await
     .expect("the pull ends on its own")
@@ -536,6 +537,10 @@ async fn a_stalled_peer_fails_the_pull_after_the_read_timeout() {
         (
             ["--peer-read-timeout-secs", "0"],
             "--peer-read-timeout-secs",
+        ),
+        (
+            ["--peer-marker-timeout-secs", "-1"],
+            "--peer-marker-timeout-secs",
         ),
         (["--have", p(dir.as_path())], "--have"),
     ] {

@@ -249,10 +249,34 @@ pub(crate) fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.partial-{}", std::process::id()))
 }
 
+/// Whether `path` (and, for a directory, every entry in it) was last modified at least `age`
+/// ago. Unreadable times count as recent.
+fn unmodified_for(path: &Path, age: std::time::Duration) -> bool {
+    let old = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|e| e >= age)
+    };
+    if !old(path) {
+        return false;
+    }
+    match std::fs::read_dir(path) {
+        Ok(entries) => entries.flatten().all(|e| old(&e.path())),
+        Err(_) => true,
+    }
+}
+
+/// How long a partial must have gone unmodified before another run may remove it.
+const STALE_PARTIAL_AGE: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
 /// Removes what killed runs left beside `path`: `.{name}.partial-{pid}` entries whose process
 /// is gone. A signal or a crash leaves them (a checkpoint's worth of bytes each), and the pid
-/// suffix means no rerun would reuse them. A pid is gone when `/proc/{pid}` is absent (Linux;
-/// elsewhere nothing is removed); a live process's partial, or our own, is left alone.
+/// suffix means no rerun would reuse them. Gone means both: `/proc/{pid}` is absent (Linux;
+/// elsewhere nothing is removed), and nothing in it was modified for [`STALE_PARTIAL_AGE`]; a
+/// writer in another pid namespace (a container sharing the directory) or hidden by `hidepid`
+/// is still writing, so its partial stays. Our own is left alone.
 fn remove_stale_partials(path: &Path, name: &str) {
     if !cfg!(target_os = "linux") {
         return;
@@ -278,6 +302,9 @@ fn remove_stale_partials(path: &Path, name: &str) {
             continue;
         }
         let stale = entry.path();
+        if !unmodified_for(&stale, STALE_PARTIAL_AGE) {
+            continue;
+        }
         let removed = match entry.file_type() {
             Ok(t) if t.is_dir() => std::fs::remove_dir_all(&stale),
             _ => std::fs::remove_file(&stale),

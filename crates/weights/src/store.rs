@@ -426,7 +426,12 @@ pub(crate) async fn copy_checkpoint(from: &Path, out: &Path) -> Result<()> {
         .await
         .map_err(|e| WeightsError::io(from, e))?
     {
-        if e.file_type().await.map(|t| t.is_file()).unwrap_or(false) {
+        // A link counts as the file it points to (as in a checkpoint's layout): its bytes
+        // are copied.
+        if tokio::fs::metadata(e.path())
+            .await
+            .is_ok_and(|m| m.is_file())
+        {
             tokio::fs::copy(e.path(), tmp.join(e.file_name()))
                 .await
                 .map_err(|err| WeightsError::io(e.path(), err))?;

@@ -121,7 +121,7 @@ pub async fn fetch_version(
     let mut drop: Vec<PathBuf> = plan.delete.iter().map(|&v| version_dir(cache, v)).collect();
     let recycle = plan.recycle.map(|v| version_dir(cache, v));
     if let Some(peer) = &source.peer {
-        let client = peer_client(PEER_READ_TIMEOUT)?;
+        let client = PeerClient::new(PEER_READ_TIMEOUT)?;
         match pull_from_peer(&client, peer, version, &dest, &work, threads).await {
             Ok(_) => {
                 drop.extend(recycle);
@@ -201,24 +201,62 @@ async fn remove_versions(dirs: &[PathBuf]) {
 
 /// How long a peer may take to connect.
 pub const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a peer transfer may go without a byte before it fails (a stalled peer; a slow one
-/// that keeps sending is not cut off, whatever the checkpoint's size).
+/// How long a transfer of a file the peer has may go without a byte before it fails (a stalled
+/// peer; a slow one that keeps sending is not cut off, whatever the checkpoint's size).
 pub const PEER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the peer may take to answer for a version's marker: a peer that lacks the version
+/// fetches it from its store first (a whole checkpoint and its deltas over the WAN) and answers
+/// when it has it, so this bounds that fetch rather than a stall.
+pub const PEER_MARKER_TIMEOUT: Duration = Duration::from_secs(1800);
 
-/// The HTTP client for peer transfers: [`PEER_CONNECT_TIMEOUT`], and `read_timeout` without a
-/// byte.
-pub fn peer_client(read_timeout: Duration) -> Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .connect_timeout(PEER_CONNECT_TIMEOUT)
-        .read_timeout(read_timeout)
-        .build()
-        .map_err(|e| WeightsError::Transfer(e.to_string()))
+/// The HTTP client for peer transfers: how long a file transfer may stall, and how long the
+/// peer may take to answer for a version's marker.
+#[derive(Clone, Debug)]
+pub struct PeerClient {
+    http: reqwest::Client,
+    stall: Duration,
+    marker: Duration,
+}
+
+impl PeerClient {
+    /// [`PEER_CONNECT_TIMEOUT`] to connect; a file's answer or its next bytes within `stall`;
+    /// a marker within [`PEER_MARKER_TIMEOUT`].
+    pub fn new(stall: Duration) -> Result<Self> {
+        Self::with_marker_timeout(stall, PEER_MARKER_TIMEOUT)
+    }
+
+    /// As [`PeerClient::new`], the marker within `marker`.
+    pub fn with_marker_timeout(stall: Duration, marker: Duration) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(PEER_CONNECT_TIMEOUT)
+            .build()
+            .map_err(|e| WeightsError::Transfer(e.to_string()))?;
+        Ok(Self {
+            http,
+            stall,
+            marker,
+        })
+    }
+
+    /// `fut` within the stall bound, or a transfer error naming `url`.
+    async fn unstalled<T>(
+        &self,
+        url: &str,
+        fut: impl std::future::Future<Output = T>,
+    ) -> Result<T> {
+        tokio::time::timeout(self.stall, fut).await.map_err(|_| {
+            WeightsError::Transfer(format!(
+                "{url}: no bytes for {} s (the peer stalled)",
+                self.stall.as_secs_f64()
+            ))
+        })
+    }
 }
 
 /// Downloads version `version` from the peer at `peer` into `out` (which must not exist),
 /// resuming partial files in `work`, verifying every segment. Returns the bytes transferred.
 pub async fn pull_from_peer(
-    client: &reqwest::Client,
+    client: &PeerClient,
     peer: &str,
     version: u64,
     out: &Path,
@@ -231,7 +269,9 @@ pub async fn pull_from_peer(
     }
     let marker_url = format!("{peer}/v1/versions/{version}/marker");
     let response = client
+        .http
         .get(&marker_url)
+        .timeout(client.marker)
         .send()
         .await
         .map_err(|e| WeightsError::Transfer(format!("{marker_url}: {e}")))?;
@@ -293,19 +333,19 @@ pub async fn pull_from_peer(
 }
 
 /// GET `url` into `dest`, resuming `dest.partial` with `Range: bytes=N-`.
-async fn download(client: &reqwest::Client, url: &str, dest: &Path) -> Result<u64> {
+async fn download(client: &PeerClient, url: &str, dest: &Path) -> Result<u64> {
     let partial = partial_path(dest);
     let have = tokio::fs::metadata(&partial)
         .await
         .map(|m| m.len())
         .unwrap_or(0);
-    let mut request = client.get(url);
+    let mut request = client.http.get(url);
     if have > 0 {
         request = request.header(reqwest::header::RANGE, format!("bytes={have}-"));
     }
-    let response = request
-        .send()
-        .await
+    let response = client
+        .unstalled(url, request.send())
+        .await?
         .map_err(|e| WeightsError::Transfer(format!("{url}: {e}")))?;
     let status = response.status();
     let mut file = match status.as_u16() {
@@ -321,7 +361,7 @@ async fn download(client: &reqwest::Client, url: &str, dest: &Path) -> Result<u6
     .map_err(|e| WeightsError::io(&partial, e))?;
     let mut n = 0;
     let mut stream = response.bytes_stream();
-    while let Some(chunk) = stream.next().await {
+    while let Some(chunk) = client.unstalled(url, stream.next()).await? {
         let chunk = chunk.map_err(|e| WeightsError::Transfer(format!("{url}: {e}")))?;
         file.write_all(&chunk)
             .await

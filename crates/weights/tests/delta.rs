@@ -220,7 +220,8 @@ fn a_delta_for_another_base_is_refused_naming_both_versions() {
 }
 
 /// A run killed half-way leaves `.NAME.partial-PID` beside its output; the next run that writes
-/// there removes those whose process is gone, and leaves a live process's alone.
+/// there removes those whose process is gone and that nothing has written for a while, and
+/// leaves a live or recently written one alone.
 #[cfg(target_os = "linux")]
 #[test]
 fn partials_left_by_ended_runs_are_removed_by_the_next_one() {
@@ -231,15 +232,25 @@ fn partials_left_by_ended_runs_are_removed_by_the_next_one() {
     let gone_dir = dir.path().join(".out.partial-4194306");
     // pid 1 is always running.
     let live = dir.path().join(".d.kvwd.partial-1");
+    // No such pid, but written a moment ago: a writer in another pid namespace, kept.
+    let recent = dir.path().join(".out.partial-4194307");
     std::fs::write(&gone, b"half a delta").unwrap();
     std::fs::create_dir(&gone_dir).unwrap();
     std::fs::write(gone_dir.join("model.safetensors"), b"half").unwrap();
     std::fs::write(&live, b"someone else's").unwrap();
+    std::fs::write(&recent, b"being written").unwrap();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    for p in [&gone, &gone_dir.join("model.safetensors"), &gone_dir, &live] {
+        std::fs::File::open(p)
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
+    }
     let delta = dir.path().join("d.kvwd");
     diff(&base, Some(1), &new, 2, &delta, &opts(1)).unwrap();
     apply(&base, &delta, &dir.path().join("out"), 1).unwrap();
     assert!(!gone.exists() && !gone_dir.exists());
-    assert!(live.exists());
+    assert!(live.exists() && recent.exists());
 }
 
 #[test]

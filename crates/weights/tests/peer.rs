@@ -4,7 +4,9 @@
 use kvrouter_weights::gen::{write_checkpoint, GenSpec, Update};
 use kvrouter_weights::serve::{app, Peer};
 use kvrouter_weights::store::{publish, Store};
-use kvrouter_weights::transfer::{fetch_version, pull_from_peer, Source};
+use kvrouter_weights::transfer::{
+    fetch_version, pull_from_peer, PeerClient, Source, PEER_READ_TIMEOUT,
+};
 use kvrouter_weights::{CodecOptions, WeightsError};
 use std::path::Path;
 
@@ -126,7 +128,7 @@ async fn ranged_resume_and_a_corrupted_transfer() {
     let root = tmp.path();
     let store = published_store(root).await;
     let url = start_peer(root, store).await;
-    let client = reqwest::Client::new();
+    let client = PeerClient::new(PEER_READ_TIMEOUT).unwrap();
     let shard = "model-00001-of-00002.safetensors";
     let full = std::fs::read(root.join("ckpt/v1").join(shard)).unwrap();
 
@@ -179,4 +181,44 @@ async fn ranged_resume_and_a_corrupted_transfer() {
     assert_eq!(r.status(), 404);
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(body["error"]["param"], "version");
+}
+
+/// A peer that answers the marker, then sends the start of a file and nothing more: the pull
+/// fails after the stall bound, naming the file, with nothing left in `out`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_transfer_that_stalls_fails_after_the_stall_bound() {
+    use axum::routing::get;
+    use futures::StreamExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let _store = published_store(root).await;
+    let marker = std::fs::read(root.join("ckpt/v1/weights.json")).unwrap();
+    let stalling = axum::Router::new()
+        .route(
+            "/v1/versions/1/marker",
+            get(move || async move { marker.clone() }),
+        )
+        .route(
+            "/v1/versions/1/files/{name}",
+            get(|| async {
+                let start = futures::stream::once(async {
+                    Ok::<_, std::io::Error>(axum::body::Bytes::from_static(b"safetens"))
+                });
+                axum::body::Body::from_stream(start.chain(futures::stream::pending()))
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, stalling).await.unwrap() });
+    let client = PeerClient::new(std::time::Duration::from_millis(300)).unwrap();
+    let err = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        pull_from_peer(&client, &url, 1, &root.join("out"), &root.join("work"), 2),
+    )
+    .await
+    .expect("the stall bound ends the pull")
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("stalled") && err.contains("/files/"), "{err}");
+    assert!(!root.join("out").exists());
 }

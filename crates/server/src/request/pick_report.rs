@@ -262,6 +262,13 @@ pub(crate) fn report_list(value: Value) -> Result<Vec<Value>, ServeError> {
 /// `{"id", "error": {...}}` (an OpenAI-shaped error naming `reports[at]...` for a malformed
 /// report).
 fn apply_one(table: &PickTable, at: usize, value: Value) -> Value {
+    if !value.is_object() {
+        let e = ServeError::invalid_at(
+            "a pick report must be a JSON object",
+            format!("{REPORTS}[{at}]"),
+        );
+        return json!({"id": Value::Null, "error": e.body()["error"].take()});
+    }
     // Read plainly; only a report that cannot be read is read again for the path of its
     // error (tracking the path of every field cost each good report a microsecond).
     let outcome = Report::deserialize(&value)
