@@ -125,6 +125,27 @@ async fn local_filesystem_store_publish_pull_and_resume() {
         delta
     );
 
+    // A --have of links (a model cache's snapshot) that is the wanted version is copied whole:
+    // the files the links point to, not just the marker.
+    let linked = root.join("linked-v2");
+    std::fs::create_dir_all(&linked).unwrap();
+    for e in std::fs::read_dir(root.join("ckpt/v2")).unwrap() {
+        let e = e.unwrap();
+        std::os::unix::fs::symlink(e.path(), linked.join(e.file_name())).unwrap();
+    }
+    let r = pull(
+        &store,
+        Some(2),
+        &root.join("out2-linked"),
+        Some(&linked),
+        &root.join("work-linked"),
+        2,
+    )
+    .await
+    .unwrap();
+    assert_eq!((r.deltas, r.downloaded_full), (0, false));
+    same_tensors(&root.join("ckpt/v2"), &root.join("out2-linked"));
+
     // A --have that is not a checkpoint directory is refused, not silently ignored.
     let err = pull(
         &store,
