@@ -97,6 +97,11 @@ pub(crate) struct BenchArgs {
     /// and finish (the topology of a client that keeps its own engine connections).
     #[arg(long, conflicts_with = "group_need")]
     pub(crate) pick: bool,
+    /// A header sent on every request to the --url endpoints, `NAME: VALUE` (repeatable), e.g.
+    /// `Authorization: Bearer TOKEN` for a router run with `--pick-auth admin` or a gateway that
+    /// wants a key. Not sent to the workers a pick names.
+    #[arg(long = "header", value_name = "NAME: VALUE")]
+    pub(crate) headers: Vec<String>,
     /// Name of the run in reports.
     #[arg(long, default_value = "bench")]
     pub(crate) name: String,
@@ -147,9 +152,30 @@ pub(crate) fn prompt_text(workload: &Workload, i: usize) -> String {
     out
 }
 
-async fn first_model(client: &reqwest::Client, url: &str) -> anyhow::Result<String> {
+/// `--header NAME: VALUE` entries as a header map, each checked.
+fn router_headers(given: &[String]) -> anyhow::Result<reqwest::header::HeaderMap> {
+    let mut out = reqwest::header::HeaderMap::new();
+    for h in given {
+        let (name, value) = h
+            .split_once(':')
+            .with_context(|| format!("--header {h:?}: expected NAME: VALUE"))?;
+        let name = reqwest::header::HeaderName::from_bytes(name.trim().as_bytes())
+            .with_context(|| format!("--header {h:?}: not a header name"))?;
+        let value = reqwest::header::HeaderValue::from_str(value.trim())
+            .with_context(|| format!("--header {h:?}: not a header value"))?;
+        out.append(name, value);
+    }
+    Ok(out)
+}
+
+async fn first_model(
+    client: &reqwest::Client,
+    url: &str,
+    headers: &reqwest::header::HeaderMap,
+) -> anyhow::Result<String> {
     let v: serde_json::Value = client
         .get(format!("{url}/v1/models"))
+        .headers(headers.clone())
         .send()
         .await
         .with_context(|| format!("--url {url}: GET /v1/models"))?
@@ -214,15 +240,16 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
              are multi-turn trajectories (the router cannot tell a trajectory's last turn)"
         );
     }
+    let headers = router_headers(&args.headers)?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .build()
         .context("HTTP client")?;
     let model = match &args.model {
         Some(m) => m.clone(),
-        None => first_model(&client, &urls[0]).await?,
+        None => first_model(&client, &urls[0], &headers).await?,
     };
-    let summary = replay(&args, &workload, client, urls, model).await?;
+    let summary = replay(&args, &workload, client, urls, model, headers).await?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("--out {}: cannot create", args.out.display()))?;
     let path = args.out.join("summary.json");
@@ -244,10 +271,12 @@ async fn replay(
     client: reqwest::Client,
     urls: Vec<String>,
     model: String,
+    router_headers: reqwest::header::HeaderMap,
 ) -> anyhow::Result<Summary> {
     let n = workload.requests.len();
     let shared = Arc::new(Shared {
         client,
+        router_headers,
         urls,
         next_url: Default::default(),
         model,

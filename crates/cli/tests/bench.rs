@@ -261,6 +261,63 @@ async fn a_repeated_url_spreads_requests_round_robin() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// `--header` reaches the router on every call (the model list, picks, reports): a router with
+/// `--pick-auth admin` serves the run with the token and refuses it without.
+#[tokio::test]
+async fn headers_reach_the_router_on_picks_and_reports() {
+    let server = mock_serve(
+        "2",
+        "50",
+        &["--pick-auth", "admin", "--admin-token", "b3nch"],
+    )
+    .await;
+    let out = temp("header");
+    std::fs::create_dir_all(&out).unwrap();
+    let run = |extra: &'static [&'static str]| {
+        let url = server.http();
+        let out = out.clone();
+        async move {
+            let mut args = vec![
+                "--url".to_owned(),
+                url,
+                "--model".to_owned(),
+                "mock-model".to_owned(),
+                "--workload".to_owned(),
+                "grpo".to_owned(),
+                "--workload-args".to_owned(),
+                "prompts=2,group_size=2,steps=1,output_median=8,output_cap=16".to_owned(),
+                "--pick".to_owned(),
+            ];
+            args.extend(extra.iter().map(|s| s.to_string()));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            bench(&args, &out).await
+        }
+    };
+    let (output, summary) = run(&["--header", "Authorization: Bearer b3nch"]).await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(summary.expect("summary.json")["completed"], 4);
+    let picks = common::metric(
+        &server.http(),
+        "kvrouter_picks_total{source=\"api\",end=\"finished\"}",
+    )
+    .await
+    .unwrap_or(0.0);
+    assert_eq!(picks, 4.0, "every report reached the router");
+    let (_, summary) = run(&[]).await;
+    assert_eq!(summary.expect("summary.json")["completed"], 0);
+    let (output, _) = run(&["--header", "no colon"]).await;
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && err.contains("--header"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 #[tokio::test]
 async fn pick_mode_asks_the_router_and_sends_to_the_worker_directly() {
     let server = mock_serve("2", "50", &[]).await;

@@ -27,6 +27,8 @@ pub(super) struct Outcome {
 
 pub(super) struct Shared {
     pub(super) client: reqwest::Client,
+    /// `--header` entries, sent on every request to a --url endpoint (not to picked workers).
+    pub(super) router_headers: reqwest::header::HeaderMap,
     /// The endpoints; requests go to them in turn (`--url` repeated: router replicas).
     pub(super) urls: Vec<String>,
     pub(super) next_url: std::sync::atomic::AtomicUsize,
@@ -51,6 +53,11 @@ impl Shared {
         &self.urls[i % self.urls.len()]
     }
 
+    /// A POST to `url`, one of the --url endpoints, with the `--header` entries.
+    pub(super) fn post_to_router(&self, url: String) -> reqwest::RequestBuilder {
+        self.client.post(url).headers(self.router_headers.clone())
+    }
+
     pub(super) fn now(&self) -> Time {
         Time::from_micros(self.start.elapsed().as_micros() as u64)
     }
@@ -60,8 +67,7 @@ impl Shared {
 /// endpoint answered 2xx within the request timeout.
 pub(super) async fn end_session(shared: Arc<Shared>, session: u64) -> bool {
     let ask = shared
-        .client
-        .post(format!("{}/finish_session", shared.urls[0]))
+        .post_to_router(format!("{}/finish_session", shared.urls[0]))
         .json(&serde_json::json!({ "session_id": session.to_string() }))
         .timeout(shared.timeout)
         .send();
@@ -113,8 +119,7 @@ async fn stream_one(
     }
     if !shared.pick {
         let mut req = shared
-            .client
-            .post(format!("{}/v1/completions", shared.url()))
+            .post_to_router(format!("{}/v1/completions", shared.url()))
             .json(&body);
         for (k, v) in headers {
             req = req.header(k, v);

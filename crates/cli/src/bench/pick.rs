@@ -19,7 +19,9 @@ pub(super) async fn pick(
     headers: &[(&'static str, String)],
 ) -> Result<Picked, String> {
     let router = shared.url().to_owned();
-    let mut req = shared.client.post(format!("{router}/v1/pick")).json(body);
+    let mut req = shared
+        .post_to_router(format!("{router}/v1/pick"))
+        .json(body);
     for (k, v) in headers {
         req = req.header(*k, v);
     }
@@ -47,7 +49,7 @@ pub(super) async fn pick(
 async fn report(shared: &Shared, p: &Picked, event: &str, body: serde_json::Value) {
     let url = format!("{}/v1/pick/{}/{event}", p.router, p.id);
     // Best effort: a lost report only ends the pick at its lease.
-    let _ = shared.client.post(url).json(&body).send().await;
+    let _ = shared.post_to_router(url).json(&body).send().await;
 }
 
 /// Reports the first token of `p`.
