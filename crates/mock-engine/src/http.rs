@@ -351,11 +351,15 @@ pub(crate) fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
     Ok(value)
 }
 
-async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiError> {
-    let value = parse_object(&body)?;
-    let c = &s.inner.config;
+/// Bodies above this are parsed and tokenized on a blocking thread: the async threads serve
+/// every stream (and, embedded in `serve --mock-workers`, the router too).
+const OFF_TASK_BODY_BYTES: usize = 64 * 1024;
+
+/// The request a body asks for: JSON, fields, prompt tokens.
+fn gen_request(c: &MockEngineConfig, body: &[u8], kind: Kind) -> Result<GenRequest, ApiError> {
+    let value = parse_object(body)?;
     let tokenizer = c.tokenizer.as_ref();
-    let req: GenRequest = match kind {
+    Ok(match kind {
         Kind::Completion => {
             openai::parse_completion(&value, &c.served_names(), tokenizer, c.default_max_tokens)?
         }
@@ -366,7 +370,20 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
             &c.chat_template,
             c.default_max_tokens.max(128),
         )?,
+    })
+}
+
+async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiError> {
+    let req = if body.len() > OFF_TASK_BODY_BYTES {
+        let inner = s.inner.clone();
+        tokio::task::spawn_blocking(move || gen_request(&inner.config, &body, kind))
+            .await
+            .map_err(|e| ApiError::internal(format!("reading the request failed: {e}")))??
+    } else {
+        gen_request(&s.inner.config, &body, kind)?
     };
+    let c = &s.inner.config;
+    let tokenizer = c.tokenizer.as_ref();
     let param = if kind == Kind::Chat {
         "messages"
     } else {

@@ -107,3 +107,41 @@ async fn a_batch_of_several_prompts_is_refused_naming_prompt() {
         e.stop().await;
     }
 }
+
+/// A body above 64 KiB (read on a blocking thread, off the async ones) is answered as a small one is,
+/// errors included.
+#[tokio::test]
+async fn a_body_past_64_kib_is_answered_as_a_small_one_is() {
+    let engines = start_on_loopback(&template(), 1).await.unwrap();
+    let http = engines[0].endpoints.http;
+    let client = reqwest::Client::new();
+    let messages: Vec<Value> = (0..2_000)
+        .map(|_| json!({"role": "user", "content": "hi there hi there hi there"}))
+        .collect();
+    let body = json!({"model": "mock-model", "messages": messages, "max_tokens": 2});
+    assert!(body.to_string().len() > 64 * 1024);
+    let r: Value = client
+        .post(format!("http://{http}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(r["usage"]["prompt_tokens"].as_u64().unwrap() > 2_000, "{r}");
+    let mut bad = body.clone();
+    bad["max_tokens"] = json!("two");
+    let r = client
+        .post(format!("http://{http}/v1/chat/completions"))
+        .json(&bad)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["param"], "max_tokens", "{e}");
+    for e in engines {
+        e.stop().await;
+    }
+}
