@@ -108,8 +108,8 @@ async fn a_batch_of_several_prompts_is_refused_naming_prompt() {
     }
 }
 
-/// A body above 64 KiB (read on a blocking thread, off the async ones) is answered as a small one is,
-/// errors included.
+/// A body above 64 KiB (read on a blocking thread, off the async ones) is answered as a small
+/// one is, errors included.
 #[tokio::test]
 async fn a_body_past_64_kib_is_answered_as_a_small_one_is() {
     let engines = start_on_loopback(&template(), 1).await.unwrap();
