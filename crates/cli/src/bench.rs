@@ -190,10 +190,13 @@ async fn first_model(
         .with_context(|| format!("--url {url}: /v1/models lists no model; pass --model"))
 }
 
+/// The slowest replay of a trace's arrival times (`--arrival-speedup`): a thousand times slower.
+pub(crate) const MIN_ARRIVAL_SPEEDUP: f64 = 1e-3;
+
 /// Runs `kvrouter bench`.
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    if !args.arrival_speedup.is_finite() || args.arrival_speedup <= 0.0 {
-        bail!("--arrival-speedup must be positive");
+    if !args.arrival_speedup.is_finite() || args.arrival_speedup < MIN_ARRIVAL_SPEEDUP {
+        bail!("--arrival-speedup must be a number of at least {MIN_ARRIVAL_SPEEDUP}");
     }
     if args.concurrency == Some(0) {
         bail!("--concurrency must be at least 1");
@@ -201,9 +204,9 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.group_need == Some(0) {
         bail!("--group-need must be at least 1");
     }
-    let positive = |v: f64| v.is_finite() && v > 0.0;
+    let positive = |v: f64| v.is_finite() && v > 0.0 && v <= 86_400.0;
     if !positive(args.duration_s) || !positive(args.request_timeout_s) {
-        bail!("--duration-s and --request-timeout-s must be positive");
+        bail!("--duration-s and --request-timeout-s must be positive, at most 86400");
     }
     if !matches!(args.prompt_format.as_str(), "tokens" | "text") {
         bail!(
@@ -257,11 +260,19 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .with_context(|| format!("--out: cannot write {}", path.display()))?;
     print_table(std::slice::from_ref(&summary));
     println!(
-        "completed {} rejected/failed {}; summary in {}",
+        "completed {} refused {} failed {}; summary in {}",
         summary.completed,
-        summary.rejected + summary.failed,
+        summary.rejected,
+        summary.failed,
         path.display()
     );
+    if summary.completed == 0 && summary.requests > 0 {
+        bail!(
+            "no request completed ({} refused, {} failed)",
+            summary.rejected,
+            summary.failed
+        );
+    }
     Ok(())
 }
 
@@ -363,7 +374,10 @@ async fn replay(
             if let Some(e) = o.error {
                 errors += 1;
                 first_error.get_or_insert(e);
+                // Not served: refused under overload, or failed (connection, timeout, a
+                // broken stream, any other error answer), as the simulator marks them.
                 r.rejected = true;
+                r.failed = !o.refused;
             } else {
                 r.first_token = o.first_token;
                 r.last_token = o.last_token;

@@ -102,8 +102,11 @@ impl MockEngineArgs {
         if self.block_size == 0 {
             bail!("--block-size must be at least 1");
         }
-        if self.num_gpu_blocks == 0 {
-            bail!("--num-gpu-blocks must be at least 1");
+        if self.num_gpu_blocks == 0 || self.num_gpu_blocks > kvrouter_engine::MAX_NUM_GPU_BLOCKS {
+            bail!(
+                "--num-gpu-blocks must be from 1 to {}",
+                kvrouter_engine::MAX_NUM_GPU_BLOCKS
+            );
         }
         if self.max_num_batched_tokens == 0 {
             bail!("--max-num-batched-tokens must be at least 1");
@@ -111,9 +114,12 @@ impl MockEngineArgs {
         if self.max_num_seqs == 0 {
             bail!("--max-num-seqs must be at least 1");
         }
-        if !(self.speedup_ratio.is_finite() && self.speedup_ratio > 0.0) {
+        if !(self.speedup_ratio.is_finite()
+            && self.speedup_ratio >= kvrouter_engine::MIN_SPEEDUP_RATIO)
+        {
             bail!(
-                "--speedup-ratio must be a positive number, got {}",
+                "--speedup-ratio must be a number of at least {}, got {}",
+                kvrouter_engine::MIN_SPEEDUP_RATIO,
                 self.speedup_ratio
             );
         }

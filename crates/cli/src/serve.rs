@@ -247,8 +247,21 @@ impl ServeArgs {
         {
             bail!("no workers: give --worker URL, --workers-file PATH, --mock-workers N or --discovery");
         }
-        if !(self.mock_speedup_ratio.is_finite() && self.mock_speedup_ratio > 0.0) {
-            bail!("--mock-speedup-ratio must be a positive number");
+        if !(self.mock_speedup_ratio.is_finite()
+            && self.mock_speedup_ratio >= kvrouter_engine::MIN_SPEEDUP_RATIO)
+        {
+            bail!(
+                "--mock-speedup-ratio must be a number of at least {}",
+                kvrouter_engine::MIN_SPEEDUP_RATIO
+            );
+        }
+        if self.mock_num_gpu_blocks == 0
+            || self.mock_num_gpu_blocks > kvrouter_engine::MAX_NUM_GPU_BLOCKS
+        {
+            bail!(
+                "--mock-num-gpu-blocks must be from 1 to {}",
+                kvrouter_engine::MAX_NUM_GPU_BLOCKS
+            );
         }
         let tokenizer =
             kvrouter_tokenizer::load(self.tokenizer.as_deref()).context("--tokenizer")?;

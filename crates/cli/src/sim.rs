@@ -154,8 +154,19 @@ impl SimArgs {
         if self.max_num_seqs == 0 {
             bail!("--max-num-seqs must be at least 1");
         }
-        if self.num_gpu_blocks == 0 {
-            bail!("--num-gpu-blocks must be at least 1");
+        if self.num_gpu_blocks == 0 || self.num_gpu_blocks > kvrouter_engine::MAX_NUM_GPU_BLOCKS {
+            bail!(
+                "--num-gpu-blocks must be from 1 to {}",
+                kvrouter_engine::MAX_NUM_GPU_BLOCKS
+            );
+        }
+        if !(self.arrival_speedup.is_finite()
+            && self.arrival_speedup >= crate::bench::MIN_ARRIVAL_SPEEDUP)
+        {
+            bail!(
+                "--arrival-speedup must be a number of at least {}",
+                crate::bench::MIN_ARRIVAL_SPEEDUP
+            );
         }
         for (flag, v) in [
             ("--kv-event-delay-ms", self.kv_event_delay_ms),

@@ -175,6 +175,32 @@ async fn bad_flags_and_dead_endpoints_name_the_flag() {
 
     let (output, _) = bench(&["--url", &url, "--model", "m"], &out).await;
     assert!(String::from_utf8_lossy(&output.stderr).contains("--trace"));
+
+    // Values that overflowed a duration (a panic).
+    for (flag, value) in [
+        ("--arrival-speedup", "1e-300"),
+        ("--request-timeout-s", "1e20"),
+    ] {
+        let (output, _) = bench(
+            &[
+                "--url",
+                &url,
+                "--model",
+                "m",
+                "--workload",
+                "grpo",
+                flag,
+                value,
+            ],
+            &out,
+        )
+        .await;
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && err.contains(flag) && !err.contains("panicked"),
+            "{err}"
+        );
+    }
     let _ = std::fs::remove_dir_all(out);
 }
 
@@ -307,8 +333,19 @@ async fn headers_reach_the_router_on_picks_and_reports() {
     .await
     .unwrap_or(0.0);
     assert_eq!(picks, 4.0, "every report reached the router");
-    let (_, summary) = run(&[]).await;
-    assert_eq!(summary.expect("summary.json")["completed"], 0);
+    // Without the token every pick is a 401: failed, not refused, and the run fails.
+    let (output, summary) = run(&[]).await;
+    assert!(!output.status.success());
+    let s = summary.expect("summary.json");
+    assert_eq!(
+        (
+            s["completed"].as_u64(),
+            s["rejected"].as_u64(),
+            s["failed"].as_u64()
+        ),
+        (Some(0), Some(0), Some(4)),
+        "{s}"
+    );
     let (output, _) = run(&["--header", "no colon"]).await;
     let err = String::from_utf8_lossy(&output.stderr);
     assert!(

@@ -319,6 +319,23 @@ async fn invalid_flags_name_the_flag() {
         .await
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("--profile"));
+    // A speed-up that overflowed a step's duration (a panic, then a dead engine that still
+    // answered /ready), and a pool that asked for terabytes (an abort).
+    for (flag, value) in [
+        ("--speedup-ratio", "1e-300"),
+        ("--num-gpu-blocks", "100000000000"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args(["mock-engine", "--port", "0", flag, value])
+            .output()
+            .await
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(flag) && !err.contains("panicked"),
+            "{err}"
+        );
+    }
     for bad in [
         ["--lora", "mock-model"],
         ["--lora", ""],

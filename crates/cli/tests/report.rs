@@ -209,6 +209,8 @@ fn bad_traces_and_flags_are_named() {
         ("--slow-worker", "99@2"),
         ("--worker-failure", "0@nan"),
         ("--workers", "100000"),
+        ("--arrival-speedup", "1e-300"),
+        ("--num-gpu-blocks", "100000000000"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
             .args(["sim", "--workload", "grpo", "--quiet"])

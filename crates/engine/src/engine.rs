@@ -28,6 +28,16 @@ use kvrouter_core::time::Time;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
+/// The largest KV pool an engine is built with, in blocks: the pool is allocated whole, so a
+/// typo of a few digits would otherwise ask for terabytes.
+pub const MAX_NUM_GPU_BLOCKS: usize = 1 << 24;
+/// The slowest speed-up (`--speedup-ratio`) a mock engine runs at: a thousand times slower than
+/// its profile.
+pub const MIN_SPEEDUP_RATIO: f64 = 1e-3;
+/// The longest step: a profile (or speed-up) that implies more is capped here rather than
+/// overflowing the clock.
+pub const MAX_STEP: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// Engine sizes and limits. Defaults follow vLLM and Dynamo's mocker.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -16,6 +16,9 @@ mod pool;
 pub mod request;
 pub mod timing;
 
-pub use engine::{Engine, EngineConfig, EngineStats, StepOutcome, TokenMapper};
+pub use engine::{
+    Engine, EngineConfig, EngineStats, StepOutcome, TokenMapper, MAX_NUM_GPU_BLOCKS, MAX_STEP,
+    MIN_SPEEDUP_RATIO,
+};
 pub use request::{EngineError, EngineRequest, Finished, Prompt, TokenOut};
 pub use timing::{DynamoPoly, SpeedUp, TableProfile, TimingModel};

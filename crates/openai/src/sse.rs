@@ -26,8 +26,13 @@ fn event_end(buf: &[u8], from: usize) -> Option<usize> {
     None
 }
 
+/// The largest unfinished event a reader keeps waiting for its end: a stream past it without a
+/// blank line is not SSE (an upstream sending a body without event breaks), and waiting on would
+/// hold all of it in memory.
+pub const MAX_EVENT_BYTES: usize = 16 << 20;
+
 /// Splits a stream of chunks into whole events. Bytes of an unfinished event wait in the buffer
-/// until the chunk that finishes it arrives.
+/// until the chunk that finishes it arrives (see [`EventSplitter::over_limit`]).
 #[derive(Debug, Default)]
 pub struct EventSplitter {
     buffer: Vec<u8>,
@@ -64,6 +69,12 @@ impl EventSplitter {
     /// Bytes of an unfinished event.
     pub fn pending(&self) -> &[u8] {
         &self.buffer
+    }
+
+    /// Whether the unfinished event has grown past [`MAX_EVENT_BYTES`]: the reader should stop
+    /// waiting for its end (fail the stream, or pass the bytes on unparsed).
+    pub fn over_limit(&self) -> bool {
+        self.buffer.len() > MAX_EVENT_BYTES
     }
 
     /// Drops the bytes of an unfinished event (its stream ended or was replaced).
@@ -141,6 +152,23 @@ pub fn error_event(message: &str) -> Bytes {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn an_event_without_an_end_is_over_the_limit_past_max_event_bytes() {
+        let mut s = EventSplitter::new();
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..(MAX_EVENT_BYTES >> 20) {
+            s.push(&chunk);
+            assert!(s.next_event().is_none());
+        }
+        assert!(!s.over_limit());
+        s.push(b"x");
+        assert!(s.over_limit());
+        s.clear();
+        s.push(b"data: 1\n\n");
+        assert_eq!(s.next_event().unwrap(), b"data: 1\n\n");
+        assert!(!s.over_limit());
+    }
 
     #[test]
     fn event_boundaries_accept_lf_and_crlf() {

@@ -19,6 +19,8 @@ pub(super) struct Outcome {
     pub(super) output_tokens: u32,
     pub(super) cached_tokens: u32,
     pub(super) error: Option<String>,
+    /// The error was a refusal under overload (HTTP 429 or 529), not a failure.
+    pub(super) refused: bool,
     /// The worker that served it, when the endpoint says (`x-kvrouter-worker`).
     pub(super) worker: Option<usize>,
     /// It finished with `finish_reason: "abort"` (ended early by first-N-of-M).
@@ -126,7 +128,7 @@ async fn stream_one(
         }
         return stream_from(shared, req, out, None).await;
     }
-    let picked = super::pick::pick(shared, &body, &headers).await?;
+    let picked = super::pick::pick(shared, &body, &headers, out).await?;
     let req = shared
         .client
         .post(format!("{}/v1/completions", picked.url))
@@ -139,6 +141,12 @@ async fn stream_one(
 
 /// Sends `req` and folds its streamed answer into `out` (reporting the first token of a
 /// pick, if any).
+/// An answer that refuses the request under overload (the router's queue or busy filters),
+/// counted as refused rather than failed.
+pub(super) fn is_refusal(status: reqwest::StatusCode) -> bool {
+    matches!(status.as_u16(), 429 | 529)
+}
+
 async fn stream_from(
     shared: &Shared,
     req: reqwest::RequestBuilder,
@@ -148,6 +156,7 @@ async fn stream_from(
     let resp = req.send().await.map_err(|e| format!("send: {e}"))?;
     let status = resp.status();
     if !status.is_success() {
+        out.refused = is_refusal(status);
         let text = resp.text().await.unwrap_or_default();
         return Err(format!(
             "HTTP {status}: {}",
@@ -178,6 +187,12 @@ async fn stream_from(
                     super::pick::first_token(shared, p).await;
                 }
             }
+        }
+        if events.over_limit() {
+            return Err(format!(
+                "stream: over {} MiB without an event break (not SSE)",
+                sse::MAX_EVENT_BYTES >> 20
+            ));
         }
     }
     if !done {

@@ -17,6 +17,7 @@ pub(super) async fn pick(
     shared: &Shared,
     body: &serde_json::Value,
     headers: &[(&'static str, String)],
+    out: &mut Outcome,
 ) -> Result<Picked, String> {
     let router = shared.url().to_owned();
     let mut req = shared
@@ -29,6 +30,7 @@ pub(super) async fn pick(
     let status = resp.status();
     let v: serde_json::Value = resp.json().await.map_err(|e| format!("pick: {e}"))?;
     if !status.is_success() {
+        out.refused = super::client::is_refusal(status);
         return Err(format!("pick: HTTP {status}: {}", v["error"]["message"]));
     }
     let (Some(id), Some(url), Some(worker)) = (

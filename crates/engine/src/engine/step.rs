@@ -106,7 +106,8 @@ impl Engine {
             shape.decode_mean_context = context_sum as f64 / shape.decode_seqs as f64;
         }
         let ms = self.timing.step_ms(&shape)?;
-        out.end = now + Duration::from_secs_f64(ms.max(0.0) / 1e3);
+        let step = Duration::try_from_secs_f64(ms.max(0.0) / 1e3).unwrap_or(super::MAX_STEP);
+        out.end = now + step.min(super::MAX_STEP);
         out.prefill_tokens = shape.prefill_tokens as u32;
         out.decode_seqs = shape.decode_seqs as u32;
 

@@ -1,5 +1,5 @@
 use super::*;
-use crate::timing::DynamoPoly;
+use crate::timing::{DynamoPoly, StepShape, TimingError};
 use kvrouter_core::event::{BlockContent, Medium};
 use kvrouter_core::ids::WorkerId;
 
@@ -399,4 +399,28 @@ fn a_preempted_request_reports_the_hits_of_its_first_admission() {
     assert_eq!(finished[0].preemptions, 1);
     assert_eq!(finished[0].cached_tokens, 0);
     assert_eq!(e.stats().cached_tokens_total, 0);
+}
+
+/// A model whose steps take longer than a clock can hold.
+#[derive(Debug)]
+struct Endless;
+
+impl TimingModel for Endless {
+    fn prefill_ms(&self, _: u64) -> Result<f64, TimingError> {
+        Ok(1e300)
+    }
+    fn decode_ms(&self, _: &StepShape) -> Result<f64, TimingError> {
+        Ok(f64::INFINITY)
+    }
+}
+
+#[test]
+fn a_step_longer_than_the_clock_holds_is_capped_not_a_panic() {
+    let mut e = Engine::new(small(), WorkerRank::new(WorkerId(1), 0), Box::new(Endless));
+    e.add_request(req(1, (0..8).collect(), 2)).unwrap();
+    let now = Time::from_micros(5);
+    let step = e.step(now).unwrap().expect("a step");
+    assert_eq!(step.end, now + MAX_STEP);
+    let next = e.step(step.end).unwrap().expect("a decode step");
+    assert_eq!(next.end, step.end + MAX_STEP);
 }

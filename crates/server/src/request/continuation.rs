@@ -220,6 +220,11 @@ impl Continuation {
                 out.extend_from_slice(&event);
             }
         }
+        if self.events.over_limit() {
+            // Not SSE (no event break in 16 MiB): passed on as it came, not held in memory.
+            out.extend_from_slice(self.events.pending());
+            self.events.clear();
+        }
         out
     }
 

@@ -192,7 +192,10 @@ impl ClustersFile {
                     "{at}: summary_refresh_ms must be from 1 to 86400000"
                 ));
             }
-            if c.max_num_seqs == Some(0) || c.num_gpu_blocks == Some(0) {
+            if c.max_num_seqs == Some(0)
+                || c.num_gpu_blocks == Some(0)
+                || c.num_gpu_blocks > Some(kvrouter_engine::MAX_NUM_GPU_BLOCKS)
+            {
                 return Err(format!(
                     "{at}: max_num_seqs and num_gpu_blocks must be at least 1"
                 ));
