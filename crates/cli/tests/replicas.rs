@@ -285,6 +285,41 @@ async fn a_session_pinned_through_one_replica_keeps_its_worker_through_others() 
     }
 }
 
+/// NATS going away shows in `kvrouter_replica_connected` within a heartbeat (the client buffers
+/// publishes meanwhile, so their success says nothing), and the gauge comes back with NATS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_nats_outage_shows_in_the_connected_gauge() {
+    let mut nats = nats().await;
+    let engines = engines(1, &[]).await;
+    let r = replica(&nats, 1, &engines, &[]).await;
+    let connected = |want: u64| {
+        let base = r.http();
+        move || {
+            let base = base.clone();
+            async move { metric(&base, "kvrouter_replica_connected").await == want }
+        }
+    };
+    common::until("the replica to join", Duration::from_secs(20), connected(1)).await;
+    nats.child.start_kill().unwrap();
+    let _ = nats.child.wait().await;
+    common::until("the outage to show", Duration::from_secs(20), connected(0)).await;
+    let port = nats.url.rsplit(':').next().unwrap().to_owned();
+    nats.child = Command::new(nats_binary())
+        .args(["-js", "-a", "127.0.0.1", "-p", &port, "-sd"])
+        .arg(&nats._dir.0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("restart nats-server");
+    common::until(
+        "the replica to reconnect",
+        Duration::from_secs(30),
+        connected(1),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_replica_leaves_no_phantom_load() {
     let nats = nats().await;

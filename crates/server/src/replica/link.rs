@@ -270,6 +270,10 @@ async fn publish(state: AppState, link: Arc<Link>) {
             (core.take_outgoing(), core.outgoing_dropped())
         };
         m.dropped.store(dropped, Ordering::Relaxed);
+        // The client buffers publishes while NATS is away, so their success says nothing about
+        // the link: its state does (checked every heartbeat at least).
+        let connected = link.client.connection_state() == async_nats::connection::State::Connected;
+        m.connected.store(connected, Ordering::Relaxed);
         let verdicts = super::health::outgoing(inner);
         if events.is_empty() && verdicts.is_empty() {
             continue;
