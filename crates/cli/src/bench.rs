@@ -385,7 +385,9 @@ async fn replay(
                 r.itl_count = o.itl_count;
                 r.finish = o.finish;
                 r.output_tokens = o.output_tokens;
-                r.served_cached = o.cached_tokens;
+                // An engine cannot have cached more than the prompt; a count above it is
+                // the engine's error, not a hit.
+                r.served_cached = o.cached_tokens.min(workload.requests[i].input_tokens);
                 r.worker = o.worker;
                 r.ended_early = o.ended_early;
             }

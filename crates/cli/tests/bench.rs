@@ -204,6 +204,44 @@ async fn bad_flags_and_dead_endpoints_name_the_flag() {
     let _ = std::fs::remove_dir_all(out);
 }
 
+/// An endpoint whose streams carry no token (only `[DONE]`) served nothing: every request
+/// fails, none counts as completed with a TTFT of 0.
+#[tokio::test]
+async fn a_stream_without_a_token_is_a_failure() {
+    let empty = axum::Router::new().route(
+        "/v1/completions",
+        axum::routing::post(|| async {
+            ([("content-type", "text/event-stream")], "data: [DONE]\n\n")
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, empty).await.unwrap() });
+    let out = temp("empty");
+    let (output, summary) = bench(
+        &[
+            "--url",
+            &url,
+            "--model",
+            "m",
+            "--workload",
+            "grpo",
+            "--workload-args",
+            "prompts=2,group_size=2,steps=1,output_median=8,output_cap=16",
+        ],
+        &out,
+    )
+    .await;
+    assert!(!output.status.success());
+    let s = summary.expect("summary.json");
+    assert_eq!(
+        (s["completed"].as_u64(), s["failed"].as_u64()),
+        (Some(0), Some(4)),
+        "{s}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 #[tokio::test]
 async fn first_n_of_m_live_ends_the_rest_of_each_group() {
     let server = mock_serve("2", "20", &[]).await;

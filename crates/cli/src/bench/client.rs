@@ -198,6 +198,10 @@ async fn stream_from(
     if !done {
         return Err("stream ended without [DONE]".to_owned());
     }
+    // A stream with no text, no counted output and no early end served nothing.
+    if out.first_token.is_none() && out.output_tokens == 0 && !out.ended_early {
+        return Err("the stream carried no token".to_owned());
+    }
     Ok(())
 }
 
