@@ -63,6 +63,18 @@ pub(crate) async fn submit(
         Ok(Ok(())) => {}
         Ok(Err(e @ EngineError::TooLong { .. })) => {
             guard.armed = false;
+            // The prompt alone fits: it is the output budget that does not.
+            let engine = &s.config().engine;
+            let prompt_blocks = u64::from(prompt_len).div_ceil(engine.block_size.max(1) as u64);
+            if prompt_blocks <= engine.num_gpu_blocks as u64 {
+                return Err(ApiError::invalid(
+                    format!(
+                        "the prompt of {prompt_len} tokens fits, but not with up to {max_tokens} \
+                         output tokens: {e}"
+                    ),
+                    Some("max_tokens"),
+                ));
+            }
             return Err(ApiError::invalid(
                 format!("the prompt of {prompt_len} tokens does not fit: {e}"),
                 Some(param),

@@ -145,3 +145,31 @@ async fn a_body_past_64_kib_is_answered_as_a_small_one_is() {
         e.stop().await;
     }
 }
+
+/// A request the KV pool can never hold is a 400 naming what does not fit: the prompt, or,
+/// when the prompt alone fits, the output budget.
+#[tokio::test]
+async fn a_request_that_cannot_fit_names_the_prompt_or_the_output_budget() {
+    let mut t = template();
+    t.engine.block_size = 16;
+    t.engine.num_gpu_blocks = 8; // 128 tokens.
+    let engines = start_on_loopback(&t, 1).await.unwrap();
+    let http = engines[0].endpoints.http;
+    let client = reqwest::Client::new();
+    let few: Vec<u32> = (0..10).collect();
+    let many: Vec<u32> = (0..200).collect();
+    for (prompt, max_tokens, param) in [(&few, 1000, "max_tokens"), (&many, 1, "prompt")] {
+        let r = client
+            .post(format!("http://{http}/v1/completions"))
+            .json(&json!({"model": "mock-model", "prompt": prompt, "max_tokens": max_tokens}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["param"], param, "{e}");
+    }
+    for e in engines {
+        e.stop().await;
+    }
+}
