@@ -305,7 +305,25 @@ async fn replay(
         group_need: args.group_need,
         pick: args.pick,
     });
-    let deadline = Time::from_secs_f64(args.duration_s);
+    let mut deadline = Time::from_secs_f64(args.duration_s);
+    // Ctrl-C (SIGINT) ends the run as --duration-s would: nothing new is sent, what is in flight
+    // finishes (each bounded by the request timeout) and the summary covers what was sent; a
+    // second Ctrl-C stops at once.
+    let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let interrupt_listener = tokio::spawn({
+        let interrupted = interrupted.clone();
+        async move {
+            if tokio::signal::ctrl_c().await.is_err() {
+                return;
+            }
+            eprintln!("\nkvrouter bench: interrupted; finishing what is in flight (Ctrl-C again stops at once)");
+            interrupted.store(true, std::sync::atomic::Ordering::Relaxed);
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(130);
+            }
+        }
+    });
+    let mut cut_short = false;
     let mut endings = Vec::new();
     let text_prompts = args.prompt_format == "text";
     let (mut replay, start) = Replay::new(workload, args.concurrency, args.arrival_speedup);
@@ -317,6 +335,10 @@ async fn replay(
     let mut first_error: Option<String> = None;
     let mut last_progress = Instant::now();
     loop {
+        if !cut_short && interrupted.load(std::sync::atomic::Ordering::Relaxed) {
+            cut_short = true;
+            deadline = deadline.min(shared.now());
+        }
         // Send everything due.
         let now = shared.now();
         while let Some(Reverse((at, i))) = due.peek().copied() {
@@ -417,6 +439,7 @@ async fn replay(
     if !args.quiet {
         eprintln!();
     }
+    interrupt_listener.abort();
     // Each ending is bounded by the request timeout.
     let ended = futures::future::join_all(endings).await;
     let unended = ended.iter().filter(|e| !matches!(e, Ok(true))).count();

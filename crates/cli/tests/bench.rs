@@ -3,6 +3,7 @@
 mod common;
 
 use serde_json::Value;
+use std::time::Duration;
 use tokio::process::Command;
 
 async fn bench(args: &[&str], out: &std::path::Path) -> (std::process::Output, Option<Value>) {
@@ -239,6 +240,56 @@ async fn a_stream_without_a_token_is_a_failure() {
         (Some(0), Some(4)),
         "{s}"
     );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// Ctrl-C ends a run as --duration-s would: nothing new is sent, what is in flight finishes,
+/// and the summary of what was sent is written (it was lost before).
+#[tokio::test]
+async fn an_interrupted_run_still_writes_the_summary_of_what_was_sent() {
+    let server = mock_serve("2", "5", &[]).await;
+    let out = temp("interrupt");
+    let mut run = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args(["bench", "--url", &server.http(), "--quiet", "--out"])
+        .arg(&out)
+        .args(["--workload", "grpo", "--workload-args"])
+        .arg("prompts=8,group_size=4,steps=4,output_median=64,output_cap=128")
+        .args(["--concurrency", "2"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let base = server.http();
+    common::until("two requests to finish", Duration::from_secs(60), || {
+        let base = base.clone();
+        async move {
+            common::metric(&base, "kvrouter_request_duration_seconds_count")
+                .await
+                .unwrap_or(0.0)
+                >= 2.0
+        }
+    })
+    .await;
+    let pid = run.id().unwrap().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = tokio::time::timeout(Duration::from_secs(60), run.wait())
+        .await
+        .expect("the run ends after Ctrl-C")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let s = &summary[0];
+    let (completed, requests) = (
+        s["completed"].as_u64().unwrap(),
+        s["requests"].as_u64().unwrap(),
+    );
+    assert!(completed >= 2 && requests < 128, "{s}");
+    assert_eq!(s["failed"].as_u64(), Some(0), "{s}");
     let _ = std::fs::remove_dir_all(&out);
 }
 
