@@ -396,14 +396,8 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
                 if a.store.store.is_some() || a.have.is_some() || a.recycle.is_some() {
                     bail!("--peer pulls whole files from the peer: --store, --have and --recycle do not apply");
                 }
-                let secs = |v: f64, flag: &str| {
-                    std::time::Duration::try_from_secs_f64(v)
-                        .ok()
-                        .filter(|t| !t.is_zero() && *t <= std::time::Duration::from_secs(86_400))
-                        .with_context(|| {
-                            format!("{flag} must be a positive number of seconds, at most 86400")
-                        })
-                };
+                use crate::flag_values::{at_most, positive};
+                let secs = |v: f64, flag: &str| positive(at_most(v, 86_400.0, flag)?, flag);
                 let client = transfer::PeerClient::with_marker_timeout(
                     secs(a.peer_read_timeout_secs, "--peer-read-timeout-secs")?,
                     secs(a.peer_marker_timeout_secs, "--peer-marker-timeout-secs")?,
