@@ -250,7 +250,7 @@ pub(crate) async fn run(
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{line}").and_then(|()| out.flush());
     }
-    crate::serve::shutdown_signal().await?;
+    crate::signals::shutdown_signal().await?;
     server.stop().await;
     Ok(())
 }

@@ -22,6 +22,7 @@ mod print_config;
 mod replica_args;
 mod routing_args;
 mod serve;
+mod signals;
 mod sim;
 mod sim_global;
 mod sim_planner_args;

@@ -206,7 +206,7 @@ pub(crate) async fn run(args: MockEngineArgs) -> anyhow::Result<()> {
         e.kv_events.as_deref().unwrap_or("none"),
         e.replay.as_deref().unwrap_or("none")
     );
-    crate::serve::shutdown_signal().await?;
+    crate::signals::shutdown_signal().await?;
     // Deregistered first, so the router drains this engine before it stops answering.
     if let Some(r) = registered {
         r.revoke().await;

@@ -161,11 +161,11 @@ impl SimArgs {
             );
         }
         if !(self.arrival_speedup.is_finite()
-            && self.arrival_speedup >= crate::bench::MIN_ARRIVAL_SPEEDUP)
+            && self.arrival_speedup >= crate::flag_values::MIN_ARRIVAL_SPEEDUP)
         {
             bail!(
                 "--arrival-speedup must be a number of at least {}",
-                crate::bench::MIN_ARRIVAL_SPEEDUP
+                crate::flag_values::MIN_ARRIVAL_SPEEDUP
             );
         }
         for (flag, v) in [
