@@ -284,17 +284,24 @@ async fn ext_proc_exchanges(
     n: u64,
     concurrency: u64,
     response_body_mode: i32,
+    connections: u64,
 ) -> f64 {
-    let mut clients = Vec::new();
-    for _ in 0..concurrency {
-        // One keep-alive HTTP/2 connection per task, as a gateway worker thread holds one.
+    // Keep-alive HTTP/2 connections, the tasks' streams spread over them. Envoy's HTTP/2 pool
+    // holds one connection per worker thread to a host and multiplexes that thread's streams
+    // over it, so a gateway with W worker threads is `connections = W`; `concurrency` is the
+    // bound of one stream per connection.
+    let mut channels = Vec::new();
+    for _ in 0..connections.clamp(1, concurrency) {
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect()
             .await
             .unwrap();
-        clients.push(ExternalProcessorClient::new(channel));
+        channels.push(channel);
     }
+    let clients: Vec<_> = (0..concurrency as usize)
+        .map(|c| ExternalProcessorClient::new(channels[c % channels.len()].clone()))
+        .collect();
     let first = fresh_prompts(n);
     let before = cpu_seconds(pid);
     let tasks: Vec<_> = clients
@@ -426,10 +433,18 @@ async fn main() {
         );
     }
     if want("ext") {
-        ext_proc_exchanges(grpc, pid, 500, 64, 2).await;
-        let (us, rate) = windows(idle_per_s, |n| ext_proc_exchanges(grpc, pid, n, 64, 2)).await;
+        ext_proc_exchanges(grpc, pid, 500, 64, 2, 64).await;
+        let (us, rate) = windows(idle_per_s, |n| ext_proc_exchanges(grpc, pid, n, 64, 2, 64)).await;
         println!(
-            "ext: ext_proc full exchange, {PROMPT_TOKENS}-token prompt, concurrency 64, keep-alive gRPC: {us} µs router CPU per exchange ({rate:.0} exchanges/s)"
+            "ext: ext_proc full exchange, {PROMPT_TOKENS}-token prompt, concurrency 64, a keep-alive gRPC connection per stream: {us} µs router CPU per exchange ({rate:.0} exchanges/s)"
+        );
+    }
+    if want("ext-mux") {
+        // As a gateway of two worker threads sends them: 64 streams over two connections.
+        ext_proc_exchanges(grpc, pid, 500, 64, 2, 2).await;
+        let (us, rate) = windows(idle_per_s, |n| ext_proc_exchanges(grpc, pid, n, 64, 2, 2)).await;
+        println!(
+            "ext-mux: ext_proc full exchange, {PROMPT_TOKENS}-token prompt, concurrency 64 over 2 keep-alive gRPC connections: {us} µs router CPU per exchange ({rate:.0} exchanges/s)"
         );
     }
     if want("floor") {
@@ -458,9 +473,9 @@ async fn main() {
         let (grpc, pid) = (&router.grpc, router.pid);
         // The response body mode a gateway sets for streamed answers (`STREAMED`); the picker's
         // override turns it off after the response headers.
-        ext_proc_exchanges(grpc, pid, 500, 64, 1).await;
+        ext_proc_exchanges(grpc, pid, 500, 64, 1, 64).await;
         let (us, rate) = windows(router.idle_per_s, |n| {
-            ext_proc_exchanges(grpc, pid, n, 64, 1)
+            ext_proc_exchanges(grpc, pid, n, 64, 1, 64)
         })
         .await;
         println!(

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 fn apply(c: &mut Criterion) {
     let trace = load_trace();
+    // The whole apply of engines' events (token ids), on one thread.
     let mut group = c.benchmark_group("index_apply");
     group
         .sample_size(10)
@@ -27,18 +28,60 @@ fn apply(c: &mut Criterion) {
         group.bench_with_input(
             BenchmarkId::new("workers", workers),
             &events,
-            |b, events| {
-                b.iter(|| {
-                    let mut index = PrefixIndex::new(BLOCK_SIZE);
-                    for e in events {
-                        let _ = index.apply(e);
-                    }
-                    black_box(index.stats().entries)
-                })
-            },
+            |b, events| b.iter(|| black_box(apply_all(events))),
         );
     }
     group.finish();
+
+    // What `serve` does under the core lock: the same events with their contents hashed ahead
+    // by the ingest threads (`KvEvent::hash_contents`).
+    let mut group = c.benchmark_group("index_apply_hashed");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(8));
+    for workers in [8u64, 64] {
+        let (mut events, blocks) = engine_events(&trace[..3000], workers);
+        for e in &mut events {
+            e.hash_contents(BLOCK_SIZE);
+        }
+        group.throughput(Throughput::Elements(blocks as u64));
+        group.bench_with_input(
+            BenchmarkId::new("workers", workers),
+            &events,
+            |b, events| b.iter(|| black_box(apply_all(events))),
+        );
+    }
+    group.finish();
+
+    // What one ingest thread does before it takes the lock.
+    let mut group = c.benchmark_group("event_hash_contents");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(5));
+    let (events, blocks) = engine_events(&trace[..3000], 8);
+    group.throughput(Throughput::Elements(blocks as u64));
+    group.bench_function("blocks", |b| {
+        b.iter_batched(
+            || events.clone(),
+            |mut events| {
+                for e in &mut events {
+                    e.hash_contents(BLOCK_SIZE);
+                }
+                events
+            },
+            criterion::BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+}
+
+/// A fresh index with every event applied: its entry count.
+fn apply_all(events: &[KvEvent]) -> usize {
+    let mut index = PrefixIndex::new(BLOCK_SIZE);
+    for e in events {
+        let _ = index.apply(e);
+    }
+    index.stats().entries
 }
 
 /// The whole trace over 64 workers, plus a 2,048-block chain that workers hold to 64 different

@@ -4,7 +4,7 @@
 //! Engine block hashes are opaque; the index recomputes its own hashes from the token ids, so it
 //! works whatever hash algorithm the engine uses.
 
-use crate::hashing::HashNamespace;
+use crate::hashing::{BlockHasher, HashNamespace};
 use crate::ids::{ContentHash, EngineHash, SequenceHash, WorkerId, WorkerRank};
 use serde::{Deserialize, Serialize};
 
@@ -133,6 +133,39 @@ impl KvEvent {
         }
     }
 
+    /// Hashes a `Stored` event's token contents ahead of the index, in the event's namespace:
+    /// each block of `block_size` tokens (the index's block size) becomes
+    /// [`BlockContent::Hash`], up to the first block of another size, which stays as it is for
+    /// the index to refuse there. Applying the event afterwards changes the index exactly as
+    /// applying it before would (and fails the same way); what moves is where the hashing runs.
+    /// The server's ingest threads call this before they take the router's lock, so the lock
+    /// is held for the tree work only and the hashing of several engines' events runs in
+    /// parallel. Other events, and events of another block size, are left unchanged.
+    pub fn hash_contents(&mut self, block_size: usize) {
+        let KvEvent::Stored {
+            blocks,
+            block_size: event_block_size,
+            namespace,
+            ..
+        } = self
+        else {
+            return;
+        };
+        if *event_block_size != block_size {
+            return;
+        }
+        let hasher = BlockHasher::new(block_size, namespace);
+        for block in blocks {
+            match &block.content {
+                BlockContent::Tokens(tokens) if tokens.len() == block_size => {
+                    block.content = BlockContent::Hash(hasher.content_hash(tokens));
+                }
+                BlockContent::Tokens(_) => return,
+                BlockContent::Hash(_) | BlockContent::Sequence(_) => {}
+            }
+        }
+    }
+
     /// A short label for metrics: `stored`, `removed` or `cleared`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -146,6 +179,70 @@ impl KvEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn stored(blocks: Vec<BlockContent>, namespace: HashNamespace) -> KvEvent {
+        KvEvent::Stored {
+            worker: WorkerId(1),
+            dp_rank: 0,
+            parent: None,
+            blocks: (0u64..)
+                .zip(blocks)
+                .map(|(h, content)| StoredBlock {
+                    engine_hash: EngineHash(h),
+                    content,
+                })
+                .collect(),
+            block_size: 4,
+            medium: Medium::Gpu,
+            namespace,
+        }
+    }
+
+    fn contents(event: &KvEvent) -> Vec<BlockContent> {
+        match event {
+            KvEvent::Stored { blocks, .. } => blocks.iter().map(|b| b.content.clone()).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    #[test]
+    fn hashing_contents_ahead_stops_at_a_block_of_another_size() {
+        let lora = HashNamespace {
+            lora_name: Some("adapter".into()),
+            cache_salt: None,
+        };
+        let tokens = |t: u32| BlockContent::Tokens(vec![t; 4]);
+        let mut event = stored(
+            vec![
+                tokens(1),
+                tokens(2),
+                BlockContent::Tokens(vec![3]),
+                tokens(4),
+            ],
+            lora.clone(),
+        );
+        event.hash_contents(4);
+        let hasher = BlockHasher::new(4, &lora);
+        assert_eq!(
+            contents(&event),
+            vec![
+                BlockContent::Hash(hasher.content_hash(&[1; 4])),
+                BlockContent::Hash(hasher.content_hash(&[2; 4])),
+                BlockContent::Tokens(vec![3]),
+                tokens(4),
+            ],
+            "hashed in the event's namespace, up to the short block"
+        );
+        assert_ne!(
+            hasher.content_hash(&[1; 4]),
+            BlockHasher::new(4, &HashNamespace::none()).content_hash(&[1; 4]),
+            "the namespace changes the hash"
+        );
+        // The index's block size differs from the event's: the index refuses it whole.
+        let mut other = stored(vec![tokens(1)], HashNamespace::none());
+        other.hash_contents(8);
+        assert_eq!(contents(&other), vec![tokens(1)]);
+    }
 
     #[test]
     fn engine_medium_names_map_to_tiers() {

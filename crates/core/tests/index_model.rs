@@ -416,6 +416,28 @@ proptest! {
     }
 
     #[test]
+    fn contents_hashed_ahead_change_the_index_as_tokens_do(
+        ops in prop::collection::vec(op(), 1..60),
+        caps in caps(),
+    ) {
+        let mut tokens = capped_index(&caps);
+        let mut hashed = capped_index(&caps);
+        for op in &ops {
+            let want = apply(&mut tokens, op);
+            let got = match (op, to_event(op)) {
+                (_, Some(mut event)) => {
+                    event.hash_contents(BS);
+                    hashed.apply(&event).map_err(|e: IndexError| e.status())
+                }
+                (op, None) => apply(&mut hashed, op),
+            };
+            prop_assert_eq!(got, want, "op {:?}", op);
+        }
+        prop_assert_eq!(hashed.snapshot(), tokens.snapshot());
+        prop_assert_eq!(hashed.evictions(), tokens.evictions());
+    }
+
+    #[test]
     fn dump_replays_into_an_equal_index(ops in prop::collection::vec(op(), 1..60), caps in caps()) {
         let mut index = capped_index(&caps);
         for op in &ops {

@@ -71,7 +71,7 @@ pub(crate) fn apply_payload(state: &Inner, source: &Source, payload: &[u8]) -> b
     };
     let slice_blocks = state.config.kv_ingest.apply_slice_blocks;
     for event in to_kv_events(&batch, opts) {
-        let event = match event {
+        let mut event = match event {
             Ok(Some(e)) => e,
             Ok(None) => continue,
             Err(_) => {
@@ -83,6 +83,9 @@ pub(crate) fn apply_payload(state: &Inner, source: &Source, payload: &[u8]) -> b
             }
         };
         let kind = event.kind();
+        // Token ids are hashed here, outside the core lock, so the lock is held for the tree
+        // work only and the ingest threads of several engines hash in parallel.
+        event.hash_contents(state.config.router.kv_cache_block_size);
         let mut status = "ok";
         for part in slices(event, slice_blocks) {
             // One short critical section per slice; others get the lock in between.
