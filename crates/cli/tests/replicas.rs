@@ -321,6 +321,38 @@ async fn a_nats_outage_shows_in_the_connected_gauge() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_processes_given_one_replica_id_are_told_apart() {
+    let nats = nats().await;
+    let engines = engines(1, &[]).await;
+    let twin_a = replica(&nats, 5, &engines, &[]).await;
+    let twin_b = replica(&nats, 5, &engines, &[]).await;
+    let other = replica(&nats, 6, &engines, &[]).await;
+    for twin in [&twin_a, &twin_b] {
+        let base = twin.http();
+        common::until(
+            "the shared id to be noticed",
+            Duration::from_secs(20),
+            || {
+                let b = base.clone();
+                async move { metric(&b, "kvrouter_replica_id_conflicts_total").await > 0 }
+            },
+        )
+        .await;
+    }
+    // The replica with an id of its own hears both twins (as one peer) and sees no conflict.
+    let base = other.http();
+    common::until("the twins to be heard", Duration::from_secs(20), || {
+        let b = base.clone();
+        async move { metric(&b, "kvrouter_replica_peers_alive").await == 1 }
+    })
+    .await;
+    assert_eq!(
+        metric(&other.http(), "kvrouter_replica_id_conflicts_total").await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_replica_leaves_no_phantom_load() {
     let nats = nats().await;
     // Slow engines: long streams keep load on them while the replica dies.

@@ -14,6 +14,8 @@ use tokio::sync::Notify;
 #[derive(Debug, Default)]
 pub(crate) struct ReplicaState {
     id: u64,
+    /// This process among all that send as `id` (random, never 0): see [`ReplicaState::instance`].
+    instance: u64,
     /// Wakes the publisher: the core queued events.
     pub(crate) notify: Notify,
     link: OnceLock<Arc<Link>>,
@@ -28,6 +30,7 @@ impl ReplicaState {
     pub(crate) fn new(config: Option<&ReplicaSyncConfig>) -> Self {
         Self {
             id: config.map_or(0, |c| c.replica_id),
+            instance: random_instance(),
             share_verdicts: config.is_some_and(|c| c.share_health),
             ..Default::default()
         }
@@ -55,6 +58,12 @@ impl ReplicaState {
         self.id
     }
 
+    /// This process's instance number, sent with every message: a message under this
+    /// replica's id from another instance means two processes were given one `--replica-id`.
+    pub(crate) fn instance(&self) -> u64 {
+        self.instance
+    }
+
     /// The NATS link, once connected and joined.
     pub(crate) fn link(&self) -> Option<&Arc<Link>> {
         self.link.get()
@@ -64,6 +73,14 @@ impl ReplicaState {
     pub(crate) fn set_link(&self, link: Arc<Link>) {
         let _ = self.link.set(link);
     }
+}
+
+/// A random, non-zero number per process (std's OS-seeded hasher keys; no RNG crate needed).
+fn random_instance() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish().max(1)
 }
 
 /// An open NATS connection and the lease bucket.
@@ -97,4 +114,6 @@ pub(crate) struct SyncMetrics {
     pub(crate) lag_ms: AtomicU64,
     pub(crate) lease_lost: AtomicU64,
     pub(crate) rollbacks: AtomicU64,
+    /// Messages under this replica's id from another process.
+    pub(crate) id_conflicts: AtomicU64,
 }

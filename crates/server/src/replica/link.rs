@@ -12,7 +12,7 @@ use futures::StreamExt;
 use kvrouter_core::ids::{ReplicaId, WorkerId};
 use kvrouter_core::router::RemoteEvent;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -148,6 +148,9 @@ async fn receive(
             continue;
         };
         if message.replica == own {
+            if message.instance != 0 && message.instance != inner.replica.instance() {
+                id_conflict(&m.id_conflicts, own);
+            }
             continue;
         }
         let lag = wire::unix_ms(SystemTime::now()).saturating_sub(message.sent_unix_ms);
@@ -196,6 +199,19 @@ async fn receive(
         );
     }
     tracing::warn!("replica sync: subscription ended");
+}
+
+/// Another process publishes under this replica's id: each ignores the other's messages as its
+/// own, so their load, sessions and holds are not shared. Counted, and logged on the first
+/// message and every 1,000th after it (a heartbeat's worth each way per second).
+fn id_conflict(count: &AtomicU64, own: u64) {
+    let n = count.fetch_add(1, Ordering::Relaxed);
+    if n % 1000 == 0 {
+        tracing::error!(
+            "replica sync: another process sends as replica {own}: give each replica its own \
+             --replica-id (or none: a random one is chosen); until then they share nothing"
+        );
+    }
 }
 
 /// Expires replicas not heard from within the TTL: their load and holds go, and a hold left by
@@ -303,6 +319,7 @@ async fn publish(state: AppState, link: Arc<Link>) {
         let n = events.len() as u64;
         let message = Message {
             replica: config.replica_id,
+            instance: inner.replica.instance(),
             seq,
             sent_unix_ms: wire::unix_ms(SystemTime::now()),
             workers,

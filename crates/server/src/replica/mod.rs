@@ -95,6 +95,11 @@ pub(crate) fn render(state: &AppState, out: &mut String) {
             get(&m.lease_lost),
         ),
         (
+            "kvrouter_replica_id_conflicts_total",
+            "Messages received under this replica's own id from another process: two replicas share one --replica-id and share no state with each other.",
+            get(&m.id_conflicts),
+        ),
+        (
             "kvrouter_replica_update_rollbacks_total",
             "Weight updates of expired replicas this replica rolled back.",
             get(&m.rollbacks),

@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 pub(crate) struct Message {
     /// The sender.
     pub(crate) replica: u64,
+    /// The sending process: random per process, so two processes started with one replica id
+    /// tell each other apart (0 from replicas that predate it: not checked).
+    #[serde(default)]
+    pub(crate) instance: u64,
     /// Per-sender sequence number (gaps are lost messages).
     pub(crate) seq: u64,
     /// When it was sent, Unix milliseconds (for the lag metric).
@@ -142,9 +146,17 @@ mod tests {
     use kvrouter_core::ids::{ReplicaId, RequestId, WorkerId, WorkerRank};
 
     #[test]
+    fn a_message_without_an_instance_is_from_an_older_replica() {
+        let m: Message =
+            serde_json::from_str(r#"{"replica":7,"seq":0,"sent_unix_ms":1,"events":[]}"#).unwrap();
+        assert_eq!(m.instance, 0, "0: not checked for a shared id");
+    }
+
+    #[test]
     fn messages_round_trip() {
         let m = Message {
             replica: 7,
+            instance: 12,
             seq: 3,
             sent_unix_ms: 1,
             workers: Some(vec![(0, "http://a".into())]),
