@@ -40,6 +40,9 @@ struct Member {
     registration: Registration,
     /// `None` while its registration is under way, or after it failed.
     id: Option<WorkerId>,
+    /// The registry refused it (for example, another key registered its URL first): tried
+    /// again when a worker at its URL is purged.
+    refused: bool,
     phase: Phase,
 }
 
@@ -96,19 +99,23 @@ impl Membership {
                 _ => {}
             }
             // Changed (or a failed registration given again): the old worker goes at once.
-            if let Some(id) = self.members.remove(&key).and_then(|m| m.id) {
-                actions.push(Action::Purge(id));
+            if let Some(old) = self.members.remove(&key) {
+                if let Some(id) = old.id {
+                    actions.push(Action::Purge(id));
+                    if !same_url(&old.registration.url, &registration.url) {
+                        self.retry_refused(&old.registration.url, actions);
+                    }
+                }
             }
         }
         // Another key's draining worker at the same URL: the engine came back under a new
         // key; the URL can be registered only once.
-        let url = registration.url.trim_end_matches('/');
         let stale: Vec<String> = self
             .members
             .iter()
             .filter(|(_, m)| {
                 matches!(m.phase, Phase::Draining { .. })
-                    && m.registration.url.trim_end_matches('/') == url
+                    && same_url(&m.registration.url, &registration.url)
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -122,6 +129,7 @@ impl Membership {
             Member {
                 registration: registration.clone(),
                 id: None,
+                refused: false,
                 phase: Phase::Active,
             },
         );
@@ -153,6 +161,7 @@ impl Membership {
         match self.members.get_mut(key) {
             Some(m) if m.id.is_none() => {
                 m.id = id;
+                m.refused = id.is_none();
                 None
             }
             _ => id.map(Action::Purge),
@@ -167,10 +176,38 @@ impl Membership {
             .filter(|(_, m)| matches!(m.phase, Phase::Draining { until } if until <= now))
             .map(|(k, _)| k.clone())
             .collect();
-        due.into_iter()
-            .filter_map(|k| self.members.remove(&k).and_then(|m| m.id))
-            .map(Action::Purge)
-            .collect()
+        let mut actions = Vec::new();
+        for key in due {
+            let Some(Member {
+                id: Some(id),
+                registration,
+                ..
+            }) = self.members.remove(&key)
+            else {
+                continue;
+            };
+            actions.push(Action::Purge(id));
+            self.retry_refused(&registration.url, &mut actions);
+        }
+        actions
+    }
+
+    /// A worker at `url` was purged: the first key the registry refused at that URL (the
+    /// same engine registered under two keys, the other one first) is registered again, so
+    /// the engine stays in rotation under the key that still names it.
+    fn retry_refused(&mut self, url: &str, actions: &mut Vec<Action>) {
+        let Some((key, m)) = self
+            .members
+            .iter_mut()
+            .find(|(_, m)| m.refused && same_url(&m.registration.url, url))
+        else {
+            return;
+        };
+        m.refused = false;
+        actions.push(Action::Add {
+            key: key.clone(),
+            registration: m.registration.clone(),
+        });
     }
 
     /// When the next drained worker is due for its purge.
@@ -183,6 +220,11 @@ impl Membership {
             })
             .min()
     }
+}
+
+/// Whether two registered URLs name the same worker (a trailing `/` aside).
+fn same_url(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/') == b.trim_end_matches('/')
 }
 
 #[cfg(test)]
@@ -265,6 +307,45 @@ mod tests {
             vec![Action::Purge(WorkerId(1)), add("new", "http://a")]
         );
         assert_eq!(m.expire(GRACE), vec![], "purged already");
+    }
+
+    #[test]
+    fn a_url_refused_under_a_second_key_is_registered_when_the_first_key_goes() {
+        let mut m = Membership::new(GRACE);
+        m.apply(put("first", "http://a"), T0);
+        m.added("first", Some(WorkerId(1)));
+        // The same engine under a second key: the registry refuses its URL.
+        assert_eq!(
+            m.apply(put("second", "http://a/"), T0),
+            vec![add("second", "http://a/")]
+        );
+        assert_eq!(m.added("second", None), None);
+        // A registration under way at that URL is not doubled by a purge.
+        m.apply(put("pending", "http://a"), T0);
+        assert_eq!(m.apply(del("first"), T0), vec![Action::Drain(WorkerId(1))]);
+        assert_eq!(
+            m.expire(GRACE),
+            vec![Action::Purge(WorkerId(1)), add("second", "http://a/")],
+            "the refused key is tried again; `pending` (never refused) is not added twice"
+        );
+    }
+
+    #[test]
+    fn a_refused_key_is_tried_again_when_the_owner_moves_to_another_url() {
+        let mut m = Membership::new(GRACE);
+        m.apply(put("first", "http://a"), T0);
+        m.added("first", Some(WorkerId(1)));
+        m.apply(put("second", "http://a"), T0);
+        m.added("second", None);
+        assert_eq!(
+            m.apply(put("first", "http://b"), T0),
+            vec![
+                Action::Purge(WorkerId(1)),
+                add("second", "http://a"),
+                add("first", "http://b")
+            ]
+        );
+        assert_eq!(m.added("second", Some(WorkerId(2))), None);
     }
 
     #[test]
