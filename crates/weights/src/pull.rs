@@ -88,12 +88,23 @@ async fn pull_into(
         crate::apply::check_recycle(old, &spare)?;
     }
     let reads_before = store.reads();
-    let target = match version {
-        Some(v) => v,
-        None => store
-            .latest()
-            .await?
-            .ok_or_else(|| transfer("the store has no `latest`"))?,
+    // `latest` is written last when a version is published: a version past it is not (or not
+    // yet wholly) there, and is refused before anything is downloaded.
+    let latest = store.latest().await?;
+    let target = match (version, latest) {
+        (Some(v), Some(l)) if v <= l => v,
+        (Some(v), Some(l)) => {
+            return Err(WeightsError::Missing(format!(
+                "--version {v}: the store's latest version is v{l} (a later one is not published)"
+            )))
+        }
+        (Some(v), None) => {
+            return Err(WeightsError::Missing(format!(
+                "--version {v}: the store has no published version (no `latest`)"
+            )))
+        }
+        (None, Some(l)) => l,
+        (None, None) => return Err(transfer("the store has no `latest`")),
     };
     if out.exists() {
         return Err(checkpoint::occupied(out));

@@ -1,6 +1,7 @@
 //! A pull that is refused (its arguments cannot work: a `--have` that is not the base the
-//! chain needs, a directory to recycle that may not be overwritten) removes the work directory
-//! it created; one that failed in transfer keeps it, so a rerun resumes.
+//! chain needs, a directory to recycle that may not be overwritten, a version past the store's
+//! latest) removes the work directory it created or creates none; one that failed in transfer
+//! keeps it, so a rerun resumes.
 
 use kvrouter_weights::checkpoint::{stamp, write_marker};
 use kvrouter_weights::gen::{write_checkpoint, GenSpec, Update};
@@ -97,12 +98,27 @@ async fn a_refused_pull_leaves_no_work_directory_behind() {
     assert!(work.join("notes").exists());
     std::fs::remove_dir_all(&work).unwrap();
 
-    // A version the store lacks after data came: kept for the rerun (the base is reused).
+    // A version past the store's latest: refused before anything is downloaded.
+    let reads = store.reads();
     let err = pull(&store, Some(2), &root.join("out"), None, &work, 1)
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("v1-v2"), "{err}");
+    assert!(matches!(err, WeightsError::Missing(_)), "{err}");
+    assert!(err.to_string().contains("latest version is v1"), "{err}");
+    assert_eq!(store.reads() - reads, 1, "only `latest` was read");
+    assert!(!work.exists());
+
+    // A delta lost from the store after data came: the work directory is kept for the rerun
+    // (the base is reused).
+    let delta = root.join("store/delta/v0-v1/delta.kvwd");
+    let saved = root.join("delta.saved");
+    std::fs::rename(&delta, &saved).unwrap();
+    let err = pull(&store, Some(1), &root.join("out"), None, &work, 1)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("v0-v1"), "{err}");
     assert!(work.join("base-v0").exists());
+    std::fs::rename(&saved, &delta).unwrap();
 
     // The right base works, and the rerun finds what it needs.
     pull(

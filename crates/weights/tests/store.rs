@@ -183,8 +183,8 @@ async fn local_filesystem_store_publish_pull_and_resume() {
     .await
     .unwrap();
     assert_eq!(r.deltas, 1);
-    // HEAD + ranged GET for the resumed delta; one LIST.
-    assert_eq!(r.store_reads, 3);
+    // `latest`; HEAD + ranged GET for the resumed delta; one LIST.
+    assert_eq!(r.store_reads, 4);
     same_tensors(&root.join("ckpt/v1"), &root.join("out1"));
 
     // A transfer that delivered a wrong byte is caught and named (tensor and version).
