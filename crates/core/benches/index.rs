@@ -18,40 +18,10 @@ use std::time::Duration;
 fn apply(c: &mut Criterion) {
     let trace = load_trace();
     // The whole apply of engines' events (token ids), on one thread.
-    let mut group = c.benchmark_group("index_apply");
-    group
-        .sample_size(10)
-        .measurement_time(Duration::from_secs(8));
-    for workers in [8u64, 64] {
-        let (events, blocks) = engine_events(&trace[..3000], workers);
-        group.throughput(Throughput::Elements(blocks as u64));
-        group.bench_with_input(
-            BenchmarkId::new("workers", workers),
-            &events,
-            |b, events| b.iter(|| black_box(apply_all(events))),
-        );
-    }
-    group.finish();
-
+    apply_group(c, &trace, "index_apply", false);
     // What `serve` does under the core lock: the same events with their contents hashed ahead
     // by the ingest threads (`KvEvent::hash_contents`).
-    let mut group = c.benchmark_group("index_apply_hashed");
-    group
-        .sample_size(10)
-        .measurement_time(Duration::from_secs(8));
-    for workers in [8u64, 64] {
-        let (mut events, blocks) = engine_events(&trace[..3000], workers);
-        for e in &mut events {
-            e.hash_contents(BLOCK_SIZE);
-        }
-        group.throughput(Throughput::Elements(blocks as u64));
-        group.bench_with_input(
-            BenchmarkId::new("workers", workers),
-            &events,
-            |b, events| b.iter(|| black_box(apply_all(events))),
-        );
-    }
-    group.finish();
+    apply_group(c, &trace, "index_apply_hashed", true);
 
     // What one ingest thread does before it takes the lock.
     let mut group = c.benchmark_group("event_hash_contents");
@@ -72,6 +42,30 @@ fn apply(c: &mut Criterion) {
             criterion::BatchSize::LargeInput,
         )
     });
+    group.finish();
+}
+
+/// Applying the first 3,000 requests' engine events to a fresh index, for 8 and 64 workers;
+/// `hashed`: with their contents hashed ahead.
+fn apply_group(c: &mut Criterion, trace: &[TraceRequest], name: &str, hashed: bool) {
+    let mut group = c.benchmark_group(name);
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(8));
+    for workers in [8u64, 64] {
+        let (mut events, blocks) = engine_events(&trace[..3000], workers);
+        if hashed {
+            for e in &mut events {
+                e.hash_contents(BLOCK_SIZE);
+            }
+        }
+        group.throughput(Throughput::Elements(blocks as u64));
+        group.bench_with_input(
+            BenchmarkId::new("workers", workers),
+            &events,
+            |b, events| b.iter(|| black_box(apply_all(events))),
+        );
+    }
     group.finish();
 }
 
