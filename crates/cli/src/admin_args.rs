@@ -18,8 +18,28 @@ pub(crate) struct AdminArgs {
     admin_token_file: Option<PathBuf>,
     /// Who may release session affinity (DELETE /v1/sessions/{id}, POST /finish_session):
     /// open (any client) or admin (the admin token).
-    #[arg(help_heading = H::SESSIONS, long, default_value = "open")]
-    session_release_auth: String,
+    #[arg(help_heading = H::SESSIONS, long, value_enum, default_value_t = AuthArg::Open)]
+    session_release_auth: AuthArg,
+}
+
+/// Who may call a data-plane control endpoint (`--session-release-auth`, `--pick-auth`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AuthArg {
+    /// Any client of the data plane.
+    Open,
+    /// Callers with the admin token.
+    Admin,
+}
+
+impl AuthArg {
+    /// The rule `flag` sets; `admin` needs the admin token (`admin_token`: whether one is set).
+    pub(crate) fn rule(self, admin_token: bool, flag: &str) -> anyhow::Result<SessionReleaseAuth> {
+        match self {
+            AuthArg::Open => Ok(SessionReleaseAuth::Open),
+            AuthArg::Admin if admin_token => Ok(SessionReleaseAuth::Admin),
+            AuthArg::Admin => bail!("{flag} admin needs an admin token (--admin-token)"),
+        }
+    }
 }
 
 impl AdminArgs {
@@ -29,12 +49,9 @@ impl AdminArgs {
             self.admin_token.as_deref(),
             self.admin_token_file.as_deref(),
         )?;
-        let session_release_auth = match self.session_release_auth.as_str() {
-            "open" => SessionReleaseAuth::Open,
-            "admin" if admin_token.is_some() => SessionReleaseAuth::Admin,
-            "admin" => bail!("--session-release-auth admin needs an admin token (--admin-token)"),
-            other => bail!("--session-release-auth must be open or admin, got {other:?}"),
-        };
+        let session_release_auth = self
+            .session_release_auth
+            .rule(admin_token.is_some(), "--session-release-auth")?;
         Ok((admin_token, session_release_auth))
     }
 }

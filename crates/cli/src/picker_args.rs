@@ -1,8 +1,9 @@
 //! `kvrouter serve`'s flags of the pick API (`POST /v1/pick`) and its leases.
 
+use crate::admin_args::AuthArg;
 use crate::headings as H;
 use clap::Args;
-use kvrouter_server::{PickConfig, SessionReleaseAuth};
+use kvrouter_server::PickConfig;
 
 /// The pick API's leases and bounds.
 #[derive(Args, Debug, Clone)]
@@ -21,8 +22,8 @@ pub(crate) struct PickerArgs {
     /// Who may pick and report (POST /v1/pick and /v1/pick/...): open (any client) or admin
     /// (the admin token). Reports release load, and a failed one counts against its worker's
     /// health.
-    #[arg(help_heading = H::PICKER, long, value_enum, default_value_t = PickAuth::Open)]
-    pick_auth: PickAuth,
+    #[arg(help_heading = H::PICKER, long, value_enum, default_value_t = AuthArg::Open)]
+    pick_auth: AuthArg,
     /// Serve Envoy's external processing (ext_proc) gRPC service on this port, as a Gateway
     /// API Inference Extension endpoint picker (0 picks a free one; unset = off).
     #[arg(help_heading = H::PICKER, long)]
@@ -44,15 +45,6 @@ pub(crate) struct PickerArgs {
     /// body, and the answer's end is the ext_proc stream's end). See docs/topologies.md.
     #[arg(help_heading = H::PICKER, long, value_enum, default_value_t = ExtProcObserve::Full)]
     ext_proc_observe: ExtProcObserve,
-}
-
-/// `--pick-auth`.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum PickAuth {
-    /// Any client of the data plane.
-    Open,
-    /// Callers with the admin token.
-    Admin,
 }
 
 /// `--ext-proc-observe`.
@@ -85,13 +77,7 @@ impl PickerArgs {
         if self.pick_max_outstanding == 0 {
             anyhow::bail!("--pick-max-outstanding must be at least 1");
         }
-        let auth = match self.pick_auth {
-            PickAuth::Open => SessionReleaseAuth::Open,
-            PickAuth::Admin if admin_token => SessionReleaseAuth::Admin,
-            PickAuth::Admin => {
-                anyhow::bail!("--pick-auth admin needs an admin token (--admin-token)")
-            }
-        };
+        let auth = self.pick_auth.rule(admin_token, "--pick-auth")?;
         Ok(PickConfig {
             lease: positive(self.pick_lease_secs, "--pick-lease-secs")?,
             max_duration: positive(self.pick_max_duration_secs, "--pick-max-duration-secs")?,
