@@ -143,6 +143,16 @@ impl Membership {
         match (&m.phase, m.id) {
             (Phase::Draining { .. }, _) => {}
             (Phase::Active, Some(id)) => {
+                let url = m.registration.url.clone();
+                if self.refused_at(&url) {
+                    // Another key still names the engine: it takes the URL now (a drain would
+                    // hold the URL, and the engine out of rotation, for the grace period).
+                    self.members.remove(key);
+                    actions.push(Action::Purge(id));
+                    self.retry_refused(&url, actions);
+                    return;
+                }
+                let m = self.members.get_mut(key).expect("member");
                 m.phase = Phase::Draining {
                     until: now + self.grace,
                 };
@@ -155,7 +165,8 @@ impl Membership {
     }
 
     /// Records the outcome of an [`Action::Add`]: the worker's id, or `None` when the registry
-    /// refused it (it stays known, unregistered, until its source changes or removes it).
+    /// refused it (it stays known, unregistered, until its source changes or removes it, or a
+    /// worker this source registered at its URL goes: see [`Membership::retry_refused`]).
     /// Returns a purge when the key was removed meanwhile.
     pub(crate) fn added(&mut self, key: &str, id: Option<WorkerId>) -> Option<Action> {
         match self.members.get_mut(key) {
@@ -192,22 +203,31 @@ impl Membership {
         actions
     }
 
-    /// A worker at `url` was purged: the first key the registry refused at that URL (the
-    /// same engine registered under two keys, the other one first) is registered again, so
-    /// the engine stays in rotation under the key that still names it.
+    /// A worker at `url` was purged: every key the registry refused at that URL (the same
+    /// engine registered under several keys, another one first) is registered again, in key
+    /// order; the registry takes the first it can, the others are refused again. So the
+    /// engine stays in rotation under a key that still names it. (Only this source's workers
+    /// count: a key refused for a URL held by a static `--worker` or another source is tried
+    /// again when its own source changes it.)
     fn retry_refused(&mut self, url: &str, actions: &mut Vec<Action>) {
-        let Some((key, m)) = self
+        for (key, m) in self
             .members
             .iter_mut()
-            .find(|(_, m)| m.refused && same_url(&m.registration.url, url))
-        else {
-            return;
-        };
-        m.refused = false;
-        actions.push(Action::Add {
-            key: key.clone(),
-            registration: m.registration.clone(),
-        });
+            .filter(|(_, m)| m.refused && same_url(&m.registration.url, url))
+        {
+            m.refused = false;
+            actions.push(Action::Add {
+                key: key.clone(),
+                registration: m.registration.clone(),
+            });
+        }
+    }
+
+    /// Whether a key refused at `url` waits for it.
+    fn refused_at(&self, url: &str) -> bool {
+        self.members
+            .values()
+            .any(|m| m.refused && same_url(&m.registration.url, url))
     }
 
     /// When the next drained worker is due for its purge.
@@ -320,14 +340,26 @@ mod tests {
             vec![add("second", "http://a/")]
         );
         assert_eq!(m.added("second", None), None);
-        // A registration under way at that URL is not doubled by a purge.
+        m.apply(put("third", "http://a"), T0);
+        assert_eq!(m.added("third", None), None);
+        // A registration under way at that URL is not doubled.
         m.apply(put("pending", "http://a"), T0);
-        assert_eq!(m.apply(del("first"), T0), vec![Action::Drain(WorkerId(1))]);
+        // The first key goes: the worker is replaced at once (no grace period out of
+        // rotation), every refused key is tried again in order.
         assert_eq!(
-            m.expire(GRACE),
-            vec![Action::Purge(WorkerId(1)), add("second", "http://a/")],
-            "the refused key is tried again; `pending` (never refused) is not added twice"
+            m.apply(del("first"), T0),
+            vec![
+                Action::Purge(WorkerId(1)),
+                add("second", "http://a/"),
+                add("third", "http://a")
+            ]
         );
+        assert_eq!(m.next_deadline(), None, "nothing drains");
+        assert_eq!(m.added("second", Some(WorkerId(2))), None);
+        assert_eq!(m.added("third", None), None, "refused again");
+        // With no refused key left at the URL, a delete drains as before.
+        m.apply(del("third"), T0);
+        assert_eq!(m.apply(del("second"), T0), vec![Action::Drain(WorkerId(2))]);
     }
 
     #[test]
