@@ -417,19 +417,33 @@ proptest! {
 
     #[test]
     fn contents_hashed_ahead_change_the_index_as_tokens_do(
-        ops in prop::collection::vec(op(), 1..60),
+        ops in prop::collection::vec((op(), 0usize..4, prop::bool::weighted(0.1)), 1..60),
         caps in caps(),
     ) {
+        // Each event also in another namespace (adapter, salt, an empty salt), some with a
+        // block size the index refuses whole.
+        let namespaces = [
+            HashNamespace::none(),
+            HashNamespace { lora_name: Some("adapter".into()), cache_salt: None },
+            HashNamespace { lora_name: None, cache_salt: Some("tenant".into()) },
+            HashNamespace { lora_name: None, cache_salt: Some(String::new()) },
+        ];
         let mut tokens = capped_index(&caps);
         let mut hashed = capped_index(&caps);
-        for op in &ops {
-            let want = apply(&mut tokens, op);
-            let got = match (op, to_event(op)) {
-                (_, Some(mut event)) => {
+        for (op, ns, wrong_size) in &ops {
+            let (want, got) = match to_event(op) {
+                Some(mut event) => {
+                    if let KvEvent::Stored { namespace, block_size, .. } = &mut event {
+                        *namespace = namespaces[*ns].clone();
+                        if *wrong_size {
+                            *block_size = BS + 1;
+                        }
+                    }
+                    let want = tokens.apply(&event).map_err(|e: IndexError| e.status());
                     event.hash_contents(BS);
-                    hashed.apply(&event).map_err(|e: IndexError| e.status())
+                    (want, hashed.apply(&event).map_err(|e: IndexError| e.status()))
                 }
-                (op, None) => apply(&mut hashed, op),
+                None => (apply(&mut tokens, op), apply(&mut hashed, op)),
             };
             prop_assert_eq!(got, want, "op {:?}", op);
         }
