@@ -53,16 +53,12 @@ impl ReplicaArgs {
         let Some(url) = &self.replica_sync else {
             return Ok(None);
         };
-        let id = self.replica_id.unwrap_or_else(|| {
-            use std::hash::{BuildHasher, Hasher};
-            // OS-seeded: a replica restarted without --replica-id is a new replica.
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u32(std::process::id());
-            h.finish() >> 11
-        });
+        // OS-seeded: a replica restarted without --replica-id is a new replica.
+        let id = self.replica_id.unwrap_or_else(|| os_random() >> 11);
         let config = ReplicaSyncConfig {
             url: url.clone(),
             replica_id: id,
+            instance: os_random().max(1),
             cluster: self.replica_cluster.clone(),
             heartbeat: Duration::from_millis(self.replica_heartbeat_ms),
             ttl: Duration::from_millis(self.replica_ttl_ms),
@@ -74,4 +70,12 @@ impl ReplicaArgs {
         config.validate().map_err(anyhow::Error::msg)?;
         Ok(Some(config))
     }
+}
+
+/// A random number per call (std's OS-seeded hasher keys; no RNG crate needed).
+fn os_random() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish()
 }

@@ -14,7 +14,8 @@ use tokio::sync::Notify;
 #[derive(Debug, Default)]
 pub(crate) struct ReplicaState {
     id: u64,
-    /// This process among all that send as `id` (random, never 0): see [`ReplicaState::instance`].
+    /// This process among all that send as `id` (0 without sync): see
+    /// [`ReplicaState::instance`].
     instance: u64,
     /// Wakes the publisher: the core queued events.
     pub(crate) notify: Notify,
@@ -30,7 +31,7 @@ impl ReplicaState {
     pub(crate) fn new(config: Option<&ReplicaSyncConfig>) -> Self {
         Self {
             id: config.map_or(0, |c| c.replica_id),
-            instance: random_instance(),
+            instance: config.map_or(0, |c| c.instance),
             share_verdicts: config.is_some_and(|c| c.share_health),
             ..Default::default()
         }
@@ -73,14 +74,6 @@ impl ReplicaState {
     pub(crate) fn set_link(&self, link: Arc<Link>) {
         let _ = self.link.set(link);
     }
-}
-
-/// A random, non-zero number per process (std's OS-seeded hasher keys; no RNG crate needed).
-fn random_instance() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.finish().max(1)
 }
 
 /// An open NATS connection and the lease bucket.

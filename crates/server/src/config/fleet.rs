@@ -92,6 +92,9 @@ pub struct ReplicaSyncConfig {
     pub url: String,
     /// This replica's id (unique among the replicas; random by default).
     pub replica_id: u64,
+    /// This process among any that send as `replica_id`: random and not 0, drawn at start, so
+    /// two processes given one id are told apart (`kvrouter_replica_id_conflicts_total`).
+    pub instance: u64,
     /// Names the logical router: the prefix of its subjects and buckets (`[A-Za-z0-9_-]+`).
     pub cluster: String,
     /// How often this replica says it is alive (and lists its active requests).
@@ -125,11 +128,14 @@ impl ReplicaSyncConfig {
     /// Default bound of the entries read per bucket on joining.
     pub const DEFAULT_JOIN_MAX_KEYS: usize = 100_000;
 
-    /// Sync with the replicas at `url`, defaults otherwise.
+    /// Sync with the replicas at `url`, defaults otherwise; the instance is the id (or 1), which
+    /// tells processes apart only when each has its own id: a host that may start two
+    /// processes under one id sets a random `instance` (the CLI does).
     pub fn new(url: impl Into<String>, replica_id: u64) -> Self {
         Self {
             url: url.into(),
             replica_id,
+            instance: replica_id.max(1),
             cluster: Self::DEFAULT_CLUSTER.into(),
             heartbeat: Self::DEFAULT_HEARTBEAT,
             ttl: Self::DEFAULT_TTL,

@@ -137,7 +137,6 @@ async fn receive(
     peers: Arc<Mutex<super::peers::Peers>>,
 ) {
     let inner = &state.inner;
-    let own = inner.replica.id();
     let m = &inner.replica.metrics;
     // This replica's workers by URL: rebuilt with every heartbeat and after a miss, not per
     // message.
@@ -147,10 +146,7 @@ async fn receive(
             m.rejected.fetch_add(1, Ordering::Relaxed);
             continue;
         };
-        if message.replica == own {
-            if message.instance != 0 && message.instance != inner.replica.instance() {
-                id_conflict(&m.id_conflicts, own);
-            }
+        if check_sender(inner, &peers, &message) {
             continue;
         }
         let lag = wire::unix_ms(SystemTime::now()).saturating_sub(message.sent_unix_ms);
@@ -201,15 +197,37 @@ async fn receive(
     tracing::warn!("replica sync: subscription ended");
 }
 
-/// Another process publishes under this replica's id: each ignores the other's messages as its
-/// own, so their load, sessions and holds are not shared. Counted, and logged on the first
-/// message and every 1,000th after it (a heartbeat's worth each way per second).
-fn id_conflict(count: &AtomicU64, own: u64) {
+/// Checks who sent `message`: true when it is this replica's own id (its echo, or a twin's,
+/// counted as a conflict), else records its process and counts one that alternates.
+fn check_sender(inner: &Inner, peers: &Mutex<super::peers::Peers>, message: &Message) -> bool {
+    let conflicts = &inner.replica.metrics.id_conflicts;
+    if message.replica == inner.replica.id() {
+        if message.instance != 0 && message.instance != inner.replica.instance() {
+            id_conflict(conflicts, message.replica);
+        }
+        return true;
+    }
+    let alternates = peers
+        .lock()
+        .expect("peers lock")
+        .sent_by(message.replica, message.instance);
+    if alternates {
+        id_conflict(conflicts, message.replica);
+    }
+    false
+}
+
+/// Two processes publish under replica id `id` (this replica's own, or another's seen
+/// alternating between two senders): the twins ignore each other's messages as their own
+/// echo, and the others merge them into one peer (their sequence numbers and worker tables
+/// overwrite each other's). Counted, and logged on the first message and every 1,000th after.
+fn id_conflict(count: &AtomicU64, id: u64) {
     let n = count.fetch_add(1, Ordering::Relaxed);
     if n % 1000 == 0 {
         tracing::error!(
-            "replica sync: another process sends as replica {own}: give each replica its own \
-             --replica-id (or none: a random one is chosen); until then they share nothing"
+            "replica sync: two processes send as replica {id}: give each replica its own \
+             --replica-id (or none: a random one is chosen); until then their state is not \
+             shared correctly"
         );
     }
 }

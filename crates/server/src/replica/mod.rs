@@ -96,7 +96,7 @@ pub(crate) fn render(state: &AppState, out: &mut String) {
         ),
         (
             "kvrouter_replica_id_conflicts_total",
-            "Messages received under this replica's own id from another process: two replicas share one --replica-id and share no state with each other.",
+            "Messages showing two processes under one --replica-id: under this replica's own id from another process, or under another replica's id alternating between two processes.",
             get(&m.id_conflicts),
         ),
         (

@@ -17,6 +17,9 @@ struct Peer {
 #[derive(Debug, Default)]
 pub(crate) struct Peers {
     peers: HashMap<u64, Peer>,
+    /// Per replica id, the sending processes of its last two messages from different
+    /// processes (most recent first; 0: none yet, or a sender that predates instances).
+    instances: HashMap<u64, [u64; 2]>,
 }
 
 impl Peers {
@@ -41,6 +44,22 @@ impl Peers {
             peer.workers = ws.into_iter().collect();
         }
         lost
+    }
+
+    /// A message from replica `id` came from process `instance`. Returns true when the sender
+    /// went back to the process before the last (A, B, A): two processes share the id. A
+    /// replica restarted under its id changes process once (A, B, B, ...) and is not counted.
+    pub(crate) fn sent_by(&mut self, id: u64, instance: u64) -> bool {
+        if instance == 0 {
+            return false;
+        }
+        let [last, before] = self.instances.entry(id).or_default();
+        if instance == *last {
+            return false;
+        }
+        let alternates = instance == *before;
+        (*last, *before) = (instance, *last);
+        alternates
     }
 
     /// Learns a replica's worker table (from the members bucket) without counting it alive.
@@ -78,6 +97,7 @@ impl Peers {
         gone.sort_unstable();
         for id in &gone {
             self.peers.remove(id);
+            self.instances.remove(id);
         }
         gone
     }
@@ -106,5 +126,19 @@ mod tests {
         assert_eq!(p.alive(), 1);
         assert_eq!(p.expire(t0 + Duration::from_secs(10), ttl), vec![1]);
         assert_eq!(p.alive(), 0);
+    }
+
+    #[test]
+    fn two_processes_under_one_id_alternate_and_a_restart_does_not() {
+        let mut p = Peers::default();
+        // Replica 1 restarted (process 10, then 11 for good); replicas of an older build (0).
+        let restart = [10, 10, 11, 11, 11, 0, 0];
+        assert!(restart.iter().all(|i| !p.sent_by(1, *i)));
+        // Replica 2 is two processes: flagged from the first return to an earlier one.
+        let twins: Vec<bool> = [20, 21, 20, 20, 21]
+            .iter()
+            .map(|i| p.sent_by(2, *i))
+            .collect();
+        assert_eq!(twins, [false, false, true, false, true]);
     }
 }
