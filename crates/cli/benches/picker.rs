@@ -8,9 +8,10 @@
 //!   the previous pick's finish (`reports`), one exchange per pick.
 //! - ext_proc: one full Envoy exchange per request (request headers, the same prompt's body,
 //!   response headers, three response body chunks, the last ending the stream), at
-//!   concurrency 64, each task on its own keep-alive gRPC connection; and (`ext-headers`, on a
-//!   second router started with `--ext-proc-observe headers`) the exchange Envoy then makes:
-//!   request headers, body and response headers, then the stream's end.
+//!   concurrency 64, each task on its own keep-alive gRPC connection (`ext`) or the 64 streams
+//!   over 2 connections, as a gateway with two worker threads multiplexes them (`ext-mux`); and
+//!   (`ext-headers`, on a second router started with `--ext-proc-observe headers`) the exchange
+//!   Envoy then makes: request headers, body and response headers, then the stream's end.
 //!
 //! `cargo bench -p kvrouter --bench picker`    (bounded: some 60,000 loopback requests);
 //! `KVROUTER_PICKER_BIN=<kvrouter>` measures another build of the router with the same client.
@@ -288,10 +289,10 @@ async fn ext_proc_exchanges(
 ) -> f64 {
     // Keep-alive HTTP/2 connections, the tasks' streams spread over them. Envoy's HTTP/2 pool
     // holds one connection per worker thread to a host and multiplexes that thread's streams
-    // over it, so a gateway with W worker threads is `connections = W`; `concurrency` is the
-    // bound of one stream per connection.
+    // over it, so a gateway with W worker threads is `connections = W`; at most one
+    // connection per task.
     let mut channels = Vec::new();
-    for _ in 0..connections.clamp(1, concurrency) {
+    for _ in 0..connections.min(concurrency).max(1) {
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect()
