@@ -9,8 +9,9 @@ struct Peer {
     last_seen: Instant,
     /// Its worker id → URL.
     workers: HashMap<u64, String>,
-    /// The next sequence number expected.
-    next_seq: u64,
+    /// The next sequence number expected; `None` until its first message (a table learned
+    /// from the members bucket on joining says nothing about where its numbers are).
+    next_seq: Option<u64>,
 }
 
 /// The other replicas.
@@ -35,11 +36,11 @@ impl Peers {
         let peer = self.peers.entry(id).or_insert_with(|| Peer {
             last_seen: now,
             workers: HashMap::new(),
-            next_seq: seq,
+            next_seq: None,
         });
         peer.last_seen = now;
-        let lost = seq.saturating_sub(peer.next_seq);
-        peer.next_seq = seq + 1;
+        let lost = peer.next_seq.map_or(0, |next| seq.saturating_sub(next));
+        peer.next_seq = Some(seq + 1);
         if let Some(ws) = workers {
             peer.workers = ws.into_iter().collect();
         }
@@ -67,7 +68,7 @@ impl Peers {
         let peer = self.peers.entry(id).or_insert_with(|| Peer {
             last_seen: now,
             workers: HashMap::new(),
-            next_seq: 0,
+            next_seq: None,
         });
         peer.workers = workers.into_iter().collect();
     }
@@ -126,6 +127,16 @@ mod tests {
         assert_eq!(p.alive(), 1);
         assert_eq!(p.expire(t0 + Duration::from_secs(10), ttl), vec![1]);
         assert_eq!(p.alive(), 0);
+    }
+
+    #[test]
+    fn a_peer_first_learned_from_the_members_bucket_has_lost_nothing() {
+        let t0 = Instant::now();
+        let mut p = Peers::default();
+        // Joining: the bucket names replica 1, which has sent 52 messages before.
+        p.learn_workers(1, t0, vec![(0, "http://a".into())]);
+        assert_eq!(p.seen(1, 52, t0, None), 0);
+        assert_eq!(p.seen(1, 55, t0, None), 2, "then gaps count");
     }
 
     #[test]
