@@ -109,9 +109,6 @@ async fn pull_into(
     if out.exists() {
         return Err(checkpoint::occupied(out));
     }
-    tokio::fs::create_dir_all(work)
-        .await
-        .map_err(|e| WeightsError::io(work, e))?;
     let have_version = match have {
         Some(dir) => Some(
             checkpoint::read_marker(dir)?
@@ -125,21 +122,35 @@ async fn pull_into(
         ),
         None => None,
     };
-    let full = store
-        .full_versions()
-        .await?
-        .into_iter()
-        .filter(|v| *v <= target)
-        .max();
-    let (mut current, mut at, downloaded_full) = match (have_version, full) {
-        // A local copy on the way is cheaper to move forward than a full download.
-        (Some(h), _) if h <= target => (have.expect("have").to_path_buf(), h, false),
-        (_, Some(f)) => (download_full(store, f, work, threads).await?, f, true),
+    let fulls = store.full_versions().await?;
+    // Where the chain starts, known before the work directory exists (a version with no start
+    // leaves nothing behind). A local copy on the way is cheaper to move forward than a full
+    // download.
+    let start = match (
+        have_version,
+        fulls.iter().copied().filter(|v| *v <= target).max(),
+    ) {
+        (Some(h), _) if h <= target => Start::Local(h),
+        (_, Some(f)) => Start::Full(f),
         (_, None) => {
+            let listed: Vec<String> = fulls.iter().map(|v| format!("v{v}")).collect();
             return Err(WeightsError::Missing(format!(
-                "no full checkpoint at or below v{target} in the store"
-            )))
+                "no full checkpoint at or below v{target} in the store (its full checkpoints: \
+                 {})",
+                if listed.is_empty() {
+                    "none".to_owned()
+                } else {
+                    listed.join(", ")
+                }
+            )));
         }
+    };
+    tokio::fs::create_dir_all(work)
+        .await
+        .map_err(|e| WeightsError::io(work, e))?;
+    let (mut current, mut at, downloaded_full) = match start {
+        Start::Local(h) => (have.expect("have").to_path_buf(), h, false),
+        Start::Full(f) => (download_full(store, f, work, threads).await?, f, true),
     };
     let started_from = at;
     let (mut deltas, mut recycled) = (0, 0);
@@ -191,6 +202,13 @@ async fn pull_into(
         recycled,
         store_reads: store.reads() - reads_before,
     })
+}
+
+/// Where a pull's chain starts: the local copy given (`--have`, its version) or a full
+/// checkpoint downloaded from the store.
+enum Start {
+    Local(u64),
+    Full(u64),
 }
 
 async fn download_full(

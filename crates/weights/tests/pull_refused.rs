@@ -133,3 +133,27 @@ async fn a_refused_pull_leaves_no_work_directory_behind() {
     .unwrap();
     assert!(root.join("out").join("weights.json").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_below_every_full_checkpoint_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    std::fs::create_dir_all(root.join("store")).unwrap();
+    let store = Store::open(&format!("file://{}", root.join("store").display()), &[]).unwrap();
+    let opts = CodecOptions {
+        zstd_level: 1,
+        chunk_bytes: 256 << 10,
+        threads: 1,
+    };
+    // The store starts at v1: there is nothing to pull for v0.
+    let d = root.join("ckpt/v1");
+    write_checkpoint(&d, &spec(5), Update::Rl { lr: 1e-5, steps: 1 }, 1).unwrap();
+    publish(&store, &d, 1, None, 100, &opts).await.unwrap();
+    let work = root.join("out.work");
+    let err = pull(&store, Some(0), &root.join("out"), None, &work, 1)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WeightsError::Missing(_)), "{err}");
+    assert!(err.to_string().contains("full checkpoints: v1"), "{err}");
+    assert!(!work.exists(), "left {}", work.display());
+}
