@@ -98,3 +98,64 @@ async fn cost_mode_serves_and_follows_the_cached_prefix() {
         );
     }
 }
+
+/// The largest overlap (blocks) any candidate of `decision` had.
+fn best_overlap(decision: &Value) -> u64 {
+    decision["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["overlap"].as_u64().unwrap_or(0))
+        .max()
+        .unwrap_or(0)
+}
+
+/// A request's `cache_salt` namespaces its blocks end to end: the embedded mock engines cache
+/// and announce them under the salt, as vLLM does, so a salted repeat finds its prefix and an
+/// unsalted one does not.
+#[tokio::test]
+async fn a_salted_prompt_finds_only_its_salted_prefix() {
+    let proc = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--mock-workers",
+        "2",
+        "--mock-speedup-ratio",
+        "50",
+        "--expose-decisions",
+        "--admin-token",
+        "t0k",
+    ])
+    .await;
+    let base = proc.http();
+    let client = reqwest::Client::new();
+    let mut salted = chat("what is a KV cache?");
+    salted["cache_salt"] = json!("tenant-1");
+    let (first, _, _) = send(&client, &base, &salted).await;
+    // Wait (bounded) for the worker's KV events to reach the index.
+    let mut cached = 0;
+    for _ in 0..200 {
+        cached = cached_blocks(&client, &base, first).await;
+        if cached >= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        cached >= 4,
+        "the index learned the salted prompt ({cached})"
+    );
+    let (again, decision, body) = send(&client, &base, &salted).await;
+    assert_eq!(again, first, "{decision}");
+    assert!(best_overlap(&decision) >= 4, "{decision}");
+    assert!(
+        body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{body}"
+    );
+    let (_, decision, _) = send(&client, &base, &chat("what is a KV cache?")).await;
+    assert_eq!(best_overlap(&decision), 0, "unsalted: {decision}");
+}

@@ -78,16 +78,21 @@ pub struct MockEngineConfig {
 pub const DEFAULT_MAX_STEP_LAG: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl MockEngineConfig {
-    /// The namespace a request naming `model` hashes its blocks in: the adapter's, when `model`
-    /// is one of its LoRA adapters (as vLLM does, and as the router hashes it).
-    pub fn namespace_of(&self, model: &str) -> kvrouter_core::hashing::HashNamespace {
+    /// The namespace a request naming `model` with `cache_salt` hashes its blocks in: the
+    /// adapter's, when `model` is one of its LoRA adapters, and the salt's (as vLLM does, and
+    /// as the router hashes it; the KV events carry both).
+    pub fn namespace_of(
+        &self,
+        model: &str,
+        cache_salt: Option<&str>,
+    ) -> kvrouter_core::hashing::HashNamespace {
         kvrouter_core::hashing::HashNamespace {
             lora_name: self
                 .lora_adapters
                 .iter()
                 .any(|a| a == model)
                 .then(|| model.to_owned()),
-            ..kvrouter_core::hashing::HashNamespace::none()
+            cache_salt: cache_salt.filter(|s| !s.is_empty()).map(str::to_owned),
         }
     }
 

@@ -391,7 +391,7 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
     };
     let prompt = Prompt::Tokens {
         tokens: req.prompt_tokens.clone(),
-        namespace: c.namespace_of(&req.model),
+        namespace: c.namespace_of(&req.model, req.cache_salt.as_deref()),
     };
     let (n, rx, guard) = submit(&s, prompt, req.max_tokens, param).await?;
     let prefix = if kind == Kind::Chat {

@@ -10,6 +10,8 @@ use serde_json::{json, Value};
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct GenRequest {
     pub(crate) model: String,
+    /// vLLM's `cache_salt` (not empty): part of the namespace its blocks are hashed in.
+    pub(crate) cache_salt: Option<String>,
     pub(crate) prompt_tokens: Vec<u32>,
     pub(crate) max_tokens: u32,
     pub(crate) stream: bool,
@@ -58,6 +60,7 @@ pub(crate) fn parse_completion(
     let (max_tokens, flags) = sampling(Kind::Completion, body, default_max)?;
     Ok(GenRequest {
         model,
+        cache_salt: request::cache_salt(body).map(str::to_owned),
         prompt_tokens,
         max_tokens,
         stream: flags.stream,
@@ -93,6 +96,7 @@ pub(crate) fn parse_chat(
     let (max_tokens, flags) = sampling(Kind::Chat, body, default_max)?;
     Ok(GenRequest {
         model,
+        cache_salt: request::cache_salt(body).map(str::to_owned),
         prompt_tokens,
         max_tokens,
         stream: flags.stream,

@@ -67,7 +67,7 @@ async fn respond(s: AppState, body: Bytes) -> Result<Response, ApiError> {
     let stream = stream_flags(&value)?.stream;
     let prompt = kvrouter_engine::Prompt::Tokens {
         tokens,
-        namespace: c.namespace_of(&model),
+        namespace: c.namespace_of(&model, kvrouter_openai::request::cache_salt(&value)),
     };
     let (n, rx, guard) = submit(&s, prompt, max_tokens, "input").await?;
     let (rid, created) = (format!("resp_mock{n}"), s.created());

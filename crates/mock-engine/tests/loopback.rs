@@ -173,3 +173,55 @@ async fn a_request_that_cannot_fit_names_the_prompt_or_the_output_budget() {
         e.stop().await;
     }
 }
+
+/// The cached prompt tokens the engine at `http` reports for `body`.
+async fn cached(client: &reqwest::Client, http: std::net::SocketAddr, body: Value) -> u64 {
+    let r: Value = client
+        .post(format!("http://{http}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no cached_tokens in {r}"))
+}
+
+/// A request's `cache_salt` is part of the namespace its blocks are cached in, as in vLLM: a
+/// salted prompt hits only blocks cached under the same salt.
+#[tokio::test]
+async fn a_cache_salt_keeps_its_blocks_apart() {
+    let engines = start_on_loopback(&template(), 1).await.unwrap();
+    let http = engines[0].endpoints.http;
+    let client = reqwest::Client::new();
+    let words: Vec<String> = (0..300).map(|i| format!("w{i}")).collect();
+    let prompt = words.join(" ");
+    let with = |salt: Option<&str>| {
+        let mut b = json!({"model": "mock-model", "prompt": prompt, "max_tokens": 1});
+        if let Some(s) = salt {
+            b["cache_salt"] = json!(s);
+        }
+        b
+    };
+    assert_eq!(cached(&client, http, with(Some("t1"))).await, 0);
+    assert!(
+        cached(&client, http, with(Some("t1"))).await > 0,
+        "same salt"
+    );
+    assert_eq!(cached(&client, http, with(None)).await, 0, "no salt");
+    assert_eq!(
+        cached(&client, http, with(Some("t2"))).await,
+        0,
+        "other salt"
+    );
+    assert!(
+        cached(&client, http, with(None)).await > 0,
+        "unsalted again"
+    );
+    for e in engines {
+        e.stop().await;
+    }
+}
