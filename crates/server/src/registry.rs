@@ -83,15 +83,15 @@ async fn discover(state: &AppState, entry: &mut WorkerEntry) {
     }
 }
 
-/// A `url` is registered once: a second registration is a 409 naming it (trailing `/` aside).
+/// A `url` is registered once: a second registration is a 409 naming it (compared as URLs:
+/// [`same_worker_url`](crate::validate::same_worker_url)).
 fn check_new_url(
     workers: &std::collections::BTreeMap<WorkerId, WorkerRecord>,
     url: &str,
 ) -> Result<(), ServeError> {
-    let key = url.trim_end_matches('/');
     match workers
         .iter()
-        .find(|(_, r)| r.entry.url.trim_end_matches('/') == key)
+        .find(|(_, r)| crate::validate::same_worker_url(&r.entry.url, url))
     {
         Some((id, _)) => Err(ServeError::Exists {
             message: format!("{url} is already registered as worker {id}"),

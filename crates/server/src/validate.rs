@@ -20,6 +20,27 @@ pub const MAX_LABELS: usize = 64;
 /// The longest label key or value, in bytes.
 pub const MAX_LABEL_BYTES: usize = 256;
 
+/// Whether two worker URLs name the same worker: scheme and host compared without case, a
+/// default port and a trailing `/` aside (`HTTP://H:80/` is `http://h`); URLs that do not
+/// parse are compared as text, trailing `/` aside.
+pub(crate) fn same_worker_url(a: &str, b: &str) -> bool {
+    let key = |u: &str| {
+        reqwest::Url::parse(u).ok().map(|p| {
+            (
+                p.scheme().to_owned(),
+                p.host_str().map(str::to_owned),
+                p.port_or_known_default(),
+                p.path().trim_end_matches('/').to_owned(),
+                p.query().map(str::to_owned),
+            )
+        })
+    };
+    match (key(a), key(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a.trim_end_matches('/') == b.trim_end_matches('/'),
+    }
+}
+
 /// A field of a worker entry that is out of bounds or malformed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
@@ -159,6 +180,15 @@ impl WorkerEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn worker_urls_are_compared_as_urls() {
+        assert!(same_worker_url("HTTP://Host:80/", "http://host"));
+        assert!(same_worker_url("http://h:8000/v1/", "http://h:8000/v1"));
+        assert!(!same_worker_url("http://h:8000", "http://h:8001"));
+        assert!(!same_worker_url("http://h:8000", "https://h:8000"));
+        assert!(same_worker_url("not a url/", "not a url"));
+    }
 
     fn entry(url: &str) -> WorkerEntry {
         WorkerEntry {

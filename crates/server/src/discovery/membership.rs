@@ -3,6 +3,7 @@
 //! the driver started); the driver carries out the returned [`Action`]s.
 
 use super::{Registration, SourceEvent};
+use crate::validate::same_worker_url as same_url;
 use kvrouter_core::ids::WorkerId;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -240,11 +241,6 @@ impl Membership {
             })
             .min()
     }
-}
-
-/// Whether two registered URLs name the same worker (a trailing `/` aside).
-fn same_url(a: &str, b: &str) -> bool {
-    a.trim_end_matches('/') == b.trim_end_matches('/')
 }
 
 #[cfg(test)]
