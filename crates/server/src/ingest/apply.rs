@@ -5,7 +5,9 @@
 use super::Source;
 use crate::state::Inner;
 use kvrouter_core::event::KvEvent;
+use kvrouter_core::index::IndexError;
 use kvrouter_kv_wire::{decode_payload, to_kv_events, ConvertOptions};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Splits `event` into events of at most `slice_blocks` blocks each (at least 1), in order.
 /// A `Stored` part's parent is the last block of the part before it.
@@ -55,6 +57,17 @@ pub(crate) fn slices(event: KvEvent, slice_blocks: usize) -> Vec<KvEvent> {
     }
 }
 
+/// Events of a block size other than the router's are dropped (every one of them: the engine
+/// and `--kv-cache-block-size` disagree, so routing finds no cached prefix there). Counted in
+/// `kv_events_applied_total{status="block_size_mismatch"}`, and logged on the first and every
+/// 10,000th after, as the counter alone is easy to miss.
+fn warn_block_size(source: &Source, err: &IndexError) {
+    static SEEN: AtomicU64 = AtomicU64::new(0);
+    if SEEN.fetch_add(1, Ordering::Relaxed) % 10_000 == 0 {
+        tracing::warn!(worker = %source.worker, endpoint = %source.endpoint, "KV event dropped: {err}; the engine's block size and --kv-cache-block-size (or the worker's block_size) must agree");
+    }
+}
+
 /// Decodes `payload` (outside the core lock) and applies its events slice by slice. Returns
 /// false when the payload could not be decoded (counted as `malformed`).
 pub(crate) fn apply_payload(state: &Inner, source: &Source, payload: &[u8]) -> bool {
@@ -93,6 +106,9 @@ pub(crate) fn apply_payload(state: &Inner, source: &Source, payload: &[u8]) -> b
             if let Err(err) = result {
                 if status == "ok" {
                     status = err.status();
+                }
+                if matches!(err, IndexError::BlockSizeMismatch { .. }) {
+                    warn_block_size(source, &err);
                 }
             }
             std::thread::yield_now();

@@ -260,7 +260,7 @@ impl Stream<'_> {
                     self.broken = true;
                     self.seq.reset();
                     break_stream(self.state, self.source, "disconnected");
-                    tracing::warn!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "KV event stream broke (publisher disconnected); rank cleared, reconnecting");
+                    tracing::warn!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "KV event stream broke (the publisher disconnected, or sent a message over 4 x --kv-event-max-message-bytes, which ends the connection); rank cleared, reconnecting");
                 }
                 zmq::SocketEvent::HANDSHAKE_SUCCEEDED => {
                     self.connected = true;
