@@ -1,6 +1,7 @@
 //! End to end: `kvrouter serve --router-mode cost` with mock workers drives the same core policy
 //! as `kvrouter sim`: a prompt whose prefix a worker holds goes there, and the decision reports
-//! the cost mode with its expected seconds.
+//! the cost mode with its expected seconds. Also (default mode) a `cache_salt` namespaces the
+//! prefix a request can find.
 
 mod common;
 
@@ -133,19 +134,12 @@ async fn a_salted_prompt_finds_only_its_salted_prefix() {
     let mut salted = chat("what is a KV cache?");
     salted["cache_salt"] = json!("tenant-1");
     let (first, _, _) = send(&client, &base, &salted).await;
-    // Wait (bounded) for the worker's KV events to reach the index.
-    let mut cached = 0;
-    for _ in 0..200 {
-        cached = cached_blocks(&client, &base, first).await;
-        if cached >= 4 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(
-        cached >= 4,
-        "the index learned the salted prompt ({cached})"
-    );
+    // The worker's KV events reach the index (bounded wait).
+    let learned = common::poll(Duration::from_secs(5), || async {
+        cached_blocks(&client, &base, first).await >= 4
+    })
+    .await;
+    assert!(learned.is_some(), "the index learned the salted prompt");
     let (again, decision, body) = send(&client, &base, &salted).await;
     assert_eq!(again, first, "{decision}");
     assert!(best_overlap(&decision) >= 4, "{decision}");

@@ -20,25 +20,29 @@ pub const MAX_LABELS: usize = 64;
 /// The longest label key or value, in bytes.
 pub const MAX_LABEL_BYTES: usize = 256;
 
-/// Whether two worker URLs name the same worker: scheme and host compared without case, a
-/// default port and a trailing `/` aside (`HTTP://H:80/` is `http://h`); URLs that do not
-/// parse are compared as text, trailing `/` aside.
+/// Whether two worker URLs name the same worker ([`worker_url_key`]).
 pub(crate) fn same_worker_url(a: &str, b: &str) -> bool {
-    let key = |u: &str| {
-        reqwest::Url::parse(u).ok().map(|p| {
-            (
-                p.scheme().to_owned(),
-                p.host_str().map(str::to_owned),
-                p.port_or_known_default(),
-                p.path().trim_end_matches('/').to_owned(),
-                p.query().map(str::to_owned),
-            )
-        })
+    worker_url_key(a) == worker_url_key(b)
+}
+
+/// A worker URL as the key it is compared by: scheme and host without case, the port spelled
+/// out (a default one too), the path without a trailing `/`, the query; user info and a
+/// fragment do not count (`HTTP://H:80/` is `http://h:80`). A URL that does not parse is its
+/// text without a trailing `/`.
+pub(crate) fn worker_url_key(url: &str) -> String {
+    let Ok(u) = reqwest::Url::parse(url) else {
+        return url.trim_end_matches('/').to_owned();
     };
-    match (key(a), key(b)) {
-        (Some(x), Some(y)) => x == y,
-        _ => a.trim_end_matches('/') == b.trim_end_matches('/'),
-    }
+    let port = u.port_or_known_default().map(|p| format!(":{p}"));
+    let query = u.query().map(|q| format!("?{q}"));
+    format!(
+        "{}://{}{}{}{}",
+        u.scheme(),
+        u.host_str().unwrap_or_default(),
+        port.unwrap_or_default(),
+        u.path().trim_end_matches('/'),
+        query.unwrap_or_default()
+    )
 }
 
 /// A field of a worker entry that is out of bounds or malformed.
@@ -188,6 +192,8 @@ mod tests {
         assert!(!same_worker_url("http://h:8000", "http://h:8001"));
         assert!(!same_worker_url("http://h:8000", "https://h:8000"));
         assert!(same_worker_url("not a url/", "not a url"));
+        assert!(same_worker_url("http://user@[::1]:80/#x", "http://[::1]"));
+        assert_eq!(worker_url_key("HTTPS://Host/V1/"), "https://host:443/V1");
     }
 
     fn entry(url: &str) -> WorkerEntry {

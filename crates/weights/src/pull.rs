@@ -127,21 +127,18 @@ async fn pull_into(
     // leaves nothing behind). A local copy on the way is cheaper to move forward than a full
     // download.
     let start = match (
-        have_version,
+        have.zip(have_version),
         fulls.iter().copied().filter(|v| *v <= target).max(),
     ) {
-        (Some(h), _) if h <= target => Start::Local(h),
+        (Some((dir, h)), _) if h <= target => Start::Local(dir, h),
         (_, Some(f)) => Start::Full(f),
-        (_, None) => {
-            let listed: Vec<String> = fulls.iter().map(|v| format!("v{v}")).collect();
+        (local, None) => {
+            let oldest = fulls
+                .first()
+                .map_or("it has none".to_owned(), |v| format!("the oldest is v{v}"));
+            let have = local.map_or(String::new(), |(_, h)| format!("; --have is v{h}, past it"));
             return Err(WeightsError::Missing(format!(
-                "no full checkpoint at or below v{target} in the store (its full checkpoints: \
-                 {})",
-                if listed.is_empty() {
-                    "none".to_owned()
-                } else {
-                    listed.join(", ")
-                }
+                "no full checkpoint at or below v{target} in the store ({oldest}){have}"
             )));
         }
     };
@@ -149,7 +146,7 @@ async fn pull_into(
         .await
         .map_err(|e| WeightsError::io(work, e))?;
     let (mut current, mut at, downloaded_full) = match start {
-        Start::Local(h) => (have.expect("have").to_path_buf(), h, false),
+        Start::Local(dir, h) => (dir.to_path_buf(), h, false),
         Start::Full(f) => (download_full(store, f, work, threads).await?, f, true),
     };
     let started_from = at;
@@ -206,8 +203,8 @@ async fn pull_into(
 
 /// Where a pull's chain starts: the local copy given (`--have`, its version) or a full
 /// checkpoint downloaded from the store.
-enum Start {
-    Local(u64),
+enum Start<'a> {
+    Local(&'a Path, u64),
     Full(u64),
 }
 

@@ -154,6 +154,6 @@ async fn a_version_below_every_full_checkpoint_leaves_nothing() {
         .await
         .unwrap_err();
     assert!(matches!(err, WeightsError::Missing(_)), "{err}");
-    assert!(err.to_string().contains("full checkpoints: v1"), "{err}");
+    assert!(err.to_string().contains("the oldest is v1"), "{err}");
     assert!(!work.exists(), "left {}", work.display());
 }

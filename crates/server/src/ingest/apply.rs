@@ -7,7 +7,6 @@ use crate::state::Inner;
 use kvrouter_core::event::KvEvent;
 use kvrouter_core::index::IndexError;
 use kvrouter_kv_wire::{decode_payload, to_kv_events, ConvertOptions};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Splits `event` into events of at most `slice_blocks` blocks each (at least 1), in order.
 /// A `Stored` part's parent is the last block of the part before it.
@@ -57,27 +56,18 @@ pub(crate) fn slices(event: KvEvent, slice_blocks: usize) -> Vec<KvEvent> {
     }
 }
 
-/// Events of a block size other than the router's are dropped (every one of them: the engine
-/// and `--kv-cache-block-size` disagree, so routing finds no cached prefix there). Counted in
-/// `kv_events_applied_total{status="block_size_mismatch"}`, and logged on the first and every
-/// 10,000th after, as the counter alone is easy to miss.
-fn warn_block_size(source: &Source, err: &IndexError) {
-    static SEEN: AtomicU64 = AtomicU64::new(0);
-    if SEEN.fetch_add(1, Ordering::Relaxed) % 10_000 == 0 {
-        tracing::warn!(worker = %source.worker, endpoint = %source.endpoint, "KV event dropped: {err}; the engine's block size and --kv-cache-block-size (or the worker's block_size) must agree");
-    }
-}
-
 /// Decodes `payload` (outside the core lock) and applies its events slice by slice. Returns
-/// false when the payload could not be decoded (counted as `malformed`).
-pub(crate) fn apply_payload(state: &Inner, source: &Source, payload: &[u8]) -> bool {
+/// the first block-size error among them, if any (the caller logs it; every error is counted
+/// in `kv_events_applied_total{status}`). An undecodable payload is counted as `malformed`.
+pub(crate) fn apply_payload(state: &Inner, source: &Source, payload: &[u8]) -> Option<IndexError> {
     let batch = match decode_payload(payload) {
         Ok(b) => b,
         Err(_) => {
             super::drop_message(state, "malformed");
-            return false;
+            return None;
         }
     };
+    let mut block_size = None;
     let opts = ConvertOptions {
         worker: source.worker,
         default_dp_rank: source.dp_rank,
@@ -108,7 +98,7 @@ pub(crate) fn apply_payload(state: &Inner, source: &Source, payload: &[u8]) -> b
                     status = err.status();
                 }
                 if matches!(err, IndexError::BlockSizeMismatch { .. }) {
-                    warn_block_size(source, &err);
+                    block_size.get_or_insert(err);
                 }
             }
             std::thread::yield_now();
@@ -118,7 +108,7 @@ pub(crate) fn apply_payload(state: &Inner, source: &Source, payload: &[u8]) -> b
             .kv_events
             .inc(&[("status", status), ("event_type", kind)]);
     }
-    true
+    block_size
 }
 
 #[cfg(test)]

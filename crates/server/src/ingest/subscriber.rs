@@ -106,6 +106,7 @@ fn run(state: &Inner, source: &Source, stop: &AtomicBool) -> Result<(), Subscrib
         tcp_up: false,
         broken: false,
         last_event: Instant::now(),
+        block_size_drops: 0,
     };
     // Learn what the engine already holds.
     stream.replay_from(0, u64::MAX);
@@ -226,6 +227,8 @@ struct Stream<'a> {
     broken: bool,
     /// When the monitor last said anything.
     last_event: Instant,
+    /// Messages with events dropped for their block size (see [`Stream::applied`]).
+    block_size_drops: u64,
 }
 
 impl Stream<'_> {
@@ -275,6 +278,18 @@ impl Stream<'_> {
         Ok(())
     }
 
+    /// A message was applied; `dropped`: its events of another block size were refused. Those
+    /// are only counted (`kv_events_applied_total{status="block_size_mismatch"}`) and routing
+    /// silently finds no prefix on this worker, so the first such message of the stream, and
+    /// every 10,000th after, is logged too.
+    fn applied(&mut self, dropped: Option<kvrouter_core::index::IndexError>) {
+        let Some(err) = dropped else { return };
+        if self.block_size_drops % 10_000 == 0 {
+            tracing::warn!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "KV events dropped: {err}; the engine's block size and --kv-cache-block-size (or the worker's block_size) must agree");
+        }
+        self.block_size_drops += 1;
+    }
+
     /// Connects again when libzmq gave up (no socket event for [`WATCHDOG`] while not
     /// connected: after a protocol error it does not retry by itself).
     fn watchdog(&mut self, sub: &zmq::Socket) -> Result<(), zmq::Error> {
@@ -305,16 +320,18 @@ impl Stream<'_> {
     fn replay_from(&mut self, start: u64, until: u64) -> Option<u64> {
         let endpoint = self.source.replay.as_deref()?;
         let (state, source) = (self.state, self.source);
+        let mut dropped = Vec::new();
         let result = replay(
             &state.zmq,
             &state.config.kv_ingest,
             endpoint,
             start..until,
             self.stop,
-            |_, payload| {
-                apply_payload(state, source, payload);
-            },
+            |_, payload| dropped.extend(apply_payload(state, source, payload)),
         );
+        for err in dropped {
+            self.applied(Some(err));
+        }
         match result {
             Ok(last) => {
                 if let Some(l) = last {
@@ -371,7 +388,8 @@ impl Stream<'_> {
             }
             Verdict::Apply | Verdict::Backwards => {}
         }
-        apply_payload(self.state, self.source, payload);
+        let dropped = apply_payload(self.state, self.source, payload);
+        self.applied(dropped);
         self.seq.applied_live(seq);
     }
 }

@@ -117,7 +117,7 @@ pub(super) async fn join(
         if let Some(w) = local.get(&v.url) {
             events.push(RemoteEvent::Session {
                 session,
-                rank: WorkerRank::new(*w, v.dp_rank),
+                rank: WorkerRank::new(w, v.dp_rank),
                 ttl_ms: v.ttl_ms,
             });
         }
@@ -128,13 +128,10 @@ pub(super) async fn join(
         };
         let Some(w) = local.get(&v.url) else { continue };
         if let Some(version) = v.version {
-            events.push(RemoteEvent::Version {
-                worker: *w,
-                version,
-            });
+            events.push(RemoteEvent::Version { worker: w, version });
         }
         if let Some(paused) = v.paused {
-            events.push(RemoteEvent::Paused { worker: *w, paused });
+            events.push(RemoteEvent::Paused { worker: w, paused });
         }
     }
     let n = events.len();

@@ -70,14 +70,14 @@ pub(super) fn apply(
     let local = super::link::local_ids(inner);
     for v in changes {
         let Some(w) = local.get(&v.url) else { continue };
-        if let Some(t) = inner.health.record_peer(*w, peer, v.ejected) {
-            state.apply_peer_health(peer, vec![(*w, t)]);
+        if let Some(t) = inner.health.record_peer(w, peer, v.ejected) {
+            state.apply_peer_health(peer, vec![(w, t)]);
         }
     }
     if let Some(list) = list {
         let listed: Vec<(WorkerId, Reason)> = list
             .into_iter()
-            .filter_map(|v| Some((*local.get(&v.url)?, v.ejected?)))
+            .filter_map(|v| Some((local.get(&v.url)?, v.ejected?)))
             .collect();
         let changed = inner.health.peer_list(peer, &listed);
         state.apply_peer_health(peer, changed);

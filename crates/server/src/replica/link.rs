@@ -7,6 +7,7 @@ use super::wire::{self, Message, Names};
 use crate::config::ReplicaSyncConfig;
 use crate::replica_state::Link;
 use crate::state::{AppState, Inner};
+use crate::validate::worker_url_key;
 use async_nats::jetstream;
 use futures::StreamExt;
 use kvrouter_core::ids::{ReplicaId, WorkerId};
@@ -86,15 +87,28 @@ pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
     publish(state, link).await;
 }
 
+/// This replica's workers by URL, found by a URL another replica spelled
+/// ([`worker_url_key`]: `http://h:8000/` there is `HTTP://h:8000` here).
+pub(super) struct LocalWorkers(HashMap<String, WorkerId>);
+
+impl LocalWorkers {
+    /// The worker registered here at `url`.
+    pub(super) fn get(&self, url: &str) -> Option<WorkerId> {
+        self.0.get(&worker_url_key(url)).copied()
+    }
+}
+
 /// This replica's workers by URL.
-pub(super) fn local_ids(inner: &Inner) -> HashMap<String, WorkerId> {
-    inner
-        .workers
-        .lock()
-        .expect("workers lock")
-        .iter()
-        .map(|(id, r)| (r.entry.url.clone(), *id))
-        .collect()
+pub(super) fn local_ids(inner: &Inner) -> LocalWorkers {
+    LocalWorkers(
+        inner
+            .workers
+            .lock()
+            .expect("workers lock")
+            .iter()
+            .map(|(id, r)| (worker_url_key(&r.entry.url), *id))
+            .collect(),
+    )
 }
 
 /// This replica's workers: id → URL (the reverse of [`local_ids`]).
@@ -172,11 +186,7 @@ async fn receive(
                 continue;
             }
             let from = message.replica;
-            let map = |w: WorkerId| {
-                peers
-                    .worker_url(from, w.0)
-                    .and_then(|url| local.get(url).copied())
-            };
+            let map = |w: WorkerId| peers.worker_url(from, w.0).and_then(|url| local.get(url));
             message
                 .events
                 .into_iter()
