@@ -1,6 +1,7 @@
 //! Discovery flags: `kvrouter serve --discovery ...` (where the router finds workers) and
 //! `kvrouter mock-engine --register ...` (an engine registering itself).
 
+use crate::flag_values::{non_negative, positive};
 use crate::headings as H;
 use anyhow::{bail, Context};
 use clap::Args;
@@ -49,11 +50,6 @@ pub(crate) struct DiscoveryArgs {
     discovery_event_backlog: usize,
 }
 
-fn secs(v: f64, flag: &str) -> anyhow::Result<Duration> {
-    Duration::try_from_secs_f64(v)
-        .map_err(|_| anyhow::anyhow!("{flag} must be a number of seconds ≥ 0, got {v}"))
-}
-
 impl DiscoveryArgs {
     /// Whether a discovery source is set.
     pub(crate) fn enabled(&self) -> bool {
@@ -73,13 +69,10 @@ impl DiscoveryArgs {
             self.port_name.as_deref(),
         )
         .map_err(anyhow::Error::msg)?;
-        let backoff_max = secs(
+        let backoff_max = positive(
             self.discovery_backoff_max_secs,
             "--discovery-backoff-max-secs",
         )?;
-        if backoff_max.is_zero() {
-            bail!("--discovery-backoff-max-secs must be above 0");
-        }
         if self.discovery_call_timeout_ms == 0 {
             bail!("--discovery-call-timeout-ms must be at least 1");
         }
@@ -88,7 +81,7 @@ impl DiscoveryArgs {
         }
         Ok(Some(DiscoveryConfig {
             source,
-            drain_grace: secs(
+            drain_grace: non_negative(
                 self.discovery_drain_grace_secs,
                 "--discovery-drain-grace-secs",
             )?,

@@ -18,10 +18,15 @@ pub(crate) fn secs(v: Option<f64>, flag: &str) -> anyhow::Result<Option<Duration
 
 /// A number of seconds > 0.
 pub(crate) fn positive(v: f64, flag: &str) -> anyhow::Result<Duration> {
-    match secs(Some(v), flag)? {
-        Some(d) if !d.is_zero() => Ok(d),
+    match non_negative(v, flag)? {
+        d if !d.is_zero() => Ok(d),
         _ => bail!("{flag} must be a number of seconds > 0, got {v}"),
     }
+}
+
+/// A number of seconds ≥ 0.
+pub(crate) fn non_negative(v: f64, flag: &str) -> anyhow::Result<Duration> {
+    Ok(secs(Some(v), flag)?.unwrap_or_default())
 }
 
 /// `v`, unless it is above `max`.

@@ -2,6 +2,7 @@
 //! router across clusters), and the `--cluster-*` settings of the summary a local router
 //! publishes at `GET /admin/cluster-summary`.
 
+use crate::flag_values::positive;
 use crate::headings as H;
 use anyhow::{bail, Context};
 use clap::Args;
@@ -89,13 +90,6 @@ fn millis(v: u64, flag: &str) -> anyhow::Result<Duration> {
     Ok(Duration::from_millis(v))
 }
 
-fn secs(v: f64, flag: &str) -> anyhow::Result<Duration> {
-    match Duration::try_from_secs_f64(v) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        _ => bail!("{flag} must be a number of seconds > 0, got {v}"),
-    }
-}
-
 impl GlobalArgs {
     /// The global router's settings (`--global`), or `None` without it. `--cluster` without
     /// `--global` is an error (it would be ignored).
@@ -123,13 +117,13 @@ impl GlobalArgs {
             clusters,
             router: GlobalConfig {
                 policy,
-                max_summary_age: secs(
+                max_summary_age: positive(
                     self.global_max_summary_age_secs,
                     "--global-max-summary-age-secs",
                 )?,
                 session_move_ratio: ratio,
-                session_ttl: secs(self.global_session_ttl_secs, "--global-session-ttl-secs")?,
-                load_window: secs(self.global_load_window_secs, "--global-load-window-secs")?,
+                session_ttl: positive(self.global_session_ttl_secs, "--global-session-ttl-secs")?,
+                load_window: positive(self.global_load_window_secs, "--global-load-window-secs")?,
             },
             refresh: millis(self.global_refresh_ms, "--global-refresh-ms")?,
             summary_timeout: millis(

@@ -1,11 +1,11 @@
 //! The planner's flags, shared by `kvrouter serve --planner-advise` and
 //! `kvrouter sim --planner` (the same control law, `kvrouter_core::planner`).
 
+use crate::flag_values::{non_negative, positive};
 use crate::headings as H;
 use anyhow::bail;
 use clap::Args;
 use kvrouter_core::planner::PlannerConfig;
-use std::time::Duration;
 
 /// Bounds, targets and windows of the planner's control law.
 #[derive(Args, Debug, Clone)]
@@ -55,13 +55,6 @@ pub(crate) struct PlannerArgs {
     pub(crate) planner_tick_s: f64,
 }
 
-fn secs(v: f64, flag: &str) -> anyhow::Result<Duration> {
-    if !(v.is_finite() && v > 0.0) {
-        bail!("{flag} must be a positive number of seconds");
-    }
-    Ok(Duration::from_secs_f64(v))
-}
-
 impl PlannerArgs {
     /// The control law's configuration; errors name the flag.
     pub(crate) fn config(&self) -> anyhow::Result<PlannerConfig> {
@@ -85,10 +78,8 @@ impl PlannerArgs {
                 bail!("{flag} must be a positive number of ms");
             }
         }
-        if !(self.planner_startup_s.is_finite() && self.planner_startup_s >= 0.0) {
-            bail!("--planner-startup-s must be a non-negative number of seconds");
-        }
-        secs(self.planner_tick_s, "--planner-tick-s")?;
+        let startup = non_negative(self.planner_startup_s, "--planner-startup-s")?;
+        positive(self.planner_tick_s, "--planner-tick-s")?;
         if self
             .planner_rl_rollout_share
             .is_some_and(|r| !(r > 0.0 && r <= 1.0))
@@ -102,10 +93,10 @@ impl PlannerArgs {
             kv_usage_target: self.planner_kv_usage,
             ttft_p99_target_ms: self.planner_ttft_p99_ms,
             itl_target_ms: self.planner_itl_ms,
-            up_window: secs(self.planner_up_window_s, "--planner-up-window-s")?,
-            down_window: secs(self.planner_down_window_s, "--planner-down-window-s")?,
-            horizon: secs(self.planner_horizon_s, "--planner-horizon-s")?,
-            startup: Duration::from_secs_f64(self.planner_startup_s),
+            up_window: positive(self.planner_up_window_s, "--planner-up-window-s")?,
+            down_window: positive(self.planner_down_window_s, "--planner-down-window-s")?,
+            horizon: positive(self.planner_horizon_s, "--planner-horizon-s")?,
+            startup,
             rl_rollout_share: self.planner_rl_rollout_share,
             ..PlannerConfig::default()
         };

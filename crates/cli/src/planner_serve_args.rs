@@ -34,7 +34,10 @@ impl PlannerServeArgs {
         Ok(match self.planner_advise || self.planner_act.enabled() {
             true => Some(PlannerAdvice {
                 law: self.planner.config()?,
-                tick: std::time::Duration::from_secs_f64(self.planner.planner_tick_s),
+                tick: crate::flag_values::positive(
+                    self.planner.planner_tick_s,
+                    "--planner-tick-s",
+                )?,
             }),
             false => None,
         })

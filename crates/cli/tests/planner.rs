@@ -197,6 +197,26 @@ async fn the_planner_endpoint_needs_the_token_and_the_flag_and_bad_bounds_name_t
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--planner-max-workers"), "{err}");
+    // Seconds past what a duration holds are refused naming the flag (they panicked).
+    for flag in [
+        "--planner-horizon-s",
+        "--planner-startup-s",
+        "--planner-tick-s",
+    ] {
+        let out = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+                .args(["serve", "--port", "0", "--mock-workers", "1"])
+                .args(["--planner-advise", flag, "1e300"])
+                .output(),
+        )
+        .await
+        .expect("exits in time")
+        .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{flag}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(flag) && !err.contains("panicked"), "{err}");
+    }
 }
 
 /// `kvrouter sim --planner`: the planner run and the fixed fleet of its peak, both in
