@@ -47,6 +47,16 @@ impl Time {
     }
 }
 
+/// A duration of `ms` (fractional) milliseconds, as the simulator's and workloads' float
+/// parameters give them: negative or NaN is zero, past what a [`Duration`] holds is
+/// [`Duration::MAX`] (never a panic).
+pub fn millis_f64(ms: f64) -> Duration {
+    if ms.is_nan() || ms <= 0.0 {
+        return Duration::ZERO;
+    }
+    Duration::try_from_secs_f64(ms / 1e3).unwrap_or(Duration::MAX)
+}
+
 impl Add<Duration> for Time {
     type Output = Time;
     fn add(self, rhs: Duration) -> Time {
@@ -64,6 +74,15 @@ impl Sub<Duration> for Time {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn float_milliseconds_saturate_instead_of_panicking() {
+        assert_eq!(millis_f64(1.5), Duration::from_micros(1500));
+        assert_eq!(millis_f64(-3.0), Duration::ZERO);
+        assert_eq!(millis_f64(f64::NAN), Duration::ZERO);
+        assert_eq!(millis_f64(f64::INFINITY), Duration::MAX);
+        assert_eq!(millis_f64(1e300), Duration::MAX);
+    }
 
     #[test]
     fn arithmetic_saturates_and_converts() {

@@ -11,10 +11,9 @@ use crate::summary::{Record, Summary};
 use kvrouter_core::event::KvEvent;
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::{RemoteEvent, Router};
-use kvrouter_core::time::Time;
+use kvrouter_core::time::{millis_f64 as ms, Time};
 use kvrouter_workload::replay::Replay;
 use kvrouter_workload::Workload;
-use std::time::Duration;
 
 mod consolidate;
 mod engines;
@@ -103,10 +102,6 @@ pub struct Simulation<'w> {
     tried: Vec<Vec<WorkerId>>,
     /// The planner in the loop (`--planner`).
     fleet: Option<fleet::Fleet>,
-}
-
-fn ms(v: f64) -> Duration {
-    Duration::from_secs_f64(v.max(0.0) / 1e3)
 }
 
 impl<'w> Simulation<'w> {

@@ -4,13 +4,10 @@
 //! Sans-IO: callers say when a request finished and get back what starts, and when.
 
 use crate::Workload;
+use kvrouter_core::time::millis_f64 as ms;
 use kvrouter_core::time::Time;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
-
-fn ms(v: f64) -> Duration {
-    Duration::from_secs_f64(v.max(0.0) / 1e3)
-}
 
 /// What a finished request set off.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -6,6 +6,7 @@ use crate::sim::SimError;
 use kvrouter_core::global::{ClusterSummary, SummaryOptions};
 use kvrouter_core::ids::{SequenceHash, WorkerId, WorkerRank};
 use kvrouter_core::router::{Router, WorkerSpec};
+use kvrouter_core::time::millis_f64 as ms;
 use kvrouter_core::time::Time;
 use kvrouter_engine::timing::{StepShape, TimingModel};
 use kvrouter_engine::{Engine, StepOutcome};
@@ -31,10 +32,6 @@ pub(super) struct Dc {
     /// Prompts routed here since the last summary: the next summary's sketch is checked
     /// against the index on them (the error the sketch alone causes).
     pub(super) recent: Vec<Vec<SequenceHash>>,
-}
-
-fn ms(v: f64) -> Duration {
-    Duration::from_secs_f64(v.max(0.0) / 1e3)
 }
 
 impl Dc {

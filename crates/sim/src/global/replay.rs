@@ -3,14 +3,11 @@
 //! turn after its previous one plus the tool delay. Workloads without a barrier start their
 //! first turns at their arrival times (one pseudo-step 0).
 
+use kvrouter_core::time::millis_f64 as ms;
 use kvrouter_core::time::Time;
 use kvrouter_workload::Workload;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
-
-fn ms(v: f64) -> Duration {
-    Duration::from_secs_f64(v.max(0.0) / 1e3)
-}
 
 #[derive(Default)]
 struct StepState {

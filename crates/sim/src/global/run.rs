@@ -11,6 +11,7 @@ use crate::sim::SimError;
 use kvrouter_core::global::{ClusterId, ClusterSpec, ClusterSummary, GlobalRequest, GlobalRouter};
 use kvrouter_core::ids::RequestId;
 use kvrouter_core::router::{Admission, Decision, Effects, RouteRequest};
+use kvrouter_core::time::millis_f64 as ms;
 use kvrouter_core::time::Time;
 use kvrouter_engine::{EngineRequest, Prompt};
 use kvrouter_workload::Workload;
@@ -46,10 +47,6 @@ pub struct GlobalSimulation<'w> {
     sketch_checks: Vec<SketchCheck>,
     summary_bytes: Vec<usize>,
     finished: usize,
-}
-
-fn ms(v: f64) -> Duration {
-    Duration::from_secs_f64(v.max(0.0) / 1e3)
 }
 
 impl<'w> GlobalSimulation<'w> {
