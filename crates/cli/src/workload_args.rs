@@ -71,6 +71,11 @@ fn params<T: serde::de::DeserializeOwned + serde::Serialize + Default>(
     serde_json::from_value(value).context("--workload-args")
 }
 
+/// A generator's parameter check, as a `--workload-args` error naming the field.
+fn checked(r: Result<(), String>) -> anyhow::Result<()> {
+    r.map_err(|e| anyhow::anyhow!("--workload-args: {e}"))
+}
+
 /// Loads a trace or generates a workload (shared by `sim` and `bench`).
 pub(crate) fn load_workload(
     trace: Option<&std::path::Path>,
@@ -88,18 +93,26 @@ pub(crate) fn load_workload(
             };
             Ok(load_trace(path, opts).map_err(|e| anyhow::anyhow!("--trace {e}"))?)
         }
-        (None, Some("grpo")) => Ok(generators::grpo(&params::<GrpoParams>(workload_args)?)),
-        (None, Some("agentic")) => Ok(generators::agentic(&params::<AgenticParams>(
-            workload_args,
-        )?)),
-        (None, Some("seed001")) => Ok(generators::seed001(&params::<Seed001Params>(
-            workload_args,
-        )?)),
-        (None, Some("seed002")) => Ok(kvrouter_workload::seed002::seed002(&params::<
-            kvrouter_workload::seed002::Seed002Params,
-        >(
-            workload_args
-        )?)),
+        (None, Some("grpo")) => {
+            let p: GrpoParams = params(workload_args)?;
+            checked(p.validate())?;
+            Ok(generators::grpo(&p))
+        }
+        (None, Some("agentic")) => {
+            let p: AgenticParams = params(workload_args)?;
+            checked(p.validate())?;
+            Ok(generators::agentic(&p))
+        }
+        (None, Some("seed001")) => {
+            let p: Seed001Params = params(workload_args)?;
+            checked(p.validate())?;
+            Ok(generators::seed001(&p))
+        }
+        (None, Some("seed002")) => {
+            let p: kvrouter_workload::seed002::Seed002Params = params(workload_args)?;
+            checked(p.validate())?;
+            Ok(kvrouter_workload::seed002::seed002(&p))
+        }
         (None, Some(other)) => {
             bail!("--workload {other:?}: expected grpo, agentic, seed001 or seed002")
         }

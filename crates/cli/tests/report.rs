@@ -224,6 +224,38 @@ fn bad_traces_and_flags_are_named() {
             "{flag} {value}: {err}"
         );
     }
+    // Generator parameters out of range (a pause that panicked, a group of none, a workload
+    // too large to hold) are refused naming the field.
+    for (workload, args, field) in [
+        ("grpo", "sync_pause_s=1e300", "sync_pause_s"),
+        ("grpo", "group_size=0", "group_size"),
+        (
+            "grpo",
+            "prompts=4000000000,steps=10",
+            "prompts × group_size × steps",
+        ),
+        ("agentic", "output_sigma=-1", "output_sigma"),
+        ("seed001", "rate_per_s=0", "rate_per_s"),
+        ("seed002", "tasks=0", "tasks"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args([
+                "sim",
+                "--quiet",
+                "--workload",
+                workload,
+                "--workload-args",
+                args,
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{workload} {args} accepted");
+        assert!(
+            err.contains("--workload-args") && err.contains(field) && !err.contains("panicked"),
+            "{workload} {args}: {err}"
+        );
+    }
     // A trace time that overflows the clock names its file and line.
     let dir = std::env::temp_dir().join(format!("kvrouter-bad-trace-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -15,7 +15,9 @@
 //! - [`replay`]: when each request starts (arrival times, turns, RL steps, closed loop).
 //! - [`seed002`]: seed 002's global-routing scenario (RL steps of agentic rollouts).
 //! - [`dist`]: the seeded log-normal and exponential draws the generators use.
+//! - [`bounds`]: the ranges of the generators' parameters, checked before generating.
 
+pub mod bounds;
 pub mod ceiling;
 pub mod dist;
 pub mod generators;
