@@ -137,10 +137,11 @@ fn decode_event(value: &Value) -> Result<WireEvent, WireError> {
                 Fields::Array(_) => None,
             }
             .or_else(|| {
+                // The first string past the adapter's name (skipped once: a salt may equal it).
                 extra_key_strings.first().and_then(|keys| {
-                    keys.iter()
-                        .find(|k| Some(*k) != lora_name.as_ref())
-                        .cloned()
+                    let skip =
+                        usize::from(lora_name.is_some() && keys.first() == lora_name.as_ref());
+                    keys.get(skip).cloned()
                 })
             });
             Ok(WireEvent::BlockStored {
@@ -232,6 +233,57 @@ fn extra_keys(value: Option<&Value>) -> Vec<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_salt_survives_the_wire_even_when_it_equals_the_adapter_name() {
+        use crate::{encode_payload, from_kv_events, to_kv_events, ConvertOptions};
+        use kvrouter_core::event::{BlockContent, KvEvent, Medium, StoredBlock};
+        use kvrouter_core::hashing::HashNamespace;
+        use kvrouter_core::ids::{EngineHash, WorkerId};
+        let ns = |lora: Option<&str>, salt: Option<&str>| HashNamespace {
+            lora_name: lora.map(str::to_owned),
+            cache_salt: salt.map(str::to_owned),
+        };
+        for namespace in [
+            ns(Some("a"), Some("a")),
+            ns(Some("a"), Some("s")),
+            ns(None, Some("s")),
+            ns(Some("a"), None),
+            ns(None, None),
+        ] {
+            let event = KvEvent::Stored {
+                worker: WorkerId(0),
+                dp_rank: 0,
+                parent: None,
+                blocks: vec![StoredBlock {
+                    engine_hash: EngineHash(1),
+                    content: BlockContent::Tokens(vec![1, 2]),
+                }],
+                block_size: 2,
+                medium: Medium::Gpu,
+                namespace: namespace.clone(),
+            };
+            let batch = from_kv_events(0.0, 0, std::slice::from_ref(&event)).unwrap();
+            let mut back = decode_payload(&encode_payload(&batch)).unwrap();
+            // A wire event that names the salt but no extra keys encodes them itself.
+            if let WireEvent::BlockStored {
+                extra_key_strings, ..
+            } = &mut back.events[0]
+            {
+                extra_key_strings.clear();
+            }
+            let back = decode_payload(&encode_payload(&back)).unwrap();
+            let opts = ConvertOptions {
+                worker: WorkerId(0),
+                default_dp_rank: 0,
+            };
+            let got: Vec<KvEvent> = to_kv_events(&back, opts)
+                .into_iter()
+                .map(|e| e.unwrap().unwrap())
+                .collect();
+            assert_eq!(got, vec![event], "{namespace:?}");
+        }
+    }
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {

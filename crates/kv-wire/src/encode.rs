@@ -78,7 +78,9 @@ fn event(e: &WireEvent) -> Value {
                 if keys.is_empty() {
                     keys.push(lora_name.iter().cloned().collect());
                 }
-                if !keys[0].contains(salt) {
+                // Present already past the adapter's name (which a salt may equal)?
+                let adapter = usize::from(lora_name.as_ref() == Some(salt));
+                if keys[0].iter().filter(|k| *k == salt).count() <= adapter {
                     keys[0].push(salt.clone());
                 }
             }
