@@ -71,9 +71,16 @@ fn params<T: serde::de::DeserializeOwned + serde::Serialize + Default>(
     serde_json::from_value(value).context("--workload-args")
 }
 
-/// A generator's parameter check, as a `--workload-args` error naming the field.
-fn checked(r: Result<(), String>) -> anyhow::Result<()> {
-    r.map_err(|e| anyhow::anyhow!("--workload-args: {e}"))
+/// A generator's workload from `--workload-args`: parsed, range-checked (an error naming the
+/// field), then generated.
+fn generated<P: serde::de::DeserializeOwned + serde::Serialize + Default>(
+    args: Option<&str>,
+    validate: fn(&P) -> Result<(), String>,
+    generate: fn(&P) -> Workload,
+) -> anyhow::Result<Workload> {
+    let p: P = params(args)?;
+    validate(&p).map_err(|e| anyhow::anyhow!("--workload-args: {e}"))?;
+    Ok(generate(&p))
 }
 
 /// Loads a trace or generates a workload (shared by `sim` and `bench`).
@@ -93,26 +100,18 @@ pub(crate) fn load_workload(
             };
             Ok(load_trace(path, opts).map_err(|e| anyhow::anyhow!("--trace {e}"))?)
         }
-        (None, Some("grpo")) => {
-            let p: GrpoParams = params(workload_args)?;
-            checked(p.validate())?;
-            Ok(generators::grpo(&p))
-        }
+        (None, Some("grpo")) => generated(workload_args, GrpoParams::validate, generators::grpo),
         (None, Some("agentic")) => {
-            let p: AgenticParams = params(workload_args)?;
-            checked(p.validate())?;
-            Ok(generators::agentic(&p))
+            generated(workload_args, AgenticParams::validate, generators::agentic)
         }
         (None, Some("seed001")) => {
-            let p: Seed001Params = params(workload_args)?;
-            checked(p.validate())?;
-            Ok(generators::seed001(&p))
+            generated(workload_args, Seed001Params::validate, generators::seed001)
         }
-        (None, Some("seed002")) => {
-            let p: kvrouter_workload::seed002::Seed002Params = params(workload_args)?;
-            checked(p.validate())?;
-            Ok(kvrouter_workload::seed002::seed002(&p))
-        }
+        (None, Some("seed002")) => generated(
+            workload_args,
+            kvrouter_workload::seed002::Seed002Params::validate,
+            kvrouter_workload::seed002::seed002,
+        ),
         (None, Some(other)) => {
             bail!("--workload {other:?}: expected grpo, agentic, seed001 or seed002")
         }

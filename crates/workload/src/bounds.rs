@@ -1,6 +1,10 @@
 //! The bounds of the generators' parameters (`--workload-args`), checked before a workload is
 //! generated: a value out of range is an error naming the field, never a panic (a pause too
-//! long for a duration), an endless loop or a workload that cannot fit in memory.
+//! long for a duration), an endless loop or a workload that cannot fit in memory. Each
+//! generator's parameters get their `validate` here.
+
+use crate::generators::{AgenticParams, GrpoParams, Seed001Params};
+use crate::seed002::Seed002Params;
 
 /// Requests a generated workload may hold at most (before turns are counted: a session of up
 /// to [`MAX_TURNS`] turns counts that many).
@@ -71,6 +75,104 @@ pub(crate) fn requests(what: &str, units: u64, per_unit: u64) -> Result<(), Stri
         Err(format!(
             "{what} would generate up to {n} requests, more than {MAX_REQUESTS}"
         ))
+    }
+}
+
+impl GrpoParams {
+    /// Checks every parameter's range; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        count("prompts", self.prompts, 1, u32::MAX)?;
+        count("group_size", self.group_size, 1, MAX_GROUP)?;
+        count("steps", self.steps, 1, MAX_STEPS)?;
+        requests(
+            "prompts × group_size × steps",
+            u64::from(self.prompts) * u64::from(self.group_size),
+            u64::from(self.steps),
+        )?;
+        count("template_tokens", self.template_tokens, 0, MAX_TOKENS)?;
+        tokens_median("problem_median", self.problem_median)?;
+        sigma("problem_sigma", self.problem_sigma)?;
+        count("problem_cap", self.problem_cap, 1, MAX_TOKENS)?;
+        tokens_median("output_median", self.output_median)?;
+        sigma("output_sigma_between", self.output_sigma_between)?;
+        sigma("output_sigma_within", self.output_sigma_within)?;
+        count("output_cap", self.output_cap, 1, MAX_TOKENS)?;
+        non_negative("sync_pause_s", self.sync_pause_s, MAX_SECONDS)?;
+        share("rollout_share", self.rollout_share)?;
+        count("staleness", self.staleness, 0, MAX_STALENESS)
+    }
+}
+
+impl AgenticParams {
+    /// Checks every parameter's range; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        count("sessions", self.sessions, 1, u32::MAX)?;
+        count("group_size", self.group_size, 1, MAX_GROUP)?;
+        count("steps", self.steps, 0, MAX_STEPS)?;
+        requests(
+            "sessions × group_size × steps × turns",
+            u64::from(self.sessions) * u64::from(self.group_size) * u64::from(self.steps.max(1)),
+            MAX_TURNS,
+        )?;
+        non_negative("session_gap_s", self.session_gap_s, MAX_SECONDS)?;
+        count("harness_tokens", self.harness_tokens, 0, MAX_TOKENS)?;
+        tokens_median("issue_median", self.issue_median)?;
+        sigma("issue_sigma", self.issue_sigma)?;
+        positive("turns_median", self.turns_median, MAX_TURNS as f64)?;
+        sigma("turns_sigma", self.turns_sigma)?;
+        tokens_median("output_median", self.output_median)?;
+        sigma("output_sigma", self.output_sigma)?;
+        tokens_median("tool_tokens_median", self.tool_tokens_median)?;
+        sigma("tool_tokens_sigma", self.tool_tokens_sigma)?;
+        positive(
+            "tool_latency_median_s",
+            self.tool_latency_median_s,
+            MAX_SECONDS,
+        )?;
+        sigma("tool_latency_sigma", self.tool_latency_sigma)?;
+        count("context_cap", self.context_cap, 1, MAX_TOKENS)?;
+        non_negative("sync_pause_s", self.sync_pause_s, MAX_SECONDS)?;
+        share("rollout_share", self.rollout_share)?;
+        count("staleness", self.staleness, 0, MAX_STALENESS)
+    }
+}
+
+impl Seed001Params {
+    /// Checks every parameter's range; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        count("requests", self.requests, 1, MAX_REQUESTS as u32)?;
+        positive("rate_per_s", self.rate_per_s, 1e6)?;
+        non_negative("shared_fraction", self.shared_fraction, 1.0)?;
+        count("shared_tokens", self.shared_tokens, 0, MAX_TOKENS)?;
+        count("question_tokens", self.question_tokens, 0, MAX_TOKENS)?;
+        count("document_tokens", self.document_tokens, 0, MAX_TOKENS)?;
+        count("output_tokens", self.output_tokens, 1, MAX_TOKENS)
+    }
+}
+
+impl Seed002Params {
+    /// Checks every parameter's range; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        count("steps", self.steps, 1, MAX_STEPS)?;
+        count("tasks", self.tasks, 1, u32::MAX)?;
+        count("group_size", self.group_size, 1, MAX_GROUP)?;
+        requests(
+            "tasks × group_size × steps × turns",
+            u64::from(self.tasks) * u64::from(self.group_size) * u64::from(self.steps),
+            MAX_TURNS,
+        )?;
+        count("harness_tokens", self.harness_tokens, 0, MAX_TOKENS)?;
+        positive("turns_median", self.turns_median, MAX_TURNS as f64)?;
+        sigma("turns_sigma", self.turns_sigma)?;
+        tokens_median("output_median", self.output_median)?;
+        tokens_median("tool_tokens_median", self.tool_tokens_median)?;
+        positive(
+            "tool_latency_median_s",
+            self.tool_latency_median_s,
+            MAX_SECONDS,
+        )?;
+        count("context_cap", self.context_cap, 1, MAX_TOKENS)?;
+        non_negative("sync_pause_s", self.sync_pause_s, MAX_SECONDS)
     }
 }
 

@@ -60,33 +60,6 @@ impl Default for Seed002Params {
     }
 }
 
-impl Seed002Params {
-    /// Checks every parameter's range; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
-        use crate::bounds::*;
-        count("steps", self.steps, 1, MAX_STEPS)?;
-        count("tasks", self.tasks, 1, u32::MAX)?;
-        count("group_size", self.group_size, 1, MAX_GROUP)?;
-        requests(
-            "tasks × group_size × steps × turns",
-            u64::from(self.tasks) * u64::from(self.group_size) * u64::from(self.steps),
-            MAX_TURNS,
-        )?;
-        count("harness_tokens", self.harness_tokens, 0, MAX_TOKENS)?;
-        positive("turns_median", self.turns_median, MAX_TURNS as f64)?;
-        sigma("turns_sigma", self.turns_sigma)?;
-        tokens_median("output_median", self.output_median)?;
-        tokens_median("tool_tokens_median", self.tool_tokens_median)?;
-        positive(
-            "tool_latency_median_s",
-            self.tool_latency_median_s,
-            MAX_SECONDS,
-        )?;
-        count("context_cap", self.context_cap, 1, MAX_TOKENS)?;
-        non_negative("sync_pause_s", self.sync_pause_s, MAX_SECONDS)
-    }
-}
-
 /// The seed-002 workload.
 pub fn seed002(p: &Seed002Params) -> Workload {
     let mut w = agentic(&AgenticParams {
