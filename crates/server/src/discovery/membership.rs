@@ -3,7 +3,7 @@
 //! the driver started); the driver carries out the returned [`Action`]s.
 
 use super::{Registration, SourceEvent};
-use crate::validate::same_worker_url as same_url;
+use crate::validate::same_worker_url;
 use kvrouter_core::ids::WorkerId;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -103,7 +103,7 @@ impl Membership {
             if let Some(old) = self.members.remove(&key) {
                 if let Some(id) = old.id {
                     actions.push(Action::Purge(id));
-                    if !same_url(&old.registration.url, &registration.url) {
+                    if !same_worker_url(&old.registration.url, &registration.url) {
                         self.retry_refused(&old.registration.url, actions);
                     }
                 }
@@ -116,7 +116,7 @@ impl Membership {
             .iter()
             .filter(|(_, m)| {
                 matches!(m.phase, Phase::Draining { .. })
-                    && same_url(&m.registration.url, &registration.url)
+                    && same_worker_url(&m.registration.url, &registration.url)
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -214,7 +214,7 @@ impl Membership {
         for (key, m) in self
             .members
             .iter_mut()
-            .filter(|(_, m)| m.refused && same_url(&m.registration.url, url))
+            .filter(|(_, m)| m.refused && same_worker_url(&m.registration.url, url))
         {
             m.refused = false;
             actions.push(Action::Add {
@@ -228,7 +228,7 @@ impl Membership {
     fn refused_at(&self, url: &str) -> bool {
         self.members
             .values()
-            .any(|m| m.refused && same_url(&m.registration.url, url))
+            .any(|m| m.refused && same_worker_url(&m.registration.url, url))
     }
 
     /// When the next drained worker is due for its purge.
