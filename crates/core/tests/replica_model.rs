@@ -124,6 +124,8 @@ proptest! {
         let mut routers = [new_router(1), new_router(2)];
         let mut queues: [VecDeque<RemoteEvent>; 2] = Default::default();
         let mut live: BTreeMap<(usize, u64), Live> = BTreeMap::new();
+        // Every placement so far, finished or not.
+        let mut placed: Vec<(WorkerRank, Vec<SequenceHash>)> = Vec::new();
         let mut next_id = [1u64, 1u64];
         let hasher = BlockHasher::new(BS, &HashNamespace::none());
         for op in &ops {
@@ -136,9 +138,33 @@ proptest! {
                     let req = RouteRequest::new(RequestId(id), toks.len() as u64, blocks.clone());
                     let d = routers[on].route(&req, Time::ZERO).unwrap();
                     let full = blocks.sequence.len() as u64;
+                    // No KV events: the cached prefix is what the rank's active requests hold,
+                    // at least what this router's own hold there and at most what any request
+                    // placed there holds (a lost finish leaves one active at the other replica).
+                    let common = |b: &[SequenceHash]| {
+                        b.iter().zip(&blocks.sequence).take_while(|(a, b)| a == b).count() as u64
+                    };
+                    let least = live
+                        .iter()
+                        .filter(|((o, _), l)| l.rank == d.rank && *o == on)
+                        .map(|(_, l)| common(&l.blocks))
+                        .max()
+                        .unwrap_or(0);
+                    let most = placed
+                        .iter()
+                        .filter(|(r, _)| *r == d.rank)
+                        .map(|(_, b)| common(b))
+                        .max()
+                        .unwrap_or(0);
+                    let bs = BS as u64;
+                    prop_assert!(
+                        (least * bs..=most * bs).contains(&d.cached_tokens),
+                        "cached {} outside {}..={}", d.cached_tokens, least * bs, most * bs
+                    );
+                    placed.push((d.rank, blocks.sequence.clone()));
                     live.insert((on, id), Live {
                         rank: d.rank,
-                        prefill: toks.len() as u64,
+                        prefill: toks.len() as u64 - d.cached_tokens,
                         private: req.request_blocks(BS) - full,
                         blocks: blocks.sequence,
                         decoding: false,

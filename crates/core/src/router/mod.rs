@@ -243,6 +243,8 @@ impl Router {
 }
 
 #[cfg(test)]
+mod burst_tests;
+#[cfg(test)]
 mod cost_tests;
 #[cfg(test)]
 mod effects_tests;

@@ -1,0 +1,86 @@
+//! Sibling bursts: the same prompt many times, routed before any KV event tells the router where
+//! its blocks are. The ledger knows which ranks hold it in flight; an engine computes those
+//! blocks once, so a sibling there adds no prefill, and the `cost` mode keeps a burst together.
+
+use super::tests::{request, router, tokens, BS};
+use super::*;
+use std::time::Duration;
+
+fn at(ms: u64) -> Time {
+    Time::ZERO + Duration::from_millis(ms)
+}
+
+fn pinned(id: u64, prompt: &[u32], worker: u64) -> RouteRequest {
+    let mut q = request(id, prompt);
+    q.pin = Some(Pin {
+        worker: WorkerId(worker),
+        dp_rank: None,
+    });
+    q
+}
+
+#[test]
+fn a_sibling_in_flight_adds_only_its_uncached_tail_to_the_prefill_queue() {
+    for mode in [RouterMode::Kv, RouterMode::Cost] {
+        let mut r = router(mode, 2);
+        // 10 full blocks and a 2-token tail.
+        let prompt = tokens(1, 10 * BS as u32 + 2);
+        let first = r.route(&pinned(1, &prompt, 0), at(0)).unwrap();
+        assert_eq!(first.cached_tokens, 0);
+        let rank = first.rank;
+        assert_eq!(r.load(rank).active_prefill_tokens, 42);
+        let second = r.route(&pinned(2, &prompt, 0), at(1)).unwrap();
+        assert_eq!(
+            second.cached_tokens, 40,
+            "{mode}: the held prefix is predicted cached"
+        );
+        assert_eq!(r.load(rank).active_prefill_tokens, 42 + 2, "{mode}");
+        // The elder's first token: its share leaves the queue, the sibling's tail stays.
+        r.first_token(RequestId(1)).unwrap();
+        assert_eq!(r.load(rank).active_prefill_tokens, 2, "{mode}");
+        // Elsewhere the same prompt is all prefill.
+        r.route(&pinned(3, &prompt, 1), at(2)).unwrap();
+        assert_eq!(
+            r.load(WorkerRank::new(WorkerId(1), 0))
+                .active_prefill_tokens,
+            42,
+            "{mode}"
+        );
+        for id in 1..=3 {
+            let _ = r.finish(RequestId(id), at(3)).unwrap();
+        }
+        assert_eq!(r.load(rank).active_prefill_tokens, 0, "{mode}");
+        r.check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn cost_keeps_each_prompt_of_a_burst_on_one_worker() {
+    // The live GRPO burst of bench/peers (small): 4 prompts × 12 samples of about 2,000 tokens,
+    // all at once over 4 workers, no group headers and no KV event yet. Prefilling a prompt on
+    // a second worker costs as much as the whole group's decode there saves.
+    let mut r = router(RouterMode::Cost, 4);
+    let mut holders = Vec::new();
+    for p in 0..4u64 {
+        let prompt = tokens(20 + p as u32, 2003);
+        let mut on = [0u32; 4];
+        for i in 0..12u64 {
+            let d = r.route(&request(p * 100 + i + 1, &prompt), at(0)).unwrap();
+            on[d.rank.worker.0 as usize] += 1;
+        }
+        holders.push(on);
+    }
+    let copies: usize = holders
+        .iter()
+        .map(|on| on.iter().filter(|n| **n > 0).count())
+        .sum();
+    assert_eq!(copies, 4, "each prompt prefilled once: {holders:?}");
+    // And the fleet is used: one prompt per worker.
+    for w in 0..4 {
+        assert_eq!(
+            holders.iter().filter(|on| on[w] > 0).count(),
+            1,
+            "{holders:?}"
+        );
+    }
+}
