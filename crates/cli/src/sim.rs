@@ -230,6 +230,7 @@ impl SimArgs {
             replica_sync_delay_ms: self.replica_sync_delay_ms,
             replica_sync: !self.no_replica_sync,
             group_sizes: self.rl.group_sizes(),
+            group_ids: self.rl.group_ids(),
             group_need: self.rl.group_need(),
             planner: self
                 .planner

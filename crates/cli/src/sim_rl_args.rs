@@ -10,6 +10,10 @@ pub(crate) struct SimRlArgs {
     /// placement.
     #[arg(long)]
     group_sizes: bool,
+    /// RL requests carry no group id, as from a client that sends no x-kvrouter-group-id
+    /// (`kvrouter bench` without --group-header): siblings are known only by their prompt.
+    #[arg(long, conflicts_with_all = ["group_sizes", "group_need"])]
+    no_group_ids: bool,
     /// First-N-of-M: end a group's other samples once N finished (as x-kvrouter-group-need).
     #[arg(long)]
     group_need: Option<u32>,
@@ -28,6 +32,11 @@ impl SimRlArgs {
     /// --group-sizes.
     pub(crate) fn group_sizes(&self) -> bool {
         self.group_sizes
+    }
+
+    /// Whether requests carry their group id (not --no-group-ids).
+    pub(crate) fn group_ids(&self) -> bool {
+        !self.no_group_ids
     }
 
     /// --group-need.

@@ -43,6 +43,11 @@ pub struct SimConfig {
     /// Requests carry their RL group's size (`x-kvrouter-group-size`), which turns on
     /// fair-share group placement.
     pub group_sizes: bool,
+    /// Requests carry their RL group's id (`x-kvrouter-group-id`). False: the router sees
+    /// siblings only as requests with the same prompt, as behind a client that sends no group
+    /// headers (`kvrouter bench` without `--group-header`).
+    #[serde(default = "yes")]
+    pub group_ids: bool,
     /// First-N-of-M: once this many samples of a group finished, the rest are ended
     /// (`x-kvrouter-group-need`).
     pub group_need: Option<u32>,
@@ -102,6 +107,7 @@ impl Default for SimConfig {
             speed: Vec::new(),
             migration_limit: 0,
             group_sizes: false,
+            group_ids: true,
             group_need: None,
             weight_update: None,
             router_replicas: 1,

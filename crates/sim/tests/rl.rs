@@ -177,3 +177,50 @@ fn with_affinity_a_trajectory_stays_on_its_worker() {
     }
     assert!(turns > 10);
 }
+
+/// Workers each (step, group) of `w` ran on, in cost mode with or without group ids.
+fn group_spread(w: &Workload, group_ids: bool) -> Vec<usize> {
+    let mut c = config(None);
+    c.router.router_mode = RouterMode::Cost;
+    c.group_ids = group_ids;
+    let mut sim = Simulation::new(c, w).unwrap();
+    while sim.step().unwrap() {}
+    let mut on: std::collections::BTreeMap<u64, std::collections::BTreeSet<usize>> =
+        Default::default();
+    for (i, r) in sim.records().iter().enumerate() {
+        assert!(r.finish.is_some() && !r.rejected, "request {i} lost");
+        on.entry(w.requests[i].group.unwrap())
+            .or_default()
+            .insert(r.worker.expect("placed"));
+    }
+    on.values().map(|s| s.len()).collect()
+}
+
+#[test]
+fn without_group_ids_siblings_are_known_by_their_prompt() {
+    // bench/peers' GRPO burst: 4 prompts × 12 samples of about 2,000 tokens, 64-token answers.
+    let w = grpo(&GrpoParams {
+        prompts: 4,
+        group_size: 12,
+        steps: 2,
+        problem_median: 1950.0,
+        problem_sigma: 0.05,
+        problem_cap: 2048,
+        output_median: 64.0,
+        output_sigma_between: 0.3,
+        output_sigma_within: 0.3,
+        output_cap: 256,
+        sync_pause_s: 0.2,
+        seed: 5,
+        ..GrpoParams::default()
+    });
+    let grouped = group_spread(&w, true);
+    let by_prompt = group_spread(&w, false);
+    // Grouped, the first step spreads each group evenly before any length is known
+    // (docs/routing.md, cold-start group spread); the second follows the learned short answers.
+    assert_eq!(grouped, [4, 4, 4, 4, 1, 1, 1, 1]);
+    // Known only by their prompt, siblings stay with the prompt's first holder from the start:
+    // a few prefills in all instead of one per worker.
+    assert!(by_prompt.iter().all(|n| *n <= 2), "{by_prompt:?}");
+    assert!(by_prompt.iter().sum::<usize>() <= 10, "{by_prompt:?}");
+}

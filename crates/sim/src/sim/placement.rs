@@ -22,9 +22,10 @@ impl Simulation<'_> {
         // What a client sends as x-session-id (the trajectory), x-kvrouter-group-id (and
         // -group-size).
         route.session = req.session;
-        route.group = req.group;
-        route.group_size = req.group.and_then(|g| self.group_sizes.get(&g).copied());
-        route.group_need = req.group.and(self.config.group_need);
+        let group = req.group.filter(|_| self.config.group_ids);
+        route.group = group;
+        route.group_size = group.and_then(|g| self.group_sizes.get(&g).copied());
+        route.group_need = group.and(self.config.group_need);
         if let (Some(_), Some(step), Some(barrier)) =
             (&self.config.weight_update, req.step, self.workload.barrier)
         {
