@@ -106,6 +106,11 @@ pub(crate) struct RoutingArgs {
     /// the router observes, instead of assuming the dynamo-poly profile.
     #[arg(help_heading = H::ROUTING, long)]
     router_cost_fit: bool,
+    /// `cost` mode: the workers run dynamo-poly this many times faster (as `kvrouter
+    /// mock-engine --speedup-ratio` does). `serve --mock-workers` sets it to
+    /// --mock-speedup-ratio unless given.
+    #[arg(help_heading = H::ROUTING, long)]
+    pub(crate) router_cost_speedup_ratio: Option<f64>,
     /// KV block size in tokens; must match the engines.
     #[arg(help_heading = H::ROUTING, long, default_value_t = 64)]
     pub(crate) kv_cache_block_size: usize,
@@ -153,6 +158,7 @@ impl RoutingArgs {
             router_cost_session_margin: self.router_cost_session_margin,
             router_cost_replica_weight: self.router_cost_replica_weight,
             router_cost_fit: self.router_cost_fit,
+            router_cost_speedup_ratio: self.router_cost_speedup_ratio.unwrap_or(1.0),
             seed: self.seed,
             ..RouterConfig::default()
         };

@@ -159,7 +159,7 @@ fn read_workers_file(path: &PathBuf) -> anyhow::Result<Vec<WorkerEntry>> {
 
 impl ServeArgs {
     pub(crate) fn config(&self) -> anyhow::Result<ServeConfig> {
-        let router = self.routing.config()?;
+        let mut router = self.routing.config()?;
         let mut workers: Vec<WorkerEntry> = self
             .workers
             .iter()
@@ -194,6 +194,10 @@ impl ServeArgs {
                 "--mock-speedup-ratio must be a number of at least {}",
                 kvrouter_engine::MIN_SPEEDUP_RATIO
             );
+        }
+        if self.mock_workers > 0 && self.routing.router_cost_speedup_ratio.is_none() {
+            // The embedded engines run dynamo-poly this much faster: the cost model knows.
+            router.router_cost_speedup_ratio = self.mock_speedup_ratio;
         }
         if self.mock_num_gpu_blocks == 0
             || self.mock_num_gpu_blocks > kvrouter_engine::MAX_NUM_GPU_BLOCKS
@@ -442,5 +446,52 @@ mod worker_thread_tests {
             let e = worker_threads(0, Some(bad)).unwrap_err().to_string();
             assert!(e.contains("TOKIO_WORKER_THREADS"), "{bad}: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod cost_speed_tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: super::ServeArgs,
+    }
+
+    fn ratio(args: &[&str]) -> f64 {
+        let cli =
+            Cli::try_parse_from(std::iter::once("serve").chain(args.iter().copied())).unwrap();
+        cli.serve.config().unwrap().router.router_cost_speedup_ratio
+    }
+
+    #[test]
+    fn the_cost_model_runs_at_the_embedded_engines_speed_unless_told() {
+        assert_eq!(ratio(&["--worker", "http://127.0.0.1:1"]), 1.0);
+        assert_eq!(
+            ratio(&["--mock-workers", "2", "--mock-speedup-ratio", "10"]),
+            10.0
+        );
+        assert_eq!(
+            ratio(&[
+                "--mock-workers",
+                "2",
+                "--mock-speedup-ratio",
+                "10",
+                "--router-cost-speedup-ratio",
+                "3"
+            ]),
+            3.0
+        );
+        let cli = Cli::try_parse_from([
+            "serve",
+            "--worker",
+            "http://127.0.0.1:1",
+            "--router-cost-speedup-ratio",
+            "0",
+        ])
+        .unwrap();
+        let e = format!("{:#}", cli.serve.config().unwrap_err());
+        assert!(e.contains("--router-cost-speedup-ratio"), "{e}");
     }
 }

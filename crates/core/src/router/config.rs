@@ -98,9 +98,16 @@ pub struct RouterConfig {
     /// `cost` mode: fit each worker's step times online from observed TTFT and inter-token
     /// latency (for engines given no timing profile) instead of assuming `dynamo-poly`.
     pub router_cost_fit: bool,
+    /// `cost` mode: workers given no timing profile run `dynamo-poly` this many times faster
+    /// (as a mock engine's `--speedup-ratio` does; 1 = as published). The simulator hands the
+    /// router each engine's own model instead.
+    pub router_cost_speedup_ratio: f64,
     /// Seed of the randomized policies.
     pub seed: u64,
 }
+
+/// Least [`RouterConfig::router_cost_speedup_ratio`] (the mock engine's least speed-up).
+pub(crate) const MIN_COST_SPEEDUP_RATIO: f64 = 1e-3;
 
 /// Default of [`RouterConfig::router_index_max_blocks_per_worker`]: 262,144 blocks, 16.7 M
 /// tokens at 64-token blocks, more than one GPU's KV pool holds.
@@ -169,6 +176,7 @@ impl Default for RouterConfig {
             router_cost_session_margin: 0.1,
             router_cost_replica_weight: 1.0,
             router_cost_fit: false,
+            router_cost_speedup_ratio: 1.0,
             seed: 0,
         }
     }
@@ -235,6 +243,15 @@ impl RouterConfig {
         finite_non_negative(
             self.router_cost_replica_weight,
             "--router-cost-replica-weight",
+        )?;
+        check(
+            self.router_cost_speedup_ratio.is_finite()
+                && self.router_cost_speedup_ratio >= MIN_COST_SPEEDUP_RATIO,
+            "--router-cost-speedup-ratio",
+            format!(
+                "{} is not a number of at least {MIN_COST_SPEEDUP_RATIO}",
+                self.router_cost_speedup_ratio
+            ),
         )?;
         finite_non_negative(
             self.router_kv_overlap_score_credit,

@@ -248,7 +248,7 @@ impl Router {
                 return (Timing::Model(&f.profile), f.points);
             }
         }
-        (Timing::Poly, 0)
+        (Timing::Poly(self.config.router_cost_speedup_ratio), 0)
     }
 
     /// One candidate's pictures, profile and worker terms; `spec` is its worker's and `ranks`

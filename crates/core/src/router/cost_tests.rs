@@ -496,3 +496,40 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_speedup_ratio_divides_every_estimate_of_a_worker_without_a_profile() {
+    let totals = |ratio: f64| {
+        let mut r = Router::new(RouterConfig {
+            router_mode: RouterMode::Cost,
+            kv_cache_block_size: BS,
+            router_cost_speedup_ratio: ratio,
+            ..Default::default()
+        })
+        .unwrap();
+        for w in 0..3 {
+            r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+        }
+        let mut busy = request(50, &tokens(50, 3000));
+        busy.pin = Some(Pin {
+            worker: WorkerId(1),
+            dp_rank: None,
+        });
+        r.route(&busy, at(0)).unwrap();
+        let d = r.route(&request(1, &tokens(1, 900)), at(1)).unwrap();
+        d.candidates.iter().map(|c| c.total).collect::<Vec<f64>>()
+    };
+    let (plain, fast) = (totals(1.0), totals(10.0));
+    for (p, f) in plain.iter().zip(&fast) {
+        assert!(
+            *p > 0.0 && (p / f - 10.0).abs() < 1e-9,
+            "{plain:?} {fast:?}"
+        );
+    }
+    assert!(RouterConfig {
+        router_cost_speedup_ratio: 0.0,
+        ..Default::default()
+    }
+    .validate()
+    .is_err());
+}

@@ -48,8 +48,8 @@ impl TimingModel for FittedProfile {
 /// estimate), any other profile through its trait object.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Timing<'a> {
-    /// [`DynamoPoly`], inlined.
-    Poly,
+    /// [`DynamoPoly`] divided by a speed-up ratio, inlined.
+    Poly(f64),
     /// Any other profile.
     Model(&'a dyn TimingModel),
 }
@@ -57,14 +57,14 @@ pub(super) enum Timing<'a> {
 impl TimingModel for Timing<'_> {
     fn prefill_ms(&self, tokens: u64) -> Result<f64, TimingError> {
         match self {
-            Timing::Poly => DynamoPoly.prefill_ms(tokens),
+            Timing::Poly(ratio) => Ok(DynamoPoly.prefill_ms(tokens)? / ratio),
             Timing::Model(m) => m.prefill_ms(tokens),
         }
     }
 
     fn decode_ms(&self, shape: &StepShape) -> Result<f64, TimingError> {
         match self {
-            Timing::Poly => DynamoPoly.decode_ms(shape),
+            Timing::Poly(ratio) => Ok(DynamoPoly.decode_ms(shape)? / ratio),
             Timing::Model(m) => m.decode_ms(shape),
         }
     }
