@@ -27,7 +27,7 @@ OVERHEAD_SPEEDUP=${OVERHEAD_SPEEDUP:-1000}
 OUT=${OUT:-bench/peers/out}
 SCALE=${SCALE:-full}
 TRACE=${TRACE:-/work/shared/traces/claude_code_sessions_dev}
-ALL_CONFIGS="kvrouter-kv kvrouter-kv-pred kvrouter-kv-group kvrouter-cost kvrouter-rr sglang-cache_aware sglang-rr vllm-kv_aware vllm-cache_aware vllm-consistent_hash vllm-rr"
+ALL_CONFIGS="kvrouter-kv kvrouter-kv-pred kvrouter-kv-group kvrouter-cost kvrouter-cost-fit kvrouter-rr sglang-cache_aware sglang-rr vllm-kv_aware vllm-cache_aware vllm-consistent_hash vllm-rr"
 CONFIGS=${CONFIGS:-$ALL_CONFIGS}
 WORKLOADS=${WORKLOADS:-agentic grpo overhead}
 MODEL=mock-model
@@ -125,11 +125,16 @@ start_router() { # $1 = config name, $2 = log file
   ROUTER_URL="http://127.0.0.1:$port"
   local cmd=()
   case $cfg in
-    kvrouter-kv|kvrouter-kv-pred|kvrouter-kv-group|kvrouter-cost|kvrouter-rr)
+    kvrouter-kv|kvrouter-kv-pred|kvrouter-kv-group|kvrouter-cost|kvrouter-cost-fit|kvrouter-rr)
       local mode=kv; [ "$cfg" = kvrouter-rr ] && mode=round-robin
       # cost: the cost model in seconds (issue 16), default flags otherwise.
-      [ "$cfg" = kvrouter-cost ] && mode=cost
+      [ "${cfg#kvrouter-cost}" != "$cfg" ] && mode=cost
       cmd=("$BIN" serve --host 127.0.0.1 --port "$port" --router-mode "$mode" --model-name "$MODEL")
+      # cost: told the engines' speed-up ($speed, from run_one: they run dynamo-poly that much
+      # faster), as an operator gives real engines' profile; cost-fit: fitted online from the
+      # TTFT and ITL it observes instead.
+      [ "$cfg" = kvrouter-cost ] && cmd+=(--router-cost-speedup-ratio "$speed")
+      [ "$cfg" = kvrouter-cost-fit ] && cmd+=(--router-cost-fit)
       # kv-pred: also count placements the router just made, before the engines' KV events arrive.
       [ "$cfg" = kvrouter-kv-pred ] && cmd+=(--router-predicted-ttl-secs 10)
       # kv-group: GRPO siblings (x-kvrouter-group-id, sent by the bench) follow their group.

@@ -19,6 +19,7 @@ ORDER = [
     "kvrouter-kv-pred",
     "kvrouter-kv-group",
     "kvrouter-cost",
+    "kvrouter-cost-fit",
     "kvrouter-rr",
     "sglang-cache_aware",
     "sglang-rr",
