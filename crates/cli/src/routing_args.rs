@@ -11,7 +11,7 @@ use kvrouter_core::router::{KvRetention, RouterConfig};
 pub(crate) struct RoutingArgs {
     /// Selection policy: round-robin, random, least-loaded, power-of-two, kv, cost (expected
     /// seconds from the engines' timing model, docs/routing.md), direct.
-    #[arg(help_heading = H::ROUTING, long, default_value = "kv")]
+    #[arg(help_heading = H::ROUTING, long, default_value = "cost")]
     pub(crate) router_mode: String,
     /// Sampling temperature of the KV policy (0 = lowest cost).
     #[arg(help_heading = H::ROUTING, long, default_value_t = 0.0)]

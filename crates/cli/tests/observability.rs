@@ -267,7 +267,7 @@ async fn metrics_carry_the_model_label_and_the_prefix_renames_every_name() {
     let _ = resp.bytes().await;
     let text = scrape(&r.http).await;
     for want in [
-        "kvrouter_requests_total{status=\"ok\",mode=\"kv\",model=\"mock-model\"} 1\n",
+        "kvrouter_requests_total{status=\"ok\",mode=\"cost\",model=\"mock-model\"} 1\n",
         "kvrouter_time_to_first_token_seconds_count{model=\"mock-model\"} 1\n",
         "kvrouter_request_duration_seconds_count{model=\"mock-model\"} 1\n",
         "# TYPE kvrouter_inter_token_latency_seconds histogram\n",
@@ -290,8 +290,9 @@ async fn metrics_carry_the_model_label_and_the_prefix_renames_every_name() {
             .collect()
     };
     assert_eq!(names(&text, "kvrouter_"), names(&renamed, "llm_router_"));
-    assert!(renamed
-        .contains("llm_router_requests_total{status=\"ok\",mode=\"kv\",model=\"mock-model\"} 1\n"));
+    assert!(renamed.contains(
+        "llm_router_requests_total{status=\"ok\",mode=\"cost\",model=\"mock-model\"} 1\n"
+    ));
 
     let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
         .args([

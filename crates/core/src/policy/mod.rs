@@ -34,11 +34,11 @@ pub enum RouterMode {
     LeastLoaded,
     /// Two distinct random candidates; the one with fewer active requests wins.
     PowerOfTwo,
-    /// Lowest KV cost: prefix reuse against prefill and decode load.
-    #[default]
+    /// Lowest KV cost: prefix reuse against prefill and decode load (Dynamo's cost model).
     Kv,
     /// Lowest expected time: TTFT plus decode slowdown in seconds, from the engine's timing
-    /// model (docs/routing.md).
+    /// model (docs/routing.md). The default.
+    #[default]
     Cost,
     /// The request names its worker (an upstream picker already chose).
     Direct,
