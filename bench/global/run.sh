@@ -22,7 +22,8 @@ SLOW_SPEEDUP=${SLOW_SPEEDUP:-0.4}
 POLICIES=${POLICIES:-kv least-loaded static-split}
 OUT=${OUT:-target/bench-global}
 AGENTIC_ARGS=${AGENTIC_ARGS:-sessions=16,steps=1,group_size=4,turns_median=5,output_median=48,tool_latency_median_s=0.3,tool_latency_sigma=0.5,seed=7}
-ROUTER_FLAGS=(--router-predicted-ttl-secs 5 --health-check-interval-secs 0)
+# `kv` local routers: the mode of the figures in the docs (the default became `cost` in session 16).
+ROUTER_FLAGS=(--router-mode kv --router-predicted-ttl-secs 5 --health-check-interval-secs 0)
 TOKEN=bench-global
 [ -x "$BIN" ] || { echo "build $BIN first (cargo build --release -p kvrouter)" >&2; exit 1; }
 mkdir -p "$OUT"

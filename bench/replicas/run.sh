@@ -18,7 +18,8 @@ AGENTIC_ARGS=${AGENTIC_ARGS:-sessions=12,steps=1,group_size=4,output_median=48,t
 # Bench flags for the GRPO run: a GRPO client knows its group size and sends it (x-kvrouter-group-size).
 # GRPO_BENCH_FLAGS=--group-header sends the id only.
 GRPO_BENCH_FLAGS=${GRPO_BENCH_FLAGS:---group-sizes}
-ROUTER_FLAGS=(--router-predicted-ttl-secs 5 --health-check-interval-secs 0)
+# `kv` local routers: the mode of the figures in the docs (the default became `cost` in session 16).
+ROUTER_FLAGS=(--router-mode kv --router-predicted-ttl-secs 5 --health-check-interval-secs 0)
 [ -x "$BIN" ] || { echo "build $BIN first (cargo build -p kvrouter)" >&2; exit 1; }
 [ -x "$NATS" ] || { echo "nats-server not found (apt-get install nats-server)" >&2; exit 1; }
 mkdir -p "$OUT"

@@ -9,26 +9,27 @@ use kvrouter_core::router::{KvRetention, RouterConfig};
 /// The routing flags.
 #[derive(Debug, Args)]
 pub(crate) struct RoutingArgs {
-    /// Selection policy: round-robin, random, least-loaded, power-of-two, kv, cost (expected
-    /// seconds from the engines' timing model, docs/routing.md), direct.
+    /// Selection policy: round-robin, random, least-loaded, power-of-two, kv (Dynamo's block
+    /// cost model), cost (expected seconds from the engines' timing model, docs/routing.md),
+    /// direct.
     #[arg(help_heading = H::ROUTING, long, default_value = "cost")]
     pub(crate) router_mode: String,
-    /// Sampling temperature of the KV policy (0 = lowest cost).
+    /// `kv` mode: sampling temperature (0 = lowest cost).
     #[arg(help_heading = H::ROUTING, long, default_value_t = 0.0)]
     router_temperature: f64,
-    /// Credit per GPU-cached block.
+    /// `kv` mode: credit per GPU-cached block.
     #[arg(help_heading = H::ROUTING, long, default_value_t = 1.0)]
     router_kv_overlap_score_credit: f64,
-    /// Decay of the credit on workers with excess prefill load.
+    /// `kv` mode: decay of the credit on workers with excess prefill load.
     #[arg(help_heading = H::ROUTING, long, default_value_t = 0.0)]
     router_kv_overlap_score_credit_decay: f64,
-    /// Weight of the prefill term.
+    /// `kv` mode: weight of the prefill term.
     #[arg(help_heading = H::ROUTING, long, default_value_t = 1.0)]
     router_prefill_load_scale: f64,
-    /// Block-equivalent cost per active request.
+    /// `kv` mode: block-equivalent cost per active request.
     #[arg(help_heading = H::ROUTING, long, default_value_t = 0.0)]
     router_decode_active_request_weight: f64,
-    /// KV-aware routing without cache credit (load only).
+    /// `kv` mode without cache credit (load only); replaces --router-mode.
     #[arg(help_heading = H::ROUTING, long)]
     load_aware: bool,
     /// Predict cache state from routing decisions instead of engine KV events.
@@ -106,9 +107,9 @@ pub(crate) struct RoutingArgs {
     /// the router observes, instead of assuming the dynamo-poly profile.
     #[arg(help_heading = H::ROUTING, long)]
     router_cost_fit: bool,
-    /// `cost` mode: the workers run dynamo-poly this many times faster (as `kvrouter
-    /// mock-engine --speedup-ratio` does). `serve --mock-workers` sets it to
-    /// --mock-speedup-ratio unless given.
+    /// `cost` mode in `serve`: the workers run dynamo-poly this many times faster (as
+    /// `kvrouter mock-engine --speedup-ratio` does). `serve --mock-workers` sets it to
+    /// --mock-speedup-ratio unless given; `sim` gives the router each engine's own model.
     #[arg(help_heading = H::ROUTING, long)]
     pub(crate) router_cost_speedup_ratio: Option<f64>,
     /// KV block size in tokens; must match the engines.

@@ -191,7 +191,7 @@ impl ServeArgs {
             && self.mock_speedup_ratio >= kvrouter_engine::MIN_SPEEDUP_RATIO)
         {
             bail!(
-                "--mock-speedup-ratio must be a number of at least {}",
+                "--mock-speedup-ratio must be a finite number of at least {}",
                 kvrouter_engine::MIN_SPEEDUP_RATIO
             );
         }
@@ -321,6 +321,8 @@ fn startup_lines(args: &ServeArgs, server: &kvrouter_server::RunningServer) -> V
 
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut config = args.config()?;
+    // What is in effect (`--load-aware` replaces the mode).
+    let mode = config.router.router_mode;
     let otel = config.otel.clone();
     let mock_engine = args.mock_engine(&config)?;
     let addr = format!("{}:{}", args.host, args.port);
@@ -364,7 +366,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let first = format!(
         "kvrouter serve listening on http://{} mode={} workers={}{ext_proc_line}",
         server.addr,
-        args.routing.router_mode,
+        mode,
         server.state.worker_count()
     );
     // Best effort: a reader may take the first line and close the pipe (scripts, tests), or

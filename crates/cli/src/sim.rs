@@ -204,7 +204,7 @@ impl SimArgs {
     pub(crate) fn configs_up_to(&self, fleet: usize) -> anyhow::Result<Vec<SimConfig>> {
         let base_router = self.routing.config()?;
         let base = SimConfig {
-            name: self.routing.router_mode.clone(),
+            name: base_router.router_mode.to_string(),
             workers: self.workers,
             router: base_router.clone(),
             engine: EngineConfig {

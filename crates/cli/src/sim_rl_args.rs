@@ -12,7 +12,7 @@ pub(crate) struct SimRlArgs {
     group_sizes: bool,
     /// RL requests carry no group id, as from a client that sends no x-kvrouter-group-id
     /// (`kvrouter bench` without --group-header): siblings are known only by their prompt.
-    #[arg(long, conflicts_with_all = ["group_sizes", "group_need"])]
+    #[arg(long, conflicts_with_all = ["group_sizes", "group_need", "clusters"])]
     no_group_ids: bool,
     /// First-N-of-M: end a group's other samples once N finished (as x-kvrouter-group-need).
     #[arg(long)]

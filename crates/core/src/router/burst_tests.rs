@@ -58,8 +58,24 @@ fn a_sibling_in_flight_adds_only_its_uncached_tail_to_the_prefill_queue() {
 fn cost_keeps_each_prompt_of_a_burst_on_one_worker() {
     // The live GRPO burst of bench/peers (small): 4 prompts × 12 samples of about 2,000 tokens,
     // all at once over 4 workers, no group headers and no KV event yet. Prefilling a prompt on
-    // a second worker costs as much as the whole group's decode there saves.
-    let mut r = router(RouterMode::Cost, 4);
+    // a second worker costs as much as the whole group's decode there saves. The same with a
+    // predicted-placement window, whose predictions are not a cache a copy could be made of.
+    for predicted in [None, Some(5.0)] {
+        burst_on_one_worker_each(predicted);
+    }
+}
+
+fn burst_on_one_worker_each(predicted: Option<f64>) {
+    let mut r = Router::new(RouterConfig {
+        router_mode: RouterMode::Cost,
+        kv_cache_block_size: BS,
+        router_predicted_ttl_secs: predicted,
+        ..Default::default()
+    })
+    .unwrap();
+    for w in 0..4 {
+        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+    }
     let mut holders = Vec::new();
     for p in 0..4u64 {
         let prompt = tokens(20 + p as u32, 2003);
@@ -74,7 +90,10 @@ fn cost_keeps_each_prompt_of_a_burst_on_one_worker() {
         .iter()
         .map(|on| on.iter().filter(|n| **n > 0).count())
         .sum();
-    assert_eq!(copies, 4, "each prompt prefilled once: {holders:?}");
+    assert_eq!(
+        copies, 4,
+        "each prompt prefilled once ({predicted:?}): {holders:?}"
+    );
     // And the fleet is used: one prompt per worker.
     for w in 0..4 {
         assert_eq!(

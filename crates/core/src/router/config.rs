@@ -249,7 +249,7 @@ impl RouterConfig {
                 && self.router_cost_speedup_ratio >= MIN_COST_SPEEDUP_RATIO,
             "--router-cost-speedup-ratio",
             format!(
-                "{} is not a number of at least {MIN_COST_SPEEDUP_RATIO}",
+                "{} is not a finite number of at least {MIN_COST_SPEEDUP_RATIO}",
                 self.router_cost_speedup_ratio
             ),
         )?;

@@ -401,13 +401,17 @@ impl Router {
         // The credit is at most ρ·recent/(holders + 1) × the best holder's whole cost: skip the
         // second estimates when that cannot matter (a cold prefix).
         // A prefix no engine has cached yet is still being computed where it is held: a copy
-        // elsewhere would be ready no sooner than the original, so it earns no credit.
-        let cached_somewhere = candidates
-            .iter()
-            .any(|c| u64::from(c.overlap.gpu_blocks) * bs >= deepest);
+        // elsewhere would be ready no sooner than the original, so it earns no credit. Only the
+        // engines' own events say "cached" (the candidates' overlap may count predictions).
+        let cached_somewhere = || {
+            let cached = self.index.find_matches(&request.blocks.sequence);
+            candidates
+                .iter()
+                .any(|c| u64::from(cached.get(c.rank).gpu_blocks) * bs >= deepest)
+        };
         if weights.replica * recent / f64::from(holders + 1) < 1.0
             || !keeps_a_reserve(holders, candidates.len())
-            || !cached_somewhere
+            || !cached_somewhere()
         {
             return (estimates, key);
         }

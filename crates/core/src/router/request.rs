@@ -154,7 +154,8 @@ pub struct Decision {
     pub mode: RouterMode,
     /// The chosen rank's overlap with the prompt.
     pub overlap: TierOverlap,
-    /// Prompt tokens expected from the chosen rank's GPU cache.
+    /// Prompt tokens expected from the chosen rank's GPU cache, or held there by its active
+    /// requests (an engine computes a shared prefix in flight once).
     pub cached_tokens: u64,
     /// Every eligible candidate's score (the KV cost breakdown, whatever the mode; in `cost`
     /// mode `total` is the policy's expected seconds).
