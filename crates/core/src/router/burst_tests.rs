@@ -2,7 +2,7 @@
 //! its blocks are. The ledger knows which ranks hold it in flight; an engine computes those
 //! blocks once, so a sibling there adds no prefill, and the `cost` mode keeps a burst together.
 
-use super::tests::{request, router, tokens, BS};
+use super::tests::{request, router, router_with, tokens, BS};
 use super::*;
 use std::time::Duration;
 
@@ -66,16 +66,14 @@ fn cost_keeps_each_prompt_of_a_burst_on_one_worker() {
 }
 
 fn burst_on_one_worker_each(predicted: Option<f64>) {
-    let mut r = Router::new(RouterConfig {
-        router_mode: RouterMode::Cost,
-        kv_cache_block_size: BS,
-        router_predicted_ttl_secs: predicted,
-        ..Default::default()
-    })
-    .unwrap();
-    for w in 0..4 {
-        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
-    }
+    let mut r = router_with(
+        RouterConfig {
+            router_mode: RouterMode::Cost,
+            router_predicted_ttl_secs: predicted,
+            ..Default::default()
+        },
+        4,
+    );
     let mut holders = Vec::new();
     for p in 0..4u64 {
         let prompt = tokens(20 + p as u32, 2003);

@@ -1,4 +1,4 @@
-use super::tests::{request, router, store_event, tokens, BS};
+use super::tests::{request, router, router_with, store_event, tokens, BS};
 use super::*;
 use crate::policy::cost::{estimate, CostWeights, RequestPicture, WorkerPicture};
 use crate::timing::DynamoPoly;
@@ -500,16 +500,14 @@ proptest! {
 #[test]
 fn a_speedup_ratio_divides_every_estimate_of_a_worker_without_a_profile() {
     let totals = |ratio: f64| {
-        let mut r = Router::new(RouterConfig {
-            router_mode: RouterMode::Cost,
-            kv_cache_block_size: BS,
-            router_cost_speedup_ratio: ratio,
-            ..Default::default()
-        })
-        .unwrap();
-        for w in 0..3 {
-            r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
-        }
+        let mut r = router_with(
+            RouterConfig {
+                router_mode: RouterMode::Cost,
+                router_cost_speedup_ratio: ratio,
+                ..Default::default()
+            },
+            3,
+        );
         let mut busy = request(50, &tokens(50, 3000));
         busy.pin = Some(Pin {
             worker: WorkerId(1),

@@ -7,27 +7,34 @@ use crate::router::admission::{Admission, QueuePolicy, QueueStats};
 pub(super) const BS: usize = 4;
 
 pub(super) fn router(mode: RouterMode, workers: u64) -> Router {
-    let config = RouterConfig {
-        router_mode: mode,
-        kv_cache_block_size: BS,
-        ..Default::default()
-    };
-    let mut r = Router::new(config).unwrap();
-    for w in 0..workers {
-        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
-    }
-    r
+    router_with(
+        RouterConfig {
+            router_mode: mode,
+            ..Default::default()
+        },
+        workers,
+    )
 }
 
 /// A router of `mode` with its own `seed` over `workers` single-rank workers.
 pub(super) fn seeded_router(mode: RouterMode, seed: u64, workers: u64) -> Router {
-    let config = RouterConfig {
-        router_mode: mode,
+    router_with(
+        RouterConfig {
+            router_mode: mode,
+            seed,
+            ..Default::default()
+        },
+        workers,
+    )
+}
+
+/// A router of `config` with block size [`BS`] over `workers` single-rank workers.
+pub(super) fn router_with(config: RouterConfig, workers: u64) -> Router {
+    let mut r = Router::new(RouterConfig {
         kv_cache_block_size: BS,
-        seed,
-        ..Default::default()
-    };
-    let mut r = Router::new(config).unwrap();
+        ..config
+    })
+    .unwrap();
     for w in 0..workers {
         r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
     }
