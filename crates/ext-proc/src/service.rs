@@ -267,7 +267,15 @@ pub async fn serve(
                 let _ = streams.wait_for(|n| *n == 0).await;
             }) => {}
         }
+        // Streams still open end with UNAVAILABLE; the server is told to stop once they have
+        // (or after the margin), so it does not close a connection under a status being sent.
         shared.phase.send_replace(Phase::Cutting);
+        tokio::select! {
+            r = &mut server => return Some(r),
+            _ = tokio::time::timeout(CUT_MARGIN, async {
+                let _ = streams.wait_for(|n| *n == 0).await;
+            }) => {}
+        }
         let _ = cut_tx.send(());
         tokio::time::timeout(CUT_MARGIN, &mut server).await.ok()
     }
