@@ -104,6 +104,15 @@ pub struct Candidate {
     pub new_blocks: u64,
 }
 
+impl Candidate {
+    /// The request's blocks its engine would not compute again: those cached on its GPU, or
+    /// held by its active requests (an engine computes a prefix in flight once).
+    /// `request_blocks` is the request's whole block count.
+    pub fn reused_blocks(&self, request_blocks: u64) -> u64 {
+        u64::from(self.overlap.gpu_blocks).max(request_blocks - self.new_blocks)
+    }
+}
+
 /// One candidate's score, returned with every decision as data.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CandidateScore {

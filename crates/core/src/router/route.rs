@@ -121,12 +121,10 @@ impl Router {
         let rank = score.rank;
 
         let block_size = self.config.kv_cache_block_size as u64;
-        // The prefix the engine will not compute again: what it has cached, or what its active
-        // requests hold (a sibling of a request in flight finds the blocks its elder computes:
-        // engines cache a full block as soon as it is scheduled).
-        let held_blocks = request_blocks - candidates[chosen].new_blocks;
-        let cached_tokens = (u64::from(score.overlap.gpu_blocks).max(held_blocks) * block_size)
-            .min(request.isl_tokens);
+        // A sibling of a request in flight finds the blocks its elder computes: engines cache a
+        // full block as soon as it is scheduled.
+        let cached_tokens =
+            (candidates[chosen].reused_blocks(request_blocks) * block_size).min(request.isl_tokens);
         let full = request.blocks.sequence.len() as u64;
         self.ledger
             .begin_chain(
