@@ -8,14 +8,16 @@ use crate::event::KvEvent;
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
 use crate::policy::cost::{
-    cold_group_spread, estimate_with, keeps_a_reserve, replica_credit_s, steady_terms,
-    CostEstimate, CostWeights, RequestPicture, SteadyTerms, WorkerPicture, WorkerTerms,
+    cold_group_spread, estimate_with, steady_terms, CostEstimate, CostWeights, RequestPicture,
+    SteadyTerms, WorkerPicture, WorkerTerms,
 };
 use crate::policy::learn::{OutputLengths, PrefixHeat, Rate};
 use crate::policy::Candidate;
 use crate::time::Time;
 use crate::timing::TimingModel;
 use std::sync::Arc;
+
+mod replica;
 
 /// Sessions remembered before the oldest half is forgotten.
 const MAX_SESSIONS: usize = 65_536;
@@ -265,8 +267,7 @@ impl Router {
         let capacity = spec
             .kv_capacity_blocks
             .unwrap_or(self.config.router_index_max_blocks_per_worker as u64);
-        let held = cx.request_blocks - c.new_blocks;
-        let cached_blocks = u64::from(c.overlap.gpu_blocks).max(held);
+        let cached_blocks = c.reused_blocks(cx.request_blocks);
         let w = WorkerPicture {
             prefill_queue_tokens: c.load.active_prefill_tokens,
             active_requests: c.load.active_requests,
@@ -383,61 +384,7 @@ impl Router {
                 e.total += penalty;
             }
         }
-        // The replica credit: only for a prefix some candidate holds and others lack.
-        let deepest = priced.iter().map(|p| p.r.cached_tokens).max().unwrap_or(0);
-        let depth_blocks = (deepest / bs.max(1)) as usize;
-        let key = depth_blocks
-            .checked_sub(1)
-            .and_then(|i| request.blocks.sequence.get(i))
-            .map(|h| h.0);
-        let (Some(k), true) = (key, weights.replica > 0.0) else {
-            return (estimates, key);
-        };
-        let recent = self.cost.heat.recent(k, now);
-        let holders = priced
-            .iter()
-            .filter(|p| p.r.cached_tokens >= deepest)
-            .count() as u32;
-        // The credit is at most ρ·recent/(holders + 1) × the best holder's whole cost: skip the
-        // second estimates when that cannot matter (a cold prefix).
-        // A prefix no engine has cached yet is still being computed where it is held: a copy
-        // elsewhere would be ready no sooner than the original, so it earns no credit. Only the
-        // engines' own events say "cached" (the candidates' overlap may count predictions).
-        let cached_somewhere = || {
-            let cached = self.index.find_matches(&request.blocks.sequence);
-            candidates
-                .iter()
-                .any(|c| u64::from(cached.get(c.rank).gpu_blocks) * bs >= deepest)
-        };
-        if weights.replica * recent / f64::from(holders + 1) < 1.0
-            || !keeps_a_reserve(holders, candidates.len())
-            || !cached_somewhere()
-        {
-            return (estimates, key);
-        }
-        let best_holder = estimates
-            .iter()
-            .zip(&priced)
-            .filter(|(_, p)| p.r.cached_tokens >= deepest)
-            .map(|(e, _)| e.total)
-            .fold(f64::INFINITY, f64::min);
-        for (p, e) in priced.iter().zip(estimates.iter_mut()) {
-            let r = &p.r;
-            if r.cached_tokens >= deepest {
-                continue;
-            }
-            let copied = deepest.min(r.isl_tokens) - r.cached_tokens.min(r.isl_tokens);
-            let as_holder = RequestPicture {
-                cached_tokens: deepest,
-                new_kv_tokens: r.new_kv_tokens.saturating_sub(copied),
-                ..*r
-            };
-            let next = estimate_with(&p.timing, &p.w, &p.terms, &as_holder, weights);
-            let credit =
-                replica_credit_s(weights.replica, recent, holders, best_holder - next.total);
-            e.replica_s = credit;
-            e.total -= credit;
-        }
+        let key = self.replica_credit(request, candidates, &priced, &mut estimates, weights, now);
         (estimates, key)
     }
 
