@@ -69,3 +69,52 @@ impl TimingModel for Timing<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::ids::WorkerId;
+    use crate::policy::RouterMode;
+    use crate::router::tests::{request, router_with, tokens};
+    use crate::router::{Pin, RouterConfig};
+    use crate::time::Time;
+
+    #[test]
+    fn a_speedup_ratio_divides_every_estimate_of_a_worker_without_a_profile() {
+        let totals = |ratio: f64| {
+            let mut r = router_with(
+                RouterConfig {
+                    router_mode: RouterMode::Cost,
+                    router_cost_speedup_ratio: ratio,
+                    ..Default::default()
+                },
+                3,
+            );
+            let mut busy = request(50, &tokens(50, 3000));
+            busy.pin = Some(Pin {
+                worker: WorkerId(1),
+                dp_rank: None,
+            });
+            r.route(&busy, Time::ZERO).unwrap();
+            let d = r
+                .route(
+                    &request(1, &tokens(1, 900)),
+                    Time::ZERO + std::time::Duration::from_millis(1),
+                )
+                .unwrap();
+            d.candidates.iter().map(|c| c.total).collect::<Vec<f64>>()
+        };
+        let (plain, fast) = (totals(1.0), totals(10.0));
+        for (p, f) in plain.iter().zip(&fast) {
+            assert!(
+                *p > 0.0 && (p / f - 10.0).abs() < 1e-9,
+                "{plain:?} {fast:?}"
+            );
+        }
+        assert!(RouterConfig {
+            router_cost_speedup_ratio: 0.0,
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
+    }
+}
