@@ -261,20 +261,14 @@ pub async fn serve(
         shared.phase.send_replace(Phase::Draining);
         let _ = drain_tx.send(true);
         let mut streams = shared.streams.subscribe();
-        tokio::select! {
-            r = &mut server => return Some(r),
-            _ = tokio::time::timeout(grace, async {
-                let _ = streams.wait_for(|n| *n == 0).await;
-            }) => {}
+        if let Some(r) = streams_end_within(&mut server, &mut streams, grace).await {
+            return Some(r);
         }
         // Streams still open end with UNAVAILABLE; the server is told to stop once they have
         // (or after the margin), so it does not close a connection under a status being sent.
         shared.phase.send_replace(Phase::Cutting);
-        tokio::select! {
-            r = &mut server => return Some(r),
-            _ = tokio::time::timeout(CUT_MARGIN, async {
-                let _ = streams.wait_for(|n| *n == 0).await;
-            }) => {}
+        if let Some(r) = streams_end_within(&mut server, &mut streams, CUT_MARGIN).await {
+            return Some(r);
         }
         let _ = cut_tx.send(());
         tokio::time::timeout(CUT_MARGIN, &mut server).await.ok()
@@ -282,4 +276,17 @@ pub async fn serve(
     .await;
     reporting.abort();
     result.unwrap_or(Ok(()))
+}
+
+/// Waits up to `limit` for every open stream to end, while the server runs; the server's result
+/// if it stopped first.
+async fn streams_end_within<S: std::future::Future + Unpin>(
+    server: &mut S,
+    streams: &mut watch::Receiver<usize>,
+    limit: Duration,
+) -> Option<S::Output> {
+    tokio::select! {
+        r = server => Some(r),
+        _ = tokio::time::timeout(limit, streams.wait_for(|n| *n == 0)) => None,
+    }
 }
