@@ -335,7 +335,8 @@ pub(crate) fn layer(
 
 /// Parses the process's arguments with environment and config-file values merged in. `None`
 /// when `--print-config` printed the configuration (the caller exits). Errors exit with code 2.
-pub(crate) fn parse_args<C: clap::CommandFactory + clap::FromArgMatches>() -> Option<C> {
+pub(crate) fn parse_args<C: clap::CommandFactory + clap::FromArgMatches>(
+) -> Option<(C, BTreeMap<String, Source>)> {
     let cmd = augment(C::command());
     let argv: Vec<OsString> = std::env::args_os().collect();
     let layered = layer(&cmd, argv, &|k| std::env::var(k).ok(), &|p| {
@@ -358,7 +359,44 @@ pub(crate) fn parse_args<C: clap::CommandFactory + clap::FromArgMatches>() -> Op
             return None;
         }
     }
-    Some(C::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
+    let cli = C::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    Some((cli, layered.sources))
+}
+
+/// `error` with a line for each flag it names (`--flag` as a whole word) whose value came from
+/// the environment or the config file, naming that source: a range check after parsing knows the
+/// flag, not where its value was written.
+pub(crate) fn name_sources(
+    error: anyhow::Error,
+    sources: &BTreeMap<String, Source>,
+) -> anyhow::Error {
+    let text = format!("{error:#}");
+    let notes: Vec<String> = sources
+        .iter()
+        .filter(|(long, _)| names_flag(&text, long))
+        .filter_map(|(long, source)| match source {
+            Source::CommandLine => None,
+            Source::Env(var) => Some(format!("--{long} was set by {var}")),
+            Source::File { line } => Some(format!(
+                "--{long} was set by the --config file, line {line}"
+            )),
+        })
+        .collect();
+    if notes.is_empty() {
+        return error;
+    }
+    anyhow::anyhow!("{text}\n  ({})", notes.join("; "))
+}
+
+/// Whether `text` names `--long` as a whole flag (not as the start of a longer one).
+fn names_flag(text: &str, long: &str) -> bool {
+    let flag = format!("--{long}");
+    text.match_indices(&flag).any(|(at, _)| {
+        !text[at + flag.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    })
 }
 
 #[cfg(test)]

@@ -245,3 +245,37 @@ fn environment_names() {
     assert_eq!(env_name("router-mode"), "KVROUTER_ROUTER_MODE");
     assert_eq!(env_name("admin-token"), "KVROUTER_ADMIN_TOKEN");
 }
+
+#[test]
+fn a_refused_value_names_where_it_was_set() {
+    let (_, sources) = run(
+        &["serve", "--router-mode", "kv", "--config", "k.toml"],
+        &[("KVROUTER_ROUTER_COST_SPEEDUP_RATIO", "0")],
+        "retries = 2\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let from_env = name_sources(
+        anyhow::anyhow!("invalid --router-cost-speedup-ratio: 0 is below 0.001"),
+        &sources,
+    );
+    assert_eq!(
+        from_env.to_string(),
+        "invalid --router-cost-speedup-ratio: 0 is below 0.001\n  \
+         (--router-cost-speedup-ratio was set by KVROUTER_ROUTER_COST_SPEEDUP_RATIO)"
+    );
+    let from_file = name_sources(anyhow::anyhow!("--retries: too many"), &sources);
+    assert!(
+        from_file
+            .to_string()
+            .ends_with("(--retries was set by the --config file, line 1)"),
+        "{from_file}"
+    );
+    // A flag given on the command line, and one named only as the start of a longer flag, get
+    // no note.
+    for plain in ["--router-mode: bad", "--retries-budget: bad"] {
+        assert_eq!(
+            name_sources(anyhow::anyhow!("{plain}"), &sources).to_string(),
+            plain
+        );
+    }
+}

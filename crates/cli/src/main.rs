@@ -67,9 +67,15 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     // Flags, then KVROUTER_<FLAG> variables, then --config FILE, then defaults (layered.rs).
-    let Some(cli) = layered::parse_args::<Cli>() else {
+    let Some((cli, sources)) = layered::parse_args::<Cli>() else {
         return Ok(()); // --print-config
     };
+    // A value refused after parsing names its flag; say where a flag not on the command line
+    // got it.
+    run(cli).map_err(|e| layered::name_sources(e, &sources))
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
         Command::Serve(args) => logging::init(&args.observability.log)?,
         _ => logging::init(&logging::LogArgs::default())?,

@@ -172,6 +172,24 @@ impl RoutingArgs {
     }
 }
 
+/// One warning per routing flag given a value that none of the router configurations a command
+/// runs reads (`base` is the configuration of the flags alone, `runs` what the command runs: a
+/// `kv` weight under the default `cost` mode, a `cost` weight under `--router-mode kv`).
+pub(crate) fn unread_warnings(base: &RouterConfig, runs: &[&RouterConfig]) -> Vec<String> {
+    let mut modes: Vec<String> = runs.iter().map(|r| r.router_mode.to_string()).collect();
+    modes.dedup();
+    base.unread_settings()
+        .into_iter()
+        .filter(|flag| runs.iter().all(|r| r.unread_settings().contains(flag)))
+        .map(|flag| {
+            format!(
+                "{flag} is set but the router mode in effect ({}) does not read it",
+                modes.join(", ")
+            )
+        })
+        .collect()
+}
+
 /// Applies a `--compare` item: `MODE[:key=value[:key=value...]]`, keys named like the flags in
 /// snake case (`kv:router_predicted_ttl_secs=5`).
 pub(crate) fn apply_compare_item(base: &RouterConfig, item: &str) -> anyhow::Result<RouterConfig> {
@@ -196,4 +214,35 @@ pub(crate) fn apply_compare_item(base: &RouterConfig, item: &str) -> anyhow::Res
         .validate()
         .map_err(|e| anyhow::anyhow!("--compare item {item:?}: {e}"))?;
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flag_is_reported_only_when_no_run_reads_it() {
+        let base = RouterConfig {
+            router_mode: RouterMode::Cost,
+            router_kv_overlap_score_credit: 2.0,
+            ..RouterConfig::default()
+        };
+        let kv = apply_compare_item(&base, "kv").unwrap();
+        assert_eq!(
+            unread_warnings(&base, &[&base]),
+            ["--router-kv-overlap-score-credit is set but the router mode in effect (cost) does not read it"]
+        );
+        assert!(unread_warnings(&base, &[&base, &kv]).is_empty());
+        // A value the command derived (not given as a flag) is not the user's to hear about.
+        let derived = RouterConfig {
+            router_mode: RouterMode::Kv,
+            router_cost_speedup_ratio: 10.0,
+            ..RouterConfig::default()
+        };
+        let flags = RouterConfig {
+            router_mode: RouterMode::Kv,
+            ..RouterConfig::default()
+        };
+        assert!(unread_warnings(&flags, &[&derived]).is_empty());
+    }
 }

@@ -329,6 +329,10 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(global) = args.global.config()? {
         return crate::global_args::run(global, config, &addr).await;
     }
+    let flags = args.routing.config()?;
+    for warning in crate::routing_args::unread_warnings(&flags, &[&config.router]) {
+        tracing::warn!("{warning}");
+    }
     if args.mock_workers > 0 {
         crate::global_args::speeds_from_mocks(
             &mut config.cluster_summary,

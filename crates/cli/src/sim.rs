@@ -4,6 +4,7 @@ use crate::routing_args::{apply_compare_item, RoutingArgs};
 use crate::sim_table::{print_fleet, print_table};
 use anyhow::{bail, Context};
 use clap::Args;
+use kvrouter_core::router::RouterConfig;
 use kvrouter_engine::EngineConfig;
 use kvrouter_sim::summary::FleetBaseline;
 use kvrouter_sim::{SimConfig, Simulation, Summary};
@@ -287,6 +288,23 @@ impl SimArgs {
     }
 }
 
+impl SimArgs {
+    /// Routing flags given that no configuration of the run reads; the simulator hands the
+    /// router every engine's own timing model, so `--router-cost-speedup-ratio` never is.
+    fn unread_warnings(&self, configs: &[SimConfig]) -> anyhow::Result<Vec<String>> {
+        let runs: Vec<&RouterConfig> = configs.iter().map(|c| &c.router).collect();
+        let mut out = crate::routing_args::unread_warnings(&self.routing.config()?, &runs);
+        let ratio = "--router-cost-speedup-ratio";
+        out.retain(|w| !w.starts_with(ratio));
+        if self.routing.router_cost_speedup_ratio.is_some() {
+            out.push(format!(
+                "{ratio} is not read by sim: the router prices each simulated engine with its own timing model"
+            ));
+        }
+        Ok(out)
+    }
+}
+
 /// `PATH` for one configuration, `PATH-N.ext` for the N-th of several.
 fn numbered(path: &std::path::Path, n: usize, of: usize) -> PathBuf {
     if of <= 1 {
@@ -378,6 +396,9 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
     }
     let workload = args.workload()?;
     let configs = args.configs()?;
+    for warning in args.unread_warnings(&configs)? {
+        tracing::warn!("{warning}");
+    }
     let mut runs = Vec::with_capacity(configs.len());
     let count = configs.len();
     for (n, config) in configs.into_iter().enumerate() {

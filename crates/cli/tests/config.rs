@@ -158,9 +158,54 @@ async fn config_errors_name_the_key_the_line_or_the_variable() {
     .await;
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("KVROUTER_RETRIES"), "{err}");
+    // A value the flag's parser takes but a later range check refuses: the error names the
+    // variable that set it.
+    let (code, _, err) = finished(
+        &["serve", "--mock-workers", "1", "--port", "0"],
+        &[("KVROUTER_ROUTER_COST_SPEEDUP_RATIO", "0")],
+    )
+    .await;
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains("--router-cost-speedup-ratio was set by KVROUTER_ROUTER_COST_SPEEDUP_RATIO"),
+        "{err}"
+    );
     let (code, _, err) = finished(&["serve", "--config", "/nonexistent/kvrouter.toml"], &[]).await;
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--config /nonexistent/kvrouter.toml"), "{err}");
+}
+
+#[tokio::test]
+async fn a_weight_the_router_mode_does_not_read_is_warned_about() {
+    let out = std::env::temp_dir().join(format!("kvrouter-config-{}-unread", std::process::id()));
+    let out = out.to_str().unwrap();
+    let args = [
+        "sim",
+        "--workload",
+        "seed001",
+        "--workload-args",
+        "requests=4",
+        "--workers",
+        "2",
+        "--quiet",
+        "--out",
+        out,
+    ];
+    let warned = "--router-kv-overlap-score-credit is set but the router mode in effect (cost) does not read it";
+    let (code, _, err) = finished(&args, &[("KVROUTER_ROUTER_KV_OVERLAP_SCORE_CREDIT", "2")]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(warned), "{err}");
+    // Read in kv mode: no warning.
+    let (code, _, err) = finished(
+        &args,
+        &[
+            ("KVROUTER_ROUTER_KV_OVERLAP_SCORE_CREDIT", "2"),
+            ("KVROUTER_ROUTER_MODE", "kv"),
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("does not read it"), "{err}");
 }
 
 #[tokio::test]

@@ -302,10 +302,22 @@ pub struct Summary {
     pub workers: Vec<WorkerSummary>,
     /// RL figures, for workloads with steps.
     pub rl: Option<RlSummary>,
+    /// Whether the router saw the workload's RL group ids; written only when it did not
+    /// (`sim --no-group-ids`: siblings known by their prompt alone).
+    #[serde(default = "seen", skip_serializing_if = "is_seen")]
+    pub group_ids: bool,
     /// The planner's fleet (`--planner` runs only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetSummary>,
     /// Time series for the report.
     #[serde(skip)]
     pub timeline: Timeline,
+}
+
+fn seen() -> bool {
+    true
+}
+
+fn is_seen(group_ids: &bool) -> bool {
+    *group_ids
 }

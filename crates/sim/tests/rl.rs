@@ -223,4 +223,11 @@ fn without_group_ids_siblings_are_known_by_their_prompt() {
     // a few prefills in all instead of one per worker.
     assert!(by_prompt.iter().all(|n| *n <= 2), "{by_prompt:?}");
     assert!(by_prompt.iter().sum::<usize>() <= 10, "{by_prompt:?}");
+    // summary.json says when the router ran without the ids (and only then).
+    let mut c = config(None);
+    c.group_ids = false;
+    let hidden = serde_json::to_value(Simulation::new(c, &w).unwrap().run().unwrap()).unwrap();
+    assert_eq!(hidden["group_ids"], serde_json::Value::Bool(false));
+    let seen = serde_json::to_value(Simulation::new(config(None), &w).unwrap().run().unwrap());
+    assert!(seen.unwrap().get("group_ids").is_none());
 }

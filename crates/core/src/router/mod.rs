@@ -21,6 +21,7 @@ mod replica;
 mod request;
 mod rl;
 mod route;
+mod unread;
 mod update;
 
 pub use admission::{Admission, QueuePolicy, QueueStats};

@@ -174,6 +174,7 @@ impl SummaryBuilder<'_> {
             sim_wall_s: 0.0,
             workers,
             rl: rl.map(|(r, _)| r),
+            group_ids: self.config.group_ids,
             fleet: None,
             timeline: Timeline {
                 step_times_s: step_times,

@@ -1,0 +1,181 @@
+//! Which settings the router mode in effect does not read: a `kv` weight under `cost` (the
+//! default since the cost model landed) or a `cost` weight under `kv` changes nothing, and a user
+//! who set one should hear so rather than tune a knob that is not connected.
+
+use super::RouterConfig;
+use crate::policy::RouterMode;
+
+/// A setting read by some router modes only: its flag, the modes that read it, and whether a
+/// configuration moved it off its default.
+struct ModeSetting {
+    flag: &'static str,
+    read_by: &'static [RouterMode],
+    set: fn(&RouterConfig, &RouterConfig) -> bool,
+}
+
+/// `kv` scores also order a pinned worker's data-parallel ranks in `direct` mode.
+const KV: &[RouterMode] = &[RouterMode::Kv, RouterMode::Direct];
+const COST: &[RouterMode] = &[RouterMode::Cost];
+
+const MODE_SETTINGS: &[ModeSetting] = &[
+    ModeSetting {
+        flag: "--router-temperature",
+        read_by: KV,
+        set: |c, d| c.router_temperature != d.router_temperature,
+    },
+    ModeSetting {
+        flag: "--router-kv-overlap-score-credit",
+        read_by: KV,
+        set: |c, d| c.router_kv_overlap_score_credit != d.router_kv_overlap_score_credit,
+    },
+    ModeSetting {
+        flag: "--router-kv-overlap-score-credit-decay",
+        read_by: KV,
+        set: |c, d| {
+            c.router_kv_overlap_score_credit_decay != d.router_kv_overlap_score_credit_decay
+        },
+    },
+    ModeSetting {
+        flag: "--router-prefill-load-scale",
+        read_by: KV,
+        set: |c, d| c.router_prefill_load_scale != d.router_prefill_load_scale,
+    },
+    ModeSetting {
+        flag: "--router-decode-active-request-weight",
+        read_by: KV,
+        set: |c, d| c.router_decode_active_request_weight != d.router_decode_active_request_weight,
+    },
+    ModeSetting {
+        flag: "--router-cost-decode-weight",
+        read_by: COST,
+        set: |c, d| c.router_cost_decode_weight != d.router_cost_decode_weight,
+    },
+    ModeSetting {
+        flag: "--router-cost-prefill-weight",
+        read_by: COST,
+        set: |c, d| c.router_cost_prefill_weight != d.router_cost_prefill_weight,
+    },
+    ModeSetting {
+        flag: "--router-cost-session-margin",
+        read_by: COST,
+        set: |c, d| c.router_cost_session_margin != d.router_cost_session_margin,
+    },
+    ModeSetting {
+        flag: "--router-cost-replica-weight",
+        read_by: COST,
+        set: |c, d| c.router_cost_replica_weight != d.router_cost_replica_weight,
+    },
+    ModeSetting {
+        flag: "--router-cost-fit",
+        read_by: COST,
+        set: |c, d| c.router_cost_fit != d.router_cost_fit,
+    },
+    ModeSetting {
+        flag: "--router-cost-speedup-ratio",
+        read_by: COST,
+        set: |c, d| c.router_cost_speedup_ratio != d.router_cost_speedup_ratio,
+    },
+];
+
+impl RouterConfig {
+    /// The flags of settings moved off their defaults that the mode in effect does not read, in
+    /// flag order (`--load-aware` is `kv` mode without credit, so its credit of 0 is read).
+    pub fn unread_settings(&self) -> Vec<&'static str> {
+        let defaults = RouterConfig::default();
+        MODE_SETTINGS
+            .iter()
+            .filter(|s| !s.read_by.contains(&self.router_mode) && (s.set)(self, &defaults))
+            .map(|s| s.flag)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(mode: RouterMode) -> RouterConfig {
+        RouterConfig {
+            router_mode: mode,
+            ..RouterConfig::default()
+        }
+    }
+
+    #[test]
+    fn defaults_are_read_or_harmless_in_every_mode() {
+        for mode in RouterMode::ALL {
+            assert!(with(mode).unread_settings().is_empty(), "{mode}");
+        }
+    }
+
+    #[test]
+    fn a_kv_weight_under_cost_and_a_cost_weight_under_kv_are_named() {
+        let c = RouterConfig {
+            router_kv_overlap_score_credit: 2.0,
+            router_temperature: 0.5,
+            router_cost_decode_weight: 0.7,
+            ..with(RouterMode::Cost)
+        };
+        assert_eq!(
+            c.unread_settings(),
+            ["--router-temperature", "--router-kv-overlap-score-credit"]
+        );
+        let c = RouterConfig {
+            router_mode: RouterMode::Kv,
+            ..c
+        };
+        assert_eq!(c.unread_settings(), ["--router-cost-decode-weight"]);
+        let c = RouterConfig {
+            router_mode: RouterMode::RoundRobin,
+            ..c
+        };
+        assert_eq!(c.unread_settings().len(), 3);
+    }
+
+    #[test]
+    fn load_aware_reads_its_zero_credit() {
+        assert!(RouterConfig::load_aware().unread_settings().is_empty());
+    }
+
+    #[test]
+    fn each_setting_is_noticed_by_its_own_field() {
+        type Move = fn(&mut RouterConfig);
+        let moves: [(&str, Move); 11] = [
+            ("--router-temperature", |c| c.router_temperature = 0.5),
+            ("--router-kv-overlap-score-credit", |c| {
+                c.router_kv_overlap_score_credit = 2.0
+            }),
+            ("--router-kv-overlap-score-credit-decay", |c| {
+                c.router_kv_overlap_score_credit_decay = 0.5
+            }),
+            ("--router-prefill-load-scale", |c| {
+                c.router_prefill_load_scale = 2.0
+            }),
+            ("--router-decode-active-request-weight", |c| {
+                c.router_decode_active_request_weight = 1.0
+            }),
+            ("--router-cost-decode-weight", |c| {
+                c.router_cost_decode_weight = 0.7
+            }),
+            ("--router-cost-prefill-weight", |c| {
+                c.router_cost_prefill_weight = 2.0
+            }),
+            ("--router-cost-session-margin", |c| {
+                c.router_cost_session_margin = 0.3
+            }),
+            ("--router-cost-replica-weight", |c| {
+                c.router_cost_replica_weight = 0.0
+            }),
+            ("--router-cost-fit", |c| c.router_cost_fit = true),
+            ("--router-cost-speedup-ratio", |c| {
+                c.router_cost_speedup_ratio = 10.0
+            }),
+        ];
+        assert_eq!(moves.len(), MODE_SETTINGS.len());
+        for (flag, set) in moves {
+            let mut c = with(RouterMode::LeastLoaded);
+            set(&mut c);
+            assert_eq!(c.unread_settings(), [flag]);
+        }
+    }
+}
