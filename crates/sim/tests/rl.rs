@@ -220,9 +220,11 @@ fn without_group_ids_siblings_are_known_by_their_prompt() {
     // (docs/routing.md, cold-start group spread); the second follows the learned short answers.
     assert_eq!(grouped, [4, 4, 4, 4, 1, 1, 1, 1]);
     // Known only by their prompt, siblings stay with the prompt's first holder from the start:
-    // a few prefills in all instead of one per worker.
+    // one prefill per prompt but one (a sibling's uncached tail joins its elder's queued prefill
+    // steps instead of pricing a step of its own; the twelfth sibling of one group still goes to
+    // a worker of its own here).
     assert!(by_prompt.iter().all(|n| *n <= 2), "{by_prompt:?}");
-    assert!(by_prompt.iter().sum::<usize>() <= 10, "{by_prompt:?}");
+    assert!(by_prompt.iter().sum::<usize>() <= 9, "{by_prompt:?}");
     // summary.json says when the router ran without the ids (and only then).
     let mut c = config(None);
     c.group_ids = false;

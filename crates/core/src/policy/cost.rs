@@ -19,7 +19,10 @@
 //!   lengths), `itl = decode_ms(n, F)`, `itl' = decode_ms(n + 1, F')`:
 //!   `decode = (L·itl' + n·(itl' − itl)·min(L, O/n)) / 1000` seconds: this request's own decode
 //!   time in that batch plus the slowdown it adds to the batch;
-//! - `own`: this request's own uncached prefill time (no queue, no batch);
+//! - `own`: the prefill time this request adds to the worker's queue, `P(Q + I − survive·H) −
+//!   P(Q)` with `P` the chunked prefill time without decode: joining queued prefill, a request
+//!   shares its steps (and their fixed cost) instead of paying a step of its own, so a burst
+//!   sibling's uncached tail costs its tokens, not a whole prefill step;
 //! - `cost = TTFT + λ·decode + γ·own` (λ = `router_cost_decode_weight`, default 0.5: a second of
 //!   decode, the request's own or added to others, counts half a second of TTFT; γ =
 //!   `router_cost_prefill_weight`, default 1: the work it puts before later arrivals).
@@ -80,7 +83,7 @@ pub struct CostEstimate {
     pub ttft_s: f64,
     /// Own decode time plus the slowdown added to the batch.
     pub decode_s: f64,
-    /// This request's own uncached prefill time (no queue, no batch).
+    /// The prefill time this request adds to the worker's queue (no decode).
     pub prefill_s: f64,
     /// Probability the cached prefix survives until it is used.
     pub survive: f64,
@@ -238,6 +241,8 @@ pub struct WorkerTerms {
     footprint: f64,
     /// The batch's inter-token latency now, ms.
     itl_ms: f64,
+    /// Time to prefill the queued tokens `Q` alone, in chunked steps without decode, ms.
+    queue_prefill_ms: f64,
 }
 
 /// The worker's terms of [`estimate`].
@@ -282,14 +287,10 @@ pub fn steady_terms<T: TimingModel + ?Sized>(timing: &T, w: &WorkerPicture) -> S
     let decode_now = decode_ms(timing, n, k, cap);
     // Half the step in progress; the queued prefill is counted whole in the chunks below.
     let residual = if n > 0 { 0.5 * decode_now } else { 0.0 };
-    let wait_ms = residual
-        + chunked_with_full_step(
-            timing,
-            w.prefill_queue_tokens,
-            batch,
-            full_step_ms,
-            decode_now,
-        );
+    let queue_prefill_ms =
+        chunked_with_full_step(timing, w.prefill_queue_tokens, batch, full_step_ms, 0.0);
+    let wait_ms =
+        residual + queue_prefill_ms + w.prefill_queue_tokens.div_ceil(batch) as f64 * decode_now;
     let footprint = k + w.expected_output_tokens.max(0.0) / 2.0;
     SteadyTerms {
         terms: WorkerTerms {
@@ -301,6 +302,7 @@ pub fn steady_terms<T: TimingModel + ?Sized>(timing: &T, w: &WorkerPicture) -> S
             survive: 1.0,
             footprint,
             itl_ms: decode_ms(timing, n, footprint, cap),
+            queue_prefill_ms,
         },
         wait_ms,
     }
@@ -334,6 +336,7 @@ pub fn estimate_with<T: TimingModel + ?Sized>(
         survive,
         footprint,
         itl_ms: itl,
+        queue_prefill_ms,
     } = terms;
     let n = u64::from(w.active_requests);
     let held = r.cached_tokens.min(r.isl_tokens);
@@ -344,10 +347,10 @@ pub fn estimate_with<T: TimingModel + ?Sized>(
         (held as f64 * survive).round() as u64
     };
     let x = w.prefill_queue_tokens + r.isl_tokens - cached;
-    let ttft_ms = residual + chunked_with_full_step(timing, x, batch, full_step_ms, decode_now);
+    let prefill_ms = chunked_with_full_step(timing, x, batch, full_step_ms, 0.0);
+    let ttft_ms = residual + prefill_ms + x.div_ceil(batch) as f64 * decode_now;
     let ttft_s = ttft_ms / 1e3 + r.network_s;
-    let own_s =
-        chunked_with_full_step(timing, r.isl_tokens - cached, batch, full_step_ms, 0.0) / 1e3;
+    let own_s = (prefill_ms - queue_prefill_ms).max(0.0) / 1e3;
 
     let l = r.expected_output.max(0.0);
     let correlated = r.length_cv.max(0.0) * f64::from(r.siblings_here) * l;

@@ -100,13 +100,15 @@ fn a_session_stays_home_unless_moving_is_clearly_cheaper() {
     turn.session = Some(9);
     let home = r.route(&turn, at(0)).unwrap().rank;
     let _ = r.finish(RequestId(1), at(10)).unwrap();
-    // A little load at home: the other worker is cheaper, but not by the margin.
+    // A little load at home, one request decoding (queued prefill would not do: a turn joining
+    // it shares its steps): the other worker is cheaper, but not by the margin.
     let mut small = request(50, &tokens(50, 8));
     small.pin = Some(Pin {
         worker: home.worker,
         dp_rank: None,
     });
     r.route(&small, at(11)).unwrap();
+    r.first_token(RequestId(50)).unwrap();
     let mut next = request(2, &tokens(6, 40));
     next.session = Some(9);
     let d = r.route(&next, at(12)).unwrap();

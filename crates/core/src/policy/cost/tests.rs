@@ -162,3 +162,31 @@ fn siblings_already_there_make_a_worker_dearer_for_decode() {
     assert!(crowded.decode_s > alone.decode_s);
     assert_eq!(crowded.ttft_s, alone.ttft_s);
 }
+
+#[test]
+fn a_request_joining_queued_prefill_adds_its_tokens_not_a_step_of_its_own() {
+    // A burst sibling: the worker already queues its elder's 2,000-token prefill; the sibling's
+    // 18 uncached tokens share those steps.
+    let r = request(2018, 2000, 64.0);
+    let queued = estimate(&DynamoPoly, &worker(2000, 1, 2048), &r, W);
+    let p = |t| DynamoPoly.prefill_ms(t).unwrap();
+    assert!((queued.prefill_s * 1e3 - (p(2018) - p(2000))).abs() < 1e-9);
+    assert!(
+        queued.prefill_s * 1e3 < 0.02 * p(18),
+        "{}",
+        queued.prefill_s
+    );
+    // With nothing queued it pays the whole prefill, step cost included.
+    let idle = estimate(&DynamoPoly, &worker(0, 0, 0), &request(2018, 0, 64.0), W);
+    assert!((idle.prefill_s * 1e3 - p(2018)).abs() < 1e-9);
+    // Across chunk boundaries it is the difference of the two chunked schedules.
+    let long = estimate(
+        &DynamoPoly,
+        &worker(8000, 1, 8192),
+        &request(500, 0, 64.0),
+        W,
+    );
+    let want = chunked_prefill_ms(&DynamoPoly, 8500, 8192, 0.0)
+        - chunked_prefill_ms(&DynamoPoly, 8000, 8192, 0.0);
+    assert!((long.prefill_s * 1e3 - want).abs() < 1e-9);
+}
