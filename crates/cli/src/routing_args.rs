@@ -91,8 +91,8 @@ pub(crate) struct RoutingArgs {
     /// batch, seconds) against TTFT.
     #[arg(help_heading = H::ROUTING, long, default_value_t = 0.5)]
     router_cost_decode_weight: f64,
-    /// `cost` mode: weight of the request's own uncached prefill time beyond its TTFT (the
-    /// work it puts in front of later arrivals).
+    /// `cost` mode: weight of the prefill time the request adds to the worker's queue, beyond
+    /// its TTFT (the work it puts in front of later arrivals).
     #[arg(help_heading = H::ROUTING, long, default_value_t = 1.0)]
     router_cost_prefill_weight: f64,
     /// `cost` mode: a session (x-session-id) moves off the worker of its last turn only when

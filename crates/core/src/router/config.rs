@@ -84,8 +84,8 @@ pub struct RouterConfig {
     /// batch) against TTFT, both in seconds (default 0.5: chosen over the routing suite from
     /// 0.5 and 1, one value for every workload; docs/routing.md).
     pub router_cost_decode_weight: f64,
-    /// `cost` mode: weight γ of the request's own uncached prefill time, beyond its TTFT: the
-    /// work it puts in front of later arrivals (and the cache it duplicates).
+    /// `cost` mode: weight γ of the prefill time the request adds to the worker's queue, beyond
+    /// its TTFT: the work it puts in front of later arrivals (and the cache it duplicates).
     pub router_cost_prefill_weight: f64,
     /// `cost` mode: a session's next turn stays on the worker of its last turn unless another is
     /// cheaper by more than this fraction of the best cost (soft affinity).
