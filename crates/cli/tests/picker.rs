@@ -180,6 +180,37 @@ async fn an_unconfirmed_pick_expires_and_releases_its_load() {
 }
 
 #[tokio::test]
+async fn repeated_first_token_reports_do_not_extend_a_pick_past_its_cap() {
+    let s = serve(
+        "1",
+        &["--pick-lease-secs", "0.3", "--pick-max-duration-secs", "0.6"],
+    )
+    .await;
+    let p = s.pick(&[], json!({"token_ids": ids(0, 0)})).await;
+    let started = std::time::Instant::now();
+    assert_eq!(s.report(&p["id"], "first-token", json!({})).await, 200);
+    // A caller that keeps reporting first tokens (for up to 3 s) and never finishes.
+    let mut reports = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if s.report(&p["id"], "first-token", json!({})).await != 200 {
+            break;
+        }
+        reports += 1;
+    }
+    let ended = started.elapsed();
+    assert!(reports >= 2, "{reports} reports");
+    // The cap counts from the first report: the pick expired about 0.6 s after it.
+    assert!(ended < Duration::from_millis(1500), "outstanding for {ended:?}");
+    s.await_metric("kvrouter_picks_outstanding", 0.0).await;
+    let m = s.metrics().await;
+    assert_eq!(
+        sum(&m, "kvrouter_picks_total{source=\"api\",end=\"expired\"}"),
+        1.0
+    );
+}
+
+#[tokio::test]
 async fn picks_wait_in_the_router_queue_and_are_refused_when_it_is_full() {
     let s = serve(
         "1",

@@ -16,6 +16,8 @@ use tokio::sync::Notify;
 struct Lease {
     guard: LoadGuard,
     expires: Instant,
+    /// Whether a first token was reported: the lease was extended once, and is not again.
+    started: bool,
 }
 
 #[derive(Default)]
@@ -85,7 +87,14 @@ impl PickTable {
         }
         let earliest = t.by_expiry.first().is_none_or(|(at, _)| expires < *at);
         t.by_expiry.insert((expires, id));
-        t.leases.insert(id, Lease { guard, expires });
+        t.leases.insert(
+            id,
+            Lease {
+                guard,
+                expires,
+                started: false,
+            },
+        );
         self.count(&t);
         drop(t);
         if earliest {
@@ -94,14 +103,19 @@ impl PickTable {
         Ok(())
     }
 
-    /// The caller saw pick `id`'s first token: its lease now ends at `expires`. Returns
-    /// whether the pick is outstanding.
+    /// The caller saw pick `id`'s first token: its lease now ends at `expires`. A repeated
+    /// report changes nothing (the cap counts from the first, or a caller that never finishes
+    /// could hold its load for ever). Returns whether the pick is outstanding.
     pub(crate) fn first_token(&self, id: u64, expires: Instant) -> bool {
         let mut t = self.lock();
         let t = &mut *t;
         let Some(lease) = t.leases.get_mut(&id) else {
             return false;
         };
+        if lease.started {
+            return true;
+        }
+        lease.started = true;
         lease.guard.first_token();
         t.by_expiry.remove(&(lease.expires, id));
         lease.expires = expires;
