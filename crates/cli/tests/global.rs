@@ -271,6 +271,57 @@ async fn a_dead_cluster_router_loses_its_traffic_and_sessions_within_a_deadline(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_stream_its_cluster_breaks_off_ends_with_an_error_event() {
+    let mut s = setup().await;
+    let mut r = s
+        .http
+        .post(format!("{}/v1/completions", s.global.http()))
+        .json(
+            &json!({"model": "mock-model", "prompt": prompt(7, 0), "max_tokens": 20000,
+            "stream": true}),
+        )
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("the global router answers");
+    assert_eq!(r.status(), 200);
+    let home = r.headers()["x-kvrouter-cluster"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let first = r.chunk().await.unwrap().expect("a first chunk");
+    assert!(first.starts_with(b"data: "));
+    let victim = if home == "fast" {
+        &mut s.fast
+    } else {
+        &mut s.slow
+    };
+    victim.child.start_kill().unwrap();
+    victim.child.wait().await.unwrap();
+    // The rest of the stream, bounded by the request's timeout: it ends cleanly, the in-band
+    // error and [DONE] last.
+    let mut rest = Vec::new();
+    while let Some(chunk) = r.chunk().await.expect("the stream ends cleanly") {
+        rest.extend_from_slice(&chunk);
+    }
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(
+        rest.ends_with("data: [DONE]\n\n") && rest.contains("broke off the stream"),
+        "{}",
+        &rest[rest.len().saturating_sub(400)..]
+    );
+    let m = s.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            &format!("kvrouter_global_errors_total{{cluster=\"{home}\",kind=\"broken\"}}")
+        ),
+        1.0,
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn the_local_summary_is_behind_the_admin_token_and_decodes() {
     let fast = local("fast", "20", &[]).await;
     let http = reqwest::Client::new();

@@ -183,7 +183,12 @@ async fn an_unconfirmed_pick_expires_and_releases_its_load() {
 async fn repeated_first_token_reports_do_not_extend_a_pick_past_its_cap() {
     let s = serve(
         "1",
-        &["--pick-lease-secs", "0.3", "--pick-max-duration-secs", "0.6"],
+        &[
+            "--pick-lease-secs",
+            "0.3",
+            "--pick-max-duration-secs",
+            "0.6",
+        ],
     )
     .await;
     let p = s.pick(&[], json!({"token_ids": ids(0, 0)})).await;
@@ -201,7 +206,10 @@ async fn repeated_first_token_reports_do_not_extend_a_pick_past_its_cap() {
     let ended = started.elapsed();
     assert!(reports >= 2, "{reports} reports");
     // The cap counts from the first report: the pick expired about 0.6 s after it.
-    assert!(ended < Duration::from_millis(1500), "outstanding for {ended:?}");
+    assert!(
+        ended < Duration::from_millis(1500),
+        "outstanding for {ended:?}"
+    );
     s.await_metric("kvrouter_picks_outstanding", 0.0).await;
     let m = s.metrics().await;
     assert_eq!(

@@ -17,6 +17,8 @@ pub(crate) enum FailKind {
     Status,
     /// Bytes that are not a usable summary.
     Invalid,
+    /// A response body broken off after it began (the client saw the in-band error).
+    Broken,
 }
 
 impl FailKind {
@@ -26,6 +28,7 @@ impl FailKind {
             FailKind::Timeout => "timeout",
             FailKind::Status => "status",
             FailKind::Invalid => "invalid",
+            FailKind::Broken => "broken",
         }
     }
 
@@ -189,7 +192,7 @@ pub(crate) fn render(g: &GlobalState) -> String {
         );
     }
     head(&mut out, &format!("{p}global_errors_total"), "counter",
-        "Requests a cluster's router failed (connect, timeout, status = 5xx); the cluster is marked down and the request tried on the next.");
+        "Requests a cluster's router failed (connect, timeout, status = 5xx: the request is tried on the next cluster; broken = a body cut off after it began: a stream ends with an in-band error); the cluster is marked down.");
     for ((c, kind), n) in &m.errors {
         let _ = writeln!(
             out,

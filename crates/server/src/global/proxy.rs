@@ -6,7 +6,10 @@
 //! router does that work itself, so forwarding here is a plain pass-through: body bytes out,
 //! status, headers and body stream back. A request whose cluster fails before answering
 //! (connection error, timeout, 5xx) marks the cluster down and goes to the next one, at most
-//! once per cluster; nothing has been sent to the client by then.
+//! once per cluster; nothing has been sent to the client by then. A cluster that breaks off a
+//! body it began is marked down too; a stream (`text/event-stream`) then ends with the in-band
+//! OpenAI error event and `[DONE]`, as `serve` ends a stream whose worker fails, instead of
+//! stopping mid-chunk.
 
 use super::metrics::FailKind;
 use super::GlobalState;
@@ -276,6 +279,12 @@ struct UsageTap {
 }
 
 impl UsageTap {
+    /// The cluster broke off the body: counted, and the cluster marked down.
+    fn broken(&self) {
+        self.state.metrics.failed(self.cluster, FailKind::Broken);
+        let _ = self.state.lock().set_up(self.cluster, false);
+    }
+
     fn feed(&mut self, chunk: &[u8]) {
         let mut buf = std::mem::take(&mut self.tail);
         buf.extend_from_slice(chunk);
@@ -318,12 +327,42 @@ fn respond(r: reqwest::Response, cluster: &str, tap: Option<UsageTap>) -> Respon
     if let Ok(v) = HeaderValue::from_str(cluster) {
         headers.insert(HeaderName::from_static(CLUSTER_HEADER), v);
     }
-    let mut tap = tap;
-    let body = futures::StreamExt::map(r.bytes_stream(), move |chunk| {
-        if let (Some(t), Ok(b)) = (tap.as_mut(), &chunk) {
-            t.feed(b);
+    let sse = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let cluster = cluster.to_owned();
+    let upstream = futures::StreamExt::boxed(r.bytes_stream());
+    // (upstream, tap, ended): a broken stream's error event is its last item.
+    let body = futures::stream::unfold((upstream, tap, false), move |(mut up, mut tap, ended)| {
+        let cluster = cluster.clone();
+        async move {
+            if ended {
+                return None;
+            }
+            match futures::StreamExt::next(&mut up).await? {
+                Ok(b) => {
+                    if let Some(t) = tap.as_mut() {
+                        t.feed(&b);
+                    }
+                    Some((Ok(b), (up, tap, false)))
+                }
+                Err(e) => {
+                    tracing::warn!(cluster = %cluster, error = %e, "cluster broke off a response; marked down");
+                    if let Some(t) = &tap {
+                        t.broken();
+                    }
+                    let item = if sse {
+                        Ok(kvrouter_openai::sse::error_event(&format!(
+                            "cluster {cluster} broke off the stream: {e}"
+                        )))
+                    } else {
+                        Err(std::io::Error::other(e))
+                    };
+                    Some((item, (up, tap, true)))
+                }
+            }
         }
-        chunk
     });
     let mut response = Response::new(Body::from_stream(body));
     *response.status_mut() = status;
