@@ -283,6 +283,7 @@ async fn bad_picks_get_errors_naming_the_field() {
     for (body, param) in [
         (json!({"token_ids": "abc"}), "token_ids"),
         (json!({"token_ids": [1, -2]}), "token_ids"),
+        (json!({"token_ids": []}), "token_ids"),
         (json!({"token_ids": [1], "prompt": "x"}), "token_ids"),
         (json!({"messages": 3}), "messages"),
         (json!({"prompt": [1], "model": 5}), "model"),

@@ -281,8 +281,9 @@ async fn bad_requests_get_openai_errors() {
 async fn direct_mode_needs_a_worker_header() {
     let server = serve(&["--router-mode", "direct"]).await;
     let client = reqwest::Client::new();
-    let (s, _, _) = send(&client, &server.base, &chat("x")).await;
+    let (s, _, body) = send(&client, &server.base, &chat("x")).await;
     assert_eq!(s, 400);
+    assert_eq!(body["error"]["param"], "x-kvrouter-worker-id", "{body}");
     let r = client
         .post(format!("{}/v1/chat/completions", server.base))
         .header("x-kvrouter-worker-id", "2")

@@ -183,6 +183,10 @@ impl Body {
             ));
         }
         match ids {
+            Some(TokenIds::Flat(ids)) if ids.is_empty() => Err(RequestError::invalid(
+                "`token_ids` is empty: give at least one token id",
+                TOKEN_IDS,
+            )),
             Some(TokenIds::Flat(ids)) => {
                 self.prompt = Some(TokenIds::Flat(ids));
                 Ok(())

@@ -102,7 +102,13 @@ impl ServeError {
                 Some("model"),
             ),
             ServeError::Route(e) if e.is_client_error() => {
-                (StatusCode::BAD_REQUEST, "invalid_request_error", None)
+                // Only a pin names a rank, and `direct` mode needs one: the header is the field.
+                let param = match e {
+                    RouteError::MissingTarget => Some("x-kvrouter-worker-id"),
+                    RouteError::UnknownRank(_) => Some("x-kvrouter-dp-rank"),
+                    _ => None,
+                };
+                (StatusCode::BAD_REQUEST, "invalid_request_error", param)
             }
             ServeError::Route(RouteError::DeadlineExceeded) => {
                 (StatusCode::GATEWAY_TIMEOUT, "deadline_exceeded", None)
@@ -340,8 +346,12 @@ mod tests {
             StatusCode::SERVICE_UNAVAILABLE
         );
         assert_eq!(
-            ServeError::Route(RouteError::MissingTarget).parts().0,
-            StatusCode::BAD_REQUEST
+            ServeError::Route(RouteError::MissingTarget).parts(),
+            (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("x-kvrouter-worker-id")
+            )
         );
         assert_eq!(
             ServeError::Upstream("reset".into()).parts().0,
