@@ -121,6 +121,45 @@ pub(crate) struct RoutingArgs {
 }
 
 impl RoutingArgs {
+    /// Flags that `--load-aware` overrides (it is `kv` mode with no cache credit).
+    pub(crate) fn load_aware_warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.load_aware {
+            return out;
+        }
+        if self.router_mode != "cost" {
+            out.push(format!(
+                "--router-mode {} is replaced by --load-aware (kv mode without cache credit)",
+                self.router_mode
+            ));
+        }
+        if self.router_kv_overlap_score_credit != 1.0 {
+            out.push(
+                "--router-kv-overlap-score-credit is set but --load-aware replaces it with 0"
+                    .to_owned(),
+            );
+        }
+        out
+    }
+
+    /// Warnings for the routing flags `serve --global` does not read: `--global-policy`
+    /// places requests, and each cluster's own router routes within it.
+    pub(crate) fn global_warnings(&self) -> anyhow::Result<Vec<String>> {
+        let mut flags = self.config()?.moved_mode_settings();
+        if self.router_mode != "cost" {
+            flags.insert(0, "--router-mode");
+        }
+        if self.load_aware {
+            flags.insert(0, "--load-aware");
+        }
+        Ok(flags
+            .into_iter()
+            .map(|f| {
+                format!("{f} is not read by serve --global: --global-policy places requests, each cluster's own router routes within it")
+            })
+            .collect())
+    }
+
     pub(crate) fn config(&self) -> anyhow::Result<RouterConfig> {
         let mode: RouterMode = self.router_mode.parse().context("--router-mode")?;
         let mut router = RouterConfig {
@@ -173,14 +212,18 @@ impl RoutingArgs {
 }
 
 /// One warning per routing flag given a value that none of the router configurations a command
-/// runs reads (`base` is the configuration of the flags alone, `runs` what the command runs: a
-/// `kv` weight under the default `cost` mode, a `cost` weight under `--router-mode kv`).
-pub(crate) fn unread_warnings(base: &RouterConfig, runs: &[&RouterConfig]) -> Vec<String> {
-    let mut modes: Vec<String> = runs.iter().map(|r| r.router_mode.to_string()).collect();
-    modes.dedup();
-    base.unread_settings()
+/// runs reads (`base` is the configuration of the flags alone, `runs` the modes the command runs:
+/// a `kv` weight under the default `cost` mode, a `cost` weight under `--router-mode kv`).
+pub(crate) fn unread_warnings(base: &RouterConfig, runs: &[RouterMode]) -> Vec<String> {
+    let mut modes: Vec<String> = Vec::new();
+    for m in runs {
+        if !modes.contains(&m.to_string()) {
+            modes.push(m.to_string());
+        }
+    }
+    base.moved_mode_settings()
         .into_iter()
-        .filter(|flag| runs.iter().all(|r| r.unread_settings().contains(flag)))
+        .filter(|flag| runs.iter().all(|m| !RouterConfig::mode_reads(*m, flag)))
         .map(|flag| {
             format!(
                 "{flag} is set but the router mode in effect ({}) does not read it",
@@ -227,22 +270,74 @@ mod tests {
             router_kv_overlap_score_credit: 2.0,
             ..RouterConfig::default()
         };
-        let kv = apply_compare_item(&base, "kv").unwrap();
         assert_eq!(
-            unread_warnings(&base, &[&base]),
+            unread_warnings(&base, &[RouterMode::Cost, RouterMode::Cost]),
             ["--router-kv-overlap-score-credit is set but the router mode in effect (cost) does not read it"]
         );
-        assert!(unread_warnings(&base, &[&base, &kv]).is_empty());
-        // A value the command derived (not given as a flag) is not the user's to hear about.
-        let derived = RouterConfig {
+        assert!(unread_warnings(&base, &[RouterMode::Cost, RouterMode::Kv]).is_empty());
+        // The runs decide, not the base mode (`sim --compare`): kv reads it, round-robin not.
+        let kv = RouterConfig {
             router_mode: RouterMode::Kv,
-            router_cost_speedup_ratio: 10.0,
-            ..RouterConfig::default()
+            ..base.clone()
         };
+        assert_eq!(
+            unread_warnings(&kv, &[RouterMode::RoundRobin, RouterMode::Cost]),
+            ["--router-kv-overlap-score-credit is set but the router mode in effect (round-robin, cost) does not read it"]
+        );
+        // A value the command derived (not given as a flag) is not the user's to hear about.
         let flags = RouterConfig {
             router_mode: RouterMode::Kv,
             ..RouterConfig::default()
         };
-        assert!(unread_warnings(&flags, &[&derived]).is_empty());
+        assert!(unread_warnings(&flags, &[RouterMode::Kv]).is_empty());
+    }
+
+    fn args(flags: &[&str]) -> RoutingArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            routing: RoutingArgs,
+        }
+        let argv = std::iter::once("kvrouter").chain(flags.iter().copied());
+        <Cli as clap::Parser>::parse_from(argv).routing
+    }
+
+    #[test]
+    fn load_aware_names_what_it_replaces() {
+        assert!(args(&["--load-aware"]).load_aware_warnings().is_empty());
+        assert!(args(&["--router-kv-overlap-score-credit", "3"])
+            .load_aware_warnings()
+            .is_empty());
+        let w = args(&[
+            "--load-aware",
+            "--router-kv-overlap-score-credit",
+            "3",
+            "--router-mode",
+            "round-robin",
+        ])
+        .load_aware_warnings();
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].starts_with("--router-mode round-robin is replaced by --load-aware"));
+        assert!(w[1].starts_with("--router-kv-overlap-score-credit is set but --load-aware"));
+    }
+
+    #[test]
+    fn serve_global_names_the_routing_flags_it_does_not_read() {
+        assert!(args(&[]).global_warnings().unwrap().is_empty());
+        let w = args(&[
+            "--router-mode",
+            "kv",
+            "--router-temperature",
+            "0.5",
+            "--router-cost-fit",
+        ])
+        .global_warnings()
+        .unwrap();
+        let flags: Vec<&str> = w.iter().map(|m| m.split(' ').next().unwrap()).collect();
+        assert_eq!(
+            flags,
+            ["--router-mode", "--router-temperature", "--router-cost-fit"]
+        );
+        assert!(w[0].ends_with("each cluster's own router routes within it"));
     }
 }

@@ -327,10 +327,18 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mock_engine = args.mock_engine(&config)?;
     let addr = format!("{}:{}", args.host, args.port);
     if let Some(global) = args.global.config()? {
+        for warning in args.routing.global_warnings()? {
+            tracing::warn!("{warning}");
+        }
         return crate::global_args::run(global, config, &addr).await;
     }
     let flags = args.routing.config()?;
-    for warning in crate::routing_args::unread_warnings(&flags, &[&config.router]) {
+    let mut warnings = args.routing.load_aware_warnings();
+    warnings.extend(crate::routing_args::unread_warnings(
+        &flags,
+        &[config.router.router_mode],
+    ));
+    for warning in warnings {
         tracing::warn!("{warning}");
     }
     if args.mock_workers > 0 {

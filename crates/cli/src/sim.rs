@@ -4,7 +4,7 @@ use crate::routing_args::{apply_compare_item, RoutingArgs};
 use crate::sim_table::{print_fleet, print_table};
 use anyhow::{bail, Context};
 use clap::Args;
-use kvrouter_core::router::RouterConfig;
+use kvrouter_core::policy::RouterMode;
 use kvrouter_engine::EngineConfig;
 use kvrouter_sim::summary::FleetBaseline;
 use kvrouter_sim::{SimConfig, Simulation, Summary};
@@ -292,8 +292,24 @@ impl SimArgs {
     /// Routing flags given that no configuration of the run reads; the simulator hands the
     /// router every engine's own timing model, so `--router-cost-speedup-ratio` never is.
     fn unread_warnings(&self, configs: &[SimConfig]) -> anyhow::Result<Vec<String>> {
-        let runs: Vec<&RouterConfig> = configs.iter().map(|c| &c.router).collect();
-        let mut out = crate::routing_args::unread_warnings(&self.routing.config()?, &runs);
+        let base = self.routing.config()?;
+        let runs: Vec<RouterMode> = configs.iter().map(|c| c.router.router_mode).collect();
+        let mut out = self.routing.load_aware_warnings();
+        out.extend(crate::routing_args::unread_warnings(&base, &runs));
+        // A `--compare` item's own key its mode does not read.
+        let given = base.moved_mode_settings();
+        for c in configs {
+            for flag in c.router.unread_settings() {
+                if !given.contains(&flag) {
+                    out.push(format!(
+                        "--compare item {}: {} is not read by {}",
+                        c.name,
+                        flag.trim_start_matches("--").replace('-', "_"),
+                        c.router.router_mode
+                    ));
+                }
+            }
+        }
         let ratio = "--router-cost-speedup-ratio";
         out.retain(|w| !w.starts_with(ratio));
         if self.routing.router_cost_speedup_ratio.is_some() {

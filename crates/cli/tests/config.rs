@@ -206,6 +206,20 @@ async fn a_weight_the_router_mode_does_not_read_is_warned_about() {
     .await;
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("does not read it"), "{err}");
+    // The modes a run compares decide, and a compare item's own key is checked too.
+    let mut compared = args.to_vec();
+    compared.extend(["--compare", "round-robin,kv:router_cost_fit=true"]);
+    let (code, _, err) =
+        finished(&compared, &[("KVROUTER_ROUTER_COST_DECODE_WEIGHT", "0.9")]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("--router-cost-decode-weight is set but the router mode in effect (round-robin, kv) does not read it"),
+        "{err}"
+    );
+    assert!(
+        err.contains("--compare item kv:router_cost_fit=true: router_cost_fit is not read by kv"),
+        "{err}"
+    );
 }
 
 #[tokio::test]

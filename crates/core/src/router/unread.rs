@@ -78,14 +78,32 @@ const MODE_SETTINGS: &[ModeSetting] = &[
 ];
 
 impl RouterConfig {
-    /// The flags of settings moved off their defaults that the mode in effect does not read, in
-    /// flag order (`--load-aware` is `kv` mode without credit, so its credit of 0 is read).
-    pub fn unread_settings(&self) -> Vec<&'static str> {
+    /// The flags of the settings only some modes read that are moved off their defaults, in
+    /// flag order.
+    pub fn moved_mode_settings(&self) -> Vec<&'static str> {
         let defaults = RouterConfig::default();
         MODE_SETTINGS
             .iter()
-            .filter(|s| !s.read_by.contains(&self.router_mode) && (s.set)(self, &defaults))
+            .filter(|s| (s.set)(self, &defaults))
             .map(|s| s.flag)
+            .collect()
+    }
+
+    /// Whether `mode` reads the setting of `flag` (every mode reads a setting not listed as
+    /// read by some modes only).
+    pub fn mode_reads(mode: RouterMode, flag: &str) -> bool {
+        MODE_SETTINGS
+            .iter()
+            .find(|s| s.flag == flag)
+            .is_none_or(|s| s.read_by.contains(&mode))
+    }
+
+    /// The flags of settings moved off their defaults that the mode in effect does not read, in
+    /// flag order (`--load-aware` is `kv` mode without credit, so its credit of 0 is read).
+    pub fn unread_settings(&self) -> Vec<&'static str> {
+        self.moved_mode_settings()
+            .into_iter()
+            .filter(|flag| !Self::mode_reads(self.router_mode, flag))
             .collect()
     }
 }
@@ -130,6 +148,28 @@ mod tests {
             ..c
         };
         assert_eq!(c.unread_settings().len(), 3);
+    }
+
+    #[test]
+    fn moved_settings_are_listed_whatever_the_mode() {
+        let c = RouterConfig {
+            router_cost_fit: true,
+            ..with(RouterMode::Cost)
+        };
+        assert_eq!(c.moved_mode_settings(), ["--router-cost-fit"]);
+        assert!(c.unread_settings().is_empty());
+        assert!(RouterConfig::mode_reads(
+            RouterMode::Cost,
+            "--router-cost-fit"
+        ));
+        assert!(!RouterConfig::mode_reads(
+            RouterMode::Kv,
+            "--router-cost-fit"
+        ));
+        assert!(RouterConfig::mode_reads(
+            RouterMode::Kv,
+            "--router-ttl-secs"
+        ));
     }
 
     #[test]
