@@ -317,7 +317,7 @@ impl RouterConfig {
             check(
                 self.router_kv_events,
                 "--router-predicted-ttl-secs",
-                "needs KV events (it is a side window next to the event-fed index)",
+                "needs KV events, which --no-router-kv-events turns off (it is a side window next to the event-fed index)",
             )?;
         }
         if let Some(t) = self.active_decode_blocks_threshold {

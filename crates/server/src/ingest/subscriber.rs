@@ -263,7 +263,12 @@ impl Stream<'_> {
                     self.broken = true;
                     self.seq.reset();
                     break_stream(self.state, self.source, "disconnected");
-                    tracing::warn!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "KV event stream broke (the publisher disconnected, or sent a message over 4 x --kv-event-max-message-bytes, which ends the connection); rank cleared, reconnecting");
+                    if self.state.lifecycle.is_draining() {
+                        // The router is shutting down: engines stopping now are expected.
+                        tracing::debug!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "KV event stream closed while the router shuts down");
+                    } else {
+                        tracing::warn!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "KV event stream broke (the publisher disconnected, or sent a message over 4 x --kv-event-max-message-bytes, which ends the connection); rank cleared, reconnecting");
+                    }
                 }
                 zmq::SocketEvent::HANDSHAKE_SUCCEEDED => {
                     self.connected = true;
