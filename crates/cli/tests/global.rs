@@ -99,6 +99,17 @@ async fn setup_with(local_args: &[&str]) -> Setup {
 }
 
 impl Setup {
+    /// Kills the local router of cluster `name` (`fast` or `slow`) and waits for it to exit.
+    async fn kill(&mut self, name: &str) {
+        let victim = if name == "fast" {
+            &mut self.fast
+        } else {
+            &mut self.slow
+        };
+        victim.child.start_kill().unwrap();
+        victim.child.wait().await.unwrap();
+    }
+
     async fn get_json(&self, url: &str) -> Value {
         match self.http.get(url).send().await {
             Ok(r) => r.json().await.unwrap_or(Value::Null),
@@ -224,13 +235,7 @@ async fn a_dead_cluster_router_loses_its_traffic_and_sessions_within_a_deadline(
     let (status, home) = s.turn("moving", &prompt(1, 0), false).await;
     assert_eq!(status, 200);
     let other = if home == "fast" { "slow" } else { "fast" };
-    let victim = if home == "fast" {
-        &mut s.fast
-    } else {
-        &mut s.slow
-    };
-    victim.child.start_kill().unwrap();
-    victim.child.wait().await.unwrap();
+    s.kill(&home).await;
     // Bounded: the session's next turns are answered by the other cluster.
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut turn = 1;
@@ -291,13 +296,7 @@ async fn a_stream_its_cluster_breaks_off_ends_with_an_error_event() {
         .to_owned();
     let first = r.chunk().await.unwrap().expect("a first chunk");
     assert!(first.starts_with(b"data: "));
-    let victim = if home == "fast" {
-        &mut s.fast
-    } else {
-        &mut s.slow
-    };
-    victim.child.start_kill().unwrap();
-    victim.child.wait().await.unwrap();
+    s.kill(&home).await;
     // The rest of the stream, bounded by the request's timeout: it ends cleanly, the in-band
     // error and [DONE] last.
     let mut rest = Vec::new();
