@@ -46,6 +46,11 @@ pub(crate) struct SimArgs {
     /// request is routed: requests that arrive together are then routed shortest first, as live.
     #[arg(long, default_value_t = 0.0)]
     ingress_us_per_token: f64,
+    /// Stop sending after this many simulated seconds, as `kvrouter bench --duration-s` does:
+    /// later requests (and the later turns of their sessions) are not sent and do not count.
+    /// Not with RL workloads (their steps wait for every sample).
+    #[arg(long)]
+    duration_s: Option<f64>,
     /// Divide open-loop arrival times by this.
     #[arg(long, default_value_t = 1.0)]
     arrival_speedup: f64,
@@ -193,7 +198,16 @@ impl SimArgs {
     }
 
     pub(crate) fn workload(&self) -> anyhow::Result<Workload> {
-        self.workload.load(self.session_gap_s, self.max_requests)
+        let w = self.workload.load(self.session_gap_s, self.max_requests)?;
+        if self.duration_s.is_some()
+            && (w.barrier.is_some() || w.requests.iter().any(|r| r.step.is_some()))
+        {
+            bail!("--duration-s cannot cut an RL workload: its steps wait for every sample");
+        }
+        if self.duration_s.is_some() && self.clusters.is_some() {
+            bail!("--duration-s is not supported with --clusters");
+        }
+        Ok(w)
     }
 
     pub(crate) fn configs(&self) -> anyhow::Result<Vec<SimConfig>> {
@@ -219,6 +233,7 @@ impl SimArgs {
             kv_event_delay_ms: self.kv_event_delay_ms,
             network_delay_ms: self.network_delay_ms,
             ingress_us_per_token: self.ingress_us_per_token,
+            duration_ms: self.duration_s.map(|d| d * 1000.0),
             arrival_speedup: self.arrival_speedup,
             concurrency: self.concurrency,
             failures: pairs(&self.worker_failures, "--worker-failure")?
@@ -263,6 +278,14 @@ impl SimArgs {
         }
         if self.router_replicas == 0 {
             bail!("--router-replicas must be at least 1");
+        }
+        if let Some(d) = self.duration_s {
+            if !(d.is_finite() && d > 0.0 && d <= MAX_TIME_MS / 1000.0) {
+                bail!(
+                    "--duration-s must be a number of seconds above 0, at most {}",
+                    MAX_TIME_MS / 1000.0
+                );
+            }
         }
         if !(self.ingress_us_per_token.is_finite() && self.ingress_us_per_token >= 0.0) {
             bail!("--ingress-us-per-token must be a non-negative number");

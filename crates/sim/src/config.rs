@@ -30,6 +30,11 @@ pub struct SimConfig {
     /// arrive together are routed shortest first, as a live router's are (a long prompt's body is
     /// still being read when a short one sent just after it is placed). 0: routed on arrival.
     pub ingress_us_per_token: f64,
+    /// Stop sending after this many simulated ms, as `kvrouter bench --duration-s` does: a
+    /// request due later is not sent and does not count (nor do the later turns of its
+    /// session). `None`: the whole workload.
+    #[serde(default)]
+    pub duration_ms: Option<f64>,
     /// Divides open-loop arrival times.
     pub arrival_speedup: f64,
     /// Closed-loop replay: keep this many requests in flight, ignoring arrival times.
@@ -101,6 +106,7 @@ impl Default for SimConfig {
             kv_event_delay_ms: 50.0,
             network_delay_ms: 0.0,
             ingress_us_per_token: 0.0,
+            duration_ms: None,
             arrival_speedup: 1.0,
             concurrency: None,
             failures: Vec::new(),

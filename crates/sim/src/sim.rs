@@ -180,6 +180,14 @@ impl<'w> Simulation<'w> {
     }
 
     fn arrive(&mut self, i: usize) {
+        if self
+            .config
+            .duration_ms
+            .is_some_and(|d| self.now > Time::ZERO + ms(d))
+        {
+            // Past the run's duration: not sent (no arrival), and its session ends here.
+            return;
+        }
         self.records[i].arrival = Some(self.now);
         let per_token = self.config.ingress_us_per_token;
         if per_token > 0.0 {

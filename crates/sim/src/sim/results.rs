@@ -44,6 +44,10 @@ impl Simulation<'_> {
             end,
         };
         let mut summary = builder.build();
+        if self.config.duration_ms.is_some() {
+            // Only what was sent counts, as in `kvrouter bench`.
+            summary.requests = self.records.iter().filter(|r| r.arrival.is_some()).count();
+        }
         if let Some(mut fleet) = self.fleet_summary() {
             let start = self
                 .records

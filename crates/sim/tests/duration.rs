@@ -1,0 +1,57 @@
+//! `SimConfig::duration_ms`: the simulator stops sending when `kvrouter bench --duration-s`
+//! would, so a live run's slice of a session trace can be replayed as it was sent.
+
+use kvrouter_sim::{SimConfig, Simulation};
+use kvrouter_workload::generators::{agentic, AgenticParams};
+
+#[test]
+fn a_duration_sends_only_what_is_due_before_it_and_counts_only_that() {
+    let w = agentic(&AgenticParams {
+        sessions: 12,
+        seed: 3,
+        ..AgenticParams::default()
+    });
+    let whole = Simulation::new(SimConfig::default(), &w)
+        .unwrap()
+        .run()
+        .unwrap();
+    assert_eq!(whole.requests, w.requests.len());
+    let cut_ms = 60_000.0;
+    let config = SimConfig {
+        duration_ms: Some(cut_ms),
+        ..SimConfig::default()
+    };
+    let mut sim = Simulation::new(config.clone(), &w).unwrap();
+    while sim.step().unwrap() {}
+    let sent: Vec<usize> = (0..w.requests.len())
+        .filter(|&i| sim.records()[i].arrival.is_some())
+        .collect();
+    assert!(
+        !sent.is_empty() && sent.len() < w.requests.len(),
+        "{}",
+        sent.len()
+    );
+    for &i in &sent {
+        let at = sim.records()[i].arrival.unwrap();
+        assert!(at.since(kvrouter_core::time::Time::ZERO).as_secs_f64() * 1e3 <= cut_ms);
+        assert!(
+            sim.records()[i].finish.is_some(),
+            "request {i} sent and not finished"
+        );
+    }
+    // A turn not sent ends its session: no later turn of it was sent.
+    for (i, r) in w.requests.iter().enumerate() {
+        if let Some(prev) = r.after {
+            if sim.records()[prev].arrival.is_none() {
+                assert!(
+                    sim.records()[i].arrival.is_none(),
+                    "turn {i} after an unsent turn"
+                );
+            }
+        }
+    }
+    let cut = Simulation::new(config, &w).unwrap().run().unwrap();
+    assert_eq!(cut.requests, sent.len());
+    assert_eq!(cut.completed, sent.len());
+    assert!(cut.makespan_s * 1e3 < whole.makespan_s * 1e3);
+}
