@@ -223,6 +223,24 @@ async fn a_weight_the_router_mode_does_not_read_is_warned_about() {
 }
 
 #[tokio::test]
+async fn sim_duration_is_checked_and_refused_for_rl_workloads() {
+    for (args, says) in [
+        (
+            vec!["sim", "--workload", "agentic", "--duration-s", "0"],
+            "--duration-s must be a number of seconds above 0",
+        ),
+        (
+            vec!["sim", "--workload", "grpo", "--duration-s", "10"],
+            "--duration-s cannot cut an RL workload",
+        ),
+    ] {
+        let (code, _, err) = finished(&args, &[]).await;
+        assert_ne!(code, 0, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+#[tokio::test]
 async fn serve_help_is_grouped_by_topic() {
     let (code, out, err) = finished(&["serve", "--help"], &[]).await;
     assert_eq!(code, 0, "{err}");
