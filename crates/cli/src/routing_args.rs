@@ -145,7 +145,7 @@ impl RoutingArgs {
     /// Warnings for the routing flags `serve --global` does not read: `--global-policy`
     /// places requests, and each cluster's own router routes within it.
     pub(crate) fn global_warnings(&self) -> anyhow::Result<Vec<String>> {
-        let mut flags = self.config()?.moved_mode_settings();
+        let mut flags = self.given()?.moved_mode_settings();
         if self.router_mode != "cost" {
             flags.insert(0, "--router-mode");
         }
@@ -158,6 +158,15 @@ impl RoutingArgs {
                 format!("{f} is not read by serve --global: --global-policy places requests, each cluster's own router routes within it")
             })
             .collect())
+    }
+
+    /// The configuration as the flags give it: [`RoutingArgs::config`] with `--load-aware`'s
+    /// zero credit undone (what the unread-flag warnings compare with the defaults, so the
+    /// credit is named only when a user set it).
+    pub(crate) fn given(&self) -> anyhow::Result<RouterConfig> {
+        let mut c = self.config()?;
+        c.router_kv_overlap_score_credit = self.router_kv_overlap_score_credit;
+        Ok(c)
     }
 
     pub(crate) fn config(&self) -> anyhow::Result<RouterConfig> {
@@ -324,6 +333,12 @@ mod tests {
     #[test]
     fn serve_global_names_the_routing_flags_it_does_not_read() {
         assert!(args(&[]).global_warnings().unwrap().is_empty());
+        // --load-aware's own zero credit is not a flag the user set.
+        assert_eq!(
+            args(&["--load-aware"]).global_warnings().unwrap().len(),
+            1,
+            "only --load-aware itself"
+        );
         let w = args(&[
             "--router-mode",
             "kv",

@@ -332,7 +332,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         return crate::global_args::run(global, config, &addr).await;
     }
-    let flags = args.routing.config()?;
+    let flags = args.routing.given()?;
     let mut warnings = args.routing.load_aware_warnings();
     warnings.extend(crate::routing_args::unread_warnings(
         &flags,

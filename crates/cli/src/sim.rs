@@ -315,12 +315,15 @@ impl SimArgs {
     /// Routing flags given that no configuration of the run reads; the simulator hands the
     /// router every engine's own timing model, so `--router-cost-speedup-ratio` never is.
     fn unread_warnings(&self, configs: &[SimConfig]) -> anyhow::Result<Vec<String>> {
-        let base = self.routing.config()?;
         let runs: Vec<RouterMode> = configs.iter().map(|c| c.router.router_mode).collect();
         let mut out = self.routing.load_aware_warnings();
-        out.extend(crate::routing_args::unread_warnings(&base, &runs));
-        // A `--compare` item's own key its mode does not read.
-        let given = base.moved_mode_settings();
+        out.extend(crate::routing_args::unread_warnings(
+            &self.routing.given()?,
+            &runs,
+        ));
+        // A `--compare` item's own key its mode does not read (a setting the base already
+        // moved, `--load-aware`'s credit included, was named above or is not the user's).
+        let given = self.routing.config()?.moved_mode_settings();
         for c in configs {
             for flag in c.router.unread_settings() {
                 if !given.contains(&flag) {

@@ -140,6 +140,10 @@ impl<'w> Simulation<'w> {
         let Some((at, event)) = self.queue.pop() else {
             return Ok(false);
         };
+        if matches!(event, Event::Arrive(_)) && self.past_duration(at) {
+            // Not sent, and the clock does not run on to it: the run ends with its last work.
+            return Ok(true);
+        }
         self.now = at;
         match event {
             Event::Arrive(i) => self.arrive(i),
@@ -179,15 +183,15 @@ impl<'w> Simulation<'w> {
         Ok(self.summary())
     }
 
-    fn arrive(&mut self, i: usize) {
-        if self
-            .config
+    /// Whether a request due at `at` is past the run's duration: not sent (no arrival), and its
+    /// session ends there.
+    fn past_duration(&self, at: Time) -> bool {
+        self.config
             .duration_ms
-            .is_some_and(|d| self.now > Time::ZERO + ms(d))
-        {
-            // Past the run's duration: not sent (no arrival), and its session ends here.
-            return;
-        }
+            .is_some_and(|d| at > Time::ZERO + ms(d))
+    }
+
+    fn arrive(&mut self, i: usize) {
         self.records[i].arrival = Some(self.now);
         let per_token = self.config.ingress_us_per_token;
         if per_token > 0.0 {

@@ -53,5 +53,45 @@ fn a_duration_sends_only_what_is_due_before_it_and_counts_only_that() {
     let cut = Simulation::new(config, &w).unwrap().run().unwrap();
     assert_eq!(cut.requests, sent.len());
     assert_eq!(cut.completed, sent.len());
-    assert!(cut.makespan_s * 1e3 < whole.makespan_s * 1e3);
+    // The run ends with its last work, not at the last request it did not send.
+    let first = sent
+        .iter()
+        .filter_map(|&i| sim.records()[i].arrival)
+        .min()
+        .unwrap();
+    let last = sent
+        .iter()
+        .filter_map(|&i| sim.records()[i].finish)
+        .max()
+        .unwrap();
+    let span = last.since(first).as_secs_f64();
+    assert!(
+        (cut.makespan_s - span).abs() < 1e-3,
+        "makespan {} vs last finish - first arrival {span}",
+        cut.makespan_s
+    );
+    assert!(cut.makespan_s < whole.makespan_s);
+    assert_eq!(cut.rejected, 0);
+}
+
+#[test]
+fn the_planner_runs_the_whole_workload() {
+    // Its ticks run until every request is done, which a cut request never is.
+    let w = agentic(&AgenticParams {
+        sessions: 2,
+        ..AgenticParams::default()
+    });
+    let config = SimConfig {
+        duration_ms: Some(1000.0),
+        planner: Some(kvrouter_sim::PlannerSim {
+            law: kvrouter_core::planner::PlannerConfig::default(),
+            startup_ms: 1000.0,
+            tick_ms: 1000.0,
+            migrate_tail: 0,
+            migrate_slowdown: 0.1,
+        }),
+        ..SimConfig::default()
+    };
+    let e = Simulation::new(config, &w).err().expect("refused");
+    assert!(e.to_string().contains("--duration-s"), "{e}");
 }

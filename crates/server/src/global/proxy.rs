@@ -303,6 +303,35 @@ impl Drop for UsageTap {
     }
 }
 
+/// What a forwarded body has sent so far, as far as its end needs: its last bytes.
+struct Forwarded {
+    /// The last bytes sent (at most [`Forwarded::KEPT`]).
+    tail: Vec<u8>,
+    /// The stream has ended (after an error event).
+    ended: bool,
+}
+
+impl Forwarded {
+    const KEPT: usize = 32;
+
+    fn keep_tail(&mut self, chunk: &[u8]) {
+        self.tail.extend_from_slice(chunk);
+        let cut = self.tail.len().saturating_sub(Self::KEPT);
+        self.tail.drain(..cut);
+    }
+
+    /// Whether the body ended with `data: [DONE]` (the stream's end).
+    fn done(&self) -> bool {
+        let t = self.tail.trim_ascii_end();
+        t.ends_with(b"data: [DONE]") || t.ends_with(b"data:[DONE]")
+    }
+
+    /// Whether the body sent so far ends between two events (nothing, or a blank line).
+    fn at_event_end(&self) -> bool {
+        self.tail.is_empty() || self.tail.ends_with(b"\n\n") || self.tail.ends_with(b"\r\n\r\n")
+    }
+}
+
 /// The last `"completion_tokens": N` in `bytes`.
 fn completion_tokens(bytes: &[u8]) -> Option<u64> {
     const KEY: &[u8] = b"\"completion_tokens\"";
@@ -331,39 +360,57 @@ fn respond(r: reqwest::Response, cluster: &str, tap: Option<UsageTap>) -> Respon
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    let cluster = cluster.to_owned();
+    let cluster: Arc<str> = Arc::from(cluster);
     let upstream = futures::StreamExt::boxed(r.bytes_stream());
-    // (upstream, tap, ended): a broken stream's error event is its last item.
-    let body = futures::stream::unfold((upstream, tap, false), move |(mut up, mut tap, ended)| {
-        let cluster = cluster.clone();
-        async move {
-            if ended {
-                return None;
-            }
-            match futures::StreamExt::next(&mut up).await? {
-                Ok(b) => {
-                    if let Some(t) = tap.as_mut() {
-                        t.feed(&b);
-                    }
-                    Some((Ok(b), (up, tap, false)))
+    let state = Forwarded {
+        tail: Vec::new(),
+        ended: false,
+    };
+    // A broken stream's error event is its last item.
+    let body = futures::stream::unfold(
+        (upstream, tap, state),
+        move |(mut up, mut tap, mut seen)| {
+            let cluster = Arc::clone(&cluster);
+            async move {
+                if seen.ended {
+                    return None;
                 }
-                Err(e) => {
-                    tracing::warn!(cluster = %cluster, error = %e, "cluster broke off a response; marked down");
-                    if let Some(t) = &tap {
-                        t.broken();
+                match futures::StreamExt::next(&mut up).await? {
+                    Ok(b) => {
+                        if let Some(t) = tap.as_mut() {
+                            t.feed(&b);
+                        }
+                        seen.keep_tail(&b);
+                        Some((Ok(b), (up, tap, seen)))
                     }
-                    let item = if sse {
-                        Ok(kvrouter_openai::sse::error_event(&format!(
-                            "cluster {cluster} broke off the stream: {e}"
-                        )))
-                    } else {
-                        Err(std::io::Error::other(e))
-                    };
-                    Some((item, (up, tap, true)))
+                    // The answer was whole ([DONE] went out): the cluster closing after it is
+                    // no failure of this request.
+                    Err(_) if sse && seen.done() => None,
+                    Err(e) => {
+                        tracing::warn!(cluster = %cluster, error = %e, "cluster broke off a response; marked down");
+                        if let Some(t) = &tap {
+                            t.broken();
+                        }
+                        seen.ended = true;
+                        let item = if sse {
+                            // The error goes out as an event of its own, after a partial one.
+                            let mut out = Vec::new();
+                            if !seen.at_event_end() {
+                                out.extend_from_slice(b"\n\n");
+                            }
+                            out.extend_from_slice(&kvrouter_openai::sse::error_event(&format!(
+                                "cluster {cluster} broke off the stream: {e}"
+                            )));
+                            Ok(Bytes::from(out))
+                        } else {
+                            Err(std::io::Error::other(e))
+                        };
+                        Some((item, (up, tap, seen)))
+                    }
                 }
             }
-        }
-    });
+        },
+    );
     let mut response = Response::new(Body::from_stream(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
@@ -372,7 +419,24 @@ fn respond(r: reqwest::Response, cluster: &str, tap: Option<UsageTap>) -> Respon
 
 #[cfg(test)]
 mod tests {
-    use super::completion_tokens;
+    use super::{completion_tokens, Forwarded};
+
+    #[test]
+    fn a_forwarded_body_knows_its_end_and_event_boundary() {
+        let mut f = Forwarded {
+            tail: Vec::new(),
+            ended: false,
+        };
+        assert!(f.at_event_end() && !f.done());
+        f.keep_tail(b"data: {\"a\":1}\n\ndata: {\"b\"");
+        assert!(!f.at_event_end() && !f.done());
+        f.keep_tail(b":2}\n\n");
+        assert!(f.at_event_end() && !f.done());
+        f.keep_tail(b"data: [DO");
+        f.keep_tail(b"NE]\n\n");
+        assert!(f.done() && f.at_event_end());
+        assert!(f.tail.len() <= Forwarded::KEPT);
+    }
 
     #[test]
     fn completion_tokens_reads_the_last_usage() {

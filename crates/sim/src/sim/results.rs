@@ -34,20 +34,37 @@ impl Simulation<'_> {
                 .collect(),
             None => Vec::new(),
         };
+        // Under a duration only what was sent counts, as in `kvrouter bench` (a cut session's
+        // later turns are neither served nor refused).
+        let (cut_workload, cut_records);
+        let (workload, records) = if self.config.duration_ms.is_some() {
+            let sent: Vec<usize> = (0..self.records.len())
+                .filter(|&i| self.records[i].arrival.is_some())
+                .collect();
+            let mut cut = self.workload.clone();
+            cut.requests = sent
+                .iter()
+                .map(|&i| self.workload.requests[i].clone())
+                .collect();
+            cut_workload = cut;
+            cut_records = sent
+                .iter()
+                .map(|&i| self.records[i].clone())
+                .collect::<Vec<_>>();
+            (&cut_workload, &cut_records[..])
+        } else {
+            (self.workload, &self.records[..])
+        };
         let builder = SummaryBuilder {
             config: &self.config,
-            workload: self.workload,
-            records: &self.records,
+            workload,
+            records,
             busy: &busy,
             samples: &samples,
             provisioned: &provisioned,
             end,
         };
         let mut summary = builder.build();
-        if self.config.duration_ms.is_some() {
-            // Only what was sent counts, as in `kvrouter bench`.
-            summary.requests = self.records.iter().filter(|r| r.arrival.is_some()).count();
-        }
         if let Some(mut fleet) = self.fleet_summary() {
             let start = self
                 .records

@@ -99,6 +99,12 @@ impl<'w> Simulation<'w> {
                     "the planner runs without weight updates and with one router replica".into(),
                 ));
             }
+            if sim.config.duration_ms.is_some() {
+                // Its ticks run until every request is done; a cut one never is.
+                return Err(SimError::Config(
+                    "the planner runs the whole workload: no --duration-s".into(),
+                ));
+            }
             sim.fleet = Some(fleet::Fleet::new(p)?);
             sim.queue.push(Time::ZERO, Event::PlannerTick);
         }
