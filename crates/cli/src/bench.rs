@@ -13,7 +13,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use kvrouter_core::rng::mix64 as mix;
 use kvrouter_core::time::Time;
-use kvrouter_sim::{summarize, Record, Summary};
+use kvrouter_sim::{sent_only, summarize, Record, Summary};
 use kvrouter_workload::replay::Replay;
 use kvrouter_workload::Workload;
 use std::cmp::Reverse;
@@ -452,11 +452,7 @@ async fn replay(
         eprintln!("kvrouter bench: {errors} request(s) failed; first error: {e}");
     }
     // Only requests that were sent count: the rest of the trace was cut by --duration-s.
-    let sent: Vec<usize> = (0..n).filter(|i| records[*i].arrival.is_some()).collect();
-    let mut cut = Workload::clone(workload);
-    cut.requests = sent.iter().map(|&i| workload.requests[i].clone()).collect();
-    // `after` indices no longer match after the cut; the summary does not read them.
-    let recs: Vec<Record> = sent.iter().map(|&i| records[i].clone()).collect();
+    let (cut, recs) = sent_only(workload, &records);
     let end = shared.now();
     if let Some(path) = &args.perfetto {
         // The full workload and records: turn links (`after`) index them.

@@ -6,13 +6,16 @@ use clap::Args;
 use kvrouter_core::policy::RouterMode;
 use kvrouter_core::router::{KvRetention, RouterConfig};
 
+/// `--router-mode` when not given.
+const DEFAULT_MODE: &str = "cost";
+
 /// The routing flags.
 #[derive(Debug, Args)]
 pub(crate) struct RoutingArgs {
     /// Selection policy: round-robin, random, least-loaded, power-of-two, kv (Dynamo's block
     /// cost model), cost (expected seconds from the engines' timing model, docs/routing.md),
     /// direct.
-    #[arg(help_heading = H::ROUTING, long, default_value = "cost")]
+    #[arg(help_heading = H::ROUTING, long, default_value = DEFAULT_MODE)]
     pub(crate) router_mode: String,
     /// `kv` mode: sampling temperature (0 = lowest cost).
     #[arg(help_heading = H::ROUTING, long, default_value_t = 0.0)]
@@ -122,12 +125,12 @@ pub(crate) struct RoutingArgs {
 
 impl RoutingArgs {
     /// Flags that `--load-aware` overrides (it is `kv` mode with no cache credit).
-    pub(crate) fn load_aware_warnings(&self) -> Vec<String> {
+    fn load_aware_warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
         if !self.load_aware {
             return out;
         }
-        if self.router_mode != "cost" {
+        if self.router_mode != DEFAULT_MODE {
             out.push(format!(
                 "--router-mode {} is replaced by --load-aware (kv mode without cache credit)",
                 self.router_mode
@@ -142,11 +145,19 @@ impl RoutingArgs {
         out
     }
 
+    /// Warnings for the routing flags a command running the router `modes` does not read:
+    /// what `--load-aware` replaces, and settings no mode of `modes` reads.
+    pub(crate) fn mode_warnings(&self, modes: &[RouterMode]) -> anyhow::Result<Vec<String>> {
+        let mut out = self.load_aware_warnings();
+        out.extend(unread_warnings(&self.given()?, modes));
+        Ok(out)
+    }
+
     /// Warnings for the routing flags `serve --global` does not read: `--global-policy`
     /// places requests, and each cluster's own router routes within it.
     pub(crate) fn global_warnings(&self) -> anyhow::Result<Vec<String>> {
         let mut flags = self.given()?.moved_mode_settings();
-        if self.router_mode != "cost" {
+        if self.router_mode != DEFAULT_MODE {
             flags.insert(0, "--router-mode");
         }
         if self.load_aware {
@@ -163,7 +174,7 @@ impl RoutingArgs {
     /// The configuration as the flags give it: [`RoutingArgs::config`] with `--load-aware`'s
     /// zero credit undone (what the unread-flag warnings compare with the defaults, so the
     /// credit is named only when a user set it).
-    pub(crate) fn given(&self) -> anyhow::Result<RouterConfig> {
+    fn given(&self) -> anyhow::Result<RouterConfig> {
         let mut c = self.config()?;
         c.router_kv_overlap_score_credit = self.router_kv_overlap_score_credit;
         Ok(c)
@@ -223,7 +234,7 @@ impl RoutingArgs {
 /// One warning per routing flag given a value that none of the router configurations a command
 /// runs reads (`base` is the configuration of the flags alone, `runs` the modes the command runs:
 /// a `kv` weight under the default `cost` mode, a `cost` weight under `--router-mode kv`).
-pub(crate) fn unread_warnings(base: &RouterConfig, runs: &[RouterMode]) -> Vec<String> {
+fn unread_warnings(base: &RouterConfig, runs: &[RouterMode]) -> Vec<String> {
     let mut modes: Vec<String> = Vec::new();
     for m in runs {
         if !modes.contains(&m.to_string()) {

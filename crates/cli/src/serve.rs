@@ -332,13 +332,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         return crate::global_args::run(global, config, &addr).await;
     }
-    let flags = args.routing.given()?;
-    let mut warnings = args.routing.load_aware_warnings();
-    warnings.extend(crate::routing_args::unread_warnings(
-        &flags,
-        &[config.router.router_mode],
-    ));
-    for warning in warnings {
+    for warning in args.routing.mode_warnings(&[config.router.router_mode])? {
         tracing::warn!("{warning}");
     }
     if args.mock_workers > 0 {

@@ -199,13 +199,13 @@ impl SimArgs {
 
     pub(crate) fn workload(&self) -> anyhow::Result<Workload> {
         let w = self.workload.load(self.session_gap_s, self.max_requests)?;
-        if self.duration_s.is_some()
-            && (w.barrier.is_some() || w.requests.iter().any(|r| r.step.is_some()))
-        {
-            bail!("--duration-s cannot cut an RL workload: its steps wait for every sample");
-        }
-        if self.duration_s.is_some() && self.clusters.is_some() {
-            bail!("--duration-s is not supported with --clusters");
+        if self.duration_s.is_some() {
+            if w.barrier.is_some() || w.requests.iter().any(|r| r.step.is_some()) {
+                bail!("--duration-s cannot cut an RL workload: its steps wait for every sample");
+            }
+            if self.clusters.is_some() {
+                bail!("--duration-s is not supported with --clusters");
+            }
         }
         Ok(w)
     }
@@ -316,11 +316,7 @@ impl SimArgs {
     /// router every engine's own timing model, so `--router-cost-speedup-ratio` never is.
     fn unread_warnings(&self, configs: &[SimConfig]) -> anyhow::Result<Vec<String>> {
         let runs: Vec<RouterMode> = configs.iter().map(|c| c.router.router_mode).collect();
-        let mut out = self.routing.load_aware_warnings();
-        out.extend(crate::routing_args::unread_warnings(
-            &self.routing.given()?,
-            &runs,
-        ));
+        let mut out = self.routing.mode_warnings(&runs)?;
         // A `--compare` item's own key its mode does not read (a setting the base already
         // moved, `--load-aware`'s credit included, was named above or is not the user's).
         let given = self.routing.config()?.moved_mode_settings();

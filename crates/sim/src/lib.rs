@@ -32,4 +32,4 @@ pub mod summary;
 
 pub use config::{SimConfig, MAX_WORKERS};
 pub use sim::{PlannerSim, SimError, Simulation};
-pub use summary::{summarize, Record, Summary};
+pub use summary::{sent_only, summarize, Record, Summary};

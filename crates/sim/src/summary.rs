@@ -4,8 +4,8 @@ use kvrouter_core::time::Time;
 use serde::{Deserialize, Serialize};
 
 mod build;
-pub use build::summarize;
 pub(crate) use build::SummaryBuilder;
+pub use build::{sent_only, summarize};
 
 /// Per-request measurements (the simulator's, or a live bench's).
 #[derive(Clone, Debug, Default)]

@@ -5,12 +5,12 @@
 use super::RouterConfig;
 use crate::policy::RouterMode;
 
-/// A setting read by some router modes only: its flag, the modes that read it, and whether a
-/// configuration moved it off its default.
+/// A setting read by some router modes only: its flag, the modes that read it, and its value in
+/// a configuration (a switch as 0 or 1): one moved off the default's was set.
 struct ModeSetting {
     flag: &'static str,
     read_by: &'static [RouterMode],
-    set: fn(&RouterConfig, &RouterConfig) -> bool,
+    value: fn(&RouterConfig) -> f64,
 }
 
 /// `kv` scores also order a pinned worker's data-parallel ranks in `direct` mode.
@@ -21,59 +21,57 @@ const MODE_SETTINGS: &[ModeSetting] = &[
     ModeSetting {
         flag: "--router-temperature",
         read_by: KV,
-        set: |c, d| c.router_temperature != d.router_temperature,
+        value: |c| c.router_temperature,
     },
     ModeSetting {
         flag: "--router-kv-overlap-score-credit",
         read_by: KV,
-        set: |c, d| c.router_kv_overlap_score_credit != d.router_kv_overlap_score_credit,
+        value: |c| c.router_kv_overlap_score_credit,
     },
     ModeSetting {
         flag: "--router-kv-overlap-score-credit-decay",
         read_by: KV,
-        set: |c, d| {
-            c.router_kv_overlap_score_credit_decay != d.router_kv_overlap_score_credit_decay
-        },
+        value: |c| c.router_kv_overlap_score_credit_decay,
     },
     ModeSetting {
         flag: "--router-prefill-load-scale",
         read_by: KV,
-        set: |c, d| c.router_prefill_load_scale != d.router_prefill_load_scale,
+        value: |c| c.router_prefill_load_scale,
     },
     ModeSetting {
         flag: "--router-decode-active-request-weight",
         read_by: KV,
-        set: |c, d| c.router_decode_active_request_weight != d.router_decode_active_request_weight,
+        value: |c| c.router_decode_active_request_weight,
     },
     ModeSetting {
         flag: "--router-cost-decode-weight",
         read_by: COST,
-        set: |c, d| c.router_cost_decode_weight != d.router_cost_decode_weight,
+        value: |c| c.router_cost_decode_weight,
     },
     ModeSetting {
         flag: "--router-cost-prefill-weight",
         read_by: COST,
-        set: |c, d| c.router_cost_prefill_weight != d.router_cost_prefill_weight,
+        value: |c| c.router_cost_prefill_weight,
     },
     ModeSetting {
         flag: "--router-cost-session-margin",
         read_by: COST,
-        set: |c, d| c.router_cost_session_margin != d.router_cost_session_margin,
+        value: |c| c.router_cost_session_margin,
     },
     ModeSetting {
         flag: "--router-cost-replica-weight",
         read_by: COST,
-        set: |c, d| c.router_cost_replica_weight != d.router_cost_replica_weight,
+        value: |c| c.router_cost_replica_weight,
     },
     ModeSetting {
         flag: "--router-cost-fit",
         read_by: COST,
-        set: |c, d| c.router_cost_fit != d.router_cost_fit,
+        value: |c| f64::from(u8::from(c.router_cost_fit)),
     },
     ModeSetting {
         flag: "--router-cost-speedup-ratio",
         read_by: COST,
-        set: |c, d| c.router_cost_speedup_ratio != d.router_cost_speedup_ratio,
+        value: |c| c.router_cost_speedup_ratio,
     },
 ];
 
@@ -84,7 +82,7 @@ impl RouterConfig {
         let defaults = RouterConfig::default();
         MODE_SETTINGS
             .iter()
-            .filter(|s| (s.set)(self, &defaults))
+            .filter(|s| (s.value)(self) != (s.value)(&defaults))
             .map(|s| s.flag)
             .collect()
     }

@@ -1,7 +1,7 @@
 //! What a finished run reports: its end time and its summary.
 
 use super::Simulation;
-use crate::summary::{Summary, SummaryBuilder};
+use crate::summary::{sent_only, Summary, SummaryBuilder};
 use kvrouter_core::time::Time;
 
 impl Simulation<'_> {
@@ -36,22 +36,10 @@ impl Simulation<'_> {
         };
         // Under a duration only what was sent counts, as in `kvrouter bench` (a cut session's
         // later turns are neither served nor refused).
-        let (cut_workload, cut_records);
+        let cut;
         let (workload, records) = if self.config.duration_ms.is_some() {
-            let sent: Vec<usize> = (0..self.records.len())
-                .filter(|&i| self.records[i].arrival.is_some())
-                .collect();
-            let mut cut = self.workload.clone();
-            cut.requests = sent
-                .iter()
-                .map(|&i| self.workload.requests[i].clone())
-                .collect();
-            cut_workload = cut;
-            cut_records = sent
-                .iter()
-                .map(|&i| self.records[i].clone())
-                .collect::<Vec<_>>();
-            (&cut_workload, &cut_records[..])
+            cut = sent_only(self.workload, &self.records);
+            (&cut.0, &cut.1[..])
         } else {
             (self.workload, &self.records[..])
         };

@@ -34,6 +34,18 @@ pub fn summarize(
     s
 }
 
+/// The requests that were sent (they have an arrival) and their records, in order: what a run
+/// cut by a duration summarises, live (`kvrouter bench --duration-s`) or simulated (`sim
+/// --duration-s`). `after` links no longer index the cut workload; the summary reads none.
+pub fn sent_only(workload: &Workload, records: &[Record]) -> (Workload, Vec<Record>) {
+    let sent: Vec<usize> = (0..records.len())
+        .filter(|&i| records[i].arrival.is_some())
+        .collect();
+    let mut cut = workload.clone();
+    cut.requests = sent.iter().map(|&i| workload.requests[i].clone()).collect();
+    (cut, sent.iter().map(|&i| records[i].clone()).collect())
+}
+
 pub(crate) struct SummaryBuilder<'a> {
     pub(crate) config: &'a SimConfig,
     pub(crate) workload: &'a Workload,
