@@ -149,22 +149,38 @@ impl Rate {
 }
 
 /// How hot each prefix is: per prefix key (the hash of its last block), the requests that
-/// arrived on it in the last [`Rate::WINDOW_S`] seconds, exponentially weighted. Bounded: past
-/// 65,536 keys (`MAX_KEYS`) the least recently seen half is forgotten.
+/// arrived on it in the last [`Rate::WINDOW_S`] seconds, exponentially weighted, and since when
+/// its traffic has lasted (the start of its current run: a request on a prefix not seen for a
+/// window starts a new one). Bounded: past 65,536 keys (`MAX_KEYS`) the least
+/// recently seen half is forgotten.
 #[derive(Debug, Default)]
 pub struct PrefixHeat {
-    keys: FastMap<u64, Rate>,
+    keys: FastMap<u64, Heat>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Heat {
+    rate: Rate,
+    since: Time,
 }
 
 impl PrefixHeat {
     /// One request arrived on prefix `key` at `now`.
     pub fn observe(&mut self, key: u64, now: Time) {
-        self.keys.entry(key).or_default().add(1.0, now);
+        let h = self.keys.entry(key).or_default();
+        if h.rate
+            .last
+            .is_none_or(|t| now.since(t).as_secs_f64() > Rate::WINDOW_S)
+        {
+            h.since = now;
+        }
+        h.rate.add(1.0, now);
         if self.keys.len() > MAX_KEYS {
-            let mut last: Vec<Time> = self.keys.values().filter_map(|r| r.last).collect();
+            let mut last: Vec<Time> = self.keys.values().filter_map(|h| h.rate.last).collect();
             last.sort_unstable();
             let cut = last[last.len() / 2];
-            self.keys.retain(|_, r| r.last.is_some_and(|t| t > cut));
+            self.keys
+                .retain(|_, h| h.rate.last.is_some_and(|t| t > cut));
         }
     }
 
@@ -172,7 +188,15 @@ impl PrefixHeat {
     pub fn recent(&self, key: u64, now: Time) -> f64 {
         self.keys
             .get(&key)
-            .map_or(0.0, |r| r.rate(now) * Rate::WINDOW_S)
+            .map_or(0.0, |h| h.rate.rate(now) * Rate::WINDOW_S)
+    }
+
+    /// Seconds the prefix's current run of traffic has lasted as of `now` (0 if never seen).
+    /// A burst (every request within a few milliseconds) is young however many it brought.
+    pub fn lasted_s(&self, key: u64, now: Time) -> f64 {
+        self.keys
+            .get(&key)
+            .map_or(0.0, |h| now.since(h.since).as_secs_f64())
     }
 }
 
@@ -276,8 +300,19 @@ mod tests {
             h.recent(7, now)
         );
         assert_eq!(h.recent(8, now), 0.0);
+        // Its traffic has lasted since the first request (1000 × 0.5 s).
+        assert!((h.lasted_s(7, now) - 499.5).abs() < 1e-6);
         // It cools once the prefix stops arriving.
         assert!(h.recent(7, now + Duration::from_secs(300)) < 0.1);
+        // A request on the cooled prefix starts a new run; a burst right after it stays young.
+        let later = now + Duration::from_secs(300);
+        for ms in 0..12 {
+            h.observe(7, later + Duration::from_millis(ms));
+        }
+        let end = later + Duration::from_millis(11);
+        assert!(h.recent(7, end) > 11.0);
+        assert!((h.lasted_s(7, end) - 0.011).abs() < 1e-9);
+        assert_eq!(h.lasted_s(9, end), 0.0);
         // Bounded: a flood of one-off prefixes keeps the map near MAX_KEYS.
         for k in 0..(MAX_KEYS as u64 + 10) {
             now = now + Duration::from_millis(1);

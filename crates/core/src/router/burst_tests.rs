@@ -101,3 +101,47 @@ fn burst_on_one_worker_each(predicted: Option<f64>) {
         );
     }
 }
+
+#[test]
+fn cost_keeps_a_burst_together_when_its_kv_events_arrive_mid_burst() {
+    // The same burst as live: 4 prompts × 12 samples sent one after another 0.2 ms apart (the
+    // bench's pace), engines 10× dynamo-poly, and each prompt's blocks reported cached by its
+    // engine 1 ms after its first sample was placed, while its siblings are still arriving.
+    // From then on the prefix is cached somewhere and twelve requests on it arrived within a
+    // few milliseconds; that is a burst, not traffic a copy would serve sooner, so the replica
+    // credit must not split it.
+    let mut r = router_with(
+        RouterConfig {
+            router_mode: RouterMode::Cost,
+            router_cost_speedup_ratio: 10.0,
+            ..Default::default()
+        },
+        4,
+    );
+    let us = |n: u64| Time::ZERO + Duration::from_micros(n);
+    let prompts: Vec<Vec<u32>> = (0..4u32).map(|p| tokens(40 + p, 2003)).collect();
+    let mut holders = [[0u32; 4]; 4];
+    let mut pending: Vec<(u64, u64, usize)> = Vec::new(); // (due µs, worker, prompt)
+    for n in 0..48u64 {
+        let now = n * 200;
+        for (_, w, p) in pending.iter().filter(|(due, ..)| *due <= now) {
+            r.apply_event(&super::tests::store_event(*w, &prompts[*p][..2000]))
+                .unwrap();
+        }
+        pending.retain(|(due, ..)| *due > now);
+        let p = (n / 12) as usize;
+        let d = r.route(&request(n + 1, &prompts[p]), us(now)).unwrap();
+        let w = d.rank.worker.0;
+        if n % 12 == 0 {
+            pending.push((now + 1000, w, p));
+        }
+        holders[p][w as usize] += 1;
+    }
+    for (p, on) in holders.iter().enumerate() {
+        assert_eq!(
+            on.iter().filter(|n| **n > 0).count(),
+            1,
+            "prompt {p} prefilled on more than one worker: {holders:?}"
+        );
+    }
+}

@@ -34,6 +34,7 @@ impl Router {
             return key;
         };
         let recent = self.cost.heat.recent(k, now);
+        let lasted_s = self.cost.heat.lasted_s(k, now);
         let holders = priced
             .iter()
             .filter(|p| p.r.cached_tokens >= deepest)
@@ -75,6 +76,16 @@ impl Router {
                 new_kv_tokens: r.new_kv_tokens.saturating_sub(copied),
                 ..*r
             };
+            // Traffic that has not yet outlasted one request (the time this request would take
+            // here: first token and decode) is a burst, not a rate: its requests arrive while
+            // the one that brought the prefix is still being served, and the plain cost already
+            // prices each of them as it comes. Counting them again as later requests a copy
+            // would serve sooner split GRPO bursts sent over a few milliseconds (live, once the
+            // first siblings' blocks were reported cached). Only traffic that went on longer
+            // than that earns the credit.
+            if lasted_s < e.ttft_s + e.decode_s {
+                continue;
+            }
             let next = estimate_with(&p.timing, &p.w, &p.terms, &as_holder, weights);
             let credit =
                 replica_credit_s(weights.replica, recent, holders, best_holder - next.total);
