@@ -60,7 +60,7 @@ pub fn apply_recycling(
         std::fs::remove_dir_all(&tmp).map_err(|e| WeightsError::io(&tmp, e))?;
     }
     if let Some(old) = recycle {
-        check_recycle(old, &[base, out, &tmp, delta_path])?;
+        check_recycle(old, &tmp, &[base, out, &tmp, delta_path])?;
         // A damaged delta would fail after `old`'s files are overwritten: check it whole first.
         delta::verify_file(delta_path)?;
     }
@@ -83,8 +83,10 @@ pub fn apply_recycling(
 }
 
 /// `recycle` must be a checkpoint directory (it has a version marker) that is neither one of
-/// `spare` nor holds one of them (a parent of the base would take the base with it).
-pub(crate) fn check_recycle(old: &Path, spare: &[&Path]) -> Result<()> {
+/// `spare` nor holds one of them (a parent of the base would take the base with it), on the
+/// filesystem of `dest` (where its files are moved: a rename cannot cross filesystems, and the
+/// failure would come after its marker is gone and before the directory is removed).
+pub(crate) fn check_recycle(old: &Path, dest: &Path, spare: &[&Path]) -> Result<()> {
     let invalid = |why: &str| {
         Err(WeightsError::Invalid(format!(
             "the directory to recycle {} {why}",
@@ -105,6 +107,18 @@ pub(crate) fn check_recycle(old: &Path, spare: &[&Path]) -> Result<()> {
     }
     if checkpoint::read_marker(old)?.is_none() {
         return invalid("has no weights.json: only a checkpoint directory is recycled");
+    }
+    let dest_dev = nearest_existing(dest).and_then(|p| std::fs::metadata(p).ok());
+    let old_dev = std::fs::metadata(old).map_err(|e| WeightsError::io(old, e))?;
+    if let Some(d) = dest_dev {
+        use std::os::unix::fs::MetadataExt;
+        if d.dev() != old_dev.dev() {
+            return invalid(&format!(
+                "is on another filesystem than {}: its files are moved, not copied, so it must \
+                 be on the output's filesystem",
+                dest.display()
+            ));
+        }
     }
     // Its files are overwritten in place: one with another name (a hard link, say into the
     // base, or a symbolic link, say into a model cache) would change under that name too.
@@ -127,6 +141,21 @@ pub(crate) fn check_recycle(old: &Path, spare: &[&Path]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `p` if it exists, else its nearest existing ancestor (`.` for a relative path none of
+/// whose ancestors exist).
+fn nearest_existing(p: &Path) -> Option<&Path> {
+    let mut p = p;
+    loop {
+        if p.exists() {
+            return Some(p);
+        }
+        match p.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => p = parent,
+            _ => return Some(Path::new(".")),
+        }
+    }
 }
 
 /// `p` made absolute with its symbolic links resolved; for a path not created yet, its

@@ -85,7 +85,7 @@ async fn pull_into(
     if let Some(old) = recycle {
         let mut spare = vec![out, work];
         spare.extend(have);
-        crate::apply::check_recycle(old, &spare)?;
+        crate::apply::check_recycle(old, out, &spare)?;
     }
     let reads_before = store.reads();
     // `latest` is written last when a version is published: a version past it is not (or not

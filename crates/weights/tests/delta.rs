@@ -329,6 +329,23 @@ fn few_changes_make_sparse_frames_and_a_recycled_apply_rebuilds_the_same_files()
         checkpoint::read_marker(&old).unwrap().is_some(),
         "the directory to recycle is untouched"
     );
+    // A directory on another filesystem cannot be moved into the output by renames: refused
+    // before anything of it is consumed (it was emptied, then the rename failed).
+    let shm = tempfile::tempdir_in("/dev/shm").expect("/dev/shm (a tmpfs on Linux)");
+    {
+        use std::os::unix::fs::MetadataExt;
+        let dev = |p: &Path| std::fs::metadata(p).unwrap().dev();
+        assert_ne!(dev(shm.path()), dev(dir.path()), "/dev/shm is another filesystem");
+    }
+    let far = shm.path().join("old");
+    std::fs::create_dir_all(&far).unwrap();
+    for e in std::fs::read_dir(&old).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), far.join(e.file_name())).unwrap();
+    }
+    refused(&far, &delta, "is on another filesystem");
+    assert!(checkpoint::read_marker(&far).unwrap().is_some());
+    assert_eq!(std::fs::read_dir(&far).unwrap().count(), std::fs::read_dir(&old).unwrap().count());
     let out = dir.path().join("out");
     kvrouter_weights::apply_recycling(&base, &delta, &out, 2, Some(&old)).unwrap();
     assert_same_files(&new, &out);
