@@ -118,6 +118,13 @@ pub(crate) fn run(args: PlanArgs) -> anyhow::Result<()> {
     if args.sim.planner.enabled() {
         bail!("--planner is not used by plan: it searches fixed fleets");
     }
+    if args.sim.clusters.is_some() || args.sim.global_policy != crate::sim::DEFAULT_GLOBAL_POLICIES
+    {
+        bail!("--clusters and --global-policy are not used by plan: it sizes one cluster");
+    }
+    if args.sim.perfetto.is_some() {
+        bail!("--perfetto is not used by plan: run `kvrouter sim --workers N --perfetto` on the size it finds");
+    }
     if args.min_workers == 0 {
         bail!("--min-workers must be at least 1");
     }

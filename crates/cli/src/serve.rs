@@ -14,6 +14,9 @@ use crate::startup::TemplateSource;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// Most embedded mock engines `serve --mock-workers` starts.
+const MAX_MOCK_WORKERS: usize = 256;
+
 /// Flags of `kvrouter serve`, named as in the seeds' frontend where it has one. Groups of flags
 /// live in `*_args.rs` beside the code that checks them; the order of the fields here is the
 /// order of `--help` and `--print-config`.
@@ -38,7 +41,7 @@ pub(crate) struct ServeArgs {
     /// block_size, max_num_batched_tokens, kv_capacity_blocks, labels).
     #[arg(help_heading = H::LISTEN, long)]
     workers_file: Option<PathBuf>,
-    /// Start N embedded mock engines and route to them.
+    /// Start N embedded mock engines and route to them (at most 256).
     #[arg(help_heading = H::MOCK, long, default_value_t = 0)]
     mock_workers: usize,
     /// Speed-up ratio of the embedded mock engines.
@@ -186,6 +189,12 @@ impl ServeArgs {
             && !self.global.global
         {
             bail!("no workers: give --worker URL, --workers-file PATH, --mock-workers N or --discovery");
+        }
+        if self.mock_workers > MAX_MOCK_WORKERS {
+            bail!(
+                "--mock-workers must be at most {MAX_MOCK_WORKERS} (each is an HTTP server and a \
+                 KV event socket in this process; run more with `kvrouter mock-engine` processes)"
+            );
         }
         if !(self.mock_speedup_ratio.is_finite()
             && self.mock_speedup_ratio >= kvrouter_engine::MIN_SPEEDUP_RATIO)

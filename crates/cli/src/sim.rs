@@ -13,6 +13,9 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
+/// The global policies `--clusters` compares unless `--global-policy` says otherwise.
+pub(crate) const DEFAULT_GLOBAL_POLICIES: &str = "static-split,least-loaded,kv";
+
 /// Flags of `kvrouter sim`.
 #[derive(Debug, Args)]
 pub(crate) struct SimArgs {
@@ -95,7 +98,7 @@ pub(crate) struct SimArgs {
     /// Write each configuration's request timeline as Chrome trace JSON (open in Perfetto);
     /// with several configurations the name gets `-N` per configuration.
     #[arg(long)]
-    perfetto: Option<PathBuf>,
+    pub(crate) perfetto: Option<PathBuf>,
     /// Output folder for summary.json and report.html.
     #[arg(long, default_value = "sim-out")]
     pub(crate) out: PathBuf,
@@ -109,7 +112,7 @@ pub(crate) struct SimArgs {
     pub(crate) clusters: Option<PathBuf>,
     /// Global policies to compare with --clusters, comma-separated: static-split,
     /// least-loaded, kv.
-    #[arg(long, default_value = "static-split,least-loaded,kv")]
+    #[arg(long, default_value = DEFAULT_GLOBAL_POLICIES)]
     pub(crate) global_policy: String,
 }
 

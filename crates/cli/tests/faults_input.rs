@@ -181,6 +181,18 @@ async fn a_bad_workers_file_names_the_file_worker_and_field() {
 }
 
 #[tokio::test]
+async fn an_absurd_number_of_embedded_engines_is_refused_before_any_starts() {
+    // 100,000 embedded engines grew to 6.8 GB and 15,000 sockets in 35 s without a word.
+    let err = refused(&["--mock-workers", "100000", "--port", "0"], &[]).await;
+    assert!(err.contains("--mock-workers must be at most 256"), "{err}");
+    let err = refused(&["--port", "0"], &[("KVROUTER_MOCK_WORKERS", "257")]).await;
+    assert!(
+        err.contains("--mock-workers must be at most 256") && err.contains("KVROUTER_MOCK_WORKERS"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
 async fn an_admin_call_with_an_absurd_dp_size_leaves_the_process_serving() {
     let p = started(&["--admin-token", "t"], &[]).await;
     let client = reqwest::Client::new();

@@ -194,6 +194,19 @@ fn plan_needs_a_target_and_a_sane_range() {
             vec!["--ttft-p99-ms", "100", "--max-workers", "100000"],
             "--max-workers must be at most 4096",
         ),
+        // sim flags plan does not read are refused, not ignored.
+        (
+            vec!["--ttft-p99-ms", "100", "--clusters", "nonexistent.toml"],
+            "--clusters and --global-policy are not used by plan",
+        ),
+        (
+            vec!["--ttft-p99-ms", "100", "--global-policy", "bogus"],
+            "--clusters and --global-policy are not used by plan",
+        ),
+        (
+            vec!["--ttft-p99-ms", "100", "--perfetto", "trace.json"],
+            "--perfetto is not used by plan",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
             .arg("plan")

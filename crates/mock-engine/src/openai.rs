@@ -29,7 +29,7 @@ pub(crate) fn check_model(body: &Value, served: &[String]) -> Result<String, Api
 fn sampling(kind: Kind, body: &Value, default_max: u32) -> Result<(u32, StreamFlags), ApiError> {
     let max_tokens = request::max_tokens(kind, body)?.unwrap_or(default_max);
     let flags = request::stream_flags(body)?;
-    if request::choices(body).is_some_and(|n| n != 1) {
+    if request::choices(body)?.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("only `n` = 1 is supported", Some("n")));
     }
     Ok((max_tokens, flags))

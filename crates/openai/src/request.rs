@@ -347,7 +347,12 @@ pub fn max_tokens(kind: Kind, body: &Value) -> Result<Option<u32>, RequestError>
             None | Some(Value::Null) => continue,
             Some(v) => {
                 let n = v.as_i64().ok_or_else(|| {
-                    RequestError::invalid(format!("`{key}` must be an integer"), key)
+                    let why = if v.is_u64() {
+                        "is too large"
+                    } else {
+                        "must be an integer"
+                    };
+                    RequestError::invalid(format!("`{key}` {why}"), key)
                 })?;
                 if n <= 0 {
                     return Err(RequestError::invalid(
@@ -364,9 +369,20 @@ pub fn max_tokens(kind: Kind, body: &Value) -> Result<Option<u32>, RequestError>
     Ok(None)
 }
 
-/// `n`, the number of choices asked for (default 1).
-pub fn choices(body: &Value) -> Option<i64> {
-    body.get("n").and_then(Value::as_i64)
+/// `n`, the number of choices asked for (`None` when absent or null: 1). Anything but an
+/// integer is an error naming `n`, not "absent".
+pub fn choices(body: &Value) -> Result<Option<i64>, RequestError> {
+    match body.get("n") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_i64().map(Some).ok_or_else(|| {
+            let why = if v.is_u64() {
+                "is too large"
+            } else {
+                "must be an integer"
+            };
+            RequestError::invalid(format!("`n` {why}"), "n")
+        }),
+    }
 }
 
 /// vLLM's `cache_salt`, when set and not empty.

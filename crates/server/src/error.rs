@@ -216,15 +216,20 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
     what: &str,
 ) -> Result<T, ServeError> {
     let mut de = serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let message = format!("invalid {what}: {}", e.inner());
-        if path == "." {
+        // "." is the whole body; "?" is a place the parser could not name (a body cut short).
+        if path == "." || path == "?" {
             ServeError::invalid(message, None)
         } else {
             ServeError::invalid_at(format!("{message} (field `{path}`)"), path)
         }
-    })
+    })?;
+    // One JSON value and nothing after it: a second object would otherwise be dropped unread.
+    de.end()
+        .map_err(|e| ServeError::invalid(format!("invalid {what}: {e}"), None))?;
+    Ok(value)
 }
 
 /// Most request headers the router reads; more is a 431 (hyper's own, wordless 431 is set
@@ -368,5 +373,29 @@ mod tests {
             ServeError::Route(RouteError::DeadlineExceeded).parts().0,
             StatusCode::GATEWAY_TIMEOUT
         );
+    }
+
+    #[test]
+    fn an_admin_body_is_one_json_value_and_a_cut_one_names_no_field() {
+        #[derive(Debug, serde::Deserialize)]
+        struct Add {
+            #[allow(dead_code)]
+            url: String,
+        }
+        parse_json::<Add>(br#" {"url":"http://a"} "#, "worker").unwrap();
+        // A second object was dropped unread (the first worker registered, the second lost).
+        let e =
+            parse_json::<Add>(br#"{"url":"http://a"}{"url":"http://b"}"#, "worker").unwrap_err();
+        assert_eq!(e.parts().0, StatusCode::BAD_REQUEST);
+        assert!(e.body()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("trailing characters"));
+        let e = parse_json::<Add>(br#"{"url":"http://a"} xyz"#, "worker").unwrap_err();
+        assert_eq!(e.parts().0, StatusCode::BAD_REQUEST);
+        // A body cut short has no field to name: no `?` as the parameter.
+        let e = parse_json::<Add>(b"{", "worker").unwrap_err();
+        assert!(e.body()["error"]["param"].is_null(), "{}", e.body());
+        assert!(!e.body()["error"]["message"].as_str().unwrap().contains('?'));
     }
 }

@@ -335,7 +335,11 @@ fn few_changes_make_sparse_frames_and_a_recycled_apply_rebuilds_the_same_files()
     {
         use std::os::unix::fs::MetadataExt;
         let dev = |p: &Path| std::fs::metadata(p).unwrap().dev();
-        assert_ne!(dev(shm.path()), dev(dir.path()), "/dev/shm is another filesystem");
+        assert_ne!(
+            dev(shm.path()),
+            dev(dir.path()),
+            "/dev/shm is another filesystem"
+        );
     }
     let far = shm.path().join("old");
     std::fs::create_dir_all(&far).unwrap();
@@ -345,7 +349,10 @@ fn few_changes_make_sparse_frames_and_a_recycled_apply_rebuilds_the_same_files()
     }
     refused(&far, &delta, "is on another filesystem");
     assert!(checkpoint::read_marker(&far).unwrap().is_some());
-    assert_eq!(std::fs::read_dir(&far).unwrap().count(), std::fs::read_dir(&old).unwrap().count());
+    assert_eq!(
+        std::fs::read_dir(&far).unwrap().count(),
+        std::fs::read_dir(&old).unwrap().count()
+    );
     let out = dir.path().join("out");
     kvrouter_weights::apply_recycling(&base, &delta, &out, 2, Some(&old)).unwrap();
     assert_same_files(&new, &out);

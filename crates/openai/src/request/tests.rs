@@ -48,6 +48,23 @@ fn sampling_fields_are_read_and_bad_ones_named() {
         stream_flags(&json!({"stream": "yes"})).unwrap_err().param(),
         Some("stream")
     );
+    let too_large = max_tokens(Kind::Completion, &json!({"max_tokens": u64::MAX})).unwrap_err();
+    assert!(too_large.to_string().contains("too large"), "{too_large}");
+    // `n`: absent or null is one choice; a string, a float, a bool or a list is an error naming
+    // it (they were read as absent, and the engine answered one choice).
+    assert_eq!(choices(&json!({})), Ok(None));
+    assert_eq!(choices(&json!({"n": null})), Ok(None));
+    assert_eq!(choices(&json!({"n": 2})), Ok(Some(2)));
+    for bad in [
+        json!("2"),
+        json!(2.0),
+        json!(true),
+        json!([2]),
+        json!(u64::MAX),
+    ] {
+        let e = choices(&json!({ "n": bad })).unwrap_err();
+        assert_eq!(e.param(), Some("n"), "{bad}");
+    }
 }
 
 #[test]
