@@ -10,6 +10,9 @@ use kvrouter_weights::transfer;
 use kvrouter_weights::{checkpoint, CodecOptions};
 use std::path::PathBuf;
 
+/// Most MiB `weights gen` and `weights bench` write (1 TiB).
+const MAX_MIB: u64 = 1 << 20;
+
 /// `kvrouter weights …`.
 #[derive(Debug, Args)]
 pub(crate) struct WeightsArgs {
@@ -424,6 +427,9 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
             }
         }
         WeightsCommand::Serve(a) => {
+            if a.dir.exists() && !a.dir.is_dir() {
+                anyhow::bail!("--dir {} is not a directory", a.dir.display());
+            }
             let peer = kvrouter_weights::serve::Peer::new(
                 a.dir.clone(),
                 a.store.open()?,
@@ -444,6 +450,12 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
             let threads = a.codec.options()?.threads;
             if a.size_mib == 0 || a.files == 0 {
                 bail!("--size-mib and --files must be at least 1");
+            }
+            if a.size_mib > MAX_MIB {
+                bail!("--size-mib must be at most {MAX_MIB} (1 TiB)");
+            }
+            if !a.lr.is_finite() {
+                bail!("--lr must be a finite number");
             }
             let spec = GenSpec {
                 total_bytes: a.size_mib << 20,
@@ -470,6 +482,12 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
             let codec = a.codec.options()?;
             if a.size_mib == 0 || a.sweep_mib == 0 {
                 bail!("--size-mib and --sweep-mib must be at least 1");
+            }
+            if a.size_mib > MAX_MIB || a.sweep_mib > MAX_MIB {
+                bail!("--size-mib and --sweep-mib must be at most {MAX_MIB} (1 TiB)");
+            }
+            if a.chunks_kib.iter().any(|k| !(4..=256 << 10).contains(k)) {
+                bail!("--chunks-kib values must be from 4 to 262144");
             }
             let o = BenchOptions {
                 checkpoint_bytes: a.size_mib << 20,

@@ -550,3 +550,44 @@ async fn a_stalled_peer_fails_the_pull_after_the_read_timeout() {
     }
     stalled.abort();
 }
+
+/// Sizes past 1 TiB, a learning rate that is not a number, and a `serve --dir` that is a file
+/// are refused naming the flag (2^44 MiB wrapped to a 2 KB checkpoint; the file was served as
+/// a cache that answered "cached: false" and then 500s). Found by a hostile probe.
+#[tokio::test]
+async fn absurd_sizes_and_a_file_as_the_cache_are_refused_naming_the_flag() {
+    let dir = tempfile_dir();
+    let out = dir.as_path().join("g");
+    let file = dir.as_path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    let size = (1u64 << 44).to_string();
+    for (args, needle) in [
+        (
+            vec!["gen", "--out", p(&out), "--size-mib", &size],
+            "--size-mib must be at most",
+        ),
+        (
+            vec!["gen", "--out", p(&out), "--lr", "NaN"],
+            "--lr must be a finite number",
+        ),
+        (
+            vec!["serve", "--dir", p(&file), "--listen", "127.0.0.1:0"],
+            "is not a directory",
+        ),
+    ] {
+        let run = tokio::time::timeout(
+            Duration::from_secs(60),
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+                .arg("weights")
+                .args(&args)
+                .output(),
+        )
+        .await
+        .expect("exits in time")
+        .unwrap();
+        assert!(!run.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    assert!(!out.exists());
+}

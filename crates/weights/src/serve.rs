@@ -21,6 +21,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use futures::StreamExt;
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,6 +36,8 @@ pub struct Peer {
     threads: usize,
     keep: usize,
     pull_lock: tokio::sync::Mutex<()>,
+    /// Versions whose files are being sent, and during a pull the versions it may not recycle.
+    reading: std::sync::Mutex<Reading>,
     store_pulls: AtomicU64,
     files_served: AtomicU64,
     bytes_served: AtomicU64,
@@ -50,6 +53,7 @@ impl Peer {
             threads,
             keep: keep.max(1),
             pull_lock: tokio::sync::Mutex::new(()),
+            reading: std::sync::Mutex::new(Reading::default()),
             store_pulls: AtomicU64::new(0),
             files_served: AtomicU64::new(0),
             bytes_served: AtomicU64::new(0),
@@ -100,18 +104,93 @@ impl Peer {
                     "version",
                 ));
             }
+            // The versions being sent are kept: a pull recycles an old version's files in
+            // place, which rewrote a file under a download of it (200 with bytes of no
+            // version). Readers that start during the pull wait for it (`Peer::read`).
+            let protect = self.reading().start_pull();
             let source = Source {
                 peer: None,
                 store: Some(store.clone()),
                 keep: Some(self.keep),
-                protect: Vec::new(),
+                protect,
             };
-            transfer::fetch_version(&source, v, &self.cache, self.threads)
-                .await
-                .map_err(|e| pull_failed(v, e))?;
+            let fetched = transfer::fetch_version(&source, v, &self.cache, self.threads).await;
+            self.reading().end_pull();
+            fetched.map_err(|e| pull_failed(v, e))?;
             self.store_pulls.fetch_add(1, Ordering::Relaxed);
         }
         Ok(transfer::version_dir(&self.cache, v))
+    }
+}
+
+impl Peer {
+    fn reading(&self) -> std::sync::MutexGuard<'_, Reading> {
+        self.reading.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a transfer of version `v`'s files (until the guard drops): a pull that starts
+    /// meanwhile keeps `v`. During a pull that may recycle `v`, waits for that pull first.
+    async fn read(self: &Arc<Self>, v: u64) -> ReadGuard {
+        loop {
+            if self.reading().start_read(v) {
+                return ReadGuard {
+                    peer: self.clone(),
+                    version: v,
+                };
+            }
+            drop(self.pull_lock.lock().await);
+        }
+    }
+}
+
+/// Which versions are being read, and what a pull in progress keeps.
+#[derive(Debug, Default)]
+struct Reading {
+    readers: std::collections::BTreeMap<u64, usize>,
+    /// During a pull: the versions it keeps (read when it started).
+    pull_keeps: Option<Vec<u64>>,
+}
+
+impl Reading {
+    /// A read of `v` may start unless a pull that may recycle `v` is running.
+    fn start_read(&mut self, v: u64) -> bool {
+        if self.pull_keeps.as_ref().is_some_and(|k| !k.contains(&v)) {
+            return false;
+        }
+        *self.readers.entry(v).or_default() += 1;
+        true
+    }
+
+    fn end_read(&mut self, v: u64) {
+        if let Some(n) = self.readers.get_mut(&v) {
+            *n -= 1;
+            if *n == 0 {
+                self.readers.remove(&v);
+            }
+        }
+    }
+
+    /// A pull starts: the versions being read are the ones it must keep.
+    fn start_pull(&mut self) -> Vec<u64> {
+        let keep: Vec<u64> = self.readers.keys().copied().collect();
+        self.pull_keeps = Some(keep.clone());
+        keep
+    }
+
+    fn end_pull(&mut self) {
+        self.pull_keeps = None;
+    }
+}
+
+/// One transfer of a version's files; dropped when its body is sent or the client goes.
+struct ReadGuard {
+    peer: Arc<Peer>,
+    version: u64,
+}
+
+impl Drop for ReadGuard {
+    fn drop(&mut self) {
+        self.peer.reading().end_read(self.version);
     }
 }
 
@@ -149,7 +228,28 @@ pub fn app(peer: Arc<Peer>) -> Router {
         .route("/v1/versions/{version}/marker", get(marker))
         .route("/v1/versions/{version}/files/{name}", get(file))
         .route("/v1/stats", get(stats))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(wrong_method)
         .with_state(peer)
+}
+
+async fn unknown_route(uri: axum::http::Uri) -> ApiError {
+    ApiError(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no route {}: this peer serves /v1/versions/{{N}}[/marker|/files/NAME] and /v1/stats",
+            uri.path()
+        ),
+        "url",
+    )
+}
+
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{method} is not allowed on {}: only GET", uri.path()),
+        "method",
+    )
 }
 
 fn parse_version(v: &str) -> Result<u64, ApiError> {
@@ -236,6 +336,7 @@ async fn file(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let version = parse_version(&v)?;
+    let guard = peer.read(version).await;
     let dir = peer.ensure(version).await?;
     let marker = crate::checkpoint::read_marker(&dir).ok().flatten();
     if !marker.is_some_and(|m| m.files.iter().any(|f| f.name == name)) {
@@ -259,11 +360,20 @@ async fn file(
         Wanted::Whole => (StatusCode::OK, 0, size),
         Wanted::Part(a, b) => (StatusCode::PARTIAL_CONTENT, a, b),
         Wanted::Unsatisfiable => {
-            return Ok((
+            let mut r = ApiError(
                 StatusCode::RANGE_NOT_SATISFIABLE,
-                [(header::CONTENT_RANGE, format!("bytes */{size}"))],
+                format!(
+                    "the range {} is outside `{name}` ({size} bytes)",
+                    range.unwrap_or("")
+                ),
+                "range",
             )
-                .into_response());
+            .into_response();
+            r.headers_mut().insert(
+                header::CONTENT_RANGE,
+                header::HeaderValue::from_str(&format!("bytes */{size}")).expect("ascii"),
+            );
+            return Ok(r);
         }
     };
     f.seek(std::io::SeekFrom::Start(start))
@@ -271,10 +381,15 @@ async fn file(
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "name"))?;
     peer.files_served.fetch_add(1, Ordering::Relaxed);
     peer.bytes_served.fetch_add(end - start, Ordering::Relaxed);
-    let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
-        f.take(end - start),
-        1 << 20,
-    ));
+    // The guard goes with the body: the version is kept until its last byte is sent.
+    let body = Body::from_stream(
+        tokio_util::io::ReaderStream::with_capacity(f.take(end - start), 1 << 20).map(
+            move |chunk| {
+                let _ = &guard;
+                chunk
+            },
+        ),
+    );
     let mut response = (status, body).into_response();
     let h = response.headers_mut();
     h.insert(header::CONTENT_LENGTH, (end - start).into());

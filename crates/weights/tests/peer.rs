@@ -21,6 +21,10 @@ fn spec() -> GenSpec {
 }
 
 async fn published_store(root: &Path) -> Store {
+    published_store_of(root, &spec()).await
+}
+
+async fn published_store_of(root: &Path, spec: &GenSpec) -> Store {
     std::fs::create_dir_all(root.join("store")).unwrap();
     let store = Store::open(&format!("file://{}", root.join("store").display()), &[]).unwrap();
     let opts = CodecOptions {
@@ -30,7 +34,7 @@ async fn published_store(root: &Path) -> Store {
     };
     for k in 0..=2u32 {
         let d = root.join(format!("ckpt/v{k}"));
-        write_checkpoint(&d, &spec(), Update::Rl { lr: 1e-5, steps: k }, 2).unwrap();
+        write_checkpoint(&d, spec, Update::Rl { lr: 1e-5, steps: k }, 2).unwrap();
         let prev = (k > 0).then(|| root.join(format!("ckpt/v{}", k - 1)));
         publish(&store, &d, k as u64, prev.as_deref(), 100, &opts)
             .await
@@ -181,6 +185,29 @@ async fn ranged_resume_and_a_corrupted_transfer() {
     assert_eq!(r.status(), 404);
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(body["error"]["param"], "version");
+
+    // Every refusal is OpenAI-shaped JSON: an unknown route, a wrong method, a range outside
+    // the file (they were empty bodies).
+    let http = reqwest::Client::new();
+    let cases = [
+        (http.get(format!("{url}/nonexistent")), 404, "url"),
+        (http.post(format!("{url}/v1/versions/1")), 405, "method"),
+        (
+            http.get(format!("{url}/v1/versions/1/files/{shard}"))
+                .header("range", format!("bytes={}-", full.len() + 10)),
+            416,
+            "range",
+        ),
+    ];
+    for (req, status, param) in cases {
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), status);
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["param"], param, "{body}");
+        assert!(body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+    }
 }
 
 /// A peer that answers the marker, then sends the start of a file and nothing more: the pull
@@ -221,4 +248,64 @@ async fn a_file_transfer_that_stalls_fails_after_the_stall_bound() {
     .to_string();
     assert!(err.contains("stalled") && err.contains("/files/"), "{err}");
     assert!(!root.join("out").exists());
+}
+
+/// A peer keeping two versions is asked for a third while a client still downloads the oldest:
+/// the pull keeps the version being sent (it recycled its files in place under the download,
+/// which then got bytes of no version), and a read of a version the pull may recycle waits for
+/// it. Found by a hostile probe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_being_downloaded_is_not_recycled_under_the_download() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let big = GenSpec {
+        total_bytes: 24 << 20,
+        tensor_bytes: 4 << 20,
+        cols: 1024,
+        files: 1,
+        seed: 5,
+    };
+    let store = published_store_of(root, &big).await;
+    let peer = Peer::new(root.join("peer-cache"), Some(store), 2, 2);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app(peer)).await.unwrap() });
+    let get = |path: String| {
+        let url = url.clone();
+        async move {
+            let r = reqwest::get(format!("{url}{path}")).await.unwrap();
+            assert!(r.status().is_success(), "{path}: {}", r.status());
+            r
+        }
+    };
+    get("/v1/versions/0/marker".into()).await;
+    get("/v1/versions/1/marker".into()).await;
+    let shard = "model-00001-of-00001.safetensors";
+    let want = std::fs::read(root.join("ckpt/v0").join(shard)).unwrap();
+    // Start the download of v0 and take only its first chunk: the rest waits in the peer.
+    let mut download = get(format!("/v1/versions/0/files/{shard}")).await;
+    let mut got = download
+        .chunk()
+        .await
+        .unwrap()
+        .expect("a first chunk")
+        .to_vec();
+    assert!(
+        got.len() < want.len() / 2,
+        "the file should not fit in one read"
+    );
+    // v2 is pulled; keeping two versions, it would recycle v0.
+    get("/v1/versions/2/marker".into()).await;
+    while let Some(c) = download.chunk().await.unwrap() {
+        got.extend_from_slice(&c);
+    }
+    assert!(got == want, "the download of v0 is v0's bytes");
+    // v2 came whole, and v1 is still served.
+    let v2 = get(format!("/v1/versions/2/files/{shard}"))
+        .await
+        .bytes()
+        .await
+        .unwrap();
+    assert!(v2 == std::fs::read(root.join("ckpt/v2").join(shard)).unwrap());
+    get("/v1/versions/1/marker".into()).await;
 }
