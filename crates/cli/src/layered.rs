@@ -6,7 +6,7 @@
 //! the result is parsed once more by clap, so validation stays in one place.
 
 use clap::parser::ValueSource;
-use clap::{Arg, ArgAction, Command};
+use clap::{Arg, ArgAction, ArgMatches, Command};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 
@@ -17,38 +17,64 @@ pub(crate) const PRINT_CONFIG: &str = "print-config";
 /// Prefix of the environment variables.
 pub(crate) const ENV_PREFIX: &str = "KVROUTER_";
 
-/// Adds `--config` and `--print-config` to every subcommand.
+/// Adds `--config` and `--print-config` to every subcommand that runs something (a leaf:
+/// `serve`, `weights stamp`; not `weights`, which only groups its own).
 pub(crate) fn augment(cmd: Command) -> Command {
     let names: Vec<String> = cmd
         .get_subcommands()
         .map(|s| s.get_name().to_owned())
         .collect();
     names.iter().fold(cmd, |cmd, name| {
-        cmd.mut_subcommand(name, |sub| {
-            negative_values(sub)
-                .arg(
-                    Arg::new(CONFIG)
-                        .long(CONFIG)
-                        .value_name("FILE")
-                        .env("KVROUTER_CONFIG")
-                        .value_parser(clap::value_parser!(std::path::PathBuf))
-                        .help_heading("Configuration")
-                        .help(
-                            "TOML file of flag values (keys are flag names: port = 9000); \
-                         command-line flags > KVROUTER_<FLAG> environment > this file > defaults",
-                        ),
-                )
-                .arg(
-                    Arg::new(PRINT_CONFIG)
-                        .long(PRINT_CONFIG)
-                        .action(ArgAction::SetTrue)
-                        .help_heading("Configuration")
-                        .help(
-                            "Print the effective configuration as TOML (secrets redacted) and exit",
-                        ),
-                )
-        })
+        cmd.mut_subcommand(name, |sub| with_config(negative_values(sub)))
     })
+}
+
+/// `--config` and `--print-config` on `cmd` if it is a leaf, else on each leaf below it.
+fn with_config(cmd: Command) -> Command {
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_owned())
+        .collect();
+    if !names.is_empty() {
+        return names
+            .iter()
+            .fold(cmd, |cmd, name| cmd.mut_subcommand(name, with_config));
+    }
+    cmd.arg(
+        Arg::new(CONFIG)
+            .long(CONFIG)
+            .value_name("FILE")
+            .env("KVROUTER_CONFIG")
+            .value_parser(clap::value_parser!(std::path::PathBuf))
+            .help_heading("Configuration")
+            .help(
+                "TOML file of flag values (keys are flag names: port = 9000); \
+                 command-line flags > KVROUTER_<FLAG> environment > this file > defaults",
+            ),
+    )
+    .arg(
+        Arg::new(PRINT_CONFIG)
+            .long(PRINT_CONFIG)
+            .action(ArgAction::SetTrue)
+            .help_heading("Configuration")
+            .help("Print the effective configuration as TOML (secrets redacted) and exit"),
+    )
+}
+
+/// The subcommand that runs (the deepest one matched), its matches, and its path of names
+/// (`["weights", "stamp"]`); `None` when none, or when the deepest one matched still groups
+/// others (clap refuses that in its own pass).
+pub(crate) fn leaf<'a>(
+    cmd: &'a Command,
+    matches: &'a ArgMatches,
+) -> Option<(&'a Command, &'a ArgMatches, Vec<&'a str>)> {
+    let (mut sub, mut m, mut path) = (cmd, matches, Vec::new());
+    while let Some((name, next)) = m.subcommand() {
+        sub = sub.find_subcommand(name)?;
+        m = next;
+        path.push(name);
+    }
+    (!path.is_empty() && sub.get_subcommands().next().is_none()).then_some((sub, m, path))
 }
 
 /// `--flag -1` reads `-1` as the flag's value (which its parser then refuses, naming the flag)
@@ -110,7 +136,12 @@ fn line_of(text: &str, offset: usize) -> usize {
 
 /// Parses a config file into flag long name -> value; unknown keys are errors naming the key and
 /// its line.
-fn read_file(sub: &Command, path: &str, text: &str) -> anyhow::Result<BTreeMap<String, FileValue>> {
+fn read_file(
+    sub: &Command,
+    name: &str,
+    path: &str,
+    text: &str,
+) -> anyhow::Result<BTreeMap<String, FileValue>> {
     type Raw = BTreeMap<toml::Spanned<String>, toml::Spanned<toml::Value>>;
     let raw: Raw = toml::from_str(text).map_err(|e| anyhow::anyhow!("--config {path}: {e}"))?;
     let mut out: BTreeMap<String, FileValue> = BTreeMap::new();
@@ -125,8 +156,7 @@ fn read_file(sub: &Command, path: &str, text: &str) -> anyhow::Result<BTreeMap<S
         }
         if !settable(sub).any(|a| a.get_long() == Some(long.as_str())) {
             anyhow::bail!(
-                "--config {path} line {line}: unknown key `{written}` (`kvrouter {} --help` lists the flags; keys are their names)",
-                sub.get_name()
+                "--config {path} line {line}: unknown key `{written}` (`kvrouter {name} --help` lists the flags; keys are their names)"
             );
         }
         if let Some(first) = out.get(&long) {
@@ -258,18 +288,15 @@ pub(crate) fn layer(
     let Ok(pre) = cmd.clone().ignore_errors(true).try_get_matches_from(&argv) else {
         return Ok(empty); // --help, --version: clap answers in the real pass
     };
-    let Some((name, sub_matches)) = pre.subcommand() else {
+    let Some((sub, sub_matches, path)) = leaf(cmd, &pre) else {
         return Ok(empty);
     };
-    let sub = cmd
-        .find_subcommand(name)
-        .expect("clap matched this subcommand");
     let file = match sub_matches.get_one::<std::path::PathBuf>(CONFIG) {
         None => BTreeMap::new(),
-        Some(path) => {
-            let shown = path.display().to_string();
-            let text = read(path).map_err(|e| anyhow::anyhow!("--config {shown}: {e}"))?;
-            read_file(sub, &shown, &text)?
+        Some(file) => {
+            let shown = file.display().to_string();
+            let text = read(file).map_err(|e| anyhow::anyhow!("--config {shown}: {e}"))?;
+            read_file(sub, &path.join(" "), &shown, &text)?
         }
     };
     let config_name = sub_matches
@@ -321,10 +348,14 @@ pub(crate) fn layer(
         }
         sources.insert(long.to_owned(), source);
     }
-    let at = argv
-        .iter()
-        .position(|a| a == name)
-        .map_or(argv.len(), |i| i + 1);
+    // Right after the leaf's name (each name found after its parent's).
+    let mut at = 0;
+    for name in &path {
+        at = argv[at..]
+            .iter()
+            .position(|a| a == *name)
+            .map_or(argv.len(), |i| at + i + 1);
+    }
     let mut merged = argv;
     merged.splice(at..at, extra);
     Ok(Layered {
@@ -350,7 +381,7 @@ pub(crate) fn parse_args<C: clap::CommandFactory + clap::FromArgMatches>(
         .clone()
         .try_get_matches_from(&layered.argv)
         .unwrap_or_else(|e| e.exit());
-    if let Some((_, m)) = matches.subcommand() {
+    if let Some((_, m, _)) = leaf(&cmd, &matches) {
         if m.get_flag(PRINT_CONFIG) {
             print!(
                 "{}",

@@ -279,3 +279,97 @@ fn a_refused_value_names_where_it_was_set() {
         );
     }
 }
+
+#[test]
+fn nested_subcommands_take_the_environment_and_a_config_file_too() {
+    // `weights stamp` and the other `weights` commands: their flags were reachable from the
+    // command line only (`KVROUTER_THREADS=0` passed unchecked, a file's `threads` was an
+    // unknown key of `weights`).
+    let leaf_value = |m: &ArgMatches, id: &str| {
+        let (_, w) = m.subcommand().unwrap();
+        let (_, s) = w.subcommand().unwrap();
+        s.get_raw(id)
+            .and_then(|mut v| v.next_back())
+            .map(|v| v.to_string_lossy().into_owned())
+    };
+    let args = ["weights", "stamp", "--dir", "d", "--version", "1"];
+    let (m, sources) = run(&args, &[("KVROUTER_THREADS", "3")], "").unwrap();
+    assert_eq!(leaf_value(&m, "threads").as_deref(), Some("3"));
+    assert_eq!(
+        sources.get("threads"),
+        Some(&Source::Env("KVROUTER_THREADS".into()))
+    );
+    let with_file: Vec<&str> = args.iter().copied().chain(["--config", "k.toml"]).collect();
+    let (m, _) = run(&with_file, &[], "threads = 2\n").unwrap();
+    assert_eq!(leaf_value(&m, "threads").as_deref(), Some("2"));
+    // The command line still wins, and a bad value names where it was set.
+    let mut given = with_file.clone();
+    given.extend(["--threads", "4"]);
+    let (m, _) = run(&given, &[("KVROUTER_THREADS", "3")], "threads = 2\n").unwrap();
+    assert_eq!(leaf_value(&m, "threads").as_deref(), Some("4"));
+    let e = error_of(&with_file, &[], "nonsense = 1\n");
+    assert!(
+        e.contains("unknown key `nonsense`") && e.contains("kvrouter weights stamp --help"),
+        "{e}"
+    );
+    // `weights` alone groups commands: no --config of its own.
+    assert!(cli()
+        .find_subcommand("weights")
+        .unwrap()
+        .get_arguments()
+        .all(|a| a.get_long() != Some(CONFIG)));
+    // --print-config prints the leaf's flags.
+    let mut printing: Vec<&str> = args.to_vec();
+    printing.push("--print-config");
+    let (m, sources) = run(&printing, &[("KVROUTER_THREADS", "3")], "").unwrap();
+    let text = print(&cli(), &m, &sources);
+    assert!(text.starts_with("# kvrouter weights stamp:"), "{text}");
+    assert!(text.contains("threads = 3"), "{text}");
+}
+
+#[test]
+fn weights_commands_that_write_no_delta_take_no_codec_flags() {
+    // They were accepted, checked and ignored (apply --zstd-level 22 wrote what the default did).
+    for args in [
+        &[
+            "weights",
+            "apply",
+            "--base",
+            "b",
+            "--delta",
+            "d",
+            "--out",
+            "o",
+            "--zstd-level",
+            "3",
+        ][..],
+        &[
+            "weights",
+            "stamp",
+            "--dir",
+            "d",
+            "--version",
+            "1",
+            "--chunk-kib",
+            "64",
+        ],
+        &["weights", "serve", "--dir", "d", "--zstd-level", "3"],
+    ] {
+        let e = error_of(args, &[], "");
+        assert!(e.contains("unexpected argument"), "{args:?}: {e}");
+    }
+    let args = [
+        "weights",
+        "diff",
+        "--base",
+        "b",
+        "--new",
+        "n",
+        "--new-version",
+        "2",
+        "--out",
+        "o",
+    ];
+    let with: Vec<&str> = args.iter().copied().chain(["--zstd-level", "3"]).collect();
+    run(&with, &[], "").unwrap();
+}

@@ -41,10 +41,10 @@ pub(crate) fn print(
     matches: &ArgMatches,
     sources: &BTreeMap<String, Source>,
 ) -> String {
-    let Some((name, m)) = matches.subcommand() else {
+    let Some((sub, m, path)) = crate::layered::leaf(cmd, matches) else {
         return String::new();
     };
-    let sub = cmd.find_subcommand(name).expect("matched subcommand");
+    let name = path.join(" ");
     let mut out = format!(
         "# kvrouter {name}: effective configuration (command line > {ENV_PREFIX}<FLAG> environment > --config file > defaults)\n"
     );

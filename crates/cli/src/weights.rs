@@ -42,6 +42,7 @@ enum WeightsCommand {
     Bench(BenchArgs),
 }
 
+/// The codec's flags, for the commands that write deltas (`diff`, `publish`, `bench`).
 #[derive(Debug, Clone, Args)]
 struct CodecArgs {
     /// zstd level (chosen by `kvrouter weights bench`, docs/weights.md).
@@ -50,19 +51,34 @@ struct CodecArgs {
     /// Chunk size in KiB: one zstd frame each, and the unit of memory per thread (4 KiB..256 MiB).
     #[arg(long, default_value_t = (kvrouter_weights::DEFAULT_CHUNK_BYTES >> 10) as u64)]
     chunk_kib: u64,
+    #[command(flatten)]
+    threads: ThreadsArgs,
+}
+
+/// `--threads`, for the commands that only read or rebuild (a delta carries its own chunking
+/// and level, so they take no codec flags).
+#[derive(Debug, Clone, Args)]
+struct ThreadsArgs {
     /// Worker threads (default: the machine's cores).
     #[arg(long)]
     threads: Option<usize>,
 }
 
-impl CodecArgs {
-    fn options(&self) -> anyhow::Result<CodecOptions> {
+impl ThreadsArgs {
+    fn get(&self) -> anyhow::Result<usize> {
         let threads = self
             .threads
             .unwrap_or_else(|| CodecOptions::default().threads);
         if threads == 0 {
             bail!("--threads must be at least 1");
         }
+        Ok(threads)
+    }
+}
+
+impl CodecArgs {
+    fn options(&self) -> anyhow::Result<CodecOptions> {
+        let threads = self.threads.get()?;
         if !(4..=256 << 10).contains(&self.chunk_kib) {
             bail!("--chunk-kib must be between 4 and 262144");
         }
@@ -144,7 +160,7 @@ struct ApplyArgs {
     #[arg(long)]
     recycle: Option<PathBuf>,
     #[command(flatten)]
-    codec: CodecArgs,
+    threads: ThreadsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -156,7 +172,7 @@ struct StampArgs {
     #[arg(long)]
     version: u64,
     #[command(flatten)]
-    codec: CodecArgs,
+    threads: ThreadsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -168,7 +184,7 @@ struct VerifyArgs {
     #[arg(long)]
     delta: Option<PathBuf>,
     #[command(flatten)]
-    codec: CodecArgs,
+    threads: ThreadsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -227,7 +243,7 @@ struct PullArgs {
     #[command(flatten)]
     store: StoreArgs,
     #[command(flatten)]
-    codec: CodecArgs,
+    threads: ThreadsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -245,7 +261,7 @@ struct ServeArgs {
     #[command(flatten)]
     store: StoreArgs,
     #[command(flatten)]
-    codec: CodecArgs,
+    threads: ThreadsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -272,7 +288,7 @@ struct GenArgs {
     #[arg(long, default_value_t = 2)]
     files: usize,
     #[command(flatten)]
-    codec: CodecArgs,
+    threads: ThreadsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -331,7 +347,7 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
             );
         }
         WeightsCommand::Apply(a) => {
-            let threads = a.codec.options()?.threads;
+            let threads = a.threads.get()?;
             let m = blocking(move || {
                 Ok(kvrouter_weights::apply_recycling(
                     &a.base,
@@ -347,7 +363,7 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
             );
         }
         WeightsCommand::Stamp(a) => {
-            let threads = a.codec.options()?.threads;
+            let threads = a.threads.get()?;
             let m = blocking(move || {
                 let m = checkpoint::stamp(&a.dir, a.version, threads)?;
                 checkpoint::write_marker(&a.dir, &m)?;
@@ -359,7 +375,7 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
             );
         }
         WeightsCommand::Verify(a) => {
-            let threads = a.codec.options()?.threads;
+            let threads = a.threads.get()?;
             let v = blocking(move || match (a.dir, a.delta) {
                 (Some(dir), None) => {
                     let m = checkpoint::read_marker(&dir)?.with_context(|| format!("--dir {}: no weights.json (run `kvrouter weights stamp`)", dir.display()))?;
@@ -389,22 +405,23 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
             print(r);
         }
         WeightsCommand::Pull(a) => {
-            let threads = a.codec.options()?.threads;
+            let threads = a.threads.get()?;
             let work = a
                 .work
                 .clone()
                 .unwrap_or_else(|| a.out.with_extension("work"));
+            // Checked with or without --peer: a bad value is refused, not ignored.
+            use crate::flag_values::{at_most, positive};
+            let secs = |v: f64, flag: &str| positive(at_most(v, 86_400.0, flag)?, flag);
+            let read_timeout = secs(a.peer_read_timeout_secs, "--peer-read-timeout-secs")?;
+            let marker_timeout = secs(a.peer_marker_timeout_secs, "--peer-marker-timeout-secs")?;
             if let Some(peer) = &a.peer {
                 let version = a.version.context("--version is required with --peer")?;
                 if a.store.store.is_some() || a.have.is_some() || a.recycle.is_some() {
                     bail!("--peer pulls whole files from the peer: --store, --have and --recycle do not apply");
                 }
-                use crate::flag_values::{at_most, positive};
-                let secs = |v: f64, flag: &str| positive(at_most(v, 86_400.0, flag)?, flag);
-                let client = transfer::PeerClient::with_marker_timeout(
-                    secs(a.peer_read_timeout_secs, "--peer-read-timeout-secs")?,
-                    secs(a.peer_marker_timeout_secs, "--peer-marker-timeout-secs")?,
-                )?;
+                let client =
+                    transfer::PeerClient::with_marker_timeout(read_timeout, marker_timeout)?;
                 let n = transfer::pull_from_peer(&client, peer, version, &a.out, &work, threads)
                     .await?;
                 print(
@@ -433,7 +450,7 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
             let peer = kvrouter_weights::serve::Peer::new(
                 a.dir.clone(),
                 a.store.open()?,
-                a.codec.options()?.threads,
+                a.threads.get()?,
                 a.keep_versions as usize,
             );
             let listener = tokio::net::TcpListener::bind(&a.listen)
@@ -447,7 +464,7 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
             axum::serve(listener, kvrouter_weights::serve::app(peer)).await?;
         }
         WeightsCommand::Gen(a) => {
-            let threads = a.codec.options()?.threads;
+            let threads = a.threads.get()?;
             if a.size_mib == 0 || a.files == 0 {
                 bail!("--size-mib and --files must be at least 1");
             }

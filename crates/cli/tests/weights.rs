@@ -574,6 +574,21 @@ async fn absurd_sizes_and_a_file_as_the_cache_are_refused_naming_the_flag() {
             vec!["serve", "--dir", p(&file), "--listen", "127.0.0.1:0"],
             "is not a directory",
         ),
+        // Checked without --peer too (a store pull ignored it).
+        (
+            vec![
+                "pull",
+                "--store",
+                "file:///nonexistent",
+                "--version",
+                "1",
+                "--out",
+                p(&out),
+                "--peer-read-timeout-secs",
+                "-5",
+            ],
+            "--peer-read-timeout-secs",
+        ),
     ] {
         let run = tokio::time::timeout(
             Duration::from_secs(60),
