@@ -104,6 +104,34 @@ impl CheckpointManifest {
         if checkpoint_digest(self.format, &self.files) != self.digest {
             return Err("the marker's digest does not match its segment list".into());
         }
+        // What the digest cannot say: one entry per file, none named as the marker itself, and
+        // each file's segments covering it end to end (bytes outside every segment would be
+        // written and verified by nobody).
+        let mut names = std::collections::BTreeSet::new();
+        for f in &self.files {
+            if f.name == crate::layout::MARKER || !names.insert(f.name.as_str()) {
+                return Err(format!(
+                    "file `{}` is listed twice or is named as the marker",
+                    f.name
+                ));
+            }
+            let mut at = 0u64;
+            for s in &f.segments {
+                if s.segment.offset != at {
+                    return Err(format!(
+                        "the segments of `{}` do not cover it end to end (at byte {at})",
+                        f.name
+                    ));
+                }
+                at = at.saturating_add(s.segment.len);
+            }
+            if at != f.size {
+                return Err(format!(
+                    "the segments of `{}` cover {at} of its {} bytes",
+                    f.name, f.size
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -373,6 +401,17 @@ pub fn marker_or_stamp(
     version: Option<u64>,
     threads: usize,
 ) -> Result<CheckpointManifest> {
+    if !dir.is_dir() {
+        return Err(WeightsError::Invalid(format!(
+            "{} {}",
+            dir.display(),
+            if dir.exists() {
+                "is not a directory"
+            } else {
+                "does not exist"
+            }
+        )));
+    }
     match read_consistent_marker(dir)? {
         Some(m) => {
             if let Some(v) = version.filter(|v| *v != m.version) {
@@ -415,5 +454,47 @@ mod tests {
         )
         .unwrap();
         assert!(text(&out).contains("it holds v7"), "{}", text(&out));
+    }
+
+    #[test]
+    fn a_manifest_lists_each_file_once_and_covers_it_end_to_end() {
+        // Hand-edited deltas whose digests were recomputed: apply wrote what verify refused,
+        // or a file far larger than its segments, every byte past them unchecked.
+        let seg = |offset, len| SegmentDigest {
+            segment: Segment {
+                name: format!("__file__:{offset}"),
+                dtype: "BLOB".into(),
+                shape: Vec::new(),
+                offset,
+                len,
+            },
+            digest: "00".into(),
+        };
+        let file = |name: &str, size, segments| FileDigests {
+            name: name.into(),
+            size,
+            segments,
+        };
+        let check = |files| CheckpointManifest::new(1, SegmentHash::WRITTEN, files).check();
+        assert_eq!(
+            check(vec![file("a", 10, vec![seg(0, 4), seg(4, 6)])]),
+            Ok(())
+        );
+        assert_eq!(check(vec![file("e", 0, vec![])]), Ok(()));
+        for (files, why) in [
+            (
+                vec![file("a", 4, vec![seg(0, 4)]), file("a", 4, vec![seg(0, 4)])],
+                "twice",
+            ),
+            (vec![file(MARKER, 4, vec![seg(0, 4)])], "marker"),
+            (
+                vec![file("a", 10, vec![seg(0, 4), seg(5, 5)])],
+                "end to end",
+            ),
+            (vec![file("a", 1 << 40, vec![seg(0, 4)])], "cover 4 of"),
+        ] {
+            let e = check(files).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
     }
 }
