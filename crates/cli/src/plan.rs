@@ -52,8 +52,10 @@ impl PlanArgs {
             (None, Some(v)) => ("--step-time-s", v, "step time s"),
             (None, None) => bail!("give --ttft-p99-ms X or --step-time-s Y"),
         };
-        if !(v.is_finite() && v > 0.0) {
-            bail!("{flag} must be a positive number");
+        // Below a microsecond (ms) or a millisecond (s) no fleet answers; the bound also keeps
+        // the target printable (1e-300 was written out as a 300-digit decimal).
+        if !(v.is_finite() && v >= 1e-3) {
+            bail!("{flag} must be a number of at least 0.001");
         }
         Ok((flag, v, name))
     }

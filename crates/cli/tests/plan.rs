@@ -173,7 +173,11 @@ fn plan_needs_a_target_and_a_sane_range() {
         (vec![], "--ttft-p99-ms"),
         (
             vec!["--ttft-p99-ms=-5"],
-            "--ttft-p99-ms must be a positive number",
+            "--ttft-p99-ms must be a number of at least 0.001",
+        ),
+        (
+            vec!["--ttft-p99-ms=1e-300"],
+            "--ttft-p99-ms must be a number of at least 0.001",
         ),
         (
             vec!["--ttft-p99-ms", "100", "--min-workers", "0"],

@@ -55,7 +55,23 @@ fn inputs(body: &Value, tokenizer: &dyn Tokenizer) -> Result<Vec<Vec<u32>>, ApiE
     };
     items
         .iter()
-        .map(|item| Ok(one(request::prompt(&json!({ "prompt": item }))?.first)))
+        .enumerate()
+        .map(|(i, item)| {
+            // Each item is read as a prompt; its errors name `input` (the field sent).
+            let tokens = request::prompt(&json!({ "prompt": item }))
+                .map(|p| one(p.first))
+                .map_err(|e| {
+                    ApiError::invalid(e.to_string().replace("`prompt`", "`input`"), Some("input"))
+                })?;
+            if tokens.is_empty() {
+                // No token, no direction: it would be the zero vector, not a unit one.
+                return Err(ApiError::invalid(
+                    format!("`input` item {i} is empty: nothing to embed"),
+                    Some("input"),
+                ));
+            }
+            Ok(tokens)
+        })
         .collect()
 }
 
@@ -143,5 +159,26 @@ mod tests {
         assert_ne!(a, embedding(&[1, 2, 4]));
         let norm: f32 = a.iter().map(|x| x * x).sum();
         assert!((norm - 1.0).abs() < 1e-4, "{norm}");
+    }
+
+    #[test]
+    fn every_input_item_is_checked_and_errors_name_input() {
+        let t = kvrouter_tokenizer::BuiltinTokenizer::new();
+        let ok = inputs(&json!({"input": ["ab cd", [1, 2]]}), &t).unwrap();
+        assert_eq!(ok.len(), 2);
+        // An empty item (the zero vector, not a unit one) and a bad nested one name `input`.
+        for body in [
+            json!({"input": ""}),
+            json!({"input": [[]]}),
+            json!({"input": ["ab", ""]}),
+            json!({"input": ["ab", {"x": 1}]}),
+        ] {
+            let e = inputs(&body, &t).unwrap_err();
+            assert_eq!(e.body()["error"]["param"], "input", "{body}");
+            assert!(!e.body()["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("`prompt`"));
+        }
     }
 }
