@@ -158,6 +158,8 @@ pub(crate) struct AdmissionFields {
     /// `x-kvrouter-group-need`: samples that are enough (N of M).
     pub(crate) group_need: Option<u32>,
     pub(crate) policy: kvrouter_core::router::VersionRequirement,
+    /// The body's `max_completion_tokens` or `max_tokens`.
+    pub(crate) max_output_tokens: Option<u64>,
 }
 
 impl AdmissionFields {
@@ -170,6 +172,7 @@ impl AdmissionFields {
         request.group = self.group;
         request.group_size = self.group_size;
         request.group_need = self.group_need;
+        request.max_output_tokens = self.max_output_tokens;
     }
 }
 
@@ -295,6 +298,10 @@ pub(crate) fn admission_fields(
         group_size,
         group_need,
         policy: version_requirement(headers)?,
+        // Read, not checked: the engine refuses a bad one, naming it.
+        max_output_tokens: ["max_completion_tokens", "max_tokens"]
+            .iter()
+            .find_map(|k| body.get(*k).and_then(Value::as_u64)),
     })
 }
 

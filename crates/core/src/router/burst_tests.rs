@@ -145,3 +145,26 @@ fn cost_keeps_a_burst_together_when_its_kv_events_arrive_mid_burst() {
         );
     }
 }
+
+#[test]
+fn a_request_that_may_produce_one_token_teaches_no_output_length() {
+    // bench/peers checks each router with a `max_tokens: 1` completion before timing it. As the
+    // first finished request it set the expected output to 1 token, so the decode terms of the
+    // GRPO burst that followed (and the burst gate of the replica credit) were near 0.
+    let mut r = router(RouterMode::Cost, 2);
+    let prior = crate::policy::learn::PRIOR_OUTPUT_TOKENS;
+    assert_eq!(r.expected_output(), prior);
+    let mut probe = request(1, &tokens(1, 4));
+    probe.max_output_tokens = Some(1);
+    r.route(&probe, at(0)).unwrap();
+    r.observe_output(RequestId(1), 1, at(1));
+    let _ = r.finish(RequestId(1), at(1)).unwrap();
+    assert_eq!(r.expected_output(), prior, "a probe is not a sample");
+    // A request that could have gone on is one, whatever it asked for.
+    let mut q = request(2, &tokens(2, 4));
+    q.max_output_tokens = Some(64);
+    r.route(&q, at(2)).unwrap();
+    r.observe_output(RequestId(2), 64, at(3));
+    let _ = r.finish(RequestId(2), at(3)).unwrap();
+    assert_eq!(r.expected_output(), 64.0);
+}

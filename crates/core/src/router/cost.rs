@@ -35,6 +35,8 @@ struct Active {
     /// Whether its timings may feed its worker's fit: false once the worker was removed (a
     /// worker registered again under the same id is a new one).
     fits: bool,
+    /// Whether its output length is a sample (it could produce more than one token).
+    samples: bool,
 }
 
 /// The cost policy's state inside the router.
@@ -158,7 +160,9 @@ impl Router {
         let Some(a) = self.cost.forget_request(id) else {
             return;
         };
-        self.cost.outputs.observe(output_tokens, a.group, a.prompt);
+        if a.samples {
+            self.cost.outputs.observe(output_tokens, a.group, a.prompt);
+        }
         if self.config.router_cost_fit && a.fits && output_tokens > 1 {
             let spec = self.workers.get(&a.rank.worker);
             let cap = spec.and_then(|s| s.kv_capacity_blocks).unwrap_or(1).max(1) as f64
@@ -217,6 +221,12 @@ impl Router {
             }
             !s.is_idle()
         });
+    }
+
+    /// The output length the cost policy expects of an ungrouped request with no history.
+    #[cfg(test)]
+    pub(super) fn expected_output(&self) -> f64 {
+        self.cost.outputs.expected(None, None)
     }
 
     /// Entries of the cost policy's per-rank state (tests check it stays bounded).
@@ -430,6 +440,7 @@ impl Router {
             routed: now,
             prefill_work: queued as f64,
             fits: true,
+            samples: request.max_output_tokens.is_none_or(|m| m > 1),
         };
         self.cost.forget_request(request.id);
         self.cost.active.insert(request.id, active);

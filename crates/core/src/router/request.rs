@@ -106,6 +106,11 @@ pub struct RouteRequest {
     /// Policy versions it accepts; with none eligible it waits in the router queue.
     #[serde(default)]
     pub policy: VersionRequirement,
+    /// The most output tokens it may produce (`max_tokens`), when the client said. A request
+    /// that may produce at most one (a readiness probe, a prefill-only cache warm-up) is not
+    /// a sample of output lengths: the `cost` policy does not learn from it.
+    #[serde(default)]
+    pub max_output_tokens: Option<u64>,
 }
 
 /// The highest request priority.
@@ -132,6 +137,7 @@ impl RouteRequest {
             group_size: None,
             group_need: None,
             policy: VersionRequirement::default(),
+            max_output_tokens: None,
         }
     }
 

@@ -192,6 +192,7 @@ impl<'w> GlobalSimulation<'w> {
         // What a client sends as x-session-id and x-kvrouter-group-id, as in `kvrouter sim`.
         route.session = req.session;
         route.group = req.group;
+        route.max_output_tokens = Some(u64::from(req.output_tokens));
         match self.dcs[d].router.submit(route, self.now) {
             Ok(Admission::Dispatched(decision)) => self.deliver(i, d, &decision),
             Ok(Admission::Queued) => Ok(()),

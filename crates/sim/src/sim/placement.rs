@@ -26,6 +26,8 @@ impl Simulation<'_> {
         route.group = group;
         route.group_size = group.and_then(|g| self.group_sizes.get(&g).copied());
         route.group_need = group.and(self.config.group_need);
+        // What `kvrouter bench` sends as `max_tokens`.
+        route.max_output_tokens = Some(u64::from(req.output_tokens));
         if let (Some(_), Some(step), Some(barrier)) =
             (&self.config.weight_update, req.step, self.workload.barrier)
         {
