@@ -107,15 +107,17 @@ impl Peer {
             // The versions being sent are kept: a pull recycles an old version's files in
             // place, which rewrote a file under a download of it (200 with bytes of no
             // version). Readers that start during the pull wait for it (`Peer::read`).
-            let protect = self.reading().start_pull();
+            // Ended by a guard: a pull whose request is dropped midway (the client went) must
+            // not leave readers waiting for a pull that no longer runs.
+            let pulling = Pulling::start(self);
             let source = Source {
                 peer: None,
                 store: Some(store.clone()),
                 keep: Some(self.keep),
-                protect,
+                protect: pulling.keeps.clone(),
             };
             let fetched = transfer::fetch_version(&source, v, &self.cache, self.threads).await;
-            self.reading().end_pull();
+            drop(pulling);
             fetched.map_err(|e| pull_failed(v, e))?;
             self.store_pulls.fetch_add(1, Ordering::Relaxed);
         }
@@ -179,6 +181,25 @@ impl Reading {
 
     fn end_pull(&mut self) {
         self.pull_keeps = None;
+    }
+}
+
+/// A pull in progress (taken under the pull lock): the versions it keeps, until it drops.
+struct Pulling<'a> {
+    peer: &'a Peer,
+    keeps: Vec<u64>,
+}
+
+impl<'a> Pulling<'a> {
+    fn start(peer: &'a Peer) -> Self {
+        let keeps = peer.reading().start_pull();
+        Pulling { peer, keeps }
+    }
+}
+
+impl Drop for Pulling<'_> {
+    fn drop(&mut self) {
+        self.peer.reading().end_pull();
     }
 }
 
@@ -418,7 +439,26 @@ async fn stats(State(peer): State<Arc<Peer>>) -> Json<serde_json::Value> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_range, Wanted};
+    use super::{parse_range, Peer, Pulling, Wanted};
+
+    #[test]
+    fn a_pull_keeps_what_is_being_read_and_a_dropped_pull_holds_no_reader() {
+        let peer = Peer::new(std::path::PathBuf::from("/nonexistent"), None, 1, 2);
+        assert!(peer.reading().start_read(1));
+        let pulling = Pulling::start(&peer);
+        assert_eq!(pulling.keeps, vec![1]);
+        // During the pull: another read of 1 may start; a read of 2, which it may recycle, waits.
+        assert!(peer.reading().start_read(1));
+        assert!(!peer.reading().start_read(2));
+        // The pull's request is dropped midway (its client went): readers are not held.
+        drop(pulling);
+        assert!(peer.reading().start_read(2));
+        for v in [1, 1, 2] {
+            peer.reading().end_read(v);
+        }
+        assert!(peer.reading().readers.is_empty());
+        assert!(Pulling::start(&peer).keeps.is_empty());
+    }
 
     #[test]
     fn ranges_as_rfc_9110_reads_them() {
