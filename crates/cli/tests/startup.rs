@@ -119,44 +119,45 @@ async fn startup_says_when_the_chatml_fallback_was_taken() {
 
 #[tokio::test]
 async fn a_closed_stdout_does_not_stop_the_router() {
-    // A free port, taken by the router below (it may be taken by someone else in between:
-    // then the router fails to bind and the test fails loudly, not wrongly).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     // Its stdout is a socket whose other end is closed before it starts: every write fails
-    // with EPIPE, as when a reader took the first line and went away.
-    let (theirs, ours) = std::os::unix::net::UnixStream::pair().unwrap();
-    drop(ours);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
-        .args(["serve", "--mock-workers", "2", "--port", &port.to_string()])
-        .stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start kvrouter");
-    let url = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let ready = client
-            .get(format!("{url}/ready"))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200);
-        if ready {
-            break;
+    // with EPIPE, as when a reader took the first line and went away. So it cannot print the
+    // port it took: it is given a free one, which a process of a test running beside this one
+    // may take in between; then it is started again on another (at most 5 tries), and any
+    // other early exit fails the test.
+    let mut tries = 0;
+    let (mut child, url) = loop {
+        tries += 1;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let (theirs, ours) = std::os::unix::net::UnixStream::pair().unwrap();
+        drop(ours);
+        // Its log goes to a file (a pipe nobody reads could fill and block it).
+        let log = std::env::temp_dir().join(format!(
+            "kvrouter-closed-stdout-{}-{tries}.log",
+            std::process::id()
+        ));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args(["serve", "--mock-workers", "2", "--port", &port.to_string()])
+            .env_remove("RUST_BACKTRACE")
+            .stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+            .stderr(std::fs::File::create(&log).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start kvrouter");
+        let url = format!("http://127.0.0.1:{port}");
+        if wait_ready(&mut child, &url).await {
+            break (child, url);
         }
+        let err = std::fs::read_to_string(&log).unwrap_or_default();
         assert!(
-            child.try_wait().unwrap().is_none(),
-            "the router exited (its stdout was closed)"
+            err.contains("Address already in use") && tries < 5,
+            "the router exited (its stdout was closed): {err}"
         );
-        assert!(tokio::time::Instant::now() < deadline, "not ready in 60 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    let client = reqwest::Client::new();
     for i in 0..5 {
         let r = client
             .post(format!("{url}/v1/chat/completions"))
@@ -177,4 +178,26 @@ async fn a_closed_stdout_does_not_stop_the_router() {
         exited.is_err(),
         "the router exited after writing to a closed stdout: {exited:?}"
     );
+}
+
+/// Waits until `child` answers `/ready` at `url` (true), or exits (false); at most 60 s.
+async fn wait_ready(child: &mut tokio::process::Child, url: &str) -> bool {
+    let client = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = client
+            .get(format!("{url}/ready"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200);
+        if ready {
+            return true;
+        }
+        if child.try_wait().unwrap().is_some() {
+            return false;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not ready in 60 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
