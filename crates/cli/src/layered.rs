@@ -20,25 +20,24 @@ pub(crate) const ENV_PREFIX: &str = "KVROUTER_";
 /// Adds `--config` and `--print-config` to every subcommand that runs something (a leaf:
 /// `serve`, `weights stamp`; not `weights`, which only groups its own).
 pub(crate) fn augment(cmd: Command) -> Command {
+    each_subcommand(cmd, &|sub| with_config(negative_values(sub)))
+}
+
+/// `cmd` with `f` applied to each of its direct subcommands.
+fn each_subcommand(cmd: Command, f: &dyn Fn(Command) -> Command) -> Command {
     let names: Vec<String> = cmd
         .get_subcommands()
         .map(|s| s.get_name().to_owned())
         .collect();
-    names.iter().fold(cmd, |cmd, name| {
-        cmd.mut_subcommand(name, |sub| with_config(negative_values(sub)))
-    })
+    names
+        .iter()
+        .fold(cmd, |cmd, name| cmd.mut_subcommand(name, f))
 }
 
 /// `--config` and `--print-config` on `cmd` if it is a leaf, else on each leaf below it.
 fn with_config(cmd: Command) -> Command {
-    let names: Vec<String> = cmd
-        .get_subcommands()
-        .map(|s| s.get_name().to_owned())
-        .collect();
-    if !names.is_empty() {
-        return names
-            .iter()
-            .fold(cmd, |cmd, name| cmd.mut_subcommand(name, with_config));
+    if cmd.get_subcommands().next().is_some() {
+        return each_subcommand(cmd, &with_config);
     }
     cmd.arg(
         Arg::new(CONFIG)
@@ -80,15 +79,7 @@ pub(crate) fn leaf<'a>(
 /// `--flag -1` reads `-1` as the flag's value (which its parser then refuses, naming the flag)
 /// rather than as an unknown flag `-1`, in `cmd` and every subcommand below it.
 fn negative_values(cmd: Command) -> Command {
-    let names: Vec<String> = cmd
-        .get_subcommands()
-        .map(|s| s.get_name().to_owned())
-        .collect();
-    names
-        .iter()
-        .fold(cmd.allow_negative_numbers(true), |cmd, name| {
-            cmd.mut_subcommand(name, negative_values)
-        })
+    each_subcommand(cmd.allow_negative_numbers(true), &negative_values)
 }
 
 /// Where a flag's value came from.

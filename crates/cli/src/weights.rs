@@ -13,6 +13,9 @@ use std::path::PathBuf;
 /// Most MiB `weights gen` and `weights bench` write (1 TiB).
 const MAX_MIB: u64 = 1 << 20;
 
+/// The chunk sizes a delta may use, KiB (`--chunk-kib`, `weights bench --chunks-kib`).
+const CHUNK_KIB: std::ops::RangeInclusive<u64> = 4..=256 << 10;
+
 /// `kvrouter weights …`.
 #[derive(Debug, Args)]
 pub(crate) struct WeightsArgs {
@@ -79,7 +82,7 @@ impl ThreadsArgs {
 impl CodecArgs {
     fn options(&self) -> anyhow::Result<CodecOptions> {
         let threads = self.threads.get()?;
-        if !(4..=256 << 10).contains(&self.chunk_kib) {
+        if !CHUNK_KIB.contains(&self.chunk_kib) {
             bail!("--chunk-kib must be between 4 and 262144");
         }
         if !(-7..=22).contains(&self.zstd_level) {
@@ -445,7 +448,7 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
         }
         WeightsCommand::Serve(a) => {
             if a.dir.exists() && !a.dir.is_dir() {
-                anyhow::bail!("--dir {} is not a directory", a.dir.display());
+                bail!("--dir {} is not a directory", a.dir.display());
             }
             let peer = kvrouter_weights::serve::Peer::new(
                 a.dir.clone(),
@@ -503,7 +506,10 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
             if a.size_mib > MAX_MIB || a.sweep_mib > MAX_MIB {
                 bail!("--size-mib and --sweep-mib must be at most {MAX_MIB} (1 TiB)");
             }
-            if a.chunks_kib.iter().any(|k| !(4..=256 << 10).contains(k)) {
+            if a.chunks_kib
+                .iter()
+                .any(|&k| !CHUNK_KIB.contains(&(k as u64)))
+            {
                 bail!("--chunks-kib values must be from 4 to 262144");
             }
             let o = BenchOptions {

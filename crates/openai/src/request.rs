@@ -346,14 +346,7 @@ pub fn max_tokens(kind: Kind, body: &Value) -> Result<Option<u32>, RequestError>
         match body.get(key) {
             None | Some(Value::Null) => continue,
             Some(v) => {
-                let n = v.as_i64().ok_or_else(|| {
-                    let why = if v.is_u64() {
-                        "is too large"
-                    } else {
-                        "must be an integer"
-                    };
-                    RequestError::invalid(format!("`{key}` {why}"), key)
-                })?;
+                let n = integer(key, v)?;
                 if n <= 0 {
                     return Err(RequestError::invalid(
                         format!("`{key}` must be at least 1, got {n}"),
@@ -374,15 +367,21 @@ pub fn max_tokens(kind: Kind, body: &Value) -> Result<Option<u32>, RequestError>
 pub fn choices(body: &Value) -> Result<Option<i64>, RequestError> {
     match body.get("n") {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_i64().map(Some).ok_or_else(|| {
-            let why = if v.is_u64() {
-                "is too large"
-            } else {
-                "must be an integer"
-            };
-            RequestError::invalid(format!("`n` {why}"), "n")
-        }),
+        Some(v) => integer("n", v).map(Some),
     }
+}
+
+/// `v` as an integer field `key`: one past `i64` is "too large", anything else not an integer
+/// "must be an integer".
+fn integer(key: &'static str, v: &Value) -> Result<i64, RequestError> {
+    v.as_i64().ok_or_else(|| {
+        let why = if v.is_u64() {
+            "is too large"
+        } else {
+            "must be an integer"
+        };
+        RequestError::invalid(format!("`{key}` {why}"), key)
+    })
 }
 
 /// vLLM's `cache_salt`, when set and not empty.

@@ -158,7 +158,7 @@ pub(crate) struct AdmissionFields {
     /// `x-kvrouter-group-need`: samples that are enough (N of M).
     pub(crate) group_need: Option<u32>,
     pub(crate) policy: kvrouter_core::router::VersionRequirement,
-    /// The body's `max_completion_tokens` or `max_tokens`.
+    /// The body's output budget (`max_completion_tokens` or `max_tokens` for chats).
     pub(crate) max_output_tokens: Option<u64>,
 }
 
@@ -217,6 +217,7 @@ pub(crate) fn finish_session_id(body: &[u8]) -> Result<String, ServeError> {
 
 pub(crate) fn admission_fields(
     headers: &HeaderMap,
+    kind: kvrouter_openai::Kind,
     body: &Value,
     arrival: Instant,
     inner: &crate::state::Inner,
@@ -298,10 +299,11 @@ pub(crate) fn admission_fields(
         group_size,
         group_need,
         policy: version_requirement(headers)?,
-        // Read, not checked: the engine refuses a bad one, naming it.
-        max_output_tokens: ["max_completion_tokens", "max_tokens"]
-            .iter()
-            .find_map(|k| body.get(*k).and_then(Value::as_u64)),
+        // Read as the engine reads it; a bad one is left to the engine to refuse, naming it.
+        max_output_tokens: kvrouter_openai::request::max_tokens(kind, body)
+            .ok()
+            .flatten()
+            .map(u64::from),
     })
 }
 

@@ -145,7 +145,7 @@ pub(super) async fn parse_body(
     };
     let tokenized = Instant::now();
     let pin = pin_from(headers)?;
-    let admission = admission_fields(headers, body.fields(), arrival, &state.inner)?;
+    let admission = admission_fields(headers, kind, body.fields(), arrival, &state.inner)?;
     let text = |names: &[&str]| header_str(headers, names).map(str::to_owned);
     Ok(Request {
         kind,
