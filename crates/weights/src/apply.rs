@@ -122,21 +122,17 @@ pub(crate) fn check_recycle(old: &Path, dest: &Path, spare: &[&Path]) -> Result<
     }
     // Its files are overwritten in place: one with another name (a hard link, say into the
     // base, or a symbolic link, say into a model cache) would change under that name too.
-    for entry in std::fs::read_dir(old).map_err(|e| WeightsError::io(old, e))? {
-        let entry = entry.map_err(|e| WeightsError::io(old, e))?;
-        let meta = entry
-            .metadata()
-            .map_err(|e| WeightsError::io(entry.path(), e))?;
-        if meta.is_symlink() {
+    for f in layout::walk(old, false, false)? {
+        if f.meta.is_symlink() {
             return invalid(&format!(
                 "holds {}, a symbolic link: overwriting it would change the file it points to",
-                entry.path().display()
+                f.path.display()
             ));
         }
-        if meta.is_file() && std::os::unix::fs::MetadataExt::nlink(&meta) > 1 {
+        if f.meta.is_file() && std::os::unix::fs::MetadataExt::nlink(&f.meta) > 1 {
             return invalid(&format!(
                 "holds {}, which has other hard links: overwriting it would change them",
-                entry.path().display()
+                f.path.display()
             ));
         }
     }
@@ -175,21 +171,16 @@ fn canonical_or_planned(p: &Path) -> Option<std::path::PathBuf> {
 /// after removing `old`'s marker.
 fn move_files(old: &Path, tmp: &Path, new: &CheckpointManifest) -> Result<()> {
     checkpoint::remove_marker(old)?;
-    let mut have = Vec::new();
-    for entry in std::fs::read_dir(old).map_err(|e| WeightsError::io(old, e))? {
-        let entry = entry.map_err(|e| WeightsError::io(old, e))?;
-        let meta = entry
-            .metadata()
-            .map_err(|e| WeightsError::io(entry.path(), e))?;
-        if meta.is_file() {
-            have.push((meta.len(), entry.path()));
-        }
-    }
+    let mut have: Vec<_> = layout::walk(old, false, false)?
+        .into_iter()
+        .filter(|f| f.meta.is_file())
+        .map(|f| (f.meta.len(), f.path))
+        .collect();
     have.sort_unstable_by(|a, b| b.cmp(a));
     let mut want: Vec<_> = new.files.iter().collect();
     want.sort_unstable_by_key(|f| std::cmp::Reverse(f.size));
     for ((_, from), f) in have.into_iter().zip(want) {
-        let to = layout::file_path(tmp, &f.name)?;
+        let to = layout::output_path(tmp, &f.name)?;
         std::fs::rename(&from, &to).map_err(|e| WeightsError::io(&from, e))?;
     }
     Ok(())
@@ -252,7 +243,7 @@ fn rebuild(
     }
     let mut out_files = Vec::new();
     for f in &m.new.files {
-        let p = layout::file_path(tmp, &f.name)?;
+        let p = layout::output_path(tmp, &f.name)?;
         // Not truncated: a recycled file keeps its pages; every byte is rewritten below.
         let file = std::fs::OpenOptions::new()
             .write(true)

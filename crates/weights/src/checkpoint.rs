@@ -109,6 +109,7 @@ impl CheckpointManifest {
         // written and verified by nobody).
         let mut names = std::collections::BTreeSet::new();
         for f in &self.files {
+            crate::layout::check_name(&f.name)?;
             if f.name == crate::layout::MARKER || !names.insert(f.name.as_str()) {
                 return Err(format!(
                     "file `{}` is listed twice or is named as the marker",

@@ -47,7 +47,7 @@ impl Segment {
 /// One file of a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileLayout {
-    /// File name inside the checkpoint directory (no subdirectories).
+    /// Path inside the checkpoint directory, components joined with `/` (`original/params.json`).
     pub name: String,
     /// Size in bytes.
     pub size: u64,
@@ -62,27 +62,86 @@ struct HeaderEntry {
     data_offsets: [u64; 2],
 }
 
-/// Reads the layout of every regular file in `dir` (sorted by name; the marker left out). A
-/// symbolic link counts as the file it points to (a Hugging Face cache snapshot is all links);
-/// a link that points nowhere is an error naming it.
-pub fn read_dir_layout(dir: &Path) -> Result<Vec<FileLayout>> {
+/// How deep a checkpoint's subdirectories may nest (a Hugging Face repository has one level,
+/// `original/`); deeper is refused, which also ends a loop of linked directories.
+pub const MAX_DEPTH: usize = 8;
+
+/// One regular file found under a checkpoint directory.
+pub struct Found {
+    /// Its path relative to the directory, components joined with `/`.
+    pub name: String,
+    /// Its path on disk.
+    pub path: PathBuf,
+    /// Its metadata (of the link's target where links are followed).
+    pub meta: std::fs::Metadata,
+}
+
+/// Every entry under `dir`, depth first. With `follow_links`, a symbolic link counts as what
+/// it points to (a Hugging Face cache snapshot is all links) and a link to nothing is an error
+/// naming it; without, links are returned as links (`meta.is_symlink()`) and not entered.
+/// Hidden entries (a name starting with `.`: `.cache/` of a `--local-dir` download, our own
+/// temporaries) are left out with `skip_hidden`. Directories themselves are not returned.
+pub fn walk(dir: &Path, follow_links: bool, skip_hidden: bool) -> Result<Vec<Found>> {
+    let mut found = Vec::new();
+    walk_into(dir, "", 0, follow_links, skip_hidden, &mut found)?;
+    Ok(found)
+}
+
+fn walk_into(
+    dir: &Path,
+    prefix: &str,
+    depth: usize,
+    follow_links: bool,
+    skip_hidden: bool,
+    found: &mut Vec<Found>,
+) -> Result<()> {
     let entries = std::fs::read_dir(dir).map_err(|e| WeightsError::io(dir, e))?;
-    let mut names = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| WeightsError::io(dir, e))?;
-        let mut ty = entry
-            .file_type()
-            .map_err(|e| WeightsError::io(entry.path(), e))?;
-        if ty.is_symlink() {
-            ty = std::fs::metadata(entry.path())
-                .map_err(|e| WeightsError::io(entry.path(), e))?
-                .file_type();
+        let path = entry.path();
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            return Err(WeightsError::format(&path, "a file name that is not UTF-8"));
+        };
+        if skip_hidden && name.starts_with('.') {
+            continue;
         }
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if ty.is_file() && name != MARKER && !name.starts_with('.') {
-            names.push(name);
+        let mut meta = std::fs::symlink_metadata(&path).map_err(|e| WeightsError::io(&path, e))?;
+        if follow_links && meta.is_symlink() {
+            meta = std::fs::metadata(&path).map_err(|e| WeightsError::io(&path, e))?;
+        }
+        let name = format!("{prefix}{name}");
+        if meta.is_dir() {
+            if depth + 1 >= MAX_DEPTH {
+                return Err(WeightsError::format(
+                    &path,
+                    format!("nested more than {MAX_DEPTH} directories deep (a loop of links?)"),
+                ));
+            }
+            walk_into(
+                &path,
+                &format!("{name}/"),
+                depth + 1,
+                follow_links,
+                skip_hidden,
+                found,
+            )?;
+        } else {
+            found.push(Found { name, path, meta });
         }
     }
+    Ok(())
+}
+
+/// Reads the layout of every regular file under `dir`, subdirectories included (a Hugging
+/// Face repository's `original/`), sorted by name (`original/params.json`); the marker and
+/// hidden entries are left out. A symbolic link counts as the file or directory it points to;
+/// a link that points nowhere is an error naming it.
+pub fn read_dir_layout(dir: &Path) -> Result<Vec<FileLayout>> {
+    let mut names: Vec<String> = walk(dir, true, true)?
+        .into_iter()
+        .filter(|f| f.meta.is_file() && f.name != MARKER)
+        .map(|f| f.name)
+        .collect();
     names.sort();
     if names.is_empty() {
         return Err(WeightsError::format(
@@ -203,14 +262,35 @@ pub fn total_bytes(files: &[FileLayout]) -> u64 {
     files.iter().map(|f| f.size).sum()
 }
 
-/// `dir/name`, refusing names that would leave the directory.
-pub fn file_path(dir: &Path, name: &str) -> Result<PathBuf> {
-    if name.is_empty() || name.contains('/') || name.contains('\\') || name == "." || name == ".." {
-        return Err(WeightsError::Invalid(format!(
-            "bad checkpoint file name `{name}`"
-        )));
+/// Why `name` cannot name a file of a checkpoint: empty, absolute, a `.`/`..`/empty component,
+/// a backslash, or hidden (a checkpoint's hidden files are never part of it).
+pub fn check_name(name: &str) -> std::result::Result<(), String> {
+    let bad = name.is_empty()
+        || name.contains('\\')
+        || name.split('/').count() > MAX_DEPTH
+        || name
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == ".." || c.starts_with('.'));
+    if bad {
+        return Err(format!("bad checkpoint file name `{name}`"));
     }
+    Ok(())
+}
+
+/// `dir/name`, refusing names that would leave the directory ([`check_name`]).
+pub fn file_path(dir: &Path, name: &str) -> Result<PathBuf> {
+    check_name(name).map_err(WeightsError::Invalid)?;
     Ok(dir.join(name))
+}
+
+/// [`file_path`], with the directories it lies in created: where a file of a checkpoint being
+/// written goes.
+pub fn output_path(dir: &Path, name: &str) -> Result<PathBuf> {
+    let path = file_path(dir, name)?;
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| WeightsError::io(parent, e))?;
+    }
+    Ok(path)
 }
 
 #[cfg(test)]
@@ -265,5 +345,39 @@ mod tests {
         std::os::unix::fs::symlink(blobs.path().join("gone"), dir.path().join("x.bin")).unwrap();
         let err = read_dir_layout(dir.path()).unwrap_err().to_string();
         assert!(err.contains("x.bin"), "{err}");
+    }
+
+    #[test]
+    fn names_may_hold_subdirectories_but_never_leave_the_checkpoint() {
+        for ok in ["config.json", "original/params.json", "a/b/c.safetensors"] {
+            assert!(check_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "a//b",
+            "a/./b",
+            "a/",
+            ".cache/x",
+            "a\\b",
+            "1/2/3/4/5/6/7/8/9",
+        ] {
+            assert!(file_path(Path::new("/ckpt"), bad).is_err(), "{bad}");
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_loop_of_linked_directories_is_refused_not_followed_forever() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.bin"), b"x").unwrap();
+        std::os::unix::fs::symlink(dir.path(), dir.path().join("loop")).unwrap();
+        let err = read_dir_layout(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("nested more than 8"), "{err}");
+        // Not followed, the link is one entry and nothing is entered.
+        let found = walk(dir.path(), false, true).unwrap();
+        assert_eq!(found.len(), 2);
     }
 }

@@ -230,7 +230,7 @@ async fn download_full(
         WeightsError::corrupted("__manifest__", format!("v{version}"), e.to_string())
     })?;
     for f in &marker.files {
-        let dest = crate::layout::file_path(&dir, &f.name)?;
+        let dest = crate::layout::output_path(&dir, &f.name)?;
         let complete = tokio::fs::metadata(&dest)
             .await
             .map(|m| m.len() == f.size)

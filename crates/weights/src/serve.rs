@@ -6,7 +6,7 @@
 //! - `GET /v1/versions/{N}`: whether the peer can serve N (`{"version", "cached"}`; 404 when
 //!   neither its cache nor its store has it), without pulling it: one or two store HEADs
 //! - `GET /v1/versions/{N}/marker`: the version's `weights.json`
-//! - `GET /v1/versions/{N}/files/{name}`: a file; `Range: bytes=A-` / `bytes=A-B` / `bytes=-N` answer 206
+//! - `GET /v1/versions/{N}/files/{name}`: a file (`name` may hold `/`: `original/params.json`); `Range: bytes=A-` / `bytes=A-B` / `bytes=-N` answer 206
 //! - `GET /v1/stats`: `store_pulls`, `store_reads`, `files_served`, `bytes_served`
 //!
 //! A version the store does not have is 404 (`param` `version`); 502 is kept for a store that
@@ -247,7 +247,7 @@ pub fn app(peer: Arc<Peer>) -> Router {
     Router::new()
         .route("/v1/versions/{version}", get(version))
         .route("/v1/versions/{version}/marker", get(marker))
-        .route("/v1/versions/{version}/files/{name}", get(file))
+        .route("/v1/versions/{version}/files/{*name}", get(file))
         .route("/v1/stats", get(stats))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)

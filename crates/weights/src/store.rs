@@ -418,24 +418,23 @@ pub(crate) async fn copy_checkpoint(from: &Path, out: &Path) -> Result<()> {
     tokio::fs::create_dir_all(&tmp)
         .await
         .map_err(|e| WeightsError::io(&tmp, e))?;
-    let mut entries = tokio::fs::read_dir(from)
-        .await
-        .map_err(|e| WeightsError::io(from, e))?;
-    while let Some(e) = entries
-        .next_entry()
-        .await
-        .map_err(|e| WeightsError::io(from, e))?
-    {
-        // A link counts as the file it points to (as in a checkpoint's layout): its bytes
-        // are copied.
-        if tokio::fs::metadata(e.path())
-            .await
-            .is_ok_and(|m| m.is_file())
-        {
-            tokio::fs::copy(e.path(), tmp.join(e.file_name()))
+    // A link counts as the file it points to (as in a checkpoint's layout): its bytes are
+    // copied; subdirectories are copied too.
+    let files = blocking({
+        let from = from.to_path_buf();
+        move || crate::layout::walk(&from, true, false)
+    })
+    .await?;
+    for f in files.into_iter().filter(|f| f.meta.is_file()) {
+        let to = tmp.join(&f.name);
+        if let Some(parent) = to.parent() {
+            tokio::fs::create_dir_all(parent)
                 .await
-                .map_err(|err| WeightsError::io(e.path(), err))?;
+                .map_err(|e| WeightsError::io(parent, e))?;
         }
+        tokio::fs::copy(&f.path, &to)
+            .await
+            .map_err(|err| WeightsError::io(&f.path, err))?;
     }
     tokio::fs::rename(&tmp, out)
         .await

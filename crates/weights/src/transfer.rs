@@ -301,19 +301,14 @@ pub async fn pull_from_peer(
         .map_err(|e| WeightsError::io(&staging, e))?;
     let mut transferred = 0;
     for f in &marker.files {
-        let dest = crate::layout::file_path(&staging, &f.name)?;
+        let dest = crate::layout::output_path(&staging, &f.name)?;
         if tokio::fs::metadata(&dest)
             .await
             .is_ok_and(|m| m.len() == f.size)
         {
             continue;
         }
-        transferred += download(
-            client,
-            &format!("{peer}/v1/versions/{version}/files/{}", f.name),
-            &dest,
-        )
-        .await?;
+        transferred += download(client, &file_url(peer, version, &f.name)?, &dest).await?;
     }
     blocking({
         let staging = staging.clone();
@@ -330,6 +325,19 @@ pub async fn pull_from_peer(
         .await
         .map_err(|e| WeightsError::io(out, e))?;
     Ok(transferred)
+}
+
+/// The URL of file `name` of `version` on `peer`, each component of the name escaped (a file
+/// name may hold `%`, `#`, `?` or spaces; its `/`s stay path separators).
+fn file_url(peer: &str, version: u64, name: &str) -> Result<String> {
+    let mut url =
+        url::Url::parse(peer).map_err(|e| WeightsError::Invalid(format!("--peer {peer}: {e}")))?;
+    url.path_segments_mut()
+        .map_err(|()| WeightsError::Invalid(format!("--peer {peer}: not a base URL")))?
+        .pop_if_empty()
+        .extend(["v1", "versions", &version.to_string(), "files"])
+        .extend(name.split('/'));
+    Ok(url.into())
 }
 
 /// GET `url` into `dest`, resuming `dest.partial` with `Range: bytes=N-`.

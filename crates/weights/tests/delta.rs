@@ -7,6 +7,9 @@ use proptest::prelude::*;
 use safetensors::tensor::{Dtype, TensorView};
 use std::path::Path;
 
+mod common;
+use common::{assert_same_files, checkpoint_files, copy_tree};
+
 struct T {
     name: String,
     dtype: Dtype,
@@ -80,6 +83,23 @@ fn make_pair(root: &Path, seed: u64, p_change: f64) -> (std::path::PathBuf, std:
     write_st(&new, "b.safetensors", &nt[split..]);
     std::fs::write(base.join("config.json"), b"{\"layers\": 4}").unwrap();
     std::fs::write(new.join("config.json"), b"{\"layers\": 4, \"step\": 2}").unwrap();
+    // A Hugging Face repository's `original/` (files in a subdirectory are part of the
+    // checkpoint) and a `--local-dir` download's `.cache/` (hidden: not part of it).
+    write_st(
+        &base.join("original"),
+        "consolidated.safetensors",
+        &bt[..split],
+    );
+    write_st(
+        &new.join("original"),
+        "consolidated.safetensors",
+        &nt[..split],
+    );
+    for dir in [&base, &new] {
+        std::fs::write(dir.join("original/params.json"), b"{\"dim\": 8}").unwrap();
+        std::fs::create_dir_all(dir.join(".cache/huggingface")).unwrap();
+        std::fs::write(dir.join(".cache/huggingface/a.lock"), b"").unwrap();
+    }
     (base, new)
 }
 
@@ -88,20 +108,6 @@ fn opts(threads: usize) -> CodecOptions {
         zstd_level: 1,
         chunk_bytes: 4096,
         threads,
-    }
-}
-
-fn assert_same_files(a: &Path, b: &Path) {
-    for e in std::fs::read_dir(a).unwrap() {
-        let name = e.unwrap().file_name();
-        if name == "weights.json" {
-            continue;
-        }
-        assert_eq!(
-            std::fs::read(a.join(&name)).unwrap(),
-            std::fs::read(b.join(&name)).unwrap(),
-            "{name:?}"
-        );
     }
 }
 
@@ -289,11 +295,9 @@ fn few_changes_make_sparse_frames_and_a_recycled_apply_rebuilds_the_same_files()
     // An older version to recycle: a copy of the base with its marker (bigger or smaller files
     // than the result's; every byte must be rewritten).
     let old = dir.path().join("old");
-    std::fs::create_dir_all(&old).unwrap();
-    for e in std::fs::read_dir(&base).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), old.join(e.file_name())).unwrap();
-    }
+    copy_tree(&base, &old, |a, b| {
+        std::fs::copy(a, b).unwrap();
+    });
     std::fs::write(old.join("extra.bin"), vec![9u8; 50_000]).unwrap();
     write_marker(&old, &checkpoint::stamp(&old, 1, 1).unwrap()).unwrap();
     let o2 = dir.path().join("o2");
@@ -342,17 +346,12 @@ fn few_changes_make_sparse_frames_and_a_recycled_apply_rebuilds_the_same_files()
         );
     }
     let far = shm.path().join("old");
-    std::fs::create_dir_all(&far).unwrap();
-    for e in std::fs::read_dir(&old).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), far.join(e.file_name())).unwrap();
-    }
+    copy_tree(&old, &far, |a, b| {
+        std::fs::copy(a, b).unwrap();
+    });
     refused(&far, &delta, "is on another filesystem");
     assert!(checkpoint::read_marker(&far).unwrap().is_some());
-    assert_eq!(
-        std::fs::read_dir(&far).unwrap().count(),
-        std::fs::read_dir(&old).unwrap().count()
-    );
+    assert_eq!(checkpoint_files(&far), checkpoint_files(&old));
     let out = dir.path().join("out");
     kvrouter_weights::apply_recycling(&base, &delta, &out, 2, Some(&old)).unwrap();
     assert_same_files(&new, &out);
@@ -501,11 +500,7 @@ fn recycling_refuses_linked_files_and_a_directory_holding_the_delta() {
     let delta = dir.path().join("d.kvwd");
     diff(&base, None, &new, 2, &delta, &opts(1)).unwrap();
     let linked = dir.path().join("linked");
-    std::fs::create_dir(&linked).unwrap();
-    for e in std::fs::read_dir(&base).unwrap() {
-        let e = e.unwrap();
-        std::fs::hard_link(e.path(), linked.join(e.file_name())).unwrap();
-    }
+    copy_tree(&base, &linked, |a, b| std::fs::hard_link(a, b).unwrap());
     let out = dir.path().join("out");
     let err = kvrouter_weights::apply_recycling(&base, &delta, &out, 1, Some(&linked))
         .unwrap_err()
@@ -517,11 +512,9 @@ fn recycling_refuses_linked_files_and_a_directory_holding_the_delta() {
 
     // Symbolic links likewise (a directory of links into a model cache).
     let symlinked = dir.path().join("symlinked");
-    std::fs::create_dir(&symlinked).unwrap();
-    for e in std::fs::read_dir(&base).unwrap() {
-        let e = e.unwrap();
-        std::os::unix::fs::symlink(e.path(), symlinked.join(e.file_name())).unwrap();
-    }
+    copy_tree(&base, &symlinked, |a, b| {
+        std::os::unix::fs::symlink(a, b).unwrap()
+    });
     let err = kvrouter_weights::apply_recycling(&base, &delta, &out, 1, Some(&symlinked))
         .unwrap_err()
         .to_string();
@@ -531,11 +524,9 @@ fn recycling_refuses_linked_files_and_a_directory_holding_the_delta() {
     assert!(!out.exists());
 
     let spare = dir.path().join("spare");
-    std::fs::create_dir(&spare).unwrap();
-    for e in std::fs::read_dir(&new).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), spare.join(e.file_name())).unwrap();
-    }
+    copy_tree(&new, &spare, |a, b| {
+        std::fs::copy(a, b).unwrap();
+    });
     write_marker(&spare, &checkpoint::stamp(&spare, 9, 1).unwrap()).unwrap();
     let inner = spare.join("d.kvwd");
     std::fs::copy(&delta, &inner).unwrap();

@@ -10,6 +10,9 @@ use kvrouter_weights::transfer::{
 use kvrouter_weights::{CodecOptions, WeightsError};
 use std::path::Path;
 
+mod common;
+use common::{add_nested_file, NESTED};
+
 fn spec() -> GenSpec {
     GenSpec {
         total_bytes: 2 << 20,
@@ -35,6 +38,7 @@ async fn published_store_of(root: &Path, spec: &GenSpec) -> Store {
     for k in 0..=2u32 {
         let d = root.join(format!("ckpt/v{k}"));
         write_checkpoint(&d, spec, Update::Rl { lr: 1e-5, steps: k }, 2).unwrap();
+        add_nested_file(&d, k);
         let prev = (k > 0).then(|| root.join(format!("ckpt/v{}", k - 1)));
         publish(&store, &d, k as u64, prev.as_deref(), 100, &opts)
             .await
@@ -84,6 +88,7 @@ async fn three_workers_one_store_pull() {
         for f in [
             "model-00001-of-00002.safetensors",
             "model-00002-of-00002.safetensors",
+            NESTED,
         ] {
             assert!(
                 std::fs::read(dir.join(f)).unwrap()
@@ -94,14 +99,14 @@ async fn three_workers_one_store_pull() {
     let s = stats(&url).await;
     assert_eq!(s["store_pulls"], 1, "{s}");
     // One pull from v0: whether v2 is there (the HEAD of its delta), then `latest` (the pull's
-    // own check), LIST, the marker and 2 shards of base/v0, 2 deltas.
-    assert_eq!(s["store_reads"], 8, "{s}");
-    assert_eq!(s["files_served"], 6, "{s}");
+    // own check), LIST, the marker and 3 files of base/v0 (2 shards, `original/…`), 2 deltas.
+    assert_eq!(s["store_reads"], 9, "{s}");
+    assert_eq!(s["files_served"], 9, "{s}");
     // Asking again costs the store nothing.
     fetch_version(&source, 2, &root.join("worker-3"), 2)
         .await
         .unwrap();
-    assert_eq!(stats(&url).await["store_reads"], 8);
+    assert_eq!(stats(&url).await["store_reads"], 9);
     // A version the store lacks is a 404 at once from a peer with nothing cached: two HEADs
     // (its delta, its full checkpoint), no pull of the chain below it.
     let fresh = Peer::new(
@@ -147,10 +152,13 @@ async fn ranged_resume_and_a_corrupted_transfer() {
     let n = pull_from_peer(&client, &url, 1, &root.join("out"), &work, 2)
         .await
         .unwrap();
-    let other = std::fs::metadata(root.join("ckpt/v1/model-00002-of-00002.safetensors"))
-        .unwrap()
-        .len();
-    assert_eq!(n, (full.len() - full.len() / 2) as u64 + other);
+    let len = |f: &str| {
+        std::fs::metadata(root.join("ckpt/v1").join(f))
+            .unwrap()
+            .len()
+    };
+    let others = len("model-00002-of-00002.safetensors") + len(NESTED);
+    assert_eq!(n, (full.len() - full.len() / 2) as u64 + others);
     assert!(std::fs::read(root.join("out").join(shard)).unwrap() == full);
 
     // A wrong byte in what was transferred before the resume: caught, named, nothing left.

@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{add_nested_file, assert_same_files, checkpoint_files, copy_dir};
+
 fn spec() -> GenSpec {
     GenSpec {
         total_bytes: 3 << 20,
@@ -34,21 +37,10 @@ fn versions(root: &Path, n: u32) -> Vec<PathBuf> {
         .map(|k| {
             let d = root.join(format!("ckpt/v{k}"));
             write_checkpoint(&d, &spec(), Update::Rl { lr: 1e-5, steps: k }, 2).unwrap();
+            add_nested_file(&d, k);
             d
         })
         .collect()
-}
-
-fn same_tensors(a: &Path, b: &Path) {
-    for e in std::fs::read_dir(a).unwrap() {
-        let name = e.unwrap().file_name();
-        if name != "weights.json" {
-            assert!(
-                std::fs::read(a.join(&name)).unwrap() == std::fs::read(b.join(&name)).unwrap(),
-                "{name:?} differs"
-            );
-        }
-    }
 }
 
 /// Publishes v0..=4 with a full checkpoint every 3 versions, then pulls and checks.
@@ -74,13 +66,13 @@ async fn publish_and_pull(store: &Store, root: &Path) {
         .await
         .unwrap();
     assert_eq!((r.started_from, r.deltas, r.downloaded_full), (0, 2, true));
-    same_tensors(&dirs[2], &root.join("out2"));
+    assert_same_files(&dirs[2], &root.join("out2"));
     // latest (v4): nearest full checkpoint is v3.
     let r = pull(store, None, &root.join("out4"), None, &work, 2)
         .await
         .unwrap();
     assert_eq!((r.version, r.started_from, r.deltas), (4, 3, 1));
-    same_tensors(&dirs[4], &root.join("out4"));
+    assert_same_files(&dirs[4], &root.join("out4"));
     // From a local v2: two deltas, no full download.
     let r = pull(
         store,
@@ -93,7 +85,7 @@ async fn publish_and_pull(store: &Store, root: &Path) {
     .await
     .unwrap();
     assert_eq!((r.started_from, r.deltas, r.downloaded_full), (2, 2, false));
-    same_tensors(&dirs[4], &root.join("out4b"));
+    assert_same_files(&dirs[4], &root.join("out4b"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,7 +136,7 @@ async fn local_filesystem_store_publish_pull_and_resume() {
     .await
     .unwrap();
     assert_eq!((r.deltas, r.downloaded_full), (0, false));
-    same_tensors(&root.join("ckpt/v2"), &root.join("out2-linked"));
+    assert_same_files(&root.join("ckpt/v2"), &root.join("out2-linked"));
 
     // A --have that is not a checkpoint directory is refused, not silently ignored.
     let err = pull(
@@ -185,7 +177,7 @@ async fn local_filesystem_store_publish_pull_and_resume() {
     assert_eq!(r.deltas, 1);
     // `latest`; HEAD + ranged GET for the resumed delta; one LIST.
     assert_eq!(r.store_reads, 4);
-    same_tensors(&root.join("ckpt/v1"), &root.join("out1"));
+    assert_same_files(&root.join("ckpt/v1"), &root.join("out1"));
 
     // A transfer that delivered a wrong byte is caught and named (tensor and version).
     let work = root.join("work-bad");
@@ -245,28 +237,18 @@ async fn local_filesystem_store_publish_pull_and_resume() {
     .await
     .unwrap();
     assert_eq!((r.version, r.deltas), (3, 0));
-    same_tensors(&root.join("ckpt/v3"), &root.join("out3-mended"));
+    assert_same_files(&root.join("ckpt/v3"), &root.join("out3-mended"));
 }
 
 /// The inode numbers of a directory's shard files (not its marker).
 fn inodes(dir: &Path) -> Vec<u64> {
     use std::os::unix::fs::MetadataExt;
-    let mut v: Vec<u64> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap())
-        .filter(|e| e.file_name() != "weights.json")
-        .map(|e| e.metadata().unwrap().ino())
+    let mut v: Vec<u64> = checkpoint_files(dir)
+        .into_iter()
+        .map(|f| std::fs::metadata(dir.join(f)).unwrap().ino())
         .collect();
     v.sort_unstable();
     v
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,7 +283,7 @@ async fn pull_recycles_the_given_directory_and_every_superseded_intermediate() {
     .await
     .unwrap();
     assert_eq!((r.deltas, r.recycled), (3, 2));
-    same_tensors(&dirs[3], &root.join("out3"));
+    assert_same_files(&dirs[3], &root.join("out3"));
     assert_eq!(inodes(&root.join("out3")), old_inodes);
     assert!(!old.exists(), "the recycled directory is consumed");
     let left: Vec<_> = std::fs::read_dir(&work)
@@ -347,7 +329,7 @@ async fn pull_recycles_the_given_directory_and_every_superseded_intermediate() {
     .await
     .unwrap_err();
     assert!(matches!(err, WeightsError::Corrupted { .. }), "{err}");
-    same_tensors(&dirs[1], &spare);
+    assert_same_files(&dirs[1], &spare);
     assert!(spare.join("weights.json").exists());
     std::fs::write(&stored, &good).unwrap();
 
@@ -366,7 +348,7 @@ async fn pull_recycles_the_given_directory_and_every_superseded_intermediate() {
     .await
     .unwrap();
     assert_eq!((r.deltas, r.recycled), (0, 0));
-    same_tensors(&dirs[1], &keep);
+    assert_same_files(&dirs[1], &keep);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -406,11 +388,11 @@ async fn a_cache_keeps_its_newest_versions_and_writes_the_next_into_the_oldest()
     fetch_version(&source, 3, &cache, 2).await.unwrap();
     assert_eq!(listing(), ["v2", "v3"]);
     assert_eq!(inodes(&cache.join("v3")), v1_inodes);
-    same_tensors(&dirs[3], &cache.join("v3"));
-    same_tensors(&dirs[2], &cache.join("v2"));
+    assert_same_files(&dirs[3], &cache.join("v3"));
+    assert_same_files(&dirs[2], &cache.join("v2"));
     fetch_version(&source, 4, &cache, 2).await.unwrap();
     assert_eq!(listing(), ["v3", "v4"]);
-    same_tensors(&dirs[4], &cache.join("v4"));
+    assert_same_files(&dirs[4], &cache.join("v4"));
 }
 
 struct Moto(Child);
@@ -507,15 +489,11 @@ async fn format_1_markers_on_either_side_keep_the_delta_chain_whole() {
     pull(&store, Some(2), &out, None, &root.join("work"), 2)
         .await
         .expect("the chain v0 -> v1 -> v2 applies");
-    same_tensors(&dirs[2], &out);
+    assert_same_files(&dirs[2], &out);
 
     // A cache stamped the old way, pulling deltas whose bases were hashed with BLAKE3.
     let cached = root.join("cache/v0");
-    std::fs::create_dir_all(&cached).unwrap();
-    for e in std::fs::read_dir(&dirs[0]).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), cached.join(e.file_name())).unwrap();
-    }
+    copy_dir(&dirs[0], &cached);
     write_marker(
         &cached,
         &stamp_with(&cached, 0, SegmentHash::Sha256, 2).unwrap(),
@@ -526,7 +504,7 @@ async fn format_1_markers_on_either_side_keep_the_delta_chain_whole() {
         .await
         .expect("the format 1 base is hashed as the delta's base was");
     assert_eq!(r.deltas, 2);
-    same_tensors(&dirs[2], &out);
+    assert_same_files(&dirs[2], &out);
 }
 
 #[test]
