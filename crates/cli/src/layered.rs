@@ -98,13 +98,6 @@ pub(crate) struct Layered {
     pub(crate) sources: BTreeMap<String, Source>,
 }
 
-/// A value read from a config file: the key as written, its line and its value.
-struct FileValue {
-    key: String,
-    line: usize,
-    value: toml::Value,
-}
-
 /// Settable flags of a subcommand: long name -> arg (help, version and the config flags aside).
 pub(crate) fn settable(sub: &Command) -> impl Iterator<Item = &Arg> {
     sub.get_arguments().filter(|a| {
@@ -119,54 +112,6 @@ pub(crate) fn settable(sub: &Command) -> impl Iterator<Item = &Arg> {
 /// The environment variable of a flag: `--router-mode` -> `KVROUTER_ROUTER_MODE`.
 pub(crate) fn env_name(long: &str) -> String {
     format!("{ENV_PREFIX}{}", long.replace('-', "_").to_uppercase())
-}
-
-fn line_of(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())].matches('\n').count() + 1
-}
-
-/// Parses a config file into flag long name -> value; unknown keys are errors naming the key and
-/// its line.
-fn read_file(
-    sub: &Command,
-    name: &str,
-    path: &str,
-    text: &str,
-) -> anyhow::Result<BTreeMap<String, FileValue>> {
-    type Raw = BTreeMap<toml::Spanned<String>, toml::Spanned<toml::Value>>;
-    let raw: Raw = toml::from_str(text).map_err(|e| anyhow::anyhow!("--config {path}: {e}"))?;
-    let mut out: BTreeMap<String, FileValue> = BTreeMap::new();
-    for (key, value) in raw {
-        let line = line_of(text, key.span().start);
-        let written = key.into_inner();
-        let long = written.replace('_', "-");
-        if long == CONFIG || long == PRINT_CONFIG {
-            anyhow::bail!(
-                "--config {path} line {line}: `{written}` cannot be set in a config file"
-            );
-        }
-        if !settable(sub).any(|a| a.get_long() == Some(long.as_str())) {
-            anyhow::bail!(
-                "--config {path} line {line}: unknown key `{written}` (`kvrouter {name} --help` lists the flags; keys are their names)"
-            );
-        }
-        if let Some(first) = out.get(&long) {
-            anyhow::bail!(
-                "--config {path} line {line}: `{written}` repeats `{}` of line {}",
-                first.key,
-                first.line
-            );
-        }
-        out.insert(
-            long,
-            FileValue {
-                key: written,
-                line,
-                value: value.into_inner(),
-            },
-        );
-    }
-    Ok(out)
 }
 
 /// A scalar TOML value as the text a flag takes.
@@ -287,7 +232,7 @@ pub(crate) fn layer(
         Some(file) => {
             let shown = file.display().to_string();
             let text = read(file).map_err(|e| anyhow::anyhow!("--config {shown}: {e}"))?;
-            read_file(sub, &path.join(" "), &shown, &text)?
+            crate::config_file::read(cmd, sub, &path, &shown, &text)?
         }
     };
     let config_name = sub_matches

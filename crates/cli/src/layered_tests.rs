@@ -373,3 +373,61 @@ fn weights_commands_that_write_no_delta_take_no_codec_flags() {
     let with: Vec<&str> = args.iter().copied().chain(["--zstd-level", "3"]).collect();
     run(&with, &[], "").unwrap();
 }
+
+#[test]
+fn one_file_serves_several_subcommands_through_tables() {
+    // `KVROUTER_CONFIG` exported for `serve` made every other subcommand fail on serve's keys:
+    // a table per subcommand lets one file serve them all.
+    let file = "port = 1\n\n[serve]\nport = 9000\nrouter-mode = \"kv\"\n\n\
+                [weights.stamp]\nthreads = 2\n\n[mock-engine]\nspeedup-ratio = 5\n";
+    let (m, sources) = run(&["serve", "--config", "k.toml"], &[], file).unwrap();
+    assert_eq!(serve_value(&m, "port").as_deref(), Some("9000"));
+    assert_eq!(serve_value(&m, "router_mode").as_deref(), Some("kv"));
+    assert_eq!(sources.get("port"), Some(&Source::File { line: 4 }));
+    let (m, _) = run(&["mock-engine", "--config", "k.toml"], &[], file).unwrap();
+    assert_eq!(serve_value(&m, "port").as_deref(), Some("1"));
+    assert_eq!(serve_value(&m, "speedup_ratio").as_deref(), Some("5"));
+    let stamp = ["weights", "stamp", "--dir", "d", "--version", "1"];
+    let args: Vec<&str> = stamp
+        .iter()
+        .copied()
+        .chain(["--config", "k.toml"])
+        .collect();
+    let (m, _) = run(&args, &[], &file.replace("port = 1\n", "")).unwrap();
+    let (_, w) = m.subcommand().unwrap();
+    let (_, s) = w.subcommand().unwrap();
+    assert_eq!(
+        s.get_raw("threads").unwrap().next().unwrap().to_str(),
+        Some("2")
+    );
+    // The top-level `port` is still for the subcommand that runs, which has none.
+    let e = error_of(&args, &[], file);
+    assert!(
+        e.contains("line 1") && e.contains("unknown key `port` of `kvrouter weights stamp`"),
+        "{e}"
+    );
+    // Typos anywhere are found, whichever subcommand reads the file.
+    let serve = ["serve", "--config", "k.toml"];
+    let e = error_of(&serve, &[], "[serv]\nport = 1\n");
+    assert!(
+        e.contains("line 1") && e.contains("[serv] names no subcommand"),
+        "{e}"
+    );
+    let e = error_of(&serve, &[], "[weights.stamp]\nthreds = 1\n");
+    assert!(
+        e.contains("line 2") && e.contains("unknown key `threds` of `kvrouter weights stamp`"),
+        "{e}"
+    );
+    let e = error_of(&serve, &[], "[weights.stmp]\n");
+    assert!(e.contains("[weights.stmp] names no subcommand"), "{e}");
+    let e = error_of(&serve, &[], "[weights]\nthreads = 1\n");
+    assert!(
+        e.contains("line 2") && e.contains("[weights] groups subcommands"),
+        "{e}"
+    );
+    let e = error_of(&serve, &[], "[serve.x]\nport = 1\n");
+    assert!(e.contains("`x` is a table"), "{e}");
+    // A bad value in a table names its line.
+    let e = error_of(&serve, &[], "\n[serve]\nport = \"x\"\n");
+    assert!(e.contains("line 3"), "{e}");
+}

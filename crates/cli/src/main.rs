@@ -2,6 +2,7 @@
 
 mod admin_args;
 mod bench;
+mod config_file;
 mod discovery_args;
 mod embedded;
 mod flag_values;
