@@ -22,6 +22,7 @@ mod planner_serve_args;
 mod print_config;
 mod replica_args;
 mod routing_args;
+mod runtime_threads;
 mod serve;
 mod signals;
 mod sim;
@@ -87,7 +88,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         _ => 0,
     };
     // TOKIO_WORKER_THREADS is checked for every command (tokio panics on a bad one).
-    if let Some(n) = serve::runtime_worker_threads(flag)? {
+    if let Some(n) = runtime_threads::runtime_worker_threads(flag)? {
         runtime.worker_threads(n);
     }
     let runtime = runtime.enable_all().build()?;

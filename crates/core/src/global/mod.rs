@@ -16,6 +16,8 @@
 //! byte form), `estimate.rs` (the per-cluster cost), `policy.rs` (policies, configuration),
 //! `router.rs` (the global router), `tests.rs` (property tests against a naive model).
 
+#[cfg(test)]
+mod decode_tests;
 mod estimate;
 mod policy;
 mod router;

@@ -1,7 +1,8 @@
 //! Releases return their effects; continuations avoid the workers they tried.
 
 use super::admission::{Admission, QueuePolicy};
-use super::tests::{queued_router, request, router, store_event, tokens};
+use super::queue_tests::queued_router;
+use super::tests::{request, router, store_event, tokens};
 use super::*;
 
 /// A router whose only worker is busy and one request waiting in its queue.

@@ -250,6 +250,8 @@ mod cost_tests;
 #[cfg(test)]
 mod effects_tests;
 #[cfg(test)]
+mod queue_tests;
+#[cfg(test)]
 mod replica_tests;
 #[cfg(test)]
 mod rl_tests;
