@@ -86,7 +86,10 @@ impl DiscoveryArgs {
                 "--discovery-drain-grace-secs",
             )?,
             backoff_max,
-            call_timeout: Duration::from_millis(self.discovery_call_timeout_ms),
+            call_timeout: crate::flag_values::millis(
+                self.discovery_call_timeout_ms,
+                "--discovery-call-timeout-ms",
+            )?,
             event_backlog: self.discovery_event_backlog,
         }))
     }
@@ -139,7 +142,11 @@ impl RegisterArgs {
         };
         let client = EtcdClient::new(&self.endpoint(spec)?);
         let key = format!("{}{http_addr}", self.register_prefix);
-        let ttl = Duration::from_secs(self.register_ttl_secs);
+        let ttl = crate::flag_values::bounded(
+            Duration::from_secs(self.register_ttl_secs),
+            &format!("{} seconds", self.register_ttl_secs),
+            "--register-ttl-secs",
+        )?;
         let registered = Registered::start(client, key, registration, ttl)
             .await
             .with_context(|| format!("--register {spec}"))?;

@@ -3,13 +3,38 @@
 use anyhow::bail;
 use std::time::Duration;
 
-/// A number of seconds ≥ 0 (`None` stays `None`).
+/// The longest duration any flag takes: a year. A duration is added to the clock (a lease's
+/// expiry, a stream's idle deadline), and the clock panics past what it holds, so a longer
+/// value (`1e19` seconds, `u64::MAX` ms) is refused at start instead of panicking at the
+/// first request that uses it.
+pub(crate) const MAX_FLAG_DURATION: Duration = Duration::from_secs(365 * 86_400);
+
+/// `d` unless it is longer than [`MAX_FLAG_DURATION`]; `shown` is the value as given.
+pub(crate) fn bounded(d: Duration, shown: &str, flag: &str) -> anyhow::Result<Duration> {
+    if d > MAX_FLAG_DURATION {
+        bail!(
+            "{flag}: {shown} is too long (at most {} seconds, a year)",
+            MAX_FLAG_DURATION.as_secs()
+        );
+    }
+    Ok(d)
+}
+
+/// A number of milliseconds given as an integer, at least 1 and at most a year.
+pub(crate) fn millis(v: u64, flag: &str) -> anyhow::Result<Duration> {
+    if v == 0 {
+        bail!("{flag} must be at least 1");
+    }
+    bounded(Duration::from_millis(v), &format!("{v} ms"), flag)
+}
+
+/// A number of seconds ≥ 0, at most a year (`None` stays `None`).
 pub(crate) fn secs(v: Option<f64>, flag: &str) -> anyhow::Result<Option<Duration>> {
     match v {
         None => Ok(None),
         // `try_from`: a value past what a duration holds (1e300) is an error, not a panic.
         Some(s) if s.is_finite() && s >= 0.0 => match Duration::try_from_secs_f64(s) {
-            Ok(d) => Ok(Some(d)),
+            Ok(d) => bounded(d, &format!("{s} seconds"), flag).map(Some),
             Err(_) => bail!("{flag}: {s} seconds is too long"),
         },
         Some(s) => bail!("{flag} must be a number of seconds ≥ 0, got {s}"),
@@ -55,10 +80,28 @@ mod tests {
             secs(Some(1.5), "--x").unwrap(),
             Some(Duration::from_millis(1500))
         );
-        for bad in [1e300, f64::INFINITY, f64::NAN, -1.0] {
+        // 1e19 s is a duration, but one the clock cannot hold added to now (a stream's idle
+        // deadline panicked at the first streamed request).
+        for bad in [
+            1e300,
+            1e19,
+            365.0 * 86_400.0 + 1.0,
+            f64::INFINITY,
+            f64::NAN,
+            -1.0,
+        ] {
             let e = secs(Some(bad), "--grace").unwrap_err().to_string();
             assert!(e.contains("--grace"), "{bad}: {e}");
         }
         assert!(positive(0.0, "--t").is_err());
+        assert_eq!(
+            secs(Some(365.0 * 86_400.0), "--x").unwrap(),
+            Some(MAX_FLAG_DURATION)
+        );
+        assert_eq!(millis(5, "--m").unwrap(), Duration::from_millis(5));
+        for bad in [0, u64::MAX] {
+            let e = millis(bad, "--m").unwrap_err().to_string();
+            assert!(e.contains("--m"), "{bad}: {e}");
+        }
     }
 }

@@ -2,14 +2,13 @@
 //! router across clusters), and the `--cluster-*` settings of the summary a local router
 //! publishes at `GET /admin/cluster-summary`.
 
-use crate::flag_values::positive;
+use crate::flag_values::{millis, positive};
 use crate::headings as H;
 use anyhow::{bail, Context};
 use clap::Args;
 use kvrouter_core::global::{GlobalConfig, GlobalPolicy};
 use kvrouter_server::config::ClusterSummaryConfig;
 use kvrouter_server::global::{ClusterTarget, GlobalServeConfig};
-use std::time::Duration;
 
 /// Global routing flags (flattened into `serve`).
 #[derive(Debug, Args)]
@@ -81,13 +80,6 @@ pub(crate) struct GlobalArgs {
     /// unknown, or derived from the timing model with --mock-workers.
     #[arg(help_heading = H::GLOBAL, long, default_value_t = 0.0)]
     cluster_decode_ms_per_token_per_kv_block: f64,
-}
-
-fn millis(v: u64, flag: &str) -> anyhow::Result<Duration> {
-    if v == 0 {
-        bail!("{flag} must be at least 1");
-    }
-    Ok(Duration::from_millis(v))
 }
 
 impl GlobalArgs {

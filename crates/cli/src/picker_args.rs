@@ -68,12 +68,7 @@ pub(crate) enum ExtProcFailureMode {
 impl PickerArgs {
     /// The validated pick settings (`admin_token`: whether the admin API has a token).
     pub(crate) fn picks(&self, admin_token: bool) -> anyhow::Result<PickConfig> {
-        let positive = |v: f64, flag: &str| {
-            std::time::Duration::try_from_secs_f64(v)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| anyhow::anyhow!("{flag} must be a positive number of seconds"))
-        };
+        use crate::flag_values::positive;
         if self.pick_max_outstanding == 0 {
             anyhow::bail!("--pick-max-outstanding must be at least 1");
         }
@@ -88,12 +83,10 @@ impl PickerArgs {
 
     /// The validated ext_proc settings.
     pub(crate) fn ext_proc(&self) -> anyhow::Result<kvrouter_ext_proc::ExtProcConfig> {
-        let pick_timeout = std::time::Duration::try_from_secs_f64(self.ext_proc_pick_timeout_secs)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| {
-                anyhow::anyhow!("--ext-proc-pick-timeout-secs must be a positive number of seconds")
-            })?;
+        let pick_timeout = crate::flag_values::positive(
+            self.ext_proc_pick_timeout_secs,
+            "--ext-proc-pick-timeout-secs",
+        )?;
         Ok(kvrouter_ext_proc::ExtProcConfig {
             failure_mode: match self.ext_proc_failure_mode {
                 ExtProcFailureMode::Closed => kvrouter_ext_proc::FailureMode::Closed,

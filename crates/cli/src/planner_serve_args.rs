@@ -24,6 +24,15 @@ pub(crate) struct PlannerServeArgs {
 }
 
 impl PlannerServeArgs {
+    /// The flag that turns the planner on (`--planner-advise`, `--planner-act`), if given.
+    pub(crate) fn given(&self) -> Option<&'static str> {
+        if self.planner_act.enabled() {
+            Some("--planner-act")
+        } else {
+            self.planner_advise.then_some("--planner-advise")
+        }
+    }
+
     /// The actuation's configuration (`None` without --planner-act).
     pub(crate) fn act(&self) -> anyhow::Result<Option<PlannerAct>> {
         self.planner_act.config(self.planner.config()?.min_workers)

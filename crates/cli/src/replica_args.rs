@@ -1,9 +1,9 @@
 //! `kvrouter serve`'s flags of router replicas sharing their state over NATS.
 
+use crate::flag_values::millis;
 use crate::headings as H;
 use clap::Args;
 use kvrouter_server::config::ReplicaSyncConfig;
-use std::time::Duration;
 
 /// Replica sync: where the replicas meet, who this one is, and the bounds of what they share.
 #[derive(Debug, Args)]
@@ -48,6 +48,11 @@ pub(crate) struct ReplicaArgs {
 }
 
 impl ReplicaArgs {
+    /// Whether `--replica-sync` was given.
+    pub(crate) fn enabled(&self) -> bool {
+        self.replica_sync.is_some()
+    }
+
     /// The validated sync settings (`None` without --replica-sync).
     pub(crate) fn config(&self) -> anyhow::Result<Option<ReplicaSyncConfig>> {
         let Some(url) = &self.replica_sync else {
@@ -60,8 +65,8 @@ impl ReplicaArgs {
             replica_id: id,
             instance: os_random().max(1),
             cluster: self.replica_cluster.clone(),
-            heartbeat: Duration::from_millis(self.replica_heartbeat_ms),
-            ttl: Duration::from_millis(self.replica_ttl_ms),
+            heartbeat: millis(self.replica_heartbeat_ms, "--replica-heartbeat-ms")?,
+            ttl: millis(self.replica_ttl_ms, "--replica-ttl-ms")?,
             outbox_max_events: self.replica_outbox_max_events,
             active_list_max: self.replica_heartbeat_max_requests,
             join_max_keys: self.replica_join_max_keys,

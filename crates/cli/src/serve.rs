@@ -183,6 +183,25 @@ impl ServeArgs {
         if self.global.global && (!workers.is_empty() || self.mock_workers > 0) {
             bail!("--global starts no engines and routes to clusters: drop --worker, --workers-file and --mock-workers");
         }
+        if self.global.global {
+            // What a global router does not run: it would start without them and say nothing.
+            let unread: Vec<&str> = [
+                self.discovery.enabled().then_some("--discovery"),
+                self.picker.ext_proc_port.map(|_| "--ext-proc-port"),
+                self.replicas.enabled().then_some("--replica-sync"),
+                self.planner.given(),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            if !unread.is_empty() {
+                bail!(
+                    "--global routes to clusters, each with its own router: {} belong to those \
+                     routers (drop them here)",
+                    unread.join(", ")
+                );
+            }
+        }
         if workers.is_empty()
             && self.mock_workers == 0
             && !self.discovery.enabled()

@@ -461,6 +461,30 @@ async fn bad_global_flags_are_refused_naming_the_flag() {
             vec!["--global", "--cluster", "a=http://x", "--mock-workers", "2"],
             "--global",
         ),
+        // Refreshed less often than a summary stays fresh: every cluster would go stale.
+        (
+            vec![
+                "--global",
+                "--cluster",
+                "a=http://x",
+                "--global-refresh-ms",
+                "10000",
+            ],
+            "must be shorter than --global-max-summary-age-secs",
+        ),
+        // What only a cluster's own router runs was silently left off.
+        (
+            vec![
+                "--global",
+                "--cluster",
+                "a=http://x",
+                "--ext-proc-port",
+                "0",
+                "--replica-sync",
+                "nats://127.0.0.1:4222",
+            ],
+            "--ext-proc-port, --replica-sync belong to those routers",
+        ),
         (
             vec!["--mock-workers", "1", "--cluster", "a=http://x"],
             "--cluster needs --global",

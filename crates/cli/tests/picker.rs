@@ -384,6 +384,10 @@ async fn with_pick_auth_admin_picks_and_reports_need_the_admin_token() {
 async fn bad_pick_flags_are_refused_naming_the_flag() {
     for (flag, value) in [
         ("--pick-lease-secs", "0"),
+        // Past a year: accepted, it made every pick panic adding it to the clock.
+        ("--pick-lease-secs", "1e19"),
+        ("--pick-max-duration-secs", "1.5e19"),
+        ("--ext-proc-pick-timeout-secs", "1e19"),
         ("--pick-max-duration-secs", "-1"),
         ("--pick-max-outstanding", "0"),
         ("--pick-auth", "admin"),

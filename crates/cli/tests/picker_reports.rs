@@ -89,15 +89,49 @@ async fn a_report_piggy_backed_on_the_next_pick_is_applied_and_answered() {
     assert_eq!(s.metric("kvrouter_worker_active_requests{").await, 2.0);
     assert_eq!(s.metric(FINISHED).await, 1.0);
     assert_eq!(s.metric("kvrouter_output_sequence_tokens_sum").await, 5.0);
-    // A numeric id is the same pick; `cancelled` releases without a finish.
-    let n: u64 = b["id"].as_str().unwrap().parse().unwrap();
-    let cancel = json!([{"id": n, "event": "finish", "status": "cancelled"}]);
+    // An id is the answer's string: its number alone names no pick (ids are tagged by the
+    // router that made them); `cancelled` releases without a finish.
+    let text = b["id"].as_str().unwrap();
+    let n: u64 = text.split_once('-').unwrap().1.parse().unwrap();
+    let cancel = json!([
+        {"id": n, "event": "finish", "status": "cancelled"},
+        {"id": text, "event": "finish", "status": "cancelled"},
+    ]);
     let d = s
         .pick(json!({"token_ids": ids(3, 0), "reports": cancel}))
         .await;
-    assert_eq!(d["reports"][0]["status"], "released", "{d}");
+    assert_eq!(d["reports"][0]["error"]["code"], 404, "{d}");
+    assert_eq!(d["reports"][1]["status"], "released", "{d}");
     assert_eq!(s.metric("kvrouter_picks_outstanding").await, 2.0);
     assert_eq!(s.metric(FINISHED).await, 1.0);
+}
+
+/// Two routers (replicas behind one balancer, or one router restarted) number their picks
+/// alike: a report that reaches the router that did not make the pick is a 404 saying so, and
+/// releases nothing there (it had released that router's own pick of the same number).
+#[tokio::test]
+async fn a_report_to_another_router_releases_nothing_there() {
+    let (one, two) = (serve("1", &[]).await, serve("1", &[]).await);
+    let a = one.pick(json!({"token_ids": ids(0, 0)})).await;
+    let b = two.pick(json!({"token_ids": ids(0, 0)})).await;
+    let (ida, idb) = (a["id"].as_str().unwrap(), b["id"].as_str().unwrap());
+    assert_eq!(
+        ida.split_once('-').unwrap().1,
+        idb.split_once('-').unwrap().1,
+        "both routers numbered their first pick alike: {ida} {idb}"
+    );
+    let (status, v) = two.post(&format!("/v1/pick/{ida}/finish"), json!({})).await;
+    assert_eq!(status, 404, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("not made by this router"), "{message}");
+    assert_eq!(two.metric("kvrouter_picks_outstanding").await, 1.0);
+    let (status, v) = two.post(&format!("/v1/pick/{idb}/finish"), json!({})).await;
+    assert_eq!(
+        (status, v["status"].as_str()),
+        (200, Some("released")),
+        "{v}"
+    );
+    assert_eq!(one.metric("kvrouter_picks_outstanding").await, 1.0);
 }
 
 #[tokio::test]
@@ -275,6 +309,8 @@ async fn reports_are_bounded_checked_and_answered_when_the_pick_is_refused() {
         {"id": format!("0{id}"), "event": "first_token"},
         {"id": &id, "event": "finish", "prompt_tokens": 5, "cached_tokens": 9},
         {"id": &id, "event": "finish", "completion_tokens": 18446744073709551615u64},
+        // It teaches the cost policy output lengths: no answer is a million tokens long.
+        {"id": &id, "event": "finish", "completion_tokens": 4294967295u64},
     ]);
     let (status, v) = s
         .post("/v1/pick/reports", json!({"reports": reports}))
@@ -288,10 +324,12 @@ async fn reports_are_bounded_checked_and_answered_when_the_pick_is_refused() {
         (code(2), param(2)),
         (Some(400), "reports[2].cached_tokens".into())
     );
-    assert_eq!(
-        (code(3), param(3)),
-        (Some(400), "reports[3].completion_tokens".into())
-    );
+    for i in [3, 4] {
+        assert_eq!(
+            (code(i), param(i)),
+            (Some(400), format!("reports[{i}].completion_tokens"))
+        );
+    }
     assert_eq!(
         s.metric("kvrouter_picks_outstanding").await,
         1.0,

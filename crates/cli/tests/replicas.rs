@@ -630,6 +630,21 @@ async fn bad_replica_flags_are_a_clear_error_naming_the_flag() {
             vec!["--replica-sync", "http://127.0.0.1:4222"],
             "--replica-sync",
         ),
+        // Accepted, then retried forever in the background.
+        (
+            vec!["--replica-sync", "nats://127.0.0.1:99999"],
+            "invalid port number",
+        ),
+        (vec!["--replica-sync", "nats://"], "names no host"),
+        (
+            vec![
+                "--replica-sync",
+                "nats://127.0.0.1:4222",
+                "--replica-ttl-ms",
+                "18446744073709551615",
+            ],
+            "--replica-ttl-ms",
+        ),
         (
             vec![
                 "--replica-sync",

@@ -224,7 +224,9 @@ impl Exchange {
             Some(In::RequestHeaders(h)) => {
                 self.headers = header_map(h.headers.as_ref()).0;
                 if h.end_of_stream {
-                    return self.place(Trigger::Headers, true);
+                    // No body follows (`GET /v1/models`): placed from the headers alone, as a
+                    // streamed body is (an empty body is not a prompt to refuse).
+                    return self.place(Trigger::Headers, false);
                 }
                 match self.request_body {
                     RequestBody::Streamed => self.place(Trigger::Headers, false),

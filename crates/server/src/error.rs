@@ -126,6 +126,10 @@ impl ServeError {
             ServeError::Missing { param, .. } => {
                 (StatusCode::NOT_FOUND, "invalid_request_error", Some(*param))
             }
+            // A bound of the router's own (`--pick-max-outstanding`): overload, as a full queue.
+            ServeError::Http { status, .. } if *status == overloaded() => {
+                (*status, "overloaded", None)
+            }
             ServeError::Http { status, .. } => (*status, "invalid_request_error", None),
         }
     }
@@ -297,7 +301,8 @@ const REJECTION_TEXT_BYTES: usize = 4096;
 /// Response-mapping layer: axum's built-in rejections (a body over the limit, a malformed path
 /// parameter, a wrong method, ...) answer plain text or nothing; they become OpenAI-shaped JSON
 /// with the same status (and `Allow`, `Retry-After` kept). Upstream answers passed through
-/// (they carry `x-kvrouter-worker`) and JSON answers are left alone.
+/// (they carry `x-kvrouter-worker`, or a cluster's `x-kvrouter-cluster` under `--global`) and
+/// JSON answers are left alone.
 pub(crate) async fn shape_rejections(response: Response) -> Response {
     use axum::http::header;
     let status = response.status();
@@ -309,6 +314,7 @@ pub(crate) async fn shape_rejections(response: Response) -> Response {
     if !(status.is_client_error() || status.is_server_error())
         || is_json
         || headers.contains_key("x-kvrouter-worker")
+        || headers.contains_key(crate::global::CLUSTER_HEADER)
     {
         return response;
     }
@@ -397,5 +403,37 @@ mod tests {
         let e = parse_json::<Add>(b"{", "worker").unwrap_err();
         assert!(e.body()["error"]["param"].is_null(), "{}", e.body());
         assert!(!e.body()["error"]["message"].as_str().unwrap().contains('?'));
+    }
+
+    /// A cluster's answer passed through by the global router (or a worker's by the router) goes
+    /// back as it was, its header kept; the router's own plain-text refusals become JSON, and a
+    /// full pick table is overload, as a full queue.
+    #[tokio::test]
+    async fn passed_through_answers_are_left_alone_and_rejections_shaped() {
+        use axum::http::header::CONTENT_TYPE;
+        let plain = |extra: Option<&'static str>| {
+            let mut r = (StatusCode::INTERNAL_SERVER_ERROR, "<html>oops</html>").into_response();
+            r.headers_mut()
+                .insert(CONTENT_TYPE, "text/html".parse().unwrap());
+            if let Some(name) = extra {
+                r.headers_mut().insert(name, "a".parse().unwrap());
+            }
+            r
+        };
+        for name in [crate::global::CLUSTER_HEADER, "x-kvrouter-worker"] {
+            let out = shape_rejections(plain(Some(name))).await;
+            assert_eq!(out.headers()[name], "a");
+            let body = axum::body::to_bytes(out.into_body(), 1 << 10)
+                .await
+                .unwrap();
+            assert_eq!(&body[..], b"<html>oops</html>");
+        }
+        let out = shape_rejections(plain(None)).await;
+        assert_eq!(out.headers()[CONTENT_TYPE], "application/json");
+        let full = ServeError::Http {
+            status: overloaded(),
+            message: "full".into(),
+        };
+        assert_eq!(full.body()["error"]["type"], "overloaded");
     }
 }

@@ -27,9 +27,41 @@ struct Table {
     by_expiry: BTreeSet<(Instant, u64)>,
 }
 
+/// A pick's id as answers write it: the tag of the router that made it (random per process, 8
+/// hex digits), a dash, and its request number (`3f9a0c12-17`). Clients keep it as an opaque
+/// string. The tag keeps a report sent to another replica, or to this router after a restart,
+/// from releasing a pick that happens to have the same number there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PickId {
+    tag: u32,
+    number: u64,
+}
+
+impl std::fmt::Display for PickId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:08x}-{}", self.tag, self.number)
+    }
+}
+
+impl serde::Serialize for PickId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Why a text is not one of this router's pick ids.
+pub(crate) enum NotOurs {
+    /// Not shaped as a pick id.
+    Malformed,
+    /// A pick id of another router: a replica, or this one before a restart.
+    Foreign,
+}
+
 /// The outstanding picks and their leases.
 pub(crate) struct PickTable {
     state: AppState,
+    /// This router's pick id tag.
+    tag: u32,
     table: Mutex<Table>,
     /// Wakes the reaper when a lease ends earlier than every one before it.
     earlier: Arc<Notify>,
@@ -42,8 +74,13 @@ pub(crate) struct Full(pub(crate) Box<LoadGuard>);
 impl PickTable {
     /// An empty table (no I/O; the reaper starts with the first pick).
     pub(crate) fn new(state: AppState) -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        // OS-seeded (std's hasher keys): a new tag per process.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(std::process::id().into());
         Self {
             state,
+            tag: h.finish() as u32,
             table: Mutex::default(),
             earlier: Arc::default(),
             reaper: OnceLock::new(),
@@ -53,6 +90,38 @@ impl PickTable {
     /// The server's state.
     pub(crate) fn state(&self) -> &AppState {
         &self.state
+    }
+
+    /// The tag every pick id of this router begins with.
+    pub(crate) fn tag(&self) -> String {
+        format!("{:08x}", self.tag)
+    }
+
+    /// The id of pick number `number`.
+    pub(crate) fn id(&self, number: u64) -> PickId {
+        PickId {
+            tag: self.tag,
+            number,
+        }
+    }
+
+    /// The pick number of `text` if it is an id this router wrote (exactly as written: the
+    /// tag in lower-case hex, the number in decimal without sign or leading zero).
+    pub(crate) fn parse_id(&self, text: &str) -> Result<u64, NotOurs> {
+        let (tag, number) = text.split_once('-').ok_or(NotOurs::Malformed)?;
+        let canonical = |s: &str, hex: bool| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (hex && matches!(b, b'a'..=b'f')))
+        };
+        let decimal = canonical(number, false) && (number == "0" || !number.starts_with('0'));
+        if tag.len() != 8 || !canonical(tag, true) || !decimal {
+            return Err(NotOurs::Malformed);
+        }
+        if u32::from_str_radix(tag, 16) != Ok(self.tag) {
+            return Err(NotOurs::Foreign);
+        }
+        number.parse().map_err(|_| NotOurs::Malformed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {

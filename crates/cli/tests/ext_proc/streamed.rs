@@ -177,3 +177,24 @@ async fn a_buffered_partial_body_cut_at_the_limit_is_placed_from_the_headers() {
     drop(envoy);
     await_metric(&base, ACTIVE, 0.0).await;
 }
+
+/// A request without a body (`GET /v1/models` through the gateway: its headers carry
+/// `end_of_stream`) is placed from its headers, whatever the body mode; it was refused as a
+/// body that is not JSON.
+#[tokio::test]
+async fn a_request_without_a_body_is_placed_from_its_headers() {
+    const BUFFERED: i32 = 2;
+    let (_p, base, grpc) = super::picker("2", &[]).await;
+    let mut client = super::connect(&grpc).await;
+    let mut envoy = Envoy::open(&mut client).await;
+    let mut headers = request_headers(BUFFERED, &[(":method", "GET")], None);
+    if let Some(In::RequestHeaders(h)) = headers.request.as_mut() {
+        h.end_of_stream = true;
+    }
+    envoy.send(headers).await;
+    let r = envoy.recv().await;
+    assert!(matches!(r.response, Some(Out::RequestHeaders(_))), "{r:?}");
+    let (header, _) = destination(&r);
+    assert!(header.is_some(), "a destination: {r:?}");
+    assert_eq!(sum(&metrics(&base).await, ACTIVE), 1.0);
+}

@@ -5,6 +5,10 @@
 use crate::fast_map::FastMap;
 use crate::time::Time;
 
+/// The longest output learned as a sample, tokens: a longer one (a report that cannot be true:
+/// no model writes a million tokens in one answer) counts as this many, so one bad report
+/// cannot set the expected length of every request for hundreds of requests after it.
+pub const MAX_OUTPUT_SAMPLE: u64 = 1 << 20;
 /// Output length assumed before anything finished, tokens.
 pub const PRIOR_OUTPUT_TOKENS: f64 = 256.0;
 /// Weight of the global (or prompt) mean when shrinking a group's mean: a group with `k`
@@ -50,7 +54,7 @@ fn forget_oldest(map: &mut FastMap<u64, Mean>) {
 impl OutputLengths {
     /// Records a finished request's output length, with its RL group and prompt key if any.
     pub fn observe(&mut self, tokens: u64, group: Option<u64>, prompt: Option<u64>) {
-        let t = tokens as f64;
+        let t = tokens.min(MAX_OUTPUT_SAMPLE) as f64;
         self.tick += 1;
         self.global = Some(match self.global {
             None => t,

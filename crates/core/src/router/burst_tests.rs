@@ -167,4 +167,21 @@ fn a_request_that_may_produce_one_token_teaches_no_output_length() {
     r.observe_output(RequestId(2), 64, at(3));
     let _ = r.finish(RequestId(2), at(3)).unwrap();
     assert_eq!(r.expected_output(), 64.0);
+
+    // A reported length past what the request could produce (a pick's finish report may say
+    // anything) is learnt as its budget, and one past any answer's length as the sample bound:
+    // one report of 2^32 − 1 tokens had set every later request's expected length.
+    let mut r = router(RouterMode::Cost, 2);
+    let mut q = request(3, &tokens(3, 4));
+    q.max_output_tokens = Some(100);
+    r.route(&q, at(0)).unwrap();
+    r.observe_output(RequestId(3), u64::from(u32::MAX), at(1));
+    let _ = r.finish(RequestId(3), at(1)).unwrap();
+    assert_eq!(r.expected_output(), 100.0);
+    let mut r = router(RouterMode::Cost, 2);
+    r.route(&request(4, &tokens(4, 4)), at(0)).unwrap();
+    r.observe_output(RequestId(4), u64::from(u32::MAX), at(1));
+    let _ = r.finish(RequestId(4), at(1)).unwrap();
+    let most = crate::policy::learn::MAX_OUTPUT_SAMPLE as f64;
+    assert_eq!(r.expected_output(), most);
 }

@@ -37,6 +37,9 @@ struct Active {
     fits: bool,
     /// Whether its output length is a sample (it could produce more than one token).
     samples: bool,
+    /// The most output tokens it may produce (`max_tokens`), if the client said: a reported
+    /// length past it is learnt as this.
+    max_output: Option<u64>,
 }
 
 /// The cost policy's state inside the router.
@@ -161,7 +164,8 @@ impl Router {
             return;
         };
         if a.samples {
-            self.cost.outputs.observe(output_tokens, a.group, a.prompt);
+            let learnt = output_tokens.min(a.max_output.unwrap_or(u64::MAX));
+            self.cost.outputs.observe(learnt, a.group, a.prompt);
         }
         if self.config.router_cost_fit && a.fits && output_tokens > 1 {
             let spec = self.workers.get(&a.rank.worker);
@@ -441,6 +445,7 @@ impl Router {
             prefill_work: queued as f64,
             fits: true,
             samples: request.max_output_tokens.is_none_or(|m| m > 1),
+            max_output: request.max_output_tokens,
         };
         self.cost.forget_request(request.id);
         self.cost.active.insert(request.id, active);

@@ -154,6 +154,19 @@ impl ReplicaSyncConfig {
                 self.url
             ));
         }
+        // Each server of the list must be an address: the client would retry a bad one forever.
+        for server in self.url.split(',').map(str::trim) {
+            let full = if server.contains("://") {
+                server.to_owned()
+            } else {
+                format!("nats://{server}")
+            };
+            match reqwest::Url::parse(&full) {
+                Ok(u) if u.host_str().is_some_and(|h| !h.is_empty()) => {}
+                Ok(_) => return Err(format!("--replica-sync: `{server}` names no host")),
+                Err(e) => return Err(format!("--replica-sync: `{server}`: {e}")),
+            }
+        }
         let ok = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
         if self.cluster.is_empty() || !self.cluster.chars().all(ok) {
             return Err(format!(

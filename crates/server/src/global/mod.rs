@@ -18,6 +18,7 @@
 mod metrics;
 mod poll;
 mod proxy;
+pub(crate) use proxy::CLUSTER_HEADER;
 mod sessions;
 
 use crate::state::AppState;
@@ -123,6 +124,16 @@ impl GlobalServeConfig {
         }
         if self.summary_timeout.is_zero() {
             return Err("--global-summary-timeout-ms must be at least 1".into());
+        }
+        // A summary older than the age bound makes its cluster ineligible: fetched less often
+        // than that, every cluster would go stale between fetches and every request get 503.
+        if self.refresh >= self.router.max_summary_age {
+            return Err(format!(
+                "--global-refresh-ms ({} ms) must be shorter than --global-max-summary-age-secs \
+                 ({} s): summaries fetched less often go stale between fetches",
+                self.refresh.as_millis(),
+                self.router.max_summary_age.as_secs_f64()
+            ));
         }
         self.router
             .validate()

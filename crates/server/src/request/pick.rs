@@ -271,7 +271,7 @@ async fn placed_answer(
     }
     let rank = decision.rank;
     let answer = Answer {
-        id: id.0,
+        id: table.id(id.0),
         object: "kvrouter.pick",
         worker: Chosen {
             id: rank.worker.0,
@@ -301,8 +301,7 @@ async fn placed_answer(
 /// The answer of a pick, written straight to JSON.
 #[derive(serde::Serialize)]
 struct Answer<'a> {
-    #[serde(serialize_with = "as_text")]
-    id: u64,
+    id: crate::picks::PickId,
     object: &'static str,
     worker: Chosen<'a>,
     policy_version: u64,
@@ -321,11 +320,6 @@ struct Chosen<'a> {
     id: u64,
     url: &'a str,
     dp_rank: u32,
-}
-
-/// A pick id as the answer gives it: text (clients keep it as an opaque string).
-fn as_text<S: serde::Serializer>(id: &u64, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(id)
 }
 
 fn too_many(max: usize) -> ServeError {

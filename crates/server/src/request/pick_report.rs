@@ -8,7 +8,8 @@
 
 use crate::error::ServeError;
 use crate::health::Source;
-use crate::picks::PickTable;
+use crate::picks::{NotOurs, PickTable};
+use kvrouter_core::policy::learn::MAX_OUTPUT_SAMPLE;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -55,7 +56,8 @@ enum Event {
     Finish,
 }
 
-/// A pick's id as a report gives it: the answer's string, or that number.
+/// A pick's id as a report gives it: the answer's string (a number, as ids were once written,
+/// names no pick).
 #[derive(Debug, serde::Deserialize)]
 #[serde(untagged)]
 enum Id {
@@ -75,16 +77,24 @@ struct Report {
     cached_tokens: Option<u64>,
 }
 
-/// A pick id exactly as answers write it (decimal, no sign, no leading zero); any other
-/// text names no pick.
-fn pick_id(id: &str) -> Result<u64, ServeError> {
-    let canonical = !id.is_empty()
-        && id.bytes().all(|b| b.is_ascii_digit())
-        && (id == "0" || !id.starts_with('0'));
-    canonical
-        .then(|| id.parse().ok())
-        .flatten()
-        .ok_or_else(|| ServeError::NotFound(format!("no outstanding pick `{}`", shown(id))))
+/// The pick number of `id` if this router wrote it ([`crate::picks::PickId`]); any other text
+/// names none of its picks.
+fn pick_id(table: &PickTable, id: &str) -> Result<u64, ServeError> {
+    table.parse_id(id).map_err(|why| {
+        ServeError::NotFound(match why {
+            NotOurs::Malformed => format!(
+                "no outstanding pick `{}` (pick ids are the answers' `id` strings)",
+                shown(id)
+            ),
+            NotOurs::Foreign => format!(
+                "pick `{}` was not made by this router (its picks' ids begin `{}`): another \
+                 replica or this router before a restart made it; report to the router that \
+                 answered the pick",
+                shown(id),
+                table.tag(),
+            ),
+        })
+    })
 }
 
 /// The longest id text an answer repeats whole: a pick id has at most 20 digits.
@@ -113,17 +123,22 @@ fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
     format!("{}… ({} bytes)", &text[..end], text.len()).into()
 }
 
-/// A finish report's token counts must be possible: each at most 2^32 − 1, and the cached
-/// tokens no more than the prompt's. `at` prefixes the field a refusal names.
+/// A finish report's token counts must be possible: prompt and cached tokens each at most
+/// 2^32 − 1, completion tokens at most [`MAX_OUTPUT_SAMPLE`] (they teach the `cost` policy
+/// output lengths), and the cached tokens no more than the prompt's. `at` prefixes the field a refusal names.
 fn check_counts(report: &FinishReport, at: &str) -> Result<(), ServeError> {
-    for (field, v) in [
-        ("prompt_tokens", report.prompt_tokens),
-        ("completion_tokens", report.completion_tokens),
-        ("cached_tokens", report.cached_tokens),
+    for (field, v, max) in [
+        ("prompt_tokens", report.prompt_tokens, MAX_REPORTED_TOKENS),
+        (
+            "completion_tokens",
+            report.completion_tokens,
+            MAX_OUTPUT_SAMPLE,
+        ),
+        ("cached_tokens", report.cached_tokens, MAX_REPORTED_TOKENS),
     ] {
-        if v.is_some_and(|v| v > MAX_REPORTED_TOKENS) {
+        if v.is_some_and(|v| v > max) {
             return Err(ServeError::invalid_at(
-                format!("`{field}` must be at most {MAX_REPORTED_TOKENS}"),
+                format!("`{field}` must be at most {max}"),
                 format!("{at}{field}"),
             ));
         }
@@ -139,9 +154,10 @@ fn check_counts(report: &FinishReport, at: &str) -> Result<(), ServeError> {
     Ok(())
 }
 
-fn unknown(id: u64) -> ServeError {
+fn unknown(table: &PickTable, id: u64) -> ServeError {
     ServeError::NotFound(format!(
-        "no outstanding pick `{id}` (finished, expired or never handed out)"
+        "no outstanding pick `{}` (finished, expired or never handed out)",
+        table.id(id)
     ))
 }
 
@@ -174,7 +190,7 @@ fn finish_report(raw: &[u8]) -> Result<FinishReport, ServeError> {
 fn mark_first_token(table: &PickTable, id: u64) -> Result<&'static str, ServeError> {
     let until = Instant::now() + table.state().inner.config.picks.max_duration;
     if !table.first_token(id, until) {
-        return Err(unknown(id));
+        return Err(unknown(table, id));
     }
     Ok("generating")
 }
@@ -182,7 +198,7 @@ fn mark_first_token(table: &PickTable, id: u64) -> Result<&'static str, ServeErr
 /// Ends pick `id` as `report` says, releasing its load.
 fn release(table: &PickTable, id: u64, report: FinishReport) -> Result<&'static str, ServeError> {
     let state = table.state();
-    let mut guard = table.take(id).ok_or_else(|| unknown(id))?;
+    let mut guard = table.take(id).ok_or_else(|| unknown(table, id))?;
     let end = report.status.unwrap_or(End::Ok);
     let metrics = &state.inner.metrics;
     match end {
@@ -218,15 +234,15 @@ fn release(table: &PickTable, id: u64, report: FinishReport) -> Result<&'static 
     Ok("released")
 }
 
-fn answer(id: u64, status: &str) -> Value {
-    json!({"id": id.to_string(), "object": "kvrouter.pick", "status": status})
+fn answer(table: &PickTable, id: u64, status: &str) -> Value {
+    json!({"id": table.id(id).to_string(), "object": "kvrouter.pick", "status": status})
 }
 
 /// `POST /v1/pick/{id}/first-token`: the caller got the answer's first token; the lease now
 /// runs to `--pick-max-duration-secs`.
 pub(crate) fn first_token(table: &PickTable, id: &str) -> Result<Value, ServeError> {
-    let id = pick_id(id)?;
-    Ok(answer(id, mark_first_token(table, id)?))
+    let id = pick_id(table, id)?;
+    Ok(answer(table, id, mark_first_token(table, id)?))
 }
 
 /// `POST /v1/pick/{id}/finish`: the pick ended (`status`: `ok`, the default, `cancelled` or
@@ -234,8 +250,8 @@ pub(crate) fn first_token(table: &PickTable, id: &str) -> Result<Value, ServeErr
 pub(crate) fn finish(table: &PickTable, id: &str, raw: &[u8]) -> Result<Value, ServeError> {
     let report = finish_report(raw)?;
     check_counts(&report, "")?;
-    let id = pick_id(id)?;
-    Ok(answer(id, release(table, id, report)?))
+    let id = pick_id(table, id)?;
+    Ok(answer(table, id, release(table, id, report)?))
 }
 
 /// The reports of a body's `reports` field: a list of at most [`MAX_REPORTS`] (`null`: none),
@@ -292,8 +308,8 @@ fn apply_one(table: &PickTable, at: usize, value: Value) -> Value {
         })
         .and_then(|r| {
             let id = match &r.id {
-                Id::Text(text) => pick_id(text)?,
-                Id::Number(n) => *n,
+                Id::Text(text) => pick_id(table, text)?,
+                Id::Number(n) => pick_id(table, &n.to_string())?,
             };
             let status = match r.event {
                 Event::FirstToken => mark_first_token(table, id)?,
@@ -311,7 +327,7 @@ fn apply_one(table: &PickTable, at: usize, value: Value) -> Value {
             Ok((id, status))
         });
     match outcome {
-        Ok((id, status)) => json!({"id": id.to_string(), "status": status}),
+        Ok((id, status)) => json!({"id": table.id(id).to_string(), "status": status}),
         Err(e) => {
             // The id as given, for the outcome of a report that cannot be read.
             let given = match value.get("id") {
