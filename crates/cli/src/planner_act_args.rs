@@ -6,7 +6,6 @@ use anyhow::bail;
 use clap::{Args, ValueEnum};
 use kvrouter_server::config::{PlannerAct, PlannerTarget};
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 /// Where the planner acts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -81,14 +80,8 @@ impl PlannerActArgs {
                 bail!("--planner-gpu-budget {budget} is below the targets' minimum ({floors} GPUs: --planner-min-workers × --planner-gpus-per-worker × targets)");
             }
         }
-        let secs = |v: f64, flag: &str| {
-            Duration::try_from_secs_f64(v)
-                .map_err(|_| anyhow::anyhow!("{flag} must be a non-negative number of seconds"))
-        };
-        let timeout = secs(self.planner_act_timeout_s, "--planner-act-timeout-s")?;
-        if timeout.is_zero() {
-            bail!("--planner-act-timeout-s must be positive");
-        }
+        use crate::flag_values::{non_negative as secs, positive};
+        let timeout = positive(self.planner_act_timeout_s, "--planner-act-timeout-s")?;
         Ok(Some(PlannerAct {
             targets,
             gpu_budget: self.planner_gpu_budget,
