@@ -461,6 +461,10 @@ async fn bad_global_flags_are_refused_naming_the_flag() {
             vec!["--global", "--cluster", "a=http://x", "--mock-workers", "2"],
             "--global",
         ),
+        (
+            vec!["--global", "--cluster", "a=http://x,rtt_ms=1e300"],
+            "rtt_ms",
+        ),
         // Refreshed less often than a summary stays fresh: every cluster would go stale.
         (
             vec![

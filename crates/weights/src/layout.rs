@@ -99,12 +99,13 @@ fn walk_into(
     for entry in entries {
         let entry = entry.map_err(|e| WeightsError::io(dir, e))?;
         let path = entry.path();
-        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-            return Err(WeightsError::format(&path, "a file name that is not UTF-8"));
-        };
-        if skip_hidden && name.starts_with('.') {
+        let os_name = entry.file_name();
+        if skip_hidden && os_name.as_encoded_bytes().starts_with(b".") {
             continue;
         }
+        let Some(name) = os_name.to_str().map(str::to_owned) else {
+            return Err(WeightsError::format(&path, "a file name that is not UTF-8"));
+        };
         let mut meta = std::fs::symlink_metadata(&path).map_err(|e| WeightsError::io(&path, e))?;
         if follow_links && meta.is_symlink() {
             meta = std::fs::metadata(&path).map_err(|e| WeightsError::io(&path, e))?;

@@ -419,10 +419,11 @@ pub(crate) async fn copy_checkpoint(from: &Path, out: &Path) -> Result<()> {
         .await
         .map_err(|e| WeightsError::io(&tmp, e))?;
     // A link counts as the file it points to (as in a checkpoint's layout): its bytes are
-    // copied; subdirectories are copied too.
+    // copied; subdirectories are copied too, hidden entries not (a `.git/` of a clone, a
+    // `.cache/` of a download: no part of the checkpoint).
     let files = blocking({
         let from = from.to_path_buf();
-        move || crate::layout::walk(&from, true, false)
+        move || crate::layout::walk(&from, true, true)
     })
     .await?;
     for f in files.into_iter().filter(|f| f.meta.is_file()) {

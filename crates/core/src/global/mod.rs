@@ -32,7 +32,9 @@ pub use policy::{
     DEFAULT_MAX_SUMMARY_AGE, DEFAULT_OUTPUT_TOKENS_HINT, DEFAULT_PREFILL_TOKENS_PER_S,
     DEFAULT_SESSION_MOVE_RATIO, DEFAULT_SESSION_TTL,
 };
-pub use router::{ClusterSpec, DecisionReason, GlobalDecision, GlobalError, GlobalRouter};
+pub use router::{
+    ClusterSpec, DecisionReason, GlobalDecision, GlobalError, GlobalRouter, MAX_RTT_MS,
+};
 pub use sketch::{
     PrefixSketch, SketchConfig, SketchError, DEFAULT_BITS_PER_KEY,
     DEFAULT_CHECKPOINT_INTERVAL_BLOCKS,

@@ -15,11 +15,15 @@ use std::time::Duration;
 pub struct ClusterSpec {
     /// Name (matches the summaries it publishes).
     pub name: String,
-    /// Network round trip from the global router to the cluster, ms.
+    /// Network round trip from the global router to the cluster, ms (at most [`MAX_RTT_MS`]).
     pub rtt_ms: f64,
     /// Share of sessions under `static-split` (> 0).
     pub weight: f64,
 }
+
+/// The longest round trip a cluster may be given, ms (a minute): longer is no network, and a
+/// round trip of `1e300` ms overflowed the clock it is taken from.
+pub const MAX_RTT_MS: f64 = 60_000.0;
 
 /// Why a request or summary was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -147,7 +151,7 @@ impl GlobalRouter {
 
     /// Adds a cluster (up, without a summary: routed around until its first one arrives).
     pub fn add_cluster(&mut self, spec: ClusterSpec) -> Result<ClusterId, GlobalError> {
-        let rtt_ok = spec.rtt_ms.is_finite() && spec.rtt_ms >= 0.0;
+        let rtt_ok = (0.0..=MAX_RTT_MS).contains(&spec.rtt_ms);
         let weight_ok = spec.weight.is_finite() && spec.weight > 0.0;
         if !(rtt_ok && weight_ok) {
             return Err(GlobalError::InvalidSpec(spec.name));

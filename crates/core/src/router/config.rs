@@ -203,6 +203,19 @@ fn check(ok: bool, option: &'static str, reason: impl Into<String>) -> Result<()
     }
 }
 
+/// The longest duration an option takes, seconds (a year): a duration is added to the clock,
+/// and a larger one (`1e20`) does not fit a `Duration` or overflows the time it is added to.
+pub(crate) const MAX_DURATION_SECS: f64 = 365.0 * 86_400.0;
+
+/// A positive number of seconds, at most [`MAX_DURATION_SECS`].
+fn seconds(value: f64, option: &'static str) -> Result<(), ConfigError> {
+    check(
+        value.is_finite() && value > 0.0 && value <= MAX_DURATION_SECS,
+        option,
+        format!("{value} is not a positive number of seconds up to {MAX_DURATION_SECS} (a year)"),
+    )
+}
+
 fn finite_non_negative(value: f64, option: &'static str) -> Result<(), ConfigError> {
     check(
         value.is_finite() && value >= 0.0,
@@ -285,14 +298,7 @@ impl RouterConfig {
                 format!("{v} is not in [0, 1]"),
             )?;
         }
-        check(
-            self.router_ttl_secs.is_finite() && self.router_ttl_secs > 0.0,
-            "--router-ttl-secs",
-            format!(
-                "{} is not a positive number of seconds",
-                self.router_ttl_secs
-            ),
-        )?;
+        seconds(self.router_ttl_secs, "--router-ttl-secs")?;
         check(
             self.router_max_tree_size > 0,
             "--router-max-tree-size",
@@ -309,11 +315,7 @@ impl RouterConfig {
             format!("{} is not in (0, 1)", self.router_prune_target_ratio),
         )?;
         if let Some(ttl) = self.router_predicted_ttl_secs {
-            check(
-                ttl.is_finite() && ttl > 0.0,
-                "--router-predicted-ttl-secs",
-                format!("{ttl} is not a positive number of seconds"),
-            )?;
+            seconds(ttl, "--router-predicted-ttl-secs")?;
             check(
                 self.router_kv_events,
                 "--router-predicted-ttl-secs",
@@ -333,20 +335,12 @@ impl RouterConfig {
         if let Some(f) = self.router_queue_threshold {
             finite_non_negative(f, "--router-queue-threshold")?;
         }
-        check(
-            self.router_queue_max_wait_secs.is_finite() && self.router_queue_max_wait_secs > 0.0,
+        seconds(
+            self.router_queue_max_wait_secs,
             "--router-queue-max-wait-secs",
-            format!(
-                "{} is not a positive number of seconds",
-                self.router_queue_max_wait_secs
-            ),
         )?;
         if let Some(ttl) = self.router_session_affinity_ttl_secs {
-            check(
-                ttl.is_finite() && ttl > 0.0,
-                "--router-session-affinity-ttl-secs",
-                format!("{ttl} is not a positive number of seconds"),
-            )?;
+            seconds(ttl, "--router-session-affinity-ttl-secs")?;
         }
         Ok(())
     }
@@ -419,5 +413,31 @@ mod tests {
         assert_eq!(c.router_mode, RouterMode::RoundRobin);
         assert_eq!(c.router_predicted_ttl_secs, Some(5.0));
         assert!(serde_json::from_str::<RouterConfig>(r#"{"nope":1}"#).is_err());
+    }
+
+    #[test]
+    fn durations_past_a_year_are_refused_naming_the_option() {
+        // `1e20` s is no `Duration`: the first request with a session panicked under the
+        // router's lock, and every request after it on the poisoned lock.
+        type Set = fn(&mut RouterConfig, f64);
+        let cases: [(&str, Set); 4] = [
+            ("--router-ttl-secs", |c, v| c.router_ttl_secs = v),
+            ("--router-queue-max-wait-secs", |c, v| {
+                c.router_queue_max_wait_secs = v
+            }),
+            ("--router-session-affinity-ttl-secs", |c, v| {
+                c.router_session_affinity_ttl_secs = Some(v)
+            }),
+            ("--router-predicted-ttl-secs", |c, v| {
+                c.router_predicted_ttl_secs = Some(v)
+            }),
+        ];
+        for (option, set) in cases {
+            let mut c = RouterConfig::default();
+            set(&mut c, MAX_DURATION_SECS);
+            assert!(c.validate().is_ok(), "{option}: a year is accepted");
+            set(&mut c, 1e20);
+            assert_eq!(c.validate().unwrap_err().option, option);
+        }
     }
 }

@@ -163,9 +163,11 @@ impl Router {
         let Some(a) = self.cost.forget_request(id) else {
             return;
         };
+        let output_tokens = output_tokens
+            .min(a.max_output.unwrap_or(u64::MAX))
+            .min(crate::policy::learn::MAX_OUTPUT_SAMPLE);
         if a.samples {
-            let learnt = output_tokens.min(a.max_output.unwrap_or(u64::MAX));
-            self.cost.outputs.observe(learnt, a.group, a.prompt);
+            self.cost.outputs.observe(output_tokens, a.group, a.prompt);
         }
         if self.config.router_cost_fit && a.fits && output_tokens > 1 {
             let spec = self.workers.get(&a.rank.worker);

@@ -23,7 +23,7 @@ mod sessions;
 
 use crate::state::AppState;
 use crate::{RunningServer, ServeConfig, StartError};
-use kvrouter_core::global::{ClusterSpec, GlobalConfig, GlobalRouter};
+use kvrouter_core::global::{ClusterSpec, GlobalConfig, GlobalRouter, MAX_RTT_MS};
 use kvrouter_core::time::Time;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -81,10 +81,12 @@ impl ClusterTarget {
                 .parse()
                 .map_err(|_| format!("{key}: {value:?} is not a number"))?;
             match key {
-                "rtt_ms" if v.is_finite() && v >= 0.0 => target.rtt_ms = v,
+                "rtt_ms" if (0.0..=MAX_RTT_MS).contains(&v) => target.rtt_ms = v,
                 "weight" if v.is_finite() && v > 0.0 => target.weight = v,
                 "rtt_ms" | "weight" => {
-                    return Err(format!("{key}: {v} out of range (rtt_ms ≥ 0, weight > 0)"))
+                    return Err(format!(
+                        "{key}: {v} out of range (rtt_ms in 0..={MAX_RTT_MS}, weight > 0)"
+                    ))
                 }
                 _ => return Err(format!("unknown key {key:?}: expected rtt_ms or weight")),
             }
@@ -127,11 +129,13 @@ impl GlobalServeConfig {
         }
         // A summary older than the age bound makes its cluster ineligible: fetched less often
         // than that, every cluster would go stale between fetches and every request get 503.
-        if self.refresh >= self.router.max_summary_age {
+        if self.refresh + self.summary_timeout >= self.router.max_summary_age {
             return Err(format!(
-                "--global-refresh-ms ({} ms) must be shorter than --global-max-summary-age-secs \
-                 ({} s): summaries fetched less often go stale between fetches",
+                "--global-refresh-ms ({} ms) plus --global-summary-timeout-ms ({} ms) must be \
+                 shorter than --global-max-summary-age-secs ({} s): summaries fetched less often \
+                 go stale between fetches",
                 self.refresh.as_millis(),
+                self.summary_timeout.as_millis(),
                 self.router.max_summary_age.as_secs_f64()
             ));
         }

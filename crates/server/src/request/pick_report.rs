@@ -97,7 +97,8 @@ fn pick_id(table: &PickTable, id: &str) -> Result<u64, ServeError> {
     })
 }
 
-/// The longest id text an answer repeats whole: a pick id has at most 20 digits.
+/// The longest id text an answer repeats whole: a pick id has at most 29 characters (8 hex
+/// digits, a dash, 20 digits).
 const MAX_SHOWN_ID: usize = 32;
 
 /// The longest message of a malformed report an answer repeats whole (serde's messages quote

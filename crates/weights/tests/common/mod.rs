@@ -68,6 +68,11 @@ pub(crate) fn copy_dir(from: &Path, to: &Path) {
 /// Adds a file in a subdirectory (`original/params.json`, whose name must be escaped in a URL)
 /// to checkpoint directory `dir`, its bytes depending on `k`.
 pub(crate) fn add_nested_file(dir: &Path, k: u32) {
+    // And a hidden tree deeper than a checkpoint may nest (a git clone's `.git/`): no part of
+    // the checkpoint, never walked.
+    let deep = dir.join(".git/objects/a/b/c/d/e/f/g/h");
+    std::fs::create_dir_all(&deep).unwrap();
+    std::fs::write(deep.join("pack"), b"x").unwrap();
     std::fs::create_dir_all(dir.join("original")).unwrap();
     std::fs::write(dir.join(NESTED), format!("{{\"dim\": 8, \"step\": {k}}}")).unwrap();
 }
