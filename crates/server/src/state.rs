@@ -68,7 +68,8 @@ pub(crate) struct Inner {
     pub(crate) tokenize_slots: Arc<Semaphore>,
     pub(crate) metrics: Metrics,
     /// The libzmq context of the KV event subscribers (no I/O until a socket is made).
-    pub(crate) zmq: zmq::Context,
+    /// The KV event subscribers' libzmq contexts.
+    pub(crate) zmq: crate::ingest::contexts::Contexts,
     pub(crate) models: RwLock<Vec<String>>,
     /// The models each worker serves (`pools.rs`): requests go to their model's pool.
     pub(crate) pools: RwLock<crate::pools::Pools>,
@@ -396,7 +397,7 @@ impl AppState {
                 tokenizer,
                 tokenize_slots: Arc::new(Semaphore::new(slots)),
                 metrics: Metrics::new(),
-                zmq: zmq::Context::new(),
+                zmq: crate::ingest::contexts::Contexts::default(),
                 models: RwLock::new(models),
                 pools: RwLock::default(),
                 waiters: Mutex::new(HashMap::new()),

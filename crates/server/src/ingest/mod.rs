@@ -20,6 +20,7 @@
 //! - [`subscriber`]: the SUB + monitor loop of one rank.
 
 mod apply;
+pub(crate) mod contexts;
 mod replay;
 mod sequence;
 mod subscriber;

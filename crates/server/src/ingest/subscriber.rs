@@ -33,9 +33,10 @@ const STABLE_RUN: Duration = Duration::from_secs(60);
 /// break and the subscriber started afresh, so ingestion never dies silently.
 pub(super) fn supervise(state: &Inner, source: &Source, stop: &AtomicBool) {
     let mut pause = RESTART_PAUSE;
+    let lease = state.zmq.lease();
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
-        let outcome = catch_unwind(AssertUnwindSafe(|| run(state, source, stop)));
+        let outcome = catch_unwind(AssertUnwindSafe(|| run(state, &lease.ctx, source, stop)));
         if started.elapsed() > STABLE_RUN {
             pause = RESTART_PAUSE;
         }
@@ -88,8 +89,12 @@ fn endpoint_ok(e: &str) -> Result<&str, SubscriberError> {
     }
 }
 
-fn run(state: &Inner, source: &Source, stop: &AtomicBool) -> Result<(), SubscriberError> {
-    let ctx = &state.zmq;
+fn run(
+    state: &Inner,
+    ctx: &zmq::Context,
+    source: &Source,
+    stop: &AtomicBool,
+) -> Result<(), SubscriberError> {
     let config = &state.config.kv_ingest;
     let sockets = Monitored::open(ctx, config.hard_frame_bytes())?;
     let (sub, monitor) = (sockets.sub(), &sockets.monitor);
@@ -99,6 +104,7 @@ fn run(state: &Inner, source: &Source, stop: &AtomicBool) -> Result<(), Subscrib
     sub.connect(endpoint_ok(&source.endpoint)?)?;
     let mut stream = Stream {
         state,
+        ctx,
         source,
         stop,
         seq: Sequence::default(),
@@ -216,6 +222,8 @@ impl Drop for Monitored {
 /// The state of one rank's stream between messages.
 struct Stream<'a> {
     state: &'a Inner,
+    /// The context its sockets (and its replays') are opened in.
+    ctx: &'a zmq::Context,
     source: &'a Source,
     stop: &'a AtomicBool,
     seq: Sequence,
@@ -327,7 +335,7 @@ impl Stream<'_> {
         let (state, source) = (self.state, self.source);
         let mut dropped = Vec::new();
         let result = replay(
-            &state.zmq,
+            self.ctx,
             &state.config.kv_ingest,
             endpoint,
             start..until,
