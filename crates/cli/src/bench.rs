@@ -172,10 +172,13 @@ async fn first_model(
     client: &reqwest::Client,
     url: &str,
     headers: &reqwest::header::HeaderMap,
+    timeout: Duration,
 ) -> anyhow::Result<String> {
+    // Bounded by --request-timeout-s: an endpoint that accepts and never answers hung here.
     let v: serde_json::Value = client
         .get(format!("{url}/v1/models"))
         .headers(headers.clone())
+        .timeout(timeout)
         .send()
         .await
         .with_context(|| format!("--url {url}: GET /v1/models"))?
@@ -199,6 +202,9 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
             "--arrival-speedup must be a number of at least {}",
             crate::flag_values::MIN_ARRIVAL_SPEEDUP
         );
+    }
+    if args.vocab_size < 2 {
+        bail!("--vocab-size must be at least 2 (prompts draw token ids from 0..VOCAB_SIZE)");
     }
     if args.concurrency == Some(0) {
         bail!("--concurrency must be at least 1");
@@ -246,13 +252,20 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         );
     }
     let headers = router_headers(&args.headers)?;
+    crate::outputs::check_dir(&args.out, "--out")?;
+    if let Some(p) = &args.perfetto {
+        crate::outputs::check_file(p, "--perfetto")?;
+    }
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .build()
         .context("HTTP client")?;
     let model = match &args.model {
         Some(m) => m.clone(),
-        None => first_model(&client, &urls[0], &headers).await?,
+        None => {
+            let timeout = Duration::from_secs_f64(args.request_timeout_s);
+            first_model(&client, &urls[0], &headers, timeout).await?
+        }
     };
     let summary = replay(&args, &workload, client, urls, model, headers).await?;
     std::fs::create_dir_all(&args.out)

@@ -14,6 +14,7 @@ mod layered;
 mod logging;
 mod mock_engine;
 mod observability_args;
+mod outputs;
 mod picker_args;
 mod plan;
 mod planner_act_args;

@@ -1,7 +1,7 @@
 //! Routing flags shared by `serve` and `sim`, named as in the seeds' frontend.
 
 use crate::headings as H;
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::Args;
 use kvrouter_core::policy::RouterMode;
 use kvrouter_core::router::{KvRetention, RouterConfig};
@@ -267,6 +267,12 @@ pub(crate) fn apply_compare_item(base: &RouterConfig, item: &str) -> anyhow::Res
         let (k, v) = kv
             .split_once('=')
             .with_context(|| format!("--compare item {item:?}: {kv:?} is not key=value"))?;
+        if k == "router_mode" {
+            // The mode is the item's head; a second one would run under the first's label.
+            bail!(
+                "--compare item {item:?}: the mode is the item's first part (`{v}:...`), not a key"
+            );
+        }
         let parsed: serde_json::Value =
             serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.to_owned()));
         value[k] = parsed;

@@ -261,6 +261,20 @@ impl SimArgs {
         if self.workers == 0 || self.workers > kvrouter_sim::MAX_WORKERS {
             bail!("--workers must be from 1 to {}", kvrouter_sim::MAX_WORKERS);
         }
+        // Each simulated engine holds its KV blocks from the start (~80 bytes each): the fleet's
+        // total is bounded, not only each flag (64 workers of 2^24 blocks took ~84 GB).
+        let fleet_blocks = fleet.saturating_mul(self.num_gpu_blocks);
+        if fleet_blocks > MAX_FLEET_GPU_BLOCKS {
+            bail!(
+                "--workers ({fleet}, or the planner's most) × --num-gpu-blocks ({}) is \
+                 {fleet_blocks} blocks, more than the {MAX_FLEET_GPU_BLOCKS} a simulation holds \
+                 (about 5 GB)",
+                self.num_gpu_blocks
+            );
+        }
+        if self.concurrency == Some(0) {
+            bail!("--concurrency must be at least 1");
+        }
         for (w, at_ms) in &base.failures {
             if *w >= fleet || !(at_ms.is_finite() && *at_ms >= 0.0 && *at_ms <= MAX_TIME_MS) {
                 bail!(
@@ -296,21 +310,28 @@ impl SimArgs {
         if !(self.replica_sync_delay_ms.is_finite() && self.replica_sync_delay_ms >= 0.0) {
             bail!("--replica-sync-delay-ms must be a non-negative number");
         }
-        match &self.compare {
-            None => Ok(vec![base]),
-            Some(list) => list
-                .split(',')
-                .filter(|s| !s.trim().is_empty())
-                .map(|item| {
-                    let router = apply_compare_item(&base_router, item.trim())?;
-                    Ok(SimConfig {
-                        name: item.trim().to_owned(),
-                        router,
-                        ..base.clone()
-                    })
-                })
-                .collect(),
+        let Some(list) = &self.compare else {
+            return Ok(vec![base]);
+        };
+        let items: Vec<&str> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        if items.is_empty() {
+            bail!("--compare {list:?} names no configuration (a comma list such as kv,cost)");
         }
+        items
+            .into_iter()
+            .map(|item| {
+                let router = apply_compare_item(&base_router, item)?;
+                Ok(SimConfig {
+                    name: item.to_owned(),
+                    router,
+                    ..base.clone()
+                })
+            })
+            .collect()
     }
 }
 
@@ -431,12 +452,19 @@ impl SimArgs {
     }
 }
 
+/// The most KV blocks all simulated engines together hold (4,096 workers of 16,384 blocks).
+const MAX_FLEET_GPU_BLOCKS: usize = 1 << 26;
+
 pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
     if args.clusters.is_some() {
         return crate::sim_global::run(&args);
     }
     let workload = args.workload()?;
     let configs = args.configs()?;
+    crate::outputs::check_dir(&args.out, "--out")?;
+    if let Some(p) = &args.perfetto {
+        crate::outputs::check_file(p, "--perfetto")?;
+    }
     for warning in args.unread_warnings(&configs)? {
         tracing::warn!("{warning}");
     }

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 /// The workload flags of `kvrouter sim`.
 #[derive(Debug, Args)]
 pub(crate) struct WorkloadArgs {
-    /// A trace: Mooncake JSONL, RL rollout JSONL, an agentic session JSON, or a folder of them.
+    /// A trace: Mooncake JSONL, RL rollout JSONL, an agentic session JSON, or a folder of agentic
+    /// session JSON files (`*.json`; other files in it are not read).
     #[arg(long, conflicts_with = "workload")]
     trace: Option<PathBuf>,
     /// A generated workload: grpo, agentic or seed001.
@@ -57,6 +58,7 @@ fn params<T: serde::de::DeserializeOwned + serde::Serialize + Default>(
     args: Option<&str>,
 ) -> anyhow::Result<T> {
     let mut value = serde_json::to_value(T::default())?;
+    let mut given = std::collections::HashSet::new();
     for kv in args
         .unwrap_or("")
         .split(',')
@@ -65,10 +67,21 @@ fn params<T: serde::de::DeserializeOwned + serde::Serialize + Default>(
         let (k, v) = kv
             .split_once('=')
             .with_context(|| format!("--workload-args: {kv:?} is not key=value"))?;
-        value[k.trim()] = serde_json::from_str(v.trim())
+        let k = k.trim();
+        if !given.insert(k) {
+            bail!("--workload-args: `{k}` is given twice");
+        }
+        value[k] = serde_json::from_str(v.trim())
             .unwrap_or_else(|_| serde_json::Value::String(v.trim().to_owned()));
     }
-    serde_json::from_value(value).context("--workload-args")
+    // The path names the field whose value has the wrong type (`prompts=abc`).
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        match path.as_str() {
+            "." | "" => anyhow::anyhow!("--workload-args: {}", e.inner()),
+            field => anyhow::anyhow!("--workload-args: `{field}`: {}", e.inner()),
+        }
+    })
 }
 
 /// A generator's workload from `--workload-args`: parsed, range-checked (an error naming the
@@ -83,6 +96,9 @@ fn generated<P: serde::de::DeserializeOwned + serde::Serialize + Default>(
     Ok(generate(&p))
 }
 
+/// The longest `--session-gap-s`: a day.
+const MAX_SESSION_GAP_S: f64 = 86_400.0;
+
 /// Loads a trace or generates a workload (shared by `sim` and `bench`).
 pub(crate) fn load_workload(
     trace: Option<&std::path::Path>,
@@ -91,6 +107,12 @@ pub(crate) fn load_workload(
     session_gap_s: f64,
     max_requests: usize,
 ) -> anyhow::Result<Workload> {
+    if !(session_gap_s.is_finite() && (0.0..=MAX_SESSION_GAP_S).contains(&session_gap_s)) {
+        bail!("--session-gap-s must be a number of seconds in 0..={MAX_SESSION_GAP_S}, got {session_gap_s}");
+    }
+    if trace.is_some() && workload_args.is_some() {
+        bail!("--workload-args sets a generator's parameters (--workload); a --trace takes none");
+    }
     match (trace, workload) {
         (Some(path), _) => {
             let opts = ReadOptions {

@@ -177,6 +177,44 @@ async fn bad_flags_and_dead_endpoints_name_the_flag() {
     let (output, _) = bench(&["--url", &url, "--model", "m"], &out).await;
     assert!(String::from_utf8_lossy(&output.stderr).contains("--trace"));
 
+    // An endpoint that accepts and never answers: `GET /v1/models` hung for ever.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    let (output, _) = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        bench(
+            &[
+                "--url",
+                &silent_url,
+                "--workload",
+                "grpo",
+                "--request-timeout-s",
+                "1",
+            ],
+            &out,
+        ),
+    )
+    .await
+    .expect("bench gives up on a silent endpoint");
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && err.contains("/v1/models"),
+        "{err}"
+    );
+    drop(silent);
+
+    // An --out that cannot be written is refused before the run, not after it.
+    let file = out.with_extension("file");
+    std::fs::write(&file, b"x").unwrap();
+    let (output, _) = bench(
+        &["--url", &url, "--model", "m", "--workload", "grpo"],
+        &file,
+    )
+    .await;
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && err.contains("--out"), "{err}");
+    let _ = std::fs::remove_file(&file);
+
     // Values that overflowed a duration (a panic).
     for (flag, value) in [
         ("--arrival-speedup", "1e-300"),

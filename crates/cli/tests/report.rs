@@ -211,6 +211,14 @@ fn bad_traces_and_flags_are_named() {
         ("--workers", "100000"),
         ("--arrival-speedup", "1e-300"),
         ("--num-gpu-blocks", "100000000000"),
+        // Each within its own bound, together ~84 GB of simulated KV.
+        ("--num-gpu-blocks", "16777216"),
+        ("--concurrency", "0"),
+        ("--compare", ","),
+        ("--compare", "kv:router_mode=random"),
+        ("--session-gap-s", "inf"),
+        ("--workload-args", "prompts=abc"),
+        ("--workload-args", "prompts=2,prompts=3"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
             .args(["sim", "--workload", "grpo", "--quiet"])

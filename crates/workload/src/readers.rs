@@ -1,6 +1,7 @@
 //! Trace readers and format detection. Errors name the file and the line (or request) they
 //! cannot read.
 
+use crate::bounds::MAX_TOKENS;
 use crate::model::{Barrier, Workload, WorkloadRequest};
 use kvrouter_core::rng::SeededRng;
 use serde::Deserialize;
@@ -134,6 +135,26 @@ pub fn load_trace(path: &Path, opts: ReadOptions) -> Result<Workload, LoadError>
     ))
 }
 
+/// A prompt or output length of a trace line, in `min..=`[`MAX_TOKENS`]: a larger one was
+/// built as a prompt of that many tokens in memory by `bench` (2^32 − 1 of them aborted it) and
+/// simulated at length; an empty prompt is no request.
+fn length(
+    path: &Path,
+    line: Option<usize>,
+    what: &str,
+    v: f64,
+    min: u32,
+) -> Result<u32, LoadError> {
+    if v.fract() == 0.0 && v >= f64::from(min) && v <= f64::from(MAX_TOKENS) {
+        return Ok(v as u32);
+    }
+    Err(err(
+        path,
+        line,
+        format!("{what} is {v}; it must be a whole number of tokens in {min}..={MAX_TOKENS}"),
+    ))
+}
+
 fn read_mooncake(path: &Path, text: &str, opts: ReadOptions) -> Result<Workload, LoadError> {
     let mut requests = Vec::new();
     let mut last_of_session: HashMap<String, usize> = HashMap::new();
@@ -146,9 +167,9 @@ fn read_mooncake(path: &Path, text: &str, opts: ReadOptions) -> Result<Workload,
         }
         let l: MooncakeLine =
             serde_json::from_str(line).map_err(|e| err(path, Some(n + 1), e.to_string()))?;
-        if l.output_length == 0 {
-            return Err(err(path, Some(n + 1), "output_length is 0"));
-        }
+        let line = Some(n + 1);
+        length(path, line, "input_length", f64::from(l.input_length), 1)?;
+        length(path, line, "output_length", f64::from(l.output_length), 1)?;
         let timestamp = time_ms(path, Some(n + 1), "timestamp", l.timestamp)?;
         let delay = time_ms(path, Some(n + 1), "delay", l.delay.unwrap_or(0.0))?;
         let session = l.session_id.as_ref().map(|s| s.to_string());
@@ -218,6 +239,8 @@ fn session_turns(
         let (Some(input), Some(output)) = (field("in"), field("out")) else {
             return Err(err(path, None, format!("request {k} lacks `in` or `out`")));
         };
+        let input = length(path, None, &format!("request {k}: `in`"), input, 1)?;
+        let output = length(path, None, &format!("request {k}: `out`"), output, 0)?;
         let ids: Vec<u64> = item
             .get("hash_ids")
             .and_then(|h| h.as_array())
@@ -240,8 +263,8 @@ fn session_turns(
             delay_ms,
             session: Some(session),
             blocks: ids,
-            input_tokens: input as u32,
-            output_tokens: (output as u32).max(1),
+            input_tokens: input,
+            output_tokens: output.max(1),
             group: None,
             step: None,
             policy_version: None,
@@ -319,6 +342,20 @@ fn read_rollouts(path: &Path, text: &str, opts: ReadOptions) -> Result<Workload,
             block_size.get_or_insert(bs);
         }
         time_ms(path, Some(n + 1), "tool_latency_ms", l.tool_latency_ms)?;
+        length(
+            path,
+            Some(n + 1),
+            "prompt_tokens",
+            f64::from(l.prompt_tokens),
+            1,
+        )?;
+        length(
+            path,
+            Some(n + 1),
+            "output_tokens",
+            f64::from(l.output_tokens),
+            0,
+        )?;
         let prev = last_turn.get(&l.trajectory).copied();
         let (after, delay_ms) = match prev {
             Some((turn, i, latency)) if l.turn > turn => (Some(i), latency),

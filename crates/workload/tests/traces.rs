@@ -71,5 +71,34 @@ fn unreadable_lines_are_named() {
     let w = load_trace(&r, ReadOptions::default()).unwrap();
     assert_eq!(w.requests[1].after, Some(0));
     assert_eq!(w.requests[1].delay_ms, 300.0);
+    // Lengths no request has: `bench` built a 2^32 − 1-token prompt in memory and aborted.
+    let line = |input: &str, output: &str| {
+        format!(
+            "{{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}}\n\
+             {{\"timestamp\": 1, \"input_length\": {input}, \"output_length\": {output}, \"hash_ids\": [1]}}\n"
+        )
+    };
+    for (input, output, says) in [
+        ("4294967295", "10", "input_length"),
+        ("0", "10", "input_length"),
+        ("10", "0", "output_length"),
+        ("10", "2000000", "output_length"),
+    ] {
+        std::fs::write(&f, line(input, output)).unwrap();
+        let e = load_trace(&f, ReadOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bad.jsonl:2") && e.contains(says), "{e}");
+    }
+    let s = dir.join("session.json");
+    std::fs::write(
+        &s,
+        r#"{"block_size": 64, "requests": [{"in": 1e12, "out": 3, "hash_ids": [1]}]}"#,
+    )
+    .unwrap();
+    let e = load_trace(&s, ReadOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`in`"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

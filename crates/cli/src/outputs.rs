@@ -1,0 +1,63 @@
+//! Where `sim`, `bench` and `plan` write their results (`--out DIR`, `--perfetto FILE`),
+//! checked before the run: a run of minutes was lost at its end to an `--out` that is a file,
+//! or a `--perfetto` in a directory that does not exist.
+
+use anyhow::Context;
+use std::path::Path;
+
+/// `dir` exists (created if need be) and a file can be written in it.
+pub(crate) fn check_dir(dir: &Path, flag: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("{flag} {}: cannot create the directory", dir.display()))?;
+    let probe = dir.join(format!(".kvrouter-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .with_context(|| format!("{flag} {}: cannot write in it", dir.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// `file` can be created or overwritten (nothing of an existing one is changed here).
+pub(crate) fn check_file(file: &Path, flag: &str) -> anyhow::Result<()> {
+    if file.is_dir() {
+        anyhow::bail!("{flag} {}: is a directory, not a file", file.display());
+    }
+    let existed = file.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(file)
+        .with_context(|| format!("{flag} {}: cannot create", file.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(file);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unusable_outputs_are_refused_naming_the_flag_and_usable_ones_left_as_they_were() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"kept").unwrap();
+        let e = check_dir(&file, "--out").unwrap_err().to_string();
+        assert!(e.contains("--out"), "{e}");
+        let e = check_file(&dir.path().join("none/x.json"), "--perfetto")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--perfetto"), "{e}");
+        assert!(check_file(dir.path(), "--perfetto").is_err());
+        check_file(&file, "--perfetto").unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"kept");
+        let fresh = dir.path().join("new.json");
+        check_file(&fresh, "--perfetto").unwrap();
+        assert!(!fresh.exists(), "a checked file is not left behind");
+        check_dir(&dir.path().join("a/b"), "--out").unwrap();
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("a/b")).unwrap().count(),
+            0
+        );
+    }
+}
