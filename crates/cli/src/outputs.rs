@@ -16,12 +16,18 @@ pub(crate) fn check_dir(dir: &Path, flag: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `file` can be created or overwritten (nothing of an existing one is changed here).
+/// `file` can be created or overwritten (nothing of an existing one is changed here). Only a
+/// regular file or a new one is tried: opening a named pipe would end its reader's input, and
+/// a link is left as it is.
 pub(crate) fn check_file(file: &Path, flag: &str) -> anyhow::Result<()> {
     if file.is_dir() {
         anyhow::bail!("{flag} {}: is a directory, not a file", file.display());
     }
-    let existed = file.exists();
+    let existed = match std::fs::symlink_metadata(file) {
+        Ok(m) if !m.is_file() => return Ok(()),
+        Ok(_) => true,
+        Err(_) => false,
+    };
     std::fs::OpenOptions::new()
         .append(true)
         .create(true)
@@ -54,6 +60,11 @@ mod tests {
         let fresh = dir.path().join("new.json");
         check_file(&fresh, "--perfetto").unwrap();
         assert!(!fresh.exists(), "a checked file is not left behind");
+        // A link is left as it is (its target was created, then the link removed).
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(dir.path().join("gone/target.json"), &link).unwrap();
+        check_file(&link, "--perfetto").unwrap();
+        assert!(std::fs::symlink_metadata(&link).is_ok() && !link.exists());
         check_dir(&dir.path().join("a/b"), "--out").unwrap();
         assert_eq!(
             std::fs::read_dir(dir.path().join("a/b")).unwrap().count(),

@@ -130,6 +130,7 @@ pub(crate) fn run(args: PlanArgs) -> anyhow::Result<()> {
     if args.min_workers == 0 {
         bail!("--min-workers must be at least 1");
     }
+    crate::outputs::check_dir(&args.sim.out, "--out")?;
     if args.max_workers < args.min_workers {
         bail!("--max-workers must be at least --min-workers");
     }

@@ -261,14 +261,28 @@ impl SimArgs {
         if self.workers == 0 || self.workers > kvrouter_sim::MAX_WORKERS {
             bail!("--workers must be from 1 to {}", kvrouter_sim::MAX_WORKERS);
         }
-        // Each simulated engine holds its KV blocks from the start (~80 bytes each): the fleet's
-        // total is bounded, not only each flag (64 workers of 2^24 blocks took ~84 GB).
-        let fleet_blocks = fleet.saturating_mul(self.num_gpu_blocks);
+        // Each simulated engine holds its KV blocks from the start (~80 bytes each), and one the
+        // planner adds keeps them after it leaves: the most engines the run may hold, times
+        // their blocks, is bounded, not only each flag (64 workers of 2^24 blocks took ~84 GB).
+        let most = match &base.planner {
+            Some(p) => {
+                let max = p.law.max_workers as usize;
+                if max > kvrouter_sim::MAX_WORKERS {
+                    bail!(
+                        "--planner-max-workers must be at most {}",
+                        kvrouter_sim::MAX_WORKERS
+                    );
+                }
+                fleet.max(max)
+            }
+            None => fleet,
+        };
+        let fleet_blocks = most.saturating_mul(self.num_gpu_blocks);
         if fleet_blocks > MAX_FLEET_GPU_BLOCKS {
             bail!(
-                "--workers ({fleet}, or the planner's most) × --num-gpu-blocks ({}) is \
-                 {fleet_blocks} blocks, more than the {MAX_FLEET_GPU_BLOCKS} a simulation holds \
-                 (about 5 GB)",
+                "{most} workers (--workers, or --planner-max-workers with --planner) × \
+                 --num-gpu-blocks ({}) is {fleet_blocks} blocks, more than the \
+                 {MAX_FLEET_GPU_BLOCKS} a simulation holds (about 5 GB)",
                 self.num_gpu_blocks
             );
         }
@@ -463,7 +477,9 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
     let configs = args.configs()?;
     crate::outputs::check_dir(&args.out, "--out")?;
     if let Some(p) = &args.perfetto {
-        crate::outputs::check_file(p, "--perfetto")?;
+        for n in 0..configs.len() {
+            crate::outputs::check_file(&numbered(p, n, configs.len()), "--perfetto")?;
+        }
     }
     for warning in args.unread_warnings(&configs)? {
         tracing::warn!("{warning}");

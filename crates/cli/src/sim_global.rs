@@ -39,6 +39,7 @@ pub(crate) fn run(args: &SimArgs) -> anyhow::Result<()> {
     let policies = policies(&args.global_policy)?;
     let workload = args.workload()?;
     let (concurrency, kv_event_delay_ms, router) = args.global_inputs()?;
+    crate::outputs::check_dir(&args.out, "--out")?;
     let sessions_in_flight = concurrency
         .or((args.workload_name() == Some("seed002")).then_some(SEED002_SESSIONS_IN_FLIGHT));
     let mut runs: Vec<GlobalSummary> = Vec::new();

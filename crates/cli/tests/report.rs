@@ -232,6 +232,25 @@ fn bad_traces_and_flags_are_named() {
             "{flag} {value}: {err}"
         );
     }
+    // The planner's most workers count toward the fleet's blocks (it grew past the bound).
+    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args([
+            "sim",
+            "--workload",
+            "grpo",
+            "--quiet",
+            "--planner",
+            "--workers",
+            "4",
+        ])
+        .args(["--num-gpu-blocks", "16777216"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--planner-max-workers"),
+        "{err}"
+    );
     // Generator parameters out of range (a pause that panicked, a group of none, a workload
     // too large to hold) are refused naming the field.
     for (workload, args, field) in [

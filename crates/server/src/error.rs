@@ -298,6 +298,9 @@ pub(crate) async fn header_limits(
 /// Largest body of a plain-text rejection that is read to become the message.
 const REJECTION_TEXT_BYTES: usize = 4096;
 
+/// The header naming the cluster a global router's answer came from (`serve --global`).
+pub(crate) const CLUSTER_HEADER: &str = "x-kvrouter-cluster";
+
 /// Response-mapping layer: axum's built-in rejections (a body over the limit, a malformed path
 /// parameter, a wrong method, ...) answer plain text or nothing; they become OpenAI-shaped JSON
 /// with the same status (and `Allow`, `Retry-After` kept). Upstream answers passed through
@@ -314,7 +317,7 @@ pub(crate) async fn shape_rejections(response: Response) -> Response {
     if !(status.is_client_error() || status.is_server_error())
         || is_json
         || headers.contains_key("x-kvrouter-worker")
-        || headers.contains_key(crate::global::CLUSTER_HEADER)
+        || headers.contains_key(CLUSTER_HEADER)
     {
         return response;
     }
@@ -420,7 +423,7 @@ mod tests {
             }
             r
         };
-        for name in [crate::global::CLUSTER_HEADER, "x-kvrouter-worker"] {
+        for name in [CLUSTER_HEADER, "x-kvrouter-worker"] {
             let out = shape_rejections(plain(Some(name))).await;
             assert_eq!(out.headers()[name], "a");
             let body = axum::body::to_bytes(out.into_body(), 1 << 10)

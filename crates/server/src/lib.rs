@@ -73,6 +73,7 @@ mod update;
 mod update_metrics;
 pub mod validate;
 mod weight_source;
+mod zmq_contexts;
 
 pub use app::app;
 pub use config::{

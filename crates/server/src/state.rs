@@ -69,7 +69,7 @@ pub(crate) struct Inner {
     pub(crate) metrics: Metrics,
     /// The libzmq context of the KV event subscribers (no I/O until a socket is made).
     /// The KV event subscribers' libzmq contexts.
-    pub(crate) zmq: crate::ingest::contexts::Contexts,
+    pub(crate) zmq: crate::zmq_contexts::Contexts,
     pub(crate) models: RwLock<Vec<String>>,
     /// The models each worker serves (`pools.rs`): requests go to their model's pool.
     pub(crate) pools: RwLock<crate::pools::Pools>,
@@ -397,7 +397,7 @@ impl AppState {
                 tokenizer,
                 tokenize_slots: Arc::new(Semaphore::new(slots)),
                 metrics: Metrics::new(),
-                zmq: crate::ingest::contexts::Contexts::default(),
+                zmq: crate::zmq_contexts::Contexts::default(),
                 models: RwLock::new(models),
                 pools: RwLock::default(),
                 waiters: Mutex::new(HashMap::new()),

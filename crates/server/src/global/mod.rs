@@ -18,7 +18,6 @@
 mod metrics;
 mod poll;
 mod proxy;
-pub(crate) use proxy::CLUSTER_HEADER;
 mod sessions;
 
 use crate::state::AppState;

@@ -26,8 +26,7 @@ use kvrouter_core::hashing::BlockHashes;
 use kvrouter_openai::passthrough::Endpoint;
 use std::sync::Arc;
 
-/// Response header naming the cluster that answered.
-pub(crate) const CLUSTER_HEADER: &str = "x-kvrouter-cluster";
+use crate::error::CLUSTER_HEADER;
 
 type S = Arc<GlobalState>;
 

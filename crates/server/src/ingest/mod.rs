@@ -20,7 +20,6 @@
 //! - [`subscriber`]: the SUB + monitor loop of one rank.
 
 mod apply;
-pub(crate) mod contexts;
 mod replay;
 mod sequence;
 mod subscriber;

@@ -1,15 +1,16 @@
 //! The libzmq contexts of the KV event subscribers. A libzmq context opens at most 1,023
 //! sockets (`ZMQ_MAX_SOCKETS`, which the `zmq` crate cannot raise), and a rank's subscriber holds
-//! two (its SUB and its monitor) plus a third while it replays; one shared context made every
-//! subscriber fail with "Too many open files" (EMFILE) once the router followed ~500 ranks (a
-//! worker of `dp_size` 1024, or 16 workers of 64). So ranks share a context up to
-//! [`RANKS_PER_CONTEXT`], and another is made for more (each context adds libzmq's I/O and
-//! reaper threads).
+//! three (its SUB, the PAIR libzmq opens in the same context for `zmq_socket_monitor`, and our
+//! PAIR reading it) plus a DEALER while it replays; one shared context made every subscriber fail
+//! with "Too many open files" (EMFILE) once the router followed ~340 ranks (a worker of
+//! `dp_size` 1024, or 16 workers of 64). So ranks share a context up to [`RANKS_PER_CONTEXT`],
+//! and another is made for more (each context adds libzmq's I/O and reaper threads).
 
 use std::sync::Mutex;
 
-/// Ranks that share one context: 3 sockets each at most stays under libzmq's 1,023.
-pub(crate) const RANKS_PER_CONTEXT: usize = 300;
+/// Ranks that share one context: 4 sockets each at most (all of them replaying at once, as
+/// after an engine restart) stays under libzmq's 1,023.
+pub(crate) const RANKS_PER_CONTEXT: usize = 250;
 
 /// The contexts and how many ranks each serves.
 #[derive(Default)]
