@@ -5,13 +5,27 @@
 use anyhow::Context;
 use std::path::Path;
 
-/// `dir` exists (created if need be) and a file can be written in it.
+/// `dir` is a directory a file can be written in, or can be made one: its nearest existing
+/// ancestor is a directory a file can be written in. Nothing is left behind (a run that fails
+/// before writing creates no directory).
 pub(crate) fn check_dir(dir: &Path, flag: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("{flag} {}: cannot create the directory", dir.display()))?;
-    let probe = dir.join(format!(".kvrouter-write-check-{}", std::process::id()));
+    let mut at = dir;
+    while std::fs::symlink_metadata(at).is_err() {
+        at = match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+    }
+    if !at.is_dir() {
+        anyhow::bail!(
+            "{flag} {}: {} is not a directory",
+            dir.display(),
+            at.display()
+        );
+    }
+    let probe = at.join(format!(".kvrouter-write-check-{}", std::process::id()));
     std::fs::write(&probe, b"")
-        .with_context(|| format!("{flag} {}: cannot write in it", dir.display()))?;
+        .with_context(|| format!("{flag} {}: cannot write in {}", dir.display(), at.display()))?;
     let _ = std::fs::remove_file(&probe);
     Ok(())
 }
@@ -66,9 +80,11 @@ mod tests {
         check_file(&link, "--perfetto").unwrap();
         assert!(std::fs::symlink_metadata(&link).is_ok() && !link.exists());
         check_dir(&dir.path().join("a/b"), "--out").unwrap();
-        assert_eq!(
-            std::fs::read_dir(dir.path().join("a/b")).unwrap().count(),
-            0
-        );
+        assert!(!dir.path().join("a").exists(), "nothing is created");
+        let e = check_dir(&file.join("x"), "--out").unwrap_err().to_string();
+        assert!(e.contains("is not a directory"), "{e}");
+        check_dir(dir.path(), "--out").unwrap();
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 2, "the probe file is removed: {left:?}");
     }
 }
