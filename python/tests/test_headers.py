@@ -64,6 +64,12 @@ def test_header_names_are_the_ones_the_router_source_reads() -> None:
         ({"deadline_ms": 0}, h.DEADLINE_MS),
         ({"session_id": "two words\n"}, h.SESSION_ID),
         ({"min_policy_version": True}, h.MIN_POLICY_VERSION),
+        # Values the router or HTTP itself would refuse after the request was built.
+        ({"group_id": " a"}, h.GROUP_ID),
+        ({"group_id": "a" * 100_000}, h.GROUP_ID),
+        ({"group_id": "g", "group_size": 2**40}, h.GROUP_SIZE),
+        ({"policy_version": 2**64}, h.POLICY_VERSION),
+        ({"deadline_ms": 2**70}, h.DEADLINE_MS),
     ],
 )
 def test_bad_values_raise_naming_the_header(fields: dict[str, object], named: str) -> None:

@@ -92,3 +92,24 @@ async def test_reports_ride_on_the_next_pick_and_in_batches(router: KvrouterServ
         assert all(active(metrics, w) == 0 for w in (0, 1))
         with pytest.raises(ValueError):
             report_entry(first, "done")  # type: ignore[arg-type]
+
+
+async def test_a_dead_router_and_odd_pick_ids_raise_the_clients_errors(serve: ServerFactory) -> None:
+    from kvrouter import TransportError
+
+    server = serve(mock_workers=1)
+    async with server.client(model=MODEL) as client:
+        pick = await client.pick(token_ids=prompt(5, 0))
+        # An id is one path segment, whatever it holds: no other route is reached.
+        for odd in ("nope/../../admin", "a?x=1", "a#b"):
+            with pytest.raises(NotFoundError, match="pick"):
+                await client.report(odd, "finish")
+        await client.report(pick, "finish")
+        server.stop()
+        with pytest.raises(TransportError):
+            await client.pick(token_ids=prompt(5, 1))
+        with pytest.raises(TransportError):
+            await client.chat([{"role": "user", "content": "hi"}])
+        with pytest.raises(TransportError):
+            async with client.chat_stream([{"role": "user", "content": "hi"}]) as stream:
+                await stream.collect()

@@ -88,3 +88,28 @@ def test_a_router_never_ready_is_stopped_after_the_deadline(tmp_path: Path) -> N
     assert server.pid is not None
     with pytest.raises(ProcessLookupError):
         os.kill(server.pid, 0)
+
+
+def test_start_failures_before_the_process_runs_are_start_errors(tmp_path: Path) -> None:
+    # Not a binary (exec format error), and a log that cannot be opened: both escaped as OSError.
+    fake = tmp_path / "kvrouter"
+    fake.write_text("not a program")
+    fake.chmod(0o755)
+    with pytest.raises(ServerStartError):
+        KvrouterServer(str(fake)).start()
+    with pytest.raises(ServerStartError, match="log"):
+        KvrouterServer(str(fake), log_path=tmp_path / "none" / "x.log").start()
+    with pytest.raises(TypeError):
+        KvrouterServer(str(fake), args="--foo")
+
+
+def test_the_temporary_log_is_removed_when_the_server_object_goes(kvrouter_bin: str) -> None:
+    import gc
+
+    server = KvrouterServer(kvrouter_bin, mock_workers=1).start()
+    log = server.log_path
+    server.stop()
+    assert log.exists() and "SIGTERM" in server.log()
+    del server
+    gc.collect()
+    assert not log.exists()

@@ -99,8 +99,11 @@ fn timing(profile: &str) -> anyhow::Result<TimingChoice> {
 
 impl MockEngineArgs {
     fn config(&self) -> anyhow::Result<MockEngineConfig> {
-        if self.block_size == 0 {
-            bail!("--block-size must be at least 1");
+        // What a router takes from /server_info (larger ones also broke the engine's own
+        // block arithmetic: 2^32 panicked its step, and the engine stopped).
+        const MAX_BLOCK_SIZE: usize = 1 << 16;
+        if self.block_size == 0 || self.block_size > MAX_BLOCK_SIZE {
+            bail!("--block-size must be from 1 to {MAX_BLOCK_SIZE}");
         }
         if self.num_gpu_blocks == 0 || self.num_gpu_blocks > kvrouter_engine::MAX_NUM_GPU_BLOCKS {
             bail!(
@@ -162,8 +165,10 @@ impl MockEngineArgs {
             topic: self.kv_events_topic.clone(),
             dp_rank: self.dp_rank,
             tokenizer,
-            weight_load: std::time::Duration::try_from_secs_f64(self.weight_load_ms / 1e3)
-                .map_err(|_| anyhow::anyhow!("--weight-load-ms must be a non-negative number"))?,
+            weight_load: crate::flag_values::non_negative(
+                self.weight_load_ms / 1e3,
+                "--weight-load-ms",
+            )?,
             http: self.http.limits()?,
             max_step_lag: std::time::Duration::try_from_secs_f64(self.max_step_lag_ms / 1e3)
                 .map_err(|_| anyhow::anyhow!("--max-step-lag-ms must be a non-negative number"))?,

@@ -116,8 +116,16 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// `/health`, `/live`, `/ready`: 200 while the engine runs; 503 once it has stopped (its task
+/// ended: every request would get a 500), so probes and routers stop sending it traffic.
+async fn health(State(s): State<AppState>) -> (StatusCode, Json<Value>) {
+    if s.inner.commands.is_closed() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "engine stopped"})),
+        );
+    }
+    (StatusCode::OK, Json(json!({"status": "ok"})))
 }
 
 /// The model's names, then each LoRA adapter with `parent` and `root` naming the base (vLLM's shape).
@@ -472,4 +480,24 @@ async fn generate(s: AppState, body: Bytes, kind: Kind) -> Result<Response, ApiE
 
 fn sse(value: &Value) -> Bytes {
     Bytes::from(kvrouter_openai::sse::data_event(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An engine whose task ended (a panic) answered every request 500 while its probes said
+    /// ok; they answer 503 now.
+    #[tokio::test]
+    async fn probes_fail_once_the_engine_has_stopped() {
+        let config = MockEngineConfig::default();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared::new(&config));
+        let state = AppState::new(config, tx, shared, None, None);
+        assert_eq!(health(State(state.clone())).await.0, StatusCode::OK);
+        drop(rx);
+        let (status, body) = health(State(state)).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body.0["status"], "engine stopped");
+    }
 }

@@ -8,7 +8,23 @@ from typing import Any
 
 import httpx
 
-from .errors import error_from_body
+from .errors import KvrouterError, TransportError, error_from_body
+
+
+def transport_error(e: Exception, what: str) -> TransportError:
+    """``e`` (an ``httpx`` error, or the ``RuntimeError`` of a closed client) as the client's
+    own error, naming what was being done."""
+    return TransportError(f"{what}: {type(e).__name__}: {e}")
+
+
+def decoded(text: str, what: str) -> Any:
+    """``text`` as JSON, else a :class:`KvrouterError` naming what it was."""
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise KvrouterError(f"{what} is not JSON ({e}): {text[:200]!r}") from e
 
 
 def root_url(base_url: str) -> str:
@@ -33,7 +49,10 @@ class Transport:
         json: Any = None,
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
-        response = await self.http.request(method, self.root + path, json=json, headers=headers)
+        try:
+            response = await self.http.request(method, self.root + path, json=json, headers=headers)
+        except (httpx.HTTPError, httpx.StreamError, RuntimeError) as e:
+            raise transport_error(e, f"{method} {path}") from e
         if response.is_error:
             raise error_from_body(response.status_code, response.content)
         return response
@@ -47,7 +66,7 @@ class Transport:
         headers: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         response = await self.request(method, path, json=json, headers=headers)
-        body = response.json()
+        body = decoded(response.text, f"the answer to {method} {path}")
         if not isinstance(body, dict):
             raise error_from_body(response.status_code, f"expected a JSON object, got: {response.text[:200]}")
         return body

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -15,7 +16,8 @@ from .headers import RolloutHeaders
 from .pick import Pick, PickEvent, PickStatus, finish_body
 from .provenance import Provenance
 from .stream import Stream
-from ._transport import Transport
+from ._transport import Transport, decoded
+from .errors import KvrouterError
 
 #: Default seconds for one call (connect, and each read of the answer).
 DEFAULT_TIMEOUT_S = 600.0
@@ -111,7 +113,9 @@ class AsyncKvrouterClient:
 
     async def _unary(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Completion:
         response = await self._transport.request("POST", path, json=body, headers=headers)
-        answer = response.json()
+        answer = decoded(response.text, f"the answer to POST {path}")
+        if not isinstance(answer, dict):
+            raise KvrouterError(f"the answer to POST {path} is not a JSON object: {response.text[:200]!r}")
         provenance = Provenance.from_headers(response.headers).seen(answer.get("system_fingerprint"))
         return Completion(answer, provenance)
 
@@ -253,10 +257,10 @@ class AsyncKvrouterClient:
         pick_id = pick.id if isinstance(pick, Pick) else pick
         headers = dict(extra_headers or {})
         if event == "first_token":
-            await self._transport.json("POST", f"/v1/pick/{pick_id}/first-token", json={}, headers=headers)
+            await self._transport.json("POST", f"/v1/pick/{quote(pick_id, safe='')}/first-token", json={}, headers=headers)
         elif event == "finish":
             body = finish_body(status, prompt_tokens, completion_tokens, cached_tokens)
-            await self._transport.json("POST", f"/v1/pick/{pick_id}/finish", json=body, headers=headers)
+            await self._transport.json("POST", f"/v1/pick/{quote(pick_id, safe='')}/finish", json=body, headers=headers)
         else:
             raise ValueError(f"event must be 'first_token' or 'finish', not {event!r}")
 

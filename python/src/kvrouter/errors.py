@@ -37,6 +37,14 @@ class KvrouterError(Exception):
         }
 
 
+class TransportError(KvrouterError):
+    """No answer from the router: the connection was refused or broke, the client's timeout
+    passed, or the client was closed. ``status`` is ``None``; the cause is ``__cause__``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, type="transport_error")
+
+
 class BadRequestError(KvrouterError):
     """400: a malformed body field or routing header; ``param`` names it."""
 

@@ -28,6 +28,13 @@ DECISION = "x-kvrouter-decision"
 #: The highest ``x-kvrouter-priority`` the router accepts.
 MAX_PRIORITY = 9
 
+#: The router reads group counts as 32-bit and versions and budgets as 64-bit integers.
+_U32 = 2**32 - 1
+_U64 = 2**64 - 1
+
+#: The longest group or session id sent (the router refuses header blocks past its limit).
+MAX_ID_CHARS = 4096
+
 
 @dataclass(frozen=True)
 class RolloutHeaders:
@@ -55,17 +62,19 @@ class RolloutHeaders:
     deadline_ms: int | None = None
 
     def __post_init__(self) -> None:
-        for name, value, least in (
-            (GROUP_SIZE, self.group_size, 1),
-            (GROUP_NEED, self.group_need, 1),
-            (POLICY_VERSION, self.policy_version, 0),
-            (MIN_POLICY_VERSION, self.min_policy_version, 0),
-            (MAX_POLICY_STALENESS, self.max_policy_staleness, 0),
-            (PRIORITY, self.priority, 0),
-            (DEADLINE_MS, self.deadline_ms, 1),
+        for name, value, least, most in (
+            (GROUP_SIZE, self.group_size, 1, _U32),
+            (GROUP_NEED, self.group_need, 1, _U32),
+            (POLICY_VERSION, self.policy_version, 0, _U64),
+            (MIN_POLICY_VERSION, self.min_policy_version, 0, _U64),
+            (MAX_POLICY_STALENESS, self.max_policy_staleness, 0, _U64),
+            (PRIORITY, self.priority, 0, _U64),
+            (DEADLINE_MS, self.deadline_ms, 1, _U64),
         ):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
-                raise ValueError(f"{name} must be an integer ≥ {least}, got {value!r}")
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most
+            ):
+                raise ValueError(f"{name} must be an integer from {least} to {most}, got {value!r}")
         if self.priority is not None and self.priority > MAX_PRIORITY:
             raise ValueError(f"{PRIORITY} must be at most {MAX_PRIORITY}, got {self.priority}")
         if self.group_id is None and (self.group_size is not None or self.group_need is not None):
@@ -75,8 +84,15 @@ class RolloutHeaders:
                 f"{GROUP_NEED} ({self.group_need}) is more than {GROUP_SIZE} ({self.group_size})"
             )
         for name, text in ((GROUP_ID, self.group_id), (SESSION_ID, self.session_id)):
-            if text is not None and (not text or not text.isascii() or not text.isprintable()):
-                raise ValueError(f"{name} must be non-empty visible ASCII text, got {text!r}")
+            if text is None:
+                continue
+            # HTTP drops a header value's outer spaces (httpx refuses to send them).
+            visible = text.isascii() and text.isprintable() and text == text.strip()
+            if not text or not visible or len(text) > MAX_ID_CHARS:
+                raise ValueError(
+                    f"{name} must be visible ASCII text of 1 to {MAX_ID_CHARS} characters without "
+                    f"leading or trailing spaces, got {text[:100]!r}"
+                )
 
     def to_headers(self) -> dict[str, str]:
         """The headers to send, only those set."""

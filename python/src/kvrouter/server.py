@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -62,13 +63,19 @@ def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
     lines.put(None)
 
 
+def _remove(path: str) -> None:
+    """Removes a temporary log, if it is still there."""
+    Path(path).unlink(missing_ok=True)
+
+
 class KvrouterServer:
     """A ``kvrouter serve`` process.
 
     ``mock_workers``: embedded mock engines (``None``: give workers in ``args``).
     ``mock_speedup_ratio``: mock engines' speed-up. ``admin_token``: passed through the
     environment (``KVROUTER_ADMIN_TOKEN``), not the command line. ``args``: more flags.
-    The router's stderr goes to :attr:`log_path` (a temporary file unless given).
+    The router's stderr goes to :attr:`log_path` (a temporary file unless given, removed when
+    this object is collected or the interpreter exits; :meth:`log` reads it until then).
     """
 
     def __init__(
@@ -86,6 +93,8 @@ class KvrouterServer:
         startup_timeout_s: float = 30.0,
         stop_timeout_s: float = 30.0,
     ) -> None:
+        if isinstance(args, str):
+            raise TypeError(f"args must be a sequence of flags, not one string: {args!r}")
         self.binary = find_binary(binary)
         self.admin_token = admin_token
         self.startup_timeout_s = startup_timeout_s
@@ -102,6 +111,7 @@ class KvrouterServer:
         if log_path is None:
             fd, log_path = tempfile.mkstemp(prefix="kvrouter-serve-", suffix=".log")
             os.close(fd)
+            weakref.finalize(self, _remove, log_path)
         self.log_path = Path(log_path)
         self._proc: subprocess.Popen[str] | None = None
         self._url: str | None = None
@@ -146,10 +156,19 @@ class KvrouterServer:
         if self._proc is not None:
             raise RuntimeError("already started")
         deadline = time.monotonic() + self.startup_timeout_s
-        with open(self.log_path, "w", encoding="utf-8") as log:
-            self._proc = subprocess.Popen(
-                self.command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True, env=self._env
-            )
+        try:
+            with open(self.log_path, "w", encoding="utf-8") as log:
+                self._proc = subprocess.Popen(
+                    self.command,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    stdin=subprocess.DEVNULL,
+                    text=True,
+                    env=self._env,
+                )
+        except OSError as e:
+            # Not an executable, or the log cannot be written: no process was started.
+            raise ServerStartError(f"cannot start {self.command[0]} (log {self.log_path}): {e}") from e
         try:
             self._url = self._await_announce(deadline)
             self._await_ready(deadline)

@@ -3,7 +3,6 @@ attached and the text, finish reason and usage gathered on the way."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -11,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from ._transport import decoded, transport_error
 from .errors import error_from_body
 from .provenance import Provenance
 
@@ -51,7 +51,10 @@ class Stream:
         self.chunks = 0
 
     async def __aenter__(self) -> Stream:
-        response = await self._opening.__aenter__()
+        try:
+            response = await self._opening.__aenter__()
+        except (httpx.HTTPError, httpx.StreamError, RuntimeError) as e:
+            raise transport_error(e, "opening the stream") from e
         if response.is_error:
             body = await response.aread()
             await self._opening.__aexit__(None, None, None)
@@ -71,8 +74,15 @@ class Stream:
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         if self._response is None:
             raise RuntimeError("use the stream inside `async with`")
-        async for payload in sse_data(self._response.aiter_lines()):
-            chunk = json.loads(payload)
+        try:
+            async for chunk in self._chunks(self._response):
+                yield chunk
+        except (httpx.HTTPError, httpx.StreamError) as e:
+            raise transport_error(e, "reading the stream") from e
+
+    async def _chunks(self, response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+        async for payload in sse_data(response.aiter_lines()):
+            chunk = decoded(payload, "a stream event")
             if not isinstance(chunk, dict):
                 continue
             if "error" in chunk:
