@@ -157,3 +157,24 @@ async def test_ready_and_models(router: KvrouterServer) -> None:
         assert await client.models() == [MODEL]
     async with AsyncKvrouterClient("http://127.0.0.1:9") as nobody:
         assert not await nobody.ready()
+
+
+async def test_a_closed_client_and_a_stream_misused_raise_what_they_are(router: KvrouterServer) -> None:
+    import httpx
+
+    from kvrouter import TransportError
+
+    client = router.client(model=MODEL)
+    async with client.chat_stream(HELLO, max_tokens=2) as stream:
+        await stream.collect()
+        # Read twice: the caller's mistake (httpx's), not a network failure.
+        with pytest.raises(httpx.StreamError):
+            await stream.collect()
+    with pytest.raises(RuntimeError, match="async with"):
+        await stream.collect()
+    await client.aclose()
+    for call in (client.ready(), client.models()):
+        with pytest.raises(TransportError, match="closed"):
+            await call
+    with pytest.raises(TransportError, match="closed"):
+        client.chat_stream(HELLO)

@@ -298,10 +298,10 @@ impl ServeArgs {
                 ..EngineConfig::default()
             },
             speedup_ratio: self.mock_speedup_ratio,
-            weight_load: std::time::Duration::try_from_secs_f64(self.mock_weight_load_ms / 1e3)
-                .map_err(|_| {
-                    anyhow::anyhow!("--mock-weight-load-ms must be a non-negative number")
-                })?,
+            weight_load: crate::flag_values::non_negative(
+                self.mock_weight_load_ms / 1e3,
+                "--mock-weight-load-ms",
+            )?,
             http: self.http.limits()?,
             max_step_lag: std::time::Duration::try_from_secs_f64(self.mock_max_step_lag_ms / 1e3)
                 .map_err(|_| {

@@ -12,8 +12,8 @@ from .errors import KvrouterError, TransportError, error_from_body
 
 
 def transport_error(e: Exception, what: str) -> TransportError:
-    """``e`` (an ``httpx`` error, or the ``RuntimeError`` of a closed client) as the client's
-    own error, naming what was being done."""
+    """``e`` (an ``httpx`` network error) as the client's own error, naming what was being
+    done."""
     return TransportError(f"{what}: {type(e).__name__}: {e}")
 
 
@@ -41,6 +41,12 @@ class Transport:
         self.root = root_url(base_url)
         self.http = http
 
+    def check_open(self, what: str) -> None:
+        """A :class:`TransportError` if the client was closed (httpx raises a bare
+        ``RuntimeError`` then)."""
+        if self.http.is_closed:
+            raise TransportError(f"{what}: the client is closed")
+
     async def request(
         self,
         method: str,
@@ -49,9 +55,10 @@ class Transport:
         json: Any = None,
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
+        self.check_open(f"{method} {path}")
         try:
             response = await self.http.request(method, self.root + path, json=json, headers=headers)
-        except (httpx.HTTPError, httpx.StreamError, RuntimeError) as e:
+        except httpx.HTTPError as e:
             raise transport_error(e, f"{method} {path}") from e
         if response.is_error:
             raise error_from_body(response.status_code, response.content)

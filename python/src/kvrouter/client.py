@@ -120,6 +120,7 @@ class AsyncKvrouterClient:
         return Completion(answer, provenance)
 
     def _stream(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Stream:
+        self._transport.check_open(f"POST {path}")
         http = self._transport.http
         return Stream(http.stream("POST", self._transport.root + path, json={**body, "stream": True}, headers=headers))
 
@@ -181,7 +182,9 @@ class AsyncKvrouterClient:
         return [m["id"] for m in body.get("data", []) if isinstance(m, dict) and "id" in m]
 
     async def ready(self) -> bool:
-        """``GET /ready``: workers are known and the router is not draining for shutdown."""
+        """``GET /ready``: workers are known and the router is not draining for shutdown
+        (``False`` when it does not answer; a closed client is a :class:`TransportError`)."""
+        self._transport.check_open("GET /ready")
         try:
             response = await self._transport.http.get(self._transport.root + "/ready")
         except httpx.TransportError:

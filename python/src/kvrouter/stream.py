@@ -53,11 +53,15 @@ class Stream:
     async def __aenter__(self) -> Stream:
         try:
             response = await self._opening.__aenter__()
-        except (httpx.HTTPError, httpx.StreamError, RuntimeError) as e:
+        except httpx.HTTPError as e:
             raise transport_error(e, "opening the stream") from e
         if response.is_error:
-            body = await response.aread()
-            await self._opening.__aexit__(None, None, None)
+            try:
+                body = await response.aread()
+            except httpx.HTTPError as e:
+                raise transport_error(e, "reading an error answer") from e
+            finally:
+                await self._opening.__aexit__(None, None, None)
             raise error_from_body(response.status_code, body)
         self._response = response
         self.provenance = Provenance.from_headers(response.headers)
@@ -69,6 +73,7 @@ class Stream:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._response = None
         await self._opening.__aexit__(exc_type, exc, tb)
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
@@ -77,7 +82,9 @@ class Stream:
         try:
             async for chunk in self._chunks(self._response):
                 yield chunk
-        except (httpx.HTTPError, httpx.StreamError) as e:
+        except httpx.HTTPError as e:
+            # Only the network's errors: httpx's StreamError (a stream read twice) is the
+            # caller's, and stays as it is.
             raise transport_error(e, "reading the stream") from e
 
     async def _chunks(self, response: httpx.Response) -> AsyncIterator[dict[str, Any]]:

@@ -235,10 +235,12 @@ impl RouterConfig {
 
     /// Checks every value; the error names the flag.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        // As large a block as any engine advertises: the embedded engines' block arithmetic
+        // is 32-bit (2^32 became 0 and panicked their step).
         check(
-            self.kv_cache_block_size > 0,
+            (1..=1 << 16).contains(&self.kv_cache_block_size),
             "--kv-cache-block-size",
-            "must be at least 1",
+            "must be from 1 to 65536",
         )?;
         finite_non_negative(self.router_temperature, "--router-temperature")?;
         finite_non_negative(
@@ -389,11 +391,13 @@ mod tests {
             ..RouterConfig::default()
         };
         assert_eq!(c.validate().unwrap_err().option, "--router-temperature");
-        let c = RouterConfig {
-            kv_cache_block_size: 0,
-            ..RouterConfig::default()
-        };
-        assert_eq!(c.validate().unwrap_err().option, "--kv-cache-block-size");
+        for size in [0, (1 << 16) + 1, 1 << 32] {
+            let c = RouterConfig {
+                kv_cache_block_size: size,
+                ..RouterConfig::default()
+            };
+            assert_eq!(c.validate().unwrap_err().option, "--kv-cache-block-size");
+        }
         let c = RouterConfig {
             router_kv_events: false,
             router_predicted_ttl_secs: Some(5.0),
