@@ -41,6 +41,18 @@ pub(crate) fn secs(v: Option<f64>, flag: &str) -> anyhow::Result<Option<Duration
     }
 }
 
+/// A number of milliseconds ≥ 0 given as a float (`--weight-load-ms`), at most a year; errors
+/// speak in milliseconds, as the flag does.
+pub(crate) fn non_negative_ms(ms: f64, flag: &str) -> anyhow::Result<Duration> {
+    if !(ms.is_finite() && ms >= 0.0) {
+        bail!("{flag} must be a number of milliseconds ≥ 0, got {ms}");
+    }
+    match Duration::try_from_secs_f64(ms / 1e3) {
+        Ok(d) => bounded(d, &format!("{ms} ms"), flag),
+        Err(_) => bail!("{flag}: {ms} ms is too long"),
+    }
+}
+
 /// A number of seconds > 0.
 pub(crate) fn positive(v: f64, flag: &str) -> anyhow::Result<Duration> {
     match non_negative(v, flag)? {
@@ -99,6 +111,14 @@ mod tests {
             Some(MAX_FLAG_DURATION)
         );
         assert_eq!(millis(5, "--m").unwrap(), Duration::from_millis(5));
+        assert_eq!(
+            non_negative_ms(1500.0, "--w").unwrap(),
+            Duration::from_millis(1500)
+        );
+        for bad in [-1.0, f64::NAN, 1e30, 1e300] {
+            let e = non_negative_ms(bad, "--w").unwrap_err().to_string();
+            assert!(e.contains("--w") && !e.contains("seconds is"), "{bad}: {e}");
+        }
         for bad in [0, u64::MAX] {
             let e = millis(bad, "--m").unwrap_err().to_string();
             assert!(e.contains("--m"), "{bad}: {e}");

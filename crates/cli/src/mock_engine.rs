@@ -165,13 +165,15 @@ impl MockEngineArgs {
             topic: self.kv_events_topic.clone(),
             dp_rank: self.dp_rank,
             tokenizer,
-            weight_load: crate::flag_values::non_negative(
-                self.weight_load_ms / 1e3,
+            weight_load: crate::flag_values::non_negative_ms(
+                self.weight_load_ms,
                 "--weight-load-ms",
             )?,
             http: self.http.limits()?,
-            max_step_lag: std::time::Duration::try_from_secs_f64(self.max_step_lag_ms / 1e3)
-                .map_err(|_| anyhow::anyhow!("--max-step-lag-ms must be a non-negative number"))?,
+            max_step_lag: crate::flag_values::non_negative_ms(
+                self.max_step_lag_ms,
+                "--max-step-lag-ms",
+            )?,
             ..MockEngineConfig::default()
         })
     }

@@ -298,15 +298,15 @@ impl ServeArgs {
                 ..EngineConfig::default()
             },
             speedup_ratio: self.mock_speedup_ratio,
-            weight_load: crate::flag_values::non_negative(
-                self.mock_weight_load_ms / 1e3,
+            weight_load: crate::flag_values::non_negative_ms(
+                self.mock_weight_load_ms,
                 "--mock-weight-load-ms",
             )?,
             http: self.http.limits()?,
-            max_step_lag: std::time::Duration::try_from_secs_f64(self.mock_max_step_lag_ms / 1e3)
-                .map_err(|_| {
-                anyhow::anyhow!("--mock-max-step-lag-ms must be a non-negative number")
-            })?,
+            max_step_lag: crate::flag_values::non_negative_ms(
+                self.mock_max_step_lag_ms,
+                "--mock-max-step-lag-ms",
+            )?,
             ..MockEngineConfig::default()
         };
         Ok(crate::embedded::like_the_router(template, config))
