@@ -101,9 +101,9 @@ impl MockEngineArgs {
     fn config(&self) -> anyhow::Result<MockEngineConfig> {
         // What a router takes from /server_info (larger ones also broke the engine's own
         // block arithmetic: 2^32 panicked its step, and the engine stopped).
-        const MAX_BLOCK_SIZE: usize = 1 << 16;
-        if self.block_size == 0 || self.block_size > MAX_BLOCK_SIZE {
-            bail!("--block-size must be from 1 to {MAX_BLOCK_SIZE}");
+        use kvrouter_core::router::MAX_BLOCK_SIZE_TOKENS;
+        if self.block_size == 0 || self.block_size > MAX_BLOCK_SIZE_TOKENS {
+            bail!("--block-size must be from 1 to {MAX_BLOCK_SIZE_TOKENS}");
         }
         if self.num_gpu_blocks == 0 || self.num_gpu_blocks > kvrouter_engine::MAX_NUM_GPU_BLOCKS {
             bail!(

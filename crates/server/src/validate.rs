@@ -7,8 +7,8 @@ use crate::error::ServeError;
 
 /// The most data-parallel ranks of one worker (the core's own bound).
 pub const MAX_DP_SIZE: u32 = kvrouter_core::router::MAX_DP_SIZE;
-/// The largest KV block size, in tokens (engines use 16 to 128).
-pub const MAX_BLOCK_SIZE_TOKENS: usize = 1 << 16;
+/// The largest KV block size, in tokens (the core's own bound).
+pub const MAX_BLOCK_SIZE_TOKENS: usize = kvrouter_core::router::MAX_BLOCK_SIZE_TOKENS;
 /// The largest per-step token budget (`max_num_batched_tokens`).
 pub const MAX_NUM_BATCHED_TOKENS: u64 = 1 << 30;
 /// The largest KV capacity per rank, in blocks.

@@ -203,6 +203,11 @@ fn check(ok: bool, option: &'static str, reason: impl Into<String>) -> Result<()
     }
 }
 
+/// The largest KV block size, in tokens (engines use 16 to 128): the router's own
+/// `--kv-cache-block-size`, a worker's advertised one, and the mock engine's. The embedded
+/// engines' block arithmetic is 32-bit (2^32 became 0 and panicked their step).
+pub const MAX_BLOCK_SIZE_TOKENS: usize = 1 << 16;
+
 /// The longest duration an option takes, seconds (a year): a duration is added to the clock,
 /// and a larger one (`1e20`) does not fit a `Duration` or overflows the time it is added to.
 pub(crate) const MAX_DURATION_SECS: f64 = 365.0 * 86_400.0;
@@ -235,12 +240,10 @@ impl RouterConfig {
 
     /// Checks every value; the error names the flag.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        // As large a block as any engine advertises: the embedded engines' block arithmetic
-        // is 32-bit (2^32 became 0 and panicked their step).
         check(
-            (1..=1 << 16).contains(&self.kv_cache_block_size),
+            (1..=MAX_BLOCK_SIZE_TOKENS).contains(&self.kv_cache_block_size),
             "--kv-cache-block-size",
-            "must be from 1 to 65536",
+            format!("must be from 1 to {MAX_BLOCK_SIZE_TOKENS}"),
         )?;
         finite_non_negative(self.router_temperature, "--router-temperature")?;
         finite_non_negative(
@@ -391,7 +394,7 @@ mod tests {
             ..RouterConfig::default()
         };
         assert_eq!(c.validate().unwrap_err().option, "--router-temperature");
-        for size in [0, (1 << 16) + 1, 1 << 32] {
+        for size in [0, MAX_BLOCK_SIZE_TOKENS + 1, 1 << 32] {
             let c = RouterConfig {
                 kv_cache_block_size: size,
                 ..RouterConfig::default()

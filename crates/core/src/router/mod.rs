@@ -27,7 +27,7 @@ mod update;
 pub use admission::{Admission, QueuePolicy, QueueStats};
 pub use config::{
     ConfigError, KvRetention, RouterConfig, DEFAULT_INDEX_MAX_BLOCKS_PER_WORKER,
-    DEFAULT_QUEUE_MAX_REQUESTS, DEFAULT_QUEUE_MAX_WAIT_SECS,
+    DEFAULT_QUEUE_MAX_REQUESTS, DEFAULT_QUEUE_MAX_WAIT_SECS, MAX_BLOCK_SIZE_TOKENS,
 };
 pub use effects::Effects;
 pub use profiles::FittedProfile;
