@@ -28,29 +28,34 @@ pub(crate) fn millis(v: u64, flag: &str) -> anyhow::Result<Duration> {
     bounded(Duration::from_millis(v), &format!("{v} ms"), flag)
 }
 
+/// `v` of `unit` (`seconds_per_unit` seconds each) ≥ 0 as a duration, at most a year; errors
+/// speak in the flag's own unit.
+fn float_duration(
+    v: f64,
+    seconds_per_unit: f64,
+    unit: &str,
+    flag: &str,
+) -> anyhow::Result<Duration> {
+    if !(v.is_finite() && v >= 0.0) {
+        bail!("{flag} must be a number of {unit} ≥ 0, got {v}");
+    }
+    // `try_from`: a value past what a duration holds (1e300) is an error, not a panic.
+    match Duration::try_from_secs_f64(v * seconds_per_unit) {
+        Ok(d) => bounded(d, &format!("{v} {unit}"), flag),
+        Err(_) => bail!("{flag}: {v} {unit} is too long"),
+    }
+}
+
 /// A number of seconds ≥ 0, at most a year (`None` stays `None`).
 pub(crate) fn secs(v: Option<f64>, flag: &str) -> anyhow::Result<Option<Duration>> {
-    match v {
-        None => Ok(None),
-        // `try_from`: a value past what a duration holds (1e300) is an error, not a panic.
-        Some(s) if s.is_finite() && s >= 0.0 => match Duration::try_from_secs_f64(s) {
-            Ok(d) => bounded(d, &format!("{s} seconds"), flag).map(Some),
-            Err(_) => bail!("{flag}: {s} seconds is too long"),
-        },
-        Some(s) => bail!("{flag} must be a number of seconds ≥ 0, got {s}"),
-    }
+    v.map(|s| float_duration(s, 1.0, "seconds", flag))
+        .transpose()
 }
 
 /// A number of milliseconds ≥ 0 given as a float (`--weight-load-ms`), at most a year; errors
 /// speak in milliseconds, as the flag does.
 pub(crate) fn non_negative_ms(ms: f64, flag: &str) -> anyhow::Result<Duration> {
-    if !(ms.is_finite() && ms >= 0.0) {
-        bail!("{flag} must be a number of milliseconds ≥ 0, got {ms}");
-    }
-    match Duration::try_from_secs_f64(ms / 1e3) {
-        Ok(d) => bounded(d, &format!("{ms} ms"), flag),
-        Err(_) => bail!("{flag}: {ms} ms is too long"),
-    }
+    float_duration(ms, 1e-3, "ms", flag)
 }
 
 /// A number of seconds > 0.
