@@ -47,6 +47,14 @@ impl AccessLog {
     }
 }
 
+/// A random number drawn once per call from std's OS-seeded hasher keys (no RNG crate): the
+/// per-process prefix of request ids and tag of pick ids.
+pub(crate) fn process_random() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id().into());
+    h.finish()
+}
+
 /// Makes request ids: a per-process random prefix and a counter.
 #[derive(Debug)]
 pub(crate) struct RequestIds {
@@ -56,10 +64,8 @@ pub(crate) struct RequestIds {
 
 impl RequestIds {
     pub(crate) fn new() -> Self {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(std::process::id().into());
         Self {
-            prefix: h.finish(),
+            prefix: process_random(),
             next: AtomicU64::new(0),
         }
     }

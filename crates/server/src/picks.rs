@@ -74,13 +74,9 @@ pub(crate) struct Full(pub(crate) Box<LoadGuard>);
 impl PickTable {
     /// An empty table (no I/O; the reaper starts with the first pick).
     pub(crate) fn new(state: AppState) -> Self {
-        use std::hash::{BuildHasher, Hasher};
-        // OS-seeded (std's hasher keys): a new tag per process.
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(std::process::id().into());
         Self {
             state,
-            tag: h.finish() as u32,
+            tag: crate::access::process_random() as u32,
             table: Mutex::default(),
             earlier: Arc::default(),
             reaper: OnceLock::new(),
