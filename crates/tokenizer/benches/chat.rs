@@ -1,5 +1,7 @@
 //! Routing tokenization of a 32k-token chat with the DeepSeek-V4 tokenizer: cold (every segment
-//! new) and warm (the history was seen before; only the new turn is tokenized).
+//! new) and warm (the history was seen before; only the new turn is tokenized); and one ~2k-token
+//! text prompt through `tokenizers`' own `encode_fast` beside kvrouter's encode (its fast path,
+//! `src/fast.rs`), same ids.
 //!
 //! `cargo bench -p kvrouter-tokenizer --bench chat`
 
@@ -72,6 +74,30 @@ fn bench(c: &mut Criterion) {
     });
     group.bench_function("render_template", |b| {
         b.iter(|| black_box(template.render(black_box(&next), true).unwrap()))
+    });
+    group.finish();
+
+    // A text prompt of about 2,000 tokens, no added tokens: the fast path against the full one.
+    let hf = tokenizers::Tokenizer::from_file(
+        root.join("../shared/tokenizers/deepseek-v4/tokenizer.json"),
+    )
+    .unwrap();
+    let words = [
+        "The", "router", "hashes", "token", "blocks,", "and", "keeps", "a", "prefix", "index",
+        "of", "what", "every", "worker", "caches:", "42", "requests", "in", "flight.", "\n",
+    ];
+    let text: String = (0..1500)
+        .map(|i| words[(i * 7 + i / 3) % words.len()])
+        .collect::<Vec<_>>()
+        .join(" ");
+    let ids = tok.encode(&text);
+    assert_eq!(ids, hf.encode_fast(text.as_str(), false).unwrap().get_ids());
+    let mut group = c.benchmark_group(format!("tokenize_text_{}_tokens", ids.len()));
+    group.bench_function("tokenizers_encode_fast", |b| {
+        b.iter(|| black_box(hf.encode_fast(black_box(text.as_str()), false).unwrap()))
+    });
+    group.bench_function("kvrouter_encode", |b| {
+        b.iter(|| black_box(tok.encode(black_box(&text))))
     });
     group.finish();
 }

@@ -1,5 +1,6 @@
 //! Hugging Face `tokenizer.json` files.
 
+use crate::fast::FastPath;
 use crate::{LoadError, Tokenizer};
 use std::path::Path;
 
@@ -9,6 +10,8 @@ pub struct HfTokenizer {
     inner: tokenizers::Tokenizer,
     specials: Vec<String>,
     fillers: Vec<u32>,
+    /// The pipeline without its bookkeeping, when this tokenizer's configuration allows it.
+    fast: Option<FastPath>,
 }
 
 impl std::fmt::Debug for HfTokenizer {
@@ -63,12 +66,22 @@ impl HfTokenizer {
             .parent()
             .and_then(|p| p.file_name())
             .map_or_else(|| "hf".to_owned(), |n| n.to_string_lossy().into_owned());
+        let fast = FastPath::new(&inner, &specials);
         Ok(Self {
             name,
             inner,
             specials,
             fillers,
+            fast,
         })
+    }
+}
+
+impl HfTokenizer {
+    /// Whether this tokenizer's configuration takes the fast encode path (`fast.rs`) for text
+    /// without added tokens.
+    pub fn has_fast_path(&self) -> bool {
+        self.fast.is_some()
     }
 }
 
@@ -78,6 +91,13 @@ impl Tokenizer for HfTokenizer {
     }
 
     fn encode(&self, text: &str) -> Vec<u32> {
+        if let Some(ids) = self
+            .fast
+            .as_ref()
+            .and_then(|f| f.encode(self.inner.get_model(), text))
+        {
+            return ids;
+        }
         // Ids only: `encode_fast` skips the offsets `encode` converts for every token.
         match self.inner.encode_fast(text, false) {
             Ok(enc) => enc.get_ids().to_vec(),

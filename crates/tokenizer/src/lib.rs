@@ -3,13 +3,15 @@
 //!
 //! # Layout
 //! - [`builtin`]: the documented built-in tokenizer (no files needed).
-//! - [`hf`]: Hugging Face `tokenizer.json` files through the `tokenizers` crate.
+//! - [`hf`]: Hugging Face `tokenizer.json` files through the `tokenizers` crate; `fast`: its
+//!   encode pipeline without the bookkeeping, for the configurations LLM tokenizers use.
 //! - [`chat`]: chat messages and their rendering into a prompt (ChatML by default, or Jinja).
 //! - [`cache`]: segment-cached tokenization for routing.
 
 pub mod builtin;
 pub mod cache;
 pub mod chat;
+mod fast;
 pub mod hf;
 
 pub use builtin::BuiltinTokenizer;

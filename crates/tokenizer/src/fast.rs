@@ -1,0 +1,326 @@
+//! The Hugging Face encode pipeline without its bookkeeping, for the configurations LLM
+//! tokenizers use.
+//!
+//! `tokenizers` carries every piece of text through the pipeline as a `NormalizedString` with an
+//! alignment per byte, rebuilt at every split and at the byte-level transform, and hands the model
+//! each piece as `Token`s with their strings: about 2 µs a token for the DeepSeek-V4 tokenizer,
+//! and the largest single cost of routing a text request. The router needs the ids alone. For a
+//! tokenizer whose normalizer does nothing, whose pre-tokenizer is a sequence of regex splits,
+//! whitespace splits and a final byte-level step, and which neither truncates nor pads, the ids
+//! are the model's ids of each piece in order, where the pieces are found with the tokenizer's own
+//! compiled regexes over plain string slices. This module does exactly that and nothing else:
+//!
+//! - the regexes are the ones `tokenizers` compiles (its `Split` built from the same JSON, its
+//!   `SysRegex` for the byte-level GPT-2 pattern), so matches are the same, errors included;
+//! - splits keep `tokenizers`' rules: `Isolated` keeps matches and gaps, `Removed` drops matches
+//!   (gaps with `invert`), empty pieces are dropped, a byte-level step with `add_prefix_space`
+//!   prefixes every piece it sees that does not start with a space;
+//! - each piece goes to the tokenizer's own model (`Model::tokenize`), so merges, byte fallback
+//!   and unknown tokens are the model's;
+//! - text holding any added token's string is not taken (the caller encodes it the full way),
+//!   nor is any configuration not listed above ([`FastPath::new`] answers `None`).
+//!
+//! `tests/fast.rs` checks the ids against `encode_fast` on random text for the real DeepSeek-V4
+//! tokenizer and for small tokenizers of each supported shape.
+
+use serde_json::Value;
+use tokenizers::pre_tokenizers::split::Split;
+use tokenizers::utils::SysRegex;
+use tokenizers::{Model, SplitDelimiterBehavior};
+
+/// GPT-2's pattern, as `tokenizers`' byte-level pre-tokenizer compiles it when `use_regex` is on.
+const GPT2_PATTERN: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+
+/// One splitting step of the pre-tokenizer.
+enum Step {
+    /// A regex split: `keep_matches` / `keep_gaps` say which spans survive.
+    Regex {
+        regex: SysRegex,
+        keep_matches: bool,
+        keep_gaps: bool,
+    },
+    /// Runs of non-whitespace (`WhitespaceSplit`).
+    Whitespace,
+}
+
+/// The final byte-level step.
+struct ByteLevel {
+    add_prefix_space: bool,
+    /// GPT-2's regex split, when `use_regex` is on.
+    regex: Option<SysRegex>,
+}
+
+/// The pipeline of one tokenizer, for text without added tokens.
+pub(crate) struct FastPath {
+    added: Option<aho_corasick::AhoCorasick>,
+    steps: Vec<Step>,
+    byte_level: Option<ByteLevel>,
+    /// Each byte's character in the byte-level alphabet.
+    byte_chars: [char; 256],
+}
+
+impl std::fmt::Debug for FastPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FastPath")
+            .field("steps", &self.steps.len())
+            .field("byte_level", &self.byte_level.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// GPT-2's byte-to-character table: printable Latin-1 bytes stand for themselves, the others
+/// for 256, 257, … in byte order.
+fn byte_chars() -> [char; 256] {
+    let keeps = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || b >= 0xae;
+    let mut table = ['\0'; 256];
+    let mut next = 256;
+    for (b, slot) in (0u32..).zip(table.iter_mut()) {
+        let code = if keeps(b) {
+            b
+        } else {
+            next += 1;
+            next - 1
+        };
+        *slot = char::from_u32(code).expect("below 512 is a valid character");
+    }
+    table
+}
+
+impl FastPath {
+    /// The fast path of `tok`, or `None` when its configuration is one this module does not
+    /// reproduce exactly.
+    pub(crate) fn new(tok: &tokenizers::Tokenizer, added: &[String]) -> Option<Self> {
+        if tok.get_truncation().is_some() || tok.get_padding().is_some() {
+            return None;
+        }
+        if !identity_normalizer(tok.get_normalizer().map(serde_json::to_value)) {
+            return None;
+        }
+        let mut steps = Vec::new();
+        let mut byte_level = None;
+        if let Some(pre) = tok.get_pre_tokenizer() {
+            let config = serde_json::to_value(pre).ok()?;
+            flatten(&config, &mut steps, &mut byte_level)?;
+        }
+        let patterns: Vec<&str> = added
+            .iter()
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
+            .collect();
+        let added = match patterns.is_empty() {
+            true => None,
+            false => Some(aho_corasick::AhoCorasick::new(&patterns).ok()?),
+        };
+        Some(Self {
+            added,
+            steps,
+            byte_level,
+            byte_chars: byte_chars(),
+        })
+    }
+
+    /// The ids of `text` as `encode_fast(text, false)` gives them, or `None` when the text must
+    /// take the full way (it holds an added token, or the model refused a piece).
+    pub(crate) fn encode(&self, model: &impl Model, text: &str) -> Option<Vec<u32>> {
+        if text.is_empty() {
+            // No piece at all: a byte-level step has nothing to prefix.
+            return Some(Vec::new());
+        }
+        if self.added.as_ref().is_some_and(|a| a.is_match(text)) {
+            return None;
+        }
+        let mut pieces = vec![(0, text.len())];
+        let mut next = Vec::new();
+        for step in &self.steps {
+            next.clear();
+            for &(start, end) in &pieces {
+                step.split(text, start, end, &mut next);
+            }
+            std::mem::swap(&mut pieces, &mut next);
+        }
+        let mut ids = Vec::with_capacity(text.len() / 3 + 1);
+        let mut word = String::new();
+        let mut prefixed = String::new();
+        let mut spans = Vec::new();
+        for &(start, end) in &pieces {
+            let piece = &text[start..end];
+            match &self.byte_level {
+                None => push_ids(model, piece, &mut ids)?,
+                Some(bl) => {
+                    let piece = match bl.add_prefix_space && !piece.starts_with(' ') {
+                        true => {
+                            prefixed.clear();
+                            prefixed.push(' ');
+                            prefixed.push_str(piece);
+                            prefixed.as_str()
+                        }
+                        false => piece,
+                    };
+                    match &bl.regex {
+                        None => self.byte_word(model, piece, &mut word, &mut ids)?,
+                        Some(regex) => {
+                            spans.clear();
+                            regex_spans(regex, piece, (0, piece.len()), (true, true), &mut spans);
+                            for &(s, e) in &spans {
+                                self.byte_word(model, &piece[s..e], &mut word, &mut ids)?;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Some(ids)
+    }
+
+    /// The ids of `piece` after the byte-level transform.
+    fn byte_word(
+        &self,
+        model: &impl Model,
+        piece: &str,
+        word: &mut String,
+        ids: &mut Vec<u32>,
+    ) -> Option<()> {
+        word.clear();
+        word.extend(piece.bytes().map(|b| self.byte_chars[usize::from(b)]));
+        push_ids(model, word, ids)
+    }
+}
+
+fn push_ids(model: &impl Model, piece: &str, ids: &mut Vec<u32>) -> Option<()> {
+    if piece.is_empty() {
+        return Some(());
+    }
+    let tokens = model.tokenize(piece).ok()?;
+    ids.extend(tokens.iter().map(|t| t.id));
+    Some(())
+}
+
+impl Step {
+    /// Appends the non-empty pieces of `text[start..end]` (as ranges of `text`) to `out`.
+    fn split(&self, text: &str, start: usize, end: usize, out: &mut Vec<(usize, usize)>) {
+        match self {
+            Step::Whitespace => {
+                for part in text[start..end].split(char::is_whitespace) {
+                    if !part.is_empty() {
+                        let s = part.as_ptr() as usize - text.as_ptr() as usize;
+                        out.push((s, s + part.len()));
+                    }
+                }
+            }
+            Step::Regex {
+                regex,
+                keep_matches,
+                keep_gaps,
+            } => regex_spans(regex, text, (start, end), (*keep_matches, *keep_gaps), out),
+        }
+    }
+}
+
+/// Appends the non-empty matches and gaps of `regex` in `text[start..end]` that `keep` (matches,
+/// gaps) names, as ranges of `text`, in order: `tokenizers`' split of one piece.
+fn regex_spans(
+    regex: &SysRegex,
+    text: &str,
+    (start, end): (usize, usize),
+    (keep_matches, keep_gaps): (bool, bool),
+    out: &mut Vec<(usize, usize)>,
+) {
+    let mut prev = 0;
+    for (s, e) in regex.find_iter(&text[start..end]) {
+        if keep_gaps && prev < s {
+            out.push((start + prev, start + s));
+        }
+        if keep_matches && s < e {
+            out.push((start + s, start + e));
+        }
+        prev = e;
+    }
+    if keep_gaps && start + prev < end {
+        out.push((start + prev, end));
+    }
+}
+
+/// Whether a normalizer's configuration changes nothing: none, or an empty sequence.
+fn identity_normalizer(config: Option<Result<Value, serde_json::Error>>) -> bool {
+    match config {
+        None => true,
+        Some(Ok(v)) => {
+            v.get("type").and_then(Value::as_str) == Some("Sequence")
+                && v.get("normalizers")
+                    .and_then(Value::as_array)
+                    .is_some_and(Vec::is_empty)
+        }
+        Some(Err(_)) => false,
+    }
+}
+
+/// Adds the steps of a pre-tokenizer's configuration; `None` for anything unsupported, or for a
+/// step after the byte-level one (it would split transformed text).
+fn flatten(
+    config: &Value,
+    steps: &mut Vec<Step>,
+    byte_level: &mut Option<ByteLevel>,
+) -> Option<()> {
+    if byte_level.is_some() {
+        return None;
+    }
+    match config.get("type")?.as_str()? {
+        "Sequence" => {
+            for step in config.get("pretokenizers")?.as_array()? {
+                flatten(step, steps, byte_level)?;
+            }
+        }
+        "Split" => {
+            let split: Split = serde_json::from_value(config.clone()).ok()?;
+            let (keep_matches, keep_gaps) = match (split.behavior, split.invert) {
+                (SplitDelimiterBehavior::Isolated, _) => (true, true),
+                (SplitDelimiterBehavior::Removed, false) => (false, true),
+                (SplitDelimiterBehavior::Removed, true) => (true, false),
+                _ => return None,
+            };
+            steps.push(Step::Regex {
+                regex: split.regex,
+                keep_matches,
+                keep_gaps,
+            });
+        }
+        "WhitespaceSplit" => steps.push(Step::Whitespace),
+        "ByteLevel" => {
+            let flag = |name: &str, default: bool| match config.get(name) {
+                None => Some(default),
+                Some(v) => v.as_bool(),
+            };
+            let regex = match flag("use_regex", true)? {
+                true => Some(SysRegex::new(GPT2_PATTERN).ok()?),
+                false => None,
+            };
+            *byte_level = Some(ByteLevel {
+                add_prefix_space: flag("add_prefix_space", true)?,
+                regex,
+            });
+        }
+        _ => return None,
+    }
+    Some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::byte_chars;
+
+    #[test]
+    fn the_byte_table_is_gpt2s() {
+        let t = byte_chars();
+        assert_eq!(t[usize::from(b'A')], 'A');
+        assert_eq!(t[usize::from(b' ')], 'Ġ');
+        assert_eq!(t[usize::from(b'\n')], 'Ċ');
+        assert_eq!(t[0], 'Ā');
+        assert_eq!(t[0xad], 'Ń');
+        assert_eq!(t[0xff], 'ÿ');
+        let mut all: Vec<char> = t.to_vec();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 256);
+    }
+}

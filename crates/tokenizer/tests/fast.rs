@@ -1,0 +1,247 @@
+//! The fast encode path gives the ids `tokenizers`' own `encode_fast` gives, on random text, for
+//! the real DeepSeek-V4 tokenizer and for small tokenizers of every shape the path takes; shapes
+//! it does not take are refused and still encode the full way.
+
+use kvrouter_tokenizer::{HfTokenizer, Tokenizer};
+use proptest::prelude::*;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+struct Pair {
+    ours: HfTokenizer,
+    theirs: tokenizers::Tokenizer,
+}
+
+impl Pair {
+    fn from_file(path: &std::path::Path) -> Self {
+        Self {
+            ours: HfTokenizer::from_path(path).unwrap(),
+            theirs: tokenizers::Tokenizer::from_file(path).unwrap(),
+        }
+    }
+
+    /// A tokenizer from its JSON, through a file as `--tokenizer` would load it.
+    fn from_json(name: &str, json: &serde_json::Value) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("kvrouter-fast-{}-{name}.json", std::process::id()));
+        std::fs::write(&path, json.to_string()).unwrap();
+        let pair = Self::from_file(&path);
+        std::fs::remove_file(&path).unwrap();
+        pair
+    }
+
+    fn check(&self, text: &str) -> Result<(), TestCaseError> {
+        let want = self.theirs.encode_fast(text, false).unwrap();
+        prop_assert_eq!(
+            self.ours.encode(text),
+            want.get_ids().to_vec(),
+            "text {:?}",
+            text
+        );
+        Ok(())
+    }
+}
+
+fn deepseek() -> &'static Pair {
+    static PAIR: OnceLock<Pair> = OnceLock::new();
+    PAIR.get_or_init(|| {
+        Pair::from_file(
+            &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../../shared/tokenizers/deepseek-v4/tokenizer.json"),
+        )
+    })
+}
+
+/// The 256 byte-level characters, GPT-2's table.
+fn byte_alphabet() -> Vec<String> {
+    let mut bytes: Vec<u32> = (0x21..=0x7e)
+        .chain(0xa1..=0xac)
+        .chain(0xae..=0xff)
+        .collect();
+    let mut chars = bytes.clone();
+    let mut n = 256;
+    for b in 0..=255 {
+        if !bytes.contains(&b) {
+            bytes.push(b);
+            chars.push(n);
+            n += 1;
+        }
+    }
+    let mut out: Vec<String> = chars
+        .into_iter()
+        .map(|c| char::from_u32(c).unwrap().to_string())
+        .collect();
+    out.sort();
+    out
+}
+
+/// A BPE over the byte alphabet with a few merges (" the", "he", "ing"), `<|end|>` added.
+fn byte_bpe(pre_tokenizer: serde_json::Value) -> serde_json::Value {
+    let mut vocab = serde_json::Map::new();
+    let mut words = byte_alphabet();
+    words.extend(["Ġt", "he", "Ġthe", "in", "ing", "the", "th"].map(String::from));
+    for (i, w) in words.iter().enumerate() {
+        vocab.insert(w.clone(), i.into());
+    }
+    let end = words.len();
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "normalizer": null,
+        "added_tokens": [{"id": end, "content": "<|end|>", "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}],
+        "pre_tokenizer": pre_tokenizer, "post_processor": null, "decoder": {"type": "ByteLevel", "add_prefix_space": true,
+                                                             "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "vocab": vocab,
+                  "merges": ["Ġ t", "h e", "Ġt he", "i n", "in g", "t h", "th e"]}
+    })
+}
+
+fn gpt2_style() -> &'static Pair {
+    static PAIR: OnceLock<Pair> = OnceLock::new();
+    PAIR.get_or_init(|| {
+        let pre = serde_json::json!({"type": "ByteLevel", "add_prefix_space": true,
+                                     "trim_offsets": true, "use_regex": true});
+        Pair::from_json("gpt2", &byte_bpe(pre))
+    })
+}
+
+fn split_sequence() -> &'static Pair {
+    static PAIR: OnceLock<Pair> = OnceLock::new();
+    PAIR.get_or_init(|| {
+        let pre = serde_json::json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": false},
+            {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": "\\p{N}"}, "behavior": "Isolated",
+                 "invert": false},
+                {"type": "Split", "pattern": {"Regex": "[a-z]+|\\n"}, "behavior": "Removed",
+                 "invert": true}]},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
+             "use_regex": false}]});
+        Pair::from_json("split", &byte_bpe(pre))
+    })
+}
+
+fn word_level() -> &'static Pair {
+    static PAIR: OnceLock<Pair> = OnceLock::new();
+    PAIR.get_or_init(|| {
+        let mut vocab = serde_json::Map::new();
+        for (i, w) in ["<unk>", "the", "a", "1", "é", "你好", "."]
+            .iter()
+            .enumerate()
+        {
+            vocab.insert((*w).into(), i.into());
+        }
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "normalizer": {"type": "Sequence", "normalizers": []},
+            "added_tokens": [{"id": 7, "content": "<s>", "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}],
+            "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null,
+            "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+        });
+        Pair::from_json("wordlevel", &json)
+    })
+}
+
+fn text() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        "[a-zA-Z]{1,8}",
+        "[0-9]{1,7}",
+        "[ \t\n\r]{1,4}",
+        Just("\u{a0}".to_owned()),
+        Just("\u{3000}".to_owned()),
+        Just("\r\n".to_owned()),
+        Just("the".to_owned()),
+        Just(" the".to_owned()),
+        Just("'s".to_owned()),
+        Just("'ll".to_owned()),
+        Just("ing".to_owned()),
+        Just("é".to_owned()),
+        Just("e\u{301}".to_owned()),
+        Just("你好世界".to_owned()),
+        Just("ひらがなカタカナ".to_owned()),
+        Just("🦀".to_owned()),
+        Just("\u{0}".to_owned()),
+        Just("<|end|>".to_owned()),
+        Just("<s>".to_owned()),
+        Just("<｜User｜>".to_owned()),
+        "[!-/:-@\\[-`{-~]{1,3}",
+        "\\PC{1,3}",
+    ];
+    prop::collection::vec(piece, 0..24).prop_map(|p| p.concat())
+}
+
+#[test]
+fn every_supported_shape_takes_the_fast_path() {
+    assert!(deepseek().ours.has_fast_path());
+    assert!(gpt2_style().ours.has_fast_path());
+    assert!(split_sequence().ours.has_fast_path());
+    assert!(word_level().ours.has_fast_path());
+}
+
+#[test]
+fn fixed_texts_match() {
+    for pair in [deepseek(), gpt2_style(), split_sequence(), word_level()] {
+        for text in [
+            "",
+            " ",
+            "the",
+            "  the  end\n\n",
+            "Hello, world! 12345 ing'll 's",
+            "a\u{a0}b\u{3000}c \t\r\n",
+            "数字123和汉字",
+            "<|end|>the<s> a",
+        ] {
+            pair.check(text).unwrap();
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn deepseek_fast_equals_full(text in text()) {
+        deepseek().check(&text)?;
+    }
+
+    #[test]
+    fn byte_level_shapes_equal_full(text in text()) {
+        gpt2_style().check(&text)?;
+        split_sequence().check(&text)?;
+    }
+
+    #[test]
+    fn word_level_equals_full(text in text()) {
+        word_level().check(&text)?;
+    }
+}
+
+#[test]
+fn other_shapes_are_refused_and_encode_the_full_way() {
+    let normalized = {
+        let mut json = byte_bpe(
+            serde_json::json!({"type": "ByteLevel", "add_prefix_space": true,
+                                                           "trim_offsets": true, "use_regex": true}),
+        );
+        json["normalizer"] = serde_json::json!({"type": "Lowercase"});
+        Pair::from_json("lowercase", &json)
+    };
+    let metaspace = Pair::from_json(
+        "metaspace",
+        &byte_bpe(serde_json::json!({"type": "Sequence", "pretokenizers": [
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
+             "use_regex": false},
+            {"type": "WhitespaceSplit"}]})),
+    );
+    let merged = Pair::from_json(
+        "merged",
+        &byte_bpe(
+            serde_json::json!({"type": "Split", "pattern": {"String": " "},
+                                      "behavior": "MergedWithNext", "invert": false}),
+        ),
+    );
+    for pair in [&normalized, &metaspace, &merged] {
+        assert!(!pair.ours.has_fast_path());
+        pair.check("The THE the  end").unwrap();
+    }
+}
