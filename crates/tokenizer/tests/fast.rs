@@ -196,6 +196,17 @@ fn fixed_texts_match() {
     }
 }
 
+#[test]
+fn long_runs_match() {
+    // Whitespace runs long enough to stress a backtracking matcher, then text after them.
+    for run in [" ", "\n", "\t ", "\u{3000}"] {
+        let text = format!("a{}b {} c{}", run.repeat(20_000), run.repeat(3), run.repeat(5_000));
+        for pair in [deepseek(), gpt2_style(), split_sequence(), word_level()] {
+            pair.check(&text).unwrap();
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 

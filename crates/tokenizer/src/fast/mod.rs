@@ -16,15 +16,21 @@
 //!   (gaps with `invert`), empty pieces are dropped, a byte-level step with `add_prefix_space`
 //!   prefixes every piece it sees that does not start with a space;
 //! - each piece goes to the tokenizer's own model (`Model::tokenize`), so merges, byte fallback
-//!   and unknown tokens are the model's;
+//!   and unknown tokens are the model's; the ids of short pieces are then kept in a bounded
+//!   cache (`pieces.rs`), since a piece's ids depend on its text alone;
 //! - text holding any added token's string is not taken (the caller encodes it the full way),
 //!   nor is any configuration not listed above ([`FastPath::new`] answers `None`).
 //!
 //! `tests/fast.rs` checks the ids against `encode_fast` on random text for the real DeepSeek-V4
 //! tokenizer and for small tokenizers of each supported shape.
 
+mod matcher;
+mod pieces;
+
+use matcher::Matcher;
+use pieces::PieceCache;
 use serde_json::Value;
-use tokenizers::pre_tokenizers::split::Split;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::utils::SysRegex;
 use tokenizers::{Model, SplitDelimiterBehavior};
 
@@ -36,7 +42,7 @@ const GPT2_PATTERN: &str =
 enum Step {
     /// A regex split: `keep_matches` / `keep_gaps` say which spans survive.
     Regex {
-        regex: SysRegex,
+        regex: Matcher,
         keep_matches: bool,
         keep_gaps: bool,
     },
@@ -48,7 +54,18 @@ enum Step {
 struct ByteLevel {
     add_prefix_space: bool,
     /// GPT-2's regex split, when `use_regex` is on.
-    regex: Option<SysRegex>,
+    regex: Option<Matcher>,
+}
+
+/// Buffers reused across the pieces of one text.
+#[derive(Default)]
+struct Scratch {
+    /// A piece with the byte-level step's prefix space.
+    prefixed: String,
+    /// A piece in the byte-level alphabet.
+    word: String,
+    /// The byte-level step's GPT-2 split of a piece.
+    spans: Vec<(usize, usize)>,
 }
 
 /// The pipeline of one tokenizer, for text without added tokens.
@@ -58,6 +75,8 @@ pub(crate) struct FastPath {
     byte_level: Option<ByteLevel>,
     /// Each byte's character in the byte-level alphabet.
     byte_chars: [char; 256],
+    /// The ids of pieces seen before.
+    cache: PieceCache,
 }
 
 impl std::fmt::Debug for FastPath {
@@ -117,6 +136,7 @@ impl FastPath {
             steps,
             byte_level,
             byte_chars: byte_chars(),
+            cache: PieceCache::default(),
         })
     }
 
@@ -135,42 +155,67 @@ impl FastPath {
         for step in &self.steps {
             next.clear();
             for &(start, end) in &pieces {
-                step.split(text, start, end, &mut next);
+                if !step.split(text, start, end, &mut next) {
+                    return None;
+                }
             }
             std::mem::swap(&mut pieces, &mut next);
         }
         let mut ids = Vec::with_capacity(text.len() / 3 + 1);
-        let mut word = String::new();
-        let mut prefixed = String::new();
-        let mut spans = Vec::new();
+        let mut scratch = Scratch::default();
         for &(start, end) in &pieces {
             let piece = &text[start..end];
-            match &self.byte_level {
-                None => push_ids(model, piece, &mut ids)?,
-                Some(bl) => {
-                    let piece = match bl.add_prefix_space && !piece.starts_with(' ') {
-                        true => {
-                            prefixed.clear();
-                            prefixed.push(' ');
-                            prefixed.push_str(piece);
-                            prefixed.as_str()
-                        }
-                        false => piece,
-                    };
-                    match &bl.regex {
-                        None => self.byte_word(model, piece, &mut word, &mut ids)?,
-                        Some(regex) => {
-                            spans.clear();
-                            regex_spans(regex, piece, (0, piece.len()), (true, true), &mut spans);
-                            for &(s, e) in &spans {
-                                self.byte_word(model, &piece[s..e], &mut word, &mut ids)?;
-                            }
-                        }
-                    }
-                }
+            let Some(key) = PieceCache::key(piece) else {
+                self.piece_ids(model, piece, &mut scratch, &mut ids)?;
+                continue;
+            };
+            if self.cache.extend(&key, piece, &mut ids) {
+                continue;
             }
+            let from = ids.len();
+            self.piece_ids(model, piece, &mut scratch, &mut ids)?;
+            self.cache.insert(key, piece, &ids[from..]);
         }
         Some(ids)
+    }
+
+    /// Appends the ids of one piece the splits left.
+    fn piece_ids(
+        &self,
+        model: &impl Model,
+        piece: &str,
+        scratch: &mut Scratch,
+        ids: &mut Vec<u32>,
+    ) -> Option<()> {
+        let Some(bl) = &self.byte_level else {
+            return push_ids(model, piece, ids);
+        };
+        let piece = match bl.add_prefix_space && !piece.starts_with(' ') {
+            true => {
+                scratch.prefixed.clear();
+                scratch.prefixed.push(' ');
+                scratch.prefixed.push_str(piece);
+                scratch.prefixed.as_str()
+            }
+            false => piece,
+        };
+        let Some(regex) = &bl.regex else {
+            return self.byte_word(model, piece, &mut scratch.word, ids);
+        };
+        scratch.spans.clear();
+        if !regex_spans(
+            regex,
+            piece,
+            (0, piece.len()),
+            (true, true),
+            &mut scratch.spans,
+        ) {
+            return None;
+        }
+        for &(s, e) in &scratch.spans {
+            self.byte_word(model, &piece[s..e], &mut scratch.word, ids)?;
+        }
+        Some(())
     }
 
     /// The ids of `piece` after the byte-level transform.
@@ -198,7 +243,8 @@ fn push_ids(model: &impl Model, piece: &str, ids: &mut Vec<u32>) -> Option<()> {
 
 impl Step {
     /// Appends the non-empty pieces of `text[start..end]` (as ranges of `text`) to `out`.
-    fn split(&self, text: &str, start: usize, end: usize, out: &mut Vec<(usize, usize)>) {
+    /// `false` when it cannot split this text exactly.
+    fn split(&self, text: &str, start: usize, end: usize, out: &mut Vec<(usize, usize)>) -> bool {
         match self {
             Step::Whitespace => {
                 for part in text[start..end].split(char::is_whitespace) {
@@ -207,6 +253,7 @@ impl Step {
                         out.push((s, s + part.len()));
                     }
                 }
+                true
             }
             Step::Regex {
                 regex,
@@ -219,15 +266,17 @@ impl Step {
 
 /// Appends the non-empty matches and gaps of `regex` in `text[start..end]` that `keep` (matches,
 /// gaps) names, as ranges of `text`, in order: `tokenizers`' split of one piece.
+/// `false` when the matcher cannot split this text exactly (see [`Matcher::each`]).
+#[must_use]
 fn regex_spans(
-    regex: &SysRegex,
+    regex: &Matcher,
     text: &str,
     (start, end): (usize, usize),
     (keep_matches, keep_gaps): (bool, bool),
     out: &mut Vec<(usize, usize)>,
-) {
+) -> bool {
     let mut prev = 0;
-    for (s, e) in regex.find_iter(&text[start..end]) {
+    let whole = regex.each(&text[start..end], |s, e| {
         if keep_gaps && prev < s {
             out.push((start + prev, start + s));
         }
@@ -235,10 +284,11 @@ fn regex_spans(
             out.push((start + s, start + e));
         }
         prev = e;
-    }
+    });
     if keep_gaps && start + prev < end {
         out.push((start + prev, end));
     }
+    whole
 }
 
 /// Whether a normalizer's configuration changes nothing: none, or an empty sequence.
@@ -279,8 +329,12 @@ fn flatten(
                 (SplitDelimiterBehavior::Removed, true) => (true, false),
                 _ => return None,
             };
+            let regex = match &split.pattern {
+                SplitPattern::Regex(pattern) => Matcher::new(pattern, split.regex),
+                SplitPattern::String(_) => Matcher::Fancy(split.regex),
+            };
             steps.push(Step::Regex {
-                regex: split.regex,
+                regex,
                 keep_matches,
                 keep_gaps,
             });
@@ -292,7 +346,10 @@ fn flatten(
                 Some(v) => v.as_bool(),
             };
             let regex = match flag("use_regex", true)? {
-                true => Some(SysRegex::new(GPT2_PATTERN).ok()?),
+                true => Some(Matcher::new(
+                    GPT2_PATTERN,
+                    SysRegex::new(GPT2_PATTERN).ok()?,
+                )),
                 false => None,
             };
             *byte_level = Some(ByteLevel {
@@ -307,7 +364,22 @@ fn flatten(
 
 #[cfg(test)]
 mod tests {
-    use super::byte_chars;
+    use super::{byte_chars, FastPath, Matcher, Step};
+
+    #[test]
+    fn deepseeks_lookahead_split_runs_rewritten() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/tokenizers/deepseek-v4/tokenizer.json");
+        let tok = tokenizers::Tokenizer::from_file(path).unwrap();
+        let fast = FastPath::new(&tok, &[]).unwrap();
+        let kinds: Vec<bool> = fast
+            .steps
+            .iter()
+            .map(|s| matches!(s, Step::Regex { regex: Matcher::Tail(_), .. }))
+            .collect();
+        // Digits and CJK runs as compiled; the third split (with `\s+(?!\S)`) rewritten.
+        assert_eq!(kinds, [false, false, true]);
+    }
 
     #[test]
     fn the_byte_table_is_gpt2s() {
