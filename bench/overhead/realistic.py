@@ -42,6 +42,18 @@ def log(*a):
     print(time.strftime("%H:%M:%S"), *a, file=sys.stderr, flush=True)
 
 
+# Common English words for prompts through a real tokenizer (`--tokenizer`).
+ENGLISH = ("the of and to in is that for it as with was on be at by this had not are but from or "
+           "have an they which one you were her all she there would their we him been has when "
+           "who will more no if out so said what up its about into than them can only other new "
+           "some could time these two may then do first any my now such like our over man me even "
+           "most made after also did many before must through back years where much your way well "
+           "down should because each just those people how too little state good very make world "
+           "still own see men work long get here between both life being under never day same "
+           "another know while last might us great old year off come since against go came right "
+           "used take three router cache token block worker prefix request model engine").split()
+
+
 def write_tokenizer(path, vocab_size):
     """A Hugging Face tokenizer.json: WordLevel model, whitespace split, 3 specials."""
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
@@ -234,6 +246,10 @@ def main():
     ap.add_argument("--no-stream", action="store_true", help="non-streamed requests instead")
     ap.add_argument("--speedup-ratio", default="1000")
     ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--tokenizer", default=None, metavar="PATH",
+                    help="a real tokenizer.json (e.g. ../shared/tokenizers/deepseek-v4) instead of "
+                         "the word-level one; prompts are then common English words (about one "
+                         "token each)")
     ap.add_argument("--deadline", type=float, default=120, help="seconds per case")
     ap.add_argument("--router-cpus", default=None, help="taskset CPU list for the router")
     ap.add_argument("--perf-record", default=None, metavar="FILE",
@@ -257,7 +273,10 @@ def main():
     engine_bin = os.path.abspath(a.engine_bin or variants[0][1])
     work = tempfile.mkdtemp(prefix="kvr-realistic-")
     tok = os.path.join(work, "tokenizer.json")
-    write_tokenizer(tok, a.vocab)
+    if a.tokenizer:
+        tok = a.tokenizer
+    else:
+        write_tokenizer(tok, a.vocab)
     procs = Procs(work)
     rng = random.Random(a.seed)
     out = open(a.out, "a")
@@ -284,6 +303,9 @@ def main():
                     wait_ready(port, router, 4)
 
                     def prompts(n):
+                        if a.tokenizer:
+                            return [" ".join(rng.choice(ENGLISH) for _ in range(a.prompt_tokens))
+                                    for _ in range(n)]
                         return [" ".join(f"t{rng.randrange(a.vocab - 3)}"
                                          for _ in range(a.prompt_tokens)) for _ in range(n)]
                     asyncio.run(run_case(port, prompts(a.warmup), 8, True, a.max_tokens,
