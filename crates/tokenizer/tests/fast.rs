@@ -200,7 +200,12 @@ fn fixed_texts_match() {
 fn long_runs_match() {
     // Whitespace runs long enough to stress a backtracking matcher, then text after them.
     for run in [" ", "\n", "\t ", "\u{3000}"] {
-        let text = format!("a{}b {} c{}", run.repeat(20_000), run.repeat(3), run.repeat(5_000));
+        let text = format!(
+            "a{}b {} c{}",
+            run.repeat(20_000),
+            run.repeat(3),
+            run.repeat(5_000)
+        );
         for pair in [deepseek(), gpt2_style(), split_sequence(), word_level()] {
             pair.check(&text).unwrap();
         }

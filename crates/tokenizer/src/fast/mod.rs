@@ -375,7 +375,15 @@ mod tests {
         let kinds: Vec<bool> = fast
             .steps
             .iter()
-            .map(|s| matches!(s, Step::Regex { regex: Matcher::Tail(_), .. }))
+            .map(|s| {
+                matches!(
+                    s,
+                    Step::Regex {
+                        regex: Matcher::Tail(_),
+                        ..
+                    }
+                )
+            })
             .collect();
         // Digits and CJK runs as compiled; the third split (with `\s+(?!\S)`) rewritten.
         assert_eq!(kinds, [false, false, true]);
