@@ -66,7 +66,7 @@ impl HfTokenizer {
             .parent()
             .and_then(|p| p.file_name())
             .map_or_else(|| "hf".to_owned(), |n| n.to_string_lossy().into_owned());
-        let fast = FastPath::new(&inner, &specials);
+        let fast = FastPath::new(&inner);
         Ok(Self {
             name,
             inner,

@@ -134,7 +134,13 @@ fn word_level() -> &'static Pair {
             "version": "1.0", "truncation": null, "padding": null,
             "normalizer": {"type": "Sequence", "normalizers": []},
             "added_tokens": [{"id": 7, "content": "<s>", "single_word": false, "lstrip": false,
-                              "rstrip": false, "normalized": false, "special": true}],
+                              "rstrip": false, "normalized": false, "special": true},
+                             // Found only where the raw pass left it whole.
+                             {"id": 8, "content": "a<s>b", "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": true, "special": false},
+                             {"id": 9, "content": "the end", "single_word": false,
+                              "lstrip": false, "rstrip": false, "normalized": true,
+                              "special": false}],
             "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null,
             "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
         });
@@ -164,6 +170,10 @@ fn text() -> impl Strategy<Value = String> {
         Just("<|end|>".to_owned()),
         Just("<s>".to_owned()),
         Just("<｜User｜>".to_owned()),
+        Just("<think>".to_owned()),
+        Just("<dsml:".to_owned()),
+        Just("a<s>b".to_owned()),
+        Just("the end".to_owned()),
         "[!-/:-@\\[-`{-~]{1,3}",
         "\\PC{1,3}",
     ];
@@ -259,5 +269,16 @@ fn other_shapes_are_refused_and_encode_the_full_way() {
     for pair in [&normalized, &metaspace, &merged] {
         assert!(!pair.ours.has_fast_path());
         pair.check("The THE the  end").unwrap();
+    }
+    // An added token that strips spaces: text holding it takes the full way, other text not.
+    let mut json = byte_bpe(
+        serde_json::json!({"type": "ByteLevel", "add_prefix_space": true,
+                                               "trim_offsets": true, "use_regex": true}),
+    );
+    json["added_tokens"][0]["rstrip"] = true.into();
+    let stripping = Pair::from_json("rstrip", &json);
+    assert!(stripping.ours.has_fast_path());
+    for text in ["", "the end", "the <|end|>  the", "<|end|>\n x"] {
+        stripping.check(text).unwrap();
     }
 }

@@ -24,9 +24,11 @@
 //! `tests/fast.rs` checks the ids against `encode_fast` on random text for the real DeepSeek-V4
 //! tokenizer and for small tokenizers of each supported shape.
 
+mod added;
 mod matcher;
 mod pieces;
 
+use added::{AddedTokens, Segment};
 use matcher::Matcher;
 use pieces::PieceCache;
 use serde_json::Value;
@@ -66,11 +68,14 @@ struct Scratch {
     word: String,
     /// The byte-level step's GPT-2 split of a piece.
     spans: Vec<(usize, usize)>,
+    /// The pieces of a text, and the next step's.
+    pieces: Vec<(usize, usize)>,
+    next: Vec<(usize, usize)>,
 }
 
 /// The pipeline of one tokenizer, for text without added tokens.
 pub(crate) struct FastPath {
-    added: Option<aho_corasick::AhoCorasick>,
+    added: AddedTokens,
     steps: Vec<Step>,
     byte_level: Option<ByteLevel>,
     /// Each byte's character in the byte-level alphabet.
@@ -109,7 +114,7 @@ fn byte_chars() -> [char; 256] {
 impl FastPath {
     /// The fast path of `tok`, or `None` when its configuration is one this module does not
     /// reproduce exactly.
-    pub(crate) fn new(tok: &tokenizers::Tokenizer, added: &[String]) -> Option<Self> {
+    pub(crate) fn new(tok: &tokenizers::Tokenizer) -> Option<Self> {
         if tok.get_truncation().is_some() || tok.get_padding().is_some() {
             return None;
         }
@@ -122,17 +127,8 @@ impl FastPath {
             let config = serde_json::to_value(pre).ok()?;
             flatten(&config, &mut steps, &mut byte_level)?;
         }
-        let patterns: Vec<&str> = added
-            .iter()
-            .map(String::as_str)
-            .filter(|s| !s.is_empty())
-            .collect();
-        let added = match patterns.is_empty() {
-            true => None,
-            false => Some(aho_corasick::AhoCorasick::new(&patterns).ok()?),
-        };
         Some(Self {
-            added,
+            added: AddedTokens::new(tok)?,
             steps,
             byte_level,
             byte_chars: byte_chars(),
@@ -143,40 +139,57 @@ impl FastPath {
     /// The ids of `text` as `encode_fast(text, false)` gives them, or `None` when the text must
     /// take the full way (it holds an added token, or the model refused a piece).
     pub(crate) fn encode(&self, model: &impl Model, text: &str) -> Option<Vec<u32>> {
-        if text.is_empty() {
-            // No piece at all: a byte-level step has nothing to prefix.
-            return Some(Vec::new());
-        }
-        if self.added.as_ref().is_some_and(|a| a.is_match(text)) {
-            return None;
-        }
-        let mut pieces = vec![(0, text.len())];
-        let mut next = Vec::new();
+        let mut ids = Vec::with_capacity(text.len() / 3 + 1);
+        let mut scratch = Scratch::default();
+        self.added.split(text, |segment| match segment {
+            Segment::Token(id) => {
+                ids.push(id);
+                Some(())
+            }
+            Segment::Text(start, end) => {
+                self.encode_text(model, &text[start..end], &mut scratch, &mut ids)
+            }
+        })?;
+        Some(ids)
+    }
+
+    /// Appends the ids of `text`, which holds no added token (and is not empty: a byte-level
+    /// step would prefix a space to it).
+    fn encode_text(
+        &self,
+        model: &impl Model,
+        text: &str,
+        scratch: &mut Scratch,
+        ids: &mut Vec<u32>,
+    ) -> Option<()> {
+        let (pieces, next) = (&mut scratch.pieces, &mut scratch.next);
+        pieces.clear();
+        pieces.push((0, text.len()));
         for step in &self.steps {
             next.clear();
-            for &(start, end) in &pieces {
-                if !step.split(text, start, end, &mut next) {
+            for &(start, end) in pieces.iter() {
+                if !step.split(text, start, end, next) {
                     return None;
                 }
             }
-            std::mem::swap(&mut pieces, &mut next);
+            std::mem::swap(pieces, next);
         }
-        let mut ids = Vec::with_capacity(text.len() / 3 + 1);
-        let mut scratch = Scratch::default();
+        let pieces = std::mem::take(&mut scratch.pieces);
         for &(start, end) in &pieces {
             let piece = &text[start..end];
             let Some(key) = PieceCache::key(piece) else {
-                self.piece_ids(model, piece, &mut scratch, &mut ids)?;
+                self.piece_ids(model, piece, scratch, ids)?;
                 continue;
             };
-            if self.cache.extend(&key, piece, &mut ids) {
+            if self.cache.extend(&key, piece, ids) {
                 continue;
             }
             let from = ids.len();
-            self.piece_ids(model, piece, &mut scratch, &mut ids)?;
+            self.piece_ids(model, piece, scratch, ids)?;
             self.cache.insert(key, piece, &ids[from..]);
         }
-        Some(ids)
+        scratch.pieces = pieces;
+        Some(())
     }
 
     /// Appends the ids of one piece the splits left.
@@ -371,7 +384,7 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../../shared/tokenizers/deepseek-v4/tokenizer.json");
         let tok = tokenizers::Tokenizer::from_file(path).unwrap();
-        let fast = FastPath::new(&tok, &[]).unwrap();
+        let fast = FastPath::new(&tok).unwrap();
         let kinds: Vec<bool> = fast
             .steps
             .iter()

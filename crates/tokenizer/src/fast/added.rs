@@ -1,0 +1,117 @@
+//! Added tokens, split off before anything else as `tokenizers` does it (`AddedVocabulary::
+//! extract_and_normalize`), for the common case where it can be reproduced exactly: the
+//! normalizer does nothing (checked by the caller), no added token strips spaces, must stand as a
+//! single word or is empty, and special tokens are not encoded as text. Then `tokenizers` finds
+//! the tokens that are not `normalized` in the text (leftmost-longest), and the `normalized` ones
+//! in what is left between them (leftmost-longest again); every match is its token's id and the
+//! text between matches goes through the pre-tokenizer and model piece by piece. Otherwise text
+//! holding any added token's string takes the full way.
+
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+
+/// One pass: the strings to find and their ids, pattern by pattern.
+pub(super) struct Pass {
+    trie: Option<AhoCorasick>,
+    ids: Vec<u32>,
+}
+
+impl Pass {
+    fn new(tokens: &[(&str, u32)]) -> Option<Self> {
+        let trie = match tokens.is_empty() {
+            true => None,
+            false => Some(
+                AhoCorasickBuilder::new()
+                    .match_kind(MatchKind::LeftmostLongest)
+                    .build(tokens.iter().map(|(s, _)| s))
+                    .ok()?,
+            ),
+        };
+        Some(Self {
+            trie,
+            ids: tokens.iter().map(|(_, id)| *id).collect(),
+        })
+    }
+
+    /// Calls `f` with each match in `text[start..end]` as a token and the non-empty text
+    /// between them as a gap (ranges of `text`), in order.
+    fn split(
+        &self,
+        text: &str,
+        (start, end): (usize, usize),
+        f: &mut impl FnMut(Segment) -> Option<()>,
+    ) -> Option<()> {
+        let mut at = start;
+        if let Some(trie) = &self.trie {
+            for m in trie.find_iter(&text[start..end]) {
+                if at < start + m.start() {
+                    f(Segment::Text(at, start + m.start()))?;
+                }
+                f(Segment::Token(self.ids[m.pattern().as_usize()]))?;
+                at = start + m.end();
+            }
+        }
+        if at < end {
+            f(Segment::Text(at, end))?;
+        }
+        Some(())
+    }
+}
+
+/// A part of a text: an added token's id, or the range of text between them.
+pub(super) enum Segment {
+    Token(u32),
+    Text(usize, usize),
+}
+
+/// A tokenizer's added tokens.
+pub(super) enum AddedTokens {
+    /// Split off exactly: the tokens that are not `normalized`, then those that are.
+    Split { raw: Pass, normalized: Pass },
+    /// Text holding any of these strings takes the full way.
+    Refuse(AhoCorasick),
+}
+
+impl AddedTokens {
+    /// The added tokens of `tok` (whose normalizer does nothing).
+    pub(super) fn new(tok: &tokenizers::Tokenizer) -> Option<Self> {
+        let decoder = tok.get_added_tokens_decoder();
+        let tokens: Vec<_> = decoder.values().collect();
+        let exact = !tok.get_encode_special_tokens()
+            && tokens
+                .iter()
+                .all(|t| !(t.lstrip || t.rstrip || t.single_word || t.content.is_empty()));
+        if !exact {
+            let strings = tokens.iter().map(|t| &t.content).filter(|s| !s.is_empty());
+            return Some(Self::Refuse(AhoCorasick::new(strings).ok()?));
+        }
+        let with_id = |normalized: bool| -> Option<Vec<(&str, u32)>> {
+            tokens
+                .iter()
+                .filter(|t| t.normalized == normalized)
+                .map(|t| Some((t.content.as_str(), tok.token_to_id(&t.content)?)))
+                .collect()
+        };
+        Some(Self::Split {
+            raw: Pass::new(&with_id(false)?)?,
+            normalized: Pass::new(&with_id(true)?)?,
+        })
+    }
+
+    /// Calls `f` with the added tokens of `text` and the text between them, in order; `None`
+    /// when the text must take the full way (or `f` said so).
+    pub(super) fn split(&self, text: &str, mut f: impl FnMut(Segment) -> Option<()>) -> Option<()> {
+        match self {
+            Self::Refuse(strings) => match strings.is_match(text) {
+                true => None,
+                false if text.is_empty() => Some(()),
+                false => f(Segment::Text(0, text.len())),
+            },
+            Self::Split { raw, normalized } => {
+                raw.split(text, (0, text.len()), &mut |segment| match segment {
+                    Segment::Text(s, e) => normalized.split(text, (s, e), &mut f),
+                    token => f(token),
+                })
+            }
+        }
+    }
+}
