@@ -37,10 +37,12 @@ impl HfTokenizer {
             path.to_path_buf()
         };
         let shown = file.display().to_string();
-        let inner = tokenizers::Tokenizer::from_file(&file).map_err(|e| LoadError {
+        let error = |reason: String| LoadError {
             path: shown.clone(),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        let json = std::fs::read_to_string(&file).map_err(|e| error(e.to_string()))?;
+        let inner: tokenizers::Tokenizer = json.parse().map_err(|e| error(format!("{e}")))?;
         let mut specials: Vec<String> = inner
             .get_added_tokens_decoder()
             .values()
@@ -66,7 +68,7 @@ impl HfTokenizer {
             .parent()
             .and_then(|p| p.file_name())
             .map_or_else(|| "hf".to_owned(), |n| n.to_string_lossy().into_owned());
-        let fast = FastPath::new(&inner);
+        let fast = FastPath::new(&inner, &json);
         Ok(Self {
             name,
             inner,
@@ -82,6 +84,14 @@ impl HfTokenizer {
     /// without added tokens.
     pub fn has_fast_path(&self) -> bool {
         self.fast.is_some()
+    }
+
+    /// The fast path's ids of `text`, or `None` when this tokenizer or this text takes
+    /// `tokenizers`' full pipeline (for diagnostics and tests; [`Tokenizer::encode`] picks).
+    pub fn fast_encode(&self, text: &str) -> Option<Vec<u32>> {
+        self.fast
+            .as_ref()
+            .and_then(|f| f.encode(self.inner.get_model(), text))
     }
 }
 

@@ -10,12 +10,16 @@ use std::sync::OnceLock;
 struct Pair {
     ours: HfTokenizer,
     theirs: tokenizers::Tokenizer,
+    /// Every text takes the fast path (no added token makes it give up).
+    always_fast: bool,
 }
 
 impl Pair {
     fn from_file(path: &std::path::Path) -> Self {
+        let ours = HfTokenizer::from_path(path).unwrap();
         Self {
-            ours: HfTokenizer::from_path(path).unwrap(),
+            always_fast: ours.has_fast_path(),
+            ours,
             theirs: tokenizers::Tokenizer::from_file(path).unwrap(),
         }
     }
@@ -120,6 +124,42 @@ fn split_sequence() -> &'static Pair {
     })
 }
 
+/// A byte-level BPE behind a single regex split, as Llama 3 and Qwen 2 tokenizers are.
+fn split_then_bytes(name: &str, pattern: &str) -> Pair {
+    let pre = serde_json::json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+         "use_regex": false}]});
+    let mut json = byte_bpe(pre);
+    // Llama 3's post-processor: a BOS template (adds nothing without special tokens).
+    json["post_processor"] = serde_json::json!({"type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<|end|>", "type_id": 0}},
+                   {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<|end|>": {"id": "<|end|>", "ids": [263], "tokens": ["<|end|>"]}}});
+    Pair::from_json(name, &json)
+}
+
+fn llama3_like() -> &'static Pair {
+    static PAIR: OnceLock<Pair> = OnceLock::new();
+    PAIR.get_or_init(|| {
+        split_then_bytes(
+            "llama3",
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        )
+    })
+}
+
+fn qwen2_like() -> &'static Pair {
+    static PAIR: OnceLock<Pair> = OnceLock::new();
+    PAIR.get_or_init(|| {
+        split_then_bytes(
+            "qwen2",
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        )
+    })
+}
+
 fn word_level() -> &'static Pair {
     static PAIR: OnceLock<Pair> = OnceLock::new();
     PAIR.get_or_init(|| {
@@ -182,6 +222,8 @@ fn text() -> impl Strategy<Value = String> {
 
 #[test]
 fn every_supported_shape_takes_the_fast_path() {
+    assert!(llama3_like().ours.has_fast_path());
+    assert!(qwen2_like().ours.has_fast_path());
     assert!(deepseek().ours.has_fast_path());
     assert!(gpt2_style().ours.has_fast_path());
     assert!(split_sequence().ours.has_fast_path());
@@ -204,6 +246,38 @@ fn fixed_texts_match() {
             pair.check(text).unwrap();
         }
     }
+}
+
+#[test]
+fn duplicate_added_tokens_split_as_the_file_lists_them() {
+    // "<a>" is listed twice, raw and normalized; the raw entry is found first, before "a>".
+    let mut vocab = serde_json::Map::new();
+    for (i, w) in ["<unk>", "the", "<", "x", "y"].iter().enumerate() {
+        vocab.insert((*w).into(), i.into());
+    }
+    let added = |id: u32, content: &str, normalized: bool| {
+        serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+                           "rstrip": false, "normalized": normalized, "special": !normalized})
+    };
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "normalizer": null,
+        "added_tokens": [added(5, "<a>", false), added(6, "<a>", true), added(7, "a>", false)],
+        "pre_tokenizer": null, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    });
+    let pair = Pair::from_json("duplicates", &json);
+    for text in ["<a>", "x<a>y", "<a>a>", "the"] {
+        pair.check(text).unwrap();
+    }
+}
+
+#[test]
+fn a_piece_past_the_rewrites_limit_splits_as_tokenizers_does() {
+    // 200,000 characters no alternative matches: fancy-regex gives up on the search, and
+    // `tokenizers` leaves the whole piece as one word. The fast path runs such a piece as
+    // `tokenizers` compiles it, so it gives up the same way.
+    let text = format!("{}\t \u{0}", "\u{0}".repeat(200_000));
+    deepseek().check(&text).unwrap();
 }
 
 #[test]
@@ -234,6 +308,8 @@ proptest! {
     fn byte_level_shapes_equal_full(text in text()) {
         gpt2_style().check(&text)?;
         split_sequence().check(&text)?;
+        llama3_like().check(&text)?;
+        qwen2_like().check(&text)?;
     }
 
     #[test]
@@ -276,8 +352,11 @@ fn other_shapes_are_refused_and_encode_the_full_way() {
                                                "trim_offsets": true, "use_regex": true}),
     );
     json["added_tokens"][0]["rstrip"] = true.into();
-    let stripping = Pair::from_json("rstrip", &json);
+    let mut stripping = Pair::from_json("rstrip", &json);
     assert!(stripping.ours.has_fast_path());
+    stripping.always_fast = false;
+    assert!(stripping.ours.fast_encode("the end").is_some());
+    assert!(stripping.ours.fast_encode("the <|end|>").is_none());
     for text in ["", "the end", "the <|end|>  the", "<|end|>\n x"] {
         stripping.check(text).unwrap();
     }

@@ -1,5 +1,6 @@
 //! Added tokens, split off before anything else as `tokenizers` does it (`AddedVocabulary::
-//! extract_and_normalize`), for the common case where it can be reproduced exactly: the
+//! extract_and_normalize`, over the tries `refresh_added_tokens` builds from the file's entries),
+//! for the common case where it can be reproduced exactly: the
 //! normalizer does nothing (checked by the caller), no added token strips spaces, must stand as a
 //! single word or is empty, and special tokens are not encoded as text. Then `tokenizers` finds
 //! the tokens that are not `normalized` in the text (leftmost-longest), and the `normalized` ones
@@ -8,6 +9,22 @@
 //! holding any added token's string takes the full way.
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use serde::Deserialize;
+
+/// An entry of a `tokenizer.json`'s `added_tokens`, as written: `tokenizers` builds its splitting
+/// from these entries (duplicates with different flags included), not from its id map.
+#[derive(Debug, Deserialize)]
+pub(super) struct AddedJson {
+    content: String,
+    #[serde(default)]
+    single_word: bool,
+    #[serde(default)]
+    lstrip: bool,
+    #[serde(default)]
+    rstrip: bool,
+    #[serde(default)]
+    normalized: bool,
+}
 
 /// One pass: the strings to find and their ids, pattern by pattern.
 pub(super) struct Pass {
@@ -72,20 +89,24 @@ pub(super) enum AddedTokens {
 }
 
 impl AddedTokens {
-    /// The added tokens of `tok` (whose normalizer does nothing).
-    pub(super) fn new(tok: &tokenizers::Tokenizer) -> Option<Self> {
-        let decoder = tok.get_added_tokens_decoder();
-        let tokens: Vec<_> = decoder.values().collect();
+    /// The added tokens of `tok` (whose normalizer does nothing), listed in its file as `listed`.
+    pub(super) fn new(tok: &tokenizers::Tokenizer, listed: &[AddedJson]) -> Option<Self> {
         let exact = !tok.get_encode_special_tokens()
-            && tokens
+            && listed
                 .iter()
                 .all(|t| !(t.lstrip || t.rstrip || t.single_word || t.content.is_empty()));
         if !exact {
-            let strings = tokens.iter().map(|t| &t.content).filter(|s| !s.is_empty());
+            // Every string that could be split off, from the file and from the id map.
+            let decoder = tok.get_added_tokens_decoder();
+            let strings = listed
+                .iter()
+                .map(|t| t.content.clone())
+                .chain(decoder.into_values().map(|t| t.content))
+                .filter(|s| !s.is_empty());
             return Some(Self::Refuse(AhoCorasick::new(strings).ok()?));
         }
         let with_id = |normalized: bool| -> Option<Vec<(&str, u32)>> {
-            tokens
+            listed
                 .iter()
                 .filter(|t| t.normalized == normalized)
                 .map(|t| Some((t.content.as_str(), tok.token_to_id(&t.content)?)))

@@ -12,20 +12,41 @@
 //! that leaves at least one, else fails and `\s+` takes the one character; `(\s+)` takes the
 //! whole run. So the matches are the same but for one case, corrected here: the `(\s+)` branch
 //! matched a run of two or more characters that does not end the text; then the match ends one
-//! character earlier, and the search goes on from there. Any other pattern runs as `tokenizers`
-//! compiles it.
+//! character earlier, and the search goes on from there.
+//!
+//! Only the heads `A` of the patterns the known tokenizers use are rewritten ([`KNOWN_HEADS`]: an
+//! arbitrary head could parse differently once the suffix is cut, or backtrack so much that
+//! `fancy-regex` gives up where the automata would not), and only in pieces of at most
+//! [`MAX_REWRITTEN_BYTES`]: `fancy-regex` stops a search after a million backtracks or a stack of
+//! a million entries, and `tokenizers` then leaves the rest of the piece unsplit. These heads
+//! cost it at most about nine backtracks and one stack entry per character, so no search within
+//! such a piece reaches either limit, and longer pieces run as `tokenizers` compiles them, limits
+//! included. Any other pattern runs as `tokenizers` compiles it.
 
 use tokenizers::utils::SysRegex;
 
 /// The ending the rewrite applies to.
 const TAIL: &str = r"|\s+(?!\S)|\s+";
 
+/// Longest piece the rewrite runs on (64 KiB); longer pieces run in `fancy-regex`.
+pub(super) const MAX_REWRITTEN_BYTES: usize = 1 << 16;
+
+/// The heads `A` of the known patterns `A|\s+(?!\S)|\s+`: GPT-2's, Llama 3's, Qwen 2's (one
+/// digit at a time) and DeepSeek V3's and V4's third split.
+const KNOWN_HEADS: [&str; 4] = [
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+",
+];
+
 /// One split pattern.
 pub(super) enum Matcher {
     /// The pattern as `tokenizers` compiled it.
     Fancy(SysRegex),
-    /// `A|(?P<tail>\s+)` for a pattern `A|\s+(?!\S)|\s+`.
-    Tail(regex::Regex),
+    /// `A|(?P<tail>\s+)` for a pattern `A|\s+(?!\S)|\s+`, and the pattern as compiled (for
+    /// long pieces).
+    Tail(regex::Regex, SysRegex),
 }
 
 impl Matcher {
@@ -33,9 +54,10 @@ impl Matcher {
     pub(super) fn new(pattern: &str, compiled: SysRegex) -> Self {
         let rewritten = pattern
             .strip_suffix(TAIL)
+            .filter(|head| KNOWN_HEADS.contains(head))
             .and_then(|head| regex::Regex::new(&format!("{head}|(?P<tail>\\s+)")).ok());
         match rewritten {
-            Some(re) => Self::Tail(re),
+            Some(re) => Self::Tail(re, compiled),
             None => Self::Fancy(compiled),
         }
     }
@@ -45,13 +67,13 @@ impl Matcher {
     /// empty match.
     pub(super) fn each(&self, text: &str, mut f: impl FnMut(usize, usize)) -> bool {
         let re = match self {
-            Self::Fancy(re) => {
-                for (s, e) in re.find_iter(text) {
+            Self::Tail(re, _) if text.len() <= MAX_REWRITTEN_BYTES => re,
+            Self::Fancy(compiled) | Self::Tail(_, compiled) => {
+                for (s, e) in compiled.find_iter(text) {
                     f(s, e);
                 }
                 return true;
             }
-            Self::Tail(re) => re,
         };
         let mut at = 0;
         while let Some(m) = re.find_at(text, at) {
@@ -90,9 +112,10 @@ mod tests {
 
     #[test]
     fn the_rewrite_finds_what_the_lookahead_finds() {
-        let pattern = r"'s| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
-        let tail = Matcher::new(pattern, SysRegex::new(pattern).unwrap());
-        assert!(matches!(tail, Matcher::Tail(_)));
+        let pattern = format!("{}{TAIL}", KNOWN_HEADS[0]);
+        let tail = Matcher::new(&pattern, SysRegex::new(&pattern).unwrap());
+        assert!(matches!(tail, Matcher::Tail(..)));
+        let pattern = pattern.as_str();
         let fancy = Matcher::Fancy(SysRegex::new(pattern).unwrap());
         for text in [
             "a   b",
@@ -110,14 +133,19 @@ mod tests {
     }
 
     #[test]
-    fn other_patterns_and_empty_matches_are_not_rewritten() {
-        let plain = r"\p{N}{1,3}";
-        assert!(matches!(
-            Matcher::new(plain, SysRegex::new(plain).unwrap()),
-            Matcher::Fancy(_)
-        ));
-        let empty = r"x*|\s+(?!\S)|\s+";
-        let m = Matcher::new(empty, SysRegex::new(empty).unwrap());
-        assert!(!m.each("ab", |_, _| {}));
+    fn only_known_heads_are_rewritten() {
+        // Unknown heads, one of which would parse differently once the suffix is cut (its `|`
+        // is a literal).
+        for pattern in [r"\p{N}{1,3}", r"x*|\s+(?!\S)|\s+", r"x\|\s+(?!\S)|\s+"] {
+            assert!(matches!(
+                Matcher::new(pattern, SysRegex::new(pattern).unwrap()),
+                Matcher::Fancy(_)
+            ));
+        }
+        for head in KNOWN_HEADS {
+            let pattern = format!("{head}{TAIL}");
+            let m = Matcher::new(&pattern, SysRegex::new(&pattern).unwrap());
+            assert!(matches!(m, Matcher::Tail(..)), "{head}");
+        }
     }
 }

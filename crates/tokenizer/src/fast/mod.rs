@@ -12,14 +12,18 @@
 //!
 //! - the regexes are the ones `tokenizers` compiles (its `Split` built from the same JSON, its
 //!   `SysRegex` for the byte-level GPT-2 pattern), so matches are the same, errors included;
+//!   the known patterns ending in GPT-2's `\s+(?!\S)|\s+` run without the lookahead, with the
+//!   same matches, in pieces too short for `fancy-regex`'s limits to matter (`matcher.rs`);
 //! - splits keep `tokenizers`' rules: `Isolated` keeps matches and gaps, `Removed` drops matches
 //!   (gaps with `invert`), empty pieces are dropped, a byte-level step with `add_prefix_space`
 //!   prefixes every piece it sees that does not start with a space;
 //! - each piece goes to the tokenizer's own model (`Model::tokenize`), so merges, byte fallback
 //!   and unknown tokens are the model's; the ids of short pieces are then kept in a bounded
 //!   cache (`pieces.rs`), since a piece's ids depend on its text alone;
-//! - text holding any added token's string is not taken (the caller encodes it the full way),
-//!   nor is any configuration not listed above ([`FastPath::new`] answers `None`).
+//! - added tokens are split off first as `tokenizers` does (`added.rs`), or, where a token's
+//!   flags make that not exactly reproducible, text holding one is not taken (the caller encodes
+//!   it the full way); nor is any configuration not listed above, a post-processor that could
+//!   change the ids, or BPE dropout ([`FastPath::new`] answers `None`).
 //!
 //! `tests/fast.rs` checks the ids against `encode_fast` on random text for the real DeepSeek-V4
 //! tokenizer and for small tokenizers of each supported shape.
@@ -28,9 +32,10 @@ mod added;
 mod matcher;
 mod pieces;
 
-use added::{AddedTokens, Segment};
+use added::{AddedJson, AddedTokens, Segment};
 use matcher::Matcher;
 use pieces::PieceCache;
+use serde::Deserialize;
 use serde_json::Value;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::utils::SysRegex;
@@ -114,8 +119,17 @@ fn byte_chars() -> [char; 256] {
 impl FastPath {
     /// The fast path of `tok`, or `None` when its configuration is one this module does not
     /// reproduce exactly.
-    pub(crate) fn new(tok: &tokenizers::Tokenizer) -> Option<Self> {
+    /// `file` is the `tokenizer.json` `tok` was read from.
+    pub(crate) fn new(tok: &tokenizers::Tokenizer, file: &str) -> Option<Self> {
         if tok.get_truncation().is_some() || tok.get_padding().is_some() {
+            return None;
+        }
+        let file: FileConfig = serde_json::from_str(file).ok()?;
+        // BPE dropout samples a split per call: neither cacheable nor reproducible.
+        if file.model.dropout.is_some_and(|p| p > 0.0) {
+            return None;
+        }
+        if !ids_kept(tok.get_post_processor().map(serde_json::to_value)) {
             return None;
         }
         if !identity_normalizer(tok.get_normalizer().map(serde_json::to_value)) {
@@ -128,7 +142,7 @@ impl FastPath {
             flatten(&config, &mut steps, &mut byte_level)?;
         }
         Some(Self {
-            added: AddedTokens::new(tok)?,
+            added: AddedTokens::new(tok, &file.added_tokens)?,
             steps,
             byte_level,
             byte_chars: byte_chars(),
@@ -304,6 +318,50 @@ fn regex_spans(
     whole
 }
 
+/// What this module reads of a `tokenizer.json` beyond what `tokenizers` exposes.
+#[derive(Deserialize)]
+struct FileConfig {
+    #[serde(default)]
+    added_tokens: Vec<AddedJson>,
+    model: ModelConfig,
+}
+
+#[derive(Deserialize)]
+struct ModelConfig {
+    #[serde(default)]
+    dropout: Option<f64>,
+}
+
+/// Whether a post-processor leaves the ids alone when no special tokens are added: none, a
+/// byte-level, BERT or RoBERTa one, a template whose single-sequence form holds the sequence
+/// once (`TemplateProcessing` repeats it once per `$A`, even then), or a sequence of these.
+fn ids_kept(config: Option<Result<Value, serde_json::Error>>) -> bool {
+    fn kept(v: &Value) -> bool {
+        match v.get("type").and_then(Value::as_str) {
+            Some("ByteLevel" | "BertProcessing" | "RobertaProcessing") => true,
+            Some("TemplateProcessing") => {
+                v.get("single")
+                    .and_then(Value::as_array)
+                    .is_some_and(|pieces| {
+                        let seqs: Vec<&Value> =
+                            pieces.iter().filter_map(|p| p.get("Sequence")).collect();
+                        seqs.len() == 1 && seqs[0].get("id").and_then(Value::as_str) == Some("A")
+                    })
+            }
+            Some("Sequence") => v
+                .get("processors")
+                .and_then(Value::as_array)
+                .is_some_and(|ps| ps.iter().all(kept)),
+            _ => false,
+        }
+    }
+    match config {
+        None => true,
+        Some(Ok(v)) => kept(&v),
+        Some(Err(_)) => false,
+    }
+}
+
 /// Whether a normalizer's configuration changes nothing: none, or an empty sequence.
 fn identity_normalizer(config: Option<Result<Value, serde_json::Error>>) -> bool {
     match config {
@@ -377,14 +435,62 @@ fn flatten(
 
 #[cfg(test)]
 mod tests {
-    use super::{byte_chars, FastPath, Matcher, Step};
+    use super::{byte_chars, ids_kept, FastPath, Matcher, Step};
+    use serde_json::json;
+
+    #[test]
+    fn bpe_dropout_is_refused() {
+        let file = |dropout: serde_json::Value| {
+            json!({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+                   "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+                   "decoder": null,
+                   "model": {"type": "BPE", "dropout": dropout, "vocab": {"a": 0, "b": 1, "ab": 2},
+                             "merges": ["a b"]}})
+            .to_string()
+        };
+        for (dropout, taken) in [(json!(null), true), (json!(0.0), true), (json!(0.5), false)] {
+            let file = file(dropout);
+            let tok: tokenizers::Tokenizer = file.parse().unwrap();
+            assert_eq!(FastPath::new(&tok, &file).is_some(), taken, "{file}");
+        }
+    }
+
+    #[test]
+    fn only_post_processors_that_keep_the_ids_are_taken() {
+        let seq = |id: &str| json!({"Sequence": {"id": id, "type_id": 0}});
+        let bos = json!({"SpecialToken": {"id": "<s>", "type_id": 0}});
+        let template = |single: Vec<serde_json::Value>| json!({"type": "TemplateProcessing", "single": single, "pair": [], "special_tokens": {}});
+        let byte_level = json!({"type": "ByteLevel", "add_prefix_space": true,
+                                "trim_offsets": true, "use_regex": true});
+        for (config, kept) in [
+            (template(vec![bos.clone(), seq("A")]), true),
+            (template(vec![seq("A"), seq("A")]), false),
+            (template(vec![bos.clone()]), false),
+            (template(vec![seq("B")]), false),
+            (
+                json!({"type": "Sequence", "processors": [byte_level.clone(),
+                                                         template(vec![seq("A")])]}),
+                true,
+            ),
+            (
+                json!({"type": "Sequence", "processors": [template(vec![seq("A"), seq("A")])]}),
+                false,
+            ),
+            (byte_level, true),
+            (json!({"type": "Unknown"}), false),
+        ] {
+            assert_eq!(ids_kept(Some(Ok(config.clone()))), kept, "{config}");
+        }
+        assert!(ids_kept(None));
+    }
 
     #[test]
     fn deepseeks_lookahead_split_runs_rewritten() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../../shared/tokenizers/deepseek-v4/tokenizer.json");
-        let tok = tokenizers::Tokenizer::from_file(path).unwrap();
-        let fast = FastPath::new(&tok).unwrap();
+        let file = std::fs::read_to_string(path).unwrap();
+        let tok: tokenizers::Tokenizer = file.parse().unwrap();
+        let fast = FastPath::new(&tok, &file).unwrap();
         let kinds: Vec<bool> = fast
             .steps
             .iter()
@@ -392,7 +498,7 @@ mod tests {
                 matches!(
                     s,
                     Step::Regex {
-                        regex: Matcher::Tail(_),
+                        regex: Matcher::Tail(..),
                         ..
                     }
                 )
