@@ -65,7 +65,8 @@ impl PieceCache {
     }
 
     fn shard(&self, key: &Key) -> std::sync::MutexGuard<'_, Shard> {
-        let shard = &self.shards[(key.0 >> 60) as usize % SHARDS];
+        // Middle bits: the map itself indexes by the low bits and tags by the high ones.
+        let shard = &self.shards[(key.0 >> 32) as usize % SHARDS];
         // A panic elsewhere while holding it leaves a map that is still whole.
         shard.lock().unwrap_or_else(|e| e.into_inner())
     }
