@@ -313,6 +313,15 @@ proptest! {
     }
 
     #[test]
+    fn any_characters_equal_full(chars in prop::collection::vec(any::<char>(), 0..40)) {
+        // Every Unicode scalar value, controls and marks included, not only the pieces above.
+        let text: String = chars.into_iter().collect();
+        deepseek().check(&text)?;
+        llama3_like().check(&text)?;
+        gpt2_style().check(&text)?;
+    }
+
+    #[test]
     fn word_level_equals_full(text in text()) {
         word_level().check(&text)?;
     }
