@@ -249,25 +249,47 @@ fn fixed_texts_match() {
 }
 
 #[test]
-fn duplicate_added_tokens_split_as_the_file_lists_them() {
-    // "<a>" is listed twice, raw and normalized; the raw entry is found first, before "a>".
+fn duplicate_added_tokens_split_as_tokenizers_does() {
     let mut vocab = serde_json::Map::new();
-    for (i, w) in ["<unk>", "the", "<", "x", "y"].iter().enumerate() {
+    for (i, w) in ["<unk>", "<", "x", "y", "the"].iter().enumerate() {
         vocab.insert((*w).into(), i.into());
     }
-    let added = |id: u32, content: &str, normalized: bool| {
+    let added = |id: u32, content: &str, special: bool, normalized: bool| {
         serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
-                           "rstrip": false, "normalized": normalized, "special": !normalized})
+                           "rstrip": false, "normalized": normalized, "special": special})
     };
-    let json = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "normalizer": null,
-        "added_tokens": [added(5, "<a>", false), added(6, "<a>", true), added(7, "a>", false)],
-        "pre_tokenizer": null, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
-    });
-    let pair = Pair::from_json("duplicates", &json);
-    for text in ["<a>", "x<a>y", "<a>a>", "the"] {
-        pair.check(text).unwrap();
+    let file = |added_tokens: Vec<serde_json::Value>| {
+        serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "normalizer": null,
+            "added_tokens": added_tokens, "pre_tokenizer": null, "post_processor": null,
+            "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+        })
+    };
+    // Listed twice alike: found as one token.
+    let alike = Pair::from_json(
+        "duplicates-alike",
+        &file(vec![
+            added(5, "<a>", true, false),
+            added(5, "<a>", true, false),
+            added(6, "a>", false, false),
+        ]),
+    );
+    // Listed twice with different flags: `tokenizers` keeps the special entry's flags and drops
+    // the plain one, so "<a>" is only found in the normalized pass, after "a>" in the raw one.
+    let mut differing = Pair::from_json(
+        "duplicates-differing",
+        &file(vec![
+            added(5, "<a>", true, true),
+            added(5, "<a>", false, false),
+            added(6, "a>", false, false),
+        ]),
+    );
+    differing.always_fast = false;
+    assert!(differing.ours.fast_encode("<a>").is_none());
+    for pair in [&alike, &differing] {
+        for text in ["<a>", "x<a>y", "<a>a>", "the"] {
+            pair.check(text).unwrap();
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //! extract_and_normalize`, over the tries `refresh_added_tokens` builds from the file's entries),
 //! for the common case where it can be reproduced exactly: the
 //! normalizer does nothing (checked by the caller), no added token strips spaces, must stand as a
-//! single word or is empty, and special tokens are not encoded as text. Then `tokenizers` finds
+//! single word or is empty, no string is listed twice with different `normalized` flags, and
+//! special tokens are not encoded as text. Then `tokenizers` finds
 //! the tokens that are not `normalized` in the text (leftmost-longest), and the `normalized` ones
 //! in what is left between them (leftmost-longest again); every match is its token's id and the
 //! text between matches goes through the pre-tokenizer and model piece by piece. Otherwise text
@@ -12,7 +13,7 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use serde::Deserialize;
 
 /// An entry of a `tokenizer.json`'s `added_tokens`, as written: `tokenizers` builds its splitting
-/// from these entries (duplicates with different flags included), not from its id map.
+/// from these entries, not from its id map (which keeps one token per id).
 #[derive(Debug, Deserialize)]
 pub(super) struct AddedJson {
     content: String,
@@ -91,7 +92,14 @@ pub(super) enum AddedTokens {
 impl AddedTokens {
     /// The added tokens of `tok` (whose normalizer does nothing), listed in its file as `listed`.
     pub(super) fn new(tok: &tokenizers::Tokenizer, listed: &[AddedJson]) -> Option<Self> {
-        let exact = !tok.get_encode_special_tokens()
+        // A string listed twice with different flags lands in one trie or the other by
+        // `tokenizers`' rules for special and plain entries: not reproduced, refused.
+        let mut flags = std::collections::HashMap::new();
+        let consistent = listed
+            .iter()
+            .all(|t| *flags.entry(t.content.as_str()).or_insert(t.normalized) == t.normalized);
+        let exact = consistent
+            && !tok.get_encode_special_tokens()
             && listed
                 .iter()
                 .all(|t| !(t.lstrip || t.rstrip || t.single_word || t.content.is_empty()));
