@@ -160,6 +160,48 @@ fn qwen2_like() -> &'static Pair {
     })
 }
 
+/// Qwen's shape: NFC, then the Qwen 2 split and the byte-level step; an added token whose
+/// string is not in NFC is found by its NFC form.
+fn qwen_nfc() -> &'static Pair {
+    static PAIR: OnceLock<Pair> = OnceLock::new();
+    PAIR.get_or_init(|| {
+        let pre = serde_json::json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
+             "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
+             "use_regex": false}]});
+        let mut json = byte_bpe(pre);
+        json["normalizer"] = serde_json::json!({"type": "NFC"});
+        let next = json["added_tokens"][0]["id"].as_u64().unwrap() + 1;
+        json["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({
+            "id": next, "content": "e\u{301}x", "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": true, "special": false}));
+        let mut pair = Pair::from_json("qwen-nfc", &json);
+        // Text NFC would change takes the full way.
+        pair.always_fast = false;
+        pair
+    })
+}
+
+#[test]
+fn nfc_text_takes_the_fast_path_and_other_text_the_full_way() {
+    let pair = qwen_nfc();
+    assert!(pair.ours.has_fast_path());
+    for text in [
+        "plain ascii",
+        "caf\u{e9} \u{e9}x 数字",
+        "\u{1ebf}\u{301}",
+        "\u{915}\u{93c}",
+    ] {
+        assert!(pair.ours.fast_encode(text).is_some(), "{text:?}");
+        pair.check(text).unwrap();
+    }
+    for text in ["cafe\u{301}", "e\u{301}x", "\u{212b}"] {
+        assert!(pair.ours.fast_encode(text).is_none(), "{text:?}");
+        pair.check(text).unwrap();
+    }
+}
+
 fn word_level() -> &'static Pair {
     static PAIR: OnceLock<Pair> = OnceLock::new();
     PAIR.get_or_init(|| {
@@ -203,6 +245,8 @@ fn text() -> impl Strategy<Value = String> {
         Just("ing".to_owned()),
         Just("é".to_owned()),
         Just("e\u{301}".to_owned()),
+        Just("\u{e9}x".to_owned()),
+        Just("\u{301}".to_owned()),
         Just("你好世界".to_owned()),
         Just("ひらがなカタカナ".to_owned()),
         Just("🦀".to_owned()),
@@ -332,6 +376,7 @@ proptest! {
         split_sequence().check(&text)?;
         llama3_like().check(&text)?;
         qwen2_like().check(&text)?;
+        qwen_nfc().check(&text)?;
     }
 
     #[test]
@@ -341,6 +386,7 @@ proptest! {
         deepseek().check(&text)?;
         llama3_like().check(&text)?;
         gpt2_style().check(&text)?;
+        qwen_nfc().check(&text)?;
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Added tokens, split off before anything else as `tokenizers` does it (`AddedVocabulary::
 //! extract_and_normalize`, over the tries `refresh_added_tokens` builds from the file's entries),
-//! for the common case where it can be reproduced exactly: the
-//! normalizer does nothing (checked by the caller), no added token strips spaces, must stand as a
+//! for the common case where it can be reproduced exactly: the text is left alone by the
+//! normalizer (checked by the caller; the normalized entries are found by their normalized
+//! strings, as `tokenizers` finds them), no added token strips spaces, must stand as a
 //! single word or is empty, no string is listed twice with different `normalized` flags, and
 //! special tokens are not encoded as text. Then `tokenizers` finds
 //! the tokens that are not `normalized` in the text (leftmost-longest), and the `normalized` ones
@@ -9,6 +10,7 @@
 //! text between matches goes through the pre-tokenizer and model piece by piece. Otherwise text
 //! holding any added token's string takes the full way.
 
+use super::config::Normalizer;
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use serde::Deserialize;
 
@@ -34,7 +36,7 @@ pub(super) struct Pass {
 }
 
 impl Pass {
-    fn new(tokens: &[(&str, u32)]) -> Option<Self> {
+    fn new(tokens: &[(String, u32)]) -> Option<Self> {
         let trie = match tokens.is_empty() {
             true => None,
             false => Some(
@@ -91,7 +93,11 @@ pub(super) enum AddedTokens {
 
 impl AddedTokens {
     /// The added tokens of `tok` (whose normalizer does nothing), listed in its file as `listed`.
-    pub(super) fn new(tok: &tokenizers::Tokenizer, listed: &[AddedJson]) -> Option<Self> {
+    pub(super) fn new(
+        tok: &tokenizers::Tokenizer,
+        listed: &[AddedJson],
+        normalizer: Normalizer,
+    ) -> Option<Self> {
         // A string listed twice with different flags lands in one trie or the other by
         // `tokenizers`' rules for special and plain entries: not reproduced, refused.
         let mut flags = std::collections::HashMap::new();
@@ -113,11 +119,21 @@ impl AddedTokens {
                 .filter(|s| !s.is_empty());
             return Some(Self::Refuse(AhoCorasick::new(strings).ok()?));
         }
-        let with_id = |normalized: bool| -> Option<Vec<(&str, u32)>> {
+        // `tokenizers` finds the normalized entries by their normalized strings.
+        let pattern = |t: &AddedJson| -> String {
+            match (t.normalized, normalizer) {
+                (true, Normalizer::Nfc) => {
+                    use unicode_normalization_alignments::UnicodeNormalization;
+                    t.content.as_str().nfc().map(|(c, _)| c).collect()
+                }
+                _ => t.content.clone(),
+            }
+        };
+        let with_id = |normalized: bool| -> Option<Vec<(String, u32)>> {
             listed
                 .iter()
                 .filter(|t| t.normalized == normalized)
-                .map(|t| Some((t.content.as_str(), tok.token_to_id(&t.content)?)))
+                .map(|t| Some((pattern(t), tok.token_to_id(&t.content)?)))
                 .collect()
         };
         Some(Self::Split {

@@ -52,17 +52,40 @@ pub(super) fn ids_kept(config: Option<Result<Value, serde_json::Error>>) -> bool
     }
 }
 
-/// Whether a normalizer's configuration changes nothing: none, or an empty sequence.
-pub(super) fn identity_normalizer(config: Option<Result<Value, serde_json::Error>>) -> bool {
-    match config {
-        None => true,
-        Some(Ok(v)) => {
-            v.get("type").and_then(Value::as_str) == Some("Sequence")
-                && v.get("normalizers")
-                    .and_then(Value::as_array)
-                    .is_some_and(Vec::is_empty)
+/// What a normalizer the fast path takes does to text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Normalizer {
+    /// Nothing: none, or an empty sequence.
+    Identity,
+    /// Unicode NFC (Qwen's tokenizers), alone or in a sequence: it leaves text that is already in
+    /// NFC alone, and the fast path takes only such text.
+    Nfc,
+}
+
+/// The normalizer of a configuration, or `None` for one the fast path does not take.
+pub(super) fn normalizer(config: Option<Result<Value, serde_json::Error>>) -> Option<Normalizer> {
+    fn of(v: &Value) -> Option<Normalizer> {
+        match v.get("type")?.as_str()? {
+            "NFC" => Some(Normalizer::Nfc),
+            "Sequence" => {
+                let parts = v.get("normalizers")?.as_array()?;
+                let mut nfc = false;
+                for part in parts {
+                    nfc |= of(part)? == Normalizer::Nfc;
+                }
+                Some(if nfc {
+                    Normalizer::Nfc
+                } else {
+                    Normalizer::Identity
+                })
+            }
+            _ => None,
         }
-        Some(Err(_)) => false,
+    }
+    match config {
+        None => Some(Normalizer::Identity),
+        Some(Ok(v)) => of(&v),
+        Some(Err(_)) => None,
     }
 }
 

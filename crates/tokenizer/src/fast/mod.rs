@@ -5,9 +5,9 @@
 //! alignment per byte, rebuilt at every split and at the byte-level transform, and hands the model
 //! each piece as `Token`s with their strings: about 2 µs a token for the DeepSeek-V4 tokenizer,
 //! and the largest single cost of routing a text request. The router needs the ids alone. For a
-//! tokenizer whose normalizer does nothing, whose pre-tokenizer is a sequence of regex splits,
-//! whitespace splits and a final byte-level step, and which neither truncates nor pads, the ids
-//! are the model's ids of each piece in order, where the pieces are found with the tokenizer's own
+//! tokenizer whose normalizer does nothing (or is NFC, for text already in NFC), whose
+//! pre-tokenizer is a sequence of regex splits, whitespace splits and a final byte-level step,
+//! and which neither truncates nor pads, the ids are the model's ids of each piece in order, where the pieces are found with the tokenizer's own
 //! compiled regexes over plain string slices. This module does exactly that and nothing else:
 //!
 //! - the regexes are the ones `tokenizers` compiles (its `Split` built from the same JSON, its
@@ -34,7 +34,7 @@ mod matcher;
 mod pieces;
 
 use added::{AddedTokens, Segment};
-use config::{flatten, identity_normalizer, ids_kept, FileConfig};
+use config::{flatten, ids_kept, normalizer, FileConfig, Normalizer};
 use matcher::Matcher;
 use pieces::PieceCache;
 use tokenizers::Model;
@@ -79,6 +79,8 @@ struct Scratch {
 /// The pipeline of one tokenizer, for text without added tokens.
 pub(crate) struct FastPath {
     added: AddedTokens,
+    /// Text the normalizer would change takes the full way.
+    normalizer: Normalizer,
     steps: Vec<Step>,
     byte_level: Option<ByteLevel>,
     /// Each byte's character in the byte-level alphabet.
@@ -94,6 +96,12 @@ impl std::fmt::Debug for FastPath {
             .field("byte_level", &self.byte_level.is_some())
             .finish_non_exhaustive()
     }
+}
+
+/// Whether NFC leaves `text` as it is, by the same tables `tokenizers` normalizes with.
+fn is_nfc(text: &str) -> bool {
+    use unicode_normalization_alignments::UnicodeNormalization;
+    text.is_ascii() || text.nfc().map(|(c, _)| c).eq(text.chars())
 }
 
 /// GPT-2's byte-to-character table: printable Latin-1 bytes stand for themselves, the others
@@ -130,9 +138,7 @@ impl FastPath {
         if !ids_kept(tok.get_post_processor().map(serde_json::to_value)) {
             return None;
         }
-        if !identity_normalizer(tok.get_normalizer().map(serde_json::to_value)) {
-            return None;
-        }
+        let normalizer = normalizer(tok.get_normalizer().map(serde_json::to_value))?;
         let mut steps = Vec::new();
         let mut byte_level = None;
         if let Some(pre) = tok.get_pre_tokenizer() {
@@ -140,7 +146,8 @@ impl FastPath {
             flatten(&config, &mut steps, &mut byte_level)?;
         }
         Some(Self {
-            added: AddedTokens::new(tok, &file.added_tokens)?,
+            added: AddedTokens::new(tok, &file.added_tokens, normalizer)?,
+            normalizer,
             steps,
             byte_level,
             byte_chars: byte_chars(),
@@ -151,6 +158,9 @@ impl FastPath {
     /// The ids of `text` as `encode_fast(text, false)` gives them, or `None` when the text must
     /// take the full way (it holds an added token, or the model refused a piece).
     pub(crate) fn encode(&self, model: &impl Model, text: &str) -> Option<Vec<u32>> {
+        if self.normalizer == Normalizer::Nfc && !is_nfc(text) {
+            return None;
+        }
         let mut ids = Vec::with_capacity(text.len() / 3 + 1);
         let mut scratch = Scratch::default();
         self.added.split(text, |segment| match segment {

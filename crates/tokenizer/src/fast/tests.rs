@@ -1,6 +1,6 @@
 //! Unit tests of the fast path's configuration checks and tables.
 
-use super::config::ids_kept;
+use super::config::{ids_kept, normalizer, Normalizer};
 use super::{byte_chars, FastPath, Matcher, Step};
 use serde_json::json;
 
@@ -87,4 +87,32 @@ fn the_byte_table_is_gpt2s() {
     all.sort_unstable();
     all.dedup();
     assert_eq!(all.len(), 256);
+}
+
+#[test]
+fn nfc_and_empty_normalizers_are_taken_others_not() {
+    for (config, want) in [
+        (json!({"type": "NFC"}), Some(Normalizer::Nfc)),
+        (
+            json!({"type": "Sequence", "normalizers": []}),
+            Some(Normalizer::Identity),
+        ),
+        (
+            json!({"type": "Sequence", "normalizers": [{"type": "NFC"}]}),
+            Some(Normalizer::Nfc),
+        ),
+        (
+            json!({"type": "Sequence", "normalizers": [{"type": "Sequence", "normalizers": []}]}),
+            Some(Normalizer::Identity),
+        ),
+        (json!({"type": "Lowercase"}), None),
+        (json!({"type": "NFKC"}), None),
+        (
+            json!({"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Lowercase"}]}),
+            None,
+        ),
+    ] {
+        assert_eq!(normalizer(Some(Ok(config.clone()))), want, "{config}");
+    }
+    assert_eq!(normalizer(None), Some(Normalizer::Identity));
 }
