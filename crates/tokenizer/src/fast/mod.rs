@@ -7,8 +7,9 @@
 //! and the largest single cost of routing a text request. The router needs the ids alone. For a
 //! tokenizer whose normalizer does nothing (or is NFC, for text already in NFC), whose
 //! pre-tokenizer is a sequence of regex splits, whitespace splits and a final byte-level step,
-//! and which neither truncates nor pads, the ids are the model's ids of each piece in order, where the pieces are found with the tokenizer's own
-//! compiled regexes over plain string slices. This module does exactly that and nothing else:
+//! and which neither truncates nor pads, the ids are the model's ids of each piece in order,
+//! where the pieces are found with the tokenizer's own compiled regexes over plain string slices.
+//! This module does exactly that and nothing else:
 //!
 //! - the regexes are the ones `tokenizers` compiles (its `Split` built from the same JSON, its
 //!   `SysRegex` for the byte-level GPT-2 pattern), so matches are the same, errors included;
