@@ -274,7 +274,7 @@ def main():
     work = tempfile.mkdtemp(prefix="kvr-realistic-")
     tok = os.path.join(work, "tokenizer.json")
     if a.tokenizer:
-        tok = a.tokenizer
+        tok = os.path.abspath(a.tokenizer)
     else:
         write_tokenizer(tok, a.vocab)
     procs = Procs(work)

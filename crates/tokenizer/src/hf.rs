@@ -80,8 +80,7 @@ impl HfTokenizer {
 }
 
 impl HfTokenizer {
-    /// Whether this tokenizer's configuration takes the fast encode path (`fast.rs`) for text
-    /// without added tokens.
+    /// Whether this tokenizer's configuration takes the fast encode path (`fast/`).
     pub fn has_fast_path(&self) -> bool {
         self.fast.is_some()
     }
@@ -101,11 +100,7 @@ impl Tokenizer for HfTokenizer {
     }
 
     fn encode(&self, text: &str) -> Vec<u32> {
-        if let Some(ids) = self
-            .fast
-            .as_ref()
-            .and_then(|f| f.encode(self.inner.get_model(), text))
-        {
+        if let Some(ids) = self.fast_encode(text) {
             return ids;
         }
         // Ids only: `encode_fast` skips the offsets `encode` converts for every token.

@@ -10,7 +10,7 @@
 //! text between matches goes through the pre-tokenizer and model piece by piece. Otherwise text
 //! holding any added token's string takes the full way.
 
-use super::config::Normalizer;
+use super::config::{nfc, Normalizer};
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use serde::Deserialize;
 
@@ -92,7 +92,7 @@ pub(super) enum AddedTokens {
 }
 
 impl AddedTokens {
-    /// The added tokens of `tok` (whose normalizer does nothing), listed in its file as `listed`.
+    /// The added tokens of `tok`, listed in its file as `listed`, under its `normalizer`.
     pub(super) fn new(
         tok: &tokenizers::Tokenizer,
         listed: &[AddedJson],
@@ -122,10 +122,7 @@ impl AddedTokens {
         // `tokenizers` finds the normalized entries by their normalized strings.
         let pattern = |t: &AddedJson| -> String {
             match (t.normalized, normalizer) {
-                (true, Normalizer::Nfc) => {
-                    use unicode_normalization_alignments::UnicodeNormalization;
-                    t.content.as_str().nfc().map(|(c, _)| c).collect()
-                }
+                (true, Normalizer::Nfc) => nfc(&t.content).collect(),
                 _ => t.content.clone(),
             }
         };

@@ -62,6 +62,12 @@ pub(super) enum Normalizer {
     Nfc,
 }
 
+/// The characters of `text` in NFC, by the tables `tokenizers` normalizes with.
+pub(super) fn nfc(text: &str) -> impl Iterator<Item = char> + '_ {
+    use unicode_normalization_alignments::UnicodeNormalization;
+    text.nfc().map(|(c, _)| c)
+}
+
 /// The normalizer of a configuration, or `None` for one the fast path does not take.
 pub(super) fn normalizer(config: Option<Result<Value, serde_json::Error>>) -> Option<Normalizer> {
     fn of(v: &Value) -> Option<Normalizer> {

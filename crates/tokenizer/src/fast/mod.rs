@@ -35,7 +35,7 @@ mod matcher;
 mod pieces;
 
 use added::{AddedTokens, Segment};
-use config::{flatten, ids_kept, normalizer, FileConfig, Normalizer};
+use config::{flatten, ids_kept, nfc, normalizer, FileConfig, Normalizer};
 use matcher::Matcher;
 use pieces::PieceCache;
 use tokenizers::Model;
@@ -77,7 +77,7 @@ struct Scratch {
     next: Vec<(usize, usize)>,
 }
 
-/// The pipeline of one tokenizer, for text without added tokens.
+/// The pipeline of one tokenizer.
 pub(crate) struct FastPath {
     added: AddedTokens,
     /// Text the normalizer would change takes the full way.
@@ -99,10 +99,9 @@ impl std::fmt::Debug for FastPath {
     }
 }
 
-/// Whether NFC leaves `text` as it is, by the same tables `tokenizers` normalizes with.
+/// Whether NFC leaves `text` as it is.
 fn is_nfc(text: &str) -> bool {
-    use unicode_normalization_alignments::UnicodeNormalization;
-    text.is_ascii() || text.nfc().map(|(c, _)| c).eq(text.chars())
+    text.is_ascii() || nfc(text).eq(text.chars())
 }
 
 /// GPT-2's byte-to-character table: printable Latin-1 bytes stand for themselves, the others
@@ -124,9 +123,8 @@ fn byte_chars() -> [char; 256] {
 }
 
 impl FastPath {
-    /// The fast path of `tok`, or `None` when its configuration is one this module does not
-    /// reproduce exactly.
-    /// `file` is the `tokenizer.json` `tok` was read from.
+    /// The fast path of `tok`, read from `file` (its `tokenizer.json`), or `None` when its
+    /// configuration is one this module does not reproduce exactly.
     pub(crate) fn new(tok: &tokenizers::Tokenizer, file: &str) -> Option<Self> {
         if tok.get_truncation().is_some() || tok.get_padding().is_some() {
             return None;
@@ -157,7 +155,8 @@ impl FastPath {
     }
 
     /// The ids of `text` as `encode_fast(text, false)` gives them, or `None` when the text must
-    /// take the full way (it holds an added token, or the model refused a piece).
+    /// take the full way: NFC would change it, it holds an added token that cannot be split off
+    /// exactly, a rewritten split found an empty match, or the model refused a piece.
     pub(crate) fn encode(&self, model: &impl Model, text: &str) -> Option<Vec<u32>> {
         if self.normalizer == Normalizer::Nfc && !is_nfc(text) {
             return None;
