@@ -71,6 +71,7 @@ mod routing;
 mod state;
 mod update;
 mod update_metrics;
+mod upstream;
 pub mod validate;
 mod weight_source;
 mod zmq_contexts;

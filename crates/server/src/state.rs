@@ -3,6 +3,7 @@
 
 use crate::config::{ServeConfig, WorkerEntry};
 use crate::metrics::Metrics;
+use axum::body::Bytes;
 use kvrouter_core::ids::RequestId;
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::Router;
@@ -64,6 +65,8 @@ pub(crate) struct Inner {
     pub(crate) request_ids: crate::access::RequestIds,
     pub(crate) epoch: Instant,
     pub(crate) http: reqwest::Client,
+    /// Workers' answers over plain HTTP, read by the task that forwards them.
+    pub(crate) upstream: Arc<crate::upstream::Client>,
     pub(crate) tokenizer: CachedTokenizer,
     pub(crate) tokenize_slots: Arc<Semaphore>,
     pub(crate) metrics: Metrics,
@@ -232,9 +235,11 @@ impl Inner {
     /// asked for a stream (engines send a non-streamed answer's headers with the whole answer).
     pub(crate) async fn send_upstream(
         &self,
-        request: reqwest::RequestBuilder,
+        url: &str,
+        request_id: &axum::http::HeaderValue,
+        body: &Bytes,
         stream: bool,
-    ) -> Result<reqwest::Response, String> {
+    ) -> Result<crate::upstream::Response, String> {
         let (limit, flag) = if stream {
             (
                 self.config.upstream_first_byte_timeout,
@@ -246,9 +251,25 @@ impl Inner {
                 "--upstream-response-timeout-secs",
             )
         };
-        match tokio::time::timeout(limit, request.send()).await {
-            Ok(Ok(r)) => Ok(r),
-            Ok(Err(e)) => Err(e.to_string()),
+        // Plain HTTP workers: the forwarding task reads the answer (`upstream.rs`); others
+        // (https) through reqwest.
+        let send = async {
+            match crate::upstream::Target::of(url) {
+                Some(target) => self.upstream.send(&target, request_id, body).await,
+                None => self
+                    .http
+                    .post(url)
+                    .header("content-type", "application/json")
+                    .header(crate::access::REQUEST_ID_HEADER, request_id.clone())
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .map(crate::upstream::Response::from_reqwest)
+                    .map_err(|e| e.to_string()),
+            }
+        };
+        match tokio::time::timeout(limit, send).await {
+            Ok(r) => r,
             Err(_) => {
                 self.metrics
                     .upstream_timeouts
@@ -370,6 +391,7 @@ impl AppState {
             .connect_timeout(config.upstream_connect_timeout)
             .build()
             .expect("HTTP client");
+        let upstream = crate::upstream::Client::new(config.upstream_connect_timeout);
         let tokenizer =
             CachedTokenizer::new(config.tokenizer.clone(), config.tokenizer_cache_tokens);
         let slots = config.tokenize_concurrency.max(1);
@@ -394,6 +416,7 @@ impl AppState {
                 request_ids: crate::access::RequestIds::new(),
                 epoch: Instant::now(),
                 http,
+                upstream,
                 tokenizer,
                 tokenize_slots: Arc::new(Semaphore::new(slots)),
                 metrics: Metrics::new(),

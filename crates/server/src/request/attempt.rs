@@ -40,7 +40,7 @@ pub(crate) enum Origin {
 
 /// An attempt on its way: the upstream's response, its guard and its placement.
 pub(crate) struct Sent {
-    pub(crate) response: reqwest::Response,
+    pub(crate) response: crate::upstream::Response,
     pub(crate) guard: LoadGuard,
     pub(crate) decision: Decision,
 }
@@ -113,15 +113,8 @@ pub(crate) async fn attempt(
             guard.retire();
             continue;
         };
-        let send = inner.send_upstream(
-            inner
-                .http
-                .post(format!("{base}{}", req.upstream_path()))
-                .header("content-type", "application/json")
-                .header(crate::access::REQUEST_ID_HEADER, req.request_id.clone())
-                .body(body.clone()),
-            req.stream,
-        );
+        let url = format!("{base}{}", req.upstream_path());
+        let send = inner.send_upstream(&url, &req.request_id, body, req.stream);
         let sent = tokio::select! {
             r = send => r,
             _ = stopped(stop) => {

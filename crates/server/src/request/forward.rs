@@ -14,6 +14,7 @@ use crate::health::Source;
 use crate::provenance::Provenance;
 use crate::routing::routing_input;
 use crate::state::stopped;
+use crate::upstream::Response;
 use axum::body::Bytes;
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -53,13 +54,16 @@ impl Flow {
 
 type Upstream = Coalesce<BoxStream<'static, Result<Bytes, String>>>;
 
-fn upstream(response: reqwest::Response, config: &crate::config::ServeConfig) -> Upstream {
-    let chunks = response
-        .bytes_stream()
-        .map(|r| r.map_err(|e| e.to_string()))
-        .boxed();
+fn upstream(response: Response, config: &crate::config::ServeConfig) -> Upstream {
+    // A body read by this task has nothing to hand over on a turn of the scheduler: what is
+    // read is decoded at once, so no turn is taken for it.
+    let yields = match response.read_here() {
+        true => 0,
+        false => config.stream_coalesce_yields,
+    };
+    let chunks = response.into_stream();
     let hold = Hold {
-        yields: config.stream_coalesce_yields,
+        yields,
         max: config.stream_coalesce_max_hold,
     };
     Coalesce::new(chunks, config.stream_coalesce_max_bytes, hold)
@@ -122,7 +126,7 @@ async fn next_chunk(up: &mut Upstream, idle: Option<&mut Idle>) -> Option<Result
 /// when it says so.
 pub(crate) fn stream(
     flow: Flow,
-    response: reqwest::Response,
+    response: Response,
     guard: LoadGuard,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
     let config = &flow.req.state.inner.config;
@@ -216,7 +220,7 @@ pub(crate) enum Read {
 
 /// Reads a whole (non-streamed) answer, unless its group gets enough samples first.
 pub(crate) async fn read(
-    response: reqwest::Response,
+    response: Response,
     guard: &mut LoadGuard,
     stop: &mut Option<watch::Receiver<bool>>,
 ) -> Read {
@@ -232,7 +236,7 @@ pub(crate) async fn read(
             guard.on_chunk(&b);
             Read::Body(b)
         }
-        Err(e) => Read::Failed(e.to_string()),
+        Err(e) => Read::Failed(e),
     }
 }
 
@@ -293,7 +297,7 @@ impl Flow {
         &mut self,
         mut guard: LoadGuard,
         after_abort: bool,
-    ) -> Result<Option<(reqwest::Response, LoadGuard)>, ServeError> {
+    ) -> Result<Option<(Response, LoadGuard)>, ServeError> {
         let prov = guard.take_provenance().map(|mut p| {
             p.update_aborts += u32::from(after_abort);
             p

@@ -9,7 +9,7 @@ use crate::error::ServeError;
 use crate::health::Source;
 use crate::routing::Kind;
 use axum::body::Body;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::Decision;
@@ -28,8 +28,7 @@ pub(crate) async fn respond(
         decision,
     } = sent;
     let worker = decision.rank.worker;
-    let status =
-        StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let status = response.status();
     let config = &req.state.inner.config;
     let (expose, limit) = (config.expose_decisions, config.migration_limit);
     // Streams are followed event by event when they may have to be continued elsewhere:
@@ -65,12 +64,8 @@ pub(crate) async fn respond(
         return Ok(builder.body(Body::from(out)).expect("valid response"));
     }
     let mut builder = Response::builder().status(status);
-    if let Some(ct) = response
-        .headers()
-        .get("content-type")
-        .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
-    {
-        builder = builder.header("content-type", ct);
+    if let Some(ct) = response.content_type() {
+        builder = builder.header("content-type", ct.clone());
     }
     let builder = headers(builder, worker, version, &decision, expose);
     // Pass-through answers (Responses events, embeddings, token lists) go out unchanged.

@@ -1,0 +1,283 @@
+use super::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+/// What a scripted worker does with one request on a connection.
+#[derive(Clone, Copy)]
+enum Act {
+    /// Answers with these bytes and keeps the connection.
+    Answer(&'static str),
+    /// Answers, then closes.
+    AnswerClose(&'static str),
+    /// Reads the request and closes without answering.
+    Drop,
+}
+
+/// A worker on 127.0.0.1:0 that plays `script[i]` on its i-th connection (one act per
+/// request); it reports each connection it accepts and each request it reads.
+async fn worker(script: Vec<Vec<Act>>) -> (String, mpsc::UnboundedReceiver<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        for (n, acts) in script.into_iter().enumerate() {
+            let (mut s, _) = listener.accept().await.unwrap();
+            tx.send(format!("conn {n}")).unwrap();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                for act in acts {
+                    let Some(req) = read_request(&mut s).await else {
+                        return;
+                    };
+                    tx.send(req).unwrap();
+                    match act {
+                        Act::Answer(a) => s.write_all(a.as_bytes()).await.unwrap(),
+                        Act::AnswerClose(a) => {
+                            s.write_all(a.as_bytes()).await.unwrap();
+                            return;
+                        }
+                        Act::Drop => return,
+                    }
+                }
+                // Keeps the connection open until the client closes it.
+                let _ = s.read(&mut [0u8; 1]).await;
+            });
+        }
+    });
+    (base, rx)
+}
+
+/// One request (head and its content-length body) as text.
+async fn read_request(s: &mut TcpStream) -> Option<String> {
+    let mut buf = Vec::new();
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut req = httparse::Request::new(&mut headers);
+        if let Ok(httparse::Status::Complete(len)) = req.parse(&buf) {
+            let cl: usize = req
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                .map(|h| std::str::from_utf8(h.value).unwrap().parse().unwrap())
+                .unwrap_or(0);
+            if buf.len() >= len + cl {
+                return Some(String::from_utf8_lossy(&buf).into_owned());
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+const OK: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+
+async fn send(client: &Arc<Client>, base: &str, body: &'static str) -> Result<Response, String> {
+    let target = Target::of(&format!("{base}/v1/completions")).unwrap();
+    client
+        .send(
+            &target,
+            &HeaderValue::from_static("rid-1"),
+            &Bytes::from(body),
+        )
+        .await
+}
+
+#[tokio::test]
+async fn a_kept_connection_carries_the_next_request() {
+    let (base, mut seen) = worker(vec![vec![Act::Answer(OK), Act::Answer(OK)]]).await;
+    let client = Client::new(Duration::from_secs(5));
+    for _ in 0..2 {
+        let r = send(&client, &base, "{\"a\":1}").await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.content_type().unwrap(), "application/json");
+        assert_eq!(&r.bytes().await.unwrap()[..], b"{}");
+    }
+    assert_eq!(seen.recv().await.unwrap(), "conn 0");
+    let req = seen.recv().await.unwrap();
+    assert!(
+        req.starts_with("POST /v1/completions HTTP/1.1\r\n"),
+        "{req}"
+    );
+    assert!(req.ends_with("\r\n\r\n{\"a\":1}"), "{req}");
+    assert!(req.contains("rid-1"));
+    // The second request came on the same connection.
+    assert!(seen.recv().await.unwrap().starts_with("POST"));
+}
+
+#[tokio::test]
+async fn a_connection_the_worker_closed_is_not_reused() {
+    let (base, mut seen) = worker(vec![vec![Act::AnswerClose(OK)], vec![Act::Answer(OK)]]).await;
+    let client = Client::new(Duration::from_secs(5));
+    let r = send(&client, &base, "{}").await.unwrap();
+    assert_eq!(&r.bytes().await.unwrap()[..], b"{}");
+    assert_eq!(seen.recv().await.unwrap(), "conn 0");
+    seen.recv().await.unwrap();
+    let r = send(&client, &base, "{}").await.unwrap();
+    assert_eq!(&r.bytes().await.unwrap()[..], b"{}");
+    assert_eq!(seen.recv().await.unwrap(), "conn 1");
+}
+
+#[tokio::test]
+async fn a_reused_connection_closed_before_the_answer_is_replaced_once() {
+    // The kept connection reads the second request and closes: it goes again on a new one.
+    let (base, mut seen) = worker(vec![
+        vec![Act::Answer(OK), Act::Drop],
+        vec![Act::Answer(OK)],
+    ])
+    .await;
+    let client = Client::new(Duration::from_secs(5));
+    send(&client, &base, "{}")
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let r = send(&client, &base, "{}").await.unwrap();
+    assert_eq!(&r.bytes().await.unwrap()[..], b"{}");
+    let events: Vec<String> = std::iter::from_fn(|| seen.try_recv().ok()).collect();
+    let conns = events.iter().filter(|e| e.starts_with("conn")).count();
+    let requests = events.iter().filter(|e| e.starts_with("POST")).count();
+    assert_eq!((conns, requests), (2, 3), "{events:?}");
+    // A new connection that closes before answering is a failure, not resent.
+    let (base, _seen) = worker(vec![vec![Act::Drop], vec![Act::Answer(OK)]]).await;
+    let err = send(&client, &base, "{}").await.err().unwrap();
+    assert!(err.contains("closed before an answer"), "{err}");
+}
+
+#[tokio::test]
+async fn a_chunked_stream_comes_out_whole_and_its_connection_is_kept() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (go_tx, mut go_rx) = mpsc::unbounded_channel::<&'static str>();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        read_request(&mut s).await.unwrap();
+        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            .await
+            .unwrap();
+        // Each piece is written when the test says so (split anywhere, even in a size line).
+        while let Some(piece) = go_rx.recv().await {
+            s.write_all(piece.as_bytes()).await.unwrap();
+        }
+        // Then a second request on the same connection.
+        read_request(&mut s).await.unwrap();
+        s.write_all(OK.as_bytes()).await.unwrap();
+        let _ = s.read(&mut [0u8; 1]).await;
+    });
+    let client = Client::new(Duration::from_secs(5));
+    let r = send(&client, &base, "{}").await.unwrap();
+    assert_eq!(r.content_type().unwrap(), "text/event-stream");
+    let mut body = r.into_stream();
+    // Each piece, and the body bytes it completes (split anywhere, even in a size line).
+    let pieces = [
+        ("6\r\ndata: ", "data: "),
+        ("\r\n", ""),
+        ("3\r\na\n\n\r\n", "a\n\n"),
+        ("e", ""),
+        ("\r\ndata: [DONE]\n\n\r\n0\r\n\r\n", "data: [DONE]\n\n"),
+    ];
+    for (piece, out) in pieces {
+        go_tx.send(piece).unwrap();
+        let mut got = Vec::new();
+        while got.len() < out.len() {
+            got.extend_from_slice(&body.next().await.unwrap().unwrap());
+        }
+        assert_eq!(String::from_utf8(got).unwrap(), out);
+    }
+    assert!(body.next().await.is_none());
+    drop(go_tx);
+    // The stream ended: the connection is back and answers the next request.
+    let r = send(&client, &base, "{}").await.unwrap();
+    assert_eq!(&r.bytes().await.unwrap()[..], b"{}");
+}
+
+#[tokio::test]
+async fn a_body_cut_short_is_an_error_and_its_connection_is_dropped() {
+    let short = "HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc";
+    let (base, mut seen) = worker(vec![vec![Act::AnswerClose(short)], vec![Act::Answer(OK)]]).await;
+    let client = Client::new(Duration::from_secs(5));
+    let err = send(&client, &base, "{}")
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .err()
+        .unwrap();
+    assert!(err.contains("before the end of the body"), "{err}");
+    send(&client, &base, "{}")
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let conns = std::iter::from_fn(|| seen.try_recv().ok())
+        .filter(|e| e.starts_with("conn"))
+        .count();
+    assert_eq!(conns, 2);
+    // A body framed by the close is whole when the connection closes.
+    let (base, _seen) = worker(vec![vec![Act::AnswerClose(
+        "HTTP/1.1 200 OK\r\n\r\nall of it",
+    )]])
+    .await;
+    let body = send(&client, &base, "{}")
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(&body[..], b"all of it");
+}
+
+#[tokio::test]
+async fn nothing_listening_is_a_connect_error() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let client = Client::new(Duration::from_secs(5));
+    let err = send(&client, &base, "{}").await.err().unwrap();
+    assert!(err.starts_with("connect to 127.0.0.1:"), "{err}");
+}
+
+#[test]
+fn targets_are_plain_http_urls() {
+    let t = Target::of("http://h.example:8000/v1/completions?a=b").unwrap();
+    assert_eq!(&*t.addr, "h.example:8000");
+    assert_eq!(t.host, "h.example:8000");
+    assert_eq!(t.path, "/v1/completions?a=b");
+    let t = Target::of("http://[::1]/x").unwrap();
+    assert_eq!((&*t.addr, t.host.as_str()), ("[::1]:80", "[::1]"));
+    assert!(Target::of("https://h/x").is_none());
+    assert!(Target::of("http://user:pw@h/x").is_none());
+    assert!(Target::of("not a url").is_none());
+}
+
+#[tokio::test]
+async fn expired_idle_connections_of_every_address_are_swept() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (a, _) = tokio::join!(TcpStream::connect(addr), listener.accept());
+    let (b, _) = tokio::join!(TcpStream::connect(addr), listener.accept());
+    let now = Instant::now();
+    let Some(old) = now.checked_sub(IDLE_TIMEOUT + Duration::from_secs(1)) else {
+        return; // A clock younger than the timeout cannot hold an expired entry.
+    };
+    let mut idle = Idle {
+        by_addr: HashMap::new(),
+        swept: old,
+    };
+    idle.by_addr
+        .insert("gone:1".into(), vec![(a.unwrap(), old)]);
+    idle.by_addr
+        .insert("here:1".into(), vec![(b.unwrap(), now)]);
+    idle.sweep();
+    let left: Vec<&str> = idle.by_addr.keys().map(|k| &**k).collect();
+    assert_eq!(left, ["here:1"]);
+    // Not again before another timeout has passed.
+    idle.by_addr.get_mut("here:1").unwrap()[0].1 = old;
+    idle.sweep();
+    assert_eq!(idle.by_addr.len(), 1);
+}
