@@ -251,10 +251,10 @@ impl Inner {
                 "--upstream-response-timeout-secs",
             )
         };
-        // Plain HTTP workers: the forwarding task reads the answer (`upstream.rs`); others
-        // (https) through reqwest.
+        // Plain HTTP workers: the forwarding task reads the answer (`upstream/`); others
+        // (https, or any behind a proxy set in the environment) through reqwest.
         let send = async {
-            match crate::upstream::Target::of(url) {
+            match self.upstream.target(url) {
                 Some(target) => self.upstream.send(&target, request_id, body).await,
                 None => self
                     .http
@@ -391,7 +391,10 @@ impl AppState {
             .connect_timeout(config.upstream_connect_timeout)
             .build()
             .expect("HTTP client");
-        let upstream = crate::upstream::Client::new(config.upstream_connect_timeout);
+        let upstream = crate::upstream::Client::new(
+            config.upstream_connect_timeout,
+            crate::upstream::proxy_in_environment(),
+        );
         let tokenizer =
             CachedTokenizer::new(config.tokenizer.clone(), config.tokenizer_cache_tokens);
         let slots = config.tokenize_concurrency.max(1);

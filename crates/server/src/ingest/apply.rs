@@ -90,8 +90,10 @@ pub(crate) fn apply_payload(state: &Inner, source: &Source, payload: &[u8]) -> O
         // work only and the ingest threads of several engines hash in parallel.
         event.hash_contents(state.config.router.kv_cache_block_size);
         let mut status = "ok";
-        for part in slices(event, slice_blocks) {
-            // One short critical section per slice; others get the lock in between.
+        let mut parts = slices(event, slice_blocks).into_iter().peekable();
+        while let Some(part) = parts.next() {
+            // One short critical section per slice; others get the lock in between (an event
+            // of one slice, the usual case, needs no turn given away).
             let result = state.lock_core().apply_event(&part);
             if let Err(err) = result {
                 if status == "ok" {
@@ -101,7 +103,9 @@ pub(crate) fn apply_payload(state: &Inner, source: &Source, payload: &[u8]) -> O
                     block_size.get_or_insert(err);
                 }
             }
-            std::thread::yield_now();
+            if parts.peek().is_some() {
+                std::thread::yield_now();
+            }
         }
         state
             .metrics

@@ -5,63 +5,45 @@
 //! the body to the forwarding task through a channel, one chunk at a time, each only after the
 //! previous one was taken: every chunk of a stream wakes two tasks, often on two threads. Here
 //! the forwarding task reads the socket itself (`Direct`), so the chunks already read come out
-//! together and a streamed answer costs one wake-up per read of the socket. Idle connections
-//! are kept per worker address (at most [`MAX_IDLE_PER_HOST`] each, closed after
-//! [`IDLE_TIMEOUT`] unused); one that the worker closed meanwhile is noticed before use, and a
-//! request whose reused connection closes before any answer byte is sent once more on a new
-//! one. Bounds on what a worker sends: `wire.rs` (64 KiB of response head, 4 KiB chunk-size
-//! lines, 64 KiB of trailers; a body is as long as its framing says, as with any client).
-//! Workers reached over `https` use reqwest ([`Body::Reqwest`]).
+//! together and a streamed answer costs one wake-up per read of the socket.
+//!
+//! Connections are kept per worker address (`pool.rs`). A request is sent again, once, on a new
+//! connection only when writing it to a kept connection failed (the worker had closed it, so it
+//! cannot have run the request); any failure after the request was written is the attempt's
+//! (`request/attempt.rs` counts it against the worker and retries elsewhere). A worker that
+//! answers before reading the whole request (and closes) is answered with what it sent. A
+//! redirect is not followed: it fails the attempt. Bounds on what a worker sends: `wire.rs`
+//! (64 KiB of response head, 4 KiB chunk-size lines, 64 KiB of trailers). Workers reached over
+//! `https`, and every worker when a proxy is set in the environment (`HTTP_PROXY`,
+//! `ALL_PROXY`, lower case too), go through reqwest ([`Body::Reqwest`]).
 
+mod pool;
 mod wire;
 
 use axum::http::{HeaderValue, StatusCode};
 use bytes::{Bytes, BytesMut};
 use futures::stream::{BoxStream, Stream, StreamExt};
-use std::collections::HashMap;
 use std::io::IoSlice;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use wire::{Decoder, Step};
 
-/// Idle connections kept per worker address, at most.
-pub(crate) const MAX_IDLE_PER_HOST: usize = 4096;
-/// An idle connection unused this long is closed.
-pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Read buffer of an answer, grown by this much when full.
 const READ_CHUNK: usize = 16 * 1024;
+/// After a failed write, how long an answer the worker already sent may take to be read.
+const EARLY_ANSWER_WAIT: Duration = Duration::from_millis(100);
 
 /// Connections to workers, kept between requests.
 #[derive(Debug)]
 pub(crate) struct Client {
-    idle: Mutex<Idle>,
+    pool: Arc<pool::Pool>,
     connect_timeout: Duration,
-}
-
-/// Idle connections by worker address, and when they were last swept for expired ones.
-#[derive(Debug)]
-struct Idle {
-    by_addr: HashMap<Arc<str>, Vec<(TcpStream, Instant)>>,
-    swept: Instant,
-}
-
-impl Idle {
-    /// Every [`IDLE_TIMEOUT`], closes the expired connections of every address (a worker that
-    /// left gets no more requests that would find its connections expired).
-    fn sweep(&mut self) {
-        if self.swept.elapsed() < IDLE_TIMEOUT {
-            return;
-        }
-        self.swept = Instant::now();
-        self.by_addr.retain(|_, conns| {
-            conns.retain(|(_, since)| since.elapsed() < IDLE_TIMEOUT);
-            !conns.is_empty()
-        });
-    }
+    /// A proxy is set in the environment: reqwest (which honours it) sends everything.
+    proxied: bool,
 }
 
 /// A worker's answer: status, content type, body.
@@ -167,19 +149,24 @@ impl Target {
 }
 
 impl Client {
-    pub(crate) fn new(connect_timeout: Duration) -> Arc<Self> {
+    /// `proxied`: a proxy is set in the environment ([`proxy_in_environment`]).
+    pub(crate) fn new(connect_timeout: Duration, proxied: bool) -> Arc<Self> {
         Arc::new(Self {
-            idle: Mutex::new(Idle {
-                by_addr: HashMap::new(),
-                swept: Instant::now(),
-            }),
+            pool: Arc::default(),
             connect_timeout,
+            proxied,
         })
     }
 
-    /// Sends `body` as a JSON `POST` to `target`; the answer once its head has come. A reused
-    /// connection that ends before any byte of an answer (the worker closed it while it was
-    /// idle) is replaced by a new one, once.
+    /// Where to send `url` with this client; `None` when reqwest must (https, a proxy).
+    pub(crate) fn target(&self, url: &str) -> Option<Target> {
+        match self.proxied {
+            true => None,
+            false => Target::of(url),
+        }
+    }
+
+    /// Sends `body` as a JSON `POST` to `target`; the answer once its head has come.
     pub(crate) async fn send(
         self: &Arc<Self>,
         target: &Target,
@@ -187,90 +174,79 @@ impl Client {
         body: &Bytes,
     ) -> Result<Response, String> {
         let head = wire::request_head(&target.path, &target.host, request_id, body.len());
-        let mut reused_failed = false;
+        let mut kept = self.pool.checkout(&target.addr);
         loop {
-            let reused = match reused_failed {
-                false => self.checkout(&target.addr),
-                true => None,
-            };
-            let (mut stream, was_reused) = match reused {
-                Some(s) => (s, true),
-                None => (self.connect(&target.addr).await?, false),
+            let reused = kept.is_some();
+            let mut stream = match kept.take() {
+                Some(s) => s,
+                None => self.connect(&target.addr).await?,
             };
             let mut buf = BytesMut::with_capacity(READ_CHUNK);
-            let sent = async {
-                write_all2(&mut stream, &head, body)
-                    .await
-                    .map_err(Failure::Io)?;
-                read_head(&mut stream, &mut buf).await
-            }
-            .await;
-            match sent {
-                Ok(head) => {
-                    let body = Direct {
-                        decoder: Decoder::new(head.framing),
-                        stream: Some(stream),
-                        buf,
-                        keep_alive: head.keep_alive,
-                        pool: self.clone(),
-                        addr: target.addr.clone(),
-                    };
-                    return Ok(Response {
-                        status: StatusCode::from_u16(head.status)
-                            .map_err(|_| format!("bad status {}", head.status))?,
-                        content_type: head.content_type,
-                        body: Body::Direct(body),
-                    });
+            let answer = match write_all2(&mut stream, &head, body).await {
+                Ok(()) => read_head(&mut stream, &mut buf).await,
+                Err(e) => {
+                    // An answer sent before the whole request was read (then a close) is the
+                    // outcome; none, on a kept connection: the worker had closed it.
+                    let early =
+                        tokio::time::timeout(EARLY_ANSWER_WAIT, read_head(&mut stream, &mut buf));
+                    match early.await {
+                        Ok(Ok(mut h)) => {
+                            h.keep_alive = false;
+                            Ok(h)
+                        }
+                        _ if reused => continue,
+                        _ => Err(Failure::Io(e)),
+                    }
                 }
-                Err(Failure::Io(_) | Failure::Closed) if was_reused => reused_failed = true,
-                Err(e) => return Err(e.to_string()),
+            };
+            let head = answer.map_err(|e| e.to_string())?;
+            if (300..400).contains(&head.status) {
+                return Err(format!(
+                    "answered {} (a redirect, not followed)",
+                    head.status
+                ));
             }
+            let status = StatusCode::from_u16(head.status)
+                .map_err(|_| format!("bad status {}", head.status))?;
+            let body = Direct {
+                decoder: Decoder::new(head.framing),
+                stream: Some(stream),
+                buf,
+                keep_alive: head.keep_alive,
+                pool: self.pool.clone(),
+                addr: target.addr.clone(),
+            };
+            return Ok(Response {
+                status,
+                content_type: head.content_type,
+                body: Body::Direct(body),
+            });
         }
     }
 
     async fn connect(&self, addr: &str) -> Result<TcpStream, String> {
-        let stream =
-            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => return Err(format!("connect to {addr}: {e}")),
-                Err(_) => {
-                    return Err(format!(
+        let connect = tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr));
+        let stream = match connect.await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(format!("connect to {addr}: {e}")),
+            Err(_) => {
+                return Err(format!(
                 "connect to {addr}: no connection within {:.3}s (--upstream-connect-timeout-secs)",
                 self.connect_timeout.as_secs_f64()
             ))
-                }
-            };
+            }
+        };
         // Small writes (a request, then nothing until the answer) must not wait for acks.
         let _ = stream.set_nodelay(true);
         Ok(stream)
     }
+}
 
-    /// An idle connection to `addr` still open, if one is kept.
-    fn checkout(&self, addr: &str) -> Option<TcpStream> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let conns = idle.by_addr.get_mut(addr)?;
-        while let Some((stream, since)) = conns.pop() {
-            if since.elapsed() >= IDLE_TIMEOUT {
-                continue;
-            }
-            // Open and quiet: nothing to read yet. A close (0) or stray bytes: not reusable.
-            match stream.try_read(&mut [0u8; 1]) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Some(stream),
-                _ => continue,
-            }
-        }
-        None
-    }
-
-    fn checkin(&self, addr: &Arc<str>, stream: TcpStream) {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        idle.sweep();
-        let conns = idle.by_addr.entry(addr.clone()).or_default();
-        conns.retain(|(_, since)| since.elapsed() < IDLE_TIMEOUT);
-        if conns.len() < MAX_IDLE_PER_HOST {
-            conns.push((stream, Instant::now()));
-        }
-    }
+/// Whether a proxy for plain-HTTP URLs is set in the environment (as reqwest reads it).
+pub(crate) fn proxy_in_environment() -> bool {
+    ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]
+        .iter()
+        .any(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty()))
 }
 
 /// Why sending failed.
@@ -333,7 +309,7 @@ pub(crate) struct Direct {
     stream: Option<TcpStream>,
     buf: BytesMut,
     keep_alive: bool,
-    pool: Arc<Client>,
+    pool: Arc<pool::Pool>,
     addr: Arc<str>,
 }
 

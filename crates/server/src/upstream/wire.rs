@@ -118,7 +118,10 @@ fn head_of(status: u16, version: u8, headers: &[httparse::Header<'_>]) -> Result
     for h in headers {
         let name = h.name;
         if name.eq_ignore_ascii_case("content-type") {
-            content_type = HeaderValue::from_bytes(h.value).ok();
+            // The first, as `HeaderMap::get` answers.
+            if content_type.is_none() {
+                content_type = HeaderValue::from_bytes(h.value).ok();
+            }
         } else if name.eq_ignore_ascii_case("content-length") {
             for v in h.value.split(|&b| b == b',') {
                 let v = std::str::from_utf8(v).map(str::trim).unwrap_or("");
@@ -145,6 +148,12 @@ fn head_of(status: u16, version: u8, headers: &[httparse::Header<'_>]) -> Result
                 }
             }
         }
+    }
+    if version == 0 && chunked.is_some() {
+        // RFC 9112 §6.1: a transfer coding in an HTTP/1.0 message is faulty framing.
+        return Err(WireError::Head(
+            "transfer-encoding in an HTTP/1.0 response".into(),
+        ));
     }
     let framing = match (status, chunked, length) {
         (204 | 304, _, _) => Framing::Empty,
@@ -318,14 +327,17 @@ fn line_end(buf: &[u8], max: usize, too_long: &'static str) -> Result<Option<usi
 /// The size of a chunk-size line (hex digits, then optional extensions).
 fn chunk_size(line: &[u8]) -> Result<u64, WireError> {
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
-    if digits == 0 || digits > 15 {
+    let zeros = line[..digits].iter().take_while(|&&b| b == b'0').count();
+    // At most 15 significant digits: any size that fits, none that could overflow.
+    if digits == 0 || digits - zeros.min(digits - 1) > 15 {
         return Err(WireError::Chunk("bad chunk size"));
     }
     match line[digits..].iter().find(|b| !matches!(b, b' ' | b'\t')) {
         None | Some(b';') => {}
         Some(_) => return Err(WireError::Chunk("bad chunk size")),
     }
-    let text = std::str::from_utf8(&line[..digits]).expect("hex digits are ASCII");
+    let significant = &line[zeros.min(digits - 1)..digits];
+    let text = std::str::from_utf8(significant).expect("hex digits are ASCII");
     u64::from_str_radix(text, 16).map_err(|_| WireError::Chunk("bad chunk size"))
 }
 

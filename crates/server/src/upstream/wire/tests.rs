@@ -103,6 +103,15 @@ fn heads_say_how_the_body_ends_and_whether_the_connection_stays() {
             .unwrap();
         assert_eq!(h.framing, Framing::Empty);
     }
+    // A coding in an HTTP/1.0 response is faulty framing.
+    assert!(head("HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").is_err());
+    // The first content-type counts.
+    let h = head(
+        "HTTP/1.1 200 OK\r\ncontent-type: a/b\r\ncontent-type: c/d\r\ncontent-length: 0\r\n\r\n",
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(h.content_type.unwrap(), "a/b");
     // The same length twice is one length; two lengths are an error.
     let h = head("HTTP/1.1 200 OK\r\ncontent-length: 3, 3\r\n\r\n")
         .unwrap()
@@ -164,6 +173,12 @@ fn broken_framing_is_an_error_not_a_hang() {
         let r = decode_pieces(Framing::Chunked, bad, &[]);
         assert!(r.is_err(), "{:?}: {r:?}", String::from_utf8_lossy(bad));
     }
+    // Leading zeros are not significant digits.
+    let padded = b"0000000000000000000005\r\nhello\r\n0\r\n\r\n";
+    assert_eq!(
+        decode_pieces(Framing::Chunked, padded, &[]).unwrap(),
+        (b"hello".to_vec(), true)
+    );
     let long = vec![b'1'; MAX_CHUNK_LINE];
     assert!(decode_pieces(Framing::Chunked, &long, &[]).is_err());
     let mut trailers = b"0\r\n".to_vec();
@@ -232,7 +247,16 @@ proptest! {
         wire.extend_from_slice(&extra);
         let (out, done) = decode_pieces(Framing::Length(body.len() as u64), &wire, &cuts).unwrap();
         prop_assert!(done);
-        prop_assert_eq!(out, body);
+        prop_assert_eq!(&out, &body);
+        // Whole input at once: what follows the body stays in the buffer.
+        let mut d = Decoder::new(Framing::Length(body.len() as u64));
+        let mut buf = BytesMut::from(&wire[..]);
+        let mut taken = Vec::new();
+        while let Step::Data(b) = d.decode(&mut buf).unwrap() {
+            taken.extend_from_slice(&b);
+        }
+        prop_assert_eq!(taken, body);
+        prop_assert_eq!(&buf[..], &extra[..]);
     }
 
     /// Arbitrary bytes as a chunked body: an answer or an error, never a panic.
