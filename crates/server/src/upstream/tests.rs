@@ -87,6 +87,11 @@ async fn send(client: &Arc<Client>, base: &str, body: &'static str) -> Result<Re
         .await
 }
 
+/// One whole exchange: the answer's body.
+async fn exchange(client: &Arc<Client>, base: &str) -> Result<Bytes, String> {
+    send(client, base, "{}").await?.bytes().await
+}
+
 #[tokio::test]
 async fn a_kept_connection_carries_the_next_request() {
     let (base, mut seen) = worker(vec![vec![Act::Answer(OK), Act::Answer(OK)]]).await;
@@ -132,12 +137,7 @@ async fn a_request_written_to_a_kept_connection_is_not_sent_twice() {
     ])
     .await;
     let client = Client::new(Duration::from_secs(5), false);
-    send(&client, &base, "{}")
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    exchange(&client, &base).await.unwrap();
     let err = send(&client, &base, "{}").await.err().unwrap();
     assert!(err.contains("closed before an answer"), "{err}");
     let events: Vec<String> = std::iter::from_fn(|| seen.try_recv().ok()).collect();
@@ -243,20 +243,9 @@ async fn a_body_cut_short_is_an_error_and_its_connection_is_dropped() {
     let short = "HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc";
     let (base, mut seen) = worker(vec![vec![Act::AnswerClose(short)], vec![Act::Answer(OK)]]).await;
     let client = Client::new(Duration::from_secs(5), false);
-    let err = send(&client, &base, "{}")
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .err()
-        .unwrap();
+    let err = exchange(&client, &base).await.err().unwrap();
     assert!(err.contains("before the end of the body"), "{err}");
-    send(&client, &base, "{}")
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    exchange(&client, &base).await.unwrap();
     let conns = std::iter::from_fn(|| seen.try_recv().ok())
         .filter(|e| e.starts_with("conn"))
         .count();
