@@ -282,15 +282,20 @@ def main():
     out = open(a.out, "a")
     try:
         wf = os.path.join(work, "workers.toml")
+        engines = []
         with open(wf, "w") as f:
             for i in range(4):
                 hp, zp = free_port(), free_port()
-                procs.start(f"engine{i}", [engine_bin, "mock-engine", "--port", str(hp),
-                                           "--model-name", "tiny", "--speedup-ratio", a.speedup_ratio,
-                                           "--tokenizer", tok,
-                                           "--kv-events-endpoint", f"tcp://{HOST}:{zp}"])
+                engines.append((hp, procs.start(f"engine{i}", [
+                    engine_bin, "mock-engine", "--port", str(hp), "--model-name", "tiny",
+                    "--speedup-ratio", a.speedup_ratio, "--tokenizer", tok,
+                    "--kv-events-endpoint", f"tcp://{HOST}:{zp}"])))
                 f.write(f'[[workers]]\nurl = "http://{HOST}:{hp}"\n'
                         f'kv_events_endpoint = "tcp://{HOST}:{zp}"\n\n')
+        # The router learns the model name from the first worker at start: engines first (a
+        # large tokenizer takes them seconds to load).
+        for hp, proc in engines:
+            wait_ready(hp, proc, 0)
         for rep in range(a.reps):
             for name, binary, extra, env in variants:
                 port = free_port()
