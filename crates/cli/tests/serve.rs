@@ -840,3 +840,90 @@ async fn request_bodies_past_axums_2_mb_default_are_accepted() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
 }
+
+/// A worker still loading when the router starts (its `/v1/models` does not answer) has its
+/// models learned once it answers: the router lists them (it listed none) and places requests
+/// for them.
+#[tokio::test]
+async fn a_worker_that_answers_late_has_its_models_learned() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Bound, so connections wait in its backlog unanswered, until it serves below.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let dir = std::env::temp_dir().join(format!("kvr-late-models-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let workers = dir.join("workers.toml");
+    std::fs::write(&workers, format!("[[workers]]\nurl = \"{url}\"\n")).unwrap();
+    let proc = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--workers-file",
+        workers.to_str().unwrap(),
+        "--health-check-interval-secs",
+        "0",
+    ])
+    .await;
+    let base = proc.http();
+    let client = reqwest::Client::new();
+    let listed = |client: reqwest::Client, base: String| async move {
+        let v: Value = client
+            .get(format!("{base}/v1/models"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        Some(
+            v["data"]
+                .as_array()?
+                .iter()
+                .filter_map(|m| m["id"].as_str().map(str::to_owned))
+                .collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(
+        listed(client.clone(), base.clone()).await.unwrap(),
+        Vec::<String>::new()
+    );
+    // Now it serves: every connection gets its model list (and a completion for anything else).
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let body = match buf.starts_with(b"GET /v1/models") {
+                    true => r#"{"object":"list","data":[{"id":"late-model","object":"model"}]}"#,
+                    false => r#"{"error":"not here"}"#,
+                };
+                let status = if body.contains("late-model") {
+                    "200 OK"
+                } else {
+                    "404 Not Found"
+                };
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    let models = common::until("the late worker's models", Duration::from_secs(30), || {
+        let (client, base) = (client.clone(), base.clone());
+        async move { listed(client, base).await.filter(|m| !m.is_empty()) }
+    })
+    .await;
+    assert_eq!(models, ["late-model"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

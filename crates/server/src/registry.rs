@@ -187,6 +187,11 @@ pub(crate) async fn add_worker(
             })
             .collect()
     };
+    if entry.models.is_empty() && cards.is_empty() {
+        // Not answering yet (vLLM loads its weights for minutes before it serves
+        // `/v1/models`): asked again until it lists its models.
+        subscribers.push(spawn_model_learning(state.clone(), id, entry.url.clone()));
+    }
     let mut workers = inner.workers.lock().expect("workers lock");
     // Checked again: another registration of the URL may have finished meanwhile.
     if let Err(e) = check_new_url(&workers, &entry.url) {
@@ -211,20 +216,56 @@ pub(crate) async fn add_worker(
 }
 
 /// Records the models `id` serves (`None`: it left) and recomputes the names the router
-/// accepts: `--model-name` when given, else every model some worker serves.
+/// accepts: `--model-name` when given, else every model some worker serves. Models of a worker
+/// no longer registered are not recorded (a late answer racing its removal).
 fn set_models(state: &AppState, id: WorkerId, cards: Option<Vec<ModelCard>>) {
     // A worker came or left: readiness reports look again.
     state.inner.roster.send_replace(state.worker_count());
     let inner = &state.inner;
     let mut pools = inner.pools.write().expect("pools lock");
     match cards {
-        Some(cards) => pools.set(id, cards),
+        // Checked under the pools lock: a removal records its `None` after this, or is seen.
+        Some(cards)
+            if inner
+                .workers
+                .lock()
+                .expect("workers lock")
+                .contains_key(&id) =>
+        {
+            pools.set(id, cards)
+        }
+        Some(_) => return,
         None => pools.remove(id),
     }
     if inner.config.model_names.is_empty() {
         let names = pools.union().into_iter().map(|c| c.id).collect();
         *inner.models.write().expect("models lock") = names;
     }
+}
+
+/// First and longest wait between two askings of a worker's `/v1/models` while it lists none.
+const MODEL_LEARN_FIRST: Duration = Duration::from_secs(1);
+const MODEL_LEARN_MAX: Duration = Duration::from_secs(30);
+
+/// Asks `url`'s `/v1/models` again (after 1 s, then twice as long each time up to 30 s) until
+/// it lists models, and records them: until then the worker may serve any model and the router
+/// lists none of its models. Ends when it has them; aborted with the worker's other tasks when
+/// it leaves.
+fn spawn_model_learning(state: AppState, id: WorkerId, url: String) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut wait = MODEL_LEARN_FIRST;
+        loop {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(MODEL_LEARN_MAX);
+            let cards = learn_models(&state, &url).await;
+            if cards.is_empty() {
+                continue;
+            }
+            tracing::info!(worker = %id, url = %url, "learned the worker's models");
+            set_models(&state, id, Some(cards));
+            return;
+        }
+    })
 }
 
 /// The models an engine lists at `/v1/models` (none when it does not answer within 2 s: then it
