@@ -257,15 +257,19 @@ impl Inner {
             match self.upstream.target(url) {
                 Some(target) => self.upstream.send(&target, request_id, body).await,
                 None => self
-                    .http
+                    .upstream
+                    .fallback()
                     .post(url)
                     .header("content-type", "application/json")
                     .header(crate::access::REQUEST_ID_HEADER, request_id.clone())
                     .body(body.clone())
                     .send()
                     .await
-                    .map(crate::upstream::Response::from_reqwest)
-                    .map_err(|e| e.to_string()),
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| {
+                        crate::upstream::refuse_redirect(r.status().as_u16())?;
+                        Ok(crate::upstream::Response::from_reqwest(r))
+                    }),
             }
         };
         match tokio::time::timeout(limit, send).await {

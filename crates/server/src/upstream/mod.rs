@@ -7,15 +7,18 @@
 //! the forwarding task reads the socket itself (`Direct`), so the chunks already read come out
 //! together and a streamed answer costs one wake-up per read of the socket.
 //!
-//! Connections are kept per worker address (`pool.rs`). A request is sent again, once, on a new
-//! connection only when writing it to a kept connection failed (the worker had closed it, so it
-//! cannot have run the request); any failure after the request was written is the attempt's
+//! Connections are kept per worker address (`pool.rs`: closed after 4 s idle, before the
+//! workers' own 5 s keep-alive ends them, and peeked at before reuse). A request is sent again,
+//! once, on a new connection only when writing it to a kept connection failed, or the worker
+//! answered 408 on a kept one (it timed the connection out as idle): in both cases it did not
+//! run it. Any other failure after the request was written is the attempt's
 //! (`request/attempt.rs` counts it against the worker and retries elsewhere). A worker that
-//! answers before reading the whole request (and closes) is answered with what it sent. A
-//! redirect is not followed: it fails the attempt. Bounds on what a worker sends: `wire.rs`
-//! (64 KiB of response head, 4 KiB chunk-size lines, 64 KiB of trailers). Workers reached over
-//! `https`, and every worker when a proxy is set in the environment (`HTTP_PROXY`,
-//! `ALL_PROXY`, lower case too), go through reqwest ([`Body::Reqwest`]).
+//! answers before reading the whole request and closes is answered with what it sent, if that
+//! comes within 100 ms of the failed write. A redirect is not followed: it fails the attempt.
+//! Bounds on what a worker sends: `wire.rs` (64 KiB of response head, 4 KiB chunk-size lines,
+//! 64 KiB of trailers). Workers reached over `https`, and every worker when a proxy is set in
+//! the environment (`HTTP_PROXY`, `ALL_PROXY`, lower case too), go through reqwest
+//! ([`Body::Reqwest`]), which then follows no redirect either.
 
 mod pool;
 mod wire;
@@ -44,6 +47,17 @@ pub(crate) struct Client {
     connect_timeout: Duration,
     /// A proxy is set in the environment: reqwest (which honours it) sends everything.
     proxied: bool,
+    /// For workers this client does not speak to itself: follows no redirect either.
+    fallback: reqwest::Client,
+}
+
+/// A redirect fails the attempt: a worker that redirects is misconfigured, and following one
+/// would turn the POST into a GET.
+pub(crate) fn refuse_redirect(status: u16) -> Result<(), String> {
+    match (300..400).contains(&status) && status != 304 {
+        true => Err(format!("answered {status} (a redirect, not followed)")),
+        false => Ok(()),
+    }
 }
 
 /// A worker's answer: status, content type, body.
@@ -151,11 +165,24 @@ impl Target {
 impl Client {
     /// `proxied`: a proxy is set in the environment ([`proxy_in_environment`]).
     pub(crate) fn new(connect_timeout: Duration, proxied: bool) -> Arc<Self> {
+        let fallback = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(pool::MAX_IDLE_PER_HOST)
+            .connect_timeout(connect_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("HTTP client");
         Arc::new(Self {
             pool: Arc::default(),
             connect_timeout,
             proxied,
+            fallback,
         })
+    }
+
+    /// reqwest, for the workers [`Client::target`] leaves to it.
+    pub(crate) fn fallback(&self) -> &reqwest::Client {
+        &self.fallback
     }
 
     /// Where to send `url` with this client; `None` when reqwest must (https, a proxy).
@@ -173,7 +200,7 @@ impl Client {
         request_id: &HeaderValue,
         body: &Bytes,
     ) -> Result<Response, String> {
-        let head = wire::request_head(&target.path, &target.host, request_id, body.len());
+        let request = wire::request_head(&target.path, &target.host, request_id, body.len());
         let mut kept = self.pool.checkout(&target.addr);
         loop {
             let reused = kept.is_some();
@@ -182,7 +209,7 @@ impl Client {
                 None => self.connect(&target.addr).await?,
             };
             let mut buf = BytesMut::with_capacity(READ_CHUNK);
-            let answer = match write_all2(&mut stream, &head, body).await {
+            let answer = match write_all2(&mut stream, &request, body).await {
                 Ok(()) => read_head(&mut stream, &mut buf).await,
                 Err(e) => {
                     // An answer sent before the whole request was read (then a close) is the
@@ -194,18 +221,21 @@ impl Client {
                             h.keep_alive = false;
                             Ok(h)
                         }
-                        _ if reused => continue,
+                        _ if reused => {
+                            tracing::debug!(addr = %target.addr, error = %e, "kept connection closed; sending on a new one");
+                            continue;
+                        }
                         _ => Err(Failure::Io(e)),
                     }
                 }
             };
             let head = answer.map_err(|e| e.to_string())?;
-            if (300..400).contains(&head.status) {
-                return Err(format!(
-                    "answered {} (a redirect, not followed)",
-                    head.status
-                ));
+            // 408 on a kept connection: the worker timed it out as idle and did not run this.
+            if head.status == 408 && reused {
+                tracing::debug!(addr = %target.addr, "kept connection timed out by the worker; sending on a new one");
+                continue;
             }
+            refuse_redirect(head.status)?;
             let status = StatusCode::from_u16(head.status)
                 .map_err(|_| format!("bad status {}", head.status))?;
             let body = Direct {

@@ -1,5 +1,7 @@
 //! Idle connections to workers, by address: at most [`MAX_IDLE_PER_HOST`] each, closed after
-//! [`IDLE_TIMEOUT`] unused or as soon as a sweep ([`SWEEP_EVERY`]) finds the worker closed them.
+//! [`IDLE_TIMEOUT`] unused (shorter than the 5 s after which uvicorn, which serves vLLM, SGLang
+//! and TensorRT-LLM, closes an idle connection, so the router closes first) or as soon as a
+//! sweep ([`SWEEP_EVERY`]) finds the worker closed them. A connection is peeked at before reuse.
 //! Sockets are probed and closed outside the lock.
 
 use std::collections::HashMap;
@@ -11,9 +13,9 @@ use tokio::net::TcpStream;
 /// Idle connections kept per worker address, at most.
 pub(crate) const MAX_IDLE_PER_HOST: usize = 4096;
 /// An idle connection unused this long is closed.
-pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 /// How often idle connections are swept for expired ones and ones the worker closed.
-pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(4);
 
 /// Idle connections by address, each with when it was checked in; oldest first.
 type ByAddr = HashMap<Arc<str>, Vec<(TcpStream, Instant)>>;
@@ -26,13 +28,12 @@ pub(crate) struct Pool {
     sweeping: AtomicBool,
 }
 
-/// Whether an idle connection can carry a request: open, and nothing to read.
-///
-/// `try_read` reads only when the runtime has seen the socket readable since the last read
-/// that found nothing; a pooled connection's last read took its answer's last bytes, so the
-/// first probe does read (and a close or stray bytes arriving later mark it readable again).
+/// Whether an idle connection can carry a request: open, and nothing to read. A real
+/// non-blocking peek at the socket (not the runtime's cached readiness, which can miss a close
+/// that arrived after its last report).
 fn open_and_quiet(stream: &TcpStream) -> bool {
-    matches!(stream.try_read(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    matches!(socket2::SockRef::from(stream).peek(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 impl Pool {
@@ -43,12 +44,20 @@ impl Pool {
     /// The most recently used idle connection to `addr` that is still open, if any.
     pub(crate) fn checkout(&self, addr: &str) -> Option<TcpStream> {
         loop {
-            let (stream, since) = self.lock().get_mut(addr)?.pop()?;
-            if since.elapsed() < IDLE_TIMEOUT && open_and_quiet(&stream) {
+            let (stream, expired) = {
+                let mut by_addr = self.lock();
+                let conns = by_addr.get_mut(addr)?;
+                let (stream, since) = conns.pop()?;
+                // Older than an expired one: expired too, all closed outside the lock.
+                let expired = (since.elapsed() >= IDLE_TIMEOUT).then(|| std::mem::take(conns));
+                (stream, expired)
+            };
+            if expired.is_some() {
+                return None;
+            }
+            if open_and_quiet(&stream) {
                 return Some(stream);
             }
-            // Closed here, outside the lock.
-            drop(stream);
         }
     }
 
@@ -70,30 +79,39 @@ impl Pool {
     }
 
     /// Closes the connections unused since before `now - IDLE_TIMEOUT` and those whose worker
-    /// closed them (or sent something); forgets addresses left with none.
+    /// closed them (or sent something); forgets addresses left with none. One address at a
+    /// time is taken out, probed outside the lock and put back before what was checked in
+    /// meanwhile.
     pub(crate) fn sweep(&self, now: Instant) {
-        let mut dead = Vec::new();
-        {
-            let mut by_addr = self.lock();
-            by_addr.retain(|_, conns| {
-                for (stream, since) in std::mem::take(conns) {
-                    if now.saturating_duration_since(since) < IDLE_TIMEOUT
-                        && open_and_quiet(&stream)
-                    {
-                        conns.push((stream, since));
-                    } else {
-                        dead.push(stream);
-                    }
-                }
-                !conns.is_empty()
+        let addrs: Vec<Arc<str>> = self.lock().keys().cloned().collect();
+        for addr in addrs {
+            let Some(taken) = self.lock().get_mut(&addr).map(std::mem::take) else {
+                continue;
+            };
+            let (alive, dead): (Vec<_>, Vec<_>) = taken.into_iter().partition(|(stream, since)| {
+                now.saturating_duration_since(*since) < IDLE_TIMEOUT && open_and_quiet(stream)
             });
+            let over = {
+                let mut by_addr = self.lock();
+                let conns = by_addr.entry(addr.clone()).or_default();
+                let newer = std::mem::replace(conns, alive);
+                conns.extend(newer);
+                // The oldest go first past the bound.
+                let over: Vec<_> = conns
+                    .drain(..conns.len().saturating_sub(MAX_IDLE_PER_HOST))
+                    .collect();
+                if conns.is_empty() {
+                    by_addr.remove(&addr);
+                }
+                over
+            };
+            drop((dead, over));
         }
-        drop(dead);
     }
 
     /// Starts the sweeper once (on the runtime of the first check-in); it ends with the pool.
     fn start_sweeper(self: &Arc<Self>) {
-        if self.sweeping.swap(true, Ordering::Relaxed) {
+        if self.sweeping.load(Ordering::Relaxed) || self.sweeping.swap(true, Ordering::Relaxed) {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {

@@ -239,13 +239,21 @@ async fn a_chunked_stream_comes_out_whole_and_its_connection_is_kept() {
 }
 
 #[tokio::test]
-async fn a_body_cut_short_is_an_error_and_its_connection_is_dropped() {
+async fn a_broken_body_is_an_error_and_its_connection_is_not_kept() {
+    // Cut short by a close.
     let short = "HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc";
-    let (base, mut seen) = worker(vec![vec![Act::AnswerClose(short)], vec![Act::Answer(OK)]]).await;
+    let (base, _seen) = worker(vec![vec![Act::AnswerClose(short)]]).await;
     let client = Client::new(Duration::from_secs(5), false);
     let err = exchange(&client, &base).await.err().unwrap();
     assert!(err.contains("before the end of the body"), "{err}");
-    exchange(&client, &base).await.unwrap();
+    // Malformed framing on a connection the worker keeps open: not kept here, and the next
+    // request goes on a new connection.
+    let broken = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n";
+    let (base, mut seen) = worker(vec![vec![Act::Answer(broken)], vec![Act::Answer(OK)]]).await;
+    let err = exchange(&client, &base).await.err().unwrap();
+    assert!(err.contains("chunk"), "{err}");
+    assert_eq!(client.pool.idle(base.trim_start_matches("http://")), 0);
+    assert_eq!(&exchange(&client, &base).await.unwrap()[..], b"{}");
     let conns = std::iter::from_fn(|| seen.try_recv().ok())
         .filter(|e| e.starts_with("conn"))
         .count();
@@ -316,4 +324,26 @@ async fn sweeps_close_expired_connections_and_ones_the_worker_closed() {
     // Unused for the timeout: all closed.
     pool.sweep(now + pool::IDLE_TIMEOUT + Duration::from_secs(1));
     assert_eq!((pool.idle("a:1"), pool.idle("b:1")), (0, 0));
+}
+
+#[tokio::test]
+async fn a_408_on_a_kept_connection_is_sent_again_on_a_new_one() {
+    let timed_out =
+        "HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+    let (base, mut seen) = worker(vec![
+        vec![Act::Answer(OK), Act::AnswerClose(timed_out)],
+        vec![Act::Answer(OK)],
+    ])
+    .await;
+    let client = Client::new(Duration::from_secs(5), false);
+    assert_eq!(&exchange(&client, &base).await.unwrap()[..], b"{}");
+    assert_eq!(&exchange(&client, &base).await.unwrap()[..], b"{}");
+    let conns = std::iter::from_fn(|| seen.try_recv().ok())
+        .filter(|e| e.starts_with("conn"))
+        .count();
+    assert_eq!(conns, 2);
+    // On a new connection a 408 is the worker's answer.
+    let (base, _seen) = worker(vec![vec![Act::AnswerClose(timed_out)]]).await;
+    let r = send(&client, &base, "{}").await.unwrap();
+    assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
 }
