@@ -927,3 +927,76 @@ async fn a_worker_that_answers_late_has_its_models_learned() {
     assert_eq!(models, ["late-model"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A non-streamed answer whose body stalls partway fails within `--upstream-response-timeout-secs`
+/// (it held the request until the client gave up); and a worker whose `/server_info` stalls
+/// mid-body does not hold the router's start (it waited for ever).
+#[tokio::test]
+async fn a_stalled_answer_body_fails_within_the_response_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                if buf.starts_with(b"GET /v1/models") {
+                    let body = r#"{"object":"list","data":[{"id":"stall-model"}]}"#;
+                    let head = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+                    let _ = s.write_all(format!("{head}{body}").as_bytes()).await;
+                    return;
+                }
+                // Headers and part of the body, then nothing (the connection stays open).
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"partial")
+                    .await;
+                let _ = s.read(&mut chunk).await;
+            });
+        }
+    });
+    let dir = std::env::temp_dir().join(format!("kvr-stall-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let workers = dir.join("workers.toml");
+    std::fs::write(&workers, format!("[[workers]]\nurl = \"{url}\"\n")).unwrap();
+    let proc = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--workers-file",
+        workers.to_str().unwrap(),
+        "--health-check-interval-secs",
+        "0",
+        "--retries",
+        "0",
+        "--upstream-response-timeout-secs",
+        "1",
+    ])
+    .await;
+    let started = std::time::Instant::now();
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/completions", proc.http()))
+        .json(&json!({"model": "stall-model", "prompt": "hello", "max_tokens": 2}))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("the router answers");
+    assert!(r.status().is_server_error(), "{}", r.status());
+    let body = r.text().await.unwrap();
+    assert!(body.contains("did not finish within"), "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -23,15 +23,35 @@ fn shift_port(endpoint: &str, offset: u32) -> String {
     }
 }
 
+/// How long a worker's `/server_info` or `/v1/models` may take, headers and body.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Largest `/server_info` or `/v1/models` body read.
+const PROBE_MAX_BYTES: usize = 1 << 20;
+
+/// `GET url` as JSON: headers and body within [`PROBE_TIMEOUT`], at most [`PROBE_MAX_BYTES`];
+/// `None` otherwise (a worker still starting, or one that stalls mid-body).
+async fn get_json(state: &AppState, url: &str) -> Option<Value> {
+    let fetch = async {
+        let mut resp = state.inner.http.get(url).send().await.ok()?;
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.ok()? {
+            if body.len() + chunk.len() > PROBE_MAX_BYTES {
+                return None;
+            }
+            body.extend_from_slice(&chunk);
+        }
+        serde_json::from_slice(&body).ok()
+    };
+    tokio::time::timeout(PROBE_TIMEOUT, fetch)
+        .await
+        .ok()
+        .flatten()
+}
+
 /// Fills in what the worker advertises at `/server_info` (SGLang's shape; the mock engine's too).
 async fn discover(state: &AppState, entry: &mut WorkerEntry) {
     let url = format!("{}/server_info", entry.url.trim_end_matches('/'));
-    let Ok(Ok(resp)) =
-        tokio::time::timeout(Duration::from_secs(2), state.inner.http.get(&url).send()).await
-    else {
-        return;
-    };
-    let Ok(info) = resp.json::<Value>().await else {
+    let Some(info) = get_json(state, &url).await else {
         return;
     };
     let kv = &info["kv_events"];
@@ -268,19 +288,13 @@ fn spawn_model_learning(state: AppState, id: WorkerId, url: String) -> tokio::ta
     })
 }
 
-/// The models an engine lists at `/v1/models` (none when it does not answer within 2 s: then it
-/// may serve any model).
+/// The models an engine lists at `/v1/models` (none when it does not answer, body included,
+/// within 2 s: then it may serve any model).
 async fn learn_models(state: &AppState, url: &str) -> Vec<ModelCard> {
     let url = format!("{}/v1/models", url.trim_end_matches('/'));
-    let Ok(Ok(resp)) =
-        tokio::time::timeout(Duration::from_secs(2), state.inner.http.get(&url).send()).await
-    else {
-        return Vec::new();
-    };
-    match resp.json::<Value>().await {
-        Ok(list) => cards_of(&list),
-        Err(_) => Vec::new(),
-    }
+    get_json(state, &url)
+        .await
+        .map_or_else(Vec::new, |list| cards_of(&list))
 }
 
 /// Unregisters a worker: stops its subscribers and drops its blocks.

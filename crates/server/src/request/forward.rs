@@ -218,25 +218,40 @@ pub(crate) enum Read {
     Failed(String),
 }
 
-/// Reads a whole (non-streamed) answer, unless its group gets enough samples first.
+/// Reads a whole (non-streamed) answer, unless its group gets enough samples first. Its body
+/// gets `--upstream-response-timeout-secs` too (engines send it with the headers; a worker
+/// that sends part of it and stalls fails the attempt instead of holding it).
 pub(crate) async fn read(
+    state: &crate::state::AppState,
     response: Response,
     guard: &mut LoadGuard,
     stop: &mut Option<watch::Receiver<bool>>,
 ) -> Read {
+    let limit = state.inner.config.upstream_response_timeout;
     let read = tokio::select! {
-        r = response.bytes() => r,
+        r = tokio::time::timeout(limit, response.bytes()) => r,
         _ = stopped(stop) => {
             guard.end_aborted();
             return Read::Stopped;
         }
     };
     match read {
-        Ok(b) => {
+        Ok(Ok(b)) => {
             guard.on_chunk(&b);
             Read::Body(b)
         }
-        Err(e) => Read::Failed(e),
+        Ok(Err(e)) => Read::Failed(e),
+        Err(_) => {
+            state
+                .inner
+                .metrics
+                .upstream_timeouts
+                .inc(&[("kind", "unary")]);
+            Read::Failed(format!(
+                "the answer's body did not finish within {:.3}s (--upstream-response-timeout-secs)",
+                limit.as_secs_f64()
+            ))
+        }
     }
 }
 
@@ -274,7 +289,7 @@ pub(crate) async fn whole(
         };
         guard = g;
         let worker = guard.worker();
-        bytes = match read(response, &mut guard, &mut f.stop).await {
+        bytes = match read(&f.req.state, response, &mut guard, &mut f.stop).await {
             Read::Body(b) => b,
             Read::Stopped => {
                 return Ok((f.machine.stopped_body(), worker, f.machine.version()));

@@ -41,7 +41,7 @@ pub(crate) async fn respond(
     if !req.stream && status.is_success() && !passed_through {
         // Read whole (it is one JSON object): stamped with the policy version, and continued
         // if a weight update aborted it.
-        let first = match forward::read(response, &mut guard, &mut stop).await {
+        let first = match forward::read(&req.state, response, &mut guard, &mut stop).await {
             Read::Body(b) => b,
             Read::Stopped => return Ok(group_satisfied(kind, false, isl)),
             Read::Failed(e) => {
