@@ -841,20 +841,53 @@ async fn request_bodies_past_axums_2_mb_default_are_accepted() {
     assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
 }
 
-/// A worker still loading when the router starts (its `/v1/models` does not answer) has its
-/// models learned once it answers: the router lists them (it listed none) and places requests
-/// for them.
-#[tokio::test]
-async fn a_worker_that_answers_late_has_its_models_learned() {
+/// A worker on `listener`: each request's head goes to `answer`, whose bytes are written back;
+/// then the connection closes, or (`hold`) stays open with nothing more sent.
+fn fake_worker(listener: tokio::net::TcpListener, answer: fn(&[u8]) -> (String, bool)) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    // Bound, so connections wait in its backlog unanswered, until it serves below.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let dir = std::env::temp_dir().join(format!("kvr-late-models-{}", std::process::id()));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let (bytes, hold) = answer(&buf);
+                let _ = s.write_all(bytes.as_bytes()).await;
+                if hold {
+                    let _ = s.read(&mut chunk).await;
+                }
+            });
+        }
+    });
+}
+
+/// A JSON answer that closes its connection.
+fn json_answer(status: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// `kvrouter serve` over the one worker at `url` (no health checks), with `extra` flags.
+async fn serve_one_worker(
+    url: &str,
+    name: &str,
+    extra: &[&str],
+) -> (common::Proc, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("kvr-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let workers = dir.join("workers.toml");
     std::fs::write(&workers, format!("[[workers]]\nurl = \"{url}\"\n")).unwrap();
-    let proc = common::spawn(&[
+    let mut args = vec![
         "serve",
         "--port",
         "0",
@@ -862,8 +895,20 @@ async fn a_worker_that_answers_late_has_its_models_learned() {
         workers.to_str().unwrap(),
         "--health-check-interval-secs",
         "0",
-    ])
-    .await;
+    ];
+    args.extend(extra);
+    (common::spawn(&args).await, dir)
+}
+
+/// A worker still loading when the router starts (its `/v1/models` does not answer) has its
+/// models learned once it answers: the router lists them (it listed none) and places requests
+/// for them.
+#[tokio::test]
+async fn a_worker_that_answers_late_has_its_models_learned() {
+    // Bound, so connections wait in its backlog unanswered, until it serves below.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (proc, dir) = serve_one_worker(&url, "late-models", &[]).await;
     let base = proc.http();
     let client = reqwest::Client::new();
     let listed = |client: reqwest::Client, base: String| async move {
@@ -887,37 +932,19 @@ async fn a_worker_that_answers_late_has_its_models_learned() {
         listed(client.clone(), base.clone()).await.unwrap(),
         Vec::<String>::new()
     );
-    // Now it serves: every connection gets its model list (and a completion for anything else).
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let body = match buf.starts_with(b"GET /v1/models") {
-                    true => r#"{"object":"list","data":[{"id":"late-model","object":"model"}]}"#,
-                    false => r#"{"error":"not here"}"#,
-                };
-                let status = if body.contains("late-model") {
-                    "200 OK"
-                } else {
-                    "404 Not Found"
-                };
-                let answer = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = s.write_all(answer.as_bytes()).await;
-            });
-        }
+    // Now it serves: its model list, and 404 for anything else.
+    fake_worker(listener, |head| match head.starts_with(b"GET /v1/models") {
+        true => (
+            json_answer(
+                "200 OK",
+                r#"{"object":"list","data":[{"id":"late-model"}]}"#,
+            ),
+            false,
+        ),
+        false => (
+            json_answer("404 Not Found", r#"{"error":"not here"}"#),
+            false,
+        ),
     });
     let models = common::until("the late worker's models", Duration::from_secs(30), || {
         let (client, base) = (client.clone(), base.clone());
@@ -933,55 +960,23 @@ async fn a_worker_that_answers_late_has_its_models_learned() {
 /// mid-body does not hold the router's start (it waited for ever).
 #[tokio::test]
 async fn a_stalled_answer_body_fails_within_the_response_timeout() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                if buf.starts_with(b"GET /v1/models") {
-                    let body = r#"{"object":"list","data":[{"id":"stall-model"}]}"#;
-                    let head = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
-                    let _ = s.write_all(format!("{head}{body}").as_bytes()).await;
-                    return;
-                }
-                // Headers and part of the body, then nothing (the connection stays open).
-                let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"partial")
-                    .await;
-                let _ = s.read(&mut chunk).await;
-            });
-        }
+    fake_worker(listener, |head| {
+        match head.starts_with(b"GET /v1/models") {
+        true => (
+            json_answer("200 OK", r#"{"object":"list","data":[{"id":"stall-model"}]}"#),
+            false,
+        ),
+        // Headers and part of the body, then nothing (the connection stays open).
+        false => (
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"partial".into(),
+            true,
+        ),
+    }
     });
-    let dir = std::env::temp_dir().join(format!("kvr-stall-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let workers = dir.join("workers.toml");
-    std::fs::write(&workers, format!("[[workers]]\nurl = \"{url}\"\n")).unwrap();
-    let proc = common::spawn(&[
-        "serve",
-        "--port",
-        "0",
-        "--workers-file",
-        workers.to_str().unwrap(),
-        "--health-check-interval-secs",
-        "0",
-        "--retries",
-        "0",
-        "--upstream-response-timeout-secs",
-        "1",
-    ])
-    .await;
+    let extra = ["--retries", "0", "--upstream-response-timeout-secs", "1"];
+    let (proc, dir) = serve_one_worker(&url, "stall", &extra).await;
     let started = std::time::Instant::now();
     let r = reqwest::Client::new()
         .post(format!("{}/v1/completions", proc.http()))
