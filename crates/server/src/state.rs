@@ -253,25 +253,7 @@ impl Inner {
         };
         // Plain HTTP workers: the forwarding task reads the answer (`upstream/`); others
         // (https, or any behind a proxy set in the environment) through reqwest.
-        let send = async {
-            match self.upstream.target(url) {
-                Some(target) => self.upstream.send(&target, request_id, body).await,
-                None => self
-                    .upstream
-                    .fallback()
-                    .post(url)
-                    .header("content-type", "application/json")
-                    .header(crate::access::REQUEST_ID_HEADER, request_id.clone())
-                    .body(body.clone())
-                    .send()
-                    .await
-                    .map_err(|e| e.to_string())
-                    .and_then(|r| {
-                        crate::upstream::refuse_redirect(r.status().as_u16())?;
-                        Ok(crate::upstream::Response::from_reqwest(r))
-                    }),
-            }
-        };
+        let send = self.upstream.post(url, request_id, body);
         match tokio::time::timeout(limit, send).await {
             Ok(r) => r,
             Err(_) => {

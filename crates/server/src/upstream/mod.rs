@@ -53,7 +53,7 @@ pub(crate) struct Client {
 
 /// A redirect fails the attempt: a worker that redirects is misconfigured, and following one
 /// would turn the POST into a GET.
-pub(crate) fn refuse_redirect(status: u16) -> Result<(), String> {
+fn refuse_redirect(status: u16) -> Result<(), String> {
     match (300..400).contains(&status) && status != 304 {
         true => Err(format!("answered {status} (a redirect, not followed)")),
         false => Ok(()),
@@ -68,10 +68,10 @@ pub(crate) struct Response {
 }
 
 /// An answer's body.
-pub(crate) enum Body {
+enum Body {
     /// Read from the socket by whoever polls it.
     Direct(Direct),
-    /// From reqwest (`https` workers).
+    /// From reqwest (`https` workers, or any behind a proxy).
     Reqwest(reqwest::Response),
 }
 
@@ -117,7 +117,7 @@ impl Response {
         }
     }
 
-    pub(crate) fn from_reqwest(r: reqwest::Response) -> Self {
+    fn from_reqwest(r: reqwest::Response) -> Self {
         Self {
             status: StatusCode::from_u16(r.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
             content_type: r
@@ -131,7 +131,7 @@ impl Response {
 
 /// Where a request goes: the address to connect to, the `host` header, the request target.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Target {
+struct Target {
     addr: Arc<str>,
     host: String,
     path: String,
@@ -139,7 +139,7 @@ pub(crate) struct Target {
 
 impl Target {
     /// `url` when it is plain `http`; `None` for anything this client does not speak.
-    pub(crate) fn of(url: &str) -> Option<Self> {
+    fn of(url: &str) -> Option<Self> {
         let url = reqwest::Url::parse(url).ok()?;
         if url.scheme() != "http" || !url.username().is_empty() || url.password().is_some() {
             return None;
@@ -180,13 +180,32 @@ impl Client {
         })
     }
 
-    /// reqwest, for the workers [`Client::target`] leaves to it.
-    pub(crate) fn fallback(&self) -> &reqwest::Client {
-        &self.fallback
+    /// Sends `body` as a JSON `POST` to `url`: itself when `url` is plain `http` and no proxy
+    /// is set, else through reqwest; the answer once its head has come.
+    pub(crate) async fn post(
+        self: &Arc<Self>,
+        url: &str,
+        request_id: &HeaderValue,
+        body: &Bytes,
+    ) -> Result<Response, String> {
+        if let Some(target) = self.target(url) {
+            return self.send(&target, request_id, body).await;
+        }
+        let answer = self
+            .fallback
+            .post(url)
+            .header("content-type", "application/json")
+            .header(crate::access::REQUEST_ID_HEADER, request_id.clone())
+            .body(body.clone())
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        refuse_redirect(answer.status().as_u16())?;
+        Ok(Response::from_reqwest(answer))
     }
 
     /// Where to send `url` with this client; `None` when reqwest must (https, a proxy).
-    pub(crate) fn target(&self, url: &str) -> Option<Target> {
+    fn target(&self, url: &str) -> Option<Target> {
         match self.proxied {
             true => None,
             false => Target::of(url),
@@ -194,7 +213,7 @@ impl Client {
     }
 
     /// Sends `body` as a JSON `POST` to `target`; the answer once its head has come.
-    pub(crate) async fn send(
+    async fn send(
         self: &Arc<Self>,
         target: &Target,
         request_id: &HeaderValue,
@@ -225,11 +244,11 @@ impl Client {
                             tracing::debug!(addr = %target.addr, error = %e, "kept connection closed; sending on a new one");
                             continue;
                         }
-                        _ => Err(Failure::Io(e)),
+                        _ => Err(e.to_string()),
                     }
                 }
             };
-            let head = answer.map_err(|e| e.to_string())?;
+            let head = answer?;
             // 408 on a kept connection: the worker timed it out as idle and did not run this.
             if head.status == 408 && reused {
                 tracing::debug!(addr = %target.addr, "kept connection timed out by the worker; sending on a new one");
@@ -279,24 +298,6 @@ pub(crate) fn proxy_in_environment() -> bool {
         .any(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty()))
 }
 
-/// Why sending failed.
-#[derive(Debug)]
-enum Failure {
-    Io(std::io::Error),
-    Closed,
-    Wire(wire::WireError),
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Io(e) => write!(f, "{e}"),
-            Failure::Closed => write!(f, "connection closed before an answer"),
-            Failure::Wire(e) => write!(f, "{e}"),
-        }
-    }
-}
-
 /// Writes `a` then `b` in as few writes as the socket takes.
 async fn write_all2(stream: &mut TcpStream, a: &[u8], b: &[u8]) -> std::io::Result<()> {
     let (mut a, mut b) = (a, b);
@@ -315,26 +316,26 @@ async fn write_all2(stream: &mut TcpStream, a: &[u8], b: &[u8]) -> std::io::Resu
 }
 
 /// Reads until a response head is in `buf` (consumed; what follows stays).
-async fn read_head(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<wire::Head, Failure> {
+async fn read_head(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<wire::Head, String> {
     loop {
-        if let Some(head) = wire::parse_head(buf).map_err(Failure::Wire)? {
+        if let Some(head) = wire::parse_head(buf).map_err(|e| e.to_string())? {
             return Ok(head);
         }
         buf.reserve(READ_CHUNK);
-        stream.readable().await.map_err(Failure::Io)?;
+        stream.readable().await.map_err(|e| e.to_string())?;
         match stream.try_read_buf(buf) {
-            Ok(0) if buf.is_empty() => return Err(Failure::Closed),
-            Ok(0) => return Err(Failure::Wire(wire::WireError::Closed("within the head"))),
+            Ok(0) if buf.is_empty() => return Err("connection closed before an answer".into()),
+            Ok(0) => return Err(wire::WireError::Closed("within the head").to_string()),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(Failure::Io(e)),
+            Err(e) => return Err(e.to_string()),
         }
     }
 }
 
 /// A body read from its connection by whoever polls it; the connection goes back to the
 /// client's idle set once the body is whole (if the worker keeps it open).
-pub(crate) struct Direct {
+struct Direct {
     decoder: Decoder,
     stream: Option<TcpStream>,
     buf: BytesMut,
