@@ -43,6 +43,21 @@ async def test_pick_then_send_yourself_then_report(router: KvrouterServer) -> No
             await client.report(pick, "finish")
 
 
+async def test_token_ids_go_in_binary_and_place_as_json_ids_do(router: KvrouterServer) -> None:
+    from kvrouter.pick import binary_ids
+
+    assert binary_ids([1, 2**32 - 1]) == b"\x01\x00\x00\x00\xff\xff\xff\xff"
+    assert binary_ids([1, -1]) is None and binary_ids([2**32]) is None and binary_ids([1.5]) is None  # type: ignore[list-item]
+    async with router.client(model=MODEL) as client, httpx.AsyncClient() as own:
+        # The client's binary ids and the same ids as a JSON list read as one prompt.
+        ids = prompt(4, 0) + [2**32 - 1]
+        pick = await client.pick(token_ids=ids)
+        raw = (await own.post(router.url + "/v1/pick", json={"token_ids": ids})).json()
+        assert pick.prompt_tokens == raw["prompt_tokens"] == len(ids)
+        await client.report(pick, "finish", status="cancelled")
+        await client.report(raw["id"], "finish", status="cancelled")
+
+
 async def test_picks_take_chats_prompts_and_rl_headers(router: KvrouterServer) -> None:
     async with router.client(model=MODEL) as client:
         rl = RolloutHeaders(session_id="pick-session-1")

@@ -38,6 +38,25 @@ impl Server {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// `POST /v1/pick` with the JSON part `json` and the token ids `ids` after it in binary
+    /// (`x-kvrouter-json-length`, or `length` in its place when given).
+    async fn post_binary(&self, json: &Value, ids: &[u8], length: Option<&str>) -> (u16, Value) {
+        let mut raw = serde_json::to_vec(json).unwrap();
+        let n = raw.len().to_string();
+        raw.extend_from_slice(ids);
+        let r = self
+            .client
+            .post(format!("{}/v1/pick", self.base))
+            .header("x-kvrouter-json-length", length.unwrap_or(&n))
+            .body(raw)
+            .send();
+        let r = tokio::time::timeout(Duration::from_secs(30), r)
+            .await
+            .expect("answered in time")
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
     async fn pick(&self, headers: &[(&str, &str)], body: Value) -> Value {
         let (status, v) = self.post("/v1/pick", headers, body).await;
         assert_eq!(status, 200, "{v}");
@@ -127,6 +146,74 @@ async fn picks_of_the_same_prefix_choose_the_worker_that_cached_it() {
                 .is_empty());
             assert_eq!(s.report(&again["id"], "finish", json!({})).await, 200);
         }
+    }
+    s.await_metric("kvrouter_picks_outstanding", 0.0).await;
+}
+
+/// Little-endian 4-byte words of `ids`.
+fn le_bytes(ids: &[u64]) -> Vec<u8> {
+    ids.iter().flat_map(|&t| (t as u32).to_le_bytes()).collect()
+}
+
+/// Token ids after the JSON part in binary (`x-kvrouter-json-length`) place a pick as the same
+/// ids in JSON do; a bad length, a cut id and ids given twice are refused naming the header or
+/// the field.
+#[tokio::test]
+async fn binary_token_ids_pick_as_json_ids_do() {
+    let s = serve("3", &[]).await;
+    let first = s.pick(&[], json!({"token_ids": ids(7, 0)})).await;
+    let w = worker(&first);
+    run_on_worker(&s, &first, &ids(7, 0)).await;
+    let blocks = format!("kvrouter_worker_cached_blocks{{worker=\"{w}\"");
+    common::until(
+        "the engine's KV events",
+        Duration::from_secs(15),
+        || async { s.metric(&blocks).await >= 8.0 },
+    )
+    .await;
+    let (status, binary) = s
+        .post_binary(&json!({"max_tokens": 4}), &le_bytes(&ids(7, 1)), None)
+        .await;
+    assert_eq!(status, 200, "{binary}");
+    let json_pick = s
+        .pick(&[], json!({"token_ids": ids(7, 2), "max_tokens": 4}))
+        .await;
+    for p in [&binary, &json_pick] {
+        assert_eq!(worker(p), w, "{p}");
+        assert_eq!(p["prompt_tokens"], 552, "{p}");
+        assert!(p["cached_tokens"].as_u64().unwrap() >= 512, "{p}");
+    }
+    // Reports ride in the JSON part as in a JSON body.
+    let reports = json!({"reports": [{"id": binary["id"], "event": "finish"}]});
+    let (status, third) = s.post_binary(&reports, &le_bytes(&ids(7, 3)), None).await;
+    assert_eq!(status, 200, "{third}");
+    assert_eq!(third["reports"][0]["id"], binary["id"], "{third}");
+    assert!(third["reports"][0]["error"].is_null(), "{third}");
+    for id in [&json_pick["id"], &third["id"]] {
+        assert_eq!(s.report(id, "finish", json!({})).await, 200);
+    }
+    let good = le_bytes(&ids(7, 4));
+    for (json, ids, length, param) in [
+        (json!({}), &good[..], Some("x"), "x-kvrouter-json-length"),
+        (
+            json!({}),
+            &good[..],
+            Some("999999"),
+            "x-kvrouter-json-length",
+        ),
+        (
+            json!({}),
+            &good[..good.len() - 1],
+            None,
+            "x-kvrouter-json-length",
+        ),
+        (json!({"token_ids": [1]}), &good[..], None, "token_ids"),
+        (json!({"prompt": "hi"}), &good[..], None, "token_ids"),
+        (json!({}), &[][..], None, "token_ids"),
+    ] {
+        let (status, v) = s.post_binary(&json, ids, length).await;
+        assert_eq!(status, 400, "{json} {length:?}: {v}");
+        assert_eq!(v["error"]["param"], param, "{json} {length:?}: {v}");
     }
     s.await_metric("kvrouter_picks_outstanding", 0.0).await;
 }

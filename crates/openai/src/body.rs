@@ -164,6 +164,19 @@ impl Body {
         }
     }
 
+    /// Gives the body `token_ids` read from outside its JSON (the pick API's binary ids, see
+    /// [`ids_from_le_bytes`]): an error when the JSON has `token_ids` of its own.
+    pub fn set_token_ids(&mut self, ids: Vec<u32>) -> Result<(), RequestError> {
+        if self.contains_key(TOKEN_IDS) {
+            return Err(RequestError::invalid(
+                "`token_ids` is given twice: in the JSON part and as binary ids after it",
+                TOKEN_IDS,
+            ));
+        }
+        self.token_ids = Some(TokenIds::Flat(ids));
+        Ok(())
+    }
+
     /// The pick API's `{"token_ids": [...]}`, made the body's `prompt`: an error when it is
     /// not a list of token ids, or comes with a `prompt` or `messages`. A body without
     /// `token_ids` is left as it is.
@@ -197,6 +210,21 @@ impl Body {
             )),
         }
     }
+}
+
+/// Token ids as 4-byte little-endian unsigned integers, one after another (the pick API's
+/// binary ids): `None` when the length is not a multiple of 4.
+pub fn ids_from_le_bytes(raw: &[u8]) -> Option<Vec<u32>> {
+    let words = raw.chunks_exact(4);
+    if !words.remainder().is_empty() {
+        return None;
+    }
+    // Filled in place (a copy the compiler vectorizes), not collected from the iterator.
+    let mut ids = vec![0u32; raw.len() / 4];
+    for (id, w) in ids.iter_mut().zip(words) {
+        *id = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+    }
+    Some(ids)
 }
 
 /// A body parsed as an object, its token-id fields read into ids; any other body fails, and
@@ -274,5 +302,34 @@ mod tests {
             text.prompt().unwrap().first,
             Prompt::Text(Cow::Borrowed("hi"))
         ));
+    }
+
+    /// Binary ids read back as the numbers written, and become the prompt as JSON ids do; a
+    /// length that is no multiple of 4 and ids given twice are refused.
+    #[test]
+    fn binary_ids_are_the_json_ids() {
+        let ids = [0u32, 1, 255, 256, 65_536, 151_000, u32::MAX];
+        let raw: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
+        assert_eq!(ids_from_le_bytes(&raw).unwrap(), ids);
+        assert_eq!(ids_from_le_bytes(&[]).unwrap(), Vec::<u32>::new());
+        for cut in 1..4 {
+            assert_eq!(ids_from_le_bytes(&raw[..raw.len() - cut]), None);
+        }
+        let mut binary = Body::from_slice(br#"{"model": "m"}"#).unwrap();
+        binary.set_token_ids(ids.to_vec()).unwrap();
+        binary.token_ids_as_prompt().unwrap();
+        let json = format!("{{\"model\": \"m\", \"token_ids\": {ids:?}}}");
+        let mut json = Body::from_slice(json.as_bytes()).unwrap();
+        json.token_ids_as_prompt().unwrap();
+        assert_eq!(binary, json);
+        for twice in [r#"{"token_ids": [1]}"#, r#"{"token_ids": "x"}"#] {
+            let mut body = Body::from_slice(twice.as_bytes()).unwrap();
+            let e = body.set_token_ids(vec![1]).unwrap_err();
+            assert!(e.to_string().contains("twice"), "{twice}: {e}");
+        }
+        // With a prompt of its own the ids then conflict as JSON ones do.
+        let mut both = Body::from_slice(br#"{"prompt": "hi"}"#).unwrap();
+        both.set_token_ids(vec![1]).unwrap();
+        assert!(both.token_ids_as_prompt().is_err());
     }
 }

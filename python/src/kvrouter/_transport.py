@@ -53,11 +53,12 @@ class Transport:
         path: str,
         *,
         json: Any = None,
+        content: bytes | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         self.check_open(f"{method} {path}")
         try:
-            response = await self.http.request(method, self.root + path, json=json, headers=headers)
+            response = await self.http.request(method, self.root + path, json=json, content=content, headers=headers)
         except httpx.HTTPError as e:
             raise transport_error(e, f"{method} {path}") from e
         if response.is_error:
@@ -70,9 +71,10 @@ class Transport:
         path: str,
         *,
         json: Any = None,
+        content: bytes | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        response = await self.request(method, path, json=json, headers=headers)
+        response = await self.request(method, path, json=json, content=content, headers=headers)
         body = decoded(response.text, f"the answer to {method} {path}")
         if not isinstance(body, dict):
             raise error_from_body(response.status_code, f"expected a JSON object, got: {response.text[:200]}")

@@ -13,7 +13,7 @@ import httpx
 
 from .admin import AdminClient
 from .headers import RolloutHeaders
-from .pick import Pick, PickEvent, PickStatus, finish_body
+from .pick import Pick, PickEvent, PickStatus, binary_ids, finish_body
 from .provenance import Provenance
 from .stream import Stream
 from ._transport import Transport, decoded
@@ -227,7 +227,9 @@ class AsyncKvrouterClient:
         if len(given) != 1:
             raise ValueError(f"give exactly one of token_ids, prompt or messages (got {given or 'none'})")
         body: dict[str, Any] = dict(params)
-        if token_ids is not None:
+        binary = None if token_ids is None else binary_ids(token_ids)
+        if token_ids is not None and binary is None:
+            # Not all 32-bit token ids: sent as JSON, for the router to name what is wrong.
             body["token_ids"] = list(token_ids)
         elif prompt is not None:
             body["prompt"] = prompt if isinstance(prompt, str) else list(prompt)
@@ -237,7 +239,17 @@ class AsyncKvrouterClient:
             body["model"] = model or self.model
         if reports:
             body["reports"] = [dict(r) for r in reports]
-        answer = await self._transport.json("POST", "/v1/pick", json=body, headers=_headers(rl, extra_headers))
+        headers = _headers(rl, extra_headers)
+        if binary is None:
+            answer = await self._transport.json("POST", "/v1/pick", json=body, headers=headers)
+        else:
+            # The ids after the JSON part as 4-byte little-endian words (x-kvrouter-json-length):
+            # no JSON list to write here or to read in the router.
+            import json
+
+            part = json.dumps(body, separators=(",", ":")).encode()
+            headers = {**headers, "content-type": "application/octet-stream", "x-kvrouter-json-length": str(len(part))}
+            answer = await self._transport.json("POST", "/v1/pick", content=part + binary, headers=headers)
         return Pick.from_body(answer)
 
     async def report(

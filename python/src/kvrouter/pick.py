@@ -9,6 +9,9 @@ released.
 
 from __future__ import annotations
 
+import sys
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -76,6 +79,21 @@ def finish_body(
         if value is not None:
             body[key] = value
     return body
+
+
+def binary_ids(token_ids: Sequence[int]) -> bytes | None:
+    """``token_ids`` as 4-byte little-endian words, the pick API's binary ids; ``None`` when one
+    is no integer from 0 to 4294967295 (or this platform's ``array('I')`` is not 4 bytes)."""
+    ids = array("I")
+    if ids.itemsize != 4:
+        return None
+    try:
+        ids.extend(token_ids)
+    except (OverflowError, TypeError):
+        return None
+    if sys.byteorder == "big":
+        ids.byteswap()
+    return ids.tobytes()
 
 
 def report_entry(

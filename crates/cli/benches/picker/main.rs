@@ -5,7 +5,8 @@
 //!
 //! - pick API: `POST /v1/pick` (a 2,048-token prompt as token ids) + `POST /v1/pick/{id}/finish`,
 //!   at concurrency 16 over keep-alive HTTP/1.1; and a steady client's picks that each carry
-//!   the previous pick's finish (`reports`), one exchange per pick.
+//!   the previous pick's finish (`reports`), one exchange per pick, with the ids as a JSON
+//!   list (`piggy`) or in binary after the JSON part (`piggy-bin`, `x-kvrouter-json-length`).
 //! - ext_proc: one full Envoy exchange per request (request headers, the same prompt's body,
 //!   response headers, three response body chunks, the last ending the stream), at
 //!   concurrency 64, each task on its own keep-alive gRPC connection (`ext`) or the 64 streams
@@ -107,15 +108,22 @@ async fn live_pairs(base: &str, pid: u32, n: u64, concurrency: u64) -> f64 {
     cpu_seconds(pid) - before
 }
 
-/// `POST /v1/pick` with a JSON body; the answer, which must be 200.
-async fn post_pick(client: &reqwest::Client, base: &str, body: Vec<u8>) -> serde_json::Value {
-    let r = client
-        .post(format!("{base}/v1/pick"))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+/// `POST /v1/pick` with a JSON body, or a JSON part of `json_length` bytes followed by binary
+/// token ids; the answer, which must be 200.
+async fn post_pick(
+    client: &reqwest::Client,
+    base: &str,
+    body: Vec<u8>,
+    json_length: Option<usize>,
+) -> serde_json::Value {
+    let mut r = client.post(format!("{base}/v1/pick"));
+    r = match json_length {
+        None => r.header("content-type", "application/json"),
+        Some(n) => r
+            .header("content-type", "application/octet-stream")
+            .header("x-kvrouter-json-length", n),
+    };
+    let r = r.body(body).send().await.unwrap();
     assert_eq!(r.status(), 200);
     r.json().await.unwrap()
 }
@@ -137,7 +145,7 @@ async fn pick_pairs_of(base: &str, pid: u32, n: u64, concurrency: u64, tokens: u
             let (client, base, bodies) = (client.clone(), base.to_owned(), bodies.clone());
             tokio::spawn(async move {
                 for i in (c..n).step_by(concurrency as usize) {
-                    let v = post_pick(&client, &base, bodies[i as usize].clone()).await;
+                    let v = post_pick(&client, &base, bodies[i as usize].clone(), None).await;
                     let id = v["id"].as_str().unwrap();
                     let r = client
                         .post(format!("{base}/v1/pick/{id}/finish"))
@@ -158,12 +166,22 @@ async fn pick_pairs_of(base: &str, pid: u32, n: u64, concurrency: u64, tokens: u
 
 /// A steady pick client: each pick carries the previous pick's finish (`reports`), so each
 /// pick is one HTTP exchange; each task's last pick is finished with `POST /v1/pick/reports`.
-async fn piggy_backed_picks(base: &str, pid: u32, n: u64, concurrency: u64) -> f64 {
+/// `binary`: the token ids follow the JSON part as 4-byte little-endian words
+/// (`x-kvrouter-json-length`) instead of being a JSON list.
+async fn piggy_backed_picks(base: &str, pid: u32, n: u64, concurrency: u64, binary: bool) -> f64 {
     let client = client();
-    // `{"token_ids": [...]}` less its opening brace, for the reports to go in front.
+    // `{"token_ids": [...]}` less its opening brace, for the reports to go in front; or `}`
+    // and the binary ids.
     let first = fresh_prompts(n);
     let tails: Vec<Vec<u8>> = (first..first + n)
-        .map(|i| serde_json::to_vec(&json!({"token_ids": prompt(i)})).unwrap()[1..].to_vec())
+        .map(|i| {
+            if binary {
+                let ids = prompt(i).into_iter().flat_map(|t| (t as u32).to_le_bytes());
+                b"}".iter().copied().chain(ids).collect()
+            } else {
+                serde_json::to_vec(&json!({"token_ids": prompt(i)})).unwrap()[1..].to_vec()
+            }
+        })
         .collect();
     let tails = std::sync::Arc::new(tails);
     let before = cpu_seconds(pid);
@@ -176,10 +194,12 @@ async fn piggy_backed_picks(base: &str, pid: u32, n: u64, concurrency: u64) -> f
                     let mut body = b"{".to_vec();
                     if let Some(id) = &previous {
                         let r = json!([{"id": id, "event": "finish", "completion_tokens": 16}]);
-                        body.extend_from_slice(format!("\"reports\": {r}, ").as_bytes());
+                        let comma = if binary { "" } else { ", " };
+                        body.extend_from_slice(format!("\"reports\": {r}{comma}").as_bytes());
                     }
+                    let json_length = binary.then_some(body.len() + 1);
                     body.extend_from_slice(&tails[i as usize]);
-                    let v = post_pick(&client, &base, body).await;
+                    let v = post_pick(&client, &base, body, json_length).await;
                     if previous.is_some() {
                         assert_eq!(v["reports"][0]["status"], "released", "{v}");
                     }
@@ -321,9 +341,15 @@ async fn main() {
         );
     }
     if want("piggy") {
-        let (us, _) = windows(idle_per_s, |n| piggy_backed_picks(base, pid, n, 16)).await;
+        let (us, _) = windows(idle_per_s, |n| piggy_backed_picks(base, pid, n, 16, false)).await;
         println!(
             "piggy: pick with the previous pick's finish piggy-backed, {PROMPT_TOKENS}-token prompt as token ids, concurrency 16: {us} µs router CPU per pick"
+        );
+    }
+    if want("piggy-bin") {
+        let (us, _) = windows(idle_per_s, |n| piggy_backed_picks(base, pid, n, 16, true)).await;
+        println!(
+            "piggy-bin: the same with the token ids in binary after the JSON part (x-kvrouter-json-length), concurrency 16: {us} µs router CPU per pick"
         );
     }
     if want("ext-headers") {

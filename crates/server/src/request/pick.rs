@@ -14,7 +14,7 @@ use crate::picks::PickTable;
 use crate::routing::Kind;
 use crate::state::{stopped, AppState};
 use axum::body::Bytes;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use kvrouter_core::ids::RequestId;
 use kvrouter_core::router::{Decision, RouteRequest};
@@ -162,14 +162,61 @@ fn group_satisfied(group: u64) -> ServeError {
     ))
 }
 
+/// The header of a pick body with binary token ids: the length in bytes of its JSON part, after
+/// which come the prompt's token ids as 4-byte little-endian unsigned integers (the framing of
+/// KServe's binary data extension, with our own header name).
+pub(crate) const JSON_LENGTH: &str = "x-kvrouter-json-length";
+
+/// A pick body's JSON part, and the token ids after it when [`JSON_LENGTH`] is given.
+fn split_binary<'a>(
+    headers: &HeaderMap,
+    raw: &'a [u8],
+) -> Result<(&'a [u8], Option<Vec<u32>>), ServeError> {
+    let Some(length) = headers.get(JSON_LENGTH) else {
+        return Ok((raw, None));
+    };
+    let n = length
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n <= raw.len())
+        .ok_or_else(|| {
+            ServeError::invalid(
+                format!(
+                    "{JSON_LENGTH} must be the length in bytes of the body's JSON part, at most \
+                     the body's {} bytes",
+                    raw.len()
+                ),
+                Some(JSON_LENGTH),
+            )
+        })?;
+    let (json, tail) = raw.split_at(n);
+    let ids = kvrouter_openai::body::ids_from_le_bytes(tail).ok_or_else(|| {
+        ServeError::invalid(
+            format!(
+                "the {} bytes after the JSON part ({JSON_LENGTH}: {n}) must be token ids as \
+                 4-byte little-endian integers: that is no multiple of 4",
+                tail.len()
+            ),
+            Some(JSON_LENGTH),
+        )
+    })?;
+    Ok((json, Some(ids)))
+}
+
 /// The body of a pick request: an OpenAI chat or completion body, or `{"token_ids": [...]}`
-/// (the prompt as token ids; `model` optional); with the reports of earlier picks it carries
-/// (its `reports` field, taken out of the body).
-fn pick_body(raw: &[u8]) -> Result<(Body, Option<Vec<Value>>), ServeError> {
-    let mut body = Body::from_slice(raw)
+/// (the prompt as token ids; `model` optional), the ids possibly after the JSON in binary
+/// ([`JSON_LENGTH`]); with the reports of earlier picks it carries (its `reports` field, taken
+/// out of the body).
+fn pick_body(headers: &HeaderMap, raw: &[u8]) -> Result<(Body, Option<Vec<Value>>), ServeError> {
+    let (json, ids) = split_binary(headers, raw)?;
+    let mut body = Body::from_slice(json)
         .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
     if !body.is_object() {
         return Err(ServeError::invalid("the body must be a JSON object", None));
+    }
+    if let Some(ids) = ids {
+        body.set_token_ids(ids)?;
     }
     let reports = body
         .remove(pick_report::REPORTS)
@@ -223,7 +270,7 @@ async fn pick_reporting(
 ) -> (Option<Vec<Value>>, Result<Response, ServeError>) {
     let arrival = Instant::now();
     let state = table.state().clone();
-    let (body, mut outcomes) = match pick_body(&raw) {
+    let (body, mut outcomes) = match pick_body(&headers, &raw) {
         Ok((body, reports)) => (
             pick_request(&state, body),
             reports.map(|r| pick_report::apply(table, r)),
@@ -285,18 +332,28 @@ async fn placed_answer(
         decision: DecisionView(&decision),
         reports: outcomes.take(),
     };
+    // Written into a buffer sized for the candidates (`axum::Json` grows one from 128 bytes).
+    let mut json = Vec::with_capacity(320 + 128 * decision.candidates.len());
+    serde_json::to_writer(&mut json, &answer).map_err(|e| ServeError::Http {
+        status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+        message: format!("the pick's answer could not be written: {e}"),
+    })?;
     Ok((
         [
-            ("x-kvrouter-worker", rank.worker.0.to_string()),
             (
-                "x-kvrouter-policy-version",
-                decision.policy_version.to_string(),
+                axum::http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
             ),
+            (WORKER, HeaderValue::from(rank.worker.0)),
+            (POLICY_VERSION, HeaderValue::from(decision.policy_version)),
         ],
-        axum::Json(answer),
+        json,
     )
         .into_response())
 }
+
+const WORKER: HeaderName = HeaderName::from_static("x-kvrouter-worker");
+const POLICY_VERSION: HeaderName = HeaderName::from_static("x-kvrouter-policy-version");
 
 /// The answer of a pick, written straight to JSON.
 #[derive(serde::Serialize)]
