@@ -197,21 +197,11 @@ impl FastPath {
             std::mem::swap(pieces, next);
         }
         let pieces = std::mem::take(&mut scratch.pieces);
-        for &(start, end) in &pieces {
-            let piece = &text[start..end];
-            let Some(key) = PieceCache::key(piece) else {
-                self.piece_ids(model, piece, scratch, ids)?;
-                continue;
-            };
-            if self.cache.extend(&key, piece, ids) {
-                continue;
-            }
-            let from = ids.len();
-            self.piece_ids(model, piece, scratch, ids)?;
-            self.cache.insert(key, piece, &ids[from..]);
-        }
+        let whole = self.cache.extend_all(text, &pieces, ids, |piece, ids| {
+            self.piece_ids(model, piece, scratch, ids)
+        });
         scratch.pieces = pieces;
-        Some(())
+        whole
     }
 
     /// Appends the ids of one piece the splits left.

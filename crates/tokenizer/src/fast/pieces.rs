@@ -1,21 +1,24 @@
 //! Ids of pieces seen before: a frequent word costs one hash lookup instead of the model's merges
 //! and the strings it allocates per token.
 //!
-//! Bounded: [`SHARDS`] shards of at most [`MAX_ENTRIES`]` / SHARDS` pieces each; a shard that
-//! is full is emptied before the next insert (the cache refills with what is frequent). Pieces
-//! longer than [`MAX_PIECE_BYTES`] are not kept. An entry keeps its piece's text, so a hash
-//! collision is a miss, never wrong ids. Memory: an entry is at most 64 bytes of text, 64 ids
-//! (one per byte) and about 64 bytes of map and allocation overhead, so the cache holds at most
-//! about 25 MB per tokenizer; word-sized pieces of one or two ids take about 5 MB when full.
+//! The pieces of one text are looked up together under one read lock
+//! ([`PieceCache::extend_all`]), and the ones it missed are kept together afterwards: a lock
+//! per piece (an atomic operation, which on x86 waits for every load before it) made each
+//! piece's cache misses wait for the previous one's, where now the lookups of a text overlap.
+//!
+//! Bounded: at most [`MAX_ENTRIES`] pieces; a full cache is emptied before the next insert (it
+//! refills with what is frequent), and one text keeps at most [`MAX_ENTRIES`] new pieces.
+//! Pieces longer than [`MAX_PIECE_BYTES`] are not kept. An entry keeps its piece's text, so a
+//! hash collision is a miss, never wrong ids. Memory: an entry is at most 64 bytes of text, 64
+//! ids (one per byte) and about 64 bytes of map and allocation overhead, so the cache holds at
+//! most about 25 MB per tokenizer; word-sized pieces of one or two ids take about 5 MB when full.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::Mutex;
+use std::sync::RwLock;
 use xxhash_rust::xxh3::xxh3_64;
 
-/// Shards (locks) of the cache.
-pub(crate) const SHARDS: usize = 16;
-/// Pieces held at most, over all shards.
+/// Pieces held at most.
 pub(crate) const MAX_ENTRIES: usize = 1 << 16;
 /// Longest piece kept, in bytes.
 pub(crate) const MAX_PIECE_BYTES: usize = 64;
@@ -41,20 +44,15 @@ impl Hasher for KeyHasher {
     }
 }
 
-type Shard = HashMap<u64, (Box<str>, Box<[u32]>), BuildHasherDefault<KeyHasher>>;
+/// A piece's text (to tell a collision from a hit) and its ids.
+type Entry = (Box<str>, Box<[u32]>);
+
+type Map = HashMap<u64, Entry, BuildHasherDefault<KeyHasher>>;
 
 /// See the module's documentation.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct PieceCache {
-    shards: Vec<Mutex<Shard>>,
-}
-
-impl Default for PieceCache {
-    fn default() -> Self {
-        Self {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-        }
-    }
+    map: RwLock<Map>,
 }
 
 /// A piece's place in the cache.
@@ -66,37 +64,57 @@ impl PieceCache {
         (piece.len() <= MAX_PIECE_BYTES).then(|| Key(xxh3_64(piece.as_bytes())))
     }
 
-    fn shard(&self, key: &Key) -> std::sync::MutexGuard<'_, Shard> {
-        // Middle bits: the map itself indexes by the low bits and tags by the high ones.
-        let shard = &self.shards[(key.0 >> 32) as usize % SHARDS];
-        // A panic elsewhere while holding it leaves a map that is still whole.
-        shard.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Appends the ids of `piece` to `out` if it is held; `false` if not.
-    pub(crate) fn extend(&self, key: &Key, piece: &str, out: &mut Vec<u32>) -> bool {
-        match self.shard(key).get(&key.0) {
-            Some((held, ids)) if **held == *piece => {
-                out.extend_from_slice(ids);
-                true
+    /// Appends the ids of the pieces `spans` of `text` to `out`, in order: those held from the
+    /// cache, the others from `miss` (which appends a piece's ids, or fails the whole text),
+    /// kept afterwards. First every piece is looked up, then the texts are compared and the ids
+    /// copied: each pass's loads do not depend on one another, so their cache misses overlap.
+    pub(crate) fn extend_all(
+        &self,
+        text: &str,
+        spans: &[(usize, usize)],
+        out: &mut Vec<u32>,
+        mut miss: impl FnMut(&str, &mut Vec<u32>) -> Option<()>,
+    ) -> Option<()> {
+        let mut missed = Vec::new();
+        {
+            // A panic elsewhere while holding the lock leaves a map that is still whole.
+            let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+            let found: Vec<Option<&Entry>> = spans
+                .iter()
+                .map(|&(start, end)| Self::key(&text[start..end]).and_then(|k| map.get(&k.0)))
+                .collect();
+            for (&(start, end), found) in spans.iter().zip(found) {
+                let piece = &text[start..end];
+                match found {
+                    Some((held, ids)) if **held == *piece => out.extend_from_slice(ids),
+                    _ => {
+                        let from = out.len();
+                        miss(piece, out)?;
+                        if let Some(key) = Self::key(piece) {
+                            if missed.len() < MAX_ENTRIES {
+                                missed.push((key.0, piece.into(), out[from..].into()));
+                            }
+                        }
+                    }
+                }
             }
-            _ => false,
         }
-    }
-
-    /// Keeps `ids` as the ids of `piece`.
-    pub(crate) fn insert(&self, key: Key, piece: &str, ids: &[u32]) {
-        let mut shard = self.shard(&key);
-        if shard.len() >= MAX_ENTRIES / SHARDS {
-            shard.clear();
+        if !missed.is_empty() {
+            let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+            for (key, piece, ids) in missed {
+                if map.len() >= MAX_ENTRIES {
+                    map.clear();
+                }
+                map.insert(key, (piece, ids));
+            }
         }
-        shard.insert(key.0, (piece.into(), ids.into()));
+        Some(())
     }
 
     /// Pieces held.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap().len()).sum()
+        self.map.read().unwrap().len()
     }
 }
 
@@ -104,24 +122,70 @@ impl PieceCache {
 mod tests {
     use super::*;
 
-    #[test]
-    fn holds_what_it_was_given_and_stays_bounded() {
-        let cache = PieceCache::default();
-        let key = PieceCache::key("hello").unwrap();
-        let mut out = vec![7];
-        assert!(!cache.extend(&key, "hello", &mut out));
-        cache.insert(key, "hello", &[1, 2]);
-        let key = PieceCache::key("hello").unwrap();
-        assert!(cache.extend(&key, "hello", &mut out));
-        assert_eq!(out, [7, 1, 2]);
-        // A different piece under the same key (a collision) is a miss.
-        assert!(!cache.extend(&key, "world", &mut out));
-        assert!(PieceCache::key(&"x".repeat(MAX_PIECE_BYTES + 1)).is_none());
-        for i in 0..3 * MAX_ENTRIES {
-            let piece = i.to_string();
-            cache.insert(PieceCache::key(&piece).unwrap(), &piece, &[i as u32]);
+    /// The ids of `words` (spans of single-space-separated text) with `miss` giving each
+    /// missed word's ids as its length; the words missed.
+    fn encode(cache: &PieceCache, text: &str) -> (Vec<u32>, Vec<String>) {
+        let mut spans = Vec::new();
+        let mut at = 0;
+        for word in text.split(' ') {
+            spans.push((at, at + word.len()));
+            at += word.len() + 1;
         }
-        assert!(cache.len() <= MAX_ENTRIES, "{}", cache.len());
-        assert!(cache.len() >= MAX_ENTRIES / 4, "{}", cache.len());
+        let (mut out, mut missed) = (Vec::new(), Vec::new());
+        cache
+            .extend_all(text, &spans, &mut out, |piece, out| {
+                missed.push(piece.to_owned());
+                out.extend([piece.len() as u32, 0]);
+                Some(())
+            })
+            .unwrap();
+        (out, missed)
+    }
+
+    #[test]
+    fn holds_what_it_was_given_in_order_and_stays_bounded() {
+        let cache = PieceCache::default();
+        let (ids, missed) = encode(&cache, "hello hi hello");
+        assert_eq!(ids, [5, 0, 2, 0, 5, 0]);
+        // Kept after the text, not while it is read.
+        assert_eq!(missed, ["hello", "hi", "hello"]);
+        let (ids, missed) = encode(&cache, "hi world hello");
+        assert_eq!(ids, [2, 0, 5, 0, 5, 0]);
+        assert_eq!(missed, ["world"]);
+        // A piece too long to keep is asked for every time.
+        let long = "x".repeat(MAX_PIECE_BYTES + 1);
+        for _ in 0..2 {
+            assert_eq!(encode(&cache, &long).1, std::slice::from_ref(&long));
+        }
+        // A miss that fails fails the text, and keeps nothing.
+        let before = cache.len();
+        let fails = cache.extend_all("new", &[(0, 3)], &mut Vec::new(), |_, _| None);
+        assert_eq!((fails, cache.len()), (None, before));
+        let per_text = MAX_ENTRIES / 2 + 10;
+        for round in 0..5 {
+            let words: Vec<String> = (0..per_text)
+                .map(|i| (round * per_text + i).to_string())
+                .collect();
+            let text = words.join(" ");
+            assert_eq!(encode(&cache, &text).1.len(), per_text);
+            assert!(cache.len() <= MAX_ENTRIES, "{}", cache.len());
+            // The last pieces kept are held.
+            let last = words.last().unwrap();
+            assert!(encode(&cache, last).1.is_empty(), "round {round}");
+        }
+    }
+
+    /// A hash collision (two pieces under one key) is a miss, never the other piece's ids.
+    #[test]
+    fn a_collision_is_a_miss() {
+        let cache = PieceCache::default();
+        let key = PieceCache::key("hello").unwrap().0;
+        cache
+            .map
+            .write()
+            .unwrap()
+            .insert(key, ("world".into(), vec![9].into()));
+        let (ids, missed) = encode(&cache, "hello");
+        assert_eq!((ids, missed), (vec![5, 0], vec!["hello".to_owned()]));
     }
 }
