@@ -2,7 +2,8 @@
 //! and the strings it allocates per token.
 //!
 //! The pieces of one text are looked up together under one read lock
-//! ([`PieceCache::extend_all`]), and the ones it missed are kept together afterwards: a lock
+//! ([`PieceCache::extend_all`]), and the ones it missed are kept together afterwards, when the
+//! write lock is free at once (else when they are next missed): a lock
 //! per piece (an atomic operation, which on x86 waits for every load before it) made each
 //! piece's cache misses wait for the previous one's, where now the lookups of a text overlap.
 //!
@@ -15,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::RwLock;
+use std::sync::{RwLock, TryLockError};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Pieces held at most.
@@ -99,14 +100,21 @@ impl PieceCache {
                 }
             }
         }
-        if !missed.is_empty() {
-            let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
-            for (key, piece, ids) in missed {
-                if map.len() >= MAX_ENTRIES {
-                    map.clear();
-                }
-                map.insert(key, (piece, ids));
+        // Never waits: a writer waiting would hold back every other text's read lock behind a
+        // long text that holds its own; pieces not kept now are kept when next missed.
+        if missed.is_empty() {
+            return Some(());
+        }
+        let mut map = match self.map.try_write() {
+            Ok(map) => map,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return Some(()),
+        };
+        for (key, piece, ids) in missed {
+            if map.len() >= MAX_ENTRIES {
+                map.clear();
             }
+            map.insert(key, (piece, ids));
         }
         Some(())
     }
@@ -173,6 +181,17 @@ mod tests {
             let last = words.last().unwrap();
             assert!(encode(&cache, last).1.is_empty(), "round {round}");
         }
+    }
+
+    /// Misses are kept only when the write lock is free at once; else when next missed.
+    #[test]
+    fn a_busy_cache_keeps_its_misses_later() {
+        let cache = PieceCache::default();
+        let held = cache.map.read().unwrap();
+        assert_eq!(encode(&cache, "a b").1, ["a", "b"]);
+        drop(held);
+        assert_eq!(encode(&cache, "a b").1, ["a", "b"]);
+        assert_eq!(encode(&cache, "a b").1, Vec::<String>::new());
     }
 
     /// A hash collision (two pieces under one key) is a miss, never the other piece's ids.
