@@ -56,6 +56,13 @@ async def test_token_ids_go_in_binary_and_place_as_json_ids_do(router: KvrouterS
         assert pick.prompt_tokens == raw["prompt_tokens"] == len(ids)
         await client.report(pick, "finish", status="cancelled")
         await client.report(raw["id"], "finish", status="cancelled")
+        # An iterator with a bad id is refused whole (the router names the field), not sent cut.
+        with pytest.raises(BadRequestError) as bad:
+            await client.pick(token_ids=iter([-1, 5, 6]))
+        assert bad.value.param == "token_ids"
+        gen = await client.pick(token_ids=(t for t in ids), extra_headers={"X-Kvrouter-Json-Length": "1"})
+        assert gen.prompt_tokens == len(ids)
+        await client.report(gen, "finish", status="cancelled")
 
 
 async def test_picks_take_chats_prompts_and_rl_headers(router: KvrouterServer) -> None:

@@ -210,11 +210,42 @@ async fn binary_token_ids_pick_as_json_ids_do() {
         (json!({"token_ids": [1]}), &good[..], None, "token_ids"),
         (json!({"prompt": "hi"}), &good[..], None, "token_ids"),
         (json!({}), &[][..], None, "token_ids"),
+        // A length that cuts the JSON short names the header.
+        (
+            json!({"max_tokens": 4}),
+            &good[..],
+            Some("3"),
+            "x-kvrouter-json-length",
+        ),
     ] {
         let (status, v) = s.post_binary(&json, ids, length).await;
         assert_eq!(status, 400, "{json} {length:?}: {v}");
         assert_eq!(v["error"]["param"], param, "{json} {length:?}: {v}");
     }
+    // Reports ride also on a pick refused for its binary ids, and are applied.
+    let pending = s.pick(&[], json!({"token_ids": ids(7, 5)})).await;
+    let both = json!({"token_ids": [1], "reports": [{"id": pending["id"], "event": "finish"}]});
+    let (status, v) = s.post_binary(&both, &good, None).await;
+    assert_eq!(
+        (status, &v["error"]["param"]),
+        (400, &json!("token_ids")),
+        "{v}"
+    );
+    assert_eq!(v["reports"][0]["status"], "released", "{v}");
+    // The header given twice is refused, naming it.
+    let raw = [b"{}".as_slice(), &good].concat();
+    let r = s
+        .client
+        .post(format!("{}/v1/pick", s.base))
+        .header("x-kvrouter-json-length", "2")
+        .header("x-kvrouter-json-length", "2")
+        .body(raw)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "x-kvrouter-json-length", "{v}");
     s.await_metric("kvrouter_picks_outstanding", 0.0).await;
 }
 

@@ -15,7 +15,7 @@ pub(crate) fn header_str<'h>(headers: &'h HeaderMap, names: &[&str]) -> Option<&
 
 /// The value of header `name`, if present: a 400 naming it when it is given more than once (a
 /// routing header with two values is ambiguous).
-fn one<'h>(
+pub(crate) fn one<'h>(
     headers: &'h HeaderMap,
     name: &'static str,
 ) -> Result<Option<&'h axum::http::HeaderValue>, ServeError> {

@@ -3,7 +3,7 @@ provenance, and (``client.admin``) the admin API."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -203,7 +203,7 @@ class AsyncKvrouterClient:
     async def pick(
         self,
         *,
-        token_ids: Sequence[int] | None = None,
+        token_ids: Iterable[int] | None = None,
         prompt: str | Sequence[int] | None = None,
         messages: Sequence[Mapping[str, Any]] | None = None,
         model: str | None = None,
@@ -227,6 +227,9 @@ class AsyncKvrouterClient:
         if len(given) != 1:
             raise ValueError(f"give exactly one of token_ids, prompt or messages (got {given or 'none'})")
         body: dict[str, Any] = dict(params)
+        if token_ids is not None and not isinstance(token_ids, Sequence):
+            # An iterator is read once: into a list, for the JSON fallback to see every id.
+            token_ids = list(token_ids)
         binary = None if token_ids is None else binary_ids(token_ids)
         if token_ids is not None and binary is None:
             # Not all 32-bit token ids: sent as JSON, for the router to name what is wrong.
@@ -248,7 +251,9 @@ class AsyncKvrouterClient:
             import json
 
             part = json.dumps(body, separators=(",", ":")).encode()
-            headers = {**headers, "content-type": "application/octet-stream", "x-kvrouter-json-length": str(len(part))}
+            # The client's own framing headers replace any the caller gave, in any case.
+            framing = {"content-type": "application/octet-stream", "x-kvrouter-json-length": str(len(part))}
+            headers = {k: v for k, v in headers.items() if k.lower() not in framing} | framing
             answer = await self._transport.json("POST", "/v1/pick", content=part + binary, headers=headers)
         return Pick.from_body(answer)
 

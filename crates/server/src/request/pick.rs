@@ -172,7 +172,7 @@ fn split_binary<'a>(
     headers: &HeaderMap,
     raw: &'a [u8],
 ) -> Result<(&'a [u8], Option<Vec<u32>>), ServeError> {
-    let Some(length) = headers.get(JSON_LENGTH) else {
+    let Some(length) = crate::headers::one(headers, JSON_LENGTH)? else {
         return Ok((raw, None));
     };
     let n = length
@@ -204,30 +204,46 @@ fn split_binary<'a>(
     Ok((json, Some(ids)))
 }
 
+/// A pick body as read: the JSON, the reports of earlier picks it carries (its `reports`
+/// field, taken out), and the binary token ids after the JSON ([`JSON_LENGTH`]).
+type PickBody = (Body, Option<Vec<Value>>, Option<Vec<u32>>);
+
 /// The body of a pick request: an OpenAI chat or completion body, or `{"token_ids": [...]}`
-/// (the prompt as token ids; `model` optional), the ids possibly after the JSON in binary
-/// ([`JSON_LENGTH`]); with the reports of earlier picks it carries (its `reports` field, taken
-/// out of the body).
-fn pick_body(headers: &HeaderMap, raw: &[u8]) -> Result<(Body, Option<Vec<Value>>), ServeError> {
+/// (the prompt as token ids; `model` optional), the ids possibly after the JSON in binary.
+fn pick_body(headers: &HeaderMap, raw: &[u8]) -> Result<PickBody, ServeError> {
     let (json, ids) = split_binary(headers, raw)?;
-    let mut body = Body::from_slice(json)
-        .map_err(|e| ServeError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    let mut body = Body::from_slice(json).map_err(|e| match ids {
+        // A length that cuts the JSON short (or long) is the likelier fault.
+        Some(_) => ServeError::invalid(
+            format!(
+                "the body's first {} bytes ({JSON_LENGTH}) are not valid JSON: {e}; is the \
+                 length the JSON part's in bytes?",
+                json.len()
+            ),
+            Some(JSON_LENGTH),
+        ),
+        None => ServeError::invalid(format!("the body is not valid JSON: {e}"), None),
+    })?;
     if !body.is_object() {
         return Err(ServeError::invalid("the body must be a JSON object", None));
-    }
-    if let Some(ids) = ids {
-        body.set_token_ids(ids)?;
     }
     let reports = body
         .remove(pick_report::REPORTS)
         .map(pick_report::report_list)
         .transpose()?;
-    Ok((body, reports))
+    Ok((body, reports, ids))
 }
 
-/// The rest of a pick body's checks, after its reports are out: token ids as the prompt, and
-/// the base model when it names none.
-fn pick_request(state: &AppState, mut body: Body) -> Result<Body, ServeError> {
+/// The rest of a pick body's checks, after its reports are out (and applied): binary token
+/// ids, token ids as the prompt, and the base model when it names none.
+fn pick_request(
+    state: &AppState,
+    mut body: Body,
+    ids: Option<Vec<u32>>,
+) -> Result<Body, ServeError> {
+    if let Some(ids) = ids {
+        body.set_token_ids(ids)?;
+    }
     body.token_ids_as_prompt()?;
     if body.fields().get("model").is_none_or(Value::is_null) {
         // A pick may leave the model out: the base model is meant.
@@ -271,8 +287,8 @@ async fn pick_reporting(
     let arrival = Instant::now();
     let state = table.state().clone();
     let (body, mut outcomes) = match pick_body(&headers, &raw) {
-        Ok((body, reports)) => (
-            pick_request(&state, body),
+        Ok((body, reports, ids)) => (
+            pick_request(&state, body, ids),
             reports.map(|r| pick_report::apply(table, r)),
         ),
         Err(e) => (Err(e), None),

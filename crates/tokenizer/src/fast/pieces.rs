@@ -1,14 +1,15 @@
 //! Ids of pieces seen before: a frequent word costs one hash lookup instead of the model's merges
 //! and the strings it allocates per token.
 //!
-//! The pieces of one text are looked up together under one read lock
-//! ([`PieceCache::extend_all`]), and the ones it missed are kept together afterwards, when the
-//! write lock is free at once (else when they are next missed): a lock
-//! per piece (an atomic operation, which on x86 waits for every load before it) made each
-//! piece's cache misses wait for the previous one's, where now the lookups of a text overlap.
+//! The pieces of a text are looked up in runs under one read lock ([`PieceCache::extend_all`],
+//! at most [`HELD_PER_LOCK`] pieces a run, up to the first piece not held): a lock per piece (an
+//! atomic operation, which on x86 waits for every load before it) made each piece's cache misses
+//! wait for the previous one's, where now the lookups of a run overlap. A piece not held is
+//! given to the model with no lock held and kept at once (so it is held when it comes again in
+//! the same text); the run then goes on after it.
 //!
-//! Bounded: at most [`MAX_ENTRIES`] pieces; a full cache is emptied before the next insert (it
-//! refills with what is frequent), and one text keeps at most [`MAX_ENTRIES`] new pieces.
+//! Bounded: at most [`MAX_ENTRIES`] pieces; a full cache first forgets one sixteenth of its
+//! pieces (by key, a different sixteenth each time), so it refills with what is frequent.
 //! Pieces longer than [`MAX_PIECE_BYTES`] are not kept. An entry keeps its piece's text, so a
 //! hash collision is a miss, never wrong ids. A piece of at most 14 bytes and 2 ids (most words)
 //! is held in its map slot (56 bytes with the key), so a lookup reads one place in memory, not
@@ -19,11 +20,15 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{RwLock, TryLockError};
+use std::sync::{RwLock, RwLockReadGuard};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Pieces held at most.
 pub(crate) const MAX_ENTRIES: usize = 1 << 16;
+/// Pieces looked up per hold of the read lock (a writer waits at most that long).
+pub(crate) const HELD_PER_LOCK: usize = 1024;
+/// A full cache forgets one of this many parts of its keys.
+const EVICTED_PARTS: u64 = 16;
 /// Longest piece kept, in bytes.
 pub(crate) const MAX_PIECE_BYTES: usize = 64;
 
@@ -108,10 +113,17 @@ impl Entry {
 
 type Map = HashMap<u64, Entry, BuildHasherDefault<KeyHasher>>;
 
+/// The pieces held, and which part of the keys a full cache forgets next.
+#[derive(Debug, Default)]
+struct Held {
+    map: Map,
+    next_evicted: u64,
+}
+
 /// See the module's documentation.
 #[derive(Debug, Default)]
 pub(crate) struct PieceCache {
-    map: RwLock<Map>,
+    held: RwLock<Held>,
 }
 
 /// A piece's place in the cache.
@@ -123,10 +135,14 @@ impl PieceCache {
         (piece.len() <= MAX_PIECE_BYTES).then(|| Key(xxh3_64(piece.as_bytes())))
     }
 
+    fn read(&self) -> RwLockReadGuard<'_, Held> {
+        // A panic elsewhere while holding the lock leaves a map that is still whole.
+        self.held.read().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Appends the ids of the pieces `spans` of `text` to `out`, in order: those held from the
-    /// cache, the others from `miss` (which appends a piece's ids, or fails the whole text),
-    /// kept afterwards. First every piece is looked up, then the texts are compared and the ids
-    /// copied: each pass's loads do not depend on one another, so their cache misses overlap.
+    /// cache, the others from `miss` (which appends a piece's ids, or fails the whole text), kept
+    /// as they come.
     pub(crate) fn extend_all(
         &self,
         text: &str,
@@ -134,55 +150,62 @@ impl PieceCache {
         out: &mut Vec<u32>,
         mut miss: impl FnMut(&str, &mut Vec<u32>) -> Option<()>,
     ) -> Option<()> {
-        let mut missed = Vec::new();
-        {
-            // A panic elsewhere while holding the lock leaves a map that is still whole.
-            let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-            let found: Vec<Option<&Entry>> = spans
-                .iter()
-                .map(|&(start, end)| Self::key(&text[start..end]).and_then(|k| map.get(&k.0)))
-                .collect();
-            for (&(start, end), found) in spans.iter().zip(found) {
-                let piece = &text[start..end];
-                match found {
-                    Some(entry) if entry.text() == piece.as_bytes() => {
-                        out.extend_from_slice(entry.ids())
-                    }
-                    _ => {
-                        let from = out.len();
-                        miss(piece, out)?;
-                        if let Some(key) = Self::key(piece) {
-                            if missed.len() < MAX_ENTRIES {
-                                missed.push((key.0, Entry::new(piece, &out[from..])));
-                            }
-                        }
-                    }
-                }
+        let mut at = 0;
+        while at < spans.len() {
+            let run = &spans[at..spans.len().min(at + HELD_PER_LOCK)];
+            let taken = self.extend_held(text, run, out);
+            at += taken;
+            if taken == run.len() {
+                continue;
             }
-        }
-        // Never waits: a writer waiting would hold back every other text's read lock behind a
-        // long text that holds its own; pieces not kept now are kept when next missed.
-        if missed.is_empty() {
-            return Some(());
-        }
-        let mut map = match self.map.try_write() {
-            Ok(map) => map,
-            Err(TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(TryLockError::WouldBlock) => return Some(()),
-        };
-        for (key, entry) in missed {
-            if map.len() >= MAX_ENTRIES {
-                map.clear();
+            let (start, end) = spans[at];
+            let piece = &text[start..end];
+            let from = out.len();
+            miss(piece, out)?;
+            if let Some(key) = Self::key(piece) {
+                self.insert(key, piece, &out[from..]);
             }
-            map.insert(key, entry);
+            at += 1;
         }
         Some(())
+    }
+
+    /// Appends the ids of the pieces of `run` from its first up to the first not held, under
+    /// one read lock: how many it took. Every piece is looked up first, then the texts are
+    /// compared and the ids copied: each pass's loads do not depend on one another, so their
+    /// cache misses overlap.
+    fn extend_held(&self, text: &str, run: &[(usize, usize)], out: &mut Vec<u32>) -> usize {
+        let held = self.read();
+        let found: Vec<Option<&Entry>> = run
+            .iter()
+            .map(|&(start, end)| Self::key(&text[start..end]).and_then(|k| held.map.get(&k.0)))
+            .collect();
+        for (taken, (&(start, end), found)) in run.iter().zip(found).enumerate() {
+            match found {
+                Some(entry) if entry.text() == &text.as_bytes()[start..end] => {
+                    out.extend_from_slice(entry.ids())
+                }
+                _ => return taken,
+            }
+        }
+        run.len()
+    }
+
+    /// Keeps `ids` as the ids of `piece`, first forgetting a part of a full cache.
+    fn insert(&self, key: Key, piece: &str, ids: &[u32]) {
+        let mut held = self.held.write().unwrap_or_else(|e| e.into_inner());
+        if held.map.len() >= MAX_ENTRIES {
+            let part = held.next_evicted % EVICTED_PARTS;
+            held.next_evicted += 1;
+            held.map.retain(|k, _| (k >> 32) % EVICTED_PARTS != part);
+        }
+        held.map.insert(key.0, Entry::new(piece, ids));
     }
 
     /// Pieces held.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.map.read().unwrap().len()
+        self.read().map.len()
     }
 }
 
@@ -213,10 +236,10 @@ mod tests {
     #[test]
     fn holds_what_it_was_given_in_order_and_stays_bounded() {
         let cache = PieceCache::default();
+        // A new piece is kept at once: its second occurrence in the same text is held.
         let (ids, missed) = encode(&cache, "hello hi hello");
         assert_eq!(ids, [5, 0, 2, 0, 5, 0]);
-        // Kept after the text, not while it is read.
-        assert_eq!(missed, ["hello", "hi", "hello"]);
+        assert_eq!(missed, ["hello", "hi"]);
         let (ids, missed) = encode(&cache, "hi world hello");
         assert_eq!(ids, [2, 0, 5, 0, 5, 0]);
         assert_eq!(missed, ["world"]);
@@ -225,33 +248,29 @@ mod tests {
         for _ in 0..2 {
             assert_eq!(encode(&cache, &long).1, std::slice::from_ref(&long));
         }
-        // A miss that fails fails the text, and keeps nothing.
+        // A miss that fails fails the text, and keeps nothing after it.
         let before = cache.len();
         let fails = cache.extend_all("new", &[(0, 3)], &mut Vec::new(), |_, _| None);
         assert_eq!((fails, cache.len()), (None, before));
-        let per_text = MAX_ENTRIES / 2 + 10;
-        for round in 0..5 {
-            let words: Vec<String> = (0..per_text)
-                .map(|i| (round * per_text + i).to_string())
+        // Runs longer than one lock's hold: every piece in order.
+        let words: Vec<String> = (0..3 * HELD_PER_LOCK + 5)
+            .map(|i| format!("w{i}"))
+            .collect();
+        let text = words.join(" ");
+        let want: Vec<u32> = words.iter().flat_map(|w| [w.len() as u32, 0]).collect();
+        assert_eq!(encode(&cache, &text), (want.clone(), words.clone()));
+        assert_eq!(encode(&cache, &text), (want, Vec::new()));
+        // Full (in the second round): a part is forgotten, the newest pieces are held.
+        for round in 0..2 {
+            let words: Vec<String> = (0..MAX_ENTRIES / 2 + 10)
+                .map(|i| format!("r{round}-{i}"))
                 .collect();
-            let text = words.join(" ");
-            assert_eq!(encode(&cache, &text).1.len(), per_text);
+            encode(&cache, &words.join(" "));
             assert!(cache.len() <= MAX_ENTRIES, "{}", cache.len());
-            // The last pieces kept are held.
+            assert!(cache.len() >= MAX_ENTRIES / 2, "{}", cache.len());
             let last = words.last().unwrap();
             assert!(encode(&cache, last).1.is_empty(), "round {round}");
         }
-    }
-
-    /// Misses are kept only when the write lock is free at once; else when next missed.
-    #[test]
-    fn a_busy_cache_keeps_its_misses_later() {
-        let cache = PieceCache::default();
-        let held = cache.map.read().unwrap();
-        assert_eq!(encode(&cache, "a b").1, ["a", "b"]);
-        drop(held);
-        assert_eq!(encode(&cache, "a b").1, ["a", "b"]);
-        assert_eq!(encode(&cache, "a b").1, Vec::<String>::new());
     }
 
     /// An entry gives back the text and ids it was made of, held in its slot or not.
@@ -275,9 +294,10 @@ mod tests {
         let cache = PieceCache::default();
         let key = PieceCache::key("hello").unwrap().0;
         cache
-            .map
+            .held
             .write()
             .unwrap()
+            .map
             .insert(key, Entry::new("world", &[9]));
         let (ids, missed) = encode(&cache, "hello");
         assert_eq!((ids, missed), (vec![5, 0], vec!["hello".to_owned()]));
