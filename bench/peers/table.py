@@ -7,7 +7,10 @@ OUT_DIR holds <workload>/<config>/ with summary.json (or error.txt for a config 
 router_cmd.txt (the router command line) and bench_cmd.txt (the bench command line).
 One table per workload: TTFT p50/p99, E2E p50, hit rate and output throughput, each with its
 ratio to kvrouter-cost, the default mode (for latencies < 1 is better than kvrouter-cost; for
-hit rate and throughput > 1 is better).
+hit rate and throughput > 1 is better). Where the configs wrote requests.jsonl (`kvrouter bench`
+does), "hit, common" is the hit rate over the requests every config of the workload completed:
+a run cut by its duration completes more or fewer turns depending on its speed, and the later
+turns of a session are the cached ones, so the plain hit rates cover different requests.
 """
 import json
 import os
@@ -34,6 +37,7 @@ METRICS = [  # (column, getter, format)
     ("TTFT p99 ms", lambda s: s["ttft_ms"]["p99"], "{:.2f}"),
     ("E2E p50 ms", lambda s: s["e2e_ms"]["p50"], "{:.2f}"),
     ("hit rate", lambda s: s["hit_rate"], "{:.3f}"),
+    ("hit, common", lambda s: s.get("hit_common"), "{:.3f}"),
     ("out tok/s", lambda s: s["output_tokens_per_s"], "{:.0f}"),
 ]
 
@@ -48,6 +52,25 @@ def ratio(v, b):
 
 def rank(name, order):
     return (order.index(name), name) if name in order else (len(order), name)
+
+
+def common_hit(wdir, data):
+    """Sets each config's "hit_common": its hit rate over the requests (by workload index) that
+    every config with a requests.jsonl completed; nothing when fewer than two wrote one."""
+    done = {}
+    for c in data:
+        path = os.path.join(wdir, c, "requests.jsonl")
+        if os.path.exists(path):
+            lines = [json.loads(l) for l in open(path) if l.strip()]
+            done[c] = {r["index"]: r for r in lines if r["status"] == "ok"}
+    if len(done) < 2:
+        return None
+    common = set.intersection(*(set(d) for d in done.values()))
+    for c, d in done.items():
+        tokens = sum(d[i]["input_tokens"] for i in common)
+        if tokens:
+            data[c]["hit_common"] = sum(d[i]["cached_tokens"] for i in common) / tokens
+    return len(common)
 
 
 def main():
@@ -91,10 +114,13 @@ def main():
                 errors[c] = open(ep).read().strip()
             else:
                 errors[c] = "no summary.json"
+        common = common_hit(wdir, data)
         base = data.get(BASELINE)
         lines += [f"## {w}", ""]
         if w in bench_args:
             lines += [f"Workload: `{bench_args[w]}`", ""]
+        if common is not None:
+            lines += [f"\"hit, common\": over the {common} requests every config here completed.", ""]
         head = ["router config", "done/req"]
         for col, _, _ in METRICS:
             head += [col, "ratio"]
@@ -106,7 +132,8 @@ def main():
                 row = [f"`{c}`", f"{s.get('completed', 0)}/{s.get('requests', '?')}"]
                 for _, get, fmt in METRICS:
                     v = get(s)
-                    row += [fmt.format(v), ratio(v, get(base) if base else None)]
+                    shown = "–" if v is None else fmt.format(v)
+                    row += [shown, ratio(v, get(base) if base else None)]
             else:
                 row = [f"`{c}`", "FAILED"] + ["–"] * (2 * len(METRICS))
             lines.append("| " + " | ".join(row) + " |")

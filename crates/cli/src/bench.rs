@@ -105,7 +105,7 @@ pub(crate) struct BenchArgs {
     /// Name of the run in reports.
     #[arg(long, default_value = "bench")]
     pub(crate) name: String,
-    /// Output directory for summary.json.
+    /// Output directory for summary.json and requests.jsonl (one line per request sent).
     #[arg(long, default_value = "bench-out")]
     pub(crate) out: PathBuf,
     /// Write the request timeline as Chrome trace JSON (open in Perfetto).
@@ -267,12 +267,20 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
             first_model(&client, &urls[0], &headers, timeout).await?
         }
     };
-    let summary = replay(&args, &workload, client, urls, model, headers).await?;
+    let (summary, lines) = replay(&args, &workload, client, urls, model, headers).await?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("--out {}: cannot create", args.out.display()))?;
     let path = args.out.join("summary.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&[&summary])?)
         .with_context(|| format!("--out: cannot write {}", path.display()))?;
+    let mut jsonl = Vec::new();
+    for line in &lines {
+        serde_json::to_writer(&mut jsonl, line)?;
+        jsonl.push(b'\n');
+    }
+    let requests = args.out.join("requests.jsonl");
+    std::fs::write(&requests, jsonl)
+        .with_context(|| format!("--out: cannot write {}", requests.display()))?;
     print_table(std::slice::from_ref(&summary));
     println!(
         "completed {} refused {} failed {}; summary in {}",
@@ -298,7 +306,7 @@ async fn replay(
     urls: Vec<String>,
     model: String,
     router_headers: reqwest::header::HeaderMap,
-) -> anyhow::Result<Summary> {
+) -> anyhow::Result<(Summary, Vec<RequestLine>)> {
     let n = workload.requests.len();
     let shared = Arc::new(Shared {
         client,
@@ -474,7 +482,52 @@ async fn replay(
         kvrouter_sim::perfetto::write(std::io::BufWriter::new(file), workload, &records, &[])
             .with_context(|| format!("--perfetto {}: cannot write", path.display()))?;
     }
-    Ok(summarize(&args.name, "live", &cut, &recs, end))
+    let lines = request_lines(workload, &records);
+    Ok((summarize(&args.name, "live", &cut, &recs, end), lines))
+}
+
+/// One sent request's line in `requests.jsonl`: where it sits in the workload (the same
+/// `index` in every run of that workload, so runs can be compared on the requests they all
+/// completed), what it was and how it was served.
+#[derive(serde::Serialize)]
+pub(crate) struct RequestLine {
+    index: usize,
+    session: Option<u64>,
+    input_tokens: u32,
+    /// `ok`, `refused` (under overload) or `failed`.
+    status: &'static str,
+    cached_tokens: u32,
+    output_tokens: u32,
+    ttft_ms: Option<f64>,
+    e2e_ms: Option<f64>,
+}
+
+/// The lines of the requests that were sent, in workload order.
+fn request_lines(workload: &Workload, records: &[Record]) -> Vec<RequestLine> {
+    let ms =
+        |from: Option<Time>, to: Option<Time>| Some(to?.0.saturating_sub(from?.0) as f64 / 1e3);
+    records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.arrival.is_some())
+        .map(|(index, r)| {
+            let ok = !r.rejected;
+            RequestLine {
+                index,
+                session: workload.requests[index].session,
+                input_tokens: workload.requests[index].input_tokens,
+                status: match (r.rejected, r.failed) {
+                    (false, _) => "ok",
+                    (true, false) => "refused",
+                    (true, true) => "failed",
+                },
+                cached_tokens: r.served_cached,
+                output_tokens: r.output_tokens,
+                ttft_ms: ok.then(|| ms(r.arrival, r.first_token)).flatten(),
+                e2e_ms: ok.then(|| ms(r.arrival, r.finish)).flatten(),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -95,6 +95,20 @@ async fn grpo_groups_replay_live_and_share_their_prompts() {
     // Step barriers were followed: two RL steps with measured step times.
     assert_eq!(s["rl"]["steps"], 2, "{s}");
     assert!(s["rl"]["step_time_s"]["mean"].as_f64().unwrap() > 0.0);
+    // A line per request sent, in workload order, adding up to the summary's hit rate.
+    let lines: Vec<Value> = std::fs::read_to_string(out.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let indexes: Vec<u64> = lines.iter().map(|l| l["index"].as_u64().unwrap()).collect();
+    assert_eq!(indexes, (0..24).collect::<Vec<u64>>());
+    assert!(lines
+        .iter()
+        .all(|l| l["status"] == "ok" && l["ttft_ms"].as_f64().unwrap() > 0.0));
+    let sum = |k: &str| lines.iter().map(|l| l[k].as_f64().unwrap()).sum::<f64>();
+    let rate = sum("cached_tokens") / sum("input_tokens");
+    assert!((rate - hit).abs() < 1e-3, "{rate} vs {hit}");
     let _ = std::fs::remove_dir_all(&out);
 
     // Text prompts (for endpoints that take no token ids) share prefixes the same way.
