@@ -498,6 +498,8 @@ pub(crate) struct RequestLine {
     status: &'static str,
     cached_tokens: u32,
     output_tokens: u32,
+    /// The worker that served it, when the endpoint names it (`x-kvrouter-worker`).
+    worker: Option<usize>,
     ttft_ms: Option<f64>,
     e2e_ms: Option<f64>,
 }
@@ -523,6 +525,7 @@ fn request_lines(workload: &Workload, records: &[Record]) -> Vec<RequestLine> {
                 },
                 cached_tokens: r.served_cached,
                 output_tokens: r.output_tokens,
+                worker: r.worker,
                 ttft_ms: ok.then(|| ms(r.arrival, r.first_token)).flatten(),
                 e2e_ms: ok.then(|| ms(r.arrival, r.finish)).flatten(),
             }
