@@ -16,6 +16,8 @@
 #   THINK_SCALE [0.1]      multiply the agentic trace's think_time by this (a scaled copy of the
 #                          trace is written under target/peers-traces; 1 = replay as recorded)
 #   BIN [target/release/kvrouter], VENV [target/peers-venv]
+#   KVROUTER_EXTRA []      more `kvrouter serve` flags for every kvrouter config, e.g.
+#                          `--expose-decisions` (each decision then lands in requests.jsonl)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -135,6 +137,9 @@ start_router() { # $1 = config name, $2 = log file
       # TTFT and ITL it observes instead.
       [ "$cfg" = kvrouter-cost ] && cmd+=(--router-cost-speedup-ratio "$speed")
       [ "$cfg" = kvrouter-cost-fit ] && cmd+=(--router-cost-fit)
+      # KVROUTER_EXTRA: more serve flags for every kvrouter config (word-split).
+      # shellcheck disable=SC2206
+      cmd+=(${KVROUTER_EXTRA:-})
       # kv-pred: also count placements the router just made, before the engines' KV events arrive.
       [ "$cfg" = kvrouter-kv-pred ] && cmd+=(--router-predicted-ttl-secs 10)
       # kv-group: GRPO siblings (x-kvrouter-group-id, sent by the bench) follow their group.

@@ -353,6 +353,7 @@ async fn replay(
     // (due time, request) min-heap.
     let mut due: BinaryHeap<Reverse<(Time, usize)>> = start.into_iter().map(Reverse).collect();
     let mut records: Vec<Record> = (0..n).map(|_| Record::default()).collect();
+    let mut decisions: Vec<Option<serde_json::Value>> = vec![None; n];
     let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Outcome)>();
     let (mut in_flight, mut settled, mut errors) = (0usize, 0usize, 0usize);
     let mut first_error: Option<String> = None;
@@ -435,6 +436,7 @@ async fn replay(
                 r.served_cached = o.cached_tokens.min(workload.requests[i].input_tokens);
                 r.worker = o.worker;
                 r.ended_early = o.ended_early;
+                decisions[i] = o.decision;
             }
             // A session ends with a failed turn or one no later turn follows.
             if let (true, Some(session)) = (args.end_sessions, workload.requests[i].session) {
@@ -482,7 +484,7 @@ async fn replay(
         kvrouter_sim::perfetto::write(std::io::BufWriter::new(file), workload, &records, &[])
             .with_context(|| format!("--perfetto {}: cannot write", path.display()))?;
     }
-    let lines = request_lines(workload, &records);
+    let lines = request_lines(workload, &records, decisions);
     Ok((summarize(&args.name, "live", &cut, &recs, end), lines))
 }
 
@@ -500,12 +502,22 @@ pub(crate) struct RequestLine {
     output_tokens: u32,
     /// The worker that served it, when the endpoint names it (`x-kvrouter-worker`).
     worker: Option<usize>,
+    /// When it was sent, ms since the run started.
+    sent_ms: f64,
     ttft_ms: Option<f64>,
     e2e_ms: Option<f64>,
+    /// The router's decision with every candidate's score, when it gives it
+    /// (`x-kvrouter-decision`: `kvrouter serve --expose-decisions`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decision: Option<serde_json::Value>,
 }
 
 /// The lines of the requests that were sent, in workload order.
-fn request_lines(workload: &Workload, records: &[Record]) -> Vec<RequestLine> {
+fn request_lines(
+    workload: &Workload,
+    records: &[Record],
+    mut decisions: Vec<Option<serde_json::Value>>,
+) -> Vec<RequestLine> {
     let ms =
         |from: Option<Time>, to: Option<Time>| Some(to?.0.saturating_sub(from?.0) as f64 / 1e3);
     records
@@ -526,8 +538,10 @@ fn request_lines(workload: &Workload, records: &[Record]) -> Vec<RequestLine> {
                 cached_tokens: r.served_cached,
                 output_tokens: r.output_tokens,
                 worker: r.worker,
+                sent_ms: r.arrival.map_or(0.0, |t| t.0 as f64 / 1e3),
                 ttft_ms: ok.then(|| ms(r.arrival, r.first_token)).flatten(),
                 e2e_ms: ok.then(|| ms(r.arrival, r.finish)).flatten(),
+                decision: decisions.get_mut(index).and_then(Option::take),
             }
         })
         .collect()

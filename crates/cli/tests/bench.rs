@@ -42,7 +42,7 @@ fn temp(name: &str) -> std::path::PathBuf {
 
 #[tokio::test]
 async fn grpo_groups_replay_live_and_share_their_prompts() {
-    let server = mock_serve("2", "50", &[]).await;
+    let server = mock_serve("2", "50", &["--expose-decisions"]).await;
     let out = temp("grpo");
     std::fs::create_dir_all(&out).unwrap();
     let trace = out.join("trace.json");
@@ -106,6 +106,16 @@ async fn grpo_groups_replay_live_and_share_their_prompts() {
     assert!(lines
         .iter()
         .all(|l| l["status"] == "ok" && l["ttft_ms"].as_f64().unwrap() > 0.0));
+    // Each names its worker and, with --expose-decisions, the router's scores behind it.
+    for l in &lines {
+        assert!(l["sent_ms"].as_f64().unwrap() >= 0.0, "{l}");
+        assert_eq!(l["decision"]["worker"], l["worker"], "{l}");
+        assert_eq!(
+            l["decision"]["candidates"].as_array().unwrap().len(),
+            2,
+            "{l}"
+        );
+    }
     let sum = |k: &str| lines.iter().map(|l| l[k].as_f64().unwrap()).sum::<f64>();
     let rate = sum("cached_tokens") / sum("input_tokens");
     assert!((rate - hit).abs() < 1e-3, "{rate} vs {hit}");

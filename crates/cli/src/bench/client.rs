@@ -23,6 +23,9 @@ pub(super) struct Outcome {
     pub(super) refused: bool,
     /// The worker that served it, when the endpoint says (`x-kvrouter-worker`).
     pub(super) worker: Option<usize>,
+    /// The router's decision with every candidate's score, when it says
+    /// (`x-kvrouter-decision`, `serve --expose-decisions`).
+    pub(super) decision: Option<serde_json::Value>,
     /// It finished with `finish_reason: "abort"` (ended early by first-N-of-M).
     pub(super) ended_early: bool,
 }
@@ -168,6 +171,10 @@ async fn stream_from(
             .headers()
             .get("x-kvrouter-worker")
             .and_then(|v| v.to_str().ok()?.parse().ok());
+        out.decision = resp
+            .headers()
+            .get("x-kvrouter-decision")
+            .and_then(|v| serde_json::from_slice(v.as_bytes()).ok());
     }
     let mut stream = resp.bytes_stream();
     let mut events = sse::EventSplitter::new();
