@@ -86,8 +86,25 @@ async fn patch_scale(
     Json(scale(&name, n)).into_response()
 }
 
+/// A kubeconfig file, removed when dropped (the test's end).
+struct Kubeconfig(std::path::PathBuf);
+
+impl std::ops::Deref for Kubeconfig {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Kubeconfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// Serves the fake API on a free loopback port; returns a kubeconfig pointing at it.
-async fn serve_api(fake: Arc<Fake>) -> std::path::PathBuf {
+async fn serve_api(fake: Arc<Fake>) -> Kubeconfig {
     let app = axum::Router::new()
         .route(
             &format!("/apis/apps/v1/namespaces/{NS}/{{kind}}/{{name}}/scale"),
@@ -106,7 +123,7 @@ async fn serve_api(fake: Arc<Fake>) -> std::path::PathBuf {
         "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: {NS}\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n"
     );
     std::fs::write(&path, config).unwrap();
-    path
+    Kubeconfig(path)
 }
 
 async fn router(kubeconfig: &std::path::Path, extra: &[&str]) -> common::Proc {
