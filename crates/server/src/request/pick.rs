@@ -7,14 +7,14 @@
 use super::attempt::{guard_for, Origin};
 use super::parse::{count_error, parse_body, Request};
 use super::pick_report;
-use super::respond::DecisionView;
+use super::respond::{DecisionView, POLICY_VERSION, WORKER};
 use crate::error::ServeError;
 use crate::guard::LoadGuard;
 use crate::picks::PickTable;
 use crate::routing::Kind;
 use crate::state::{stopped, AppState};
 use axum::body::Bytes;
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use kvrouter_core::ids::RequestId;
 use kvrouter_core::router::{Decision, RouteRequest};
@@ -165,7 +165,7 @@ fn group_satisfied(group: u64) -> ServeError {
 /// The header of a pick body with binary token ids: the length in bytes of its JSON part, after
 /// which come the prompt's token ids as 4-byte little-endian unsigned integers (the framing of
 /// KServe's binary data extension, with our own header name).
-pub(crate) const JSON_LENGTH: &str = "x-kvrouter-json-length";
+const JSON_LENGTH: &str = "x-kvrouter-json-length";
 
 /// A pick body's JSON part, and the token ids after it when [`JSON_LENGTH`] is given.
 fn split_binary<'a>(
@@ -367,9 +367,6 @@ async fn placed_answer(
     )
         .into_response())
 }
-
-const WORKER: HeaderName = HeaderName::from_static("x-kvrouter-worker");
-const POLICY_VERSION: HeaderName = HeaderName::from_static("x-kvrouter-policy-version");
 
 /// The answer of a pick, written straight to JSON.
 #[derive(serde::Serialize)]

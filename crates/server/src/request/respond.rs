@@ -9,7 +9,7 @@ use crate::error::ServeError;
 use crate::health::Source;
 use crate::routing::Kind;
 use axum::body::Body;
-use axum::http::HeaderValue;
+use axum::http::{HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::Decision;
@@ -84,6 +84,11 @@ pub(crate) async fn respond(
         .expect("valid response"))
 }
 
+/// The worker that served (or was picked for) a request, on every answer.
+pub(crate) const WORKER: HeaderName = HeaderName::from_static("x-kvrouter-worker");
+/// The policy version of that worker, on every answer.
+pub(crate) const POLICY_VERSION: HeaderName = HeaderName::from_static("x-kvrouter-policy-version");
+
 fn headers(
     builder: axum::http::response::Builder,
     worker: WorkerId,
@@ -92,8 +97,8 @@ fn headers(
     expose: bool,
 ) -> axum::http::response::Builder {
     let builder = builder
-        .header("x-kvrouter-worker", worker.0.to_string())
-        .header("x-kvrouter-policy-version", version.to_string());
+        .header(WORKER, HeaderValue::from(worker.0))
+        .header(POLICY_VERSION, HeaderValue::from(version));
     match expose.then(|| decision_header(decision)).flatten() {
         Some(h) => builder.header("x-kvrouter-decision", h),
         None => builder,

@@ -24,13 +24,13 @@ use std::sync::{RwLock, RwLockReadGuard};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Pieces held at most.
-pub(crate) const MAX_ENTRIES: usize = 1 << 16;
+const MAX_ENTRIES: usize = 1 << 16;
 /// Pieces looked up per hold of the read lock (a writer waits at most that long).
-pub(crate) const HELD_PER_LOCK: usize = 1024;
+const HELD_PER_LOCK: usize = 1024;
 /// A full cache forgets one of this many parts of its keys.
 const EVICTED_PARTS: u64 = 16;
 /// Longest piece kept, in bytes.
-pub(crate) const MAX_PIECE_BYTES: usize = 64;
+const MAX_PIECE_BYTES: usize = 64;
 
 /// The keys are already hashes: used as they are.
 #[derive(Default)]
@@ -127,11 +127,11 @@ pub(crate) struct PieceCache {
 }
 
 /// A piece's place in the cache.
-pub(crate) struct Key(u64);
+struct Key(u64);
 
 impl PieceCache {
     /// The key of `piece`, or `None` when it is too long to keep.
-    pub(crate) fn key(piece: &str) -> Option<Key> {
+    fn key(piece: &str) -> Option<Key> {
         (piece.len() <= MAX_PIECE_BYTES).then(|| Key(xxh3_64(piece.as_bytes())))
     }
 
