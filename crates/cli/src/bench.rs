@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 
 mod client;
 mod pick;
+mod requests;
 
 use client::{end_session, send, Outcome, Shared};
 
@@ -273,14 +274,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let path = args.out.join("summary.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&[&summary])?)
         .with_context(|| format!("--out: cannot write {}", path.display()))?;
-    let mut jsonl = Vec::new();
-    for line in &lines {
-        serde_json::to_writer(&mut jsonl, line)?;
-        jsonl.push(b'\n');
-    }
-    let requests = args.out.join("requests.jsonl");
-    std::fs::write(&requests, jsonl)
-        .with_context(|| format!("--out: cannot write {}", requests.display()))?;
+    requests::write(&args.out, &lines)?;
     print_table(std::slice::from_ref(&summary));
     println!(
         "completed {} refused {} failed {}; summary in {}",
@@ -306,7 +300,7 @@ async fn replay(
     urls: Vec<String>,
     model: String,
     router_headers: reqwest::header::HeaderMap,
-) -> anyhow::Result<(Summary, Vec<RequestLine>)> {
+) -> anyhow::Result<(Summary, Vec<requests::Line>)> {
     let n = workload.requests.len();
     let shared = Arc::new(Shared {
         client,
@@ -484,67 +478,8 @@ async fn replay(
         kvrouter_sim::perfetto::write(std::io::BufWriter::new(file), workload, &records, &[])
             .with_context(|| format!("--perfetto {}: cannot write", path.display()))?;
     }
-    let lines = request_lines(workload, &records, decisions);
+    let lines = requests::lines(workload, &records, decisions);
     Ok((summarize(&args.name, "live", &cut, &recs, end), lines))
-}
-
-/// One sent request's line in `requests.jsonl`: where it sits in the workload (the same
-/// `index` in every run of that workload, so runs can be compared on the requests they all
-/// completed), what it was and how it was served.
-#[derive(serde::Serialize)]
-pub(crate) struct RequestLine {
-    index: usize,
-    session: Option<u64>,
-    input_tokens: u32,
-    /// `ok`, `refused` (under overload) or `failed`.
-    status: &'static str,
-    cached_tokens: u32,
-    output_tokens: u32,
-    /// The worker that served it, when the endpoint names it (`x-kvrouter-worker`).
-    worker: Option<usize>,
-    /// When it was sent, ms since the run started.
-    sent_ms: f64,
-    ttft_ms: Option<f64>,
-    e2e_ms: Option<f64>,
-    /// The router's decision with every candidate's score, when it gives it
-    /// (`x-kvrouter-decision`: `kvrouter serve --expose-decisions`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    decision: Option<serde_json::Value>,
-}
-
-/// The lines of the requests that were sent, in workload order.
-fn request_lines(
-    workload: &Workload,
-    records: &[Record],
-    mut decisions: Vec<Option<serde_json::Value>>,
-) -> Vec<RequestLine> {
-    let ms =
-        |from: Option<Time>, to: Option<Time>| Some(to?.0.saturating_sub(from?.0) as f64 / 1e3);
-    records
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| r.arrival.is_some())
-        .map(|(index, r)| {
-            let ok = !r.rejected;
-            RequestLine {
-                index,
-                session: workload.requests[index].session,
-                input_tokens: workload.requests[index].input_tokens,
-                status: match (r.rejected, r.failed) {
-                    (false, _) => "ok",
-                    (true, false) => "refused",
-                    (true, true) => "failed",
-                },
-                cached_tokens: r.served_cached,
-                output_tokens: r.output_tokens,
-                worker: r.worker,
-                sent_ms: r.arrival.map_or(0.0, |t| t.0 as f64 / 1e3),
-                ttft_ms: ok.then(|| ms(r.arrival, r.first_token)).flatten(),
-                e2e_ms: ok.then(|| ms(r.arrival, r.finish)).flatten(),
-                decision: decisions.get_mut(index).and_then(Option::take),
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]
