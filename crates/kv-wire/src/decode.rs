@@ -1,7 +1,7 @@
 //! Tolerant decoding of payloads and sequence frames.
 
 use crate::model::{RawHash, WireBatch, WireEvent};
-use rmpv::Value;
+use crate::msgpack::{self, Int, Item, Reader};
 
 /// Why a frame could not be decoded. The message is dropped and counted; nothing panics.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -33,37 +33,35 @@ pub fn decode_seq(frame: &[u8]) -> Result<u64, WireError> {
 /// anything deeper is not a KV event payload (and must not cost stack).
 pub const MAX_DEPTH: usize = 16;
 
-/// Decodes a msgpack payload `[ts, events, dp_rank?]`.
+/// Decodes a msgpack payload `[ts, events, dp_rank?]`: the payload is first checked whole as
+/// msgpack (nesting at most [`MAX_DEPTH`]), then read straight into the model.
 pub fn decode_payload(payload: &[u8]) -> Result<WireBatch, WireError> {
-    let mut cursor = payload;
-    let value = rmpv::decode::read_value_with_max_depth(&mut cursor, MAX_DEPTH)
-        .map_err(|e| WireError::Msgpack(e.to_string()))?;
-    let Value::Array(items) = value else {
+    msgpack::check(payload, MAX_DEPTH as u16).map_err(|e| WireError::Msgpack(e.to_string()))?;
+    let mut r = Reader::new(payload);
+    let Item::Array(len) = next(&mut r)? else {
         return Err(shape("batch is not an array"));
     };
-    if items.len() < 2 {
-        return Err(shape(format!(
-            "batch has {} elements, expected 2 or 3",
-            items.len()
-        )));
+    if len < 2 {
+        return Err(shape(format!("batch has {len} elements, expected 2 or 3")));
     }
-    let ts = match &items[0] {
-        Value::F64(v) => *v,
-        Value::F32(v) => f64::from(*v),
+    let ts = match next(&mut r)? {
+        Item::F64(v) => v,
+        Item::F32(v) => f64::from(v),
         v => v
             .as_i64()
             .map(|i| i as f64)
             .ok_or_else(|| shape("ts is not a number"))?,
     };
-    let Value::Array(raw_events) = &items[1] else {
+    let Item::Array(count) = next(&mut r)? else {
         return Err(shape("events is not an array"));
     };
-    let events = raw_events
-        .iter()
-        .map(decode_event)
-        .collect::<Result<Vec<_>, _>>()?;
-    let dp_rank = match items.get(2) {
-        None | Some(Value::Nil) => None,
+    // At least a byte per event: a declared count is no allocation size.
+    let mut events = Vec::with_capacity(count.min(r.rest().len()));
+    for _ in 0..count {
+        events.push(decode_event(&mut r)?);
+    }
+    let dp_rank = match (len > 2).then(|| next(&mut r)).transpose()? {
+        None | Some(Item::Nil) => None,
         Some(v) => Some(
             v.as_i64()
                 .ok_or_else(|| shape("dp rank is not an integer"))?,
@@ -76,67 +74,140 @@ pub fn decode_payload(payload: &[u8]) -> Result<WireBatch, WireError> {
     })
 }
 
-/// Field access over either event form.
-enum Fields<'a> {
-    Map(&'a [(Value, Value)]),
-    Array(&'a [Value]),
+/// The next item of a payload [`msgpack::check`] accepted (so an error here is a bug's, still
+/// no panic).
+#[inline]
+fn next<'a>(r: &mut Reader<'a>) -> Result<Item<'a>, WireError> {
+    r.next().map_err(|e| WireError::Msgpack(e.to_string()))
+}
+
+#[inline]
+fn skip(r: &mut Reader<'_>) -> Result<(), WireError> {
+    r.skip().map_err(|e| WireError::Msgpack(e.to_string()))
+}
+
+/// The fields an event may have: their names (map form) in order of position (array form,
+/// after the tag; the last, `cache_salt`, is SGLang's and only a map field).
+const FIELDS: [&str; 11] = [
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "cache_salt",
+];
+
+/// Positions of `BlockRemoved`'s fields after the tag (its `medium` and `group_idx` are not
+/// where `BlockStored` has them).
+const REMOVED: [&str; 3] = ["block_hashes", "medium", "group_idx"];
+
+/// An event's fields, each where its value starts (a map's first entry of that name, or the
+/// array's item at the field's position); `None`: absent or nil.
+struct Fields<'a> {
+    tag: &'a str,
+    at: [Option<Reader<'a>>; FIELDS.len()],
 }
 
 impl<'a> Fields<'a> {
-    /// A field by name (map form) or by position after the tag (array form). Nil is `None`.
-    fn get(&self, name: &str, position: usize) -> Option<&'a Value> {
-        let v = match self {
-            Fields::Map(entries) => entries
-                .iter()
-                .find(|(k, _)| k.as_str() == Some(name))
-                .map(|(_, v)| v),
-            Fields::Array(items) => items.get(position + 1),
-        };
-        v.filter(|v| !v.is_nil())
+    fn get(&self, name: &str) -> Option<Reader<'a>> {
+        let i = FIELDS.iter().position(|f| *f == name)?;
+        self.at[i].clone()
+    }
+
+    /// The field's value when it is a single item (no container).
+    fn item(&self, name: &str) -> Option<Item<'a>> {
+        self.get(name).and_then(|mut r| r.next().ok())
     }
 }
 
-fn decode_event(value: &Value) -> Result<WireEvent, WireError> {
-    let (tag, fields) = match value {
-        Value::Map(entries) => {
-            let tag = entries
-                .iter()
-                .find(|(k, _)| k.as_str() == Some("type"))
-                .and_then(|(_, v)| v.as_str())
-                .ok_or_else(|| shape("event map has no string \"type\""))?;
-            (tag, Fields::Map(entries))
+/// Reads one event (map or array form) up to its end: its tag and where its fields are.
+fn read_fields<'a>(r: &mut Reader<'a>) -> Result<Fields<'a>, WireError> {
+    let mut at: [Option<Reader<'a>>; FIELDS.len()] = Default::default();
+    let not_nil = |v: &Reader<'a>| !matches!(v.clone().next(), Ok(Item::Nil));
+    match next(r)? {
+        Item::Map(n) => {
+            let mut seen = [false; FIELDS.len()];
+            let mut tag = None;
+            let mut type_seen = false;
+            for _ in 0..n {
+                // A key may be any value (a list, say): skipped whole, it names no field.
+                let key = next(&mut r.clone())?.as_str();
+                skip(r)?;
+                let value = r.clone();
+                if key == Some("type") && !type_seen {
+                    type_seen = true;
+                    tag = r.clone().next().ok().and_then(Item::as_str);
+                }
+                if let Some(i) = key.and_then(|k| FIELDS.iter().position(|f| *f == k)) {
+                    if !seen[i] {
+                        seen[i] = true;
+                        at[i] = Some(value).filter(not_nil);
+                    }
+                }
+                skip(r)?;
+            }
+            let tag = tag.ok_or_else(|| shape("event map has no string \"type\""))?;
+            Ok(Fields { tag, at })
         }
-        Value::Array(items) => {
-            let tag = items
-                .first()
-                .and_then(Value::as_str)
+        Item::Array(n) => {
+            if n == 0 {
+                return Err(shape("event array has no tag"));
+            }
+            let tag = next(r)?
+                .as_str()
                 .ok_or_else(|| shape("event array has no tag"))?;
-            (tag, Fields::Array(items))
+            // Positions after the tag name fields by the tag's own order.
+            let order: &[&str] = if tag == "BlockRemoved" {
+                &REMOVED
+            } else {
+                &FIELDS[..FIELDS.len() - 1]
+            };
+            for position in 0..n - 1 {
+                if let Some(name) = order.get(position) {
+                    let i = FIELDS.iter().position(|f| f == name).unwrap_or(0);
+                    at[i] = Some(r.clone()).filter(not_nil);
+                }
+                skip(r)?;
+            }
+            Ok(Fields { tag, at })
         }
-        _ => return Err(shape("event is neither a map nor an array")),
-    };
-    match tag {
+        _ => {
+            // The rest of the value (a string's bytes, say) was read with its header.
+            Err(shape("event is neither a map nor an array"))
+        }
+    }
+}
+
+fn decode_event(r: &mut Reader<'_>) -> Result<WireEvent, WireError> {
+    let fields = read_fields(r)?;
+    let string = |name: &str| fields.item(name).and_then(Item::as_str).map(str::to_owned);
+    let int = |name: &str| fields.item(name).and_then(Item::as_i64);
+    match fields.tag {
         "BlockStored" => {
-            let block_hashes = hashes(fields.get("block_hashes", 0), "block_hashes")?;
-            let parent_block_hash = fields.get("parent_block_hash", 1).map(hash).transpose()?;
-            let token_ids = tokens(fields.get("token_ids", 2))?;
+            let block_hashes = hashes(fields.get("block_hashes"), "block_hashes")?;
+            let parent_block_hash = fields
+                .get("parent_block_hash")
+                .map(|mut r| hash(&mut r))
+                .transpose()?;
+            let token_ids = tokens(fields.get("token_ids"))?;
             let block_size = fields
-                .get("block_size", 3)
-                .and_then(Value::as_u64)
+                .item("block_size")
+                .and_then(Item::as_u64)
                 .ok_or_else(|| shape("BlockStored without an integer block_size"))?;
-            let lora_id = fields.get("lora_id", 4).and_then(Value::as_i64);
-            let medium = string(fields.get("medium", 5));
-            let lora_name = string(fields.get("lora_name", 6));
-            let extra_key_strings = extra_keys(fields.get("extra_keys", 7));
-            let group_idx = fields.get("group_idx", 8).and_then(Value::as_i64);
-            let kv_cache_spec_kind = string(fields.get("kv_cache_spec_kind", 9));
+            let lora_id = int("lora_id");
+            let medium = string("medium");
+            let lora_name = string("lora_name");
+            let extra_key_strings = extra_keys(fields.get("extra_keys"))?;
+            let group_idx = int("group_idx");
+            let kv_cache_spec_kind = string("kv_cache_spec_kind");
             // SGLang sends the salt as a field (map form only); vLLM puts it in the first block's
             // extra keys next to the adapter name.
-            let cache_salt = match &fields {
-                Fields::Map(_) => string(fields.get("cache_salt", usize::MAX)),
-                Fields::Array(_) => None,
-            }
-            .or_else(|| {
+            let cache_salt = string("cache_salt").or_else(|| {
                 // The first string past the adapter's name (skipped once: a salt may equal it).
                 extra_key_strings.first().and_then(|keys| {
                     let skip =
@@ -159,75 +230,99 @@ fn decode_event(value: &Value) -> Result<WireEvent, WireError> {
             })
         }
         "BlockRemoved" => Ok(WireEvent::BlockRemoved {
-            block_hashes: hashes(fields.get("block_hashes", 0), "block_hashes")?,
-            medium: string(fields.get("medium", 1)),
-            group_idx: fields.get("group_idx", 2).and_then(Value::as_i64),
+            block_hashes: hashes(fields.get("block_hashes"), "block_hashes")?,
+            medium: string("medium"),
+            group_idx: int("group_idx"),
         }),
         "AllBlocksCleared" => Ok(WireEvent::AllBlocksCleared),
         other => Ok(WireEvent::Unknown(other.to_owned())),
     }
 }
 
-fn hash(value: &Value) -> Result<RawHash, WireError> {
-    match value {
-        Value::Integer(i) => {
-            if let Some(u) = i.as_u64() {
-                Ok(RawHash::Uint(u))
-            } else {
-                i.as_i64()
-                    .map(RawHash::Int)
-                    .ok_or_else(|| shape("hash integer out of range"))
-            }
-        }
-        Value::Binary(b) => Ok(RawHash::Bytes(b.clone())),
+/// Reads the hash at `r`, past it.
+fn hash(r: &mut Reader<'_>) -> Result<RawHash, WireError> {
+    if let Some(i) = r.int() {
+        return Ok(match i {
+            Int::Pos(u) => RawHash::Uint(u),
+            Int::Neg(i) => RawHash::Int(i),
+        });
+    }
+    match next(r)? {
+        Item::Int(Int::Pos(u)) => Ok(RawHash::Uint(u)),
+        Item::Int(Int::Neg(i)) => Ok(RawHash::Int(i)),
+        Item::Bin(b) => Ok(RawHash::Bytes(b.to_vec())),
         _ => Err(shape("a block hash is neither an integer nor bytes")),
     }
 }
 
-fn hashes(value: Option<&Value>, field: &str) -> Result<Vec<RawHash>, WireError> {
-    match value {
-        Some(Value::Array(items)) => items.iter().map(hash).collect(),
-        _ => Err(shape(format!("{field} is not an array"))),
+/// The length of the list starting at `r` (its items follow), or `None` when it is no list.
+fn list(r: &mut Reader<'_>) -> Result<Option<usize>, WireError> {
+    Ok(match next(r)? {
+        Item::Array(n) => Some(n),
+        _ => None,
+    })
+}
+
+fn hashes(value: Option<Reader<'_>>, field: &str) -> Result<Vec<RawHash>, WireError> {
+    let not_a_list = || shape(format!("{field} is not an array"));
+    let mut r = value.ok_or_else(not_a_list)?;
+    let n = list(&mut r)?.ok_or_else(not_a_list)?;
+    let mut out = Vec::with_capacity(n.min(r.rest().len()));
+    for _ in 0..n {
+        let mut item = r.clone();
+        out.push(hash(&mut item)?);
+        // A hash that is neither (a list, say) refused the list above; an integer or bytes
+        // was read whole.
+        r = item;
     }
+    Ok(out)
 }
 
-fn tokens(value: Option<&Value>) -> Result<Vec<u32>, WireError> {
-    let Some(Value::Array(items)) = value else {
-        return Err(shape("token_ids is not an array"));
+fn tokens(value: Option<Reader<'_>>) -> Result<Vec<u32>, WireError> {
+    let not_a_list = || shape("token_ids is not an array");
+    let mut r = value.ok_or_else(not_a_list)?;
+    let n = list(&mut r)?.ok_or_else(not_a_list)?;
+    let mut out = Vec::with_capacity(n.min(r.rest().len()));
+    for _ in 0..n {
+        let token = r
+            .int()
+            .and_then(Int::as_u64)
+            .and_then(|t| u32::try_from(t).ok())
+            .ok_or_else(|| shape("a token id is not a 32-bit unsigned integer"))?;
+        out.push(token);
+    }
+    Ok(out)
+}
+
+/// vLLM's per-block extra keys, kept as the strings each block's list holds (a block that is
+/// no list holds none; blocks without keys at the end are dropped, keeping the list canonical).
+fn extra_keys(value: Option<Reader<'_>>) -> Result<Vec<Vec<String>>, WireError> {
+    let Some(mut r) = value else {
+        return Ok(Vec::new());
     };
-    items
-        .iter()
-        .map(|v| {
-            v.as_u64()
-                .and_then(|t| u32::try_from(t).ok())
-                .ok_or_else(|| shape("a token id is not a 32-bit unsigned integer"))
-        })
-        .collect()
-}
-
-fn string(value: Option<&Value>) -> Option<String> {
-    value.and_then(Value::as_str).map(str::to_owned)
-}
-
-fn extra_keys(value: Option<&Value>) -> Vec<Vec<String>> {
-    let Some(Value::Array(blocks)) = value else {
-        return Vec::new();
+    let Some(blocks) = list(&mut r)? else {
+        return Ok(Vec::new());
     };
-    let mut keys: Vec<Vec<String>> = blocks
-        .iter()
-        .map(|keys| match keys {
-            Value::Array(items) => items
-                .iter()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect(),
-            _ => Vec::new(),
-        })
-        .collect();
-    // Blocks without keys at the end carry nothing: keep the list canonical.
+    let mut keys: Vec<Vec<String>> = Vec::with_capacity(blocks.min(r.rest().len()));
+    for _ in 0..blocks {
+        let mut block = r.clone();
+        let mut strings = Vec::new();
+        if let Some(n) = list(&mut block)? {
+            for _ in 0..n {
+                let mut item = block.clone();
+                if let Some(s) = next(&mut item)?.as_str() {
+                    strings.push(s.to_owned());
+                }
+                skip(&mut block)?;
+            }
+        }
+        keys.push(strings);
+        skip(&mut r)?;
+    }
     while keys.last().is_some_and(Vec::is_empty) {
         keys.pop();
     }
-    keys
+    Ok(keys)
 }
 
 #[cfg(test)]

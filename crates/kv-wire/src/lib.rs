@@ -10,7 +10,7 @@
 //!
 //! # Layout
 //! - [`model`]: the decoded batch and events.
-//! - [`decode`]: payload bytes → model (tolerant).
+//! - [`decode`]: payload bytes → model (tolerant), read by `msgpack`'s slice reader.
 //! - [`encode`]: model → payload bytes (vLLM map shape), and frames.
 //! - [`convert`]: model ↔ the core's `KvEvent`s.
 
@@ -18,6 +18,7 @@ pub mod convert;
 pub mod decode;
 pub mod encode;
 pub mod model;
+mod msgpack;
 
 pub use convert::{from_kv_events, to_kv_events, ConvertError, ConvertOptions};
 pub use decode::{decode_payload, decode_seq, WireError};
