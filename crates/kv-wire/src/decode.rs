@@ -36,7 +36,8 @@ pub const MAX_DEPTH: usize = 16;
 /// Decodes a msgpack payload `[ts, events, dp_rank?]`: the payload is first checked whole as
 /// msgpack (nesting at most [`MAX_DEPTH`]), then read straight into the model.
 pub fn decode_payload(payload: &[u8]) -> Result<WireBatch, WireError> {
-    msgpack::check(payload, MAX_DEPTH as u16).map_err(|e| WireError::Msgpack(e.to_string()))?;
+    msgpack::check(payload, u16::try_from(MAX_DEPTH).unwrap_or(u16::MAX))
+        .map_err(|e| WireError::Msgpack(e.to_string()))?;
     let mut r = Reader::new(payload);
     let Item::Array(len) = next(&mut r)? else {
         return Err(shape("batch is not an array"));
@@ -55,8 +56,9 @@ pub fn decode_payload(payload: &[u8]) -> Result<WireBatch, WireError> {
     let Item::Array(count) = next(&mut r)? else {
         return Err(shape("events is not an array"));
     };
-    // At least a byte per event: a declared count is no allocation size.
-    let mut events = Vec::with_capacity(count.min(r.rest().len()));
+    // A declared count is no allocation size (a list of a million one-byte nils is 1 MB of
+    // payload, not a million events).
+    let mut events = Vec::with_capacity(count.min(RESERVE_EVENTS));
     for _ in 0..count {
         events.push(decode_event(&mut r)?);
     }
@@ -74,6 +76,11 @@ pub fn decode_payload(payload: &[u8]) -> Result<WireBatch, WireError> {
     })
 }
 
+/// Most events, hashes and token ids reserved for ahead of reading them (a longer list grows as
+/// it is read): what a declared length can make the decoder allocate before its items are seen.
+const RESERVE_EVENTS: usize = 64;
+const RESERVE_ITEMS: usize = 1 << 16;
+
 /// The next item of a payload [`msgpack::check`] accepted (so an error here is a bug's, still
 /// no panic).
 #[inline]
@@ -86,8 +93,9 @@ fn skip(r: &mut Reader<'_>) -> Result<(), WireError> {
     r.skip().map_err(|e| WireError::Msgpack(e.to_string()))
 }
 
-/// The fields an event may have: their names (map form) in order of position (array form,
-/// after the tag; the last, `cache_salt`, is SGLang's and only a map field).
+/// The fields an event may have: their names (map form), by index; the first ten are also
+/// `BlockStored`'s positions after the tag (array form); `cache_salt` is SGLang's, a map field
+/// only.
 const FIELDS: [&str; 11] = [
     "block_hashes",
     "parent_block_hash",
@@ -101,27 +109,50 @@ const FIELDS: [&str; 11] = [
     "kv_cache_spec_kind",
     "cache_salt",
 ];
+const BLOCK_HASHES: usize = 0;
+const PARENT_BLOCK_HASH: usize = 1;
+const TOKEN_IDS: usize = 2;
+const BLOCK_SIZE: usize = 3;
+const LORA_ID: usize = 4;
+const MEDIUM: usize = 5;
+const LORA_NAME: usize = 6;
+const EXTRA_KEYS: usize = 7;
+const GROUP_IDX: usize = 8;
+const KV_CACHE_SPEC_KIND: usize = 9;
+const CACHE_SALT: usize = 10;
 
-/// Positions of `BlockRemoved`'s fields after the tag (its `medium` and `group_idx` are not
-/// where `BlockStored` has them).
-const REMOVED: [&str; 3] = ["block_hashes", "medium", "group_idx"];
+/// `BlockStored`'s fields by position after the tag (array form).
+const STORED: [usize; 10] = [
+    BLOCK_HASHES,
+    PARENT_BLOCK_HASH,
+    TOKEN_IDS,
+    BLOCK_SIZE,
+    LORA_ID,
+    MEDIUM,
+    LORA_NAME,
+    EXTRA_KEYS,
+    GROUP_IDX,
+    KV_CACHE_SPEC_KIND,
+];
+
+/// `BlockRemoved`'s fields by position after the tag (not where `BlockStored` has them).
+const REMOVED: [usize; 3] = [BLOCK_HASHES, MEDIUM, GROUP_IDX];
 
 /// An event's fields, each where its value starts (a map's first entry of that name, or the
-/// array's item at the field's position); `None`: absent or nil.
+/// array's item at the field's position), by index in [`FIELDS`]; `None`: absent or nil.
 struct Fields<'a> {
     tag: &'a str,
     at: [Option<Reader<'a>>; FIELDS.len()],
 }
 
 impl<'a> Fields<'a> {
-    fn get(&self, name: &str) -> Option<Reader<'a>> {
-        let i = FIELDS.iter().position(|f| *f == name)?;
-        self.at[i].clone()
+    fn get(&self, field: usize) -> Option<Reader<'a>> {
+        self.at[field].clone()
     }
 
     /// The field's value when it is a single item (no container).
-    fn item(&self, name: &str) -> Option<Item<'a>> {
-        self.get(name).and_then(|mut r| r.next().ok())
+    fn item(&self, field: usize) -> Option<Item<'a>> {
+        self.get(field).and_then(|mut r| r.next().ok())
     }
 }
 
@@ -162,14 +193,13 @@ fn read_fields<'a>(r: &mut Reader<'a>) -> Result<Fields<'a>, WireError> {
                 .as_str()
                 .ok_or_else(|| shape("event array has no tag"))?;
             // Positions after the tag name fields by the tag's own order.
-            let order: &[&str] = if tag == "BlockRemoved" {
+            let order: &[usize] = if tag == "BlockRemoved" {
                 &REMOVED
             } else {
-                &FIELDS[..FIELDS.len() - 1]
+                &STORED
             };
             for position in 0..n - 1 {
-                if let Some(name) = order.get(position) {
-                    let i = FIELDS.iter().position(|f| f == name).unwrap_or(0);
+                if let Some(&i) = order.get(position) {
                     at[i] = Some(r.clone()).filter(not_nil);
                 }
                 skip(r)?;
@@ -185,29 +215,29 @@ fn read_fields<'a>(r: &mut Reader<'a>) -> Result<Fields<'a>, WireError> {
 
 fn decode_event(r: &mut Reader<'_>) -> Result<WireEvent, WireError> {
     let fields = read_fields(r)?;
-    let string = |name: &str| fields.item(name).and_then(Item::as_str).map(str::to_owned);
-    let int = |name: &str| fields.item(name).and_then(Item::as_i64);
+    let string = |field: usize| fields.item(field).and_then(Item::as_str).map(str::to_owned);
+    let int = |field: usize| fields.item(field).and_then(Item::as_i64);
     match fields.tag {
         "BlockStored" => {
-            let block_hashes = hashes(fields.get("block_hashes"), "block_hashes")?;
+            let block_hashes = hashes(fields.get(BLOCK_HASHES), "block_hashes")?;
             let parent_block_hash = fields
-                .get("parent_block_hash")
+                .get(PARENT_BLOCK_HASH)
                 .map(|mut r| hash(&mut r))
                 .transpose()?;
-            let token_ids = tokens(fields.get("token_ids"))?;
+            let token_ids = tokens(fields.get(TOKEN_IDS))?;
             let block_size = fields
-                .item("block_size")
+                .item(BLOCK_SIZE)
                 .and_then(Item::as_u64)
                 .ok_or_else(|| shape("BlockStored without an integer block_size"))?;
-            let lora_id = int("lora_id");
-            let medium = string("medium");
-            let lora_name = string("lora_name");
-            let extra_key_strings = extra_keys(fields.get("extra_keys"))?;
-            let group_idx = int("group_idx");
-            let kv_cache_spec_kind = string("kv_cache_spec_kind");
+            let lora_id = int(LORA_ID);
+            let medium = string(MEDIUM);
+            let lora_name = string(LORA_NAME);
+            let extra_key_strings = extra_keys(fields.get(EXTRA_KEYS))?;
+            let group_idx = int(GROUP_IDX);
+            let kv_cache_spec_kind = string(KV_CACHE_SPEC_KIND);
             // SGLang sends the salt as a field (map form only); vLLM puts it in the first block's
             // extra keys next to the adapter name.
-            let cache_salt = string("cache_salt").or_else(|| {
+            let cache_salt = string(CACHE_SALT).or_else(|| {
                 // The first string past the adapter's name (skipped once: a salt may equal it).
                 extra_key_strings.first().and_then(|keys| {
                     let skip =
@@ -230,9 +260,9 @@ fn decode_event(r: &mut Reader<'_>) -> Result<WireEvent, WireError> {
             })
         }
         "BlockRemoved" => Ok(WireEvent::BlockRemoved {
-            block_hashes: hashes(fields.get("block_hashes"), "block_hashes")?,
-            medium: string("medium"),
-            group_idx: int("group_idx"),
+            block_hashes: hashes(fields.get(BLOCK_HASHES), "block_hashes")?,
+            medium: string(MEDIUM),
+            group_idx: int(GROUP_IDX),
         }),
         "AllBlocksCleared" => Ok(WireEvent::AllBlocksCleared),
         other => Ok(WireEvent::Unknown(other.to_owned())),
@@ -267,13 +297,10 @@ fn hashes(value: Option<Reader<'_>>, field: &str) -> Result<Vec<RawHash>, WireEr
     let not_a_list = || shape(format!("{field} is not an array"));
     let mut r = value.ok_or_else(not_a_list)?;
     let n = list(&mut r)?.ok_or_else(not_a_list)?;
-    let mut out = Vec::with_capacity(n.min(r.rest().len()));
+    let mut out = Vec::with_capacity(n.min(r.rest().len()).min(RESERVE_ITEMS));
     for _ in 0..n {
-        let mut item = r.clone();
-        out.push(hash(&mut item)?);
-        // A hash that is neither (a list, say) refused the list above; an integer or bytes
-        // was read whole.
-        r = item;
+        // An integer or bytes is read whole; anything else ends the decode.
+        out.push(hash(&mut r)?);
     }
     Ok(out)
 }
@@ -282,7 +309,7 @@ fn tokens(value: Option<Reader<'_>>) -> Result<Vec<u32>, WireError> {
     let not_a_list = || shape("token_ids is not an array");
     let mut r = value.ok_or_else(not_a_list)?;
     let n = list(&mut r)?.ok_or_else(not_a_list)?;
-    let mut out = Vec::with_capacity(n.min(r.rest().len()));
+    let mut out = Vec::with_capacity(n.min(r.rest().len()).min(RESERVE_ITEMS));
     for _ in 0..n {
         let token = r
             .int()
@@ -303,7 +330,7 @@ fn extra_keys(value: Option<Reader<'_>>) -> Result<Vec<Vec<String>>, WireError> 
     let Some(blocks) = list(&mut r)? else {
         return Ok(Vec::new());
     };
-    let mut keys: Vec<Vec<String>> = Vec::with_capacity(blocks.min(r.rest().len()));
+    let mut keys: Vec<Vec<String>> = Vec::with_capacity(blocks.min(RESERVE_EVENTS));
     for _ in 0..blocks {
         let mut block = r.clone();
         let mut strings = Vec::new();
@@ -400,5 +427,15 @@ mod tests {
         // An array32 declaring 4 G elements, a bin32 declaring 4 GiB: nothing is allocated.
         assert!(decode_payload(&[0xdd, 0xff, 0xff, 0xff, 0xff, 0x01]).is_err());
         assert!(decode_payload(&[0x92, 0x00, 0xc6, 0xff, 0xff, 0xff, 0xff]).is_err());
+        // 8 M events declared and backed by 8 M one-byte nils: valid msgpack, and the first
+        // nil is no event (the decoder reserves room for 64 events, not 8 M, before it reads).
+        let mut nils = vec![0x92, 0x00, 0xdd, 0x00, 0x7f, 0xff, 0xff];
+        nils.resize(nils.len() + 0x7f_ffff, 0xc0);
+        assert_eq!(
+            decode_payload(&nils),
+            Err(WireError::Shape(
+                "event is neither a map nor an array".into()
+            ))
+        );
     }
 }

@@ -2,7 +2,8 @@
 //! tree built, so a payload is decoded straight into the model (building `rmpv::Value`s
 //! allocated a node per token id and cost the router about 6 µs a message). [`check`] first
 //! walks a whole value as `rmpv::decode::read_value_with_max_depth` would read it (same nesting
-//! budget, same refusals), so the decoder reports invalid msgpack exactly where that reader did.
+//! budget, same refusals), so the decoder refuses as invalid msgpack exactly the payloads that
+//! reader refused (in its own words).
 
 /// An integer as msgpack holds it: non-negative, or negative.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,7 +86,7 @@ impl<'a> Item<'a> {
 /// Why bytes are not msgpack (the decoder's `WireError::Msgpack`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Invalid {
-    /// The bytes end inside an item.
+    /// The bytes end inside an item (or a declared length is past any slice).
     Truncated,
     /// Nested deeper than the budget.
     TooDeep,
@@ -179,7 +180,8 @@ impl<'a> Reader<'a> {
                     0xc8 => self.u16()?,
                     _ => self.u32()?,
                 };
-                self.take(1 + n)?;
+                // The type byte, then the data.
+                self.take(n.checked_add(1).ok_or(Invalid::Truncated)?)?;
                 Item::Ext
             }
             0xca => Item::F32(f32::from_be_bytes(self.array()?)),
@@ -269,7 +271,8 @@ fn head<const N: usize>(bytes: &[u8]) -> Option<[u8; N]> {
 
 /// Walks one whole value at the start of `bytes` as rmpv's reader with `max_depth` reads it:
 /// the same depth budget (a value spends one level, a container's elements one more, a string
-/// two and a binary or extension one for their bytes), every declared length backed by bytes.
+/// or an extension two more for their bytes, a binary one), every declared length backed by
+/// bytes.
 /// Bytes after the value are not looked at.
 pub(crate) fn check(bytes: &[u8], max_depth: u16) -> Result<(), Invalid> {
     check_value(&mut Reader::new(bytes), max_depth)
@@ -348,6 +351,63 @@ mod tests {
                     assert_eq!(
                         check(&bytes, depth).is_ok(),
                         rmpv_ok(&bytes, depth.into()),
+                        "{bytes:x?} at depth {depth}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_marker_reads_checks_and_skips_as_rmpv_reads_it() {
+        // Each marker with enough bytes after it for any header and a short body, cut at every
+        // length: `check` accepts what rmpv reads, and `next` (for scalars), `int` and `skip`
+        // end where rmpv's reader ends.
+        for marker in 0..=255u8 {
+            let mut bytes = vec![marker, 0, 0, 0, 2, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06];
+            bytes.extend([0x07; 8]);
+            for len in 0..=bytes.len() {
+                let b = &bytes[..len];
+                let mut cursor = b;
+                let rmpv = rmpv::decode::read_value_with_max_depth(&mut cursor, 16);
+                assert_eq!(check(b, 16).is_ok(), rmpv.is_ok(), "{b:x?}");
+                let Ok(value) = rmpv else { continue };
+                let mut r = Reader::new(b);
+                r.skip().unwrap();
+                assert_eq!(r.rest(), cursor, "skip {b:x?}");
+                let mut r = Reader::new(b);
+                let item = r.next().unwrap();
+                if !matches!(item, Item::Array(_) | Item::Map(_)) {
+                    assert_eq!(r.rest(), cursor, "next {b:x?}");
+                }
+                assert_eq!(item.as_u64(), value.as_u64(), "{b:x?}");
+                assert_eq!(item.as_i64(), value.as_i64(), "{b:x?}");
+                assert_eq!(item.as_str(), value.as_str(), "{b:x?}");
+                assert_eq!(item == Item::Nil, value.is_nil(), "{b:x?}");
+            }
+        }
+    }
+
+    #[test]
+    fn maps_spend_the_depth_budget_as_rmpv_does() {
+        // {"k": {"k": ... 1}} nested, and a map whose key is nested.
+        for nesting in 0..10 {
+            let mut values = vec![0x01];
+            let mut keys = vec![0x01];
+            for _ in 0..nesting {
+                let mut v = vec![0x81, 0xa1, b'k'];
+                v.extend(&values);
+                values = v;
+                let mut k = vec![0x81];
+                k.extend(&keys);
+                k.push(0xc0);
+                keys = k;
+            }
+            for bytes in [&values, &keys] {
+                for depth in 0..24u16 {
+                    assert_eq!(
+                        check(bytes, depth).is_ok(),
+                        rmpv_ok(bytes, depth.into()),
                         "{bytes:x?} at depth {depth}"
                     );
                 }
