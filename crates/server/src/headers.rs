@@ -8,8 +8,44 @@ use kvrouter_core::router::{Pin, MAX_PRIORITY};
 use serde_json::Value;
 use std::time::Instant;
 
+/// Every header this module reads a request's routing from (each name below is one of these:
+/// `every_header_read_is_listed` checks it).
+const READ: [&str; 16] = [
+    "x-kvrouter-worker-id",
+    "x-worker-instance-id",
+    "x-dynamo-worker-instance-id",
+    "x-kvrouter-dp-rank",
+    "x-dp-rank",
+    "x-dynamo-dp-rank",
+    "x-kvrouter-priority",
+    "x-kvrouter-deadline-ms",
+    "x-kvrouter-group-id",
+    "x-kvrouter-group-size",
+    "x-kvrouter-group-need",
+    "x-session-id",
+    "x-dynamo-session-id",
+    "x-kvrouter-policy-version",
+    "x-kvrouter-min-policy-version",
+    "x-kvrouter-max-policy-staleness",
+];
+
+/// The headers to read a request's routing from: `headers`, or an empty map when it holds
+/// none of the names this module reads (most requests), so that each of the two dozen lookups
+/// below returns at once instead of parsing and hashing its name (about 1.5 µs of a pick).
+pub(crate) fn routing_view(headers: &HeaderMap) -> &HeaderMap {
+    static NONE: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(HeaderMap::new);
+    if headers.keys().any(|k| READ.contains(&k.as_str())) {
+        headers
+    } else {
+        &NONE
+    }
+}
+
 /// The first of `names` present as text.
 pub(crate) fn header_str<'h>(headers: &'h HeaderMap, names: &[&str]) -> Option<&'h str> {
+    if headers.is_empty() {
+        return None;
+    }
     names.iter().find_map(|n| headers.get(*n)?.to_str().ok())
 }
 
@@ -19,6 +55,9 @@ pub(crate) fn one<'h>(
     headers: &'h HeaderMap,
     name: &'static str,
 ) -> Result<Option<&'h axum::http::HeaderValue>, ServeError> {
+    if headers.is_empty() {
+        return Ok(None);
+    }
     let mut values = headers.get_all(name).iter();
     let first = values.next();
     if values.next().is_some() {
@@ -37,6 +76,9 @@ fn first_parsed<T: std::str::FromStr>(
     names: &[&'static str],
     what: &str,
 ) -> Result<Option<T>, ServeError> {
+    if headers.is_empty() {
+        return Ok(None);
+    }
     let Some(name) = names.iter().copied().find(|n| headers.contains_key(*n)) else {
         return Ok(None);
     };
@@ -48,6 +90,9 @@ fn first_text<'h>(
     headers: &'h HeaderMap,
     names: &[&'static str],
 ) -> Result<Option<&'h str>, ServeError> {
+    if headers.is_empty() {
+        return Ok(None);
+    }
     let Some(name) = names.iter().copied().find(|n| headers.contains_key(*n)) else {
         return Ok(None);
     };
@@ -310,4 +355,61 @@ pub(crate) fn admission_fields(
 /// The session key of a request's session header, if any (the global router's sessions).
 pub(crate) fn session(headers: &HeaderMap) -> Result<Option<u64>, ServeError> {
     Ok(first_text(headers, &SESSION_HEADERS)?.map(session_key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn every_header_read_is_listed() {
+        // Each whole string literal naming an `x-` header in this file: a name read here but
+        // not in READ would be skipped for a request carrying only it.
+        let source = include_str!("headers.rs");
+        let names: Vec<&str> = source
+            .split('"')
+            .skip(1)
+            .step_by(2)
+            .filter(|s| {
+                s.starts_with("x-")
+                    && s.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            })
+            .collect();
+        assert!(names.len() >= READ.len(), "{names:?}");
+        for name in names {
+            assert!(READ.contains(&name), "{name} is read but not in READ");
+        }
+    }
+
+    #[test]
+    fn the_view_is_empty_only_without_a_routing_header() {
+        let mut h = HeaderMap::new();
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        h.insert("x-request-id", HeaderValue::from_static("r1"));
+        h.insert("x-kvrouter-json-length", HeaderValue::from_static("2"));
+        assert!(routing_view(&h).is_empty());
+        assert_eq!(pin_from(routing_view(&h)).unwrap(), None);
+        for name in READ {
+            let mut with = h.clone();
+            with.insert(name, HeaderValue::from_static("7"));
+            let view = routing_view(&with);
+            assert_eq!(view.len(), with.len(), "{name}");
+            assert_eq!(header_str(view, &[name]), Some("7"), "{name}");
+        }
+        // A pin and a session read through the view as through the map.
+        let mut pinned = h.clone();
+        pinned.insert("x-worker-instance-id", HeaderValue::from_static("3"));
+        pinned.insert("x-dp-rank", HeaderValue::from_static("1"));
+        pinned.insert("x-session-id", HeaderValue::from_static("s"));
+        let view = routing_view(&pinned);
+        assert_eq!(pin_from(view).unwrap(), pin_from(&pinned).unwrap());
+        assert_eq!(
+            pin_from(view).unwrap().map(|p| (p.worker.0, p.dp_rank)),
+            Some((3, Some(1)))
+        );
+        assert_eq!(session(view).unwrap(), Some(session_key("s")));
+        assert_eq!(version_requirement(view).unwrap().exact, None);
+    }
 }

@@ -144,6 +144,7 @@ pub(super) async fn parse_body(
         (None, Some(endpoint)) => passthrough_input(&state, endpoint, &body).await?,
     };
     let tokenized = Instant::now();
+    let headers = crate::headers::routing_view(headers);
     let pin = pin_from(headers)?;
     let admission = admission_fields(headers, kind, body.fields(), arrival, &state.inner)?;
     let text = |names: &[&str]| header_str(headers, names).map(str::to_owned);

@@ -126,8 +126,14 @@ fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
 
 /// A finish report's token counts must be possible: prompt and cached tokens each at most
 /// 2^32 − 1, completion tokens at most [`MAX_OUTPUT_SAMPLE`] (they teach the `cost` policy
-/// output lengths), and the cached tokens no more than the prompt's. `at` prefixes the field a refusal names.
-fn check_counts(report: &FinishReport, at: &str) -> Result<(), ServeError> {
+/// output lengths), and the cached tokens no more than the prompt's. A refusal names the field,
+/// as `reports[at].field` for the `at`-th report of a list.
+fn check_counts(report: &FinishReport, at: Option<usize>) -> Result<(), ServeError> {
+    // Written only for a refusal (a good report costs no formatting).
+    let param = |field: &str| match at {
+        Some(at) => format!("{REPORTS}[{at}].{field}"),
+        None => field.to_owned(),
+    };
     for (field, v, max) in [
         ("prompt_tokens", report.prompt_tokens, MAX_REPORTED_TOKENS),
         (
@@ -140,7 +146,7 @@ fn check_counts(report: &FinishReport, at: &str) -> Result<(), ServeError> {
         if v.is_some_and(|v| v > max) {
             return Err(ServeError::invalid_at(
                 format!("`{field}` must be at most {max}"),
-                format!("{at}{field}"),
+                param(field),
             ));
         }
     }
@@ -148,7 +154,7 @@ fn check_counts(report: &FinishReport, at: &str) -> Result<(), ServeError> {
         if cached > prompt {
             return Err(ServeError::invalid_at(
                 format!("`cached_tokens` ({cached}) must not exceed `prompt_tokens` ({prompt})"),
-                format!("{at}cached_tokens"),
+                param("cached_tokens"),
             ));
         }
     }
@@ -250,7 +256,7 @@ pub(crate) fn first_token(table: &PickTable, id: &str) -> Result<Value, ServeErr
 /// `failed`), with the answer's token counts when the caller has them. Its load is released.
 pub(crate) fn finish(table: &PickTable, id: &str, raw: &[u8]) -> Result<Value, ServeError> {
     let report = finish_report(raw)?;
-    check_counts(&report, "")?;
+    check_counts(&report, None)?;
     let id = pick_id(table, id)?;
     Ok(answer(table, id, release(table, id, report)?))
 }
@@ -321,7 +327,7 @@ fn apply_one(table: &PickTable, at: usize, value: Value) -> Value {
                         completion_tokens: r.completion_tokens,
                         cached_tokens: r.cached_tokens,
                     };
-                    check_counts(&report, &format!("{REPORTS}[{at}]."))?;
+                    check_counts(&report, Some(at))?;
                     release(table, id, report)?
                 }
             };
