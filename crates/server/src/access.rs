@@ -93,10 +93,38 @@ impl RequestIds {
         }
     }
 
+    /// `kvr-<prefix, 16 hex digits>-<counter>`, written digit by digit (`format!` cost a pick
+    /// about 0.3 µs).
     fn make(&self) -> HeaderValue {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        HeaderValue::from_str(&format!("kvr-{:016x}-{n}", self.prefix)).expect("ASCII id")
+        HeaderValue::from_bytes(&id_text(self.prefix, n)).expect("ASCII id")
     }
+}
+
+/// The text of request id `n` under `prefix` ([`RequestIds::make`]).
+fn id_text(prefix: u64, n: u64) -> Vec<u8> {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = Vec::with_capacity(4 + 16 + 1 + 20);
+    id.extend_from_slice(b"kvr-");
+    id.extend(
+        (0..16)
+            .rev()
+            .map(|i| HEX[((prefix >> (4 * i)) & 0xf) as usize]),
+    );
+    id.push(b'-');
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    id.extend_from_slice(&digits[at..]);
+    id
 }
 
 fn invalid(what: &str) -> ServeError {
@@ -170,6 +198,23 @@ mod tests {
             picks,
             [false, false, false, true, false, false, false, true]
         );
+    }
+
+    #[test]
+    fn request_ids_read_as_the_format_they_replace() {
+        for (prefix, n) in [
+            (0, 0),
+            (0x0123_4567_89ab_cdef, 9),
+            (u64::MAX, 10),
+            (0xfeed, 1_234_567_890),
+            (1, u64::MAX),
+        ] {
+            assert_eq!(
+                id_text(prefix, n),
+                format!("kvr-{prefix:016x}-{n}").into_bytes(),
+                "{prefix:x} {n}"
+            );
+        }
     }
 
     #[test]
