@@ -33,6 +33,7 @@ mod added;
 mod config;
 mod matcher;
 mod pieces;
+mod slots;
 
 use added::{AddedTokens, Segment};
 use config::{flatten, ids_kept, nfc, normalizer, FileConfig, Normalizer};

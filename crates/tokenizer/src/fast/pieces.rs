@@ -12,14 +12,15 @@
 //! pieces (by key, a different sixteenth each time), so it refills with what is frequent.
 //! Pieces longer than [`MAX_PIECE_BYTES`] are not kept. An entry keeps its piece's text, so a
 //! hash collision is a miss, never wrong ids. A piece of at most 14 bytes and 2 ids (most words)
-//! is held in its map slot (56 bytes with the key), so a lookup reads one place in memory, not
-//! three (`benches/words.rs`, caches overwritten before each prompt: 26–28 → 24–25 µs); others
-//! keep their text and ids on the heap. Memory: an entry is at most 64 bytes of text, 64 ids (one
-//! per byte) and about 80 bytes of map and allocation overhead, so the cache holds at most about
-//! 27 MB per tokenizer; word-sized pieces take about 7 MB when full (the map at half load).
+//! is held in its slot of the table ([`Slots`]: open addressing, a cache line per slot), so a
+//! lookup reads one line of memory, and a run first loads the home slots of all its pieces
+//! so their cache misses overlap (`benches/words.rs`, caches overwritten before each prompt:
+//! 28.4 µs with a `HashMap`, whose lookup is two dependent misses behind a branch); others keep
+//! their text and ids on the heap. Memory: the table is at most half full, 64 bytes a slot, so
+//! 8 MB when full (65,536 pieces), plus, for pieces over 14 bytes or 2 ids, their text and
+//! ids (at most 64 bytes and 64 ids each): at most about 32 MB per tokenizer.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use super::slots::Slots;
 use std::sync::{RwLock, RwLockReadGuard};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -31,27 +32,6 @@ const HELD_PER_LOCK: usize = 1024;
 const EVICTED_PARTS: u64 = 16;
 /// Longest piece kept, in bytes.
 const MAX_PIECE_BYTES: usize = 64;
-
-/// The keys are already hashes: used as they are.
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `u64` keys are hashed; fold anything else rather than ignore it.
-        self.0 = bytes
-            .iter()
-            .fold(self.0, |h, &b| h.rotate_left(8) ^ u64::from(b));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
 
 /// Text this long or shorter is kept in the entry itself.
 const INLINE_TEXT: usize = 14;
@@ -111,12 +91,10 @@ impl Entry {
     }
 }
 
-type Map = HashMap<u64, Entry, BuildHasherDefault<KeyHasher>>;
-
 /// The pieces held, and which part of the keys a full cache forgets next.
 #[derive(Debug, Default)]
 struct Held {
-    map: Map,
+    map: Slots<Entry>,
     next_evicted: u64,
 }
 
@@ -171,16 +149,22 @@ impl PieceCache {
     }
 
     /// Appends the ids of the pieces of `run` from its first up to the first not held, under
-    /// one read lock: how many it took. Every piece is looked up first, then the texts are
-    /// compared and the ids copied: each pass's loads do not depend on one another, so their
-    /// cache misses overlap.
+    /// one read lock: how many it took. First every piece's key is hashed and its home slot's
+    /// key loaded (loads that depend on nothing before them, no branch on what they read, so
+    /// their cache misses overlap), then the pieces are looked up in slots now in the cache,
+    /// their texts compared and their ids copied.
     fn extend_held(&self, text: &str, run: &[(usize, usize)], out: &mut Vec<u32>) -> usize {
         let held = self.read();
-        let found: Vec<Option<&Entry>> = run
+        let keys: Vec<(Option<Key>, u64)> = run
             .iter()
-            .map(|&(start, end)| Self::key(&text[start..end]).and_then(|k| held.map.get(&k.0)))
+            .map(|&(start, end)| {
+                let key = Self::key(&text[start..end]);
+                let home = key.as_ref().map_or(0, |k| held.map.home_key(k.0));
+                (key, home)
+            })
             .collect();
-        for (taken, (&(start, end), found)) in run.iter().zip(found).enumerate() {
+        for (taken, (&(start, end), (key, home))) in run.iter().zip(keys).enumerate() {
+            let found = key.and_then(|k| held.map.get_after(k.0, home));
             match found {
                 Some(entry) if entry.text() == &text.as_bytes()[start..end] => {
                     out.extend_from_slice(entry.ids())
@@ -197,7 +181,7 @@ impl PieceCache {
         if held.map.len() >= MAX_ENTRIES {
             let part = held.next_evicted % EVICTED_PARTS;
             held.next_evicted += 1;
-            held.map.retain(|k, _| (k >> 32) % EVICTED_PARTS != part);
+            held.map.retain(|k| (k >> 32) % EVICTED_PARTS != part);
         }
         held.map.insert(key.0, Entry::new(piece, ids));
     }
@@ -299,6 +283,7 @@ mod tests {
             .unwrap()
             .map
             .insert(key, Entry::new("world", &[9]));
+        assert_eq!(cache.len(), 1);
         let (ids, missed) = encode(&cache, "hello");
         assert_eq!((ids, missed), (vec![5, 0], vec!["hello".to_owned()]));
     }
