@@ -97,7 +97,8 @@ impl RequestIds {
     /// about 0.3 µs).
     fn make(&self) -> HeaderValue {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        HeaderValue::from_bytes(&id_text(self.prefix, n)).expect("ASCII id")
+        HeaderValue::from_maybe_shared(bytes::Bytes::from(id_text(self.prefix, n)))
+            .expect("ASCII id")
     }
 }
 
