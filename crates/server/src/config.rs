@@ -230,14 +230,28 @@ impl Default for HealthConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IngestConfig {
     /// Messages larger than this (all frames together) are dropped, counted and logged, and the
-    /// rank is re-synced. libzmq refuses frames over 4× this outright (`ZMQ_MAXMSGSIZE`), which
-    /// breaks the connection.
+    /// rank is re-synced. A frame over 4× this ends the connection (libzmq's `ZMQ_MAXMSGSIZE`,
+    /// or the ZMTP reader's own bound), which breaks the stream.
     pub max_message_bytes: usize,
     /// Blocks applied per hold of the core lock; longer events are applied in parent-chained
     /// slices with the lock released between them.
     pub apply_slice_blocks: usize,
     /// How long one replay request may take in all.
     pub replay_timeout: Duration,
+    /// What reads the engines' PUB sockets.
+    pub transport: KvTransport,
+}
+
+/// What reads a rank's KV event stream (`--kv-event-transport`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvTransport {
+    /// A libzmq SUB socket (its I/O thread reads the connection and wakes the subscriber
+    /// thread through a mailbox) and its socket monitor.
+    Libzmq,
+    /// The subscriber thread speaks ZMTP 3.0 on the connection itself (`ingest/zmtp.rs`): one
+    /// thread woken per message.
+    #[default]
+    Zmtp,
 }
 
 impl Default for IngestConfig {
@@ -246,6 +260,7 @@ impl Default for IngestConfig {
             max_message_bytes: 8 << 20,
             apply_slice_blocks: 512,
             replay_timeout: Duration::from_secs(5),
+            transport: KvTransport::Zmtp,
         }
     }
 }

@@ -78,8 +78,8 @@ mod zmq_contexts;
 
 pub use app::app;
 pub use config::{
-    HealthConfig, IngestConfig, PickConfig, ServeConfig, SessionReleaseAuth, WorkerEntry,
-    WorkersFile,
+    HealthConfig, IngestConfig, KvTransport, PickConfig, ServeConfig, SessionReleaseAuth,
+    WorkerEntry, WorkersFile,
 };
 pub use error::ServeError;
 pub use state::AppState;

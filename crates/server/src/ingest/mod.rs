@@ -1,12 +1,16 @@
-//! KV event ingestion: one libzmq SUB per worker rank, on its own thread, feeding the core's
+//! KV event ingestion: one subscriber per worker rank, on its own thread, feeding the core's
 //! index.
 //!
-//! Each subscriber polls its data socket and a socket monitor with a short timeout, so it stops
-//! soon after its worker is removed (the tokio task that registry.rs keeps holds a stop guard:
-//! aborting the task stops the thread). libzmq reconnects by itself (every 100 ms, backing off to
-//! 1 s); the monitor says when the publisher went away (the rank's index is cleared, counted in
-//! `kvrouter_kv_stream_breaks_total`) and when it came back (re-synced through the replay socket
-//! when there is one, counted in `kvrouter_kv_stream_resyncs_total`).
+//! By default (`--kv-event-transport zmtp`) the subscriber thread connects to the engine's PUB
+//! and speaks ZMTP 3.0 on the socket itself ([`zmtp`], [`native`]): one thread woken per
+//! message. With `--kv-event-transport libzmq` a libzmq SUB reads the connection on libzmq's I/O
+//! thread and the subscriber polls it and a socket monitor ([`subscriber`]). Either way the
+//! subscriber waits with a short timeout, so it stops soon after its worker is removed (the
+//! tokio task that registry.rs keeps holds a stop guard: aborting the task stops the thread),
+//! and reconnects by itself (every 100 ms, backing off to 1 s). When the publisher goes away
+//! the rank's index is cleared (counted in `kvrouter_kv_stream_breaks_total`); when it comes
+//! back the rank is re-synced through the replay socket when there is one (counted in
+//! `kvrouter_kv_stream_resyncs_total`).
 //!
 //! Sequence numbers are judged by [`sequence`]: a gap is recovered through the replay socket when
 //! it has one, otherwise the rank is cleared and re-learned from new events; numbering that goes
@@ -17,12 +21,15 @@
 //! - [`sequence`]: the pure judgement of sequence numbers.
 //! - [`apply`]: decoding and applying a batch in bounded slices.
 //! - [`replay`]: the DEALER asking an engine's replay socket for buffered batches.
-//! - [`subscriber`]: the SUB + monitor loop of one rank.
+//! - [`subscriber`]: a rank's stream rules, and the libzmq SUB + monitor loop.
+//! - [`zmtp`]: a ZMTP 3.0 SUB connection read on the calling thread; [`native`]: the loop over it.
 
 mod apply;
+mod native;
 mod replay;
 mod sequence;
 mod subscriber;
+mod zmtp;
 
 pub(crate) use crate::config::IngestConfig;
 use crate::state::Inner;

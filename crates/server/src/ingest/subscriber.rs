@@ -4,6 +4,7 @@ use super::apply::apply_payload;
 use super::replay::replay;
 use super::sequence::{Sequence, Verdict};
 use super::{clear, drop_message, Source};
+use crate::config::KvTransport;
 use crate::state::Inner;
 use kvrouter_kv_wire::decode_seq;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -11,12 +12,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How often the stop flag is looked at.
-const POLL_MS: i64 = 100;
+pub(super) const POLL_MS: i64 = 100;
 /// libzmq's reconnect interval, and its bound when backing off.
-const RECONNECT_IVL_MS: i32 = 100;
-const RECONNECT_IVL_MAX_MS: i32 = 1000;
+pub(super) const RECONNECT_IVL_MS: i32 = 100;
+pub(super) const RECONNECT_IVL_MAX_MS: i32 = 1000;
 /// A publisher that does not finish its handshake in this time is disconnected (and retried).
-const HANDSHAKE_IVL_MS: i32 = 5000;
+pub(super) const HANDSHAKE_IVL_MS: i32 = 5000;
 /// Messages read per wake-up before the monitor and the stop flag are looked at again.
 const BURST: usize = 256;
 /// libzmq does not reconnect after a protocol error (4.3 terminates the session): when no socket
@@ -36,7 +37,12 @@ pub(super) fn supervise(state: &Inner, source: &Source, stop: &AtomicBool) {
     let lease = state.zmq.lease();
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
-        let outcome = catch_unwind(AssertUnwindSafe(|| run(state, &lease.ctx, source, stop)));
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            match state.config.kv_ingest.transport {
+                KvTransport::Libzmq => run(state, &lease.ctx, source, stop),
+                KvTransport::Zmtp => super::native::run(state, &lease.ctx, source, stop),
+            }
+        }));
         if started.elapsed() > STABLE_RUN {
             pause = RESTART_PAUSE;
         }
@@ -74,9 +80,11 @@ fn break_stream(state: &Inner, source: &Source, reason: &str) {
 
 /// Failures that end one run of the subscriber.
 #[derive(Debug, thiserror::Error)]
-enum SubscriberError {
+pub(super) enum SubscriberError {
     #[error("{0}")]
     Zmq(#[from] zmq::Error),
+    #[error("{0}")]
+    Zmtp(#[from] super::zmtp::ZmtpError),
     #[error("endpoint {0:?} contains a NUL byte")]
     Endpoint(String),
 }
@@ -102,18 +110,7 @@ fn run(
         endpoint_ok(r)?;
     }
     sub.connect(endpoint_ok(&source.endpoint)?)?;
-    let mut stream = Stream {
-        state,
-        ctx,
-        source,
-        stop,
-        seq: Sequence::default(),
-        connected: false,
-        tcp_up: false,
-        broken: false,
-        last_event: Instant::now(),
-        block_size_drops: 0,
-    };
+    let mut stream = Stream::new(state, ctx, source, stop);
     // Learn what the engine already holds.
     stream.replay_from(0, u64::MAX);
     while !stop.load(Ordering::Relaxed) {
@@ -220,7 +217,7 @@ impl Drop for Monitored {
 }
 
 /// The state of one rank's stream between messages.
-struct Stream<'a> {
+pub(super) struct Stream<'a> {
     state: &'a Inner,
     /// The context its sockets (and its replays') are opened in.
     ctx: &'a zmq::Context,
@@ -239,7 +236,28 @@ struct Stream<'a> {
     block_size_drops: u64,
 }
 
-impl Stream<'_> {
+impl<'a> Stream<'a> {
+    /// A rank's stream before its first connection.
+    pub(super) fn new(
+        state: &'a Inner,
+        ctx: &'a zmq::Context,
+        source: &'a Source,
+        stop: &'a AtomicBool,
+    ) -> Self {
+        Stream {
+            state,
+            ctx,
+            source,
+            stop,
+            seq: Sequence::default(),
+            connected: false,
+            tcp_up: false,
+            broken: false,
+            last_event: Instant::now(),
+            block_size_drops: 0,
+        }
+    }
+
     fn worker_label(&self) -> String {
         self.source.worker.to_string()
     }
@@ -266,29 +284,35 @@ impl Stream<'_> {
                 _ => {}
             }
             match event {
-                zmq::SocketEvent::DISCONNECTED if self.connected => {
-                    self.connected = false;
-                    self.broken = true;
-                    self.seq.reset();
-                    break_stream(self.state, self.source, "disconnected");
-                    if self.state.lifecycle.is_draining() {
-                        // The router is shutting down: engines stopping now are expected.
-                        tracing::debug!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "KV event stream closed while the router shuts down");
-                    } else {
-                        tracing::warn!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "KV event stream broke (the publisher disconnected, or sent a message over 4 x --kv-event-max-message-bytes, which ends the connection); rank cleared, reconnecting");
-                    }
-                }
-                zmq::SocketEvent::HANDSHAKE_SUCCEEDED => {
-                    self.connected = true;
-                    if std::mem::take(&mut self.broken) {
-                        self.resync("reconnect");
-                        tracing::info!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "KV event stream came back; rank re-synced");
-                    }
-                }
+                zmq::SocketEvent::DISCONNECTED if self.connected => self.disconnected(),
+                zmq::SocketEvent::HANDSHAKE_SUCCEEDED => self.handshake_succeeded(),
                 _ => {}
             }
         }
         Ok(())
+    }
+
+    /// The publisher went away: the rank is cleared until it comes back.
+    pub(super) fn disconnected(&mut self) {
+        self.connected = false;
+        self.broken = true;
+        self.seq.reset();
+        break_stream(self.state, self.source, "disconnected");
+        if self.state.lifecycle.is_draining() {
+            // The router is shutting down: engines stopping now are expected.
+            tracing::debug!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "KV event stream closed while the router shuts down");
+        } else {
+            tracing::warn!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "KV event stream broke (the publisher disconnected, or sent a message over 4 x --kv-event-max-message-bytes, which ends the connection); rank cleared, reconnecting");
+        }
+    }
+
+    /// A publisher's handshake succeeded: a come-back re-syncs the rank.
+    pub(super) fn handshake_succeeded(&mut self) {
+        self.connected = true;
+        if std::mem::take(&mut self.broken) {
+            self.resync("reconnect");
+            tracing::info!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "KV event stream came back; rank re-synced");
+        }
     }
 
     /// A message was applied; `dropped`: its events of another block size were refused. Those
@@ -330,7 +354,7 @@ impl Stream<'_> {
     }
 
     /// Replays `start..until`; returns the last sequence number applied.
-    fn replay_from(&mut self, start: u64, until: u64) -> Option<u64> {
+    pub(super) fn replay_from(&mut self, start: u64, until: u64) -> Option<u64> {
         let endpoint = self.source.replay.as_deref()?;
         let (state, source) = (self.state, self.source);
         let mut dropped = Vec::new();
@@ -360,7 +384,7 @@ impl Stream<'_> {
     }
 
     /// Handles one message `[topic, seq, payload]` of the live stream.
-    fn on_message(&mut self, frames: &[Vec<u8>]) {
+    pub(super) fn on_message(&mut self, frames: &[Vec<u8>]) {
         let size: usize = frames.iter().map(Vec::len).sum();
         let max = self.state.config.kv_ingest.max_message_bytes;
         let (seq, payload) = match frames {

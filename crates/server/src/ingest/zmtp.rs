@@ -1,0 +1,383 @@
+//! A ZMTP 3.0 SUB connection read on the subscriber's own thread (`--kv-event-transport zmtp`):
+//! the engine's PUB (libzmq's, as vLLM and SGLang publish with pyzmq, or zeromq-rs's, as the mock
+//! engine does) is read straight from the socket, where libzmq's SUB reads it on its I/O thread
+//! and hands each message to the subscriber thread through a mailbox (a second thread woken per
+//! message, and a `poll` per mailbox check).
+//!
+//! What is spoken (ZMTP 3.0, RFC 23, with the NULL mechanism): the 64-byte greeting, the READY
+//! commands (the peer must be a PUB or XPUB), a subscription to every topic sent as a message
+//! (`\x01`: the 3.0 form, which every 3.x publisher reads), then frames: messages of one or
+//! more frames, and commands, of which PING is answered with PONG and ERROR ends the
+//! connection. A frame over the size bound ends the connection (as libzmq's `ZMQ_MAXMSGSIZE`).
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Why a connection could not be made or ended.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ZmtpError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("endpoint {0:?} is neither tcp://HOST:PORT nor ipc://PATH")]
+    Endpoint(String),
+    #[error("the publisher broke the protocol: {0}")]
+    Protocol(String),
+    #[error("a frame of {0} bytes is over the bound of {1}")]
+    Oversize(u64, u64),
+    #[error("the subscriber is stopping")]
+    Stopped,
+}
+
+fn protocol(what: impl Into<String>) -> ZmtpError {
+    ZmtpError::Protocol(what.into())
+}
+
+/// The socket under a connection.
+enum Socket {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Socket {
+    fn open(endpoint: &str, timeout: Duration) -> Result<Self, ZmtpError> {
+        if let Some(path) = endpoint.strip_prefix("ipc://") {
+            let s = UnixStream::connect(path)?;
+            return Ok(Socket::Unix(s));
+        }
+        let Some(addr) = endpoint.strip_prefix("tcp://") else {
+            return Err(ZmtpError::Endpoint(endpoint.to_owned()));
+        };
+        let mut last = None;
+        for a in addr
+            .to_socket_addrs()
+            .map_err(|_| ZmtpError::Endpoint(endpoint.to_owned()))?
+        {
+            match TcpStream::connect_timeout(&a, timeout) {
+                Ok(s) => {
+                    s.set_nodelay(true)?;
+                    return Ok(Socket::Tcp(s));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.map_or_else(|| ZmtpError::Endpoint(endpoint.to_owned()), ZmtpError::Io))
+    }
+
+    fn set_read_timeout(&self, t: Duration) -> std::io::Result<()> {
+        match self {
+            Socket::Tcp(s) => s.set_read_timeout(Some(t)),
+            Socket::Unix(s) => s.set_read_timeout(Some(t)),
+        }
+    }
+}
+
+impl Read for Socket {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Socket::Tcp(s) => s.read(buf),
+            Socket::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Socket {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Socket::Tcp(s) => s.write(buf),
+            Socket::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Frame flags (RFC 23).
+const MORE: u8 = 0x01;
+const LONG: u8 = 0x02;
+const COMMAND: u8 = 0x04;
+
+/// The read buffer's first size (it doubles for a larger frame, up to the frame bound).
+const READ_BUFFER: usize = 64 << 10;
+/// Frames one message may have (a KV event message has 3).
+const MAX_FRAMES: usize = 16;
+
+/// Our greeting: ZMTP 3.0, the NULL mechanism, not the server.
+fn greeting() -> [u8; 64] {
+    let mut g = [0u8; 64];
+    g[0] = 0xff;
+    g[9] = 0x7f;
+    g[10] = 3;
+    g[11] = 0;
+    g[12..16].copy_from_slice(b"NULL");
+    g
+}
+
+/// A command frame (short or long) with `name` and `body`.
+fn command(name: &[u8], body: &[u8]) -> Vec<u8> {
+    let len = 1 + name.len() + body.len();
+    let mut out = Vec::with_capacity(len + 9);
+    match u8::try_from(len) {
+        Ok(short) => out.extend([COMMAND, short]),
+        Err(_) => {
+            out.push(COMMAND | LONG);
+            out.extend((len as u64).to_be_bytes());
+        }
+    }
+    out.push(name.len() as u8);
+    out.extend_from_slice(name);
+    out.extend_from_slice(body);
+    out
+}
+
+/// READY with our socket type.
+fn ready() -> Vec<u8> {
+    let mut props = vec![11];
+    props.extend_from_slice(b"Socket-Type");
+    props.extend(3u32.to_be_bytes());
+    props.extend_from_slice(b"SUB");
+    command(b"READY", &props)
+}
+
+/// The value of property `name` in a READY command's body (after its name).
+fn property<'a>(mut props: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    while let Some((&n, rest)) = props.split_first() {
+        let key = rest.get(..usize::from(n))?;
+        let rest = &rest[usize::from(n)..];
+        let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+        let value = rest.get(4..4 + len)?;
+        if key.eq_ignore_ascii_case(name) {
+            return Some(value);
+        }
+        props = &rest[4 + len..];
+    }
+    None
+}
+
+/// When a handshake gives up, and the flag that stops the subscriber.
+type Deadline<'a> = (Instant, &'a AtomicBool);
+
+/// An error once the handshake's time is up or the subscriber is stopping.
+fn over((deadline, stop): Deadline<'_>) -> Result<(), ZmtpError> {
+    if stop.load(Ordering::Relaxed) {
+        return Err(ZmtpError::Stopped);
+    }
+    if Instant::now() >= deadline {
+        return Err(protocol("the handshake timed out"));
+    }
+    Ok(())
+}
+
+/// One frame as read: its flags and body.
+struct Frame {
+    flags: u8,
+    body: Vec<u8>,
+}
+
+/// A SUB connection after its handshake.
+pub(super) struct Connection {
+    socket: Socket,
+    /// Bytes read and not yet framed: `buf[at..end]`.
+    buf: Vec<u8>,
+    at: usize,
+    end: usize,
+    /// Frames of the message being read (a message may span reads).
+    partial: Vec<Vec<u8>>,
+    /// Largest frame taken.
+    max_frame: u64,
+    /// Longest a [`Connection::next_message`] waits.
+    poll: Duration,
+}
+
+impl Connection {
+    /// Connects to `endpoint`, completes the handshake within `handshake` and subscribes to
+    /// every topic; reads then wait at most `poll` before [`Connection::next_message`] returns
+    /// with nothing, so the caller can look at its stop flag.
+    pub(super) fn open(
+        endpoint: &str,
+        (handshake, poll): (Duration, Duration),
+        max_frame: u64,
+        stop: &AtomicBool,
+    ) -> Result<Self, ZmtpError> {
+        let socket = Socket::open(endpoint, handshake.min(Duration::from_secs(1)))?;
+        socket.set_read_timeout(poll)?;
+        let mut c = Connection {
+            socket,
+            buf: vec![0; READ_BUFFER],
+            at: 0,
+            end: 0,
+            partial: Vec::new(),
+            max_frame,
+            poll,
+        };
+        let deadline = (Instant::now() + handshake, stop);
+        let mut hello = greeting().to_vec();
+        hello.extend(ready());
+        c.socket.write_all(&hello)?;
+        let theirs = c.take(64, deadline)?;
+        if theirs[0] != 0xff || theirs[9] != 0x7f {
+            return Err(protocol("no ZMTP greeting"));
+        }
+        if theirs[10] < 3 {
+            return Err(protocol(format!("ZMTP {}.x, not 3.x", theirs[10])));
+        }
+        if !theirs[12..32].starts_with(b"NULL") || theirs[12..32][4..].iter().any(|&b| b != 0) {
+            return Err(protocol("a security mechanism other than NULL"));
+        }
+        let frame = c.frame(deadline)?;
+        let body = &frame.body;
+        let name_len = usize::from(*body.first().ok_or_else(|| protocol("an empty command"))?);
+        if frame.flags & COMMAND == 0 || body.get(1..1 + name_len) != Some(b"READY".as_slice()) {
+            return Err(protocol("no READY after the greeting"));
+        }
+        match property(&body[1 + name_len..], b"Socket-Type") {
+            Some(b"PUB" | b"XPUB") => {}
+            other => {
+                return Err(protocol(format!(
+                    "the peer is a {} socket, not a PUB",
+                    String::from_utf8_lossy(other.unwrap_or(b"(no type)"))
+                )))
+            }
+        }
+        // Every topic: the subscription as a one-byte message.
+        c.socket.write_all(&[0, 1, 1])?;
+        Ok(c)
+    }
+
+    /// `n` bytes, waiting for them until the handshake's deadline (or the stop flag).
+    fn take(&mut self, n: usize, deadline: Deadline<'_>) -> Result<Vec<u8>, ZmtpError> {
+        while self.end - self.at < n {
+            over(deadline)?;
+            self.fill()?;
+        }
+        let out = self.buf[self.at..self.at + n].to_vec();
+        self.at += n;
+        Ok(out)
+    }
+
+    /// A whole frame, waiting for it until the handshake's deadline (or the stop flag).
+    fn frame(&mut self, deadline: Deadline<'_>) -> Result<Frame, ZmtpError> {
+        loop {
+            if let Some(frame) = self.parse()? {
+                return Ok(frame);
+            }
+            over(deadline)?;
+            self.fill()?;
+        }
+    }
+
+    /// Reads what the socket has into the buffer (moving what is left to its start, or
+    /// doubling it when a frame needs more room): `false` when the read timed out.
+    fn fill(&mut self) -> Result<bool, ZmtpError> {
+        if self.at == self.end {
+            (self.at, self.end) = (0, 0);
+        }
+        if self.end == self.buf.len() {
+            if self.at > 0 {
+                self.buf.copy_within(self.at..self.end, 0);
+                (self.at, self.end) = (0, self.end - self.at);
+            } else {
+                // One frame over the buffer (its size is within the bound, `parse` checked).
+                self.buf.resize(self.buf.len() * 2, 0);
+            }
+        }
+        match self.socket.read(&mut self.buf[self.end..]) {
+            Ok(0) => Err(ZmtpError::Io(ErrorKind::UnexpectedEof.into())),
+            Ok(n) => {
+                self.end += n;
+                Ok(true)
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => Ok(false),
+            Err(e) if e.kind() == ErrorKind::Interrupted => Ok(true),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The next whole frame in the buffer, if one is there.
+    fn parse(&mut self) -> Result<Option<Frame>, ZmtpError> {
+        let b = &self.buf[self.at..self.end];
+        let Some(&flags) = b.first() else {
+            return Ok(None);
+        };
+        let (size, head) = if flags & LONG != 0 {
+            match b.get(1..9) {
+                Some(s) => (u64::from_be_bytes(s.try_into().expect("8 bytes")), 9),
+                None => return Ok(None),
+            }
+        } else {
+            match b.get(1) {
+                Some(&s) => (u64::from(s), 2),
+                None => return Ok(None),
+            }
+        };
+        if size > self.max_frame {
+            return Err(ZmtpError::Oversize(size, self.max_frame));
+        }
+        let size = size as usize;
+        if b.len() < head + size {
+            return Ok(None);
+        }
+        let body = b[head..head + size].to_vec();
+        self.at += head + size;
+        Ok(Some(Frame { flags, body }))
+    }
+
+    /// The next message's frames into `frames` (`true`), or `false` when the poll interval
+    /// passed first (a message begun is kept for the next call), also while commands keep
+    /// coming (a publisher's heartbeats), so the caller looks at its stop flag that often.
+    pub(super) fn next_message(&mut self, frames: &mut Vec<Vec<u8>>) -> Result<bool, ZmtpError> {
+        let until = Instant::now() + self.poll;
+        loop {
+            while let Some(frame) = self.parse()? {
+                if frame.flags & COMMAND != 0 {
+                    self.on_command(&frame.body)?;
+                    continue;
+                }
+                self.partial.push(frame.body);
+                let bytes: usize = self.partial.iter().map(Vec::len).sum();
+                if self.partial.len() > MAX_FRAMES || bytes as u64 > self.max_frame {
+                    return Err(protocol(format!(
+                        "a message of more than {MAX_FRAMES} frames or {} bytes",
+                        self.max_frame
+                    )));
+                }
+                if frame.flags & MORE == 0 {
+                    frames.clear();
+                    frames.append(&mut self.partial);
+                    return Ok(true);
+                }
+            }
+            if !self.fill()? || Instant::now() >= until {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// PING is answered (PONG with its context); ERROR ends the connection; others are let be.
+    fn on_command(&mut self, body: &[u8]) -> Result<(), ZmtpError> {
+        let name_len = usize::from(*body.first().unwrap_or(&0));
+        let name = body.get(1..1 + name_len).unwrap_or_default();
+        let rest = body.get(1 + name_len..).unwrap_or_default();
+        match name {
+            b"PING" => {
+                // A 2-byte TTL, then the context to send back.
+                let context = rest.get(2..).unwrap_or_default();
+                self.socket.write_all(&command(b"PONG", context))?;
+                Ok(())
+            }
+            b"ERROR" => Err(protocol(format!(
+                "the publisher sent ERROR: {}",
+                String::from_utf8_lossy(rest.get(1..).unwrap_or_default())
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "zmtp_tests.rs"]
+mod tests;
