@@ -4,7 +4,7 @@
 //! a baseline without events; a flood of 1,024-block `BlockStored`/`BlockRemoved` batches with a
 //! 80,000-block one (≈7 MB with its removal, under the default `--kv-event-max-message-bytes`) every second;
 //! and one 1,000,000-block `BlockStored` (≈76 MB on the wire, the message of issue 12, over the
-//! bound: libzmq refuses it, the stream breaks and re-syncs) followed by the same flood.
+//! bound: the subscriber refuses it, the stream breaks and re-syncs) followed by the same flood.
 //! Prints p50/p99/max per phase, the router's own routing-overhead p99 (from its histogram),
 //! its RSS, and the ingest counters.
 //!

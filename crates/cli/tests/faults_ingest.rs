@@ -295,6 +295,50 @@ async fn adversarial_publishers_never_stop_ingestion() {
 }
 
 #[tokio::test]
+async fn a_publisher_ending_each_connection_after_its_handshake_is_retried_at_a_bounded_pace() {
+    // Each connection ends as soon as it is up (a crash-looping engine): the subscriber waits
+    // 100 ms, doubling to 1 s, before the next, instead of reconnecting (and re-syncing) at
+    // once in a loop.
+    let raw = RawPub::bind().await;
+    let file = format!(
+        "[[workers]]\nid = 7\nurl = \"http://127.0.0.1:9\"\nkv_events_endpoint = \"{}\"\nblock_size = {BS}\n",
+        raw.endpoint()
+    );
+    let path = workers_file("flap", &file);
+    let _router = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--workers-file",
+        &path,
+        "--model-name",
+        "m",
+        "--health-check-interval-secs",
+        "0",
+    ])
+    .await;
+    drop(raw.accept_handshaken().await);
+    let started = Instant::now();
+    let mut connections = 0;
+    while started.elapsed() < Duration::from_secs(2) {
+        match tokio::time::timeout(Duration::from_millis(500), raw.accept_handshaken()).await {
+            Ok(conn) => {
+                connections += 1;
+                drop(conn);
+            }
+            Err(_) => continue,
+        }
+    }
+    // Pauses of 100, 200, 400, 800, 1,000 ms: at most 5 in 2 s (a loop without them makes
+    // hundreds); at least 2 (it does come back).
+    assert!(
+        (2..=6).contains(&connections),
+        "{connections} connections in 2 s"
+    );
+    let _ = std::fs::remove_file(path);
+}
+
+#[tokio::test]
 async fn bad_ingest_bounds_are_a_clear_error_naming_the_flag() {
     for (flag, value) in [
         ("--kv-event-max-message-bytes", "0"),

@@ -42,19 +42,33 @@ enum Socket {
 }
 
 impl Socket {
+    /// Connects to `endpoint`: an error that another try cannot mend (no such scheme, no
+    /// port, an ipc path a socket address cannot hold) is [`ZmtpError::Endpoint`]; a name that
+    /// does not resolve now, or a refused connection, is an I/O error, tried again.
     fn open(endpoint: &str, timeout: Duration) -> Result<Self, ZmtpError> {
+        let bad = || ZmtpError::Endpoint(endpoint.to_owned());
         if let Some(path) = endpoint.strip_prefix("ipc://") {
-            let s = UnixStream::connect(path)?;
-            return Ok(Socket::Unix(s));
+            // `@name`: a Linux abstract socket, as libzmq reads it.
+            let addr = match path.strip_prefix('@') {
+                #[cfg(target_os = "linux")]
+                Some(name) => {
+                    use std::os::linux::net::SocketAddrExt;
+                    std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+                }
+                #[cfg(not(target_os = "linux"))]
+                Some(_) => return Err(bad()),
+                None => std::os::unix::net::SocketAddr::from_pathname(path),
+            }
+            .map_err(|_| bad())?;
+            return Ok(Socket::Unix(UnixStream::connect_addr(&addr)?));
         }
-        let Some(addr) = endpoint.strip_prefix("tcp://") else {
-            return Err(ZmtpError::Endpoint(endpoint.to_owned()));
-        };
+        let addr = endpoint.strip_prefix("tcp://").ok_or_else(bad)?;
+        let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+        if host.is_empty() || port.parse::<u16>().is_err() {
+            return Err(bad());
+        }
         let mut last = None;
-        for a in addr
-            .to_socket_addrs()
-            .map_err(|_| ZmtpError::Endpoint(endpoint.to_owned()))?
-        {
+        for a in addr.to_socket_addrs()? {
             match TcpStream::connect_timeout(&a, timeout) {
                 Ok(s) => {
                     s.set_nodelay(true)?;
@@ -63,13 +77,24 @@ impl Socket {
                 Err(e) => last = Some(e),
             }
         }
-        Err(last.map_or_else(|| ZmtpError::Endpoint(endpoint.to_owned()), ZmtpError::Io))
+        Err(last.map_or_else(
+            || ZmtpError::Io(ErrorKind::AddrNotAvailable.into()),
+            ZmtpError::Io,
+        ))
     }
 
-    fn set_read_timeout(&self, t: Duration) -> std::io::Result<()> {
+    /// Reads wait at most `read`; a write that cannot go out within `write` (a peer that stops
+    /// reading) fails instead of holding the thread.
+    fn set_timeouts(&self, read: Duration, write: Duration) -> std::io::Result<()> {
         match self {
-            Socket::Tcp(s) => s.set_read_timeout(Some(t)),
-            Socket::Unix(s) => s.set_read_timeout(Some(t)),
+            Socket::Tcp(s) => {
+                s.set_read_timeout(Some(read))?;
+                s.set_write_timeout(Some(write))
+            }
+            Socket::Unix(s) => {
+                s.set_read_timeout(Some(read))?;
+                s.set_write_timeout(Some(write))
+            }
         }
     }
 }
@@ -105,6 +130,10 @@ const COMMAND: u8 = 0x04;
 const READ_BUFFER: usize = 64 << 10;
 /// Frames one message may have (a KV event message has 3).
 const MAX_FRAMES: usize = 16;
+/// Longest a write (the handshake's, a PONG) may wait for the peer to read.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest PING context answered (RFC 37's bound).
+const MAX_PING_CONTEXT: usize = 16;
 
 /// Our greeting: ZMTP 3.0, the NULL mechanism, not the server.
 fn greeting() -> [u8; 64] {
@@ -204,7 +233,7 @@ impl Connection {
         stop: &AtomicBool,
     ) -> Result<Self, ZmtpError> {
         let socket = Socket::open(endpoint, handshake.min(Duration::from_secs(1)))?;
-        socket.set_read_timeout(poll)?;
+        socket.set_timeouts(poll, WRITE_TIMEOUT)?;
         let mut c = Connection {
             socket,
             buf: vec![0; READ_BUFFER],
@@ -275,14 +304,23 @@ impl Connection {
     fn fill(&mut self) -> Result<bool, ZmtpError> {
         if self.at == self.end {
             (self.at, self.end) = (0, 0);
+            if self.buf.len() > READ_BUFFER {
+                // A large frame has been taken: give its room back.
+                self.buf.truncate(READ_BUFFER);
+                self.buf.shrink_to_fit();
+            }
         }
         if self.end == self.buf.len() {
             if self.at > 0 {
                 self.buf.copy_within(self.at..self.end, 0);
                 (self.at, self.end) = (0, self.end - self.at);
             } else {
-                // One frame over the buffer (its size is within the bound, `parse` checked).
-                self.buf.resize(self.buf.len() * 2, 0);
+                // One frame over the buffer (its size is within the bound, `parse` checked):
+                // room for at most that frame, its header and a read more.
+                let most = usize::try_from(self.max_frame)
+                    .unwrap_or(usize::MAX)
+                    .saturating_add(9 + READ_BUFFER);
+                self.buf.resize((self.buf.len() * 2).min(most), 0);
             }
         }
         match self.socket.read(&mut self.buf[self.end..]) {
@@ -364,8 +402,9 @@ impl Connection {
         let rest = body.get(1 + name_len..).unwrap_or_default();
         match name {
             b"PING" => {
-                // A 2-byte TTL, then the context to send back.
+                // A 2-byte TTL, then the context to send back (at most 16 bytes).
                 let context = rest.get(2..).unwrap_or_default();
+                let context = &context[..context.len().min(MAX_PING_CONTEXT)];
                 self.socket.write_all(&command(b"PONG", context))?;
                 Ok(())
             }
