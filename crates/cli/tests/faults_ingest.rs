@@ -185,6 +185,30 @@ fn probe_batch(n: usize) -> Vec<u8> {
     encode_payload(&from_kv_events(0.0, 0, &[cleared, stored]).unwrap())
 }
 
+/// A router following `raw` as worker 7's KV event publisher (workers file `name`), with `extra`
+/// flags; and the workers file's path, to remove.
+async fn router_for(raw: &RawPub, name: &str, extra: &[&str]) -> (common::Proc, String) {
+    let file = format!(
+        "[[workers]]\nid = 7\nurl = \"http://127.0.0.1:9\"\nkv_events_endpoint = \"{}\"\nblock_size = {BS}\nmax_num_batched_tokens = 8192\nkv_capacity_blocks = 4096\n",
+        raw.endpoint()
+    );
+    let path = workers_file(name, &file);
+    let mut args = vec![
+        "serve",
+        "--port",
+        "0",
+        "--workers-file",
+        &path,
+        "--model-name",
+        "m",
+        "--health-check-interval-secs",
+        "0",
+    ];
+    args.extend_from_slice(extra);
+    let router = common::spawn(&args).await;
+    (router, path)
+}
+
 struct Fuzz {
     raw: RawPub,
     conn: TcpStream,
@@ -220,25 +244,7 @@ impl Fuzz {
 #[tokio::test]
 async fn adversarial_publishers_never_stop_ingestion() {
     let raw = RawPub::bind().await;
-    let file = format!(
-        "[[workers]]\nid = 7\nurl = \"http://127.0.0.1:9\"\nkv_events_endpoint = \"{}\"\nblock_size = {BS}\nmax_num_batched_tokens = 8192\nkv_capacity_blocks = 4096\n",
-        raw.endpoint()
-    );
-    let path = workers_file("fuzz", &file);
-    let router = common::spawn(&[
-        "serve",
-        "--port",
-        "0",
-        "--workers-file",
-        &path,
-        "--model-name",
-        "m",
-        "--health-check-interval-secs",
-        "0",
-        "--kv-event-max-message-bytes",
-        "65536",
-    ])
-    .await;
+    let (router, path) = router_for(&raw, "fuzz", &["--kv-event-max-message-bytes", "65536"]).await;
     // Random bytes instead of a greeting, then a greeting followed by random bytes.
     let mut conn = raw.accept().await;
     let _ = conn.write_all(&noise(1, 4096)).await;
@@ -300,23 +306,7 @@ async fn a_publisher_ending_each_connection_after_its_handshake_is_retried_at_a_
     // 100 ms, doubling to 1 s, before the next, instead of reconnecting (and re-syncing) at
     // once in a loop.
     let raw = RawPub::bind().await;
-    let file = format!(
-        "[[workers]]\nid = 7\nurl = \"http://127.0.0.1:9\"\nkv_events_endpoint = \"{}\"\nblock_size = {BS}\n",
-        raw.endpoint()
-    );
-    let path = workers_file("flap", &file);
-    let _router = common::spawn(&[
-        "serve",
-        "--port",
-        "0",
-        "--workers-file",
-        &path,
-        "--model-name",
-        "m",
-        "--health-check-interval-secs",
-        "0",
-    ])
-    .await;
+    let (_router, path) = router_for(&raw, "flap", &[]).await;
     drop(raw.accept_handshaken().await);
     let started = Instant::now();
     let mut connections = 0;
