@@ -7,8 +7,8 @@
 //! What is spoken (ZMTP 3.0, RFC 23, with the NULL mechanism): the 64-byte greeting, the READY
 //! commands (the peer must be a PUB or XPUB), a subscription to every topic sent as a message
 //! (`\x01`: the 3.0 form, which every 3.x publisher reads), then frames: messages of one or
-//! more frames, and commands, of which PING is answered with PONG and ERROR ends the
-//! connection. A frame over the size bound ends the connection (as libzmq's `ZMQ_MAXMSGSIZE`).
+//! more frames, and commands, of which PING is answered with PONG (and its TTL kept: nothing
+//! heard for that long ends the connection, RFC 37) and ERROR ends the connection. A frame over the size bound ends the connection (as libzmq's `ZMQ_MAXMSGSIZE`).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -220,6 +220,11 @@ pub(super) struct Connection {
     max_frame: u64,
     /// Longest a [`Connection::next_message`] waits.
     poll: Duration,
+    /// The publisher's heartbeat TTL (from its last PING): the connection ends when nothing
+    /// comes for that long.
+    ttl: Option<Duration>,
+    /// When bytes last came.
+    heard: Instant,
 }
 
 impl Connection {
@@ -242,6 +247,8 @@ impl Connection {
             partial: Vec::new(),
             max_frame,
             poll,
+            ttl: None,
+            heard: Instant::now(),
         };
         let deadline = (Instant::now() + handshake, stop);
         let mut hello = greeting().to_vec();
@@ -327,6 +334,7 @@ impl Connection {
             Ok(0) => Err(ZmtpError::Io(ErrorKind::UnexpectedEof.into())),
             Ok(n) => {
                 self.end += n;
+                self.heard = Instant::now();
                 Ok(true)
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => Ok(false),
@@ -389,7 +397,14 @@ impl Connection {
                     return Ok(true);
                 }
             }
-            if !self.fill()? || Instant::now() >= until {
+            let filled = self.fill()?;
+            if let Some(ttl) = self.ttl.filter(|ttl| self.heard.elapsed() > *ttl) {
+                return Err(protocol(format!(
+                    "nothing came within the publisher's heartbeat TTL ({} ms)",
+                    ttl.as_millis()
+                )));
+            }
+            if !filled || Instant::now() >= until {
                 return Ok(false);
             }
         }
@@ -402,7 +417,12 @@ impl Connection {
         let rest = body.get(1 + name_len..).unwrap_or_default();
         match name {
             b"PING" => {
-                // A 2-byte TTL, then the context to send back (at most 16 bytes).
+                // A 2-byte TTL in tenths of a second (0: none), then the context to send back
+                // (at most 16 bytes).
+                if let Some(ttl) = rest.get(..2) {
+                    let tenths = u16::from_be_bytes([ttl[0], ttl[1]]);
+                    self.ttl = (tenths > 0).then(|| Duration::from_millis(100 * u64::from(tenths)));
+                }
                 let context = rest.get(2..).unwrap_or_default();
                 let context = &context[..context.len().min(MAX_PING_CONTEXT)];
                 self.socket.write_all(&command(b"PONG", context))?;

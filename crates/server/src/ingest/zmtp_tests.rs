@@ -1,6 +1,7 @@
 //! The ZMTP connection against a real libzmq PUB (what vLLM and SGLang publish with) and bad peers.
 
 use super::*;
+use std::io::{Read, Write};
 
 const POLL: Duration = Duration::from_millis(50);
 
@@ -139,4 +140,63 @@ fn bad_peers_and_bounds_are_errors_not_hangs() {
         matches!(err, Some(ZmtpError::Oversize(5000, 1000))),
         "{err:?}"
     );
+}
+
+#[test]
+fn a_pings_ttl_ends_a_connection_that_then_goes_quiet() {
+    // A raw publisher: the handshake, one PING with a TTL of 0.3 s, then silence (a half-open
+    // connection). The PONG comes back, and the connection ends once the TTL has passed.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
+    let publisher = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut ready = vec![0x04, 0];
+        let mut props = vec![5];
+        props.extend_from_slice(b"READY");
+        props.push(11);
+        props.extend_from_slice(b"Socket-Type");
+        props.extend(3u32.to_be_bytes());
+        props.extend_from_slice(b"PUB");
+        ready[1] = props.len() as u8;
+        ready.extend(props);
+        s.write_all(&greeting()).unwrap();
+        s.write_all(&ready).unwrap();
+        // Theirs: greeting (64), READY (2 + 25), subscription (3).
+        let mut theirs = [0u8; 64 + 27 + 3];
+        s.read_exact(&mut theirs).unwrap();
+        assert_eq!(
+            &theirs[64 + 27..],
+            [0, 1, 1],
+            "a subscription to every topic"
+        );
+        // PING: TTL 3 tenths, context "ab".
+        s.write_all(&command(b"PING", &[0, 3, b'a', b'b'])).unwrap();
+        let mut pong = [0u8; 2 + 5 + 2];
+        s.read_exact(&mut pong).unwrap();
+        assert_eq!(pong, [0x04, 7, 4, b'P', b'O', b'N', b'G', b'a', b'b']);
+        // Quiet, but open, until the subscriber gives up.
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    });
+    let stop = AtomicBool::new(false);
+    let mut conn =
+        Connection::open(&endpoint, (Duration::from_secs(5), POLL), 1 << 20, &stop).unwrap();
+    let started = Instant::now();
+    let mut frames = Vec::new();
+    let ended = loop {
+        match conn.next_message(&mut frames) {
+            Ok(_) if started.elapsed() < Duration::from_secs(5) => {}
+            Ok(_) => break None,
+            Err(e) => break Some(e),
+        }
+    };
+    assert!(matches!(ended, Some(ZmtpError::Protocol(_))), "{ended:?}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+    drop(conn);
+    publisher.join().unwrap();
 }
