@@ -135,86 +135,55 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
+    /// A length of 1, 2 or 4 bytes (`width` 0, 1, 2), as the marker's low bits say.
     #[inline]
-    fn u8(&mut self) -> Result<u8, Invalid> {
-        Ok(self.array::<1>()?[0])
-    }
-
-    #[inline]
-    fn u16(&mut self) -> Result<usize, Invalid> {
-        Ok(usize::from(u16::from_be_bytes(self.array()?)))
-    }
-
-    #[inline]
-    fn u32(&mut self) -> Result<usize, Invalid> {
-        // A length past the address space cannot be in the slice either.
-        usize::try_from(u32::from_be_bytes(self.array()?)).map_err(|_| Invalid::Truncated)
+    fn length(&mut self, width: u8) -> Result<usize, Invalid> {
+        Ok(match width {
+            0 => usize::from(self.array::<1>()?[0]),
+            1 => usize::from(u16::from_be_bytes(self.array()?)),
+            // A length past the address space cannot be in the slice either.
+            _ => usize::try_from(u32::from_be_bytes(self.array()?))
+                .map_err(|_| Invalid::Truncated)?,
+        })
     }
 
     /// Reads the next item's header (and a string's or binary's bytes, and an extension whole).
     #[inline]
     pub(crate) fn next(&mut self) -> Result<Item<'a>, Invalid> {
-        let marker = self.u8()?;
+        if let Some(int) = self.int() {
+            return Ok(Item::Int(int));
+        }
+        let marker = self.array::<1>()?[0];
         Ok(match marker {
-            0x00..=0x7f => Item::Int(Int::Pos(u64::from(marker))),
+            // `int` read every whole integer: this one is cut short.
+            0x00..=0x7f | 0xcc..=0xd3 | 0xe0..=0xff => return Err(Invalid::Truncated),
             0x80..=0x8f => Item::Map(usize::from(marker & 0x0f)),
             0x90..=0x9f => Item::Array(usize::from(marker & 0x0f)),
             0xa0..=0xbf => Item::Str(self.take(usize::from(marker & 0x1f))?),
             0xc0 | 0xc1 => Item::Nil,
             0xc2 | 0xc3 => Item::Bool,
-            0xc4 => {
-                let n = usize::from(self.u8()?);
-                Item::Bin(self.take(n)?)
-            }
-            0xc5 => {
-                let n = self.u16()?;
-                Item::Bin(self.take(n)?)
-            }
-            0xc6 => {
-                let n = self.u32()?;
+            0xc4..=0xc6 => {
+                let n = self.length(marker - 0xc4)?;
                 Item::Bin(self.take(n)?)
             }
             0xc7..=0xc9 => {
-                let n = match marker {
-                    0xc7 => usize::from(self.u8()?),
-                    0xc8 => self.u16()?,
-                    _ => self.u32()?,
-                };
+                let n = self.length(marker - 0xc7)?;
                 // The type byte, then the data.
                 self.take(n.checked_add(1).ok_or(Invalid::Truncated)?)?;
                 Item::Ext
             }
             0xca => Item::F32(f32::from_be_bytes(self.array()?)),
             0xcb => Item::F64(f64::from_be_bytes(self.array()?)),
-            0xcc => Item::Int(Int::Pos(u64::from(self.u8()?))),
-            0xcd => Item::Int(Int::Pos(u64::from(u16::from_be_bytes(self.array()?)))),
-            0xce => Item::Int(Int::Pos(u64::from(u32::from_be_bytes(self.array()?)))),
-            0xcf => Item::Int(Int::Pos(u64::from_be_bytes(self.array()?))),
-            0xd0 => Item::Int(Int::signed(i64::from(i8::from_be_bytes(self.array()?)))),
-            0xd1 => Item::Int(Int::signed(i64::from(i16::from_be_bytes(self.array()?)))),
-            0xd2 => Item::Int(Int::signed(i64::from(i32::from_be_bytes(self.array()?)))),
-            0xd3 => Item::Int(Int::signed(i64::from_be_bytes(self.array()?))),
             0xd4..=0xd8 => {
                 self.take(1 + (1 << (marker - 0xd4)))?;
                 Item::Ext
             }
-            0xd9 => {
-                let n = usize::from(self.u8()?);
+            0xd9..=0xdb => {
+                let n = self.length(marker - 0xd9)?;
                 Item::Str(self.take(n)?)
             }
-            0xda => {
-                let n = self.u16()?;
-                Item::Str(self.take(n)?)
-            }
-            0xdb => {
-                let n = self.u32()?;
-                Item::Str(self.take(n)?)
-            }
-            0xdc => Item::Array(self.u16()?),
-            0xdd => Item::Array(self.u32()?),
-            0xde => Item::Map(self.u16()?),
-            0xdf => Item::Map(self.u32()?),
-            0xe0..=0xff => Item::Int(Int::Neg(i64::from(marker as i8))),
+            0xdc | 0xdd => Item::Array(self.length(marker - 0xdb)?),
+            0xde | 0xdf => Item::Map(self.length(marker - 0xdd)?),
         })
     }
 
