@@ -69,6 +69,14 @@ pub(crate) fn one<'h>(
     Ok(first)
 }
 
+/// The first of `names` the request carries.
+fn first_present(headers: &HeaderMap, names: &[&'static str]) -> Option<&'static str> {
+    if headers.is_empty() {
+        return None;
+    }
+    names.iter().copied().find(|n| headers.contains_key(*n))
+}
+
 /// The first of `names` present, parsed: a 400 naming that header when it does not parse (or is
 /// out of the type's range).
 fn first_parsed<T: std::str::FromStr>(
@@ -76,10 +84,7 @@ fn first_parsed<T: std::str::FromStr>(
     names: &[&'static str],
     what: &str,
 ) -> Result<Option<T>, ServeError> {
-    if headers.is_empty() {
-        return Ok(None);
-    }
-    let Some(name) = names.iter().copied().find(|n| headers.contains_key(*n)) else {
+    let Some(name) = first_present(headers, names) else {
         return Ok(None);
     };
     parse_header(headers, name, || format!("{name} must be {what}"))
@@ -90,10 +95,7 @@ fn first_text<'h>(
     headers: &'h HeaderMap,
     names: &[&'static str],
 ) -> Result<Option<&'h str>, ServeError> {
-    if headers.is_empty() {
-        return Ok(None);
-    }
-    let Some(name) = names.iter().copied().find(|n| headers.contains_key(*n)) else {
+    let Some(name) = first_present(headers, names) else {
         return Ok(None);
     };
     one(headers, name)?
@@ -162,7 +164,6 @@ fn check_pin(headers: &HeaderMap, inner: &crate::state::Inner) -> Result<(), Ser
     let Some(pin) = pin_from(headers)? else {
         return Ok(());
     };
-    let first = |names: &[&'static str]| names.iter().copied().find(|n| headers.contains_key(*n));
     let dp_size = inner
         .workers
         .lock()
@@ -170,7 +171,7 @@ fn check_pin(headers: &HeaderMap, inner: &crate::state::Inner) -> Result<(), Ser
         .get(&pin.worker)
         .map(|r| r.entry.dp_size.unwrap_or(1));
     let Some(dp_size) = dp_size else {
-        let name = first(&WORKER_HEADERS).unwrap_or(WORKER_HEADERS[0]);
+        let name = first_present(headers, &WORKER_HEADERS).unwrap_or(WORKER_HEADERS[0]);
         return Err(ServeError::invalid(
             format!("{name}: no worker {} is registered", pin.worker.0),
             Some(name),
@@ -178,7 +179,7 @@ fn check_pin(headers: &HeaderMap, inner: &crate::state::Inner) -> Result<(), Ser
     };
     match pin.dp_rank {
         Some(rank) if rank >= dp_size => {
-            let name = first(&RANK_HEADERS).unwrap_or(RANK_HEADERS[0]);
+            let name = first_present(headers, &RANK_HEADERS).unwrap_or(RANK_HEADERS[0]);
             Err(ServeError::invalid(
                 format!(
                     "{name}: worker {} has no rank {rank} (dp_size {dp_size})",

@@ -8,7 +8,8 @@
 //! commands (the peer must be a PUB or XPUB), a subscription to every topic sent as a message
 //! (`\x01`: the 3.0 form, which every 3.x publisher reads), then frames: messages of one or
 //! more frames, and commands, of which PING is answered with PONG (and its TTL kept: nothing
-//! heard for that long ends the connection, RFC 37) and ERROR ends the connection. A frame over the size bound ends the connection (as libzmq's `ZMQ_MAXMSGSIZE`).
+//! heard for that long ends the connection, RFC 37) and ERROR ends the connection. A frame over
+//! the size bound ends the connection (as libzmq's `ZMQ_MAXMSGSIZE`).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -172,6 +173,13 @@ fn ready() -> Vec<u8> {
     command(b"READY", &props)
 }
 
+/// A command frame's body as its name and what follows the name (`None`: the name is cut).
+fn command_parts(body: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (&n, rest) = body.split_first()?;
+    let n = usize::from(n);
+    Some((rest.get(..n)?, &rest[n..]))
+}
+
 /// The value of property `name` in a READY command's body (after its name).
 fn property<'a>(mut props: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
     while let Some((&n, rest)) = props.split_first() {
@@ -265,12 +273,11 @@ impl Connection {
             return Err(protocol("a security mechanism other than NULL"));
         }
         let frame = c.frame(deadline)?;
-        let body = &frame.body;
-        let name_len = usize::from(*body.first().ok_or_else(|| protocol("an empty command"))?);
-        if frame.flags & COMMAND == 0 || body.get(1..1 + name_len) != Some(b"READY".as_slice()) {
-            return Err(protocol("no READY after the greeting"));
-        }
-        match property(&body[1 + name_len..], b"Socket-Type") {
+        let props = match command_parts(&frame.body) {
+            Some((b"READY", props)) if frame.flags & COMMAND != 0 => props,
+            _ => return Err(protocol("no READY after the greeting")),
+        };
+        match property(props, b"Socket-Type") {
             Some(b"PUB" | b"XPUB") => {}
             other => {
                 return Err(protocol(format!(
@@ -412,9 +419,7 @@ impl Connection {
 
     /// PING is answered (PONG with its context); ERROR ends the connection; others are let be.
     fn on_command(&mut self, body: &[u8]) -> Result<(), ZmtpError> {
-        let name_len = usize::from(*body.first().unwrap_or(&0));
-        let name = body.get(1..1 + name_len).unwrap_or_default();
-        let rest = body.get(1 + name_len..).unwrap_or_default();
+        let (name, rest) = command_parts(body).unwrap_or_default();
         match name {
             b"PING" => {
                 // A 2-byte TTL in tenths of a second (0: none), then the context to send back
