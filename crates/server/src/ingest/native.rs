@@ -3,7 +3,8 @@
 //! of [`super::subscriber`] (sequence, replay, breaks and re-syncs) unchanged.
 
 use super::subscriber::{
-    Stream, SubscriberError, HANDSHAKE_IVL_MS, POLL_MS, RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS,
+    sleep_unless_stopped, Stream, SubscriberError, HANDSHAKE_IVL_MS, POLL_MS, RECONNECT_IVL_MAX_MS,
+    RECONNECT_IVL_MS,
 };
 use super::zmtp::{Connection, ZmtpError};
 use super::Source;
@@ -39,12 +40,6 @@ pub(super) fn run(
     let mut pause = min_pause;
     let mut replayed = false;
     let mut frames = Vec::new();
-    let wait = |pause: Duration| {
-        let until = Instant::now() + pause;
-        while Instant::now() < until && !stop.load(Ordering::Relaxed) {
-            std::thread::sleep(poll.min(until - Instant::now()));
-        }
-    };
     while !stop.load(Ordering::Relaxed) {
         let mut conn = match Connection::open(&source.endpoint, (handshake, poll), max_frame, stop)
         {
@@ -53,7 +48,7 @@ pub(super) fn run(
             Err(ZmtpError::Endpoint(e)) => return Err(ZmtpError::Endpoint(e).into()),
             Err(e) => {
                 tracing::debug!(worker = %source.worker, dp_rank = source.dp_rank, endpoint = %source.endpoint, "no KV event connection ({e}); retrying");
-                wait(pause);
+                sleep_unless_stopped(pause, stop);
                 pause = (pause * 2).min(max_pause);
                 continue;
             }
@@ -78,7 +73,7 @@ pub(super) fn run(
         if connected.elapsed() >= STABLE {
             pause = min_pause;
         }
-        wait(pause);
+        sleep_unless_stopped(pause, stop);
         pause = (pause * 2).min(max_pause);
     }
     Ok(())

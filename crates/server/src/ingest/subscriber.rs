@@ -58,14 +58,17 @@ pub(super) fn supervise(state: &Inner, source: &Source, stop: &AtomicBool) {
             }
         };
         break_stream(state, source, reason);
-        let until = Instant::now() + pause;
-        while Instant::now() < until {
-            if stop.load(Ordering::Relaxed) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(POLL_MS as u64));
-        }
+        sleep_unless_stopped(pause, stop);
         pause = (pause * 2).min(RESTART_PAUSE_MAX);
+    }
+}
+
+/// Sleeps for `pause`, or less once `stop` is set (looked at every [`POLL_MS`]).
+pub(super) fn sleep_unless_stopped(pause: Duration, stop: &AtomicBool) {
+    let until = Instant::now() + pause;
+    let poll = Duration::from_millis(POLL_MS as u64);
+    while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(poll.min(until.saturating_duration_since(Instant::now())));
     }
 }
 
