@@ -32,6 +32,11 @@ pub(crate) struct UpstreamArgs {
     /// (at most 1000000).
     #[arg(help_heading = H::UPSTREAM, long, default_value_t = 500)]
     stream_coalesce_max_hold_us: u64,
+    /// A streamed answer's status and headers wait up to this many milliseconds for its first
+    /// chunk, so that both reach the client in one write (0 = only a chunk already there; at
+    /// most 10000). The first token comes no later; only the headers may.
+    #[arg(help_heading = H::UPSTREAM, long, default_value_t = 100)]
+    stream_head_hold_ms: u64,
     /// Seconds to open a connection to a worker before it counts as failed.
     #[arg(help_heading = H::UPSTREAM, long, default_value_t = 5.0)]
     upstream_connect_timeout_secs: f64,
@@ -51,6 +56,8 @@ const MAX_STREAM_COALESCE_BYTES: usize = 16 << 20;
 const MAX_STREAM_COALESCE_YIELDS: u32 = 64;
 /// Largest `--stream-coalesce-max-hold-us` (one second).
 const MAX_STREAM_COALESCE_HOLD_US: u64 = 1_000_000;
+/// Largest `--stream-head-hold-ms` (ten seconds).
+const MAX_STREAM_HEAD_HOLD_MS: u64 = 10_000;
 
 impl UpstreamArgs {
     /// `--stream-idle-timeout-secs` (`None` for 0: never).
@@ -88,6 +95,16 @@ impl UpstreamArgs {
             "--stream-coalesce-max-hold-us",
         )
         .map(Duration::from_micros)
+    }
+
+    /// `--stream-head-hold-ms`, bounded.
+    pub(crate) fn stream_head_hold(&self) -> anyhow::Result<Duration> {
+        at_most(
+            self.stream_head_hold_ms,
+            MAX_STREAM_HEAD_HOLD_MS,
+            "--stream-head-hold-ms",
+        )
+        .map(Duration::from_millis)
     }
 
     /// `--upstream-connect-timeout-secs`.

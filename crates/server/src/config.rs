@@ -122,6 +122,9 @@ pub struct ServeConfig {
     pub stream_coalesce_yields: u32,
     /// The longest a batch waits in such turns after its first chunk came.
     pub stream_coalesce_max_hold: std::time::Duration,
+    /// A streamed answer's status and headers wait up to this long for its first chunk, so
+    /// that both go to the client in one write (zero: only a chunk already there).
+    pub stream_head_hold: std::time::Duration,
     /// Where finished requests are logged (`--provenance-log`).
     pub provenance: Option<Arc<crate::provenance::ProvenanceLog>>,
     /// Recent request timelines kept for `GET /admin/trace` (0 = off).
@@ -178,6 +181,7 @@ impl Default for ServeConfig {
             stream_coalesce_max_bytes: 64 * 1024,
             stream_coalesce_yields: 2,
             stream_coalesce_max_hold: std::time::Duration::from_micros(500),
+            stream_head_hold: std::time::Duration::from_millis(100),
             trace_capture: 0,
             provenance: None,
             access_log: None,

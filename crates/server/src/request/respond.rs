@@ -11,9 +11,11 @@ use crate::routing::Kind;
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use futures::{Stream, StreamExt};
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::Decision;
 use kvrouter_openai::first_n;
+use std::time::Duration;
 use tokio::sync::watch;
 
 /// Answers with the first attempt's response, continued where the machine says so.
@@ -77,11 +79,32 @@ pub(crate) async fn respond(
         (stamp, _) => Follow::Chunks { stamp },
     };
     let machine = Continuation::new(kind, follow, version, isl, unmigratable);
+    let hold = config.stream_head_hold;
     let flow = Flow::new(req, machine, worker, stop);
-    let body = forward::stream(flow, response, guard);
+    let body = with_first_chunk(forward::stream(flow, response, guard), hold).await;
     Ok(builder
         .body(Body::from_stream(body))
         .expect("valid response"))
+}
+
+/// Waits up to `hold` for the body's first chunk before the status and headers go out, so
+/// that hyper writes them together (one write, one wake-up of the client, instead of two).
+/// The first chunk goes out when it comes either way: only the headers may come later. A
+/// body that ends first is an empty body; after `hold` the rest follows as it comes.
+async fn with_first_chunk<S>(
+    body: S,
+    hold: Duration,
+) -> impl Stream<Item = S::Item> + Send + 'static
+where
+    S: Stream<Item: Send> + Send + 'static,
+{
+    let mut body = Box::pin(body);
+    let (first, rest) = match tokio::time::timeout(hold, body.next()).await {
+        Ok(None) => (None, None),
+        Ok(Some(chunk)) => (Some(chunk), Some(body)),
+        Err(_) => (None, Some(body)),
+    };
+    futures::stream::iter(first).chain(futures::stream::iter(rest).flatten())
 }
 
 /// The worker that served (or was picked for) a request, on every answer.
@@ -167,4 +190,66 @@ pub(crate) fn group_satisfied(kind: Kind, stream: bool, prompt_tokens: u64) -> R
             .into_response();
     }
     axum::Json(first_n::body(kind, "", prompt_tokens, 0, None)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_first_chunk;
+    use futures::channel::mpsc;
+    use futures::StreamExt;
+    use std::time::Duration;
+
+    const HOLD: Duration = Duration::from_millis(100);
+
+    fn body() -> (mpsc::UnboundedSender<u32>, mpsc::UnboundedReceiver<u32>) {
+        mpsc::unbounded()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_head_waits_for_a_first_chunk_that_comes_within_the_hold() {
+        let (tx, rx) = body();
+        let sender = tokio::spawn(async move {
+            tokio::time::sleep(HOLD / 2).await;
+            tx.unbounded_send(1).unwrap();
+            tx.unbounded_send(2).unwrap();
+        });
+        let start = tokio::time::Instant::now();
+        let mut out = Box::pin(with_first_chunk(rx, HOLD).await);
+        assert_eq!(
+            start.elapsed(),
+            HOLD / 2,
+            "the head went when the chunk came"
+        );
+        // The chunk is there when the head goes (hyper writes them together).
+        assert_eq!(futures::poll!(out.next()), std::task::Poll::Ready(Some(1)));
+        sender.await.unwrap();
+        assert_eq!(out.collect::<Vec<_>>().await, vec![2]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_the_hold_the_head_goes_alone_and_the_chunks_follow() {
+        let (tx, rx) = body();
+        let start = tokio::time::Instant::now();
+        let mut out = Box::pin(with_first_chunk(rx, HOLD).await);
+        assert_eq!(start.elapsed(), HOLD);
+        assert!(futures::poll!(out.next()).is_pending());
+        tx.unbounded_send(7).unwrap();
+        drop(tx);
+        assert_eq!(out.collect::<Vec<_>>().await, vec![7]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_ends_first_is_empty_and_a_zero_hold_takes_only_what_is_there() {
+        let (tx, rx) = body();
+        drop(tx);
+        let out = with_first_chunk(rx, HOLD).await;
+        assert_eq!(out.collect::<Vec<u32>>().await, Vec::<u32>::new());
+        let (tx, rx) = body();
+        tx.unbounded_send(3).unwrap();
+        let start = tokio::time::Instant::now();
+        let mut out = Box::pin(with_first_chunk(rx, Duration::ZERO).await);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(futures::poll!(out.next()), std::task::Poll::Ready(Some(3)));
+        assert!(futures::poll!(out.next()).is_pending());
+    }
 }
