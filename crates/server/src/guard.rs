@@ -311,6 +311,15 @@ impl LoadGuard {
         self.finish_with(usage);
     }
 
+    /// A whole (non-streamed) answer ended, and its reader found its usage: the body is not
+    /// parsed again.
+    pub(crate) fn finish_read(&mut self, usage: Option<Value>) {
+        if self.done {
+            return;
+        }
+        self.finish_with(usage);
+    }
+
     /// The answer ended, its body unseen (an endpoint picker told the gateway not to send it):
     /// the load is released as finished, and no output length is learnt or observed.
     pub(crate) fn finish_unmeasured(&mut self) {

@@ -53,8 +53,9 @@ pub(crate) enum Next {
 /// What to do with a whole (non-streamed) answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Whole {
-    /// The client's body.
-    Done(Bytes),
+    /// The client's body, and the usage of the last attempt's own body (what the engine
+    /// reported, before any folding; for the load guard, so the body is not parsed again).
+    Done { body: Bytes, usage: Option<Value> },
     /// A weight update aborted it: continue on an updated worker.
     Continue,
     /// It cannot be continued faithfully.
@@ -271,7 +272,10 @@ impl Continuation {
     /// usage, the completion tokens of all parts), stamped with the version that ended it.
     pub(crate) fn whole(&mut self, bytes: Bytes, draining: impl Fn() -> bool) -> Whole {
         let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
-            return Whole::Done(bytes);
+            return Whole::Done {
+                body: bytes,
+                usage: None,
+            };
         };
         if finished_by_abort(&v) && draining() {
             if let Some(reason) = self.unmigratable {
@@ -286,6 +290,7 @@ impl Continuation {
             }
             return Whole::Continue;
         }
+        let usage = kvrouter_openai::usage::of(&v).cloned();
         if let Some(first_usage) = self.original_usage.take() {
             let joined = format!("{}{}", self.generated_text, body_text(self.kind, &v));
             set_body_text(self.kind, &mut v, &joined);
@@ -296,7 +301,8 @@ impl Continuation {
             }
         }
         stamp(&mut v, &fingerprint(self.version));
-        Whole::Done(serde_json::to_vec(&v).map(Bytes::from).unwrap_or(bytes))
+        let body = serde_json::to_vec(&v).map(Bytes::from).unwrap_or(bytes);
+        Whole::Done { body, usage }
     }
 
     /// The current attempt ends and the answer continues in another: what it produced so far is

@@ -267,9 +267,9 @@ pub(crate) async fn whole(
         let worker = guard.worker();
         let inner = &f.req.state.inner;
         match f.machine.whole(bytes, || inner.draining_for_update(worker)) {
-            Whole::Done(out) => {
-                guard.finish();
-                return Ok((out, worker, f.machine.version()));
+            Whole::Done { body, usage } => {
+                guard.finish_read(usage);
+                return Ok((body, worker, f.machine.version()));
             }
             Whole::Fail(message) => {
                 guard.log_failed();

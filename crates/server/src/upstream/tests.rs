@@ -295,6 +295,29 @@ fn targets_are_plain_http_urls() {
     assert!(Target::of("not a url").is_none());
 }
 
+#[test]
+fn a_url_is_read_once_and_the_cache_is_bounded() {
+    let targets = Targets::default();
+    let a = targets.of("http://h:1/v1/completions").unwrap();
+    let again = targets.of("http://h:1/v1/completions").unwrap();
+    assert!(
+        Arc::ptr_eq(&a, &again),
+        "the second request reuses the first reading"
+    );
+    assert_eq!(*a, Target::of("http://h:1/v1/completions").unwrap());
+    assert!(
+        targets.of("https://h/x").is_none(),
+        "refusals are remembered as refusals"
+    );
+    assert!(targets.of("https://h/x").is_none());
+    for i in 0..MAX_TARGETS + 10 {
+        targets.of(&format!("http://h:1/{i}"));
+    }
+    assert!(targets.0.read().unwrap().len() <= MAX_TARGETS);
+    let fresh = targets.of("http://h:1/v1/completions").unwrap();
+    assert_eq!(*fresh, *a);
+}
+
 #[tokio::test]
 async fn sweeps_close_expired_connections_and_ones_the_worker_closed() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

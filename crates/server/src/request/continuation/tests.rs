@@ -255,9 +255,14 @@ fn whole_answers_aborted_by_an_update_are_joined() {
         (&json!("ab"), &json!(2))
     );
     let rest = json!({"choices": [{"text": "c", "finish_reason": "stop"}], "usage": {"prompt_tokens": 6, "completion_tokens": 1, "total_tokens": 7}});
-    let Whole::Done(out) = m.whole(Bytes::from(rest.to_string()), NEVER) else {
+    let Whole::Done { body: out, usage } = m.whole(Bytes::from(rest.to_string()), NEVER) else {
         panic!()
     };
+    assert_eq!(
+        usage,
+        Some(rest["usage"].clone()),
+        "the engine's own usage, for the guard"
+    );
     let v: Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["choices"][0]["text"], "abc");
     assert_eq!(
@@ -267,7 +272,10 @@ fn whole_answers_aborted_by_an_update_are_joined() {
     assert_eq!(v["system_fingerprint"], "policy-1");
     assert_eq!(
         m.whole(Bytes::from_static(b"oops"), NEVER),
-        Whole::Done(Bytes::from_static(b"oops"))
+        Whole::Done {
+            body: Bytes::from_static(b"oops"),
+            usage: None
+        }
     );
 }
 
