@@ -194,6 +194,10 @@ pub(crate) async fn run(args: MockEngineArgs) -> anyhow::Result<()> {
         replay_endpoint: e.replay.clone(),
         dp_size: Some(1),
         model: args.model_name.first().cloned(),
+        // The router prices it with the same model; a profile file stays unnamed (the router
+        // need not have it).
+        profile: (args.profile == "dynamo-poly" || TableProfile::builtin(&args.profile).is_some())
+            .then(|| args.profile.clone()),
     };
     let registered = match args
         .register

@@ -6,6 +6,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use kvrouter_engine::EngineConfig;
 use kvrouter_mock_engine::MockEngineConfig;
+use kvrouter_server::config::Profiles;
 use kvrouter_server::{ServeConfig, WorkerEntry, WorkersFile};
 use kvrouter_tokenizer::ChatTemplate;
 
@@ -38,7 +39,7 @@ pub(crate) struct ServeArgs {
     #[arg(help_heading = H::LISTEN, long = "worker")]
     workers: Vec<String>,
     /// A TOML file of `[[workers]]` (url, kv_events_endpoint, replay_endpoint, dp_size,
-    /// block_size, max_num_batched_tokens, kv_capacity_blocks, labels).
+    /// block_size, max_num_batched_tokens, kv_capacity_blocks, labels, profile).
     #[arg(help_heading = H::LISTEN, long)]
     workers_file: Option<PathBuf>,
     /// Start N embedded mock engines and route to them (at most 256).
@@ -62,6 +63,13 @@ pub(crate) struct ServeArgs {
     model_names: Vec<String>,
     #[command(flatten)]
     routing: RoutingArgs,
+    /// `cost` mode: the step-time profile the workers run, for those that name none of their
+    /// own (`profile` in --workers-file, the admin API, discovery): `dynamo-poly`, a built-in
+    /// (`h100-llama3-8b`, `h200-llama3-8b`) or a JSON profile's path (docs/routing.md); times
+    /// divided by --router-cost-speedup-ratio. Default: dynamo-poly, or the online fit with
+    /// --router-cost-fit (a worker's own profile wins over the fit).
+    #[arg(help_heading = H::ROUTING, long)]
+    router_cost_profile: Option<String>,
     /// Hugging Face tokenizer.json for routing (default: the built-in tokenizer).
     #[arg(help_heading = H::TOKENIZER, long)]
     tokenizer: Option<PathBuf>,
@@ -235,6 +243,7 @@ impl ServeArgs {
                 kvrouter_engine::MAX_NUM_GPU_BLOCKS
             );
         }
+        let speedup = router.router_cost_speedup_ratio;
         let tokenizer =
             kvrouter_tokenizer::load(self.tokenizer.as_deref()).context("--tokenizer")?;
         let chat_template = match (&self.chat_template, &self.tokenizer) {
@@ -287,7 +296,25 @@ impl ServeArgs {
             cluster_summary: self.global.summary()?,
             planner_act: self.planner.act()?,
             planner: self.planner.advice()?,
+            profiles: self.profiles(speedup)?,
             ..ServeConfig::default()
+        })
+    }
+
+    /// The `cost` policy's profiles: `--router-cost-profile` (checked here), and the lookup of
+    /// a worker's own, each time divided by `speedup` (`--router-cost-speedup-ratio`).
+    fn profiles(&self, speedup: f64) -> anyhow::Result<Profiles> {
+        let lookup = move |name: &str| {
+            kvrouter_engine::timing::by_name(name, speedup)
+                .map(Arc::from)
+                .map_err(|e| e.to_string())
+        };
+        if let Some(name) = &self.router_cost_profile {
+            lookup(name).map_err(|e| anyhow::anyhow!("--router-cost-profile: {e}"))?;
+        }
+        Ok(Profiles {
+            default: self.router_cost_profile.clone(),
+            lookup: Some(Arc::new(lookup)),
         })
     }
 

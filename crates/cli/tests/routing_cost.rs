@@ -153,3 +153,100 @@ async fn a_salted_prompt_finds_only_its_salted_prefix() {
     let (_, decision, _) = send(&client, &base, &chat("what is a KV cache?")).await;
     assert_eq!(best_overlap(&decision), 0, "unsalted: {decision}");
 }
+
+/// A slow step-time profile (every step a tenth of a second or more), as a JSON file.
+fn slow_profile(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("slow.json");
+    let table = json!({
+        "name": "slow", "source": "test", "extrapolate": true,
+        "prefill": [[1.0, 100.0], [100000.0, 100000.0]],
+        "decode_batch_sizes": [1.0, 256.0], "decode_contexts": [1.0, 100000.0],
+        "decode_ms": [[100.0, 100.0], [100.0, 100.0]]
+    });
+    std::fs::write(&path, table.to_string()).unwrap();
+    path
+}
+
+/// Each worker's own step-time profile prices it: of two idle workers, the one whose profile is
+/// slower gets none of the requests (without profiles, ties go round the fleet), and its
+/// candidate costs more in the decision. A profile the router cannot read is refused naming the
+/// field (admin API) or the flag (`--router-cost-profile`).
+#[tokio::test]
+async fn a_workers_own_profile_prices_it() {
+    let dir = std::env::temp_dir().join(format!("kvr-profiles-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let slow = slow_profile(&dir);
+    let mut engines = Vec::new();
+    for _ in 0..2 {
+        engines.push(common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", "50"]).await);
+    }
+    let workers = dir.join("workers.toml");
+    let text = format!(
+        "[[workers]]\nurl = \"{}\"\nprofile = \"{}\"\n\n[[workers]]\nurl = \"{}\"\nprofile = \"dynamo-poly\"\n",
+        engines[0].http(),
+        slow.display(),
+        engines[1].http()
+    );
+    std::fs::write(&workers, text).unwrap();
+    let proc = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--workers-file",
+        workers.to_str().unwrap(),
+        "--router-mode",
+        "cost",
+        "--no-router-kv-events",
+        "--health-check-interval-secs",
+        "0",
+        "--expose-decisions",
+        "--admin-token",
+        "t0k",
+    ])
+    .await;
+    let base = proc.http();
+    let client = reqwest::Client::new();
+    for i in 0..4 {
+        let (worker, decision, _) = send(&client, &base, &chat(&format!("question {i}?"))).await;
+        assert_eq!(worker, 1, "request {i} went to the slow worker: {decision}");
+        let totals: Vec<f64> = (0..2)
+            .map(|w| {
+                decision["candidates"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|c| c["worker"] == w)
+                    .unwrap()["total"]
+                    .as_f64()
+                    .unwrap()
+            })
+            .collect();
+        assert!(totals[0] > 10.0 * totals[1], "{decision}");
+    }
+    let refused = client
+        .post(format!("{base}/admin/workers"))
+        .bearer_auth("t0k")
+        .json(&json!({"url": "http://127.0.0.1:9", "profile": "no-such-profile.json"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 400);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["param"], "profile", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no-such-profile.json"),
+        "{body}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args(["serve", "--mock-workers", "1", "--port", "0"])
+        .args(["--router-cost-profile", "no-such-profile.json"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--router-cost-profile"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -297,7 +297,7 @@ async fn list_workers(State(s): State<AppState>) -> Result<Json<Value>, ServeErr
                 .collect();
             // `leaving`: removed by its discovery source, draining until purged.
             let state = if leaving { "leaving" } else { worker_state(&core, id) };
-            json!({"id": id.0, "state": state, "policy_version": core.workers().find(|w| w.id == id).map_or(0, |w| w.policy_version), "url": e.url, "kv_events_endpoint": e.kv_events_endpoint, "replay_endpoint": e.replay_endpoint, "dp_size": e.dp_size, "block_size": e.block_size, "max_num_batched_tokens": e.max_num_batched_tokens, "kv_capacity_blocks": e.kv_capacity_blocks, "labels": e.labels, "ranks": ranks})
+            json!({"id": id.0, "state": state, "policy_version": core.workers().find(|w| w.id == id).map_or(0, |w| w.policy_version), "url": e.url, "kv_events_endpoint": e.kv_events_endpoint, "replay_endpoint": e.replay_endpoint, "dp_size": e.dp_size, "block_size": e.block_size, "max_num_batched_tokens": e.max_num_batched_tokens, "kv_capacity_blocks": e.kv_capacity_blocks, "labels": e.labels, "profile": e.profile, "ranks": ranks})
         })
         .collect();
     Ok(Json(json!({"workers": list})))

@@ -3,9 +3,11 @@
 
 mod fleet;
 mod planner;
+mod profiles;
 
 pub use fleet::{DiscoveryConfig, DiscoverySource, ReplicaSyncConfig};
 pub use planner::{PlannerAct, PlannerAdvice, PlannerTarget, WorkloadKind};
+pub use profiles::{ProfileLookup, Profiles};
 
 use kvrouter_core::router::RouterConfig;
 use kvrouter_tokenizer::{ChatTemplate, Tokenizer};
@@ -56,6 +58,11 @@ pub struct WorkerEntry {
     /// empty. Requests go only to the workers that serve their `model`.
     #[serde(default)]
     pub models: Vec<String>,
+    /// The step-time profile the `cost` policy prices it with: `dynamo-poly`, a built-in
+    /// (`h100-llama3-8b`, `h200-llama3-8b`) or a JSON profile's path; default
+    /// `--router-cost-profile`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
 }
 
 /// A `--workers-file` (TOML): `[[workers]]` tables.
@@ -158,6 +165,9 @@ pub struct ServeConfig {
     pub planner: Option<PlannerAdvice>,
     /// The planner acting on Kubernetes (`--planner-act kubernetes`; `None` = advice only).
     pub planner_act: Option<PlannerAct>,
+    /// The step-time profiles of the `cost` policy (`--router-cost-profile`, a worker's
+    /// `profile`).
+    pub profiles: Profiles,
 }
 
 impl Default for ServeConfig {
@@ -198,6 +208,7 @@ impl Default for ServeConfig {
             cluster_summary: ClusterSummaryConfig::default(),
             planner: None,
             planner_act: None,
+            profiles: Profiles::default(),
         }
     }
 }

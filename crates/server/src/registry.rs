@@ -129,6 +129,11 @@ pub(crate) async fn add_worker(
 ) -> Result<WorkerId, ServeError> {
     entry.validate()?;
     let inner = &state.inner;
+    let timing = inner
+        .config
+        .profiles
+        .of(entry.profile.as_deref())
+        .map_err(|e| ServeError::invalid(e, Some("profile")))?;
     check_new_url(&inner.workers.lock().expect("workers lock"), &entry.url)?;
     let missing_events = inner.config.router.router_kv_events && entry.kv_events_endpoint.is_none();
     if missing_events || entry.block_size.is_none() || entry.max_num_batched_tokens.is_none() {
@@ -170,10 +175,13 @@ pub(crate) async fn add_worker(
         kv_capacity_blocks: entry.kv_capacity_blocks,
         policy_version: entry.policy_version.unwrap_or(0),
     };
-    inner
-        .lock_core()
-        .add_worker(spec)
-        .map_err(ServeError::Route)?;
+    {
+        let mut core = inner.lock_core();
+        core.add_worker(spec).map_err(ServeError::Route)?;
+        if let Some(timing) = timing {
+            core.set_worker_timing(id, timing);
+        }
+    }
     let mut subscribers = Vec::new();
     if inner.config.router.router_kv_events {
         if let Some(endpoint) = &entry.kv_events_endpoint {

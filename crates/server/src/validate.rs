@@ -19,6 +19,8 @@ pub const MAX_URL_BYTES: usize = 2048;
 pub const MAX_LABELS: usize = 64;
 /// The longest label key or value, in bytes.
 pub const MAX_LABEL_BYTES: usize = 256;
+/// Longest `profile` (a name or a file path).
+pub const MAX_PROFILE_BYTES: usize = 4096;
 
 /// Whether two worker URLs name the same worker ([`worker_url_key`]).
 pub(crate) fn same_worker_url(a: &str, b: &str) -> bool {
@@ -163,6 +165,14 @@ impl WorkerEntry {
         }
         if let Some(e) = &self.replay_endpoint {
             check_endpoint("replay_endpoint", e, dp_size)?;
+        }
+        if let Some(p) = &self.profile {
+            if p.is_empty() || p.len() > MAX_PROFILE_BYTES {
+                return fail(
+                    "profile",
+                    format!("a profile name or path of 1 to {MAX_PROFILE_BYTES} bytes"),
+                );
+            }
         }
         if self.labels.len() > MAX_LABELS {
             return fail("labels", format!("more than {MAX_LABELS} labels"));

@@ -103,6 +103,7 @@ async fn pod(State(f): State<Arc<Fake>>, Path(name): Path<String>) -> Json<Value
                 "kvrouter.io/kv-events-port": f.engines[n].1.to_string(),
                 "kvrouter.io/dp-size": "1",
                 "kvrouter.io/model": "mock-model",
+                "kvrouter.io/profile": "dynamo-poly",
             },
         },
     }))
@@ -224,6 +225,7 @@ async fn endpoint_slices_add_drain_and_bring_back_workers_across_watch_ends_and_
         "from the pod's annotation"
     );
     assert_eq!(w1["labels"]["discovery_key"], "test/pod-1");
+    assert_eq!(w1["profile"], "dynamo-poly", "from the pod's annotation");
     let (id0, id1) = (
         worker(&http, &base, &urls[0]).await.unwrap().0,
         worker(&http, &base, &urls[1]).await.unwrap().0,

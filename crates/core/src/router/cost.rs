@@ -210,11 +210,15 @@ impl Router {
         }
     }
 
-    /// Drops what the cost policy learned about a removed worker: its ranks' churn and kept
-    /// terms, its fitted profile. The expected output of requests still active there stays
-    /// until they end (the entry goes with the last), and their timings no longer feed a fit.
+    /// Drops what the cost policy learned or was told about a removed worker: its ranks' churn
+    /// and kept terms, its fitted profile, its profile (a worker registered again under the same
+    /// id is given its own). The expected output of requests still active there stays until
+    /// they end (the entry goes with the last), and their timings no longer feed a fit.
     pub(super) fn cost_worker_removed(&mut self, worker: WorkerId) {
         self.cost.fitted.remove(&worker);
+        if self.cost.timing.remove(&worker).is_some() {
+            self.cost.profiles_epoch += 1;
+        }
         for a in self.cost.active.values_mut() {
             if a.rank.worker == worker {
                 a.fits = false;

@@ -279,6 +279,37 @@ fn what_the_policy_learns_of_a_worker_goes_with_it() {
 }
 
 #[test]
+fn a_workers_profile_prices_it_and_goes_when_it_is_removed() {
+    // Two idle workers, one given a profile twice as slow: every request goes to the other
+    // (without profiles, exact ties go round the fleet). Removed and registered again under the
+    // same id, the slow one is priced as the default again, so ties rotate once more.
+    let config = RouterConfig {
+        router_mode: RouterMode::Cost,
+        kv_cache_block_size: BS,
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    for w in 0..2 {
+        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+    }
+    r.set_worker_timing(WorkerId(1), Arc::new(Slower));
+    let place = |r: &mut Router, id: u64| {
+        let d = r
+            .route(&request(id, &tokens(id as u32, 64)), at(id))
+            .unwrap();
+        let _ = r.finish(RequestId(id), at(id)).unwrap();
+        d.rank.worker
+    };
+    for id in 0..4 {
+        assert_eq!(place(&mut r, id), WorkerId(0), "request {id}");
+    }
+    r.remove_worker(WorkerId(1)).unwrap();
+    r.add_worker(WorkerSpec::new(WorkerId(1))).unwrap();
+    let placed: Vec<_> = (4..8).map(|id| place(&mut r, id)).collect();
+    assert!(placed.contains(&WorkerId(1)), "{placed:?}");
+}
+
+#[test]
 fn a_hot_prefix_is_copied_to_an_idle_worker_a_cold_one_is_not() {
     // seed001's shape: worker 0 holds a 6,000-token prefix; requests on it arrive every 500 ms
     // and decode for 1.2 s, so the holder is usually busy while worker 1 idles.

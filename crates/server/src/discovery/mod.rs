@@ -84,6 +84,10 @@ pub struct Registration {
     /// Model it serves (shown as the `model` label).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The step-time profile the `cost` policy prices it with (default
+    /// `--router-cost-profile`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
 }
 
 impl Registration {
@@ -102,6 +106,7 @@ impl Registration {
             replay_endpoint: self.replay_endpoint.clone(),
             dp_size: self.dp_size,
             labels,
+            profile: self.profile.clone(),
             ..WorkerEntry::default()
         }
     }

@@ -14,6 +14,8 @@ pub const REPLAY_PORT: &str = "kvrouter.io/replay-port";
 pub const DP_SIZE: &str = "kvrouter.io/dp-size";
 /// Pod annotation: the model the engine serves.
 pub const MODEL: &str = "kvrouter.io/model";
+/// Pod annotation: the step-time profile the `cost` policy prices the engine with.
+pub const PROFILE: &str = "kvrouter.io/profile";
 
 /// A ready endpoint of a slice.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,6 +115,7 @@ pub(crate) fn registration(
         replay_endpoint,
         dp_size,
         model: annotations.get(MODEL).cloned(),
+        profile: annotations.get(PROFILE).cloned(),
     };
     (registration, warnings)
 }
