@@ -106,8 +106,14 @@ fn check_endpoint(field: &'static str, endpoint: &str, dp_size: u32) -> Result<(
     if endpoint.len() > MAX_URL_BYTES {
         return fail(field, format!("longer than {MAX_URL_BYTES} bytes"));
     }
-    if endpoint.chars().any(char::is_whitespace) {
-        return fail(field, format!("{endpoint:?} contains whitespace"));
+    if endpoint
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control())
+    {
+        return fail(
+            field,
+            format!("{endpoint:?} contains whitespace or a control character"),
+        );
     }
     if let Some(path) = endpoint.strip_prefix("ipc://") {
         return if path.is_empty() {

@@ -381,3 +381,63 @@ async fn every_removal_closes_its_subscriber_and_ingestion_goes_on() {
     }
     server.stop().await;
 }
+
+/// A replay that takes longer than the publisher's heartbeat timeout (a libzmq XPUB pinging every
+/// 100 ms, dropping a peer silent for 300 ms) keeps the live connection: the subscriber reads it
+/// while it waits for the replay, answering the pings, and a message published meanwhile is
+/// applied once the replay ends. Before, the connection went unread for the whole replay, the
+/// publisher dropped it, and the rank was cleared.
+#[tokio::test]
+async fn a_long_replay_keeps_the_live_connection_answered() {
+    let ctx = zmq::Context::new();
+    let publisher = ctx.socket(zmq::XPUB).unwrap();
+    publisher.set_heartbeat_ivl(100).unwrap();
+    publisher.set_heartbeat_timeout(300).unwrap();
+    publisher.set_rcvtimeo(10_000).unwrap();
+    publisher.bind("tcp://127.0.0.1:*").unwrap();
+    let endpoint = publisher.get_last_endpoint().unwrap().unwrap();
+    let replayer = ctx.socket(zmq::ROUTER).unwrap();
+    replayer.set_rcvtimeo(10_000).unwrap();
+    replayer.bind("tcp://127.0.0.1:*").unwrap();
+    let replay = replayer.get_last_endpoint().unwrap().unwrap();
+    let engine = std::thread::spawn(move || {
+        // The subscription, then the replay request; a live message, then the replay's end
+        // (nothing to replay) 1.5 s later.
+        let subscription = publisher.recv_bytes(0).unwrap();
+        assert_eq!(subscription, [1]);
+        let request = replayer.recv_multipart(0).unwrap();
+        let seq: u64 = 0;
+        publisher
+            .send_multipart([&b""[..], &seq.to_be_bytes()[..], &batch(1, 3)[..]], 0)
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let end: [&[u8]; 5] = [&request[0], b"", b"", &[0xff; 8], b""];
+        replayer.send_multipart(end, 0).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        (publisher, replayer)
+    });
+    let server = router_with(&endpoint, Some(replay), ServeConfig::default()).await;
+    let mut applied = 0;
+    for _ in 0..300 {
+        applied = server.state.cached_gpu_blocks(WorkerId(0));
+        if applied == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(applied, 3, "the message held during the replay was applied");
+    let sockets = tokio::task::spawn_blocking(move || engine.join().unwrap())
+        .await
+        .unwrap();
+    let m = metrics(&server).await;
+    assert!(
+        !m.contains("kvrouter_kv_stream_breaks_total{"),
+        "the connection was kept through the replay:\n{}",
+        m.lines()
+            .filter(|l| l.contains("kv_stream"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    drop(sockets);
+    server.stop().await;
+}

@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const POLL: Duration = Duration::from_millis(100);
+/// How often a replay calls its `meanwhile` (while waiting, and between batches).
+pub(crate) const MEANWHILE: Duration = Duration::from_millis(50);
 
 /// Why a replay ended early.
 #[derive(Debug, thiserror::Error)]
@@ -22,7 +24,8 @@ pub(crate) enum ReplayError {
 }
 
 /// Replays batches `start..until` from `endpoint`, calling `apply(seq, payload)` for each in
-/// order. Returns the last sequence number applied (`None` when there was none).
+/// order, and `meanwhile()` about every [`MEANWHILE`]. Returns the last sequence number applied
+/// (`None` when there was none).
 pub(crate) fn replay(
     ctx: &zmq::Context,
     config: &IngestConfig,
@@ -30,6 +33,7 @@ pub(crate) fn replay(
     range: std::ops::Range<u64>,
     stop: &AtomicBool,
     mut apply: impl FnMut(u64, &[u8]),
+    meanwhile: &mut dyn FnMut(),
 ) -> Result<Option<u64>, ReplayError> {
     let dealer = ctx.socket(zmq::DEALER)?;
     dealer.set_linger(0)?;
@@ -38,7 +42,12 @@ pub(crate) fn replay(
     dealer.send_multipart([&b""[..], &range.start.to_be_bytes()[..]], 0)?;
     let deadline = Instant::now() + config.replay_timeout;
     let mut last = None;
+    let mut called = Instant::now();
     loop {
+        if called.elapsed() >= MEANWHILE {
+            meanwhile();
+            called = Instant::now();
+        }
         if stop.load(Ordering::Relaxed) {
             return Err(ReplayError::Stopped);
         }
@@ -46,7 +55,8 @@ pub(crate) fn replay(
         if left.is_zero() {
             return Err(ReplayError::Timeout(config.replay_timeout));
         }
-        if dealer.poll(zmq::POLLIN, left.min(POLL).as_millis() as i64)? == 0 {
+        let wait = left.min(POLL).min(MEANWHILE);
+        if dealer.poll(zmq::POLLIN, wait.as_millis() as i64)? == 0 {
             continue;
         }
         let frames = dealer.recv_multipart(0)?;

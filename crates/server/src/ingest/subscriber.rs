@@ -92,7 +92,8 @@ pub(super) enum SubscriberError {
     Endpoint(String),
 }
 
-fn endpoint_ok(e: &str) -> Result<&str, SubscriberError> {
+/// `e`, unless libzmq would refuse it (a NUL byte, which its C API cannot take).
+pub(super) fn endpoint_ok(e: &str) -> Result<&str, SubscriberError> {
     if e.contains('\0') {
         Err(SubscriberError::Endpoint(e.to_owned()))
     } else {
@@ -114,8 +115,8 @@ fn run(
     }
     sub.connect(endpoint_ok(&source.endpoint)?)?;
     let mut stream = Stream::new(state, ctx, source, stop);
-    // Learn what the engine already holds.
-    stream.replay_from(0, u64::MAX);
+    // Learn what the engine already holds (libzmq's I/O thread reads the SUB meanwhile).
+    stream.replay_from(0, u64::MAX, &mut || {});
     while !stop.load(Ordering::Relaxed) {
         let mut items = [
             monitor.as_poll_item(zmq::POLLIN),
@@ -133,7 +134,7 @@ fn run(
             // connection is applied.
             stream.on_monitor(monitor)?;
             match sub.recv_multipart(zmq::DONTWAIT) {
-                Ok(frames) => stream.on_message(&frames),
+                Ok(frames) => stream.on_message(&frames, &mut || {}),
                 Err(zmq::Error::EAGAIN) => break,
                 Err(e) => return Err(e.into()),
             }
@@ -288,7 +289,7 @@ impl<'a> Stream<'a> {
             }
             match event {
                 zmq::SocketEvent::DISCONNECTED if self.connected => self.disconnected(),
-                zmq::SocketEvent::HANDSHAKE_SUCCEEDED => self.handshake_succeeded(),
+                zmq::SocketEvent::HANDSHAKE_SUCCEEDED => self.handshake_succeeded(&mut || {}),
                 _ => {}
             }
         }
@@ -309,11 +310,12 @@ impl<'a> Stream<'a> {
         }
     }
 
-    /// A publisher's handshake succeeded: a come-back re-syncs the rank.
-    pub(super) fn handshake_succeeded(&mut self) {
+    /// A publisher's handshake succeeded: a come-back re-syncs the rank. `meanwhile` is
+    /// called while a replay waits (see [`Stream::replay_from`]).
+    pub(super) fn handshake_succeeded(&mut self, meanwhile: &mut dyn FnMut()) {
         self.connected = true;
         if std::mem::take(&mut self.broken) {
-            self.resync("reconnect");
+            self.resync("reconnect", meanwhile);
             tracing::info!(worker = %self.source.worker, dp_rank = self.source.dp_rank, endpoint = %self.source.endpoint, "KV event stream came back; rank re-synced");
         }
     }
@@ -345,7 +347,7 @@ impl<'a> Stream<'a> {
 
     /// Clears the rank and learns it again (through the replay socket when there is one, else
     /// from the next events).
-    fn resync(&mut self, reason: &str) {
+    fn resync(&mut self, reason: &str, meanwhile: &mut dyn FnMut()) {
         clear(self.state, self.source);
         self.seq.reset();
         let worker = self.worker_label();
@@ -353,11 +355,19 @@ impl<'a> Stream<'a> {
             .metrics
             .kv_stream_resyncs
             .inc(&[("worker", worker.as_str()), ("reason", reason)]);
-        self.replay_from(0, u64::MAX);
+        self.replay_from(0, u64::MAX, meanwhile);
     }
 
-    /// Replays `start..until`; returns the last sequence number applied.
-    pub(super) fn replay_from(&mut self, start: u64, until: u64) -> Option<u64> {
+    /// Replays `start..until`; returns the last sequence number applied. `meanwhile` is called
+    /// about every [`replay::MEANWHILE`] while the replay waits or runs: the ZMTP reader keeps
+    /// its live connection read there (heartbeats answered, messages held for afterwards),
+    /// which the replay would otherwise leave unread for up to `--kv-event-replay-timeout-secs`.
+    pub(super) fn replay_from(
+        &mut self,
+        start: u64,
+        until: u64,
+        meanwhile: &mut dyn FnMut(),
+    ) -> Option<u64> {
         let endpoint = self.source.replay.as_deref()?;
         let (state, source) = (self.state, self.source);
         let mut dropped = Vec::new();
@@ -368,6 +378,7 @@ impl<'a> Stream<'a> {
             start..until,
             self.stop,
             |_, payload| dropped.extend(apply_payload(state, source, payload)),
+            meanwhile,
         );
         for err in dropped {
             self.applied(Some(err));
@@ -386,8 +397,9 @@ impl<'a> Stream<'a> {
         }
     }
 
-    /// Handles one message `[topic, seq, payload]` of the live stream.
-    pub(super) fn on_message(&mut self, frames: &[Vec<u8>]) {
+    /// Handles one message `[topic, seq, payload]` of the live stream (`meanwhile`: as for
+    /// [`Stream::replay_from`], when it has to replay).
+    pub(super) fn on_message(&mut self, frames: &[Vec<u8>], meanwhile: &mut dyn FnMut()) {
         let size: usize = frames.iter().map(Vec::len).sum();
         let max = self.state.config.kv_ingest.max_message_bytes;
         let (seq, payload) = match frames {
@@ -400,7 +412,7 @@ impl<'a> Stream<'a> {
         if size > max {
             drop_message(self.state, "oversize");
             tracing::warn!(worker = %self.source.worker, dp_rank = self.source.dp_rank, seq, size_bytes = size, max_bytes = max, "dropped a KV event message over --kv-event-max-message-bytes; rank re-synced");
-            self.resync("oversize");
+            self.resync("oversize", meanwhile);
             if self.seq.applied().is_none_or(|a| seq > a) {
                 self.seq.applied_live(seq);
             }
@@ -410,7 +422,7 @@ impl<'a> Stream<'a> {
         if verdict == Verdict::Backwards {
             drop_message(self.state, "seq_backwards");
             tracing::warn!(worker = %self.source.worker, dp_rank = self.source.dp_rank, seq, last = ?self.seq.applied(), "KV event sequence went backwards (publisher restarted?); rank re-synced");
-            self.resync("seq_backwards");
+            self.resync("seq_backwards", meanwhile);
             verdict = match self.seq.judge(seq) {
                 Verdict::Backwards => Verdict::Apply,
                 v => v,
@@ -420,7 +432,7 @@ impl<'a> Stream<'a> {
             Verdict::Duplicate => return drop_message(self.state, "duplicate"),
             Verdict::Gap { from, to } => {
                 drop_message(self.state, "sequence_gap");
-                let recovered = self.replay_from(from, to);
+                let recovered = self.replay_from(from, to, meanwhile);
                 if recovered.is_none_or(|r| r + 1 < to) {
                     drop_message(self.state, "gap_cleared");
                     clear(self.state, self.source);

@@ -73,6 +73,14 @@ impl Socket {
             match TcpStream::connect_timeout(&a, timeout) {
                 Ok(s) => {
                     s.set_nodelay(true)?;
+                    // A subscriber never writes after subscribing, so a publisher whose host
+                    // vanished (no FIN, no RST) would go unnoticed: TCP keepalive ends such a
+                    // connection within about KEEPALIVE_IDLE + 3 x KEEPALIVE_INTERVAL.
+                    let keepalive = socket2::TcpKeepalive::new()
+                        .with_time(KEEPALIVE_IDLE)
+                        .with_interval(KEEPALIVE_INTERVAL)
+                        .with_retries(3);
+                    socket2::SockRef::from(&s).set_tcp_keepalive(&keepalive)?;
                     return Ok(Socket::Tcp(s));
                 }
                 Err(e) => last = Some(e),
@@ -87,15 +95,17 @@ impl Socket {
     /// Reads wait at most `read`; a write that cannot go out within `write` (a peer that stops
     /// reading) fails instead of holding the thread.
     fn set_timeouts(&self, read: Duration, write: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(read)?;
         match self {
-            Socket::Tcp(s) => {
-                s.set_read_timeout(Some(read))?;
-                s.set_write_timeout(Some(write))
-            }
-            Socket::Unix(s) => {
-                s.set_read_timeout(Some(read))?;
-                s.set_write_timeout(Some(write))
-            }
+            Socket::Tcp(s) => s.set_write_timeout(Some(write)),
+            Socket::Unix(s) => s.set_write_timeout(Some(write)),
+        }
+    }
+
+    fn set_read_timeout(&self, read: Duration) -> std::io::Result<()> {
+        match self {
+            Socket::Tcp(s) => s.set_read_timeout(Some(read)),
+            Socket::Unix(s) => s.set_read_timeout(Some(read)),
         }
     }
 }
@@ -121,6 +131,14 @@ impl Write for Socket {
         Ok(())
     }
 }
+
+/// TCP keepalive of a KV event connection: probes after this long without traffic...
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// ...this far apart, three unanswered ending it.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How long [`Connection::hold_ready`] waits for bytes not yet there.
+const READY_WAIT: Duration = Duration::from_millis(1);
 
 /// Frame flags (RFC 23).
 const MORE: u8 = 0x01;
@@ -415,6 +433,35 @@ impl Connection {
                 return Ok(false);
             }
         }
+    }
+
+    /// Takes the messages already received, waiting at most [`READY_WAIT`] for more, into
+    /// `held` until it holds `max_bytes` (PINGs are answered on the way): what the subscriber
+    /// does while a replay keeps it from reading, so that a publisher's heartbeats are answered
+    /// and live messages wait, in order, in `held` instead of in the socket.
+    pub(super) fn hold_ready(
+        &mut self,
+        held: &mut std::collections::VecDeque<Vec<Vec<u8>>>,
+        held_bytes: &mut usize,
+        max_bytes: usize,
+    ) -> Result<(), ZmtpError> {
+        self.socket.set_read_timeout(READY_WAIT)?;
+        let mut frames = Vec::new();
+        let result = loop {
+            if *held_bytes >= max_bytes {
+                break Ok(());
+            }
+            match self.next_message(&mut frames) {
+                Ok(true) => {
+                    *held_bytes += frames.iter().map(Vec::len).sum::<usize>();
+                    held.push_back(std::mem::take(&mut frames));
+                }
+                Ok(false) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        self.socket.set_read_timeout(self.poll)?;
+        result
     }
 
     /// PING is answered (PONG with its context); ERROR ends the connection; others are let be.

@@ -90,21 +90,34 @@ pub(crate) async fn respond(
 /// Waits up to `hold` for the body's first chunk before the status and headers go out, so
 /// that hyper writes them together (one write, one wake-up of the client, instead of two).
 /// The first chunk goes out when it comes either way: only the headers may come later. A
-/// body that ends first is an empty body; after `hold` the rest follows as it comes.
-async fn with_first_chunk<S>(
+/// body that ends first is an empty body; after `hold` the rest follows as it comes. A first
+/// item that is an error comes one scheduler turn after the headers (hyper ends a body that
+/// fails at once without writing the headers it holds; so the client still gets the status).
+async fn with_first_chunk<S, T, E>(
     body: S,
     hold: Duration,
-) -> impl Stream<Item = S::Item> + Send + 'static
+) -> impl Stream<Item = Result<T, E>> + Send + 'static
 where
-    S: Stream<Item: Send> + Send + 'static,
+    S: Stream<Item = Result<T, E>> + Send + 'static,
+    T: Send + 'static,
+    E: Send + 'static,
 {
     let mut body = Box::pin(body);
-    let (first, rest) = match tokio::time::timeout(hold, body.next()).await {
-        Ok(None) => (None, None),
-        Ok(Some(chunk)) => (Some(chunk), Some(body)),
-        Err(_) => (None, Some(body)),
+    let (first, failed, rest) = match tokio::time::timeout(hold, body.next()).await {
+        Ok(None) => (None, None, None),
+        Ok(Some(Ok(chunk))) => (Some(Ok(chunk)), None, Some(body)),
+        Ok(Some(Err(e))) => (None, Some(e), Some(body)),
+        Err(_) => (None, None, Some(body)),
     };
-    futures::stream::iter(first).chain(futures::stream::iter(rest).flatten())
+    let failed = failed.map(|e| {
+        futures::stream::once(async move {
+            tokio::task::yield_now().await;
+            Err(e)
+        })
+    });
+    futures::stream::iter(first)
+        .chain(futures::stream::iter(failed).flatten())
+        .chain(futures::stream::iter(rest).flatten())
 }
 
 /// The worker that served (or was picked for) a request, on every answer.
@@ -201,17 +214,19 @@ mod tests {
 
     const HOLD: Duration = Duration::from_millis(100);
 
-    fn body() -> (mpsc::UnboundedSender<u32>, mpsc::UnboundedReceiver<u32>) {
+    fn body() -> (mpsc::UnboundedSender<Item>, mpsc::UnboundedReceiver<Item>) {
         mpsc::unbounded()
     }
+
+    type Item = Result<u32, String>;
 
     #[tokio::test(start_paused = true)]
     async fn the_head_waits_for_a_first_chunk_that_comes_within_the_hold() {
         let (tx, rx) = body();
         let sender = tokio::spawn(async move {
             tokio::time::sleep(HOLD / 2).await;
-            tx.unbounded_send(1).unwrap();
-            tx.unbounded_send(2).unwrap();
+            tx.unbounded_send(Ok(1)).unwrap();
+            tx.unbounded_send(Ok(2)).unwrap();
         });
         let start = tokio::time::Instant::now();
         let mut out = Box::pin(with_first_chunk(rx, HOLD).await);
@@ -221,9 +236,12 @@ mod tests {
             "the head went when the chunk came"
         );
         // The chunk is there when the head goes (hyper writes them together).
-        assert_eq!(futures::poll!(out.next()), std::task::Poll::Ready(Some(1)));
+        assert_eq!(
+            futures::poll!(out.next()),
+            std::task::Poll::Ready(Some(Ok(1)))
+        );
         sender.await.unwrap();
-        assert_eq!(out.collect::<Vec<_>>().await, vec![2]);
+        assert_eq!(out.collect::<Vec<_>>().await, vec![Ok(2)]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -233,9 +251,9 @@ mod tests {
         let mut out = Box::pin(with_first_chunk(rx, HOLD).await);
         assert_eq!(start.elapsed(), HOLD);
         assert!(futures::poll!(out.next()).is_pending());
-        tx.unbounded_send(7).unwrap();
+        tx.unbounded_send(Ok(7)).unwrap();
         drop(tx);
-        assert_eq!(out.collect::<Vec<_>>().await, vec![7]);
+        assert_eq!(out.collect::<Vec<_>>().await, vec![Ok(7)]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -243,13 +261,30 @@ mod tests {
         let (tx, rx) = body();
         drop(tx);
         let out = with_first_chunk(rx, HOLD).await;
-        assert_eq!(out.collect::<Vec<u32>>().await, Vec::<u32>::new());
+        assert_eq!(out.collect::<Vec<Item>>().await, Vec::<Item>::new());
         let (tx, rx) = body();
-        tx.unbounded_send(3).unwrap();
+        tx.unbounded_send(Ok(3)).unwrap();
         let start = tokio::time::Instant::now();
         let mut out = Box::pin(with_first_chunk(rx, Duration::ZERO).await);
         assert_eq!(start.elapsed(), Duration::ZERO);
-        assert_eq!(futures::poll!(out.next()), std::task::Poll::Ready(Some(3)));
+        assert_eq!(
+            futures::poll!(out.next()),
+            std::task::Poll::Ready(Some(Ok(3)))
+        );
         assert!(futures::poll!(out.next()).is_pending());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_item_that_is_an_error_comes_after_a_turn_so_the_head_goes_first() {
+        let (tx, rx) = body();
+        tx.unbounded_send(Err("broke".into())).unwrap();
+        drop(tx);
+        let mut out = Box::pin(with_first_chunk(rx, HOLD).await);
+        assert!(
+            futures::poll!(out.next()).is_pending(),
+            "hyper flushes the head while the body is pending"
+        );
+        assert_eq!(out.next().await, Some(Err("broke".into())));
+        assert_eq!(out.next().await, None);
     }
 }

@@ -53,9 +53,10 @@ pub(crate) struct Client {
     targets: Targets,
 }
 
-/// The largest number of URLs [`Targets`] holds; a full cache starts over (a fleet sends to a
-/// few URLs per worker, so it fills only when workers come and go).
-const MAX_TARGETS: usize = 1024;
+/// The largest number of URLs [`Targets`] holds (about 200 bytes each); a full cache starts
+/// over. A worker is sent to at a handful of URLs (one per endpoint), so this holds a fleet of
+/// a few thousand workers and fills only as workers come and go.
+const MAX_TARGETS: usize = 16_384;
 
 /// Worker URLs already read, with what [`Target::of`] made of them (parsing a URL costs about
 /// 2 µs, a request's 2 % of router CPU in the non-streamed realistic case).
