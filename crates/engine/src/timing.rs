@@ -34,6 +34,9 @@ pub struct ProfileTable {
     pub decode_ms: Vec<Vec<f64>>,
 }
 
+/// The largest profile file [`TableProfile::load`] reads (a measured table is a few KiB).
+pub const MAX_PROFILE_FILE_BYTES: u64 = 4 << 20;
+
 /// A table-driven timing model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TableProfile {
@@ -121,13 +124,32 @@ impl TableProfile {
         Self::new(table)
     }
 
-    /// Loads a JSON profile from a file.
+    /// Loads a JSON profile from a file: a regular file of at most [`MAX_PROFILE_FILE_BYTES`]
+    /// (a device, a FIFO or a directory is refused before it is opened, so `/dev/zero` or a
+    /// pipe nobody writes cannot hold the caller).
     pub fn load(path: &Path) -> Result<Self, ProfileError> {
+        use std::io::Read;
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Io {
+        let io = |source| ProfileError::Io {
             path: shown.clone(),
             source,
-        })?;
+        };
+        let refuse = |why: String| io(std::io::Error::new(std::io::ErrorKind::InvalidInput, why));
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if !meta.is_file() {
+            return Err(refuse("not a regular file".into()));
+        }
+        let too_large = || refuse(format!("larger than {MAX_PROFILE_FILE_BYTES} bytes"));
+        if meta.len() > MAX_PROFILE_FILE_BYTES {
+            return Err(too_large());
+        }
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_PROFILE_FILE_BYTES + 1).read_to_string(&mut text))
+            .map_err(io)?;
+        if text.len() as u64 > MAX_PROFILE_FILE_BYTES {
+            return Err(too_large());
+        }
         Self::from_json(&shown, &text)
     }
 
@@ -336,6 +358,26 @@ mod tests {
         assert!(h200.decode_ms(&shape).unwrap() < h100.decode_ms(&shape).unwrap());
         assert!(h100.prefill_ms(4096).unwrap() > h100.prefill_ms(512).unwrap());
         assert!(TableProfile::builtin("a100").is_none());
+    }
+
+    #[test]
+    fn profile_files_are_read_bounded_and_only_when_regular() {
+        let dir = std::env::temp_dir().join(format!("kvr-profile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.json");
+        std::fs::write(&good, serde_json::to_string(table(true).table()).unwrap()).unwrap();
+        assert_eq!(TableProfile::load(&good).unwrap(), table(true));
+        let big = dir.join("big.json");
+        std::fs::write(&big, vec![b' '; MAX_PROFILE_FILE_BYTES as usize + 1]).unwrap();
+        for (path, why) in [
+            (big.as_path(), "larger than"),
+            (Path::new("/dev/zero"), "not a regular file"),
+            (dir.as_path(), "not a regular file"),
+        ] {
+            let err = TableProfile::load(path).unwrap_err().to_string();
+            assert!(err.contains(why), "{}: {err}", path.display());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
