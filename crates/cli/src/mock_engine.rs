@@ -86,14 +86,16 @@ fn timing(profile: &str) -> anyhow::Result<TimingChoice> {
         return Ok(TimingChoice::DynamoPoly);
     }
     if let Some(p) = TableProfile::builtin(profile) {
-        return Ok(TimingChoice::Profile(p));
+        return Ok(TimingChoice::Profile(p.into()));
     }
     let path = PathBuf::from(profile);
     if !path.exists() {
         bail!("--profile {profile:?}: not dynamo-poly, not a built-in profile (h100-llama3-8b, h200-llama3-8b), and no such file");
     }
     Ok(TimingChoice::Profile(
-        TableProfile::load(&path).with_context(|| format!("--profile {profile}"))?,
+        TableProfile::load(&path)
+            .with_context(|| format!("--profile {profile}"))?
+            .into(),
     ))
 }
 

@@ -164,6 +164,17 @@ fn read_workers_file(path: &PathBuf) -> anyhow::Result<Vec<WorkerEntry>> {
         if let Err(e) = w.validate() {
             bail!("--workers-file {}: workers[{i}].{e}", path.display());
         }
+        // Read here too, so that a bad one is named by its entry (registration reads it again).
+        if let Some(Err(e)) = w
+            .profile
+            .as_deref()
+            .map(|p| kvrouter_engine::timing::for_router(p, 1.0))
+        {
+            bail!(
+                "--workers-file {}: workers[{i}].profile: {e}",
+                path.display()
+            );
+        }
     }
     Ok(file.workers)
 }
@@ -305,7 +316,7 @@ impl ServeArgs {
     /// a worker's own, each time divided by `speedup` (`--router-cost-speedup-ratio`).
     fn profiles(&self, speedup: f64) -> anyhow::Result<Profiles> {
         let lookup = move |name: &str| {
-            kvrouter_engine::timing::by_name(name, speedup)
+            kvrouter_engine::timing::for_router(name, speedup)
                 .map(Arc::from)
                 .map_err(|e| e.to_string())
         };
@@ -390,6 +401,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     for warning in args.routing.mode_warnings(&[config.router.router_mode])? {
         tracing::warn!("{warning}");
+    }
+    if args.router_cost_profile.is_some() && mode != kvrouter_core::policy::RouterMode::Cost {
+        tracing::warn!(
+            "--router-cost-profile is set but the router mode in effect ({mode}) does not read it"
+        );
     }
     if args.mock_workers > 0 {
         crate::global_args::speeds_from_mocks(

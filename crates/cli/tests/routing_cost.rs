@@ -240,13 +240,55 @@ async fn a_workers_own_profile_prices_it() {
             .contains("no-such-profile.json"),
         "{body}"
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
-        .args(["serve", "--mock-workers", "1", "--port", "0"])
-        .args(["--router-cost-profile", "no-such-profile.json"])
-        .output()
+    // Times that would make every estimate infinite are refused, naming the file.
+    let huge = dir.join("huge.json");
+    let mut table: Value = serde_json::from_slice(&std::fs::read(&slow).unwrap()).unwrap();
+    table["prefill"] = json!([[1.0, 1e300], [2.0, 1e308]]);
+    std::fs::write(&huge, table.to_string()).unwrap();
+    let refused = client
+        .post(format!("{base}/admin/workers"))
+        .bearer_auth("t0k")
+        .json(&json!({"url": "http://127.0.0.1:9", "profile": huge}))
+        .send()
+        .await
         .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--router-cost-profile"), "{err}");
+    assert_eq!(refused.status().as_u16(), 400);
+    let body: Value = refused.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("huge.json") && message.contains("every time must be"),
+        "{body}"
+    );
+    // At start: the flag, or the workers-file entry, is named.
+    let bad_file = dir.join("bad-workers.toml");
+    std::fs::write(
+        &bad_file,
+        "[[workers]]\nurl = \"http://127.0.0.1:9\"\nprofile = \"bogus\"\n",
+    )
+    .unwrap();
+    for (args, named) in [
+        (
+            vec!["--router-cost-profile", "no-such-profile.json"],
+            "--router-cost-profile",
+        ),
+        (vec!["--router-cost-profile", ""], "--router-cost-profile"),
+        (
+            vec!["--workers-file", bad_file.to_str().unwrap()],
+            "workers[0].profile",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+            .args(["serve", "--mock-workers", "1", "--port", "0"])
+            .args(&args)
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(named) && err.contains("not dynamo-poly"),
+            "{args:?}: {err}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

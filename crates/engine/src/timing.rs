@@ -41,7 +41,20 @@ pub const MAX_PROFILE_FILE_BYTES: u64 = 4 << 20;
 #[derive(Clone, Debug, PartialEq)]
 pub struct TableProfile {
     table: ProfileTable,
+    /// The prefill points' tokens and times, apart (no allocation per query).
+    prefill_tokens: Vec<f64>,
+    prefill_times: Vec<f64>,
+    /// Floors of answers (half the smallest time of each table): extrapolation below the first
+    /// point never reports free work.
+    prefill_floor: f64,
+    decode_floor: f64,
 }
+
+/// Most prefill points, and most values on each decode axis, a profile may have (a query scans
+/// them, and a router asks two queries per candidate worker per decision).
+pub const MAX_PROFILE_POINTS: usize = 1024;
+/// The range of every time in a profile, ms: above a microsecond, below about three hours.
+pub const PROFILE_MS_RANGE: (f64, f64) = (1e-3, 1e7);
 
 /// Why a profile could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +75,12 @@ pub enum ProfileError {
         /// The cause.
         source: serde_json::Error,
     },
+    /// No built-in has the name, and no file the path.
+    #[error(
+        "profile {0:?}: not dynamo-poly, a built-in (h100-llama3-8b, h200-llama3-8b) or the path \
+         of a JSON profile file"
+    )]
+    Unknown(String),
     /// The table is inconsistent.
     #[error("profile {name}: {reason}")]
     Invalid {
@@ -76,52 +95,78 @@ const H100: &str = include_str!("../profiles/h100-llama3-8b.json");
 const H200: &str = include_str!("../profiles/h200-llama3-8b.json");
 
 impl TableProfile {
-    /// Validates a table.
+    /// Validates a table: at least two and at most [`MAX_PROFILE_POINTS`] strictly increasing
+    /// finite values on each axis (tokens and contexts ≥ 0, batch sizes > 0), a full decode
+    /// grid, and every time finite and within [`PROFILE_MS_RANGE`].
     pub fn new(table: ProfileTable) -> Result<Self, ProfileError> {
-        let invalid = |reason: &str| ProfileError::Invalid {
+        let invalid = |reason: String| ProfileError::Invalid {
             name: table.name.clone(),
-            reason: reason.into(),
+            reason,
         };
-        if table.prefill.len() < 2 {
-            return Err(invalid("prefill needs at least two points"));
-        }
-        if !table.prefill.windows(2).all(|w| w[0].0 < w[1].0) {
-            return Err(invalid(
-                "prefill points must be sorted by strictly increasing tokens",
-            ));
-        }
-        let sorted = |v: &[f64]| v.len() >= 2 && v.windows(2).all(|w| w[0] < w[1]);
-        if !sorted(&table.decode_batch_sizes) || !sorted(&table.decode_contexts) {
-            return Err(invalid(
-                "decode axes need at least two strictly increasing values",
-            ));
-        }
+        let prefill_tokens: Vec<f64> = table.prefill.iter().map(|p| p.0).collect();
+        let prefill_times: Vec<f64> = table.prefill.iter().map(|p| p.1).collect();
+        let axis = |what: &str, v: &[f64], min: f64, above: bool| {
+            let ok = (2..=MAX_PROFILE_POINTS).contains(&v.len())
+                && v.iter().all(|x| x.is_finite())
+                && v.windows(2).all(|w| w[0] < w[1])
+                && if above { v[0] > min } else { v[0] >= min };
+            match ok {
+                true => Ok(()),
+                false => Err(invalid(format!(
+                    "{what} need 2 to {MAX_PROFILE_POINTS} finite, strictly increasing values, \
+                     the first {} {min}",
+                    if above { "above" } else { "at least" }
+                ))),
+            }
+        };
+        axis("prefill points' tokens", &prefill_tokens, 0.0, false)?;
+        axis("decode batch sizes", &table.decode_batch_sizes, 0.0, true)?;
+        axis("decode contexts", &table.decode_contexts, 0.0, false)?;
         if table.decode_ms.len() != table.decode_batch_sizes.len()
             || table
                 .decode_ms
                 .iter()
                 .any(|row| row.len() != table.decode_contexts.len())
         {
-            return Err(invalid("decode_ms must be batch sizes × contexts"));
+            return Err(invalid("decode_ms must be batch sizes × contexts".into()));
         }
-        let all = table
-            .prefill
+        let (lo, hi) = PROFILE_MS_RANGE;
+        let decode = table.decode_ms.iter().flatten().copied();
+        if prefill_times
             .iter()
-            .map(|p| p.1)
-            .chain(table.decode_ms.iter().flatten().copied());
-        if all.clone().any(|v| !v.is_finite() || v <= 0.0) {
-            return Err(invalid("every time must be a positive number of ms"));
+            .copied()
+            .chain(decode.clone())
+            .any(|v| !(lo..=hi).contains(&v))
+        {
+            return Err(invalid(format!(
+                "every time must be a number of ms from {lo} to {hi}"
+            )));
         }
-        Ok(Self { table })
+        let least = |v: &mut dyn Iterator<Item = f64>| v.fold(f64::INFINITY, f64::min) * 0.5;
+        Ok(Self {
+            prefill_floor: least(&mut prefill_times.iter().copied()),
+            decode_floor: least(&mut decode.clone()),
+            prefill_tokens,
+            prefill_times,
+            table,
+        })
     }
 
     /// Parses and validates a JSON profile.
     pub fn from_json(path: &str, text: &str) -> Result<Self, ProfileError> {
-        let table = serde_json::from_str(text).map_err(|source| ProfileError::Parse {
-            path: path.into(),
-            source,
-        })?;
-        Self::new(table)
+        let table: ProfileTable =
+            serde_json::from_str(text).map_err(|source| ProfileError::Parse {
+                path: path.into(),
+                source,
+            })?;
+        Self::new(table).map_err(|e| match e {
+            // Named by its file, which is what the caller gave (its `name` may be anything).
+            ProfileError::Invalid { name, reason } if name != path => ProfileError::Invalid {
+                name: format!("{path} (named {name:?})"),
+                reason,
+            },
+            e => e,
+        })
     }
 
     /// Loads a JSON profile from a file: a regular file of at most [`MAX_PROFILE_FILE_BYTES`]
@@ -185,18 +230,29 @@ impl TableProfile {
         x: f64,
         what: &'static str,
     ) -> Result<f64, TimingError> {
+        let i = self.segment(xs, x, what)?;
+        Ok(along(xs, ys, i, x))
+    }
+
+    /// The segment `i..=i + 1` of sorted `xs` that holds `x` (the first or last when `x` is
+    /// outside, if the profile extrapolates).
+    fn segment(&self, xs: &[f64], x: f64, what: &'static str) -> Result<usize, TimingError> {
         let n = xs.len();
         if (x < xs[0] || x > xs[n - 1]) && !self.table.extrapolate {
             return Err(self.err(what, x));
         }
-        let i = match xs.iter().position(|&v| v >= x) {
+        Ok(match xs.iter().position(|&v| v >= x) {
             Some(0) => 0,
             Some(i) => i - 1,
             None => n - 2,
-        };
-        let (x0, x1, y0, y1) = (xs[i], xs[i + 1], ys[i], ys[i + 1]);
-        Ok(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+        })
     }
+}
+
+/// The line through points `i` and `i + 1` of (`xs`, `ys`) at `x`.
+fn along(xs: &[f64], ys: &[f64], i: usize, x: f64) -> f64 {
+    let (x0, x1, y0, y1) = (xs[i], xs[i + 1], ys[i], ys[i + 1]);
+    y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 }
 
 impl TimingModel for TableProfile {
@@ -204,47 +260,63 @@ impl TimingModel for TableProfile {
         if tokens == 0 {
             return Ok(0.0);
         }
-        let xs: Vec<f64> = self.table.prefill.iter().map(|p| p.0).collect();
-        let ys: Vec<f64> = self.table.prefill.iter().map(|p| p.1).collect();
-        let ms = self.interp(&xs, &ys, tokens as f64, "prefill tokens")?;
+        let ms = self.interp(
+            &self.prefill_tokens,
+            &self.prefill_times,
+            tokens as f64,
+            "prefill tokens",
+        )?;
         // Linear extrapolation below the first point can reach zero: never report free work.
-        Ok(ms.max(ys[0].min(ys[1]) * 0.5))
+        Ok(ms.max(self.prefill_floor))
     }
 
     fn decode_ms(&self, shape: &StepShape) -> Result<f64, TimingError> {
         let t = &self.table;
         let batch = shape.decode_seqs as f64;
         let ctx = shape.decode_mean_context.max(0.0);
-        // Interpolate along context in each batch row, then along batch.
-        let mut by_batch = Vec::with_capacity(t.decode_batch_sizes.len());
-        for row in &t.decode_ms {
-            by_batch.push(self.interp(&t.decode_contexts, row, ctx, "decode context")?);
-        }
-        let ms = self.interp(&t.decode_batch_sizes, &by_batch, batch, "decode batch size")?;
-        let floor = t
-            .decode_ms
-            .iter()
-            .flatten()
-            .copied()
-            .fold(f64::INFINITY, f64::min)
-            * 0.5;
-        Ok(ms.max(floor))
+        // Along context in the two batch rows around `batch`, then along batch between them.
+        let b = self.segment(&t.decode_batch_sizes, batch, "decode batch size")?;
+        let c = self.segment(&t.decode_contexts, ctx, "decode context")?;
+        let rows = [b, b + 1].map(|r| along(&t.decode_contexts, &t.decode_ms[r], c, ctx));
+        let ms = along(&t.decode_batch_sizes[b..], &rows, 0, batch);
+        Ok(ms.max(self.decode_floor))
     }
 }
 
 /// A timing model by name: `dynamo-poly`, a built-in profile (`h100-llama3-8b`,
 /// `h200-llama3-8b`) or the path of a JSON profile; every time divided by `speedup_ratio`.
 pub fn by_name(name: &str, speedup_ratio: f64) -> Result<Box<dyn TimingModel>, ProfileError> {
+    model(name, speedup_ratio, false)
+}
+
+/// [`by_name`] as a router prices workers with it: a table profile extrapolates beyond its
+/// points whatever its file says (a router must price every request; a profile refusing a
+/// query outside its table would price that request at the cost policy's 1,000 s per step).
+pub fn for_router(name: &str, speedup_ratio: f64) -> Result<Box<dyn TimingModel>, ProfileError> {
+    model(name, speedup_ratio, true)
+}
+
+fn model(
+    name: &str,
+    speedup_ratio: f64,
+    extrapolate: bool,
+) -> Result<Box<dyn TimingModel>, ProfileError> {
     if name == "dynamo-poly" {
         return Ok(Box::new(SpeedUp {
             inner: DynamoPoly,
             ratio: speedup_ratio,
         }));
     }
-    let profile = match TableProfile::builtin(name) {
+    let mut profile = match TableProfile::builtin(name) {
         Some(p) => p,
+        None if name.is_empty() || !Path::new(name).exists() => {
+            return Err(ProfileError::Unknown(name.to_owned()))
+        }
         None => TableProfile::load(Path::new(name))?,
     };
+    if extrapolate {
+        profile.table.extrapolate = true;
+    }
     Ok(Box::new(SpeedUp {
         inner: profile,
         ratio: speedup_ratio,
@@ -382,12 +454,65 @@ mod tests {
 
     #[test]
     fn malformed_tables_are_refused_with_a_reason() {
-        let mut bad = table(true).table().clone();
-        bad.prefill = vec![(10.0, 1.0)];
-        assert!(TableProfile::new(bad)
-            .unwrap_err()
-            .to_string()
-            .contains("two points"));
+        let good = table(true).table().clone();
+        let refused = |change: &dyn Fn(&mut ProfileTable), why: &str| {
+            let mut bad = good.clone();
+            change(&mut bad);
+            let err = TableProfile::new(bad).unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+        };
+        refused(
+            &|t| t.prefill = vec![(10.0, 1.0)],
+            "prefill points' tokens need 2",
+        );
+        // Times that overflow, vanish or are not numbers: every estimate would be one too.
+        for ms in [1e300, 1e-320, f64::NAN, -1.0, 0.0] {
+            refused(&|t| t.prefill[1].1 = ms, "every time must be");
+            refused(&|t| t.decode_ms[0][0] = ms, "every time must be");
+        }
+        refused(&|t| t.prefill[0].0 = -100.0, "the first at least 0");
+        refused(&|t| t.decode_batch_sizes[0] = -5.0, "the first above 0");
+        refused(&|t| t.decode_contexts[1] = f64::INFINITY, "finite");
+        refused(
+            &|t| t.prefill = (0..=MAX_PROFILE_POINTS).map(|i| (i as f64, 1.0)).collect(),
+            "2 to 1024",
+        );
         assert!(TableProfile::from_json("x.json", "{").is_err());
+        // An error in a file names the file (its `name` may be anything, a built-in's too).
+        let mut named = good.clone();
+        named.prefill[1].1 = f64::MAX;
+        named.name = "h100-llama3-8b".into();
+        let text = serde_json::to_string(&named).unwrap();
+        let err = TableProfile::from_json("mine.json", &text)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("profile mine.json (named \"h100-llama3-8b\")"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn queries_read_the_two_points_around_them() {
+        // The grid's own points come back exactly, between them the line, beyond the last
+        // point the line extended; the same figures as interpolating every row first.
+        let p = table(true);
+        let t = p.table().clone();
+        for (b, &batch) in t.decode_batch_sizes.iter().enumerate() {
+            for (c, &ctx) in t.decode_contexts.iter().enumerate() {
+                let shape = StepShape {
+                    decode_seqs: batch as u64,
+                    decode_mean_context: ctx,
+                    ..Default::default()
+                };
+                let ms = p.decode_ms(&shape).unwrap();
+                assert!((ms - t.decode_ms[b][c]).abs() < 1e-9, "{b} {c}: {ms}");
+            }
+        }
+        let (x0, y0) = t.prefill[0];
+        let (x1, y1) = t.prefill[1];
+        let mid = ((x0 + x1) / 2.0).round();
+        let want = y0 + (y1 - y0) * (mid - x0) / (x1 - x0);
+        assert!((p.prefill_ms(mid as u64).unwrap() - want).abs() < 1e-9);
     }
 }

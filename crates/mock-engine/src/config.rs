@@ -10,7 +10,7 @@ pub enum TimingChoice {
     /// Dynamo mocker's polynomial (the default).
     DynamoPoly,
     /// A table profile (built-in name or file).
-    Profile(TableProfile),
+    Profile(Arc<TableProfile>),
 }
 
 impl TimingChoice {
@@ -22,7 +22,7 @@ impl TimingChoice {
                 ratio: speedup_ratio,
             }),
             TimingChoice::Profile(p) => Box::new(SpeedUp {
-                inner: p.clone(),
+                inner: TableProfile::clone(p),
                 ratio: speedup_ratio,
             }),
         }

@@ -93,9 +93,16 @@ pub struct CostEstimate {
     pub total: f64,
 }
 
+/// The most a step is priced at, ms (1,000 s).
+const MAX_STEP_MS: f64 = 1e6;
+
 fn ms<T: TimingModel + ?Sized>(r: Result<f64, crate::timing::TimingError>, _: &T) -> f64 {
-    // A profile that refuses a query (outside its table) is answered as expensive, not free.
-    r.unwrap_or(1e6).max(0.0)
+    // A profile that refuses a query (outside its table) is answered as expensive, not free;
+    // an answer that is not a number, or beyond any step, as the most a step costs.
+    match r {
+        Ok(v) if v.is_finite() => v.clamp(0.0, MAX_STEP_MS),
+        _ => MAX_STEP_MS,
+    }
 }
 
 fn decode_ms<T: TimingModel + ?Sized>(t: &T, seqs: u64, kv_tokens: f64, capacity: u64) -> f64 {
