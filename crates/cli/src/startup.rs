@@ -65,11 +65,8 @@ pub(crate) fn lines(f: &Facts<'_>) -> Vec<String> {
         let events = match (&w.kv_events_endpoint, f.kv_events) {
             (_, false) => "off (--no-router-kv-events: cache predicted from routing)".to_owned(),
             (Some(e), true) => e.clone(),
-            // Predictions cover every worker only with --no-router-kv-events (or for a while
-            // with --router-predicted-ttl-secs): this worker's cache is otherwise unseen.
             (None, true) => "none (not given, not advertised at /server_info: its cache is \
-                             not seen; give kv_events_endpoint, or --no-router-kv-events to \
-                             predict every worker's cache from routing)"
+                             predicted from routing, kept --router-ttl-secs)"
                 .to_owned(),
         };
         let id = w.id.map_or("?".to_owned(), |i| i.to_string());

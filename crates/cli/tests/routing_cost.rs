@@ -292,3 +292,40 @@ async fn a_workers_own_profile_prices_it() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A worker whose KV events do not reach the router (a mock engine publishing none, so it
+/// advertises no endpoint) has its cache predicted from what is routed to it, with the other
+/// workers' events on: a repeated prompt finds its prefix there.
+#[tokio::test]
+async fn a_worker_without_kv_events_has_its_cache_predicted() {
+    let engine = common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", "50"]).await;
+    let dir = std::env::temp_dir().join(format!("kvr-predicted-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let workers = dir.join("workers.toml");
+    std::fs::write(
+        &workers,
+        format!("[[workers]]\nurl = \"{}\"\n", engine.http()),
+    )
+    .unwrap();
+    let proc = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--workers-file",
+        workers.to_str().unwrap(),
+        "--health-check-interval-secs",
+        "0",
+        "--expose-decisions",
+    ])
+    .await;
+    let base = proc.http();
+    let client = reqwest::Client::new();
+    let (_, first, _) = send(&client, &base, &chat("what is a KV cache?")).await;
+    assert_eq!(best_overlap(&first), 0, "{first}");
+    let (_, again, _) = send(&client, &base, &chat("what is a KV cache?")).await;
+    assert!(
+        best_overlap(&again) > 0,
+        "the prompt's prefix is predicted: {again}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

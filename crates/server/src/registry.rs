@@ -174,6 +174,8 @@ pub(crate) async fn add_worker(
         max_num_batched_tokens: entry.max_num_batched_tokens,
         kv_capacity_blocks: entry.kv_capacity_blocks,
         policy_version: entry.policy_version.unwrap_or(0),
+        // Without an event endpoint its cache is predicted from what is routed to it.
+        kv_events: entry.kv_events_endpoint.is_some(),
     };
     {
         let mut core = inner.lock_core();

@@ -2,6 +2,7 @@
 //! eligible set, and forgetting what they cached.
 
 use super::{RouteError, Router, WorkerSpec, MAX_DP_SIZE};
+use crate::approx::ApproxIndex;
 use crate::ids::{WorkerId, WorkerRank};
 use crate::index::TierCapacity;
 
@@ -36,6 +37,14 @@ impl Router {
             offload_blocks: gpu.max(default),
         };
         self.index.set_worker_capacity(spec.id, Some(capacity));
+        if !spec.kv_events && self.predicted.is_none() {
+            // Its cache is predicted from routing, beside the event-fed index of the others.
+            let ttl = self.config.router_ttl_secs;
+            self.predicted = Some(ApproxIndex::new(
+                self.config.kv_cache_block_size,
+                self.config.approx_config(ttl),
+            ));
+        }
         self.workers.insert(spec.id, spec);
         self.rebuild_ranks();
         Ok(())

@@ -172,7 +172,17 @@ impl Router {
         self.index.apply(event)
     }
 
-    /// The overlap of every rank with a prompt: event-fed, predicted, or the larger of both.
+    /// Whether what is routed to `worker` is recorded as its predicted cache: for every worker
+    /// without KV events (`router_kv_events` off), for every worker for a while
+    /// (`router_predicted_ttl_secs`), and for a worker whose events do not reach the router.
+    pub(super) fn predicts(&self, worker: WorkerId) -> bool {
+        !self.config.router_kv_events
+            || self.config.router_predicted_ttl_secs.is_some()
+            || self.workers.get(&worker).is_some_and(|w| !w.kv_events)
+    }
+
+    /// The overlap of every rank with a prompt: event-fed, predicted, or the larger of both
+    /// (predictions are only recorded where [`Router::predicts`]).
     pub fn overlaps(&self, request: &RouteRequest) -> OverlapScores {
         let query = &request.blocks.sequence;
         match (&self.predicted, self.config.router_kv_events) {

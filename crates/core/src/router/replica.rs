@@ -209,7 +209,10 @@ impl Router {
                 private_blocks: load.private_blocks,
             });
         }
-        if self.predicted.is_some() && !request.blocks.sequence.is_empty() {
+        if self.predicted.is_some()
+            && self.predicts(rank.worker)
+            && !request.blocks.sequence.is_empty()
+        {
             let blocks = request.blocks.clone();
             self.announce(|_| RemoteEvent::Placement { rank, blocks });
         }
@@ -318,8 +321,10 @@ impl Router {
             }
             RemoteEvent::Placement { rank, blocks } => {
                 self.known_rank(rank)?;
-                if let Some(p) = &mut self.predicted {
-                    p.insert(rank, &blocks, now);
+                if self.predicts(rank.worker) {
+                    if let Some(p) = &mut self.predicted {
+                        p.insert(rank, &blocks, now);
+                    }
                 }
                 Ok(Effects::default())
             }

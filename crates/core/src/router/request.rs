@@ -21,6 +21,15 @@ pub struct WorkerSpec {
     /// The policy (weight) version it serves (RL); 0 when nobody says.
     #[serde(default)]
     pub policy_version: u64,
+    /// Whether its KV events reach the router. A worker whose do not (no event endpoint) has
+    /// its cache predicted from what is routed to it, as every worker is with
+    /// `router_kv_events` off (blocks kept `router_ttl_secs`), instead of being seen as empty.
+    #[serde(default = "events_by_default")]
+    pub kv_events: bool,
+}
+
+fn events_by_default() -> bool {
+    true
 }
 
 impl WorkerSpec {
@@ -32,6 +41,7 @@ impl WorkerSpec {
             max_num_batched_tokens: None,
             kv_capacity_blocks: None,
             policy_version: 0,
+            kv_events: true,
         }
     }
 }

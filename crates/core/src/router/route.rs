@@ -135,8 +135,10 @@ impl Router {
                 request_blocks - full,
             )
             .map_err(|_| RouteError::DuplicateRequest(request.id))?;
-        if let Some(p) = &mut self.predicted {
-            p.insert(rank, &request.blocks, now);
+        if self.predicts(rank.worker) {
+            if let Some(p) = &mut self.predicted {
+                p.insert(rank, &request.blocks, now);
+            }
         }
         self.place_in_group(request, rank, now);
         if mode == RouterMode::Cost {

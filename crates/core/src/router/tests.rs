@@ -477,3 +477,57 @@ fn the_index_is_bounded_by_each_workers_declared_capacity_or_the_default() {
     r.remove_worker(WorkerId(0)).unwrap();
     assert_eq!(r.index().worker_capacity(WorkerId(0)), None);
 }
+
+#[test]
+fn a_worker_without_kv_events_has_its_cache_predicted_and_the_others_do_not() {
+    // Events on (the default): worker 0's events reach the router, worker 1's do not. What is
+    // routed to worker 1 is its predicted cache (as with events off); worker 0 is seen only
+    // through its events, so a prompt routed there is not predicted.
+    let mut r = Router::new(RouterConfig {
+        kv_cache_block_size: BS,
+        router_mode: RouterMode::Kv,
+        ..Default::default()
+    })
+    .unwrap();
+    r.add_worker(WorkerSpec::new(WorkerId(0))).unwrap();
+    r.add_worker(WorkerSpec {
+        kv_events: false,
+        ..WorkerSpec::new(WorkerId(1))
+    })
+    .unwrap();
+    let pinned = |id: u64, prompt: u32, worker: u64| {
+        let mut q = request(id, &tokens(prompt, 4 * BS as u32));
+        q.pin = Some(Pin {
+            worker: WorkerId(worker),
+            dp_rank: None,
+        });
+        q
+    };
+    let at = |s: u64| Time::ZERO + std::time::Duration::from_secs(s);
+    for (id, prompt, worker) in [(1, 1, 1), (2, 2, 0)] {
+        r.route(&pinned(id, prompt, worker), at(id)).unwrap();
+        let _ = r.finish(RequestId(id), at(id)).unwrap();
+    }
+    let seen = |r: &Router, prompt: u32, worker: u64| {
+        r.overlaps(&request(9, &tokens(prompt, 4 * BS as u32)))
+            .get(WorkerRank::new(WorkerId(worker), 0))
+            .gpu_blocks
+    };
+    assert_eq!(seen(&r, 1, 1), 4, "predicted where no events come");
+    assert_eq!(seen(&r, 2, 0), 0, "not predicted where events come");
+    let d = r
+        .route(&request(3, &tokens(1, 4 * BS as u32)), at(3))
+        .unwrap();
+    assert_eq!(
+        d.rank.worker,
+        WorkerId(1),
+        "the prompt goes back to its predicted cache"
+    );
+    // Gone with the worker; and a worker registered again with events is not predicted.
+    let _ = r.finish(RequestId(3), at(3)).unwrap();
+    r.remove_worker(WorkerId(1)).unwrap();
+    r.add_worker(WorkerSpec::new(WorkerId(1))).unwrap();
+    assert_eq!(seen(&r, 1, 1), 0);
+    r.route(&pinned(4, 5, 1), at(4)).unwrap();
+    assert_eq!(seen(&r, 5, 1), 0);
+}

@@ -163,14 +163,8 @@ mod tests {
         let mut whole = kvrouter_core::router::Router::new(config.clone()).unwrap();
         let mut sliced = kvrouter_core::router::Router::new(config).unwrap();
         for r in [&mut whole, &mut sliced] {
-            r.add_worker(kvrouter_core::router::WorkerSpec {
-                id: WorkerId(1),
-                dp_size: 1,
-                max_num_batched_tokens: None,
-                kv_capacity_blocks: None,
-                policy_version: 0,
-            })
-            .unwrap();
+            r.add_worker(kvrouter_core::router::WorkerSpec::new(WorkerId(1)))
+                .unwrap();
         }
         whole.apply_event(&stored(None, 1..50)).unwrap();
         for part in slices(stored(None, 1..50), 7) {

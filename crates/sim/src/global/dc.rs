@@ -73,6 +73,7 @@ impl Dc {
                     max_num_batched_tokens: Some(u64::from(engine_config.max_num_batched_tokens)),
                     kv_capacity_blocks: Some(engine_config.num_gpu_blocks as u64),
                     policy_version: 0,
+                    kv_events: true,
                 })
                 .map_err(|e| SimError::Config(e.to_string()))?;
         }

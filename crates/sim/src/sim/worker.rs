@@ -77,6 +77,7 @@ pub(super) fn new_worker(
         max_num_batched_tokens: Some(u64::from(engine_config.max_num_batched_tokens)),
         kv_capacity_blocks: Some(engine_config.num_gpu_blocks as u64),
         policy_version: 0,
+        kv_events: true,
     };
     engine_config.seed = engine_config.seed.wrapping_add(w as u64);
     let state = WorkerState {
