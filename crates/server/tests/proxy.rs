@@ -131,3 +131,83 @@ async fn a_client_that_leaves_mid_stream_releases_the_load() {
     assert_eq!(active, 0.0, "the dropped stream released its load");
     server.stop().await;
 }
+
+/// A fake engine that answers every request with a streamed 200 head, then `body` (raw chunked
+/// bytes), then closes the connection without ending the body.
+async fn dying_engine(body: &'static [u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 << 10];
+                let _ = conn.read(&mut buf).await;
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                            transfer-encoding: chunked\r\n\r\n";
+                let _ = conn.write_all(head.as_bytes()).await;
+                let _ = conn.write_all(body).await;
+                let _ = conn.flush().await;
+            });
+        }
+    });
+    url
+}
+
+/// A stream whose worker fails before any byte of its body is answered with an error status
+/// (the head is still held: `--stream-head-hold-ms`), not a 200 whose body is one error event;
+/// one that fails after a chunk keeps its 200 and ends with the in-band error, as before.
+#[tokio::test]
+async fn a_stream_failing_before_its_first_byte_is_an_error_status() {
+    for (body, early) in [
+        (&b""[..], true),
+        (
+            &b"2a\r\ndata: {\"choices\":[{\"text\":\"a\",\"index\":0}]}\n\n\r\n"[..],
+            false,
+        ),
+    ] {
+        let url = dying_engine(body).await;
+        let config = ServeConfig {
+            router: RouterConfig {
+                router_kv_events: false,
+                ..RouterConfig::default()
+            },
+            workers: vec![WorkerEntry {
+                url,
+                block_size: Some(64),
+                max_num_batched_tokens: Some(8192),
+                kv_capacity_blocks: Some(16384),
+                ..WorkerEntry::default()
+            }],
+            model_names: vec!["m".into()],
+            health: kvrouter_server::config::HealthConfig {
+                interval: None,
+                ..Default::default()
+            },
+            ..ServeConfig::default()
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = kvrouter_server::start(config, listener).await.unwrap();
+        let r = reqwest::Client::new()
+            .post(format!("http://{}/v1/completions", server.addr))
+            .json(&json!({"model": "m", "prompt": "hi", "max_tokens": 4, "stream": true}))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap_or_default();
+        if early {
+            assert_eq!(status, 502, "{text}");
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert!(v["error"]["message"].as_str().is_some(), "{v}");
+        } else {
+            assert_eq!(status, 200, "{text}");
+            assert!(text.starts_with("data: {\"choices\""), "{text}");
+            assert!(
+                text.contains("\"error\""),
+                "the in-band error ends it: {text}"
+            );
+        }
+        server.stop().await;
+    }
+}

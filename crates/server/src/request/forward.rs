@@ -21,6 +21,7 @@ use futures::StreamExt;
 use kvrouter_core::ids::WorkerId;
 use kvrouter_openai::sse::error_event;
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
@@ -33,6 +34,10 @@ pub(crate) struct Flow {
     tried: Vec<WorkerId>,
     /// Turns true when the request's first-N-of-M group has enough samples.
     stop: Option<watch::Receiver<bool>>,
+    /// Whether any byte of the answer went on to the client.
+    sent: bool,
+    /// Where an answer that fails before any byte went on says why ([`stream`]).
+    failed_early: Option<Arc<OnceLock<String>>>,
 }
 
 impl Flow {
@@ -48,6 +53,22 @@ impl Flow {
             machine,
             tried: vec![worker],
             stop,
+            sent: false,
+            failed_early: None,
+        }
+    }
+
+    /// Notes in `cell` why the answer failed, if it fails before any byte of it went on (see
+    /// [`stream`]).
+    pub(crate) fn noting_early_failure(mut self, cell: Arc<OnceLock<String>>) -> Self {
+        self.failed_early = Some(cell);
+        self
+    }
+
+    /// The answer failed for `why`: noted when nothing of it went on yet.
+    fn failed(&self, why: &str) {
+        if let (false, Some(cell)) = (self.sent, &self.failed_early) {
+            let _ = cell.set(why.to_owned());
         }
     }
 }
@@ -123,7 +144,9 @@ async fn next_chunk(up: &mut Upstream, idle: Option<&mut Idle>) -> Option<Result
 }
 
 /// The client's body: the upstream's bytes as the machine forwards them, continued elsewhere
-/// when it says so.
+/// when it says so. An answer that fails before any of its bytes went on notes why in its
+/// flow's early-failure cell ([`Flow::noting_early_failure`]) before its last item (the
+/// in-band error), so a caller still holding the status can answer with an error status.
 pub(crate) fn stream(
     flow: Flow,
     response: Response,
@@ -162,6 +185,7 @@ pub(crate) fn stream(
                     if out.is_empty() {
                         continue;
                     }
+                    f.sent = true;
                     return Some((Ok(out), Some((up, guard, f, idle))));
                 }
                 Some(Err(_)) => false,
@@ -181,6 +205,7 @@ pub(crate) fn stream(
                         f.req.state.observe_health(worker, false, Source::Request);
                     }
                     guard.log_failed();
+                    f.failed(&message);
                     let end = match guard.is_stream() {
                         true => Ok(error_event(&message)),
                         false => Err(std::io::Error::other(message)),
@@ -203,7 +228,9 @@ pub(crate) fn stream(
                         true => "continuation after a weight update failed",
                         false => "migration failed",
                     };
-                    return Some((Ok(error_event(&format!("{what}: {e}"))), None));
+                    let message = format!("{what}: {e}");
+                    f.failed(&message);
+                    return Some((Ok(error_event(&message)), None));
                 }
             }
         }

@@ -15,6 +15,7 @@ use futures::{Stream, StreamExt};
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::Decision;
 use kvrouter_openai::first_n;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -80,8 +81,16 @@ pub(crate) async fn respond(
     };
     let machine = Continuation::new(kind, follow, version, isl, unmigratable);
     let hold = config.stream_head_hold;
-    let flow = Flow::new(req, machine, worker, stop);
-    let body = with_first_chunk(forward::stream(flow, response, guard), hold).await;
+    let failed_early = Arc::new(OnceLock::new());
+    let flow = Flow::new(req, machine, worker, stop).noting_early_failure(failed_early.clone());
+    let body = forward::stream(flow, response, guard);
+    let body = with_first_chunk(body, hold).await;
+    if let Some(message) = failed_early.get() {
+        // It failed before any byte of it went on, and its status is still held: an error
+        // status, not a 200 whose body is one error event. (Counted and logged as failed
+        // already, where it failed.)
+        return Err(ServeError::Upstream(message.clone()));
+    }
     Ok(builder
         .body(Body::from_stream(body))
         .expect("valid response"))
