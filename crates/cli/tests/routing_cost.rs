@@ -299,25 +299,8 @@ async fn a_workers_own_profile_prices_it() {
 #[tokio::test]
 async fn a_worker_without_kv_events_has_its_cache_predicted() {
     let engine = common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", "50"]).await;
-    let dir = std::env::temp_dir().join(format!("kvr-predicted-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let workers = dir.join("workers.toml");
-    std::fs::write(
-        &workers,
-        format!("[[workers]]\nurl = \"{}\"\n", engine.http()),
-    )
-    .unwrap();
-    let proc = common::spawn(&[
-        "serve",
-        "--port",
-        "0",
-        "--workers-file",
-        workers.to_str().unwrap(),
-        "--health-check-interval-secs",
-        "0",
-        "--expose-decisions",
-    ])
-    .await;
+    let (proc, dir) =
+        common::serve_one_worker(&engine.http(), "predicted", &["--expose-decisions"]).await;
     let base = proc.http();
     let client = reqwest::Client::new();
     let (_, first, _) = send(&client, &base, &chat("what is a KV cache?")).await;

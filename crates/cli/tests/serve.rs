@@ -877,29 +877,6 @@ fn json_answer(status: &str, body: &str) -> String {
     )
 }
 
-/// `kvrouter serve` over the one worker at `url` (no health checks), with `extra` flags.
-async fn serve_one_worker(
-    url: &str,
-    name: &str,
-    extra: &[&str],
-) -> (common::Proc, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!("kvr-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let workers = dir.join("workers.toml");
-    std::fs::write(&workers, format!("[[workers]]\nurl = \"{url}\"\n")).unwrap();
-    let mut args = vec![
-        "serve",
-        "--port",
-        "0",
-        "--workers-file",
-        workers.to_str().unwrap(),
-        "--health-check-interval-secs",
-        "0",
-    ];
-    args.extend(extra);
-    (common::spawn(&args).await, dir)
-}
-
 /// A worker still loading when the router starts (its `/v1/models` does not answer) has its
 /// models learned once it answers: the router lists them (it listed none) and places requests
 /// for them.
@@ -908,7 +885,7 @@ async fn a_worker_that_answers_late_has_its_models_learned() {
     // Bound, so connections wait in its backlog unanswered, until it serves below.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let (proc, dir) = serve_one_worker(&url, "late-models", &[]).await;
+    let (proc, dir) = common::serve_one_worker(&url, "late-models", &[]).await;
     let base = proc.http();
     let client = reqwest::Client::new();
     let listed = |client: reqwest::Client, base: String| async move {
@@ -976,7 +953,7 @@ async fn a_stalled_answer_body_fails_within_the_response_timeout() {
     }
     });
     let extra = ["--retries", "0", "--upstream-response-timeout-secs", "1"];
-    let (proc, dir) = serve_one_worker(&url, "stall", &extra).await;
+    let (proc, dir) = common::serve_one_worker(&url, "stall", &extra).await;
     let started = std::time::Instant::now();
     let r = reqwest::Client::new()
         .post(format!("{}/v1/completions", proc.http()))

@@ -142,10 +142,10 @@ impl TableProfile {
                 "every time must be a number of ms from {lo} to {hi}"
             )));
         }
-        let least = |v: &mut dyn Iterator<Item = f64>| v.fold(f64::INFINITY, f64::min) * 0.5;
         Ok(Self {
-            prefill_floor: least(&mut prefill_times.iter().copied()),
-            decode_floor: least(&mut decode.clone()),
+            // Half the first segment's smaller time, and half the grid's smallest.
+            prefill_floor: prefill_times[0].min(prefill_times[1]) * 0.5,
+            decode_floor: decode.clone().fold(f64::INFINITY, f64::min) * 0.5,
             prefill_tokens,
             prefill_times,
             table,

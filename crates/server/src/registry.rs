@@ -121,6 +121,38 @@ fn check_new_url(
     }
 }
 
+/// The step-time model `entry` is priced with: its own profile, else `--router-cost-profile`
+/// (unless the online fit is on). Only the `cost` mode reads one, so no other mode reads a file
+/// for it. One that cannot be read refuses the registration, except for a discovered worker,
+/// which is then priced as if it named none (a warning says why): a pod whose annotation names
+/// a file the router lacks still serves.
+fn worker_profile(
+    state: &AppState,
+    entry: &mut WorkerEntry,
+) -> Result<Option<std::sync::Arc<dyn kvrouter_core::timing::TimingModel>>, ServeError> {
+    let config = &state.inner.config;
+    if config.router.router_mode != kvrouter_core::policy::RouterMode::Cost {
+        return Ok(None);
+    }
+    let default_applies = !config.router.router_cost_fit;
+    match config
+        .profiles
+        .of(entry.profile.as_deref(), default_applies)
+    {
+        Ok(timing) => Ok(timing),
+        Err(e) if entry.labels.contains_key("discovery") && entry.profile.is_some() => {
+            tracing::warn!(url = %entry.url, "discovered worker's profile not used: {e}");
+            // Shown as it is priced: without one of its own.
+            entry.profile = None;
+            config
+                .profiles
+                .of(None, default_applies)
+                .map_err(|e| ServeError::invalid(e, Some("profile")))
+        }
+        Err(e) => Err(ServeError::invalid(e, Some("profile"))),
+    }
+}
+
 /// Registers a worker; returns its id. A worker whose URL does not answer yet is accepted (an
 /// engine may still be loading): health checks mark it unhealthy until it answers.
 pub(crate) async fn add_worker(
@@ -129,11 +161,7 @@ pub(crate) async fn add_worker(
 ) -> Result<WorkerId, ServeError> {
     entry.validate()?;
     let inner = &state.inner;
-    let timing = inner
-        .config
-        .profiles
-        .of(entry.profile.as_deref())
-        .map_err(|e| ServeError::invalid(e, Some("profile")))?;
+    let timing = worker_profile(state, &mut entry)?;
     check_new_url(&inner.workers.lock().expect("workers lock"), &entry.url)?;
     let missing_events = inner.config.router.router_kv_events && entry.kv_events_endpoint.is_none();
     if missing_events || entry.block_size.is_none() || entry.max_num_batched_tokens.is_none() {
@@ -386,6 +414,59 @@ pub(crate) fn set_engine(state: &AppState, id: WorkerId, kind: crate::engines::E
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_cost_reads_profiles_and_a_discovered_workers_bad_one_falls_back() {
+        use crate::config::{Profiles, ServeConfig};
+        use kvrouter_core::policy::RouterMode;
+        let lookup = |name: &str| match name {
+            "poly" => Ok(std::sync::Arc::new(kvrouter_core::timing::DynamoPoly) as _),
+            _ => Err(format!("no profile {name}")),
+        };
+        let state = |mode: RouterMode, fit: bool| {
+            let mut config = ServeConfig {
+                profiles: Profiles {
+                    default: Some("poly".into()),
+                    lookup: Some(std::sync::Arc::new(lookup)),
+                },
+                ..ServeConfig::default()
+            };
+            config.router.router_mode = mode;
+            config.router.router_cost_fit = fit;
+            AppState::new(config).unwrap()
+        };
+        let entry = |profile: Option<&str>, discovered: bool| {
+            let mut e = WorkerEntry {
+                url: "http://127.0.0.1:9".into(),
+                profile: profile.map(str::to_owned),
+                ..WorkerEntry::default()
+            };
+            if discovered {
+                e.labels.insert("discovery".into(), "etcd".into());
+            }
+            e
+        };
+        let cost = state(RouterMode::Cost, false);
+        assert!(worker_profile(&cost, &mut entry(None, false))
+            .unwrap()
+            .is_some());
+        let err = worker_profile(&cost, &mut entry(Some("bad"), false)).unwrap_err();
+        assert!(err.to_string().contains("no profile bad"), "{err}");
+        let mut discovered = entry(Some("bad"), true);
+        assert!(worker_profile(&cost, &mut discovered).unwrap().is_some());
+        assert_eq!(discovered.profile, None, "shown as priced: the default");
+        let kv = state(RouterMode::Kv, false);
+        assert!(worker_profile(&kv, &mut entry(Some("bad"), false))
+            .unwrap()
+            .is_none());
+        let fit = state(RouterMode::Cost, true);
+        assert!(worker_profile(&fit, &mut entry(None, false))
+            .unwrap()
+            .is_none());
+        assert!(worker_profile(&fit, &mut entry(Some("poly"), false))
+            .unwrap()
+            .is_some());
+    }
 
     #[test]
     fn rank_endpoints_add_the_rank_to_the_port() {

@@ -174,3 +174,22 @@ pub async fn until_metric(base: &str, series: &str, want: f64, within: Duration)
         last.get()
     );
 }
+
+/// `kvrouter serve` over the one worker at `url` (no health checks), with `extra` flags.
+pub async fn serve_one_worker(url: &str, name: &str, extra: &[&str]) -> (Proc, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("kvr-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let workers = dir.join("workers.toml");
+    std::fs::write(&workers, format!("[[workers]]\nurl = \"{url}\"\n")).unwrap();
+    let mut args = vec![
+        "serve",
+        "--port",
+        "0",
+        "--workers-file",
+        workers.to_str().unwrap(),
+        "--health-check-interval-secs",
+        "0",
+    ];
+    args.extend(extra);
+    (spawn(&args).await, dir)
+}

@@ -31,9 +31,15 @@ impl std::fmt::Debug for Profiles {
 }
 
 impl Profiles {
-    /// The model of a worker naming `own` (else the default); `None` when neither is set.
-    pub fn of(&self, own: Option<&str>) -> Result<Option<Arc<dyn TimingModel>>, String> {
-        let Some(name) = own.or(self.default.as_deref()) else {
+    /// The model of a worker naming `own` (else the default, unless `default_applies` is false:
+    /// with the online fit on, a worker naming none is fitted); `None` when neither is set.
+    pub fn of(
+        &self,
+        own: Option<&str>,
+        default_applies: bool,
+    ) -> Result<Option<Arc<dyn TimingModel>>, String> {
+        let default = self.default.as_deref().filter(|_| default_applies);
+        let Some(name) = own.or(default) else {
             return Ok(None);
         };
         match &self.lookup {
@@ -61,16 +67,17 @@ mod tests {
     fn a_workers_own_profile_wins_over_the_default_and_unknown_names_are_refused() {
         let none = Profiles::default();
         assert!(
-            none.of(None).unwrap().is_none(),
+            none.of(None, true).unwrap().is_none(),
             "neither: the router's own"
         );
-        assert!(none.of(Some("poly")).unwrap_err().contains("without"));
+        assert!(none.of(Some("poly"), true).unwrap_err().contains("without"));
         let with = Profiles {
             default: Some("missing".into()),
             lookup: Some(Arc::new(lookup)),
         };
-        assert!(with.of(Some("poly")).unwrap().is_some());
-        assert_eq!(with.of(None).unwrap_err(), "no profile missing");
-        assert_eq!(with.of(Some("x")).unwrap_err(), "no profile x");
+        assert!(with.of(Some("poly"), true).unwrap().is_some());
+        assert_eq!(with.of(None, true).unwrap_err(), "no profile missing");
+        assert!(with.of(None, false).unwrap().is_none(), "fitted instead");
+        assert_eq!(with.of(Some("x"), false).unwrap_err(), "no profile x");
     }
 }
