@@ -8,8 +8,10 @@ use crate::pools::{cards_of, ModelCard};
 use crate::state::{AppState, WorkerRecord};
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::WorkerSpec;
+use kvrouter_core::timing::TimingModel;
 use serde_json::Value;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// `tcp://host:port` + `offset` on the port.
@@ -126,31 +128,40 @@ fn check_new_url(
 /// for it. One that cannot be read refuses the registration, except for a discovered worker,
 /// which is then priced as if it named none (a warning says why): a pod whose annotation names
 /// a file the router lacks still serves.
-fn worker_profile(
+async fn worker_profile(
     state: &AppState,
     entry: &mut WorkerEntry,
-) -> Result<Option<std::sync::Arc<dyn kvrouter_core::timing::TimingModel>>, ServeError> {
+) -> Result<Option<Arc<dyn TimingModel>>, ServeError> {
     let config = &state.inner.config;
     if config.router.router_mode != kvrouter_core::policy::RouterMode::Cost {
         return Ok(None);
     }
     let default_applies = !config.router.router_cost_fit;
-    match config
-        .profiles
-        .of(entry.profile.as_deref(), default_applies)
-    {
-        Ok(timing) => Ok(timing),
-        Err(e) if entry.labels.contains_key("discovery") && entry.profile.is_some() => {
-            tracing::warn!(url = %entry.url, "discovered worker's profile not used: {e}");
-            // Shown as it is priced: without one of its own.
-            entry.profile = None;
-            config
-                .profiles
-                .of(None, default_applies)
-                .map_err(|e| ServeError::invalid(e, Some("profile")))
-        }
-        Err(e) => Err(ServeError::invalid(e, Some("profile"))),
+    if entry.profile.is_none() && !(default_applies && config.profiles.default.is_some()) {
+        return Ok(None);
     }
+    let profiles = config.profiles.clone();
+    let own = entry.profile.clone();
+    let discovered = entry.labels.contains_key("discovery");
+    let url = entry.url.clone();
+    // A profile may be a file (read, parsed and checked): off the runtime's threads.
+    let (timing, dropped) =
+        tokio::task::spawn_blocking(move || match profiles.of(own.as_deref(), default_applies) {
+            Ok(timing) => Ok((timing, false)),
+            Err(e) if discovered && own.is_some() => {
+                tracing::warn!(url = %url, "discovered worker's profile not used: {e}");
+                Ok((profiles.of(None, default_applies)?, true))
+            }
+            Err(e) => Err(e),
+        })
+        .await
+        .map_err(|e| ServeError::Upstream(format!("reading a profile failed: {e}")))?
+        .map_err(|e| ServeError::invalid(e, Some("profile")))?;
+    if dropped {
+        // Shown as it is priced: without one of its own.
+        entry.profile = None;
+    }
+    Ok(timing)
 }
 
 /// Registers a worker; returns its id. A worker whose URL does not answer yet is accepted (an
@@ -161,7 +172,7 @@ pub(crate) async fn add_worker(
 ) -> Result<WorkerId, ServeError> {
     entry.validate()?;
     let inner = &state.inner;
-    let timing = worker_profile(state, &mut entry)?;
+    let timing = worker_profile(state, &mut entry).await?;
     check_new_url(&inner.workers.lock().expect("workers lock"), &entry.url)?;
     let missing_events = inner.config.router.router_kv_events && entry.kv_events_endpoint.is_none();
     if missing_events || entry.block_size.is_none() || entry.max_num_batched_tokens.is_none() {
@@ -415,8 +426,8 @@ pub(crate) fn set_engine(state: &AppState, id: WorkerId, kind: crate::engines::E
 mod tests {
     use super::*;
 
-    #[test]
-    fn only_cost_reads_profiles_and_a_discovered_workers_bad_one_falls_back() {
+    #[tokio::test]
+    async fn only_cost_reads_profiles_and_a_discovered_workers_bad_one_falls_back() {
         use crate::config::{Profiles, ServeConfig};
         use kvrouter_core::policy::RouterMode;
         let lookup = |name: &str| match name {
@@ -448,22 +459,31 @@ mod tests {
         };
         let cost = state(RouterMode::Cost, false);
         assert!(worker_profile(&cost, &mut entry(None, false))
+            .await
             .unwrap()
             .is_some());
-        let err = worker_profile(&cost, &mut entry(Some("bad"), false)).unwrap_err();
+        let err = worker_profile(&cost, &mut entry(Some("bad"), false))
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("no profile bad"), "{err}");
         let mut discovered = entry(Some("bad"), true);
-        assert!(worker_profile(&cost, &mut discovered).unwrap().is_some());
+        assert!(worker_profile(&cost, &mut discovered)
+            .await
+            .unwrap()
+            .is_some());
         assert_eq!(discovered.profile, None, "shown as priced: the default");
         let kv = state(RouterMode::Kv, false);
         assert!(worker_profile(&kv, &mut entry(Some("bad"), false))
+            .await
             .unwrap()
             .is_none());
         let fit = state(RouterMode::Cost, true);
         assert!(worker_profile(&fit, &mut entry(None, false))
+            .await
             .unwrap()
             .is_none());
         assert!(worker_profile(&fit, &mut entry(Some("poly"), false))
+            .await
             .unwrap()
             .is_some());
     }
