@@ -3,8 +3,8 @@
 //! of [`super::subscriber`] (sequence, replay, breaks and re-syncs) unchanged.
 
 use super::subscriber::{
-    endpoint_ok, sleep_unless_stopped, Stream, SubscriberError, HANDSHAKE_IVL_MS, POLL_MS,
-    RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS,
+    sleep_unless_stopped, Stream, SubscriberError, HANDSHAKE_IVL_MS, POLL_MS, RECONNECT_IVL_MAX_MS,
+    RECONNECT_IVL_MS,
 };
 use super::zmtp::{Connection, ZmtpError};
 use super::Source;
@@ -33,11 +33,6 @@ pub(super) fn run(
     stop: &AtomicBool,
 ) -> Result<(), SubscriberError> {
     let config = &state.config.kv_ingest;
-    // Refused once, not retried: the replay's libzmq DEALER cannot take a NUL byte either.
-    endpoint_ok(&source.endpoint)?;
-    if let Some(r) = &source.replay {
-        endpoint_ok(r)?;
-    }
     let mut stream = Stream::new(state, ctx, source, stop);
     let min_pause = Duration::from_millis(RECONNECT_IVL_MS as u64);
     let max_pause = Duration::from_millis(RECONNECT_IVL_MAX_MS as u64);

@@ -38,6 +38,11 @@ pub(super) fn supervise(state: &Inner, source: &Source, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
+            // Both transports hand the replay endpoint to libzmq, whose C API cannot take a NUL.
+            endpoint_ok(&source.endpoint)?;
+            if let Some(r) = &source.replay {
+                endpoint_ok(r)?;
+            }
             match state.config.kv_ingest.transport {
                 KvTransport::Libzmq => run(state, &lease.ctx, source, stop),
                 KvTransport::Zmtp => super::native::run(state, &lease.ctx, source, stop),
@@ -92,12 +97,11 @@ pub(super) enum SubscriberError {
     Endpoint(String),
 }
 
-/// `e`, unless libzmq would refuse it (a NUL byte, which its C API cannot take).
-pub(super) fn endpoint_ok(e: &str) -> Result<&str, SubscriberError> {
-    if e.contains('\0') {
-        Err(SubscriberError::Endpoint(e.to_owned()))
-    } else {
-        Ok(e)
+/// Refuses an endpoint libzmq would refuse (a NUL byte, which its C API cannot take).
+fn endpoint_ok(e: &str) -> Result<(), SubscriberError> {
+    match e.contains('\0') {
+        true => Err(SubscriberError::Endpoint(e.to_owned())),
+        false => Ok(()),
     }
 }
 
@@ -110,10 +114,7 @@ fn run(
     let config = &state.config.kv_ingest;
     let sockets = Monitored::open(ctx, config.hard_frame_bytes())?;
     let (sub, monitor) = (sockets.sub(), &sockets.monitor);
-    if let Some(r) = &source.replay {
-        endpoint_ok(r)?;
-    }
-    sub.connect(endpoint_ok(&source.endpoint)?)?;
+    sub.connect(&source.endpoint)?;
     let mut stream = Stream::new(state, ctx, source, stop);
     // Learn what the engine already holds (libzmq's I/O thread reads the SUB meanwhile).
     stream.replay_from(0, u64::MAX, &mut || {});
