@@ -34,6 +34,7 @@ mod sim_table;
 mod startup;
 mod upstream_args;
 mod weights;
+mod worker_list;
 mod workload_args;
 
 use clap::{Parser, Subcommand};

@@ -6,8 +6,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use kvrouter_engine::EngineConfig;
 use kvrouter_mock_engine::MockEngineConfig;
-use kvrouter_server::config::Profiles;
-use kvrouter_server::{ServeConfig, WorkerEntry, WorkersFile};
+use kvrouter_server::{ServeConfig, WorkerEntry};
 use kvrouter_tokenizer::ChatTemplate;
 
 use crate::routing_args::RoutingArgs;
@@ -155,30 +154,6 @@ impl HttpArgs {
     }
 }
 
-fn read_workers_file(path: &PathBuf) -> anyhow::Result<Vec<WorkerEntry>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("--workers-file {}", path.display()))?;
-    let file: WorkersFile =
-        toml::from_str(&text).with_context(|| format!("--workers-file {}", path.display()))?;
-    for (i, w) in file.workers.iter().enumerate() {
-        if let Err(e) = w.validate() {
-            bail!("--workers-file {}: workers[{i}].{e}", path.display());
-        }
-        // Read here too, so that a bad one is named by its entry (registration reads it again).
-        if let Some(Err(e)) = w
-            .profile
-            .as_deref()
-            .map(|p| kvrouter_engine::timing::for_router(p, 1.0))
-        {
-            bail!(
-                "--workers-file {}: workers[{i}].profile: {e}",
-                path.display()
-            );
-        }
-    }
-    Ok(file.workers)
-}
-
 impl ServeArgs {
     pub(crate) fn config(&self) -> anyhow::Result<ServeConfig> {
         let mut router = self.routing.config()?;
@@ -195,7 +170,7 @@ impl ServeArgs {
                 .with_context(|| format!("--worker {}", w.url))?;
         }
         if let Some(path) = &self.workers_file {
-            workers.extend(read_workers_file(path)?);
+            workers.extend(crate::worker_list::read_workers_file(path)?);
         }
         let (admin_token, session_release_auth) = self.admin.config()?;
         let picks = self.picker.picks(admin_token.is_some())?;
@@ -307,25 +282,8 @@ impl ServeArgs {
             cluster_summary: self.global.summary()?,
             planner_act: self.planner.act()?,
             planner: self.planner.advice()?,
-            profiles: self.profiles(speedup)?,
+            profiles: crate::worker_list::profiles(self.router_cost_profile.as_deref(), speedup)?,
             ..ServeConfig::default()
-        })
-    }
-
-    /// The `cost` policy's profiles: `--router-cost-profile` (checked here), and the lookup of
-    /// a worker's own, each time divided by `speedup` (`--router-cost-speedup-ratio`).
-    fn profiles(&self, speedup: f64) -> anyhow::Result<Profiles> {
-        let lookup = move |name: &str| {
-            kvrouter_engine::timing::for_router(name, speedup)
-                .map(Arc::from)
-                .map_err(|e| e.to_string())
-        };
-        if let Some(name) = &self.router_cost_profile {
-            lookup(name).map_err(|e| anyhow::anyhow!("--router-cost-profile: {e}"))?;
-        }
-        Ok(Profiles {
-            default: self.router_cost_profile.clone(),
-            lookup: Some(Arc::new(lookup)),
         })
     }
 
