@@ -132,6 +132,73 @@ async fn a_client_that_leaves_mid_stream_releases_the_load() {
     server.stop().await;
 }
 
+/// A stream whose worker fails before its first chunk, while the answer's head is still held,
+/// is sent again to another worker (`--retries`), like a worker that fails before its head:
+/// the client gets the other worker's whole answer, and the failed attempt's load is released.
+#[tokio::test]
+async fn a_stream_failing_before_its_first_chunk_is_retried_elsewhere() {
+    let config = ServeConfig {
+        router: RouterConfig {
+            router_mode: RouterMode::RoundRobin,
+            router_kv_events: false,
+            ..RouterConfig::default()
+        },
+        workers: vec![WorkerEntry {
+            url: dying_engine(b"").await,
+            block_size: Some(64),
+            max_num_batched_tokens: Some(8192),
+            kv_capacity_blocks: Some(16384),
+            ..WorkerEntry::default()
+        }],
+        model_names: vec!["mock-model".into()],
+        health: kvrouter_server::config::HealthConfig {
+            interval: None,
+            ..Default::default()
+        },
+        ..ServeConfig::default()
+    };
+    let server = common::start(config, 1, 50.0).await;
+    let client = reqwest::Client::new();
+    let base = format!("http://{}", server.addr);
+    for _ in 0..4 {
+        let r = client
+            .post(format!("{base}/v1/completions"))
+            .json(
+                &json!({"model": "mock-model", "prompt": "hello", "max_tokens": 3, "stream": true}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        assert_eq!(
+            r.headers()["x-kvrouter-worker"],
+            "1",
+            "the live worker answered"
+        );
+        let text = r.text().await.unwrap();
+        assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+        assert!(!text.contains("\"error\""), "{text}");
+    }
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metric(&text, "kvrouter_upstream_retries_total{") >= 2.0,
+        "round-robin sent half of them to the dying worker first: {text}"
+    );
+    assert_eq!(
+        metric(&text, "kvrouter_worker_active_requests{worker=\"0\""),
+        0.0,
+        "failed attempts released their load"
+    );
+    server.stop().await;
+}
+
 /// A fake engine that answers every request with a streamed 200 head, then `body` (raw chunked
 /// bytes), then closes the connection without ending the body.
 async fn dying_engine(body: &'static [u8]) -> String {

@@ -1,7 +1,8 @@
 //! One attempt function for first attempts, their retries and continuations: allocate a request
 //! id, place it (admitted through the router queue, or now on a worker not tried yet), build its
 //! load guard, send it (`Inner::send_upstream`: connect, first-byte and response timeouts count as
-//! failures) and record the worker's health. A failed send is retried on another worker.
+//! failures; a first attempt's stream that fails before its first chunk, while its answer's head
+//! is still held, too) and record the worker's health. A failed send is retried on another worker.
 
 use super::admit::admit;
 use super::parse::Request;
@@ -98,9 +99,13 @@ pub(crate) async fn attempt(
                 _ = stopped(stop) => return Ok(Outcome::Stopped { logged: false }),
             }
         } else {
-            inner
-                .place_continuation(&request, tried)
-                .map_err(ServeError::Route)?
+            match inner.place_continuation(&request, tried) {
+                Ok(d) => d,
+                // Every worker was tried: the client hears why the last attempt failed (502),
+                // not that none is left (503).
+                Err(kvrouter_core::router::RouteError::NoWorkers) if last_error.is_some() => break,
+                Err(e) => return Err(ServeError::Route(e)),
+            }
         };
         admit_next = false;
         let worker = decision.rank.worker;
@@ -114,7 +119,20 @@ pub(crate) async fn attempt(
             continue;
         };
         let url = format!("{base}{}", req.upstream_path());
-        let send = inner.send_upstream(&url, &req.request_id, body, req.stream);
+        // A first attempt's stream is answered once its first chunk came (up to
+        // `--stream-head-hold-ms`): a stream that fails before it is retried like a failed send.
+        let peek = (first && req.stream).then_some(inner.config.stream_head_hold);
+        let send = async {
+            let mut r = inner
+                .send_upstream(&url, &req.request_id, body, req.stream)
+                .await?;
+            if let Some(wait) = peek.filter(|_| r.status().is_success()) {
+                r.first_chunk(wait)
+                    .await
+                    .map_err(|e| format!("the stream failed before its first byte: {e}"))?;
+            }
+            Ok::<_, String>(r)
+        };
         let sent = tokio::select! {
             r = send => r,
             _ = stopped(stop) => {

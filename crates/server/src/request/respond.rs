@@ -80,7 +80,9 @@ pub(crate) async fn respond(
         (stamp, _) => Follow::Chunks { stamp },
     };
     let machine = Continuation::new(kind, follow, version, isl, unmigratable);
-    let hold = config.stream_head_hold;
+    // The attempt waited for the first chunk already: the head is held for what is left of
+    // the hold (a first chunk with no whole event in it may still leave nothing to send).
+    let hold = config.stream_head_hold.saturating_sub(response.waited());
     let failed_early = Arc::new(OnceLock::new());
     let flow = Flow::new(req, machine, worker, stop).noting_early_failure(failed_early.clone());
     let body = forward::stream(flow, response, guard);

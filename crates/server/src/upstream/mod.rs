@@ -92,6 +92,24 @@ pub(crate) struct Response {
     status: StatusCode,
     content_type: Option<HeaderValue>,
     body: Body,
+    /// What waiting for the body's first chunk gave ([`Response::first_chunk`]).
+    first: First,
+    /// How long that wait took.
+    waited: Duration,
+}
+
+/// What waiting for an answer's first chunk gave; the chunk is kept and comes first.
+#[derive(Debug, Default)]
+pub(crate) enum First {
+    /// Not waited for.
+    #[default]
+    NotAsked,
+    /// It came, and is kept.
+    Chunk(Bytes),
+    /// The body ended, empty.
+    Ended,
+    /// It had not come within the wait.
+    NotYet,
 }
 
 /// An answer's body.
@@ -116,32 +134,79 @@ impl Response {
         matches!(self.body, Body::Direct(_))
     }
 
+    /// Waits up to `wait` for the body's first chunk and keeps it (it comes first from
+    /// [`Response::into_stream`] and [`Response::bytes`]); an error when the body fails before
+    /// any chunk came. Nothing is lost when the wait ends first: the chunk comes later.
+    pub(crate) async fn first_chunk(&mut self, wait: Duration) -> Result<(), String> {
+        let next = async {
+            match &mut self.body {
+                Body::Direct(d) => d.next().await.transpose(),
+                Body::Reqwest(r) => r.chunk().await.map_err(|e| e.to_string()),
+            }
+        };
+        let started = tokio::time::Instant::now();
+        let first = tokio::time::timeout(wait, next).await;
+        self.waited = started.elapsed();
+        self.first = match first {
+            Ok(Ok(Some(chunk))) => First::Chunk(chunk),
+            Ok(Ok(None)) => First::Ended,
+            Ok(Err(e)) => return Err(e),
+            Err(_) => First::NotYet,
+        };
+        Ok(())
+    }
+
+    /// How long [`Response::first_chunk`] waited (zero when it was not called).
+    pub(crate) fn waited(&self) -> Duration {
+        self.waited
+    }
+
     /// The body as chunks.
     pub(crate) fn into_stream(self) -> BoxStream<'static, Result<Bytes, String>> {
-        match self.body {
-            Body::Direct(d) => d.boxed(),
-            Body::Reqwest(r) => r
-                .bytes_stream()
-                .map(|r| r.map_err(|e| e.to_string()))
+        let rest = match self.first {
+            First::Ended => return futures::stream::empty().boxed(),
+            _ => match self.body {
+                Body::Direct(d) => d.boxed(),
+                Body::Reqwest(r) => r
+                    .bytes_stream()
+                    .map(|r| r.map_err(|e| e.to_string()))
+                    .boxed(),
+            },
+        };
+        match self.first {
+            First::Chunk(chunk) => futures::stream::once(async move { Ok(chunk) })
+                .chain(rest)
                 .boxed(),
+            _ => rest,
         }
     }
 
     /// The whole body.
     pub(crate) async fn bytes(self) -> Result<Bytes, String> {
+        let mut chunks = match self.first {
+            First::Ended => return Ok(Bytes::new()),
+            First::Chunk(chunk) => vec![chunk],
+            First::NotAsked | First::NotYet => Vec::new(),
+        };
         match self.body {
-            Body::Reqwest(r) => r.bytes().await.map_err(|e| e.to_string()),
+            Body::Reqwest(r) if chunks.is_empty() => {
+                return r.bytes().await.map_err(|e| e.to_string())
+            }
+            Body::Reqwest(mut r) => {
+                while let Some(chunk) = r.chunk().await.map_err(|e| e.to_string())? {
+                    chunks.push(chunk);
+                }
+            }
             Body::Direct(mut d) => {
-                let mut chunks = Vec::new();
                 while let Some(chunk) = d.next().await {
                     chunks.push(chunk?);
                 }
-                Ok(match chunks.len() {
-                    1 => chunks.pop().unwrap_or_default(),
-                    _ => Bytes::from(chunks.concat()),
-                })
             }
         }
+        Ok(match chunks.len() {
+            1 => chunks.pop().unwrap_or_default(),
+            _ => Bytes::from(chunks.concat()),
+        })
     }
 
     fn from_reqwest(r: reqwest::Response) -> Self {
@@ -152,6 +217,8 @@ impl Response {
                 .get("content-type")
                 .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()),
             body: Body::Reqwest(r),
+            first: First::NotAsked,
+            waited: Duration::ZERO,
         }
     }
 }
@@ -297,6 +364,8 @@ impl Client {
                 status,
                 content_type: head.content_type,
                 body: Body::Direct(body),
+                first: First::NotAsked,
+                waited: Duration::ZERO,
             });
         }
     }

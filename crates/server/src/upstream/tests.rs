@@ -370,3 +370,55 @@ async fn a_408_on_a_kept_connection_is_sent_again_on_a_new_one() {
     let r = send(&client, &base, "{}").await.unwrap();
     assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
 }
+
+/// Waiting for a body's first chunk keeps it (it comes first, once); a wait that ends before
+/// the chunk loses nothing; a body that breaks first is an error; an empty body ends.
+#[tokio::test]
+async fn the_first_chunk_waited_for_is_kept_and_a_broken_one_is_an_error() {
+    // Each answer closes its connection, so each request comes on a new one.
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                transfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (go_tx, mut go_rx) = mpsc::unbounded_channel::<&'static str>();
+    tokio::spawn(async move {
+        // 1: a chunk, later a second one and the end; 2: the head only, then a close;
+        // 3: an empty body.
+        let (mut s, _) = listener.accept().await.unwrap();
+        read_request(&mut s).await.unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        while let Some(piece) = go_rx.recv().await {
+            s.write_all(piece.as_bytes()).await.unwrap();
+        }
+        let (mut s, _) = listener.accept().await.unwrap();
+        read_request(&mut s).await.unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        drop(s);
+        let (mut s, _) = listener.accept().await.unwrap();
+        read_request(&mut s).await.unwrap();
+        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+    });
+    let client = Client::new(Duration::from_secs(5), false);
+    let mut r = send(&client, &base, "{}").await.unwrap();
+    // Nothing yet: the wait ends, nothing is lost.
+    r.first_chunk(Duration::from_millis(20)).await.unwrap();
+    assert!(matches!(r.first, First::NotYet));
+    assert!(r.waited() >= Duration::from_millis(20));
+    go_tx.send("2\r\nab\r\n").unwrap();
+    r.first_chunk(Duration::from_secs(5)).await.unwrap();
+    assert!(matches!(&r.first, First::Chunk(c) if &c[..] == b"ab"));
+    go_tx.send("2\r\ncd\r\n0\r\n\r\n").unwrap();
+    drop(go_tx);
+    let body: Vec<Bytes> = r.into_stream().map(Result::unwrap).collect().await;
+    assert_eq!(body.concat(), b"abcd", "the kept chunk first, once");
+    // The head, then a close before any chunk: an error.
+    let mut r = send(&client, &base, "{}").await.unwrap();
+    assert!(r.first_chunk(Duration::from_secs(5)).await.is_err());
+    // An empty body ends: whole, it is empty.
+    let mut r = send(&client, &base, "{}").await.unwrap();
+    r.first_chunk(Duration::from_secs(5)).await.unwrap();
+    assert!(matches!(r.first, First::Ended));
+    assert!(r.bytes().await.unwrap().is_empty());
+}
