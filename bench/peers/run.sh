@@ -29,7 +29,7 @@ OVERHEAD_SPEEDUP=${OVERHEAD_SPEEDUP:-1000}
 OUT=${OUT:-bench/peers/out}
 SCALE=${SCALE:-full}
 TRACE=${TRACE:-/work/shared/traces/claude_code_sessions_dev}
-ALL_CONFIGS="kvrouter-cost kvrouter-cost-fit kvrouter-kv kvrouter-kv-pred kvrouter-kv-group kvrouter-rr sglang-cache_aware sglang-rr vllm-kv_aware vllm-cache_aware vllm-consistent_hash vllm-rr"
+ALL_CONFIGS="kvrouter-cost kvrouter-cost-session kvrouter-cost-fit kvrouter-kv kvrouter-kv-pred kvrouter-kv-group kvrouter-rr sglang-cache_aware sglang-rr vllm-kv_aware vllm-cache_aware vllm-consistent_hash vllm-rr"
 CONFIGS=${CONFIGS:-$ALL_CONFIGS}
 WORKLOADS=${WORKLOADS:-agentic grpo overhead}
 MODEL=mock-model
@@ -127,7 +127,7 @@ start_router() { # $1 = config name, $2 = log file
   ROUTER_URL="http://127.0.0.1:$port"
   local cmd=()
   case $cfg in
-    kvrouter-kv|kvrouter-kv-pred|kvrouter-kv-group|kvrouter-cost|kvrouter-cost-fit|kvrouter-rr)
+    kvrouter-kv|kvrouter-kv-pred|kvrouter-kv-group|kvrouter-cost|kvrouter-cost-session|kvrouter-cost-fit|kvrouter-rr)
       local mode=kv; [ "$cfg" = kvrouter-rr ] && mode=round-robin
       # cost: the cost model in seconds (issue 16), default flags otherwise.
       [ "${cfg#kvrouter-cost}" != "$cfg" ] && mode=cost
@@ -135,7 +135,8 @@ start_router() { # $1 = config name, $2 = log file
       # cost: told the engines' speed-up ($speed, from run_one: they run dynamo-poly that much
       # faster), as an operator gives real engines' profile; cost-fit: fitted online from the
       # TTFT and ITL it observes instead.
-      [ "$cfg" = kvrouter-cost ] && cmd+=(--router-cost-speedup-ratio "$speed")
+      # cost-session: the same, and the bench sends each request's session (x-session-id).
+      case $cfg in kvrouter-cost|kvrouter-cost-session) cmd+=(--router-cost-speedup-ratio "$speed") ;; esac
       [ "$cfg" = kvrouter-cost-fit ] && cmd+=(--router-cost-fit)
       # KVROUTER_EXTRA: more serve flags for every kvrouter config (word-split).
       # shellcheck disable=SC2206
@@ -199,6 +200,7 @@ run_one() { # $1 = workload tag, $2 = config, $3 = engine speedup, rest = bench 
   echo "$ROUTER_FLAGS" >"$dir/router_cmd.txt"
   local fmt; fmt=$(prompt_format "$cfg")
   local extra=(); [ "$cfg" = kvrouter-kv-group ] && extra=(--group-header)
+  [ "$cfg" = kvrouter-cost-session ] && extra=(--session-header)
   echo "kvrouter bench $* --prompt-format $fmt (mock-engine --speedup-ratio $speed, $ENGINES engines)" >"$dir/bench_cmd.txt"
   local t0=$SECONDS
   if timeout 300 "$BIN" bench --url "$ROUTER_URL" --model "$MODEL" --name "$cfg" --out "$dir" --quiet --prompt-format "$fmt" "${extra[@]}" "$@" \

@@ -19,6 +19,7 @@ import sys
 BASELINE = "kvrouter-cost"
 ORDER = [
     "kvrouter-cost",
+    "kvrouter-cost-session",
     "kvrouter-cost-fit",
     "kvrouter-kv",
     "kvrouter-kv-pred",

@@ -102,6 +102,11 @@ pub(crate) struct RoutingArgs {
     /// another is cheaper by more than this fraction.
     #[arg(help_heading = H::SESSIONS, long, default_value_t = 0.1)]
     router_cost_session_margin: f64,
+    /// `cost` mode: seconds a session between turns counts on the worker of its last turn (its
+    /// context's KV, which its next turn will decode beside), in the placement of other requests
+    /// (0: off; at most 86400).
+    #[arg(help_heading = H::SESSIONS, long, default_value_t = 20.0)]
+    router_cost_session_window_secs: f64,
     /// `cost` mode: weight of the replica credit, which lets a worker copy a hot prefix that
     /// other workers hold when the next requests on it would be served sooner there (0: off).
     #[arg(help_heading = H::ROUTING, long, default_value_t = 1.0)]
@@ -216,6 +221,7 @@ impl RoutingArgs {
             router_cost_decode_weight: self.router_cost_decode_weight,
             router_cost_prefill_weight: self.router_cost_prefill_weight,
             router_cost_session_margin: self.router_cost_session_margin,
+            router_cost_session_window_secs: self.router_cost_session_window_secs,
             router_cost_replica_weight: self.router_cost_replica_weight,
             router_cost_fit: self.router_cost_fit,
             router_cost_speedup_ratio: self.router_cost_speedup_ratio.unwrap_or(1.0),

@@ -90,6 +90,11 @@ pub struct RouterConfig {
     /// `cost` mode: a session's next turn stays on the worker of its last turn unless another is
     /// cheaper by more than this fraction of the best cost (soft affinity).
     pub router_cost_session_margin: f64,
+    /// `cost` mode: seconds a session between turns (its requests carry a session id) counts
+    /// on the worker of its last turn: its context's KV is added there in the estimates of other
+    /// requests, since its next turn will decode there. Default 20; 0 turns it off
+    /// (docs/routing.md, "Sessions between turns").
+    pub router_cost_session_window_secs: f64,
     /// `cost` mode: weight ρ of the replica credit: a worker lacking a hot prefix that others
     /// hold is credited ρ × (requests on the prefix in the last 30 s) × (how much cheaper the
     /// next one would be there, were it a holder) / (holders + 1). Default 1; 0 turns it off
@@ -174,6 +179,7 @@ impl Default for RouterConfig {
             router_cost_decode_weight: 0.5,
             router_cost_prefill_weight: 1.0,
             router_cost_session_margin: 0.1,
+            router_cost_session_window_secs: 20.0,
             router_cost_replica_weight: 1.0,
             router_cost_fit: false,
             router_cost_speedup_ratio: 1.0,
@@ -221,6 +227,9 @@ fn seconds(value: f64, option: &'static str) -> Result<(), ConfigError> {
     )
 }
 
+/// The longest `--router-cost-session-window-secs` (a day).
+const MAX_SESSION_WINDOW_SECS: f64 = 86_400.0;
+
 fn finite_non_negative(value: f64, option: &'static str) -> Result<(), ConfigError> {
     check(
         value.is_finite() && value >= 0.0,
@@ -257,6 +266,14 @@ impl RouterConfig {
         finite_non_negative(
             self.router_cost_session_margin,
             "--router-cost-session-margin",
+        )?;
+        let window = self.router_cost_session_window_secs;
+        check(
+            window.is_finite() && (0.0..=MAX_SESSION_WINDOW_SECS).contains(&window),
+            "--router-cost-session-window-secs",
+            format!(
+                "{window} is not a number of seconds from 0 to {MAX_SESSION_WINDOW_SECS} (a day)"
+            ),
         )?;
         finite_non_negative(
             self.router_cost_replica_weight,

@@ -18,9 +18,7 @@ use crate::timing::TimingModel;
 use std::sync::Arc;
 
 mod replica;
-
-/// Sessions remembered before the oldest half is forgotten.
-const MAX_SESSIONS: usize = 65_536;
+mod sessions;
 
 /// An active request as the cost policy tracks it.
 #[derive(Clone, Copy, Debug)]
@@ -40,6 +38,8 @@ struct Active {
     /// The most output tokens it may produce (`max_tokens`), if the client said: a reported
     /// length past it is learnt as this.
     max_output: Option<u64>,
+    /// Its session, if it named one.
+    session: Option<u64>,
 }
 
 /// The cost policy's state inside the router.
@@ -54,8 +54,8 @@ pub(super) struct CostState {
     siblings: FastMap<(WorkerRank, u64), u32>,
     outputs: OutputLengths,
     active: FastMap<RequestId, Active>,
-    /// Session → (rank of its last turn, when).
-    homes: FastMap<u64, (WorkerRank, Time)>,
+    /// Sessions: their homes and the KV of those between turns.
+    sessions: sessions::Sessions,
     /// Recent requests per cached prefix (for the replica credit).
     heat: PrefixHeat,
     /// Bumped whenever a worker is given a profile, so every kept [`Steady`] is recomputed
@@ -103,8 +103,20 @@ struct Steady {
 }
 
 impl CostState {
-    fn forget_request(&mut self, id: RequestId) -> Option<Active> {
+    /// Forgets an ended request that wrote `output_tokens`; its session, if this was its last
+    /// request in flight, is resident on its home for `window` ([`sessions`]).
+    fn forget_request(
+        &mut self,
+        id: RequestId,
+        output_tokens: u64,
+        window: std::time::Duration,
+        now: Time,
+    ) -> Option<Active> {
         let a = self.active.remove(&id)?;
+        if let Some(session) = a.session {
+            self.sessions
+                .ended(session, a.rank, output_tokens, window, now);
+        }
         if let Some(s) = self.ranks.get_mut(&a.rank) {
             s.expected_out = (s.expected_out - a.expected).max(0.0);
             s.requests = s.requests.saturating_sub(1);
@@ -133,6 +145,7 @@ struct PriceContext {
     cv: f64,
     group: Option<u64>,
     now: Time,
+    session: Option<u64>,
 }
 
 /// One candidate as the estimate sees it.
@@ -160,7 +173,8 @@ impl Router {
     /// A request's output length, known when it finishes: the `cost` policy learns per RL group,
     /// per prompt and overall. Call before [`Router::finish`]; unknown ids are ignored.
     pub fn observe_output(&mut self, id: RequestId, output_tokens: u64, now: Time) {
-        let Some(a) = self.cost.forget_request(id) else {
+        let window = self.session_window();
+        let Some(a) = self.cost.forget_request(id, output_tokens, window, now) else {
             return;
         };
         let output_tokens = output_tokens
@@ -219,6 +233,7 @@ impl Router {
         if self.cost.timing.remove(&worker).is_some() {
             self.cost.profiles_epoch += 1;
         }
+        self.cost.sessions.worker_removed(worker);
         for a in self.cost.active.values_mut() {
             if a.rank.worker == worker {
                 a.fits = false;
@@ -245,8 +260,15 @@ impl Router {
         self.cost.ranks.len()
     }
 
-    pub(super) fn cost_released(&mut self, id: RequestId) {
-        self.cost.forget_request(id);
+    pub(super) fn cost_released(&mut self, id: RequestId, now: Time) {
+        let window = self.session_window();
+        self.cost.forget_request(id, 0, window, now);
+    }
+
+    /// How long a session between turns counts on its home (`router_cost_session_window_secs`).
+    fn session_window(&self) -> std::time::Duration {
+        std::time::Duration::try_from_secs_f64(self.config.router_cost_session_window_secs)
+            .unwrap_or_default()
     }
 
     pub(super) fn cost_event(&mut self, event: &KvEvent, now: Time) {
@@ -291,7 +313,9 @@ impl Router {
         let w = WorkerPicture {
             prefill_queue_tokens: c.load.active_prefill_tokens,
             active_requests: c.load.active_requests,
-            kv_tokens: c.load.active_decode_blocks * bs,
+            // Sessions between turns will decode here again (`sessions.rs`).
+            kv_tokens: c.load.active_decode_blocks * bs
+                + self.cost.sessions.resident_kv(c.rank, cx.session),
             expected_output_tokens: state.expected_out,
             capacity_tokens: capacity * bs,
             batch_tokens: spec.max_num_batched_tokens.unwrap_or(8192),
@@ -345,6 +369,8 @@ impl Router {
         candidates: &[Candidate],
         now: Time,
     ) -> (Vec<CostEstimate>, Option<u64>) {
+        let window = self.session_window();
+        self.cost.sessions.expire(window, now);
         let mut ranks = std::mem::take(&mut self.cost.ranks);
         let out = self.estimates_keeping(request, candidates, now, &mut ranks);
         self.cost.ranks = ranks;
@@ -371,6 +397,7 @@ impl Router {
             cv: self.cost.outputs.group_cv(),
             group: request.group,
             now,
+            session: request.session,
         };
         let weights = CostWeights {
             decode: self.config.router_cost_decode_weight,
@@ -416,8 +443,8 @@ impl Router {
         candidates: &[Candidate],
         estimates: &[CostEstimate],
     ) -> Option<usize> {
-        let (rank, _) = self.cost.homes.get(&request.session?)?;
-        let h = candidates.iter().position(|c| c.rank == *rank)?;
+        let rank = self.cost.sessions.home(request.session?)?;
+        let h = candidates.iter().position(|c| c.rank == rank)?;
         let best = estimates
             .iter()
             .map(|e| e.total)
@@ -452,8 +479,10 @@ impl Router {
             fits: true,
             samples: request.max_output_tokens.is_none_or(|m| m > 1),
             max_output: request.max_output_tokens,
+            session: request.session,
         };
-        self.cost.forget_request(request.id);
+        let window = self.session_window();
+        self.cost.forget_request(request.id, 0, window, now);
         self.cost.active.insert(request.id, active);
         let state = self.cost.ranks.entry(rank).or_default();
         state.expected_out += expected;
@@ -462,13 +491,7 @@ impl Router {
             *self.cost.siblings.entry((rank, g)).or_default() += 1;
         }
         if let Some(s) = request.session {
-            self.cost.homes.insert(s, (rank, now));
-            if self.cost.homes.len() > MAX_SESSIONS {
-                let mut t: Vec<Time> = self.cost.homes.values().map(|v| v.1).collect();
-                t.sort_unstable();
-                let cut = t[t.len() / 2];
-                self.cost.homes.retain(|_, v| v.1 > cut);
-            }
+            self.cost.sessions.placed(s, rank, request.isl_tokens, now);
         }
     }
 }

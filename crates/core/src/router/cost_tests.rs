@@ -1,4 +1,4 @@
-use super::tests::{request, router, store_event, tokens, BS};
+use super::tests::{request, router, router_with, store_event, tokens, BS};
 use super::*;
 use crate::policy::cost::{estimate, CostWeights, RequestPicture, WorkerPicture};
 use crate::timing::DynamoPoly;
@@ -528,4 +528,57 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn a_session_between_turns_keeps_new_work_off_its_worker_for_the_window() {
+    let sys = tokens(1, 2_048);
+    let with = |rest: Vec<u32>| [sys.clone(), rest].concat();
+    let place_new = |window: f64, new_at: u64| {
+        let mut r = router_with(
+            RouterConfig {
+                router_mode: RouterMode::Cost,
+                router_cost_session_window_secs: window,
+                ..Default::default()
+            },
+            2,
+        );
+        // Worker 0 holds the shared system prompt, and a session's long context.
+        r.apply_event(&store_event(0, &sys)).unwrap();
+        let mut turn = request(1, &with(tokens(2, 300_000)));
+        turn.session = Some(9);
+        turn.pin = Some(Pin {
+            worker: WorkerId(0),
+            dp_rank: None,
+        });
+        r.route(&turn, at(0)).unwrap();
+        r.observe_output(RequestId(1), 100, at(1_000));
+        let _ = r.finish(RequestId(1), at(1_000)).unwrap();
+        // A new prompt sharing only the system prompt.
+        let fresh = r
+            .route(&request(2, &with(tokens(3, 500))), at(new_at))
+            .unwrap();
+        // The session's own next turn still goes home.
+        let mut next = request(3, &with(tokens(2, 300_100)));
+        next.session = Some(9);
+        (
+            fresh.rank.worker,
+            r.route(&next, at(new_at + 1)).unwrap().rank.worker,
+        )
+    };
+    assert_eq!(
+        place_new(0.0, 2_000),
+        (WorkerId(0), WorkerId(0)),
+        "off: the cached system prompt wins"
+    );
+    assert_eq!(
+        place_new(30.0, 2_000),
+        (WorkerId(1), WorkerId(0)),
+        "the session will decode on worker 0 again"
+    );
+    assert_eq!(
+        place_new(30.0, 31_001),
+        (WorkerId(0), WorkerId(0)),
+        "after the window it no longer counts"
+    );
 }

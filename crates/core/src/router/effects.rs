@@ -40,7 +40,7 @@ impl Router {
         self.ledger
             .release(id)
             .map_err(|_| RouteError::UnknownRequest(id))?;
-        self.cost_released(id);
+        self.cost_released(id, now);
         self.group_released(id);
         if id.0 < super::REMOTE_ID_BASE {
             self.announce(|replica| super::RemoteEvent::Finish {

@@ -59,6 +59,11 @@ const MODE_SETTINGS: &[ModeSetting] = &[
         value: |c| c.router_cost_session_margin,
     },
     ModeSetting {
+        flag: "--router-cost-session-window-secs",
+        read_by: COST,
+        value: |c| c.router_cost_session_window_secs,
+    },
+    ModeSetting {
         flag: "--router-cost-replica-weight",
         read_by: COST,
         value: |c| c.router_cost_replica_weight,
@@ -178,7 +183,7 @@ mod tests {
     #[test]
     fn each_setting_is_noticed_by_its_own_field() {
         type Move = fn(&mut RouterConfig);
-        let moves: [(&str, Move); 11] = [
+        let moves: [(&str, Move); 12] = [
             ("--router-temperature", |c| c.router_temperature = 0.5),
             ("--router-kv-overlap-score-credit", |c| {
                 c.router_kv_overlap_score_credit = 2.0
@@ -200,6 +205,9 @@ mod tests {
             }),
             ("--router-cost-session-margin", |c| {
                 c.router_cost_session_margin = 0.3
+            }),
+            ("--router-cost-session-window-secs", |c| {
+                c.router_cost_session_window_secs = 5.0
             }),
             ("--router-cost-replica-weight", |c| {
                 c.router_cost_replica_weight = 0.0
