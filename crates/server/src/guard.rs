@@ -365,12 +365,8 @@ impl LoadGuard {
                 } else {
                     0
                 });
-        if measured {
-            // The cost policy learns output lengths (per RL group, prompt and overall).
-            let at = inner.now();
-            inner.lock_core().observe_output(self.id, output, at);
-        }
-        inner.release(self.id, Release::Finished);
+        // The cost policy learns output lengths (per RL group, prompt and overall).
+        inner.release_observed(self.id, Release::Finished, measured.then_some(output));
         if let (Some(group), true) = (self.group, self.counts_as_sample) {
             inner.group_sample_finished(group);
         }

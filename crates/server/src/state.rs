@@ -111,11 +111,21 @@ impl Inner {
     /// and carries out what that set in motion: queued requests placed on the freed capacity,
     /// loads of a weight update's workers that went idle. The only place the server releases
     /// load, so no caller can forget the follow-up.
-    #[allow(clippy::disallowed_methods)] // the one place allowed to call Router::finish/cancel
     pub(crate) fn release(&self, id: RequestId, how: Release) {
+        self.release_observed(id, how, None);
+    }
+
+    /// [`Inner::release`], after telling the cost policy the request's output length
+    /// (`Router::observe_output`) under the same lock, so no decision sees it learnt but not
+    /// yet released.
+    #[allow(clippy::disallowed_methods)] // the one place allowed to call Router::finish/cancel
+    pub(crate) fn release_observed(&self, id: RequestId, how: Release, output: Option<u64>) {
         let now = self.now();
         let released = {
             let mut core = self.lock_core();
+            if let Some(output) = output {
+                core.observe_output(id, output, now);
+            }
             match how {
                 Release::Finished => core.finish(id, now),
                 Release::Cancelled => core.cancel(id, now),

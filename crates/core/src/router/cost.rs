@@ -114,8 +114,12 @@ impl CostState {
     ) -> Option<Active> {
         let a = self.active.remove(&id)?;
         if let Some(session) = a.session {
-            self.sessions
-                .ended(session, a.rank, output_tokens, window, now);
+            // A request of a removed worker leaves its session resident nowhere.
+            let window = if a.fits { window } else { Default::default() };
+            let output = output_tokens
+                .min(a.max_output.unwrap_or(u64::MAX))
+                .min(crate::policy::learn::MAX_OUTPUT_SAMPLE);
+            self.sessions.ended(session, a.rank, output, window, now);
         }
         if let Some(s) = self.ranks.get_mut(&a.rank) {
             s.expected_out = (s.expected_out - a.expected).max(0.0);
@@ -254,6 +258,12 @@ impl Router {
         self.cost.outputs.expected(None, None)
     }
 
+    /// KV tokens of the sessions resident on `rank` (tests).
+    #[cfg(test)]
+    pub(super) fn resident_kv(&self, rank: WorkerRank) -> u64 {
+        self.cost.sessions.resident_kv(rank, None)
+    }
+
     /// Entries of the cost policy's per-rank state (tests check it stays bounded).
     #[cfg(test)]
     pub(super) fn cost_rank_entries(&self) -> usize {
@@ -313,9 +323,14 @@ impl Router {
         let w = WorkerPicture {
             prefill_queue_tokens: c.load.active_prefill_tokens,
             active_requests: c.load.active_requests,
-            // Sessions between turns will decode here again (`sessions.rs`).
+            // Sessions between turns will decode here again (`sessions.rs`), as far as the
+            // worker can hold them.
             kv_tokens: c.load.active_decode_blocks * bs
-                + self.cost.sessions.resident_kv(c.rank, cx.session),
+                + self
+                    .cost
+                    .sessions
+                    .resident_kv(c.rank, cx.session)
+                    .min((capacity * bs).saturating_sub(c.load.active_decode_blocks * bs)),
             expected_output_tokens: state.expected_out,
             capacity_tokens: capacity * bs,
             batch_tokens: spec.max_num_batched_tokens.unwrap_or(8192),

@@ -582,3 +582,26 @@ fn a_session_between_turns_keeps_new_work_off_its_worker_for_the_window() {
         "after the window it no longer counts"
     );
 }
+
+#[test]
+fn a_session_whose_worker_was_removed_is_resident_nowhere() {
+    let mut r = router(RouterMode::Cost, 2);
+    let mut turn = request(1, &tokens(2, 4_000));
+    turn.session = Some(9);
+    let rank = r.route(&turn, at(0)).unwrap().rank;
+    r.remove_worker(rank.worker).unwrap();
+    r.observe_output(RequestId(1), 100, at(10));
+    let _ = r.finish(RequestId(1), at(10));
+    assert_eq!(r.resident_kv(rank), 0);
+    // The same id registered again starts with nothing resident either.
+    r.add_worker(WorkerSpec::new(rank.worker)).unwrap();
+    assert_eq!(r.resident_kv(rank), 0);
+    // A live worker's session is resident once its turn ends (outputs capped as learnt).
+    let mut turn = request(2, &tokens(3, 4_000));
+    turn.session = Some(10);
+    turn.max_output_tokens = Some(50);
+    let home = r.route(&turn, at(20)).unwrap().rank;
+    r.observe_output(RequestId(2), 1_000_000, at(30));
+    let _ = r.finish(RequestId(2), at(30)).unwrap();
+    assert_eq!(r.resident_kv(home), 4_050);
+}

@@ -94,11 +94,11 @@ impl Sessions {
             return;
         };
         h.active = h.active.saturating_sub(1);
-        if h.rank != rank {
+        if h.rank != rank || h.resident_since.is_some() {
             return;
         }
         h.kv_tokens = h.kv_tokens.saturating_add(output_tokens);
-        if h.active > 0 || window.is_zero() || h.resident_since.is_some() {
+        if h.active > 0 || window.is_zero() {
             return;
         }
         h.resident_since = Some(now);
@@ -153,14 +153,24 @@ impl Sessions {
         }
     }
 
+    /// Forgets the older half of the sessions with nothing in flight (one in flight keeps its
+    /// entry, so its end is counted against the right one).
     fn forget_oldest_half(&mut self) {
-        let mut t: Vec<Time> = self.homes.values().map(|h| h.placed).collect();
+        let mut t: Vec<Time> = self
+            .homes
+            .values()
+            .filter(|h| h.active == 0)
+            .map(|h| h.placed)
+            .collect();
+        if t.is_empty() {
+            return;
+        }
         t.sort_unstable();
         let cut = t[t.len() / 2];
         let old: Vec<(u64, Home)> = self
             .homes
             .iter()
-            .filter(|(_, h)| h.placed <= cut)
+            .filter(|(_, h)| h.active == 0 && h.placed <= cut)
             .map(|(s, h)| (*s, *h))
             .collect();
         for (s, h) in old {
@@ -265,6 +275,38 @@ mod tests {
         moved.ended(9, rank(1), 0, window, Time::from_millis(2));
         assert_eq!(moved.resident_kv(rank(1), None), 0);
         moved.check().unwrap();
+    }
+
+    #[test]
+    fn a_late_end_of_a_resident_session_adds_nothing_and_busy_homes_are_not_forgotten() {
+        let window = Duration::from_secs(30);
+        let mut s = Sessions::default();
+        s.placed(7, rank(1), 1_000, Time::from_millis(0));
+        s.ended(7, rank(1), 10, window, Time::from_millis(1));
+        // An end counted against a session already resident (its entry was recreated while a
+        // request was in flight): the sums stay right.
+        s.ended(7, rank(1), 500, window, Time::from_millis(2));
+        assert_eq!(s.resident_kv(rank(1), None), 1_010);
+        s.check().unwrap();
+        s.expire(window, Time::from_millis(40_000));
+        assert_eq!(s.resident_kv(rank(1), None), 0);
+        s.check().unwrap();
+        // A session with a request in flight keeps its entry through the forgetting.
+        let mut s = Sessions::default();
+        s.placed(1, rank(0), 10, Time::from_millis(0));
+        for i in 2..(MAX_SESSIONS as u64 + 10) {
+            s.placed(i, rank(0), 10, Time::from_millis(i));
+            s.ended(i, rank(0), 0, window, Time::from_millis(i));
+        }
+        assert!(s.homes.get(&1).is_some_and(|h| h.active == 1));
+        s.ended(
+            1,
+            rank(0),
+            0,
+            window,
+            Time::from_millis(MAX_SESSIONS as u64 + 20),
+        );
+        s.check().unwrap();
     }
 
     #[test]
