@@ -36,6 +36,22 @@ fn cost(c: &mut Criterion) {
             })
         });
     }
+    // Every request a turn of one of 4,096 sessions, each then resident on its worker for the
+    // window (20 s; the bench's clock moves 1 µs a request): the resident bookkeeping's cost.
+    let mut r = cost_bench_router(RouterMode::Cost, &trace);
+    let mut id = 0u64;
+    group.bench_function("cost/prehashed_sessions", |b| {
+        b.iter(|| {
+            id += 1;
+            black_box(route_and_finish_in(
+                &mut r,
+                id,
+                Some(id % 4096),
+                isl,
+                &hashed,
+            ))
+        })
+    });
     group.finish();
 }
 

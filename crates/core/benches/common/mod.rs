@@ -125,7 +125,19 @@ pub fn route_and_finish(
     isl_tokens: u64,
     blocks: &BlockHashes,
 ) -> WorkerRank {
-    let req = RouteRequest::new(RequestId(id), isl_tokens, blocks.clone());
+    route_and_finish_in(r, id, None, isl_tokens, blocks)
+}
+
+/// [`route_and_finish`] for a request of `session` (which is then resident on its worker).
+pub fn route_and_finish_in(
+    r: &mut Router,
+    id: u64,
+    session: Option<u64>,
+    isl_tokens: u64,
+    blocks: &BlockHashes,
+) -> WorkerRank {
+    let mut req = RouteRequest::new(RequestId(id), isl_tokens, blocks.clone());
+    req.session = session;
     let d = r.route(&req, Time::from_micros(id)).unwrap();
     let _ = r.finish(RequestId(id), Time::from_micros(id)).unwrap();
     d.rank
