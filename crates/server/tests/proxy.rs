@@ -121,6 +121,13 @@ async fn a_client_that_leaves_mid_stream_releases_the_load() {
 /// the client gets the other worker's whole answer, and the failed attempt's load is released.
 #[tokio::test]
 async fn a_stream_failing_before_its_first_chunk_is_retried_elsewhere() {
+    // Closed after the head; an empty body (a 200 stream that says nothing is no answer).
+    for body in [&b""[..], &b"0\r\n\r\n"[..]] {
+        retried_elsewhere(body).await;
+    }
+}
+
+async fn retried_elsewhere(body: &'static [u8]) {
     let config = ServeConfig {
         router: RouterConfig {
             router_mode: RouterMode::RoundRobin,
@@ -128,7 +135,7 @@ async fn a_stream_failing_before_its_first_chunk_is_retried_elsewhere() {
             ..RouterConfig::default()
         },
         workers: vec![WorkerEntry {
-            url: dying_engine(b"").await,
+            url: dying_engine(body).await,
             block_size: Some(64),
             max_num_batched_tokens: Some(8192),
             kv_capacity_blocks: Some(16384),
@@ -222,6 +229,8 @@ async fn a_stream_failing_before_its_first_byte_is_an_error_status() {
             &b"2a\r\ndata: {\"choices\":[{\"text\":\"a\",\"index\":0}]}\n\n\r\n"[..],
             false,
         ),
+        // Cut inside an event: the error event still reads as one (after a blank line).
+        (&b"e\r\ndata: {\"choice\r\n"[..], false),
     ] {
         let url = dying_engine(body).await;
         let config = ServeConfig {
@@ -257,12 +266,23 @@ async fn a_stream_failing_before_its_first_byte_is_an_error_status() {
             assert_eq!(status, 502, "{text}");
             let v: serde_json::Value = serde_json::from_str(&text).unwrap();
             assert!(v["error"]["message"].as_str().is_some(), "{v}");
+            let m = reqwest::get(format!("http://{}/metrics", server.addr))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            assert_eq!(
+                metric(&m, "kvrouter_upstream_retries_total{"),
+                0.0,
+                "one worker: nothing was re-sent, so no retry is counted: {m}"
+            );
         } else {
             assert_eq!(status, 200, "{text}");
-            assert!(text.starts_with("data: {\"choices\""), "{text}");
+            assert!(text.starts_with("data: {\"choice"), "{text}");
             assert!(
-                text.contains("\"error\""),
-                "the in-band error ends it: {text}"
+                text.contains("\n\ndata: {\"error\""),
+                "the in-band error ends it, as an event of its own: {text}"
             );
         }
         server.stop().await;

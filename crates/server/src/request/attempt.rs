@@ -108,6 +108,12 @@ pub(crate) async fn attempt(
             }
         };
         admit_next = false;
+        if first && n > 0 {
+            // A re-send of a failed first attempt (counted when it is placed, so a failure with
+            // nowhere left to go counts none).
+            let mode = inner.config.router.router_mode;
+            inner.metrics.retries.inc(&[("mode", mode.as_str())]);
+        }
         let worker = decision.rank.worker;
         tried.push(worker);
         if first && n == 0 {
@@ -130,6 +136,10 @@ pub(crate) async fn attempt(
                 r.first_chunk(wait)
                     .await
                     .map_err(|e| format!("the stream failed before its first byte: {e}"))?;
+                if r.ended_empty() {
+                    // An SSE answer always says something (at least `[DONE]`).
+                    return Err("the stream ended before its first byte".into());
+                }
             }
             Ok::<_, String>(r)
         };
@@ -166,12 +176,8 @@ pub(crate) async fn attempt(
                 // Nothing reached the client yet: release this attempt and try another worker.
                 guard.retire();
                 last_error = failure;
-                if first {
-                    let mode = inner.config.router.router_mode;
-                    inner.metrics.retries.inc(&[("mode", mode.as_str())]);
-                    if req.pin.is_some() {
-                        break;
-                    }
+                if first && req.pin.is_some() {
+                    break;
                 }
             }
         }

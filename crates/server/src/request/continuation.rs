@@ -24,6 +24,8 @@ use serde_json::Value;
 /// What a stream failing with migration off tells the client.
 pub(crate) const MIGRATION_OFF: &str =
     "the worker failed mid-stream and migration is off (--migration-limit)";
+/// What a passed-through SSE stream that ends inside an event tells the client.
+const ENDED_MID_EVENT: &str = "the worker's stream ended in the middle of an event";
 
 /// How the upstream's bytes are followed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,8 +69,13 @@ pub(crate) enum Whole {
 pub(crate) struct Continuation {
     kind: Kind,
     follow: Follow,
-    /// Continuations after failures still allowed.
+    /// Continuations after failures still allowed, of `limit`.
     left: u32,
+    limit: u32,
+    /// The body is SSE (a successful stream): checked to end at an event break.
+    sse: bool,
+    /// What went to the client last ended an event (or nothing went yet).
+    at_break: bool,
     /// Why the request cannot be continued faithfully, if it cannot.
     unmigratable: Option<&'static str>,
     generated_text: String,
@@ -111,6 +118,9 @@ impl Continuation {
             kind,
             follow,
             left,
+            limit: left,
+            sse: false,
+            at_break: true,
             unmigratable,
             generated_text: String::new(),
             generated_tokens: 0,
@@ -124,6 +134,26 @@ impl Continuation {
             first_prompt_tokens: None,
             original_usage: None,
         }
+    }
+
+    /// The body is an SSE stream (a successful streamed answer): one that ends inside an event
+    /// fails, and an error event after a cut event first ends it.
+    pub(crate) fn with_sse(mut self, sse: bool) -> Self {
+        self.sse = sse;
+        self
+    }
+
+    /// The in-band error event that ends the answer: after a blank line when what went before
+    /// stopped inside an event, so that the client can read it.
+    pub(crate) fn error_event(&self, message: &str) -> Bytes {
+        let event = sse::error_event(message);
+        if self.at_break {
+            return event;
+        }
+        let mut out = Vec::with_capacity(event.len() + 2);
+        out.extend_from_slice(b"\n\n");
+        out.extend_from_slice(&event);
+        Bytes::from(out)
     }
 
     /// Tokens produced so far, over all attempts.
@@ -145,6 +175,14 @@ impl Continuation {
     /// `draining`: whether the worker is draining for a weight update (asked only when an event
     /// finished with `abort`).
     pub(crate) fn chunk(&mut self, chunk: Bytes, draining: impl Fn() -> bool) -> Bytes {
+        let out = self.forwarded(chunk, draining);
+        if self.sse && !out.is_empty() {
+            self.at_break = out.ends_with(b"\n\n") || out.ends_with(b"\r\r");
+        }
+        out
+    }
+
+    fn forwarded(&mut self, chunk: Bytes, draining: impl Fn() -> bool) -> Bytes {
         match self.follow {
             Follow::Chunks { .. } => {
                 if self.stamp && chunk.starts_with(b"data:") {
@@ -240,10 +278,10 @@ impl Continuation {
     /// past the idle timeout).
     pub(crate) fn upstream_over(&mut self, clean: bool) -> Next {
         if let Follow::Chunks { .. } = self.follow {
-            return if clean {
-                Next::Finish
-            } else {
-                fail(MIGRATION_OFF.into(), true)
+            return match (clean, self.at_break) {
+                (true, true) => Next::Finish,
+                (true, false) => fail(ENDED_MID_EVENT.into(), true),
+                (false, _) => fail(MIGRATION_OFF.into(), true),
             };
         }
         if self.done {
@@ -258,7 +296,11 @@ impl Continuation {
         }
         // A failure: an error, silence, or an end without [DONE].
         if self.left == 0 {
-            return fail(MIGRATION_OFF.into(), true);
+            let message = match self.limit {
+                0 => MIGRATION_OFF.into(),
+                n => format!("the worker failed mid-stream and the answer was continued {n} time(s) already (--migration-limit)"),
+            };
+            return fail(message, true);
         }
         if let Some(reason) = self.unmigratable {
             return fail(format!("the worker failed mid-stream and the request cannot be continued faithfully ({reason})"), true);

@@ -19,7 +19,6 @@ use axum::body::Bytes;
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use kvrouter_core::ids::WorkerId;
-use kvrouter_openai::sse::error_event;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -207,7 +206,7 @@ pub(crate) fn stream(
                     guard.log_failed();
                     f.failed(&message);
                     let end = match guard.is_stream() {
-                        true => Ok(error_event(&message)),
+                        true => Ok(f.machine.error_event(&message)),
                         false => Err(std::io::Error::other(message)),
                     };
                     return Some((end, None));
@@ -228,9 +227,15 @@ pub(crate) fn stream(
                         true => "continuation after a weight update failed",
                         false => "migration failed",
                     };
-                    let message = format!("{what}: {e}");
+                    let why = match e {
+                        ServeError::Route(kvrouter_core::router::RouteError::NoWorkers) => {
+                            format!("every worker it could go to was tried ({})", f.tried.len())
+                        }
+                        e => e.to_string(),
+                    };
+                    let message = format!("{what}: {why}");
                     f.failed(&message);
-                    return Some((Ok(error_event(&message)), None));
+                    return Some((Ok(f.machine.error_event(&message)), None));
                 }
             }
         }

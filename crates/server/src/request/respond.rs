@@ -79,7 +79,8 @@ pub(crate) async fn respond(
         },
         (stamp, _) => Follow::Chunks { stamp },
     };
-    let machine = Continuation::new(kind, follow, version, isl, unmigratable);
+    let machine = Continuation::new(kind, follow, version, isl, unmigratable)
+        .with_sse(req.stream && status.is_success());
     // The attempt waited for the first chunk already: the head is held for what is left of
     // the hold (a first chunk with no whole event in it may still leave nothing to send).
     let hold = config.stream_head_hold.saturating_sub(response.waited());

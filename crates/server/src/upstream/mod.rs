@@ -156,6 +156,11 @@ impl Response {
         Ok(())
     }
 
+    /// Whether [`Response::first_chunk`] found the body ended, empty.
+    pub(crate) fn ended_empty(&self) -> bool {
+        matches!(self.first, First::Ended)
+    }
+
     /// How long [`Response::first_chunk`] waited (zero when it was not called).
     pub(crate) fn waited(&self) -> Duration {
         self.waited

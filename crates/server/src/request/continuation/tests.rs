@@ -69,7 +69,9 @@ fn continuations_carry_the_streamed_tokens_and_the_remaining_budget() {
     assert_eq!(
         m.upstream_over(false),
         Next::Fail {
-            message: MIGRATION_OFF.into(),
+            message: "the worker failed mid-stream and the answer was continued 1 time(s) \
+                      already (--migration-limit)"
+                .into(),
             worker_failed: true
         },
         "the limit is spent"
@@ -360,4 +362,48 @@ proptest! {
         prop_assert_eq!(usages[0], &json!({"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}));
         prop_assert_eq!(m.generated_tokens(), n);
     }
+}
+
+#[test]
+fn a_passed_through_stream_cut_inside_an_event_fails_and_its_error_event_is_readable() {
+    let sse =
+        |stamp| Continuation::new(Kind::Chat, Follow::Chunks { stamp }, 2, 5, None).with_sse(true);
+    // Cut inside an event, then a clean end (a close-delimited body): a failure.
+    let mut m = sse(false);
+    let _ = m.chunk(Bytes::from_static(b"data: {\"id\":\"x\",\"obj"), NEVER);
+    let Next::Fail { message, .. } = m.upstream_over(true) else {
+        panic!("a stream ended mid-event is not whole");
+    };
+    // The error event ends the cut one first, so the client can read it.
+    let end = m.error_event(&message);
+    assert!(end.starts_with(b"\n\ndata: {\"error\""), "{end:?}");
+    // Whole events, then a break: an error event needs no blank line before it.
+    let mut m = sse(true);
+    let _ = m.chunk(Bytes::from(text_event("a")), NEVER);
+    assert!(m.error_event("x").starts_with(b"data: "));
+    assert_eq!(m.upstream_over(true), Next::Finish);
+    // A body that is not SSE (an error status's JSON) is not checked.
+    let mut json = Continuation::new(Kind::Chat, Follow::Chunks { stamp: false }, 2, 5, None);
+    let _ = json.chunk(Bytes::from_static(b"{\"error\":{}}"), NEVER);
+    assert_eq!(json.upstream_over(true), Next::Finish);
+}
+
+#[test]
+fn a_stream_past_its_migration_limit_says_so() {
+    let mut m = Continuation::new(
+        Kind::Chat,
+        Follow::Events { migration_limit: 1 },
+        0,
+        5,
+        None,
+    );
+    assert_eq!(
+        m.upstream_over(false),
+        Next::Continue { after_abort: false }
+    );
+    let Next::Fail { message, .. } = m.upstream_over(false) else {
+        panic!("the limit is reached");
+    };
+    assert!(message.contains("continued 1 time(s)"), "{message}");
+    assert!(!message.contains("migration is off"), "{message}");
 }
