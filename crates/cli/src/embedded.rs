@@ -16,6 +16,11 @@ pub(crate) fn like_the_router(
     config: &ServeConfig,
 ) -> MockEngineConfig {
     template.engine.block_size = config.router.kv_cache_block_size;
+    // They serve the names the router lists (`--model-name`), else their default.
+    if let Some((first, rest)) = config.model_names.split_first() {
+        template.model_name = first.clone();
+        template.model_aliases = rest.to_vec();
+    }
     template.tokenizer = config.tokenizer.clone();
     template.chat_template = config.chat_template.clone();
     if config.router.router_kv_events {

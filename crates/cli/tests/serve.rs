@@ -972,3 +972,22 @@ async fn a_stalled_answer_body_fails_within_the_response_timeout() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The embedded engines serve the names the router lists (`--model-name`), so a request for
+/// any of them is answered (it got 503 "no workers available": the engines served only their
+/// default `mock-model`).
+#[tokio::test]
+async fn embedded_engines_serve_the_model_names_given() {
+    let s = serve(&["--model-name", "m1", "--model-name", "m2"]).await;
+    let client = reqwest::Client::new();
+    for model in ["m1", "m2"] {
+        let mut body = chat("which model?");
+        body["model"] = json!(model);
+        let (status, _, answer) = send(&client, &s.base, &body).await;
+        assert_eq!(status, 200, "{model}: {answer}");
+        assert_eq!(answer["model"], model, "{answer}");
+    }
+    let mut other = chat("and this?");
+    other["model"] = json!("mock-model");
+    assert_eq!(send(&client, &s.base, &other).await.0, 404, "not listed");
+}
