@@ -128,26 +128,8 @@ async fn a_stream_failing_before_its_first_chunk_is_retried_elsewhere() {
 }
 
 async fn retried_elsewhere(body: &'static [u8]) {
-    let config = ServeConfig {
-        router: RouterConfig {
-            router_mode: RouterMode::RoundRobin,
-            router_kv_events: false,
-            ..RouterConfig::default()
-        },
-        workers: vec![WorkerEntry {
-            url: dying_engine(body).await,
-            block_size: Some(64),
-            max_num_batched_tokens: Some(8192),
-            kv_capacity_blocks: Some(16384),
-            ..WorkerEntry::default()
-        }],
-        model_names: vec!["mock-model".into()],
-        health: kvrouter_server::config::HealthConfig {
-            interval: None,
-            ..Default::default()
-        },
-        ..ServeConfig::default()
-    };
+    let mut config = one_worker_at(dying_engine(body).await, "mock-model");
+    config.router.router_mode = RouterMode::RoundRobin;
     let server = common::start(config, 1, 50.0).await;
     let client = reqwest::Client::new();
     let base = format!("http://{}", server.addr);
@@ -196,6 +178,30 @@ async fn retried_and_released(client: &reqwest::Client, base: &str) {
     );
 }
 
+/// A router over one worker at `url` whose details are given (no discovery, no KV events, no
+/// health checks), serving `model`.
+fn one_worker_at(url: String, model: &str) -> ServeConfig {
+    ServeConfig {
+        router: RouterConfig {
+            router_kv_events: false,
+            ..RouterConfig::default()
+        },
+        workers: vec![WorkerEntry {
+            url,
+            block_size: Some(64),
+            max_num_batched_tokens: Some(8192),
+            kv_capacity_blocks: Some(16384),
+            ..WorkerEntry::default()
+        }],
+        model_names: vec![model.into()],
+        health: kvrouter_server::config::HealthConfig {
+            interval: None,
+            ..Default::default()
+        },
+        ..ServeConfig::default()
+    }
+}
+
 /// A fake engine that answers every request with a streamed 200 head, then `body` (raw chunked
 /// bytes), then closes the connection without ending the body.
 async fn dying_engine(body: &'static [u8]) -> String {
@@ -233,25 +239,7 @@ async fn a_stream_failing_before_its_first_byte_is_an_error_status() {
         (&b"e\r\ndata: {\"choice\r\n"[..], false),
     ] {
         let url = dying_engine(body).await;
-        let config = ServeConfig {
-            router: RouterConfig {
-                router_kv_events: false,
-                ..RouterConfig::default()
-            },
-            workers: vec![WorkerEntry {
-                url,
-                block_size: Some(64),
-                max_num_batched_tokens: Some(8192),
-                kv_capacity_blocks: Some(16384),
-                ..WorkerEntry::default()
-            }],
-            model_names: vec!["m".into()],
-            health: kvrouter_server::config::HealthConfig {
-                interval: None,
-                ..Default::default()
-            },
-            ..ServeConfig::default()
-        };
+        let config = one_worker_at(url, "m");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let server = kvrouter_server::start(config, listener).await.unwrap();
         let r = reqwest::Client::new()
