@@ -18,14 +18,18 @@
 //! Bounds on what a worker sends: `wire.rs` (64 KiB of response head, 4 KiB chunk-size lines,
 //! 64 KiB of trailers). Workers reached over `https`, and every worker when a proxy is set in
 //! the environment (`HTTP_PROXY`, `ALL_PROXY`, lower case too), go through reqwest
-//! ([`Body::Reqwest`]), which then follows no redirect either.
+//! (`response.rs`, its reqwest body), which then follows no redirect either. The answer and its
+//! kept first chunk are `response.rs`'s.
 
 mod pool;
+mod response;
 mod wire;
+
+pub(crate) use response::Response;
 
 use axum::http::{HeaderValue, StatusCode};
 use bytes::{Bytes, BytesMut};
-use futures::stream::{BoxStream, Stream, StreamExt};
+use futures::stream::Stream;
 use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -84,147 +88,6 @@ fn refuse_redirect(status: u16) -> Result<(), String> {
     match (300..400).contains(&status) && status != 304 {
         true => Err(format!("answered {status} (a redirect, not followed)")),
         false => Ok(()),
-    }
-}
-
-/// A worker's answer: status, content type, body.
-pub(crate) struct Response {
-    status: StatusCode,
-    content_type: Option<HeaderValue>,
-    body: Body,
-    /// What waiting for the body's first chunk gave ([`Response::first_chunk`]).
-    first: First,
-    /// How long that wait took.
-    waited: Duration,
-}
-
-/// What waiting for an answer's first chunk gave; the chunk is kept and comes first.
-#[derive(Debug, Default)]
-pub(crate) enum First {
-    /// Not waited for.
-    #[default]
-    NotAsked,
-    /// It came, and is kept.
-    Chunk(Bytes),
-    /// The body ended, empty.
-    Ended,
-    /// It had not come within the wait.
-    NotYet,
-}
-
-/// An answer's body.
-enum Body {
-    /// Read from the socket by whoever polls it.
-    Direct(Direct),
-    /// From reqwest (`https` workers, or any behind a proxy).
-    Reqwest(reqwest::Response),
-}
-
-impl Response {
-    pub(crate) fn status(&self) -> StatusCode {
-        self.status
-    }
-
-    pub(crate) fn content_type(&self) -> Option<&HeaderValue> {
-        self.content_type.as_ref()
-    }
-
-    /// Whether the body is read by the task that polls it (no connection task between).
-    pub(crate) fn read_here(&self) -> bool {
-        matches!(self.body, Body::Direct(_))
-    }
-
-    /// Waits up to `wait` for the body's first chunk and keeps it (it comes first from
-    /// [`Response::into_stream`] and [`Response::bytes`]); an error when the body fails before
-    /// any chunk came. Nothing is lost when the wait ends first: the chunk comes later.
-    pub(crate) async fn first_chunk(&mut self, wait: Duration) -> Result<(), String> {
-        let next = async {
-            match &mut self.body {
-                Body::Direct(d) => d.next().await.transpose(),
-                Body::Reqwest(r) => r.chunk().await.map_err(|e| e.to_string()),
-            }
-        };
-        let started = tokio::time::Instant::now();
-        let first = tokio::time::timeout(wait, next).await;
-        self.waited = started.elapsed();
-        self.first = match first {
-            Ok(Ok(Some(chunk))) => First::Chunk(chunk),
-            Ok(Ok(None)) => First::Ended,
-            Ok(Err(e)) => return Err(e),
-            Err(_) => First::NotYet,
-        };
-        Ok(())
-    }
-
-    /// Whether [`Response::first_chunk`] found the body ended, empty.
-    pub(crate) fn ended_empty(&self) -> bool {
-        matches!(self.first, First::Ended)
-    }
-
-    /// How long [`Response::first_chunk`] waited (zero when it was not called).
-    pub(crate) fn waited(&self) -> Duration {
-        self.waited
-    }
-
-    /// The body as chunks.
-    pub(crate) fn into_stream(self) -> BoxStream<'static, Result<Bytes, String>> {
-        let rest = match self.first {
-            First::Ended => return futures::stream::empty().boxed(),
-            _ => match self.body {
-                Body::Direct(d) => d.boxed(),
-                Body::Reqwest(r) => r
-                    .bytes_stream()
-                    .map(|r| r.map_err(|e| e.to_string()))
-                    .boxed(),
-            },
-        };
-        match self.first {
-            First::Chunk(chunk) => futures::stream::once(async move { Ok(chunk) })
-                .chain(rest)
-                .boxed(),
-            _ => rest,
-        }
-    }
-
-    /// The whole body.
-    pub(crate) async fn bytes(self) -> Result<Bytes, String> {
-        let mut chunks = match self.first {
-            First::Ended => return Ok(Bytes::new()),
-            First::Chunk(chunk) => vec![chunk],
-            First::NotAsked | First::NotYet => Vec::new(),
-        };
-        match self.body {
-            Body::Reqwest(r) if chunks.is_empty() => {
-                return r.bytes().await.map_err(|e| e.to_string())
-            }
-            Body::Reqwest(mut r) => {
-                while let Some(chunk) = r.chunk().await.map_err(|e| e.to_string())? {
-                    chunks.push(chunk);
-                }
-            }
-            Body::Direct(mut d) => {
-                while let Some(chunk) = d.next().await {
-                    chunks.push(chunk?);
-                }
-            }
-        }
-        Ok(match chunks.len() {
-            1 => chunks.pop().unwrap_or_default(),
-            _ => Bytes::from(chunks.concat()),
-        })
-    }
-
-    fn from_reqwest(r: reqwest::Response) -> Self {
-        Self {
-            status: StatusCode::from_u16(r.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
-            content_type: r
-                .headers()
-                .get("content-type")
-                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()),
-            body: Body::Reqwest(r),
-            first: First::NotAsked,
-            waited: Duration::ZERO,
-        }
     }
 }
 
@@ -365,13 +228,7 @@ impl Client {
                 pool: self.pool.clone(),
                 addr: target.addr.clone(),
             };
-            return Ok(Response {
-                status,
-                content_type: head.content_type,
-                body: Body::Direct(body),
-                first: First::NotAsked,
-                waited: Duration::ZERO,
-            });
+            return Ok(Response::direct(status, head.content_type, body));
         }
     }
 

@@ -1,4 +1,5 @@
 use super::*;
+use futures::StreamExt;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -404,11 +405,11 @@ async fn the_first_chunk_waited_for_is_kept_and_a_broken_one_is_an_error() {
     let mut r = send(&client, &base, "{}").await.unwrap();
     // Nothing yet: the wait ends, nothing is lost.
     r.first_chunk(Duration::from_millis(20)).await.unwrap();
-    assert!(matches!(r.first, First::NotYet));
+    assert!(matches!(r.first(), response::First::NotYet));
     assert!(r.waited() >= Duration::from_millis(20));
     go_tx.send("2\r\nab\r\n").unwrap();
     r.first_chunk(Duration::from_secs(5)).await.unwrap();
-    assert!(matches!(&r.first, First::Chunk(c) if &c[..] == b"ab"));
+    assert!(matches!(r.first(), response::First::Chunk(c) if &c[..] == b"ab"));
     go_tx.send("2\r\ncd\r\n0\r\n\r\n").unwrap();
     drop(go_tx);
     let body: Vec<Bytes> = r.into_stream().map(Result::unwrap).collect().await;
@@ -419,6 +420,6 @@ async fn the_first_chunk_waited_for_is_kept_and_a_broken_one_is_an_error() {
     // An empty body ends: whole, it is empty.
     let mut r = send(&client, &base, "{}").await.unwrap();
     r.first_chunk(Duration::from_secs(5)).await.unwrap();
-    assert!(matches!(r.first, First::Ended));
+    assert!(matches!(r.first(), response::First::Ended));
     assert!(r.bytes().await.unwrap().is_empty());
 }
