@@ -17,6 +17,7 @@ use crate::time::Time;
 use crate::timing::TimingModel;
 use std::sync::Arc;
 
+mod observe;
 mod replica;
 mod sessions;
 
@@ -40,6 +41,16 @@ struct Active {
     max_output: Option<u64>,
     /// Its session, if it named one.
     session: Option<u64>,
+}
+
+impl Active {
+    /// A reported output length as the policy counts it: at most `max_tokens` and the longest
+    /// sample it learns from.
+    fn counted(&self, output_tokens: u64) -> u64 {
+        output_tokens
+            .min(self.max_output.unwrap_or(u64::MAX))
+            .min(crate::policy::learn::MAX_OUTPUT_SAMPLE)
+    }
 }
 
 /// The cost policy's state inside the router.
@@ -116,10 +127,8 @@ impl CostState {
         if let Some(session) = a.session {
             // A request of a removed worker leaves its session resident nowhere.
             let window = if a.fits { window } else { Default::default() };
-            let output = output_tokens
-                .min(a.max_output.unwrap_or(u64::MAX))
-                .min(crate::policy::learn::MAX_OUTPUT_SAMPLE);
-            self.sessions.ended(session, a.rank, output, window, now);
+            self.sessions
+                .ended(session, a.rank, a.counted(output_tokens), window, now);
         }
         if let Some(s) = self.ranks.get_mut(&a.rank) {
             s.expected_out = (s.expected_out - a.expected).max(0.0);
@@ -172,51 +181,6 @@ impl Router {
     pub fn set_worker_timing(&mut self, worker: WorkerId, timing: Arc<dyn TimingModel>) {
         self.cost.timing.insert(worker, timing);
         self.cost.profiles_epoch += 1;
-    }
-
-    /// A request's output length, known when it finishes: the `cost` policy learns per RL group,
-    /// per prompt and overall. Call before [`Router::finish`]; unknown ids are ignored.
-    pub fn observe_output(&mut self, id: RequestId, output_tokens: u64, now: Time) {
-        let window = self.session_window();
-        let Some(a) = self.cost.forget_request(id, output_tokens, window, now) else {
-            return;
-        };
-        let output_tokens = output_tokens
-            .min(a.max_output.unwrap_or(u64::MAX))
-            .min(crate::policy::learn::MAX_OUTPUT_SAMPLE);
-        if a.samples {
-            self.cost.outputs.observe(output_tokens, a.group, a.prompt);
-        }
-        if self.config.router_cost_fit && a.fits && output_tokens > 1 {
-            let spec = self.workers.get(&a.rank.worker);
-            let cap = spec.and_then(|s| s.kv_capacity_blocks).unwrap_or(1).max(1) as f64
-                * self.config.kv_cache_block_size as f64;
-            let kv = self.ledger.load(a.rank).active_decode_blocks as f64
-                * self.config.kv_cache_block_size as f64;
-            let itl = now.since(a.routed).as_secs_f64() * 1e3 / output_tokens as f64;
-            let fit = self.cost.fitted.entry(a.rank.worker).or_default();
-            fit.profile.decode.add(kv / cap, itl);
-            fit.points += 1;
-        }
-    }
-
-    /// The request's first token arrived at `now`: with `router_cost_fit`, its TTFT feeds the
-    /// worker's prefill line.
-    pub fn observe_first_token(&mut self, id: RequestId, now: Time) {
-        if !self.config.router_cost_fit {
-            return;
-        }
-        if let Some(a) = self.cost.active.get(&id).copied().filter(|a| a.fits) {
-            let ttft = now.since(a.routed).as_secs_f64() * 1e3;
-            let fit = self.cost.fitted.entry(a.rank.worker).or_default();
-            fit.profile.prefill.add(a.prefill_work, ttft);
-            fit.points += 1;
-        }
-    }
-
-    /// The fitted profile of a worker, if any observation arrived.
-    pub fn fitted_profile(&self, worker: WorkerId) -> Option<FittedProfile> {
-        self.cost.fitted.get(&worker).map(|f| f.profile)
     }
 
     /// Forgets every kept steady term, so the next decision computes all afresh (tests compare

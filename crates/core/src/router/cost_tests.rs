@@ -1,4 +1,4 @@
-use super::tests::{request, router, router_with, store_event, tokens, BS};
+use super::tests::{request, router, store_event, tokens, BS};
 use super::*;
 use crate::policy::cost::{estimate, CostWeights, RequestPicture, WorkerPicture};
 use crate::timing::DynamoPoly;
@@ -91,43 +91,6 @@ fn a_sibling_burst_follows_the_first_before_any_kv_event() {
     // A request for another prompt goes to an idle worker.
     let other = r.route(&request(3, &tokens(4, 4000)), at(2)).unwrap();
     assert_ne!(other.rank, first.rank);
-}
-
-#[test]
-fn a_session_stays_home_unless_moving_is_clearly_cheaper() {
-    let mut r = router(RouterMode::Cost, 2);
-    let mut turn = request(1, &tokens(5, 40));
-    turn.session = Some(9);
-    let home = r.route(&turn, at(0)).unwrap().rank;
-    let _ = r.finish(RequestId(1), at(10)).unwrap();
-    // A little load at home, one request decoding (queued prefill would not do: a turn joining
-    // it shares its steps): the other worker is cheaper, but not by the margin.
-    let mut small = request(50, &tokens(50, 8));
-    small.pin = Some(Pin {
-        worker: home.worker,
-        dp_rank: None,
-    });
-    r.route(&small, at(11)).unwrap();
-    r.first_token(RequestId(50)).unwrap();
-    let mut next = request(2, &tokens(6, 40));
-    next.session = Some(9);
-    let d = r.route(&next, at(12)).unwrap();
-    let totals: Vec<f64> = d.candidates.iter().map(|c| c.total).collect();
-    assert!(totals
-        .iter()
-        .any(|t| *t < d.candidates.iter().find(|c| c.rank == home).unwrap().total));
-    assert_eq!(d.rank, home, "{totals:?}");
-    let _ = r.finish(RequestId(2), at(13)).unwrap();
-    // A long prefill queued at home: moving is clearly cheaper.
-    let mut big = request(51, &tokens(51, 40_000));
-    big.pin = Some(Pin {
-        worker: home.worker,
-        dp_rank: None,
-    });
-    r.route(&big, at(14)).unwrap();
-    let mut third = request(3, &tokens(7, 40));
-    third.session = Some(9);
-    assert_ne!(r.route(&third, at(15)).unwrap().rank, home);
 }
 
 #[test]
@@ -528,80 +491,4 @@ proptest! {
             }
         }
     }
-}
-
-#[test]
-fn a_session_between_turns_keeps_new_work_off_its_worker_for_the_window() {
-    let sys = tokens(1, 2_048);
-    let with = |rest: Vec<u32>| [sys.clone(), rest].concat();
-    let place_new = |window: f64, new_at: u64| {
-        let mut r = router_with(
-            RouterConfig {
-                router_mode: RouterMode::Cost,
-                router_cost_session_window_secs: window,
-                ..Default::default()
-            },
-            2,
-        );
-        // Worker 0 holds the shared system prompt, and a session's long context.
-        r.apply_event(&store_event(0, &sys)).unwrap();
-        let mut turn = request(1, &with(tokens(2, 300_000)));
-        turn.session = Some(9);
-        turn.pin = Some(Pin {
-            worker: WorkerId(0),
-            dp_rank: None,
-        });
-        r.route(&turn, at(0)).unwrap();
-        r.observe_output(RequestId(1), 100, at(1_000));
-        let _ = r.finish(RequestId(1), at(1_000)).unwrap();
-        // A new prompt sharing only the system prompt.
-        let fresh = r
-            .route(&request(2, &with(tokens(3, 500))), at(new_at))
-            .unwrap();
-        // The session's own next turn still goes home.
-        let mut next = request(3, &with(tokens(2, 300_100)));
-        next.session = Some(9);
-        (
-            fresh.rank.worker,
-            r.route(&next, at(new_at + 1)).unwrap().rank.worker,
-        )
-    };
-    assert_eq!(
-        place_new(0.0, 2_000),
-        (WorkerId(0), WorkerId(0)),
-        "off: the cached system prompt wins"
-    );
-    assert_eq!(
-        place_new(30.0, 2_000),
-        (WorkerId(1), WorkerId(0)),
-        "the session will decode on worker 0 again"
-    );
-    assert_eq!(
-        place_new(30.0, 31_001),
-        (WorkerId(0), WorkerId(0)),
-        "after the window it no longer counts"
-    );
-}
-
-#[test]
-fn a_session_whose_worker_was_removed_is_resident_nowhere() {
-    let mut r = router(RouterMode::Cost, 2);
-    let mut turn = request(1, &tokens(2, 4_000));
-    turn.session = Some(9);
-    let rank = r.route(&turn, at(0)).unwrap().rank;
-    r.remove_worker(rank.worker).unwrap();
-    r.observe_output(RequestId(1), 100, at(10));
-    let _ = r.finish(RequestId(1), at(10));
-    assert_eq!(r.resident_kv(rank), 0);
-    // The same id registered again starts with nothing resident either.
-    r.add_worker(WorkerSpec::new(rank.worker)).unwrap();
-    assert_eq!(r.resident_kv(rank), 0);
-    // A live worker's session is resident once its turn ends (outputs capped as learnt).
-    let mut turn = request(2, &tokens(3, 4_000));
-    turn.session = Some(10);
-    turn.max_output_tokens = Some(50);
-    let home = r.route(&turn, at(20)).unwrap().rank;
-    r.observe_output(RequestId(2), 1_000_000, at(30));
-    let _ = r.finish(RequestId(2), at(30)).unwrap();
-    assert_eq!(r.resident_kv(home), 4_050);
 }

@@ -256,6 +256,8 @@ impl Router {
 #[cfg(test)]
 mod burst_tests;
 #[cfg(test)]
+mod cost_session_tests;
+#[cfg(test)]
 mod cost_tests;
 #[cfg(test)]
 mod effects_tests;
