@@ -76,5 +76,51 @@ fn route(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, route);
+/// Approximate mode (workers that publish no KV events): every decision inserts its prompt's
+/// blocks into the predicted index and the ones older than the TTL expire, so a steady stream of
+/// long prompts pays both on every route. 2,048-block prompts (64 shared, the rest new), ten a
+/// second of simulated time against the default 120 s TTL: more than the default cap of 2^20
+/// (block, rank) entries, so the index runs at its cap (~500 prompts), as a busy router with
+/// long prompts does.
+fn route_approx(c: &mut Criterion) {
+    const BLOCKS: u64 = 2048;
+    const PROMPTS: u64 = 1000;
+    let prompts: Vec<_> = (0..PROMPTS)
+        .map(|p| {
+            let ids: Vec<u64> = (0..BLOCKS)
+                .map(|b| if b < 64 { b } else { (p + 1) << 32 | b })
+                .collect();
+            hasher().hash_blocks(&prompt_tokens(&ids))
+        })
+        .collect();
+    let config = RouterConfig {
+        router_mode: RouterMode::Kv,
+        kv_cache_block_size: BLOCK_SIZE,
+        router_kv_events: false,
+        ..RouterConfig::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    for w in 0..8 {
+        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+    }
+    let mut id = 0u64;
+    let mut step = |r: &mut Router| {
+        id += 1;
+        let blocks = &prompts[(id % PROMPTS) as usize];
+        let req = RouteRequest::new(RequestId(id), BLOCKS * BLOCK_SIZE as u64, blocks.clone());
+        let now = Time::from_millis(id * 100);
+        let d = r.route(&req, now).unwrap();
+        let _ = r.finish(RequestId(id), now).unwrap();
+        d.rank
+    };
+    // Fill the index to its steady state before timing.
+    for _ in 0..2 * PROMPTS {
+        step(&mut r);
+    }
+    c.bench_function("route_approx_8_workers_2048_blocks/steady", |b| {
+        b.iter(|| black_box(step(&mut r)))
+    });
+}
+
+criterion_group!(benches, route, route_approx);
 criterion_main!(benches);

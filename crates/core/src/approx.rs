@@ -7,12 +7,14 @@
 //! writes into the event-fed index.
 //!
 //! Entries expire `ttl` after their last insertion; re-inserting refreshes them. When the number
-//! of (block, rank) entries exceeds the cap, the oldest are pruned (deepest first among equals,
-//! so leaves go before their parents) down to `prune_target_ratio` × cap.
+//! of (block, rank) entries exceeds the cap, the oldest are pruned (deepest first within an
+//! insertion, so leaves go before their parents) down to `prune_target_ratio` × cap. Expiry is
+//! kept as one record per insertion, not per block, and the work of one call is bounded: what
+//! expires or is pruned beyond that bound goes in the next calls.
 
-use crate::fast_map::FastMap;
+use crate::fast_map::{FastMap, FastSet};
 use crate::hashing::BlockHashes;
-use crate::ids::{SequenceHash, WorkerId, WorkerRank};
+use crate::ids::{EngineHash, SequenceHash, WorkerId, WorkerRank};
 use crate::index::{OverlapScores, PrefixIndex};
 use crate::time::Time;
 use std::cmp::Reverse;
@@ -40,15 +42,56 @@ impl Default for ApproxConfig {
     }
 }
 
-type HeapEntry = Reverse<(Time, Reverse<u32>, WorkerRank, SequenceHash)>;
+/// One insertion's blocks, which expire together: `until` is the same for all of them.
+#[derive(Debug)]
+struct Due {
+    until: Time,
+    /// Insertion order, so that of two insertions due at the same time the older goes first.
+    serial: u64,
+    rank: WorkerRank,
+    /// The blocks in chain order (root first); the last `len` are dropped first.
+    seqs: Box<[SequenceHash]>,
+    /// How many of `seqs` (from the front) are still to be looked at.
+    len: usize,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        (self.until, self.serial) == (other.until, other.serial)
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.until, self.serial).cmp(&(other.until, other.serial))
+    }
+}
+
+/// Entries dropped per call at least, whatever was inserted (see [`ApproxIndex::expire`]).
+pub const DROP_STEP: usize = 4096;
 
 /// A TTL- and size-bounded index of predicted placements.
 #[derive(Debug)]
 pub struct ApproxIndex {
     config: ApproxConfig,
     index: PrefixIndex,
+    /// When each (rank, block) expires: its last insertion's time + the TTL.
     expiry: FastMap<(WorkerRank, SequenceHash), Time>,
-    heap: BinaryHeap<HeapEntry>,
+    /// One record per insertion, oldest due first; a block re-inserted since has a later
+    /// expiry than its older records, which then drop nothing.
+    queue: BinaryHeap<Reverse<Due>>,
+    /// Σ blocks still to be looked at over `queue`.
+    queued: usize,
+    serial: u64,
+    /// Entries inserted since the last drop: what the next call may drop beyond [`DROP_STEP`].
+    inserted: usize,
+    /// Whether a size-cap prune is under way (it goes on until the target is reached).
+    pruning: bool,
 }
 
 impl ApproxIndex {
@@ -58,7 +101,11 @@ impl ApproxIndex {
             config,
             index: PrefixIndex::new(block_size),
             expiry: FastMap::default(),
-            heap: BinaryHeap::new(),
+            queue: BinaryHeap::new(),
+            queued: 0,
+            serial: 0,
+            inserted: 0,
+            pruning: false,
         }
     }
 
@@ -72,30 +119,52 @@ impl ApproxIndex {
         self.expiry.is_empty()
     }
 
-    /// Records that `rank` will hold the request's full blocks from `now` on.
+    /// Records that `rank` will hold the request's full blocks from `now` on. Over the size cap,
+    /// the oldest entries are pruned (deepest first within an insertion) toward
+    /// `prune_target_ratio` × cap, at most [`Self::budget`] of them per call: a prune goes on over
+    /// the next calls until the target is reached, so the size stays under the cap plus one
+    /// insertion's blocks.
     pub fn insert(&mut self, rank: WorkerRank, blocks: &BlockHashes, now: Time) {
         if blocks.sequence.is_empty() {
             return;
         }
         self.index.store_predicted(rank, &blocks.sequence);
         let until = now + self.config.ttl;
-        for (depth, seq) in blocks.sequence.iter().enumerate() {
+        for seq in &blocks.sequence {
             self.expiry.insert((rank, *seq), until);
-            self.heap
-                .push(Reverse((until, Reverse(depth as u32), rank, *seq)));
         }
+        let n = blocks.sequence.len();
+        self.serial += 1;
+        self.queue.push(Reverse(Due {
+            until,
+            serial: self.serial,
+            rank,
+            seqs: blocks.sequence.clone().into_boxed_slice(),
+            len: n,
+        }));
+        self.queued += n;
+        self.inserted += n;
         if self.expiry.len() > self.config.max_entries {
-            let target = (self.config.max_entries as f64 * self.config.prune_target_ratio) as usize;
-            self.pop_until(|_, len| len <= target);
+            self.pruning = true;
         }
-        if self.heap.len() > 2 * self.expiry.len() + 1024 {
-            self.rebuild_heap();
+        if self.pruning {
+            let target = (self.config.max_entries as f64 * self.config.prune_target_ratio) as usize;
+            let budget = self.budget();
+            self.pruning = !self.drop_until(|_, len| len <= target, budget);
+        }
+        if self.queued > 2 * self.expiry.len() + 1024 {
+            self.rebuild_queue();
         }
     }
 
-    /// Drops every entry whose time-to-live has passed.
-    pub fn expire(&mut self, now: Time) {
-        self.pop_until(|expiry, _| expiry > now);
+    /// Drops entries whose time-to-live has passed, oldest first: at most [`Self::budget`] per
+    /// call (twice what was inserted since the last drop, plus [`DROP_STEP`]), so a call after a
+    /// lull does not drop a whole index of expired entries at once (a million took ~0.35 s under
+    /// the router's lock). The rest go in the next calls, which outpace the inserts; until then
+    /// they still count as predicted. Returns whether every expired entry is gone.
+    pub fn expire(&mut self, now: Time) -> bool {
+        let budget = self.budget();
+        self.drop_until(|until, _| until > now, budget)
     }
 
     /// The overlap of each rank with a prompt.
@@ -107,17 +176,17 @@ impl ApproxIndex {
     pub fn remove_worker(&mut self, worker: WorkerId) {
         self.index.remove_worker(worker);
         self.expiry.retain(|(rank, _), _| rank.worker != worker);
-        self.rebuild_heap();
+        self.rebuild_queue();
     }
 
     /// Drops everything predicted for one rank (its cache was cleared).
     pub fn clear_rank(&mut self, rank: WorkerRank) {
         self.index.clear_predicted(rank);
         self.expiry.retain(|(r, _), _| *r != rank);
-        self.rebuild_heap();
+        self.rebuild_queue();
     }
 
-    /// Checks the index and that every entry has a live heap record.
+    /// Checks the index, that every entry has a live queue record, and the queued count.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.index.check_invariants()?;
         if self.index.stats().entries != self.expiry.len() {
@@ -127,30 +196,90 @@ impl ApproxIndex {
                 self.expiry.len()
             ));
         }
+        let queued: usize = self.queue.iter().map(|Reverse(d)| d.len).sum();
+        if queued != self.queued {
+            return Err(format!("{queued} blocks queued, {} counted", self.queued));
+        }
+        let live: FastSet<(WorkerRank, SequenceHash, Time)> = self
+            .queue
+            .iter()
+            .flat_map(|Reverse(d)| d.seqs[..d.len].iter().map(|s| (d.rank, *s, d.until)))
+            .collect();
+        if let Some(((rank, seq), _)) = self
+            .expiry
+            .iter()
+            .find(|((rank, seq), until)| !live.contains(&(*rank, *seq, **until)))
+        {
+            return Err(format!(
+                "{rank:?} {seq:?} has no queue record of its expiry"
+            ));
+        }
         Ok(())
     }
 
-    /// Pops heap entries (oldest first) until `stop(next expiry, live entries)` holds.
-    fn pop_until(&mut self, stop: impl Fn(Time, usize) -> bool) {
-        while let Some(Reverse((expiry, _, rank, seq))) = self.heap.peek().copied() {
-            if stop(expiry, self.expiry.len()) {
-                return;
-            }
-            self.heap.pop();
-            if self.expiry.get(&(rank, seq)) == Some(&expiry) {
-                self.expiry.remove(&(rank, seq));
-                self.index.remove_predicted(rank, seq);
-            }
-        }
+    /// Most entries one call may drop.
+    fn budget(&self) -> usize {
+        self.inserted.saturating_mul(2).saturating_add(DROP_STEP)
     }
 
-    fn rebuild_heap(&mut self) {
-        let mut entries: Vec<HeapEntry> = Vec::with_capacity(self.expiry.len());
-        for (&(rank, seq), &expiry) in &self.expiry {
-            let depth = self.index.depth_of(seq).unwrap_or(0);
-            entries.push(Reverse((expiry, Reverse(depth), rank, seq)));
+    /// Drops entries, oldest insertion first and deepest block first within one, until
+    /// `stop(next expiry, live entries)` holds (returns true) or `budget` blocks were looked at
+    /// (returns false).
+    fn drop_until(&mut self, stop: impl Fn(Time, usize) -> bool, budget: usize) -> bool {
+        self.inserted = 0;
+        let mut looked = 0;
+        let mut gone: Vec<EngineHash> = Vec::new();
+        while let Some(Reverse(top)) = self.queue.peek() {
+            if stop(top.until, self.expiry.len()) {
+                return true;
+            }
+            if looked >= budget {
+                return false;
+            }
+            let Some(Reverse(mut due)) = self.queue.pop() else {
+                break;
+            };
+            gone.clear();
+            while due.len > 0 && looked < budget && !stop(due.until, self.expiry.len()) {
+                due.len -= 1;
+                looked += 1;
+                self.queued -= 1;
+                let key = (due.rank, due.seqs[due.len]);
+                if self.expiry.get(&key) == Some(&due.until) {
+                    self.expiry.remove(&key);
+                    gone.push(EngineHash(key.1 .0));
+                }
+            }
+            self.index.remove_predicted(due.rank, &gone);
+            if due.len > 0 {
+                self.queue.push(Reverse(due));
+            }
         }
-        self.heap = BinaryHeap::from(entries);
+        true
+    }
+
+    /// One record per (expiry, rank) of the live entries, blocks in depth order.
+    fn rebuild_queue(&mut self) {
+        let mut groups: FastMap<(Time, WorkerRank), Vec<(u32, SequenceHash)>> = FastMap::default();
+        for (&(rank, seq), &until) in &self.expiry {
+            let depth = self.index.depth_of(seq).unwrap_or(0);
+            groups.entry((until, rank)).or_default().push((depth, seq));
+        }
+        let mut records: Vec<Reverse<Due>> = Vec::with_capacity(groups.len());
+        for ((until, rank), mut blocks) in groups {
+            blocks.sort_unstable();
+            self.serial += 1;
+            let seqs: Box<[SequenceHash]> = blocks.into_iter().map(|(_, s)| s).collect();
+            records.push(Reverse(Due {
+                until,
+                serial: self.serial,
+                rank,
+                len: seqs.len(),
+                seqs,
+            }));
+        }
+        self.queued = self.expiry.len();
+        self.queue = BinaryHeap::from(records);
     }
 }
 
@@ -227,5 +356,127 @@ mod tests {
         approx.clear_rank(rank(2));
         assert!(approx.is_empty());
         approx.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_lull_drops_its_expired_entries_over_several_calls_not_at_once() {
+        let config = ApproxConfig {
+            ttl: Duration::from_secs(10),
+            ..ApproxConfig::default()
+        };
+        let mut approx = ApproxIndex::new(4, config);
+        // 40 chains of 400 blocks: 16,000 entries, four steps' worth.
+        for salt in 0..40 {
+            approx.insert(
+                rank(1),
+                &blocks(400, salt),
+                Time::from_millis(u64::from(salt)),
+            );
+        }
+        assert!(
+            approx.expire(Time::from_millis(1_000)),
+            "nothing is due yet"
+        );
+        let mut calls = 0;
+        let mut before = approx.len();
+        while !approx.expire(Time::from_millis(20_000)) {
+            calls += 1;
+            let dropped = before - approx.len();
+            assert!(dropped > 0 && dropped <= DROP_STEP, "{dropped} in one call");
+            before = approx.len();
+            approx.check_invariants().unwrap();
+        }
+        assert!(approx.is_empty());
+        assert_eq!(calls, 3, "16,000 entries at 4,096 a call");
+        approx.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_prune_over_the_cap_goes_on_over_the_next_inserts_until_the_target() {
+        let config = ApproxConfig {
+            max_entries: 3 * DROP_STEP,
+            prune_target_ratio: 0.25,
+            ..ApproxConfig::default()
+        };
+        let mut approx = ApproxIndex::new(4, config);
+        let mut salt = 0;
+        let mut insert = |approx: &mut ApproxIndex| {
+            salt += 1;
+            approx.insert(
+                rank(1),
+                &blocks(1_000, salt),
+                Time::from_millis(u64::from(salt)),
+            );
+            assert!(approx.expire(Time::from_millis(u64::from(salt))));
+            approx.check_invariants().unwrap();
+            approx.len()
+        };
+        let mut sizes = Vec::new();
+        for _ in 0..16 {
+            sizes.push(insert(&mut approx));
+        }
+        // Up to the cap; past it, 6,096 (one step and twice the call's insert) a call until the
+        // target (3,072), then up again.
+        assert_eq!(
+            sizes,
+            [1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 11000, 12000]
+                .into_iter()
+                .chain([13_000 - 6_096, 3_072, 4_072, 5_072])
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+/// Naive model: a (rank, block) is predicted while its last insertion is younger than the TTL,
+/// and a rank's overlap with a prompt is its run of predicted blocks from the first. With fewer
+/// entries than one call drops, the index answers exactly that.
+#[cfg(test)]
+mod model_tests {
+    use super::*;
+    use crate::hashing::{BlockHasher, HashNamespace};
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        #[test]
+        fn the_index_predicts_what_was_inserted_within_the_ttl(
+            ops in prop::collection::vec((0u8..3, 1u32..12, 0u64..4, 0u64..6, any::<bool>()), 1..60),
+        ) {
+            let ttl = Duration::from_millis(10);
+            let mut approx = ApproxIndex::new(2, ApproxConfig { ttl, ..ApproxConfig::default() });
+            let hasher = BlockHasher::new(2, &HashNamespace::none());
+            // A prompt is a family's first `len` blocks: families share their prefixes.
+            let prompt = |family: u8, len: u32| {
+                let tokens: Vec<u32> = (0..len * 2).map(|t| u32::from(family) * 7 + t / 5).collect();
+                hasher.hash_blocks(&tokens)
+            };
+            let mut model: HashMap<(WorkerRank, SequenceHash), Time> = HashMap::new();
+            let mut now = Time::ZERO;
+            for (family, len, r, step, expire_only) in ops {
+                now = now + Duration::from_millis(step * 2);
+                approx.expire(now);
+                model.retain(|_, until| *until > now);
+                let rank = WorkerRank::new(WorkerId(r), 0);
+                let blocks = prompt(family, len);
+                if !expire_only {
+                    approx.insert(rank, &blocks, now);
+                    for s in &blocks.sequence {
+                        model.insert((rank, *s), now + ttl);
+                    }
+                }
+                approx.check_invariants().map_err(TestCaseError::fail)?;
+                prop_assert_eq!(approx.len(), model.len());
+                for f in 0..3 {
+                    let query = prompt(f, 12).sequence;
+                    let scores = approx.find_matches(&query);
+                    for w in 0..4 {
+                        let rank = WorkerRank::new(WorkerId(w), 0);
+                        let want = query.iter().take_while(|s| model.contains_key(&(rank, **s))).count();
+                        prop_assert_eq!(scores.get(rank).gpu_blocks as usize, want);
+                    }
+                }
+            }
+        }
     }
 }

@@ -270,9 +270,10 @@ impl PrefixIndex {
         );
     }
 
-    /// Drops one block stored by [`Self::store_predicted`].
-    pub(crate) fn remove_predicted(&mut self, rank: WorkerRank, seq: SequenceHash) {
-        let _ = self.remove(rank, &[EngineHash(seq.0)], Medium::Gpu);
+    /// Drops blocks stored by [`Self::store_predicted`] (given as their engine hashes, which
+    /// are their sequence hashes), in the order given.
+    pub(crate) fn remove_predicted(&mut self, rank: WorkerRank, blocks: &[EngineHash]) {
+        let _ = self.remove(rank, blocks, Medium::Gpu);
     }
 
     /// Drops every block of one rank.
