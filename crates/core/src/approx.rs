@@ -80,10 +80,11 @@ pub const DROP_STEP: usize = 4096;
 pub struct ApproxIndex {
     config: ApproxConfig,
     index: PrefixIndex,
-    /// When each (rank, block) expires: its last insertion's time + the TTL.
-    expiry: FastMap<(WorkerRank, SequenceHash), Time>,
-    /// One record per insertion, oldest due first; a block re-inserted since has a later
-    /// expiry than its older records, which then drop nothing.
+    /// When each (rank, block) expires (its last insertion's time + the TTL), and the serial of
+    /// that insertion's record: only that record drops it.
+    expiry: FastMap<(WorkerRank, SequenceHash), (Time, u64)>,
+    /// One record per insertion, oldest due first; a block re-inserted since belongs to the
+    /// newer record, and the older ones skip it.
     queue: BinaryHeap<Reverse<Due>>,
     /// Σ blocks still to be looked at over `queue`.
     queued: usize,
@@ -92,6 +93,8 @@ pub struct ApproxIndex {
     inserted: usize,
     /// Whether a size-cap prune is under way (it goes on until the target is reached).
     pruning: bool,
+    /// Whether the last expiry stopped at its budget with expired entries left.
+    behind: bool,
 }
 
 impl ApproxIndex {
@@ -106,6 +109,7 @@ impl ApproxIndex {
             serial: 0,
             inserted: 0,
             pruning: false,
+            behind: false,
         }
     }
 
@@ -123,18 +127,18 @@ impl ApproxIndex {
     /// the oldest entries are pruned (deepest first within an insertion) toward
     /// `prune_target_ratio` × cap, at most [`Self::budget`] of them per call: a prune goes on over
     /// the next calls until the target is reached, so the size stays under the cap plus one
-    /// insertion's blocks.
+    /// insertion's blocks (records superseded by later insertions are skipped, not counted).
     pub fn insert(&mut self, rank: WorkerRank, blocks: &BlockHashes, now: Time) {
         if blocks.sequence.is_empty() {
             return;
         }
         self.index.store_predicted(rank, &blocks.sequence);
         let until = now + self.config.ttl;
+        self.serial += 1;
         for seq in &blocks.sequence {
-            self.expiry.insert((rank, *seq), until);
+            self.expiry.insert((rank, *seq), (until, self.serial));
         }
         let n = blocks.sequence.len();
-        self.serial += 1;
         self.queue.push(Reverse(Due {
             until,
             serial: self.serial,
@@ -152,7 +156,9 @@ impl ApproxIndex {
             let budget = self.budget();
             self.pruning = !self.drop_until(|_, len| len <= target, budget);
         }
-        if self.queued > 2 * self.expiry.len() + 1024 {
+        // Superseded slots are bounded by a rebuild (O(live entries)), but not while expired
+        // entries are being dropped over several calls: that drops their slots anyway.
+        if !self.behind && self.queued > 2 * self.expiry.len() + 1024 {
             self.rebuild_queue();
         }
     }
@@ -164,7 +170,9 @@ impl ApproxIndex {
     /// they still count as predicted. Returns whether every expired entry is gone.
     pub fn expire(&mut self, now: Time) -> bool {
         let budget = self.budget();
-        self.drop_until(|until, _| until > now, budget)
+        let done = self.drop_until(|until, _| until > now, budget);
+        self.behind = !done;
+        done
     }
 
     /// The overlap of each rank with a prompt.
@@ -200,15 +208,19 @@ impl ApproxIndex {
         if queued != self.queued {
             return Err(format!("{queued} blocks queued, {} counted", self.queued));
         }
-        let live: FastSet<(WorkerRank, SequenceHash, Time)> = self
+        let live: FastSet<(WorkerRank, SequenceHash, (Time, u64))> = self
             .queue
             .iter()
-            .flat_map(|Reverse(d)| d.seqs[..d.len].iter().map(|s| (d.rank, *s, d.until)))
+            .flat_map(|Reverse(d)| {
+                d.seqs[..d.len]
+                    .iter()
+                    .map(|s| (d.rank, *s, (d.until, d.serial)))
+            })
             .collect();
         if let Some(((rank, seq), _)) = self
             .expiry
             .iter()
-            .find(|((rank, seq), until)| !live.contains(&(*rank, *seq, **until)))
+            .find(|((rank, seq), due)| !live.contains(&(*rank, *seq, **due)))
         {
             return Err(format!(
                 "{rank:?} {seq:?} has no queue record of its expiry"
@@ -223,31 +235,32 @@ impl ApproxIndex {
     }
 
     /// Drops entries, oldest insertion first and deepest block first within one, until
-    /// `stop(next expiry, live entries)` holds (returns true) or `budget` blocks were looked at
-    /// (returns false).
+    /// `stop(next expiry, live entries)` holds (returns true) or `budget` entries were dropped
+    /// (returns false). Slots of blocks re-inserted since are skipped without counting: there
+    /// are at most about as many as live entries (see the rebuild in [`Self::insert`]).
     fn drop_until(&mut self, stop: impl Fn(Time, usize) -> bool, budget: usize) -> bool {
         self.inserted = 0;
-        let mut looked = 0;
+        let mut dropped = 0;
         let mut gone: Vec<EngineHash> = Vec::new();
         while let Some(Reverse(top)) = self.queue.peek() {
             if stop(top.until, self.expiry.len()) {
                 return true;
             }
-            if looked >= budget {
+            if dropped >= budget {
                 return false;
             }
             let Some(Reverse(mut due)) = self.queue.pop() else {
                 break;
             };
             gone.clear();
-            while due.len > 0 && looked < budget && !stop(due.until, self.expiry.len()) {
+            while due.len > 0 && dropped < budget && !stop(due.until, self.expiry.len()) {
                 due.len -= 1;
-                looked += 1;
                 self.queued -= 1;
                 let key = (due.rank, due.seqs[due.len]);
-                if self.expiry.get(&key) == Some(&due.until) {
+                if self.expiry.get(&key) == Some(&(due.until, due.serial)) {
                     self.expiry.remove(&key);
                     gone.push(EngineHash(key.1 .0));
+                    dropped += 1;
                 }
             }
             self.index.remove_predicted(due.rank, &gone);
@@ -258,10 +271,11 @@ impl ApproxIndex {
         true
     }
 
-    /// One record per (expiry, rank) of the live entries, blocks in depth order.
+    /// One record per (expiry, rank) of the live entries, blocks in depth order; each entry
+    /// then belongs to its new record.
     fn rebuild_queue(&mut self) {
         let mut groups: FastMap<(Time, WorkerRank), Vec<(u32, SequenceHash)>> = FastMap::default();
-        for (&(rank, seq), &until) in &self.expiry {
+        for (&(rank, seq), &(until, _)) in &self.expiry {
             let depth = self.index.depth_of(seq).unwrap_or(0);
             groups.entry((until, rank)).or_default().push((depth, seq));
         }
@@ -270,6 +284,9 @@ impl ApproxIndex {
             blocks.sort_unstable();
             self.serial += 1;
             let seqs: Box<[SequenceHash]> = blocks.into_iter().map(|(_, s)| s).collect();
+            for seq in seqs.iter() {
+                self.expiry.insert((rank, *seq), (until, self.serial));
+            }
             records.push(Reverse(Due {
                 until,
                 serial: self.serial,
@@ -388,7 +405,68 @@ mod tests {
         }
         assert!(approx.is_empty());
         assert_eq!(calls, 3, "16,000 entries at 4,096 a call");
+        // Oldest first: after one bounded call the newest chain is whole, the oldest gone.
+        for salt in 0..40 {
+            approx.insert(
+                rank(1),
+                &blocks(400, salt),
+                Time::from_millis(u64::from(salt)),
+            );
+        }
+        assert!(approx.expire(Time::from_millis(1_000)));
+        assert!(!approx.expire(Time::from_millis(20_000)));
+        let overlap = |salt| {
+            approx
+                .find_matches(&blocks(400, salt).sequence)
+                .get(rank(1))
+                .gpu_blocks
+        };
+        assert_eq!((overlap(0), overlap(39)), (0, 400));
         approx.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_prune_keeps_a_parent_that_a_later_insertion_at_the_same_time_refreshed() {
+        let config = ApproxConfig {
+            max_entries: 3,
+            prune_target_ratio: 0.8,
+            ..ApproxConfig::default()
+        };
+        let mut approx = ApproxIndex::new(4, config);
+        let t = Time::from_millis(7);
+        approx.insert(rank(1), &blocks(1, 0), t);
+        approx.insert(rank(1), &blocks(3, 0), t);
+        approx.insert(rank(1), &blocks(1, 5), t);
+        // 4 entries > 3: pruned to 2. The first record's block was refreshed by the second, so
+        // the second's deepest blocks go, not the parent they hang from.
+        assert_eq!(approx.len(), 2);
+        let overlap = |approx: &ApproxIndex, b: &BlockHashes| {
+            approx.find_matches(&b.sequence).get(rank(1)).gpu_blocks
+        };
+        assert_eq!(overlap(&approx, &blocks(3, 0)), 1);
+        assert_eq!(overlap(&approx, &blocks(1, 5)), 1);
+        approx.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn superseded_records_ahead_do_not_stall_a_prune() {
+        let config = ApproxConfig {
+            max_entries: 40_000,
+            prune_target_ratio: 0.8,
+            ..ApproxConfig::default()
+        };
+        let mut approx = ApproxIndex::new(4, config);
+        // A 30,000-block chain sent twice: its first record is 30,000 superseded slots, five
+        // calls' worth were they counted.
+        approx.insert(rank(1), &blocks(30_000, 0), Time::from_millis(1));
+        approx.insert(rank(1), &blocks(30_000, 0), Time::from_millis(2));
+        for salt in 1..40 {
+            let now = Time::from_millis(2 + u64::from(salt));
+            assert!(approx.expire(now));
+            approx.insert(rank(1), &blocks(1_000, salt * 200), now);
+            assert!(approx.len() <= 41_000, "{} entries", approx.len());
+            approx.check_invariants().unwrap();
+        }
     }
 
     #[test]
