@@ -262,6 +262,8 @@ mod cost_tests;
 #[cfg(test)]
 mod effects_tests;
 #[cfg(test)]
+mod predicted_tests;
+#[cfg(test)]
 mod queue_tests;
 #[cfg(test)]
 mod replica_tests;
