@@ -44,6 +44,14 @@ pub(crate) struct RoutingArgs {
     /// Time-to-live of predicted blocks without KV events, seconds.
     #[arg(help_heading = H::KV_EVENTS, long, default_value_t = 120.0)]
     router_ttl_secs: f64,
+    /// Most (block, rank) entries of predicted cache state (no KV events); past it the oldest
+    /// are pruned.
+    #[arg(help_heading = H::KV_EVENTS, long, default_value_t = 1 << 20)]
+    router_max_tree_size: usize,
+    /// What pruning past --router-max-tree-size brings the predicted entries down to, as a
+    /// fraction of it (0 < ratio < 1).
+    #[arg(help_heading = H::KV_EVENTS, long, default_value_t = 0.8)]
+    router_prune_target_ratio: f64,
     /// A worker is busy above this fraction of its KV capacity in active decode blocks.
     #[arg(help_heading = H::ADMISSION, long)]
     active_decode_blocks_threshold: Option<f64>,
@@ -197,6 +205,8 @@ impl RoutingArgs {
             router_decode_active_request_weight: self.router_decode_active_request_weight,
             router_kv_events: !self.no_router_kv_events,
             router_ttl_secs: self.router_ttl_secs,
+            router_max_tree_size: self.router_max_tree_size,
+            router_prune_target_ratio: self.router_prune_target_ratio,
             router_index_max_blocks_per_worker: self.router_index_max_blocks_per_worker,
             router_predicted_ttl_secs: self.router_predicted_ttl_secs,
             active_decode_blocks_threshold: self.active_decode_blocks_threshold,
@@ -332,6 +342,35 @@ mod tests {
         }
         let argv = std::iter::once("kvrouter").chain(flags.iter().copied());
         <Cli as clap::Parser>::parse_from(argv).routing
+    }
+
+    #[test]
+    fn the_predicted_index_bounds_are_flags_and_bad_values_name_them() {
+        let c = args(&[
+            "--router-max-tree-size",
+            "5000",
+            "--router-prune-target-ratio",
+            "0.5",
+        ])
+        .config()
+        .unwrap();
+        assert_eq!(
+            (c.router_max_tree_size, c.router_prune_target_ratio),
+            (5000, 0.5)
+        );
+        let defaults = args(&[]).config().unwrap();
+        assert_eq!(
+            defaults.router_max_tree_size,
+            RouterConfig::default().router_max_tree_size
+        );
+        for (flag, value) in [
+            ("--router-max-tree-size", "0"),
+            ("--router-prune-target-ratio", "1"),
+            ("--router-prune-target-ratio", "0"),
+        ] {
+            let e = args(&[flag, value]).config().unwrap_err().to_string();
+            assert!(e.contains(flag), "{flag} {value}: {e}");
+        }
     }
 
     #[test]

@@ -186,11 +186,11 @@ impl Router {
     pub fn overlaps(&self, request: &RouteRequest) -> OverlapScores {
         let query = &request.blocks.sequence;
         match (&self.predicted, self.config.router_kv_events) {
-            (Some(p), false) => p.find_matches(query),
+            (Some(p), false) => p.find_matches(query, self.last_now),
             (Some(p), true) => self
                 .index
                 .find_matches(query)
-                .max_with(&p.find_matches(query)),
+                .max_with(&p.find_matches(query, self.last_now)),
             (None, _) => self.index.find_matches(query),
         }
     }
