@@ -63,7 +63,10 @@ impl OverlapScores {
         move |rank| walk.find(rank).map(|r| r.overlap).unwrap_or_default()
     }
 
-    /// Combines two results rank by rank, keeping the larger value of each tier.
+    /// Combines two results rank by rank: each tier's run is counted beyond the faster tiers, so
+    /// the longer GPU prefix is kept, and each lower tier extends the longer of the two runs
+    /// available down to it (an event-fed 2 on GPU + 8 on CPU and a predicted 10 on GPU make
+    /// 10 on GPU, not 10 + 8).
     pub fn max_with(&self, other: &OverlapScores) -> OverlapScores {
         let mut out = Vec::with_capacity(self.ranks.len() + other.ranks.len());
         let (mut i, mut j) = (0, 0);
@@ -72,10 +75,14 @@ impl OverlapScores {
             let b = other.ranks.get(j);
             match (a, b) {
                 (Some(a), Some(b)) if a.rank == b.rank => {
+                    let (x, y) = (a.overlap, b.overlap);
+                    let gpu = x.gpu_blocks.max(y.gpu_blocks);
+                    let to_cpu = (x.gpu_blocks + x.cpu_blocks).max(y.gpu_blocks + y.cpu_blocks);
+                    let to_disk = x.total_blocks().max(y.total_blocks());
                     let overlap = TierOverlap {
-                        gpu_blocks: a.overlap.gpu_blocks.max(b.overlap.gpu_blocks),
-                        cpu_blocks: a.overlap.cpu_blocks.max(b.overlap.cpu_blocks),
-                        disk_blocks: a.overlap.disk_blocks.max(b.overlap.disk_blocks),
+                        gpu_blocks: gpu,
+                        cpu_blocks: to_cpu - gpu,
+                        disk_blocks: to_disk - to_cpu,
                     };
                     out.push(RankOverlap {
                         rank: a.rank,
@@ -190,5 +197,41 @@ impl PrefixIndex {
         }
         ranks.sort_by_key(|r| r.rank);
         OverlapScores { ranks }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::WorkerId;
+
+    fn scores(rank: u64, gpu: u32, cpu: u32, disk: u32) -> OverlapScores {
+        OverlapScores {
+            ranks: vec![RankOverlap {
+                rank: WorkerRank::new(WorkerId(rank), 0),
+                overlap: TierOverlap {
+                    gpu_blocks: gpu,
+                    cpu_blocks: cpu,
+                    disk_blocks: disk,
+                },
+            }],
+        }
+    }
+
+    #[test]
+    fn combined_tiers_count_each_run_beyond_the_faster_ones() {
+        // Events: 2 on GPU, 8 more on CPU; predicted: 10 on GPU. Ten blocks, all on the GPU.
+        let both = scores(1, 2, 8, 0).max_with(&scores(1, 10, 0, 0));
+        assert_eq!(both, scores(1, 10, 0, 0));
+        // Events reach further on CPU and disk than the predicted GPU run.
+        let both = scores(1, 2, 8, 5).max_with(&scores(1, 4, 0, 0));
+        assert_eq!(both, scores(1, 4, 6, 5));
+        assert_eq!(both.ranks[0].overlap.total_blocks(), 15);
+        // Ranks held by one side only pass through, in rank order.
+        let mut other = scores(0, 3, 0, 0);
+        other.ranks.extend(scores(2, 1, 1, 1).ranks);
+        let merged = scores(1, 5, 0, 0).max_with(&other);
+        let ranks: Vec<u64> = merged.ranks.iter().map(|r| r.rank.worker.0).collect();
+        assert_eq!(ranks, [0, 1, 2]);
     }
 }

@@ -296,6 +296,8 @@ impl Router {
     /// back) and at [`Router::next_deadline`]; [`Router::finish`] and [`Router::cancel`] poll
     /// themselves and return the placements in their [`crate::router::Effects`].
     pub fn poll(&mut self, now: Time) -> Vec<(RequestId, Result<Decision, RouteError>)> {
+        // The queue's pick reads predicted overlaps as of the latest time seen.
+        self.last_now = self.last_now.max(now);
         let expired = self.queue.expire(now);
         let mut out: Vec<(RequestId, Result<Decision, RouteError>)> = expired
             .into_iter()

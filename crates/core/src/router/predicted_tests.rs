@@ -112,3 +112,26 @@ fn a_worker_without_kv_events_has_its_cache_predicted_and_the_others_do_not() {
     r.route(&pinned(4, 5, 1), at(4)).unwrap();
     assert_eq!(seen(&r, 5, 1), 0);
 }
+
+#[test]
+fn a_caller_with_an_older_clock_does_not_cut_a_parents_prediction_short() {
+    let config = RouterConfig {
+        kv_cache_block_size: BS,
+        router_kv_events: false,
+        router_ttl_secs: 10.0,
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    r.add_worker(WorkerSpec::new(WorkerId(0))).unwrap();
+    let ms = |m: f64| Time::from_secs_f64(m / 1e3);
+    let (long, short) = (tokens(5, 2 * BS as u32), tokens(5, BS as u32));
+    r.route(&request(1, &long), ms(100.0)).unwrap();
+    let _ = r.finish(RequestId(1), ms(100.0)).unwrap();
+    // A caller that read its clock before the first one but took the lock after it: the first
+    // block, sent again, must not expire before the second, which hangs from it.
+    r.route(&request(2, &short), ms(99.0)).unwrap();
+    let _ = r.finish(RequestId(2), ms(99.0)).unwrap();
+    let probe = r.route(&request(3, &long), ms(10_099.5)).unwrap();
+    assert_eq!(probe.overlap.gpu_blocks, 2);
+    r.check_invariants().unwrap();
+}

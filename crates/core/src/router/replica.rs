@@ -321,9 +321,10 @@ impl Router {
             }
             RemoteEvent::Placement { rank, blocks } => {
                 self.known_rank(rank)?;
+                self.last_now = self.last_now.max(now);
                 if self.predicts(rank.worker) {
                     if let Some(p) = &mut self.predicted {
-                        p.insert(rank, &blocks, now);
+                        p.insert(rank, &blocks, self.last_now);
                     }
                 }
                 Ok(Effects::default())

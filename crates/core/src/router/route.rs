@@ -46,10 +46,13 @@ impl Router {
         if self.ledger.is_active(request.id) {
             return Err(RouteError::DuplicateRequest(request.id));
         }
-        if let Some(p) = &mut self.predicted {
-            p.expire(now);
-        }
+        // Predictions are stamped with the latest time seen, not the caller's: a caller that
+        // read the clock before it waited for the lock must not make a block expire before
+        // blocks inserted after it (the predicted index relies on parents outliving children).
         self.last_now = self.last_now.max(now);
+        if let Some(p) = &mut self.predicted {
+            p.expire(self.last_now);
+        }
         let mode = self.config.router_mode;
         let allowed = self.allowed_ranks(request, mode)?;
         // Sized up front: a filtered collect grows by reallocation.
@@ -137,7 +140,7 @@ impl Router {
             .map_err(|_| RouteError::DuplicateRequest(request.id))?;
         if self.predicts(rank.worker) {
             if let Some(p) = &mut self.predicted {
-                p.insert(rank, &request.blocks, now);
+                p.insert(rank, &request.blocks, self.last_now);
             }
         }
         self.place_in_group(request, rank, now);
