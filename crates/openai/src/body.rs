@@ -152,7 +152,7 @@ impl Body {
     pub fn prompt(&self) -> Result<PromptView<'_>, RequestError> {
         match &self.prompt {
             None => request::prompt(&self.fields),
-            Some(TokenIds::Flat(ids)) if ids.is_empty() => Err(request::prompt_shape()),
+            Some(TokenIds::Flat(ids)) if ids.is_empty() => Err(request::prompt_empty()),
             Some(TokenIds::Flat(ids)) => Ok(PromptView {
                 first: Prompt::Ids(Cow::Borrowed(ids)),
                 count: 1,

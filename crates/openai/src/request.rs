@@ -109,6 +109,14 @@ pub(crate) fn prompt_shape() -> RequestError {
     )
 }
 
+/// The error of an empty list as `prompt`.
+pub(crate) fn prompt_empty() -> RequestError {
+    RequestError::invalid(
+        "`prompt` is empty: give text or at least one token id",
+        "prompt",
+    )
+}
+
 /// The `prompt` of a `/v1/completions` body: a string, a list of token ids, or a batch.
 pub fn prompt(body: &Value) -> Result<PromptView<'_>, RequestError> {
     match body.get("prompt") {
@@ -122,7 +130,8 @@ pub(crate) fn prompt_of(value: &Value) -> Result<PromptView<'_>, RequestError> {
     let one = |first| PromptView { first, count: 1 };
     match value {
         Value::String(s) => Ok(one(Prompt::Text(Cow::Borrowed(s)))),
-        Value::Array(items) if !items.is_empty() && items.iter().all(Value::is_u64) => {
+        Value::Array(items) if items.is_empty() => Err(prompt_empty()),
+        Value::Array(items) if items.iter().all(Value::is_u64) => {
             token_ids(items).map(|ids| one(Prompt::Ids(Cow::Owned(ids))))
         }
         Value::Array(items) if !items.is_empty() => {

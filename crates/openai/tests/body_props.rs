@@ -173,7 +173,10 @@ fn each_token_id_error_names_its_field() {
         (r#"{"prompt": [[1, -1], [2]]}"#, too_large),
         (r#"{"prompt": [[4294967296]]}"#, too_large),
         (r#"{"prompt": [[[1]]]}"#, too_large),
-        (r#"{"prompt": []}"#, shape),
+        (
+            r#"{"prompt": []}"#,
+            "`prompt` is empty: give text or at least one token id",
+        ),
         (r#"{"prompt": 5}"#, shape),
         (r#"{"prompt": null}"#, shape),
         (r#"{"prompt": [1], "prompt": 5}"#, shape),
