@@ -16,8 +16,8 @@ fn chat(question: &str) -> Value {
     ]})
 }
 
-async fn cached_blocks(client: &reqwest::Client, base: &str, worker: u64) -> u64 {
-    let list: Value = client
+async fn admin_workers(client: &reqwest::Client, base: &str) -> Value {
+    client
         .get(format!("{base}/admin/workers"))
         .bearer_auth("t0k")
         .send()
@@ -25,15 +25,21 @@ async fn cached_blocks(client: &reqwest::Client, base: &str, worker: u64) -> u64
         .unwrap()
         .json()
         .await
-        .unwrap();
-    list["workers"]
+        .unwrap()
+}
+
+/// The event-fed blocks of `worker`'s first rank (a worker with KV events, which has no
+/// predicted count).
+async fn cached_blocks(client: &reqwest::Client, base: &str, worker: u64) -> u64 {
+    let list = admin_workers(client, base).await;
+    let rank = &list["workers"]
         .as_array()
         .unwrap()
         .iter()
         .find(|w| w["id"] == worker)
-        .unwrap()["ranks"][0]["cached_gpu_blocks"]
-        .as_u64()
-        .unwrap()
+        .unwrap()["ranks"][0];
+    assert!(rank.get("predicted_gpu_blocks").is_none(), "{rank}");
+    rank["cached_gpu_blocks"].as_u64().unwrap()
 }
 
 async fn send(client: &reqwest::Client, base: &str, body: &Value) -> (u64, Value, Value) {
@@ -299,16 +305,32 @@ async fn a_workers_own_profile_prices_it() {
 #[tokio::test]
 async fn a_worker_without_kv_events_has_its_cache_predicted() {
     let engine = common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", "50"]).await;
-    let (proc, dir) =
-        common::serve_one_worker(&engine.http(), "predicted", &["--expose-decisions"]).await;
+    let (proc, dir) = common::serve_one_worker(
+        &engine.http(),
+        "predicted",
+        &["--expose-decisions", "--admin-token", "t0k"],
+    )
+    .await;
     let base = proc.http();
     let client = reqwest::Client::new();
+    let predicted = |list: Value| list["workers"][0]["ranks"][0]["predicted_gpu_blocks"].as_u64();
+    assert_eq!(predicted(admin_workers(&client, &base).await), Some(0));
     let (_, first, _) = send(&client, &base, &chat("what is a KV cache?")).await;
     assert_eq!(best_overlap(&first), 0, "{first}");
     let (_, again, _) = send(&client, &base, &chat("what is a KV cache?")).await;
     assert!(
         best_overlap(&again) > 0,
         "the prompt's prefix is predicted: {again}"
+    );
+    // The admin view shows what is predicted (the event-fed count stays 0).
+    let list = admin_workers(&client, &base).await;
+    assert!(
+        predicted(list.clone()).unwrap() >= best_overlap(&again),
+        "{list}"
+    );
+    assert_eq!(
+        list["workers"][0]["ranks"][0]["cached_gpu_blocks"], 0,
+        "{list}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -128,6 +128,17 @@ impl ApproxIndex {
         self.expiry.len()
     }
 
+    /// Entries within their time-to-live at `now`, per rank (O(entries): for the admin view).
+    pub fn live_counts(&self, now: Time) -> FastMap<WorkerRank, usize> {
+        let mut counts: FastMap<WorkerRank, usize> = FastMap::default();
+        for ((rank, _), (until, _)) in &self.expiry {
+            if *until > now {
+                *counts.entry(*rank).or_default() += 1;
+            }
+        }
+        counts
+    }
+
     /// Whether nothing is predicted.
     pub fn is_empty(&self) -> bool {
         self.expiry.is_empty()

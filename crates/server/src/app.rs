@@ -281,6 +281,7 @@ async fn list_workers(State(s): State<AppState>) -> Result<Json<Value>, ServeErr
         .collect();
     let core = s.inner.lock_core();
     let cached = core.index().holder_counts();
+    let predicted = core.predicted_blocks();
     let list: Vec<Value> = entries
         .into_iter()
         .map(|(e, leaving)| {
@@ -292,7 +293,13 @@ async fn list_workers(State(s): State<AppState>) -> Result<Json<Value>, ServeErr
                 .map(|r| {
                     let l = core.load(*r);
                     let gpu = cached.iter().find(|(cr, m, _)| cr == r && *m == Medium::Gpu).map_or(0, |c| c.2);
-                    json!({"dp_rank": r.dp_rank, "active_requests": l.active_requests, "active_prefill_tokens": l.active_prefill_tokens, "active_decode_blocks": l.active_decode_blocks, "cached_gpu_blocks": gpu})
+                    let mut rank = json!({"dp_rank": r.dp_rank, "active_requests": l.active_requests, "active_prefill_tokens": l.active_prefill_tokens, "active_decode_blocks": l.active_decode_blocks, "cached_gpu_blocks": gpu});
+                    // Only for workers whose cache the router predicts from its own routing.
+                    if core.predicts(r.worker) {
+                        let p = predicted.iter().find(|(pr, _)| pr == r).map_or(0, |c| c.1);
+                        rank["predicted_gpu_blocks"] = json!(p);
+                    }
+                    rank
                 })
                 .collect();
             // `leaving`: removed by its discovery source, draining until purged.

@@ -175,10 +175,22 @@ impl Router {
     /// Whether what is routed to `worker` is recorded as its predicted cache: for every worker
     /// without KV events (`router_kv_events` off), for every worker for a while
     /// (`router_predicted_ttl_secs`), and for a worker whose events do not reach the router.
-    pub(super) fn predicts(&self, worker: WorkerId) -> bool {
+    pub fn predicts(&self, worker: WorkerId) -> bool {
         !self.config.router_kv_events
             || self.config.router_predicted_ttl_secs.is_some()
             || self.workers.get(&worker).is_some_and(|w| !w.kv_events)
+    }
+
+    /// Blocks the router predicts each rank holds (workers whose cache it predicts), within
+    /// their time-to-live as of the latest time a routing call passed in; O(entries).
+    pub fn predicted_blocks(&self) -> Vec<(WorkerRank, usize)> {
+        let mut out: Vec<(WorkerRank, usize)> = self
+            .predicted
+            .as_ref()
+            .map(|p| p.live_counts(self.last_now).into_iter().collect())
+            .unwrap_or_default();
+        out.sort_unstable();
+        out
     }
 
     /// The overlap of every rank with a prompt: event-fed, predicted, or the larger of both
