@@ -213,7 +213,11 @@ async fn a_workers_own_profile_prices_it() {
     let base = proc.http();
     let client = reqwest::Client::new();
     for i in 0..4 {
-        let (worker, decision, _) = send(&client, &base, &chat(&format!("question {i}?"))).await;
+        // Prompts that share no block: every candidate is idle and holds nothing of it.
+        let content = format!("{i} {}", "unrelated words ".repeat(30 + 7 * i));
+        let body = json!({"model": "mock-model", "max_tokens": 3,
+            "messages": [{"role": "user", "content": content}]});
+        let (worker, decision, _) = send(&client, &base, &body).await;
         assert_eq!(worker, 1, "request {i} went to the slow worker: {decision}");
         let totals: Vec<f64> = (0..2)
             .map(|w| {
@@ -332,5 +336,126 @@ async fn a_worker_without_kv_events_has_its_cache_predicted() {
         list["workers"][0]["ranks"][0]["cached_gpu_blocks"], 0,
         "{list}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A worker without KV events is priced with what its `/server_info` says (step budget, KV
+/// capacity), as its peers are: before, it was priced with the router's defaults (a capacity
+/// 16 times the mock's), looked cheaper than an identical peer with events, and took every new
+/// prompt of a light load.
+#[tokio::test]
+async fn a_worker_without_kv_events_is_priced_like_its_peers() {
+    let with_events = common::spawn(&[
+        "mock-engine",
+        "--port",
+        "0",
+        "--speedup-ratio",
+        "50",
+        "--kv-events-endpoint",
+        "tcp://127.0.0.1:0",
+    ])
+    .await;
+    let without = common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", "50"]).await;
+    // Without events its block size need not be the router's: its capacity is converted.
+    let small_blocks = common::spawn(&[
+        "mock-engine",
+        "--port",
+        "0",
+        "--speedup-ratio",
+        "50",
+        "--block-size",
+        "16",
+    ])
+    .await;
+    let dir = std::env::temp_dir().join(format!("kvr-mixed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let workers = dir.join("workers.toml");
+    std::fs::write(
+        &workers,
+        format!(
+            "[[workers]]\nurl = \"{}\"\n[[workers]]\nurl = \"{}\"\n",
+            with_events.http(),
+            without.http()
+        ),
+    )
+    .unwrap();
+    let proc = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--workers-file",
+        workers.to_str().unwrap(),
+        "--health-check-interval-secs",
+        "0",
+        "--expose-decisions",
+        "--admin-token",
+        "t0k",
+    ])
+    .await;
+    let base = proc.http();
+    let client = reqwest::Client::new();
+    let list = admin_workers(&client, &base).await;
+    let ws = list["workers"].as_array().unwrap();
+    assert!(
+        ws[0]["kv_events_endpoint"].is_string() && ws[1]["kv_events_endpoint"].is_null(),
+        "{list}"
+    );
+    for field in ["kv_capacity_blocks", "max_num_batched_tokens"] {
+        assert_eq!(ws[0][field], ws[1][field], "{field}: {list}");
+        assert!(ws[1][field].is_u64(), "{field}: {list}");
+    }
+    let added = client
+        .post(format!("{base}/admin/workers"))
+        .bearer_auth("t0k")
+        .json(&json!({"url": small_blocks.http()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        added.status().as_u16(),
+        201,
+        "{}",
+        added.text().await.unwrap()
+    );
+    let list = admin_workers(&client, &base).await;
+    let third = &list["workers"][2];
+    assert_eq!(
+        (
+            third["kv_capacity_blocks"].as_u64(),
+            third["block_size"].is_null()
+        ),
+        (
+            Some(ws[0]["kv_capacity_blocks"].as_u64().unwrap() / 4),
+            true
+        ),
+        "16-token blocks counted in the router's 64-token ones: {list}"
+    );
+    let removed = client
+        .delete(format!("{base}/admin/workers/{}", third["id"]))
+        .bearer_auth("t0k")
+        .send()
+        .await
+        .unwrap();
+    assert!(removed.status().is_success());
+    let mut went = [0; 2];
+    for i in 0..4 {
+        // Prompts that share no block: every candidate is idle and holds nothing of it.
+        let content = format!("{i} {}", "unrelated words ".repeat(30 + 7 * i));
+        let body = json!({"model": "mock-model", "max_tokens": 3,
+            "messages": [{"role": "user", "content": content}]});
+        let (worker, decision, _) = send(&client, &base, &body).await;
+        let totals: Vec<f64> = decision["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["total"].as_f64().unwrap())
+            .collect();
+        assert!(
+            (totals[0] - totals[1]).abs() < 1e-9 * totals[0],
+            "{decision}"
+        );
+        went[worker as usize] += 1;
+    }
+    assert_eq!(went, [2, 2], "ties go round the fleet");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -51,13 +51,33 @@ async fn get_json(state: &AppState, url: &str) -> Option<Value> {
 }
 
 /// Fills in what the worker advertises at `/server_info` (SGLang's shape; the mock engine's too).
+/// Its step budget and KV capacity are taken whatever it publishes (the `cost` mode prices
+/// every worker with them; an engine without KV events was priced with the router's defaults,
+/// which made it look cheaper than its peers); its event endpoints, block size and DP size only
+/// from a ZeroMQ publisher, as before.
 async fn discover(state: &AppState, entry: &mut WorkerEntry) {
     let url = format!("{}/server_info", entry.url.trim_end_matches('/'));
     let Some(info) = get_json(state, &url).await else {
         return;
     };
     let kv = &info["kv_events"];
-    if kv["publisher"].as_str() != Some("zmq") {
+    if entry.max_num_batched_tokens.is_none() {
+        entry.max_num_batched_tokens = info["max_num_batched_tokens"].as_u64();
+    }
+    let zmq = kv["publisher"].as_str() == Some("zmq");
+    if entry.kv_capacity_blocks.is_none() {
+        let blocks = info["num_gpu_blocks"].as_u64();
+        entry.kv_capacity_blocks = if zmq {
+            blocks
+        } else {
+            // In the router's blocks: this engine's block size need not match them.
+            let router_bs = state.inner.config.router.kv_cache_block_size as u64;
+            blocks
+                .zip(kv["block_size"].as_u64())
+                .map(|(n, bs)| (n.saturating_mul(bs) / router_bs.max(1)).max(1))
+        };
+    }
+    if !zmq {
         return;
     }
     let worker_host = entry
@@ -96,12 +116,6 @@ async fn discover(state: &AppState, entry: &mut WorkerEntry) {
         entry.dp_size = kv["dp_size"]
             .as_u64()
             .map(|d| u32::try_from(d).unwrap_or(u32::MAX));
-    }
-    if entry.max_num_batched_tokens.is_none() {
-        entry.max_num_batched_tokens = info["max_num_batched_tokens"].as_u64();
-    }
-    if entry.kv_capacity_blocks.is_none() {
-        entry.kv_capacity_blocks = info["num_gpu_blocks"].as_u64();
     }
 }
 
