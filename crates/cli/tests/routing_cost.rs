@@ -367,30 +367,11 @@ async fn a_worker_without_kv_events_is_priced_like_its_peers() {
         "16",
     ])
     .await;
-    let dir = std::env::temp_dir().join(format!("kvr-mixed-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let workers = dir.join("workers.toml");
-    std::fs::write(
-        &workers,
-        format!(
-            "[[workers]]\nurl = \"{}\"\n[[workers]]\nurl = \"{}\"\n",
-            with_events.http(),
-            without.http()
-        ),
+    let (proc, dir) = common::serve_workers(
+        &[&with_events.http(), &without.http()],
+        "mixed",
+        &["--expose-decisions", "--admin-token", "t0k"],
     )
-    .unwrap();
-    let proc = common::spawn(&[
-        "serve",
-        "--port",
-        "0",
-        "--workers-file",
-        workers.to_str().unwrap(),
-        "--health-check-interval-secs",
-        "0",
-        "--expose-decisions",
-        "--admin-token",
-        "t0k",
-    ])
     .await;
     let base = proc.http();
     let client = reqwest::Client::new();

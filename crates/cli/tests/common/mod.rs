@@ -177,10 +177,24 @@ pub async fn until_metric(base: &str, series: &str, want: f64, within: Duration)
 
 /// `kvrouter serve` over the one worker at `url` (no health checks), with `extra` flags.
 pub async fn serve_one_worker(url: &str, name: &str, extra: &[&str]) -> (Proc, std::path::PathBuf) {
+    serve_workers(&[url], name, extra).await
+}
+
+/// `kvrouter serve` over the workers at `urls` (a workers file, in that order: ids 0, 1, ...;
+/// no health checks), with `extra` flags; the folder of the file, for the caller to remove.
+pub async fn serve_workers(
+    urls: &[&str],
+    name: &str,
+    extra: &[&str],
+) -> (Proc, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("kvr-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let workers = dir.join("workers.toml");
-    std::fs::write(&workers, format!("[[workers]]\nurl = \"{url}\"\n")).unwrap();
+    let entries: String = urls
+        .iter()
+        .map(|url| format!("[[workers]]\nurl = \"{url}\"\n"))
+        .collect();
+    std::fs::write(&workers, entries).unwrap();
     let mut args = vec![
         "serve",
         "--port",
