@@ -134,7 +134,7 @@ pub(crate) fn prompt_of(value: &Value) -> Result<PromptView<'_>, RequestError> {
         Value::Array(items) if items.iter().all(Value::is_u64) => {
             token_ids(items).map(|ids| one(Prompt::Ids(Cow::Owned(ids))))
         }
-        Value::Array(items) if !items.is_empty() => {
+        Value::Array(items) => {
             let first = match &items[0] {
                 Value::String(s) => Prompt::Text(Cow::Borrowed(s)),
                 Value::Array(ids) => Prompt::Ids(Cow::Owned(token_ids(ids)?)),

@@ -14,6 +14,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod discover;
+use discover::discover;
+
 /// `tcp://host:port` + `offset` on the port.
 fn shift_port(endpoint: &str, offset: u32) -> String {
     match endpoint.rsplit_once(':') {
@@ -32,7 +35,7 @@ const PROBE_MAX_BYTES: usize = 1 << 20;
 
 /// `GET url` as JSON: headers and body within [`PROBE_TIMEOUT`], at most [`PROBE_MAX_BYTES`];
 /// `None` otherwise (a worker still starting, or one that stalls mid-body).
-async fn get_json(state: &AppState, url: &str) -> Option<Value> {
+pub(super) async fn get_json(state: &AppState, url: &str) -> Option<Value> {
     let fetch = async {
         let mut resp = state.inner.http.get(url).send().await.ok()?;
         let mut body = Vec::new();
@@ -48,75 +51,6 @@ async fn get_json(state: &AppState, url: &str) -> Option<Value> {
         .await
         .ok()
         .flatten()
-}
-
-/// Fills in what the worker advertises at `/server_info` (SGLang's shape; the mock engine's too).
-/// Its step budget and KV capacity are taken whatever it publishes (the `cost` mode prices
-/// every worker with them; an engine without KV events was priced with the router's defaults,
-/// which made it look cheaper than its peers); its event endpoints, block size and DP size only
-/// from a ZeroMQ publisher, as before.
-async fn discover(state: &AppState, entry: &mut WorkerEntry) {
-    let url = format!("{}/server_info", entry.url.trim_end_matches('/'));
-    let Some(info) = get_json(state, &url).await else {
-        return;
-    };
-    let kv = &info["kv_events"];
-    if entry.max_num_batched_tokens.is_none() {
-        entry.max_num_batched_tokens = info["max_num_batched_tokens"].as_u64();
-    }
-    let zmq = kv["publisher"].as_str() == Some("zmq");
-    if entry.kv_capacity_blocks.is_none() {
-        let blocks = info["num_gpu_blocks"].as_u64();
-        entry.kv_capacity_blocks = if zmq {
-            blocks
-        } else {
-            // In the router's blocks: this engine's block size need not match them.
-            let router_bs = state.inner.config.router.kv_cache_block_size as u64;
-            blocks
-                .zip(kv["block_size"].as_u64())
-                .map(|(n, bs)| (n.saturating_mul(bs) / router_bs.max(1)).max(1))
-        };
-    }
-    if !zmq {
-        return;
-    }
-    let worker_host = entry
-        .url
-        .split("://")
-        .nth(1)
-        .and_then(|h| h.split([':', '/']).next())
-        .unwrap_or("127.0.0.1")
-        .to_owned();
-    let host = match kv["endpoint_host"].as_str() {
-        None | Some("*" | "0.0.0.0" | "::" | "") => worker_host,
-        Some(h) => h.to_owned(),
-    };
-    let events_discovered = entry.kv_events_endpoint.is_none();
-    if events_discovered {
-        if let Some(port) = kv["endpoint_port_base"].as_u64() {
-            entry.kv_events_endpoint = Some(format!("tcp://{host}:{port}"));
-        }
-    }
-    // Endpoints given at registration win as a set: a replay endpoint is only taken from
-    // `/server_info` with the events endpoint (another engine's replay socket would answer for
-    // other batches, and live batches would be dropped as duplicates).
-    if entry.replay_endpoint.is_none() && events_discovered {
-        if let Some(port) = kv["replay_endpoint_port_base"].as_u64() {
-            entry.replay_endpoint = Some(format!("tcp://{host}:{port}"));
-        }
-    }
-    // Out-of-range advertised values saturate, so validation refuses them instead of a
-    // truncated value passing.
-    if entry.block_size.is_none() {
-        entry.block_size = kv["block_size"]
-            .as_u64()
-            .map(|b| usize::try_from(b).unwrap_or(usize::MAX));
-    }
-    if entry.dp_size.is_none() {
-        entry.dp_size = kv["dp_size"]
-            .as_u64()
-            .map(|d| u32::try_from(d).unwrap_or(u32::MAX));
-    }
 }
 
 /// A `url` is registered once: a second registration is a 409 naming it (compared as URLs:
@@ -189,7 +123,11 @@ pub(crate) async fn add_worker(
     let timing = worker_profile(state, &mut entry).await?;
     check_new_url(&inner.workers.lock().expect("workers lock"), &entry.url)?;
     let missing_events = inner.config.router.router_kv_events && entry.kv_events_endpoint.is_none();
-    if missing_events || entry.block_size.is_none() || entry.max_num_batched_tokens.is_none() {
+    if missing_events
+        || entry.block_size.is_none()
+        || entry.max_num_batched_tokens.is_none()
+        || entry.kv_capacity_blocks.is_none()
+    {
         discover(state, &mut entry).await;
         entry.validate().map_err(|e| {
             ServeError::invalid(

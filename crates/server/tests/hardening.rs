@@ -643,3 +643,61 @@ async fn explicit_kv_events_endpoints_are_not_completed_from_server_info() {
     assert!(w["block_size"].is_u64(), "the rest is discovered: {list}");
     server.stop().await;
 }
+
+/// An engine without KV events whose `/server_info` says absurd things (a zero step budget, a
+/// KV capacity past any bound) is registered as if it had not said them, as it was before the
+/// router read those values from event-less engines; sane ones are taken, in the router's blocks.
+#[tokio::test]
+async fn an_event_less_engines_absurd_server_info_is_left_out_not_refused() {
+    async fn engine(info: Value) -> String {
+        let app = axum::Router::new().route(
+            "/server_info",
+            axum::routing::get(move || {
+                let info = info.clone();
+                async move { axum::Json(info) }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}")
+    }
+    let server = common::start(config(Some("t")), 1, 50.0).await;
+    let state = server.state.clone();
+    let no_events = |batch: u64, blocks: u64, block_size: u64| {
+        json!({"max_num_batched_tokens": batch, "num_gpu_blocks": blocks,
+               "kv_events": {"publisher": "null", "block_size": block_size}})
+    };
+    let absurd = engine(no_events(0, u64::MAX, 16)).await;
+    let sane = engine(no_events(4096, 1000, 16)).await;
+    for url in [&absurd, &sane] {
+        let body = json!({"url": url}).to_string();
+        let (s, b) = call(&state, req("POST", "/admin/workers", Some("t"), &body)).await;
+        assert_eq!(s, StatusCode::CREATED, "{url}: {b}");
+    }
+    let (_, list) = call(&state, req("GET", "/admin/workers", Some("t"), "")).await;
+    let of = |url: &str| {
+        list["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["url"] == url)
+            .unwrap()
+            .clone()
+    };
+    let (a, s) = (of(&absurd), of(&sane));
+    assert_eq!(
+        (&a["max_num_batched_tokens"], &a["kv_capacity_blocks"]),
+        (&Value::Null, &Value::Null),
+        "{list}"
+    );
+    let router_bs = RouterConfig::default().kv_cache_block_size as u64;
+    assert_eq!(s["max_num_batched_tokens"], 4096, "{list}");
+    assert_eq!(s["kv_capacity_blocks"], 1000 * 16 / router_bs, "{list}");
+    assert_eq!(
+        s["block_size"],
+        Value::Null,
+        "its block size is not the router's to check"
+    );
+    server.stop().await;
+}
