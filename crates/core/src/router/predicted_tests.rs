@@ -1,21 +1,22 @@
 //! Predicted cache state: approximate mode (no KV events at all), the predicted-placement
 //! window beside the events, and a worker whose events do not reach the router.
 
-use super::tests::{request, tokens, BS};
+use super::tests::{request, router_with, tokens, BS};
 use super::*;
 
-#[test]
-fn approximate_mode_learns_from_its_own_decisions_and_forgets_after_the_ttl() {
+/// A router in approximate mode (no KV events), entries kept 10 s, over `workers` workers.
+fn approximate(workers: u64) -> Router {
     let config = RouterConfig {
-        kv_cache_block_size: BS,
         router_kv_events: false,
         router_ttl_secs: 10.0,
         ..Default::default()
     };
-    let mut r = Router::new(config).unwrap();
-    for w in 0..4 {
-        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
-    }
+    router_with(config, workers)
+}
+
+#[test]
+fn approximate_mode_learns_from_its_own_decisions_and_forgets_after_the_ttl() {
+    let mut r = approximate(4);
     let prompt = tokens(5, 64);
     let first = r.route(&request(1, &prompt), Time::ZERO).unwrap();
     r.first_token(RequestId(1)).unwrap();
@@ -115,14 +116,7 @@ fn a_worker_without_kv_events_has_its_cache_predicted_and_the_others_do_not() {
 
 #[test]
 fn a_caller_with_an_older_clock_does_not_cut_a_parents_prediction_short() {
-    let config = RouterConfig {
-        kv_cache_block_size: BS,
-        router_kv_events: false,
-        router_ttl_secs: 10.0,
-        ..Default::default()
-    };
-    let mut r = Router::new(config).unwrap();
-    r.add_worker(WorkerSpec::new(WorkerId(0))).unwrap();
+    let mut r = approximate(1);
     let ms = |m: f64| Time::from_secs_f64(m / 1e3);
     let (long, short) = (tokens(5, 2 * BS as u32), tokens(5, BS as u32));
     r.route(&request(1, &long), ms(100.0)).unwrap();
