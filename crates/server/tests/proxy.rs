@@ -46,15 +46,30 @@ fn metric(text: &str, prefix: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-#[tokio::test]
-async fn a_dead_worker_is_retried_around_before_the_first_byte() {
-    let server = router(RouterMode::RoundRobin, true).await;
-    let client = reqwest::Client::new();
-    let base = format!("http://{}", server.addr);
+/// The router's `/metrics` text.
+async fn metrics(client: &reqwest::Client, base: &str) -> String {
+    client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// Sends `body` to `/v1/completions` four times; each is answered 200 by worker 1 (the live
+/// one). The answers' bodies.
+async fn four_answered_by_the_live_worker(
+    client: &reqwest::Client,
+    base: &str,
+    body: &serde_json::Value,
+) -> Vec<String> {
+    let mut texts = Vec::new();
     for _ in 0..4 {
         let r = client
             .post(format!("{base}/v1/completions"))
-            .json(&json!({"model": "mock-model", "prompt": "hello", "max_tokens": 2}))
+            .json(body)
             .send()
             .await
             .unwrap();
@@ -64,7 +79,18 @@ async fn a_dead_worker_is_retried_around_before_the_first_byte() {
             "1",
             "the live worker answered"
         );
+        texts.push(r.text().await.unwrap());
     }
+    texts
+}
+
+#[tokio::test]
+async fn a_dead_worker_is_retried_around_before_the_first_byte() {
+    let server = router(RouterMode::RoundRobin, true).await;
+    let client = reqwest::Client::new();
+    let base = format!("http://{}", server.addr);
+    let body = json!({"model": "mock-model", "prompt": "hello", "max_tokens": 2});
+    four_answered_by_the_live_worker(&client, &base, &body).await;
     retried_and_released(&client, &base).await;
     server.stop().await;
 }
@@ -82,14 +108,7 @@ async fn a_client_that_leaves_mid_stream_releases_the_load() {
         .unwrap();
     let mut body = r.bytes_stream();
     assert!(body.next().await.is_some());
-    let busy = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let busy = metrics(&client, &base).await;
     assert_eq!(
         metric(&busy, "kvrouter_worker_active_requests{worker=\"0\""),
         1.0
@@ -97,14 +116,7 @@ async fn a_client_that_leaves_mid_stream_releases_the_load() {
     drop(body);
     let mut active = 1.0;
     for _ in 0..200 {
-        let text = client
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = metrics(&client, &base).await;
         active = metric(&text, "kvrouter_worker_active_requests{worker=\"0\"");
         if active == 0.0 {
             assert!(metric(&text, "kvrouter_requests_total{status=\"cancelled\"") >= 1.0);
@@ -133,22 +145,8 @@ async fn retried_elsewhere(body: &'static [u8]) {
     let server = common::start(config, 1, 50.0).await;
     let client = reqwest::Client::new();
     let base = format!("http://{}", server.addr);
-    for _ in 0..4 {
-        let r = client
-            .post(format!("{base}/v1/completions"))
-            .json(
-                &json!({"model": "mock-model", "prompt": "hello", "max_tokens": 3, "stream": true}),
-            )
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 200);
-        assert_eq!(
-            r.headers()["x-kvrouter-worker"],
-            "1",
-            "the live worker answered"
-        );
-        let text = r.text().await.unwrap();
+    let body = json!({"model": "mock-model", "prompt": "hello", "max_tokens": 3, "stream": true});
+    for text in four_answered_by_the_live_worker(&client, &base, &body).await {
         assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
         assert!(!text.contains("\"error\""), "{text}");
     }
@@ -159,14 +157,7 @@ async fn retried_elsewhere(body: &'static [u8]) {
 /// Worker 0 failed at least two attempts (round-robin sent half of the four requests there
 /// first), each retried elsewhere, and none of them holds load on it.
 async fn retried_and_released(client: &reqwest::Client, base: &str) {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics(client, base).await;
     assert!(
         metric(&text, "kvrouter_upstream_retries_total{") >= 2.0,
         "{text}"
