@@ -297,7 +297,7 @@ impl Router {
     /// themselves and return the placements in their [`crate::router::Effects`].
     pub fn poll(&mut self, now: Time) -> Vec<(RequestId, Result<Decision, RouteError>)> {
         // The queue's pick reads predicted overlaps as of the latest time seen.
-        self.last_now = self.last_now.max(now);
+        self.advance_to(now);
         let expired = self.queue.expire(now);
         let mut out: Vec<(RequestId, Result<Decision, RouteError>)> = expired
             .into_iter()

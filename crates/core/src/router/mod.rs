@@ -172,6 +172,28 @@ impl Router {
         self.index.apply(event)
     }
 
+    /// Moves the router's latest time to `now` when that is later, and returns it. Predictions
+    /// (and KV events) are stamped with it, not with a caller's `now`: a caller that read its
+    /// clock before it waited for the lock must not make a block expire before blocks inserted
+    /// after it (the predicted index relies on parents outliving children).
+    pub(super) fn advance_to(&mut self, now: Time) -> Time {
+        self.last_now = self.last_now.max(now);
+        self.last_now
+    }
+
+    /// Records that `rank` will hold `blocks`, when the router predicts its worker's cache.
+    pub(super) fn record_prediction(
+        &mut self,
+        rank: WorkerRank,
+        blocks: &crate::hashing::BlockHashes,
+    ) {
+        if self.predicts(rank.worker) {
+            if let Some(p) = &mut self.predicted {
+                p.insert(rank, blocks, self.last_now);
+            }
+        }
+    }
+
     /// Whether what is routed to `worker` is recorded as its predicted cache: for every worker
     /// without KV events (`router_kv_events` off), for every worker for a while
     /// (`router_predicted_ttl_secs`), and for a worker whose events do not reach the router.

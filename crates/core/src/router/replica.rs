@@ -321,12 +321,8 @@ impl Router {
             }
             RemoteEvent::Placement { rank, blocks } => {
                 self.known_rank(rank)?;
-                self.last_now = self.last_now.max(now);
-                if self.predicts(rank.worker) {
-                    if let Some(p) = &mut self.predicted {
-                        p.insert(rank, &blocks, self.last_now);
-                    }
-                }
+                self.advance_to(now);
+                self.record_prediction(rank, &blocks);
                 Ok(Effects::default())
             }
             RemoteEvent::Session {

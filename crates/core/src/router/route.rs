@@ -46,12 +46,9 @@ impl Router {
         if self.ledger.is_active(request.id) {
             return Err(RouteError::DuplicateRequest(request.id));
         }
-        // Predictions are stamped with the latest time seen, not the caller's: a caller that
-        // read the clock before it waited for the lock must not make a block expire before
-        // blocks inserted after it (the predicted index relies on parents outliving children).
-        self.last_now = self.last_now.max(now);
+        let latest = self.advance_to(now);
         if let Some(p) = &mut self.predicted {
-            p.expire(self.last_now);
+            p.expire(latest);
         }
         let mode = self.config.router_mode;
         let allowed = self.allowed_ranks(request, mode)?;
@@ -138,11 +135,7 @@ impl Router {
                 request_blocks - full,
             )
             .map_err(|_| RouteError::DuplicateRequest(request.id))?;
-        if self.predicts(rank.worker) {
-            if let Some(p) = &mut self.predicted {
-                p.insert(rank, &request.blocks, self.last_now);
-            }
-        }
+        self.record_prediction(rank, &request.blocks);
         self.place_in_group(request, rank, now);
         if mode == RouterMode::Cost {
             self.cost_placed(request, rank, prefix, now);
