@@ -3,6 +3,8 @@
 use crate::model::{RawHash, WireBatch, WireEvent};
 use crate::msgpack::{self, Int, Item, Reader};
 
+mod one_pass;
+
 /// Why a frame could not be decoded. The message is dropped and counted; nothing panics.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
@@ -36,6 +38,22 @@ pub const MAX_DEPTH: usize = 16;
 /// Decodes a msgpack payload `[ts, events, dp_rank?]`: the payload is first checked whole as
 /// msgpack (nesting at most [`MAX_DEPTH`]), then read straight into the model.
 pub fn decode_payload(payload: &[u8]) -> Result<WireBatch, WireError> {
+    if let Some(batch) = one_pass::decode(payload) {
+        return Ok(batch);
+    }
+    decode_checked(payload)
+}
+
+/// The one-pass reading alone (`None`: declined, read by [`decode_checked`]); for its tests.
+#[doc(hidden)]
+pub fn decode_one_pass(payload: &[u8]) -> Option<WireBatch> {
+    one_pass::decode(payload)
+}
+
+/// [`decode_payload`] without its one-pass reading: the whole payload checked first, then
+/// read. Every payload the one pass declines is read here, so every error comes from here.
+#[doc(hidden)]
+pub fn decode_checked(payload: &[u8]) -> Result<WireBatch, WireError> {
     msgpack::check(payload, u16::try_from(MAX_DEPTH).unwrap_or(u16::MAX))
         .map_err(|e| WireError::Msgpack(e.to_string()))?;
     let mut r = Reader::new(payload);
@@ -214,17 +232,36 @@ fn read_fields<'a>(r: &mut Reader<'a>) -> Result<Fields<'a>, WireError> {
 }
 
 fn decode_event(r: &mut Reader<'_>) -> Result<WireEvent, WireError> {
-    let fields = read_fields(r)?;
+    event_from(&read_fields(r)?, Lists::default())
+}
+
+/// An event's list fields already read (by the one-pass decoder): used instead of reading them
+/// from their place in [`Fields`].
+#[derive(Default)]
+struct Lists {
+    block_hashes: Option<Vec<RawHash>>,
+    token_ids: Option<Vec<u32>>,
+}
+
+/// The event its fields make.
+fn event_from(fields: &Fields<'_>, lists: Lists) -> Result<WireEvent, WireError> {
+    let block_hashes = || match lists.block_hashes {
+        Some(read) => Ok(read),
+        None => hashes(fields.get(BLOCK_HASHES), "block_hashes"),
+    };
     let string = |field: usize| fields.item(field).and_then(Item::as_str).map(str::to_owned);
     let int = |field: usize| fields.item(field).and_then(Item::as_i64);
     match fields.tag {
         "BlockStored" => {
-            let block_hashes = hashes(fields.get(BLOCK_HASHES), "block_hashes")?;
+            let block_hashes = block_hashes()?;
             let parent_block_hash = fields
                 .get(PARENT_BLOCK_HASH)
                 .map(|mut r| hash(&mut r))
                 .transpose()?;
-            let token_ids = tokens(fields.get(TOKEN_IDS))?;
+            let token_ids = match lists.token_ids {
+                Some(read) => read,
+                None => tokens(fields.get(TOKEN_IDS))?,
+            };
             let block_size = fields
                 .item(BLOCK_SIZE)
                 .and_then(Item::as_u64)
@@ -260,7 +297,7 @@ fn decode_event(r: &mut Reader<'_>) -> Result<WireEvent, WireError> {
             })
         }
         "BlockRemoved" => Ok(WireEvent::BlockRemoved {
-            block_hashes: hashes(fields.get(BLOCK_HASHES), "block_hashes")?,
+            block_hashes: block_hashes()?,
             medium: string(MEDIUM),
             group_idx: int(GROUP_IDX),
         }),

@@ -10,7 +10,8 @@
 //!
 //! # Layout
 //! - [`model`]: the decoded batch and events.
-//! - [`decode`]: payload bytes → model (tolerant), read by `msgpack`'s slice reader.
+//! - [`decode`]: payload bytes → model (tolerant), read by `msgpack`'s slice reader (in one pass
+//!   where the payload has the usual shape).
 //! - [`encode`]: model → payload bytes (vLLM map shape), and frames.
 //! - [`convert`]: model ↔ the core's `KvEvent`s.
 

@@ -265,7 +265,8 @@ fn spend(depth: u16) -> Result<u16, Invalid> {
     depth.checked_sub(1).ok_or(Invalid::TooDeep)
 }
 
-fn check_value(r: &mut Reader<'_>, depth: u16) -> Result<(), Invalid> {
+/// [`check`] of the value at `r`, past it, with `depth` of the budget left there.
+pub(crate) fn check_value(r: &mut Reader<'_>, depth: u16) -> Result<(), Invalid> {
     let depth = spend(depth)?;
     let item = r.next()?;
     match item {
