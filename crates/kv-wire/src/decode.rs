@@ -35,8 +35,10 @@ pub fn decode_seq(frame: &[u8]) -> Result<u64, WireError> {
 /// anything deeper is not a KV event payload (and must not cost stack).
 pub const MAX_DEPTH: usize = 16;
 
-/// Decodes a msgpack payload `[ts, events, dp_rank?]`: the payload is first checked whole as
-/// msgpack (nesting at most [`MAX_DEPTH`]), then read straight into the model.
+/// Decodes a msgpack payload `[ts, events, dp_rank?]` straight into the model: in one pass
+/// where the payload has the usual shape (`one_pass`), else as [`decode_checked`] reads it
+/// (checked whole as msgpack, nesting at most [`MAX_DEPTH`], then read); the answer is
+/// [`decode_checked`]'s either way.
 pub fn decode_payload(payload: &[u8]) -> Result<WireBatch, WireError> {
     if let Some(batch) = one_pass::decode(payload) {
         return Ok(batch);
@@ -99,8 +101,9 @@ pub fn decode_checked(payload: &[u8]) -> Result<WireBatch, WireError> {
 const RESERVE_EVENTS: usize = 64;
 const RESERVE_ITEMS: usize = 1 << 16;
 
-/// The next item of a payload [`msgpack::check`] accepted (so an error here is a bug's, still
-/// no panic).
+/// The next item, a reader's error as a [`WireError`] (on a payload [`msgpack::check`]
+/// accepted an error here is a bug's; the one pass also reads hashes with it from bytes not yet
+/// checked, where an error only declines the payload).
 #[inline]
 fn next<'a>(r: &mut Reader<'a>) -> Result<Item<'a>, WireError> {
     r.next().map_err(|e| WireError::Msgpack(e.to_string()))

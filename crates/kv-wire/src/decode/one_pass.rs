@@ -23,8 +23,8 @@ use crate::msgpack::{self, Item, Reader};
 /// The check's budget for the batch's own items: a container's items get two levels less than
 /// it (one for the container, one for each item).
 const BATCH_ITEM_DEPTH: u16 = MAX_DEPTH as u16 - 2;
-/// ... and for an event's items (its tag, keys and field values): the batch, then the events
-/// list, then the event.
+/// ... and for an event's items (its tag, keys and field values): two levels less for the
+/// events list, and two for the event.
 const EVENT_ITEM_DEPTH: u16 = BATCH_ITEM_DEPTH - 4;
 
 /// The batch in `payload`, or `None` where the checked reading must answer.

@@ -5,7 +5,13 @@
 
 #![allow(dead_code)]
 
+use kvrouter_kv_wire::{WireBatch, WireEvent};
 use proptest::prelude::*;
+
+/// A batch to compare: `ts` by its bits, so that a NaN one (drawn now and then) equals itself.
+pub(crate) fn comparable(batch: &WireBatch) -> (u64, &[WireEvent], Option<i64>) {
+    (batch.ts.to_bits(), &batch.events, batch.dp_rank)
+}
 
 /// A msgpack value to write, with the encoding of its integers and lengths chosen.
 #[derive(Clone, Debug)]

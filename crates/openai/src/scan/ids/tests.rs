@@ -2,6 +2,7 @@
 //! as two streams with their split anywhere (at a bad id, beyond the list, in a string).
 
 use super::super::{object, read_ids, Cursor};
+use super::Step;
 use crate::body::TokenIds;
 use serde_json::Value;
 
@@ -320,4 +321,40 @@ fn lists_of_every_length_around_the_split_threshold() {
             );
         }
     }
+}
+
+/// A stream meets the comma where the next one starts and stops there (`Joined`), whether it
+/// reads the id before it from one load (`,` right after it) or digit by digit (` ,`, or an id
+/// of 8 digits); and the two streams of a long list do join, rather than the first reading the
+/// whole list alone (which would give the same ids for twice the work).
+#[test]
+fn a_stream_stops_at_the_comma_where_the_next_starts() {
+    for text in [
+        "[1000,1001,1002]",
+        "[1000 ,1001]",
+        "[1000, 1001]",
+        "[12345678,9]",
+    ] {
+        let split = text.find(',').expect("a comma");
+        let mut c = Cursor::new(text.as_bytes());
+        c.at = 1;
+        let mut ids = Vec::new();
+        assert_eq!(c.step(&mut ids, split), Step::Joined, "{text}");
+        assert_eq!(c.at, split + 1, "{text}");
+        assert_eq!(ids.len(), 1);
+        // With no split there, the same step goes on to the next id.
+        let mut c = Cursor::new(text.as_bytes());
+        c.at = 1;
+        assert_eq!(c.step(&mut Vec::new(), usize::MAX), Step::More, "{text}");
+    }
+    let ids: Vec<String> = (0..400).map(|i| (1000 + i).to_string()).collect();
+    let text = format!("[{}]", ids.join(","));
+    let split = split_of(&text).expect("a long list is split");
+    let mut c = Cursor::new(text.as_bytes());
+    c.at = 1;
+    let mut first = Vec::new();
+    while c.step(&mut first, split) == Step::More {}
+    assert_eq!(c.at, split + 1);
+    // Every id before the split, the one before it included.
+    assert_eq!(first.len(), text[..split].matches(',').count() + 1);
 }
