@@ -195,6 +195,7 @@ async fn binary_token_ids_pick_as_json_ids_do() {
     let good = le_bytes(&ids(7, 4));
     for (json, ids, length, param) in [
         (json!({}), &good[..], Some("x"), "x-kvrouter-json-length"),
+        (json!({}), &good[..], Some("+2"), "x-kvrouter-json-length"),
         (
             json!({}),
             &good[..],

@@ -178,7 +178,10 @@ fn split_binary<'a>(
     let n = length
         .to_str()
         .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
+        .map(str::trim)
+        // Digits only, as a Content-Length (`parse` would also take `+2`).
+        .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|v| v.parse::<usize>().ok())
         .filter(|&n| n <= raw.len())
         .ok_or_else(|| {
             ServeError::invalid(
