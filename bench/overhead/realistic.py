@@ -323,7 +323,7 @@ def main():
                             if (a.perf_record and rep == 0 and mode == a.modes.split(",")[0]
                                     and c == max(int(x) for x in a.conc.split(","))):
                                 prof = subprocess.Popen(
-                                    ["perf", "record", "-e", "cpu-clock", "-F", "1999", "-g", "-p", str(router.pid),
+                                    ["perf", "record", "-e", "cpu-clock", "-F", os.environ.get("PERF_FREQ", "1999"), *os.environ.get("PERF_CG", "-g").split(), "-p", str(router.pid),
                                      "-o", f"{a.perf_record}.{name}"],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                                 time.sleep(0.5)
