@@ -254,7 +254,9 @@ def main():
     ap.add_argument("--router-cpus", default=None, help="taskset CPU list for the router")
     ap.add_argument("--perf-record", default=None, metavar="FILE",
                     help="`perf record -g` the router during the first rep's largest-concurrency "
-                         "fresh-connection case into FILE.<variant>")
+                         "case of the first mode into FILE.<variant>; PERF_FREQ (default 1999) "
+                         "sets the rate, PERF_CG the call-graph flags (default -g; "
+                         "'--call-graph dwarf,16384' resolves Rust frames)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="JSON lines, appended")
     a = ap.parse_args()
