@@ -69,10 +69,17 @@ impl<'a> Cursor<'a> {
                 }
             }
         }
-        // Room for the ids of a typical list (`12345, ` is 7 bytes); a denser one grows.
-        let capacity = (self.bytes.len() - start) / 6 + 1;
+        // Room for the ids of a list of ids of three digits or more, `,` between them (`123,`
+        // is 4 bytes; a denser one grows): a list read in two streams is joined without a copy
+        // to a larger vector.
+        let capacity = (self.bytes.len() - start) / 4 + 1;
         self.at = start;
-        self.list(capacity).map(TokenIds::Flat)
+        let mut ids = self.list(capacity)?;
+        // Room sized by a long value after the list (a long text field, say) is given back.
+        if ids.capacity() > 2 * ids.len() + 1024 {
+            ids.shrink_to_fit();
+        }
+        Some(TokenIds::Flat(ids))
     }
 
     /// A key: a string without escapes or control characters (else `None`), cursor after it.

@@ -358,3 +358,18 @@ fn a_stream_stops_at_the_comma_where_the_next_starts() {
     // Every id before the split, the one before it included.
     assert_eq!(first.len(), text[..split].matches(',').count() + 1);
 }
+
+/// A short id list before a long text keeps no room sized by the text.
+#[test]
+fn a_short_list_before_a_long_field_keeps_little_room() {
+    let raw = format!(
+        r#"{{"prompt": [1, 2, 3], "suffix": "{}"}}"#,
+        "x".repeat(100_000)
+    );
+    let fields = object(raw.as_bytes()).expect("an object");
+    let Some(TokenIds::Flat(ids)) = fields.prompt else {
+        panic!("ids");
+    };
+    assert_eq!(ids, [1, 2, 3]);
+    assert!(ids.capacity() < 1_100, "{}", ids.capacity());
+}
