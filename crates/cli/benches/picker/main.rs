@@ -12,9 +12,10 @@
 //!   concurrency 64, each task on its own keep-alive gRPC connection (`ext`) or the 64 streams
 //!   over 2 connections, as a gateway with two worker threads multiplexes them (`ext-mux`); and
 //!   (`ext-headers`, on a second router started with `--ext-proc-observe headers`) the exchange
-//!   Envoy then makes: request headers, body and response headers, then the stream's end.
+//!   Envoy then makes: request headers, body and response headers, then the stream's end, on a
+//!   connection per stream and over 2 connections (`ext-headers-mux`).
 //!
-//! `cargo bench -p kvrouter --bench picker`    (bounded: some 60,000 loopback requests);
+//! `cargo bench -p kvrouter --bench picker`    (bounded: some 70,000 loopback requests);
 //! `KVROUTER_PICKER_BIN=<kvrouter>` measures another build of the router with the same client.
 
 #![allow(missing_docs)]
@@ -352,7 +353,7 @@ async fn main() {
             "piggy-bin: the same with the token ids in binary after the JSON part (x-kvrouter-json-length), concurrency 16: {us} µs router CPU per pick"
         );
     }
-    if want("ext-headers") {
+    if want("ext-headers") || want("ext-headers-mux") {
         drop(router);
         // Its own router: `--ext-proc-observe` is a process's setting.
         let Some(router) = start_router(&["--ext-proc-observe", "headers"]).await else {
@@ -361,15 +362,24 @@ async fn main() {
         };
         let (grpc, pid) = (&router.grpc, router.pid);
         // The response body mode a gateway sets for streamed answers (`STREAMED`); the picker's
-        // override turns it off after the response headers.
-        ext_proc_exchanges(grpc, pid, 500, 64, 1, 64).await;
-        let (us, rate) = windows(router.idle_per_s, |n| {
-            ext_proc_exchanges(grpc, pid, n, 64, 1, 64)
-        })
-        .await;
-        println!(
-            "ext-headers: ext_proc exchange with --ext-proc-observe headers (request headers, body, response headers, then the stream's end), {PROMPT_TOKENS}-token prompt, concurrency 64, keep-alive gRPC: {us} µs router CPU per exchange ({rate:.0} exchanges/s)"
-        );
+        // override turns it off after the response headers. A connection per stream, then as
+        // a gateway of two worker threads sends them (as `ext` and `ext-mux`).
+        for (line, connections, over) in [
+            ("ext-headers", 64, "a keep-alive gRPC connection per stream"),
+            ("ext-headers-mux", 2, "over 2 keep-alive gRPC connections"),
+        ] {
+            if !want(line) {
+                continue;
+            }
+            ext_proc_exchanges(grpc, pid, 500, 64, 1, connections).await;
+            let (us, rate) = windows(router.idle_per_s, |n| {
+                ext_proc_exchanges(grpc, pid, n, 64, 1, connections)
+            })
+            .await;
+            println!(
+                "{line}: ext_proc exchange with --ext-proc-observe headers (request headers, body, response headers, then the stream's end), {PROMPT_TOKENS}-token prompt, concurrency 64, {over}: {us} µs router CPU per exchange ({rate:.0} exchanges/s)"
+            );
+        }
     }
 }
 
