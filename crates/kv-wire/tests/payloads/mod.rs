@@ -352,3 +352,25 @@ pub(crate) fn payload() -> impl Strategy<Value = Vec<u8>> {
         out
     })
 }
+
+/// A drawn payload changed once: cut short, a byte inserted or flipped, or two bytes appended
+/// after it.
+pub(crate) fn changed_payload() -> impl Strategy<Value = Vec<u8>> {
+    (payload(), any::<prop::sample::Index>(), 0u8..4, any::<u8>()).prop_map(
+        |(mut bytes, at, change, byte)| {
+            let i = at.index(bytes.len().max(1));
+            match change {
+                0 => bytes.truncate(i),
+                1 => bytes.insert(i.min(bytes.len()), byte),
+                // Trailing bytes after a whole payload.
+                2 => bytes.extend([byte, byte]),
+                _ => {
+                    if let Some(b) = bytes.get_mut(i) {
+                        *b ^= byte | 1;
+                    }
+                }
+            }
+            bytes
+        },
+    )
+}
