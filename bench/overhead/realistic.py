@@ -254,9 +254,11 @@ def main():
     ap.add_argument("--router-cpus", default=None, help="taskset CPU list for the router")
     ap.add_argument("--perf-record", default=None, metavar="FILE",
                     help="`perf record -g` the router during the first rep's largest-concurrency "
-                         "case of the first mode into FILE.<variant>; PERF_FREQ (default 1999) "
-                         "sets the rate, PERF_CG the call-graph flags (default -g; "
-                         "'--call-graph dwarf,16384' resolves Rust frames)")
+                         "case of the first mode into FILE.<variant>; PERF_EVENT (default cpu-clock) "
+                         "sets the event, PERF_RATE its rate (default '-F 1999'; '-c 1' records "
+                         "every event, e.g. with PERF_EVENT=raw_syscalls:sys_enter), PERF_CG the "
+                         "call-graph flags (default -g; '--call-graph dwarf,16384' resolves Rust "
+                         "frames)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="JSON lines, appended")
     a = ap.parse_args()
@@ -325,7 +327,9 @@ def main():
                             if (a.perf_record and rep == 0 and mode == a.modes.split(",")[0]
                                     and c == max(int(x) for x in a.conc.split(","))):
                                 prof = subprocess.Popen(
-                                    ["perf", "record", "-e", "cpu-clock", "-F", os.environ.get("PERF_FREQ", "1999"), *os.environ.get("PERF_CG", "-g").split(), "-p", str(router.pid),
+                                    ["perf", "record", "-e", os.environ.get("PERF_EVENT", "cpu-clock"),
+                                     *os.environ.get("PERF_RATE", "-F 1999").split(),
+                                     *os.environ.get("PERF_CG", "-g").split(), "-p", str(router.pid),
                                      "-o", f"{a.perf_record}.{name}"],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                                 time.sleep(0.5)
