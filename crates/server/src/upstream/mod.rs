@@ -35,7 +35,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use wire::{Decoder, Step};
 
@@ -281,12 +281,10 @@ async fn read_head(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<wire::H
             return Ok(head);
         }
         buf.reserve(READ_CHUNK);
-        stream.readable().await.map_err(|e| e.to_string())?;
-        match stream.try_read_buf(buf) {
+        match stream.read_buf(buf).await {
             Ok(0) if buf.is_empty() => return Err("connection closed before an answer".into()),
             Ok(0) => return Err(wire::WireError::Closed("within the head").to_string()),
             Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e.to_string()),
         }
     }
@@ -339,7 +337,14 @@ impl Stream for Direct {
             if this.buf.capacity() - this.buf.len() < READ_CHUNK / 4 {
                 this.buf.reserve(READ_CHUNK);
             }
-            match stream.try_read_buf(&mut this.buf) {
+            // Through `poll_read`, which takes a read that did not fill the buffer as the
+            // socket drained: the next poll waits for readiness instead of reading again for
+            // nothing (`try_read_buf` would, once per chunk of a stream).
+            match ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut *stream),
+                cx,
+                &mut this.buf
+            )) {
                 Ok(0) => {
                     this.stream = None;
                     if let Err(e) = this.decoder.closed() {
@@ -348,13 +353,6 @@ impl Stream for Direct {
                     }
                 }
                 Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if let Err(e) = ready!(stream.poll_read_ready(cx)) {
-                        this.stream = None;
-                        this.decoder = Decoder::new(wire::Framing::Empty);
-                        return Poll::Ready(Some(Err(e.to_string())));
-                    }
-                }
                 Err(e) => {
                     this.stream = None;
                     this.decoder = Decoder::new(wire::Framing::Empty);
