@@ -337,10 +337,15 @@ fn hashes(value: Option<Reader<'_>>, field: &str) -> Result<Vec<RawHash>, WireEr
     let not_a_list = || shape(format!("{field} is not an array"));
     let mut r = value.ok_or_else(not_a_list)?;
     let n = list(&mut r)?.ok_or_else(not_a_list)?;
+    hash_items(&mut r, n)
+}
+
+/// The `n` hashes of a list whose header was read, past them: an integer or bytes is read
+/// whole; anything else ends the decode.
+fn hash_items(r: &mut Reader<'_>, n: usize) -> Result<Vec<RawHash>, WireError> {
     let mut out = Vec::with_capacity(n.min(r.rest().len()).min(RESERVE_ITEMS));
     for _ in 0..n {
-        // An integer or bytes is read whole; anything else ends the decode.
-        out.push(hash(&mut r)?);
+        out.push(hash(r)?);
     }
     Ok(out)
 }
@@ -349,6 +354,11 @@ fn tokens(value: Option<Reader<'_>>) -> Result<Vec<u32>, WireError> {
     let not_a_list = || shape("token_ids is not an array");
     let mut r = value.ok_or_else(not_a_list)?;
     let n = list(&mut r)?.ok_or_else(not_a_list)?;
+    token_items(&mut r, n)
+}
+
+/// The `n` token ids of a list whose header was read, past them.
+fn token_items(r: &mut Reader<'_>, n: usize) -> Result<Vec<u32>, WireError> {
     let mut out = Vec::with_capacity(n.min(r.rest().len()).min(RESERVE_ITEMS));
     for _ in 0..n {
         let token = r

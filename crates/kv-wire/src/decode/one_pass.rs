@@ -14,10 +14,10 @@
 //! payload the checked way, which gives every error its words.
 
 use super::{
-    event_from, hash, Fields, Lists, BLOCK_HASHES, FIELDS, MAX_DEPTH, REMOVED, RESERVE_EVENTS,
-    RESERVE_ITEMS, STORED, TOKEN_IDS,
+    event_from, hash_items, token_items, Fields, Lists, BLOCK_HASHES, FIELDS, MAX_DEPTH, REMOVED,
+    RESERVE_EVENTS, STORED, TOKEN_IDS,
 };
-use crate::model::{RawHash, WireBatch, WireEvent};
+use crate::model::{WireBatch, WireEvent};
 use crate::msgpack::{self, Item, Reader};
 
 /// The check's budget for the batch's own items: a container's items get two levels less than
@@ -81,9 +81,10 @@ fn event(r: &mut Reader<'_>) -> Option<WireEvent> {
             let mut type_seen = false;
             for _ in 0..n {
                 // A key that is no string names no field (stepped over whole).
-                let key = match r.clone().next() {
+                let mut probe = r.clone();
+                let key = match probe.next() {
                     Ok(Item::Str(s)) => {
-                        r.next().ok()?;
+                        *r = probe;
                         std::str::from_utf8(s).ok()
                     }
                     _ => {
@@ -137,39 +138,22 @@ fn field<'a>(
     lists: &mut Lists,
 ) -> Option<()> {
     let at = r.clone();
-    match (i, r.clone().next()) {
+    let mut probe = r.clone();
+    match (i, probe.next()) {
         (_, Ok(Item::Nil)) => {
-            r.next().ok()?;
+            *r = probe;
             return Some(());
         }
         (BLOCK_HASHES, Ok(Item::Array(n))) => {
-            r.next().ok()?;
-            lists.block_hashes = Some(hashes(r, n)?);
+            *r = probe;
+            lists.block_hashes = Some(hash_items(r, n).ok()?);
         }
         (TOKEN_IDS, Ok(Item::Array(n))) => {
-            r.next().ok()?;
-            lists.token_ids = Some(tokens(r, n)?);
+            *r = probe;
+            lists.token_ids = Some(token_items(r, n).ok()?);
         }
         _ => msgpack::check_value(r, EVENT_ITEM_DEPTH).ok()?,
     }
     fields.at[i] = Some(at);
     Some(())
-}
-
-/// `n` hashes (integers or bytes).
-fn hashes(r: &mut Reader<'_>, n: usize) -> Option<Vec<RawHash>> {
-    let mut out = Vec::with_capacity(n.min(r.rest().len()).min(RESERVE_ITEMS));
-    for _ in 0..n {
-        out.push(hash(r).ok()?);
-    }
-    Some(out)
-}
-
-/// `n` token ids (unsigned 32-bit integers).
-fn tokens(r: &mut Reader<'_>, n: usize) -> Option<Vec<u32>> {
-    let mut out = Vec::with_capacity(n.min(r.rest().len()).min(RESERVE_ITEMS));
-    for _ in 0..n {
-        out.push(u32::try_from(r.int()?.as_u64()?).ok()?);
-    }
-    Some(out)
 }
