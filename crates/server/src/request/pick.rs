@@ -178,10 +178,8 @@ fn split_binary<'a>(
     let n = length
         .to_str()
         .ok()
-        .map(str::trim)
-        // Digits only, as a Content-Length (`parse` would also take `+2`).
-        .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|v| v.parse::<usize>().ok())
+        .and_then(crate::upstream::decimal_length)
+        .and_then(|n| usize::try_from(n).ok())
         .filter(|&n| n <= raw.len())
         .ok_or_else(|| {
             ServeError::invalid(

@@ -26,6 +26,7 @@ mod response;
 mod wire;
 
 pub(crate) use response::Response;
+pub(crate) use wire::decimal_length;
 
 use axum::http::{HeaderValue, StatusCode};
 use bytes::{Bytes, BytesMut};

@@ -14,6 +14,16 @@ const MAX_CHUNK_LINE: usize = 4096;
 /// Most trailer bytes after the last chunk.
 const MAX_TRAILER_BYTES: usize = 64 * 1024;
 
+/// A length as a Content-Length writes it: ASCII digits only, surrounding whitespace aside
+/// (`str::parse` would also take a leading `+`). `None` for anything else or too large.
+pub(crate) fn decimal_length(value: &str) -> Option<u64> {
+    let v = value.trim();
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok()
+}
+
 /// What is wrong with the upstream's bytes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum WireError {
@@ -125,10 +135,7 @@ fn head_of(status: u16, version: u8, headers: &[httparse::Header<'_>]) -> Result
         } else if name.eq_ignore_ascii_case("content-length") {
             for v in h.value.split(|&b| b == b',') {
                 let v = std::str::from_utf8(v).map(str::trim).unwrap_or("");
-                let n = match v.bytes().all(|b| b.is_ascii_digit()) && !v.is_empty() {
-                    true => v.parse::<u64>().ok(),
-                    false => None,
-                };
+                let n = decimal_length(v);
                 match (n, length) {
                     (Some(n), None) => length = Some(n),
                     (Some(n), Some(m)) if n == m => {}

@@ -267,3 +267,23 @@ proptest! {
         let _ = parse_head(&mut BytesMut::from(&wire[..]));
     }
 }
+
+/// A length is digits only, as a Content-Length writes it.
+#[test]
+fn a_decimal_length_is_digits_only() {
+    assert_eq!(decimal_length("42"), Some(42));
+    assert_eq!(decimal_length(" 7 "), Some(7));
+    assert_eq!(decimal_length("0"), Some(0));
+    for v in [
+        "",
+        " ",
+        "+2",
+        "-1",
+        "1.0",
+        "0x10",
+        "1 2",
+        "18446744073709551616",
+    ] {
+        assert_eq!(decimal_length(v), None, "{v:?}");
+    }
+}
