@@ -245,12 +245,7 @@ async fn a_stream_failing_before_its_first_byte_is_an_error_status() {
             assert_eq!(status, 502, "{text}");
             let v: serde_json::Value = serde_json::from_str(&text).unwrap();
             assert!(v["error"]["message"].as_str().is_some(), "{v}");
-            let m = reqwest::get(format!("http://{}/metrics", server.addr))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let m = metrics(&reqwest::Client::new(), &format!("http://{}", server.addr)).await;
             assert_eq!(
                 metric(&m, "kvrouter_upstream_retries_total{"),
                 0.0,
