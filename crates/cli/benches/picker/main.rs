@@ -305,7 +305,7 @@ async fn main() {
     let lines = std::env::var("KVROUTER_PICKER_LINES").unwrap_or_default();
     let want = |name: &str| lines.is_empty() || lines.split(',').any(|l| l.trim() == name);
     let router = start_router(&[]).await.expect("the router starts");
-    let (base, grpc, pid, idle_per_s) = (&router.base, &router.grpc, router.pid, router.idle_per_s);
+    let (base, pid, idle_per_s) = (&router.base, router.pid, router.idle_per_s);
     pick_pairs(base, pid, 500, 16).await;
     if want("pair") {
         let (us, rate) = windows(idle_per_s, |n| pick_pairs(base, pid, n, 16)).await;
@@ -313,24 +313,8 @@ async fn main() {
             "pair: pick + finish, {PROMPT_TOKENS}-token prompt as token ids, concurrency 16: {us} µs router CPU per pair ({rate:.0} pairs/s)"
         );
     }
-    // One gRPC connection per stream, then as a gateway of two worker threads sends them:
-    // 64 streams over two connections.
-    for (line, connections, over) in [
-        ("ext", 64, "a keep-alive gRPC connection per stream"),
-        ("ext-mux", 2, "over 2 keep-alive gRPC connections"),
-    ] {
-        if !want(line) {
-            continue;
-        }
-        ext_proc_exchanges(grpc, pid, 500, 64, 2, connections).await;
-        let (us, rate) = windows(idle_per_s, |n| {
-            ext_proc_exchanges(grpc, pid, n, 64, 2, connections)
-        })
-        .await;
-        println!(
-            "{line}: ext_proc full exchange, {PROMPT_TOKENS}-token prompt, concurrency 64, {over}: {us} µs router CPU per exchange ({rate:.0} exchanges/s)"
-        );
-    }
+    // The response body mode a gateway sets for buffered answers (`BUFFERED`).
+    ext_lines(&router, 2, "ext", "ext_proc full exchange", &want).await;
     if want("floor") {
         let (us, _) = windows(idle_per_s, |n| live_pairs(base, pid, n, 16)).await;
         println!("floor: two GET /live per pair, concurrency 16: {us} µs router CPU per pair");
@@ -360,26 +344,41 @@ async fn main() {
             println!("ext-headers: skipped (this router build has no --ext-proc-observe)");
             return;
         };
-        let (grpc, pid) = (&router.grpc, router.pid);
         // The response body mode a gateway sets for streamed answers (`STREAMED`); the picker's
-        // override turns it off after the response headers. A connection per stream, then as
-        // a gateway of two worker threads sends them (as `ext` and `ext-mux`).
-        for (line, connections, over) in [
-            ("ext-headers", 64, "a keep-alive gRPC connection per stream"),
-            ("ext-headers-mux", 2, "over 2 keep-alive gRPC connections"),
-        ] {
-            if !want(line) {
-                continue;
-            }
-            ext_proc_exchanges(grpc, pid, 500, 64, 1, connections).await;
-            let (us, rate) = windows(router.idle_per_s, |n| {
-                ext_proc_exchanges(grpc, pid, n, 64, 1, connections)
-            })
-            .await;
-            println!(
-                "{line}: ext_proc exchange with --ext-proc-observe headers (request headers, body, response headers, then the stream's end), {PROMPT_TOKENS}-token prompt, concurrency 64, {over}: {us} µs router CPU per exchange ({rate:.0} exchanges/s)"
-            );
+        // override turns it off after the response headers.
+        let exchange = "ext_proc exchange with --ext-proc-observe headers (request headers, body, \
+                        response headers, then the stream's end)";
+        ext_lines(&router, 1, "ext-headers", exchange, &want).await;
+    }
+}
+
+/// The ext_proc lines `name` and `name-mux` (each when `want` names it) against `router`, with
+/// the gateway's `response_body_mode`: each of 64 streams on its own keep-alive gRPC
+/// connection, then the 64 over 2 connections, as a gateway of two worker threads sends them.
+async fn ext_lines(
+    router: &Router,
+    response_body_mode: i32,
+    name: &str,
+    exchange: &str,
+    want: &impl Fn(&str) -> bool,
+) {
+    let (grpc, pid) = (&router.grpc, router.pid);
+    for (suffix, connections, over) in [
+        ("", 64, "a keep-alive gRPC connection per stream"),
+        ("-mux", 2, "over 2 keep-alive gRPC connections"),
+    ] {
+        let line = format!("{name}{suffix}");
+        if !want(&line) {
+            continue;
         }
+        ext_proc_exchanges(grpc, pid, 500, 64, response_body_mode, connections).await;
+        let (us, rate) = windows(router.idle_per_s, |n| {
+            ext_proc_exchanges(grpc, pid, n, 64, response_body_mode, connections)
+        })
+        .await;
+        println!(
+            "{line}: {exchange}, {PROMPT_TOKENS}-token prompt, concurrency 64, {over}: {us} µs router CPU per exchange ({rate:.0} exchanges/s)"
+        );
     }
 }
 
