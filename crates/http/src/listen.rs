@@ -41,6 +41,31 @@ const HYPER_MAX_BUF_BYTES: usize = 512 * 1024;
 /// How long the ended requests get to send their last bytes after the grace period.
 pub const CUT_MARGIN: Duration = Duration::from_secs(2);
 
+/// What [`serve`] serves: an axum `Router`, or a service around one (`kvrouter serve`'s edge).
+pub trait App:
+    tower::Service<
+        Request<Body>,
+        Response = Response<Body>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> App for S where
+    S: tower::Service<
+            Request<Body>,
+            Response = Response<Body>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
 /// Client-connection timeouts and the shutdown grace period.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HttpLimits {
@@ -190,8 +215,8 @@ impl AsyncWrite for Watched {
 
 /// One request: refused while draining, answered `503` if the grace period ends before the
 /// answer starts, otherwise served by `app` with a body that the end of the grace period cuts.
-async fn handle(
-    app: axum::Router,
+async fn handle<S: App>(
+    app: S,
     lifecycle: Lifecycle,
     activity: Arc<Mutex<Activity>>,
     body_read_timeout: Duration,
@@ -215,7 +240,7 @@ async fn handle(
 }
 
 /// Serves one connection until it ends, times out or the drain closes it.
-async fn connection(tcp: TcpStream, app: axum::Router, lifecycle: Lifecycle, limits: HttpLimits) {
+async fn connection<S: App>(tcp: TcpStream, app: S, lifecycle: Lifecycle, limits: HttpLimits) {
     let _ = tcp.set_nodelay(true);
     let activity = Arc::new(Mutex::new(Activity::new(Instant::now())));
     let io = TokioIo::new(Watched {
@@ -271,9 +296,9 @@ async fn connection(tcp: TcpStream, app: axum::Router, lifecycle: Lifecycle, lim
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then drains (see the module docs).
-pub async fn serve(
+pub async fn serve<S: App>(
     listener: TcpListener,
-    app: axum::Router,
+    app: S,
     limits: HttpLimits,
     lifecycle: Lifecycle,
     shutdown: impl Future<Output = ()>,

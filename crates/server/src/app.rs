@@ -1,7 +1,8 @@
 //! The HTTP surface: OpenAI endpoints, health, metrics and the token-protected admin API.
 
 use crate::auth;
-use crate::config::WorkerEntry;
+use crate::config::{SessionReleaseAuth, WorkerEntry};
+use crate::edge::Edge;
 use crate::endpoints;
 use crate::error::ServeError;
 use crate::metrics::{counter_header, gauge_header};
@@ -12,7 +13,7 @@ use crate::state::AppState;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::middleware::{from_fn_with_state, map_response};
+use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
@@ -25,9 +26,9 @@ use std::sync::Arc;
 /// The largest request body accepted.
 const MAX_BODY_BYTES: usize = kvrouter_openai::MAX_REQUEST_BODY_BYTES;
 
-/// The router of `kvrouter serve`'s HTTP API. Every error it produces itself, including axum's
-/// rejections, unknown routes and wrong methods, is OpenAI-shaped JSON.
-pub fn app(state: AppState) -> Router {
+/// The router of `kvrouter serve`'s HTTP API behind its [`Edge`]. Every error it produces
+/// itself, including axum's rejections, unknown routes and wrong methods, is OpenAI-shaped JSON.
+pub fn app(state: AppState) -> Edge {
     // The token is checked before the path or body is parsed, and for unknown admin paths too.
     let admin = Router::new()
         .route("/workers", get(list_workers).post(add_worker))
@@ -63,9 +64,15 @@ pub fn app(state: AppState) -> Router {
             "/v1/pick/reports",
             post(pick_reports).with_state(picks.clone()),
         )
-        .route("/v1/pick/{id}/finish", post(pick_finish).with_state(picks))
-        .route_layer(from_fn_with_state(state.clone(), auth::pick));
-    Router::new()
+        .route("/v1/pick/{id}/finish", post(pick_finish).with_state(picks));
+    // The check is a layer only where it can refuse (a layer costs every call).
+    let picking = match state.inner.config.picks.auth {
+        SessionReleaseAuth::Open => picking,
+        SessionReleaseAuth::Admin => {
+            picking.route_layer(from_fn_with_state(state.clone(), auth::pick))
+        }
+    };
+    let routes = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(endpoints::models))
@@ -83,11 +90,9 @@ pub fn app(state: AppState) -> Router {
         .nest("/admin", admin)
         .fallback(crate::error::unknown_route)
         .method_not_allowed_fallback(crate::error::wrong_method)
-        // Long RL and agentic prompts as token-id JSON run past axum's 2 MB default.
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(map_response(crate::error::shape_rejections))
-        .layer(axum::middleware::from_fn(crate::error::header_limits))
-        .with_state(state)
+        .with_state(state);
+    // Long RL and agentic prompts as token-id JSON run past axum's 2 MB default body limit.
+    Edge::new(routes, MAX_BODY_BYTES)
 }
 
 async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {

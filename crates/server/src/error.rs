@@ -246,22 +246,21 @@ pub(crate) const MAX_REQUEST_HEADER_BYTES: usize = 64 * 1024;
 /// wordless 414 (the `http` crate's limit, about 64 KiB) stays above it.
 pub(crate) const MAX_URI_BYTES: usize = 8 * 1024;
 
-/// Middleware: a request with a too long URI, or too many or too large headers, gets an
-/// OpenAI-shaped 414 or 431 before any handler reads it.
-pub(crate) async fn header_limits(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
+/// The refusal of a request with a too long URI, too many or too large headers (an
+/// OpenAI-shaped 414 or 431), or a body announced past the limit (413), before any handler
+/// reads it; `None` for a request within every limit. The router's edge asks it first
+/// ([`crate::edge`]).
+pub(crate) fn head_refusal<B>(request: &axum::http::Request<B>) -> Option<Response> {
     let uri_bytes = request
         .uri()
         .path_and_query()
         .map_or(0, |p| p.as_str().len());
+    let refusal = |status, message| Some(ServeError::Http { status, message }.into_response());
     if uri_bytes > MAX_URI_BYTES {
-        return ServeError::Http {
-            status: StatusCode::URI_TOO_LONG,
-            message: format!("request URI too long: {uri_bytes} bytes (at most {MAX_URI_BYTES})"),
-        }
-        .into_response();
+        return refusal(
+            StatusCode::URI_TOO_LONG,
+            format!("request URI too long: {uri_bytes} bytes (at most {MAX_URI_BYTES})"),
+        );
     }
     let headers = request.headers();
     let bytes: usize = headers
@@ -274,11 +273,7 @@ pub(crate) async fn header_limits(
              headers and {MAX_REQUEST_HEADER_BYTES} bytes)",
             headers.len()
         );
-        return ServeError::Http {
-            status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            message,
-        }
-        .into_response();
+        return refusal(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, message);
     }
     // A body announced past the limit is refused before any of it is read.
     let limit = kvrouter_openai::MAX_REQUEST_BODY_BYTES as u64;
@@ -286,13 +281,12 @@ pub(crate) async fn header_limits(
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if let Some(n) = announced.filter(|n| *n > limit) {
-        return ServeError::Http {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            message: format!("request body too large: {n} bytes announced (at most {limit})"),
-        }
-        .into_response();
+        return refusal(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body too large: {n} bytes announced (at most {limit})"),
+        );
     }
-    next.run(request).await
+    None
 }
 
 /// Largest body of a plain-text rejection that is read to become the message.
@@ -307,20 +301,32 @@ pub(crate) const CLUSTER_HEADER: &str = "x-kvrouter-cluster";
 /// (they carry `x-kvrouter-worker`, or a cluster's `x-kvrouter-cluster` under `--global`) and
 /// JSON answers are left alone.
 pub(crate) async fn shape_rejections(response: Response) -> Response {
-    use axum::http::header;
+    if is_shaped(&response) {
+        return response;
+    }
+    shaped(response).await
+}
+
+/// Whether `response` goes out as it is: no error, JSON already, or an upstream's answer
+/// passed through ([`shape_rejections`]).
+pub(crate) fn is_shaped(response: &Response) -> bool {
     let status = response.status();
     let headers = response.headers();
     let is_json = headers
-        .get(header::CONTENT_TYPE)
+        .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("application/json"));
-    if !(status.is_client_error() || status.is_server_error())
+    !(status.is_client_error() || status.is_server_error())
         || is_json
         || headers.contains_key("x-kvrouter-worker")
         || headers.contains_key(CLUSTER_HEADER)
-    {
-        return response;
-    }
+}
+
+/// The OpenAI-shaped error for a rejection that [`is_shaped`] does not pass: its plain-text
+/// body (up to [`REJECTION_TEXT_BYTES`]) becomes the message.
+pub(crate) async fn shaped(response: Response) -> Response {
+    use axum::http::header;
+    let status = response.status();
     let (parts, body) = response.into_parts();
     let text = axum::body::to_bytes(body, REJECTION_TEXT_BYTES)
         .await

@@ -44,6 +44,7 @@ mod capture;
 mod cluster_summary;
 pub mod config;
 pub mod discovery;
+mod edge;
 mod endpoints;
 mod engines;
 mod error;
@@ -81,6 +82,7 @@ pub use config::{
     HealthConfig, IngestConfig, KvTransport, PickConfig, ServeConfig, SessionReleaseAuth,
     WorkerEntry, WorkersFile,
 };
+pub use edge::Edge;
 pub use error::ServeError;
 pub use state::AppState;
 

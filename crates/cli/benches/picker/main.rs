@@ -4,9 +4,11 @@
 //! of 11 windows of 1,000 (see `windows`).
 //!
 //! - pick API: `POST /v1/pick` (a 2,048-token prompt as token ids) + `POST /v1/pick/{id}/finish`,
-//!   at concurrency 16 over keep-alive HTTP/1.1; and a steady client's picks that each carry
-//!   the previous pick's finish (`reports`), one exchange per pick, with the ids as a JSON
-//!   list (`piggy`) or in binary after the JSON part (`piggy-bin`, `x-kvrouter-json-length`).
+//!   at concurrency 16 over keep-alive HTTP/1.1, with the ids as a JSON list (`pair`) or in
+//!   binary after the JSON part (`pair-bin`, `x-kvrouter-json-length`, as the Python client's
+//!   `pick(token_ids=...)` sends them); and a steady client's picks that each carry the
+//!   previous pick's finish (`reports`), one exchange per pick, with the ids as a JSON list
+//!   (`piggy`) or in binary (`piggy-bin`).
 //! - ext_proc: one full Envoy exchange per request (request headers, the same prompt's body,
 //!   response headers, three response body chunks, the last ending the stream), at
 //!   concurrency 64, each task on its own keep-alive gRPC connection (`ext`) or the 64 streams
@@ -130,23 +132,43 @@ async fn post_pick(
 }
 
 async fn pick_pairs(base: &str, pid: u32, n: u64, concurrency: u64) -> f64 {
-    pick_pairs_of(base, pid, n, concurrency, PROMPT_TOKENS).await
+    pick_pairs_of(base, pid, n, concurrency, PROMPT_TOKENS, false).await
 }
 
-async fn pick_pairs_of(base: &str, pid: u32, n: u64, concurrency: u64, tokens: u64) -> f64 {
+/// Picks of `tokens`-token prompts, each then finished; `binary`: the ids follow an empty
+/// JSON part as 4-byte little-endian words (`x-kvrouter-json-length`), as the Python client's
+/// `pick(token_ids=...)` sends them, instead of a JSON list.
+async fn pick_pairs_of(
+    base: &str,
+    pid: u32,
+    n: u64,
+    concurrency: u64,
+    tokens: u64,
+    binary: bool,
+) -> f64 {
     let client = client();
     let first = fresh_prompts(n);
     let bodies: Vec<Vec<u8>> = (first..first + n)
-        .map(|i| serde_json::to_vec(&json!({"token_ids": prompt_of(i, tokens)})).unwrap())
+        .map(|i| {
+            let ids = prompt_of(i, tokens);
+            if binary {
+                let ids = ids.into_iter().flat_map(|t| (t as u32).to_le_bytes());
+                b"{}".iter().copied().chain(ids).collect()
+            } else {
+                serde_json::to_vec(&json!({"token_ids": ids})).unwrap()
+            }
+        })
         .collect();
     let bodies = std::sync::Arc::new(bodies);
+    let json_length = binary.then_some(2);
     let before = cpu_seconds(pid);
     let tasks: Vec<_> = (0..concurrency)
         .map(|c| {
             let (client, base, bodies) = (client.clone(), base.to_owned(), bodies.clone());
             tokio::spawn(async move {
                 for i in (c..n).step_by(concurrency as usize) {
-                    let v = post_pick(&client, &base, bodies[i as usize].clone(), None).await;
+                    let body = bodies[i as usize].clone();
+                    let v = post_pick(&client, &base, body, json_length).await;
                     let id = v["id"].as_str().unwrap();
                     let r = client
                         .post(format!("{base}/v1/pick/{id}/finish"))
@@ -313,6 +335,15 @@ async fn main() {
             "pair: pick + finish, {PROMPT_TOKENS}-token prompt as token ids, concurrency 16: {us} µs router CPU per pair ({rate:.0} pairs/s)"
         );
     }
+    if want("pair-bin") {
+        let (us, _) = windows(idle_per_s, |n| {
+            pick_pairs_of(base, pid, n, 16, PROMPT_TOKENS, true)
+        })
+        .await;
+        println!(
+            "pair-bin: the same with the token ids in binary after the JSON part (x-kvrouter-json-length), concurrency 16: {us} µs router CPU per pair"
+        );
+    }
     // The response body mode a gateway sets for buffered answers (`BUFFERED`).
     ext_lines(&router, 2, "ext", "ext_proc full exchange", &want).await;
     if want("floor") {
@@ -320,7 +351,7 @@ async fn main() {
         println!("floor: two GET /live per pair, concurrency 16: {us} µs router CPU per pair");
     }
     if want("short") {
-        let (us, _) = windows(idle_per_s, |n| pick_pairs_of(base, pid, n, 16, 64)).await;
+        let (us, _) = windows(idle_per_s, |n| pick_pairs_of(base, pid, n, 16, 64, false)).await;
         println!(
             "short: pick + finish, 64-token prompt as token ids, concurrency 16: {us} µs router CPU per pair"
         );
