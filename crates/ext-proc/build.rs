@@ -8,6 +8,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_build::configure()
         .build_server(true)
         .build_client(true)
+        // tonic's prost codec with a larger decode buffer (`src/codec.rs`).
+        .codec_path("crate::codec::ExtProcCodec")
         .compile_protos(&[service], &[root])
         .map_err(|e| {
             format!(

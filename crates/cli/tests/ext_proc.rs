@@ -314,6 +314,25 @@ async fn buffered_mode_names_the_worker_and_the_answer_releases_it() {
     );
 }
 
+/// A body message past the codec's first decode buffer (`ExtProcCodec`) is read whole: the
+/// buffer grows as tonic's own does.
+#[tokio::test]
+async fn a_body_past_the_decode_buffer_is_read_whole() {
+    let (_p, base, grpc) = picker("2", &[]).await;
+    let mut client = connect(&grpc).await;
+    let mut envoy = Envoy::open(&mut client).await;
+    envoy.send(request_headers(BUFFERED, &[], None)).await;
+    envoy.recv().await;
+    let ids: Vec<u64> = (0..12_000).map(|i| 100_000 + i).collect();
+    let body = json!({"model": "mock-model", "prompt": ids, "max_tokens": 3}).to_string();
+    assert!(body.len() > 2 * kvrouter_ext_proc::DECODE_BUFFER_BYTES);
+    envoy.send(request_body(body.as_bytes(), true)).await;
+    let r = envoy.recv().await;
+    assert!(matches!(r.response, Some(Out::RequestBody(_))), "{r:?}");
+    assert!(destination(&r).0.is_some(), "placed: {r:?}");
+    assert_eq!(sum(&metrics(&base).await, ACTIVE), 1.0);
+}
+
 #[tokio::test]
 async fn full_duplex_mode_answers_after_the_body_and_echoes_it() {
     let (_p, base, grpc) = picker("2", &[]).await;

@@ -236,7 +236,7 @@ impl Exchange {
                     }
                 }
             }
-            Some(In::RequestBody(b)) if !placed => self.on_body(&b),
+            Some(In::RequestBody(b)) if !placed => self.on_body(b),
             Some(In::RequestBody(_)) => Step::Reply(vec![reply(Out::RequestBody(body_continue()))]),
             Some(In::RequestTrailers(_)) if !placed => self.place(Trigger::Trailers, true),
             Some(In::RequestTrailers(_)) => Step::Reply(vec![reply(Out::RequestTrailers(
@@ -283,7 +283,7 @@ impl Exchange {
     }
 
     /// A chunk of the request body, before the request was placed.
-    fn on_body(&mut self, b: &ep::HttpBody) -> Step {
+    fn on_body(&mut self, b: ep::HttpBody) -> Step {
         if self.body.len() + b.body.len() > self.max_body_bytes {
             let e = ServeError::Http {
                 status: http::StatusCode::PAYLOAD_TOO_LARGE,
@@ -295,7 +295,12 @@ impl Exchange {
             self.over = true;
             return Step::Reply(vec![immediate(&e)]);
         }
-        self.body.extend_from_slice(&b.body);
+        if self.body.is_empty() {
+            // The usual case, the whole body in one message: taken, not copied.
+            self.body = b.body;
+        } else {
+            self.body.extend_from_slice(&b.body);
+        }
         let early = self.request_body == RequestBody::StreamedEarly;
         if early {
             self.held_chunks += 1;

@@ -13,6 +13,7 @@
 //!   [`kvrouter_server::placement`], bounded by the pick timeout; draining on shutdown.
 //! - `health`: the gRPC health service (`grpc.health.v1.Health`) on the same port.
 
+mod codec;
 pub mod pb;
 
 mod exchange;
@@ -20,6 +21,7 @@ mod health;
 mod messages;
 mod service;
 
+pub use codec::{ExtProcCodec, DECODE_BUFFER_BYTES};
 pub use health::EXT_PROC_SERVICE;
 
 pub use exchange::{
