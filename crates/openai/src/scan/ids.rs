@@ -42,14 +42,13 @@ fn digits_of(chunk: u64) -> (u64, usize) {
 
 /// The number the first `digits` (1 to 7) digit values of `values` ([`digits_of`]) write: the
 /// digits as the low bytes of an eight-digit number with leading zeros, folded in pairs, fours
-/// and eights.
+/// and eights, each fold one multiply (`x·10ᵏ` and `x` in one product, shifted down).
 #[inline(always)]
 fn fold_digits(values: u64, digits: usize) -> u32 {
-    let mut v = values << (8 * (8 - digits));
-    v = (v.wrapping_mul(10) + (v >> 8)) & 0x00FF_00FF_00FF_00FF;
-    v = (v.wrapping_mul(100) + (v >> 16)) & 0x0000_FFFF_0000_FFFF;
-    v = v.wrapping_mul(10_000) + (v >> 32);
-    v as u32
+    let v = values << (8 * (8 - digits));
+    let v = (v.wrapping_mul(10 << 8 | 1) >> 8) & 0x00FF_00FF_00FF_00FF;
+    let v = (v.wrapping_mul(100 << 16 | 1) >> 16) & 0x0000_FFFF_0000_FFFF;
+    (v.wrapping_mul(10_000 << 32 | 1) >> 32) as u32
 }
 
 impl Cursor<'_> {

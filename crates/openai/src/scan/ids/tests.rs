@@ -373,3 +373,23 @@ fn a_short_list_before_a_long_field_keeps_little_room() {
     assert_eq!(ids, [1, 2, 3]);
     assert!(ids.capacity() < 1_100, "{}", ids.capacity());
 }
+
+/// The eight-byte fold against the number itself: every digit count, with leading zeros (the
+/// fold does not check them; the callers do), boundaries and a sample between.
+#[test]
+fn the_fold_reads_every_digit_count() {
+    let mut rng = Rng(0x5eed_f01d);
+    for digits in 1..=7usize {
+        let top = 10u64.pow(digits as u32);
+        let samples = [0, 1, 9, top / 10, top / 2, top - 1]
+            .into_iter()
+            .chain((0..2_000).map(|_| rng.next() % top));
+        for n in samples {
+            let text = format!("{n:0digits$},9876543");
+            let chunk = u64::from_le_bytes(text.as_bytes()[..8].try_into().unwrap());
+            let (values, counted) = super::digits_of(chunk);
+            assert_eq!(counted, digits, "{text}");
+            assert_eq!(u64::from(super::fold_digits(values, digits)), n, "{text}");
+        }
+    }
+}
