@@ -333,6 +333,28 @@ async fn a_body_past_the_decode_buffer_is_read_whole() {
     assert_eq!(sum(&metrics(&base).await, ACTIVE), 1.0);
 }
 
+/// A body message past tonic's default message limit (4 MiB) but within the body limit (64 MiB)
+/// is placed: tonic ended such a stream without an answer.
+#[tokio::test]
+async fn a_body_message_over_four_mib_is_placed() {
+    let (_p, base, grpc) = picker("2", &[]).await;
+    let mut client = connect(&grpc).await;
+    let mut envoy = Envoy::open(&mut client).await;
+    envoy.send(request_headers(BUFFERED, &[], None)).await;
+    envoy.recv().await;
+    let ids: Vec<u64> = (0..700_000).map(|i| 100_000 + i % 50_000).collect();
+    let body = json!({"model": "mock-model", "prompt": ids, "max_tokens": 3}).to_string();
+    assert!(body.len() > 4 << 20, "{}", body.len());
+    envoy.send(request_body(body.as_bytes(), true)).await;
+    let r = envoy.recv().await;
+    assert!(
+        destination(&r).0.is_some(),
+        "placed: {:?}",
+        r.response.is_some()
+    );
+    assert_eq!(sum(&metrics(&base).await, ACTIVE), 1.0);
+}
+
 #[tokio::test]
 async fn full_duplex_mode_answers_after_the_body_and_echoes_it() {
     let (_p, base, grpc) = picker("2", &[]).await;

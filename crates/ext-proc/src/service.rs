@@ -60,6 +60,9 @@ impl Drop for InFlight {
     }
 }
 
+/// Room in a gateway message for what comes with a body chunk (its framing and flags).
+const MESSAGE_OVERHEAD_BYTES: usize = 64 * 1024;
+
 /// The ext_proc service over a router's state.
 #[derive(Clone)]
 pub struct ExtProc {
@@ -82,9 +85,15 @@ impl ExtProc {
         }
     }
 
-    /// The tonic server of this service.
+    /// The tonic server of this service. A body message up to the body limit decodes (tonic's
+    /// own default, 4 MiB, would end the stream without an answer); past the limit the
+    /// exchange answers 413 itself.
     pub fn into_server(self) -> ExternalProcessorServer<Self> {
-        ExternalProcessorServer::new(self)
+        let max_message = self
+            .config
+            .max_body_bytes
+            .saturating_add(MESSAGE_OVERHEAD_BYTES);
+        ExternalProcessorServer::new(self).max_decoding_message_size(max_message)
     }
 
     async fn place(&self, step: Step, exchange: &mut Exchange) -> Vec<ep::ProcessingResponse> {
