@@ -1,5 +1,5 @@
 //! The router's edge: what every request of `kvrouter serve`'s HTTP API passes through before
-//! and after routing, as one service around the axum [`Router`] ([`app`](crate::app)).
+//! and after routing, as one service around the axum [`Router`] (`app.rs`).
 //!
 //! - Before: a request with a too long URI, too many or too large headers, or a body announced
 //!   past the limit is refused with OpenAI-shaped JSON ([`head_refusal`]); every other request

@@ -249,7 +249,7 @@ pub(crate) const MAX_URI_BYTES: usize = 8 * 1024;
 /// The refusal of a request with a too long URI, too many or too large headers (an
 /// OpenAI-shaped 414 or 431), or a body announced past the limit (413), before any handler
 /// reads it; `None` for a request within every limit. The router's edge asks it first
-/// ([`crate::edge`]).
+/// (`edge.rs`).
 pub(crate) fn head_refusal<B>(request: &axum::http::Request<B>) -> Option<Response> {
     let uri_bytes = request
         .uri()
