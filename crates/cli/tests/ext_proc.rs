@@ -314,45 +314,40 @@ async fn buffered_mode_names_the_worker_and_the_answer_releases_it() {
     );
 }
 
-/// A body message past the codec's first decode buffer (`ExtProcCodec`) is read whole: the
-/// buffer grows as tonic's own does.
+/// A body message past the codec's first decode buffer (`ExtProcCodec`), and one past tonic's
+/// default message limit (4 MiB; tonic ended such a stream without an answer) but within the
+/// body limit (64 MiB), are read whole and placed.
 #[tokio::test]
-async fn a_body_past_the_decode_buffer_is_read_whole() {
+async fn body_messages_past_the_decode_buffer_and_four_mib_are_read_whole() {
     let (_p, base, grpc) = picker("2", &[]).await;
     let mut client = connect(&grpc).await;
-    let mut envoy = Envoy::open(&mut client).await;
-    envoy.send(request_headers(BUFFERED, &[], None)).await;
-    envoy.recv().await;
-    let ids: Vec<u64> = (0..12_000).map(|i| 100_000 + i).collect();
-    let body = json!({"model": "mock-model", "prompt": ids, "max_tokens": 3}).to_string();
-    assert!(body.len() > 2 * kvrouter_ext_proc::DECODE_BUFFER_BYTES);
-    envoy.send(request_body(body.as_bytes(), true)).await;
-    let r = envoy.recv().await;
-    assert!(matches!(r.response, Some(Out::RequestBody(_))), "{r:?}");
-    assert!(destination(&r).0.is_some(), "placed: {r:?}");
-    assert_eq!(sum(&metrics(&base).await, ACTIVE), 1.0);
-}
-
-/// A body message past tonic's default message limit (4 MiB) but within the body limit (64 MiB)
-/// is placed: tonic ended such a stream without an answer.
-#[tokio::test]
-async fn a_body_message_over_four_mib_is_placed() {
-    let (_p, base, grpc) = picker("2", &[]).await;
-    let mut client = connect(&grpc).await;
-    let mut envoy = Envoy::open(&mut client).await;
-    envoy.send(request_headers(BUFFERED, &[], None)).await;
-    envoy.recv().await;
-    let ids: Vec<u64> = (0..700_000).map(|i| 100_000 + i % 50_000).collect();
-    let body = json!({"model": "mock-model", "prompt": ids, "max_tokens": 3}).to_string();
-    assert!(body.len() > 4 << 20, "{}", body.len());
-    envoy.send(request_body(body.as_bytes(), true)).await;
-    let r = envoy.recv().await;
-    assert!(
-        destination(&r).0.is_some(),
-        "placed: {:?}",
-        r.response.is_some()
-    );
-    assert_eq!(sum(&metrics(&base).await, ACTIVE), 1.0);
+    // Both streams stay open: each holds its placement.
+    let mut open = Vec::new();
+    for (placed, (ids, at_least)) in [
+        (12_000, 2 * kvrouter_ext_proc::DECODE_BUFFER_BYTES),
+        (700_000, 4 << 20),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut envoy = Envoy::open(&mut client).await;
+        envoy.send(request_headers(BUFFERED, &[], None)).await;
+        envoy.recv().await;
+        let ids: Vec<u64> = (0..ids).map(|i| 100_000 + i % 50_000).collect();
+        let body = json!({"model": "mock-model", "prompt": ids, "max_tokens": 3}).to_string();
+        assert!(body.len() > at_least, "{}", body.len());
+        envoy.send(request_body(body.as_bytes(), true)).await;
+        let r = envoy.recv().await;
+        assert!(
+            matches!(r.response, Some(Out::RequestBody(_))),
+            "{}",
+            body.len()
+        );
+        assert!(destination(&r).0.is_some(), "placed: {}", body.len());
+        let active = sum(&metrics(&base).await, ACTIVE);
+        assert_eq!(active, (placed + 1) as f64);
+        open.push(envoy);
+    }
 }
 
 #[tokio::test]
