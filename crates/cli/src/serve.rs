@@ -344,78 +344,39 @@ fn startup_lines(args: &ServeArgs, server: &kvrouter_server::RunningServer) -> V
     })
 }
 
-/// Everything a start needs from the flags, checked (`ServeArgs::checked`).
-pub(crate) struct Checked {
-    config: ServeConfig,
-    mock_engine: MockEngineConfig,
-    /// `--global`: the global router's settings (nothing below applies then).
-    global: Option<kvrouter_server::global::GlobalServeConfig>,
-    ext_proc: kvrouter_ext_proc::ExtProcConfig,
-    /// Flags given that the settings in effect do not read.
-    warnings: Vec<String>,
-}
-
-impl ServeArgs {
-    /// Every value a start reads, checked before it binds a port or starts anything: a start
-    /// runs it first, and `--print-config` after printing (so a configuration that prints
-    /// without an error is one whose values a start accepts).
-    pub(crate) fn checked(&self) -> anyhow::Result<Checked> {
-        let mut config = self.config()?;
-        // What is in effect (`--load-aware` replaces the mode).
-        let mode = config.router.router_mode;
-        let mock_engine = self.mock_engine(&config)?;
-        let global = self.global.config()?;
-        let warnings = if global.is_some() {
-            self.routing.global_warnings()?
-        } else {
-            let mut warnings = self.routing.mode_warnings(&[mode])?;
-            if self.router_cost_profile.is_some() && mode != kvrouter_core::policy::RouterMode::Cost
-            {
-                warnings.push(format!(
-                    "--router-cost-profile is set but the router mode in effect ({mode}) does not read it"
-                ));
-            }
-            if self.mock_workers > 0 {
-                crate::global_args::speeds_from_mocks(
-                    &mut config.cluster_summary,
-                    &mock_engine,
-                    self.mock_workers,
-                )?;
-            }
-            warnings
-        };
-        let ext_proc = self.picker.ext_proc()?;
-        Ok(Checked {
-            config,
-            mock_engine,
-            global,
-            ext_proc,
-            warnings,
-        })
-    }
-}
-
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let Checked {
-        config,
-        mock_engine,
-        global,
-        mut ext_proc,
-        warnings,
-    } = args.checked()?;
-    for warning in warnings {
-        tracing::warn!("{warning}");
-    }
+    let mut config = args.config()?;
+    // What is in effect (`--load-aware` replaces the mode).
     let mode = config.router.router_mode;
     let otel = config.otel.clone();
+    let mock_engine = args.mock_engine(&config)?;
     let addr = format!("{}:{}", args.host, args.port);
-    if let Some(global) = global {
+    if let Some(global) = args.global.config()? {
+        for warning in args.routing.global_warnings()? {
+            tracing::warn!("{warning}");
+        }
         return crate::global_args::run(global, config, &addr).await;
+    }
+    for warning in args.routing.mode_warnings(&[config.router.router_mode])? {
+        tracing::warn!("{warning}");
+    }
+    if args.router_cost_profile.is_some() && mode != kvrouter_core::policy::RouterMode::Cost {
+        tracing::warn!(
+            "--router-cost-profile is set but the router mode in effect ({mode}) does not read it"
+        );
+    }
+    if args.mock_workers > 0 {
+        crate::global_args::speeds_from_mocks(
+            &mut config.cluster_summary,
+            &mock_engine,
+            args.mock_workers,
+        )?;
     }
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("--host/--port: binding {addr}"))?;
     // The embedded engines are started here, not by the server, and stopped after it drained.
+    let mut ext_proc = args.picker.ext_proc()?;
     // The picker drains for as long as the HTTP server does.
     ext_proc.shutdown_grace = config.http.shutdown_grace;
     let serving =
