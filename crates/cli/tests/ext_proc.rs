@@ -314,21 +314,18 @@ async fn buffered_mode_names_the_worker_and_the_answer_releases_it() {
     );
 }
 
-/// A body message past the codec's first decode buffer (`ExtProcCodec`), and one past tonic's
-/// default message limit (4 MiB; tonic ended such a stream without an answer) but within the
-/// body limit (64 MiB), are read whole and placed.
+/// A body message past the codec's first decode buffer (32 KiB, `ExtProcCodec`), and one past
+/// tonic's default message limit (4 MiB; tonic ended such a stream without an answer) but within
+/// the body limit (64 MiB), are read whole and placed.
 #[tokio::test]
 async fn body_messages_past_the_decode_buffer_and_four_mib_are_read_whole() {
     let (_p, base, grpc) = picker("2", &[]).await;
     let mut client = connect(&grpc).await;
     // Both streams stay open: each holds its placement.
     let mut open = Vec::new();
-    for (placed, (ids, at_least)) in [
-        (12_000, 2 * kvrouter_ext_proc::DECODE_BUFFER_BYTES),
-        (700_000, 4 << 20),
-    ]
-    .into_iter()
-    .enumerate()
+    for (placed, (ids, at_least)) in [(12_000, 64 * 1024), (700_000, 4 << 20)]
+        .into_iter()
+        .enumerate()
     {
         let mut envoy = Envoy::open(&mut client).await;
         envoy.send(request_headers(BUFFERED, &[], None)).await;

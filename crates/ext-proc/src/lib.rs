@@ -12,6 +12,7 @@
 //! - `service`: the tonic service: one task per stream, placing through
 //!   [`kvrouter_server::placement`], bounded by the pick timeout; draining on shutdown.
 //! - `health`: the gRPC health service (`grpc.health.v1.Health`) on the same port.
+//! - `codec`: tonic's prost codec with a decode buffer that holds a usual body message.
 
 mod codec;
 pub mod pb;
@@ -21,7 +22,6 @@ mod health;
 mod messages;
 mod service;
 
-pub use codec::{ExtProcCodec, DECODE_BUFFER_BYTES};
 pub use health::EXT_PROC_SERVICE;
 
 pub use exchange::{

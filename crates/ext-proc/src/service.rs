@@ -85,9 +85,11 @@ impl ExtProc {
         }
     }
 
-    /// The tonic server of this service. A body message up to the body limit decodes (tonic's
-    /// own default, 4 MiB, would end the stream without an answer); past the limit the
-    /// exchange answers 413 itself.
+    /// The tonic server of this service. A body message up to the body limit (and
+    /// [`MESSAGE_OVERHEAD_BYTES`] more) decodes, where tonic's own default, 4 MiB, ended the
+    /// stream without an answer; a body past the limit in several messages is answered 413 by
+    /// the exchange, and one message past this size still ends the stream with gRPC's
+    /// `OUT_OF_RANGE`.
     pub fn into_server(self) -> ExternalProcessorServer<Self> {
         let max_message = self
             .config

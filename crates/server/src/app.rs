@@ -23,9 +23,6 @@ use serde_json::{json, Value};
 use std::fmt::Write;
 use std::sync::Arc;
 
-/// The largest request body accepted.
-const MAX_BODY_BYTES: usize = kvrouter_openai::MAX_REQUEST_BODY_BYTES;
-
 /// The router of `kvrouter serve`'s HTTP API behind its [`Edge`]. Every error it produces
 /// itself, including axum's rejections, unknown routes and wrong methods, is OpenAI-shaped JSON.
 pub fn app(state: AppState) -> Edge {
@@ -91,8 +88,9 @@ pub fn app(state: AppState) -> Edge {
         .fallback(crate::error::unknown_route)
         .method_not_allowed_fallback(crate::error::wrong_method)
         .with_state(state);
-    // Long RL and agentic prompts as token-id JSON run past axum's 2 MB default body limit.
-    Edge::new(routes, MAX_BODY_BYTES)
+    // Long RL and agentic prompts as token-id JSON run past axum's 2 MB default body limit:
+    // the edge sets the router's own.
+    Edge::new(routes)
 }
 
 async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {

@@ -1,9 +1,11 @@
 //! The router's edge: what every request of `kvrouter serve`'s HTTP API passes through before
-//! and after routing, as one service around the axum [`Router`] (`app.rs`).
+//! and after routing, as one service around the axum [`Router`] (`app.rs`). A global router
+//! (`serve --global`, `global/proxy.rs`) keeps its own layers.
 //!
 //! - Before: a request with a too long URI, too many or too large headers, or a body announced
 //!   past the limit is refused with OpenAI-shaped JSON ([`head_refusal`]); every other request
-//!   gets the body limit that axum's `Bytes` extractor reads ([`DefaultBodyLimit`]).
+//!   gets the same limit ([`MAX_REQUEST_BODY_BYTES`]) as the one axum's `Bytes` extractor reads
+//!   ([`DefaultBodyLimit`]).
 //! - After: axum's own rejections (plain text or nothing) become OpenAI-shaped JSON with the
 //!   same status ([`shaped`]); every other answer passes as it is ([`is_shaped`]).
 //!
@@ -21,6 +23,7 @@ use axum::response::Response;
 use axum::routing::future::RouteFuture;
 use axum::Router;
 use futures::future::{ready, BoxFuture, Either, FutureExt, Ready, Then};
+use kvrouter_openai::MAX_REQUEST_BODY_BYTES;
 use std::convert::Infallible;
 use std::task::{Context, Poll};
 use tower::{Layer, Service};
@@ -40,10 +43,10 @@ pub struct Edge {
 }
 
 impl Edge {
-    /// `router` behind the edge; bodies are read up to `body_limit` bytes.
-    pub(crate) fn new(router: Router, body_limit: usize) -> Self {
+    /// `router` behind the edge.
+    pub(crate) fn new(router: Router) -> Self {
         Self {
-            inner: DefaultBodyLimit::max(body_limit).layer(router),
+            inner: DefaultBodyLimit::max(MAX_REQUEST_BODY_BYTES).layer(router),
         }
     }
 }

@@ -8,6 +8,8 @@
 //! # Layout
 //! - [`config`]: the validated settings and the workers-file format.
 //! - `state`: shared state (core behind a short mutex, registry, client, tokenizer, metrics).
+//! - `edge`: what every request of the API meets before and after routing (head and body
+//!   limits, rejections as OpenAI JSON).
 //! - `app`: routes, health, metrics, admin API. `request`: one request from parse to last byte
 //!   (attempt, continuation machine, forwarder); `guard`: the load guard of one attempt.
 //! - `headers`: pins, priority, deadline, session, group and policy versions from request headers.
