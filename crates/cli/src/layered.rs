@@ -300,10 +300,18 @@ pub(crate) fn layer(
     })
 }
 
-/// Parses the process's arguments with environment and config-file values merged in. `None`
-/// when `--print-config` printed the configuration (the caller exits). Errors exit with code 2.
-pub(crate) fn parse_args<C: clap::CommandFactory + clap::FromArgMatches>(
-) -> Option<(C, BTreeMap<String, Source>)> {
+/// The process's arguments, parsed with environment and config-file values merged in.
+pub(crate) struct Parsed<C> {
+    pub(crate) cli: C,
+    /// Where each flag's value came from.
+    pub(crate) sources: BTreeMap<String, Source>,
+    /// `--print-config` printed the configuration: the caller checks it and exits.
+    pub(crate) printed: bool,
+}
+
+/// Parses the process's arguments with environment and config-file values merged in, printing
+/// the configuration for `--print-config`. Errors exit with code 2.
+pub(crate) fn parse_args<C: clap::CommandFactory + clap::FromArgMatches>() -> Parsed<C> {
     let cmd = augment(C::command());
     let argv: Vec<OsString> = std::env::args_os().collect();
     let layered = layer(&cmd, argv, &|k| std::env::var(k).ok(), &|p| {
@@ -317,17 +325,19 @@ pub(crate) fn parse_args<C: clap::CommandFactory + clap::FromArgMatches>(
         .clone()
         .try_get_matches_from(&layered.argv)
         .unwrap_or_else(|e| e.exit());
-    if let Some((_, m, _)) = leaf(&cmd, &matches) {
-        if m.get_flag(PRINT_CONFIG) {
-            print!(
-                "{}",
-                crate::print_config::print(&cmd, &matches, &layered.sources)
-            );
-            return None;
-        }
+    let printed = leaf(&cmd, &matches).is_some_and(|(_, m, _)| m.get_flag(PRINT_CONFIG));
+    if printed {
+        print!(
+            "{}",
+            crate::print_config::print(&cmd, &matches, &layered.sources)
+        );
     }
     let cli = C::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    Some((cli, layered.sources))
+    Parsed {
+        cli,
+        sources: layered.sources,
+        printed,
+    }
 }
 
 /// `error` with a line for each flag it names (`--flag` as a whole word) whose value came from

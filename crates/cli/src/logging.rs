@@ -39,11 +39,7 @@ pub(crate) struct LogArgs {
 
 /// Installs the process's log subscriber (once, before anything logs).
 pub(crate) fn init(args: &LogArgs) -> anyhow::Result<()> {
-    let filter = match &args.log_level {
-        Some(directives) => EnvFilter::try_new(directives)
-            .map_err(|e| anyhow::anyhow!("--log-level {directives:?}: {e}"))?,
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-    };
+    let filter = filter(args)?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -52,6 +48,15 @@ pub(crate) fn init(args: &LogArgs) -> anyhow::Result<()> {
         LogFormat::Json => builder.event_format(JsonLines).init(),
     }
     Ok(())
+}
+
+/// The filter `--log-level` (else `RUST_LOG`, else `info`) sets, checked.
+pub(crate) fn filter(args: &LogArgs) -> anyhow::Result<EnvFilter> {
+    Ok(match &args.log_level {
+        Some(directives) => EnvFilter::try_new(directives)
+            .map_err(|e| anyhow::anyhow!("--log-level {directives:?}: {e}"))?,
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    })
 }
 
 /// Formats each event as one JSON object on one line.

@@ -71,12 +71,37 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     // Flags, then KVROUTER_<FLAG> variables, then --config FILE, then defaults (layered.rs).
-    let Some((cli, sources)) = layered::parse_args::<Cli>() else {
-        return Ok(()); // --print-config
-    };
+    let layered::Parsed {
+        cli,
+        sources,
+        printed,
+    } = layered::parse_args::<Cli>();
     // A value refused after parsing names its flag; say where a flag not on the command line
     // got it.
+    if printed {
+        // `--print-config` printed the configuration. What a start here would refuse is said on
+        // stderr; the exit status stays 0, since a value may name what only the deployment has
+        // (a workers file mounted there, workers given at start).
+        if let Err(e) = check(&cli) {
+            let e = layered::name_sources(e, &sources);
+            eprintln!("warning: a start with this configuration here would be refused: {e:#}");
+        }
+        return Ok(());
+    }
     run(cli).map_err(|e| layered::name_sources(e, &sources))
+}
+
+/// The checks a start makes before it binds or starts anything (`serve`'s; the other
+/// commands read their values as they run).
+fn check(cli: &Cli) -> anyhow::Result<()> {
+    match &cli.command {
+        Command::Serve(args) => {
+            logging::filter(&args.observability.log)?;
+            runtime_threads::runtime_worker_threads(args.worker_threads()?)?;
+            args.checked(serve::Outputs::CheckOnly).map(drop)
+        }
+        _ => Ok(()),
+    }
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {

@@ -60,8 +60,9 @@ impl ObservabilityArgs {
         Ok(p.to_owned())
     }
 
-    /// The OTLP exporter (`None` without --otlp-endpoint).
-    pub(crate) fn otel(&self) -> anyhow::Result<Option<Arc<Otel>>> {
+    /// The OTLP collector URL and the sample ratio, checked (`None` without --otlp-endpoint);
+    /// nothing is opened.
+    pub(crate) fn otel_settings(&self) -> anyhow::Result<Option<(&str, f64)>> {
         Ok(match (&self.otlp_endpoint, self.otlp_sample_ratio) {
             (_, s) if !(0.0..=1.0).contains(&s) => {
                 bail!("--otlp-sample-ratio must be between 0 and 1, got {s}")
@@ -70,11 +71,19 @@ impl ObservabilityArgs {
                 if !(url.starts_with("http://") || url.starts_with("https://")) {
                     bail!("--otlp-endpoint {url:?}: give an http:// or https:// URL");
                 }
-                let otel = Otel::open(url, s).with_context(|| format!("--otlp-endpoint {url}"))?;
-                Some(Arc::new(otel))
+                Some((url.as_str(), s))
             }
             (None, _) => None,
         })
+    }
+
+    /// The OTLP exporter (`None` without --otlp-endpoint).
+    pub(crate) fn otel(&self) -> anyhow::Result<Option<Arc<Otel>>> {
+        let Some((url, s)) = self.otel_settings()? else {
+            return Ok(None);
+        };
+        let otel = Otel::open(url, s).with_context(|| format!("--otlp-endpoint {url}"))?;
+        Ok(Some(Arc::new(otel)))
     }
 
     /// The access log (`None` without --access-log).

@@ -14,6 +14,10 @@ use crate::startup::TemplateSource;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+mod checked;
+
+pub(crate) use checked::{Checked, Outputs};
+
 /// Most embedded mock engines `serve --mock-workers` starts.
 const MAX_MOCK_WORKERS: usize = 256;
 
@@ -155,7 +159,9 @@ impl HttpArgs {
 }
 
 impl ServeArgs {
-    pub(crate) fn config(&self) -> anyhow::Result<ServeConfig> {
+    /// The configuration; with [`Outputs::CheckOnly`] its OTLP exporter and provenance log are
+    /// left out after their values are checked (nothing is created or started).
+    fn config(&self, outputs: Outputs) -> anyhow::Result<ServeConfig> {
         let mut router = self.routing.config()?;
         let mut workers: Vec<WorkerEntry> = self
             .workers
@@ -258,7 +264,10 @@ impl ServeArgs {
             stream_head_hold: self.upstream.stream_head_hold()?,
             trace_capture: self.observability.trace_capture,
             metrics_prefix: self.observability.metrics_prefix()?,
-            otel: self.observability.otel()?,
+            otel: match outputs {
+                Outputs::Open => self.observability.otel()?,
+                Outputs::CheckOnly => self.observability.otel_settings().map(|_| None)?,
+            },
             access_log: self.observability.access_log()?,
             http: self.http.limits()?,
             upstream_connect_timeout: self.upstream.connect_timeout()?,
@@ -266,6 +275,7 @@ impl ServeArgs {
             upstream_response_timeout: self.upstream.response_timeout()?,
             provenance: match &self.provenance_log {
                 None => None,
+                Some(_) if outputs == Outputs::CheckOnly => None,
                 Some(path) => Some(Arc::new(
                     kvrouter_server::provenance::ProvenanceLog::open(
                         path,
@@ -345,38 +355,26 @@ fn startup_lines(args: &ServeArgs, server: &kvrouter_server::RunningServer) -> V
 }
 
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let mut config = args.config()?;
-    // What is in effect (`--load-aware` replaces the mode).
-    let mode = config.router.router_mode;
-    let otel = config.otel.clone();
-    let mock_engine = args.mock_engine(&config)?;
-    let addr = format!("{}:{}", args.host, args.port);
-    if let Some(global) = args.global.config()? {
-        for warning in args.routing.global_warnings()? {
-            tracing::warn!("{warning}");
-        }
-        return crate::global_args::run(global, config, &addr).await;
-    }
-    for warning in args.routing.mode_warnings(&[config.router.router_mode])? {
+    let Checked {
+        config,
+        mock_engine,
+        global,
+        mut ext_proc,
+        warnings,
+    } = args.checked(Outputs::Open)?;
+    for warning in warnings {
         tracing::warn!("{warning}");
     }
-    if args.router_cost_profile.is_some() && mode != kvrouter_core::policy::RouterMode::Cost {
-        tracing::warn!(
-            "--router-cost-profile is set but the router mode in effect ({mode}) does not read it"
-        );
-    }
-    if args.mock_workers > 0 {
-        crate::global_args::speeds_from_mocks(
-            &mut config.cluster_summary,
-            &mock_engine,
-            args.mock_workers,
-        )?;
+    let mode = config.router.router_mode;
+    let otel = config.otel.clone();
+    let addr = format!("{}:{}", args.host, args.port);
+    if let Some(global) = global {
+        return crate::global_args::run(global, config, &addr).await;
     }
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("--host/--port: binding {addr}"))?;
     // The embedded engines are started here, not by the server, and stopped after it drained.
-    let mut ext_proc = args.picker.ext_proc()?;
     // The picker drains for as long as the HTTP server does.
     ext_proc.shutdown_grace = config.http.shutdown_grace;
     let serving =
@@ -461,7 +459,11 @@ mod cost_speed_tests {
     fn ratio(args: &[&str]) -> f64 {
         let cli =
             Cli::try_parse_from(std::iter::once("serve").chain(args.iter().copied())).unwrap();
-        cli.serve.config().unwrap().router.router_cost_speedup_ratio
+        cli.serve
+            .config(super::Outputs::CheckOnly)
+            .unwrap()
+            .router
+            .router_cost_speedup_ratio
     }
 
     #[test]
@@ -490,7 +492,10 @@ mod cost_speed_tests {
             "0",
         ])
         .unwrap();
-        let e = format!("{:#}", cli.serve.config().unwrap_err());
+        let e = format!(
+            "{:#}",
+            cli.serve.config(super::Outputs::CheckOnly).unwrap_err()
+        );
         assert!(e.contains("--router-cost-speedup-ratio"), "{e}");
     }
 }

@@ -96,6 +96,56 @@ async fn serve_takes_its_flags_from_a_config_file_and_the_environment() {
     );
 }
 
+/// `--print-config` still prints a configuration a start would refuse, and says on stderr what
+/// the start would say, naming where the value came from.
+#[tokio::test]
+async fn print_config_says_what_a_start_would_refuse() {
+    let (code, out, err) = finished(
+        &["serve", "--print-config", "--mock-workers", "1"],
+        &[("KVROUTER_ROUTER_COST_SPEEDUP_RATIO", "0")],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("router-cost-speedup-ratio = 0"), "{out}");
+    assert!(err.contains("would be refused"), "{err}");
+    assert!(err.contains("--router-cost-speedup-ratio"), "{err}");
+    assert!(err.contains("KVROUTER_ROUTER_COST_SPEEDUP_RATIO"), "{err}");
+    let (code, _, err) = finished(
+        &[
+            "serve",
+            "--print-config",
+            "--mock-workers",
+            "1",
+            "--log-level",
+            "a=notalevel",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("would be refused: --log-level"), "{err}");
+    // An accepted configuration: no warning, and nothing opened or created on the way.
+    let log =
+        std::env::temp_dir().join(format!("kvrouter-print-config-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let (code, _, err) = finished(
+        &[
+            "serve",
+            "--print-config",
+            "--mock-workers",
+            "1",
+            "--provenance-log",
+            log.to_str().unwrap(),
+            "--otlp-endpoint",
+            "http://127.0.0.1:9",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert!(!log.exists(), "--print-config created {}", log.display());
+}
+
 #[tokio::test]
 async fn print_config_shows_the_effective_values_and_hides_the_token() {
     let file = temp_file("print.toml", "mock-workers = 2\nrouter-mode = \"random\"\n");
