@@ -59,6 +59,11 @@ impl<E> EventQueue<E> {
     pub(crate) fn pop(&mut self) -> Option<(Time, E)> {
         self.heap.pop().map(|e| (e.at, e.event))
     }
+
+    /// Events waiting.
+    pub(crate) fn len(&self) -> usize {
+        self.heap.len()
+    }
 }
 
 #[cfg(test)]

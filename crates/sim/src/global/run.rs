@@ -47,6 +47,9 @@ pub struct GlobalSimulation<'w> {
     sketch_checks: Vec<SketchCheck>,
     summary_bytes: Vec<usize>,
     finished: usize,
+    /// `Publish` and `SummaryArrives` events in `queue`: when they are all it holds, nothing
+    /// can happen any more (see `publish`).
+    summary_events: usize,
 }
 
 impl<'w> GlobalSimulation<'w> {
@@ -81,12 +84,14 @@ impl<'w> GlobalSimulation<'w> {
             sketch_checks: Vec::new(),
             summary_bytes: Vec::new(),
             finished: 0,
+            summary_events: 0,
         };
         // Every datacenter publishes at t = 0 (its first summary arrives after its delay);
         // requests start 1 ms after every first summary has arrived.
         let mut first = Time::ZERO;
         for d in 0..sim.dcs.len() {
             sim.queue.push(Time::ZERO, Event::Publish(d));
+            sim.summary_events += 1;
             first = first.max(Time::ZERO + sim.dcs[d].delay);
         }
         let first = first + Duration::from_millis(1);
@@ -118,6 +123,9 @@ impl<'w> GlobalSimulation<'w> {
             return Ok(false);
         };
         self.now = at;
+        if matches!(event, Event::Publish(_) | Event::SummaryArrives(..)) {
+            self.summary_events -= 1;
+        }
         match event {
             Event::Arrive(i) => self.arrive(i),
             Event::AtDc(i, d) => self.at_dc(i, d)?,
@@ -138,9 +146,18 @@ impl<'w> GlobalSimulation<'w> {
         Ok(true)
     }
 
-    /// Runs to completion and summarises.
+    /// Runs to completion and summarises; an error if requests are left that nothing can
+    /// finish any more (a defect of the simulation, reported rather than run forever).
     pub fn run(mut self) -> Result<GlobalSummary, SimError> {
         while self.step()? {}
+        let total = self.workload.requests.len();
+        if self.finished < total {
+            return Err(SimError::Workload(format!(
+                "{} of {total} requests never finished: nothing was left to run at {:.3} s",
+                total - self.finished,
+                self.now.as_secs_f64()
+            )));
+        }
         Ok(self.summary())
     }
 
@@ -226,6 +243,11 @@ impl<'w> GlobalSimulation<'w> {
     fn start_step(&mut self, d: usize, w: usize) -> Result<(), SimError> {
         let now = self.now;
         let worker = &mut self.dcs[d].workers[w];
+        // One step at a time: a second would replace the first, whose requests would be lost.
+        debug_assert!(
+            worker.pending.is_none(),
+            "datacenter {d} worker {w}: a step started over the one in progress"
+        );
         match worker
             .engine
             .step(now)
@@ -289,6 +311,11 @@ impl<'w> GlobalSimulation<'w> {
             let at = self.now + ms(self.config.kv_event_delay_ms);
             self.queue.push(at, Event::Visible(d, out.events));
         }
+        // A request the releases above placed on this worker has started its next step
+        // already (`deliver`); a second one would overwrite that step and lose its requests.
+        if self.dcs[d].workers[w].pending.is_some() {
+            return Ok(());
+        }
         self.start_step(d, w)
     }
 
@@ -319,8 +346,13 @@ impl<'w> GlobalSimulation<'w> {
             self.now + dc.delay,
             Event::SummaryArrives(d, Box::new(summary)),
         );
-        if self.finished < self.workload.requests.len() {
+        self.summary_events += 1;
+        // Summaries go on while anything else can still happen: with only summaries left, no
+        // request can arrive, run or finish any more, and publishing forever would never end.
+        let others = self.queue.len() - self.summary_events;
+        if self.finished < self.workload.requests.len() && others > 0 {
             self.queue.push(self.now + dc.refresh, Event::Publish(d));
+            self.summary_events += 1;
         }
         Ok(())
     }

@@ -237,3 +237,30 @@ fn the_global_router_is_told_each_requests_output_when_clients_send_max_tokens()
         "least-loaded does not read the hint"
     );
 }
+
+/// With the local routers' queue on (`--router-queue-threshold`), a release that places a
+/// queued request on the worker whose step just ended starts that worker's next step; the step
+/// end must not start a second one over it (`start_step` asserts it in debug builds), which lost
+/// the first step's requests: on the seed scenario the run then published summaries forever,
+/// waiting for them.
+#[test]
+fn queued_requests_placed_by_a_release_are_all_served() {
+    let w = seed002(&Seed002Params {
+        steps: 1,
+        tasks: 12,
+        group_size: 2,
+        turns_median: 4.0,
+        harness_tokens: 12_000,
+        tool_tokens_median: 300.0,
+        ..Seed002Params::default()
+    });
+    for policy in GlobalPolicy::ALL {
+        let mut c = config(policy, two_dcs());
+        c.sessions_in_flight = Some(24);
+        c.router.router_queue_threshold = Some(1.0);
+        let summary = GlobalSimulation::new(c, &w).unwrap().run().unwrap();
+        let served: usize = summary.clusters.iter().map(|c| c.requests).sum();
+        assert_eq!(served, w.requests.len(), "{policy}");
+        assert_eq!(summary.step_time_s.len(), 1, "{policy}: the step ended");
+    }
+}
