@@ -100,6 +100,13 @@ pub(crate) fn run(args: &SimArgs) -> anyhow::Result<()> {
             tails.join(", ")
         );
     }
+    for r in runs.iter().filter(|r| r.rejected > 0) {
+        println!(
+            "{}: {} of {} requests refused by a datacenter's router (they waited past \
+             --router-queue-max-wait-secs), left out of the figures",
+            r.policy, r.rejected, r.requests
+        );
+    }
     println!(
         "wrote {} and {}",
         args.out.join("summary.json").display(),

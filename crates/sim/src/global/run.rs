@@ -323,10 +323,18 @@ impl<'w> GlobalSimulation<'w> {
         for (id, placed) in effects.placed {
             match placed {
                 Ok(decision) => self.deliver(id.0 as usize, d, &decision)?,
-                Err(e) => return Err(SimError::Config(format!("cluster {d}: {e}"))),
+                // Given up in the queue: its client gets the error, and the rollout goes on
+                // (as `kvrouter sim` counts a rejected request done).
+                Err(_) => self.rejected(id.0 as usize),
             }
         }
         Ok(())
+    }
+
+    /// Request `i` was refused by its datacenter's router: no tokens, no finish time.
+    fn rejected(&mut self, i: usize) {
+        self.records[i].rejected = true;
+        self.ended(i);
     }
 
     fn publish(&mut self, d: usize) -> Result<(), SimError> {
@@ -359,13 +367,19 @@ impl<'w> GlobalSimulation<'w> {
 
     fn done(&mut self, i: usize) {
         self.records[i].finish = Some(self.now);
-        self.finished += 1;
         // The response's usage: the global router learns the output length per cluster.
         if let Some(d) = self.records[i].dc {
             let _ = self
                 .global
                 .record_output(ClusterId(d as u32), self.records[i].output_tokens);
         }
+        self.ended(i);
+    }
+
+    /// Request `i` ended (served or refused): the rollout's next turn or the step's next
+    /// rollouts start.
+    fn ended(&mut self, i: usize) {
+        self.finished += 1;
         let out = self.replay.finished(self.workload, i, self.now);
         if let (true, Some(s)) = (out.session_ended, self.workload.requests[i].session) {
             self.global.end_session(s);

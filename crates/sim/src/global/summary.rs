@@ -19,6 +19,8 @@ pub(super) struct GlobalRecord {
     pub(super) moved: bool,
     pub(super) first_token: Option<Time>,
     pub(super) finish: Option<Time>,
+    /// Its datacenter's router gave up on it (it waited past `--router-queue-max-wait-secs`).
+    pub(super) rejected: bool,
     pub(super) cached_tokens: u64,
     pub(super) output_tokens: u64,
     /// The global router's estimate (from a possibly stale summary), blocks.
@@ -143,6 +145,8 @@ pub struct GlobalSummary {
     pub workload: String,
     /// Requests.
     pub requests: usize,
+    /// Requests a datacenter's router gave up on (left out of the latencies and hit rate).
+    pub rejected: usize,
     /// Time to first token, ms.
     pub ttft_ms: Dist,
     /// End to end, ms.
@@ -246,8 +250,9 @@ impl GlobalSummary {
             .map(|(d, dc)| {
                 let workers = &closed[d];
                 let n = workers.len() as f64;
+                // Served here: a refused request has no tokens to count.
                 let mine: Vec<usize> = (0..x.records.len())
-                    .filter(|i| x.records[*i].dc == Some(d))
+                    .filter(|&i| x.records[i].dc == Some(d) && !x.records[i].rejected)
                     .collect();
                 let (cached, total) = mine.iter().fold((0u64, 0u64), |(c, t), &i| {
                     (c + x.records[i].cached_tokens, t + input(i))
@@ -290,9 +295,11 @@ impl GlobalSummary {
                 }
             })
             .collect();
-        let (cached, total) = (0..x.records.len()).fold((0u64, 0u64), |(c, t), i| {
-            (c + x.records[i].cached_tokens, t + input(i))
-        });
+        let (cached, total) = (0..x.records.len())
+            .filter(|&i| !x.records[i].rejected)
+            .fold((0u64, 0u64), |(c, t), i| {
+                (c + x.records[i].cached_tokens, t + input(i))
+            });
         let step_time_s: Vec<f64> = x
             .steps
             .iter()
@@ -303,6 +310,7 @@ impl GlobalSummary {
             policy: x.config.policy.as_str().to_owned(),
             workload: x.workload.name.clone(),
             requests: x.records.len(),
+            rejected: x.records.iter().filter(|r| r.rejected).count(),
             ttft_ms: dist(
                 done.iter()
                     .filter_map(|r| Some(r.first_token?.since(r.arrival?).as_secs_f64() * 1e3))

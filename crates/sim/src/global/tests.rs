@@ -264,3 +264,19 @@ fn queued_requests_placed_by_a_release_are_all_served() {
         assert_eq!(summary.step_time_s.len(), 1, "{policy}: the step ended");
     }
 }
+
+/// A request that waits past `--router-queue-max-wait-secs` in a datacenter's queue is counted
+/// refused and its rollout goes on, as `kvrouter sim` does, instead of ending the run.
+#[test]
+fn a_request_given_up_in_a_datacenter_queue_is_counted_and_the_run_goes_on() {
+    let w = small();
+    let mut c = config(GlobalPolicy::Kv, two_dcs());
+    // Nearly everything queues, and gives up after a millisecond.
+    c.router.router_queue_threshold = Some(0.0);
+    c.router.router_queue_max_wait_secs = 0.001;
+    let summary = GlobalSimulation::new(c, &w).unwrap().run().unwrap();
+    assert!(summary.rejected > 0, "{summary:?}");
+    let served: usize = summary.clusters.iter().map(|c| c.requests).sum();
+    assert_eq!(served + summary.rejected, w.requests.len());
+    assert_eq!(summary.step_time_s.len(), 2, "both steps ended");
+}
