@@ -76,8 +76,6 @@ fn main() -> anyhow::Result<()> {
         sources,
         printed,
     } = layered::parse_args::<Cli>();
-    // A value refused after parsing names its flag; say where a flag not on the command line
-    // got it.
     if printed {
         // `--print-config` printed the configuration. What a start here would refuse is said on
         // stderr; the exit status stays 0, since a value may name what only the deployment has
@@ -88,6 +86,8 @@ fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    // A value refused after parsing names its flag; say where a flag not on the command line
+    // got it.
     run(cli).map_err(|e| layered::name_sources(e, &sources))
 }
 
