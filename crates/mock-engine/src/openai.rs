@@ -2,6 +2,7 @@
 
 use crate::error::ApiError;
 use kvrouter_openai::request::{self, Prompt, StreamFlags};
+use kvrouter_openai::Body;
 pub(crate) use kvrouter_openai::Kind;
 use kvrouter_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use serde_json::{json, Value};
@@ -37,13 +38,14 @@ fn sampling(kind: Kind, body: &Value, default_max: u32) -> Result<(u32, StreamFl
 
 /// `/v1/completions`: `prompt` is a string or a list of token ids (one prompt only).
 pub(crate) fn parse_completion(
-    body: &Value,
+    body: &Body,
     served: &[String],
     tokenizer: &dyn Tokenizer,
     default_max: u32,
 ) -> Result<GenRequest, ApiError> {
-    let model = check_model(body, served)?;
-    let view = request::prompt(body)?;
+    let model = check_model(body.fields(), served)?;
+    let view = body.prompt()?;
+    let body = body.fields();
     if view.count > 1 {
         return Err(ApiError::invalid(
             "batched prompts are not supported; send one prompt per request",
@@ -184,15 +186,20 @@ mod tests {
     use super::*;
     use kvrouter_tokenizer::BuiltinTokenizer;
 
+    /// A completion body as the engine reads one (token-id prompts straight into ids).
+    fn body(v: Value) -> Body {
+        Body::from_slice(v.to_string().as_bytes()).unwrap()
+    }
+
     #[test]
     fn bad_fields_are_named() {
         let t = BuiltinTokenizer::new();
         let m = ["m".to_owned()];
-        let e =
-            parse_completion(&json!({"prompt": "hi", "max_tokens": 0}), &m, &t, 16).unwrap_err();
+        let e = parse_completion(&body(json!({"prompt": "hi", "max_tokens": 0})), &m, &t, 16)
+            .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
-        let e =
-            parse_completion(&json!({"model": "other", "prompt": "hi"}), &m, &t, 16).unwrap_err();
+        let e = parse_completion(&body(json!({"model": "other", "prompt": "hi"})), &m, &t, 16)
+            .unwrap_err();
         assert_eq!(e.status.as_u16(), 404);
         let e = parse_chat(
             &json!({"messages": "hi"}),
@@ -203,8 +210,21 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages"));
-        let e = parse_completion(&json!({"prompt": 5}), &m, &t, 16).unwrap_err();
+        let e = parse_completion(&body(json!({"prompt": 5})), &m, &t, 16).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("prompt"));
+        // Lists that are not wholly token ids are read as JSON and refused as before.
+        for bad in [
+            json!([1, -2]),
+            json!([1, 2.5]),
+            json!([]),
+            json!([[1], [2]]),
+        ] {
+            let e = parse_completion(&body(json!({"prompt": bad})), &m, &t, 16).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("prompt"), "{bad}");
+        }
+        // The model is checked before the prompt, as before.
+        let e = parse_completion(&body(json!({"model": "x", "prompt": []})), &m, &t, 16);
+        assert_eq!(e.unwrap_err().status.as_u16(), 404);
     }
 
     #[test]
@@ -212,7 +232,7 @@ mod tests {
         let t = BuiltinTokenizer::new();
         let m = ["m".to_owned()];
         let r = parse_completion(
-            &json!({"prompt": [1, 2, 3], "max_tokens": 4, "stream": true}),
+            &body(json!({"prompt": [1, 2, 3], "max_tokens": 4, "stream": true})),
             &m,
             &t,
             16,
@@ -222,6 +242,10 @@ mod tests {
             (r.prompt_tokens, r.max_tokens, r.stream),
             (vec![1, 2, 3], 4, true)
         );
+        // A long list (read in two streams by the id scan) comes out whole and in order.
+        let ids: Vec<u32> = (0..5_000).map(|i| i * 7_919 % 1_000_003).collect();
+        let r = parse_completion(&body(json!({"prompt": ids})), &m, &t, 16).unwrap();
+        assert_eq!(r.prompt_tokens, ids);
         let r = parse_chat(
             &json!({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3}),
             &m,
