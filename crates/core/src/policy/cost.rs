@@ -9,6 +9,8 @@
 //! - `survive = max(0, 1 − wait / turnover)`, `turnover = C / churn` (seconds for the worker to
 //!   write a cache's worth of new blocks, churn learned from KV events), `wait` the time until this
 //!   request's prefill starts: the chance the cached prefix is still there when it is used;
+//! - `Q` is the queue less what the engine has done of it since its oldest request's prefill
+//!   began (whole steps, at most that request's tokens: [`prefill_done_tokens`]);
 //! - `X = Q + I − survive·H`: tokens to prefill before and including this request;
 //! - `decode_now = decode_ms(n, K)` (0 when `n = 0`), `residual = ½·decode_now` (half the step
 //!   in progress; the queued prefill `Q` is counted whole below);
@@ -150,6 +152,29 @@ fn chunked_with_full_step<T: TimingModel + ?Sized>(
         total += ms(t.prefill_ms(rem), t);
     }
     total + x.div_ceil(b) as f64 * decode_step
+}
+
+/// Tokens of a worker's queued prefill (`w.prefill_queue_tokens`) the engine has done
+/// `elapsed_ms` after its oldest request's prefill began: whole steps of `B` tokens, each also
+/// decoding the batch, and at most `head`, that request's own tokens (past them its first token
+/// would have come, so the estimate is off and counts none beyond).
+pub fn prefill_done_tokens<T: TimingModel + ?Sized>(
+    t: &T,
+    w: &WorkerPicture,
+    head: u64,
+    elapsed_ms: f64,
+) -> u64 {
+    let b = w.batch_tokens.max(1);
+    let cap = w.capacity_tokens.max(1);
+    let step = ms(t.prefill_ms(b), t)
+        + decode_ms(t, u64::from(w.active_requests), w.kv_tokens as f64, cap);
+    let steps = if step > 0.0 {
+        (elapsed_ms.max(0.0) / step).floor()
+    } else {
+        f64::INFINITY
+    };
+    let done = (steps * b as f64).min(u64::MAX as f64) as u64;
+    done.min(head).min(w.prefill_queue_tokens)
 }
 
 /// The index of the lowest `total`; among candidates tied with it (within 1e-9 relative), the

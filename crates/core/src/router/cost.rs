@@ -8,8 +8,8 @@ use crate::event::KvEvent;
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
 use crate::policy::cost::{
-    cold_group_spread, estimate_with, steady_terms, CostEstimate, CostWeights, RequestPicture,
-    SteadyTerms, WorkerPicture, WorkerTerms,
+    cold_group_spread, estimate_with, prefill_done_tokens, steady_terms, CostEstimate, CostWeights,
+    RequestPicture, SteadyTerms, WorkerPicture, WorkerTerms,
 };
 use crate::policy::learn::{OutputLengths, PrefixHeat, Rate};
 use crate::policy::Candidate;
@@ -18,6 +18,7 @@ use crate::timing::TimingModel;
 use std::sync::Arc;
 
 mod observe;
+mod prefill_line;
 mod replica;
 mod sessions;
 
@@ -67,6 +68,8 @@ pub(super) struct CostState {
     active: FastMap<RequestId, Active>,
     /// Sessions: their homes and the KV of those between turns.
     sessions: sessions::Sessions,
+    /// Each rank's requests in prefill and since when the oldest has been prefilled.
+    prefill: prefill_line::PrefillLines,
     /// Recent requests per cached prefix (for the replica credit).
     heat: PrefixHeat,
     /// Bumped whenever a worker is given a profile, so every kept [`Steady`] is recomputed
@@ -124,6 +127,7 @@ impl CostState {
         now: Time,
     ) -> Option<Active> {
         let a = self.active.remove(&id)?;
+        self.prefill.left(a.rank, id, now);
         if let Some(session) = a.session {
             // A request of a removed worker leaves its session resident nowhere.
             let window = if a.fits { window } else { Default::default() };
@@ -202,6 +206,7 @@ impl Router {
             self.cost.profiles_epoch += 1;
         }
         self.cost.sessions.worker_removed(worker);
+        self.cost.prefill.worker_removed(worker);
         for a in self.cost.active.values_mut() {
             if a.rank.worker == worker {
                 a.fits = false;
@@ -284,7 +289,7 @@ impl Router {
             .kv_capacity_blocks
             .unwrap_or(self.config.router_index_max_blocks_per_worker as u64);
         let cached_blocks = c.reused_blocks(cx.request_blocks);
-        let w = WorkerPicture {
+        let mut w = WorkerPicture {
             prefill_queue_tokens: c.load.active_prefill_tokens,
             active_requests: c.load.active_requests,
             // Sessions between turns will decode here again (`sessions.rs`), as far as the
@@ -314,6 +319,10 @@ impl Router {
             length_cv: cx.cv,
         };
         let (timing, fit_version) = self.timing_of(c.rank.worker);
+        if let Some((head, elapsed)) = self.cost.prefill.head(c.rank, cx.now) {
+            let done = prefill_done_tokens(&timing, &w, head, elapsed.as_secs_f64() * 1e3);
+            w.prefill_queue_tokens -= done;
+        }
         let key = WorkerPicture {
             churn_blocks_per_s: 0.0,
             ..w
@@ -463,6 +472,11 @@ impl Router {
         let window = self.session_window();
         self.cost.forget_request(request.id, 0, window, now);
         self.cost.active.insert(request.id, active);
+        let own_prefill = self
+            .ledger
+            .request_load(request.id)
+            .map_or(0, |l| l.prefill_tokens);
+        self.cost.prefill.placed(rank, request.id, own_prefill, now);
         let state = self.cost.ranks.entry(rank).or_default();
         state.expected_out += expected;
         state.requests += 1;

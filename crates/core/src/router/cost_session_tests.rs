@@ -121,3 +121,40 @@ fn a_session_whose_worker_was_removed_is_resident_nowhere() {
     let _ = r.finish(RequestId(2), at(30)).unwrap();
     assert_eq!(r.resident_kv(home), 4_050);
 }
+
+#[test]
+fn a_turn_waits_for_what_is_left_of_a_prefill_in_progress_not_all_of_it() {
+    use crate::policy::cost::chunked_prefill_ms;
+    use crate::timing::DynamoPoly;
+    let context = tokens(1, 100_000);
+    let cold = tokens(2, 200_000);
+    // Worker 0 holds a 100k-token context, and took a cold 200k-token prompt at 0 ms; the
+    // context's next turn comes `after` ms later, before that prompt's first token.
+    let next_turn_at = |after: u64, first_token_of_cold: bool| {
+        let mut r = router(RouterMode::Cost, 2);
+        r.apply_event(&store_event(0, &context)).unwrap();
+        let mut big = request(1, &cold);
+        big.pin = Some(Pin {
+            worker: WorkerId(0),
+            dp_rank: None,
+        });
+        r.route(&big, at(0)).unwrap();
+        if first_token_of_cold {
+            r.first_token(RequestId(1)).unwrap();
+            r.observe_first_token(RequestId(1), at(after));
+        }
+        let turn = request(2, &[context.clone(), tokens(3, 100)].concat());
+        let d = r.route(&turn, at(after)).unwrap();
+        let totals: Vec<f64> = d.candidates.iter().map(|c| c.total).collect();
+        (d.rank.worker, totals)
+    };
+    let prefill_ms = chunked_prefill_ms(&DynamoPoly, 200_000, 8_192, 0.0);
+    let (early, totals) = next_turn_at(1, false);
+    assert_eq!(early, WorkerId(1), "the whole prefill is ahead: {totals:?}");
+    let late = (prefill_ms * 0.95) as u64;
+    let (worker, totals) = next_turn_at(late, false);
+    assert_eq!(worker, WorkerId(0), "5 % of it is left: {totals:?}");
+    // Its first token came: nothing is queued, and nothing is taken off twice.
+    let (worker, totals) = next_turn_at(late, true);
+    assert_eq!(worker, WorkerId(0), "{totals:?}");
+}

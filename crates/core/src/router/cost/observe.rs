@@ -31,9 +31,12 @@ impl Router {
         }
     }
 
-    /// The request's first token arrived at `now`: with `router_cost_fit`, its TTFT feeds the
-    /// worker's prefill line.
+    /// The request's first token arrived at `now`: its prefill is done (the next request's on
+    /// its rank begins), and with `router_cost_fit` its TTFT feeds the worker's prefill line.
     pub fn observe_first_token(&mut self, id: RequestId, now: Time) {
+        if let Some(a) = self.cost.active.get(&id) {
+            self.cost.prefill.left(a.rank, id, now);
+        }
         if !self.config.router_cost_fit {
             return;
         }

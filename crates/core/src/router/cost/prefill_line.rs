@@ -1,0 +1,145 @@
+//! Each rank's prefill in progress, as the `cost` policy sees it: the requests placed there that
+//! have not sent their first token, oldest first, and since when the oldest has been prefilled.
+//!
+//! The ledger counts a request's uncached prompt tokens as queued prefill (`Q`) until its first
+//! token arrives, whole. An engine works through its prefill in order, so a request that comes
+//! while another's long prefill is half done waits for the half that is left, not for all of it.
+//! The estimate therefore takes off `Q` what the engine has done since the oldest request's
+//! prefill began ([`crate::policy::cost::prefill_done_tokens`]): at most that request's own tokens,
+//! since past them its first token would have come. The oldest request's prefill begins when it
+//! is placed on a rank with no prefill in progress, or when the request before it sends its first
+//! token or ends.
+//!
+//! Bounded by the requests in prefill: an entry goes when its request's first token arrives or
+//! the request ends, a line when it is empty, every line of a removed worker with it.
+
+use crate::fast_map::FastMap;
+use crate::ids::{RequestId, WorkerId, WorkerRank};
+use crate::time::Time;
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// One rank's requests in prefill, oldest first.
+#[derive(Debug)]
+struct Line {
+    /// When the oldest one's prefill began.
+    since: Time,
+    /// The requests and their uncached prompt tokens.
+    queue: VecDeque<(RequestId, u64)>,
+}
+
+/// The prefill lines of every rank with a request in prefill.
+#[derive(Debug, Default)]
+pub(super) struct PrefillLines {
+    lines: FastMap<WorkerRank, Line>,
+}
+
+impl PrefillLines {
+    /// `id` was placed on `rank` with `tokens` uncached prompt tokens (none: nothing to do).
+    pub(super) fn placed(&mut self, rank: WorkerRank, id: RequestId, tokens: u64, now: Time) {
+        if tokens == 0 {
+            return;
+        }
+        self.lines
+            .entry(rank)
+            .or_insert_with(|| Line {
+                since: now,
+                queue: VecDeque::new(),
+            })
+            .queue
+            .push_back((id, tokens));
+    }
+
+    /// `id`, on `rank`, sent its first token or ended at `now`: the next request's prefill
+    /// begins if `id` was the oldest.
+    pub(super) fn left(&mut self, rank: WorkerRank, id: RequestId, now: Time) {
+        let Some(line) = self.lines.get_mut(&rank) else {
+            return;
+        };
+        let Some(at) = line.queue.iter().position(|&(r, _)| r == id) else {
+            return;
+        };
+        line.queue.remove(at);
+        if line.queue.is_empty() {
+            self.lines.remove(&rank);
+        } else if at == 0 {
+            line.since = now;
+        }
+    }
+
+    /// Forgets every line of a removed worker.
+    pub(super) fn worker_removed(&mut self, worker: WorkerId) {
+        self.lines.retain(|rank, _| rank.worker != worker);
+    }
+
+    /// The oldest request's uncached tokens on `rank` and how long its prefill has run by `now`.
+    pub(super) fn head(&self, rank: WorkerRank, now: Time) -> Option<(u64, Duration)> {
+        let line = self.lines.get(&rank)?;
+        let &(_, tokens) = line.queue.front()?;
+        Some((tokens, now.since(line.since)))
+    }
+
+    /// Requests in every line (tests check the bound).
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.lines.values().map(|l| l.queue.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(w: u64) -> WorkerRank {
+        WorkerRank::new(WorkerId(w), 0)
+    }
+
+    fn at(ms: u64) -> Time {
+        Time::ZERO + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn the_oldest_request_sets_the_clock_and_the_next_starts_when_it_leaves() {
+        let mut l = PrefillLines::default();
+        l.placed(rank(1), RequestId(1), 1000, at(10));
+        l.placed(rank(1), RequestId(2), 500, at(20));
+        l.placed(rank(1), RequestId(3), 0, at(25));
+        assert_eq!(
+            l.head(rank(1), at(30)),
+            Some((1000, Duration::from_millis(20)))
+        );
+        // A later request leaving does not restart the clock.
+        l.left(rank(1), RequestId(3), at(35));
+        l.placed(rank(1), RequestId(4), 200, at(36));
+        l.left(rank(1), RequestId(4), at(40));
+        assert_eq!(
+            l.head(rank(1), at(50)),
+            Some((1000, Duration::from_millis(40)))
+        );
+        l.left(rank(1), RequestId(1), at(60));
+        assert_eq!(
+            l.head(rank(1), at(70)),
+            Some((500, Duration::from_millis(10)))
+        );
+        l.left(rank(1), RequestId(2), at(80));
+        assert_eq!((l.head(rank(1), at(90)), l.len()), (None, 0));
+        // An empty rank's next request starts at once.
+        l.placed(rank(1), RequestId(5), 100, at(100));
+        assert_eq!(l.head(rank(1), at(100)), Some((100, Duration::ZERO)));
+    }
+
+    #[test]
+    fn ranks_are_apart_and_a_removed_worker_takes_its_lines() {
+        let mut l = PrefillLines::default();
+        l.placed(rank(1), RequestId(1), 10, at(0));
+        l.placed(WorkerRank::new(WorkerId(1), 1), RequestId(2), 20, at(5));
+        l.placed(rank(2), RequestId(3), 30, at(7));
+        l.left(rank(2), RequestId(1), at(8));
+        assert_eq!(l.len(), 3);
+        l.worker_removed(WorkerId(1));
+        assert_eq!(
+            (l.head(rank(1), at(9)), l.head(rank(2), at(9))),
+            (None, Some((30, Duration::from_millis(2))))
+        );
+    }
+}
