@@ -361,8 +361,8 @@ pub(crate) fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
 }
 
 /// A `/v1/completions` body: a JSON object, a token-id `prompt` read straight into ids (a
-/// 400,000-token prompt read as a `Value` per id cost the engine 11 ms more than the same
-/// prompt as text). The same errors as [`parse_object`].
+/// 400,000-token prompt read as a `Value` per id took the engine 24 ms to its first token,
+/// 12 ms as text). The same errors as [`parse_object`].
 fn parse_completion_body(body: &[u8]) -> Result<RequestBody, ApiError> {
     let body = RequestBody::from_slice(body)
         .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;

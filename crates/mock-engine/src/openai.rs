@@ -212,7 +212,7 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("messages"));
         let e = parse_completion(&body(json!({"prompt": 5})), &m, &t, 16).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("prompt"));
-        // Lists that are not wholly token ids are read as JSON and refused as before.
+        // A negative or fractional id, an empty list and a batch are refused as before.
         for bad in [
             json!([1, -2]),
             json!([1, 2.5]),

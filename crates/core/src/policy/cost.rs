@@ -13,7 +13,7 @@
 //!   began (whole steps, at most that request's tokens: [`prefill_done_tokens`]);
 //! - `X = Q + I − survive·H`: tokens to prefill before and including this request;
 //! - `decode_now = decode_ms(n, K)` (0 when `n = 0`), `residual = ½·decode_now` (half the step
-//!   in progress; the queued prefill `Q` is counted whole below);
+//!   in progress; the queued prefill `Q` is counted in whole steps below, with no residual);
 //! - `TTFT = residual + ⌊X/B⌋·prefill_ms(B) + prefill_ms(X mod B) + ⌈X/B⌉·decode_now + network`;
 //! - the decode term uses the time-averaged footprint `F = K + O/2` before and
 //!   `F' = F + new KV + L/2 + c·s·L` after (`s` siblings of its RL group already there, whose
@@ -317,7 +317,8 @@ pub fn steady_terms<T: TimingModel + ?Sized>(timing: &T, w: &WorkerPicture) -> S
     let n = u64::from(w.active_requests);
     let k = w.kv_tokens as f64;
     let decode_now = decode_ms(timing, n, k, cap);
-    // Half the step in progress; the queued prefill is counted whole in the chunks below.
+    // Half the step in progress; the queued prefill (less what is done of it, in the caller) is
+    // counted in the chunks below.
     let residual = if n > 0 { 0.5 * decode_now } else { 0.0 };
     let queue_prefill_ms =
         chunked_with_full_step(timing, w.prefill_queue_tokens, batch, full_step_ms, 0.0);

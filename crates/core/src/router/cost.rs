@@ -7,6 +7,7 @@ use super::{RouteRequest, Router, WorkerSpec};
 use crate::event::KvEvent;
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
+use crate::ledger::RankLoad;
 use crate::policy::cost::{
     cold_group_spread, estimate_with, prefill_done_tokens, steady_terms, CostEstimate, CostWeights,
     RequestPicture, SteadyTerms, WorkerPicture, WorkerTerms,
@@ -30,7 +31,8 @@ struct Active {
     group: Option<u64>,
     prompt: Option<u64>,
     routed: Time,
-    /// Tokens the chosen worker had to prefill up to and including this request.
+    /// Tokens the chosen worker had to prefill up to and including this request (what was left
+    /// of a prefill under way there, as the estimate counts it).
     prefill_work: f64,
     /// Whether its timings may feed its worker's fit: false once the worker was removed (a
     /// worker registered again under the same id is a new one).
@@ -233,6 +235,12 @@ impl Router {
         self.cost.sessions.resident_kv(rank, None)
     }
 
+    /// The prefill a request's TTFT is fitted against, if it is active (tests).
+    #[cfg(test)]
+    pub(super) fn prefill_work(&self, id: RequestId) -> Option<f64> {
+        self.cost.active.get(&id).map(|a| a.prefill_work)
+    }
+
     /// Entries of the cost policy's per-rank state (tests check it stays bounded).
     #[cfg(test)]
     pub(super) fn cost_rank_entries(&self) -> usize {
@@ -319,10 +327,7 @@ impl Router {
             length_cv: cx.cv,
         };
         let (timing, fit_version) = self.timing_of(c.rank.worker);
-        if let Some((head, elapsed)) = self.cost.prefill.head(c.rank, cx.now) {
-            let done = prefill_done_tokens(&timing, &w, head, elapsed.as_secs_f64() * 1e3);
-            w.prefill_queue_tokens -= done;
-        }
+        w.prefill_queue_tokens -= self.prefill_done(c.rank, &c.load, spec, cx.now);
         let key = WorkerPicture {
             churn_blocks_per_s: 0.0,
             ..w
@@ -347,6 +352,30 @@ impl Router {
             r,
             terms,
         }
+    }
+
+    /// Tokens of `rank`'s queued prefill (`load`'s, the ledger's) the engine has done by `now`
+    /// ([`prefill_line`]): 0 unless this router's line holds all of it. The step time is priced
+    /// with the requests in flight there (not sessions between turns: they decode nothing now).
+    fn prefill_done(&self, rank: WorkerRank, load: &RankLoad, spec: &WorkerSpec, now: Time) -> u64 {
+        let queued = load.active_prefill_tokens;
+        let Some((head, elapsed)) = self.cost.prefill.head(rank, queued, now) else {
+            return 0;
+        };
+        let bs = self.config.kv_cache_block_size as u64;
+        let capacity = spec
+            .kv_capacity_blocks
+            .unwrap_or(self.config.router_index_max_blocks_per_worker as u64);
+        let w = WorkerPicture {
+            prefill_queue_tokens: queued,
+            active_requests: load.active_requests,
+            kv_tokens: load.active_decode_blocks * bs,
+            capacity_tokens: capacity * bs,
+            batch_tokens: spec.max_num_batched_tokens.unwrap_or(8192),
+            ..WorkerPicture::default()
+        };
+        let (timing, _) = self.timing_of(rank.worker);
+        prefill_done_tokens(&timing, &w, head, elapsed.as_secs_f64() * 1e3)
     }
 
     /// Every candidate's estimate, in candidate order (replica credit included), and the key of
@@ -455,28 +484,32 @@ impl Router {
             .cost
             .outputs
             .expected(request.group, prompt_key(request));
+        let window = self.session_window();
+        self.cost.forget_request(request.id, 0, window, now);
         // Called after the ledger recorded the request: its own prefill is in the queue.
         let queued = self.ledger.load(rank).active_prefill_tokens;
+        let own_prefill = self
+            .ledger
+            .request_load(request.id)
+            .map_or(0, |l| l.prefill_tokens);
+        self.cost.prefill.placed(rank, request.id, own_prefill, now);
+        let left = match self.workers.get(&rank.worker) {
+            Some(spec) => queued - self.prefill_done(rank, &self.ledger.load(rank), spec, now),
+            None => queued,
+        };
         let active = Active {
             rank,
             expected,
             group: request.group,
             prompt: prompt_key(request),
             routed: now,
-            prefill_work: queued as f64,
+            prefill_work: left as f64,
             fits: true,
             samples: request.max_output_tokens.is_none_or(|m| m > 1),
             max_output: request.max_output_tokens,
             session: request.session,
         };
-        let window = self.session_window();
-        self.cost.forget_request(request.id, 0, window, now);
         self.cost.active.insert(request.id, active);
-        let own_prefill = self
-            .ledger
-            .request_load(request.id)
-            .map_or(0, |l| l.prefill_tokens);
-        self.cost.prefill.placed(rank, request.id, own_prefill, now);
         let state = self.cost.ranks.entry(rank).or_default();
         state.expected_out += expected;
         state.requests += 1;

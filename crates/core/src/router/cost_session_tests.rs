@@ -158,3 +158,33 @@ fn a_turn_waits_for_what_is_left_of_a_prefill_in_progress_not_all_of_it() {
     let (worker, totals) = next_turn_at(late, true);
     assert_eq!(worker, WorkerId(0), "{totals:?}");
 }
+
+#[test]
+fn a_request_placed_during_a_prefill_is_fitted_against_what_was_left_of_it() {
+    use crate::policy::cost::chunked_prefill_ms;
+    use crate::timing::DynamoPoly;
+    let mut r = router(RouterMode::Cost, 1);
+    let pinned = |id: u64, prefix: u32, len: u32| {
+        let mut q = request(id, &tokens(prefix, len));
+        q.pin = Some(Pin {
+            worker: WorkerId(0),
+            dp_rank: None,
+        });
+        q
+    };
+    r.route(&pinned(1, 1, 200_000), at(0)).unwrap();
+    assert_eq!(r.prefill_work(RequestId(1)), Some(200_000.0));
+    // Nine tenths of the first prompt's prefill later, a second one comes: whole steps of
+    // 8,192 tokens of the first are done.
+    let late = (chunked_prefill_ms(&DynamoPoly, 200_000, 8_192, 0.0) * 0.9) as u64;
+    r.route(&pinned(2, 2, 1_000), at(late)).unwrap();
+    let left = r.prefill_work(RequestId(2)).unwrap();
+    assert!((20_000.0..=40_000.0).contains(&left), "{left}");
+    assert_eq!(left % 8_192.0, (201_000 % 8_192) as f64);
+    // Once the first sends its first token, the second's prefill begins: a third placed at
+    // that moment waits for all of the second's.
+    r.first_token(RequestId(1)).unwrap();
+    r.observe_first_token(RequestId(1), at(late + 1));
+    r.route(&pinned(3, 3, 500), at(late + 1)).unwrap();
+    assert_eq!(r.prefill_work(RequestId(3)), Some(1_500.0));
+}

@@ -7,8 +7,10 @@
 //! The estimate therefore takes off `Q` what the engine has done since the oldest request's
 //! prefill began ([`crate::policy::cost::prefill_done_tokens`]): at most that request's own tokens,
 //! since past them its first token would have come. The oldest request's prefill begins when it
-//! is placed on a rank with no prefill in progress, or when the request before it sends its first
-//! token or ends.
+//! is placed on a rank with no prefill of this router's in progress, or when the request before
+//! it sends its first token or ends. Only when the line holds all of the rank's queued prefill
+//! (no other replica's request, nothing of a removed worker's past) is its clock read
+//! ([`PrefillLines::head`]): otherwise the engine may be working on a prefill it does not know.
 //!
 //! Bounded by the requests in prefill: an entry goes when its request's first token arrives or
 //! the request ends, a line when it is empty, every line of a removed worker with it.
@@ -24,6 +26,8 @@ use std::time::Duration;
 struct Line {
     /// When the oldest one's prefill began.
     since: Time,
+    /// Σ uncached tokens of the queue.
+    tokens: u64,
     /// The requests and their uncached prompt tokens.
     queue: VecDeque<(RequestId, u64)>,
 }
@@ -40,14 +44,13 @@ impl PrefillLines {
         if tokens == 0 {
             return;
         }
-        self.lines
-            .entry(rank)
-            .or_insert_with(|| Line {
-                since: now,
-                queue: VecDeque::new(),
-            })
-            .queue
-            .push_back((id, tokens));
+        let line = self.lines.entry(rank).or_insert_with(|| Line {
+            since: now,
+            tokens: 0,
+            queue: VecDeque::new(),
+        });
+        line.tokens += tokens;
+        line.queue.push_back((id, tokens));
     }
 
     /// `id`, on `rank`, sent its first token or ended at `now`: the next request's prefill
@@ -59,7 +62,9 @@ impl PrefillLines {
         let Some(at) = line.queue.iter().position(|&(r, _)| r == id) else {
             return;
         };
-        line.queue.remove(at);
+        if let Some((_, tokens)) = line.queue.remove(at) {
+            line.tokens -= tokens;
+        }
         if line.queue.is_empty() {
             self.lines.remove(&rank);
         } else if at == 0 {
@@ -72,9 +77,10 @@ impl PrefillLines {
         self.lines.retain(|rank, _| rank.worker != worker);
     }
 
-    /// The oldest request's uncached tokens on `rank` and how long its prefill has run by `now`.
-    pub(super) fn head(&self, rank: WorkerRank, now: Time) -> Option<(u64, Duration)> {
-        let line = self.lines.get(&rank)?;
+    /// The oldest request's uncached tokens on `rank` and how long its prefill has run by `now`,
+    /// when the line holds all of the rank's `queued` prefill tokens (the ledger's).
+    pub(super) fn head(&self, rank: WorkerRank, queued: u64, now: Time) -> Option<(u64, Duration)> {
+        let line = self.lines.get(&rank).filter(|l| l.tokens == queued)?;
         let &(_, tokens) = line.queue.front()?;
         Some((tokens, now.since(line.since)))
     }
@@ -105,7 +111,7 @@ mod tests {
         l.placed(rank(1), RequestId(2), 500, at(20));
         l.placed(rank(1), RequestId(3), 0, at(25));
         assert_eq!(
-            l.head(rank(1), at(30)),
+            l.head(rank(1), 1500, at(30)),
             Some((1000, Duration::from_millis(20)))
         );
         // A later request leaving does not restart the clock.
@@ -113,19 +119,19 @@ mod tests {
         l.placed(rank(1), RequestId(4), 200, at(36));
         l.left(rank(1), RequestId(4), at(40));
         assert_eq!(
-            l.head(rank(1), at(50)),
+            l.head(rank(1), 1500, at(50)),
             Some((1000, Duration::from_millis(40)))
         );
         l.left(rank(1), RequestId(1), at(60));
         assert_eq!(
-            l.head(rank(1), at(70)),
+            l.head(rank(1), 500, at(70)),
             Some((500, Duration::from_millis(10)))
         );
         l.left(rank(1), RequestId(2), at(80));
-        assert_eq!((l.head(rank(1), at(90)), l.len()), (None, 0));
+        assert_eq!((l.head(rank(1), 0, at(90)), l.len()), (None, 0));
         // An empty rank's next request starts at once.
         l.placed(rank(1), RequestId(5), 100, at(100));
-        assert_eq!(l.head(rank(1), at(100)), Some((100, Duration::ZERO)));
+        assert_eq!(l.head(rank(1), 100, at(100)), Some((100, Duration::ZERO)));
     }
 
     #[test]
@@ -138,8 +144,10 @@ mod tests {
         assert_eq!(l.len(), 3);
         l.worker_removed(WorkerId(1));
         assert_eq!(
-            (l.head(rank(1), at(9)), l.head(rank(2), at(9))),
+            (l.head(rank(1), 10, at(9)), l.head(rank(2), 30, at(9))),
             (None, Some((30, Duration::from_millis(2))))
         );
+        // Prefill the line does not hold (another replica's request): its clock is not read.
+        assert_eq!(l.head(rank(2), 31, at(9)), None);
     }
 }
