@@ -1,7 +1,9 @@
 //! Reading a pick body: `Body::from_slice` of `{"token_ids": [...]}` with 2,048 ids as the
 //! picker bench sends them (ids of 4 to 6 digits, `,` between them), and of the same prompt as
-//! a completion body with `, ` between ids (as Python's `json.dumps` writes them). Each figure
-//! is the fastest of many rounds of the same body, so other work on the machine adds little.
+//! a completion body with `, ` between ids (as Python's `json.dumps` writes them); and a
+//! completion body with a 100,000-word text prompt (300 KB: the size of an agentic turn). Each
+//! figure is the fastest of many rounds of the same body, so other work on the machine adds
+//! little.
 //!
 //! `cargo bench -p kvrouter-openai --bench body`
 
@@ -51,6 +53,26 @@ fn main() {
             .into_bytes()
         })
         .collect();
+    let text: Vec<Vec<u8>> = (0..4)
+        .map(|i| {
+            let words: Vec<String> = (0..100_000u64)
+                .map(|t| {
+                    let w = (t * 7919 + i) % 676;
+                    let a = |n: u64| char::from(b'a' + n as u8);
+                    format!("{}{}", a(w / 26), a(w % 26))
+                })
+                .collect();
+            format!(
+                "{{\"model\": \"m\", \"prompt\": \"{}\", \"max_tokens\": 16}}",
+                words.join(" ")
+            )
+            .into_bytes()
+        })
+        .collect();
+    println!(
+        "Body::from_slice, 100,000-word text prompt: {:.2} µs",
+        fastest(&text, 40).as_secs_f64() * 1e6
+    );
     println!(
         "Body::from_slice, 2,048 token ids, `,` between: {:.2} µs",
         fastest(&compact, 400).as_secs_f64() * 1e6

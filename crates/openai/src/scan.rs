@@ -109,11 +109,8 @@ impl<'a> Cursor<'a> {
                     // To the closing quote, past escaped characters.
                     self.at += 1;
                     loop {
-                        let n = self
-                            .bytes
-                            .get(self.at..)?
-                            .iter()
-                            .position(|&b| b == b'"' || b == b'\\')?;
+                        // SIMD search: a long text prompt is most of a body's bytes.
+                        let n = memchr::memchr2(b'"', b'\\', self.bytes.get(self.at..)?)?;
                         self.at += n;
                         if self.bytes[self.at] == b'"' {
                             break;
