@@ -9,8 +9,8 @@ use crate::fast_map::FastMap;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
 use crate::ledger::RankLoad;
 use crate::policy::cost::{
-    cold_group_spread, estimate_with, prefill_done_tokens, steady_terms, CostEstimate, CostWeights,
-    RequestPicture, SteadyTerms, WorkerPicture, WorkerTerms,
+    cold_group_spread, estimate_with, steady_terms, CostEstimate, CostWeights, RequestPicture,
+    SteadyTerms, WorkerPicture, WorkerTerms,
 };
 use crate::policy::learn::{OutputLengths, PrefixHeat, Rate};
 use crate::policy::Candidate;
@@ -235,12 +235,6 @@ impl Router {
         self.cost.sessions.resident_kv(rank, None)
     }
 
-    /// The prefill a request's TTFT is fitted against, if it is active (tests).
-    #[cfg(test)]
-    pub(super) fn prefill_work(&self, id: RequestId) -> Option<f64> {
-        self.cost.active.get(&id).map(|a| a.prefill_work)
-    }
-
     /// Entries of the cost policy's per-rank state (tests check it stays bounded).
     #[cfg(test)]
     pub(super) fn cost_rank_entries(&self) -> usize {
@@ -293,26 +287,20 @@ impl Router {
     ) -> Priced<'_> {
         let bs = cx.block_size;
         let state = ranks.entry(c.rank).or_default();
-        let capacity = spec
-            .kv_capacity_blocks
-            .unwrap_or(self.config.router_index_max_blocks_per_worker as u64);
         let cached_blocks = c.reused_blocks(cx.request_blocks);
+        let ledger = self.ledger_picture(&c.load, spec);
         let mut w = WorkerPicture {
-            prefill_queue_tokens: c.load.active_prefill_tokens,
-            active_requests: c.load.active_requests,
             // Sessions between turns will decode here again (`sessions.rs`), as far as the
             // worker can hold them.
-            kv_tokens: c.load.active_decode_blocks * bs
+            kv_tokens: ledger.kv_tokens
                 + self
                     .cost
                     .sessions
                     .resident_kv(c.rank, cx.session)
-                    .min((capacity * bs).saturating_sub(c.load.active_decode_blocks * bs)),
+                    .min(ledger.capacity_tokens.saturating_sub(ledger.kv_tokens)),
             expected_output_tokens: state.expected_out,
-            capacity_tokens: capacity * bs,
-            batch_tokens: spec.max_num_batched_tokens.unwrap_or(8192),
             churn_blocks_per_s: state.churn.rate(cx.now),
-            block_size: bs,
+            ..ledger
         };
         let r = RequestPicture {
             isl_tokens: cx.isl_tokens,
@@ -327,7 +315,7 @@ impl Router {
             length_cv: cx.cv,
         };
         let (timing, fit_version) = self.timing_of(c.rank.worker);
-        w.prefill_queue_tokens -= self.prefill_done(c.rank, &c.load, spec, cx.now);
+        w.prefill_queue_tokens -= self.prefill_done(c.rank, &ledger, &timing, cx.now);
         let key = WorkerPicture {
             churn_blocks_per_s: 0.0,
             ..w
@@ -354,28 +342,22 @@ impl Router {
         }
     }
 
-    /// Tokens of `rank`'s queued prefill (`load`'s, the ledger's) the engine has done by `now`
-    /// ([`prefill_line`]): 0 unless this router's line holds all of it. The step time is priced
-    /// with the requests in flight there (not sessions between turns: they decode nothing now).
-    fn prefill_done(&self, rank: WorkerRank, load: &RankLoad, spec: &WorkerSpec, now: Time) -> u64 {
-        let queued = load.active_prefill_tokens;
-        let Some((head, elapsed)) = self.cost.prefill.head(rank, queued, now) else {
-            return 0;
-        };
+    /// What the ledger says of a rank, as the cost model's picture: its queued prefill, requests
+    /// in flight and their KV, and its worker's capacity and step budget (the rest 0).
+    fn ledger_picture(&self, load: &RankLoad, spec: &WorkerSpec) -> WorkerPicture {
         let bs = self.config.kv_cache_block_size as u64;
         let capacity = spec
             .kv_capacity_blocks
             .unwrap_or(self.config.router_index_max_blocks_per_worker as u64);
-        let w = WorkerPicture {
-            prefill_queue_tokens: queued,
+        WorkerPicture {
+            prefill_queue_tokens: load.active_prefill_tokens,
             active_requests: load.active_requests,
             kv_tokens: load.active_decode_blocks * bs,
             capacity_tokens: capacity * bs,
             batch_tokens: spec.max_num_batched_tokens.unwrap_or(8192),
+            block_size: bs,
             ..WorkerPicture::default()
-        };
-        let (timing, _) = self.timing_of(rank.worker);
-        prefill_done_tokens(&timing, &w, head, elapsed.as_secs_f64() * 1e3)
+        }
     }
 
     /// Every candidate's estimate, in candidate order (replica credit included), and the key of
@@ -486,17 +468,7 @@ impl Router {
             .expected(request.group, prompt_key(request));
         let window = self.session_window();
         self.cost.forget_request(request.id, 0, window, now);
-        // Called after the ledger recorded the request: its own prefill is in the queue.
-        let queued = self.ledger.load(rank).active_prefill_tokens;
-        let own_prefill = self
-            .ledger
-            .request_load(request.id)
-            .map_or(0, |l| l.prefill_tokens);
-        self.cost.prefill.placed(rank, request.id, own_prefill, now);
-        let left = match self.workers.get(&rank.worker) {
-            Some(spec) => queued - self.prefill_done(rank, &self.ledger.load(rank), spec, now),
-            None => queued,
-        };
+        let left = self.prefill_placed(request.id, rank, now);
         let active = Active {
             rank,
             expected,

@@ -34,13 +34,11 @@ impl Router {
     /// The request's first token arrived at `now`: its prefill is done (the next request's on
     /// its rank begins), and with `router_cost_fit` its TTFT feeds the worker's prefill line.
     pub fn observe_first_token(&mut self, id: RequestId, now: Time) {
-        if let Some(a) = self.cost.active.get(&id) {
-            self.cost.prefill.left(a.rank, id, now);
-        }
-        if !self.config.router_cost_fit {
+        let Some(a) = self.cost.active.get(&id).copied() else {
             return;
-        }
-        if let Some(a) = self.cost.active.get(&id).copied().filter(|a| a.fits) {
+        };
+        self.cost.prefill.left(a.rank, id, now);
+        if self.config.router_cost_fit && a.fits {
             let ttft = now.since(a.routed).as_secs_f64() * 1e3;
             let fit = self.cost.fitted.entry(a.rank.worker).or_default();
             fit.profile.prefill.add(a.prefill_work, ttft);

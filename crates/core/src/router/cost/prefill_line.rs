@@ -12,12 +12,17 @@
 //! (no other replica's request, nothing of a removed worker's past) is its clock read
 //! ([`PrefillLines::head`]): otherwise the engine may be working on a prefill it does not know.
 //!
+//! The router's side, [`Router::prefill_done`] and [`Router::prefill_placed`], is here too.
+//!
 //! Bounded by the requests in prefill: an entry goes when its request's first token arrives or
 //! the request ends, a line when it is empty, every line of a removed worker with it.
 
 use crate::fast_map::FastMap;
 use crate::ids::{RequestId, WorkerId, WorkerRank};
+use crate::policy::cost::{prefill_done_tokens, WorkerPicture};
+use crate::router::Router;
 use crate::time::Time;
+use crate::timing::TimingModel;
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -89,6 +94,47 @@ impl PrefillLines {
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         self.lines.values().map(|l| l.queue.len()).sum()
+    }
+}
+
+impl Router {
+    /// Tokens of a rank's queued prefill the engine has done by `now`: 0 unless this router's line
+    /// holds all of it. `ledger` is the rank's picture from the ledger alone
+    /// ([`Router::ledger_picture`]): the step is priced with the requests in flight there, not
+    /// sessions between turns (they decode nothing now).
+    pub(super) fn prefill_done<T: TimingModel + ?Sized>(
+        &self,
+        rank: WorkerRank,
+        ledger: &WorkerPicture,
+        timing: &T,
+        now: Time,
+    ) -> u64 {
+        let queued = ledger.prefill_queue_tokens;
+        let Some((head, elapsed)) = self.cost.prefill.head(rank, queued, now) else {
+            return 0;
+        };
+        prefill_done_tokens(timing, ledger, head, elapsed.as_secs_f64() * 1e3)
+    }
+
+    /// Puts a request the ledger has just recorded on `rank` in that rank's line; answers the
+    /// tokens its worker has to prefill up to and including it (what is left of a prefill under
+    /// way there, as the estimate counts it): its TTFT is fitted against them.
+    pub(super) fn prefill_placed(&mut self, id: RequestId, rank: WorkerRank, now: Time) -> u64 {
+        let load = self.ledger.load(rank);
+        let own = self.ledger.request_load(id).map_or(0, |l| l.prefill_tokens);
+        self.cost.prefill.placed(rank, id, own, now);
+        let Some(spec) = self.workers.get(&rank.worker) else {
+            return load.active_prefill_tokens;
+        };
+        let ledger = self.ledger_picture(&load, spec);
+        let (timing, _) = self.timing_of(rank.worker);
+        ledger.prefill_queue_tokens - self.prefill_done(rank, &ledger, &timing, now)
+    }
+
+    /// The prefill a request's TTFT is fitted against, if it is active (tests).
+    #[cfg(test)]
+    pub(in crate::router) fn prefill_work(&self, id: RequestId) -> Option<f64> {
+        self.cost.active.get(&id).map(|a| a.prefill_work)
     }
 }
 
