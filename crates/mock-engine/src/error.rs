@@ -24,6 +24,16 @@ impl ApiError {
         }
     }
 
+    /// A body that is no JSON.
+    pub(crate) fn not_json(e: serde_json::Error) -> Self {
+        Self::invalid(format!("the body is not valid JSON: {e}"), None)
+    }
+
+    /// A body that is JSON but no object.
+    pub(crate) fn not_an_object() -> Self {
+        Self::invalid("the body must be a JSON object", None)
+    }
+
     /// No such route.
     pub(crate) fn not_found(message: String) -> Self {
         Self {

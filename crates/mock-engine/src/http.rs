@@ -12,7 +12,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvrouter_engine::Prompt;
-use kvrouter_openai::Body as RequestBody;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -248,8 +247,7 @@ async fn control(
 /// Loads the weights of a policy version: takes the weight-load time, clears the prefix cache
 /// (published as `AllBlocksCleared`) and serves `version` from then on.
 async fn update_weights(State(s): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
-    let v: Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    let v: Value = serde_json::from_slice(&body).map_err(ApiError::not_json)?;
     let version = v.get("version").and_then(Value::as_u64).ok_or_else(|| {
         ApiError::invalid("`version` must be a non-negative integer", Some("version"))
     })?;
@@ -352,24 +350,11 @@ fn with_request_id(headers: &HeaderMap, answer: Result<Response, ApiError>) -> R
 
 /// A request body: a JSON object.
 pub(crate) fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
+    let value: Value = serde_json::from_slice(body).map_err(ApiError::not_json)?;
     if !value.is_object() {
-        return Err(ApiError::invalid("the body must be a JSON object", None));
+        return Err(ApiError::not_an_object());
     }
     Ok(value)
-}
-
-/// A `/v1/completions` body: a JSON object, a token-id `prompt` read straight into ids (a
-/// 400,000-token prompt read as a `Value` per id took the engine 24 ms to its first token,
-/// 12 ms as text). The same errors as [`parse_object`].
-fn parse_completion_body(body: &[u8]) -> Result<RequestBody, ApiError> {
-    let body = RequestBody::from_slice(body)
-        .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}"), None))?;
-    if !body.is_object() {
-        return Err(ApiError::invalid("the body must be a JSON object", None));
-    }
-    Ok(body)
 }
 
 /// Bodies above this are parsed and tokenized on a blocking thread: the async threads serve
@@ -381,7 +366,7 @@ fn gen_request(c: &MockEngineConfig, body: &[u8], kind: Kind) -> Result<GenReque
     let tokenizer = c.tokenizer.as_ref();
     Ok(match kind {
         Kind::Completion => openai::parse_completion(
-            &parse_completion_body(body)?,
+            &openai::completion_body(body)?,
             &c.served_names(),
             tokenizer,
             c.default_max_tokens,

