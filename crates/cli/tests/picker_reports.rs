@@ -269,6 +269,11 @@ async fn a_batch_of_reports_is_applied_in_order() {
     assert_eq!(s.metric("kvrouter_picks_outstanding").await, 0.0);
     let failed = "kvrouter_picks_total{source=\"api\",end=\"failed\"}";
     assert_eq!(s.metric(failed).await, 1.0);
+    // The request behind a pick reported failed is counted as failed, not as cancelled.
+    for (status, n) in [("ok", 1.0), ("failed", 1.0), ("cancelled", 0.0)] {
+        let key = format!("kvrouter_requests_total{{status=\"{status}\"");
+        assert_eq!(s.metric(&key).await, n, "{status}");
+    }
     // Only a body that is no `{"reports": [...]}` is the batch's error, naming the field.
     for (body, param) in [
         (json!({}), json!("reports")),

@@ -200,8 +200,27 @@ impl LoadGuard {
         self.log_provenance("aborted", None);
     }
 
-    /// Logs the provenance line as failed (the stream ended with an error).
-    pub(crate) fn log_failed(&mut self) {
+    /// [`LoadGuard::end_failed`], counted as `failed` (a stream that ended with an in-band
+    /// error, a pick whose answer was reported failed).
+    pub(crate) fn fail(&mut self) {
+        if !self.done {
+            let inner = &self.state.inner;
+            inner.metrics.requests.inc(&self.labels("failed"));
+        }
+        self.end_failed();
+    }
+
+    /// Ends the request because its answer failed after it began (the stream or the body ended
+    /// in an error): its load is released and its provenance line logged as failed. Not counted:
+    /// a whole answer refused with an error is counted by the caller as that error's status
+    /// ([`LoadGuard::fail`] counts it as `failed`).
+    pub(crate) fn end_failed(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        self.state.inner.release(self.id, Release::Cancelled);
+        self.capture("failed");
         self.log_provenance("failed", None);
     }
 

@@ -222,7 +222,7 @@ impl Placement {
             metrics
                 .picks
                 .inc(&[("source", self.source), ("end", "failed")]);
-            guard.log_failed();
+            guard.fail();
         }
     }
 }

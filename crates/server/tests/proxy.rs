@@ -259,6 +259,74 @@ async fn a_stream_failing_before_its_first_byte_is_an_error_status() {
                 "the in-band error ends it, as an event of its own: {text}"
             );
         }
+        // Counted once, as what the client got (the error status, or a stream that failed);
+        // never as cancelled: the client did not leave.
+        let m = metrics(&reqwest::Client::new(), &format!("http://{}", server.addr)).await;
+        let counted = match early {
+            true => "upstream_error",
+            false => "failed",
+        };
+        for status in ["upstream_error", "failed", "cancelled"] {
+            let key = format!("kvrouter_requests_total{{status=\"{status}\"");
+            let n = f64::from(u8::from(status == counted));
+            assert_eq!(metric(&m, &key), n, "{status}: {m}");
+        }
         server.stop().await;
     }
+}
+
+/// A whole answer whose body breaks off is a 502, counted once as `upstream_error` (not also
+/// as cancelled by its load guard).
+#[tokio::test]
+async fn a_whole_answer_that_breaks_off_is_counted_once() {
+    let url = dying_engine(b"20\r\n{\"choices\":[{\"text\":\"a\",\"in\r\n").await;
+    let config = one_worker_at(url, "m");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = kvrouter_server::start(config, listener).await.unwrap();
+    let client = reqwest::Client::new();
+    let r = client
+        .post(format!("http://{}/v1/completions", server.addr))
+        .json(&json!({"model": "m", "prompt": "hi", "max_tokens": 4}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 502);
+    let m = metrics(&client, &format!("http://{}", server.addr)).await;
+    for (status, n) in [("upstream_error", 1.0), ("cancelled", 0.0), ("failed", 0.0)] {
+        let key = format!("kvrouter_requests_total{{status=\"{status}\"");
+        assert_eq!(metric(&m, &key), n, "{status}: {m}");
+    }
+    server.stop().await;
+}
+
+/// A stream that breaks off after a chunk and cannot be continued elsewhere (its one worker was
+/// tried) ends with the in-band error and is counted once, as failed.
+#[tokio::test]
+async fn a_stream_whose_migration_fails_is_counted_as_failed() {
+    let url =
+        dying_engine(b"2a\r\ndata: {\"choices\":[{\"text\":\"a\",\"index\":0}]}\n\n\r\n").await;
+    let config = ServeConfig {
+        migration_limit: 1,
+        ..one_worker_at(url, "m")
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = kvrouter_server::start(config, listener).await.unwrap();
+    let client = reqwest::Client::new();
+    let text = client
+        .post(format!("http://{}/v1/completions", server.addr))
+        .json(&json!({"model": "m", "prompt": "hi", "max_tokens": 4, "stream": true}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("migration failed"), "{text}");
+    let m = metrics(&client, &format!("http://{}", server.addr)).await;
+    for (status, n) in [("failed", 1.0), ("cancelled", 0.0), ("upstream_error", 0.0)] {
+        let key = format!("kvrouter_requests_total{{status=\"{status}\"");
+        assert_eq!(metric(&m, &key), n, "{status}: {m}");
+    }
+    assert_eq!(metric(&m, "kvrouter_migrations_total"), 1.0, "{m}");
+    server.stop().await;
 }

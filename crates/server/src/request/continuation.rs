@@ -98,6 +98,9 @@ pub(crate) struct Continuation {
     first_prompt_tokens: Option<u64>,
     /// The usage of the first part of a continued whole answer.
     original_usage: Option<Value>,
+    /// The `id`, `model` and `created` of the answer's first event (or body) that stated them:
+    /// an answer ended early keeps them.
+    identity: Option<first_n::Identity>,
 }
 
 impl Continuation {
@@ -133,6 +136,7 @@ impl Continuation {
             prompt_tokens,
             first_prompt_tokens: None,
             original_usage: None,
+            identity: None,
         }
     }
 
@@ -213,6 +217,9 @@ impl Continuation {
                 out.extend_from_slice(&event);
                 continue;
             };
+            if self.identity.is_none() {
+                self.identity = first_n::Identity::of(&v);
+            }
             let prompt_in_usage =
                 kvrouter_openai::usage::of(&v).and_then(|u| u["prompt_tokens"].as_u64());
             if self.aborted {
@@ -319,6 +326,9 @@ impl Continuation {
                 usage: None,
             };
         };
+        if self.identity.is_none() {
+            self.identity = first_n::Identity::of(&v);
+        }
         if finished_by_abort(&v) && draining() {
             if let Some(reason) = self.unmigratable {
                 return Whole::Fail(format!(
@@ -378,10 +388,19 @@ impl Continuation {
         self.first_prompt_tokens.unwrap_or(self.prompt_tokens)
     }
 
-    /// The last events of a stream ended because its group has enough samples.
-    pub(crate) fn stopped_events(&self) -> Bytes {
+    /// The identity the answer showed, else a fresh one for `model` (the request's).
+    fn identity(&self, model: &str) -> first_n::Identity {
+        self.identity
+            .clone()
+            .unwrap_or_else(|| first_n::Identity::fresh(model, unix_now()))
+    }
+
+    /// The last events of a stream ended because its group has enough samples (`model`: the
+    /// request's, for an answer that showed none).
+    pub(crate) fn stopped_events(&self, model: &str) -> Bytes {
         first_n::events(
             self.kind,
+            &self.identity(model),
             self.reported_prompt(),
             self.generated_tokens,
             Some(&fingerprint(self.version)),
@@ -390,9 +409,10 @@ impl Continuation {
 
     /// A whole answer ended because its group has enough samples: what it produced so far,
     /// with finish reason `abort`.
-    pub(crate) fn stopped_body(&self) -> Bytes {
+    pub(crate) fn stopped_body(&self, model: &str) -> Bytes {
         let body = first_n::body(
             self.kind,
+            &self.identity(model),
             &self.generated_text,
             self.reported_prompt(),
             self.generated_tokens,
@@ -400,6 +420,13 @@ impl Continuation {
         );
         Bytes::from(body.to_string())
     }
+}
+
+/// Now, in Unix seconds (an answer's `created`).
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn fail(message: String, worker_failed: bool) -> Next {

@@ -64,6 +64,17 @@ impl Flow {
         self
     }
 
+    /// Counts a streamed answer that ended with an in-band error when no attempt's guard is left
+    /// to (a continuation that could not start): `requests_total` `failed`.
+    fn count_failed(&self) {
+        let mode = self.req.state.inner.config.router.router_mode;
+        self.req.state.inner.metrics.requests.inc(&[
+            ("status", "failed"),
+            ("mode", mode.as_str()),
+            ("model", self.req.model().unwrap_or("")),
+        ]);
+    }
+
     /// The answer failed for `why`: noted when nothing of it went on yet.
     fn failed(&self, why: &str) {
         if let (false, Some(cell)) = (self.sent, &self.failed_early) {
@@ -166,7 +177,7 @@ pub(crate) fn stream(
                     // The group has enough samples: end here with what was produced.
                     guard.produced(f.machine.generated_tokens());
                     guard.end_aborted();
-                    return Some((Ok(f.machine.stopped_events()), None));
+                    return Some((Ok(f.machine.stopped_events(f.req.model().unwrap_or(""))), None));
                 }
             };
             if armed {
@@ -203,7 +214,7 @@ pub(crate) fn stream(
                         let worker = guard.worker();
                         f.req.state.observe_health(worker, false, Source::Request);
                     }
-                    guard.log_failed();
+                    guard.fail();
                     f.failed(&message);
                     let end = match guard.is_stream() {
                         true => Ok(f.machine.error_event(&message)),
@@ -221,7 +232,12 @@ pub(crate) fn stream(
                 Ok(Some((response, g))) => {
                     (up, guard) = (upstream(response, &f.req.state.inner.config), g)
                 }
-                Ok(None) => return Some((Ok(f.machine.stopped_events()), None)),
+                Ok(None) => {
+                    return Some((
+                        Ok(f.machine.stopped_events(f.req.model().unwrap_or(""))),
+                        None,
+                    ))
+                }
                 Err(e) => {
                     let what = match after_abort {
                         true => "continuation after a weight update failed",
@@ -234,6 +250,7 @@ pub(crate) fn stream(
                         e => e.to_string(),
                     };
                     let message = format!("{what}: {why}");
+                    f.count_failed();
                     f.failed(&message);
                     return Some((Ok(f.machine.error_event(&message)), None));
                 }
@@ -304,8 +321,7 @@ pub(crate) async fn whole(
                 return Ok((body, worker, f.machine.version()));
             }
             Whole::Fail(message) => {
-                guard.log_failed();
-                drop(guard);
+                guard.end_failed();
                 return Err(f.req.count_error(ServeError::Upstream(message)));
             }
             Whole::Continue => {}
@@ -313,7 +329,13 @@ pub(crate) async fn whole(
         // Its group may get enough samples while it waits or runs again.
         let (response, g) = match f.continue_elsewhere(guard, true).await {
             Ok(Some(sent)) => sent,
-            Ok(None) => return Ok((f.machine.stopped_body(), worker, f.machine.version())),
+            Ok(None) => {
+                return Ok((
+                    f.machine.stopped_body(f.req.model().unwrap_or("")),
+                    worker,
+                    f.machine.version(),
+                ))
+            }
             Err(e) => {
                 let e = format!("continuation after a weight update failed: {e}");
                 return Err(f.req.count_error(ServeError::Upstream(e)));
@@ -324,11 +346,14 @@ pub(crate) async fn whole(
         bytes = match read(&f.req.state, response, &mut guard, &mut f.stop).await {
             Read::Body(b) => b,
             Read::Stopped => {
-                return Ok((f.machine.stopped_body(), worker, f.machine.version()));
+                return Ok((
+                    f.machine.stopped_body(f.req.model().unwrap_or("")),
+                    worker,
+                    f.machine.version(),
+                ));
             }
             Read::Failed(e) => {
-                guard.log_failed();
-                drop(guard);
+                guard.end_failed();
                 let e = ServeError::Upstream(format!("worker {worker}: {e}"));
                 return Err(f.req.count_error(e));
             }

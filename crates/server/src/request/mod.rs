@@ -186,5 +186,6 @@ fn refuse(req: &Request) -> Response {
 /// The whole answer of a request ended before it produced anything because its group has
 /// enough samples: finish reason `abort`, no output.
 fn ended_by_group(req: &Request) -> Response {
-    respond::group_satisfied(req.kind, req.stream, req.input.isl_tokens)
+    let model = req.model().unwrap_or("");
+    respond::group_satisfied(req.kind, model, req.stream, req.input.isl_tokens)
 }

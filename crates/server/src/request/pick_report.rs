@@ -226,15 +226,15 @@ fn release(table: &PickTable, id: u64, report: FinishReport) -> Result<&'static 
             metrics.picks.inc(&[("source", "api"), ("end", "finished")]);
         }
         End::Cancelled | End::Failed => {
-            if end == End::Failed {
-                state.observe_health(guard.worker(), false, Source::Request);
-            }
             let label = if end == End::Failed {
+                state.observe_health(guard.worker(), false, Source::Request);
+                guard.fail();
                 "failed"
             } else {
                 "cancelled"
             };
             metrics.picks.inc(&[("source", "api"), ("end", label)]);
+            // A cancelled pick's guard counts it as cancelled as it ends.
             drop(guard);
         }
     }

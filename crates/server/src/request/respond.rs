@@ -46,10 +46,12 @@ pub(crate) async fn respond(
         // if a weight update aborted it.
         let first = match forward::read(&req.state, response, &mut guard, &mut stop).await {
             Read::Body(b) => b,
-            Read::Stopped => return Ok(group_satisfied(kind, false, isl)),
+            Read::Stopped => {
+                return Ok(group_satisfied(kind, req.model().unwrap_or(""), false, isl))
+            }
             Read::Failed(e) => {
                 req.state.observe_health(worker, false, Source::Request);
-                drop(guard);
+                guard.end_failed();
                 let e = ServeError::Upstream(format!("worker {worker}: {e}"));
                 return Err(req.count_error(e));
             }
@@ -204,17 +206,23 @@ impl serde::Serialize for DecisionView<'_> {
     }
 }
 
-/// The whole answer of a request ended before it produced anything because its group has
-/// enough samples (first-N-of-M): finish reason `abort`, no output.
-pub(crate) fn group_satisfied(kind: Kind, stream: bool, prompt_tokens: u64) -> Response {
+/// The whole answer of a request for `model` ended before it produced anything because its
+/// group has enough samples (first-N-of-M): finish reason `abort`, no output.
+pub(crate) fn group_satisfied(
+    kind: Kind,
+    model: &str,
+    stream: bool,
+    prompt_tokens: u64,
+) -> Response {
+    let identity = first_n::Identity::fresh(model, super::continuation::unix_now());
     if stream {
         return (
             [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
-            first_n::events(kind, prompt_tokens, 0, None),
+            first_n::events(kind, &identity, prompt_tokens, 0, None),
         )
             .into_response();
     }
-    axum::Json(first_n::body(kind, "", prompt_tokens, 0, None)).into_response()
+    axum::Json(first_n::body(kind, &identity, "", prompt_tokens, 0, None)).into_response()
 }
 
 #[cfg(test)]

@@ -248,7 +248,7 @@ fn whole_answers_aborted_by_an_update_are_joined() {
     );
     m.continuing();
     m.started(1);
-    let stopped: Value = serde_json::from_slice(&m.stopped_body()).unwrap();
+    let stopped: Value = serde_json::from_slice(&m.stopped_body("m")).unwrap();
     assert_eq!(
         (
             &stopped["choices"][0]["text"],
@@ -406,4 +406,33 @@ fn a_stream_past_its_migration_limit_says_so() {
     };
     assert!(message.contains("continued 1 time(s)"), "{message}");
     assert!(!message.contains("migration is off"), "{message}");
+}
+
+/// An answer its group ended keeps the `id`, `model` and `created` of what the client already
+/// got; one that got nothing is named by the request's model, created now. (OpenAI's schema
+/// requires all three of every chunk and body.)
+#[test]
+fn an_answer_ended_by_its_group_keeps_its_identity() {
+    let mut m = follow(0);
+    let first = json!({"id": "cmpl-1", "object": "text_completion", "created": 7,
+        "model": "served", "choices": [{"index": 0, "text": "a", "finish_reason": null}]});
+    m.chunk(Bytes::from(format!("data: {first}\n\n")), NEVER);
+    let later = json!({"id": "cmpl-2", "object": "text_completion", "created": 8,
+        "model": "other", "choices": [{"index": 0, "text": "b", "finish_reason": null}]});
+    m.chunk(Bytes::from(format!("data: {later}\n\n")), NEVER);
+    let (events, done) = parse(&m.stopped_events("asked"));
+    assert_eq!(done, 1);
+    let end = &events[0];
+    assert_eq!(
+        (&end["id"], &end["model"], &end["created"]),
+        (&json!("cmpl-1"), &json!("served"), &json!(7)),
+        "{end}"
+    );
+    assert_eq!(end["choices"][0]["finish_reason"], "abort");
+
+    let fresh = follow(0);
+    let body: Value = serde_json::from_slice(&fresh.stopped_body("asked")).unwrap();
+    assert_eq!(body["model"], "asked", "{body}");
+    assert!(body["created"].as_u64().unwrap() > 1_700_000_000, "{body}");
+    assert!(body["id"].as_str().is_some(), "{body}");
 }
