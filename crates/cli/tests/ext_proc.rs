@@ -495,6 +495,9 @@ mod streamed;
 #[path = "ext_proc/observe.rs"]
 mod observe;
 
+#[path = "ext_proc/malformed.rs"]
+mod malformed;
+
 #[tokio::test]
 async fn a_gateway_in_front_of_engines_sends_a_prefix_to_one_engine_and_releases_load() {
     let mut engines = Vec::new();

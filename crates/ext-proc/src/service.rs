@@ -158,6 +158,8 @@ enum Next {
     Cut,
     /// The gateway ended (or cancelled) the stream.
     End,
+    /// What came was no ext_proc message (or the stream broke): end with this status.
+    Refused(Status),
 }
 
 /// One stream while it runs: its messages in, its [`Exchange`], its place in the shutdown.
@@ -179,9 +181,12 @@ impl Run {
             msg = self.inbound.next() => msg,
             () = reached(&mut self.phase, Phase::Cutting) => return Next::Cut,
         };
-        let Some(Ok(msg)) = msg else {
-            // The exchange's drop ends the answer or releases its load (`Exchange::closed`).
-            return Next::End;
+        // On any end, the exchange's drop ends the answer or releases its load
+        // (`Exchange::closed`).
+        let msg = match msg {
+            Some(Ok(msg)) => msg,
+            None => return Next::End,
+            Some(Err(e)) => return Next::Refused(refusal(e)),
         };
         let out = match self.exchange.on_message(msg) {
             Step::Reply(out) => out,
@@ -208,10 +213,23 @@ impl Run {
                         Status::unavailable("kvrouter shut down (--shutdown-grace-secs passed)");
                     Some((vec![Err(cut)], None))
                 }
+                Next::Refused(status) => Some((vec![Err(status)], None)),
                 Next::End => None,
             }
         });
         Box::pin(replies.flat_map(|out: Vec<_>| futures::stream::iter(out)))
+    }
+}
+
+/// The status a stream that could not be read ends with: a message that is no ext_proc
+/// message (tonic's decoder calls that, or a frame cut short, `INTERNAL`) is the gateway's
+/// `INVALID_ARGUMENT`; other errors (a message over the size bound) keep their code.
+fn refusal(e: Status) -> Status {
+    match e.code() {
+        tonic::Code::Internal | tonic::Code::Unknown => {
+            Status::invalid_argument(format!("not an ext_proc message stream: {}", e.message()))
+        }
+        _ => e,
     }
 }
 
