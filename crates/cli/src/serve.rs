@@ -26,12 +26,6 @@ const MAX_MOCK_WORKERS: usize = 256;
 /// order of `--help` and `--print-config`.
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
-    /// The pick API's leases and bounds.
-    #[command(flatten)]
-    picker: crate::picker_args::PickerArgs,
-    /// `--planner-advise`, the planner's bounds, targets and windows, and its actions.
-    #[command(flatten)]
-    planner: crate::planner_serve_args::PlannerServeArgs,
     /// Address to listen on.
     #[arg(help_heading = H::LISTEN, long, default_value = "127.0.0.1")]
     host: String,
@@ -114,12 +108,18 @@ pub(crate) struct ServeArgs {
     kv_events: crate::kv_event_args::KvEventArgs,
     #[command(flatten)]
     http: HttpArgs,
+    /// The pick API's leases and bounds.
+    #[command(flatten)]
+    picker: crate::picker_args::PickerArgs,
     /// Boxed: keeps `ServeArgs` (and the subcommand enum) small.
     #[command(flatten)]
     discovery: Box<crate::discovery_args::DiscoveryArgs>,
     /// `--global`, `--cluster` and the `--cluster-*` summary settings (boxed like discovery).
     #[command(flatten)]
     global: Box<crate::global_args::GlobalArgs>,
+    /// `--planner-advise`, the planner's bounds, targets and windows, and its actions.
+    #[command(flatten)]
+    planner: crate::planner_serve_args::PlannerServeArgs,
 }
 
 /// Client-connection timeouts and the shutdown grace period (`serve` and `mock-engine`).

@@ -294,19 +294,26 @@ async fn sim_duration_is_checked_and_refused_for_rl_workloads() {
 async fn serve_help_is_grouped_by_topic() {
     let (code, out, err) = finished(&["serve", "--help"], &[]).await;
     assert_eq!(code, 0, "{err}");
+    // In the order docs/serve.md gives: where to listen first, the optional roles last.
+    let mut lines = out.lines();
     for heading in [
+        "Listening and workers:",
         "Routing:",
         "KV events:",
         "Admission",
         "Sessions:",
         "RL",
-        "Health:",
         "Observability:",
+        "Health:",
+        "Pick API",
+        "Worker discovery",
+        "Global routing",
+        "Planner",
         "Configuration:",
     ] {
         assert!(
-            out.lines().any(|l| l.starts_with(heading)),
-            "{heading}: {out}"
+            lines.any(|l| l.starts_with(heading)),
+            "{heading}, in this order: {out}"
         );
     }
 }

@@ -493,6 +493,8 @@ async fn bad_global_flags_are_refused_naming_the_flag() {
             vec!["--mock-workers", "1", "--cluster", "a=http://x"],
             "--cluster needs --global",
         ),
+        // Without workers too: the forgotten `--global` is named, not the missing workers.
+        (vec!["--cluster", "a=http://x"], "--cluster needs --global"),
         (
             vec!["--mock-workers", "1", "--cluster-name", "a b"],
             "--cluster-name",

@@ -31,11 +31,12 @@ impl ServeArgs {
     /// [`Outputs::CheckOnly`] (which opens no log or exporter, so it cannot tell that the
     /// provenance log's file cannot be created).
     pub(crate) fn checked(&self, outputs: Outputs) -> anyhow::Result<Checked> {
+        // First: `--cluster` without `--global` is named before the workers it then lacks.
+        let global = self.global.config()?;
         let mut config = self.config(outputs)?;
         // What is in effect (`--load-aware` replaces the mode).
         let mode = config.router.router_mode;
         let mock_engine = self.mock_engine(&config)?;
-        let global = self.global.config()?;
         // A global router runs no ext_proc picker: its settings are not read there.
         let (warnings, ext_proc) = if global.is_some() {
             (
