@@ -569,3 +569,92 @@ async fn a_session_released_at_the_global_router_is_released_everywhere() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["param"], "session_id", "{v}");
 }
+
+/// Clusters that serve different models (found by probing: requests went to any cluster, and
+/// `GET /v1/models` answered one cluster's list): a request goes only to a cluster that serves
+/// its model, a model none serves is a 404 naming `model`, and the global router lists every
+/// available cluster's models itself (not counted as routed requests).
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_go_only_to_clusters_that_serve_their_model() {
+    let a = local("a", "20", &["--model-name", "m"]).await;
+    let b = local("b", "20", &["--model-name", "other"]).await;
+    let clusters = [format!("a={}", a.http()), format!("b={}", b.http())];
+    let global = common::spawn_with_env(
+        &[
+            "serve",
+            "--port",
+            "0",
+            "--global",
+            "--cluster",
+            &clusters[0],
+            "--cluster",
+            &clusters[1],
+            "--global-refresh-ms",
+            "100",
+        ],
+        &[("KVROUTER_CLUSTER_TOKEN", TOKEN)],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let base = global.http();
+    let get = |path: String| {
+        let http = http.clone();
+        async move {
+            let r = http.get(path).send().await.expect("answers");
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    // Bounded: both clusters' lists are known and answered together.
+    let listed = common::poll(Duration::from_secs(20), || async {
+        let (_, v) = get(format!("{base}/v1/models")).await;
+        let mut ids: Vec<String> = v["data"]
+            .as_array()
+            .map(|d| {
+                d.iter()
+                    .filter_map(|c| c["id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        ids.sort();
+        ids == ["m", "other"]
+    })
+    .await;
+    assert!(
+        listed.is_some(),
+        "{:?}",
+        get(format!("{base}/v1/models")).await
+    );
+    for (model, cluster) in [("other", "b"), ("m", "a")] {
+        for i in 0..6 {
+            let r = http
+                .post(format!("{base}/v1/completions"))
+                .json(&json!({"model": model, "prompt": format!("question {i}"), "max_tokens": 2}))
+                .send()
+                .await
+                .unwrap();
+            let at = r.headers().get("x-kvrouter-cluster").cloned();
+            let status = r.status().as_u16();
+            assert_eq!(status, 200, "{model}: {}", r.text().await.unwrap());
+            assert_eq!(at.unwrap().to_str().unwrap(), cluster, "{model}");
+        }
+    }
+    let r = http
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"model": "nope", "prompt": "q", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "model", "{v}");
+    let (status, card) = get(format!("{base}/v1/models/other")).await;
+    assert_eq!((status, card["id"].clone()), (200, json!("other")));
+    let (status, v) = get(format!("{base}/v1/models/nope")).await;
+    assert_eq!((status, v["error"]["param"].clone()), (404, json!("model")));
+    let sent = metric(
+        &common::metrics(&base).await,
+        "kvrouter_global_requests_total",
+    );
+    assert_eq!(sent, 12.0, "only the completions were routed");
+}

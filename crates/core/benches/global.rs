@@ -211,6 +211,7 @@ fn global_route(c: &mut Criterion) {
         blocks: &prompt,
         input_tokens: 2048 * BLOCK as u64,
         output_tokens_hint: None,
+        model: None,
     };
     c.bench_function("global_route/estimates_2048_blocks_4_clusters", |b| {
         b.iter(|| black_box(router.estimates(&req, Time::from_millis(1))))
@@ -224,6 +225,7 @@ fn global_route(c: &mut Criterion) {
                 blocks: &prompt,
                 input_tokens: 2048 * BLOCK as u64,
                 output_tokens_hint: None,
+                model: None,
             };
             black_box(router.route(&req, Time::from_millis(1)).unwrap())
         })

@@ -23,6 +23,7 @@ fn decode_is_priced_under_the_load_the_summary_does_not_show() {
         blocks: &p,
         input_tokens: 32,
         output_tokens_hint: Some(100),
+        model: None,
     };
     let s = decode_cluster("a", 4, 10.0, 1.0);
     let idle = estimate(ClusterId(0), &s, PendingLoad::default(), 0.0, &req);
@@ -48,7 +49,7 @@ proptest! {
         a in 0u64..200, b in 0u64..200, slots in 0u64..64,
     ) {
         let p = chain(4, 1);
-        let req = GlobalRequest { session: None, blocks: &p, input_tokens: 16, output_tokens_hint: Some(64) };
+        let req = GlobalRequest { session: None, blocks: &p, input_tokens: 16, output_tokens_hint: Some(64), model: None };
         let mut s = decode_cluster("a", workers, itl, per_seq);
         s.load.max_running_requests = slots;
         let at = |n| estimate(ClusterId(0), &s, PendingLoad { resident_sessions: n, ..PendingLoad::default() }, 0.0, &req);
@@ -91,6 +92,7 @@ fn stacked_sessions_send_new_ones_to_the_slower_idle_cluster() {
             blocks: &p,
             input_tokens: 16,
             output_tokens_hint: Some(50),
+            model: None,
         };
         placed.push(router.route(&req, t).unwrap().cluster);
     }
@@ -129,6 +131,7 @@ fn the_output_hint_is_learned_from_finished_requests() {
         blocks: &p,
         input_tokens: 16,
         output_tokens_hint: None,
+        model: None,
     };
     // No data yet: the default hint.
     let e = router.estimates(&req, t);
@@ -159,6 +162,7 @@ fn prefill_sent_lately_takes_its_share_of_decode() {
         blocks: &p,
         input_tokens: 16,
         output_tokens_hint: Some(100),
+        model: None,
     };
     // 2 workers × 10,000 prefill tokens/s; 10 ms per token alone.
     let s = decode_cluster("a", 2, 10.0, 0.0);
@@ -209,6 +213,7 @@ fn a_cluster_taking_every_fresh_session_pays_for_its_prefill_steps() {
             blocks: &p,
             input_tokens: 2_000,
             output_tokens_hint: Some(50),
+            model: None,
         };
         placed.push(router.route(&req, t).unwrap().cluster);
     }

@@ -18,6 +18,9 @@ pub struct GlobalRequest<'a> {
     pub input_tokens: u64,
     /// Expected output tokens (`None`: [`DEFAULT_OUTPUT_TOKENS_HINT`]).
     pub output_tokens_hint: Option<u64>,
+    /// The model it names: only clusters that serve it (or whose models are not known) are
+    /// eligible ([`super::GlobalRouter::set_models`]).
+    pub model: Option<&'a str>,
 }
 
 /// The most of a worker's time that prefill steps are taken to hold: decode never slows by more

@@ -33,6 +33,9 @@ pub enum GlobalError {
         "no cluster is available (every summary is stale or missing, or every cluster is down)"
     )]
     NoCluster,
+    /// Clusters are available, but none of those whose models are known serves the request's.
+    #[error("no available cluster serves the model {0:?}")]
+    ModelNotServed(String),
     /// The id names no cluster.
     #[error("unknown cluster {0}")]
     UnknownCluster(ClusterId),
@@ -105,6 +108,8 @@ struct ClusterState {
     /// sent, and their sum.
     sent: VecDeque<(Time, u64)>,
     sent_tokens: u64,
+    /// The models it serves, as its router last listed them (`None`: not known yet, so any).
+    models: Option<Vec<String>>,
 }
 
 impl ClusterState {
@@ -167,6 +172,7 @@ impl GlobalRouter {
             outputs: (0, 0),
             sent: VecDeque::new(),
             sent_tokens: 0,
+            models: None,
         });
         Ok(ClusterId(self.clusters.len() as u32 - 1))
     }
@@ -252,6 +258,27 @@ impl GlobalRouter {
         })
     }
 
+    /// The models a cluster serves, as its router lists them (`None`: not known, so requests
+    /// for any model may go there).
+    pub fn set_models(
+        &mut self,
+        id: ClusterId,
+        models: Option<Vec<String>>,
+    ) -> Result<(), GlobalError> {
+        self.state(id)?;
+        self.clusters[id.0 as usize].models = models;
+        Ok(())
+    }
+
+    /// Whether a cluster may serve `model`: it lists it, or its models are not known.
+    pub fn serves(&self, id: ClusterId, model: &str) -> bool {
+        self.state(id).is_ok_and(|c| {
+            c.models
+                .as_ref()
+                .is_none_or(|m| m.iter().any(|x| x == model))
+        })
+    }
+
     /// Work sent to a cluster that its summary does not show yet, its resident sessions, and
     /// the rate of prefill work sent there over the load window (as of the last `route`).
     pub fn pending(&self, id: ClusterId) -> PendingLoad {
@@ -299,7 +326,8 @@ impl GlobalRouter {
                         .or_else(|| self.output_tokens_mean(id)),
                     ..*request
                 };
-                match (&c.summary, self.is_eligible(id, now)) {
+                let serves = request.model.is_none_or(|m| self.serves(id, m));
+                match (&c.summary, serves && self.is_eligible(id, now)) {
                     (Some(s), true) => estimate(id, s, self.pending(id), c.spec.rtt_ms, &request),
                     _ => ClusterEstimate::ineligible(id),
                 }
@@ -320,7 +348,12 @@ impl GlobalRouter {
         let estimates = self.estimates(request, now);
         let eligible: Vec<&ClusterEstimate> = estimates.iter().filter(|e| e.eligible).collect();
         if eligible.is_empty() {
-            return Err(GlobalError::NoCluster);
+            let available =
+                (0..self.clusters.len()).any(|i| self.is_eligible(ClusterId(i as u32), now));
+            return Err(match request.model {
+                Some(m) if available => GlobalError::ModelNotServed(m.to_owned()),
+                _ => GlobalError::NoCluster,
+            });
         }
         let home = request
             .session

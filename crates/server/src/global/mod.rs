@@ -7,6 +7,11 @@
 //! (sessions keep their cluster under the core's hysteresis), and forwarded unchanged to that
 //! cluster's router, which picks the worker; the answer streams back with `x-kvrouter-cluster`.
 //!
+//! With each summary the poller fetches the cluster's model list (`GET URL/v1/models`): a
+//! request naming a model goes only to clusters that serve it (a model no available cluster
+//! serves is a 404 naming `model`), and the global router answers `GET /v1/models` itself
+//! with the available clusters' models together.
+//!
 //! A cluster whose summary is older than the age bound is routed around by the core. One whose
 //! router fails (connection error, timeout, 5xx) is marked down at once, the request is tried
 //! on the next cluster, and the cluster comes back with its next good summary. Sessions of a
@@ -22,7 +27,7 @@ mod sessions;
 
 use crate::state::AppState;
 use crate::{RunningServer, ServeConfig, StartError};
-use kvrouter_core::global::{ClusterSpec, GlobalConfig, GlobalRouter, MAX_RTT_MS};
+use kvrouter_core::global::{ClusterId, ClusterSpec, GlobalConfig, GlobalRouter, MAX_RTT_MS};
 use kvrouter_core::time::Time;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -161,6 +166,10 @@ pub(crate) struct GlobalState {
     pub(crate) clusters: Vec<Cluster>,
     pub(crate) metrics: metrics::GlobalMetrics,
     pub(crate) http: reqwest::Client,
+    /// Each cluster's model cards as its router last listed them (`GET /v1/models`, fetched
+    /// with its summary); `None` until a list came. The core gets their ids
+    /// ([`GlobalRouter::set_models`]).
+    pub(crate) models: Mutex<Vec<Option<Vec<serde_json::Value>>>>,
     epoch: Instant,
 }
 
@@ -172,6 +181,28 @@ impl GlobalState {
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, GlobalRouter> {
         self.router.lock().expect("global router lock")
+    }
+
+    /// The models of the clusters available now (each card once, by id), or `None` while an
+    /// available cluster's list is not known (or none is available).
+    pub(crate) fn available_models(&self) -> Option<Vec<serde_json::Value>> {
+        let now = self.now();
+        let available: Vec<usize> = {
+            let r = self.lock();
+            (0..self.clusters.len())
+                .filter(|&i| r.is_eligible(ClusterId(i as u32), now))
+                .collect()
+        };
+        let lists = self.models.lock().expect("models lock");
+        let mut cards: Vec<serde_json::Value> = Vec::new();
+        for i in &available {
+            for card in lists[*i].as_ref()? {
+                if !cards.iter().any(|c| c["id"] == card["id"]) {
+                    cards.push(card.clone());
+                }
+            }
+        }
+        (!available.is_empty()).then_some(cards)
     }
 }
 
@@ -215,7 +246,7 @@ pub async fn start(
         .tcp_nodelay(true)
         .build()
         .map_err(|e| GlobalStartError::Config(format!("HTTP client: {e}")))?;
-    let clusters = global
+    let clusters: Vec<Cluster> = global
         .clusters
         .iter()
         .map(|c| Cluster {
@@ -228,6 +259,7 @@ pub async fn start(
         app: app.clone(),
         config: global,
         router: Mutex::new(router),
+        models: Mutex::new(vec![None; clusters.len()]),
         clusters,
         http,
         epoch: Instant::now(),

@@ -1,5 +1,7 @@
 //! Summary pollers: one task per cluster fetches `URL/admin/cluster-summary` every refresh
-//! period, each fetch bounded by the summary timeout, and hands good summaries to the core.
+//! period, each fetch bounded by the summary timeout, and hands good summaries to the core;
+//! after a good summary, the cluster's model list (`URL/v1/models`; a failed fetch keeps the
+//! last list).
 //! A good summary also marks the cluster up again (after a failed request marked it down); a
 //! connection failure marks it down at once rather than waiting for the age bound.
 
@@ -26,7 +28,17 @@ async fn run(state: Arc<GlobalState>, id: ClusterId) {
     loop {
         tick.tick().await;
         match fetch(&state, id).await {
-            Ok(summary) => take(&state, id, summary),
+            Ok(summary) => {
+                take(&state, id, summary);
+                if let Some(cards) = fetch_models(&state, id).await {
+                    let ids = cards
+                        .iter()
+                        .filter_map(|c| c["id"].as_str().map(str::to_owned))
+                        .collect();
+                    let _ = state.lock().set_models(id, Some(ids));
+                    state.models.lock().expect("models lock")[id.0 as usize] = Some(cards);
+                }
+            }
             Err(kind) => {
                 state.metrics.fetch_failed(id, kind);
                 if kind == FailKind::Connect {
@@ -78,3 +90,33 @@ async fn fetch(state: &GlobalState, id: ClusterId) -> Result<ClusterSummary, Fai
         FailKind::Invalid
     })
 }
+
+/// The cluster's model cards (`GET URL/v1/models`, `data`), if it answers with a list.
+async fn fetch_models(state: &GlobalState, id: ClusterId) -> Option<Vec<serde_json::Value>> {
+    let cluster = &state.clusters[id.0 as usize];
+    let response = state
+        .http
+        .get(format!("{}/v1/models", cluster.url))
+        .timeout(state.config.summary_timeout)
+        .send()
+        .await
+        .ok()?;
+    let mut response = response;
+    if response.status() != reqwest::StatusCode::OK {
+        return None;
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.ok()? {
+        if body.len() + chunk.len() > MAX_MODELS_BYTES {
+            tracing::warn!(cluster = %cluster.name, "model list over {MAX_MODELS_BYTES} bytes: ignored");
+            return None;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    let mut list: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    let cards = list.get_mut("data")?.as_array_mut()?;
+    Some(std::mem::take(cards))
+}
+
+/// The largest model list taken from a cluster (its `GET /v1/models` body), bytes.
+const MAX_MODELS_BYTES: usize = 1 << 20;

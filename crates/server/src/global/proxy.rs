@@ -16,7 +16,7 @@ use super::GlobalState;
 use crate::error::ServeError;
 use crate::routing::{self, Kind, RoutingInput};
 use axum::body::{Body, Bytes};
-use axum::extract::{OriginalUri, State};
+use axum::extract::{OriginalUri, Path, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -48,7 +48,7 @@ pub(super) fn app(state: S) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/v1/models", get(models))
-        .route("/v1/models/{id}", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
         .route("/ready", get(health))
         .route("/live", get(|| async { "ok" }))
@@ -96,7 +96,43 @@ handler!(responses, Prompt::Passthrough(Endpoint::Responses));
 handler!(embeddings, Prompt::Passthrough(Endpoint::Embeddings));
 handler!(tokenize, Prompt::Passthrough(Endpoint::Tokenize));
 handler!(detokenize, Prompt::Passthrough(Endpoint::Detokenize));
-handler!(models, Prompt::None);
+handler!(forwarded_models, Prompt::None);
+
+/// `GET /v1/models`: the available clusters' models together, once their lists are known
+/// (until then, one available cluster's answer, as forwarded).
+async fn models(
+    State(s): State<S>,
+    method: Method,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match s.available_models() {
+        Some(cards) => {
+            axum::Json(serde_json::json!({"object": "list", "data": cards})).into_response()
+        }
+        None => forwarded_models(State(s), method, uri, headers, body).await,
+    }
+}
+
+/// `GET /v1/models/{id}`: one of the available clusters' models (404 naming `model` for one
+/// none serves), once their lists are known (until then, forwarded).
+async fn model(
+    State(s): State<S>,
+    Path(id): Path<String>,
+    method: Method,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Some(cards) = s.available_models() else {
+        return forwarded_models(State(s), method, uri, headers, body).await;
+    };
+    match cards.into_iter().find(|c| c["id"] == id.as_str()) {
+        Some(card) => axum::Json(card).into_response(),
+        None => ServeError::from(kvrouter_openai::RequestError::UnknownModel(id)).into_response(),
+    }
+}
 
 async fn health(State(s): State<S>) -> Response {
     let now = s.now();
@@ -125,44 +161,61 @@ async fn metrics(State(s): State<S>) -> Response {
 }
 
 /// What the global router routes on: the prompt's blocks at the clusters' block size.
+/// What the global router routes on, read from a request's body.
+struct Routed {
+    input: RoutingInput,
+    output_tokens_hint: Option<u64>,
+    stream: bool,
+    /// The body's `model`, if it names one.
+    model: Option<String>,
+}
+
 async fn routing_input(
     s: &GlobalState,
     prompt: Prompt,
     body: &Bytes,
-) -> Result<(RoutingInput, Option<u64>, bool), ServeError> {
-    let parse = || -> Result<(kvrouter_openai::Body, bool), ServeError> {
+) -> Result<Routed, ServeError> {
+    let parse = || -> Result<(kvrouter_openai::Body, bool, Option<String>), ServeError> {
         let body = kvrouter_openai::Body::from_slice(body)
             .map_err(|e| ServeError::invalid(format!("the body is not JSON: {e}"), None))?;
-        let stream = body.fields().get("stream").and_then(|v| v.as_bool()) == Some(true);
-        Ok((body, stream))
+        let fields = body.fields();
+        let stream = fields.get("stream").and_then(|v| v.as_bool()) == Some(true);
+        let model = fields
+            .get("model")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned);
+        Ok((body, stream, model))
     };
-    let (input, hint, stream) = match prompt {
-        Prompt::None => {
-            let none = RoutingInput {
+    Ok(match prompt {
+        Prompt::None => Routed {
+            input: RoutingInput {
                 isl_tokens: 0,
                 blocks: BlockHashes::default(),
-            };
-            (none, None, false)
-        }
+            },
+            output_tokens_hint: None,
+            stream: false,
+            model: None,
+        },
         Prompt::Openai(kind) => {
-            let (body, stream) = parse()?;
+            let (body, stream, model) = parse()?;
             let hint = kvrouter_openai::request::max_tokens(kind, body.fields())?.map(u64::from);
-            (
-                routing::routing_input(&s.app, kind, &body).await?,
-                hint,
+            Routed {
+                input: routing::routing_input(&s.app, kind, &body).await?,
+                output_tokens_hint: hint,
                 stream,
-            )
+                model,
+            }
         }
         Prompt::Passthrough(ep) => {
-            let (body, stream) = parse()?;
-            (
-                routing::passthrough_input(&s.app, ep, &body).await?,
-                None,
+            let (body, stream, model) = parse()?;
+            Routed {
+                input: routing::passthrough_input(&s.app, ep, &body).await?,
+                output_tokens_hint: None,
                 stream,
-            )
+                model,
+            }
         }
-    };
-    Ok((input, hint, stream))
+    })
 }
 
 async fn handle(
@@ -174,14 +227,16 @@ async fn handle(
     body: Bytes,
 ) -> Result<Response, ServeError> {
     let session = crate::headers::session(&headers)?;
-    let (input, output_tokens_hint, stream) = routing_input(s, prompt, &body).await?;
+    let routed = routing_input(s, prompt, &body).await?;
+    let input = &routed.input;
     let request = GlobalRequest {
         session,
         blocks: &input.blocks.sequence,
         input_tokens: input.isl_tokens,
-        output_tokens_hint,
+        output_tokens_hint: routed.output_tokens_hint,
+        model: routed.model.as_deref(),
     };
-    let wait = if stream {
+    let wait = if routed.stream {
         s.app.inner.config.upstream_first_byte_timeout
     } else {
         s.app.inner.config.upstream_response_timeout
@@ -192,6 +247,11 @@ async fn handle(
         let decision = match s.lock().route(&request, s.now()) {
             Ok(d) => d,
             Err(GlobalError::NoCluster) => break,
+            // Available clusters list their models, and none of them serves this one.
+            Err(GlobalError::ModelNotServed(model)) if last_failure.is_none() => {
+                return Err(kvrouter_openai::RequestError::UnknownModel(model).into())
+            }
+            Err(GlobalError::ModelNotServed(_)) => break,
             Err(e) => return Err(ServeError::Upstream(e.to_string())),
         };
         let id = decision.cluster;

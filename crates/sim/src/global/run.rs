@@ -180,6 +180,8 @@ impl<'w> GlobalSimulation<'w> {
                 .global
                 .output_hint
                 .for_request(req.output_tokens),
+            // Every simulated cluster serves the workload's one model.
+            model: None,
         };
         let rec = &mut self.records[i];
         rec.arrival = Some(self.now);
