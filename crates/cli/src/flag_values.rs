@@ -60,6 +60,10 @@ pub(crate) fn non_negative_ms(ms: f64, flag: &str) -> anyhow::Result<Duration> {
 
 /// A number of seconds > 0.
 pub(crate) fn positive(v: f64, flag: &str) -> anyhow::Result<Duration> {
+    // A negative value is told the bound it misses (not "≥ 0", which 0 would not meet either).
+    if v <= 0.0 {
+        bail!("{flag} must be a number of seconds > 0, got {v}");
+    }
     match non_negative(v, flag)? {
         d if !d.is_zero() => Ok(d),
         _ => bail!("{flag} must be a number of seconds > 0, got {v}"),

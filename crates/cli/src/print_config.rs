@@ -8,6 +8,22 @@ use std::collections::BTreeMap;
 /// What a secret's value is printed as.
 const REDACTED: &str = "<redacted>";
 
+/// `raw` with the credentials of a URL in it (`scheme://user:password@host...`, as in
+/// `--cluster NAME=URL` or `--worker URL`) redacted.
+fn without_credentials(raw: &str) -> std::borrow::Cow<'_, str> {
+    let Some(at) = raw.find("://").map(|i| i + 3) else {
+        return raw.into();
+    };
+    let authority = raw[at..]
+        .split(['/', '?', '#', ','])
+        .next()
+        .unwrap_or_default();
+    match authority.rfind('@') {
+        Some(end) => format!("{}{REDACTED}{}", &raw[..at], &raw[at + end..]).into(),
+        None => raw.into(),
+    }
+}
+
 /// TOML text of one flag's final value, typed by the flag's parser.
 fn value_text(arg: &Arg, raw: &str) -> String {
     use std::any::TypeId;
@@ -30,7 +46,7 @@ fn value_text(arg: &Arg, raw: &str) -> String {
             return toml::Value::Float(f).to_string();
         }
     }
-    toml::Value::String(raw.to_owned()).to_string()
+    toml::Value::String(without_credentials(raw).into_owned()).to_string()
 }
 
 /// The effective configuration of the matched subcommand as TOML: every settable flag under its
@@ -96,4 +112,28 @@ pub(crate) fn print(
         out.push_str(&format!("{long} = {value}{from}\n"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_credentials;
+
+    #[test]
+    fn url_credentials_are_redacted_and_nothing_else() {
+        for (raw, shown) in [
+            (
+                "eu=http://user:pw@10.0.0.1:8000/x,rtt_ms=3",
+                "eu=http://<redacted>@10.0.0.1:8000/x,rtt_ms=3",
+            ),
+            ("https://token@host", "https://<redacted>@host"),
+            ("http://host:8000/a@b", "http://host:8000/a@b"),
+            (
+                "eu=http://10.0.0.1:8000,rtt_ms=3",
+                "eu=http://10.0.0.1:8000,rtt_ms=3",
+            ),
+            ("plain@text", "plain@text"),
+        ] {
+            assert_eq!(without_credentials(raw), shown, "{raw}");
+        }
+    }
 }

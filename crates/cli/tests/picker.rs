@@ -503,6 +503,8 @@ async fn with_pick_auth_admin_picks_and_reports_need_the_admin_token() {
 async fn bad_pick_flags_are_refused_naming_the_flag() {
     for (flag, value) in [
         ("--pick-lease-secs", "0"),
+        // Told the bound it misses (it said "must be ≥ 0").
+        ("--pick-lease-secs", "-3"),
         // Past a year: accepted, it made every pick panic adding it to the clock.
         ("--pick-lease-secs", "1e19"),
         ("--pick-max-duration-secs", "1.5e19"),
@@ -520,6 +522,9 @@ async fn bad_pick_flags_are_refused_naming_the_flag() {
         assert!(!out.status.success(), "{flag} {value}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(flag), "{err}");
+        if value == "-3" {
+            assert!(err.contains("> 0"), "{err}");
+        }
     }
 }
 

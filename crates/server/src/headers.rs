@@ -310,13 +310,9 @@ pub(crate) fn admission_fields(
         )
     });
     let count = |name: &'static str| -> Result<Option<u32>, ServeError> {
-        match parse_header::<u32>(headers, name, || {
-            format!("{name} must be a whole number of at least 1")
-        })? {
-            Some(0) => Err(ServeError::invalid(
-                format!("{name} must be a whole number of at least 1"),
-                Some(name),
-            )),
+        let bounds = || format!("{name} must be a whole number from 1 to {}", u32::MAX);
+        match parse_header::<u32>(headers, name, bounds)? {
+            Some(0) => Err(ServeError::invalid(bounds(), Some(name))),
             n => Ok(n),
         }
     };

@@ -234,6 +234,17 @@ async fn routing_headers_are_strict_and_deadlines_saturate() {
         assert_eq!(s, StatusCode::BAD_REQUEST, "{name}: {value:?}: {b}");
         assert_eq!(b["error"]["param"], name, "{name}: {b}");
     }
+    // A count past its bound is told the bound (it was "at least 1", which it is).
+    for value in ["0", "99999999999"] {
+        let headers = [
+            ("x-kvrouter-group-id", text("g")),
+            ("x-kvrouter-group-size", text(value)),
+        ];
+        let (s, b) = call(&state, completion(&headers)).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{b}");
+        let message = b["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("from 1 to 4294967295"), "{value}: {b}");
+    }
     server.stop().await;
 }
 

@@ -116,7 +116,7 @@ async fn place_parsed(
         (Some(g), Some(_)) => {
             let rx = inner.group_stop(g);
             if inner.lock_core().group_satisfied(g) {
-                return Err(group_satisfied(g));
+                return Err(group_satisfied());
             }
             Some(rx)
         }
@@ -135,7 +135,7 @@ async fn place_parsed(
     req.admission.apply(&mut request);
     let (decision, queued) = tokio::select! {
         d = super::admit::admit(&req.state, request) => d?,
-        _ = stopped(&mut stop) => return Err(group_satisfied(req.admission.group.unwrap_or(0))),
+        _ = stopped(&mut stop) => return Err(group_satisfied()),
     };
     req.placed(&decision);
     let mut guard = guard_for(req, id, &decision, &Origin::First, queued);
@@ -156,10 +156,14 @@ async fn place_parsed(
     })
 }
 
-fn group_satisfied(group: u64) -> ServeError {
-    ServeError::Conflict(format!(
-        "group {group} has the samples it needs (x-kvrouter-group-need): this one need not run"
-    ))
+/// The pick of a sibling whose group has its samples. Named by its header, not by the group's
+/// internal key (a hash of the client's id, which the client would not recognise).
+fn group_satisfied() -> ServeError {
+    ServeError::Conflict(
+        "this request's group (x-kvrouter-group-id) has the samples it needs \
+         (x-kvrouter-group-need): this one need not run"
+            .into(),
+    )
 }
 
 /// The header of a pick body with binary token ids: the length in bytes of its JSON part, after
