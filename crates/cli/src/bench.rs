@@ -38,7 +38,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, required = true)]
     pub(crate) url: Vec<String>,
     /// Trace file (Mooncake JSONL or Claude Code sessions; see docs/workloads.md).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "workload")]
     pub(crate) trace: Option<PathBuf>,
     /// Generated workload instead of a trace: grpo, agentic or seed001.
     #[arg(long)]
@@ -228,6 +228,17 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         let url = url.trim_end_matches('/').to_owned();
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             bail!("--url {url:?}: expected http://HOST:PORT");
+        }
+        match reqwest::Url::parse(&url) {
+            Ok(u) if u.query().is_some() || u.fragment().is_some() => {
+                bail!("--url {url:?}: expected http://HOST:PORT, without a query or fragment")
+            }
+            // A base path is kept (a router behind a prefix); `/v1` is bench's own part.
+            Ok(u) if u.path().ends_with("/v1") => bail!(
+                "--url {url:?}: drop the /v1 (bench adds /v1/completions and /v1/models itself)"
+            ),
+            Ok(_) => {}
+            Err(e) => bail!("--url {url:?}: {e}"),
         }
         urls.push(url);
     }

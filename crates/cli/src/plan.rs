@@ -98,6 +98,10 @@ fn run_batch(
                 let mut config = base.clone();
                 config.workers = n;
                 config.name = format!("{n} workers");
+                // A fault or speed naming a worker this fleet does not have applies to the
+                // larger fleets only (it is refused past --max-workers).
+                config.failures.retain(|&(w, _)| w < n);
+                config.speed.retain(|&(w, _)| w < n);
                 scope.spawn(move || run_one(config, workload, true, None))
             })
             .collect();

@@ -279,10 +279,15 @@ pub(crate) fn apply_compare_item(base: &RouterConfig, item: &str) -> anyhow::Res
         .parse()
         .with_context(|| format!("--compare item {item:?}"))?;
     value["router_mode"] = serde_json::to_value(mode)?;
+    let mut seen: Vec<&str> = Vec::new();
     for kv in parts {
         let (k, v) = kv
             .split_once('=')
             .with_context(|| format!("--compare item {item:?}: {kv:?} is not key=value"))?;
+        if seen.contains(&k) {
+            bail!("--compare item {item:?}: {k} is given twice");
+        }
+        seen.push(k);
         if k == "router_mode" {
             // The mode is the item's head; a second one would run under the first's label.
             bail!(

@@ -22,13 +22,13 @@ pub(crate) struct SimArgs {
     #[command(flatten)]
     workload: crate::workload_args::WorkloadArgs,
     /// Number of simulated workers.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, conflicts_with = "clusters")]
     workers: usize,
     #[command(flatten)]
     routing: RoutingArgs,
     /// Timing profile(s), comma-separated and cycled over workers: dynamo-poly, h100-llama3-8b,
     /// h200-llama3-8b or a JSON file.
-    #[arg(long, default_value = "dynamo-poly")]
+    #[arg(long, default_value = "dynamo-poly", conflicts_with = "clusters")]
     profile: String,
     /// KV capacity per worker, blocks.
     #[arg(long, default_value_t = 16_384)]
@@ -43,11 +43,11 @@ pub(crate) struct SimArgs {
     #[arg(long, default_value_t = 50.0)]
     kv_event_delay_ms: f64,
     /// One-way router-engine network delay, ms.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, conflicts_with = "clusters")]
     network_delay_ms: f64,
     /// Router ingress time per prompt token, µs (reading the body, tokenizing, hashing) before a
     /// request is routed: requests that arrive together are then routed shortest first, as live.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, conflicts_with = "clusters")]
     ingress_us_per_token: f64,
     /// Stop sending after this many simulated seconds, as `kvrouter bench --duration-s` does:
     /// later requests (and the later turns of their sessions) are not sent and do not count.
@@ -55,7 +55,7 @@ pub(crate) struct SimArgs {
     #[arg(long)]
     duration_s: Option<f64>,
     /// Divide open-loop arrival times by this.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, conflicts_with = "clusters")]
     arrival_speedup: f64,
     /// Closed-loop replay with this many requests in flight (ignores arrival times).
     #[arg(long)]
@@ -67,37 +67,37 @@ pub(crate) struct SimArgs {
     #[arg(long, default_value_t = 10.0)]
     session_gap_s: f64,
     /// A worker that dies at a time: WORKER@SECONDS (repeatable).
-    #[arg(long = "worker-failure")]
+    #[arg(long = "worker-failure", conflicts_with = "clusters")]
     worker_failures: Vec<String>,
     /// A worker that runs slower (< 1) or faster (> 1) than its profile: WORKER@FACTOR
     /// (repeatable).
-    #[arg(long = "slow-worker")]
+    #[arg(long = "slow-worker", conflicts_with = "clusters")]
     slow_workers: Vec<String>,
     /// Times a request on a dead worker may be continued elsewhere (0 = it fails).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, conflicts_with = "clusters")]
     migration_limit: u32,
     /// Router replicas; requests are spread over them round-robin, each reads every engine's
     /// KV events, and replica 0 drives weight updates.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, conflicts_with = "clusters")]
     router_replicas: usize,
     /// Time before a replica sees the others' events (load, placements, sessions, groups,
     /// versions, update holds), ms.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, conflicts_with = "clusters")]
     replica_sync_delay_ms: f64,
     /// Replicas do not share events (what unsynchronised replicas lose).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "clusters")]
     no_replica_sync: bool,
     #[command(flatten)]
     rl: crate::sim_rl_args::SimRlArgs,
     /// Several configurations on the same workload: MODE[:key=value...],... e.g.
     /// round-robin,least-loaded,kv,kv:router_predicted_ttl_secs=5
-    #[arg(long)]
+    #[arg(long, conflicts_with = "clusters")]
     pub(crate) compare: Option<String>,
     #[command(flatten)]
     pub(crate) planner: crate::sim_planner_args::SimPlannerArgs,
     /// Write each configuration's request timeline as Chrome trace JSON (open in Perfetto);
     /// with several configurations the name gets `-N` per configuration.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "clusters")]
     pub(crate) perfetto: Option<PathBuf>,
     /// Output folder for summary.json and report.html.
     #[arg(long, default_value = "sim-out")]
@@ -117,8 +117,11 @@ pub(crate) struct SimArgs {
 }
 
 /// The most KV blocks all simulated engines together hold (4,096 workers of 16,384 blocks).
-const MAX_FLEET_GPU_BLOCKS: usize = 1 << 26;
+pub(crate) const MAX_FLEET_GPU_BLOCKS: usize = 1 << 26;
 
+/// Largest `--ingress-us-per-token`: 1 ms a token (a 10M-token prompt then takes under four
+/// hours to arrive, well within the clock).
+const MAX_INGRESS_US_PER_TOKEN: f64 = 1_000.0;
 /// Largest `--kv-event-delay-ms` and `--network-delay-ms`: an hour.
 const MAX_DELAY_MS: f64 = 3_600_000.0;
 /// Latest simulated time a flag may name (`--worker-failure`): a year.
@@ -321,8 +324,11 @@ impl SimArgs {
                 );
             }
         }
-        if !(self.ingress_us_per_token.is_finite() && self.ingress_us_per_token >= 0.0) {
-            bail!("--ingress-us-per-token must be a non-negative number");
+        if !(0.0..=MAX_INGRESS_US_PER_TOKEN).contains(&self.ingress_us_per_token) {
+            bail!(
+                "--ingress-us-per-token must be a number of µs from 0 to {MAX_INGRESS_US_PER_TOKEN} \
+                 (beyond, a long prompt's ingress passes the simulator's clock)"
+            );
         }
         if !(self.replica_sync_delay_ms.is_finite() && self.replica_sync_delay_ms >= 0.0) {
             bail!("--replica-sync-delay-ms must be a non-negative number");
@@ -330,13 +336,12 @@ impl SimArgs {
         let Some(list) = &self.compare else {
             return Ok(vec![base]);
         };
-        let items: Vec<&str> = list
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .collect();
-        if items.is_empty() {
+        let items: Vec<&str> = list.split(',').map(str::trim).collect();
+        if items.iter().all(|s| s.is_empty()) {
             bail!("--compare {list:?} names no configuration (a comma list such as kv,cost)");
+        }
+        if items.iter().any(|s| s.is_empty()) {
+            bail!("--compare {list:?} has an empty item (two commas in a row, or one at an end)");
         }
         items
             .into_iter()

@@ -20,13 +20,19 @@ pub(crate) fn read_clusters(path: &std::path::Path) -> anyhow::Result<ClustersFi
 }
 
 fn policies(list: &str) -> anyhow::Result<Vec<GlobalPolicy>> {
-    let out: Vec<GlobalPolicy> = list
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| s.trim().parse().context("--global-policy"))
-        .collect::<anyhow::Result<_>>()?;
-    if out.is_empty() {
+    if list.trim().is_empty() {
         bail!("--global-policy: name at least one of static-split, least-loaded, kv");
+    }
+    let mut out: Vec<GlobalPolicy> = Vec::new();
+    for item in list.split(',').map(str::trim) {
+        if item.is_empty() {
+            bail!("--global-policy {list:?} has an empty item (two commas in a row, or one at an end)");
+        }
+        let policy = item.parse().context("--global-policy")?;
+        if out.contains(&policy) {
+            bail!("--global-policy {list:?} names {item} twice");
+        }
+        out.push(policy);
     }
     Ok(out)
 }
@@ -36,6 +42,24 @@ pub(crate) fn run(args: &SimArgs) -> anyhow::Result<()> {
         bail!("--clusters is required here");
     };
     let clusters = read_clusters(path)?;
+    // The same memory bound as one cluster's simulation: each engine holds its blocks.
+    let default_blocks = args.engine_config().num_gpu_blocks;
+    let blocks: usize = clusters
+        .clusters
+        .iter()
+        .map(|c| {
+            c.workers
+                .saturating_mul(c.num_gpu_blocks.unwrap_or(default_blocks))
+        })
+        .fold(0, usize::saturating_add);
+    let most = crate::sim::MAX_FLEET_GPU_BLOCKS;
+    if blocks > most {
+        bail!(
+            "--clusters {}: the clusters' workers × num_gpu_blocks (or --num-gpu-blocks) come to \
+             {blocks} blocks, more than the {most} a simulation holds (about 5 GB)",
+            path.display()
+        );
+    }
     let policies = policies(&args.global_policy)?;
     let workload = args.workload()?;
     let (concurrency, kv_event_delay_ms, router) = args.global_inputs()?;

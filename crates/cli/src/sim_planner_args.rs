@@ -11,7 +11,7 @@ pub(crate) struct SimPlannerArgs {
     /// `--planner-tick-s` by the control law of `serve --planner-advise`; added workers serve
     /// after `--planner-startup-s`, removed ones drain first. A fixed fleet of the planner's
     /// peak is run too, for comparison.
-    #[arg(long, conflicts_with = "compare")]
+    #[arg(long, conflicts_with_all = ["compare", "clusters"])]
     planner: bool,
     #[command(flatten)]
     planner_args: crate::planner_args::PlannerArgs,

@@ -8,23 +8,23 @@ use clap::Args;
 pub(crate) struct SimRlArgs {
     /// RL requests carry their group's size (as x-kvrouter-group-size): fair-share group
     /// placement.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "clusters")]
     group_sizes: bool,
     /// RL requests carry no group id, as from a client that sends no x-kvrouter-group-id
     /// (`kvrouter bench` without --group-header): siblings are known only by their prompt.
     #[arg(long, conflicts_with_all = ["group_sizes", "group_need", "clusters"])]
     no_group_ids: bool,
     /// First-N-of-M: end a group's other samples once N finished (as x-kvrouter-group-need).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "clusters")]
     group_need: Option<u32>,
     /// Weight updates between RL steps, run by the router: drain, abort or rolling.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "clusters")]
     weight_update: Option<String>,
     /// Workers updated at a time with --weight-update rolling.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, conflicts_with = "clusters")]
     weight_update_batch: usize,
     /// Time an engine takes to load new weights, ms.
-    #[arg(long, default_value_t = 1000.0)]
+    #[arg(long, default_value_t = 1000.0, conflicts_with = "clusters")]
     weight_load_ms: f64,
 }
 

@@ -205,6 +205,26 @@ async fn bad_flags_and_dead_endpoints_name_the_flag() {
 
     let (output, _) = bench(&["--url", &url, "--model", "m"], &out).await;
     assert!(String::from_utf8_lossy(&output.stderr).contains("--trace"));
+    // A URL bench would append its paths to wrongly: /v1/v1/models, /?x=1/v1/models.
+    for bad in [format!("{url}/v1"), format!("{url}/?x=1")] {
+        let (output, _) = bench(&["--url", &bad, "--workload", "grpo"], &out).await;
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && err.contains("--url"),
+            "{bad}: {err}"
+        );
+    }
+    // Both a trace and a generator: refused, as `sim` refuses them (the generator was ignored).
+    let (output, _) = bench(
+        &["--url", &url, "--trace", "t.jsonl", "--workload", "grpo"],
+        &out,
+    )
+    .await;
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && err.contains("--trace") && err.contains("--workload"),
+        "{err}"
+    );
 
     // An endpoint that accepts and never answers: `GET /v1/models` hung for ever.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -143,3 +143,62 @@ fn bad_clusters_files_and_policies_are_refused_naming_the_flag() {
     );
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Found by probing: flags of one cluster's simulation that the global simulation does not
+/// read were accepted and ignored (a fault, a Perfetto file, the planner, a comparison), and
+/// `--global-policy` without `--clusters` too; each is refused naming the flag. The clusters'
+/// blocks are bounded as one fleet's.
+#[test]
+fn flags_the_global_simulation_does_not_read_are_refused() {
+    let out = dir("unread");
+    let base = ["--workload", "seed002", "--workload-args", SMALL];
+    for (extra, named) in [
+        (&["--perfetto", "p.json"][..], "--perfetto"),
+        (&["--worker-failure", "0@1"][..], "--worker-failure"),
+        (&["--planner"][..], "--planner"),
+        (&["--compare", "kv,round-robin"][..], "--compare"),
+        (&["--arrival-speedup", "10"][..], "--arrival-speedup"),
+        (&["--workers", "4"][..], "--workers"),
+        (&["--weight-update", "drain"][..], "--weight-update"),
+    ] {
+        let mut args = vec!["--clusters", EXAMPLE];
+        args.extend(base);
+        args.extend(extra);
+        let o = sim(&args, &out.join("o"));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{extra:?} accepted");
+        assert!(
+            err.contains(named) && err.contains("--clusters"),
+            "{extra:?}: {err}"
+        );
+    }
+    for (list, says) in [("kv,,kv", "empty item"), ("kv,kv", "twice")] {
+        let mut args = vec!["--clusters", EXAMPLE, "--global-policy", list];
+        args.extend(base);
+        let o = sim(&args, &out.join("o"));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(says), "{list}: {err}");
+    }
+    let mut args = vec!["--global-policy", "kv"];
+    args.extend(base);
+    let o = sim(&args, &out.join("o"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("needs --clusters"),
+        "{err}"
+    );
+
+    let big = out.join("big.toml");
+    std::fs::create_dir_all(&out).unwrap();
+    let cluster = "[[cluster]]\nname = \"N\"\nworkers = 4096\nnum_gpu_blocks = 16384\n";
+    std::fs::write(&big, cluster.replace('N', "a") + &cluster.replace('N', "b")).unwrap();
+    let mut args = vec!["--clusters", big.to_str().unwrap()];
+    args.extend(base);
+    let o = sim(&args, &out.join("o"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("a simulation holds"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}

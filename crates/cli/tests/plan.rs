@@ -199,9 +199,11 @@ fn plan_needs_a_target_and_a_sane_range() {
             "--max-workers must be at most 4096",
         ),
         // sim flags plan does not read are refused, not ignored.
+        // (Refused by clap here: the flags the global simulation does not read conflict with
+        // --clusters, and this command line gives --arrival-speedup.)
         (
             vec!["--ttft-p99-ms", "100", "--clusters", "nonexistent.toml"],
-            "--clusters and --global-policy are not used by plan",
+            "cannot be used with '--clusters",
         ),
         (
             vec!["--ttft-p99-ms", "100", "--global-policy", "bogus"],
@@ -224,4 +226,24 @@ fn plan_needs_a_target_and_a_sane_range() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+}
+
+/// Found by probing: a fault naming a worker only the larger fleets have stopped the search at
+/// its first, smaller count ("failure of worker 3, but there are 1"). Smaller fleets run
+/// without it.
+#[test]
+fn a_fault_of_a_worker_only_larger_fleets_have_applies_to_those() {
+    let out_dir = dir("fault");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .arg("plan")
+        .args(WORKLOAD)
+        .args(["--ttft-p99-ms", "600000", "--max-workers", "6"])
+        .args(["--worker-failure", "3@0", "--slow-worker", "4@0.5", "--out"])
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(json(&out_dir.join("plan.json"))["workers"].is_u64());
+    let _ = std::fs::remove_dir_all(&out_dir);
 }

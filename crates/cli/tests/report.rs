@@ -215,10 +215,14 @@ fn bad_traces_and_flags_are_named() {
         ("--num-gpu-blocks", "16777216"),
         ("--concurrency", "0"),
         ("--compare", ","),
+        ("--compare", "kv,,round-robin"),
+        ("--compare", "kv:seed=1:seed=2"),
         ("--compare", "kv:router_mode=random"),
         ("--session-gap-s", "inf"),
         ("--workload-args", "prompts=abc"),
         ("--workload-args", "prompts=2,prompts=3"),
+        // It saturated the simulator's clock (TTFTs of 1.8e16 ms).
+        ("--ingress-us-per-token", "1e308"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
             .args(["sim", "--workload", "grpo", "--quiet"])

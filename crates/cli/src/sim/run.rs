@@ -72,6 +72,11 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
     if args.clusters.is_some() {
         return crate::sim_global::run(&args);
     }
+    // The flags only the global simulation reads are refused without it, not ignored (and the
+    // flags it does not read are refused with it, by clap: `conflicts_with = "clusters"`).
+    if args.global_policy != crate::sim::DEFAULT_GLOBAL_POLICIES {
+        anyhow::bail!("--global-policy compares global policies: it needs --clusters FILE");
+    }
     let workload = args.workload()?;
     let configs = args.configs()?;
     crate::outputs::check_dir(&args.out, "--out")?;

@@ -2,6 +2,15 @@
 
 use super::*;
 
+/// `--work`'s default: `OUT.work`, the output's whole name and `.work` (not its extension
+/// replaced: `ckpt.v1` and `ckpt.v2` pulled side by side must not share `ckpt.work`, which a
+/// success removes).
+fn default_work(out: &std::path::Path) -> std::path::PathBuf {
+    let mut name = out.components().as_path().as_os_str().to_owned();
+    name.push(".work");
+    name.into()
+}
+
 fn print(v: impl serde::Serialize) {
     println!("{}", serde_json::to_string(&v).expect("report serializes"));
 }
@@ -86,10 +95,7 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
         }
         WeightsCommand::Pull(a) => {
             let threads = a.threads.get()?;
-            let work = a
-                .work
-                .clone()
-                .unwrap_or_else(|| a.out.with_extension("work"));
+            let work = a.work.clone().unwrap_or_else(|| default_work(&a.out));
             // Checked with or without --peer: a bad value is refused, not ignored.
             use crate::flag_values::{at_most, positive};
             let secs = |v: f64, flag: &str| positive(at_most(v, 86_400.0, flag)?, flag);
@@ -104,6 +110,8 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
                     transfer::PeerClient::with_marker_timeout(read_timeout, marker_timeout)?;
                 let n = transfer::pull_from_peer(&client, peer, version, &a.out, &work, threads)
                     .await?;
+                // As after a pull from the store: the work folder's use is over.
+                let _ = std::fs::remove_dir_all(&work);
                 print(
                     serde_json::json!({"version": version, "peer": peer, "bytes_transferred": n, "store_reads": 0}),
                 );
@@ -216,4 +224,22 @@ async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
 ) -> anyhow::Result<T> {
     tokio::task::spawn_blocking(f).await?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_work;
+    use std::path::Path;
+
+    #[test]
+    fn the_default_work_folder_is_the_whole_output_name_and_work() {
+        for (out, work) in [
+            ("data.v1", "data.v1.work"),
+            ("ckpt/a", "ckpt/a.work"),
+            ("/w/ck.b/", "/w/ck.b.work"),
+            ("model", "model.work"),
+        ] {
+            assert_eq!(default_work(Path::new(out)), Path::new(work), "{out}");
+        }
+    }
 }
