@@ -360,7 +360,7 @@ async fn replay(
     let mut records: Vec<Record> = (0..n).map(|_| Record::default()).collect();
     let mut decisions: Vec<Option<serde_json::Value>> = vec![None; n];
     let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Outcome)>();
-    let (mut in_flight, mut settled, mut errors) = (0usize, 0usize, 0usize);
+    let (mut in_flight, mut settled, mut errors, mut refused) = (0usize, 0usize, 0usize, 0usize);
     let mut first_error: Option<String> = None;
     let mut last_progress = Instant::now();
     loop {
@@ -423,7 +423,11 @@ async fn replay(
             r.arrival = o.sent.or(r.arrival);
             let failed = o.error.is_some();
             if let Some(e) = o.error {
-                errors += 1;
+                if o.refused {
+                    refused += 1;
+                } else {
+                    errors += 1;
+                }
                 first_error.get_or_insert(e);
                 // Not served: refused under overload, or failed (connection, timeout, a
                 // broken stream, any other error answer), as the simulator marks them.
@@ -459,7 +463,7 @@ async fn replay(
         if !args.quiet && last_progress.elapsed() >= Duration::from_millis(500) {
             last_progress = Instant::now();
             eprint!(
-                "\r[{:>6.1}s] sent {:>6}/{n} done {settled:>6} in flight {in_flight:>5} errors {errors:>4}",
+                "\r[{:>6.1}s] sent {:>6}/{n} done {settled:>6} in flight {in_flight:>5} failed {errors:>4} refused {refused:>4}",
                 shared.now().as_secs_f64(),
                 settled + in_flight,
             );
@@ -477,7 +481,10 @@ async fn replay(
         eprintln!("kvrouter bench: {unended} session end(s) were not acknowledged");
     }
     if let Some(e) = &first_error {
-        eprintln!("kvrouter bench: {errors} request(s) failed; first error: {e}");
+        // Refused (429/503/529 under overload) and failed apart, as the summary counts them.
+        eprintln!(
+            "kvrouter bench: {errors} request(s) failed, {refused} refused; first error: {e}"
+        );
     }
     // Only requests that were sent count: the rest of the trace was cut by --duration-s.
     let (cut, recs) = sent_only(workload, &records);

@@ -286,9 +286,9 @@ impl SimArgs {
         let fleet_blocks = most.saturating_mul(self.num_gpu_blocks);
         if fleet_blocks > MAX_FLEET_GPU_BLOCKS {
             bail!(
-                "{most} workers (--workers, or --planner-max-workers with --planner) × \
-                 --num-gpu-blocks ({}) is {fleet_blocks} blocks, more than the \
-                 {MAX_FLEET_GPU_BLOCKS} a simulation holds (about 5 GB)",
+                "{most} workers (the largest fleet run: --workers, --planner-max-workers with \
+                 --planner, or plan's --max-workers) × --num-gpu-blocks ({}) is {fleet_blocks} \
+                 blocks, more than the {MAX_FLEET_GPU_BLOCKS} a simulation holds (about 5 GB)",
                 self.num_gpu_blocks
             );
         }

@@ -522,6 +522,8 @@ async fn headers_reach_the_router_on_picks_and_reports() {
         (Some(0), Some(0), Some(4)),
         "{s}"
     );
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(err.contains("4 request(s) failed, 0 refused"), "{err}");
     let (output, _) = run(&["--header", "no colon"]).await;
     let err = String::from_utf8_lossy(&output.stderr);
     assert!(
