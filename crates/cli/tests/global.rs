@@ -47,6 +47,24 @@ async fn setup() -> Setup {
     setup_with(&[]).await
 }
 
+/// A global router over `clusters` (`NAME=URL[,...]` each), refreshing every 100 ms, with
+/// `extra` flags.
+async fn global_over(clusters: &[String], extra: &[&str]) -> Proc {
+    let mut args = vec![
+        "serve",
+        "--port",
+        "0",
+        "--global",
+        "--global-refresh-ms",
+        "100",
+    ];
+    for c in clusters {
+        args.extend(["--cluster", c.as_str()]);
+    }
+    args.extend_from_slice(extra);
+    common::spawn_with_env(&args, &[("KVROUTER_CLUSTER_TOKEN", TOKEN)]).await
+}
+
 /// Two clusters (their routers started with `local_args` too) and a dead one.
 async fn setup_with(local_args: &[&str]) -> Setup {
     let fast = local("fast", "20", local_args).await;
@@ -56,26 +74,14 @@ async fn setup_with(local_args: &[&str]) -> Setup {
         format!("slow={},rtt_ms=2", slow.http()),
         format!("dead={}", dead_url()),
     ];
-    let global = common::spawn_with_env(
+    let global = global_over(
+        &clusters,
         &[
-            "serve",
-            "--port",
-            "0",
-            "--global",
-            "--cluster",
-            &clusters[0],
-            "--cluster",
-            &clusters[1],
-            "--cluster",
-            &clusters[2],
-            "--global-refresh-ms",
-            "100",
             "--global-summary-timeout-ms",
             "500",
             "--global-max-summary-age-secs",
             "2",
         ],
-        &[("KVROUTER_CLUSTER_TOKEN", TOKEN)],
     )
     .await;
     let s = Setup {
@@ -579,22 +585,7 @@ async fn requests_go_only_to_clusters_that_serve_their_model() {
     let a = local("a", "20", &["--model-name", "m"]).await;
     let b = local("b", "20", &["--model-name", "other"]).await;
     let clusters = [format!("a={}", a.http()), format!("b={}", b.http())];
-    let global = common::spawn_with_env(
-        &[
-            "serve",
-            "--port",
-            "0",
-            "--global",
-            "--cluster",
-            &clusters[0],
-            "--cluster",
-            &clusters[1],
-            "--global-refresh-ms",
-            "100",
-        ],
-        &[("KVROUTER_CLUSTER_TOKEN", TOKEN)],
-    )
-    .await;
+    let global = global_over(&clusters, &[]).await;
     let http = reqwest::Client::new();
     let base = global.http();
     let get = |path: String| {

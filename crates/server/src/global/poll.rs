@@ -94,14 +94,13 @@ async fn fetch(state: &GlobalState, id: ClusterId) -> Result<ClusterSummary, Fai
 /// The cluster's model cards (`GET URL/v1/models`, `data`), if it answers with a list.
 async fn fetch_models(state: &GlobalState, id: ClusterId) -> Option<Vec<serde_json::Value>> {
     let cluster = &state.clusters[id.0 as usize];
-    let response = state
+    let mut response = state
         .http
         .get(format!("{}/v1/models", cluster.url))
         .timeout(state.config.summary_timeout)
         .send()
         .await
         .ok()?;
-    let mut response = response;
     if response.status() != reqwest::StatusCode::OK {
         return None;
     }
