@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from kvrouter import BadRequestError, KvrouterError, KvrouterServer, NotFoundError, Pick, RolloutHeaders, report_entry
+from kvrouter import BadRequestError, KvrouterError, KvrouterServer, NotFoundError, OverloadedError, Pick, RolloutHeaders, report_entry
 
 from conftest import ServerFactory
 
@@ -92,9 +92,10 @@ async def test_a_full_queue_refuses_a_pick_with_529(serve: ServerFactory) -> Non
     server = serve(mock_workers=1, args=["--router-queue-threshold", "0", "--router-queue-max-requests", "0"])
     async with server.client(model=MODEL) as client:
         first = await client.pick(token_ids=prompt(1, 0))
-        with pytest.raises(KvrouterError) as refused:
+        with pytest.raises(OverloadedError) as refused:
             await client.pick(token_ids=prompt(2, 0))
         assert refused.value.status == 529
+        assert isinstance(refused.value, KvrouterError)
         await client.report(first, "finish")
 
 

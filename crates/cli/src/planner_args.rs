@@ -55,6 +55,9 @@ pub(crate) struct PlannerArgs {
     pub(crate) planner_tick_s: f64,
 }
 
+/// The shortest `--planner-tick-s`.
+const MIN_TICK_S: f64 = 0.01;
+
 impl PlannerArgs {
     /// The control law's configuration; errors name the flag.
     pub(crate) fn config(&self) -> anyhow::Result<PlannerConfig> {
@@ -79,6 +82,13 @@ impl PlannerArgs {
             }
         }
         let startup = non_negative(self.planner_startup_s, "--planner-startup-s")?;
+        // Bounded below: a control loop over seconds; a tick of nanoseconds spun a core.
+        if self.planner_tick_s.is_nan() || self.planner_tick_s < MIN_TICK_S {
+            bail!(
+                "--planner-tick-s must be a number of seconds of at least {MIN_TICK_S}, got {}",
+                self.planner_tick_s
+            );
+        }
         positive(self.planner_tick_s, "--planner-tick-s")?;
         if self
             .planner_rl_rollout_share

@@ -13,8 +13,9 @@ pub(crate) struct ReplicaArgs {
     /// (`nats://HOST:PORT`, JetStream on). Off by default: one router alone.
     #[arg(help_heading = H::REPLICAS, long, value_name = "nats://HOST:PORT")]
     replica_sync: Option<String>,
-    /// This replica's id among the replicas (default: random).
-    #[arg(help_heading = H::REPLICAS, long)]
+    /// This replica's id among the replicas: a whole number, unique among them (default:
+    /// random). Needs --replica-sync.
+    #[arg(help_heading = H::REPLICAS, long, value_name = "N", requires = "replica_sync")]
     replica_id: Option<u64>,
     /// Name of the logical router the replicas form: the prefix of its NATS subjects and
     /// key-value buckets (letters, digits, `_`, `-`).

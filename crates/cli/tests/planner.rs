@@ -217,6 +217,18 @@ async fn the_planner_endpoint_needs_the_token_and_the_flag_and_bad_bounds_name_t
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(flag) && !err.contains("panicked"), "{err}");
     }
+    // A tick of nanoseconds spun a core (found by probing): refused naming its bound.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args(["serve", "--port", "0", "--mock-workers", "1"])
+        .args(["--planner-advise", "--planner-tick-s", "1e-9"])
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("at least 0.01"),
+        "{err}"
+    );
 }
 
 /// `kvrouter sim --planner`: the planner run and the fixed fleet of its peak, both in

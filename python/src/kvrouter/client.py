@@ -215,7 +215,7 @@ class AsyncKvrouterClient:
         """``POST /v1/pick``: where to send a request (give one of ``token_ids``, ``prompt`` or
         ``messages``), without sending it. Send it to ``pick.url`` yourself, then
         :meth:`report` its first token and its finish. Raises what a proxied request would
-        (a ``KvrouterError`` with ``status`` 529 when refused under overload,
+        (an ``OverloadedError``, ``status`` 529, when refused under overload,
         ``ServiceUnavailableError`` ...); may wait in the router
         queue as a proxied request would.
 

@@ -62,7 +62,13 @@ class ConflictError(KvrouterError):
 
 
 class ServiceUnavailableError(KvrouterError):
-    """503: no eligible worker, the router queue is full, or it waited too long."""
+    """503: no eligible worker (or none serves the model's pool), or the request waited too
+    long in the router queue, or the router is draining."""
+
+
+class OverloadedError(KvrouterError):
+    """529: refused under overload, before any work: the router queue or the pick table is
+    full. The answer's ``Retry-After`` says when to try again."""
 
 
 class GatewayTimeoutError(KvrouterError):
@@ -107,6 +113,7 @@ _BY_STATUS: dict[int, type[KvrouterError]] = {
     502: UpstreamError,
     503: ServiceUnavailableError,
     504: GatewayTimeoutError,
+    529: OverloadedError,
 }
 
 

@@ -33,7 +33,7 @@ pub(crate) async fn acquire(state: &AppState) -> Result<Option<u64>, ServeError>
     let body = serde_json::to_vec(&value).unwrap_or_default();
     match link.lease.create(KEY, body.into()).await {
         Ok(revision) => Ok(Some(revision)),
-        Err(_) => {
+        Err(e) if e.kind() == async_nats::jetstream::kv::CreateErrorKind::AlreadyExists => {
             let holder = holder(state)
                 .await
                 .map_or("another".to_owned(), |v| v.replica.to_string());
@@ -41,6 +41,10 @@ pub(crate) async fn acquire(state: &AppState) -> Result<Option<u64>, ServeError>
                 "replica {holder} is driving a weight update (it holds the update lease)"
             )))
         }
+        // NATS is down, or its lease bucket is gone: nobody holds the lease; retry later.
+        Err(e) => Err(ServeError::Unavailable(format!(
+            "the update lease cannot be taken over replica sync (NATS: {e}); retry once it is back"
+        ))),
     }
 }
 
