@@ -320,6 +320,53 @@ async fn a_nats_outage_shows_in_the_connected_gauge() {
     .await;
 }
 
+/// Found by probing: a replica whose first bucket call failed (JetStream off, or not ready yet)
+/// gave up on replica sync for good. It now tries again and joins once JetStream answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_started_before_jetstream_joins_once_it_is_there() {
+    let mut nats = nats().await;
+    let port = nats.url.rsplit(':').next().unwrap().to_owned();
+    // The same port, JetStream off.
+    nats.child.start_kill().unwrap();
+    let _ = nats.child.wait().await;
+    let restart = |js: bool| {
+        let mut args = vec!["-a", "127.0.0.1", "-p", port.as_str()];
+        if js {
+            args.push("-js");
+        }
+        Command::new(nats_binary())
+            .args(&args)
+            .arg("-sd")
+            .arg(&nats._dir.0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("restart nats-server")
+    };
+    nats.child = restart(false);
+    common::until("nats-server to listen", Duration::from_secs(20), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port.parse::<u16>().unwrap()))
+            .await
+            .is_ok()
+    })
+    .await;
+    let engines = engines(1, &[]).await;
+    let r = replica(&nats, 1, &engines, &[]).await;
+    // It serves meanwhile, unsynced.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(metric(&r.http(), "kvrouter_replica_connected").await, 0);
+    nats.child.start_kill().unwrap();
+    let _ = nats.child.wait().await;
+    nats.child = restart(true);
+    let base = r.http();
+    common::until("the replica to join", Duration::from_secs(60), || {
+        let base = base.clone();
+        async move { metric(&base, "kvrouter_replica_connected").await == 1 }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_processes_given_one_replica_id_are_told_apart() {
     let nats = nats().await;

@@ -17,6 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+/// The longest pause between two tries at the key-value buckets.
+const BUCKET_RETRY_MAX: Duration = Duration::from_secs(30);
+
 /// Connects (retrying until NATS answers), joins and runs the loops until the process ends.
 pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
     let inner = state.inner.clone();
@@ -39,7 +42,7 @@ pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
         .router
         .router_session_affinity_ttl_secs
         .map_or(Duration::from_secs(3600), Duration::from_secs_f64);
-    let buckets = async {
+    let buckets = || async {
         Ok::<_, String>((
             super::buckets::open(&js, &names.members(), config.ttl).await?,
             super::buckets::open(&js, &names.sessions(), session_ttl).await?,
@@ -47,12 +50,21 @@ pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
             super::buckets::open(&js, &names.lease(), config.ttl).await?,
         ))
     };
-    let (members, sessions, policy, lease) = match buckets.await {
-        Ok(b) => b,
-        Err(e) => {
-            // JetStream is off (`nats-server -js`) or the buckets disagree: no shared state.
-            tracing::error!("replica sync: key-value buckets: {e}");
-            return;
+    // JetStream off (`nats-server -js`) or not ready yet, or the buckets disagree: no shared
+    // state until it works, so the buckets are tried again (1 s, doubling to 30 s) rather
+    // than given up for the life of the process.
+    let mut pause = Duration::from_secs(1);
+    let (members, sessions, policy, lease) = loop {
+        match buckets().await {
+            Ok(b) => break b,
+            Err(e) => {
+                tracing::error!(
+                    "replica sync: key-value buckets: {e}; trying again in {} s",
+                    pause.as_secs()
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(BUCKET_RETRY_MAX);
+            }
         }
     };
     let peers = Arc::new(Mutex::new(super::peers::Peers::default()));
