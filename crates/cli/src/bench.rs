@@ -223,25 +223,11 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
             args.prompt_format
         );
     }
-    let mut urls = Vec::new();
-    for url in &args.url {
-        let url = url.trim_end_matches('/').to_owned();
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            bail!("--url {url:?}: expected http://HOST:PORT");
-        }
-        match reqwest::Url::parse(&url) {
-            Ok(u) if u.query().is_some() || u.fragment().is_some() => {
-                bail!("--url {url:?}: expected http://HOST:PORT, without a query or fragment")
-            }
-            // A base path is kept (a router behind a prefix); `/v1` is bench's own part.
-            Ok(u) if u.path().ends_with("/v1") => bail!(
-                "--url {url:?}: drop the /v1 (bench adds /v1/completions and /v1/models itself)"
-            ),
-            Ok(_) => {}
-            Err(e) => bail!("--url {url:?}: {e}"),
-        }
-        urls.push(url);
-    }
+    let urls = args
+        .url
+        .iter()
+        .map(|u| client::base_url(u))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     // Shared with the tasks that build each request's body.
     let workload = Arc::new(load_workload(
         args.trace.as_deref(),

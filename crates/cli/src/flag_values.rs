@@ -58,6 +58,23 @@ pub(crate) fn non_negative_ms(ms: f64, flag: &str) -> anyhow::Result<Duration> {
     float_duration(ms, 1e-3, "ms", flag)
 }
 
+/// The items of a comma list flag, trimmed, none of them empty (two commas in a row, or one at
+/// an end); `none` ends the message for a list without any.
+pub(crate) fn comma_items<'a>(
+    list: &'a str,
+    flag: &str,
+    none: &str,
+) -> anyhow::Result<Vec<&'a str>> {
+    let items: Vec<&str> = list.split(',').map(str::trim).collect();
+    if items.iter().all(|s| s.is_empty()) {
+        bail!("{flag} {list:?} {none}");
+    }
+    if items.iter().any(|s| s.is_empty()) {
+        bail!("{flag} {list:?} has an empty item (two commas in a row, or one at an end)");
+    }
+    Ok(items)
+}
+
 /// A number of seconds > 0.
 pub(crate) fn positive(v: f64, flag: &str) -> anyhow::Result<Duration> {
     // A negative value is told the bound it misses (not "≥ 0", which 0 would not meet either).

@@ -117,7 +117,23 @@ pub(crate) struct SimArgs {
 }
 
 /// The most KV blocks all simulated engines together hold (4,096 workers of 16,384 blocks).
-pub(crate) const MAX_FLEET_GPU_BLOCKS: usize = 1 << 26;
+const MAX_FLEET_GPU_BLOCKS: usize = 1 << 26;
+
+/// Refuses `blocks` KV blocks past what a simulation holds (each simulated engine holds its
+/// blocks from the start); `what` names the flags that came to them.
+pub(crate) fn check_fleet_blocks(
+    blocks: usize,
+    what: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    if blocks > MAX_FLEET_GPU_BLOCKS {
+        bail!(
+            "{} is {blocks} blocks, more than the {MAX_FLEET_GPU_BLOCKS} a simulation holds \
+             (about 5 GB)",
+            what()
+        );
+    }
+    Ok(())
+}
 
 /// Largest `--ingress-us-per-token`: 1 ms a token (a 10M-token prompt then takes under four
 /// hours to arrive, well within the clock).
@@ -283,15 +299,13 @@ impl SimArgs {
             }
             None => fleet,
         };
-        let fleet_blocks = most.saturating_mul(self.num_gpu_blocks);
-        if fleet_blocks > MAX_FLEET_GPU_BLOCKS {
-            bail!(
+        check_fleet_blocks(most.saturating_mul(self.num_gpu_blocks), || {
+            format!(
                 "{most} workers (the largest fleet run: --workers, --planner-max-workers with \
-                 --planner, or plan's --max-workers) × --num-gpu-blocks ({}) is {fleet_blocks} \
-                 blocks, more than the {MAX_FLEET_GPU_BLOCKS} a simulation holds (about 5 GB)",
+                 --planner, or plan's --max-workers) × --num-gpu-blocks ({})",
                 self.num_gpu_blocks
-            );
-        }
+            )
+        })?;
         if self.concurrency == Some(0) {
             bail!("--concurrency must be at least 1");
         }
@@ -336,14 +350,8 @@ impl SimArgs {
         let Some(list) = &self.compare else {
             return Ok(vec![base]);
         };
-        let items: Vec<&str> = list.split(',').map(str::trim).collect();
-        if items.iter().all(|s| s.is_empty()) {
-            bail!("--compare {list:?} names no configuration (a comma list such as kv,cost)");
-        }
-        if items.iter().any(|s| s.is_empty()) {
-            bail!("--compare {list:?} has an empty item (two commas in a row, or one at an end)");
-        }
-        items
+        let none = "names no configuration (a comma list such as kv,cost)";
+        crate::flag_values::comma_items(list, "--compare", none)?
             .into_iter()
             .map(|item| {
                 let router = apply_compare_item(&base_router, item)?;

@@ -20,14 +20,9 @@ pub(crate) fn read_clusters(path: &std::path::Path) -> anyhow::Result<ClustersFi
 }
 
 fn policies(list: &str) -> anyhow::Result<Vec<GlobalPolicy>> {
-    if list.trim().is_empty() {
-        bail!("--global-policy: name at least one of static-split, least-loaded, kv");
-    }
+    let none = "names no policy (static-split, least-loaded or kv)";
     let mut out: Vec<GlobalPolicy> = Vec::new();
-    for item in list.split(',').map(str::trim) {
-        if item.is_empty() {
-            bail!("--global-policy {list:?} has an empty item (two commas in a row, or one at an end)");
-        }
+    for item in crate::flag_values::comma_items(list, "--global-policy", none)? {
         let policy = item.parse().context("--global-policy")?;
         if out.contains(&policy) {
             bail!("--global-policy {list:?} names {item} twice");
@@ -52,14 +47,12 @@ pub(crate) fn run(args: &SimArgs) -> anyhow::Result<()> {
                 .saturating_mul(c.num_gpu_blocks.unwrap_or(default_blocks))
         })
         .fold(0, usize::saturating_add);
-    let most = crate::sim::MAX_FLEET_GPU_BLOCKS;
-    if blocks > most {
-        bail!(
-            "--clusters {}: the clusters' workers × num_gpu_blocks (or --num-gpu-blocks) come to \
-             {blocks} blocks, more than the {most} a simulation holds (about 5 GB)",
+    crate::sim::check_fleet_blocks(blocks, || {
+        format!(
+            "--clusters {}: the clusters' workers × num_gpu_blocks (or --num-gpu-blocks)",
             path.display()
-        );
-    }
+        )
+    })?;
     let policies = policies(&args.global_policy)?;
     let workload = args.workload()?;
     let (concurrency, kv_event_delay_ms, router) = args.global_inputs()?;

@@ -6,6 +6,25 @@ use kvrouter_openai::sse;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// A `--url` as bench uses it: `http(s)://HOST:PORT`, maybe with a base path (a router behind a
+/// prefix), without a trailing `/`, a query, a fragment or bench's own `/v1`.
+pub(super) fn base_url(url: &str) -> anyhow::Result<String> {
+    let url = url.trim_end_matches('/');
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        anyhow::bail!("--url {url:?}: expected http://HOST:PORT");
+    }
+    match reqwest::Url::parse(url) {
+        Ok(u) if u.query().is_some() || u.fragment().is_some() => {
+            anyhow::bail!("--url {url:?}: expected http://HOST:PORT, without a query or fragment")
+        }
+        Ok(u) if u.path().ends_with("/v1") => anyhow::bail!(
+            "--url {url:?}: drop the /v1 (bench adds /v1/completions and /v1/models itself)"
+        ),
+        Ok(_) => Ok(url.to_owned()),
+        Err(e) => anyhow::bail!("--url {url:?}: {e}"),
+    }
+}
+
 /// What one request measured (times relative to the start of the run).
 #[derive(Debug, Default)]
 pub(super) struct Outcome {

@@ -19,6 +19,8 @@
 #[cfg(test)]
 mod decode_tests;
 mod estimate;
+#[cfg(test)]
+mod model_tests;
 mod policy;
 mod router;
 mod sketch;

@@ -18,16 +18,18 @@
 //! cluster routed around move (counted: their KV stays behind, so they prefill again).
 //!
 //! Layout: this file (configuration, state, start), `poll.rs` (summary pollers),
-//! `proxy.rs` (the HTTP surface and forwarding), `metrics.rs` (per-cluster counters).
+//! `models.rs` (the clusters' model lists), `proxy.rs` (the HTTP surface and forwarding),
+//! `metrics.rs` (per-cluster counters).
 
 mod metrics;
+mod models;
 mod poll;
 mod proxy;
 mod sessions;
 
 use crate::state::AppState;
 use crate::{RunningServer, ServeConfig, StartError};
-use kvrouter_core::global::{ClusterId, ClusterSpec, GlobalConfig, GlobalRouter, MAX_RTT_MS};
+use kvrouter_core::global::{ClusterSpec, GlobalConfig, GlobalRouter, MAX_RTT_MS};
 use kvrouter_core::time::Time;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -166,9 +168,8 @@ pub(crate) struct GlobalState {
     pub(crate) clusters: Vec<Cluster>,
     pub(crate) metrics: metrics::GlobalMetrics,
     pub(crate) http: reqwest::Client,
-    /// Each cluster's model cards as its router last listed them (`GET /v1/models`, fetched
-    /// with its summary); `None` until a list came. The core gets their ids
-    /// ([`GlobalRouter::set_models`]).
+    /// Each cluster's model cards as its router last listed them (`models.rs`); `None` until
+    /// a list came. The core gets their ids ([`GlobalRouter::set_models`]).
     pub(crate) models: Mutex<Vec<Option<Vec<serde_json::Value>>>>,
     epoch: Instant,
 }
@@ -181,28 +182,6 @@ impl GlobalState {
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, GlobalRouter> {
         self.router.lock().expect("global router lock")
-    }
-
-    /// The models of the clusters available now (each card once, by id), or `None` while an
-    /// available cluster's list is not known (or none is available).
-    pub(crate) fn available_models(&self) -> Option<Vec<serde_json::Value>> {
-        let now = self.now();
-        let available: Vec<usize> = {
-            let r = self.lock();
-            (0..self.clusters.len())
-                .filter(|&i| r.is_eligible(ClusterId(i as u32), now))
-                .collect()
-        };
-        let lists = self.models.lock().expect("models lock");
-        let mut cards: Vec<serde_json::Value> = Vec::new();
-        for i in &available {
-            for card in lists[*i].as_ref()? {
-                if !cards.iter().any(|c| c["id"] == card["id"]) {
-                    cards.push(card.clone());
-                }
-            }
-        }
-        (!available.is_empty()).then_some(cards)
     }
 }
 

@@ -30,14 +30,7 @@ async fn run(state: Arc<GlobalState>, id: ClusterId) {
         match fetch(&state, id).await {
             Ok(summary) => {
                 take(&state, id, summary);
-                if let Some(cards) = fetch_models(&state, id).await {
-                    let ids = cards
-                        .iter()
-                        .filter_map(|c| c["id"].as_str().map(str::to_owned))
-                        .collect();
-                    let _ = state.lock().set_models(id, Some(ids));
-                    state.models.lock().expect("models lock")[id.0 as usize] = Some(cards);
-                }
+                super::models::refresh(&state, id).await;
             }
             Err(kind) => {
                 state.metrics.fetch_failed(id, kind);
@@ -90,32 +83,3 @@ async fn fetch(state: &GlobalState, id: ClusterId) -> Result<ClusterSummary, Fai
         FailKind::Invalid
     })
 }
-
-/// The cluster's model cards (`GET URL/v1/models`, `data`), if it answers with a list.
-async fn fetch_models(state: &GlobalState, id: ClusterId) -> Option<Vec<serde_json::Value>> {
-    let cluster = &state.clusters[id.0 as usize];
-    let mut response = state
-        .http
-        .get(format!("{}/v1/models", cluster.url))
-        .timeout(state.config.summary_timeout)
-        .send()
-        .await
-        .ok()?;
-    if response.status() != reqwest::StatusCode::OK {
-        return None;
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.ok()? {
-        if body.len() + chunk.len() > MAX_MODELS_BYTES {
-            tracing::warn!(cluster = %cluster.name, "model list over {MAX_MODELS_BYTES} bytes: ignored");
-            return None;
-        }
-        body.extend_from_slice(&chunk);
-    }
-    let mut list: serde_json::Value = serde_json::from_slice(&body).ok()?;
-    let cards = list.get_mut("data")?.as_array_mut()?;
-    Some(std::mem::take(cards))
-}
-
-/// The largest model list taken from a cluster (its `GET /v1/models` body), bytes.
-const MAX_MODELS_BYTES: usize = 1 << 20;

@@ -16,7 +16,7 @@ use super::GlobalState;
 use crate::error::ServeError;
 use crate::routing::{self, Kind, RoutingInput};
 use axum::body::{Body, Bytes};
-use axum::extract::{OriginalUri, Path, State};
+use axum::extract::{OriginalUri, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -47,8 +47,8 @@ pub(super) fn app(state: S) -> Router {
         .route("/v1/embeddings", post(embeddings))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
-        .route("/v1/models", get(models))
-        .route("/v1/models/{id}", get(model))
+        .route("/v1/models", get(super::models::list))
+        .route("/v1/models/{id}", get(super::models::one))
         .route("/health", get(health))
         .route("/ready", get(health))
         .route("/live", get(|| async { "ok" }))
@@ -96,42 +96,17 @@ handler!(responses, Prompt::Passthrough(Endpoint::Responses));
 handler!(embeddings, Prompt::Passthrough(Endpoint::Embeddings));
 handler!(tokenize, Prompt::Passthrough(Endpoint::Tokenize));
 handler!(detokenize, Prompt::Passthrough(Endpoint::Detokenize));
-handler!(forwarded_models, Prompt::None);
-
-/// `GET /v1/models`: the available clusters' models together, once their lists are known
-/// (until then, one available cluster's answer, as forwarded).
-async fn models(
-    State(s): State<S>,
-    method: Method,
-    uri: OriginalUri,
+/// A model-list request forwarded to an available cluster, as before the clusters' lists are
+/// known (`models.rs`).
+pub(super) async fn forward_model_list(
+    s: &S,
+    uri: &axum::http::Uri,
     headers: HeaderMap,
-    body: Bytes,
 ) -> Response {
-    match s.available_models() {
-        Some(cards) => {
-            axum::Json(serde_json::json!({"object": "list", "data": cards})).into_response()
-        }
-        None => forwarded_models(State(s), method, uri, headers, body).await,
-    }
-}
-
-/// `GET /v1/models/{id}`: one of the available clusters' models (404 naming `model` for one
-/// none serves), once their lists are known (until then, forwarded).
-async fn model(
-    State(s): State<S>,
-    Path(id): Path<String>,
-    method: Method,
-    uri: OriginalUri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let Some(cards) = s.available_models() else {
-        return forwarded_models(State(s), method, uri, headers, body).await;
-    };
-    match cards.into_iter().find(|c| c["id"] == id.as_str()) {
-        Some(card) => axum::Json(card).into_response(),
-        None => ServeError::from(kvrouter_openai::RequestError::UnknownModel(id)).into_response(),
-    }
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    handle(s, Prompt::None, Method::GET, path, headers, Bytes::new())
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn health(State(s): State<S>) -> Response {
@@ -160,7 +135,6 @@ async fn metrics(State(s): State<S>) -> Response {
         .into_response()
 }
 
-/// What the global router routes on: the prompt's blocks at the clusters' block size.
 /// What the global router routes on, read from a request's body.
 struct Routed {
     input: RoutingInput,
@@ -170,6 +144,7 @@ struct Routed {
     model: Option<String>,
 }
 
+/// The request's routing input: the prompt's blocks at the clusters' block size.
 async fn routing_input(
     s: &GlobalState,
     prompt: Prompt,
@@ -180,10 +155,7 @@ async fn routing_input(
             .map_err(|e| ServeError::invalid(format!("the body is not JSON: {e}"), None))?;
         let fields = body.fields();
         let stream = fields.get("stream").and_then(|v| v.as_bool()) == Some(true);
-        let model = fields
-            .get("model")
-            .and_then(|v| v.as_str())
-            .map(str::to_owned);
+        let model = kvrouter_openai::request::model(fields).map(str::to_owned);
         Ok((body, stream, model))
     };
     Ok(match prompt {

@@ -64,15 +64,17 @@ impl Flow {
         self
     }
 
-    /// Counts a streamed answer that ended with an in-band error when no attempt's guard is left
-    /// to (a continuation that could not start): `requests_total` `failed`.
-    fn count_failed(&self) {
-        let mode = self.req.state.inner.config.router.router_mode;
-        self.req.state.inner.metrics.requests.inc(&[
-            ("status", "failed"),
-            ("mode", mode.as_str()),
-            ("model", self.req.model().unwrap_or("")),
-        ]);
+    /// The last events of a stream its group ended (under the request's model when the
+    /// answer showed none).
+    fn stopped_events(&self) -> Bytes {
+        self.machine
+            .stopped_events(self.req.model().unwrap_or_default())
+    }
+
+    /// The whole answer of a request its group ended.
+    fn stopped_body(&self) -> Bytes {
+        self.machine
+            .stopped_body(self.req.model().unwrap_or_default())
     }
 
     /// The answer failed for `why`: noted when nothing of it went on yet.
@@ -177,7 +179,7 @@ pub(crate) fn stream(
                     // The group has enough samples: end here with what was produced.
                     guard.produced(f.machine.generated_tokens());
                     guard.end_aborted();
-                    return Some((Ok(f.machine.stopped_events(f.req.model().unwrap_or(""))), None));
+                    return Some((Ok(f.stopped_events()), None));
                 }
             };
             if armed {
@@ -232,12 +234,7 @@ pub(crate) fn stream(
                 Ok(Some((response, g))) => {
                     (up, guard) = (upstream(response, &f.req.state.inner.config), g)
                 }
-                Ok(None) => {
-                    return Some((
-                        Ok(f.machine.stopped_events(f.req.model().unwrap_or(""))),
-                        None,
-                    ))
-                }
+                Ok(None) => return Some((Ok(f.stopped_events()), None)),
                 Err(e) => {
                     let what = match after_abort {
                         true => "continuation after a weight update failed",
@@ -250,7 +247,8 @@ pub(crate) fn stream(
                         e => e.to_string(),
                     };
                     let message = format!("{what}: {why}");
-                    f.count_failed();
+                    // No attempt's guard is left to count it (the last one was retired).
+                    f.req.count("failed");
                     f.failed(&message);
                     return Some((Ok(f.machine.error_event(&message)), None));
                 }
@@ -329,13 +327,7 @@ pub(crate) async fn whole(
         // Its group may get enough samples while it waits or runs again.
         let (response, g) = match f.continue_elsewhere(guard, true).await {
             Ok(Some(sent)) => sent,
-            Ok(None) => {
-                return Ok((
-                    f.machine.stopped_body(f.req.model().unwrap_or("")),
-                    worker,
-                    f.machine.version(),
-                ))
-            }
+            Ok(None) => return Ok((f.stopped_body(), worker, f.machine.version())),
             Err(e) => {
                 let e = format!("continuation after a weight update failed: {e}");
                 return Err(f.req.count_error(ServeError::Upstream(e)));
@@ -346,11 +338,7 @@ pub(crate) async fn whole(
         bytes = match read(&f.req.state, response, &mut guard, &mut f.stop).await {
             Read::Body(b) => b,
             Read::Stopped => {
-                return Ok((
-                    f.machine.stopped_body(f.req.model().unwrap_or("")),
-                    worker,
-                    f.machine.version(),
-                ));
+                return Ok((f.stopped_body(), worker, f.machine.version()));
             }
             Read::Failed(e) => {
                 guard.end_failed();
@@ -415,12 +403,7 @@ impl Flow {
             }
             Ok(Outcome::Stopped { logged }) => {
                 if !logged {
-                    let mode = inner.config.router.router_mode;
-                    inner.metrics.requests.inc(&[
-                        ("status", "aborted"),
-                        ("mode", mode.as_str()),
-                        ("model", self.req.model().unwrap_or("")),
-                    ]);
+                    self.req.count("aborted");
                     log("aborted", prov);
                 }
                 Ok(None)

@@ -170,12 +170,7 @@ async fn answer(
 /// A sibling whose group had its N samples before it was placed: counted and logged as
 /// aborted, answered with nothing.
 fn refuse(req: &Request) -> Response {
-    let mode = req.state.inner.config.router.router_mode;
-    req.state.inner.metrics.requests.inc(&[
-        ("status", "aborted"),
-        ("mode", mode.as_str()),
-        ("model", req.model().unwrap_or("")),
-    ]);
+    req.count("aborted");
     if let Some(mut p) = req.provenance() {
         p.abort_reason = Some("group-satisfied");
         log_line(&req.state, p, "aborted", None, req.arrival, None, None);
@@ -186,6 +181,5 @@ fn refuse(req: &Request) -> Response {
 /// The whole answer of a request ended before it produced anything because its group has
 /// enough samples: finish reason `abort`, no output.
 fn ended_by_group(req: &Request) -> Response {
-    let model = req.model().unwrap_or("");
-    respond::group_satisfied(req.kind, model, req.stream, req.input.isl_tokens)
+    respond::group_satisfied(req, req.stream)
 }

@@ -15,7 +15,6 @@ use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::{Decision, Pin};
 use kvrouter_openai::passthrough::Endpoint;
 use kvrouter_openai::Body;
-use serde_json::Value;
 use std::time::Instant;
 
 /// A parsed request: what every attempt at it needs.
@@ -188,13 +187,19 @@ impl Request {
 
     /// Counts a request that failed after it was parsed (with its `model` label).
     pub(crate) fn count_error(&self, e: ServeError) -> ServeError {
+        self.count(e.status_label());
+        e
+    }
+
+    /// Counts the request in `kvrouter_requests_total` as ending with `status`, where no load
+    /// guard does (it had none, or its guard was retired for a continuation).
+    pub(crate) fn count(&self, status: &str) {
         let mode = self.state.inner.config.router.router_mode;
         self.state.inner.metrics.requests.inc(&[
-            ("status", e.status_label()),
+            ("status", status),
             ("mode", mode.as_str()),
             ("model", self.model().unwrap_or("")),
         ]);
-        e
     }
 
     /// Records the first placement: the router's overhead, the prompt length and cache hits.
@@ -211,7 +216,7 @@ impl Request {
 
     /// The body's `model`, if it names one.
     pub(crate) fn model(&self) -> Option<&str> {
-        self.body.fields().get("model").and_then(Value::as_str)
+        kvrouter_openai::request::model(self.body.fields())
     }
 
     /// The request's provenance line as far as the request itself says (with

@@ -7,7 +7,6 @@ use super::forward::{self, Flow, Read};
 use super::parse::Request;
 use crate::error::ServeError;
 use crate::health::Source;
-use crate::routing::Kind;
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -46,9 +45,7 @@ pub(crate) async fn respond(
         // if a weight update aborted it.
         let first = match forward::read(&req.state, response, &mut guard, &mut stop).await {
             Read::Body(b) => b,
-            Read::Stopped => {
-                return Ok(group_satisfied(kind, req.model().unwrap_or(""), false, isl))
-            }
+            Read::Stopped => return Ok(group_satisfied(&req, false)),
             Read::Failed(e) => {
                 req.state.observe_health(worker, false, Source::Request);
                 guard.end_failed();
@@ -206,14 +203,11 @@ impl serde::Serialize for DecisionView<'_> {
     }
 }
 
-/// The whole answer of a request for `model` ended before it produced anything because its
-/// group has enough samples (first-N-of-M): finish reason `abort`, no output.
-pub(crate) fn group_satisfied(
-    kind: Kind,
-    model: &str,
-    stream: bool,
-    prompt_tokens: u64,
-) -> Response {
+/// The whole answer of `req` ended before it produced anything because its group has enough
+/// samples (first-N-of-M): finish reason `abort`, no output; `stream`: as SSE events.
+pub(crate) fn group_satisfied(req: &Request, stream: bool) -> Response {
+    let (kind, prompt_tokens) = (req.kind, req.input.isl_tokens);
+    let model = req.model().unwrap_or_default();
     let identity = first_n::Identity::fresh(model, super::continuation::unix_now());
     if stream {
         return (
