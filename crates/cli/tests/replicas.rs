@@ -4,6 +4,8 @@
 //! `nats-server`); without it these tests fail, they do not skip.
 
 mod common;
+#[path = "replicas/outage.rs"]
+mod outage;
 
 use common::Proc;
 use serde_json::{json, Value};
@@ -54,6 +56,47 @@ fn nats_binary() -> String {
     })
 }
 
+impl Nats {
+    fn port(&self) -> u16 {
+        self.url.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    /// Stops the server: its memory-stored buckets go with it.
+    async fn stop(&mut self) {
+        self.child.start_kill().unwrap();
+        let _ = self.child.wait().await;
+    }
+
+    /// Starts it again on the same port, with JetStream or without.
+    async fn restart(&mut self, jetstream: bool) {
+        self.child = nats_process(self.port(), &self._dir.0, jetstream);
+        let port = self.port();
+        common::until("nats-server to listen", Duration::from_secs(20), || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        })
+        .await;
+    }
+}
+
+fn nats_process(port: u16, dir: &std::path::Path, jetstream: bool) -> Child {
+    let port = port.to_string();
+    let mut args = vec!["-a", "127.0.0.1", "-p", port.as_str()];
+    if jetstream {
+        args.push("-js");
+    }
+    Command::new(nats_binary())
+        .args(&args)
+        .arg("-sd")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start nats-server")
+}
+
 async fn nats() -> Nats {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -61,14 +104,7 @@ async fn nats() -> Nats {
         .unwrap()
         .port();
     let dir = std::env::temp_dir().join(format!("kvrouter-replicas-{}-{port}", std::process::id()));
-    let child = Command::new(nats_binary())
-        .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-        .arg(&dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start nats-server");
+    let child = nats_process(port, &dir, true);
     common::until("nats-server to listen", Duration::from_secs(20), || async {
         tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -283,88 +319,6 @@ async fn a_session_pinned_through_one_replica_keeps_its_worker_through_others() 
         .await;
         assert_eq!(got, *w, "{session} through replica C, joined later");
     }
-}
-
-/// NATS going away shows in `kvrouter_replica_connected` within a heartbeat (the client buffers
-/// publishes meanwhile, so their success says nothing), and the gauge comes back with NATS.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_nats_outage_shows_in_the_connected_gauge() {
-    let mut nats = nats().await;
-    let engines = engines(1, &[]).await;
-    let r = replica(&nats, 1, &engines, &[]).await;
-    let connected = |want: u64| {
-        let base = r.http();
-        move || {
-            let base = base.clone();
-            async move { metric(&base, "kvrouter_replica_connected").await == want }
-        }
-    };
-    common::until("the replica to join", Duration::from_secs(20), connected(1)).await;
-    nats.child.start_kill().unwrap();
-    let _ = nats.child.wait().await;
-    common::until("the outage to show", Duration::from_secs(20), connected(0)).await;
-    let port = nats.url.rsplit(':').next().unwrap().to_owned();
-    nats.child = Command::new(nats_binary())
-        .args(["-js", "-a", "127.0.0.1", "-p", &port, "-sd"])
-        .arg(&nats._dir.0)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("restart nats-server");
-    common::until(
-        "the replica to reconnect",
-        Duration::from_secs(30),
-        connected(1),
-    )
-    .await;
-}
-
-/// Found by probing: a replica whose first bucket call failed (JetStream off, or not ready yet)
-/// gave up on replica sync for good. It now tries again and joins once JetStream answers.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_replica_started_before_jetstream_joins_once_it_is_there() {
-    let mut nats = nats().await;
-    let port = nats.url.rsplit(':').next().unwrap().to_owned();
-    // The same port, JetStream off.
-    nats.child.start_kill().unwrap();
-    let _ = nats.child.wait().await;
-    let restart = |js: bool| {
-        let mut args = vec!["-a", "127.0.0.1", "-p", port.as_str()];
-        if js {
-            args.push("-js");
-        }
-        Command::new(nats_binary())
-            .args(&args)
-            .arg("-sd")
-            .arg(&nats._dir.0)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("restart nats-server")
-    };
-    nats.child = restart(false);
-    common::until("nats-server to listen", Duration::from_secs(20), || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", port.parse::<u16>().unwrap()))
-            .await
-            .is_ok()
-    })
-    .await;
-    let engines = engines(1, &[]).await;
-    let r = replica(&nats, 1, &engines, &[]).await;
-    // It serves meanwhile, unsynced.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(metric(&r.http(), "kvrouter_replica_connected").await, 0);
-    nats.child.start_kill().unwrap();
-    let _ = nats.child.wait().await;
-    nats.child = restart(true);
-    let base = r.http();
-    common::until("the replica to join", Duration::from_secs(60), || {
-        let base = base.clone();
-        async move { metric(&base, "kvrouter_replica_connected").await == 1 }
-    })
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -249,6 +249,17 @@ impl Router {
         self.sessions.retain(|_, (_, expires)| *expires > now);
     }
 
+    /// Up to `max` live session bindings at `now`: each session, its rank and the milliseconds
+    /// left of its binding (what a replica writes back into a shared store that lost them).
+    pub fn session_bindings(&self, now: Time, max: usize) -> Vec<(u64, WorkerRank, u64)> {
+        self.sessions
+            .iter()
+            .filter(|(_, (_, expires))| *expires > now)
+            .take(max)
+            .map(|(s, (rank, expires))| (*s, *rank, expires.since(now).as_millis() as u64))
+            .collect()
+    }
+
     /// Number of live session bindings.
     pub fn session_count(&self) -> usize {
         self.sessions.len()

@@ -252,6 +252,40 @@ fn sessions_and_groups_placed_by_one_replica_hold_at_the_other() {
     assert_eq!(b.session_binding(77, Time::ZERO), None);
 }
 
+/// What a replica writes back into a shared store that lost its sessions: the live bindings
+/// with the time each has left, expired ones left out, at most `max`.
+#[test]
+fn live_session_bindings_are_listed_with_their_time_left() {
+    let config = RouterConfig {
+        router_mode: RouterMode::RoundRobin,
+        kv_cache_block_size: BS,
+        router_session_affinity_ttl_secs: Some(10.0),
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    for w in 0..2 {
+        r.add_worker(WorkerSpec::new(WorkerId(w))).unwrap();
+    }
+    let bind = |r: &mut Router, id: u64, session: u64, at: Time| {
+        let mut req = request(id, &tokens(id as u32, 8));
+        req.session = Some(session);
+        r.route(&req, at).unwrap().rank
+    };
+    let first = bind(&mut r, 1, 7, Time::ZERO);
+    let second = bind(&mut r, 2, 9, Time::from_millis(4_000));
+    let at = Time::from_millis(6_000);
+    assert_eq!(
+        r.session_bindings(at, 10),
+        vec![(7, first, 4_000), (9, second, 8_000)]
+    );
+    assert_eq!(r.session_bindings(at, 1).len(), 1);
+    // Past the first binding's end it is left out, though not yet expired from the table.
+    assert_eq!(
+        r.session_bindings(Time::from_millis(11_000), 10),
+        vec![(9, second, 3_000)]
+    );
+}
+
 #[test]
 fn predicted_placements_are_shared() {
     let config = RouterConfig {

@@ -54,6 +54,45 @@ pub(super) async fn open(
     }
 }
 
+/// The longest pause between two tries at the key-value buckets.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// The four buckets: members, sessions, policy, lease.
+pub(super) type Buckets = (kv::Store, kv::Store, kv::Store, kv::Store);
+
+/// Opens the four buckets, making any that is missing. JetStream off (`nats-server` without
+/// `-js`), not ready yet, or buckets that disagree: there is no shared state until it works, so
+/// they are tried again (after 1 s, doubling to 30 s) rather than given up.
+pub(super) async fn open_all(
+    js: &jetstream::Context,
+    names: &Names,
+    ttl: Duration,
+    session_ttl: Duration,
+) -> Buckets {
+    let all = || async {
+        Ok::<_, String>((
+            open(js, &names.members(), ttl).await?,
+            open(js, &names.sessions(), session_ttl).await?,
+            open(js, &names.policy(), Duration::ZERO).await?,
+            open(js, &names.lease(), ttl).await?,
+        ))
+    };
+    let mut pause = Duration::from_secs(1);
+    loop {
+        match all().await {
+            Ok(b) => return b,
+            Err(e) => {
+                tracing::error!(
+                    "replica sync: key-value buckets: {e}; trying again in {} s",
+                    pause.as_secs()
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MAX);
+            }
+        }
+    }
+}
+
 /// Every entry of a bucket (at most `max`, `--replica-join-max-keys`).
 async fn entries(store: &kv::Store, max: usize) -> Vec<(String, bytes::Bytes)> {
     let mut out = Vec::new();
@@ -221,4 +260,54 @@ pub(super) async fn store_shared(
             .publish(Names::kv_subject(&bucket, &key), body.into())
             .await;
     }
+}
+
+/// Writes every session binding (at most `max`), version and pause this replica knows into
+/// the buckets where the key is missing: a bucket lost with a restarted NATS server is filled
+/// again, and a key another replica wrote meanwhile is not overwritten (JetStream refuses a
+/// write that expects the key to have no entry yet). Plain publishes; returns how many.
+pub(super) async fn refill(inner: &Inner, link: &Link, names: &Names, max: usize) -> usize {
+    let urls = super::link::local_urls(inner);
+    let mut writes: Vec<(String, String, Vec<u8>)> = Vec::new();
+    {
+        let core = inner.lock_core();
+        for w in core.workers() {
+            let Some(url) = urls.get(&w.id) else { continue };
+            let v = WorkerPolicy {
+                url: url.clone(),
+                version: Some(w.policy_version),
+                paused: Some(core.is_paused(w.id)),
+            };
+            writes.push((
+                names.policy(),
+                wire::worker_key(url),
+                serde_json::to_vec(&v).unwrap_or_default(),
+            ));
+        }
+        for (session, rank, ttl_ms) in core.session_bindings(inner.now(), max) {
+            let Some(url) = urls.get(&rank.worker) else {
+                continue;
+            };
+            let v = SessionValue {
+                url: url.clone(),
+                dp_rank: rank.dp_rank,
+                ttl_ms,
+            };
+            writes.push((
+                names.sessions(),
+                wire::session_key(session),
+                serde_json::to_vec(&v).unwrap_or_default(),
+            ));
+        }
+    }
+    let n = writes.len();
+    for (bucket, key, body) in writes {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Expected-Last-Subject-Sequence", "0");
+        let _ = link
+            .client
+            .publish_with_headers(Names::kv_subject(&bucket, &key), headers, body.into())
+            .await;
+    }
+    n
 }

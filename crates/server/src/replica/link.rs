@@ -17,9 +17,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-/// The longest pause between two tries at the key-value buckets.
-const BUCKET_RETRY_MAX: Duration = Duration::from_secs(30);
-
 /// Connects (retrying until NATS answers), joins and runs the loops until the process ends.
 pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
     let inner = state.inner.clone();
@@ -42,31 +39,8 @@ pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
         .router
         .router_session_affinity_ttl_secs
         .map_or(Duration::from_secs(3600), Duration::from_secs_f64);
-    let buckets = || async {
-        Ok::<_, String>((
-            super::buckets::open(&js, &names.members(), config.ttl).await?,
-            super::buckets::open(&js, &names.sessions(), session_ttl).await?,
-            super::buckets::open(&js, &names.policy(), Duration::ZERO).await?,
-            super::buckets::open(&js, &names.lease(), config.ttl).await?,
-        ))
-    };
-    // JetStream off (`nats-server -js`) or not ready yet, or the buckets disagree: no shared
-    // state until it works, so the buckets are tried again (1 s, doubling to 30 s) rather
-    // than given up for the life of the process.
-    let mut pause = Duration::from_secs(1);
-    let (members, sessions, policy, lease) = loop {
-        match buckets().await {
-            Ok(b) => break b,
-            Err(e) => {
-                tracing::error!(
-                    "replica sync: key-value buckets: {e}; trying again in {} s",
-                    pause.as_secs()
-                );
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(BUCKET_RETRY_MAX);
-            }
-        }
-    };
+    let (members, sessions, policy, lease) =
+        super::buckets::open_all(&js, &names, config.ttl, session_ttl).await;
     let peers = Arc::new(Mutex::new(super::peers::Peers::default()));
     let link = Arc::new(Link {
         client: client.clone(),
@@ -94,9 +68,23 @@ pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
         config.cluster,
         config.url
     );
+    // A change is kept for two heartbeats while connected: the publisher notices a lost
+    // connection within one.
+    let outage = Arc::new(super::repair::Outage::new(super::repair::Retained::new(
+        config.heartbeat * 2,
+        config.join_max_keys,
+    )));
+    let stores = super::repair::Stores { js, session_ttl };
     tokio::spawn(receive(state.clone(), sub, peers.clone()));
-    tokio::spawn(expire(state.clone(), peers));
-    publish(state, link).await;
+    tokio::spawn(expire(state.clone(), peers.clone()));
+    tokio::spawn(super::repair::run(
+        state.clone(),
+        link.clone(),
+        stores,
+        peers,
+        outage.clone(),
+    ));
+    publish(state, link, outage).await;
 }
 
 /// This replica's workers by URL, found by a URL another replica spelled
@@ -298,8 +286,9 @@ async fn expire(state: AppState, peers: Arc<Mutex<super::peers::Peers>>) {
 }
 
 /// Publishes this replica's events as they are queued, and a heartbeat (with its active
-/// requests and worker table) every heartbeat interval.
-async fn publish(state: AppState, link: Arc<Link>) {
+/// requests and worker table) every heartbeat interval. Keeps its recent changes to the stored
+/// state and starts a repair when the client has connected again (see [`super::repair`]).
+async fn publish(state: AppState, link: Arc<Link>, outage: Arc<super::repair::Outage>) {
     let inner = &state.inner;
     let config = &link.config;
     let names = Names::new(&config.cluster);
@@ -308,6 +297,8 @@ async fn publish(state: AppState, link: Arc<Link>) {
     let mut tick = tokio::time::interval(config.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seq = 0u64;
+    let stats = link.client.statistics();
+    let mut connects = stats.connects.load(Ordering::Relaxed);
     loop {
         let heartbeat = tokio::select! {
             _ = tick.tick() => true,
@@ -318,7 +309,7 @@ async fn publish(state: AppState, link: Arc<Link>) {
                 false
             }
         };
-        let (events, dropped) = {
+        let (mut events, dropped) = {
             let mut core = inner.lock_core();
             if heartbeat {
                 core.replica_active();
@@ -330,6 +321,20 @@ async fn publish(state: AppState, link: Arc<Link>) {
         // the link: its state does (checked every heartbeat at least).
         let connected = link.client.connection_state() == async_nats::connection::State::Connected;
         m.connected.store(connected, Ordering::Relaxed);
+        let now_connects = stats.connects.load(Ordering::Relaxed);
+        if now_connects != connects {
+            connects = now_connects;
+            outage.reconnected();
+        }
+        outage
+            .retained
+            .lock()
+            .expect("retained lock")
+            .record(Instant::now(), &events, connected);
+        let resend = outage.take_resend();
+        if !resend.is_empty() {
+            events.splice(0..0, resend);
+        }
         let verdicts = super::health::outgoing(inner);
         if events.is_empty() && verdicts.is_empty() {
             continue;

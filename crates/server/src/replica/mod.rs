@@ -18,8 +18,9 @@
 //! bounded outbox) and wakes the publisher.
 //!
 //! Layout: `wire.rs` (names and message formats), `peers.rs` (who is alive, their worker
-//! tables), `link.rs` (the NATS loops), `buckets.rs` (the key-value side), `lease.rs` (one replica drives a weight update). What
-//! the rest of the server holds of it (the publisher's wake-up, the link, the metrics) is
+//! tables), `link.rs` (the NATS loops), `buckets.rs` (the key-value side), `repair.rs` (the
+//! shared state after a reconnect), `lease.rs` (one replica drives a weight update). What the
+//! rest of the server holds of it (the publisher's wake-up, the link, the metrics) is
 //! `crate::replica_state`.
 
 mod buckets;
@@ -27,6 +28,7 @@ mod health;
 pub(crate) mod lease;
 mod link;
 mod peers;
+mod repair;
 mod wire;
 
 use crate::state::AppState;

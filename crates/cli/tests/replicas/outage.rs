@@ -1,0 +1,158 @@
+//! Replica sync through a NATS outage: the gauge, a replica that starts before JetStream, and
+//! the state changed while NATS was away or lost with a restarted server.
+
+use super::{common, complete, engines, joined, metric, nats, prompt, replica};
+use common::Proc;
+use serde_json::Value;
+use std::time::Duration;
+
+/// Waits until `kvrouter_replica_connected` on `r` reads `want`.
+async fn connected(r: &Proc, want: u64, what: &str, within: Duration) {
+    let base = r.http();
+    common::until(what, within, || {
+        let base = base.clone();
+        async move { metric(&base, "kvrouter_replica_connected").await == want }
+    })
+    .await;
+}
+
+/// NATS going away shows in `kvrouter_replica_connected` within a heartbeat (the client buffers
+/// publishes meanwhile, so their success says nothing), and the gauge comes back with NATS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_nats_outage_shows_in_the_connected_gauge() {
+    let mut nats = nats().await;
+    let engines = engines(1, &[]).await;
+    let r = replica(&nats, 1, &engines, &[]).await;
+    connected(&r, 1, "the replica to join", Duration::from_secs(20)).await;
+    nats.stop().await;
+    connected(&r, 0, "the outage to show", Duration::from_secs(20)).await;
+    nats.restart(true).await;
+    connected(&r, 1, "the replica to reconnect", Duration::from_secs(30)).await;
+}
+
+/// Found by probing: a replica whose first bucket call failed (JetStream off, or not ready yet)
+/// gave up on replica sync for good. It now tries again and joins once JetStream answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_started_before_jetstream_joins_once_it_is_there() {
+    let mut nats = nats().await;
+    // The same port, JetStream off.
+    nats.stop().await;
+    nats.restart(false).await;
+    let engines = engines(1, &[]).await;
+    let r = replica(&nats, 1, &engines, &[]).await;
+    // It serves meanwhile, unsynced.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(metric(&r.http(), "kvrouter_replica_connected").await, 0);
+    nats.stop().await;
+    nats.restart(true).await;
+    connected(&r, 1, "the replica to join", Duration::from_secs(60)).await;
+}
+
+/// The id and state of the worker at `url`, as replica `base` lists it.
+async fn worker_state(client: &reqwest::Client, base: &str, url: &str) -> (u64, String) {
+    let list: Value = client
+        .get(format!("{base}/admin/workers"))
+        .bearer_auth("t")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let w = list["workers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{base}: no worker list: {list}"))
+        .iter()
+        .find(|w| w["url"] == url)
+        .unwrap_or_else(|| panic!("{base}: no worker {url}: {list}"));
+    (
+        w["id"].as_u64().unwrap(),
+        w["state"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Found by probing: a pause made while NATS was away reached no replica that missed it, and
+/// a NATS server restarted without its memory-stored buckets left them empty, so a replica
+/// that joined later knew neither the pause nor the session bindings made before the outage.
+/// After the reconnect, the replicas put their changes again, refill the lost buckets and read
+/// what the others changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_nats_restart_every_replica_knows_the_pauses_and_sessions() {
+    let mut nats = nats().await;
+    let engines = engines(3, &[]).await;
+    let extra = [
+        "--router-session-affinity-ttl-secs",
+        "60",
+        "--router-mode",
+        "round-robin",
+    ];
+    let a = replica(&nats, 1, &engines, &extra).await;
+    let b = replica(&nats, 2, &engines, &extra).await;
+    let client = reqwest::Client::new();
+    joined(&[&a, &b]).await;
+    // Sessions bound before the outage, spread by round-robin over the three workers.
+    let mut bound = Vec::new();
+    for s in 0..6 {
+        let session = format!("session-{s}");
+        let w = complete(
+            &client,
+            &a.http(),
+            &prompt(s),
+            &[("x-session-id", &session)],
+            2,
+        )
+        .await;
+        bound.push((session, w));
+    }
+    let paused_url = engines[2].http();
+    let (paused_id, state) = worker_state(&client, &a.http(), &paused_url).await;
+    assert_eq!(state, "serving");
+    nats.stop().await;
+    for r in [&a, &b] {
+        connected(r, 0, "the outage to show", Duration::from_secs(20)).await;
+    }
+    // Paused through A while NATS is away.
+    let r = client
+        .post(format!("{}/admin/workers/{paused_id}/pause", a.http()))
+        .bearer_auth("t")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    // Back without the buckets, which were in memory.
+    nats.restart(true).await;
+    for r in [&a, &b] {
+        connected(r, 1, "the replica to reconnect", Duration::from_secs(30)).await;
+    }
+    common::until("B to learn A's pause", Duration::from_secs(20), || {
+        let (client, base, url) = (client.clone(), b.http(), paused_url.clone());
+        async move { worker_state(&client, &base, &url).await.1 == "paused" }
+    })
+    .await;
+    // A replica that joins now reads both from the refilled buckets.
+    let c = replica(&nats, 3, &engines, &extra).await;
+    connected(&c, 1, "replica C to join", Duration::from_secs(20)).await;
+    assert_eq!(
+        worker_state(&client, &c.http(), &paused_url).await.1,
+        "paused"
+    );
+    // The sessions on the serving workers, in an order round-robin cannot give (two on one
+    // worker in a row): only their bindings send them there.
+    let mut serving: Vec<&(String, u64)> = bound.iter().filter(|(_, w)| *w != paused_id).collect();
+    serving.sort_by_key(|(_, w)| *w);
+    assert!(serving.len() >= 2, "{bound:?}");
+    for (session, w) in serving {
+        let got = complete(
+            &client,
+            &c.http(),
+            "a turn after the restart",
+            &[("x-session-id", session)],
+            2,
+        )
+        .await;
+        assert_eq!(
+            got, *w,
+            "{session} through replica C, joined after the restart"
+        );
+    }
+}
