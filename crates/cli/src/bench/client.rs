@@ -47,6 +47,10 @@ pub(super) struct Outcome {
     pub(super) decision: Option<serde_json::Value>,
     /// It finished with `finish_reason: "abort"` (ended early by first-N-of-M).
     pub(super) ended_early: bool,
+    /// Streamed chunks that carried text: the output's length when no usage block came.
+    pub(super) text_chunks: u32,
+    /// A usage block came (its `completion_tokens` is the output's length).
+    pub(super) usage_seen: bool,
 }
 
 pub(super) struct Shared {
@@ -221,8 +225,18 @@ async fn stream_from(
             ));
         }
     }
+    stream_ended(out, done)
+}
+
+/// Checks a stream that ended (`done`: it sent `[DONE]`) and settles its output's length.
+fn stream_ended(out: &mut Outcome, done: bool) -> Result<(), String> {
     if !done {
         return Err("stream ended without [DONE]".to_owned());
+    }
+    // An endpoint that sends no usage block (it ignores `stream_options.include_usage`): one
+    // token per chunk with text, as vLLM and SGLang stream them.
+    if !out.usage_seen {
+        out.output_tokens = out.text_chunks;
     }
     // A stream with no text, no counted output and no early end served nothing.
     if out.first_token.is_none() && out.output_tokens == 0 && !out.ended_early {
@@ -243,6 +257,7 @@ fn on_chunk(now: Time, data: &[u8], out: &mut Outcome) -> Result<(), String> {
             .any(|c| c["text"].as_str().is_some_and(|t| !t.is_empty()))
     });
     if has_text {
+        out.text_chunks = out.text_chunks.saturating_add(1);
         if out.first_token.is_none() {
             out.first_token = Some(now);
         } else if let Some(last) = out.last_token {
@@ -256,12 +271,29 @@ fn on_chunk(now: Time, data: &[u8], out: &mut Outcome) -> Result<(), String> {
         .is_some_and(|c| c.iter().any(|c| c["finish_reason"] == "abort"));
     out.ended_early |= aborted;
     if let Some(usage) = v.get("usage").filter(|u| !u.is_null()) {
-        out.output_tokens = usage["completion_tokens"].as_u64().unwrap_or(0) as u32;
-        out.cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap_or(0) as u32;
+        out.output_tokens =
+            usage_count(usage, "completion_tokens", "usage.completion_tokens")?.unwrap_or(0);
+        out.cached_tokens = usage_count(
+            &usage["prompt_tokens_details"],
+            "cached_tokens",
+            "usage.prompt_tokens_details.cached_tokens",
+        )?
+        .unwrap_or(0);
+        out.usage_seen = true;
     }
     Ok(())
+}
+
+/// A token count of a usage block: absent or null is `None`; anything but a whole number
+/// (negative, fractional, a string) is an error naming the field (`name`, its whole path).
+fn usage_count(block: &serde_json::Value, field: &str, name: &str) -> Result<Option<u32>, String> {
+    match block.get(field) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(|n| Some(u32::try_from(n).unwrap_or(u32::MAX)))
+            .ok_or_else(|| format!("{name} is not a whole number: {v}")),
+    }
 }
 
 #[cfg(test)]
@@ -306,5 +338,51 @@ mod tests {
         );
         assert!(err.unwrap_err().contains("worker died"));
         assert!(on_chunk(Time::ZERO, b"not json", &mut o).is_err());
+    }
+
+    #[test]
+    fn a_stream_without_usage_counts_its_text_chunks() {
+        let mut o = Outcome::default();
+        for t in ["a", "", "b"] {
+            let chunk = serde_json::json!({"choices": [{"text": t}]}).to_string();
+            on_chunk(Time::ZERO, chunk.as_bytes(), &mut o).unwrap();
+        }
+        stream_ended(&mut o, true).unwrap();
+        assert_eq!(o.output_tokens, 2);
+        // With a usage block, its count stands.
+        let mut o = Outcome::default();
+        on_chunk(Time::ZERO, br#"{"choices":[{"text":"a"}]}"#, &mut o).unwrap();
+        on_chunk(Time::ZERO, br#"{"usage":{"completion_tokens":5}}"#, &mut o).unwrap();
+        stream_ended(&mut o, true).unwrap();
+        assert_eq!(o.output_tokens, 5);
+        assert!(stream_ended(&mut Outcome::default(), true)
+            .unwrap_err()
+            .contains("no token"));
+        assert!(stream_ended(&mut o, false).unwrap_err().contains("[DONE]"));
+    }
+
+    #[test]
+    fn a_usage_count_that_is_no_whole_number_is_an_error_naming_it() {
+        for (usage, field) in [
+            (r#"{"completion_tokens":-3}"#, "usage.completion_tokens"),
+            (r#"{"completion_tokens":2.5}"#, "usage.completion_tokens"),
+            (r#"{"completion_tokens":"7"}"#, "usage.completion_tokens"),
+            (
+                r#"{"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":-1}}"#,
+                "usage.prompt_tokens_details.cached_tokens",
+            ),
+        ] {
+            let chunk = format!(r#"{{"choices":[],"usage":{usage}}}"#);
+            let err = on_chunk(Time::ZERO, chunk.as_bytes(), &mut Outcome::default());
+            assert!(err.unwrap_err().contains(field), "{usage}");
+        }
+        let mut o = Outcome::default();
+        on_chunk(
+            Time::ZERO,
+            br#"{"usage":{"completion_tokens":null}}"#,
+            &mut o,
+        )
+        .unwrap();
+        assert_eq!(o.output_tokens, 0);
     }
 }
