@@ -6,6 +6,8 @@
 mod common;
 #[path = "replicas/outage.rs"]
 mod outage;
+#[path = "replicas/sessions.rs"]
+mod sessions;
 
 use common::Proc;
 use serde_json::{json, Value};

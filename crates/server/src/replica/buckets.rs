@@ -54,6 +54,29 @@ pub(super) async fn open(
     }
 }
 
+/// The sessions bucket made by a replica with a shorter session TTL
+/// (`--router-session-affinity-ttl-secs`) would drop this replica's bindings early: it keeps
+/// the longest any replica asks for. (Not for the members and lease buckets: their age limit
+/// is the replica TTL, which expires a dead replica's entries and lease.) Best effort.
+async fn keep_longest_age(js: &jetstream::Context, name: &str, max_age: Duration) {
+    let Ok(stream) = js.get_stream(format!("KV_{name}")).await else {
+        return;
+    };
+    let current = stream.cached_info().config.max_age;
+    let longer = current != Duration::ZERO && (max_age == Duration::ZERO || max_age > current);
+    if !longer {
+        return;
+    }
+    let mut config = stream.cached_info().config.clone();
+    config.max_age = max_age;
+    match js.update_stream(config).await {
+        Ok(_) => tracing::info!(
+            "replica sync: bucket {name} now keeps entries for {max_age:?} (was {current:?})"
+        ),
+        Err(e) => tracing::warn!("replica sync: bucket {name}: cannot lengthen its age limit: {e}"),
+    }
+}
+
 /// The longest pause between two tries at the key-value buckets.
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
@@ -70,9 +93,11 @@ pub(super) async fn open_all(
     session_ttl: Duration,
 ) -> Buckets {
     let all = || async {
+        let sessions = open(js, &names.sessions(), session_ttl).await?;
+        keep_longest_age(js, &names.sessions(), session_ttl).await;
         Ok::<_, String>((
             open(js, &names.members(), ttl).await?,
-            open(js, &names.sessions(), session_ttl).await?,
+            sessions,
             open(js, &names.policy(), Duration::ZERO).await?,
             open(js, &names.lease(), ttl).await?,
         ))
