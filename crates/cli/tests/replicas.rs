@@ -219,6 +219,49 @@ fn prompt(k: usize) -> String {
     format!("prefix{k} {}", body.join(" "))
 }
 
+/// Waits until `kvrouter_replica_connected` on `r` reads `want`.
+async fn connected(r: &Proc, want: u64, what: &str, within: Duration) {
+    let base = r.http();
+    common::until(what, within, || {
+        let base = base.clone();
+        async move { metric(&base, "kvrouter_replica_connected").await == want }
+    })
+    .await;
+}
+
+/// Binds sessions `session-0` … `session-{n-1}` through the replica at `base` (each with its
+/// own prompt) and returns each with the worker it was bound to.
+async fn bind_sessions(client: &reqwest::Client, base: &str, n: usize) -> Vec<(String, u64)> {
+    let mut bound = Vec::new();
+    for s in 0..n {
+        let session = format!("session-{s}");
+        let w = complete(client, base, &prompt(s), &[("x-session-id", &session)], 2).await;
+        bound.push((session, w));
+    }
+    bound
+}
+
+/// Sends one more turn of each session through the replica at `base`, in the order given, and
+/// checks that it reaches the session's worker.
+async fn assert_sessions_kept<'a>(
+    client: &reqwest::Client,
+    base: &str,
+    sessions: impl IntoIterator<Item = &'a (String, u64)>,
+    through: &str,
+) {
+    for (session, w) in sessions {
+        let got = complete(
+            client,
+            base,
+            "another turn",
+            &[("x-session-id", session)],
+            2,
+        )
+        .await;
+        assert_eq!(got, *w, "{session} through {through}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn same_prefix_through_different_replicas_lands_on_the_same_engine() {
     let nats = nats().await;
@@ -267,19 +310,7 @@ async fn a_session_pinned_through_one_replica_keeps_its_worker_through_others() 
     let b = replica(&nats, 2, &engines, &extra).await;
     let client = reqwest::Client::new();
     joined(&[&a, &b]).await;
-    let mut bound = Vec::new();
-    for s in 0..6 {
-        let session = format!("session-{s}");
-        let w = complete(
-            &client,
-            &a.http(),
-            &prompt(s),
-            &[("x-session-id", &session)],
-            2,
-        )
-        .await;
-        bound.push((session, w));
-    }
+    let bound = bind_sessions(&client, &a.http(), 6).await;
     // Round-robin spreads them: the binding is what keeps them, not a shared preference.
     assert!(bound.iter().any(|(_, w)| *w != bound[0].1));
     // B has everything A sent (B hears from A only).
@@ -291,36 +322,12 @@ async fn a_session_pinned_through_one_replica_keeps_its_worker_through_others() 
     .await;
     // B's own round-robin cursor is somewhere else than A's was.
     complete(&client, &b.http(), "no session", &[], 2).await;
-    for (session, w) in &bound {
-        let got = complete(
-            &client,
-            &b.http(),
-            "another turn",
-            &[("x-session-id", session)],
-            2,
-        )
-        .await;
-        assert_eq!(got, *w, "{session} through replica B");
-    }
+    assert_sessions_kept(&client, &b.http(), &bound, "replica B").await;
     // A replica that joins later reads the bindings from the sessions bucket.
     let c = replica(&nats, 3, &engines, &extra).await;
-    common::until("replica C to join", Duration::from_secs(20), || {
-        let base = c.http();
-        async move { metric(&base, "kvrouter_replica_connected").await == 1 }
-    })
-    .await;
+    connected(&c, 1, "replica C to join", Duration::from_secs(20)).await;
     complete(&client, &c.http(), "no session", &[], 2).await;
-    for (session, w) in &bound {
-        let got = complete(
-            &client,
-            &c.http(),
-            "a third turn",
-            &[("x-session-id", session)],
-            2,
-        )
-        .await;
-        assert_eq!(got, *w, "{session} through replica C, joined later");
-    }
+    assert_sessions_kept(&client, &c.http(), &bound, "replica C, joined later").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

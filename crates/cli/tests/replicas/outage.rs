@@ -1,20 +1,11 @@
 //! Replica sync through a NATS outage: the gauge, a replica that starts before JetStream, and
 //! the state changed while NATS was away or lost with a restarted server.
 
-use super::{common, complete, engines, joined, metric, nats, prompt, replica};
-use common::Proc;
+use super::{
+    assert_sessions_kept, bind_sessions, common, connected, engines, joined, metric, nats, replica,
+};
 use serde_json::Value;
 use std::time::Duration;
-
-/// Waits until `kvrouter_replica_connected` on `r` reads `want`.
-async fn connected(r: &Proc, want: u64, what: &str, within: Duration) {
-    let base = r.http();
-    common::until(what, within, || {
-        let base = base.clone();
-        async move { metric(&base, "kvrouter_replica_connected").await == want }
-    })
-    .await;
-}
 
 /// NATS going away shows in `kvrouter_replica_connected` within a heartbeat (the client buffers
 /// publishes meanwhile, so their success says nothing), and the gauge comes back with NATS.
@@ -91,19 +82,7 @@ async fn after_a_nats_restart_every_replica_knows_the_pauses_and_sessions() {
     let client = reqwest::Client::new();
     joined(&[&a, &b]).await;
     // Sessions bound before the outage, spread by round-robin over the three workers.
-    let mut bound = Vec::new();
-    for s in 0..6 {
-        let session = format!("session-{s}");
-        let w = complete(
-            &client,
-            &a.http(),
-            &prompt(s),
-            &[("x-session-id", &session)],
-            2,
-        )
-        .await;
-        bound.push((session, w));
-    }
+    let bound = bind_sessions(&client, &a.http(), 6).await;
     let paused_url = engines[2].http();
     let (paused_id, state) = worker_state(&client, &a.http(), &paused_url).await;
     assert_eq!(state, "serving");
@@ -141,18 +120,11 @@ async fn after_a_nats_restart_every_replica_knows_the_pauses_and_sessions() {
     let mut serving: Vec<&(String, u64)> = bound.iter().filter(|(_, w)| *w != paused_id).collect();
     serving.sort_by_key(|(_, w)| *w);
     assert!(serving.len() >= 2, "{bound:?}");
-    for (session, w) in serving {
-        let got = complete(
-            &client,
-            &c.http(),
-            "a turn after the restart",
-            &[("x-session-id", session)],
-            2,
-        )
-        .await;
-        assert_eq!(
-            got, *w,
-            "{session} through replica C, joined after the restart"
-        );
-    }
+    assert_sessions_kept(
+        &client,
+        &c.http(),
+        serving,
+        "replica C, joined after the restart",
+    )
+    .await;
 }
