@@ -147,3 +147,19 @@ async def test_workers_are_removed_and_registered_by_url(serve: ServerFactory) -
     assert left == [0]
     assert after[again] == urls[1] and again != 1
     assert served == {again}
+
+
+async def test_an_api_key_goes_with_every_data_plane_call(serve: ServerFactory) -> None:
+    server = serve(mock_workers=1, mock_speedup_ratio=10, args=["--api-key", "data-key"])
+    async with server.client(model="mock-model", api_key="data-key") as client:
+        answer = await client.completion("hello", max_tokens=2)
+        assert answer.usage is not None and answer.usage["completion_tokens"] == 2
+        async with client.completion_stream("hello", max_tokens=3) as stream:
+            chunks = [c async for c in stream]
+        assert chunks and stream.finish_reason == "length"
+        assert await client.models() == ["mock-model"]
+        # The admin API keeps its own token.
+        assert await client.admin.workers()
+    async with server.client(model="mock-model") as keyless:
+        with pytest.raises(AuthenticationError):
+            await keyless.completion("hello", max_tokens=2)

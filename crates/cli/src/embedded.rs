@@ -21,6 +21,8 @@ pub(crate) fn like_the_router(
         template.model_name = first.clone();
         template.model_aliases = rest.to_vec();
     }
+    // They want the key the router sends (`--worker-api-key`), as real engines would.
+    template.api_key = config.worker_api_key.clone();
     template.tokenizer = config.tokenizer.clone();
     template.chat_template = config.chat_template.clone();
     if config.router.router_kv_events {

@@ -75,6 +75,10 @@ pub(crate) struct MockEngineArgs {
     /// Seed of the generated tokens.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Require `Authorization: Bearer KEY` on /v1/* (401 otherwise), as vLLM's `--api-key`
+    /// does; /health, /metrics, /tokenize and the control calls stay open.
+    #[arg(long, env = "KVROUTER_MOCK_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
     #[command(flatten)]
     http: crate::serve::HttpArgs,
     #[command(flatten)]
@@ -143,6 +147,11 @@ impl MockEngineArgs {
         {
             bail!("--lora {bad:?}: an adapter needs a name of its own (not empty, not a --model-name)");
         }
+        if let Some(key) = &self.api_key {
+            if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
+                bail!("--api-key (or KVROUTER_MOCK_API_KEY): a key is printable ASCII without spaces, and not empty");
+            }
+        }
         let (model_name, aliases) = self
             .model_name
             .split_first()
@@ -176,6 +185,7 @@ impl MockEngineArgs {
                 self.max_step_lag_ms,
                 "--max-step-lag-ms",
             )?,
+            api_key: self.api_key.clone(),
             ..MockEngineConfig::default()
         })
     }

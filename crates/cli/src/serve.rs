@@ -178,8 +178,8 @@ impl ServeArgs {
         if let Some(path) = &self.workers_file {
             workers.extend(crate::worker_list::read_workers_file(path)?);
         }
-        let (admin_token, session_release_auth) = self.admin.config()?;
-        let picks = self.picker.picks(admin_token.is_some())?;
+        let access = self.admin.config()?;
+        let picks = self.picker.picks(access.admin_token.is_some())?;
         if self.global.global && (!workers.is_empty() || self.mock_workers > 0) {
             bail!("--global starts no engines and routes to clusters: drop --worker, --workers-file and --mock-workers");
         }
@@ -251,8 +251,10 @@ impl ServeArgs {
             model_names: self.model_names.clone(),
             tokenizer,
             chat_template: Arc::new(chat_template),
-            admin_token,
-            session_release_auth,
+            admin_token: access.admin_token,
+            api_keys: access.api_keys,
+            worker_api_key: access.worker_api_key,
+            session_release_auth: access.session_release_auth,
             expose_decisions: self.observability.expose_decisions,
             retries: self.upstream.retries,
             tokenize_inline_max_bytes: self.tokenize_inline_max_bytes,

@@ -3,6 +3,8 @@
 //! model pools with LoRA adapters across separate `kvrouter mock-engine` processes.
 
 mod common;
+#[path = "api_surface/keys.rs"]
+mod keys;
 
 use serde_json::{json, Value};
 use std::collections::BTreeSet;

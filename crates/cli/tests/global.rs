@@ -649,3 +649,51 @@ async fn requests_go_only_to_clusters_that_serve_their_model() {
     );
     assert_eq!(sent, 12.0, "only the completions were routed");
 }
+
+/// `--api-key` on the global router guards its data plane; the client's key goes on to the
+/// clusters (started with the same key), and the model lists are read with the cluster token.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_api_key_at_the_global_router_goes_on_to_the_clusters() {
+    let a = local("a", "20", &["--api-key", "ck", "--model-name", "m"]).await;
+    let global = global_over(&[format!("a={}", a.http())], &["--api-key", "ck"]).await;
+    let http = reqwest::Client::new();
+    let base = global.http();
+    let send = |key: Option<&'static str>| {
+        let mut r = http
+            .post(format!("{base}/v1/completions"))
+            .json(&json!({"model": "m", "prompt": "hello", "max_tokens": 2}));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        r.send()
+    };
+    let served = common::poll(Duration::from_secs(20), || async {
+        send(Some("ck")).await.unwrap().status().as_u16() == 200
+    })
+    .await;
+    assert!(served.is_some(), "a request with the key is served");
+    assert_eq!(send(None).await.unwrap().status().as_u16(), 401);
+    assert_eq!(send(Some("nope")).await.unwrap().status().as_u16(), 401);
+    // The list of cluster a was read with the cluster token: answered at the global router.
+    let listed = common::poll(Duration::from_secs(20), || async {
+        let r = http
+            .get(format!("{base}/v1/models"))
+            .bearer_auth("ck")
+            .send()
+            .await
+            .unwrap();
+        r.headers().get("x-kvrouter-cluster").is_none()
+            && r.json::<Value>().await.unwrap()["data"][0]["id"] == "m"
+    })
+    .await;
+    assert!(listed.is_some());
+    assert_eq!(
+        http.get(format!("{base}/health"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
+}

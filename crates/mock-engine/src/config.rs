@@ -72,6 +72,9 @@ pub struct MockEngineConfig {
     /// pace; beyond it the next step starts from the wall clock. Default
     /// [`DEFAULT_MAX_STEP_LAG`].
     pub max_step_lag: std::time::Duration,
+    /// With a key, `/v1/*` needs `Authorization: Bearer <key>` (401 otherwise), as vLLM's
+    /// `--api-key` guards its `/v1` routes; probes, metrics and control calls stay open.
+    pub api_key: Option<String>,
 }
 
 /// Default [`MockEngineConfig::max_step_lag`]: 50 ms.
@@ -125,6 +128,7 @@ impl Default for MockEngineConfig {
             weight_load: std::time::Duration::ZERO,
             http: kvrouter_http::HttpLimits::default(),
             max_step_lag: DEFAULT_MAX_STEP_LAG,
+            api_key: None,
         }
     }
 }

@@ -54,6 +54,16 @@ impl ApiError {
         }
     }
 
+    /// A `/v1` call without the engine's API key.
+    pub(crate) fn unauthorized() -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            message: "missing or invalid API key (Authorization: Bearer <key>)".into(),
+            kind: "authentication_error",
+            param: None,
+        }
+    }
+
     /// The engine failed.
     pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self {

@@ -69,7 +69,7 @@ pub fn app(state: AppState) -> Edge {
             picking.route_layer(from_fn_with_state(state.clone(), auth::pick))
         }
     };
-    let routes = Router::new()
+    let data = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(endpoints::models))
@@ -78,12 +78,19 @@ pub fn app(state: AppState) -> Edge {
         .route("/v1/embeddings", post(endpoints::embeddings))
         .route("/tokenize", post(endpoints::tokenize))
         .route("/detokenize", post(endpoints::detokenize))
+        .merge(sessions)
+        .merge(picking);
+    // Only with API keys: a layer costs every call.
+    let data = match state.inner.config.api_keys.is_empty() {
+        true => data,
+        false => data.route_layer(from_fn_with_state(state.clone(), auth::api_key)),
+    };
+    // Probes and metrics stay open: load balancers and scrapers carry no key.
+    let routes = data
         .route("/health", get(health))
         .route("/live", get(live))
         .route("/ready", get(health))
         .route("/metrics", get(metrics))
-        .merge(sessions)
-        .merge(picking)
         .nest("/admin", admin)
         .fallback(crate::error::unknown_route)
         .method_not_allowed_fallback(crate::error::wrong_method)

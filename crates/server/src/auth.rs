@@ -1,6 +1,7 @@
 //! Who may call what: the admin API's bearer token (checked by a layer in front of every admin
-//! route, before its path or body is parsed) and the optional protection of the session-release
-//! endpoints. Tokens are compared in constant time.
+//! route, before its path or body is parsed), the data plane's API keys (`--api-key`) and the
+//! optional protection of the session-release and pick endpoints. Tokens are compared in
+//! constant time.
 
 use crate::config::SessionReleaseAuth;
 use crate::error::ServeError;
@@ -23,6 +24,16 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+/// The token of `Authorization: Bearer <token>`. The scheme is case-insensitive (RFC 7235
+/// section 2.1): `bearer` is `Bearer`.
+fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().split_first_chunk::<7>())
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case(b"Bearer "))
+        .map(|(_, token)| token)
+}
+
 /// Checks `Authorization: Bearer <admin token>`. With no admin token configured the admin API
 /// does not exist (404).
 fn check_admin(s: &AppState, headers: &HeaderMap) -> Result<(), ServeError> {
@@ -31,16 +42,33 @@ fn check_admin(s: &AppState, headers: &HeaderMap) -> Result<(), ServeError> {
             "the admin API is off (start with --admin-token)".into(),
         ));
     };
-    // The scheme is case-insensitive (RFC 7235 section 2.1): `bearer` is `Bearer`.
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().split_first_chunk::<7>())
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case(b"Bearer "))
-        .map(|(_, token)| token);
-    match given {
+    match bearer(headers) {
         Some(given) if constant_time_eq(given, token.as_bytes()) => Ok(()),
         _ => Err(ServeError::Unauthorized),
     }
+}
+
+/// Layer of the data plane with `--api-key` (the OpenAI endpoints, the pick API, session
+/// release): the request needs one of the API keys, or the admin token (whose holder may do
+/// everything). Otherwise a 401 with `WWW-Authenticate: Bearer`, before the body is read.
+pub(crate) async fn api_key(State(s): State<AppState>, request: Request, next: Next) -> Response {
+    let config = &s.inner.config;
+    let allowed = bearer(request.headers()).is_some_and(|given| {
+        // Every key is compared, so the time does not tell which one matched.
+        let keys = config.api_keys.iter().chain(&config.admin_token);
+        keys.fold(false, |ok, key| {
+            constant_time_eq(given, key.as_bytes()) | ok
+        })
+    });
+    if allowed {
+        return next.run(request).await;
+    }
+    let mut refused = ServeError::Unauthorized.into_response();
+    refused.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
+    refused
 }
 
 /// Layer of the admin router: a missing or wrong token is a 401 whatever the path or body.

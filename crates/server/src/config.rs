@@ -101,6 +101,12 @@ pub struct ServeConfig {
     pub chat_template: Arc<ChatTemplate>,
     /// Bearer token of the admin API (`None` = admin API off).
     pub admin_token: Option<String>,
+    /// Bearer tokens of the data plane (`--api-key`): with any, the OpenAI endpoints, the pick
+    /// API and session release need one of them (or the admin token). Empty: open.
+    pub api_keys: Vec<String>,
+    /// Sent to every worker as `Authorization: Bearer <key>` (`--worker-api-key`: engines
+    /// started with `--api-key`).
+    pub worker_api_key: Option<String>,
     /// Who may release session affinity.
     pub session_release_auth: SessionReleaseAuth,
     /// Add `x-kvrouter-decision` to responses.
@@ -179,6 +185,8 @@ impl Default for ServeConfig {
             tokenizer: Arc::new(kvrouter_tokenizer::BuiltinTokenizer::new()),
             chat_template: Arc::new(ChatTemplate::ChatMl),
             admin_token: None,
+            api_keys: Vec::new(),
+            worker_api_key: None,
             session_release_auth: SessionReleaseAuth::Open,
             expose_decisions: false,
             retries: 2,

@@ -38,6 +38,14 @@ const PROBE_MAX_BYTES: usize = 1 << 20;
 pub(super) async fn get_json(state: &AppState, url: &str) -> Option<Value> {
     let fetch = async {
         let mut resp = state.inner.http.get(url).send().await.ok()?;
+        if matches!(resp.status().as_u16(), 401 | 403) {
+            tracing::warn!(
+                "{url} answered {}: the worker wants an API key the router did not send or has \
+                 wrong (--worker-api-key)",
+                resp.status()
+            );
+            return None;
+        }
         let mut body = Vec::new();
         while let Some(chunk) = resp.chunk().await.ok()? {
             if body.len() + chunk.len() > PROBE_MAX_BYTES {

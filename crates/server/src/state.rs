@@ -381,15 +381,20 @@ impl AppState {
             router.set_active_list_max(sync.active_list_max);
         }
         let replica = crate::replica_state::ReplicaState::new(config.replica_sync.as_ref());
+        // Both talk to workers only (probes, `/server_info`, control calls; requests), so both
+        // carry the workers' key.
+        let worker_auth = crate::upstream::bearer(config.worker_api_key.as_deref());
         let http = reqwest::Client::builder()
+            .default_headers(crate::upstream::authorization_headers(worker_auth.as_ref()))
             .tcp_nodelay(true)
             .pool_max_idle_per_host(4096)
             .connect_timeout(config.upstream_connect_timeout)
             .build()
             .expect("HTTP client");
-        let upstream = crate::upstream::Client::new(
+        let upstream = crate::upstream::Client::with_authorization(
             config.upstream_connect_timeout,
             crate::upstream::proxy_in_environment(),
+            worker_auth,
         );
         let tokenizer =
             CachedTokenizer::new(config.tokenizer.clone(), config.tokenizer_cache_tokens);

@@ -37,9 +37,20 @@ def root_url(base_url: str) -> str:
 class Transport:
     """Sends requests to one router; non-2xx answers become typed errors."""
 
-    def __init__(self, base_url: str, http: httpx.AsyncClient) -> None:
+    def __init__(self, base_url: str, http: httpx.AsyncClient, api_key: str | None = None) -> None:
         self.root = root_url(base_url)
         self.http = http
+        self._auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def with_auth(self, headers: Mapping[str, str] | None) -> dict[str, str]:
+        """``headers`` with the data plane's key (``serve --api-key``), unless they carry an
+        ``authorization`` of their own (the admin API's token)."""
+        out = dict(self._auth)
+        for k, v in (headers or {}).items():
+            if k.lower() == "authorization":
+                out.pop("authorization", None)
+            out[k] = v
+        return out
 
     def check_open(self, what: str) -> None:
         """A :class:`TransportError` if the client was closed (httpx raises a bare
@@ -58,7 +69,9 @@ class Transport:
     ) -> httpx.Response:
         self.check_open(f"{method} {path}")
         try:
-            response = await self.http.request(method, self.root + path, json=json, content=content, headers=headers)
+            response = await self.http.request(
+                method, self.root + path, json=json, content=content, headers=self.with_auth(headers)
+            )
         except httpx.HTTPError as e:
             raise transport_error(e, f"{method} {path}") from e
         if response.is_error:

@@ -65,7 +65,9 @@ class AsyncKvrouterClient:
     """An async client for one kvrouter.
 
     ``base_url``: the router (``http://host:8000``, with or without ``/v1``). ``model``: the
-    default model of calls that name none. ``admin_token``: for :attr:`admin`. Every call takes
+    default model of calls that name none. ``api_key``: sent as ``Authorization: Bearer`` on the
+    data plane, for a router started with ``--api-key``. ``admin_token``: for :attr:`admin`.
+    Every call takes
     ``rl=RolloutHeaders(...)`` and/or ``extra_headers={...}``; every other keyword goes into the
     request body unchanged (``max_tokens=``, ``temperature=``, ``stream_options=`` ...).
     Error answers raise :class:`kvrouter.KvrouterError` subclasses.
@@ -76,12 +78,13 @@ class AsyncKvrouterClient:
         base_url: str,
         *,
         model: str | None = None,
+        api_key: str | None = None,
         admin_token: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         http: httpx.AsyncClient | None = None,
     ) -> None:
         self._own_http = http is None
-        self._transport = Transport(base_url, http or httpx.AsyncClient(timeout=timeout_s))
+        self._transport = Transport(base_url, http or httpx.AsyncClient(timeout=timeout_s), api_key)
         self.model = model
         self.admin = AdminClient(self._transport, admin_token)
 
@@ -122,7 +125,14 @@ class AsyncKvrouterClient:
     def _stream(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Stream:
         self._transport.check_open(f"POST {path}")
         http = self._transport.http
-        return Stream(http.stream("POST", self._transport.root + path, json={**body, "stream": True}, headers=headers))
+        return Stream(
+            http.stream(
+                "POST",
+                self._transport.root + path,
+                json={**body, "stream": True},
+                headers=self._transport.with_auth(headers),
+            )
+        )
 
     async def chat(
         self,

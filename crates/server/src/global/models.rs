@@ -29,16 +29,19 @@ pub(super) async fn refresh(state: &GlobalState, id: ClusterId) {
     state.models.lock().expect("models lock")[id.0 as usize] = Some(cards);
 }
 
-/// The cluster's model cards (`GET URL/v1/models`, `data`), if it answers with a list.
+/// The cluster's model cards (`GET URL/v1/models`, `data`), if it answers with a list. Sent
+/// with the summary token (the cluster's admin token), which a cluster started with
+/// `--api-key` takes on its data plane too.
 async fn fetch(state: &GlobalState, id: ClusterId) -> Option<Vec<Value>> {
     let cluster = &state.clusters[id.0 as usize];
-    let mut response = state
+    let mut request = state
         .http
         .get(format!("{}/v1/models", cluster.url))
-        .timeout(state.config.summary_timeout)
-        .send()
-        .await
-        .ok()?;
+        .timeout(state.config.summary_timeout);
+    if let Some(token) = &state.config.summary_token {
+        request = request.bearer_auth(token);
+    }
+    let mut response = request.send().await.ok()?;
     if response.status() != reqwest::StatusCode::OK {
         return None;
     }

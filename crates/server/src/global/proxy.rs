@@ -40,7 +40,7 @@ enum Prompt {
 }
 
 pub(super) fn app(state: S) -> Router {
-    Router::new()
+    let data = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/responses", post(responses))
@@ -49,10 +49,6 @@ pub(super) fn app(state: S) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/v1/models", get(super::models::list))
         .route("/v1/models/{id}", get(super::models::one))
-        .route("/health", get(health))
-        .route("/ready", get(health))
-        .route("/live", get(|| async { "ok" }))
-        .route("/metrics", get(metrics))
         .merge(
             Router::new()
                 .route("/v1/sessions/{id}", delete(super::sessions::release))
@@ -61,7 +57,20 @@ pub(super) fn app(state: S) -> Router {
                     state.app.clone(),
                     crate::auth::session_release,
                 )),
-        )
+        );
+    // `--api-key` as in a cluster's `serve`; the client's `authorization` goes on to the
+    // cluster with the rest of its headers.
+    let data = match state.app.inner.config.api_keys.is_empty() {
+        true => data,
+        false => data.route_layer(axum::middleware::from_fn_with_state(
+            state.app.clone(),
+            crate::auth::api_key,
+        )),
+    };
+    data.route("/health", get(health))
+        .route("/ready", get(health))
+        .route("/live", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
         .fallback(crate::error::unknown_route)
         .method_not_allowed_fallback(crate::error::wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(

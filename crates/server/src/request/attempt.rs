@@ -151,16 +151,27 @@ pub(crate) async fn attempt(
             }
         };
         // A first attempt forwards a client error (4xx) as it is; a continuation, whose body
-        // the router wrote, takes only a success.
+        // the router wrote, takes only a success. A worker refusing the router's credentials
+        // (401, 403) is the router's configuration, not the client's key (which never goes to
+        // workers): tried elsewhere, else a 502 saying so. It says nothing of the worker's
+        // health.
+        let refused_key = matches!(&sent, Ok(r) if matches!(r.status().as_u16(), 401 | 403));
         let failure = match &sent {
+            Ok(r) if refused_key => Some(format!(
+                "worker {worker} answered {}: it wants an API key the router did not send or \
+                 has wrong (--worker-api-key)",
+                r.status()
+            )),
             Ok(r) if r.status().is_server_error() || (!first && !r.status().is_success()) => {
                 Some(format!("worker {worker} answered {}", r.status()))
             }
             Ok(_) => None,
             Err(e) => Some(format!("worker {worker}: {e}")),
         };
-        req.state
-            .observe_health(worker, failure.is_none(), Source::Request);
+        if !refused_key {
+            req.state
+                .observe_health(worker, failure.is_none(), Source::Request);
+        }
         match (sent, failure) {
             (Ok(response), None) => {
                 guard.answered(response.status().is_success());

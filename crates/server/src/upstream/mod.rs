@@ -56,6 +56,8 @@ pub(crate) struct Client {
     fallback: reqwest::Client,
     /// Each worker URL read once ([`Targets`]).
     targets: Targets,
+    /// `Bearer <--worker-api-key>`, sent with every request.
+    authorization: Option<HeaderValue>,
 }
 
 /// The largest number of URLs [`Targets`] holds (about 200 bytes each); a full cache starts
@@ -81,6 +83,28 @@ impl Targets {
         held.insert(url.into(), target.clone());
         target
     }
+}
+
+/// The default headers of a reqwest client that talks to workers: `authorization` (marked
+/// sensitive, so no log or debug print shows it) when the workers want a key.
+pub(crate) fn authorization_headers(
+    authorization: Option<&HeaderValue>,
+) -> reqwest::header::HeaderMap {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(value) = authorization {
+        let mut value = value.clone();
+        value.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
+    headers
+}
+
+/// `Bearer <key>` as a header value; `None` without a key. A key that cannot be a header value
+/// (a control character) is refused when the flags are read.
+pub(crate) fn bearer(key: Option<&str>) -> Option<HeaderValue> {
+    let mut value = HeaderValue::from_str(&format!("Bearer {}", key?)).ok()?;
+    value.set_sensitive(true);
+    Some(value)
 }
 
 /// A redirect fails the attempt: a worker that redirects is misconfigured, and following one
@@ -127,8 +151,20 @@ impl Target {
 
 impl Client {
     /// `proxied`: a proxy is set in the environment ([`proxy_in_environment`]).
+    #[cfg(test)]
     pub(crate) fn new(connect_timeout: Duration, proxied: bool) -> Arc<Self> {
+        Self::with_authorization(connect_timeout, proxied, None)
+    }
+
+    /// A client sending `authorization` (a worker key's `Bearer ...` value) with every
+    /// request.
+    pub(crate) fn with_authorization(
+        connect_timeout: Duration,
+        proxied: bool,
+        authorization: Option<HeaderValue>,
+    ) -> Arc<Self> {
         let fallback = reqwest::Client::builder()
+            .default_headers(authorization_headers(authorization.as_ref()))
             .tcp_nodelay(true)
             .pool_max_idle_per_host(pool::MAX_IDLE_PER_HOST)
             .connect_timeout(connect_timeout)
@@ -141,6 +177,7 @@ impl Client {
             proxied,
             fallback,
             targets: Targets::default(),
+            authorization,
         })
     }
 
@@ -183,7 +220,13 @@ impl Client {
         request_id: &HeaderValue,
         body: &Bytes,
     ) -> Result<Response, String> {
-        let request = wire::request_head(&target.path, &target.host, request_id, body.len());
+        let request = wire::request_head(
+            &target.path,
+            &target.host,
+            request_id,
+            self.authorization.as_ref(),
+            body.len(),
+        );
         let mut kept = self.pool.checkout(&target.addr);
         loop {
             let reused = kept.is_some();

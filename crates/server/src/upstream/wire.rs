@@ -37,16 +37,20 @@ pub(crate) enum WireError {
     Closed(&'static str),
 }
 
-/// The head of a request: `POST` of a JSON body to `target` (path and query) at `host`.
-/// (`request_id` is a header value: no CR or LF can be in it.)
+/// The head of a request: `POST` of a JSON body to `target` (path and query) at `host`, with
+/// `authorization` when the workers want a key. (Both header values: no CR or LF can be in
+/// them.)
 pub(crate) fn request_head(
     target: &str,
     host: &str,
     request_id: &HeaderValue,
+    authorization: Option<&HeaderValue>,
     body_len: usize,
 ) -> Vec<u8> {
     let request_id = request_id.as_bytes();
-    let mut head = Vec::with_capacity(160 + target.len() + host.len() + request_id.len());
+    let auth = authorization.map_or(&[][..], HeaderValue::as_bytes);
+    let mut head =
+        Vec::with_capacity(192 + target.len() + host.len() + request_id.len() + auth.len());
     for part in [
         "POST ".as_bytes(),
         target.as_bytes(),
@@ -61,6 +65,10 @@ pub(crate) fn request_head(
         head.extend_from_slice(part);
     }
     head.extend_from_slice(body_len.to_string().as_bytes());
+    if !auth.is_empty() {
+        head.extend_from_slice(b"\r\nauthorization: ");
+        head.extend_from_slice(auth);
+    }
     head.extend_from_slice(b"\r\n\r\n");
     head
 }

@@ -38,6 +38,7 @@ fn a_request_head_names_its_target_host_length_and_id() {
         "/v1/completions?x=1",
         "127.0.0.1:8000",
         &HeaderValue::from_static("abc-1"),
+        None,
         42,
     );
     let text = String::from_utf8(h).unwrap();
@@ -51,6 +52,28 @@ fn a_request_head_names_its_target_host_length_and_id() {
     let mut headers = [httparse::EMPTY_HEADER; 16];
     let mut req = httparse::Request::new(&mut headers);
     assert!(req.parse(text.as_bytes()).unwrap().is_complete());
+}
+
+#[test]
+fn a_request_head_carries_the_workers_key_when_one_is_set() {
+    let key = HeaderValue::from_static("Bearer k-1");
+    let h = request_head(
+        "/v1/completions",
+        "h:1",
+        &HeaderValue::from_static("id"),
+        Some(&key),
+        7,
+    );
+    let text = String::from_utf8(h).unwrap();
+    assert!(text.ends_with("\r\ncontent-length: 7\r\nauthorization: Bearer k-1\r\n\r\n"));
+    let plain = request_head(
+        "/v1/completions",
+        "h:1",
+        &HeaderValue::from_static("id"),
+        None,
+        7,
+    );
+    assert!(!String::from_utf8(plain).unwrap().contains("authorization"));
 }
 
 #[test]
