@@ -404,6 +404,11 @@ async fn bad_picks_get_errors_naming_the_field() {
         (json!({"token_ids": [1, -2]}), "token_ids"),
         (json!({"token_ids": []}), "token_ids"),
         (json!({"token_ids": [1], "prompt": "x"}), "token_ids"),
+        // Found by probing: the prompt was dropped silently.
+        (
+            json!({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}),
+            "messages",
+        ),
         (json!({"messages": 3}), "messages"),
         (json!({"prompt": [1], "model": 5}), "model"),
     ] {

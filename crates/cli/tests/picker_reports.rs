@@ -205,7 +205,10 @@ async fn bad_reports_answer_their_own_errors_and_the_pick_goes_on() {
     // An id of the wrong type says what an id is, not serde's words.
     assert_eq!((code(8), param(8)), (Some(400), "reports[8].id".into()));
     let message = out[8]["error"]["message"].as_str().unwrap();
-    assert!(message.contains("a string of digits"), "{message}");
+    assert!(
+        message.contains("as the pick's answer gives it"),
+        "{message}"
+    );
     assert!(!message.contains("variant"), "{message}");
     // A huge id comes back cut to its start and its length, in the outcome and the message.
     assert_eq!(code(9), Some(404), "{}", out[9]);
@@ -375,4 +378,26 @@ async fn reports_are_bounded_checked_and_answered_when_the_pick_is_refused() {
         "{:?}",
         r.headers()
     );
+}
+
+/// Found by probing: a finish that gives no `completion_tokens` (the counts are optional, and
+/// the Python client leaves them out by default) was learnt as a 0-token answer, pulling the
+/// cost policy's learnt output lengths towards 0. Its length is now unknown: not learnt, not
+/// in the histogram.
+#[tokio::test]
+async fn a_finish_without_token_counts_teaches_no_output_length() {
+    let s = serve("2", &[]).await;
+    let count = "kvrouter_output_sequence_tokens_count";
+    let sum = "kvrouter_output_sequence_tokens_sum";
+    let unmeasured = s.pick(json!({"token_ids": ids(0, 0)})).await;
+    let measured = s.pick(json!({"token_ids": ids(1, 0)})).await;
+    let reports = json!({"reports": [
+        {"id": unmeasured["id"], "event": "finish"},
+        {"id": measured["id"], "event": "finish", "completion_tokens": 7},
+    ]});
+    let (status, v) = s.post("/v1/pick/reports", reports).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["reports"][0]["status"], "released", "{v}");
+    assert_eq!((s.metric(count).await, s.metric(sum).await), (1.0, 7.0));
+    assert_eq!(s.metric(FINISHED).await, 2.0);
 }

@@ -286,6 +286,20 @@ pub(crate) fn head_refusal<B>(request: &axum::http::Request<B>) -> Option<Respon
             format!("request body too large: {n} bytes announced (at most {limit})"),
         );
     }
+    // The body is read as it comes: a compressed one was parsed as if plain (a gzip body was
+    // "not valid JSON"; one marked `br` but plain was taken).
+    if let Some(coding) = headers
+        .get(axum::http::header::CONTENT_ENCODING)
+        .filter(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+    {
+        return refusal(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!(
+                "content-encoding {:?} is not supported: send the body uncompressed",
+                String::from_utf8_lossy(coding.as_bytes())
+            ),
+        );
+    }
     None
 }
 

@@ -357,13 +357,17 @@ impl LoadGuard {
     }
 
     /// The caller of a pick reported the end, with the answer's usage when it knows it (an
-    /// OpenAI `usage` object: `completion_tokens`, `prompt_tokens`, ...).
+    /// OpenAI `usage` object: `completion_tokens`, `prompt_tokens`, ...). Without
+    /// `completion_tokens` the output's length is unknown: not learnt, not in the histogram.
     pub(crate) fn finish_reported(&mut self, usage: Option<Value>) {
         if self.done {
             return;
         }
         self.counts_as_sample = true;
-        self.finish_with(usage);
+        let measured = usage
+            .as_ref()
+            .is_some_and(|u| u["completion_tokens"].is_u64());
+        self.finish_as(usage, measured);
     }
 
     fn finish_with(&mut self, usage: Option<Value>) {

@@ -152,6 +152,17 @@ pub(crate) fn pin_from(headers: &HeaderMap) -> Result<Option<Pin>, ServeError> {
         &RANK_HEADERS,
         "a data-parallel rank (an integer from 0 to 4294967295)",
     )?;
+    if let (None, Some(_)) = (worker, dp_rank) {
+        // A rank alone pins nothing: it was ignored (found by probing).
+        let name = first_present(headers, &RANK_HEADERS).unwrap_or(RANK_HEADERS[0]);
+        return Err(ServeError::invalid(
+            format!(
+                "{name} names a rank of a pinned worker: it needs {}",
+                WORKER_HEADERS[0]
+            ),
+            Some(name),
+        ));
+    }
     Ok(worker.map(|w| Pin {
         worker: WorkerId(w),
         dp_rank,
@@ -232,11 +243,24 @@ fn version_requirement(
             format!("{name} must be a non-negative integer")
         })
     };
-    Ok(kvrouter_core::router::VersionRequirement {
+    let requirement = kvrouter_core::router::VersionRequirement {
         exact: read("x-kvrouter-policy-version")?,
         min: read("x-kvrouter-min-policy-version")?,
         max_staleness: read("x-kvrouter-max-policy-staleness")?,
-    })
+    };
+    // No worker could ever serve it: it would wait out the queue (found by probing).
+    if let (Some(exact), Some(min)) = (requirement.exact, requirement.min) {
+        if exact < min {
+            return Err(ServeError::invalid(
+                format!(
+                    "x-kvrouter-min-policy-version {min} is above x-kvrouter-policy-version \
+                     {exact}: no version satisfies both"
+                ),
+                Some("x-kvrouter-min-policy-version"),
+            ));
+        }
+    }
+    Ok(requirement)
 }
 
 /// The session key of a session header value (`x-session-id`, `x-dynamo-session-id`).

@@ -7,7 +7,7 @@ use crate::ingest::{self, Source};
 use crate::pools::{cards_of, ModelCard};
 use crate::state::{AppState, WorkerRecord};
 use kvrouter_core::ids::WorkerId;
-use kvrouter_core::router::WorkerSpec;
+use kvrouter_core::router::{RouteError, WorkerSpec};
 use kvrouter_core::timing::TimingModel;
 use serde_json::Value;
 use std::sync::atomic::Ordering;
@@ -59,6 +59,25 @@ pub(super) async fn get_json(state: &AppState, url: &str) -> Option<Value> {
         .await
         .ok()
         .flatten()
+}
+
+/// A worker id given with a registration is one not registered yet: else a 409 naming `id`,
+/// as a URL registered twice is.
+fn check_new_id(
+    workers: &std::collections::BTreeMap<WorkerId, WorkerRecord>,
+    id: Option<u64>,
+) -> Result<(), ServeError> {
+    match id {
+        Some(id) if workers.contains_key(&WorkerId(id)) => Err(taken_id(id)),
+        _ => Ok(()),
+    }
+}
+
+fn taken_id(id: u64) -> ServeError {
+    ServeError::Exists {
+        message: format!("worker {id} is already registered"),
+        param: "id",
+    }
 }
 
 /// A `url` is registered once: a second registration is a 409 naming it (compared as URLs:
@@ -128,8 +147,13 @@ pub(crate) async fn add_worker(
 ) -> Result<WorkerId, ServeError> {
     entry.validate()?;
     let inner = &state.inner;
+    // Before the profile is read or the worker asked for its sizes.
+    {
+        let workers = inner.workers.lock().expect("workers lock");
+        check_new_id(&workers, entry.id)?;
+        check_new_url(&workers, &entry.url)?;
+    }
     let timing = worker_profile(state, &mut entry).await?;
-    check_new_url(&inner.workers.lock().expect("workers lock"), &entry.url)?;
     let missing_events = inner.config.router.router_kv_events && entry.kv_events_endpoint.is_none();
     if missing_events
         || entry.block_size.is_none()
@@ -178,7 +202,11 @@ pub(crate) async fn add_worker(
     };
     {
         let mut core = inner.lock_core();
-        core.add_worker(spec).map_err(ServeError::Route)?;
+        core.add_worker(spec).map_err(|e| match e {
+            // Registered meanwhile under this id.
+            RouteError::DuplicateWorker(id) => taken_id(id.0),
+            e => ServeError::Route(e),
+        })?;
         if let Some(timing) = timing {
             core.set_worker_timing(id, timing);
         }

@@ -97,7 +97,36 @@ fn check_url(url: &str) -> Result<(), FieldError> {
     if parsed.host_str().is_none_or(str::is_empty) {
         return fail("url", format!("{url:?} has no host"));
     }
+    if parsed.port() == Some(0) {
+        return fail("url", format!("{url:?}: port 0 is no port to send to"));
+    }
+    // The router appends the API paths (`/v1/completions`) to the URL as it is: a query or a
+    // fragment would end up before them.
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return fail(
+            "url",
+            format!("{url:?} has a query or fragment: a worker's URL is its base, to which the router appends the API paths"),
+        );
+    }
+    // They would show in `/admin/workers`, the logs and the metrics' labels.
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return fail(
+            "url",
+            format!(
+                "{} carries credentials: give the workers' key with --worker-api-key instead",
+                without_credentials(&parsed)
+            ),
+        );
+    }
     Ok(())
+}
+
+/// `url` printed without its user and password.
+fn without_credentials(url: &reqwest::Url) -> String {
+    let mut shown = url.clone();
+    let _ = shown.set_username("");
+    let _ = shown.set_password(None);
+    format!("{:?}", shown.as_str())
 }
 
 /// A ZeroMQ endpoint to connect to: `tcp://host:port` (rank r uses port + r, which must stay a
@@ -180,6 +209,9 @@ impl WorkerEntry {
                 );
             }
         }
+        if self.models.iter().any(|m| m.trim().is_empty()) {
+            return fail("models", "a model name is empty".into());
+        }
         if self.labels.len() > MAX_LABELS {
             return fail("labels", format!("more than {MAX_LABELS} labels"));
         }
@@ -224,9 +256,30 @@ mod tests {
         let field = |e: WorkerEntry| e.validate().map_err(|e| e.field);
         assert_eq!(field(entry("http://10.0.0.5:8000")), Ok(()));
         assert_eq!(field(entry("https://w.example/")), Ok(()));
-        for bad in ["ftp://x", "garbage://x", "http://", "10.0.0.5:8000", ""] {
+        for bad in [
+            "ftp://x",
+            "garbage://x",
+            "http://",
+            "10.0.0.5:8000",
+            "",
+            "http://h:0",
+            "http://h:8000/?x=1",
+            "http://h:8000#f",
+            "http://user:pass@h:8000",
+            "http://user@h:8000",
+        ] {
             assert_eq!(field(entry(bad)), Err("url"), "{bad}");
         }
+        assert_eq!(
+            field(entry("http://h:8000/engine-1")),
+            Ok(()),
+            "a path prefix"
+        );
+        let secret = entry("http://user:pass@h:8000").validate().unwrap_err();
+        assert!(!secret.to_string().contains("pass"), "{secret}");
+        let mut unnamed = entry("http://h:1");
+        unnamed.models = vec!["m".into(), " ".into()];
+        assert_eq!(field(unnamed), Err("models"));
         let ok = entry("http://w:1");
         let with = |f: fn(&mut WorkerEntry)| {
             let mut e = ok.clone();

@@ -122,6 +122,21 @@ async fn every_worker_field_is_checked_and_named() {
     )
     .await;
     assert_eq!(s, StatusCode::CREATED, "the valid entry is accepted");
+    // Found by probing: a taken id was a 400 with no field, where a taken URL is a 409 naming
+    // `url`; both are conflicts now, each naming its field.
+    for (body, param) in [
+        (json!({"url": "http://127.0.0.1:2", "id": 0}), "id"),
+        (json!({"url": "http://127.0.0.1:1/"}), "url"),
+    ] {
+        let (s, b) = call(
+            &state,
+            req("POST", "/admin/workers", Some("t"), &body.to_string()),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CONFLICT, "{body}: {b}");
+        assert_eq!(b["error"]["param"], param, "{body}: {b}");
+    }
+    assert_eq!(state.worker_count(), 1);
 }
 
 #[tokio::test]
@@ -433,10 +448,21 @@ async fn a_zero_deadline_unknown_pins_and_repeated_routing_headers_are_400s_nami
     let server = with_worker(None).await;
     let state = server.state.clone();
     let text = |s: &'static str| HeaderValue::from_static(s);
-    let single: [(&str, &[(&'static str, HeaderValue)]); 4] = [
+    let single: [(&str, &[(&'static str, HeaderValue)]); 7] = [
         (
             "x-kvrouter-deadline-ms",
             &[("x-kvrouter-deadline-ms", text("0"))],
+        ),
+        // Found by probing: a rank with no worker was ignored, and a version requirement no
+        // version meets waited out the queue.
+        ("x-kvrouter-dp-rank", &[("x-kvrouter-dp-rank", text("0"))]),
+        ("x-dynamo-dp-rank", &[("x-dynamo-dp-rank", text("0"))]),
+        (
+            "x-kvrouter-min-policy-version",
+            &[
+                ("x-kvrouter-policy-version", text("5")),
+                ("x-kvrouter-min-policy-version", text("6")),
+            ],
         ),
         (
             "x-kvrouter-worker-id",
@@ -532,6 +558,33 @@ async fn a_long_uri_is_an_openai_414_on_a_real_socket() {
         call(&server.state, req("GET", &ok, None, "")).await.0,
         StatusCode::OK
     );
+    server.stop().await;
+}
+
+/// Found by probing: `content-encoding` was ignored (a gzip body was "not valid JSON", a plain
+/// one marked `br` was served). A coded body is a 415 naming the coding; `identity` is plain.
+#[tokio::test]
+async fn a_compressed_body_is_a_415_naming_its_coding() {
+    let server = with_worker(None).await;
+    let body = r#"{"model":"mock-model","prompt":"hi","max_tokens":1}"#;
+    for (coding, want) in [
+        ("gzip", StatusCode::UNSUPPORTED_MEDIA_TYPE),
+        ("br", StatusCode::UNSUPPORTED_MEDIA_TYPE),
+        ("Identity", StatusCode::OK),
+    ] {
+        let mut r = req("POST", "/v1/completions", None, body);
+        r.headers_mut()
+            .insert("content-encoding", HeaderValue::from_static(coding));
+        let (s, b) = call(&server.state, r).await;
+        assert_eq!(s, want, "{coding}: {b}");
+        if s != StatusCode::OK {
+            assert_openai_error(s, &b);
+            assert!(
+                b["error"]["message"].as_str().unwrap().contains(coding),
+                "{b}"
+            );
+        }
+    }
     server.stop().await;
 }
 

@@ -270,6 +270,16 @@ impl Router {
                 }
             }
         }
+        if let Some(max) = self
+            .config
+            .router_queue_max_tokens
+            .filter(|m| request.isl_tokens > *m)
+        {
+            return Err(RouteError::OverQueueBound {
+                tokens: request.isl_tokens,
+                max,
+            });
+        }
         let stats = self.queue.stats();
         let over_requests = self
             .config

@@ -127,6 +127,33 @@ fn deadlines_and_bounds_end_requests_with_clear_errors() {
     ));
     assert!(r.cancel_queued(RequestId(2)));
     assert_eq!(r.queue_stats().pending_requests, 0);
+
+    // Found by probing: a request bigger than the whole token bound was told the queue was
+    // full (0 requests, 0 tokens waiting). It is told it cannot wait at all.
+    let config = RouterConfig {
+        router_queue_max_tokens: Some(50),
+        ..queued_router(QueuePolicy::Fcfs).config().clone()
+    };
+    let mut r = Router::new(config).unwrap();
+    let mut spec = WorkerSpec::new(WorkerId(0));
+    spec.max_num_batched_tokens = Some(100);
+    r.add_worker(spec).unwrap();
+    r.submit(request(1, &tokens(1, 40)), Time::ZERO).unwrap();
+    let refused = r.submit(request(2, &tokens(2, 60)), Time::ZERO);
+    assert_eq!(
+        refused,
+        Err(RouteError::OverQueueBound {
+            tokens: 60,
+            max: 50
+        })
+    );
+    assert!(refused
+        .unwrap_err()
+        .to_string()
+        .contains("--router-queue-max-tokens"));
+    // One that fits the bound waits as before.
+    assert!(r.submit(request(3, &tokens(3, 40)), Time::ZERO).is_ok());
+    assert_eq!(r.queue_stats().pending_requests, 1);
 }
 
 #[test]

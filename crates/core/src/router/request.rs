@@ -218,6 +218,16 @@ pub enum RouteError {
         /// Prompt tokens waiting.
         tokens: u64,
     },
+    /// The request alone holds more prompt tokens than the router queue takes
+    /// (`router_queue_max_tokens`): it cannot wait, and is placed only when a worker can take
+    /// it at once; retry later.
+    #[error("the request's {tokens} prompt tokens are more than the router queue holds ({max}, --router-queue-max-tokens): it cannot wait and starts only when a worker can take it at once")]
+    OverQueueBound {
+        /// The request's prompt tokens.
+        tokens: u64,
+        /// The queue's bound.
+        max: u64,
+    },
     /// The request could not start before its deadline.
     #[error("the request could not start before its deadline")]
     DeadlineExceeded,

@@ -78,7 +78,9 @@ pub(crate) async fn admit(
         Err(e) => {
             inner.forget_placement(id);
             match e {
-                RouteError::QueueFull { .. } => Err(reject("queue_full", e)),
+                RouteError::QueueFull { .. } | RouteError::OverQueueBound { .. } => {
+                    Err(reject("queue_full", e))
+                }
                 RouteError::AllEligibleWorkersOverloaded
                     if inner.config.router.reject_when_overloaded =>
                 {

@@ -36,11 +36,15 @@ pub(crate) struct Placed {
 }
 
 /// The request kind a body is: a chat (it has `messages`), else a completion.
-fn kind_of(body: &Body) -> Kind {
-    if body.contains_key("messages") {
-        Kind::Chat
-    } else {
-        Kind::Completion
+fn kind_of(body: &Body) -> Result<Kind, ServeError> {
+    match (body.contains_key("messages"), body.contains_key("prompt")) {
+        // Either would be dropped silently (found by probing).
+        (true, true) => Err(ServeError::invalid(
+            "a pick takes `messages` (a chat) or `prompt` (a completion), not both",
+            Some("messages"),
+        )),
+        (true, false) => Ok(Kind::Chat),
+        (false, _) => Ok(Kind::Completion),
     }
 }
 
@@ -89,7 +93,7 @@ pub(crate) async fn place(
         let e = ServeError::Route(kvrouter_core::router::RouteError::NoWorkers);
         return Err(refused(&request_id, count_error(state, e)));
     }
-    let kind = kind_of(&body);
+    let kind = kind_of(&body).map_err(|e| refused(&request_id, count_error(state, e)))?;
     let parsed = parse_body(
         state.clone(),
         (kind, None),

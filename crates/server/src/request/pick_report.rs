@@ -305,8 +305,8 @@ fn apply_one(table: &PickTable, at: usize, value: Value) -> Value {
             };
             // serde's words for an untagged id ("did not match any variant") say nothing.
             let msg = if path == "id" {
-                "`id` must be a pick id as answers give it: a string of digits or a \
-                 non-negative integer"
+                "`id` must be a pick id as the pick's answer gives it: a string such as \
+                 `b685ce83-17`"
                     .to_owned()
             } else {
                 cut(&e.inner().to_string(), MAX_SHOWN_MESSAGE).into_owned()
