@@ -383,3 +383,55 @@ async fn bad_discovery_flags_are_refused_naming_the_flag() {
     .await;
     assert!(e.contains("--register etcd://127.0.0.1:"), "{e}");
 }
+
+/// Found by probing: a key under the prefix that is not UTF-8 failed every watch message
+/// that held it, so discovery froze until etcd compacted; and an etcd restarted without its
+/// data was watched from a revision it had not reached, so every later registration was
+/// missed in silence. Both now go on: the key is read with replacement characters, and a
+/// store whose revision went back is listed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_survives_a_key_that_is_not_utf8_and_an_etcd_restarted_empty() {
+    let mut etcd = etcd::start_etcd().await;
+    let http = reqwest::Client::new();
+    let router = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--discovery",
+        &format!("etcd://{}", &etcd.client[7..]),
+        "--discovery-prefix",
+        PREFIX,
+        "--admin-token",
+        TOKEN,
+        "--no-router-kv-events",
+        "--model-name",
+        "mock-model",
+    ])
+    .await;
+    let base = router.http();
+    let engines = [
+        common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", "50"]).await,
+        common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", "50"]).await,
+    ];
+    let registration = |url: &str| format!(r#"{{"url":"{url}"}}"#);
+    let mut bad = format!("{PREFIX}bad").into_bytes();
+    bad.push(0xff);
+    etcd.put(&bad, &registration("http://127.0.0.1:1")).await;
+    let first = engines[0].http();
+    etcd.put(format!("{PREFIX}first").as_bytes(), &registration(&first))
+        .await;
+    poll("the key after the bad one", Duration::from_secs(10), || {
+        state_is(&http, &base, &first, "serving")
+    })
+    .await;
+    etcd.restart_empty().await;
+    let second = engines[1].http();
+    etcd.put(format!("{PREFIX}second").as_bytes(), &registration(&second))
+        .await;
+    poll(
+        "a registration after etcd restarted empty",
+        Duration::from_secs(20),
+        || state_is(&http, &base, &second, "serving"),
+    )
+    .await;
+}

@@ -30,6 +30,10 @@ pub enum EtcdError {
     /// An answer that is not what the gateway sends.
     #[error("etcd answered something unexpected: {0}")]
     Protocol(String),
+    /// A watch message past the bound ([`wire::MAX_LINE_BYTES`]): a catch-up of many large
+    /// revisions at once. The prefix is listed again instead.
+    #[error("{0}")]
+    TooLarge(String),
 }
 
 /// A client of etcd's JSON gateway at `http://host:port`.

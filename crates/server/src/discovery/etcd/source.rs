@@ -11,10 +11,15 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+/// A watch that lasted this long had been working when it ended.
+const WORKED: Duration = Duration::from_secs(10);
+
 /// How a watch ended.
 enum End {
-    /// The start revision is gone: list again.
-    Compacted,
+    /// List again, for this reason: the start revision was compacted away, the store's
+    /// revision went back (etcd restarted without its data), or a catch-up message was past
+    /// the bound.
+    Relist(String),
     /// The driver is gone: stop.
     Closed,
 }
@@ -74,12 +79,16 @@ pub(crate) async fn run(
             },
         };
         next = Some(start);
-        match watch(&client, &prefix, &mut next, &mut backoff, &tx).await {
+        let began = std::time::Instant::now();
+        let ended = watch(&client, &prefix, &mut next, &mut backoff, &tx).await;
+        // A watch that lasted broke after working: the next try waits the least again.
+        if began.elapsed() >= WORKED {
+            backoff.succeeded();
+        }
+        match ended {
             Ok(End::Closed) => return,
-            Ok(End::Compacted) => {
-                tracing::warn!(
-                    "etcd discovery: revision {start} compacted; listing {prefix} again"
-                );
+            Ok(End::Relist(why)) => {
+                tracing::warn!("etcd discovery: {why}; listing {prefix} again");
                 next = None;
             }
             Err(e) => tracing::warn!("etcd discovery: watch of {prefix} broke: {e}"),
@@ -116,15 +125,33 @@ async fn watch(
                 ))
             }
         };
-        for line in lines.push(&chunk)? {
+        let lines = match lines.push(&chunk) {
+            Ok(lines) => lines,
+            Err(EtcdError::TooLarge(why)) => return Ok(End::Relist(why)),
+            Err(e) => return Err(e),
+        };
+        for line in lines {
             let message = wire::watch_line(&line)?;
             if message.compact_revision.is_some() {
-                return Ok(End::Compacted);
+                return Ok(End::Relist(format!("revision {start} compacted")));
             }
             if message.canceled {
                 return Err(EtcdError::Protocol("watch canceled".into()));
             }
-            if message.created {
+            // A store behind what was already seen lost its data (an etcd restarted empty):
+            // a watch from the future would wait silently past every new registration.
+            if let Some(now) = message
+                .revision
+                .filter(|r| message.created && *r < start - 1)
+            {
+                return Ok(End::Relist(format!(
+                    "etcd's revision went back to {now} (this watch had seen {})",
+                    start - 1
+                )));
+            }
+            // Only changes delivered count as the source working: a watch that is set up and
+            // then fails at once (a message it cannot read) keeps backing off.
+            if !message.changes.is_empty() {
                 backoff.succeeded();
             }
             for change in message.changes {

@@ -35,8 +35,16 @@ fn bytes(v: &Value) -> Result<Vec<u8>, EtcdError> {
 }
 
 fn kv(kv: &Value, deleted: bool) -> Result<Change, EtcdError> {
-    let key = String::from_utf8(bytes(&kv["key"])?)
-        .map_err(|_| EtcdError::Protocol("a key that is not UTF-8".into()))?;
+    // A key that is not UTF-8 is still a key: read with replacement characters rather than
+    // failing the whole answer (one such key under the prefix froze the watch).
+    let key = match String::from_utf8(bytes(&kv["key"])?) {
+        Ok(key) => key,
+        Err(e) => {
+            let key = String::from_utf8_lossy(e.as_bytes()).into_owned();
+            tracing::warn!(%key, "etcd discovery: a key that is not UTF-8 (read with replacement characters)");
+            key
+        }
+    };
     let value = if deleted {
         None
     } else {
@@ -67,6 +75,8 @@ pub(crate) struct WatchMessage {
     pub(crate) canceled: bool,
     /// Set when the start revision was compacted away: list again.
     pub(crate) compact_revision: Option<i64>,
+    /// The store's revision when the message was sent (its header).
+    pub(crate) revision: Option<i64>,
     /// Keys changed, in revision order.
     pub(crate) changes: Vec<Change>,
 }
@@ -93,6 +103,7 @@ pub(crate) fn watch_line(line: &[u8]) -> Result<WatchMessage, EtcdError> {
         created: r["created"] == true,
         canceled: r["canceled"] == true,
         compact_revision: int(&r["compact_revision"]).filter(|r| *r > 0),
+        revision: int(&r["header"]["revision"]),
         changes,
     })
 }
@@ -115,7 +126,7 @@ impl Lines {
             }
         }
         if self.buf.len() > MAX_LINE_BYTES {
-            return Err(EtcdError::Protocol(format!(
+            return Err(EtcdError::TooLarge(format!(
                 "a watch message over {MAX_LINE_BYTES} bytes"
             )));
         }
@@ -154,6 +165,16 @@ mod tests {
         let c = watch_line(COMPACTED.as_bytes()).unwrap();
         assert!(c.canceled && c.compact_revision == Some(3));
         assert!(watch_line(br#"{"error":{"grpc_code":14}}"#).is_err());
+        assert_eq!(del.revision, Some(3));
+        // Found by probing: one key that is not UTF-8 failed the whole message, and the watch
+        // restarted at it forever. It is read with replacement characters.
+        let bad_key = B64.encode(b"/kvrouter/workers/bad\xff");
+        let line = format!(
+            r#"{{"result":{{"header":{{"revision":"5"}},"events":[{{"kv":{{"key":"{bad_key}","mod_revision":"5","value":"eyJ1cmwiOiJ4In0="}}}}]}}}}"#
+        );
+        let read = watch_line(line.as_bytes()).unwrap();
+        assert_eq!(read.changes[0].key, "/kvrouter/workers/bad\u{fffd}");
+        assert_eq!(read.changes[0].mod_revision, 5);
         assert!(watch_line(b"not json").is_err());
     }
 
