@@ -6,6 +6,8 @@
 mod common;
 #[path = "replicas/outage.rs"]
 mod outage;
+#[path = "replicas/partition.rs"]
+mod partition;
 #[path = "replicas/sessions.rs"]
 mod sessions;
 

@@ -83,6 +83,29 @@ pub(crate) struct Link {
     pub(crate) config: ReplicaSyncConfig,
 }
 
+impl Link {
+    /// Publishes `body` to `subject` (with `headers`), waiting at most a heartbeat for the
+    /// client to take it: a client whose connection is stuck stops taking messages once its
+    /// queue is full, and would hold the caller up for good. Whether it was taken.
+    pub(crate) async fn send(
+        &self,
+        subject: String,
+        headers: Option<async_nats::HeaderMap>,
+        body: bytes::Bytes,
+    ) -> bool {
+        let publish = async {
+            match headers {
+                Some(h) => self.client.publish_with_headers(subject, h, body).await,
+                None => self.client.publish(subject, body).await,
+            }
+        };
+        matches!(
+            tokio::time::timeout(self.config.heartbeat, publish).await,
+            Ok(Ok(()))
+        )
+    }
+}
+
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Link")
@@ -107,6 +130,8 @@ pub(crate) struct SyncMetrics {
     pub(crate) lag_ms: AtomicU64,
     pub(crate) lease_lost: AtomicU64,
     pub(crate) rollbacks: AtomicU64,
+    /// Reads of the buckets after a reconnect's repair or another replica's.
+    pub(crate) repairs: AtomicU64,
     /// Messages under this replica's id from another process.
     pub(crate) id_conflicts: AtomicU64,
 }

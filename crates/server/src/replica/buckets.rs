@@ -10,6 +10,7 @@ use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
 use kvrouter_core::ids::WorkerRank;
 use kvrouter_core::router::RemoteEvent;
+use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -135,14 +136,22 @@ async fn entries(store: &kv::Store, max: usize) -> Vec<(String, bytes::Bytes)> {
     out
 }
 
+/// How a replica reads the buckets: which of its own changes the buckets must not overwrite
+/// (made before it joined, or since its repair: perhaps not in the buckets yet), and whether
+/// bindings it holds that the bucket has released are released here (after an outage: a
+/// release it missed; a replica that just started holds none).
+pub(super) struct Read<'a> {
+    pub(super) skip: &'a HashSet<super::repair::Key>,
+    pub(super) releases: bool,
+}
+
 /// What a joining replica reads: the others' worker tables and health ejections, live
 /// sessions, policy versions and pauses.
 pub(super) async fn join(
     state: &AppState,
     peers: &Mutex<super::peers::Peers>,
-    members: &kv::Store,
-    sessions: &kv::Store,
-    policy: &kv::Store,
+    (members, sessions, policy): (&kv::Store, &kv::Store, &kv::Store),
+    read: Read<'_>,
 ) {
     let inner = &*state.inner;
     let own = inner.replica.id();
@@ -171,6 +180,7 @@ pub(super) async fn join(
     }
     let local = local_ids(inner);
     let mut events = Vec::new();
+    let mut listed = HashSet::new();
     for (key, value) in entries(sessions, max).await {
         let (Ok(session), Ok(v)) = (
             u64::from_str_radix(&key, 16),
@@ -178,6 +188,7 @@ pub(super) async fn join(
         ) else {
             continue;
         };
+        listed.insert(session);
         if let Some(w) = local.get(&v.url) {
             events.push(RemoteEvent::Session {
                 session,
@@ -185,6 +196,9 @@ pub(super) async fn join(
                 ttl_ms: v.ttl_ms,
             });
         }
+    }
+    if read.releases {
+        events.extend(released(inner, sessions, &listed, max).await);
     }
     for (_, value) in entries(policy, max).await {
         let Ok(v) = serde_json::from_slice::<WorkerPolicy>(&value) else {
@@ -198,9 +212,37 @@ pub(super) async fn join(
             events.push(RemoteEvent::Paused { worker: w, paused });
         }
     }
+    events.retain(|e| super::repair::key(e).is_none_or(|k| !read.skip.contains(&k)));
     let n = events.len();
     apply(inner, events);
-    tracing::info!("replica sync: read {n} shared entries on joining");
+    tracing::info!("replica sync: read {n} shared entries from the buckets");
+}
+
+/// The sessions bound here that the bucket no longer lists because another replica released
+/// them (a delete marker): released here too. One that is simply absent (a bucket lost with a
+/// restarted server, not refilled yet) stays.
+async fn released(
+    inner: &Inner,
+    sessions: &kv::Store,
+    listed: &HashSet<u64>,
+    max: usize,
+) -> Vec<RemoteEvent> {
+    let held: Vec<u64> = inner
+        .lock_core()
+        .session_bindings(inner.now(), max)
+        .into_iter()
+        .map(|(session, _, _)| session)
+        .filter(|s| !listed.contains(s))
+        .collect();
+    let mut out = Vec::new();
+    for session in held {
+        if let Ok(Some(entry)) = sessions.entry(wire::session_key(session)).await {
+            if entry.operation != kv::Operation::Put {
+                out.push(RemoteEvent::SessionReleased { session });
+            }
+        }
+    }
+    out
 }
 
 /// Puts the state a joining replica reads (session bindings, versions, pauses) into the
@@ -249,10 +291,7 @@ pub(super) async fn store_shared(
                 let mut headers = async_nats::HeaderMap::new();
                 headers.insert("KV-Operation", "DEL");
                 let subject = Names::kv_subject(&names.sessions(), &wire::session_key(*session));
-                let _ = link
-                    .client
-                    .publish_with_headers(subject, headers, bytes::Bytes::new())
-                    .await;
+                link.send(subject, Some(headers), bytes::Bytes::new()).await;
                 continue;
             }
             RemoteEvent::Version { worker, .. } | RemoteEvent::Paused { worker, .. } => {
@@ -280,9 +319,7 @@ pub(super) async fn store_shared(
             }
             _ => continue,
         };
-        let _ = link
-            .client
-            .publish(Names::kv_subject(&bucket, &key), body.into())
+        link.send(Names::kv_subject(&bucket, &key), None, body.into())
             .await;
     }
 }
@@ -329,9 +366,7 @@ pub(super) async fn refill(inner: &Inner, link: &Link, names: &Names, max: usize
     for (bucket, key, body) in writes {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Expected-Last-Subject-Sequence", "0");
-        let _ = link
-            .client
-            .publish_with_headers(Names::kv_subject(&bucket, &key), headers, body.into())
+        link.send(Names::kv_subject(&bucket, &key), Some(headers), body.into())
             .await;
     }
     n

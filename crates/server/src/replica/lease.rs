@@ -17,6 +17,20 @@ use std::time::Duration;
 /// The lease's key.
 const KEY: &str = "update";
 
+/// The longest a lease call waits. A call NATS cannot take (the client reconnecting, its
+/// queue full) would otherwise wait without end, and with it the admin call that made it.
+const CALL_LIMIT: Duration = Duration::from_secs(2);
+
+/// `call` within [`CALL_LIMIT`]; a call past it is an error saying so.
+async fn bounded<T, E: std::fmt::Display>(
+    call: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(CALL_LIMIT, call).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {CALL_LIMIT:?}")),
+    }
+}
+
 /// Takes the update lease (no-op without replica sync). Another replica's running update is a
 /// conflict that names it.
 pub(crate) async fn acquire(state: &AppState) -> Result<Option<u64>, ServeError> {
@@ -31,7 +45,14 @@ pub(crate) async fn acquire(state: &AppState) -> Result<Option<u64>, ServeError>
         status: None,
     };
     let body = serde_json::to_vec(&value).unwrap_or_default();
-    match link.lease.create(KEY, body.into()).await {
+    let created = tokio::time::timeout(CALL_LIMIT, link.lease.create(KEY, body.into())).await;
+    let created = created.map_err(|_| {
+        ServeError::Unavailable(format!(
+            "the update lease cannot be taken over replica sync (NATS did not answer within \
+             {CALL_LIMIT:?}); retry once it is back"
+        ))
+    })?;
+    match created {
         Ok(revision) => Ok(Some(revision)),
         Err(e) if e.kind() == async_nats::jetstream::kv::CreateErrorKind::AlreadyExists => {
             let holder = holder(state)
@@ -51,7 +72,7 @@ pub(crate) async fn acquire(state: &AppState) -> Result<Option<u64>, ServeError>
 /// Who holds the lease, with its progress.
 pub(crate) async fn holder(state: &AppState) -> Option<LeaseValue> {
     let link = state.inner.replica.link()?;
-    let bytes = link.lease.get(KEY).await.ok()??;
+    let bytes = bounded(link.lease.get(KEY)).await.ok()??;
     serde_json::from_slice(&bytes).ok()
 }
 
@@ -75,7 +96,7 @@ pub(crate) fn hold(
                 .update_status()
                 .is_some_and(|s| s.finished.is_none());
             if !running {
-                let _ = link.lease.delete_expect_revision(KEY, Some(revision)).await;
+                let _ = bounded(link.lease.delete_expect_revision(KEY, Some(revision))).await;
                 return;
             }
             let value = LeaseValue {
@@ -83,7 +104,7 @@ pub(crate) fn hold(
                 status: status(&state),
             };
             let body = serde_json::to_vec(&value).unwrap_or_default();
-            match link.lease.update(KEY, body.into(), revision).await {
+            match bounded(link.lease.update(KEY, body.into(), revision)).await {
                 Ok(r) => revision = r,
                 Err(e) => {
                     state
@@ -112,7 +133,7 @@ pub(crate) async fn roll_back(state: AppState, dead: u64, workers: Vec<WorkerId>
     let body = serde_json::to_vec(&value).unwrap_or_default();
     let deadline = tokio::time::Instant::now() + link.config.ttl * 2;
     let revision = loop {
-        match link.lease.create(KEY, body.clone().into()).await {
+        match bounded(link.lease.create(KEY, body.clone().into())).await {
             Ok(r) => break r,
             Err(_) => {
                 let other = holder(&state).await.map(|v| v.replica);
@@ -138,5 +159,5 @@ pub(crate) async fn roll_back(state: AppState, dead: u64, workers: Vec<WorkerId>
         .metrics
         .rollbacks
         .fetch_add(1, Ordering::Relaxed);
-    let _ = link.lease.delete_expect_revision(KEY, Some(revision)).await;
+    let _ = bounded(link.lease.delete_expect_revision(KEY, Some(revision))).await;
 }

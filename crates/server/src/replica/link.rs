@@ -56,7 +56,14 @@ pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
             return;
         }
     };
-    super::buckets::join(&state, &peers, &members, &sessions, &policy).await;
+    // Changes made here before joining (an operator's pause while NATS was down): the
+    // buckets' older values must not overwrite them, and the others get them first.
+    let early = inner.lock_core().take_outgoing();
+    let read = super::buckets::Read {
+        skip: &super::repair::keys(&early),
+        releases: false,
+    };
+    super::buckets::join(&state, &peers, (&members, &sessions, &policy), read).await;
     inner
         .replica
         .metrics
@@ -74,8 +81,14 @@ pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
         config.heartbeat * 2,
         config.join_max_keys,
     )));
-    let stores = super::repair::Stores { js, session_ttl };
-    tokio::spawn(receive(state.clone(), sub, peers.clone()));
+    outage.resend(early);
+    outage.echoed();
+    let stores = super::repair::Stores {
+        js,
+        session_ttl,
+        open: (members, sessions, policy),
+    };
+    tokio::spawn(receive(state.clone(), sub, peers.clone(), outage.clone()));
     tokio::spawn(expire(state.clone(), peers.clone()));
     tokio::spawn(super::repair::run(
         state.clone(),
@@ -149,6 +162,7 @@ async fn receive(
     state: AppState,
     mut sub: async_nats::Subscriber,
     peers: Arc<Mutex<super::peers::Peers>>,
+    outage: Arc<super::repair::Outage>,
 ) {
     let inner = &state.inner;
     let m = &inner.replica.metrics;
@@ -161,11 +175,17 @@ async fn receive(
             continue;
         };
         if check_sender(inner, &peers, &message) {
+            if message.instance == inner.replica.instance() {
+                outage.echoed();
+            }
             continue;
+        }
+        if message.rejoined {
+            outage.peer_rejoined();
         }
         let lag = wire::unix_ms(SystemTime::now()).saturating_sub(message.sent_unix_ms);
         m.lag_ms.store(lag, Ordering::Relaxed);
-        let n = message.events.len() as u64;
+        let mut n = message.events.len() as u64;
         m.received.fetch_add(n, Ordering::Relaxed);
         // Verdicts name workers by URL: applied whether or not the worker table is known yet.
         super::health::apply(&state, message.replica, message.verdicts, message.ejected);
@@ -181,17 +201,19 @@ async fn receive(
                 message.workers,
             );
             m.lost_messages.fetch_add(lost, Ordering::Relaxed);
-            if !peers.knows_workers(message.replica) {
-                m.untranslated.fetch_add(n, Ordering::Relaxed);
+            let from = message.replica;
+            if !peers.knows_workers(from) {
+                // Its first messages since it started, or since it was expired here: applied
+                // once its next heartbeat brings the table.
+                let over = peers.hold(from, message.events);
+                m.untranslated.fetch_add(over, Ordering::Relaxed);
                 continue;
             }
-            let from = message.replica;
+            let mut all = peers.take_held(from);
+            all.extend(message.events);
+            n = all.len() as u64;
             let map = |w: WorkerId| peers.worker_url(from, w.0).and_then(|url| local.get(url));
-            message
-                .events
-                .into_iter()
-                .filter_map(|e| e.map_workers(map))
-                .collect()
+            all.into_iter().filter_map(|e| e.map_workers(map)).collect()
         };
         let missed = n - events.len() as u64;
         if missed > 0 {
@@ -299,7 +321,12 @@ async fn publish(state: AppState, link: Arc<Link>, outage: Arc<super::repair::Ou
     let mut seq = 0u64;
     let stats = link.client.statistics();
     let mut connects = stats.connects.load(Ordering::Relaxed);
+    // The first message carries the worker table, so the others can read its events at once.
+    let mut first = true;
+    // When a reconnect was last asked for because the connection stopped carrying messages.
+    let mut forced: Option<Instant> = None;
     loop {
+        let first_pass = std::mem::take(&mut first);
         let heartbeat = tokio::select! {
             _ = tick.tick() => true,
             _ = inner.replica.notify.notified() => {
@@ -308,7 +335,7 @@ async fn publish(state: AppState, link: Arc<Link>, outage: Arc<super::repair::Ou
                 tokio::task::yield_now().await;
                 false
             }
-        };
+        } || first_pass;
         let (mut events, dropped) = {
             let mut core = inner.lock_core();
             if heartbeat {
@@ -318,19 +345,43 @@ async fn publish(state: AppState, link: Arc<Link>, outage: Arc<super::repair::Ou
         };
         m.dropped.store(dropped, Ordering::Relaxed);
         // The client buffers publishes while NATS is away, so their success says nothing about
-        // the link: its state does (checked every heartbeat at least).
-        let connected = link.client.connection_state() == async_nats::connection::State::Connected;
-        m.connected.store(connected, Ordering::Relaxed);
+        // the link: its state does (checked every heartbeat at least), and so does hearing this
+        // replica's own messages back within the TTL.
         let now_connects = stats.connects.load(Ordering::Relaxed);
         if now_connects != connects {
+            // (Its own messages come back over the new connection: the echo clock restarts.)
             connects = now_connects;
+            forced = None;
             outage.reconnected();
         }
+        let state_up = link.client.connection_state() == async_nats::connection::State::Connected;
+        let connected = state_up && outage.since_echo() <= config.ttl;
+        if state_up && !connected && forced.is_none_or(|at| at.elapsed() > config.ttl) {
+            forced = Some(Instant::now());
+            tracing::warn!(
+                "replica sync: none of this replica's messages came back for {:?}: the NATS \
+                 connection carries nothing; reconnecting",
+                outage.since_echo()
+            );
+            let client = link.client.clone();
+            tokio::spawn(async move {
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(5), client.force_reconnect()).await;
+            });
+        }
+        m.connected.store(connected, Ordering::Relaxed);
         outage
             .retained
             .lock()
             .expect("retained lock")
             .record(Instant::now(), &events, connected);
+        // Nothing is sent while the link is down: the client would only queue it (and block
+        // once its queue is full, holding up everything behind it). The stored-state changes
+        // are kept for the repair (and what is to be sent again stays), load is repaired by the
+        // heartbeats after it.
+        if !connected {
+            continue;
+        }
         let resend = outage.take_resend();
         if !resend.is_empty() {
             events.splice(0..0, resend);
@@ -353,12 +404,12 @@ async fn publish(state: AppState, link: Arc<Link>, outage: Arc<super::repair::Ou
         if let Some(table) = &workers {
             let key = Names::kv_subject(&names.members(), &config.replica_id.to_string());
             let body = serde_json::to_vec(table).unwrap_or_default();
-            let _ = link.client.publish(key, body.into()).await;
+            link.send(key, None, body.into()).await;
         }
         if let Some(list) = &ejected {
             let key = Names::kv_subject(&names.members(), &wire::health_key(config.replica_id));
             let body = serde_json::to_vec(list).unwrap_or_default();
-            let _ = link.client.publish(key, body.into()).await;
+            link.send(key, None, body.into()).await;
         }
         super::buckets::store_shared(inner, &link, &names, &events).await;
         let n = events.len() as u64;
@@ -371,17 +422,15 @@ async fn publish(state: AppState, link: Arc<Link>, outage: Arc<super::repair::Ou
             events,
             verdicts,
             ejected,
+            rejoined: outage.take_rejoined(),
         };
         seq += 1;
         let body = serde_json::to_vec(&message).unwrap_or_default();
-        match link.client.publish(subject.clone(), body.into()).await {
-            Ok(()) => {
-                m.published.fetch_add(n, Ordering::Relaxed);
-            }
-            Err(e) => {
-                m.publish_errors.fetch_add(n, Ordering::Relaxed);
-                tracing::warn!("replica sync: publish: {e}");
-            }
+        if link.send(subject.clone(), None, body.into()).await {
+            m.published.fetch_add(n, Ordering::Relaxed);
+        } else {
+            m.publish_errors.fetch_add(n, Ordering::Relaxed);
+            tracing::warn!("replica sync: a publish was not taken within a heartbeat");
         }
     }
 }

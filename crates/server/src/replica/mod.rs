@@ -102,6 +102,11 @@ pub(crate) fn render(state: &AppState, out: &mut String) {
             get(&m.id_conflicts),
         ),
         (
+            "kvrouter_replica_repairs_total",
+            "Repairs of the shared state: this replica's after it reconnected, and its reads of the buckets after another replica's.",
+            get(&m.repairs),
+        ),
+        (
             "kvrouter_replica_update_rollbacks_total",
             "Weight updates of expired replicas this replica rolled back.",
             get(&m.rollbacks),

@@ -1,6 +1,7 @@
 //! Who the other replicas are: when each was last heard from, and its worker table (its worker
 //! ids by URL). Pure: the caller passes `now`.
 
+use kvrouter_core::router::RemoteEvent;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -14,10 +15,16 @@ struct Peer {
     next_seq: Option<u64>,
 }
 
+/// Events held per replica while its worker table is unknown, at most.
+pub(crate) const MAX_HELD: usize = 4096;
+
 /// The other replicas.
 #[derive(Debug, Default)]
 pub(crate) struct Peers {
     peers: HashMap<u64, Peer>,
+    /// Events of replicas whose worker table is not known yet (a replica's first messages
+    /// after it started, or after it was expired here), applied once it is.
+    held: HashMap<u64, Vec<RemoteEvent>>,
     /// Per replica id, the sending processes of its last two messages from different
     /// processes (most recent first; 0: none yet, or a sender that predates instances).
     instances: HashMap<u64, [u64; 2]>,
@@ -87,6 +94,21 @@ impl Peers {
         self.peers.get(&id).is_some_and(|p| !p.workers.is_empty())
     }
 
+    /// Holds replica `id`'s `events` until its worker table is known; returns how many did
+    /// not fit ([`MAX_HELD`]).
+    pub(crate) fn hold(&mut self, id: u64, events: Vec<RemoteEvent>) -> u64 {
+        let held = self.held.entry(id).or_default();
+        let room = MAX_HELD.saturating_sub(held.len());
+        let over = events.len().saturating_sub(room) as u64;
+        held.extend(events.into_iter().take(room));
+        over
+    }
+
+    /// The events held for replica `id` (its worker table is known now).
+    pub(crate) fn take_held(&mut self, id: u64) -> Vec<RemoteEvent> {
+        self.held.remove(&id).unwrap_or_default()
+    }
+
     /// Forgets and returns the replicas not heard from within `ttl` of `now`.
     pub(crate) fn expire(&mut self, now: Instant, ttl: Duration) -> Vec<u64> {
         let mut gone: Vec<u64> = self
@@ -99,6 +121,7 @@ impl Peers {
         for id in &gone {
             self.peers.remove(id);
             self.instances.remove(id);
+            self.held.remove(id);
         }
         gone
     }
@@ -127,6 +150,25 @@ mod tests {
         assert_eq!(p.alive(), 1);
         assert_eq!(p.expire(t0 + Duration::from_secs(10), ttl), vec![1]);
         assert_eq!(p.alive(), 0);
+    }
+
+    #[test]
+    fn events_are_held_until_the_worker_table_is_known_and_bounded() {
+        let mut p = Peers::default();
+        let e = |s| RemoteEvent::SessionReleased { session: s };
+        assert_eq!(p.hold(3, vec![e(1), e(2)]), 0);
+        assert_eq!(p.hold(3, (0..MAX_HELD as u64).map(e).collect()), 2);
+        let held = p.take_held(3);
+        assert_eq!((held.len(), &held[0]), (MAX_HELD, &e(1)));
+        assert!(p.take_held(3).is_empty());
+        // An expired replica's held events go with it.
+        p.seen(4, 0, Instant::now(), None);
+        p.hold(4, vec![e(9)]);
+        p.expire(
+            Instant::now() + Duration::from_secs(10),
+            Duration::from_secs(1),
+        );
+        assert!(p.take_held(4).is_empty());
     }
 
     #[test]

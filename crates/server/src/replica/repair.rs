@@ -16,10 +16,11 @@
 use super::wire::Names;
 use crate::replica_state::Link;
 use crate::state::AppState;
-use async_nats::jetstream;
+use async_nats::jetstream::{self, kv};
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::RemoteEvent;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -27,13 +28,13 @@ use tokio::sync::Notify;
 /// The key a retained change is kept under: a session's binding, a worker's version, a
 /// worker's pause. A later change to the same key replaces the earlier one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Key {
+pub(super) enum Key {
     Session(u64),
     Version(WorkerId),
     Paused(WorkerId),
 }
 
-fn key(event: &RemoteEvent) -> Option<Key> {
+pub(super) fn key(event: &RemoteEvent) -> Option<Key> {
     match event {
         RemoteEvent::Session { session, .. } | RemoteEvent::SessionReleased { session } => {
             Some(Key::Session(*session))
@@ -106,15 +107,33 @@ impl Retained {
     pub(super) fn dropped(&self) -> u64 {
         self.dropped
     }
+
+    /// The keys of the changes kept.
+    pub(super) fn keys(&self) -> HashSet<Key> {
+        self.changes.keys().copied().collect()
+    }
 }
 
-/// What the publisher and the repair task share.
+/// The keys of `events`' stored-state changes.
+pub(super) fn keys(events: &[RemoteEvent]) -> HashSet<Key> {
+    events.iter().filter_map(key).collect()
+}
+
+/// What the publisher, the receiver and the repair task share.
 #[derive(Debug)]
 pub(super) struct Outage {
     pub(super) retained: Mutex<Retained>,
     /// Changes the repair task has put again, for the publisher to send to the others.
     resend: Mutex<Vec<RemoteEvent>>,
+    /// A reconnect: repair.
     wake: Notify,
+    /// Another replica repaired (its message said `rejoined`): read the buckets again.
+    reread: Notify,
+    /// This replica repaired: its next message says so.
+    rejoined: AtomicBool,
+    /// When this replica last heard its own message back, in ms since `base`.
+    last_echo_ms: AtomicU64,
+    base: Instant,
 }
 
 impl Outage {
@@ -123,18 +142,53 @@ impl Outage {
             retained: Mutex::new(retained),
             resend: Mutex::new(Vec::new()),
             wake: Notify::new(),
+            reread: Notify::new(),
+            rejoined: AtomicBool::new(false),
+            last_echo_ms: AtomicU64::new(0),
+            base: Instant::now(),
         }
     }
 
     /// The publisher saw a reconnect: keep what it retained and start a repair.
     pub(super) fn reconnected(&self) {
         self.retained.lock().expect("retained lock").freeze();
+        self.echoed();
         self.wake.notify_one();
+    }
+
+    /// Changes to publish again (the repair's, or those made before joining).
+    pub(super) fn resend(&self, events: Vec<RemoteEvent>) {
+        self.resend.lock().expect("resend lock").extend(events);
     }
 
     /// What the repair task handed back to be published again.
     pub(super) fn take_resend(&self) -> Vec<RemoteEvent> {
         std::mem::take(&mut *self.resend.lock().expect("resend lock"))
+    }
+
+    /// Another replica says it repaired: what it wrote may be news here.
+    pub(super) fn peer_rejoined(&self) {
+        self.reread.notify_one();
+    }
+
+    /// Whether this replica's next message says it repaired (once).
+    pub(super) fn take_rejoined(&self) -> bool {
+        self.rejoined.swap(false, Ordering::Relaxed)
+    }
+
+    /// This replica's own message came back: the connection carries messages.
+    pub(super) fn echoed(&self) {
+        let ms = self.base.elapsed().as_millis() as u64;
+        self.last_echo_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// How long since this replica last heard its own message back. NATS's own liveness
+    /// check (a PING when nothing was sent for a while) never runs while a replica publishes
+    /// every heartbeat, so a connection that silently stopped carrying messages (a network
+    /// that drops them, a half-open socket) is noticed by this instead.
+    pub(super) fn since_echo(&self) -> Duration {
+        let last = Duration::from_millis(self.last_echo_ms.load(Ordering::Relaxed));
+        self.base.elapsed().saturating_sub(last)
     }
 }
 
@@ -142,13 +196,16 @@ impl Outage {
 pub(super) struct Stores {
     pub(super) js: jetstream::Context,
     pub(super) session_ttl: Duration,
+    /// The members, sessions and policy buckets as last opened.
+    pub(super) open: (kv::Store, kv::Store, kv::Store),
 }
 
-/// Runs the repair after each reconnect, one at a time, until the process ends.
+/// Runs the repair after each reconnect, and a read of the buckets after another replica's,
+/// one at a time, until the process ends.
 pub(super) async fn run(
     state: AppState,
     link: Arc<Link>,
-    stores: Stores,
+    mut stores: Stores,
     peers: Arc<Mutex<super::peers::Peers>>,
     outage: Arc<Outage>,
 ) {
@@ -156,31 +213,55 @@ pub(super) async fn run(
     let config = &link.config;
     let names = Names::new(&config.cluster);
     loop {
-        outage.wake.notified().await;
-        tracing::info!("replica sync: reconnected to NATS; repairing the shared state");
-        let (members, sessions, policy, _) =
-            super::buckets::open_all(&stores.js, &names, config.ttl, stores.session_ttl).await;
-        let (changes, dropped) = {
-            let mut retained = outage.retained.lock().expect("retained lock");
-            (retained.take(), retained.dropped())
+        let reconnected = tokio::select! {
+            () = outage.wake.notified() => true,
+            () = outage.reread.notified() => false,
         };
-        if dropped > 0 {
-            tracing::warn!(
-                "replica sync: {dropped} changes since the start were not kept for a repair \
-                 (more than --replica-join-max-keys at once); the others may miss them"
+        let mut summary = String::from("read the buckets again after another replica's repair");
+        if reconnected {
+            tracing::info!("replica sync: reconnected to NATS; repairing the shared state");
+            let (members, sessions, policy, _) =
+                super::buckets::open_all(&stores.js, &names, config.ttl, stores.session_ttl).await;
+            stores.open = (members, sessions, policy);
+            let (changes, dropped) = {
+                let mut retained = outage.retained.lock().expect("retained lock");
+                (retained.take(), retained.dropped())
+            };
+            if dropped > 0 {
+                tracing::warn!(
+                    "replica sync: {dropped} changes since the start were not kept for a repair \
+                     (more than --replica-join-max-keys at once); the others may miss them"
+                );
+            }
+            super::buckets::store_shared(inner, &link, &names, &changes).await;
+            let written = super::buckets::refill(inner, &link, &names, config.join_max_keys).await;
+            summary = format!(
+                "repaired after a reconnect: {} changes sent again, {written} entries written \
+                 where missing",
+                changes.len()
             );
+            outage.resend(changes);
+            // The others read what was written (a replica that joined the restarted server
+            // first read nothing).
+            outage.rejoined.store(true, Ordering::Relaxed);
+            inner.replica.notify.notify_one();
         }
-        super::buckets::store_shared(inner, &link, &names, &changes).await;
-        let written = super::buckets::refill(inner, &link, &names, config.join_max_keys).await;
-        let resent = changes.len();
-        outage.resend.lock().expect("resend lock").extend(changes);
-        inner.replica.notify.notify_one();
+        // Let the others' puts land, then read what they changed meanwhile; this replica's own
+        // changes since (not yet in the buckets, perhaps) stay as they are.
         tokio::time::sleep(config.heartbeat).await;
-        super::buckets::join(&state, &peers, &members, &sessions, &policy).await;
-        tracing::info!(
-            "replica sync: repaired after a reconnect: {resent} changes sent again, \
-             {written} entries written where missing"
-        );
+        let own = outage.retained.lock().expect("retained lock").keys();
+        let (members, sessions, policy) = &stores.open;
+        let read = super::buckets::Read {
+            skip: &own,
+            releases: true,
+        };
+        super::buckets::join(&state, &peers, (members, sessions, policy), read).await;
+        inner
+            .replica
+            .metrics
+            .repairs
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::info!("replica sync: {summary}");
     }
 }
 

@@ -30,6 +30,10 @@ pub(crate) struct Message {
     /// Every worker the sender's own observations keep out now (with each heartbeat).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) ejected: Option<Vec<Verdict>>,
+    /// The sender repaired the shared state after reconnecting (wrote into the buckets what
+    /// a server restart lost): receivers read the buckets again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) rejoined: bool,
 }
 
 /// A replica's health verdict on a worker, named by URL (replicas number workers differently;
@@ -179,6 +183,7 @@ mod tests {
                 ejected: Some(Reason::FailedRequests),
             }],
             ejected: Some(vec![]),
+            rejoined: true,
         };
         let bytes = serde_json::to_vec(&m).unwrap();
         assert_eq!(serde_json::from_slice::<Message>(&bytes).unwrap(), m);
