@@ -134,6 +134,11 @@ async fn engines(n: usize, extra: &[&str]) -> Vec<Proc> {
 
 /// Starts replica `id` in front of `engines`.
 async fn replica(nats: &Nats, id: u64, engines: &[Proc], extra: &[&str]) -> Proc {
+    replica_at(&nats.url, id, engines, extra).await
+}
+
+/// Starts replica `id` in front of `engines`, syncing over the NATS at `url`.
+async fn replica_at(url: &str, id: u64, engines: &[Proc], extra: &[&str]) -> Proc {
     let id = id.to_string();
     let mut args = vec![
         "serve",
@@ -143,7 +148,7 @@ async fn replica(nats: &Nats, id: u64, engines: &[Proc], extra: &[&str]) -> Proc
         "--admin-token",
         "t",
         "--replica-sync",
-        nats.url.as_str(),
+        url,
         "--replica-id",
         id.as_str(),
         "--replica-heartbeat-ms",
@@ -219,6 +224,40 @@ fn prompt(k: usize) -> String {
     // A distinct first word, then a long shared body: a prefix of many blocks per k.
     let body: Vec<String> = (0..400).map(|i| format!("w{i}")).collect();
     format!("prefix{k} {}", body.join(" "))
+}
+
+/// Sessions bound for a minute, placed round-robin: a session reaches its worker only by its
+/// binding, not by a shared preference.
+const ROUND_ROBIN_SESSIONS: [&str; 4] = [
+    "--router-session-affinity-ttl-secs",
+    "60",
+    "--router-mode",
+    "round-robin",
+];
+
+/// The worker at `url` as replica `base` lists it: (id, state, policy version).
+async fn worker(c: &reqwest::Client, base: &str, url: &str) -> (u64, String, u64) {
+    let list: Value = c
+        .get(format!("{base}/admin/workers"))
+        .bearer_auth("t")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let w = list["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == url)
+        .unwrap_or_else(|| panic!("{base}: no {url}: {list}"))
+        .clone();
+    (
+        w["id"].as_u64().unwrap(),
+        w["state"].as_str().unwrap().to_owned(),
+        w["policy_version"].as_u64().unwrap(),
+    )
 }
 
 /// Waits until `kvrouter_replica_connected` on `r` reads `want`.
@@ -302,12 +341,7 @@ async fn same_prefix_through_different_replicas_lands_on_the_same_engine() {
 async fn a_session_pinned_through_one_replica_keeps_its_worker_through_others() {
     let nats = nats().await;
     let engines = engines(4, &[]).await;
-    let extra = [
-        "--router-session-affinity-ttl-secs",
-        "60",
-        "--router-mode",
-        "round-robin",
-    ];
+    let extra = ROUND_ROBIN_SESSIONS;
     let a = replica(&nats, 1, &engines, &extra).await;
     let b = replica(&nats, 2, &engines, &extra).await;
     let client = reqwest::Client::new();

@@ -3,8 +3,8 @@
 
 use super::{
     assert_sessions_kept, bind_sessions, common, connected, engines, joined, metric, nats, replica,
+    worker, ROUND_ROBIN_SESSIONS,
 };
-use serde_json::Value;
 use std::time::Duration;
 
 /// NATS going away shows in `kvrouter_replica_connected` within a heartbeat (the client buffers
@@ -39,29 +39,6 @@ async fn a_replica_started_before_jetstream_joins_once_it_is_there() {
     connected(&r, 1, "the replica to join", Duration::from_secs(60)).await;
 }
 
-/// The id and state of the worker at `url`, as replica `base` lists it.
-async fn worker_state(client: &reqwest::Client, base: &str, url: &str) -> (u64, String) {
-    let list: Value = client
-        .get(format!("{base}/admin/workers"))
-        .bearer_auth("t")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let w = list["workers"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{base}: no worker list: {list}"))
-        .iter()
-        .find(|w| w["url"] == url)
-        .unwrap_or_else(|| panic!("{base}: no worker {url}: {list}"));
-    (
-        w["id"].as_u64().unwrap(),
-        w["state"].as_str().unwrap().to_owned(),
-    )
-}
-
 /// Found by probing: a pause made while NATS was away reached no replica that missed it, and
 /// a NATS server restarted without its memory-stored buckets left them empty, so a replica
 /// that joined later knew neither the pause nor the session bindings made before the outage.
@@ -71,12 +48,7 @@ async fn worker_state(client: &reqwest::Client, base: &str, url: &str) -> (u64, 
 async fn after_a_nats_restart_every_replica_knows_the_pauses_and_sessions() {
     let mut nats = nats().await;
     let engines = engines(3, &[]).await;
-    let extra = [
-        "--router-session-affinity-ttl-secs",
-        "60",
-        "--router-mode",
-        "round-robin",
-    ];
+    let extra = ROUND_ROBIN_SESSIONS;
     let a = replica(&nats, 1, &engines, &extra).await;
     let b = replica(&nats, 2, &engines, &extra).await;
     let client = reqwest::Client::new();
@@ -84,7 +56,7 @@ async fn after_a_nats_restart_every_replica_knows_the_pauses_and_sessions() {
     // Sessions bound before the outage, spread by round-robin over the three workers.
     let bound = bind_sessions(&client, &a.http(), 6).await;
     let paused_url = engines[2].http();
-    let (paused_id, state) = worker_state(&client, &a.http(), &paused_url).await;
+    let (paused_id, state, _) = worker(&client, &a.http(), &paused_url).await;
     assert_eq!(state, "serving");
     nats.stop().await;
     for r in [&a, &b] {
@@ -105,16 +77,13 @@ async fn after_a_nats_restart_every_replica_knows_the_pauses_and_sessions() {
     }
     common::until("B to learn A's pause", Duration::from_secs(20), || {
         let (client, base, url) = (client.clone(), b.http(), paused_url.clone());
-        async move { worker_state(&client, &base, &url).await.1 == "paused" }
+        async move { worker(&client, &base, &url).await.1 == "paused" }
     })
     .await;
     // A replica that joins now reads both from the refilled buckets.
     let c = replica(&nats, 3, &engines, &extra).await;
     connected(&c, 1, "replica C to join", Duration::from_secs(20)).await;
-    assert_eq!(
-        worker_state(&client, &c.http(), &paused_url).await.1,
-        "paused"
-    );
+    assert_eq!(worker(&client, &c.http(), &paused_url).await.1, "paused");
     // The sessions on the serving workers, in an order round-robin cannot give (two on one
     // worker in a row): only their bindings send them there.
     let mut serving: Vec<&(String, u64)> = bound.iter().filter(|(_, w)| *w != paused_id).collect();

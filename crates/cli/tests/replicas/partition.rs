@@ -2,8 +2,10 @@
 //! controls: a replica started before its link works, a link that silently stops carrying
 //! messages, and a replica that is last to reach a restarted server.
 
-use super::{common, complete, connected, engines, joined, metric, nats, replica, Nats};
-use common::Proc;
+use super::{
+    common, complete, connected, engines, joined, metric, nats, replica, replica_at, worker, Nats,
+    ROUND_ROBIN_SESSIONS,
+};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -104,62 +106,6 @@ fn nats_port(nats: &Nats) -> u16 {
     nats.url.rsplit(':').next().unwrap().parse().unwrap()
 }
 
-/// A replica like [`replica`], syncing through `url` instead of straight to NATS.
-async fn replica_via(url: &str, id: u64, engines: &[Proc]) -> Proc {
-    replica_via_with(url, id, engines, &[]).await
-}
-
-async fn replica_via_with(url: &str, id: u64, engines: &[Proc], extra: &[&str]) -> Proc {
-    let id = id.to_string();
-    let mut args = vec![
-        "serve",
-        "--port",
-        "0",
-        "--no-router-kv-events",
-        "--admin-token",
-        "t",
-        "--replica-sync",
-        url,
-        "--replica-id",
-        &id,
-        "--replica-heartbeat-ms",
-        super::HEARTBEAT_MS,
-        "--replica-ttl-ms",
-        "1500",
-    ];
-    let urls: Vec<String> = engines.iter().map(Proc::http).collect();
-    for u in &urls {
-        args.extend(["--worker", u.as_str()]);
-    }
-    args.extend(extra);
-    common::spawn(&args).await
-}
-
-/// The worker at `url` as replica `base` lists it: (id, state, policy version).
-async fn worker(c: &reqwest::Client, base: &str, url: &str) -> (u64, String, u64) {
-    let list: Value = c
-        .get(format!("{base}/admin/workers"))
-        .bearer_auth("t")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let w = list["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|w| w["url"] == url)
-        .unwrap_or_else(|| panic!("{base}: no {url}: {list}"))
-        .clone();
-    (
-        w["id"].as_u64().unwrap(),
-        w["state"].as_str().unwrap().to_owned(),
-        w["policy_version"].as_u64().unwrap(),
-    )
-}
-
 async fn admin(c: &reqwest::Client, base: &str, path: &str, body: Value) {
     let r = c
         .post(format!("{base}/admin/workers/{path}"))
@@ -209,7 +155,7 @@ async fn changes_made_before_a_replica_joins_reach_everyone_and_stay() {
         .await;
     }
     let mut proxy = Proxy::new(nats_port(&nats));
-    let late = replica_via(&proxy.url(), 3, &engines).await;
+    let late = replica_at(&proxy.url(), 3, &engines, &[]).await;
     let base = late.http();
     let (id0, id1) = (
         worker(&c, &base, &u0).await.0,
@@ -252,7 +198,7 @@ async fn a_link_that_silently_drops_messages_is_noticed_and_repaired() {
     let a = replica(&nats, 1, &engines, &[]).await;
     let mut proxy = Proxy::new(nats_port(&nats));
     proxy.start().await;
-    let b = replica_via(&proxy.url(), 2, &engines).await;
+    let b = replica_at(&proxy.url(), 2, &engines, &[]).await;
     joined(&[&a, &b]).await;
     let c = reqwest::Client::new();
     let (u0, u1) = (engines[0].http(), engines[1].http());
@@ -286,7 +232,7 @@ async fn a_replica_first_to_a_restarted_server_learns_what_the_others_refill() {
     let engines = engines(2, &[]).await;
     let mut proxy = Proxy::new(nats_port(&nats));
     proxy.start().await;
-    let a = replica_via(&proxy.url(), 1, &engines).await;
+    let a = replica_at(&proxy.url(), 1, &engines, &[]).await;
     connected(&a, 1, "A to join", Duration::from_secs(20)).await;
     let c = reqwest::Client::new();
     let u1 = engines[1].http();
@@ -327,16 +273,10 @@ async fn a_replica_first_to_a_restarted_server_learns_what_the_others_refill() {
 async fn a_session_released_while_a_replica_was_cut_off_is_released_there() {
     let nats = nats().await;
     let engines = engines(2, &[]).await;
-    let extra = [
-        "--router-session-affinity-ttl-secs",
-        "60",
-        "--router-mode",
-        "round-robin",
-    ];
-    let a = replica(&nats, 1, &engines, &extra).await;
+    let a = replica(&nats, 1, &engines, &ROUND_ROBIN_SESSIONS).await;
     let mut proxy = Proxy::new(nats_port(&nats));
     proxy.start().await;
-    let b = replica_via_with(&proxy.url(), 2, &engines, &extra).await;
+    let b = replica_at(&proxy.url(), 2, &engines, &ROUND_ROBIN_SESSIONS).await;
     joined(&[&a, &b]).await;
     let c = reqwest::Client::new();
     let header = [("x-session-id", "s-1")];

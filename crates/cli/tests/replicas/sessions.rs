@@ -18,12 +18,7 @@ async fn the_sessions_bucket_keeps_the_longest_session_ttl_of_its_replicas() {
         "--router-mode",
         "round-robin",
     ];
-    let long = [
-        "--router-session-affinity-ttl-secs",
-        "60",
-        "--router-mode",
-        "round-robin",
-    ];
+    let long = super::ROUND_ROBIN_SESSIONS;
     // The short-lived replica makes the bucket.
     let a = replica(&nats, 1, &engines, &short).await;
     connected(&a, 1, "A to join", Duration::from_secs(20)).await;
