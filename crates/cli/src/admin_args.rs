@@ -59,6 +59,9 @@ struct Secret {
     env: &'static str,
     file_flag: &'static str,
     what: &'static str,
+    /// Checked as a bearer token (printable ASCII, no spaces). Not the admin token, whose
+    /// rule predates the keys: any text (a token with a space works as the header's rest).
+    token_chars: bool,
 }
 
 const ADMIN_TOKEN: Secret = Secret {
@@ -66,18 +69,21 @@ const ADMIN_TOKEN: Secret = Secret {
     env: "KVROUTER_ADMIN_TOKEN",
     file_flag: "--admin-token-file",
     what: "the admin token",
+    token_chars: false,
 };
 const API_KEY: Secret = Secret {
     flag: "--api-key",
     env: "KVROUTER_API_KEY",
     file_flag: "--api-key-file",
     what: "the API key",
+    token_chars: true,
 };
 const WORKER_API_KEY: Secret = Secret {
     flag: "--worker-api-key",
     env: "KVROUTER_WORKER_API_KEY",
     file_flag: "--worker-api-key-file",
     what: "the workers' API key",
+    token_chars: true,
 };
 
 /// Who may call a data-plane control endpoint (`--session-release-auth`, `--pick-auth`).
@@ -161,7 +167,7 @@ fn read_token_file(path: &Path, file_flag: &str) -> anyhow::Result<String> {
 }
 
 /// A secret from its flag (or variable) or its file (not both): one value, trimmed; a file may
-/// hold several, one per line (only the API keys take more than the first). Each must be
+/// hold several, one per line (only the API keys take more than the first). A key must be
 /// printable ASCII without spaces, as a bearer token is.
 fn secret(
     s: &Secret,
@@ -202,10 +208,8 @@ fn secret(
             values.len()
         );
     }
-    if let Some(at) = values
-        .iter()
-        .position(|v| !v.bytes().all(|b| b.is_ascii_graphic()))
-    {
+    let bad = |v: &String| !v.bytes().all(|b| b.is_ascii_graphic());
+    if let Some(at) = values.iter().position(bad).filter(|_| s.token_chars) {
         let which = match file {
             Some(_) => format!("{}, key {} of {}", s.file_flag, at + 1, values.len()),
             None => format!("{} or {}", s.flag, s.env),

@@ -259,8 +259,14 @@ pub(crate) fn layer(
             }
             _ => {}
         }
+        // A flag with a variable of its own (`env = ...`, read by clap above) takes only that
+        // one: `mock-engine --api-key` is `KVROUTER_MOCK_API_KEY`, so the router's
+        // `KVROUTER_API_KEY` in a shared environment does not reach a mock engine.
         let var = env_name(long);
-        let from_env = env(&var);
+        let from_env = match arg.get_env() {
+            Some(own) if own.to_str() != Some(var.as_str()) => None,
+            _ => env(&var),
+        };
         let from_file = file.get(long);
         let (source, blame) = match (&from_env, from_file) {
             (Some(_), _) => (Source::Env(var.clone()), var.clone()),

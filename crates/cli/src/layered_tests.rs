@@ -246,6 +246,19 @@ fn environment_names() {
     assert_eq!(env_name("admin-token"), "KVROUTER_ADMIN_TOKEN");
 }
 
+/// Found by probing: the router's `KVROUTER_API_KEY`, in an environment shared with mock
+/// engines, also set `mock-engine --api-key` (whose variable is `KVROUTER_MOCK_API_KEY`), so the
+/// mocks wanted the clients' key. A flag with a variable of its own takes only that one.
+#[test]
+fn a_flag_with_its_own_variable_takes_no_other() {
+    let env = [("KVROUTER_API_KEY", "router-key")];
+    let (m, sources) = run(&["mock-engine"], &env, "").unwrap();
+    assert_eq!(serve_value(&m, "api_key"), None);
+    assert!(!sources.contains_key("api-key"));
+    let (m, _) = run(&["serve"], &env, "").unwrap();
+    assert_eq!(serve_value(&m, "api_key").as_deref(), Some("router-key"));
+}
+
 #[test]
 fn a_refused_value_names_where_it_was_set() {
     let (_, sources) = run(

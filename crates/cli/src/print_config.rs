@@ -10,7 +10,7 @@ const REDACTED: &str = "<redacted>";
 
 /// `raw` with the credentials of a URL in it (`scheme://user:password@host...`, as in
 /// `--cluster NAME=URL` or `--worker URL`) redacted.
-fn without_credentials(raw: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn without_credentials(raw: &str) -> std::borrow::Cow<'_, str> {
     let Some(at) = raw.find("://").map(|i| i + 3) else {
         return raw.into();
     };

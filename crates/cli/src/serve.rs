@@ -172,8 +172,12 @@ impl ServeArgs {
             })
             .collect();
         for w in &workers {
-            w.validate()
-                .with_context(|| format!("--worker {}", w.url))?;
+            w.validate().with_context(|| {
+                format!(
+                    "--worker {}",
+                    crate::print_config::without_credentials(&w.url)
+                )
+            })?;
         }
         if let Some(path) = &self.workers_file {
             workers.extend(crate::worker_list::read_workers_file(path)?);

@@ -655,7 +655,11 @@ async fn requests_go_only_to_clusters_that_serve_their_model() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_api_key_at_the_global_router_goes_on_to_the_clusters() {
     let a = local("a", "20", &["--api-key", "ck", "--model-name", "m"]).await;
-    let global = global_over(&[format!("a={}", a.http())], &["--api-key", "ck"]).await;
+    let global = global_over(
+        &[format!("a={}", a.http())],
+        &["--api-key", "ck", "--admin-token", "global-admin"],
+    )
+    .await;
     let http = reqwest::Client::new();
     let base = global.http();
     let send = |key: Option<&'static str>| {
@@ -674,6 +678,21 @@ async fn an_api_key_at_the_global_router_goes_on_to_the_clusters() {
     assert!(served.is_some(), "a request with the key is served");
     assert_eq!(send(None).await.unwrap().status().as_u16(), 401);
     assert_eq!(send(Some("nope")).await.unwrap().status().as_u16(), 401);
+    // Its own admin token is no key here: it would go on to the cluster (found by probing).
+    let admin = send(Some("global-admin")).await.unwrap();
+    assert_eq!(admin.status().as_u16(), 401);
+    assert!(admin.headers().get("x-kvrouter-cluster").is_none());
+    // The edge's head checks hold here too: a coded body is refused before it is forwarded.
+    let coded = http
+        .post(format!("{base}/v1/completions"))
+        .bearer_auth("ck")
+        .header("content-encoding", "gzip")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(coded.status().as_u16(), 415);
+    assert!(coded.headers().get("x-kvrouter-cluster").is_none());
     // The list of cluster a was read with the cluster token: answered at the global router.
     let listed = common::poll(Duration::from_secs(20), || async {
         let r = http

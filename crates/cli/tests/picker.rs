@@ -427,6 +427,11 @@ async fn bad_picks_get_errors_naming_the_field() {
         (status, &v["error"]["param"]),
         (400, &json!("x-kvrouter-priority"))
     );
+    // A field set to null is one left out: not "both prompt and messages".
+    let (status, v) = s
+        .post("/v1/pick", &[], json!({"prompt": [1], "messages": null}))
+        .await;
+    assert_eq!(status, 200, "{v}");
     let (status, v) = s.post("/v1/pick/nope/finish", &[], json!({})).await;
     assert_eq!(status, 404, "{v}");
     assert_eq!(

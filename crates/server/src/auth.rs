@@ -53,9 +53,33 @@ fn check_admin(s: &AppState, headers: &HeaderMap) -> Result<(), ServeError> {
 /// everything). Otherwise a 401 with `WWW-Authenticate: Bearer`, before the body is read.
 pub(crate) async fn api_key(State(s): State<AppState>, request: Request, next: Next) -> Response {
     let config = &s.inner.config;
+    keyed(
+        config.api_keys.iter().chain(&config.admin_token),
+        request,
+        next,
+    )
+    .await
+}
+
+/// The same for `serve --global`, taking only the API keys: the client's `authorization` goes
+/// on to the clusters, and the global router's admin token must not.
+pub(crate) async fn api_key_only(
+    State(s): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    keyed(s.inner.config.api_keys.iter(), request, next).await
+}
+
+/// Serves `request` when its bearer token is one of `keys`, else a 401 with
+/// `WWW-Authenticate: Bearer`.
+async fn keyed<'a>(
+    keys: impl Iterator<Item = &'a String>,
+    request: Request,
+    next: Next,
+) -> Response {
     let allowed = bearer(request.headers()).is_some_and(|given| {
         // Every key is compared, so the time does not tell which one matched.
-        let keys = config.api_keys.iter().chain(&config.admin_token);
         keys.fold(false, |ok, key| {
             constant_time_eq(given, key.as_bytes()) | ok
         })

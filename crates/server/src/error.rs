@@ -189,6 +189,13 @@ impl IntoResponse for ServeError {
                 .headers_mut()
                 .insert(axum::http::header::RETRY_AFTER, RETRY_AFTER_SECS.into());
         }
+        // RFC 9110: a 401 names the scheme it wants.
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
         response
     }
 }
@@ -287,18 +294,31 @@ pub(crate) fn head_refusal<B>(request: &axum::http::Request<B>) -> Option<Respon
         );
     }
     // The body is read as it comes: a compressed one was parsed as if plain (a gzip body was
-    // "not valid JSON"; one marked `br` but plain was taken).
-    if let Some(coding) = headers
-        .get(axum::http::header::CONTENT_ENCODING)
-        .filter(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
-    {
-        return refusal(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            format!(
-                "content-encoding {:?} is not supported: send the body uncompressed",
-                String::from_utf8_lossy(coding.as_bytes())
-            ),
+    // "not valid JSON"; one marked `br` but plain was taken). Every coding named, in every
+    // `content-encoding` header, must be `identity`; only where a body is read.
+    let reads_body = matches!(
+        *request.method(),
+        axum::http::Method::POST | axum::http::Method::PUT | axum::http::Method::PATCH
+    );
+    let coded = headers
+        .get_all(axum::http::header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"));
+    if let (true, Some(coding)) = (reads_body, coded) {
+        let message = format!(
+            "content-encoding {:?} is not supported: send the body uncompressed",
+            String::from_utf8_lossy(coding)
         );
+        let status = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        let body = kvrouter_openai::error_body(
+            &message,
+            "invalid_request_error",
+            Some("content-encoding"),
+            status.as_u16(),
+        );
+        return Some((status, axum::Json(body)).into_response());
     }
     None
 }

@@ -153,12 +153,14 @@ pub(crate) fn pin_from(headers: &HeaderMap) -> Result<Option<Pin>, ServeError> {
         "a data-parallel rank (an integer from 0 to 4294967295)",
     )?;
     if let (None, Some(_)) = (worker, dp_rank) {
-        // A rank alone pins nothing: it was ignored (found by probing).
+        // A rank alone pins nothing: it was ignored (found by probing). The message names the
+        // worker header of the same family (`x-dynamo-dp-rank`: `x-dynamo-worker-instance-id`).
         let name = first_present(headers, &RANK_HEADERS).unwrap_or(RANK_HEADERS[0]);
+        let family = RANK_HEADERS.iter().position(|h| *h == name).unwrap_or(0);
         return Err(ServeError::invalid(
             format!(
                 "{name} names a rank of a pinned worker: it needs {}",
-                WORKER_HEADERS[0]
+                WORKER_HEADERS[family]
             ),
             Some(name),
         ));

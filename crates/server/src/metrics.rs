@@ -200,6 +200,8 @@ pub(crate) struct Metrics {
     pub(crate) health_transitions: Counters,
     pub(crate) migrations: Counters,
     pub(crate) upstream_timeouts: Counters,
+    /// Worker answers of 401 or 403 (the router's key to them missing or wrong), by worker.
+    pub(crate) key_refusals: Counters,
     /// Answers whose `usage.prompt_tokens` differs from the router's own count, by worker.
     pub(crate) prompt_token_mismatches: Counters,
     /// Discovered workers added, drained, revived and purged, by source and action.
@@ -232,6 +234,7 @@ impl Metrics {
             health_transitions: Counters::default(),
             migrations: Counters::default(),
             upstream_timeouts: Counters::default(),
+            key_refusals: Counters::default(),
             prompt_token_mismatches: Counters::default(),
             discovery_changes: Counters::default(),
             discovery_reconnects: Counters::default(),
@@ -340,6 +343,11 @@ impl Metrics {
             out,
             "kvrouter_upstream_timeouts_total",
             "Worker requests that got no response headers in time, by request kind (stream, unary).",
+        );
+        self.key_refusals.render(
+            out,
+            "kvrouter_upstream_key_refusals_total",
+            "Worker answers of 401 or 403: the router's key to the worker (--worker-api-key) is missing or wrong; by worker.",
         );
         self.discovery_changes.render(
             out,

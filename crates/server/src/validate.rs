@@ -79,54 +79,60 @@ fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
     }
 }
 
-/// A worker's base URL: `http://` or `https://` with a host.
+/// A worker's base URL: `http://` or `https://` with a host. Messages show it without the
+/// credentials it may carry.
 fn check_url(url: &str) -> Result<(), FieldError> {
     if url.len() > MAX_URL_BYTES {
         return fail("url", format!("longer than {MAX_URL_BYTES} bytes"));
     }
     let parsed = reqwest::Url::parse(url).map_err(|e| FieldError {
         field: "url",
-        message: format!("{url:?} is not a URL ({e})"),
+        message: format!("{:?} is not a URL ({e})", shown_url(url)),
     })?;
+    let shown = shown_url(url);
+    // They would show in `/admin/workers`, the logs and the metrics' labels.
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return fail(
+            "url",
+            format!("{shown:?} carries credentials: give the workers' key with --worker-api-key instead"),
+        );
+    }
     if !matches!(parsed.scheme(), "http" | "https") {
         return fail(
             "url",
-            format!("{url:?} must start with http:// or https://"),
+            format!("{shown:?} must start with http:// or https://"),
         );
     }
     if parsed.host_str().is_none_or(str::is_empty) {
-        return fail("url", format!("{url:?} has no host"));
+        return fail("url", format!("{shown:?} has no host"));
     }
     if parsed.port() == Some(0) {
-        return fail("url", format!("{url:?}: port 0 is no port to send to"));
+        return fail("url", format!("{shown:?}: port 0 is no port to send to"));
     }
     // The router appends the API paths (`/v1/completions`) to the URL as it is: a query or a
     // fragment would end up before them.
     if parsed.query().is_some() || parsed.fragment().is_some() {
         return fail(
             "url",
-            format!("{url:?} has a query or fragment: a worker's URL is its base, to which the router appends the API paths"),
-        );
-    }
-    // They would show in `/admin/workers`, the logs and the metrics' labels.
-    if !parsed.username().is_empty() || parsed.password().is_some() {
-        return fail(
-            "url",
-            format!(
-                "{} carries credentials: give the workers' key with --worker-api-key instead",
-                without_credentials(&parsed)
-            ),
+            format!("{shown:?} has a query or fragment: a worker's URL is its base, to which the router appends the API paths"),
         );
     }
     Ok(())
 }
 
-/// `url` printed without its user and password.
-fn without_credentials(url: &reqwest::Url) -> String {
-    let mut shown = url.clone();
-    let _ = shown.set_username("");
-    let _ = shown.set_password(None);
-    format!("{:?}", shown.as_str())
+/// `url` as messages show it: what lies between `://` and an `@` (a user and password) left
+/// out.
+fn shown_url(url: &str) -> std::borrow::Cow<'_, str> {
+    let Some(start) = url.find("://").map(|i| i + 3) else {
+        return url.into();
+    };
+    let authority_end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| start + i);
+    match url[start..authority_end].rfind('@') {
+        Some(at) => format!("{}{}", &url[..start], &url[start + at + 1..]).into(),
+        None => url.into(),
+    }
 }
 
 /// A ZeroMQ endpoint to connect to: `tcp://host:port` (rank r uses port + r, which must stay a
@@ -275,8 +281,17 @@ mod tests {
             Ok(()),
             "a path prefix"
         );
-        let secret = entry("http://user:pass@h:8000").validate().unwrap_err();
-        assert!(!secret.to_string().contains("pass"), "{secret}");
+        for secret in [
+            "http://user:pass@h:8000",
+            "http://user:pass@h:0/?q=1",
+            "ftp://user:pass@h",
+            "http://user:pass@",
+        ] {
+            let e = entry(secret).validate().unwrap_err();
+            assert!(!e.to_string().contains("pass"), "{e}");
+        }
+        assert_eq!(shown_url("http://u:p@h:1/x@y"), "http://h:1/x@y");
+        assert_eq!(shown_url("http://h:1"), "http://h:1");
         let mut unnamed = entry("http://h:1");
         unnamed.models = vec!["m".into(), " ".into()];
         assert_eq!(field(unnamed), Err("models"));

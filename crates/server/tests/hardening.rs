@@ -486,6 +486,10 @@ async fn a_zero_deadline_unknown_pins_and_repeated_routing_headers_are_400s_nami
         assert_eq!(b["error"]["param"], param, "{b}");
         assert_openai_error(s, &b);
     }
+    // A lone rank is told the worker header of its own family.
+    let (_, b) = call(&state, completion(&[("x-dynamo-dp-rank", text("0"))])).await;
+    let message = b["error"]["message"].as_str().unwrap();
+    assert!(message.contains("x-dynamo-worker-instance-id"), "{message}");
     for (name, a, b) in [
         ("x-kvrouter-worker-id", "0", "0"),
         ("x-kvrouter-deadline-ms", "100", "5000"),
@@ -567,24 +571,36 @@ async fn a_long_uri_is_an_openai_414_on_a_real_socket() {
 async fn a_compressed_body_is_a_415_naming_its_coding() {
     let server = with_worker(None).await;
     let body = r#"{"model":"mock-model","prompt":"hi","max_tokens":1}"#;
-    for (coding, want) in [
-        ("gzip", StatusCode::UNSUPPORTED_MEDIA_TYPE),
-        ("br", StatusCode::UNSUPPORTED_MEDIA_TYPE),
-        ("Identity", StatusCode::OK),
+    for (codings, want) in [
+        (&["gzip"][..], StatusCode::UNSUPPORTED_MEDIA_TYPE),
+        (&["br"], StatusCode::UNSUPPORTED_MEDIA_TYPE),
+        (&["Identity"], StatusCode::OK),
+        (&["identity, identity"], StatusCode::OK),
+        // Every header counts, not only the first.
+        (&["identity", "gzip"], StatusCode::UNSUPPORTED_MEDIA_TYPE),
     ] {
         let mut r = req("POST", "/v1/completions", None, body);
-        r.headers_mut()
-            .insert("content-encoding", HeaderValue::from_static(coding));
+        for c in codings {
+            r.headers_mut()
+                .append("content-encoding", HeaderValue::from_static(c));
+        }
         let (s, b) = call(&server.state, r).await;
-        assert_eq!(s, want, "{coding}: {b}");
+        assert_eq!(s, want, "{codings:?}: {b}");
         if s != StatusCode::OK {
             assert_openai_error(s, &b);
+            assert_eq!(b["error"]["param"], "content-encoding", "{b}");
+            let last = codings[codings.len() - 1];
             assert!(
-                b["error"]["message"].as_str().unwrap().contains(coding),
+                b["error"]["message"].as_str().unwrap().contains(last),
                 "{b}"
             );
         }
     }
+    // Only where a body is read.
+    let mut r = req("GET", "/v1/models", None, "");
+    r.headers_mut()
+        .insert("content-encoding", HeaderValue::from_static("gzip"));
+    assert_eq!(call(&server.state, r).await.0, StatusCode::OK);
     server.stop().await;
 }
 
@@ -764,4 +780,16 @@ async fn an_event_less_engines_absurd_server_info_is_left_out_not_refused() {
         "its block size is not the router's to check"
     );
     server.stop().await;
+}
+
+/// Found by probing: only the `--api-key` layer's 401 named its scheme; the admin API's did not.
+#[tokio::test]
+async fn every_401_names_the_bearer_scheme() {
+    let state = AppState::new(config(Some("t"))).unwrap();
+    let resp = app(state)
+        .oneshot(req("GET", "/admin/workers", None, ""))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(resp.headers()["www-authenticate"], "Bearer");
 }

@@ -122,9 +122,14 @@ async fn api_keys_guard_the_data_plane_and_the_workers_key_reaches_them() {
     assert_eq!(status, 502, "{body}");
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains("--worker-api-key"), "{message}");
-    // The refusal says nothing of the worker's health: it stays in rotation.
+    // The refusal says nothing of the worker's health: it stays in rotation, and the refusals
+    // are counted per worker.
     let (status, _, _) = complete(&keyless.http(), None).await;
     assert_eq!(status, 502);
+    let refusals = common::metric(&keyless.http(), "kvrouter_upstream_key_refusals_total{")
+        .await
+        .unwrap_or(0.0);
+    assert_eq!(refusals, 2.0);
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -197,6 +202,24 @@ async fn bad_key_flags_are_clear_errors_naming_the_flag() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(named), "{flags:?}: {stderr}");
     }
+    // A worker URL's credentials stay out of the message.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--worker",
+            "http://u:SECRETPW@127.0.0.1:1",
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("credentials"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("SECRETPW"), "{stderr}");
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
         .args(["mock-engine", "--port", "0", "--api-key", ""])
         .output()

@@ -48,26 +48,30 @@ pub(super) fn app(state: S) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/v1/models", get(super::models::list))
-        .route("/v1/models/{id}", get(super::models::one))
-        .merge(
-            Router::new()
-                .route("/v1/sessions/{id}", delete(super::sessions::release))
-                .route("/finish_session", post(super::sessions::finish))
-                .route_layer(axum::middleware::from_fn_with_state(
-                    state.app.clone(),
-                    crate::auth::session_release,
-                )),
-        );
-    // `--api-key` as in a cluster's `serve`; the client's `authorization` goes on to the
-    // cluster with the rest of its headers.
-    let data = match state.app.inner.config.api_keys.is_empty() {
-        true => data,
-        false => data.route_layer(axum::middleware::from_fn_with_state(
+        .route("/v1/models/{id}", get(super::models::one));
+    let sessions = Router::new()
+        .route("/v1/sessions/{id}", delete(super::sessions::release))
+        .route("/finish_session", post(super::sessions::finish));
+    // `--api-key` as in a cluster's `serve`, without the admin token: the client's
+    // `authorization` goes on to the cluster with the rest of its headers. Session release
+    // keeps its own rule when it needs the admin token.
+    let config = &state.app.inner.config;
+    let keyed = |r: Router<S>| match config.api_keys.is_empty() {
+        true => r,
+        false => r.route_layer(axum::middleware::from_fn_with_state(
             state.app.clone(),
-            crate::auth::api_key,
+            crate::auth::api_key_only,
         )),
     };
-    data.route("/health", get(health))
+    let sessions = match config.session_release_auth {
+        crate::config::SessionReleaseAuth::Open => keyed(sessions),
+        crate::config::SessionReleaseAuth::Admin => sessions.route_layer(
+            axum::middleware::from_fn_with_state(state.app.clone(), crate::auth::session_release),
+        ),
+    };
+    keyed(data)
+        .merge(sessions)
+        .route("/health", get(health))
         .route("/ready", get(health))
         .route("/live", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
@@ -76,10 +80,23 @@ pub(super) fn app(state: S) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(
             kvrouter_openai::MAX_REQUEST_BODY_BYTES,
         ))
+        // The head checks of `serve`'s edge (URI and header sizes, a body announced past the
+        // limit, a coded body), before anything is read or forwarded.
+        .layer(axum::middleware::from_fn(head_checked))
         .layer(axum::middleware::map_response(
             crate::error::shape_rejections,
         ))
         .with_state(state)
+}
+
+async fn head_checked(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    match crate::error::head_refusal(&request) {
+        Some(refused) => refused,
+        None => next.run(request).await,
+    }
 }
 
 macro_rules! handler {

@@ -168,7 +168,15 @@ pub(crate) async fn attempt(
             Ok(_) => None,
             Err(e) => Some(format!("worker {worker}: {e}")),
         };
-        if !refused_key {
+        if refused_key {
+            // Counted and logged (first and every 1,000th, per worker): the worker stays in
+            // rotation, so this is what shows it.
+            let id = worker.0.to_string();
+            let n = inner.metrics.key_refusals.inc_get(&[("worker", &id)]);
+            if n % 1000 == 1 {
+                tracing::warn!(worker = %worker, "{}", failure.as_deref().unwrap_or_default());
+            }
+        } else {
             req.state
                 .observe_health(worker, failure.is_none(), Source::Request);
         }

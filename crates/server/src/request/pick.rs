@@ -37,7 +37,10 @@ pub(crate) struct Placed {
 
 /// The request kind a body is: a chat (it has `messages`), else a completion.
 fn kind_of(body: &Body) -> Result<Kind, ServeError> {
-    match (body.contains_key("messages"), body.contains_key("prompt")) {
+    // A field set to null is a field left out (clients that write every field, unset ones as
+    // null).
+    let given = |key| body.contains_key(key) && !body.fields()[key].is_null();
+    match (given("messages"), given("prompt")) {
         // Either would be dropped silently (found by probing).
         (true, true) => Err(ServeError::invalid(
             "a pick takes `messages` (a chat) or `prompt` (a completion), not both",
