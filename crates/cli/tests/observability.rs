@@ -126,6 +126,17 @@ async fn json_logs_carry_one_access_line_per_request_and_the_request_id_reaches_
     }
     assert!(line["ts_ms"].as_u64().is_some(), "{line}");
 
+    // A stream that asks for no usage block has its tokens counted on the line (it said 0):
+    // its events but `[DONE]`, so an engine that ends with a finish event apart (this mock,
+    // OpenAI) counts one more.
+    let mut streamed = completion();
+    streamed["stream"] = json!(true);
+    let resp = post(&url, Some("streamed-1"), streamed).await;
+    let _ = resp.bytes().await;
+    let line = r.await_line(true, |v| is_access(v, "streamed-1")).await;
+    let counted = line["completion_tokens"].as_u64().unwrap();
+    assert!((4..=5).contains(&counted), "{line}");
+
     // Without an id the router makes one, returns it, and logs it.
     let resp = post(&url, None, completion()).await;
     let made = resp.headers()["x-request-id"].to_str().unwrap().to_owned();

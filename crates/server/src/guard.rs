@@ -411,6 +411,15 @@ impl LoadGuard {
             m.cached_tokens.observe(cached as f64);
         }
         self.capture("ok");
+        // A stream the client asked no usage of (`stream_options.include_usage`): the line
+        // carries the tokens counted, over all attempts (it said 0, or a migrated stream's
+        // tokens before its move only: found by probing).
+        let reported = usage
+            .as_ref()
+            .is_some_and(|u| u["completion_tokens"].is_u64());
+        if let (false, Some(p)) = (reported, self.prov.as_mut()) {
+            p.output_tokens = p.output_tokens.max(output);
+        }
         self.log_provenance("ok", usage.as_ref());
     }
 }
