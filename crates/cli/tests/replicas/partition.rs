@@ -202,8 +202,13 @@ async fn a_link_that_silently_drops_messages_is_noticed_and_repaired() {
     joined(&[&a, &b]).await;
     let c = reqwest::Client::new();
     let (u0, u1) = (engines[0].http(), engines[1].http());
-    proxy.black_hole();
+    // The policy bucket holds worker 0 as serving (paused and resumed through B): the repair
+    // must not read that back over B's pause below.
     let id0 = worker(&c, &b.http(), &u0).await.0;
+    admin(&c, &b.http(), &format!("{id0}/pause"), json!({})).await;
+    admin(&c, &b.http(), &format!("{id0}/resume"), json!({})).await;
+    shows(&c, &a.http(), &u0, "serving", 0, "A to see the resume").await;
+    proxy.black_hole();
     admin(&c, &b.http(), &format!("{id0}/pause"), json!({})).await;
     let id1 = worker(&c, &a.http(), &u1).await.0;
     admin(&c, &a.http(), &format!("{id1}/pause"), json!({})).await;
@@ -316,4 +321,49 @@ async fn a_session_released_while_a_replica_was_cut_off_is_released_there() {
     .await;
     let next = complete(&c, &b.http(), "the next turn", &header, 2).await;
     assert_ne!(next, bound, "the released binding held at B");
+}
+
+/// Found by probing: the policy bucket held a worker's version and pause as one value, so a
+/// replica that paused a worker while cut off wrote back its stale version with the pause, and
+/// every replica took it up after its repair. Each is its own key now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pause_made_while_cut_off_does_not_undo_a_version_set_meanwhile() {
+    let nats = nats().await;
+    let engines = engines(2, &[]).await;
+    let a = replica(&nats, 1, &engines, &[]).await;
+    let mut proxy = Proxy::new(nats_port(&nats));
+    proxy.start().await;
+    let b = replica_at(&proxy.url(), 2, &engines, &[]).await;
+    joined(&[&a, &b]).await;
+    let c = reqwest::Client::new();
+    let u0 = engines[0].http();
+    let id_a = worker(&c, &a.http(), &u0).await.0;
+    let id_b = worker(&c, &b.http(), &u0).await.0;
+    proxy.stop().await;
+    connected(&b, 0, "B to be cut off", Duration::from_secs(20)).await;
+    admin(
+        &c,
+        &a.http(),
+        &format!("{id_a}/policy-version"),
+        json!({"version": 7}),
+    )
+    .await;
+    admin(&c, &b.http(), &format!("{id_b}/pause"), json!({})).await;
+    proxy.start().await;
+    common::until("B to repair", Duration::from_secs(30), || async {
+        metric(&b.http(), "kvrouter_replica_repairs_total").await >= 1
+            && metric(&a.http(), "kvrouter_replica_repairs_total").await >= 1
+    })
+    .await;
+    for r in [&a, &b] {
+        shows(
+            &c,
+            &r.http(),
+            &u0,
+            "paused",
+            7,
+            "both changes on every replica",
+        )
+        .await;
+    }
 }

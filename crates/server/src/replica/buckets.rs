@@ -3,12 +3,12 @@
 //! `$KV.<bucket>.<key>`, nothing awaited).
 
 use super::link::{apply, local_ids};
-use super::wire::{self, Names, SessionValue, WorkerPolicy};
+use super::wire::{self, Names, PolicyField, SessionValue, WorkerPolicy};
 use crate::replica_state::Link;
 use crate::state::{AppState, Inner};
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
-use kvrouter_core::ids::WorkerRank;
+use kvrouter_core::ids::{WorkerId, WorkerRank};
 use kvrouter_core::router::RemoteEvent;
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -189,11 +189,12 @@ pub(super) async fn join(
             continue;
         };
         listed.insert(session);
-        if let Some(w) = local.get(&v.url) {
+        let left = v.left_ms(wire::unix_ms(std::time::SystemTime::now()));
+        if let (Some(w), true) = (local.get(&v.url), left > 0) {
             events.push(RemoteEvent::Session {
                 session,
                 rank: WorkerRank::new(w, v.dp_rank),
-                ttl_ms: v.ttl_ms,
+                ttl_ms: left,
             });
         }
     }
@@ -245,6 +246,26 @@ async fn released(
     out
 }
 
+/// `changes` without the session bindings the sessions bucket shows released (a delete
+/// marker): a repair does not put them back.
+pub(super) async fn not_released(
+    sessions: &kv::Store,
+    changes: Vec<RemoteEvent>,
+) -> Vec<RemoteEvent> {
+    let mut kept = Vec::with_capacity(changes.len());
+    for e in changes {
+        if let RemoteEvent::Session { session, .. } = &e {
+            if let Ok(Some(entry)) = sessions.entry(wire::session_key(*session)).await {
+                if entry.operation != kv::Operation::Put {
+                    continue;
+                }
+            }
+        }
+        kept.push(e);
+    }
+    kept
+}
+
 /// Puts the state a joining replica reads (session bindings, versions, pauses) into the
 /// buckets, with plain publishes.
 pub(super) async fn store_shared(
@@ -276,11 +297,12 @@ pub(super) async fn store_shared(
                 let Some(url) = urls.get(&rank.worker) else {
                     continue;
                 };
-                let v = SessionValue {
-                    url: url.clone(),
-                    dp_rank: rank.dp_rank,
-                    ttl_ms: *ttl_ms,
-                };
+                let v = SessionValue::new(
+                    url.clone(),
+                    rank.dp_rank,
+                    *ttl_ms,
+                    wire::unix_ms(std::time::SystemTime::now()),
+                );
                 (
                     names.sessions(),
                     wire::session_key(*session),
@@ -298,22 +320,15 @@ pub(super) async fn store_shared(
                 let Some(url) = urls.get(worker) else {
                     continue;
                 };
-                let (version, paused) = {
-                    let core = inner.lock_core();
-                    let version = core
-                        .workers()
-                        .find(|w| w.id == *worker)
-                        .map(|w| w.policy_version);
-                    (version, Some(core.is_paused(*worker)))
+                // The field this event changed, as it is now; the other is not written.
+                let field = match e {
+                    RemoteEvent::Version { .. } => PolicyField::Version,
+                    _ => PolicyField::Paused,
                 };
-                let v = WorkerPolicy {
-                    url: url.clone(),
-                    version,
-                    paused,
-                };
+                let v = policy_of(inner, *worker, url, field);
                 (
                     names.policy(),
-                    wire::worker_key(url),
+                    wire::policy_key(url, field),
                     serde_json::to_vec(&v).unwrap_or_default(),
                 )
             }
@@ -324,37 +339,67 @@ pub(super) async fn store_shared(
     }
 }
 
+/// Worker `worker`'s `field` (its version or its pause) as it is now, for the policy bucket.
+fn policy_of(inner: &Inner, worker: WorkerId, url: &str, field: PolicyField) -> WorkerPolicy {
+    let core = inner.lock_core();
+    let (version, paused) = match field {
+        PolicyField::Version => (
+            core.workers()
+                .find(|w| w.id == worker)
+                .map(|w| w.policy_version),
+            None,
+        ),
+        PolicyField::Paused => (None, Some(core.is_paused(worker))),
+    };
+    WorkerPolicy {
+        url: url.to_owned(),
+        version,
+        paused,
+    }
+}
+
 /// Writes every session binding (at most `max`), version and pause this replica knows into
 /// the buckets where the key is missing: a bucket lost with a restarted NATS server is filled
 /// again, and a key another replica wrote meanwhile is not overwritten (JetStream refuses a
 /// write that expects the key to have no entry yet). Plain publishes; returns how many.
 pub(super) async fn refill(inner: &Inner, link: &Link, names: &Names, max: usize) -> usize {
     let urls = super::link::local_urls(inner);
+    let now_unix = wire::unix_ms(std::time::SystemTime::now());
     let mut writes: Vec<(String, String, Vec<u8>)> = Vec::new();
     {
         let core = inner.lock_core();
         for w in core.workers() {
             let Some(url) = urls.get(&w.id) else { continue };
-            let v = WorkerPolicy {
-                url: url.clone(),
-                version: Some(w.policy_version),
-                paused: Some(core.is_paused(w.id)),
-            };
-            writes.push((
-                names.policy(),
-                wire::worker_key(url),
-                serde_json::to_vec(&v).unwrap_or_default(),
-            ));
+            for (field, v) in [
+                (
+                    PolicyField::Version,
+                    WorkerPolicy {
+                        url: url.clone(),
+                        version: Some(w.policy_version),
+                        paused: None,
+                    },
+                ),
+                (
+                    PolicyField::Paused,
+                    WorkerPolicy {
+                        url: url.clone(),
+                        version: None,
+                        paused: Some(core.is_paused(w.id)),
+                    },
+                ),
+            ] {
+                writes.push((
+                    names.policy(),
+                    wire::policy_key(url, field),
+                    serde_json::to_vec(&v).unwrap_or_default(),
+                ));
+            }
         }
         for (session, rank, ttl_ms) in core.session_bindings(inner.now(), max) {
             let Some(url) = urls.get(&rank.worker) else {
                 continue;
             };
-            let v = SessionValue {
-                url: url.clone(),
-                dp_rank: rank.dp_rank,
-                ttl_ms,
-            };
+            let v = SessionValue::new(url.clone(), rank.dp_rank, ttl_ms, now_unix);
             writes.push((
                 names.sessions(),
                 wire::session_key(session),

@@ -40,6 +40,18 @@ pub(crate) async fn acquire(state: &AppState) -> Result<Option<u64>, ServeError>
     let link = state.inner.replica.link().ok_or_else(|| {
         ServeError::Conflict("replica sync is not connected yet: no update lease".into())
     })?;
+    // A link known to be down answers at once.
+    if !state
+        .inner
+        .replica
+        .metrics
+        .connected
+        .load(Ordering::Relaxed)
+    {
+        return Err(ServeError::Unavailable(
+            "the update lease cannot be taken: replica sync is not connected to NATS".into(),
+        ));
+    }
     let value = LeaseValue {
         replica: state.inner.replica.id(),
         status: None,
@@ -49,7 +61,7 @@ pub(crate) async fn acquire(state: &AppState) -> Result<Option<u64>, ServeError>
     let created = created.map_err(|_| {
         ServeError::Unavailable(format!(
             "the update lease cannot be taken over replica sync (NATS did not answer within \
-             {CALL_LIMIT:?}); retry once it is back"
+             {CALL_LIMIT:?})"
         ))
     })?;
     match created {
@@ -64,7 +76,7 @@ pub(crate) async fn acquire(state: &AppState) -> Result<Option<u64>, ServeError>
         }
         // NATS is down, or its lease bucket is gone: nobody holds the lease; retry later.
         Err(e) => Err(ServeError::Unavailable(format!(
-            "the update lease cannot be taken over replica sync (NATS: {e}); retry once it is back"
+            "the update lease cannot be taken over replica sync (NATS: {e})"
         ))),
     }
 }
@@ -72,6 +84,15 @@ pub(crate) async fn acquire(state: &AppState) -> Result<Option<u64>, ServeError>
 /// Who holds the lease, with its progress.
 pub(crate) async fn holder(state: &AppState) -> Option<LeaseValue> {
     let link = state.inner.replica.link()?;
+    if !state
+        .inner
+        .replica
+        .metrics
+        .connected
+        .load(Ordering::Relaxed)
+    {
+        return None;
+    }
     let bytes = bounded(link.lease.get(KEY)).await.ok()??;
     serde_json::from_slice(&bytes).ok()
 }

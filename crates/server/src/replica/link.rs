@@ -75,10 +75,10 @@ pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
         config.cluster,
         config.url
     );
-    // A change is kept for two heartbeats while connected: the publisher notices a lost
-    // connection within one.
+    // A change is kept, while the link counts as up, for as long as a dead link can go
+    // unnoticed: the TTL (no echo of its own messages), and a heartbeat either side.
     let outage = Arc::new(super::repair::Outage::new(super::repair::Retained::new(
-        config.heartbeat * 2,
+        config.ttl + config.heartbeat * 2,
         config.join_max_keys,
     )));
     outage.resend(early);
@@ -380,6 +380,10 @@ async fn publish(state: AppState, link: Arc<Link>, outage: Arc<super::repair::Ou
         // are kept for the repair (and what is to be sent again stays), load is repaired by the
         // heartbeats after it.
         if !connected {
+            // Not sent: counted as a publish that failed (the stored-state changes among them
+            // are kept for the repair).
+            m.publish_errors
+                .fetch_add(events.len() as u64, Ordering::Relaxed);
             continue;
         }
         let resend = outage.take_resend();

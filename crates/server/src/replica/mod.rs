@@ -58,7 +58,7 @@ pub(crate) fn render(state: &AppState, out: &mut String) {
         ),
         (
             "kvrouter_replica_events_publish_errors_total",
-            "Events whose publish failed (NATS down).",
+            "Events not published: NATS down or the link dead (not sent), or a publish the client did not take within a heartbeat.",
             get(&m.publish_errors),
         ),
         (

@@ -233,6 +233,9 @@ pub(super) async fn run(
                      (more than --replica-join-max-keys at once); the others may miss them"
                 );
             }
+            // A binding this replica made that another released meanwhile stays released:
+            // the release is the later word (a binding is only a cache hint).
+            let changes = super::buckets::not_released(&stores.open.1, changes).await;
             super::buckets::store_shared(inner, &link, &names, &changes).await;
             let written = super::buckets::refill(inner, &link, &names, config.join_max_keys).await;
             summary = format!(

@@ -51,7 +51,30 @@ pub(crate) struct Verdict {
 pub(crate) struct SessionValue {
     pub(crate) url: String,
     pub(crate) dp_rank: u32,
+    /// The binding's length when it was written.
     pub(crate) ttl_ms: u64,
+    /// When it ends, Unix milliseconds: a reader binds for what is left of it, so reading the
+    /// bucket again does not lengthen it (absent from older replicas: `ttl_ms` from the read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) expires_unix_ms: Option<u64>,
+}
+
+impl SessionValue {
+    /// A binding to `url` rank `dp_rank` for `ttl_ms` from `now_unix_ms`.
+    pub(crate) fn new(url: String, dp_rank: u32, ttl_ms: u64, now_unix_ms: u64) -> Self {
+        Self {
+            url,
+            dp_rank,
+            ttl_ms,
+            expires_unix_ms: Some(now_unix_ms.saturating_add(ttl_ms)),
+        }
+    }
+
+    /// The milliseconds left of the binding at `now_unix_ms` (0: it ended).
+    pub(crate) fn left_ms(&self, now_unix_ms: u64) -> u64 {
+        self.expires_unix_ms
+            .map_or(self.ttl_ms, |end| end.saturating_sub(now_unix_ms))
+    }
 }
 
 /// A worker's policy version and operator pause as kept in the policy bucket.
@@ -133,9 +156,24 @@ pub(crate) fn session_key(session: u64) -> String {
     format!("{session:016x}")
 }
 
-/// A worker's key in the policy bucket.
-pub(crate) fn worker_key(url: &str) -> String {
-    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(url.as_bytes()))
+/// The key of a worker's version or pause (`field`) in the policy bucket: one key each, so a
+/// replica writing one never writes back a stale value of the other.
+pub(crate) fn policy_key(url: &str, field: PolicyField) -> String {
+    let field = match field {
+        PolicyField::Version => "version",
+        PolicyField::Paused => "paused",
+    };
+    format!(
+        "{:016x}.{field}",
+        xxhash_rust::xxh3::xxh3_64(url.as_bytes())
+    )
+}
+
+/// Which part of a worker's policy a key of the policy bucket holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PolicyField {
+    Version,
+    Paused,
 }
 
 /// Unix milliseconds of `t`.
@@ -147,6 +185,18 @@ pub(crate) fn unix_ms(t: std::time::SystemTime) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_read_again_binds_for_what_is_left_of_it() {
+        let v = SessionValue::new("http://a".into(), 0, 60_000, 1_000);
+        assert_eq!(v.left_ms(1_000), 60_000);
+        assert_eq!(v.left_ms(31_000), 30_000);
+        assert_eq!(v.left_ms(90_000), 0);
+        // An older replica's value: its length, from the read.
+        let old: SessionValue =
+            serde_json::from_str(r#"{"url":"http://a","dp_rank":0,"ttl_ms":500}"#).unwrap();
+        assert_eq!(old.left_ms(1_000_000), 500);
+    }
     use kvrouter_core::ids::{ReplicaId, RequestId, WorkerId, WorkerRank};
 
     #[test]

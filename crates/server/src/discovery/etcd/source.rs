@@ -1,6 +1,6 @@
 //! The etcd source: list the prefix (a [`SourceEvent::Snapshot`]), then watch it from the next
-//! revision. A broken watch resumes from the revision after the last change seen, so nothing
-//! is missed or replayed; a watch whose start was compacted away lists again. Failures wait
+//! revision. A broken watch lists again (its snapshot adds what is new and drains what is
+//! gone), as does one whose start was compacted away or whose store went back. Failures wait
 //! per [`Backoff`].
 
 use super::{wire, Change, EtcdClient, EtcdError};
@@ -91,7 +91,13 @@ pub(crate) async fn run(
                 tracing::warn!("etcd discovery: {why}; listing {prefix} again");
                 next = None;
             }
-            Err(e) => tracing::warn!("etcd discovery: watch of {prefix} broke: {e}"),
+            Err(e) => {
+                // Listed again rather than resumed: a store that restarted empty may have
+                // reached the revision to resume from already, with other keys (found by
+                // probing). The list's snapshot adds what is new and drains what is gone.
+                tracing::warn!("etcd discovery: watch of {prefix} broke: {e}; listing again");
+                next = None;
+            }
         }
         metrics();
         tokio::time::sleep(backoff.failed()).await;

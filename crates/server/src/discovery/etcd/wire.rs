@@ -40,8 +40,8 @@ fn kv(kv: &Value, deleted: bool) -> Result<Change, EtcdError> {
     let key = match String::from_utf8(bytes(&kv["key"])?) {
         Ok(key) => key,
         Err(e) => {
-            let key = String::from_utf8_lossy(e.as_bytes()).into_owned();
-            tracing::warn!(%key, "etcd discovery: a key that is not UTF-8 (read with replacement characters)");
+            let key = escaped(e.as_bytes());
+            tracing::warn!(%key, "etcd discovery: a key that is not UTF-8 (its other bytes shown as \\xNN)");
             key
         }
     };
@@ -55,6 +55,18 @@ fn kv(kv: &Value, deleted: bool) -> Result<Change, EtcdError> {
         value,
         mod_revision: int(&kv["mod_revision"]).unwrap_or(0),
     })
+}
+
+/// `bytes` as text, each byte that is not UTF-8 written `\xNN` (two such keys stay two keys).
+fn escaped(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
 }
 
 /// A range answer: the store revision and the keys.
@@ -167,13 +179,14 @@ mod tests {
         assert!(watch_line(br#"{"error":{"grpc_code":14}}"#).is_err());
         assert_eq!(del.revision, Some(3));
         // Found by probing: one key that is not UTF-8 failed the whole message, and the watch
-        // restarted at it forever. It is read with replacement characters.
+        // restarted at it forever. It is read with its other bytes escaped.
         let bad_key = B64.encode(b"/kvrouter/workers/bad\xff");
         let line = format!(
             r#"{{"result":{{"header":{{"revision":"5"}},"events":[{{"kv":{{"key":"{bad_key}","mod_revision":"5","value":"eyJ1cmwiOiJ4In0="}}}}]}}}}"#
         );
         let read = watch_line(line.as_bytes()).unwrap();
-        assert_eq!(read.changes[0].key, "/kvrouter/workers/bad\u{fffd}");
+        assert_eq!(read.changes[0].key, "/kvrouter/workers/bad\\xff");
+        assert_ne!(escaped(b"a\xfe"), escaped(b"a\xff"));
         assert_eq!(read.changes[0].mod_revision, 5);
         assert!(watch_line(b"not json").is_err());
     }
