@@ -132,6 +132,19 @@ pub struct ActiveRequest {
 }
 
 impl RemoteEvent {
+    /// A change that outlasts the requests (a session binding or its release, a worker's
+    /// version or pause): replicas keep it in their shared stores, and a full outbox keeps it
+    /// over load events (requests begun, finished, placed), which the next heartbeat repairs.
+    pub fn is_lasting(&self) -> bool {
+        matches!(
+            self,
+            RemoteEvent::Session { .. }
+                | RemoteEvent::SessionReleased { .. }
+                | RemoteEvent::Version { .. }
+                | RemoteEvent::Paused { .. }
+        )
+    }
+
     /// The same event with its worker ids translated from the sender's to this router's
     /// (replicas may number the same engine differently); `None` when one has no counterpart.
     pub fn map_workers(self, map: impl Fn(WorkerId) -> Option<WorkerId>) -> Option<Self> {

@@ -55,12 +55,22 @@ impl Replicas {
         self.held.values().any(|ws| ws.contains(&worker))
     }
 
+    /// Queues `event`. Full, a lasting change takes the place of the oldest load event (the
+    /// heartbeats repair load; nothing repairs a lost pause before the replica joins); any other
+    /// event, or one that finds no load event to replace, is dropped and counted.
     fn push(&mut self, event: RemoteEvent) {
-        if let Some(o) = &mut self.own {
-            if o.events.len() < o.max_events {
+        let Some(o) = &mut self.own else {
+            return;
+        };
+        if o.events.len() < o.max_events {
+            o.events.push(event);
+            return;
+        }
+        o.dropped += 1;
+        if event.is_lasting() {
+            if let Some(oldest) = o.events.iter().position(|e| !e.is_lasting()) {
+                o.events.remove(oldest);
                 o.events.push(event);
-            } else {
-                o.dropped += 1;
             }
         }
     }

@@ -337,6 +337,24 @@ fn a_full_outbox_drops_and_counts() {
     assert_eq!(a.take_outgoing().len(), 2);
     assert_eq!(a.outgoing_dropped(), 1);
     assert!(!a.has_outgoing());
+    // Found by probing: a pause made while the outbox was full of load events (a replica
+    // that has not joined yet) was the one dropped. It takes the oldest load event's place.
+    for i in 10..12 {
+        a.route(&request(i, &tokens(i as u32, 8)), Time::ZERO)
+            .unwrap();
+    }
+    assert!(a.set_paused(WorkerId(0), true));
+    let queued = a.take_outgoing();
+    assert_eq!(queued.len(), 2);
+    assert!(!queued[0].is_lasting(), "the newer load event stays");
+    assert_eq!(
+        queued[1],
+        RemoteEvent::Paused {
+            worker: WorkerId(0),
+            paused: true
+        }
+    );
+    assert_eq!(a.outgoing_dropped(), 2);
 }
 
 #[test]
