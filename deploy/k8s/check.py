@@ -159,12 +159,15 @@ def check(objs, kvrouter, flags, notes):
         need(account and account[0].get("automountServiceAccountToken", True),
              "--discovery kubernetes needs the service-account token mounted")
 
-    need("KVROUTER_ADMIN_TOKEN" not in env and "admin-token" not in config,
-         "the admin token must come from a Secret file (--admin-token-file), not a literal")
-    if "KVROUTER_ADMIN_TOKEN_FILE" in env:
-        path = pathlib.PurePath(env["KVROUTER_ADMIN_TOKEN_FILE"])
-        secret_mounts = [n for n, p in mounts.items() if "secret" in volumes.get(n, {}) and path.parent == pathlib.PurePath(p)]
-        need(secret_mounts, f"{path} is not in a mounted Secret")
+    # Secrets come from files in mounted Secrets, never as literals in the manifest.
+    for flag in ("admin-token", "api-key", "worker-api-key"):
+        var = "KVROUTER_" + flag.upper().replace("-", "_")
+        need(var not in env and flag not in config,
+             f"--{flag} must come from a Secret file (--{flag}-file), not a literal")
+        if f"{var}_FILE" in env:
+            path = pathlib.PurePath(env[f"{var}_FILE"])
+            secret_mounts = [n for n, p in mounts.items() if "secret" in volumes.get(n, {}) and path.parent == pathlib.PurePath(p)]
+            need(secret_mounts, f"{path} is not in a mounted Secret")
 
     # Every KVROUTER_* variable and every config key must be a flag of this binary.
     for name in env:
@@ -203,6 +206,15 @@ def self_test(args, out, flags):
     def literal_token(o):
         container(o)["env"].append({"name": "KVROUTER_ADMIN_TOKEN", "value": "x"})
 
+    def literal_api_key(o):
+        container(o)["env"].append({"name": "KVROUTER_API_KEY", "value": "x"})
+
+    def key_file_outside_a_secret(o):
+        env = container(o)["env"]
+        for e in env:
+            if e["name"] == "KVROUTER_WORKER_API_KEY_FILE":
+                e["value"] = "/tmp/key"
+
     def unknown_env(o):
         container(o)["env"].append({"name": "KVROUTER_NO_SUCH_FLAG", "value": "1"})
 
@@ -217,7 +229,9 @@ def self_test(args, out, flags):
         for role in (x for x in o if x["kind"] == "Role"):
             role["rules"] = [r for r in role["rules"] if "pods" not in r["resources"]]
 
-    cases = [(base, f) for f in (grace, ready, selector, literal_token, unknown_env, unknown_key)]
+    cases = [(base, f) for f in (grace, ready, selector, literal_token, literal_api_key, unknown_env, unknown_key)]
+    etcd = render(args.kubectl, HERE / "overlays" / "discovery-etcd", out / "self-test.yaml")
+    cases.append((etcd, key_file_outside_a_secret))
     cases.append((disc, no_rbac))
     cases.append((disc, no_pods_rbac))
     for objs, mutate in cases:
