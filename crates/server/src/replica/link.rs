@@ -17,96 +17,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-/// Connects (retrying until NATS answers), joins and runs the loops until the process ends. A
-/// client that stays without a working connection for [`stuck_after`] is dropped and a new one
-/// made: the NATS client bounds its TCP connect but not the server's greeting, so a connection
-/// accepted by something that never answers (a balancer whose upstream is dead, a hung server)
-/// would hold it for good.
+/// Connects (retrying until NATS answers), joins and runs the loops until the process ends.
 pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
-    let peers = Arc::new(Mutex::new(super::peers::Peers::default()));
-    // A change is kept, while the link counts as up, for as long as a dead link can go
-    // unnoticed: the TTL (no echo of its own messages), and a heartbeat either side.
-    let outage = Arc::new(super::repair::Outage::new(super::repair::Retained::new(
-        config.ttl + config.heartbeat * 2,
-        config.join_max_keys,
-    )));
-    let mut joined_before = false;
-    loop {
-        let client = match async_nats::ConnectOptions::new()
-            .name(format!("kvrouter-replica-{}", config.replica_id))
-            .retry_on_initial_connect()
-            .connect(config.url.as_str())
-            .await
-        {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!("replica sync: cannot connect to {}: {e}", config.url);
-                return;
-            }
-        };
-        if !greeted(&client, stuck_after(&config)).await {
-            tracing::warn!(
-                "replica sync: no working connection to {} within {:?}; connecting afresh",
-                config.url,
-                stuck_after(&config)
-            );
-            continue;
-        }
-        let Some((link, tasks)) = join(&state, &config, client, &peers, &outage).await else {
-            return;
-        };
-        if std::mem::replace(&mut joined_before, true) {
-            // A client made afresh: repair as after any reconnect.
-            outage.reconnected();
-        }
-        publish(state.clone(), link, outage.clone()).await;
-        for task in tasks {
-            task.abort();
-        }
-        state
-            .inner
-            .replica
-            .metrics
-            .connected
-            .store(false, Ordering::Relaxed);
-        tracing::warn!(
-            "replica sync: the NATS connection to {} has not worked for {:?}; connecting afresh",
-            config.url,
-            stuck_after(&config)
-        );
-    }
-}
-
-/// How long a client may go without a working connection before a new one is made.
-fn stuck_after(config: &ReplicaSyncConfig) -> Duration {
-    config.ttl * 4
-}
-
-/// Whether `client` is connected (greeted by the server) within `limit`.
-async fn greeted(client: &async_nats::Client, limit: Duration) -> bool {
-    let up = || client.connection_state() == async_nats::connection::State::Connected;
-    let deadline = Instant::now() + limit;
-    while !up() {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    true
-}
-
-/// Opens the buckets, subscribes, reads the buckets and starts the receiving, expiring and
-/// repairing loops over `client`: its link and those loops' tasks. `None` when it cannot
-/// subscribe.
-async fn join(
-    state: &AppState,
-    config: &ReplicaSyncConfig,
-    client: async_nats::Client,
-    peers: &Arc<Mutex<super::peers::Peers>>,
-    outage: &Arc<super::repair::Outage>,
-) -> Option<(Arc<Link>, Vec<tokio::task::JoinHandle<()>>)> {
-    let inner = &state.inner;
+    let inner = state.inner.clone();
     let names = Names::new(&config.cluster);
+    let client = match async_nats::ConnectOptions::new()
+        .name(format!("kvrouter-replica-{}", config.replica_id))
+        .retry_on_initial_connect()
+        .connect(config.url.as_str())
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("replica sync: cannot connect to {}: {e}", config.url);
+            return;
+        }
+    };
     let js = jetstream::new(client.clone());
     let session_ttl = inner
         .config
@@ -115,6 +41,7 @@ async fn join(
         .map_or(Duration::from_secs(3600), Duration::from_secs_f64);
     let (members, sessions, policy, lease) =
         super::buckets::open_all(&js, &names, config.ttl, session_ttl).await;
+    let peers = Arc::new(Mutex::new(super::peers::Peers::default()));
     let link = Arc::new(Link {
         client: client.clone(),
         lease,
@@ -126,7 +53,7 @@ async fn join(
         Ok(s) => s,
         Err(e) => {
             tracing::error!("replica sync: subscribe: {e}");
-            return None;
+            return;
         }
     };
     // Changes made here before joining (an operator's pause while NATS was down): the
@@ -136,7 +63,7 @@ async fn join(
         skip: &super::repair::keys(&early),
         releases: false,
     };
-    super::buckets::join(state, peers, (&members, &sessions, &policy), read).await;
+    super::buckets::join(&state, &peers, (&members, &sessions, &policy), read).await;
     inner
         .replica
         .metrics
@@ -148,6 +75,12 @@ async fn join(
         config.cluster,
         config.url
     );
+    // A change is kept, while the link counts as up, for as long as a dead link can go
+    // unnoticed: the TTL (no echo of its own messages), and a heartbeat either side.
+    let outage = Arc::new(super::repair::Outage::new(super::repair::Retained::new(
+        config.ttl + config.heartbeat * 2,
+        config.join_max_keys,
+    )));
     outage.resend(early);
     outage.echoed();
     let stores = super::repair::Stores {
@@ -155,18 +88,16 @@ async fn join(
         session_ttl,
         open: (members, sessions, policy),
     };
-    let tasks = vec![
-        tokio::spawn(receive(state.clone(), sub, peers.clone(), outage.clone())),
-        tokio::spawn(expire(state.clone(), peers.clone())),
-        tokio::spawn(super::repair::run(
-            state.clone(),
-            link.clone(),
-            stores,
-            peers.clone(),
-            outage.clone(),
-        )),
-    ];
-    Some((link, tasks))
+    tokio::spawn(receive(state.clone(), sub, peers.clone(), outage.clone()));
+    tokio::spawn(expire(state.clone(), peers.clone()));
+    tokio::spawn(super::repair::run(
+        state.clone(),
+        link.clone(),
+        stores,
+        peers,
+        outage.clone(),
+    ));
+    publish(state, link, outage).await;
 }
 
 /// This replica's workers by URL, found by a URL another replica spelled
@@ -394,8 +325,6 @@ async fn publish(state: AppState, link: Arc<Link>, outage: Arc<super::repair::Ou
     let mut first = true;
     // When a reconnect was last asked for because the connection stopped carrying messages.
     let mut forced: Option<Instant> = None;
-    // Since when the link has been down (`None`: up).
-    let mut down_since: Option<Instant> = None;
     loop {
         let first_pass = std::mem::take(&mut first);
         let heartbeat = tokio::select! {
@@ -441,17 +370,6 @@ async fn publish(state: AppState, link: Arc<Link>, outage: Arc<super::repair::Ou
             });
         }
         m.connected.store(connected, Ordering::Relaxed);
-        if connected {
-            down_since = None;
-        }
-        let down_for = match connected {
-            true => Duration::ZERO,
-            false => down_since.get_or_insert_with(Instant::now).elapsed(),
-        };
-        if down_for > stuck_after(config) && !state_up {
-            // The client has not got a connection back: a new one is made (see `run`).
-            return;
-        }
         outage
             .retained
             .lock()
