@@ -66,6 +66,8 @@ pub struct Router {
     queue: admission::AdmissionQueue,
     /// Session → (rank, binding expiry).
     sessions: BTreeMap<u64, (WorkerRank, Time)>,
+    /// Bindings held when expired ones are next swept out ([`Router::bind_session`]).
+    sessions_sweep_at: usize,
     /// Workers the host marked unavailable (unhealthy), keeping their load.
     unavailable: std::collections::BTreeSet<WorkerId>,
     /// RL group → where its siblings go.
@@ -88,6 +90,9 @@ pub struct Router {
     /// The latest `now` a routing call passed in (stamps KV events, which carry no time).
     last_now: Time,
 }
+
+/// The fewest session bindings at which expired ones are swept out.
+const SESSIONS_SWEEP_MIN: usize = 4096;
 
 impl Router {
     /// A router with no workers. Fails if the configuration is invalid.
@@ -115,6 +120,7 @@ impl Router {
             rr_cursor: 0,
             queue: admission::AdmissionQueue::default(),
             sessions: BTreeMap::new(),
+            sessions_sweep_at: SESSIONS_SWEEP_MIN,
             unavailable: std::collections::BTreeSet::new(),
             paused: std::collections::BTreeSet::new(),
             paused_by_update: std::collections::BTreeSet::new(),
@@ -247,6 +253,19 @@ impl Router {
     /// Drops expired session bindings.
     pub fn expire_sessions(&mut self, now: Time) {
         self.sessions.retain(|_, (_, expires)| *expires > now);
+    }
+
+    /// Binds `session` to `rank` until `until`. Expired bindings are swept out whenever the
+    /// table has doubled since the last sweep (at least [`SESSIONS_SWEEP_MIN`]), so it holds
+    /// at most about twice the live bindings at an amortized constant cost per binding: a
+    /// router that no one asks to sweep (`serve`) kept every session it ever saw (found by a
+    /// probe).
+    pub(super) fn bind_session(&mut self, session: u64, rank: WorkerRank, until: Time, now: Time) {
+        self.sessions.insert(session, (rank, until));
+        if self.sessions.len() >= self.sessions_sweep_at {
+            self.expire_sessions(now);
+            self.sessions_sweep_at = (self.sessions.len() * 2).max(SESSIONS_SWEEP_MIN);
+        }
     }
 
     /// Up to `max` live session bindings at `now`: each session, its rank and the milliseconds

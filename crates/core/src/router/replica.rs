@@ -342,7 +342,7 @@ impl Router {
             } => {
                 self.known_rank(rank)?;
                 let until = now + std::time::Duration::from_millis(ttl_ms);
-                self.sessions.insert(session, (rank, until));
+                self.bind_session(session, rank, until, now);
                 Ok(Effects::default())
             }
             RemoteEvent::SessionReleased { session } => {

@@ -144,10 +144,8 @@ impl Router {
             request.session,
             self.config.router_session_affinity_ttl_secs,
         ) {
-            self.sessions.insert(
-                session,
-                (rank, now + std::time::Duration::from_secs_f64(ttl)),
-            );
+            let until = now + std::time::Duration::from_secs_f64(ttl);
+            self.bind_session(session, rank, until, now);
         }
         self.announce_route(request, rank);
         Ok(Decision {

@@ -275,6 +275,32 @@ fn same_seed_same_decisions() {
     assert_ne!(run(1), run(2));
 }
 
+/// Found by probing: `serve` never swept expired bindings, so the table kept every session it
+/// had seen. It stays within about twice the live bindings (at least the sweep floor).
+#[test]
+fn expired_session_bindings_do_not_pile_up() {
+    let config = RouterConfig {
+        router_mode: RouterMode::RoundRobin,
+        kv_cache_block_size: BS,
+        router_session_affinity_ttl_secs: Some(1.0),
+        ..Default::default()
+    };
+    let mut r = Router::new(config).unwrap();
+    r.add_worker(WorkerSpec::new(WorkerId(0))).unwrap();
+    let mut most = 0;
+    // 20,000 sessions, 1,000 a second, each bound for a second: about 1,000 live at a time.
+    for i in 0..20_000u64 {
+        let mut req = request(i, &tokens(1, 8));
+        req.session = Some(i);
+        let now = Time::from_millis(i);
+        r.route(&req, now).unwrap();
+        let _ = r.finish(RequestId(i), now).unwrap();
+        most = most.max(r.session_count());
+    }
+    assert!(most <= 2 * 1_001 + super::SESSIONS_SWEEP_MIN, "{most}");
+    assert!(r.session_count() < 20_000);
+}
+
 #[test]
 fn sessions_stick_to_their_worker_until_the_binding_expires() {
     let config = RouterConfig {

@@ -38,7 +38,9 @@ pub(crate) async fn acquire(state: &AppState) -> Result<Option<u64>, ServeError>
         return Ok(None);
     }
     let link = state.inner.replica.link().ok_or_else(|| {
-        ServeError::Conflict("replica sync is not connected yet: no update lease".into())
+        ServeError::Unavailable(
+            "the update lease cannot be taken: replica sync has not joined NATS yet".into(),
+        )
     })?;
     // A link known to be down answers at once.
     if !state
