@@ -1,11 +1,13 @@
 //! Replica sync when one replica's link to NATS fails on its own, through a TCP proxy the test
 //! controls: a replica started before its link works, a link that silently stops carrying
-//! messages, and a replica that is last to reach a restarted server.
+//! messages, a replica that is last to reach a restarted server, and a release or a version
+//! made elsewhere while a replica was cut off.
 
 use super::{
     common, complete, connected, engines, joined, metric, nats, replica, replica_at, worker, Nats,
     ROUND_ROBIN_SESSIONS,
 };
+use common::Proc;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -106,6 +108,23 @@ fn nats_port(nats: &Nats) -> u16 {
     nats.url.rsplit(':').next().unwrap().parse().unwrap()
 }
 
+/// Replica A straight to NATS and replica B through a proxy the test controls, in front of
+/// `engines`, joined.
+struct Pair {
+    a: Proc,
+    b: Proc,
+    proxy: Proxy,
+}
+
+async fn pair(nats: &Nats, engines: &[Proc], extra: &[&str]) -> Pair {
+    let a = replica(nats, 1, engines, extra).await;
+    let mut proxy = Proxy::new(nats_port(nats));
+    proxy.start().await;
+    let b = replica_at(&proxy.url(), 2, engines, extra).await;
+    joined(&[&a, &b]).await;
+    Pair { a, b, proxy }
+}
+
 async fn admin(c: &reqwest::Client, base: &str, path: &str, body: Value) {
     let r = c
         .post(format!("{base}/admin/workers/{path}"))
@@ -195,11 +214,7 @@ async fn changes_made_before_a_replica_joins_reach_everyone_and_stay() {
 async fn a_link_that_silently_drops_messages_is_noticed_and_repaired() {
     let nats = nats().await;
     let engines = engines(3, &[]).await;
-    let a = replica(&nats, 1, &engines, &[]).await;
-    let mut proxy = Proxy::new(nats_port(&nats));
-    proxy.start().await;
-    let b = replica_at(&proxy.url(), 2, &engines, &[]).await;
-    joined(&[&a, &b]).await;
+    let Pair { a, b, mut proxy } = pair(&nats, &engines, &[]).await;
     let c = reqwest::Client::new();
     let (u0, u1) = (engines[0].http(), engines[1].http());
     // The policy bucket holds worker 0 as serving (paused and resumed through B): the repair
@@ -278,11 +293,7 @@ async fn a_replica_first_to_a_restarted_server_learns_what_the_others_refill() {
 async fn a_session_released_while_a_replica_was_cut_off_is_released_there() {
     let nats = nats().await;
     let engines = engines(2, &[]).await;
-    let a = replica(&nats, 1, &engines, &ROUND_ROBIN_SESSIONS).await;
-    let mut proxy = Proxy::new(nats_port(&nats));
-    proxy.start().await;
-    let b = replica_at(&proxy.url(), 2, &engines, &ROUND_ROBIN_SESSIONS).await;
-    joined(&[&a, &b]).await;
+    let Pair { a, b, mut proxy } = pair(&nats, &engines, &ROUND_ROBIN_SESSIONS).await;
     let c = reqwest::Client::new();
     let header = [("x-session-id", "s-1")];
     let bound = complete(&c, &b.http(), "a first turn", &header, 2).await;
@@ -330,11 +341,7 @@ async fn a_session_released_while_a_replica_was_cut_off_is_released_there() {
 async fn a_pause_made_while_cut_off_does_not_undo_a_version_set_meanwhile() {
     let nats = nats().await;
     let engines = engines(2, &[]).await;
-    let a = replica(&nats, 1, &engines, &[]).await;
-    let mut proxy = Proxy::new(nats_port(&nats));
-    proxy.start().await;
-    let b = replica_at(&proxy.url(), 2, &engines, &[]).await;
-    joined(&[&a, &b]).await;
+    let Pair { a, b, mut proxy } = pair(&nats, &engines, &[]).await;
     let c = reqwest::Client::new();
     let u0 = engines[0].http();
     let id_a = worker(&c, &a.http(), &u0).await.0;
