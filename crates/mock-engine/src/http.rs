@@ -96,7 +96,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/responses", post(crate::responses::responses))
         .route("/v1/embeddings", post(crate::vectors::embeddings));
     let v1 = match state.inner.config.api_key.is_some() {
-        true => v1.route_layer(axum::middleware::from_fn_with_state(state.clone(), api_key)),
+        true => v1.route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::api_key,
+        )),
         false => v1,
     };
     v1.route("/tokenize", post(crate::vectors::tokenize))
@@ -118,26 +121,6 @@ pub fn app(state: AppState) -> Router {
         // Long RL and agentic prompts as token-id JSON run past axum's 2 MB default.
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
-}
-
-/// Layer of the `/v1` routes with an API key: `Authorization: Bearer <key>` or a 401.
-async fn api_key(
-    State(s): State<AppState>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let expected = s.inner.config.api_key.as_deref().unwrap_or_default();
-    let given = request
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, key)| key);
-    match given == Some(expected) {
-        true => next.run(request).await,
-        false => axum::response::IntoResponse::into_response(ApiError::unauthorized()),
-    }
 }
 
 /// `/health`, `/live`, `/ready`: 200 while the engine runs; 503 once it has stopped (its task

@@ -10,7 +10,8 @@
 //! - [`config`]: the server's settings.
 //! - `driver`: the task that owns the engine and steps it against the wall clock.
 //! - `publisher`: the ZeroMQ PUB socket and the replay ROUTER socket.
-//! - `http`: the axum handlers; `openai`: request parsing and response bodies.
+//! - `http`: the axum handlers; `openai`: request parsing and response bodies; `auth`: the
+//!   `/v1` routes behind `--api-key`.
 //! - `error`: the one mapping from errors to HTTP status and OpenAI error bodies.
 //! - `metrics`: Prometheus text.
 //!
@@ -18,6 +19,7 @@
 //! `kvrouter serve`. Starting engines is the host's business: `kvrouter serve --mock-workers N`
 //! calls [`start_on_loopback`] and hands the router their URLs and event endpoints.
 
+mod auth;
 pub mod config;
 mod driver;
 mod error;

@@ -34,6 +34,29 @@ pub use body::Body;
 pub use error::{error_body, RequestError};
 pub use request::Kind;
 
+/// The token of an `Authorization: Bearer <token>` header value (the API key of OpenAI's
+/// API); the scheme is case-insensitive (RFC 7235 section 2.1): `bearer` is `Bearer`.
+pub fn bearer_token(authorization: &[u8]) -> Option<&[u8]> {
+    authorization
+        .split_first_chunk::<7>()
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case(b"Bearer "))
+        .map(|(_, token)| token)
+}
+
 /// Largest request body the server and the mock engine read (64 MiB: a 1M-token prompt as JSON
 /// token ids is about 8 MB); more is a 413.
 pub const MAX_REQUEST_BODY_BYTES: usize = 64 << 20;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_bearer_token_is_what_follows_the_scheme_in_any_case() {
+        use super::bearer_token;
+        assert_eq!(bearer_token(b"Bearer k-1"), Some(&b"k-1"[..]));
+        assert_eq!(bearer_token(b"bEARER k"), Some(&b"k"[..]));
+        assert_eq!(bearer_token(b"Bearer "), Some(&b""[..]));
+        for not in [&b"Basic k"[..], b"Bearer", b"Bearerk", b"k"] {
+            assert_eq!(bearer_token(not), None, "{not:?}");
+        }
+    }
+}

@@ -24,14 +24,11 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// The token of `Authorization: Bearer <token>`. The scheme is case-insensitive (RFC 7235
-/// section 2.1): `bearer` is `Bearer`.
+/// The token of `Authorization: Bearer <token>` ([`kvrouter_openai::bearer_token`]).
 fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
     headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().split_first_chunk::<7>())
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case(b"Bearer "))
-        .map(|(_, token)| token)
+        .and_then(|v| kvrouter_openai::bearer_token(v.as_bytes()))
 }
 
 /// Checks `Authorization: Bearer <admin token>`. With no admin token configured the admin API
@@ -71,8 +68,8 @@ pub(crate) async fn api_key_only(
     keyed(s.inner.config.api_keys.iter(), request, next).await
 }
 
-/// Serves `request` when its bearer token is one of `keys`, else a 401 with
-/// `WWW-Authenticate: Bearer`.
+/// Serves `request` when its bearer token is one of `keys`, else a 401 (which names the
+/// `Bearer` scheme, as every 401 does).
 async fn keyed<'a>(
     keys: impl Iterator<Item = &'a String>,
     request: Request,
@@ -84,15 +81,10 @@ async fn keyed<'a>(
             constant_time_eq(given, key.as_bytes()) | ok
         })
     });
-    if allowed {
-        return next.run(request).await;
+    match allowed {
+        true => next.run(request).await,
+        false => ServeError::Unauthorized.into_response(),
     }
-    let mut refused = ServeError::Unauthorized.into_response();
-    refused.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        header::HeaderValue::from_static("Bearer"),
-    );
-    refused
 }
 
 /// Layer of the admin router: a missing or wrong token is a 401 whatever the path or body.

@@ -85,22 +85,20 @@ impl Targets {
     }
 }
 
-/// The default headers of a reqwest client that talks to workers: `authorization` (marked
-/// sensitive, so no log or debug print shows it) when the workers want a key.
+/// The default headers of a reqwest client that talks to workers: `authorization` (a
+/// [`bearer`] value, marked sensitive) when the workers want a key.
 pub(crate) fn authorization_headers(
     authorization: Option<&HeaderValue>,
 ) -> reqwest::header::HeaderMap {
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(value) = authorization {
-        let mut value = value.clone();
-        value.set_sensitive(true);
-        headers.insert(reqwest::header::AUTHORIZATION, value);
+        headers.insert(reqwest::header::AUTHORIZATION, value.clone());
     }
     headers
 }
 
-/// `Bearer <key>` as a header value; `None` without a key. A key that cannot be a header value
-/// (a control character) is refused when the flags are read.
+/// `Bearer <key>` as a header value, marked sensitive (no log or debug print shows it); `None`
+/// without a key. A key that cannot be a header value is refused when the flags are read.
 pub(crate) fn bearer(key: Option<&str>) -> Option<HeaderValue> {
     let mut value = HeaderValue::from_str(&format!("Bearer {}", key?)).ok()?;
     value.set_sensitive(true);
