@@ -237,13 +237,19 @@ async fn released(
         .collect();
     let mut out = Vec::new();
     for session in held {
-        if let Ok(Some(entry)) = sessions.entry(wire::session_key(session)).await {
-            if entry.operation != kv::Operation::Put {
-                out.push(RemoteEvent::SessionReleased { session });
-            }
+        if is_released(sessions, session).await {
+            out.push(RemoteEvent::SessionReleased { session });
         }
     }
     out
+}
+
+/// Whether the sessions bucket's last word on `session` is a release (a delete marker).
+async fn is_released(sessions: &kv::Store, session: u64) -> bool {
+    matches!(
+        sessions.entry(wire::session_key(session)).await,
+        Ok(Some(entry)) if entry.operation != kv::Operation::Put
+    )
 }
 
 /// `changes` without the session bindings the sessions bucket shows released (a delete
@@ -255,10 +261,8 @@ pub(super) async fn not_released(
     let mut kept = Vec::with_capacity(changes.len());
     for e in changes {
         if let RemoteEvent::Session { session, .. } = &e {
-            if let Ok(Some(entry)) = sessions.entry(wire::session_key(*session)).await {
-                if entry.operation != kv::Operation::Put {
-                    continue;
-                }
+            if is_released(sessions, *session).await {
+                continue;
             }
         }
         kept.push(e);
@@ -274,16 +278,7 @@ pub(super) async fn store_shared(
     names: &Names,
     events: &[RemoteEvent],
 ) {
-    let stored = |e: &RemoteEvent| {
-        matches!(
-            e,
-            RemoteEvent::Session { .. }
-                | RemoteEvent::SessionReleased { .. }
-                | RemoteEvent::Version { .. }
-                | RemoteEvent::Paused { .. }
-        )
-    };
-    if !events.iter().any(stored) {
+    if !events.iter().any(RemoteEvent::is_lasting) {
         return;
     }
     let urls = super::link::local_urls(inner);
