@@ -3,7 +3,7 @@
 //! Every request gets an id: the client's `x-request-id` when it sends a valid one, otherwise
 //! one the router makes. It is sent to the engine and returned in the response. The access log
 //! is one `tracing` event per sampled request (target `kvrouter::access`), written once, when
-//! the request ends, from the same line the provenance log completes (`guard::log_line`); a
+//! the request ends, from the same line the provenance log completes (`request_line::log_line`); a
 //! request that is not sampled costs one atomic add.
 
 use crate::error::ServeError;

@@ -323,6 +323,17 @@ pub(crate) fn head_refusal<B>(request: &axum::http::Request<B>) -> Option<Respon
     None
 }
 
+/// [`head_refusal`] as an axum layer, for routers without `serve`'s edge (`serve --global`).
+pub(crate) async fn head_checked(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match head_refusal(&request) {
+        Some(refused) => refused,
+        None => next.run(request).await,
+    }
+}
+
 /// Largest body of a plain-text rejection that is read to become the message.
 const REJECTION_TEXT_BYTES: usize = 4096;
 

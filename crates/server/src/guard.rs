@@ -3,6 +3,7 @@
 //! provenance line and captured timeline.
 
 use crate::provenance::Provenance;
+use crate::request_line::log_line;
 use crate::state::{AppState, Release};
 use kvrouter_core::ids::{RequestId, WorkerId};
 use kvrouter_core::policy::RouterMode;
@@ -345,7 +346,7 @@ impl LoadGuard {
         if self.done {
             return;
         }
-        self.finish_as(None, false);
+        self.finish_as(None, Learn::Never);
     }
 
     /// The caller of a pick reported the first token (the pick API and ext_proc, where the
@@ -364,30 +365,30 @@ impl LoadGuard {
             return;
         }
         self.counts_as_sample = true;
-        let measured = usage
-            .as_ref()
-            .is_some_and(|u| u["completion_tokens"].is_u64());
-        self.finish_as(usage, measured);
+        self.finish_as(usage, Learn::IfReported);
     }
 
     fn finish_with(&mut self, usage: Option<Value>) {
-        self.finish_as(usage, true);
+        self.finish_as(usage, Learn::Always);
     }
 
-    /// Ends the request as finished; `measured`: its output length is known (from `usage`, else
-    /// counted from the chunks seen) and learnt.
-    fn finish_as(&mut self, usage: Option<Value>, measured: bool) {
+    /// Ends the request as finished; `learn`: whether its output length is known and learnt
+    /// (see [`Learn`]).
+    fn finish_as(&mut self, usage: Option<Value>, learn: Learn) {
         self.done = true;
         let inner = &self.state.inner;
-        let output = self.carried
-            + usage
-                .as_ref()
-                .and_then(|u| u["completion_tokens"].as_u64())
-                .unwrap_or(if self.stream {
-                    self.chunks.saturating_sub(1)
-                } else {
-                    0
-                });
+        let reported = usage.as_ref().and_then(|u| u["completion_tokens"].as_u64());
+        let counted = if self.stream {
+            self.chunks.saturating_sub(1)
+        } else {
+            0
+        };
+        let output = self.carried + reported.unwrap_or(counted);
+        let measured = match learn {
+            Learn::Always => true,
+            Learn::IfReported => reported.is_some(),
+            Learn::Never => false,
+        };
         // The cost policy learns output lengths (per RL group, prompt and overall).
         inner.release_observed(self.id, Release::Finished, measured.then_some(output));
         if let (Some(group), true) = (self.group, self.counts_as_sample) {
@@ -414,14 +415,22 @@ impl LoadGuard {
         // A stream the client asked no usage of (`stream_options.include_usage`): the line
         // carries the tokens counted, over all attempts (it said 0, or a migrated stream's
         // tokens before its move only: found by probing).
-        let reported = usage
-            .as_ref()
-            .is_some_and(|u| u["completion_tokens"].is_u64());
-        if let (false, Some(p)) = (reported, self.prov.as_mut()) {
+        if let (None, Some(p)) = (reported, self.prov.as_mut()) {
             p.output_tokens = p.output_tokens.max(output);
         }
         self.log_provenance("ok", usage.as_ref());
     }
+}
+
+/// Whether a finished request's output length is learnt (and in the histogram).
+#[derive(Clone, Copy)]
+enum Learn {
+    /// Known: from its usage, else counted from the chunks the router forwarded.
+    Always,
+    /// Only when its usage says (a pick's report: the router saw no chunk).
+    IfReported,
+    /// Not known (ext_proc with response bodies unobserved).
+    Never,
 }
 
 /// Whether a stream's chunk holds a `"usage"` key (a memchr search, not a byte-by-byte scan).
@@ -444,47 +453,6 @@ impl Drop for LoadGuard {
             self.capture("cancelled");
             self.log_provenance("cancelled", None);
         }
-    }
-}
-
-/// Completes a provenance line and hands it to the log (with `--provenance-log`) and to the
-/// access log (when it sampled the request).
-pub(crate) fn log_line(
-    state: &AppState,
-    mut p: Box<Provenance>,
-    status: &'static str,
-    worker: Option<WorkerId>,
-    arrival: Instant,
-    first_at: Option<Instant>,
-    usage: Option<&Value>,
-) {
-    let log = state.inner.config.provenance.as_ref();
-    if log.is_none() && !p.access && !p.trace {
-        return;
-    }
-    let now = Instant::now();
-    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    p.status = status;
-    p.worker = worker.map(|w| w.0);
-    p.ts_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    p.e2e_ms = ms(now.duration_since(arrival));
-    p.ttft_ms = first_at.map(|f| ms(f.duration_since(arrival)));
-    p.decode_ms = first_at.map(|f| ms(now.duration_since(f)));
-    if let Some(u) = usage {
-        // Tokens of earlier attempts (a continued request) are already in `output_tokens`.
-        p.output_tokens += u["completion_tokens"].as_u64().unwrap_or(0);
-        p.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].as_u64();
-    }
-    if p.access {
-        crate::access::emit(&p);
-    }
-    if let (true, Some(otel)) = (p.trace, state.inner.config.otel.as_ref()) {
-        otel.record(&p, arrival, first_at, now);
-    }
-    if let Some(log) = log {
-        log.record(&p);
     }
 }
 

@@ -11,7 +11,8 @@
 //! - `edge`: what every request of the API meets before and after routing (head and body
 //!   limits, rejections as OpenAI JSON).
 //! - `app`: routes, health, metrics, admin API. `request`: one request from parse to last byte
-//!   (attempt, continuation machine, forwarder); `guard`: the load guard of one attempt.
+//!   (attempt, continuation machine, forwarder); `guard`: the load guard of one attempt;
+//!   `request_line`: a request's line, written once when it ends.
 //! - `headers`: pins, priority, deadline, session, group and policy versions from request headers.
 //! - [`provenance`]: the per-request JSON-lines log. [`access`]: the request id and the access log.
 //! - `routing`: request bodies to tokens and block hashes. `registry`: adding and removing workers.
@@ -70,6 +71,7 @@ mod registry;
 mod replica;
 mod replica_state;
 mod request;
+mod request_line;
 mod routing;
 mod state;
 mod update;

@@ -82,21 +82,11 @@ pub(super) fn app(state: S) -> Router {
         ))
         // The head checks of `serve`'s edge (URI and header sizes, a body announced past the
         // limit, a coded body), before anything is read or forwarded.
-        .layer(axum::middleware::from_fn(head_checked))
+        .layer(axum::middleware::from_fn(crate::error::head_checked))
         .layer(axum::middleware::map_response(
             crate::error::shape_rejections,
         ))
         .with_state(state)
-}
-
-async fn head_checked(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    match crate::error::head_refusal(&request) {
-        Some(refused) => refused,
-        None => next.run(request).await,
-    }
 }
 
 macro_rules! handler {

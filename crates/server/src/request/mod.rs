@@ -20,7 +20,7 @@ pub(crate) mod pick_report;
 mod respond;
 
 use crate::error::ServeError;
-use crate::guard::log_line;
+use crate::request_line::log_line;
 use crate::routing::Kind;
 use crate::state::AppState;
 use attempt::{attempt, Origin, Outcome};
@@ -34,7 +34,7 @@ use std::time::Instant;
 
 /// Handles `/v1/completions` and `/v1/chat/completions`: the answer, with the request's
 /// `x-request-id`, and its access line when the router refused it before a worker answered
-/// (lines of answered requests are written when they end, by `guard::log_line`).
+/// (lines of answered requests are written when they end, by `request_line::log_line`).
 pub(crate) async fn handle(
     state: AppState,
     kind: Kind,
