@@ -223,7 +223,8 @@ struct PullArgs {
     have: Option<PathBuf>,
     /// Downloads and intermediate versions (default OUT.work; kept after a failed transfer, so
     /// a rerun resumes; removed after a success, and after a refusal of the arguments (--have
-    /// not the chain's base, a refused --recycle) if this pull created it).
+    /// not the chain's base, a refused --recycle) if this pull created it). Must be new, empty
+    /// or an earlier pull's, and may not hold --out, --have, --recycle or the store.
     #[arg(long)]
     work: Option<PathBuf>,
     /// Fetch from this in-region peer (`kvrouter weights serve`) instead of the store.
@@ -296,7 +297,7 @@ struct GenArgs {
 
 #[derive(Debug, Args)]
 struct BenchArgs {
-    /// Scratch directory (created and deleted; default: a new one beside the current directory).
+    /// Scratch directory (created and deleted; an existing one must be empty).
     #[arg(long, default_value = "target/weights-bench")]
     scratch: PathBuf,
     /// Checkpoint size for throughput and memory (MiB).

@@ -561,7 +561,23 @@ async fn absurd_sizes_and_a_file_as_the_cache_are_refused_naming_the_flag() {
     let file = dir.as_path().join("file");
     std::fs::write(&file, "x").unwrap();
     let size = (1u64 << 44).to_string();
+    // A scratch directory with the user's files: the bench removes its scratch after it.
+    let mine = dir.as_path().join("mine");
+    std::fs::create_dir_all(&mine).unwrap();
+    std::fs::write(mine.join("notes.txt"), "data").unwrap();
     for (args, needle) in [
+        (
+            vec![
+                "bench",
+                "--scratch",
+                p(&mine),
+                "--size-mib",
+                "1",
+                "--sweep-mib",
+                "1",
+            ],
+            "--scratch",
+        ),
         (
             vec!["gen", "--out", p(&out), "--size-mib", &size],
             "--size-mib must be at most",
@@ -605,4 +621,5 @@ async fn absurd_sizes_and_a_file_as_the_cache_are_refused_naming_the_flag() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
     assert!(!out.exists());
+    assert!(mine.join("notes.txt").exists());
 }

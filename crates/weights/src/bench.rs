@@ -177,12 +177,26 @@ fn plain_zstd_bytes(dir: &Path, threads: usize) -> Result<u64> {
     Ok(total)
 }
 
-/// Runs the benchmark in `scratch` (created, and removed afterwards whatever happens).
+/// Runs the benchmark in `scratch` (created, and removed afterwards whatever happens). An
+/// existing `scratch` must be an empty directory: removing one with files in it would lose them.
 pub fn run(
     scratch: &Path,
     o: &BenchOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<BenchReport> {
+    match std::fs::read_dir(scratch) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(WeightsError::Invalid(format!(
+                    "--scratch {}: the directory is not empty (the bench removes its scratch \
+                     directory after it); give a new or empty one",
+                    scratch.display()
+                )));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(WeightsError::io(scratch, e)),
+    }
     std::fs::create_dir_all(scratch).map_err(|e| WeightsError::io(scratch, e))?;
     let r = run_in(scratch, o, progress);
     let _ = std::fs::remove_dir_all(scratch);

@@ -17,6 +17,7 @@
 //!   walking the chain down to this machine (recycling superseded versions' files).
 //! - `transfer`: resumable, verified downloads from a store or a peer.
 //! - `serve`: the in-region peer server.
+//! - `workdir`: a pull's work directory: claimed only when new, empty or a pull's, removed after.
 //! - `bench`: the throughput / size / memory benchmark.
 
 mod apply;
@@ -37,6 +38,7 @@ pub mod serve;
 mod sparse;
 pub mod store;
 pub mod transfer;
+pub mod workdir;
 
 pub use apply::{apply, apply_recycling};
 pub use diff::{diff, CodecOptions, DEFAULT_CHUNK_BYTES, DEFAULT_ZSTD_LEVEL};

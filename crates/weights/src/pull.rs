@@ -34,7 +34,9 @@ pub struct PullReport {
 /// downloads). A pull refused for its arguments ([`WeightsError::is_refusal`]: `have` is not the
 /// base the chain needs, `recycle` may not be overwritten, `out` exists) removes `work` if it
 /// created it: a rerun with the same arguments would fail the same way. A `work` that was
-/// there before is the caller's and stays.
+/// there before is the caller's and stays. `work` must be new, empty or an earlier pull's, and
+/// may not be or hold `out`, `have`, `recycle` or a `file://` store, nor lie inside `out`
+/// ([`crate::workdir`]).
 pub async fn pull(
     store: &Store,
     version: Option<u64>,
@@ -61,6 +63,12 @@ pub async fn pull_recycling(
     threads: usize,
     recycle: Option<&Path>,
 ) -> Result<PullReport> {
+    let store_dir = store.local_dir();
+    let mut others = vec![("--out", out)];
+    others.extend(have.map(|h| ("--have", h)));
+    others.extend(recycle.map(|r| ("--recycle", r)));
+    others.extend(store_dir.as_deref().map(|d| ("--store", d)));
+    crate::workdir::check_apart(work, &others)?;
     let created = !work.exists();
     let result = pull_into(store, version, out, have, work, threads, recycle).await;
     if result.as_ref().is_err_and(WeightsError::is_refusal) && created {
@@ -142,9 +150,7 @@ async fn pull_into(
             )));
         }
     };
-    tokio::fs::create_dir_all(work)
-        .await
-        .map_err(|e| WeightsError::io(work, e))?;
+    crate::workdir::claim(work)?;
     let (mut current, mut at, downloaded_full) = match start {
         Start::Local(dir, h) => (dir.to_path_buf(), h, false),
         Start::Full(f) => (download_full(store, f, work, threads).await?, f, true),

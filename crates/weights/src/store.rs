@@ -30,6 +30,11 @@ const PART_BYTES: usize = 8 << 20;
 /// Parts in flight per upload.
 const PARTS_IN_FLIGHT: usize = 4;
 
+/// The largest small object read into memory (a version marker, `latest`): a marker lists a
+/// digest per segment, tens of MiB for the largest checkpoints. A store or peer that sends more
+/// fails the read instead of filling memory.
+pub const MAX_SMALL_OBJECT_BYTES: u64 = 128 << 20;
+
 /// An object store under a prefix, counting reads.
 #[derive(Clone)]
 pub struct Store {
@@ -99,6 +104,14 @@ impl Store {
         })
     }
 
+    /// The local directory of a `file://` store (`None` for any other).
+    pub fn local_dir(&self) -> Option<std::path::PathBuf> {
+        let parsed = url::Url::parse(&self.url).ok()?;
+        (parsed.scheme() == "file")
+            .then(|| parsed.to_file_path().ok())
+            .flatten()
+    }
+
     /// Read requests made so far.
     pub fn reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
@@ -165,7 +178,26 @@ impl Store {
     pub(crate) async fn get_bytes(&self, rel: &str) -> Result<Option<bytes::Bytes>> {
         self.read();
         match self.inner.get(&self.key(rel)).await {
-            Ok(r) => Ok(Some(r.bytes().await.map_err(transfer)?)),
+            Ok(r) => {
+                let too_big = || {
+                    transfer(format!(
+                        "{rel}: larger than {MAX_SMALL_OBJECT_BYTES} bytes (not a marker)"
+                    ))
+                };
+                if r.meta.size > MAX_SMALL_OBJECT_BYTES {
+                    return Err(too_big());
+                }
+                let mut body = Vec::with_capacity(r.meta.size as usize);
+                let mut stream = r.into_stream();
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk.map_err(transfer)?;
+                    if (body.len() + chunk.len()) as u64 > MAX_SMALL_OBJECT_BYTES {
+                        return Err(too_big());
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                Ok(Some(body.into()))
+            }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(transfer(e)),
         }

@@ -111,7 +111,9 @@ pub async fn fetch_version(
     if local.iter().any(|(v, _)| *v == version) {
         return Ok(dest);
     }
+    // The cache's own work directory: always a pull's (one an older build left unmarked too).
     let work = cache.join(".work");
+    crate::workdir::adopt(&work)?;
     let have = newest_at_most(&local, version);
     let plan = source.keep.map_or_else(Retention::default, |keep| {
         let versions: Vec<u64> = local.iter().map(|(v, _)| *v).collect();
@@ -264,6 +266,7 @@ pub async fn pull_from_peer(
     threads: usize,
 ) -> Result<u64> {
     let peer = peer.trim_end_matches('/');
+    crate::workdir::check_apart(work, &[("--out", out)])?;
     if out.exists() {
         return Err(checkpoint::occupied(out));
     }
@@ -282,10 +285,18 @@ pub async fn pull_from_peer(
             "{marker_url} answered {status}: {body}"
         )));
     }
-    let bytes = response
-        .bytes()
-        .await
-        .map_err(|e| WeightsError::Transfer(e.to_string()))?;
+    let mut bytes = Vec::new();
+    let mut body = response.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| WeightsError::Transfer(format!("{marker_url}: {e}")))?;
+        if (bytes.len() + chunk.len()) as u64 > store::MAX_SMALL_OBJECT_BYTES {
+            return Err(WeightsError::Transfer(format!(
+                "{marker_url}: the marker is larger than {} bytes",
+                store::MAX_SMALL_OBJECT_BYTES
+            )));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
     let marker: CheckpointManifest = serde_json::from_slice(&bytes).map_err(|e| {
         WeightsError::corrupted("__manifest__", format!("v{version}"), e.to_string())
     })?;
@@ -295,6 +306,7 @@ pub async fn pull_from_peer(
             marker.version
         )));
     }
+    crate::workdir::claim(work)?;
     let staging = work.join(format!("peer-v{version}"));
     tokio::fs::create_dir_all(&staging)
         .await
@@ -308,7 +320,7 @@ pub async fn pull_from_peer(
         {
             continue;
         }
-        transferred += download(client, &file_url(peer, version, &f.name)?, &dest).await?;
+        transferred += download(client, &file_url(peer, version, &f.name)?, &dest, f.size).await?;
     }
     blocking({
         let staging = staging.clone();
@@ -341,7 +353,7 @@ fn file_url(peer: &str, version: u64, name: &str) -> Result<String> {
 }
 
 /// GET `url` into `dest`, resuming `dest.partial` with `Range: bytes=N-`.
-async fn download(client: &PeerClient, url: &str, dest: &Path) -> Result<u64> {
+async fn download(client: &PeerClient, url: &str, dest: &Path, size: u64) -> Result<u64> {
     let partial = partial_path(dest);
     let have = tokio::fs::metadata(&partial)
         .await
@@ -368,9 +380,19 @@ async fn download(client: &PeerClient, url: &str, dest: &Path) -> Result<u64> {
     }
     .map_err(|e| WeightsError::io(&partial, e))?;
     let mut n = 0;
+    // What the file holds before this answer's bytes: a peer that sends past the marker's size
+    // is cut off (an endless body would fill the disk; the rest is refused by the digests).
+    let before = if status.as_u16() == 206 { have } else { 0 };
     let mut stream = response.bytes_stream();
     while let Some(chunk) = client.unstalled(url, stream.next()).await? {
         let chunk = chunk.map_err(|e| WeightsError::Transfer(format!("{url}: {e}")))?;
+        if before + n + chunk.len() as u64 > size {
+            drop(file);
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(WeightsError::Transfer(format!(
+                "{url}: the peer sent more than the marker's {size} bytes"
+            )));
+        }
         file.write_all(&chunk)
             .await
             .map_err(|e| WeightsError::io(&partial, e))?;

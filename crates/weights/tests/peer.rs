@@ -141,9 +141,10 @@ async fn ranged_resume_and_a_corrupted_transfer() {
     let shard = "model-00001-of-00002.safetensors";
     let full = std::fs::read(root.join("ckpt/v1").join(shard)).unwrap();
 
-    // Half a shard already here: the rest comes as 206.
+    // Half a shard already here (an earlier pull's work directory): the rest comes as 206.
     let work = root.join("work");
     std::fs::create_dir_all(work.join("peer-v1")).unwrap();
+    std::fs::write(work.join(kvrouter_weights::workdir::WORK_MARK), b"").unwrap();
     std::fs::write(
         work.join("peer-v1").join(format!("{shard}.partial")),
         &full[..full.len() / 2],
@@ -164,6 +165,7 @@ async fn ranged_resume_and_a_corrupted_transfer() {
     // A wrong byte in what was transferred before the resume: caught, named, nothing left.
     let work = root.join("work2");
     std::fs::create_dir_all(work.join("peer-v1")).unwrap();
+    std::fs::write(work.join(kvrouter_weights::workdir::WORK_MARK), b"").unwrap();
     let mut bad = full[..full.len() / 2].to_vec();
     let at = bad.len() - 1;
     bad[at] ^= 0x10;
@@ -316,4 +318,96 @@ async fn a_version_being_downloaded_is_not_recycled_under_the_download() {
         .unwrap();
     assert!(v2 == std::fs::read(root.join("ckpt/v2").join(shard)).unwrap());
     get("/v1/versions/1/marker".into()).await;
+}
+
+/// A peer that answers every marker request with `marker` (or, without one, an endless body)
+/// and every file request with an endless body; each answer stops after `cap` bytes at most
+/// (the test's bound). Answers `Connection: close`, one request a connection.
+async fn flooding_peer(marker: Option<Vec<u8>>, cap: usize) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            let marker = marker.clone();
+            tokio::spawn(async move {
+                let mut head = vec![0u8; 4096];
+                let n = sock.read(&mut head).await.unwrap_or(0);
+                let line = String::from_utf8_lossy(&head[..n]).to_string();
+                let is_marker = line.lines().next().unwrap_or("").contains("/marker ");
+                if let (true, Some(m)) = (is_marker, &marker) {
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        m.len()
+                    );
+                    let _ = sock.write_all(reply.as_bytes()).await;
+                    let _ = sock.write_all(m).await;
+                    return;
+                }
+                let _ = sock
+                    .write_all(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n")
+                    .await;
+                let chunk = vec![b' '; 1 << 20];
+                let mut sent = 0;
+                while sent < cap {
+                    if sock.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                    sent += chunk.len();
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_sends_too_much_is_cut_off_at_the_markers_sizes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let _ = published_store(root).await;
+    let client = PeerClient::new(PEER_READ_TIMEOUT).unwrap();
+    let marker = std::fs::read(root.join("ckpt/v1/weights.json")).unwrap();
+    let largest = std::fs::read_dir(root.join("ckpt/v1"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .max()
+        .unwrap();
+
+    // Files without end: the pull fails at the first file, whose partial stays within its size.
+    let url = flooding_peer(Some(marker), 64 << 20).await;
+    let work = root.join("w1");
+    let err = pull_from_peer(&client, &url, 1, &root.join("o1"), &work, 2)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("more than the marker's"), "{err}");
+    let on_disk: u64 = walk(&work)
+        .iter()
+        .map(|p| p.metadata().unwrap().len())
+        .sum();
+    assert!(on_disk <= largest, "{on_disk} bytes in the work directory");
+    assert!(!root.join("o1").exists());
+
+    // A marker without end: refused at the bound, not read into memory whole.
+    let url = flooding_peer(None, 200 << 20).await;
+    let err = pull_from_peer(&client, &url, 1, &root.join("o2"), &root.join("w2"), 2)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("marker is larger than"), "{err}");
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
 }

@@ -81,9 +81,21 @@ async fn a_refused_pull_leaves_no_work_directory_behind() {
     assert!(matches!(err, WeightsError::Invalid(_)), "{err}");
     assert!(!work.exists());
 
-    // A work directory that was there before (a rerun's partial downloads) is the caller's: kept.
+    // A directory with the caller's files is not a work directory (a success would remove it):
+    // refused before anything is read, and kept.
     std::fs::create_dir_all(&work).unwrap();
     std::fs::write(work.join("notes"), b"the caller's").unwrap();
+    let err = pull(&store, Some(1), &root.join("out"), None, &work, 1)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WeightsError::Invalid(_)), "{err}");
+    assert!(err.to_string().contains("no pull put there"), "{err}");
+    assert!(work.join("notes").exists());
+    std::fs::remove_dir_all(&work).unwrap();
+
+    // An earlier pull's work directory (marked) that a refused pull finds is kept for the rerun.
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join(kvrouter_weights::workdir::WORK_MARK), b"").unwrap();
     let err = pull(
         &store,
         Some(1),
@@ -95,7 +107,7 @@ async fn a_refused_pull_leaves_no_work_directory_behind() {
     .await
     .unwrap_err();
     assert!(matches!(err, WeightsError::BaseMismatch { .. }), "{err}");
-    assert!(work.join("notes").exists());
+    assert!(work.exists());
     std::fs::remove_dir_all(&work).unwrap();
 
     // A version past the store's latest: refused before anything is downloaded.
@@ -156,4 +168,58 @@ async fn a_version_below_every_full_checkpoint_leaves_nothing() {
     assert!(matches!(err, WeightsError::Missing(_)), "{err}");
     assert!(err.to_string().contains("the oldest is v1"), "{err}");
     assert!(!work.exists(), "left {}", work.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_work_directory_that_holds_the_output_the_base_or_the_store_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let store = store_with_two_versions(root).await;
+    let have = root.join("ckpt/v0");
+    for (out, work, needle) in [
+        // `--work .`-like: the directory that holds everything.
+        (root.join("out"), root.to_path_buf(), "holds --out"),
+        (root.join("keep/v1"), root.join("keep"), "holds --out"),
+        (root.join("out"), root.join("ckpt"), "holds --have"),
+        (root.join("out"), root.join("store"), "holds --store"),
+        (root.join("out"), root.join("out/w"), "inside --out"),
+    ] {
+        let before = std::fs::read_dir(root).unwrap().count();
+        let err = pull(&store, Some(1), &out, Some(&have), &work, 1)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, WeightsError::Invalid(_)), "{err}");
+        assert!(err.to_string().contains(needle), "{work:?}: {err}");
+        assert_eq!(std::fs::read_dir(root).unwrap().count(), before, "{work:?}");
+        assert!(!out.exists() && have.join("weights.json").exists());
+        assert!(root.join("store/latest").exists());
+    }
+    // A new work directory: the pull succeeds, and only its work directory goes after it.
+    let work = root.join("fresh.work");
+    pull(&store, Some(1), &root.join("out"), Some(&have), &work, 1)
+        .await
+        .unwrap();
+    assert!(work.join(kvrouter_weights::workdir::WORK_MARK).exists());
+    kvrouter_weights::workdir::release(&work);
+    assert!(!work.exists() && root.join("out/weights.json").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latest_pointer_past_the_small_object_bound_is_refused_unread() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let store = store_with_two_versions(root).await;
+    // A `latest` of 128 MiB and one byte (sparse: nothing is written).
+    let latest = std::fs::OpenOptions::new()
+        .write(true)
+        .open(root.join("store/latest"))
+        .unwrap();
+    latest
+        .set_len(kvrouter_weights::store::MAX_SMALL_OBJECT_BYTES + 1)
+        .unwrap();
+    let err = pull(&store, None, &root.join("out"), None, &root.join("w"), 1)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("latest: larger than"), "{err}");
+    assert!(!root.join("w").exists());
 }

@@ -158,6 +158,8 @@ async fn local_filesystem_store_publish_pull_and_resume() {
     // Resume: half of the v0->v1 delta is already downloaded; the rest comes with a range request.
     let work = root.join("work-resume");
     std::fs::create_dir_all(&work).unwrap();
+    // An earlier pull's (marked) work directory.
+    std::fs::write(work.join(kvrouter_weights::workdir::WORK_MARK), b"").unwrap();
     let full = std::fs::read(root.join("store/delta/v0-v1/delta.kvwd")).unwrap();
     std::fs::write(
         work.join("delta-v0-v1.kvwd.partial"),
@@ -182,6 +184,8 @@ async fn local_filesystem_store_publish_pull_and_resume() {
     // A transfer that delivered a wrong byte is caught and named (tensor and version).
     let work = root.join("work-bad");
     std::fs::create_dir_all(&work).unwrap();
+    // An earlier pull's (marked) work directory.
+    std::fs::write(work.join(kvrouter_weights::workdir::WORK_MARK), b"").unwrap();
     let mut bad = full[..full.len() / 2].to_vec();
     bad[20] ^= 0xFF;
     std::fs::write(work.join("delta-v0-v1.kvwd.partial"), &bad).unwrap();
@@ -289,6 +293,7 @@ async fn pull_recycles_the_given_directory_and_every_superseded_intermediate() {
     let left: Vec<_> = std::fs::read_dir(&work)
         .unwrap()
         .map(|e| e.unwrap().file_name())
+        .filter(|n| n != kvrouter_weights::workdir::WORK_MARK)
         .collect();
     assert!(left.is_empty(), "intermediates left behind: {left:?}");
 

@@ -111,7 +111,7 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
                 let n = transfer::pull_from_peer(&client, peer, version, &a.out, &work, threads)
                     .await?;
                 // As after a pull from the store: the work folder's use is over.
-                let _ = std::fs::remove_dir_all(&work);
+                kvrouter_weights::workdir::release(&work);
                 print(
                     serde_json::json!({"version": version, "peer": peer, "bytes_transferred": n, "store_reads": 0}),
                 );
@@ -127,7 +127,7 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
                     a.recycle.as_deref(),
                 )
                 .await?;
-                let _ = std::fs::remove_dir_all(&work);
+                kvrouter_weights::workdir::release(&work);
                 print(r);
             }
         }
