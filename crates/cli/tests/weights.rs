@@ -241,10 +241,11 @@ async fn publish_pull_fan_out_and_load_on_three_engines_losing_no_rollout() {
     assert_eq!(paths.len(), 3);
     // The WAN was crossed once for the region: the update's check that v1 exists (HEAD of the
     // delta), the peer's own check before pulling (the same HEAD), then one pull (`latest`,
-    // LIST, marker, 2 shards of base v0, one delta); the three workers read from the peer.
+    // LIST of base/ and of delta/, marker, 2 shards of base v0, one delta); the three workers
+    // read from the peer.
     let stats = get_json(&client, format!("{peer_url}/v1/stats")).await;
     assert_eq!(stats["store_pulls"], 1, "{stats}");
-    assert_eq!(stats["store_reads"], 8, "{stats}");
+    assert_eq!(stats["store_reads"], 9, "{stats}");
     assert_eq!(stats["files_served"], 6, "{stats}");
 
     // Bad sources are refused before anything starts, naming the field.

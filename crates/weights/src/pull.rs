@@ -131,30 +131,10 @@ async fn pull_into(
         None => None,
     };
     let fulls = store.full_versions().await?;
-    // Where the chain starts, known before the work directory exists (a version with no start
-    // leaves nothing behind). A local copy on the way is cheaper to move forward than a full
-    // download.
-    let start = match (
-        have.zip(have_version),
-        fulls.iter().copied().filter(|v| *v <= target).max(),
-    ) {
-        (Some((dir, h)), _) if h <= target => Start::Local(dir, h),
-        (_, Some(f)) => Start::Full(f),
-        (local, None) => {
-            let oldest = fulls
-                .first()
-                .map_or("it has none".to_owned(), |v| format!("the oldest is v{v}"));
-            let have = local.map_or(String::new(), |(_, h)| format!("; --have is v{h}, past it"));
-            return Err(WeightsError::Missing(format!(
-                "no full checkpoint at or below v{target} in the store ({oldest}){have}"
-            )));
-        }
-    };
+    let links = store.delta_links().await?;
+    let starts = chain_starts(have.zip(have_version), &fulls, &links, target)?;
     crate::workdir::claim(work)?;
-    let (mut current, mut at, downloaded_full) = match start {
-        Start::Local(dir, h) => (dir.to_path_buf(), h, false),
-        Start::Full(f) => (download_full(store, f, work, threads).await?, f, true),
-    };
+    let (mut current, mut at, downloaded_full) = start_chain(store, &starts, work, threads).await?;
     let started_from = at;
     let (mut deltas, mut recycled) = (0, 0);
     let mut spare = recycle.map(Path::to_path_buf);
@@ -170,14 +150,23 @@ async fn pull_into(
         }
         let reuse = spare.take();
         recycled += u64::from(reuse.is_some());
-        blocking({
+        let built = blocking({
             let (current, local, next) = (current.clone(), local.clone(), next.clone());
             move || {
                 crate::apply::apply_recycling(&current, &local, &next, threads, reuse.as_deref())
-                    .map(|_| ())
             }
         })
         .await?;
+        if built.version != at + 1 {
+            // A delta filed under the wrong name: what it builds is not the version wanted.
+            let _ = tokio::fs::remove_dir_all(&next).await;
+            let _ = tokio::fs::remove_file(&local).await;
+            return Err(WeightsError::corrupted(
+                "__manifest__",
+                format!("v{}", at + 1),
+                format!("{rel} builds v{}", built.version),
+            ));
+        }
         let _ = tokio::fs::remove_file(&local).await;
         if current.starts_with(work) {
             // Superseded: the next delta overwrites its files.
@@ -209,9 +198,86 @@ async fn pull_into(
 
 /// Where a pull's chain starts: the local copy given (`--have`, its version) or a full
 /// checkpoint downloaded from the store.
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Start<'a> {
     Local(&'a Path, u64),
     Full(u64),
+}
+
+/// The starts from which every delta up to `target` is in the store (`links`), best first: the
+/// local copy (cheaper to move forward than a download), then each full checkpoint at or below
+/// `target`, newest first (a later one whose upload turns out incomplete gives way to the next).
+/// None: an error naming the first missing delta of each way tried.
+fn chain_starts<'a>(
+    local: Option<(&'a Path, u64)>,
+    fulls: &[u64],
+    links: &std::collections::BTreeSet<(u64, u64)>,
+    target: u64,
+) -> Result<Vec<Start<'a>>> {
+    let gap = |from: u64| (from..target).find(|&v| !links.contains(&(v, v + 1)));
+    let mut starts = Vec::new();
+    let mut gaps = Vec::new();
+    if let Some((dir, h)) = local.filter(|&(_, h)| h <= target) {
+        match gap(h) {
+            None => starts.push(Start::Local(dir, h)),
+            Some(v) => gaps.push(format!("from --have v{h}, delta/v{v}-v{}", v + 1)),
+        }
+    }
+    for &f in fulls.iter().rev().filter(|&&f| f <= target) {
+        match gap(f) {
+            None => starts.push(Start::Full(f)),
+            Some(v) => gaps.push(format!("from base/v{f}, delta/v{v}-v{}", v + 1)),
+        }
+    }
+    if !starts.is_empty() {
+        return Ok(starts);
+    }
+    if fulls.iter().all(|&f| f > target) {
+        let oldest = fulls
+            .first()
+            .map_or("it has none".to_owned(), |v| format!("the oldest is v{v}"));
+        let have = match local {
+            Some((_, h)) if h > target => format!("; --have is v{h}, past it"),
+            _ => String::new(),
+        };
+        if gaps.is_empty() {
+            return Err(WeightsError::Missing(format!(
+                "no full checkpoint at or below v{target} in the store ({oldest}){have}"
+            )));
+        }
+    }
+    Err(WeightsError::Missing(format!(
+        "no way to v{target} in the store: {} is missing",
+        gaps.join("; ")
+    )))
+}
+
+/// Starts the chain from the first of `starts` that can be had: a full checkpoint whose upload
+/// is incomplete (no marker) gives way to the next. Answers the start's directory, its version
+/// and whether it was downloaded.
+async fn start_chain(
+    store: &Store,
+    starts: &[Start<'_>],
+    work: &Path,
+    threads: usize,
+) -> Result<(PathBuf, u64, bool)> {
+    let mut incomplete = None;
+    for start in starts {
+        match *start {
+            Start::Local(dir, h) => return Ok((dir.to_path_buf(), h, false)),
+            Start::Full(f) => match download_full(store, f, work, threads).await {
+                Ok(dir) => return Ok((dir, f, true)),
+                Err(WeightsError::Missing(why)) => {
+                    tracing::warn!("{why}; trying an older start");
+                    incomplete = Some(why);
+                }
+                Err(e) => return Err(e),
+            },
+        }
+    }
+    Err(WeightsError::Missing(
+        incomplete.unwrap_or_else(|| "no start for the chain".into()),
+    ))
 }
 
 async fn download_full(
@@ -221,20 +287,30 @@ async fn download_full(
     threads: usize,
 ) -> Result<PathBuf> {
     let dir = work.join(format!("base-v{version}"));
-    tokio::fs::create_dir_all(&dir)
-        .await
-        .map_err(|e| WeightsError::io(&dir, e))?;
     let bytes = store
         .get_bytes(&format!("base/v{version}/{MARKER}"))
         .await?
         .ok_or_else(|| {
-            transfer(format!(
+            WeightsError::Missing(format!(
                 "base/v{version} has no {MARKER} (incomplete upload)"
             ))
         })?;
     let marker: CheckpointManifest = serde_json::from_slice(&bytes).map_err(|e| {
         WeightsError::corrupted("__manifest__", format!("v{version}"), e.to_string())
     })?;
+    if marker.version != version {
+        return Err(WeightsError::corrupted(
+            "__manifest__",
+            format!("v{version}"),
+            format!(
+                "base/v{version}/{MARKER} is the marker of v{}",
+                marker.version
+            ),
+        ));
+    }
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(|e| WeightsError::io(&dir, e))?;
     for f in &marker.files {
         let dest = crate::layout::output_path(&dir, &f.name)?;
         let complete = tokio::fs::metadata(&dest)

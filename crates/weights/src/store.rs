@@ -3,13 +3,15 @@
 //! ```text
 //! PREFIX/base/vK/<files>, PREFIX/base/vK/weights.json   full checkpoints (marker uploaded last)
 //! PREFIX/delta/vK-vK+1/delta.kvwd                       one delta per step
+//! PREFIX/delta/vK-vK+1/weights.json                      the marker of vK+1 (after the delta)
 //! PREFIX/latest                                         {"version": N}, written last
 //! ```
 //!
-//! `publish` uploads a step (a delta against the previous version, and a full checkpoint every
-//! `full_every` versions); `pull` walks the chain from the nearest full checkpoint at or below the
-//! wanted version (or from a local copy already on it), downloading with resumable range requests
-//! and verifying everything. Every read request (GET, ranged GET, HEAD, LIST) is counted.
+//! `publish` uploads a step (a delta against the previous version, which must be the store's
+//! latest and the bytes it published, and a full checkpoint every `full_every` versions); `pull`
+//! walks the chain from a local copy already on it, else the newest full checkpoint at or below
+//! the wanted version from which every delta is there (one LIST of `delta/` tells), downloading
+//! with resumable range requests and verifying everything, the versions built included. Every read request (GET, ranged GET, HEAD, LIST) is counted.
 
 use crate::checkpoint;
 use crate::diff::{self, CodecOptions};
@@ -305,6 +307,57 @@ impl Store {
         Ok(out)
     }
 
+    /// The marker the store holds of `version`: its full checkpoint's, else the one published
+    /// beside the delta that builds it (`None`: neither, e.g. a store written before markers
+    /// were kept beside deltas).
+    pub async fn version_marker(
+        &self,
+        version: u64,
+    ) -> Result<Option<checkpoint::CheckpointManifest>> {
+        let mut places = vec![format!("base/v{version}/{MARKER}")];
+        if let Some(p) = version.checked_sub(1) {
+            places.push(format!("delta/v{p}-v{version}/{MARKER}"));
+        }
+        for rel in places {
+            if let Some(bytes) = self.get_bytes(&rel).await? {
+                let m = serde_json::from_slice(&bytes).map_err(|e| {
+                    WeightsError::corrupted(
+                        "__manifest__",
+                        format!("v{version}"),
+                        format!("{rel}: {e}"),
+                    )
+                })?;
+                return Ok(Some(m));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The deltas the store holds, as `(from, to)` versions (one LIST request).
+    pub async fn delta_links(&self) -> Result<std::collections::BTreeSet<(u64, u64)>> {
+        self.read();
+        let listed = self
+            .inner
+            .list_with_delimiter(Some(&self.key("delta")))
+            .await
+            .map_err(transfer)?;
+        Ok(listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| {
+                let (a, b) = p.filename()?.split_once('-')?;
+                let a = a.strip_prefix('v')?;
+                let b = b.strip_prefix('v')?;
+                let canonical = |d: &str| !d.is_empty() && !(d.len() > 1 && d.starts_with('0'));
+                (canonical(a)
+                    && canonical(b)
+                    && a.bytes().chain(b.bytes()).all(|c| c.is_ascii_digit()))
+                .then(|| Some((a.parse().ok()?, b.parse().ok()?)))
+                .flatten()
+            })
+            .collect())
+    }
+
     /// The `latest` pointer.
     pub async fn latest(&self) -> Result<Option<u64>> {
         let Some(bytes) = self.get_bytes("latest").await? else {
@@ -358,7 +411,8 @@ pub async fn publish(
             "--full-every must be at least 1".into(),
         ));
     }
-    if let Some(latest) = store.latest().await? {
+    let latest = store.latest().await?;
+    if let Some(latest) = latest {
         if version <= latest {
             return Err(WeightsError::Invalid(format!(
                 "--version {version}: the store already has versions up to v{latest}; a \
@@ -381,6 +435,24 @@ pub async fn publish(
         let prev_version = version
             .checked_sub(1)
             .ok_or_else(|| WeightsError::Invalid("v0 has no previous version".into()))?;
+        // A delta continues the chain pullers walk: it must start from the store's latest.
+        match latest {
+            None => {
+                return Err(WeightsError::Invalid(format!(
+                    "--prev: the store has no published version, so no puller has v{prev_version} \
+                     to apply a delta to; publish v{version} without --prev (a full checkpoint)"
+                )))
+            }
+            Some(l) if l != prev_version => {
+                return Err(WeightsError::Invalid(format!(
+                    "--prev: a delta to v{version} starts from v{prev_version}, but the store's \
+                     latest is v{l}; publish v{} against it, or v{version} without --prev",
+                    l + 1
+                )))
+            }
+            Some(_) => {}
+        }
+        let published = store.version_marker(prev_version).await?;
         let tmp = diff::temp_path(&dir.with_extension(format!("delta-v{prev_version}")));
         let m = blocking({
             let (prev, dir, tmp, opts) = (
@@ -399,6 +471,16 @@ pub async fn publish(
                 m.base.version
             )));
         }
+        if let Some(stored) = published.filter(|p| p.digest != m.base.digest) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(WeightsError::Invalid(format!(
+                "--prev {}: not the v{prev_version} the store published (digest {}, the \
+                 store's {}); pullers could not apply the delta",
+                prev.display(),
+                m.base.digest,
+                stored.digest
+            )));
+        }
         let uploaded = store
             .put_file(
                 &format!("delta/v{prev_version}-v{version}/delta.kvwd"),
@@ -415,6 +497,13 @@ pub async fn publish(
             checkpoint::write_marker(dir, &m.new)?;
             marker = m.new.clone();
         }
+        // The version's marker beside its delta: the next publish checks its --prev against it.
+        store
+            .put_bytes(
+                &format!("delta/v{prev_version}-v{version}/{MARKER}"),
+                serde_json::to_vec_pretty(&marker).expect("marker serializes"),
+            )
+            .await?;
     }
     let full = prev.is_none() || version % full_every == 0;
     if full {

@@ -99,14 +99,15 @@ async fn three_workers_one_store_pull() {
     let s = stats(&url).await;
     assert_eq!(s["store_pulls"], 1, "{s}");
     // One pull from v0: whether v2 is there (the HEAD of its delta), then `latest` (the pull's
-    // own check), LIST, the marker and 3 files of base/v0 (2 shards, `original/…`), 2 deltas.
-    assert_eq!(s["store_reads"], 9, "{s}");
+    // own check), LIST of base/ and of delta/, the marker and 3 files of base/v0 (2 shards,
+    // `original/…`), 2 deltas.
+    assert_eq!(s["store_reads"], 10, "{s}");
     assert_eq!(s["files_served"], 9, "{s}");
     // Asking again costs the store nothing.
     fetch_version(&source, 2, &root.join("worker-3"), 2)
         .await
         .unwrap();
-    assert_eq!(stats(&url).await["store_reads"], 9);
+    assert_eq!(stats(&url).await["store_reads"], 10);
     // A version the store lacks is a 404 at once from a peer with nothing cached: two HEADs
     // (its delta, its full checkpoint), no pull of the chain below it.
     let fresh = Peer::new(
