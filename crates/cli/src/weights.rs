@@ -159,7 +159,8 @@ struct ApplyArgs {
     #[arg(long)]
     out: PathBuf,
     /// An older version directory (same file system) whose files are overwritten instead of
-    /// allocating new ones; it is consumed: gone afterwards, whether or not apply succeeds.
+    /// allocating new ones; consumed once the rebuild starts (after the whole delta and the base
+    /// are checked): a refused apply leaves it as it was.
     #[arg(long)]
     recycle: Option<PathBuf>,
     #[command(flatten)]

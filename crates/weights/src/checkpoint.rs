@@ -296,6 +296,24 @@ pub fn verify(dir: &Path, manifest: &CheckpointManifest, threads: usize) -> Resu
     if let Err(why) = manifest.check() {
         return Err(WeightsError::corrupted("__manifest__", version, why));
     }
+    // A file the marker does not list is not part of the version, yet a reader loading the
+    // directory (every `*.safetensors` in it) would take it: the directory is not the version.
+    let listed: std::collections::HashSet<&str> =
+        manifest.files.iter().map(|f| f.name.as_str()).collect();
+    if let Some(extra) = layout::walk(dir, true, true)?
+        .into_iter()
+        .find(|f| f.name != MARKER && !listed.contains(f.name.as_str()))
+    {
+        return Err(WeightsError::corrupted(
+            "__manifest__",
+            version,
+            format!(
+                "{} is in {} but not in its marker",
+                extra.name,
+                dir.display()
+            ),
+        ));
+    }
     for f in &manifest.files {
         let path = layout::file_path(dir, &f.name)?;
         let size = std::fs::metadata(&path)

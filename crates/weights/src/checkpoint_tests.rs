@@ -60,3 +60,27 @@ fn a_manifest_lists_each_file_once_and_covers_it_end_to_end() {
         assert!(e.contains(why), "{e}");
     }
 }
+
+#[test]
+fn a_file_the_marker_does_not_list_fails_verification() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    std::fs::create_dir_all(ck.join("sub")).unwrap();
+    std::fs::write(ck.join("config.json"), "{}").unwrap();
+    std::fs::write(ck.join("sub/tok.json"), "[]").unwrap();
+    let m = stamp(&ck, 3, 1).unwrap();
+    write_marker(&ck, &m).unwrap();
+    verify(&ck, &m, 1).unwrap();
+    // Hidden entries are never part of a checkpoint: still fine.
+    std::fs::write(ck.join(".lock"), "").unwrap();
+    verify(&ck, &m, 1).unwrap();
+    for extra in ["extra.safetensors", "sub/more.bin"] {
+        std::fs::write(ck.join(extra), "x").unwrap();
+        let err = verify(&ck, &m, 1).unwrap_err().to_string();
+        assert!(
+            err.contains(extra) && err.contains("not in its marker"),
+            "{err}"
+        );
+        std::fs::remove_file(ck.join(extra)).unwrap();
+    }
+}

@@ -69,7 +69,9 @@ struct Writer {
 }
 
 /// Writes the delta `base -> new` to `out` (through a temporary file and a rename). `base` must
-/// carry a marker or `base_version` be given (then it is hashed); returns the manifest.
+/// carry a marker or `base_version` be given (then it is hashed); `new` is stamped `new_version`
+/// (its marker, if it has one, must say so). `out` must not exist, nor lie inside `base` or
+/// `new`. Returns the manifest.
 pub fn diff(
     base: &Path,
     base_version: Option<u64>,
@@ -85,7 +87,48 @@ pub fn diff(
             out.display()
         )));
     }
+    if out.symlink_metadata().is_ok() {
+        return Err(WeightsError::Invalid(format!(
+            "--out {}: it exists (a delta is never written over a file)",
+            out.display()
+        )));
+    }
+    for (flag, dir) in [("--base", base), ("--new", new)] {
+        if crate::workdir::within(out, dir) {
+            return Err(WeightsError::Invalid(format!(
+                "--out {}: inside {flag} {} (the delta would become part of the checkpoint)",
+                out.display(),
+                dir.display()
+            )));
+        }
+    }
+    let tmp = temp_path(out);
+    let manifest = write_delta(base, base_version, new, new_version, &tmp, opts)?;
+    std::fs::rename(&tmp, out).map_err(|e| WeightsError::io(out, e))?;
+    Ok(manifest)
+}
+
+/// Writes the delta `base -> new` into `tmp` (a file the caller names and removes; removed here
+/// on failure), as [`diff`] does before its rename.
+pub(crate) fn write_delta(
+    base: &Path,
+    base_version: Option<u64>,
+    new: &Path,
+    new_version: u64,
+    tmp: &Path,
+    opts: &CodecOptions,
+) -> Result<DeltaManifest> {
+    opts.check()?;
     let base_marker = checkpoint::marker_or_stamp(base, base_version, opts.threads)?;
+    if let Some(m) = checkpoint::read_marker(new)? {
+        if m.version != new_version {
+            return Err(WeightsError::Invalid(format!(
+                "--new-version {new_version}: {} is stamped v{}",
+                new.display(),
+                m.version
+            )));
+        }
+    }
     if new_version <= base_marker.version {
         return Err(WeightsError::Invalid(format!(
             "the new version v{new_version} must be newer than the base v{}",
@@ -106,10 +149,9 @@ pub fn diff(
         .collect();
     jobs.sort_by_key(|&(fi, si)| std::cmp::Reverse(new_files[fi].segments[si].len));
 
-    let tmp = temp_path(out);
-    let file = File::create(&tmp).map_err(|e| WeightsError::io(&tmp, e))?;
+    let file = File::create(tmp).map_err(|e| WeightsError::io(tmp, e))?;
     file.write_all_at(MAGIC, 0)
-        .map_err(|e| WeightsError::io(&tmp, e))?;
+        .map_err(|e| WeightsError::io(tmp, e))?;
     let writer = Mutex::new(Writer {
         file,
         offset: MAGIC.len() as u64,
@@ -157,7 +199,7 @@ pub fn diff(
                     let at = w.offset;
                     w.file
                         .write_all_at(&codec.out, at)
-                        .map_err(|e| WeightsError::io(&tmp, e))?;
+                        .map_err(|e| WeightsError::io(tmp, e))?;
                     w.sha.update(&codec.out);
                     w.offset += codec.out.len() as u64;
                     at
@@ -186,7 +228,7 @@ pub fn diff(
     let result = match result {
         Ok(r) => r,
         Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_file(tmp);
             return Err(e);
         }
     };
@@ -234,8 +276,10 @@ pub fn diff(
         )?;
         w.file.sync_all()
     };
-    finish().map_err(|e| WeightsError::io(&tmp, e))?;
-    std::fs::rename(&tmp, out).map_err(|e| WeightsError::io(out, e))?;
+    finish().map_err(|e| {
+        let _ = std::fs::remove_file(tmp);
+        WeightsError::io(tmp, e)
+    })?;
     Ok(manifest)
 }
 

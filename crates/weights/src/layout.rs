@@ -106,6 +106,13 @@ fn walk_into(
         let Some(name) = os_name.to_str().map(str::to_owned) else {
             return Err(WeightsError::format(&path, "a file name that is not UTF-8"));
         };
+        if name.chars().any(char::is_control) {
+            // A peer's file URL could not carry it, nor a log line show it plainly.
+            return Err(WeightsError::format(
+                &path,
+                "a file name with a control character (a newline, a tab, ...)",
+            ));
+        }
         let mut meta = std::fs::symlink_metadata(&path).map_err(|e| WeightsError::io(&path, e))?;
         if follow_links && meta.is_symlink() {
             meta = std::fs::metadata(&path).map_err(|e| WeightsError::io(&path, e))?;
@@ -264,10 +271,12 @@ pub fn total_bytes(files: &[FileLayout]) -> u64 {
 }
 
 /// Why `name` cannot name a file of a checkpoint: empty, absolute, a `.`/`..`/empty component,
-/// a backslash, or hidden (a checkpoint's hidden files are never part of it).
+/// a backslash, a control character, or hidden (a checkpoint's hidden files are never part of
+/// it).
 pub fn check_name(name: &str) -> std::result::Result<(), String> {
     let bad = name.is_empty()
         || name.contains('\\')
+        || name.chars().any(char::is_control)
         || name.split('/').count() > MAX_DEPTH
         || name
             .split('/')
@@ -294,9 +303,56 @@ pub fn output_path(dir: &Path, name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The version of a name written as `format!("v{version}")` (a version directory, one side of a
+/// delta's `vA-vB`): `v` and the version's decimal digits, as written (no sign, no leading
+/// zero), so one version has one name.
+pub fn version_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix('v')?;
+    let canonical = !digits.is_empty()
+        && digits.bytes().all(|c| c.is_ascii_digit())
+        && (digits == "0" || !digits.starts_with('0'));
+    canonical.then(|| digits.parse().ok()).flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_file_named_with_a_control_character_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("ok.json"), "{}").unwrap();
+        std::fs::write(t.path().join("new\nline"), "x").unwrap();
+        let e = walk(t.path(), false, true)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("control character") && e.contains("new"), "{e}");
+    }
+
+    #[test]
+    fn a_version_has_one_name() {
+        for (name, v) in [
+            ("v0", Some(0)),
+            ("v12", Some(12)),
+            ("v18446744073709551615", Some(u64::MAX)),
+        ] {
+            assert_eq!(version_name(name), v, "{name}");
+        }
+        for name in [
+            "v",
+            "v01",
+            "v+2",
+            "v-1",
+            "v 1",
+            "V1",
+            "1",
+            "v1x",
+            "v18446744073709551616",
+        ] {
+            assert_eq!(version_name(name), None, "{name}");
+        }
+    }
 
     /// A safetensors file of one `U8` tensor `t` whose header claims `offsets`, with `data`
     /// bytes after the header.
@@ -363,6 +419,8 @@ mod tests {
             "a/",
             ".cache/x",
             "a\\b",
+            "a\nb",
+            "tab\tname",
             "1/2/3/4/5/6/7/8/9",
         ] {
             assert!(file_path(Path::new("/ckpt"), bad).is_err(), "{bad}");

@@ -133,7 +133,7 @@ async fn pull_into(
     let fulls = store.full_versions().await?;
     let links = store.delta_links().await?;
     let starts = chain_starts(have.zip(have_version), &fulls, &links, target)?;
-    crate::workdir::claim(work)?;
+    let _held = crate::workdir::claim(work)?;
     let (mut current, mut at, downloaded_full) = start_chain(store, &starts, work, threads).await?;
     let started_from = at;
     let (mut deltas, mut recycled) = (0, 0);

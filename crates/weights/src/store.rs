@@ -16,7 +16,7 @@
 use crate::checkpoint;
 use crate::diff::{self, CodecOptions};
 use crate::error::{Result, WeightsError};
-use crate::layout::MARKER;
+use crate::layout::{version_name, MARKER};
 pub use crate::pull::{pull, pull_recycling, PullReport};
 use futures::StreamExt;
 use object_store::path::Path as ObjPath;
@@ -297,11 +297,7 @@ impl Store {
         let mut out: Vec<u64> = listed
             .common_prefixes
             .iter()
-            .filter_map(|p| {
-                p.filename()
-                    .and_then(|n| n.strip_prefix('v'))
-                    .and_then(|v| v.parse().ok())
-            })
+            .filter_map(|p| p.filename().and_then(version_name))
             .collect();
         out.sort_unstable();
         Ok(out)
@@ -346,14 +342,7 @@ impl Store {
             .iter()
             .filter_map(|p| {
                 let (a, b) = p.filename()?.split_once('-')?;
-                let a = a.strip_prefix('v')?;
-                let b = b.strip_prefix('v')?;
-                let canonical = |d: &str| !d.is_empty() && !(d.len() > 1 && d.starts_with('0'));
-                (canonical(a)
-                    && canonical(b)
-                    && a.bytes().chain(b.bytes()).all(|c| c.is_ascii_digit()))
-                .then(|| Some((a.parse().ok()?, b.parse().ok()?)))
-                .flatten()
+                Some((version_name(a)?, version_name(b)?))
             })
             .collect())
     }
@@ -461,7 +450,9 @@ pub async fn publish(
                 tmp.clone(),
                 opts.clone(),
             );
-            move || diff::diff(&prev, Some(prev_version), &dir, version, &tmp, &opts)
+            // Straight into the publish's own partial (a killed publish leaves only that,
+            // which the next one removes), not through the diff's temporary file.
+            move || diff::write_delta(&prev, Some(prev_version), &dir, version, &tmp, &opts)
         })
         .await?;
         if m.base.version != prev_version {

@@ -71,7 +71,7 @@ pub fn local_versions(cache: &Path) -> Vec<(u64, PathBuf)> {
     entries
         .filter_map(|e| e.ok())
         .filter_map(|e| {
-            let v: u64 = e.file_name().to_str()?.strip_prefix('v')?.parse().ok()?;
+            let v = crate::layout::version_name(e.file_name().to_str()?)?;
             let marker = checkpoint::read_marker(&e.path()).ok()??;
             (marker.version == v).then(|| (v, e.path()))
         })
@@ -306,7 +306,7 @@ pub async fn pull_from_peer(
             marker.version
         )));
     }
-    crate::workdir::claim(work)?;
+    let _held = crate::workdir::claim(work)?;
     let staging = work.join(format!("peer-v{version}"));
     tokio::fs::create_dir_all(&staging)
         .await

@@ -29,8 +29,8 @@ fn resolved(path: &Path) -> PathBuf {
     }
 }
 
-/// Whether `inner` is `outer` or lies inside it.
-fn within(inner: &Path, outer: &Path) -> bool {
+/// Whether `inner` is `outer` or lies inside it (symbolic links resolved as far as the paths exist).
+pub(crate) fn within(inner: &Path, outer: &Path) -> bool {
     resolved(inner).starts_with(resolved(outer))
 }
 
@@ -57,9 +57,84 @@ pub fn check_apart(work: &Path, others: &[(&str, &Path)]) -> Result<()> {
     Ok(())
 }
 
+/// A claimed work directory, held until this is dropped: a lock file beside the mark names the
+/// holding process, so a second pull into the same directory is refused instead of writing into
+/// the first one's files. A lock whose process is gone (a killed pull) is taken over.
+#[derive(Debug)]
+pub struct WorkLock {
+    path: PathBuf,
+}
+
+impl Drop for WorkLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The lock file of a held work directory.
+const LOCK: &str = ".kvrouter-pull-work.lock";
+
 /// Takes `work` for a pull: creates it (and marks it), or accepts an empty directory (marking
-/// it) or an earlier pull's; refuses anything else, naming it.
-pub fn claim(work: &Path) -> Result<()> {
+/// it) or an earlier pull's; refuses anything else, naming it, and a directory another pull
+/// holds.
+pub fn claim(work: &Path) -> Result<WorkLock> {
+    check_claimable(work)?;
+    let mark = work.join(WORK_MARK);
+    std::fs::write(&mark, b"").map_err(|e| WeightsError::io(&mark, e))?;
+    let path = work.join(LOCK);
+    for _ in 0..2 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(mut f) => {
+                use std::io::Write;
+                write!(f, "{}", std::process::id()).map_err(|e| WeightsError::io(&path, e))?;
+                return Ok(WorkLock { path });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                if holder_alive(&path) {
+                    return Err(WeightsError::Invalid(format!(
+                        "--work {}: another pull is using it (give each pull its own --out \
+                         and --work)",
+                        work.display()
+                    )));
+                }
+                // Left by a pull that is gone: taken over.
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(e) => return Err(WeightsError::io(&path, e)),
+        }
+    }
+    Err(WeightsError::Invalid(format!(
+        "--work {}: another pull is using it",
+        work.display()
+    )))
+}
+
+/// Whether the process named in the lock file at `path` may still hold it: it is running
+/// (`/proc/PID`; elsewhere than Linux every holder counts as running), or the file names none
+/// yet and was written in the last 10 s (a holder between creating and writing it).
+fn holder_alive(path: &Path) -> bool {
+    if !cfg!(target_os = "linux") {
+        return true;
+    }
+    match std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+    {
+        Some(pid) => Path::new(&format!("/proc/{pid}")).exists(),
+        None => std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_none_or(|age| age < std::time::Duration::from_secs(10)),
+    }
+}
+
+/// [`claim`]'s checks and creation, before the mark and the lock.
+fn check_claimable(work: &Path) -> Result<()> {
     match std::fs::read_dir(work) {
         Ok(mut entries) => {
             let marked = work.join(WORK_MARK).is_file();
@@ -69,9 +144,6 @@ pub fn claim(work: &Path) -> Result<()> {
                      give a new or empty directory (a pull removes its work directory after it)",
                     work.display()
                 )));
-            }
-            if marked {
-                return Ok(());
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -85,8 +157,7 @@ pub fn claim(work: &Path) -> Result<()> {
         }
         Err(e) => return Err(WeightsError::io(work, e)),
     }
-    let mark = work.join(WORK_MARK);
-    std::fs::write(&mark, b"").map_err(|e| WeightsError::io(&mark, e))
+    Ok(())
 }
 
 /// Marks `work` (created if missing) as a pull's whatever it holds: for a directory only pulls
@@ -132,16 +203,23 @@ mod tests {
     fn new_empty_and_earlier_pulls_directories_are_claimed_and_released() {
         let t = tempfile::tempdir().unwrap();
         let new = t.path().join("a/b");
-        claim(&new).unwrap();
+        let lock = claim(&new).unwrap();
         assert!(new.join(WORK_MARK).is_file());
         std::fs::write(new.join("partial"), "x").unwrap();
+        // Held by a pull: a second one is refused.
+        let e = claim(&new).unwrap_err().to_string();
+        assert!(e.contains("another pull is using it"), "{e}");
+        // A lock left by a pull that is gone is taken over.
+        std::mem::forget(lock);
+        std::fs::write(new.join(LOCK), format!("{}", u32::MAX)).unwrap();
         // An earlier pull's, with its partial files: resumed.
-        claim(&new).unwrap();
+        drop(claim(&new).unwrap());
+        assert!(!new.join(LOCK).exists());
         release(&new);
         assert!(!new.exists());
         let empty = t.path().join("empty");
         std::fs::create_dir(&empty).unwrap();
-        claim(&empty).unwrap();
+        drop(claim(&empty).unwrap());
         release(&empty);
         assert!(!empty.exists());
     }

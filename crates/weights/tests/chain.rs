@@ -178,3 +178,33 @@ async fn a_checkpoint_or_delta_filed_under_the_wrong_version_is_refused() {
     assert!(err.to_string().contains("builds v2"), "{err}");
     assert!(!root.join("o2").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_publishs_partial_delta_is_removed_by_the_next_publish() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let v = versions(root, 1);
+    let store = open(root, "store");
+    publish(&store, &v[0], 0, None, 10, &opts()).await.unwrap();
+    // What a publish killed during its diff left: its partial, by a process that is gone,
+    // untouched for an hour.
+    let left = root.join(format!("ckpt/.v1.delta-v0.partial-{}", u32::MAX));
+    std::fs::write(&left, vec![0u8; 4096]).unwrap();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&left)
+        .unwrap()
+        .set_modified(hour_ago)
+        .unwrap();
+    publish(&store, &v[1], 1, Some(&v[0]), 10, &opts())
+        .await
+        .unwrap();
+    assert!(!left.exists(), "the partial stayed");
+    let partials: Vec<_> = std::fs::read_dir(root.join("ckpt"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().contains("partial"))
+        .collect();
+    assert!(partials.is_empty(), "{partials:?}");
+}

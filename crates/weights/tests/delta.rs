@@ -541,3 +541,37 @@ fn recycling_refuses_linked_files_and_a_directory_holding_the_delta() {
         .to_string();
     assert!(err.contains("is a directory"), "{err}");
 }
+
+/// `diff` writes only a new file outside both checkpoints, for the version `--new` says it is.
+#[test]
+fn diff_never_writes_over_a_file_or_into_a_checkpoint_nor_relabels_the_new_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, new) = make_pair(dir.path(), 31, 0.05);
+    write_marker(&base, &checkpoint::stamp(&base, 1, 1).unwrap()).unwrap();
+    write_marker(&new, &checkpoint::stamp(&new, 2, 1).unwrap()).unwrap();
+    let shard = std::fs::read_dir(&new)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .unwrap();
+    let before = std::fs::read(&shard).unwrap();
+    let existing = dir.path().join("existing.kvwd");
+    std::fs::write(&existing, b"keep").unwrap();
+    for (out, version, needle) in [
+        (shard.clone(), 2, "it exists"),
+        (new.join("weights.json"), 2, "it exists"),
+        (existing.clone(), 2, "it exists"),
+        (new.join("sub/d.kvwd"), 2, "inside --new"),
+        (base.join("d.kvwd"), 2, "inside --base"),
+        (dir.path().join("d.kvwd"), 3, "is stamped v2"),
+    ] {
+        let err = diff(&base, None, &new, version, &out, &opts(1))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(needle), "{out:?}: {err}");
+    }
+    assert_eq!(std::fs::read(&shard).unwrap(), before);
+    assert_eq!(std::fs::read(&existing).unwrap(), b"keep");
+    assert!(!dir.path().join("d.kvwd").exists() && !base.join("d.kvwd").exists());
+    diff(&base, None, &new, 2, &dir.path().join("d.kvwd"), &opts(1)).unwrap();
+}

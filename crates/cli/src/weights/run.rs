@@ -67,6 +67,9 @@ pub(crate) async fn run(args: WeightsArgs) -> anyhow::Result<()> {
             let threads = a.threads.get()?;
             let v = blocking(move || match (a.dir, a.delta) {
                 (Some(dir), None) => {
+                    if !dir.is_dir() {
+                        bail!("--dir {}: not a directory", dir.display());
+                    }
                     let m = checkpoint::read_marker(&dir)?.with_context(|| format!("--dir {}: no weights.json (run `kvrouter weights stamp`)", dir.display()))?;
                     checkpoint::verify(&dir, &m, threads)?;
                     Ok(serde_json::json!({"ok": true, "version": m.version, "digest": m.digest}))
