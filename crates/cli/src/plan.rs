@@ -193,8 +193,9 @@ pub(crate) fn run(args: PlanArgs) -> anyhow::Result<()> {
                 .map_or(String::new(), |p| {
                     format!(", {} requests refused, {} failed", p.rejected, p.failed)
                 });
+            let advice = no_count_advice(args.max_workers);
             bail!(
-                "no worker count up to --max-workers {} meets {flag} {target} (at {}: {metric} {:.1}{lost}); raise --max-workers",
+                "no worker count up to --max-workers {} meets {flag} {target} (at {}: {metric} {:.1}{lost}); {advice}",
                 args.max_workers,
                 args.max_workers,
                 plan.points.last().map_or(f64::NAN, |p| p.1)
@@ -261,4 +262,29 @@ fn write_outputs(
     std::fs::write(out.join("report.html"), html)
         .with_context(|| format!("--out {}", out.display()))?;
     Ok(())
+}
+
+/// What to do when no count up to `max_workers` meets the target: raise the bound, unless it is
+/// already the most the planner simulates.
+fn no_count_advice(max_workers: usize) -> &'static str {
+    if max_workers >= kvrouter_sim::MAX_WORKERS {
+        "that is the most the planner simulates: the target needs faster workers or a looser target"
+    } else {
+        "raise --max-workers"
+    }
+}
+
+#[cfg(test)]
+mod advice_tests {
+    use super::no_count_advice;
+
+    #[test]
+    fn at_the_cap_the_advice_is_not_to_raise_it() {
+        assert_eq!(no_count_advice(64), "raise --max-workers");
+        let cap = no_count_advice(kvrouter_sim::MAX_WORKERS);
+        assert!(
+            !cap.contains("raise --max-workers") && cap.contains("the most"),
+            "{cap}"
+        );
+    }
 }

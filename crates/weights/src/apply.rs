@@ -197,7 +197,9 @@ fn check_base(base: &Path, m: &DeltaManifest, threads: usize) -> Result<()> {
             format!("unknown base marker format {}", m.base.marker_format),
         )
     })?;
-    let have = match checkpoint::read_consistent_marker(base)? {
+    let stamped = checkpoint::read_consistent_marker(base)?;
+    let have_version = stamped.as_ref().map(|m| m.version);
+    let have = match stamped {
         Some(marker) => {
             if marker.version == m.base.version
                 && marker.digest != m.base.digest
@@ -216,7 +218,7 @@ fn check_base(base: &Path, m: &DeltaManifest, threads: usize) -> Result<()> {
             delta_new: m.new.version,
             want: m.base.digest.clone(),
             dir: base.to_path_buf(),
-            have_version: have.version,
+            have_version,
             have: have.digest,
         });
     }

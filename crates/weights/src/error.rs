@@ -22,7 +22,7 @@ pub enum WeightsError {
         message: String,
     },
     /// The delta was made against another base than the one given.
-    #[error("base mismatch: the delta v{delta_base}->v{delta_new} needs base v{delta_base} (digest {want}), but {dir} holds v{have_version} (digest {have})")]
+    #[error("base mismatch: the delta v{delta_base}->v{delta_new} needs base v{delta_base} (digest {want}), but {dir} holds {} (digest {have})", have_version.map_or("a checkpoint with no weights.json".to_owned(), |v| format!("v{v}")))]
     BaseMismatch {
         /// The base version the delta needs.
         delta_base: u64,
@@ -32,8 +32,8 @@ pub enum WeightsError {
         want: String,
         /// The directory given as base.
         dir: PathBuf,
-        /// The version found there.
-        have_version: u64,
+        /// The version its marker names (`None`: it has none, and was hashed as given).
+        have_version: Option<u64>,
         /// Its digest.
         have: String,
     },

@@ -222,6 +222,12 @@ fn a_delta_for_another_base_is_refused_naming_both_versions() {
     std::fs::remove_file(new.join("weights.json")).unwrap();
     let err = apply(&new, &delta, &dir.path().join("out"), 1).unwrap_err();
     assert!(matches!(err, WeightsError::BaseMismatch { .. }), "{err}");
+    // It is not called the version it was hashed as.
+    assert!(
+        err.to_string()
+            .contains("holds a checkpoint with no weights.json"),
+        "{err}"
+    );
     assert_nothing_written(dir.path());
 }
 
