@@ -59,7 +59,8 @@ pub(crate) fn transfer(e: impl std::fmt::Display) -> WeightsError {
 impl Store {
     /// Opens `url` (`file:///abs/dir`, `s3://bucket/prefix`, …) with backend options (for S3:
     /// `aws_endpoint`, `aws_region`, `aws_access_key_id`, `aws_secret_access_key`,
-    /// `aws_allow_http`, …; nothing is read from the environment).
+    /// `aws_allow_http`, …; nothing is read from the environment; without keys the S3 client asks the
+    /// instance metadata service for an IAM role's).
     ///
     /// Refused: a scheme other than `file` and `s3` (`memory://` would take a publish and lose
     /// it at exit), and an option the backend does not know (the library would drop a misspelt
