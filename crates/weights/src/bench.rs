@@ -184,6 +184,7 @@ pub fn run(
     o: &BenchOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<BenchReport> {
+    crate::workdir::no_parent_steps("--scratch", scratch)?;
     match std::fs::read_dir(scratch) {
         Ok(mut entries) => {
             if entries.next().is_some() {

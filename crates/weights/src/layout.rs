@@ -107,9 +107,10 @@ fn walk_into(
             return Err(WeightsError::format(&path, "a file name that is not UTF-8"));
         };
         if name.chars().any(char::is_control) {
-            // A peer's file URL could not carry it, nor a log line show it plainly.
+            // A peer's file URL could not carry it, nor a log line show it plainly (the path in
+            // the error is escaped for the same reason).
             return Err(WeightsError::format(
-                &path,
+                name.escape_debug().to_string(),
                 "a file name with a control character (a newline, a tab, ...)",
             ));
         }
@@ -282,7 +283,10 @@ pub fn check_name(name: &str) -> std::result::Result<(), String> {
             .split('/')
             .any(|c| c.is_empty() || c == "." || c == ".." || c.starts_with('.'));
     if bad {
-        return Err(format!("bad checkpoint file name `{name}`"));
+        return Err(format!(
+            "bad checkpoint file name `{}`",
+            name.escape_debug()
+        ));
     }
     Ok(())
 }

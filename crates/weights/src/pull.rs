@@ -69,16 +69,7 @@ pub async fn pull_recycling(
     others.extend(recycle.map(|r| ("--recycle", r)));
     others.extend(store_dir.as_deref().map(|d| ("--store", d)));
     crate::workdir::check_apart(work, &others)?;
-    let created = !work.exists();
-    let result = pull_into(store, version, out, have, work, threads, recycle).await;
-    if result.as_ref().is_err_and(WeightsError::is_refusal) && created {
-        if let Err(e) = tokio::fs::remove_dir_all(work).await {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!("removing {} after a refused pull: {e}", work.display());
-            }
-        }
-    }
-    result
+    pull_into(store, version, out, have, work, threads, recycle).await
 }
 
 async fn pull_into(
@@ -133,8 +124,39 @@ async fn pull_into(
     let fulls = store.full_versions().await?;
     let links = store.delta_links().await?;
     let starts = chain_starts(have.zip(have_version), &fulls, &links, target)?;
-    let _held = crate::workdir::claim(work)?;
-    let (mut current, mut at, downloaded_full) = start_chain(store, &starts, work, threads).await?;
+    let held = crate::workdir::claim(work)?;
+    let result = walk_chain(store, &starts, target, out, work, threads, recycle).await;
+    if result.as_ref().is_err_and(WeightsError::is_refusal) && held.created() {
+        // Refused for its arguments (a rerun fails the same way): the directory this pull made
+        // goes, while its lock is still held.
+        if let Err(e) = tokio::fs::remove_dir_all(work).await {
+            tracing::warn!("removing {} after a refused pull: {e}", work.display());
+        }
+    }
+    drop(held);
+    let (started_from, downloaded_full, deltas, recycled) = result?;
+    Ok(PullReport {
+        version: target,
+        started_from,
+        downloaded_full,
+        deltas,
+        recycled,
+        store_reads: store.reads() - reads_before,
+    })
+}
+
+/// Walks the chain from the first start that can be had up to `target` into `out`: where it
+/// started, whether a full checkpoint was downloaded, deltas applied and recycled.
+async fn walk_chain(
+    store: &Store,
+    starts: &[Start<'_>],
+    target: u64,
+    out: &Path,
+    work: &Path,
+    threads: usize,
+    recycle: Option<&Path>,
+) -> Result<(u64, bool, u64, u64)> {
+    let (mut current, mut at, downloaded_full) = start_chain(store, starts, work, threads).await?;
     let started_from = at;
     let (mut deltas, mut recycled) = (0, 0);
     let mut spare = recycle.map(Path::to_path_buf);
@@ -186,14 +208,7 @@ async fn pull_into(
     } else {
         copy_checkpoint(&current, out).await?;
     }
-    Ok(PullReport {
-        version: target,
-        started_from,
-        downloaded_full,
-        deltas,
-        recycled,
-        store_reads: store.reads() - reads_before,
-    })
+    Ok((started_from, downloaded_full, deltas, recycled))
 }
 
 /// Where a pull's chain starts: the local copy given (`--have`, its version) or a full

@@ -443,6 +443,28 @@ pub async fn publish(
             Some(_) => {}
         }
         let published = store.version_marker(prev_version).await?;
+        // The delta is built against --prev's bytes, and pullers apply it to the bytes the store
+        // published: --prev must hold what its marker says (one read of it, checked, before the
+        // marker's digest is compared with the store's).
+        blocking({
+            let (prev, threads) = (prev.to_path_buf(), opts.threads);
+            move || match checkpoint::read_marker(&prev)? {
+                Some(m) if m.version != prev_version => Err(WeightsError::Invalid(format!(
+                    "--prev {}: it is stamped v{}; a delta to v{version} starts from \
+                     v{prev_version}",
+                    prev.display(),
+                    m.version
+                ))),
+                Some(m) => checkpoint::verify(&prev, &m, threads).map_err(|e| {
+                    WeightsError::Invalid(format!(
+                        "--prev {}: its files are not those its marker names ({e})",
+                        prev.display()
+                    ))
+                }),
+                None => Ok(()),
+            }
+        })
+        .await?;
         let tmp = diff::temp_path(&dir.with_extension(format!("delta-v{prev_version}")));
         let m = blocking({
             let (prev, dir, tmp, opts) = (

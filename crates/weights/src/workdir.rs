@@ -1,16 +1,23 @@
 //! A pull's work directory (`--work`): partial downloads and intermediate versions, removed
 //! after a success. Removing a directory the user had is data loss, so a pull claims one only
 //! when it is new, empty, or an earlier pull's (marked with [`WORK_MARK`]), and never one that
-//! is or holds the pull's other paths, or lies inside its output.
+//! is, holds or lies inside the pull's other paths. A claimed directory is held by an advisory
+//! lock (`flock`, released by the kernel when its holder exits, whatever its PID namespace), so a
+//! second pull into it is refused, and only its holder removes it.
 
 use crate::error::{Result, WeightsError};
-use std::path::{Path, PathBuf};
+use rustix::fs::{flock, FlockOperation};
+use std::path::{Component, Path, PathBuf};
 
 /// The file that marks a directory as a pull's work directory.
 pub const WORK_MARK: &str = ".kvrouter-pull-work";
 
+/// The lock file of a work directory (locked, never removed while the directory is in use).
+pub const WORK_LOCK: &str = ".kvrouter-pull-work.lock";
+
 /// `path` made absolute, with its longest existing ancestor's symbolic links resolved (the rest,
-/// not there yet, appended as given), so two spellings of one place compare equal.
+/// not there yet, appended as given), so two spellings of one place compare equal. Paths with a
+/// `..` component are refused before this is asked ([`no_parent_steps`]).
 fn resolved(path: &Path) -> PathBuf {
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     let mut head = absolute.as_path();
@@ -34,10 +41,24 @@ pub(crate) fn within(inner: &Path, outer: &Path) -> bool {
     resolved(inner).starts_with(resolved(outer))
 }
 
-/// Checks `work` against the pull's other paths (`(flag, path)`: the output first) before
-/// anything is written: it must not be or hold any of them (a success removes it), nor lie
-/// inside the output.
+/// Refuses a directory to be removed later (`flag`'s `path`) that is spelled with `..`: through
+/// a folder not there yet, `missing/../data` names `data` only once `missing` is created, so no
+/// check made before can tell what it names.
+pub(crate) fn no_parent_steps(flag: &str, path: &Path) -> Result<()> {
+    if path.components().any(|c| c == Component::ParentDir) {
+        return Err(WeightsError::Invalid(format!(
+            "{flag} {}: give it without `..` (it is removed after use)",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks `work` against the pull's other paths (`(flag, path)`) before anything is written: it
+/// must not be, hold or lie inside any of them (a success removes it, and a failure leaves it
+/// where a reader of the other would find it).
 pub fn check_apart(work: &Path, others: &[(&str, &Path)]) -> Result<()> {
+    no_parent_steps("--work", work)?;
     for (flag, path) in others {
         if within(path, work) {
             return Err(WeightsError::Invalid(format!(
@@ -46,9 +67,9 @@ pub fn check_apart(work: &Path, others: &[(&str, &Path)]) -> Result<()> {
                 path.display()
             )));
         }
-        if *flag == "--out" && within(work, path) {
+        if within(work, path) {
             return Err(WeightsError::Invalid(format!(
-                "--work {}: it lies inside --out {}",
+                "--work {}: it lies inside {flag} {}",
                 work.display(),
                 path.display()
             )));
@@ -57,107 +78,83 @@ pub fn check_apart(work: &Path, others: &[(&str, &Path)]) -> Result<()> {
     Ok(())
 }
 
-/// A claimed work directory, held until this is dropped: a lock file beside the mark names the
-/// holding process, so a second pull into the same directory is refused instead of writing into
-/// the first one's files. A lock whose process is gone (a killed pull) is taken over.
+/// A claimed work directory, held until this is dropped.
 #[derive(Debug)]
 pub struct WorkLock {
-    path: PathBuf,
+    _lock: std::fs::File,
+    created: bool,
 }
 
-impl Drop for WorkLock {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+impl WorkLock {
+    /// Whether this pull created the directory (a refused pull removes only such a one).
+    pub fn created(&self) -> bool {
+        self.created
     }
 }
 
-/// The lock file of a held work directory.
-const LOCK: &str = ".kvrouter-pull-work.lock";
+/// Opens and locks (without waiting) `work`'s lock file: `None` when another process holds it.
+fn lock(work: &Path) -> Result<Option<std::fs::File>> {
+    let path = work.join(WORK_LOCK);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| WeightsError::io(&path, e))?;
+    match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(file)),
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(None),
+        Err(e) => Err(WeightsError::io(&path, e.into())),
+    }
+}
 
 /// Takes `work` for a pull: creates it (and marks it), or accepts an empty directory (marking
 /// it) or an earlier pull's; refuses anything else, naming it, and a directory another pull
 /// holds.
 pub fn claim(work: &Path) -> Result<WorkLock> {
-    check_claimable(work)?;
+    no_parent_steps("--work", work)?;
+    let created = check_claimable(work)?;
+    let Some(file) = lock(work)? else {
+        return Err(WeightsError::Invalid(format!(
+            "--work {}: another pull is using it (its lock {WORK_LOCK} is held; give each pull its \
+             own --out and --work)",
+            work.display()
+        )));
+    };
     let mark = work.join(WORK_MARK);
     std::fs::write(&mark, b"").map_err(|e| WeightsError::io(&mark, e))?;
-    let path = work.join(LOCK);
-    for _ in 0..2 {
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-        {
-            Ok(mut f) => {
-                use std::io::Write;
-                write!(f, "{}", std::process::id()).map_err(|e| WeightsError::io(&path, e))?;
-                return Ok(WorkLock { path });
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                if holder_alive(&path) {
-                    return Err(WeightsError::Invalid(format!(
-                        "--work {}: another pull is using it (give each pull its own --out \
-                         and --work)",
-                        work.display()
-                    )));
-                }
-                // Left by a pull that is gone: taken over.
-                let _ = std::fs::remove_file(&path);
-            }
-            Err(e) => return Err(WeightsError::io(&path, e)),
-        }
-    }
-    Err(WeightsError::Invalid(format!(
-        "--work {}: another pull is using it",
-        work.display()
-    )))
+    Ok(WorkLock {
+        _lock: file,
+        created,
+    })
 }
 
-/// Whether the process named in the lock file at `path` may still hold it: it is running
-/// (`/proc/PID`; elsewhere than Linux every holder counts as running), or the file names none
-/// yet and was written in the last 10 s (a holder between creating and writing it).
-fn holder_alive(path: &Path) -> bool {
-    if !cfg!(target_os = "linux") {
-        return true;
-    }
-    match std::fs::read_to_string(path)
-        .ok()
-        .and_then(|t| t.trim().parse::<u32>().ok())
-    {
-        Some(pid) => Path::new(&format!("/proc/{pid}")).exists(),
-        None => std::fs::metadata(path)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_none_or(|age| age < std::time::Duration::from_secs(10)),
-    }
-}
-
-/// [`claim`]'s checks and creation, before the mark and the lock.
-fn check_claimable(work: &Path) -> Result<()> {
+/// [`claim`]'s checks and creation, before the lock and the mark: whether it created `work`.
+fn check_claimable(work: &Path) -> Result<bool> {
     match std::fs::read_dir(work) {
-        Ok(mut entries) => {
+        Ok(entries) => {
             let marked = work.join(WORK_MARK).is_file();
-            if !marked && entries.next().is_some() {
+            let foreign = entries
+                .filter_map(|e| e.ok())
+                .any(|e| e.file_name() != WORK_LOCK && e.file_name() != WORK_MARK);
+            if !marked && foreign {
                 return Err(WeightsError::Invalid(format!(
                     "--work {}: the directory holds files no pull put there (no {WORK_MARK}); \
                      give a new or empty directory (a pull removes its work directory after it)",
                     work.display()
                 )));
             }
+            Ok(false)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             std::fs::create_dir_all(work).map_err(|e| WeightsError::io(work, e))?;
+            Ok(true)
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
-            return Err(WeightsError::Invalid(format!(
-                "--work {}: not a directory",
-                work.display()
-            )))
-        }
-        Err(e) => return Err(WeightsError::io(work, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => Err(WeightsError::Invalid(
+            format!("--work {}: not a directory", work.display()),
+        )),
+        Err(e) => Err(WeightsError::io(work, e)),
     }
-    Ok(())
 }
 
 /// Marks `work` (created if missing) as a pull's whatever it holds: for a directory only pulls
@@ -168,12 +165,23 @@ pub(crate) fn adopt(work: &Path) -> Result<()> {
     std::fs::write(&mark, b"").map_err(|e| WeightsError::io(&mark, e))
 }
 
-/// Removes a claimed work directory after a success; one without the mark (not a pull's) stays.
+/// Removes a pull's work directory after its success, holding its lock while it does: one
+/// without the mark (not a pull's), or that another pull holds, stays.
 pub fn release(work: &Path) {
-    if work.join(WORK_MARK).is_file() {
-        if let Err(e) = std::fs::remove_dir_all(work) {
-            tracing::warn!("removing the work directory {}: {e}", work.display());
+    if !work.join(WORK_MARK).is_file() {
+        return;
+    }
+    match lock(work) {
+        Ok(Some(_held)) => {
+            if let Err(e) = std::fs::remove_dir_all(work) {
+                tracing::warn!("removing the work directory {}: {e}", work.display());
+            }
         }
+        Ok(None) => tracing::info!(
+            "the work directory {} is in use by another pull: left",
+            work.display()
+        ),
+        Err(e) => tracing::warn!("the work directory {}: {e}", work.display()),
     }
 }
 
@@ -204,17 +212,19 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let new = t.path().join("a/b");
         let lock = claim(&new).unwrap();
-        assert!(new.join(WORK_MARK).is_file());
+        assert!(lock.created() && new.join(WORK_MARK).is_file());
         std::fs::write(new.join("partial"), "x").unwrap();
-        // Held by a pull: a second one is refused.
+        // Held by a pull: a second one is refused, and cannot remove it.
         let e = claim(&new).unwrap_err().to_string();
         assert!(e.contains("another pull is using it"), "{e}");
-        // A lock left by a pull that is gone is taken over.
-        std::mem::forget(lock);
-        std::fs::write(new.join(LOCK), format!("{}", u32::MAX)).unwrap();
-        // An earlier pull's, with its partial files: resumed.
-        drop(claim(&new).unwrap());
-        assert!(!new.join(LOCK).exists());
+        release(&new);
+        assert!(new.join("partial").exists());
+        // The lock goes with its holder (here its file; a process that exits the same way).
+        drop(lock);
+        // An earlier pull's, with its partial files: resumed (not created by this pull).
+        let again = claim(&new).unwrap();
+        assert!(!again.created());
+        drop(again);
         release(&new);
         assert!(!new.exists());
         let empty = t.path().join("empty");
@@ -222,10 +232,18 @@ mod tests {
         drop(claim(&empty).unwrap());
         release(&empty);
         assert!(!empty.exists());
+        // Spelled through a folder not there yet, a path names nothing checkable: refused.
+        std::fs::create_dir(t.path().join("data")).unwrap();
+        std::fs::write(t.path().join("data/notes.txt"), "x").unwrap();
+        let e = claim(&t.path().join("missing/../data"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("without `..`"), "{e}");
+        assert!(!t.path().join("missing").exists() && t.path().join("data/notes.txt").exists());
     }
 
     #[test]
-    fn work_may_not_hold_the_other_paths_nor_lie_in_the_output() {
+    fn work_may_not_hold_nor_lie_in_the_other_paths() {
         let t = tempfile::tempdir().unwrap();
         let p = |s: &str| t.path().join(s);
         std::fs::create_dir_all(p("have")).unwrap();
@@ -237,14 +255,12 @@ mod tests {
             (t.path().to_path_buf(), "holds --out"),
             (p("have"), "holds --have"),
             (p("out/w"), "inside --out"),
+            (p("have/tmp"), "inside --have"),
+            (p("have/../out"), "without `..`"),
         ] {
             let e = check_apart(&work, &others).unwrap_err().to_string();
             assert!(e.contains(needle), "{work:?}: {e}");
         }
-        // Two spellings of one place, and a link to it, are the same place.
-        let dotted = t.path().join("have/../out");
-        let e = check_apart(&dotted, &others).unwrap_err().to_string();
-        assert!(e.contains("holds --out"), "{e}");
         std::os::unix::fs::symlink(p("have"), p("link")).unwrap();
         let e = check_apart(&p("link"), &others).unwrap_err().to_string();
         assert!(e.contains("holds --have"), "{e}");

@@ -68,6 +68,33 @@ async fn publish_keeps_the_chain_whole() {
     publish(&store, &v[1], 1, Some(&v[0]), 10, &opts())
         .await
         .unwrap();
+    // A --prev whose bytes were changed after it was stamped (its marker still v1's).
+    let edited = root.join("edited1");
+    std::fs::create_dir_all(&edited).unwrap();
+    for e in std::fs::read_dir(&v[1]).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), edited.join(e.file_name())).unwrap();
+    }
+    let shard = edited.join("model-00001-of-00002.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let at = bytes.len() - 10;
+    bytes[at] ^= 1;
+    std::fs::write(&shard, bytes).unwrap();
+    let err = publish(&store, &v[2], 2, Some(&edited), 10, &opts())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("not those its marker names"),
+        "{err}"
+    );
+    // A --prev of another version is named as --prev.
+    let err = publish(&store, &v[2], 2, Some(&v[0]), 10, &opts())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("--prev") && err.to_string().contains("stamped v0"),
+        "{err}"
+    );
     // A --prev stamped v1 whose bytes are not the published v1's.
     let fake = root.join("fake1");
     write_checkpoint(&fake, &spec(), Update::Rl { lr: 1e-5, steps: 0 }, 1).unwrap();

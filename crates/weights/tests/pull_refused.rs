@@ -223,3 +223,32 @@ async fn a_latest_pointer_past_the_small_object_bound_is_refused_unread() {
     assert!(err.to_string().contains("latest: larger than"), "{err}");
     assert!(!root.join("w").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_into_a_held_work_directory_is_refused_and_leaves_it_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let store = store_with_two_versions(root).await;
+    let work = root.join("out.work");
+    // Another pull holds it, its download under way.
+    let held = kvrouter_weights::workdir::claim(&work).unwrap();
+    std::fs::write(work.join("base-v0.partial"), b"half").unwrap();
+    let err = pull(&store, Some(1), &root.join("out"), None, &work, 1)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("another pull is using it"),
+        "{err}"
+    );
+    assert!(
+        work.join("base-v0.partial").exists(),
+        "the holder's files went"
+    );
+    kvrouter_weights::workdir::release(&work);
+    assert!(work.exists(), "removed under its holder");
+    drop(held);
+    // Once the holder is gone the pull goes on.
+    pull(&store, Some(1), &root.join("out"), None, &work, 1)
+        .await
+        .unwrap();
+}

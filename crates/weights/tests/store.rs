@@ -293,7 +293,9 @@ async fn pull_recycles_the_given_directory_and_every_superseded_intermediate() {
     let left: Vec<_> = std::fs::read_dir(&work)
         .unwrap()
         .map(|e| e.unwrap().file_name())
-        .filter(|n| n != kvrouter_weights::workdir::WORK_MARK)
+        .filter(|n| {
+            n != kvrouter_weights::workdir::WORK_MARK && n != kvrouter_weights::workdir::WORK_LOCK
+        })
         .collect();
     assert!(left.is_empty(), "intermediates left behind: {left:?}");
 
