@@ -132,9 +132,15 @@ impl GlobalArgs {
     pub(crate) fn summary(&self) -> anyhow::Result<ClusterSummaryConfig> {
         ClusterTarget::parse(&format!("{}=http://x", self.cluster_name))
             .map_err(|e| anyhow::anyhow!("--cluster-name: {e}"))?;
+        use kvrouter_core::global::{MAX_STATED_DECODE_MS, MAX_STATED_PREFILL_TOKENS_PER_S};
         let speed = |v: f64, flag: &str| -> anyhow::Result<f64> {
-            if !(v.is_finite() && v >= 0.0) {
-                bail!("{flag} must be a number ≥ 0, got {v}");
+            let max = if flag == "--cluster-prefill-tokens-per-s" {
+                MAX_STATED_PREFILL_TOKENS_PER_S
+            } else {
+                MAX_STATED_DECODE_MS
+            };
+            if !(v.is_finite() && (0.0..=max).contains(&v)) {
+                bail!("{flag} must be a number from 0 to {max}, got {v}");
             }
             Ok(v)
         };

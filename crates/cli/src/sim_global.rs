@@ -119,9 +119,17 @@ pub(crate) fn run(args: &SimArgs) -> anyhow::Result<()> {
     }
     for r in runs.iter().filter(|r| r.rejected > 0) {
         println!(
-            "{}: {} of {} requests refused by a datacenter's router (they waited past \
-             --router-queue-max-wait-secs), left out of the figures",
+            "{}: {} of {} requests refused (by a datacenter's router, past \
+             --router-queue-max-wait-secs, or finding no fresh summary for a day), left out of \
+             the figures",
             r.policy, r.rejected, r.requests
+        );
+    }
+    for r in runs.iter().filter(|r| r.summary_retries > 0) {
+        println!(
+            "{}: requests waited {} times for a fresh summary (a refresh period each; in their \
+             TTFT and E2E)",
+            r.policy, r.summary_retries
         );
     }
     println!(

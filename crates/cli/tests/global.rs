@@ -327,6 +327,136 @@ async fn a_stream_its_cluster_breaks_off_ends_with_an_error_event() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_stream_its_cluster_stops_sending_ends_after_the_idle_timeout() {
+    let fast = local("fast", "20", &[]).await;
+    let global = global_over(
+        &[format!("fast={}", fast.http())],
+        &["--stream-idle-timeout-secs", "2"],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let health = format!("{}/health", global.http());
+    common::poll(Duration::from_secs(20), || async {
+        let h: Value = match http.get(&health).send().await {
+            Ok(r) => r.json().await.unwrap_or(Value::Null),
+            Err(_) => Value::Null,
+        };
+        h["available_clusters"] == 1
+    })
+    .await
+    .expect("the cluster is available");
+    let mut r = http
+        .post(format!("{}/v1/completions", global.http()))
+        .json(
+            &json!({"model": "mock-model", "prompt": prompt(3, 0), "max_tokens": 20000,
+            "stream": true}),
+        )
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("the global router answers");
+    assert_eq!(r.status(), 200);
+    assert!(r.chunk().await.unwrap().is_some());
+    // The cluster's router freezes: its connection stays open and sends nothing.
+    let pid = fast.child.id().expect("running").to_string();
+    let stop = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status();
+    assert!(stop.unwrap().success());
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    while let Some(chunk) = r.chunk().await.expect("the stream ends cleanly") {
+        rest.extend_from_slice(&chunk);
+    }
+    let waited = started.elapsed();
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status();
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(
+        rest.ends_with("data: [DONE]\n\n") && rest.contains("--stream-idle-timeout-secs"),
+        "{}",
+        &rest[rest.len().saturating_sub(400)..]
+    );
+    assert!(waited < Duration::from_secs(15), "ended after {waited:?}");
+    let m = common::metrics(&global.http()).await;
+    assert_eq!(
+        metric(
+            &m,
+            "kvrouter_global_errors_total{cluster=\"fast\",kind=\"broken\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+}
+
+/// A fake cluster router whose `/admin/cluster-summary` answers a body of `stated` bytes
+/// (`Content-Length`, or none when `None`) and sends spaces without end (bounded: 512 MiB a
+/// connection, the test's own limit).
+async fn flooding_cluster(stated: Option<u64>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = [0u8; 4096];
+                let _ = sock.read(&mut head).await;
+                let length = stated.map_or(String::new(), |n| format!("content-length: {n}\r\n"));
+                let reply = format!("HTTP/1.1 200 OK\r\n{length}connection: close\r\n\r\n");
+                if sock.write_all(reply.as_bytes()).await.is_err() {
+                    return;
+                }
+                let chunk = vec![b' '; 1 << 20];
+                for _ in 0..512 {
+                    if sock.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_oversized_summary_is_refused_without_being_read_whole() {
+    let stated = flooding_cluster(Some(1 << 40)).await;
+    let endless = flooding_cluster(None).await;
+    let global = global_over(
+        &[format!("stated={stated}"), format!("endless={endless}")],
+        &["--global-summary-timeout-ms", "5000"],
+    )
+    .await;
+    let url = global.http();
+    let refused = |m: &str, c: &str| {
+        metric(
+            m,
+            &format!(
+                "kvrouter_global_summary_fetch_errors_total{{cluster=\"{c}\",kind=\"invalid\"}}"
+            ),
+        )
+    };
+    let seen = common::poll(Duration::from_secs(30), || async {
+        let m = common::metrics(&url).await;
+        (refused(&m, "stated") >= 2.0 && refused(&m, "endless") >= 2.0).then_some(())
+    })
+    .await;
+    let m = common::metrics(&url).await;
+    assert!(seen.is_some(), "{m}");
+    // The router kept its memory: its resident set stays far below one summary's worth.
+    let pid = global.child.id().expect("running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap();
+    let bound_kib = (kvrouter_core::global::MAX_SUMMARY_BYTES as u64 * 3) / 1024;
+    assert!(peak_kib < bound_kib, "peak {peak_kib} KiB");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn the_local_summary_is_behind_the_admin_token_and_decodes() {
     let fast = local("fast", "20", &[]).await;
     let http = reqwest::Client::new();
@@ -504,6 +634,25 @@ async fn bad_global_flags_are_refused_naming_the_flag() {
         (
             vec!["--mock-workers", "1", "--cluster-name", "a b"],
             "--cluster-name",
+        ),
+        // A stated latency past any engine's overflowed the global estimate into NaN.
+        (
+            vec![
+                "--mock-workers",
+                "1",
+                "--cluster-decode-ms-per-token",
+                "1e308",
+            ],
+            "--cluster-decode-ms-per-token",
+        ),
+        (
+            vec!["--global", "--cluster", "a=http://x,rtt_ms=1,rtt_ms=2"],
+            "rtt_ms given twice",
+        ),
+        // Two of these summed to infinity.
+        (
+            vec!["--global", "--cluster", "a=http://x,weight=1e308"],
+            "weight",
         ),
     ] {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"));

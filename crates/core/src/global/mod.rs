@@ -35,13 +35,17 @@ pub use policy::{
     DEFAULT_SESSION_MOVE_RATIO, DEFAULT_SESSION_TTL,
 };
 pub use router::{
-    ClusterSpec, DecisionReason, GlobalDecision, GlobalError, GlobalRouter, MAX_RTT_MS,
+    ClusterSpec, DecisionReason, GlobalDecision, GlobalError, GlobalRouter, MAX_CLUSTER_WEIGHT,
+    MAX_RTT_MS,
 };
 pub use sketch::{
     PrefixSketch, SketchConfig, SketchError, DEFAULT_BITS_PER_KEY,
     DEFAULT_CHECKPOINT_INTERVAL_BLOCKS,
 };
-pub use summary::{ClusterLoad, ClusterSummary, SummaryError, SUMMARY_FORMAT_VERSION};
+pub use summary::{
+    ClusterLoad, ClusterSummary, SummaryError, MAX_STATED_DECODE_MS,
+    MAX_STATED_PREFILL_TOKENS_PER_S, MAX_SUMMARY_BYTES, SUMMARY_FORMAT_VERSION,
+};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -24,6 +24,9 @@ pub struct ClusterSpec {
 /// The longest round trip a cluster may be given, ms (a minute): longer is no network, and a
 /// round trip of `1e300` ms overflowed the clock it is taken from.
 pub const MAX_RTT_MS: f64 = 60_000.0;
+/// The largest static-split weight of a cluster: weights are shares, and their sum must stay a
+/// number (two of 10^308 summed to infinity and sent everything to the last cluster).
+pub const MAX_CLUSTER_WEIGHT: f64 = 1e6;
 
 /// Why a request or summary was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -50,7 +53,7 @@ pub enum GlobalError {
         got: u32,
     },
     /// A cluster spec with a bad round trip or weight.
-    #[error("cluster {0:?}: round trip must be ≥ 0 and weight > 0 (finite)")]
+    #[error("cluster {0:?}: round trip must be from 0 to 60,000 ms and weight from above 0 to 1,000,000")]
     InvalidSpec(String),
 }
 
@@ -157,7 +160,7 @@ impl GlobalRouter {
     /// Adds a cluster (up, without a summary: routed around until its first one arrives).
     pub fn add_cluster(&mut self, spec: ClusterSpec) -> Result<ClusterId, GlobalError> {
         let rtt_ok = (0.0..=MAX_RTT_MS).contains(&spec.rtt_ms);
-        let weight_ok = spec.weight.is_finite() && spec.weight > 0.0;
+        let weight_ok = spec.weight > 0.0 && spec.weight <= MAX_CLUSTER_WEIGHT;
         if !(rtt_ok && weight_ok) {
             return Err(GlobalError::InvalidSpec(spec.name));
         }
@@ -421,7 +424,12 @@ impl GlobalRouter {
         request: &GlobalRequest<'_>,
         estimates: &[ClusterEstimate],
     ) -> ClusterId {
-        let key = request.session.unwrap_or(self.counter);
+        // Keys mixed from a step of the golden ratio: `mix64(0)` is 0, which put the first
+        // request without a session on the first cluster whatever the weights.
+        let key = request
+            .session
+            .unwrap_or(self.counter)
+            .wrapping_add(0x9E37_79B9_7F4A_7C15);
         let total: f64 = self.clusters.iter().map(|c| c.spec.weight).sum();
         let x = (mix64(key) >> 11) as f64 / (1u64 << 53) as f64 * total;
         let mut acc = 0.0;
@@ -479,6 +487,15 @@ impl GlobalRouter {
 
 /// The eligible estimate with the lowest `key` (lowest id on ties).
 fn pick_min(eligible: &[&ClusterEstimate], key: impl Fn(&ClusterEstimate) -> f64) -> ClusterId {
+    // A figure that is not a number ranks last: first in the list, it would never be beaten.
+    let key = |e: &ClusterEstimate| {
+        let v = key(e);
+        if v.is_nan() {
+            f64::INFINITY
+        } else {
+            v
+        }
+    };
     let mut best = eligible[0];
     for e in &eligible[1..] {
         if key(e) < key(best) {

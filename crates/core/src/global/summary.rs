@@ -32,6 +32,16 @@ pub const SUMMARY_FORMAT_VERSION: u16 = 2;
 const MAGIC: &[u8; 4] = b"KVRS";
 const HEADER_BYTES: usize = 140;
 const MAX_NAME_BYTES: usize = 255;
+/// The slowest decode a summary may state, ms a token (and per extra request): a minute. A
+/// larger figure is no engine's, and would overflow the estimates it enters.
+pub const MAX_STATED_DECODE_MS: f64 = 60_000.0;
+/// The fastest prefill a summary may state, tokens a second.
+pub const MAX_STATED_PREFILL_TOKENS_PER_S: f64 = 1e12;
+/// The largest encoded summary a decoder takes: the header, the longest name, the largest
+/// sketch ([`super::sketch`]: 2^20 blocks of `WORDS_PER_BLOCK` words) and the checksum. A reader
+/// of summaries over the network stops reading past it.
+pub const MAX_SUMMARY_BYTES: usize =
+    HEADER_BYTES + MAX_NAME_BYTES + (1 << super::sketch::MAX_LOG2_BLOCKS) * WORDS_PER_BLOCK * 8 + 8;
 
 /// A cluster's load as the global router weighs it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -230,13 +240,14 @@ impl ClusterSummary {
         if block_size == 0 {
             return Err(SummaryError::Invalid("block size is 0"));
         }
-        let speed_ok = |v: f64| v.is_finite() && v >= 0.0;
-        if !(speed_ok(load.prefill_tokens_per_s)
-            && speed_ok(load.decode_ms_per_token)
-            && speed_ok(load.decode_ms_per_token_per_seq))
+        let speed_ok = |v: f64, max: f64| v.is_finite() && (0.0..=max).contains(&v);
+        if !(speed_ok(load.prefill_tokens_per_s, MAX_STATED_PREFILL_TOKENS_PER_S)
+            && speed_ok(load.decode_ms_per_token, MAX_STATED_DECODE_MS)
+            && speed_ok(load.decode_ms_per_token_per_seq, MAX_STATED_DECODE_MS))
         {
             return Err(SummaryError::Invalid(
-                "speeds must be finite and non-negative",
+                "speeds must be non-negative and within bounds (decode ≤ 60,000 ms a token, \
+                 prefill ≤ 10^12 tokens/s)",
             ));
         }
         if u32::from(log2_blocks) > super::sketch::MAX_LOG2_BLOCKS {

@@ -29,7 +29,9 @@ mod sessions;
 
 use crate::state::AppState;
 use crate::{RunningServer, ServeConfig, StartError};
-use kvrouter_core::global::{ClusterSpec, GlobalConfig, GlobalRouter, MAX_RTT_MS};
+use kvrouter_core::global::{
+    ClusterSpec, GlobalConfig, GlobalRouter, MAX_CLUSTER_WEIGHT, MAX_RTT_MS,
+};
 use kvrouter_core::time::Time;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -79,6 +81,7 @@ impl ClusterTarget {
             rtt_ms: 0.0,
             weight: 1.0,
         };
+        let mut seen: Vec<&str> = Vec::new();
         for part in parts {
             let (key, value) = part
                 .split_once('=')
@@ -86,12 +89,17 @@ impl ClusterTarget {
             let v: f64 = value
                 .parse()
                 .map_err(|_| format!("{key}: {value:?} is not a number"))?;
+            if seen.contains(&key) {
+                return Err(format!("{key} given twice"));
+            }
+            seen.push(key);
             match key {
                 "rtt_ms" if (0.0..=MAX_RTT_MS).contains(&v) => target.rtt_ms = v,
-                "weight" if v.is_finite() && v > 0.0 => target.weight = v,
+                "weight" if v > 0.0 && v <= MAX_CLUSTER_WEIGHT => target.weight = v,
                 "rtt_ms" | "weight" => {
                     return Err(format!(
-                        "{key}: {v} out of range (rtt_ms in 0..={MAX_RTT_MS}, weight > 0)"
+                        "{key}: {v} out of range (rtt_ms in 0..={MAX_RTT_MS}, weight above 0 \
+                         and at most {MAX_CLUSTER_WEIGHT})"
                     ))
                 }
                 _ => return Err(format!("unknown key {key:?}: expected rtt_ms or weight")),

@@ -224,6 +224,7 @@ async fn handle(
         output_tokens_hint: routed.output_tokens_hint,
         model: routed.model.as_deref(),
     };
+    let idle = s.app.inner.config.stream_idle_timeout;
     let wait = if routed.stream {
         s.app.inner.config.upstream_first_byte_timeout
     } else {
@@ -284,7 +285,7 @@ async fn handle(
                     tail: Vec::new(),
                     output_tokens: None,
                 };
-                return Ok(respond(r, &cluster.name, Some(tap)));
+                return Ok(respond(r, &cluster.name, Some(tap), idle));
             }
             Ok(Ok(r)) => (FailKind::Status, Some(r)),
             Ok(Err(e)) => (FailKind::of(&e), None),
@@ -297,13 +298,35 @@ async fn handle(
     }
     match last_failure {
         // Every cluster failed: the last one's 5xx goes back as it was.
-        Some((Some(r), name)) => Ok(respond(r, &name, None)),
+        Some((Some(r), name)) => Ok(respond(r, &name, None, idle)),
         Some((None, name)) => Err(ServeError::Upstream(format!(
             "cluster {name} (the last one tried) did not answer"
         ))),
         None => {
             s.metrics.no_cluster();
             Err(ServeError::Unavailable(GlobalError::NoCluster.to_string()))
+        }
+    }
+}
+
+/// Why a cluster's answer ended before its end.
+#[derive(Debug)]
+enum Broke {
+    /// The connection failed.
+    Transfer(reqwest::Error),
+    /// Nothing came for this long.
+    Idle(std::time::Duration),
+}
+
+impl std::fmt::Display for Broke {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Broke::Transfer(e) => write!(f, "{e}"),
+            Broke::Idle(d) => write!(
+                f,
+                "nothing for {} s (--stream-idle-timeout-secs)",
+                d.as_secs_f64()
+            ),
         }
     }
 }
@@ -392,7 +415,15 @@ fn completion_tokens(bytes: &[u8]) -> Option<u64> {
 
 /// The cluster's answer as it came (status, headers, streamed body) plus the cluster header;
 /// `tap` watches the body for its usage.
-fn respond(r: reqwest::Response, cluster: &str, tap: Option<UsageTap>) -> Response {
+/// The cluster's answer as the client's: headers but hop-by-hop ones, `x-kvrouter-cluster`, and
+/// the body, which ends with an error (an SSE error event for a stream) when the cluster breaks
+/// it off or sends nothing for `idle` (`--stream-idle-timeout-secs`).
+fn respond(
+    r: reqwest::Response,
+    cluster: &str,
+    tap: Option<UsageTap>,
+    idle: Option<std::time::Duration>,
+) -> Response {
     let status = r.status();
     let mut headers = HeaderMap::new();
     for (name, value) in r.headers() {
@@ -408,7 +439,9 @@ fn respond(r: reqwest::Response, cluster: &str, tap: Option<UsageTap>) -> Respon
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     let cluster: Arc<str> = Arc::from(cluster);
-    let upstream = futures::StreamExt::boxed(r.bytes_stream());
+    let upstream = futures::StreamExt::boxed(futures::StreamExt::map(r.bytes_stream(), |c| {
+        c.map_err(Broke::Transfer)
+    }));
     let state = Forwarded {
         tail: Vec::new(),
         ended: false,
@@ -422,7 +455,15 @@ fn respond(r: reqwest::Response, cluster: &str, tap: Option<UsageTap>) -> Respon
                 if seen.ended {
                     return None;
                 }
-                match futures::StreamExt::next(&mut up).await? {
+                let next = futures::StreamExt::next(&mut up);
+                let next = match idle {
+                    Some(bound) => match tokio::time::timeout(bound, next).await {
+                        Ok(next) => next,
+                        Err(_) => Some(Err(Broke::Idle(bound))),
+                    },
+                    None => next.await,
+                };
+                match next? {
                     Ok(b) => {
                         if let Some(t) = tap.as_mut() {
                             t.feed(&b);
@@ -450,7 +491,7 @@ fn respond(r: reqwest::Response, cluster: &str, tap: Option<UsageTap>) -> Respon
                             )));
                             Ok(Bytes::from(out))
                         } else {
-                            Err(std::io::Error::other(e))
+                            Err(std::io::Error::other(e.to_string()))
                         };
                         Some((item, (up, tap, seen)))
                     }

@@ -1,7 +1,7 @@
 //! The clusters file (`kvrouter sim --clusters FILE`, TOML) and the global simulation's
 //! settings.
 
-use kvrouter_core::global::{GlobalConfig, GlobalPolicy, SketchConfig};
+use kvrouter_core::global::{GlobalConfig, GlobalPolicy, SketchConfig, MAX_CLUSTER_WEIGHT};
 use kvrouter_core::router::RouterConfig;
 use kvrouter_engine::EngineConfig;
 use serde::{Deserialize, Serialize};
@@ -200,12 +200,40 @@ impl ClustersFile {
                     "{at}: max_num_seqs and num_gpu_blocks must be at least 1"
                 ));
             }
-            if c.weight.is_some_and(|v| !pos(v)) {
-                return Err(format!("{at}: weight must be positive"));
+            if c.weight
+                .is_some_and(|v| !(v > 0.0 && v <= MAX_CLUSTER_WEIGHT))
+            {
+                return Err(format!(
+                    "{at}: weight must be above 0 and at most {MAX_CLUSTER_WEIGHT}"
+                ));
             }
+            // As `serve --cluster` takes them: names tell the report's rows apart.
+            let ok_name = |ch: char| ch.is_ascii_alphanumeric() || "_-.".contains(ch);
+            if c.name.is_empty() || c.name.len() > 64 || !c.name.chars().all(ok_name) {
+                return Err(format!(
+                    "{at}: name must be 1 to 64 letters, digits, `_`, `-` or `.`"
+                ));
+            }
+
             if self.clusters[..i].iter().any(|o| o.name == c.name) {
                 return Err(format!("{at}: duplicate name"));
             }
+        }
+        // A summary is taken fresh for max_summary_age_s after it arrives: a cluster refreshed
+        // less often goes stale between summaries (a scenario worth simulating), but with every
+        // cluster so, requests find none fresh most of the time and wait for one.
+        let age_ms = g.max_summary_age_s * 1e3;
+        if self
+            .clusters
+            .iter()
+            .all(|c| c.summary_refresh_ms.unwrap_or(g.summary_refresh_ms) >= age_ms)
+        {
+            return Err(format!(
+                "every cluster's summary_refresh_ms (default [global] summary_refresh_ms, {} ms) \
+                 is at least [global] max_summary_age_s ({} s): every cluster would go stale \
+                 between its summaries; refresh one more often or raise max_summary_age_s",
+                g.summary_refresh_ms, g.max_summary_age_s
+            ));
         }
         Ok(())
     }

@@ -34,6 +34,9 @@ enum Event {
     Done(usize),
 }
 
+/// How long a request waits for a fresh summary before the client gives up on it, seconds.
+const MAX_SUMMARY_WAIT_S: u64 = 86_400;
+
 /// A global simulation in progress.
 pub struct GlobalSimulation<'w> {
     config: GlobalSimConfig,
@@ -184,7 +187,8 @@ impl<'w> GlobalSimulation<'w> {
             model: None,
         };
         let rec = &mut self.records[i];
-        rec.arrival = Some(self.now);
+        // A retry keeps the first arrival: the wait for a fresh summary is the request's time.
+        let arrival = *rec.arrival.get_or_insert(self.now);
         match self.global.route(&request, self.now) {
             Ok(decision) => {
                 let d = decision.cluster.0 as usize;
@@ -196,7 +200,13 @@ impl<'w> GlobalSimulation<'w> {
                     .push(self.now + self.dcs[d].delay, Event::AtDc(i, d));
             }
             Err(_) => {
-                // No datacenter has a fresh summary: the client retries after a refresh.
+                // No datacenter has a fresh summary: the client retries after a refresh, for at
+                // most a day, then gives up (refused, as a router's queue bound refuses).
+                rec.summary_retries += 1;
+                if self.now.since(arrival) >= std::time::Duration::from_secs(MAX_SUMMARY_WAIT_S) {
+                    self.rejected(i);
+                    return;
+                }
                 let retry = ms(self.config.clusters.global.summary_refresh_ms);
                 self.queue.push(self.now + retry, Event::Arrive(i));
             }

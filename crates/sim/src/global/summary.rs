@@ -19,8 +19,11 @@ pub(super) struct GlobalRecord {
     pub(super) moved: bool,
     pub(super) first_token: Option<Time>,
     pub(super) finish: Option<Time>,
-    /// Its datacenter's router gave up on it (it waited past `--router-queue-max-wait-secs`).
+    /// Its datacenter's router gave up on it (it waited past `--router-queue-max-wait-secs`),
+    /// or the global router found no fresh summary for a day.
     pub(super) rejected: bool,
+    /// Times it was sent back for want of a fresh summary (each a refresh period's wait).
+    pub(super) summary_retries: u32,
     pub(super) cached_tokens: u64,
     pub(super) output_tokens: u64,
     /// The global router's estimate (from a possibly stale summary), blocks.
@@ -145,8 +148,12 @@ pub struct GlobalSummary {
     pub workload: String,
     /// Requests.
     pub requests: usize,
-    /// Requests a datacenter's router gave up on (left out of the latencies and hit rate).
+    /// Requests a datacenter's router gave up on, or that found no fresh summary for a day
+    /// (left out of the latencies and hit rate).
     pub rejected: usize,
+    /// Times requests were sent back for want of a fresh summary, each a refresh period's wait
+    /// (counted in their TTFT and E2E: a request's arrival is its first).
+    pub summary_retries: u64,
     /// Time to first token, ms.
     pub ttft_ms: Dist,
     /// End to end, ms.
@@ -311,6 +318,7 @@ impl GlobalSummary {
             workload: x.workload.name.clone(),
             requests: x.records.len(),
             rejected: x.records.iter().filter(|r| r.rejected).count(),
+            summary_retries: x.records.iter().map(|r| u64::from(r.summary_retries)).sum(),
             ttft_ms: dist(
                 done.iter()
                     .filter_map(|r| Some(r.first_token?.since(r.arrival?).as_secs_f64() * 1e3))

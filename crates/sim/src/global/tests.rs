@@ -171,6 +171,28 @@ fn bad_clusters_are_refused_naming_the_field() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("cluster"), "{err}");
+    // Weights whose sum is no number, names serve would refuse (the report's rows could not be
+    // told apart), and every cluster stale between its summaries.
+    let refused = |edit: &dyn Fn(&mut Vec<ClusterEntry>), needle: &str| {
+        let mut dcs = two_dcs();
+        edit(&mut dcs);
+        let err = GlobalSimulation::new(config(GlobalPolicy::StaticSplit, dcs), &w)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains(needle), "{needle}: {err}");
+    };
+    refused(&|d| d[0].weight = Some(1e308), "weight");
+    refused(&|d| d[0].name = String::new(), "name");
+    refused(&|d| d[1].name = "a ".into(), "name");
+    refused(
+        &|d| {
+            for c in d.iter_mut() {
+                c.summary_refresh_ms = Some(10_000.0);
+            }
+        },
+        "max_summary_age_s",
+    );
 }
 
 #[test]
