@@ -424,14 +424,15 @@ impl GlobalRouter {
         request: &GlobalRequest<'_>,
         estimates: &[ClusterEstimate],
     ) -> ClusterId {
-        // Keys mixed from a step of the golden ratio: `mix64(0)` is 0, which put the first
-        // request without a session on the first cluster whatever the weights.
-        let key = request
-            .session
-            .unwrap_or(self.counter)
-            .wrapping_add(0x9E37_79B9_7F4A_7C15);
+        // A request without a session is keyed by the router's count, a step of the golden
+        // ratio off it: `mix64(0)` is 0, which put every fresh router's first such request on
+        // the first cluster whatever the weights. Sessions keep their split.
+        let key = match request.session {
+            Some(s) => mix64(s),
+            None => mix64(self.counter.wrapping_add(0x9E37_79B9_7F4A_7C15)),
+        };
         let total: f64 = self.clusters.iter().map(|c| c.spec.weight).sum();
-        let x = (mix64(key) >> 11) as f64 / (1u64 << 53) as f64 * total;
+        let x = (key >> 11) as f64 / (1u64 << 53) as f64 * total;
         let mut acc = 0.0;
         let mut share = self.clusters.len() - 1;
         for (i, c) in self.clusters.iter().enumerate() {
