@@ -331,7 +331,7 @@ async fn a_stream_its_cluster_stops_sending_ends_after_the_idle_timeout() {
     let fast = local("fast", "20", &[]).await;
     let global = global_over(
         &[format!("fast={}", fast.http())],
-        &["--stream-idle-timeout-secs", "2"],
+        &["--stream-idle-timeout-secs", "1"],
     )
     .await;
     let http = reqwest::Client::new();
@@ -388,6 +388,82 @@ async fn a_stream_its_cluster_stops_sending_ends_after_the_idle_timeout() {
         1.0,
         "{m}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_its_cluster_moves_off_a_stalled_engine_is_not_cut_at_the_global_router() {
+    // A cluster of two separate mock engines whose router moves a stalled stream
+    // (--migration-limit), the global router run with the same idle bound.
+    let mut engines = Vec::new();
+    for _ in 0..2 {
+        engines.push(common::spawn(&["mock-engine", "--port", "0", "--speedup-ratio", "10"]).await);
+    }
+    let urls: Vec<String> = engines.iter().map(|e| e.http()).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let (cluster, dir) = common::serve_workers(
+        &urls,
+        "global-migrate",
+        &[
+            "--migration-limit",
+            "2",
+            "--stream-idle-timeout-secs",
+            "2",
+            "--admin-token",
+            TOKEN,
+            "--cluster-name",
+            "m",
+            "--cluster-summary-refresh-ms",
+            "100",
+        ],
+    )
+    .await;
+    let global = global_over(
+        &[format!("m={}", cluster.http())],
+        &["--stream-idle-timeout-secs", "2"],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let health = format!("{}/health", global.http());
+    common::poll(Duration::from_secs(20), || async {
+        let h: Value = match http.get(&health).send().await {
+            Ok(r) => r.json().await.unwrap_or(Value::Null),
+            Err(_) => Value::Null,
+        };
+        h["available_clusters"] == 1
+    })
+    .await
+    .expect("the cluster is available");
+    let mut r = http
+        .post(format!("{}/v1/completions", global.http()))
+        .json(
+            &json!({"model": "mock-model", "prompt": prompt(5, 0), "max_tokens": 3000,
+            "stream": true, "ignore_eos": true}),
+        )
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .expect("the global router answers");
+    assert_eq!(r.status(), 200);
+    let worker: usize = r.headers()["x-kvrouter-worker"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(r.chunk().await.unwrap().is_some());
+    engines[worker].signal("-STOP");
+    let mut rest = Vec::new();
+    while let Some(chunk) = r.chunk().await.expect("the stream ends cleanly") {
+        rest.extend_from_slice(&chunk);
+    }
+    engines[worker].signal("-CONT");
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(
+        rest.ends_with("data: [DONE]\n\n") && rest.contains("\"finish_reason\":\"length\""),
+        "{}",
+        &rest[rest.len().saturating_sub(400)..]
+    );
+    assert!(!rest.contains("broke off"), "cut at the global router");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A fake cluster router whose `/admin/cluster-summary` answers a body of `stated` bytes

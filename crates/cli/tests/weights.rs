@@ -566,7 +566,24 @@ async fn absurd_sizes_and_a_file_as_the_cache_are_refused_naming_the_flag() {
     let mine = dir.as_path().join("mine");
     std::fs::create_dir_all(&mine).unwrap();
     std::fs::write(mine.join("notes.txt"), "data").unwrap();
+    // A link to an empty directory: removing it would take the link and leave the target full.
+    let empty = dir.as_path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let link = dir.as_path().join("link");
+    std::os::unix::fs::symlink(&empty, &link).unwrap();
     for (args, needle) in [
+        (
+            vec![
+                "bench",
+                "--scratch",
+                p(&link),
+                "--size-mib",
+                "1",
+                "--sweep-mib",
+                "1",
+            ],
+            "give the directory itself",
+        ),
         (
             vec![
                 "bench",

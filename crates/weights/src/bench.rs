@@ -185,6 +185,7 @@ pub fn run(
     progress: &mut dyn FnMut(&str),
 ) -> Result<BenchReport> {
     crate::workdir::no_parent_steps("--scratch", scratch)?;
+    crate::workdir::refuse_link("--scratch", scratch)?;
     match std::fs::read_dir(scratch) {
         Ok(mut entries) => {
             if entries.next().is_some() {

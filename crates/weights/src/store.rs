@@ -235,15 +235,7 @@ impl Store {
             }
             e => transfer(format!("{rel}: {e}")),
         })?;
-        let mut file = if resume {
-            tokio::fs::OpenOptions::new()
-                .append(true)
-                .open(&partial)
-                .await
-        } else {
-            tokio::fs::File::create(&partial).await
-        }
-        .map_err(|e| WeightsError::io(&partial, e))?;
+        let mut file = open_partial(&partial, resume).await?;
         let mut stream = result.into_stream();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| transfer(format!("{rel}: {e}")))?;
@@ -363,6 +355,28 @@ impl Store {
 }
 
 /// `dest` + `.partial`.
+/// Opens a download's partial file, to append (`resume`) or afresh, never through a symbolic
+/// link: it lies in a work directory, where a link planted by someone else would have the
+/// download written over the file it names.
+pub(crate) async fn open_partial(partial: &Path, resume: bool) -> Result<tokio::fs::File> {
+    let mut o = tokio::fs::OpenOptions::new();
+    if resume {
+        o.append(true);
+    } else {
+        o.write(true).create(true).truncate(true);
+    }
+    o.custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
+    o.open(partial).await.map_err(|e| match e.raw_os_error() {
+        Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() => {
+            WeightsError::Invalid(format!(
+                "{}: a symbolic link (not written through)",
+                partial.display()
+            ))
+        }
+        _ => WeightsError::io(partial, e),
+    })
+}
+
 pub(crate) fn partial_path(dest: &Path) -> PathBuf {
     let mut s = dest.as_os_str().to_owned();
     s.push(".partial");

@@ -369,16 +369,10 @@ async fn download(client: &PeerClient, url: &str, dest: &Path, size: u64) -> Res
         .map_err(|e| WeightsError::Transfer(format!("{url}: {e}")))?;
     let status = response.status();
     let mut file = match status.as_u16() {
-        206 => {
-            tokio::fs::OpenOptions::new()
-                .append(true)
-                .open(&partial)
-                .await
-        }
-        200 => tokio::fs::File::create(&partial).await,
+        206 => store::open_partial(&partial, true).await?,
+        200 => store::open_partial(&partial, false).await?,
         _ => return Err(WeightsError::Transfer(format!("{url} answered {status}"))),
-    }
-    .map_err(|e| WeightsError::io(&partial, e))?;
+    };
     let mut n = 0;
     // What the file holds before this answer's bytes: a peer that sends past the marker's size
     // is cut off (an endless body would fill the disk; the rest is refused by the digests).

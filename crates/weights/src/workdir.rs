@@ -19,21 +19,37 @@ pub const WORK_LOCK: &str = ".kvrouter-pull-work.lock";
 /// not there yet, appended as given), so two spellings of one place compare equal. Paths with a
 /// `..` component are refused before this is asked ([`no_parent_steps`]).
 fn resolved(path: &Path) -> PathBuf {
-    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    let mut head = absolute.as_path();
-    let mut tail = Vec::new();
-    loop {
-        if let Ok(real) = head.canonicalize() {
-            return tail.iter().rev().fold(real, |p, part| p.join(part));
-        }
-        match (head.parent(), head.file_name()) {
-            (Some(parent), Some(name)) => {
-                tail.push(name.to_owned());
-                head = parent;
+    let mut absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    // Links followed by hand (one that names nothing yet cannot be canonicalized), at most as
+    // many as the kernel follows.
+    for _ in 0..40 {
+        let mut head = absolute.as_path();
+        let mut tail = Vec::new();
+        let dangling = loop {
+            if let Ok(real) = head.canonicalize() {
+                return tail.iter().rev().fold(real, |p, part| p.join(part));
             }
-            _ => return absolute,
-        }
+            if head.symlink_metadata().is_ok_and(|m| m.is_symlink()) {
+                break head;
+            }
+            match (head.parent(), head.file_name()) {
+                (Some(parent), Some(name)) => {
+                    tail.push(name.to_owned());
+                    head = parent;
+                }
+                _ => return absolute,
+            }
+        };
+        let Ok(target) = std::fs::read_link(dangling) else {
+            return absolute;
+        };
+        let base = dangling.parent().unwrap_or(Path::new("/"));
+        absolute = tail
+            .iter()
+            .rev()
+            .fold(base.join(target), |p, part| p.join(part));
     }
+    absolute
 }
 
 /// Whether `inner` is `outer` or lies inside it (symbolic links resolved as far as the paths exist).
@@ -92,15 +108,33 @@ impl WorkLock {
     }
 }
 
+/// Opens `path` to write, never through a symbolic link (one planted in a work directory would
+/// have the write land on the file it names).
+fn open_no_follow(path: &Path, truncate: bool) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(truncate)
+        .write(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() => WeightsError::Invalid(
+                format!("{}: a symbolic link (not written through)", path.display()),
+            ),
+            _ => WeightsError::io(path, e),
+        })
+}
+
+/// Writes the (empty) mark in `work`.
+fn mark(work: &Path) -> Result<()> {
+    open_no_follow(&work.join(WORK_MARK), true).map(drop)
+}
+
 /// Opens and locks (without waiting) `work`'s lock file: `None` when another process holds it.
 fn lock(work: &Path) -> Result<Option<std::fs::File>> {
     let path = work.join(WORK_LOCK);
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| WeightsError::io(&path, e))?;
+    let file = open_no_follow(&path, false)?;
     match flock(&file, FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => Ok(Some(file)),
         Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(None),
@@ -113,6 +147,7 @@ fn lock(work: &Path) -> Result<Option<std::fs::File>> {
 /// holds.
 pub fn claim(work: &Path) -> Result<WorkLock> {
     no_parent_steps("--work", work)?;
+    refuse_link("--work", work)?;
     let created = check_claimable(work)?;
     let Some(file) = lock(work)? else {
         return Err(WeightsError::Invalid(format!(
@@ -121,8 +156,7 @@ pub fn claim(work: &Path) -> Result<WorkLock> {
             work.display()
         )));
     };
-    let mark = work.join(WORK_MARK);
-    std::fs::write(&mark, b"").map_err(|e| WeightsError::io(&mark, e))?;
+    mark(work)?;
     Ok(WorkLock {
         _lock: file,
         created,
@@ -133,7 +167,11 @@ pub fn claim(work: &Path) -> Result<WorkLock> {
 fn check_claimable(work: &Path) -> Result<bool> {
     match std::fs::read_dir(work) {
         Ok(entries) => {
-            let marked = work.join(WORK_MARK).is_file();
+            // The mark itself, not a link named like it.
+            let marked = work
+                .join(WORK_MARK)
+                .symlink_metadata()
+                .is_ok_and(|m| m.is_file());
             let foreign = entries
                 .filter_map(|e| e.ok())
                 .any(|e| e.file_name() != WORK_LOCK && e.file_name() != WORK_MARK);
@@ -161,14 +199,30 @@ fn check_claimable(work: &Path) -> Result<bool> {
 /// write, such as a weight source's cache's `.work`.
 pub(crate) fn adopt(work: &Path) -> Result<()> {
     std::fs::create_dir_all(work).map_err(|e| WeightsError::io(work, e))?;
-    let mark = work.join(WORK_MARK);
-    std::fs::write(&mark, b"").map_err(|e| WeightsError::io(&mark, e))
+    mark(work)
+}
+
+/// Refuses a directory to be removed later (`flag`'s `path`) that is a symbolic link: removing
+/// it would take the link and leave what it names full.
+pub(crate) fn refuse_link(flag: &str, path: &Path) -> Result<()> {
+    if path.symlink_metadata().is_ok_and(|m| m.is_symlink()) {
+        return Err(WeightsError::Invalid(format!(
+            "{flag} {}: a symbolic link; give the directory itself (it is removed after use)",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Removes a pull's work directory after its success, holding its lock while it does: one
 /// without the mark (not a pull's), or that another pull holds, stays.
 pub fn release(work: &Path) {
-    if !work.join(WORK_MARK).is_file() {
+    let marked = work
+        .join(WORK_MARK)
+        .symlink_metadata()
+        .is_ok_and(|m| m.is_file());
+    let linked = work.symlink_metadata().is_ok_and(|m| m.is_symlink());
+    if !marked || linked {
         return;
     }
     match lock(work) {
@@ -264,5 +318,12 @@ mod tests {
         std::os::unix::fs::symlink(p("have"), p("link")).unwrap();
         let e = check_apart(&p("link"), &others).unwrap_err().to_string();
         assert!(e.contains("holds --have"), "{e}");
+        // A link to a directory not made yet: `--out wl/o` lies in `--work W` once W exists.
+        std::os::unix::fs::symlink(p("W"), p("wl")).unwrap();
+        let out = p("wl/o");
+        let e = check_apart(&p("W"), &[("--out", out.as_path())])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("holds --out"), "{e}");
     }
 }

@@ -252,3 +252,64 @@ async fn a_pull_into_a_held_work_directory_is_refused_and_leaves_it_alone() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_in_or_as_the_work_directory_are_never_written_through_nor_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let store = store_with_two_versions(root).await;
+    let victim = root.join("victim.log");
+    std::fs::write(&victim, b"the user's log").unwrap();
+    let intact = || std::fs::read(&victim).unwrap() == b"the user's log";
+
+    // A download's partial file planted as a link to the user's file.
+    let work = root.join("w1");
+    std::fs::create_dir_all(work.join("base-v0")).unwrap();
+    std::fs::write(work.join(kvrouter_weights::workdir::WORK_MARK), b"").unwrap();
+    let shard = "model-00001-of-00002.safetensors.partial";
+    std::os::unix::fs::symlink(&victim, work.join("base-v0").join(shard)).unwrap();
+    let err = pull(&store, Some(1), &root.join("o1"), None, &work, 1)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    assert!(intact());
+
+    // The mark planted as a link to it.
+    let work = root.join("w2");
+    std::fs::create_dir_all(&work).unwrap();
+    std::os::unix::fs::symlink(&victim, work.join(kvrouter_weights::workdir::WORK_MARK)).unwrap();
+    let err = pull(&store, Some(1), &root.join("o2"), None, &work, 1)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    assert!(intact());
+
+    // The work directory itself a link: refused (removing it would take the link alone).
+    let target = root.join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    std::os::unix::fs::symlink(&target, root.join("wl")).unwrap();
+    let err = pull(&store, Some(1), &root.join("o3"), None, &root.join("wl"), 1)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("give the directory itself"),
+        "{err}"
+    );
+    assert!(root.join("wl").exists() && std::fs::read_dir(&target).unwrap().count() == 0);
+
+    // An output reached through a link to the work directory, not made yet: refused before
+    // anything is written (a success removed the output with the work directory).
+    std::os::unix::fs::symlink(root.join("W"), root.join("to-w")).unwrap();
+    let err = pull(
+        &store,
+        Some(1),
+        &root.join("to-w/o"),
+        None,
+        &root.join("W"),
+        1,
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("holds --out"), "{err}");
+    assert!(!root.join("W").exists());
+}

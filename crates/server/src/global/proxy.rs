@@ -224,7 +224,9 @@ async fn handle(
         output_tokens_hint: routed.output_tokens_hint,
         model: routed.model.as_deref(),
     };
-    let idle = s.app.inner.config.stream_idle_timeout;
+    // Twice the local tier's bound: a cluster run with the same setting ends or moves a stalled
+    // stream (`--migration-limit`) first, and a stream it is moving must not be cut here.
+    let idle = s.app.inner.config.stream_idle_timeout.map(|d| d * 2);
     let wait = if routed.stream {
         s.app.inner.config.upstream_first_byte_timeout
     } else {
@@ -324,7 +326,7 @@ impl std::fmt::Display for Broke {
             Broke::Transfer(e) => write!(f, "{e}"),
             Broke::Idle(d) => write!(
                 f,
-                "nothing for {} s (--stream-idle-timeout-secs)",
+                "nothing for {} s (twice --stream-idle-timeout-secs)",
                 d.as_secs_f64()
             ),
         }
@@ -349,10 +351,12 @@ struct UsageTap {
 }
 
 impl UsageTap {
-    /// The cluster broke off the body: counted, and the cluster marked down.
-    fn broken(&self) {
+    /// The cluster broke off the body: counted, and the cluster marked down if `down`.
+    fn broken(&self, down: bool) {
         self.state.metrics.failed(self.cluster, FailKind::Broken);
-        let _ = self.state.lock().set_up(self.cluster, false);
+        if down {
+            let _ = self.state.lock().set_up(self.cluster, false);
+        }
     }
 
     fn feed(&mut self, chunk: &[u8]) {
@@ -475,9 +479,12 @@ fn respond(
                     // no failure of this request.
                     Err(_) if sse && seen.done() => None,
                     Err(e) => {
-                        tracing::warn!(cluster = %cluster, error = %e, "cluster broke off a response; marked down");
+                        // Silence is not a failure of the cluster's router (its poller says
+                        // whether that answers): counted, not marked down.
+                        let silent = matches!(e, Broke::Idle(_));
+                        tracing::warn!(cluster = %cluster, error = %e, silent, "cluster broke off a response");
                         if let Some(t) = &tap {
-                            t.broken();
+                            t.broken(!silent);
                         }
                         seen.ended = true;
                         let item = if sse {
