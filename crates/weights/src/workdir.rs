@@ -156,11 +156,51 @@ pub fn claim(work: &Path) -> Result<WorkLock> {
             work.display()
         )));
     };
+    // What an earlier pull left is ours to resume, unless something in it was planted: a link
+    // (a download would be written where it points) or a file with other hard links (it would
+    // be truncated or appended to).
+    check_contents(work, 0)?;
     mark(work)?;
     Ok(WorkLock {
         _lock: file,
         created,
     })
+}
+
+/// Refuses a work directory holding a symbolic link or a file with other hard links, at any
+/// depth (a pull's own entries are neither).
+fn check_contents(dir: &Path, depth: usize) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    if depth > crate::layout::MAX_DEPTH + 2 {
+        return Err(WeightsError::Invalid(format!(
+            "{}: nested deeper than any pull's work directory",
+            dir.display()
+        )));
+    }
+    for entry in std::fs::read_dir(dir).map_err(|e| WeightsError::io(dir, e))? {
+        let entry = entry.map_err(|e| WeightsError::io(dir, e))?;
+        let path = entry.path();
+        let meta = path
+            .symlink_metadata()
+            .map_err(|e| WeightsError::io(&path, e))?;
+        if meta.is_symlink() {
+            return Err(WeightsError::Invalid(format!(
+                "{}: a symbolic link in the work directory (a pull never makes one; remove it)",
+                path.display()
+            )));
+        }
+        if meta.is_file() && meta.nlink() > 1 {
+            return Err(WeightsError::Invalid(format!(
+                "{}: a file with other hard links in the work directory (a pull never makes \
+                 one; remove it)",
+                path.display()
+            )));
+        }
+        if meta.is_dir() {
+            check_contents(&path, depth + 1)?;
+        }
+    }
+    Ok(())
 }
 
 /// [`claim`]'s checks and creation, before the lock and the mark: whether it created `work`.
@@ -198,6 +238,7 @@ fn check_claimable(work: &Path) -> Result<bool> {
 /// Marks `work` (created if missing) as a pull's whatever it holds: for a directory only pulls
 /// write, such as a weight source's cache's `.work`.
 pub(crate) fn adopt(work: &Path) -> Result<()> {
+    refuse_link("--work", work)?;
     std::fs::create_dir_all(work).map_err(|e| WeightsError::io(work, e))?;
     mark(work)
 }
@@ -294,6 +335,17 @@ mod tests {
             .to_string();
         assert!(e.contains("without `..`"), "{e}");
         assert!(!t.path().join("missing").exists() && t.path().join("data/notes.txt").exists());
+    }
+
+    #[test]
+    fn a_caches_work_directory_that_is_a_link_is_refused_before_anything_is_marked() {
+        let t = tempfile::tempdir().unwrap();
+        let user = t.path().join("user");
+        std::fs::create_dir(&user).unwrap();
+        std::os::unix::fs::symlink(&user, t.path().join(".work")).unwrap();
+        let e = adopt(&t.path().join(".work")).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::read_dir(&user).unwrap().count(), 0);
     }
 
     #[test]

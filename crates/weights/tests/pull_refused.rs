@@ -274,6 +274,39 @@ async fn links_in_or_as_the_work_directory_are_never_written_through_nor_removed
     assert!(err.to_string().contains("symbolic link"), "{err}");
     assert!(intact());
 
+    // A directory the pull writes into planted as a link to the user's directory.
+    let user = root.join("user");
+    std::fs::create_dir_all(&user).unwrap();
+    std::fs::write(
+        user.join("model-00001-of-00002.safetensors"),
+        b"the user's model",
+    )
+    .unwrap();
+    let work = root.join("w4");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join(kvrouter_weights::workdir::WORK_MARK), b"").unwrap();
+    std::os::unix::fs::symlink(&user, work.join("base-v0")).unwrap();
+    let err = pull(&store, Some(1), &root.join("o4"), None, &work, 1)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    assert_eq!(
+        std::fs::read(user.join("model-00001-of-00002.safetensors")).unwrap(),
+        b"the user's model"
+    );
+    assert_eq!(std::fs::read_dir(&user).unwrap().count(), 1);
+
+    // A partial planted as a hard link to the user's file.
+    let work = root.join("w5");
+    std::fs::create_dir_all(work.join("base-v0")).unwrap();
+    std::fs::write(work.join(kvrouter_weights::workdir::WORK_MARK), b"").unwrap();
+    std::fs::hard_link(&victim, work.join("base-v0").join(shard)).unwrap();
+    let err = pull(&store, Some(1), &root.join("o5"), None, &work, 1)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("hard links"), "{err}");
+    assert!(intact());
+
     // The mark planted as a link to it.
     let work = root.join("w2");
     std::fs::create_dir_all(&work).unwrap();
