@@ -162,6 +162,12 @@ fn router_headers(given: &[String]) -> anyhow::Result<reqwest::header::HeaderMap
             .with_context(|| format!("--header {h:?}: expected NAME: VALUE"))?;
         let name = reqwest::header::HeaderName::from_bytes(name.trim().as_bytes())
             .with_context(|| format!("--header {h:?}: not a header name"))?;
+        // The request's framing is the client's: a given length or encoding would contradict
+        // the body it sends, and the host is the URL's.
+        use reqwest::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+        if [CONTENT_LENGTH, TRANSFER_ENCODING, HOST, CONNECTION].contains(&name) {
+            bail!("--header {h:?}: {name} is set by the request itself");
+        }
         let value = reqwest::header::HeaderValue::from_str(value.trim())
             .with_context(|| format!("--header {h:?}: not a header value"))?;
         out.append(name, value);

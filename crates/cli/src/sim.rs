@@ -10,6 +10,9 @@ use kvrouter_sim::summary::FleetBaseline;
 use kvrouter_sim::{SimConfig, Simulation, Summary};
 use kvrouter_workload::Workload;
 use std::io::Write;
+
+/// The most router replicas `--router-replicas` simulates (each holds a whole routing core).
+const MAX_ROUTER_REPLICAS: usize = 64;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -76,12 +79,12 @@ pub(crate) struct SimArgs {
     /// Times a request on a dead worker may be continued elsewhere (0 = it fails).
     #[arg(long, default_value_t = 0, conflicts_with = "clusters")]
     migration_limit: u32,
-    /// Router replicas; requests are spread over them round-robin, each reads every engine's
-    /// KV events, and replica 0 drives weight updates.
+    /// Router replicas (1 to 64); requests are spread over them round-robin, each reads every
+    /// engine's KV events, and replica 0 drives weight updates.
     #[arg(long, default_value_t = 1, conflicts_with = "clusters")]
     router_replicas: usize,
     /// Time before a replica sees the others' events (load, placements, sessions, groups,
-    /// versions, update holds), ms.
+    /// versions, update holds), ms (at most an hour).
     #[arg(long, default_value_t = 0.0, conflicts_with = "clusters")]
     replica_sync_delay_ms: f64,
     /// Replicas do not share events (what unsynchronised replicas lose).
@@ -327,8 +330,8 @@ impl SimArgs {
                 );
             }
         }
-        if self.router_replicas == 0 {
-            bail!("--router-replicas must be at least 1");
+        if self.router_replicas == 0 || self.router_replicas > MAX_ROUTER_REPLICAS {
+            bail!("--router-replicas must be from 1 to {MAX_ROUTER_REPLICAS}");
         }
         if let Some(d) = self.duration_s {
             if !(d.is_finite() && d > 0.0 && d <= MAX_TIME_MS / 1000.0) {
@@ -344,8 +347,10 @@ impl SimArgs {
                  (beyond, a long prompt's ingress passes the simulator's clock)"
             );
         }
-        if !(self.replica_sync_delay_ms.is_finite() && self.replica_sync_delay_ms >= 0.0) {
-            bail!("--replica-sync-delay-ms must be a non-negative number");
+        if !(self.replica_sync_delay_ms.is_finite()
+            && (0.0..=3_600_000.0).contains(&self.replica_sync_delay_ms))
+        {
+            bail!("--replica-sync-delay-ms must be from 0 to 3600000");
         }
         let Some(list) = &self.compare else {
             return Ok(vec![base]);

@@ -530,6 +530,21 @@ async fn headers_reach_the_router_on_picks_and_reports() {
         !output.status.success() && err.contains("--header"),
         "{err}"
     );
+    // The request's own framing is not the user's to set (a given length cut every body).
+    const FRAMING: [&[&str]; 3] = [
+        &["--header", "Content-Length: 5"],
+        &["--header", "transfer-encoding: chunked"],
+        &["--header", "Host: evil"],
+    ];
+    for args in FRAMING {
+        let framing = args[1];
+        let (output, _) = run(args).await;
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && err.contains("is set by the request itself"),
+            "{framing}: {err}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&out);
 }
 

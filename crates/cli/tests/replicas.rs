@@ -758,7 +758,10 @@ async fn bad_replica_flags_are_a_clear_error_naming_the_flag() {
     }
     for (flag, value) in [
         ("--router-replicas", "0"),
+        // Each replica is a whole routing core: 16,000 took 15 GB.
+        ("--router-replicas", "65"),
         ("--replica-sync-delay-ms", "-1"),
+        ("--replica-sync-delay-ms", "1e300"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_kvrouter"))
             .args(["sim", "--workload", "grpo", "--quiet"])

@@ -95,3 +95,28 @@ fn the_planner_runs_the_whole_workload() {
     let e = Simulation::new(config, &w).err().expect("refused");
     assert!(e.to_string().contains("--duration-s"), "{e}");
 }
+
+#[test]
+fn the_makespan_ends_with_the_last_request_not_with_events_still_in_flight() {
+    let w = agentic(&AgenticParams {
+        sessions: 4,
+        seed: 5,
+        ..AgenticParams::default()
+    });
+    let run = |delay_ms: f64| {
+        let config = SimConfig {
+            kv_event_delay_ms: delay_ms,
+            ..SimConfig::default()
+        };
+        Simulation::new(config, &w).unwrap().run().unwrap()
+    };
+    let (prompt, late) = (run(0.0), run(3_600_000.0));
+    // An hour's KV-event delay changes placements at most; it adds no hour to the run.
+    assert!(
+        late.makespan_s < prompt.makespan_s * 2.0 + 60.0,
+        "{} against {}",
+        late.makespan_s,
+        prompt.makespan_s
+    );
+    assert!(late.output_tokens_per_s > 0.0);
+}

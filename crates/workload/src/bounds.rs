@@ -142,6 +142,14 @@ impl Seed001Params {
     pub fn validate(&self) -> Result<(), String> {
         count("requests", self.requests, 1, MAX_REQUESTS as u32)?;
         positive("rate_per_s", self.rate_per_s, 1e6)?;
+        // Arrivals past a year (the trace readers' bound) saturate the clock: every request
+        // then lands at one instant.
+        if f64::from(self.requests) / self.rate_per_s > 365.0 * 86_400.0 {
+            return Err(format!(
+                "rate_per_s {}: {} requests would arrive over more than a year",
+                self.rate_per_s, self.requests
+            ));
+        }
         non_negative("shared_fraction", self.shared_fraction, 1.0)?;
         count("shared_tokens", self.shared_tokens, 0, MAX_TOKENS)?;
         count("question_tokens", self.question_tokens, 0, MAX_TOKENS)?;
@@ -188,5 +196,18 @@ mod tests {
         assert!(non_negative("x", 0.0, 1.0).is_ok());
         assert!(positive("x", 0.0, 1.0).is_err());
         assert!(requests("steps × prompts", u64::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn seed001_arrivals_stay_within_a_year() {
+        let p = |rate_per_s: f64, requests: u32| Seed001Params {
+            rate_per_s,
+            requests,
+            ..Seed001Params::default()
+        };
+        assert!(p(1.0, 100).validate().is_ok());
+        let e = p(1e-300, 5).validate().unwrap_err();
+        assert!(e.contains("rate_per_s") && e.contains("a year"), "{e}");
+        assert!(p(1e-6, 100).validate().is_err());
     }
 }

@@ -70,11 +70,9 @@ impl<'w> Replay<'w> {
             r.backlog = (0..n)
                 .filter(|i| workload.requests[*i].after.is_none())
                 .collect();
-            for _ in 0..c.max(1) {
-                if let Some(i) = r.backlog.pop_front() {
-                    start.push((Time::ZERO, i));
-                }
-            }
+            // At most the backlog: a huge --concurrency spun here long after it was empty.
+            let first = c.max(1).min(r.backlog.len());
+            start.extend(r.backlog.drain(..first).map(|i| (Time::ZERO, i)));
         } else if let (Some(barrier), false) = (workload.barrier, r.steps.is_empty()) {
             // Steps 0..=staleness start at once; each finished step releases the one
             // `staleness + 1` after it.
@@ -147,7 +145,11 @@ impl<'w> Replay<'w> {
                         .map_or(Duration::ZERO, |a| now.since(*a));
                     let at = now + barrier.gap_after(span);
                     let ahead = barrier.staleness as usize;
-                    let next = self.steps.range(step + 1..).nth(ahead).map(|(k, _)| *k);
+                    // The last step (u32::MAX) has none after it: `step + 1` wrapped to 0
+                    // and released the same step again, without end.
+                    let next = step
+                        .checked_add(1)
+                        .and_then(|after| self.steps.range(after..).nth(ahead).map(|(k, _)| *k));
                     match next {
                         Some(next) => self.release(next, at, &mut out.start),
                         None if barrier.has_train_phase() => {
@@ -235,6 +237,31 @@ mod tests {
             r.finished(0, Time::from_millis(9), false),
             Released::default()
         );
+    }
+
+    #[test]
+    fn a_concurrency_past_the_requests_starts_each_once_at_once() {
+        let w = workload(vec![req(), req()], None);
+        let (_, start) = Replay::new(&w, Some(usize::MAX), 1.0);
+        assert_eq!(start, vec![(Time::ZERO, 0), (Time::ZERO, 1)]);
+    }
+
+    #[test]
+    fn the_last_possible_step_ends_the_run_instead_of_starting_again() {
+        let mut only = req();
+        only.arrival_ms = None;
+        only.step = Some(u32::MAX);
+        let w = workload(
+            vec![only],
+            Some(Barrier {
+                pause_ms: 0.0,
+                staleness: 0,
+                rollout_share: None,
+            }),
+        );
+        let (mut r, start) = Replay::new(&w, None, 1.0);
+        assert_eq!(start, vec![(Time::ZERO, 0)]);
+        assert!(r.finished(0, Time::from_millis(5), false).start.is_empty());
     }
 
     /// The sheet's §8: train phase = rollout span × (1 − r) / r, then the pause; the run's

@@ -7,8 +7,17 @@ use kvrouter_core::time::Time;
 impl Simulation<'_> {
     /// When the run ends: the last step's train phase and pause when the workload has a train
     /// phase (whole RL steps), else now.
+    /// The workload's end: its RL steps', else its last request's (KV events and replica
+    /// messages still in flight after it are bookkeeping: counted, a long --kv-event-delay-ms
+    /// made the makespan and throughput its own), else the last event's when none finished.
     pub(super) fn end(&self) -> Time {
-        self.replay.steps_end().unwrap_or(self.now)
+        self.replay.steps_end().unwrap_or_else(|| {
+            self.records
+                .iter()
+                .filter_map(|r| r.finish)
+                .max()
+                .unwrap_or(self.now)
+        })
     }
 
     pub(super) fn summary(&self) -> Summary {
