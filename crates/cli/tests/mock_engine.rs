@@ -261,6 +261,23 @@ async fn bad_requests_get_openai_errors_and_disconnects_free_the_engine() {
     assert_eq!(r.status().as_u16(), 400);
     let body: Value = r.json().await.unwrap();
     assert!(body["error"]["message"].as_str().unwrap().contains("JSON"));
+    // A body past the bound (64 MiB): an OpenAI error too, not axum's plain text.
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .header("content-type", "application/json")
+        .body(vec![b' '; (64 << 20) + 1])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("too large"),
+        "{body}"
+    );
     let models: Value = client
         .get(format!("{base}/v1/models"))
         .send()

@@ -64,6 +64,16 @@ impl ApiError {
         }
     }
 
+    /// A body past the engine's bound.
+    pub(crate) fn too_large(limit: usize) -> Self {
+        Self {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("request body too large (at most {limit} bytes)"),
+            kind: "invalid_request_error",
+            param: None,
+        }
+    }
+
     /// The engine failed.
     pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self {
