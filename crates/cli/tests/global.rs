@@ -65,6 +65,20 @@ async fn global_over(clusters: &[String], extra: &[&str]) -> Proc {
     common::spawn_with_env(&args, &[("KVROUTER_CLUSTER_TOKEN", TOKEN)]).await
 }
 
+/// Waits (bounded) until `global` has a summary of `n` clusters.
+async fn until_available(http: &reqwest::Client, global: &Proc, n: u64) {
+    let health = format!("{}/health", global.http());
+    common::poll(Duration::from_secs(20), || async {
+        let h: Value = match http.get(&health).send().await {
+            Ok(r) => r.json().await.unwrap_or(Value::Null),
+            Err(_) => Value::Null,
+        };
+        h["available_clusters"] == n
+    })
+    .await
+    .expect("the clusters are available");
+}
+
 /// Two clusters (their routers started with `local_args` too) and a dead one.
 async fn setup_with(local_args: &[&str]) -> Setup {
     let fast = local("fast", "20", local_args).await;
@@ -335,16 +349,7 @@ async fn a_stream_its_cluster_stops_sending_ends_after_the_idle_timeout() {
     )
     .await;
     let http = reqwest::Client::new();
-    let health = format!("{}/health", global.http());
-    common::poll(Duration::from_secs(20), || async {
-        let h: Value = match http.get(&health).send().await {
-            Ok(r) => r.json().await.unwrap_or(Value::Null),
-            Err(_) => Value::Null,
-        };
-        h["available_clusters"] == 1
-    })
-    .await
-    .expect("the cluster is available");
+    until_available(&http, &global, 1).await;
     let mut r = http
         .post(format!("{}/v1/completions", global.http()))
         .json(
@@ -423,16 +428,7 @@ async fn a_stream_its_cluster_moves_off_a_stalled_engine_is_not_cut_at_the_globa
     )
     .await;
     let http = reqwest::Client::new();
-    let health = format!("{}/health", global.http());
-    common::poll(Duration::from_secs(20), || async {
-        let h: Value = match http.get(&health).send().await {
-            Ok(r) => r.json().await.unwrap_or(Value::Null),
-            Err(_) => Value::Null,
-        };
-        h["available_clusters"] == 1
-    })
-    .await
-    .expect("the cluster is available");
+    until_available(&http, &global, 1).await;
     let mut r = http
         .post(format!("{}/v1/completions", global.http()))
         .json(

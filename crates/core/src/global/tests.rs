@@ -323,26 +323,32 @@ fn sessions_stay_home_unless_another_cluster_is_clearly_cheaper() {
     assert_eq!(router.route(&req, later), Err(GlobalError::NoCluster));
 }
 
-#[test]
-fn static_split_keeps_sessions_and_follows_weights() {
-    let config = GlobalConfig {
-        policy: GlobalPolicy::StaticSplit,
-        ..GlobalConfig::default()
-    };
+/// A router of one-worker clusters with these static-split weights, each with a summary at `t`.
+fn weighted(config: GlobalConfig, clusters: &[(&str, f64)], t: Time) -> GlobalRouter {
     let mut router = GlobalRouter::new(config, 16).unwrap();
-    let t = Time::from_secs_f64(1.0);
-    for (name, w) in [("a", 3.0), ("b", 1.0)] {
+    for &(name, weight) in clusters {
         let id = router
             .add_cluster(ClusterSpec {
                 name: name.into(),
                 rtt_ms: 0.0,
-                weight: w,
+                weight,
             })
             .unwrap();
         router
             .update_summary(id, summary(name, &[], 0, 1), t)
             .unwrap();
     }
+    router
+}
+
+#[test]
+fn static_split_keeps_sessions_and_follows_weights() {
+    let config = GlobalConfig {
+        policy: GlobalPolicy::StaticSplit,
+        ..GlobalConfig::default()
+    };
+    let t = Time::from_secs_f64(1.0);
+    let mut router = weighted(config, &[("a", 3.0), ("b", 1.0)], t);
     let p = chain(1, 4);
     let mut counts = [0usize; 2];
     for s in 0..4000u64 {
@@ -541,19 +547,7 @@ fn static_split_sends_unkeyed_requests_by_weight_from_the_first() {
     let p = chain(1, 4);
     // A tiny first share: the first request without a session is not sent there (mix64(0) is
     // 0, which every fresh router sent to the first cluster).
-    let mut router = GlobalRouter::new(config, 16).unwrap();
-    for (name, w) in [("a", 0.001), ("b", 1000.0)] {
-        let id = router
-            .add_cluster(ClusterSpec {
-                name: name.into(),
-                rtt_ms: 0.0,
-                weight: w,
-            })
-            .unwrap();
-        router
-            .update_summary(id, summary(name, &[], 0, 1), t)
-            .unwrap();
-    }
+    let mut router = weighted(config, &[("a", 0.001), ("b", 1000.0)], t);
     let req = GlobalRequest {
         session: None,
         blocks: &p,
