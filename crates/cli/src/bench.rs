@@ -258,6 +258,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let headers = router_headers(&args.headers)?;
     crate::outputs::check_dir(&args.out, "--out")?;
     if let Some(p) = &args.perfetto {
+        crate::outputs::check_not_out(p, &args.out)?;
         crate::outputs::check_file(p, "--perfetto")?;
     }
     let client = reqwest::Client::builder()

@@ -53,6 +53,19 @@ pub(crate) fn check_file(file: &Path, flag: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A `--perfetto` file that is the `--out` directory's own path: written first, it left no
+/// room for the directory, and the run failed at its end.
+pub(crate) fn check_not_out(file: &Path, out: &Path) -> anyhow::Result<()> {
+    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    if abs(file) == abs(out) {
+        anyhow::bail!(
+            "--perfetto {}: the --out directory's own path (give a file beside or inside it)",
+            file.display()
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,6 +83,10 @@ mod tests {
         assert!(e.contains("--perfetto"), "{e}");
         assert!(check_file(dir.path(), "--perfetto").is_err());
         check_file(&file, "--perfetto").unwrap();
+        let out = dir.path().join("o3");
+        let e = check_not_out(&out, &out).unwrap_err().to_string();
+        assert!(e.contains("--perfetto") && e.contains("--out"), "{e}");
+        check_not_out(&out.join("trace.json"), &out).unwrap();
         assert_eq!(std::fs::read(&file).unwrap(), b"kept");
         let fresh = dir.path().join("new.json");
         check_file(&fresh, "--perfetto").unwrap();

@@ -339,7 +339,21 @@ fn read_rollouts(path: &Path, text: &str, opts: ReadOptions) -> Result<Workload,
         let l: RolloutLine =
             serde_json::from_str(line).map_err(|e| err(path, Some(n + 1), e.to_string()))?;
         if let Some(bs) = l.block_size {
-            block_size.get_or_insert(bs);
+            // One block size for the file, at least one token: a later, different one was
+            // ignored, and 0 took the hit ceiling to 0 without a word.
+            if bs == 0 {
+                return Err(err(path, Some(n + 1), "block_size must be at least 1"));
+            }
+            if *block_size.get_or_insert(bs) != bs {
+                return Err(err(
+                    path,
+                    Some(n + 1),
+                    format!(
+                        "block_size {bs}, but earlier lines said {}",
+                        block_size.unwrap_or(bs)
+                    ),
+                ));
+            }
         }
         time_ms(path, Some(n + 1), "tool_latency_ms", l.tool_latency_ms)?;
         length(

@@ -71,6 +71,20 @@ fn unreadable_lines_are_named() {
     let w = load_trace(&r, ReadOptions::default()).unwrap();
     assert_eq!(w.requests[1].after, Some(0));
     assert_eq!(w.requests[1].delay_ms, 300.0);
+    // A block size of 0, or one that changes from line to line, is named with its line.
+    let rollout = |bs: &str| {
+        format!(
+            "{{\"step\":0,\"group\":1,\"trajectory\":1,\"turn\":0,\"prompt_blocks\":[1],\"prompt_tokens\":64,\"output_tokens\":5,\"block_size\":64}}\n\
+             {{\"step\":0,\"group\":1,\"trajectory\":2,\"turn\":0,\"prompt_blocks\":[1],\"prompt_tokens\":64,\"output_tokens\":5,\"block_size\":{bs}}}\n"
+        )
+    };
+    for (bs, says) in [("0", "at least 1"), ("16", "earlier lines said 64")] {
+        std::fs::write(&r, rollout(bs)).unwrap();
+        let e = load_trace(&r, ReadOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("r.jsonl:2") && e.contains(says), "{e}");
+    }
     // Lengths no request has: `bench` built a 2^32 − 1-token prompt in memory and aborted.
     let line = |input: &str, output: &str| {
         format!(

@@ -82,7 +82,9 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
     crate::outputs::check_dir(&args.out, "--out")?;
     if let Some(p) = &args.perfetto {
         for n in 0..configs.len() {
-            crate::outputs::check_file(&numbered(p, n, configs.len()), "--perfetto")?;
+            let file = numbered(p, n, configs.len());
+            crate::outputs::check_not_out(&file, &args.out)?;
+            crate::outputs::check_file(&file, "--perfetto")?;
         }
     }
     for warning in args.unread_warnings(&configs)? {
