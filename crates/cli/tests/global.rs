@@ -79,6 +79,33 @@ async fn until_available(http: &reqwest::Client, global: &Proc, n: u64) {
     .expect("the clusters are available");
 }
 
+/// A streamed completion of `body` at `global`, answered 200 (bounded by `timeout`).
+async fn stream_at(
+    http: &reqwest::Client,
+    global: &Proc,
+    body: Value,
+    timeout: Duration,
+) -> reqwest::Response {
+    let r = http
+        .post(format!("{}/v1/completions", global.http()))
+        .json(&body)
+        .timeout(timeout)
+        .send()
+        .await
+        .expect("the global router answers");
+    assert_eq!(r.status(), 200);
+    r
+}
+
+/// The rest of a stream as text; it must end cleanly (bounded by its request's timeout).
+async fn rest_of(mut r: reqwest::Response) -> String {
+    let mut rest = Vec::new();
+    while let Some(chunk) = r.chunk().await.expect("the stream ends cleanly") {
+        rest.extend_from_slice(&chunk);
+    }
+    String::from_utf8_lossy(&rest).into_owned()
+}
+
 /// Two clusters (their routers started with `local_args` too) and a dead one.
 async fn setup_with(local_args: &[&str]) -> Setup {
     let fast = local("fast", "20", local_args).await;
@@ -298,18 +325,9 @@ async fn a_dead_cluster_router_loses_its_traffic_and_sessions_within_a_deadline(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stream_its_cluster_breaks_off_ends_with_an_error_event() {
     let mut s = setup().await;
-    let mut r = s
-        .http
-        .post(format!("{}/v1/completions", s.global.http()))
-        .json(
-            &json!({"model": "mock-model", "prompt": prompt(7, 0), "max_tokens": 20000,
-            "stream": true}),
-        )
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-        .expect("the global router answers");
-    assert_eq!(r.status(), 200);
+    let body = json!({"model": "mock-model", "prompt": prompt(7, 0), "max_tokens": 20000,
+        "stream": true});
+    let mut r = stream_at(&s.http, &s.global, body, Duration::from_secs(30)).await;
     let home = r.headers()["x-kvrouter-cluster"]
         .to_str()
         .unwrap()
@@ -317,13 +335,8 @@ async fn a_stream_its_cluster_breaks_off_ends_with_an_error_event() {
     let first = r.chunk().await.unwrap().expect("a first chunk");
     assert!(first.starts_with(b"data: "));
     s.kill(&home).await;
-    // The rest of the stream, bounded by the request's timeout: it ends cleanly, the in-band
-    // error and [DONE] last.
-    let mut rest = Vec::new();
-    while let Some(chunk) = r.chunk().await.expect("the stream ends cleanly") {
-        rest.extend_from_slice(&chunk);
-    }
-    let rest = String::from_utf8_lossy(&rest);
+    // The rest of the stream: the in-band error and [DONE] last.
+    let rest = rest_of(r).await;
     assert!(
         rest.ends_with("data: [DONE]\n\n") && rest.contains("broke off the stream"),
         "{}",
@@ -350,34 +363,16 @@ async fn a_stream_its_cluster_stops_sending_ends_after_the_idle_timeout() {
     .await;
     let http = reqwest::Client::new();
     until_available(&http, &global, 1).await;
-    let mut r = http
-        .post(format!("{}/v1/completions", global.http()))
-        .json(
-            &json!({"model": "mock-model", "prompt": prompt(3, 0), "max_tokens": 20000,
-            "stream": true}),
-        )
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-        .expect("the global router answers");
-    assert_eq!(r.status(), 200);
+    let body = json!({"model": "mock-model", "prompt": prompt(3, 0), "max_tokens": 20000,
+        "stream": true});
+    let mut r = stream_at(&http, &global, body, Duration::from_secs(30)).await;
     assert!(r.chunk().await.unwrap().is_some());
     // The cluster's router freezes: its connection stays open and sends nothing.
-    let pid = fast.child.id().expect("running").to_string();
-    let stop = std::process::Command::new("kill")
-        .args(["-STOP", &pid])
-        .status();
-    assert!(stop.unwrap().success());
+    fast.signal("-STOP");
     let started = Instant::now();
-    let mut rest = Vec::new();
-    while let Some(chunk) = r.chunk().await.expect("the stream ends cleanly") {
-        rest.extend_from_slice(&chunk);
-    }
+    let rest = rest_of(r).await;
     let waited = started.elapsed();
-    let _ = std::process::Command::new("kill")
-        .args(["-CONT", &pid])
-        .status();
-    let rest = String::from_utf8_lossy(&rest);
+    fast.signal("-CONT");
     assert!(
         rest.ends_with("data: [DONE]\n\n") && rest.contains("--stream-idle-timeout-secs"),
         "{}",
@@ -429,17 +424,9 @@ async fn a_stream_its_cluster_moves_off_a_stalled_engine_is_not_cut_at_the_globa
     .await;
     let http = reqwest::Client::new();
     until_available(&http, &global, 1).await;
-    let mut r = http
-        .post(format!("{}/v1/completions", global.http()))
-        .json(
-            &json!({"model": "mock-model", "prompt": prompt(5, 0), "max_tokens": 3000,
-            "stream": true, "ignore_eos": true}),
-        )
-        .timeout(Duration::from_secs(60))
-        .send()
-        .await
-        .expect("the global router answers");
-    assert_eq!(r.status(), 200);
+    let body = json!({"model": "mock-model", "prompt": prompt(5, 0), "max_tokens": 3000,
+        "stream": true, "ignore_eos": true});
+    let mut r = stream_at(&http, &global, body, Duration::from_secs(60)).await;
     let worker: usize = r.headers()["x-kvrouter-worker"]
         .to_str()
         .unwrap()
@@ -447,12 +434,8 @@ async fn a_stream_its_cluster_moves_off_a_stalled_engine_is_not_cut_at_the_globa
         .unwrap();
     assert!(r.chunk().await.unwrap().is_some());
     engines[worker].signal("-STOP");
-    let mut rest = Vec::new();
-    while let Some(chunk) = r.chunk().await.expect("the stream ends cleanly") {
-        rest.extend_from_slice(&chunk);
-    }
+    let rest = rest_of(r).await;
     engines[worker].signal("-CONT");
-    let rest = String::from_utf8_lossy(&rest);
     assert!(
         rest.ends_with("data: [DONE]\n\n") && rest.contains("\"finish_reason\":\"length\""),
         "{}",

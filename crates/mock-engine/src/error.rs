@@ -111,6 +111,15 @@ impl From<kvrouter_openai::RequestError> for ApiError {
     }
 }
 
+/// The body limit's refusal (axum answers it as plain text) as an OpenAI error, bounded as
+/// the router's bodies are.
+pub(crate) async fn shape_too_large(response: Response) -> Response {
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return ApiError::too_large(kvrouter_openai::MAX_REQUEST_BODY_BYTES).into_response();
+    }
+    response
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status, axum::Json(self.body())).into_response()

@@ -120,18 +120,11 @@ pub fn app(state: AppState) -> Router {
         })
         // Long RL and agentic prompts as token-id JSON run past axum's 2 MB default; past it,
         // axum's plain-text 413 is answered OpenAI-shaped, as every other error.
-        .layer(axum::middleware::map_response(shape_too_large))
+        .layer(axum::middleware::map_response(
+            crate::error::shape_too_large,
+        ))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
-}
-
-/// The body limit's refusal as an OpenAI error (axum answers it as plain text).
-async fn shape_too_large(response: axum::response::Response) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        return ApiError::too_large(MAX_BODY_BYTES).into_response();
-    }
-    response
 }
 
 /// `/health`, `/live`, `/ready`: 200 while the engine runs; 503 once it has stopped (its task

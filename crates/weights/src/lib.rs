@@ -13,7 +13,8 @@
 //! - `diff`, `apply`: building and applying deltas, streaming in chunks on a thread pool
 //!   (`parallel`).
 //! - `gen`: test checkpoints (BF16) and the RL-step / adversarial update models.
-//! - `store`: object-storage layout (`base/vK/`, `delta/vK-vK+1/`, `latest`), publish; `pull`:
+//! - `store`: object-storage layout (`base/vK/`, `delta/vK-vK+1/`, `latest`); `publish`: a
+//!   version into it, continuing the chain; `pull`:
 //!   walking the chain down to this machine (recycling superseded versions' files).
 //! - `transfer`: resumable, verified downloads from a store or a peer.
 //! - `serve`: the in-region peer server.
@@ -33,6 +34,7 @@ pub mod gen;
 pub mod layout;
 mod map;
 mod parallel;
+mod publish;
 mod pull;
 pub mod serve;
 mod sparse;

@@ -108,22 +108,30 @@ impl WorkLock {
     }
 }
 
-/// Opens `path` to write, never through a symbolic link (one planted in a work directory would
-/// have the write land on the file it names).
+/// The open flag that refuses to follow a symbolic link at the path's last component: a link
+/// planted in a work directory would have a write land on the file it names.
+pub(crate) const NO_FOLLOW: i32 = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
+
+/// An open with [`NO_FOLLOW`] that failed: a link found there is named as one.
+pub(crate) fn no_follow_error(path: &Path, e: std::io::Error) -> WeightsError {
+    match e.raw_os_error() {
+        Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() => WeightsError::Invalid(
+            format!("{}: a symbolic link (not written through)", path.display()),
+        ),
+        _ => WeightsError::io(path, e),
+    }
+}
+
+/// Opens `path` to write, never through a symbolic link.
 fn open_no_follow(path: &Path, truncate: bool) -> Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .create(true)
         .truncate(truncate)
         .write(true)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .custom_flags(NO_FOLLOW)
         .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() => WeightsError::Invalid(
-                format!("{}: a symbolic link (not written through)", path.display()),
-            ),
-            _ => WeightsError::io(path, e),
-        })
+        .map_err(|e| no_follow_error(path, e))
 }
 
 /// Writes the (empty) mark in `work`.

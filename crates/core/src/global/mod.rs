@@ -14,20 +14,25 @@
 //!
 //! Layout: `sketch.rs` (the blocked Bloom filter of checkpoints), `summary.rs` (summary, load,
 //! byte form), `estimate.rs` (the per-cluster cost), `policy.rs` (policies, configuration),
-//! `router.rs` (the global router), `tests.rs` (property tests against a naive model).
+//! `router.rs` (the global router), `error.rs` (its refusals), `tests.rs` (property tests against a
+//! naive model) and the other `*_tests.rs`.
 
 #[cfg(test)]
 mod decode_tests;
+mod error;
 mod estimate;
 #[cfg(test)]
 mod model_tests;
 mod policy;
 mod router;
 mod sketch;
+#[cfg(test)]
+mod split_tests;
 mod summary;
 #[cfg(test)]
 mod tests;
 
+pub use error::GlobalError;
 pub use estimate::{estimate, ClusterEstimate, GlobalRequest, PendingLoad, MAX_PREFILL_SHARE};
 pub use policy::{
     GlobalConfig, GlobalConfigError, GlobalPolicy, UnknownGlobalPolicy, DEFAULT_LOAD_WINDOW,
@@ -35,8 +40,7 @@ pub use policy::{
     DEFAULT_SESSION_MOVE_RATIO, DEFAULT_SESSION_TTL,
 };
 pub use router::{
-    ClusterSpec, DecisionReason, GlobalDecision, GlobalError, GlobalRouter, MAX_CLUSTER_WEIGHT,
-    MAX_RTT_MS,
+    ClusterSpec, DecisionReason, GlobalDecision, GlobalRouter, MAX_CLUSTER_WEIGHT, MAX_RTT_MS,
 };
 pub use sketch::{
     PrefixSketch, SketchConfig, SketchError, DEFAULT_BITS_PER_KEY,

@@ -1,5 +1,6 @@
 //! The global router: clusters, their latest summaries, session homes, and the choice.
 
+use super::error::GlobalError;
 use super::estimate::{estimate, ClusterEstimate, GlobalRequest, PendingLoad};
 use super::policy::{GlobalConfig, GlobalConfigError, GlobalPolicy};
 use super::summary::ClusterSummary;
@@ -27,35 +28,6 @@ pub const MAX_RTT_MS: f64 = 60_000.0;
 /// The largest static-split weight of a cluster: weights are shares, and their sum must stay a
 /// number (two of 10^308 summed to infinity and sent everything to the last cluster).
 pub const MAX_CLUSTER_WEIGHT: f64 = 1e6;
-
-/// Why a request or summary was refused.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum GlobalError {
-    /// No cluster has a fresh summary and is up: nothing to route to (retry later).
-    #[error(
-        "no cluster is available (every summary is stale or missing, or every cluster is down)"
-    )]
-    NoCluster,
-    /// Clusters are available, but none of those whose models are known serves the request's.
-    #[error("no available cluster serves the model {0:?}")]
-    ModelNotServed(String),
-    /// The id names no cluster.
-    #[error("unknown cluster {0}")]
-    UnknownCluster(ClusterId),
-    /// A summary's block size differs from the router's.
-    #[error("cluster {cluster}: summary block size {got}, global router uses {expected}")]
-    BlockSize {
-        /// The cluster.
-        cluster: ClusterId,
-        /// The router's block size.
-        expected: u32,
-        /// The summary's.
-        got: u32,
-    },
-    /// A cluster spec with a bad round trip or weight.
-    #[error("cluster {0:?}: round trip must be from 0 to 60,000 ms and weight from above 0 to 1,000,000")]
-    InvalidSpec(String),
-}
 
 /// Why the chosen cluster was chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

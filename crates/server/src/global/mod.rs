@@ -21,6 +21,7 @@
 //! `models.rs` (the clusters' model lists), `proxy.rs` (the HTTP surface and forwarding),
 //! `metrics.rs` (per-cluster counters).
 
+mod forward;
 mod metrics;
 mod models;
 mod poll;

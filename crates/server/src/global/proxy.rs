@@ -7,17 +7,18 @@
 //! status, headers and body stream back. A request whose cluster fails before answering
 //! (connection error, timeout, 5xx) marks the cluster down and goes to the next one, at most
 //! once per cluster; nothing has been sent to the client by then. A cluster that breaks off a
-//! body it began is marked down too; a stream (`text/event-stream`) then ends with the in-band
-//! OpenAI error event and `[DONE]`, as `serve` ends a stream whose worker fails, instead of
-//! stopping mid-chunk.
+//! body it began is marked down too (one gone silent is not); a stream (`text/event-stream`)
+//! then ends with the in-band OpenAI error event and `[DONE]`, as `serve` ends a stream whose
+//! worker fails, instead of stopping mid-chunk (the body's forwarding: `forward.rs`).
 
+use super::forward::{hop_by_hop, respond, UsageTap};
 use super::metrics::FailKind;
 use super::GlobalState;
 use crate::error::ServeError;
 use crate::routing::{self, Kind, RoutingInput};
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{OriginalUri, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
@@ -25,8 +26,6 @@ use kvrouter_core::global::{ClusterId, GlobalError, GlobalRequest};
 use kvrouter_core::hashing::BlockHashes;
 use kvrouter_openai::passthrough::Endpoint;
 use std::sync::Arc;
-
-use crate::error::CLUSTER_HEADER;
 
 type S = Arc<GlobalState>;
 
@@ -281,12 +280,7 @@ async fn handle(
         }
         let failure = match tokio::time::timeout(wait, out.send()).await {
             Ok(Ok(r)) if !r.status().is_server_error() => {
-                let tap = UsageTap {
-                    state: s.clone(),
-                    cluster: id,
-                    tail: Vec::new(),
-                    output_tokens: None,
-                };
+                let tap = UsageTap::new(s.clone(), id);
                 return Ok(respond(r, &cluster.name, Some(tap), idle));
             }
             Ok(Ok(r)) => (FailKind::Status, Some(r)),
@@ -308,238 +302,5 @@ async fn handle(
             s.metrics.no_cluster();
             Err(ServeError::Unavailable(GlobalError::NoCluster.to_string()))
         }
-    }
-}
-
-/// Why a cluster's answer ended before its end.
-#[derive(Debug)]
-enum Broke {
-    /// The connection failed.
-    Transfer(reqwest::Error),
-    /// Nothing came for this long.
-    Idle(std::time::Duration),
-}
-
-impl std::fmt::Display for Broke {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Broke::Transfer(e) => write!(f, "{e}"),
-            Broke::Idle(d) => write!(
-                f,
-                "nothing for {} s (twice --stream-idle-timeout-secs)",
-                d.as_secs_f64()
-            ),
-        }
-    }
-}
-
-fn hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection" | "keep-alive" | "transfer-encoding" | "upgrade" | "te" | "trailer"
-    )
-}
-
-/// Watches a response body for its usage's `completion_tokens` (the last one: a stream's final
-/// chunk) and, when the body is done, tells the global router (its learned output hint).
-struct UsageTap {
-    state: S,
-    cluster: ClusterId,
-    /// The end of the previous chunk, for a key split across chunks.
-    tail: Vec<u8>,
-    output_tokens: Option<u64>,
-}
-
-impl UsageTap {
-    /// The cluster broke off the body: counted, and the cluster marked down if `down`.
-    fn broken(&self, down: bool) {
-        self.state.metrics.failed(self.cluster, FailKind::Broken);
-        if down {
-            let _ = self.state.lock().set_up(self.cluster, false);
-        }
-    }
-
-    fn feed(&mut self, chunk: &[u8]) {
-        let mut buf = std::mem::take(&mut self.tail);
-        buf.extend_from_slice(chunk);
-        if let Some(n) = completion_tokens(&buf) {
-            self.output_tokens = Some(n);
-        }
-        self.tail = buf[buf.len().saturating_sub(64)..].to_vec();
-    }
-}
-
-impl Drop for UsageTap {
-    fn drop(&mut self) {
-        if let Some(n) = self.output_tokens {
-            let _ = self.state.lock().record_output(self.cluster, n);
-        }
-    }
-}
-
-/// What a forwarded body has sent so far, as far as its end needs: its last bytes.
-struct Forwarded {
-    /// The last bytes sent (at most [`Forwarded::KEPT`]).
-    tail: Vec<u8>,
-    /// The stream has ended (after an error event).
-    ended: bool,
-}
-
-impl Forwarded {
-    const KEPT: usize = 32;
-
-    fn keep_tail(&mut self, chunk: &[u8]) {
-        self.tail.extend_from_slice(chunk);
-        let cut = self.tail.len().saturating_sub(Self::KEPT);
-        self.tail.drain(..cut);
-    }
-
-    /// Whether the body ended with `data: [DONE]` (the stream's end).
-    fn done(&self) -> bool {
-        let t = self.tail.trim_ascii_end();
-        t.ends_with(b"data: [DONE]") || t.ends_with(b"data:[DONE]")
-    }
-
-    /// Whether the body sent so far ends between two events (nothing, or a blank line).
-    fn at_event_end(&self) -> bool {
-        self.tail.is_empty() || self.tail.ends_with(b"\n\n") || self.tail.ends_with(b"\r\n\r\n")
-    }
-}
-
-/// The last `"completion_tokens": N` in `bytes`.
-fn completion_tokens(bytes: &[u8]) -> Option<u64> {
-    const KEY: &[u8] = b"\"completion_tokens\"";
-    let at = bytes.windows(KEY.len()).rposition(|w| w == KEY)?;
-    let rest = bytes[at + KEY.len()..]
-        .iter()
-        .skip_while(|b| b.is_ascii_whitespace() || **b == b':');
-    let digits: Vec<u8> = rest.take_while(|b| b.is_ascii_digit()).copied().collect();
-    std::str::from_utf8(&digits).ok()?.parse().ok()
-}
-
-/// The cluster's answer as it came (status, headers, streamed body) plus the cluster header;
-/// `tap` watches the body for its usage.
-/// The cluster's answer as the client's: headers but hop-by-hop ones, `x-kvrouter-cluster`, and
-/// the body, which ends with an error (an SSE error event for a stream) when the cluster breaks
-/// it off or sends nothing for `idle` (`--stream-idle-timeout-secs`).
-fn respond(
-    r: reqwest::Response,
-    cluster: &str,
-    tap: Option<UsageTap>,
-    idle: Option<std::time::Duration>,
-) -> Response {
-    let status = r.status();
-    let mut headers = HeaderMap::new();
-    for (name, value) in r.headers() {
-        if !hop_by_hop(name) {
-            headers.append(name.clone(), value.clone());
-        }
-    }
-    if let Ok(v) = HeaderValue::from_str(cluster) {
-        headers.insert(HeaderName::from_static(CLUSTER_HEADER), v);
-    }
-    let sse = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    let cluster: Arc<str> = Arc::from(cluster);
-    let upstream = futures::StreamExt::boxed(futures::StreamExt::map(r.bytes_stream(), |c| {
-        c.map_err(Broke::Transfer)
-    }));
-    let state = Forwarded {
-        tail: Vec::new(),
-        ended: false,
-    };
-    // A broken stream's error event is its last item.
-    let body = futures::stream::unfold(
-        (upstream, tap, state),
-        move |(mut up, mut tap, mut seen)| {
-            let cluster = Arc::clone(&cluster);
-            async move {
-                if seen.ended {
-                    return None;
-                }
-                let next = futures::StreamExt::next(&mut up);
-                let next = match idle {
-                    Some(bound) => match tokio::time::timeout(bound, next).await {
-                        Ok(next) => next,
-                        Err(_) => Some(Err(Broke::Idle(bound))),
-                    },
-                    None => next.await,
-                };
-                match next? {
-                    Ok(b) => {
-                        if let Some(t) = tap.as_mut() {
-                            t.feed(&b);
-                        }
-                        seen.keep_tail(&b);
-                        Some((Ok(b), (up, tap, seen)))
-                    }
-                    // The answer was whole ([DONE] went out): the cluster closing after it is
-                    // no failure of this request.
-                    Err(_) if sse && seen.done() => None,
-                    Err(e) => {
-                        // Silence is not a failure of the cluster's router (its poller says
-                        // whether that answers): counted, not marked down.
-                        let silent = matches!(e, Broke::Idle(_));
-                        tracing::warn!(cluster = %cluster, error = %e, silent, "cluster broke off a response");
-                        if let Some(t) = &tap {
-                            t.broken(!silent);
-                        }
-                        seen.ended = true;
-                        let item = if sse {
-                            // The error goes out as an event of its own, after a partial one.
-                            let mut out = Vec::new();
-                            if !seen.at_event_end() {
-                                out.extend_from_slice(b"\n\n");
-                            }
-                            out.extend_from_slice(&kvrouter_openai::sse::error_event(&format!(
-                                "cluster {cluster} broke off the stream: {e}"
-                            )));
-                            Ok(Bytes::from(out))
-                        } else {
-                            Err(std::io::Error::other(e.to_string()))
-                        };
-                        Some((item, (up, tap, seen)))
-                    }
-                }
-            }
-        },
-    );
-    let mut response = Response::new(Body::from_stream(body));
-    *response.status_mut() = status;
-    *response.headers_mut() = headers;
-    response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{completion_tokens, Forwarded};
-
-    #[test]
-    fn a_forwarded_body_knows_its_end_and_event_boundary() {
-        let mut f = Forwarded {
-            tail: Vec::new(),
-            ended: false,
-        };
-        assert!(f.at_event_end() && !f.done());
-        f.keep_tail(b"data: {\"a\":1}\n\ndata: {\"b\"");
-        assert!(!f.at_event_end() && !f.done());
-        f.keep_tail(b":2}\n\n");
-        assert!(f.at_event_end() && !f.done());
-        f.keep_tail(b"data: [DO");
-        f.keep_tail(b"NE]\n\n");
-        assert!(f.done() && f.at_event_end());
-        assert!(f.tail.len() <= Forwarded::KEPT);
-    }
-
-    #[test]
-    fn completion_tokens_reads_the_last_usage() {
-        assert_eq!(completion_tokens(b"{}"), None);
-        let body = br#"{"usage":{"prompt_tokens":9,"completion_tokens": 42,"total_tokens":51}}"#;
-        assert_eq!(completion_tokens(body), Some(42));
-        let sse = b"data: {\"usage\":{\"completion_tokens\":1}}\n\ndata: {\"usage\":{\"completion_tokens\":7}}\n\ndata: [DONE]";
-        assert_eq!(completion_tokens(sse), Some(7));
-        assert_eq!(completion_tokens(br#""completion_tokens":null"#), None);
     }
 }
