@@ -42,7 +42,23 @@ pub fn unmigratable(body: &Body) -> Option<&'static str> {
     if logprobs {
         return Some("logprobs");
     }
+    if body.get("echo").is_some_and(|v| v == &Value::Bool(true)) {
+        // The continuation's prompt would be echoed again in the middle of the answer.
+        return Some("echo");
+    }
     None
+}
+
+/// Whether a body or chunk carries a tool call (or a legacy function call): a continuation
+/// from the generated text would drop it.
+pub fn tool_call(v: &Value) -> bool {
+    let called = |m: &Value| {
+        m["tool_calls"].as_array().is_some_and(|c| !c.is_empty()) || !m["function_call"].is_null()
+    };
+    v["choices"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| called(&c["delta"]) || called(&c["message"]))
+    })
 }
 
 /// The field that holds the output budget, if the body sets one.
@@ -183,10 +199,35 @@ mod tests {
         for one in [json!([1, 2, 3]), json!([[1, 2]]), json!(["a"]), json!("a")] {
             assert_eq!(un(json!({ "prompt": one })), None, "{one}");
         }
+        assert_eq!(un(json!({"echo": true})), Some("echo"));
         assert_eq!(
-            un(json!({"logprobs": false, "n": 1, "response_format": {"type": "text"}})),
+            un(
+                json!({"logprobs": false, "n": 1, "echo": false, "response_format": {"type": "text"}})
+            ),
             None
         );
+    }
+
+    #[test]
+    fn tool_calls_in_chunks_and_bodies_are_seen() {
+        let call = json!([{"index": 0, "id": "c", "function": {"name": "f", "arguments": "{\"a"}}]);
+        assert!(tool_call(
+            &json!({"choices": [{"delta": {"tool_calls": call}}]})
+        ));
+        assert!(tool_call(
+            &json!({"choices": [{"message": {"tool_calls": call}}]})
+        ));
+        assert!(tool_call(
+            &json!({"choices": [{"delta": {"function_call": {"name": "f"}}}]})
+        ));
+        for plain in [
+            json!({"choices": [{"delta": {"content": "hi", "tool_calls": []}}]}),
+            json!({"choices": [{"message": {"content": "hi", "tool_calls": null}}]}),
+            json!({"choices": []}),
+            json!("x"),
+        ] {
+            assert!(!tool_call(&plain), "{plain}");
+        }
     }
 
     #[test]

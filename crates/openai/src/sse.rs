@@ -26,6 +26,18 @@ fn event_end(buf: &[u8], from: usize) -> Option<usize> {
     None
 }
 
+/// Whether bytes forwarded so far end an event: a blank line in LF or CRLF (as the splitter
+/// reads them), or in CR alone.
+pub fn ends_event(bytes: &[u8]) -> bool {
+    bytes.ends_with(b"\n\n") || bytes.ends_with(b"\r\n\r\n") || bytes.ends_with(b"\r\r")
+}
+
+/// Whether bytes that end an event end with the `[DONE]` event (whatever its line ends).
+pub fn ends_with_done(bytes: &[u8]) -> bool {
+    let body = bytes.trim_ascii_end();
+    body.ends_with(b"[DONE]") && body[..body.len() - 6].trim_ascii_end().ends_with(b"data:")
+}
+
 /// The largest unfinished event a reader keeps waiting for its end: a stream past it without a
 /// blank line is not SSE (an upstream sending a body without event breaks), and waiting on would
 /// hold all of it in memory.
@@ -168,6 +180,36 @@ mod tests {
         s.push(b"data: 1\n\n");
         assert_eq!(s.next_event().unwrap(), b"data: 1\n\n");
         assert!(!s.over_limit());
+    }
+
+    #[test]
+    fn an_event_end_and_the_done_event_are_seen_in_any_line_ending() {
+        for end in [&b"data: {}\n\n"[..], b"data: {}\r\n\r\n", b"data: {}\r\r"] {
+            assert!(ends_event(end), "{end:?}");
+        }
+        for open in [
+            &b"data: {}\n"[..],
+            b"data: {}\r\n",
+            b"data: {}\n\r",
+            b"data: {}",
+        ] {
+            assert!(!ends_event(open), "{open:?}");
+        }
+        for done in [
+            &b"data: [DONE]\n\n"[..],
+            b"x\n\ndata:[DONE]\r\n\r\n",
+            b"data: [DONE]\r\r",
+        ] {
+            assert!(ends_with_done(done), "{done:?}");
+        }
+        for other in [
+            &b"data: {}\n\n"[..],
+            b"data: \"[DONE]\"\n\n",
+            b"[DONE]\n\n",
+            b"\n\n",
+        ] {
+            assert!(!ends_with_done(other), "{other:?}");
+        }
     }
 
     #[test]

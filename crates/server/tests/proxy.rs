@@ -330,3 +330,56 @@ async fn a_stream_whose_migration_fails_is_counted_as_failed() {
     assert_eq!(metric(&m, "kvrouter_migrations_total"), 1.0, "{m}");
     server.stop().await;
 }
+
+/// `parts` as a whole chunked body (its last chunk included), for [`dying_engine`].
+fn chunked(parts: &[&str]) -> &'static [u8] {
+    let mut body = String::new();
+    for part in parts {
+        body.push_str(&format!("{:x}\r\n{part}\r\n", part.len()));
+    }
+    body.push_str("0\r\n\r\n");
+    Box::leak(body.into_bytes().into_boxed_slice())
+}
+
+/// A passed-through stream framed in CRLF that ends with `[DONE]` is whole: nothing is added
+/// and it counts as ok. One that ends cleanly at an event break without `[DONE]` (an engine
+/// that stopped early) ends with the in-band error and counts as failed, never silently.
+#[tokio::test]
+async fn a_passed_through_stream_is_whole_only_with_its_done_in_any_line_ending() {
+    let event = "data: {\"choices\":[{\"text\":\"a\",\"index\":0,\"finish_reason\":null}]}";
+    let crlf = format!("{event}\r\n\r\n");
+    let cases = [
+        (chunked(&[&crlf, "data: [DONE]\r\n\r\n"]), "ok"),
+        (chunked(&[&crlf, "data: [DO", "NE]\r\n", "\r\n"]), "ok"),
+        (chunked(&[&format!("{event}\n\n")]), "failed"),
+    ];
+    for (body, counted) in cases {
+        let url = dying_engine(body).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = kvrouter_server::start(one_worker_at(url, "m"), listener)
+            .await
+            .unwrap();
+        let client = reqwest::Client::new();
+        let base = format!("http://{}", server.addr);
+        let text = client
+            .post(format!("{base}/v1/completions"))
+            .json(&json!({"model": "m", "prompt": "hi", "max_tokens": 4, "stream": true}))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let errored = text.contains("{\"error\"");
+        assert_eq!(errored, counted == "failed", "{text}");
+        if errored {
+            assert!(text.contains("without [DONE]"), "{text}");
+        } else {
+            assert!(text.ends_with("data: [DONE]\r\n\r\n"), "{text}");
+        }
+        let m = metrics(&client, &base).await;
+        let key = format!("kvrouter_requests_total{{status=\"{counted}\"");
+        assert_eq!(metric(&m, &key), 1.0, "{counted}: {m}");
+        server.stop().await;
+    }
+}

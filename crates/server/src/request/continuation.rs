@@ -14,7 +14,7 @@
 
 use axum::body::Bytes;
 use kvrouter_openai::continuation::{
-    body_text, chunk_text, finished_by_abort, finishing, set_body_text,
+    body_text, chunk_text, finished_by_abort, finishing, set_body_text, tool_call,
 };
 use kvrouter_openai::fingerprint::{fingerprint, stamp, stamp_first_event};
 use kvrouter_openai::sse::{self, EventSplitter};
@@ -26,6 +26,12 @@ pub(crate) const MIGRATION_OFF: &str =
     "the worker failed mid-stream and migration is off (--migration-limit)";
 /// What a passed-through SSE stream that ends inside an event tells the client.
 const ENDED_MID_EVENT: &str = "the worker's stream ended in the middle of an event";
+/// What a passed-through OpenAI stream that ends cleanly without `[DONE]` tells the client.
+const ENDED_WITHOUT_DONE: &str = "the worker's stream ended without [DONE]";
+/// The tool call a request is in: its continuation would lose it.
+const IN_A_TOOL_CALL: &str = "a tool call in progress";
+/// Bytes of what went out last kept to see an event break or `[DONE]` across chunks.
+const TAIL_BYTES: usize = 32;
 
 /// How the upstream's bytes are followed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,8 +80,12 @@ pub(crate) struct Continuation {
     limit: u32,
     /// The body is SSE (a successful stream): checked to end at an event break.
     sse: bool,
+    /// The body is an OpenAI stream: passed through, it must end with `[DONE]`.
+    openai_stream: bool,
     /// What went to the client last ended an event (or nothing went yet).
     at_break: bool,
+    /// The last bytes that went to the client (of an SSE body).
+    tail: Vec<u8>,
     /// Why the request cannot be continued faithfully, if it cannot.
     unmigratable: Option<&'static str>,
     generated_text: String,
@@ -86,6 +96,8 @@ pub(crate) struct Continuation {
     events: EventSplitter,
     /// `[DONE]` went out: the answer is whole.
     done: bool,
+    /// An event carried a finish reason: the answer is whole even if `[DONE]` never comes.
+    finished: bool,
     /// The policy version serving the current attempt (the `system_fingerprint`).
     version: u64,
     /// The next event is the first of an attempt: it carries the fingerprint.
@@ -123,13 +135,16 @@ impl Continuation {
             left,
             limit: left,
             sse: false,
+            openai_stream: false,
             at_break: true,
+            tail: Vec::new(),
             unmigratable,
             generated_text: String::new(),
             generated_tokens: 0,
             carried_tokens: 0,
             events: EventSplitter::new(),
             done: false,
+            finished: false,
             version,
             stamp,
             aborted: false,
@@ -141,9 +156,12 @@ impl Continuation {
     }
 
     /// The body is an SSE stream (a successful streamed answer): one that ends inside an event
-    /// fails, and an error event after a cut event first ends it.
-    pub(crate) fn with_sse(mut self, sse: bool) -> Self {
+    /// fails, and an error event after a cut event first ends it. `openai`: it is an OpenAI
+    /// stream (completions, chat), which ends with `[DONE]`; passed through, one that ends
+    /// without it fails too.
+    pub(crate) fn with_sse(mut self, sse: bool, openai: bool) -> Self {
         self.sse = sse;
+        self.openai_stream = sse && openai;
         self
     }
 
@@ -181,9 +199,25 @@ impl Continuation {
     pub(crate) fn chunk(&mut self, chunk: Bytes, draining: impl Fn() -> bool) -> Bytes {
         let out = self.forwarded(chunk, draining);
         if self.sse && !out.is_empty() {
-            self.at_break = out.ends_with(b"\n\n") || out.ends_with(b"\r\r");
+            self.note_tail(&out);
+            self.at_break = sse::ends_event(&self.tail);
+            if let Follow::Chunks { .. } = self.follow {
+                self.done = self.at_break && sse::ends_with_done(&self.tail);
+            }
         }
         out
+    }
+
+    /// Keeps the last [`TAIL_BYTES`] that went out.
+    fn note_tail(&mut self, out: &[u8]) {
+        if out.len() >= TAIL_BYTES {
+            self.tail.clear();
+            self.tail.extend_from_slice(&out[out.len() - TAIL_BYTES..]);
+        } else {
+            self.tail.extend_from_slice(out);
+            let cut = self.tail.len().saturating_sub(TAIL_BYTES);
+            self.tail.drain(..cut);
+        }
     }
 
     fn forwarded(&mut self, chunk: Bytes, draining: impl Fn() -> bool) -> Bytes {
@@ -228,6 +262,9 @@ impl Continuation {
                 self.note_first_prompt(prompt_in_usage);
                 continue;
             }
+            if self.unmigratable.is_none() && tool_call(&v) {
+                self.unmigratable = Some(IN_A_TOOL_CALL);
+            }
             let content = chunk_text(self.kind, &v).filter(|c| !c.is_empty());
             if let Some(c) = content {
                 self.generated_text.push_str(c);
@@ -245,6 +282,7 @@ impl Continuation {
                 }
                 continue;
             }
+            self.finished |= finishing(&v);
             let has_usage = kvrouter_openai::usage::of(&v).is_some();
             let mut rewrite = false;
             if self.stamp || has_usage || finishing(&v) {
@@ -286,12 +324,14 @@ impl Continuation {
     pub(crate) fn upstream_over(&mut self, clean: bool) -> Next {
         if let Follow::Chunks { .. } = self.follow {
             return match (clean, self.at_break) {
-                (true, true) => Next::Finish,
+                (true, true) if self.done || !self.openai_stream => Next::Finish,
+                (true, true) => fail(ENDED_WITHOUT_DONE.into(), true),
                 (true, false) => fail(ENDED_MID_EVENT.into(), true),
                 (false, _) => fail(MIGRATION_OFF.into(), true),
             };
         }
-        if self.done {
+        // An answer that finished is not continued (that would repeat it), `[DONE]` or not.
+        if self.done || self.finished {
             return Next::Finish;
         }
         if self.aborted {
@@ -330,7 +370,10 @@ impl Continuation {
             self.identity = first_n::Identity::of(&v);
         }
         if finished_by_abort(&v) && draining() {
-            if let Some(reason) = self.unmigratable {
+            if let Some(reason) = self
+                .unmigratable
+                .or(tool_call(&v).then_some(IN_A_TOOL_CALL))
+            {
                 return Whole::Fail(format!(
                     "the request was aborted by a weight update and cannot be continued faithfully ({reason})"
                 ));

@@ -70,8 +70,14 @@ pub(crate) async fn respond(
         builder = builder.header("content-type", ct.clone());
     }
     let builder = headers(builder, worker, version, &decision, expose);
+    // A streamed answer is SSE unless the worker said otherwise (a JSON body answering a
+    // streamed request goes out as it came, not checked for events).
+    let json = response
+        .content_type()
+        .is_some_and(|ct| ct.as_bytes().starts_with(b"application/json"));
+    let event_stream = req.stream && status.is_success() && !json;
     // Pass-through answers (Responses events, embeddings, token lists) go out unchanged.
-    let follow = match (req.stream && status.is_success(), continuable) {
+    let follow = match (event_stream, continuable) {
         _ if passed_through => Follow::Chunks { stamp: false },
         (true, true) => Follow::Events {
             migration_limit: limit,
@@ -79,7 +85,7 @@ pub(crate) async fn respond(
         (stamp, _) => Follow::Chunks { stamp },
     };
     let machine = Continuation::new(kind, follow, version, isl, unmigratable)
-        .with_sse(req.stream && status.is_success());
+        .with_sse(event_stream, !passed_through);
     // The attempt waited for the first chunk already: the head is held for what is left of
     // the hold (a first chunk with no whole event in it may still leave nothing to send).
     let hold = config.stream_head_hold.saturating_sub(response.waited());

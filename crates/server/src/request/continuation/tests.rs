@@ -366,8 +366,9 @@ proptest! {
 
 #[test]
 fn a_passed_through_stream_cut_inside_an_event_fails_and_its_error_event_is_readable() {
-    let sse =
-        |stamp| Continuation::new(Kind::Chat, Follow::Chunks { stamp }, 2, 5, None).with_sse(true);
+    let sse = |stamp| {
+        Continuation::new(Kind::Chat, Follow::Chunks { stamp }, 2, 5, None).with_sse(true, true)
+    };
     // Cut inside an event, then a clean end (a close-delimited body): a failure.
     let mut m = sse(false);
     let _ = m.chunk(Bytes::from_static(b"data: {\"id\":\"x\",\"obj"), NEVER);
@@ -381,6 +382,7 @@ fn a_passed_through_stream_cut_inside_an_event_fails_and_its_error_event_is_read
     let mut m = sse(true);
     let _ = m.chunk(Bytes::from(text_event("a")), NEVER);
     assert!(m.error_event("x").starts_with(b"data: "));
+    let _ = m.chunk(Bytes::from_static(sse::DONE_EVENT), NEVER);
     assert_eq!(m.upstream_over(true), Next::Finish);
     // A body that is not SSE (an error status's JSON) is not checked.
     let mut json = Continuation::new(Kind::Chat, Follow::Chunks { stamp: false }, 2, 5, None);
@@ -435,4 +437,100 @@ fn an_answer_ended_by_its_group_keeps_its_identity() {
     assert_eq!(body["model"], "asked", "{body}");
     assert!(body["created"].as_u64().unwrap() > 1_700_000_000, "{body}");
     assert!(body["id"].as_str().is_some(), "{body}");
+}
+
+#[test]
+fn a_passed_through_openai_stream_is_whole_only_with_done_in_any_line_ending() {
+    let sse = |openai| {
+        Continuation::new(Kind::Chat, Follow::Chunks { stamp: true }, 2, 5, None)
+            .with_sse(true, openai)
+    };
+    let crlf = format!(
+        "{}data: [DONE]\r\n\r\n",
+        text_event("a").replace('\n', "\r\n")
+    );
+    // Whole, in one chunk or byte by byte (the break and [DONE] seen across chunks).
+    for size in [crlf.len(), 7, 1] {
+        let mut m = sse(true);
+        let mut out = Vec::new();
+        for part in crlf.as_bytes().chunks(size) {
+            out.extend_from_slice(&m.chunk(Bytes::copy_from_slice(part), NEVER));
+        }
+        assert_eq!(m.upstream_over(true), Next::Finish, "chunks of {size}");
+        assert!(out.ends_with(b"data: [DONE]\r\n\r\n"), "chunks of {size}");
+    }
+    // Cut cleanly at an event break before [DONE]: not whole, and not silently so.
+    let mut m = sse(true);
+    let _ = m.chunk(Bytes::from(text_event("a")), NEVER);
+    let Next::Fail {
+        message,
+        worker_failed: true,
+    } = m.upstream_over(true)
+    else {
+        panic!("a stream without [DONE] is not whole")
+    };
+    assert!(message.contains("[DONE]"), "{message}");
+    assert!(m.error_event(&message).starts_with(b"data: "));
+    // Events that are not OpenAI's (the Responses API's) end without [DONE].
+    let mut m = sse(false);
+    let _ = m.chunk(
+        Bytes::from_static(b"event: response.completed\ndata: {}\n\n"),
+        NEVER,
+    );
+    assert_eq!(m.upstream_over(true), Next::Finish);
+}
+
+#[test]
+fn an_answer_that_finished_is_not_continued_with_or_without_done() {
+    let finishing = format!(
+        "data: {}\n\n",
+        json!({"choices": [{"index": 0, "text": "b", "finish_reason": "stop"}]})
+    );
+    for clean in [true, false] {
+        let mut m = follow(2);
+        let mut out = m.chunk(Bytes::from(text_event("a")), NEVER).to_vec();
+        out.extend_from_slice(&m.chunk(Bytes::from(finishing.clone()), NEVER));
+        out.extend_from_slice(&m.chunk(Bytes::from(usage_event(5, 2)), NEVER));
+        assert_eq!(m.upstream_over(clean), Next::Finish, "clean: {clean}");
+        let (events, done) = parse(&out);
+        assert_eq!((events.len(), done), (3, 0));
+    }
+    // Not finished: a clean end without [DONE] is a failure, continued.
+    let mut m = follow(2);
+    let _ = m.chunk(Bytes::from(text_event("a")), NEVER);
+    assert_eq!(m.upstream_over(true), Next::Continue { after_abort: false });
+}
+
+#[test]
+fn a_stream_cut_in_a_tool_call_is_not_continued() {
+    let call = json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": 0, "id": "c", "type": "function", "function": {"name": "f", "arguments": "{\"ci"}}
+    ]}, "finish_reason": null}]});
+    let mut m = Continuation::new(
+        Kind::Chat,
+        Follow::Events { migration_limit: 2 },
+        0,
+        5,
+        None,
+    );
+    let _ = m.chunk(Bytes::from(format!("data: {call}\n\n")), NEVER);
+    let Next::Fail { message, .. } = m.upstream_over(false) else {
+        panic!("a tool call cannot be continued from text")
+    };
+    assert!(message.contains("tool call"), "{message}");
+    // A whole answer aborted by an update in a tool call is not continued either.
+    let mut m = Continuation::new(
+        Kind::Chat,
+        Follow::Events { migration_limit: 2 },
+        0,
+        5,
+        None,
+    );
+    let aborted = json!({"choices": [{"message": {"content": null, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{"}}
+    ]}, "finish_reason": "abort"}]});
+    assert!(matches!(
+        m.whole(Bytes::from(aborted.to_string()), || true),
+        Whole::Fail(_)
+    ));
 }
