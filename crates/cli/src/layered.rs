@@ -182,13 +182,17 @@ fn values_of(
     }
 }
 
-/// Checks one value with the flag's own parser (a one-flag command parses it).
+/// Checks one value with the flag's own parser (a one-flag command parses it). The flag is
+/// rebuilt from its parser and action alone: its relations to other flags (`requires`,
+/// `conflicts_with`) name flags the one-flag command lacks, which clap's debug checks refuse.
 fn check(arg: &Arg, text: &str) -> Result<(), String> {
-    let long = arg.get_long().unwrap_or_default();
-    let one = Command::new("check")
-        .no_binary_name(true)
-        .arg(arg.clone().required(false));
-    match one.try_get_matches_from([format!("--{long}={text}")]) {
+    let one = Command::new("check").no_binary_name(true).arg(
+        Arg::new("value")
+            .long("value")
+            .action(arg.get_action().clone())
+            .value_parser(arg.get_value_parser().clone()),
+    );
+    match one.try_get_matches_from([format!("--value={text}")]) {
         Ok(_) => Ok(()),
         Err(e) => {
             use std::error::Error;

@@ -226,6 +226,42 @@ fn print_config_redacts_secrets_and_reads_back_unchanged() {
     assert_eq!(strip(&print(&cli(), &m2, &sources2)), strip(&text));
 }
 
+/// Found by a docs audit: `sim --print-config` printed the planner-in-the-loop flags' defaults,
+/// which were refused without `--planner` when read back (and so was any `KVROUTER_PLANNER_*`
+/// variable meant for them). Every command's printed configuration reads back to itself.
+#[test]
+fn every_commands_printed_configuration_reads_back() {
+    let commands: [&[&str]; 5] = [
+        &["sim", "--workload", "seed001"],
+        &["plan", "--workload", "seed001", "--ttft-p99-ms", "100"],
+        &[
+            "bench",
+            "--url",
+            "http://127.0.0.1:1",
+            "--workload",
+            "seed001",
+        ],
+        &["mock-engine"],
+        &["serve", "--mock-workers", "1"],
+    ];
+    let strip = |t: &str| -> Vec<String> {
+        t.lines()
+            .map(|l| l.split("  #").next().unwrap().to_owned())
+            .collect()
+    };
+    for args in commands {
+        let (m, sources) = run(args, &[], "").unwrap();
+        let text = print(&cli(), &m, &sources);
+        let again = run(&[args[0], "--config", "k.toml"], &[], &text);
+        let (m2, sources2) = again.unwrap_or_else(|e| panic!("{args:?}: {e}\n{text}"));
+        assert_eq!(
+            strip(&print(&cli(), &m2, &sources2)),
+            strip(&text),
+            "{args:?}"
+        );
+    }
+}
+
 #[test]
 fn every_serve_flag_has_a_help_topic() {
     let cmd = cli();

@@ -22,13 +22,13 @@ pub(crate) struct SimPlannerArgs {
     /// they could reach at their max tokens and the delay bound of
     /// `--planner-migrate-slowdown`, and is released at once. 0: off, a drained worker holds
     /// its GPU until its last request ends. Default 64 (the default requests per worker).
-    #[arg(long, default_value_t = 64, requires = "planner")]
+    #[arg(long, default_value_t = 64)]
     planner_migrate_tail: u32,
     /// With `--planner-migrate-tail`: no request (moved, or on a target) may end later than
     /// 1 + this fraction times its end without the moves, however many of the tokens it may
     /// still generate it generates (decode time grows with the KV read; the step's last sample
     /// sets the step time).
-    #[arg(long, default_value_t = 0.1, requires = "planner")]
+    #[arg(long, default_value_t = 0.1)]
     planner_migrate_slowdown: f64,
 }
 
