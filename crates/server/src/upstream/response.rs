@@ -8,6 +8,11 @@ use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
 use std::time::Duration;
 
+/// The largest whole (non-streamed) answer read from a worker, as the request body's bound
+/// (`MAX_REQUEST_BODY_BYTES`, 64 MiB): past it the attempt fails (a 502) instead of the router
+/// holding whatever the worker sends. Streams are forwarded as they come and need no bound.
+pub(crate) const MAX_ANSWER_BYTES: usize = kvrouter_openai::MAX_REQUEST_BODY_BYTES;
+
 /// A worker's answer: status, content type, body.
 pub(crate) struct Response {
     status: StatusCode,
@@ -109,27 +114,33 @@ impl Response {
         }
     }
 
-    /// The whole body.
+    /// The whole body, up to [`MAX_ANSWER_BYTES`].
     pub(crate) async fn bytes(self) -> Result<Bytes, String> {
+        self.bytes_within(MAX_ANSWER_BYTES).await
+    }
+
+    /// The whole body; an error as soon as it grows past `limit` bytes (nothing more is read).
+    pub(crate) async fn bytes_within(self, limit: usize) -> Result<Bytes, String> {
         let mut chunks = match self.first {
             First::Ended => return Ok(Bytes::new()),
             First::Chunk(chunk) => vec![chunk],
             First::NotAsked | First::NotYet => Vec::new(),
         };
-        match self.body {
-            Body::Reqwest(r) if chunks.is_empty() => {
-                return r.bytes().await.map_err(|e| e.to_string())
+        let mut len: usize = chunks.iter().map(Bytes::len).sum();
+        let mut body = self.body;
+        loop {
+            if len > limit {
+                return Err(format!(
+                    "the answer's body is larger than {limit} bytes (a whole answer's bound)"
+                ));
             }
-            Body::Reqwest(mut r) => {
-                while let Some(chunk) = r.chunk().await.map_err(|e| e.to_string())? {
-                    chunks.push(chunk);
-                }
-            }
-            Body::Direct(mut d) => {
-                while let Some(chunk) = d.next().await {
-                    chunks.push(chunk?);
-                }
-            }
+            let chunk = match &mut body {
+                Body::Reqwest(r) => r.chunk().await.map_err(|e| e.to_string())?,
+                Body::Direct(d) => d.next().await.transpose()?,
+            };
+            let Some(chunk) = chunk else { break };
+            len += chunk.len();
+            chunks.push(chunk);
         }
         Ok(match chunks.len() {
             1 => chunks.pop().unwrap_or_default(),

@@ -423,3 +423,24 @@ async fn the_first_chunk_waited_for_is_kept_and_a_broken_one_is_an_error() {
     assert!(matches!(r.first(), response::First::Ended));
     assert!(r.bytes().await.unwrap().is_empty());
 }
+
+/// Found by a probe: a whole answer was read however large the worker made it (a 250 MB body
+/// took the router to 1.3 GB). Past its bound the read fails, whatever the framing.
+#[tokio::test]
+async fn a_whole_answer_past_its_bound_fails_the_read() {
+    const LONG: &str =
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 41\r\n\r\n\
+                        {\"choices\":[{\"text\":\"0123456789abcdef\"}]}";
+    const CHUNKED: &str = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
+                           13\r\n{\"choices\":[{\"text\"\r\n13\r\n:\"0123456789abcdef\"\r\n3\r\n}]}\r\n0\r\n\r\n";
+    for answer in [LONG, CHUNKED] {
+        let script = vec![vec![Act::Answer(answer)], vec![Act::Answer(answer)]];
+        let (base, _seen) = worker(script).await;
+        let client = Client::new(Duration::from_secs(5), false);
+        let r = send(&client, &base, "{}").await.unwrap();
+        let e = r.bytes_within(40).await.unwrap_err();
+        assert!(e.contains("larger than 40 bytes"), "{e}");
+        let r = send(&client, &base, "{}").await.unwrap();
+        assert_eq!(r.bytes_within(41).await.unwrap().len(), 41, "{answer}");
+    }
+}
