@@ -209,9 +209,80 @@ pub(crate) fn object(raw: &[u8]) -> Option<Fields> {
     }
 }
 
+/// Where a top-level key's value is in an object body's raw text.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// The value's bytes (its last occurrence, as a `Value` reads it; trailing whitespace
+    /// included).
+    Value(std::ops::Range<usize>),
+    /// Not there: the object opens at this byte (its `{`), and has no field at all if `empty`.
+    Absent { open: usize, empty: bool },
+}
+
+/// Where `key`'s value is at the top level of the object `raw`, walked as [`object`] walks it
+/// (values skipped, not read: `raw` is known to be valid JSON); `None` when this walk does not
+/// take it (an escaped key, deep nesting, not an object).
+pub(crate) fn slot(raw: &[u8], key: &str) -> Option<Slot> {
+    let mut c = Cursor::new(raw);
+    if c.next()? != b'{' {
+        return None;
+    }
+    let open = c.at - 1;
+    if c.peek()? == b'}' {
+        return Some(Slot::Absent { open, empty: true });
+    }
+    let mut found = None;
+    loop {
+        let this = c.plain_key()?;
+        if c.next()? != b':' {
+            return None;
+        }
+        c.skip_whitespace();
+        let start = c.at;
+        let end = c.skip_value()?;
+        if this == key {
+            found = Some(start..end);
+        }
+        match c.next()? {
+            b',' => {}
+            b'}' => return Some(found.map_or(Slot::Absent { open, empty: false }, Slot::Value)),
+            _ => return None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_top_level_keys_value_is_found_in_the_raw_text() {
+        let raw = br#"{"a": {"k": 1}, "k" : "x" , "b": [1]}"#;
+        let Some(Slot::Value(r)) = slot(raw, "k") else {
+            panic!()
+        };
+        assert_eq!(&raw[r], br#""x" "#);
+        assert_eq!(
+            slot(br#" {"a": 1}"#, "k"),
+            Some(Slot::Absent {
+                open: 1,
+                empty: false
+            })
+        );
+        assert_eq!(
+            slot(b"{ }", "k"),
+            Some(Slot::Absent {
+                open: 0,
+                empty: true
+            })
+        );
+        let Some(Slot::Value(r)) = slot(br#"{"k": 1, "k": null}"#, "k") else {
+            panic!()
+        };
+        assert_eq!(r, 14..18, "the last one, as a Value reads it");
+        assert_eq!(slot(br#"{"\u006b": 1}"#, "k"), None);
+        assert_eq!(slot(b"[1]", "k"), None);
+    }
 
     /// The walk takes what it can check and leaves the rest to `serde_json`.
     #[test]

@@ -383,3 +383,46 @@ async fn a_passed_through_stream_is_whole_only_with_its_done_in_any_line_ending(
         server.stop().await;
     }
 }
+
+/// Found by a probe: a worker's 429 reached the client without its `Retry-After` (and its
+/// `x-ratelimit-*`), which OpenAI clients read to back off. They are passed on, streamed or not.
+#[tokio::test]
+async fn a_workers_retry_after_reaches_the_client() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 << 10];
+                let _ = conn.read(&mut buf).await;
+                let body = "{\"error\":{\"message\":\"slow down\"}}";
+                let answer = format!(
+                    "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
+                     retry-after: 7\r\nx-ratelimit-remaining-requests: 0\r\nserver: x\r\n\
+                     content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = kvrouter_server::start(one_worker_at(url, "m"), listener)
+        .await
+        .unwrap();
+    for stream in [false, true] {
+        let r = reqwest::Client::new()
+            .post(format!("http://{}/v1/completions", server.addr))
+            .json(&json!({"model": "m", "prompt": "hi", "max_tokens": 4, "stream": stream}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 429);
+        assert_eq!(r.headers()["retry-after"], "7", "stream: {stream}");
+        assert_eq!(r.headers()["x-ratelimit-remaining-requests"], "0");
+        assert!(r.headers().get("server").is_none());
+        assert!(r.text().await.unwrap().contains("slow down"));
+    }
+    server.stop().await;
+}

@@ -16,7 +16,7 @@ use axum::body::Bytes;
 use kvrouter_openai::continuation::{
     body_text, chunk_text, finished_by_abort, finishing, set_body_text, tool_call,
 };
-use kvrouter_openai::fingerprint::{fingerprint, stamp, stamp_first_event};
+use kvrouter_openai::fingerprint::{fingerprint, stamp, stamp_first_event, stamp_raw};
 use kvrouter_openai::sse::{self, EventSplitter};
 use kvrouter_openai::{first_n, Kind};
 use serde_json::Value;
@@ -386,16 +386,26 @@ impl Continuation {
             return Whole::Continue;
         }
         let usage = kvrouter_openai::usage::of(&v).cloned();
-        if let Some(first_usage) = self.original_usage.take() {
-            let joined = format!("{}{}", self.generated_text, body_text(self.kind, &v));
-            set_body_text(self.kind, &mut v, &joined);
-            let completion =
-                v["usage"]["completion_tokens"].as_u64().unwrap_or(0) + self.generated_tokens;
-            if first_usage.is_object() {
-                v["usage"] = kvrouter_openai::usage::joined(first_usage, completion);
-            }
+        let fp = fingerprint(self.version);
+        let Some(first_usage) = self.original_usage.take() else {
+            // One part: the engine's body as it wrote it, stamped in its text.
+            let body = match stamp_raw(&bytes, &fp) {
+                Some(stamped) => Bytes::from(stamped),
+                None => {
+                    stamp(&mut v, &fp);
+                    serde_json::to_vec(&v).map(Bytes::from).unwrap_or(bytes)
+                }
+            };
+            return Whole::Done { body, usage };
+        };
+        let joined = format!("{}{}", self.generated_text, body_text(self.kind, &v));
+        set_body_text(self.kind, &mut v, &joined);
+        let completion =
+            v["usage"]["completion_tokens"].as_u64().unwrap_or(0) + self.generated_tokens;
+        if first_usage.is_object() {
+            v["usage"] = kvrouter_openai::usage::joined(first_usage, completion);
         }
-        stamp(&mut v, &fingerprint(self.version));
+        stamp(&mut v, &fp);
         let body = serde_json::to_vec(&v).map(Bytes::from).unwrap_or(bytes);
         Whole::Done { body, usage }
     }

@@ -41,6 +41,7 @@ pub(crate) async fn respond(
     let (kind, isl, version) = (req.kind, req.input.isl_tokens, decision.policy_version);
     let passed_through = req.endpoint.is_some();
     if !req.stream && status.is_success() && !passed_through {
+        let passed = response.passed_headers().to_vec();
         // Read whole (it is one JSON object): stamped with the policy version, and continued
         // if a weight update aborted it.
         let first = match forward::read(&req.state, response, &mut guard, &mut stop).await {
@@ -59,15 +60,21 @@ pub(crate) async fn respond(
         let machine = Continuation::new(kind, follow, version, isl, unmigratable);
         let flow = Flow::new(req, machine, worker, stop);
         let (out, worker, version) = forward::whole(flow, first, guard).await?;
-        let builder = Response::builder()
+        let mut builder = Response::builder()
             .status(status)
             .header("content-type", "application/json");
+        for (name, value) in passed {
+            builder = builder.header(name, value);
+        }
         let builder = headers(builder, worker, version, &decision, expose);
         return Ok(builder.body(Body::from(out)).expect("valid response"));
     }
     let mut builder = Response::builder().status(status);
     if let Some(ct) = response.content_type() {
         builder = builder.header("content-type", ct.clone());
+    }
+    for (name, value) in response.passed_headers() {
+        builder = builder.header(name, value);
     }
     let builder = headers(builder, worker, version, &decision, expose);
     // A streamed answer is SSE unless the worker said otherwise (a JSON body answering a

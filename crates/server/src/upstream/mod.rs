@@ -270,7 +270,12 @@ impl Client {
                 pool: self.pool.clone(),
                 addr: target.addr.clone(),
             };
-            return Ok(Response::direct(status, head.content_type, body));
+            return Ok(Response::direct(
+                status,
+                head.content_type,
+                head.passed,
+                body,
+            ));
         }
     }
 

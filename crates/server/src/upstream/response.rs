@@ -3,7 +3,7 @@
 //! for and kept ([`Response::first_chunk`]).
 
 use super::Direct;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
 use std::time::Duration;
@@ -17,6 +17,8 @@ pub(crate) const MAX_ANSWER_BYTES: usize = kvrouter_openai::MAX_REQUEST_BODY_BYT
 pub(crate) struct Response {
     status: StatusCode,
     content_type: Option<HeaderValue>,
+    /// The worker's headers passed on to the client (`retry-after`, `x-ratelimit-*`).
+    passed: Vec<(HeaderName, HeaderValue)>,
     body: Body,
     /// What waiting for the body's first chunk gave ([`Response::first_chunk`]).
     first: First,
@@ -53,6 +55,11 @@ impl Response {
 
     pub(crate) fn content_type(&self) -> Option<&HeaderValue> {
         self.content_type.as_ref()
+    }
+
+    /// The worker's headers that go on to the client (`retry-after`, `x-ratelimit-*`).
+    pub(crate) fn passed_headers(&self) -> &[(HeaderName, HeaderValue)] {
+        &self.passed
     }
 
     /// Whether the body is read by the task that polls it (no connection task between).
@@ -152,11 +159,13 @@ impl Response {
     pub(super) fn direct(
         status: StatusCode,
         content_type: Option<HeaderValue>,
+        passed: Vec<(HeaderName, HeaderValue)>,
         body: Direct,
     ) -> Self {
         Self {
             status,
             content_type,
+            passed,
             body: Body::Direct(body),
             first: First::NotAsked,
             waited: Duration::ZERO,
@@ -176,6 +185,15 @@ impl Response {
                 .headers()
                 .get("content-type")
                 .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()),
+            passed: r
+                .headers()
+                .iter()
+                .filter(|(name, _)| super::wire::passed_on(name.as_str()))
+                .filter_map(|(name, value)| {
+                    let name = HeaderName::from_bytes(name.as_str().as_bytes()).ok()?;
+                    Some((name, HeaderValue::from_bytes(value.as_bytes()).ok()?))
+                })
+                .collect(),
             body: Body::Reqwest(r),
             first: First::NotAsked,
             waited: Duration::ZERO,

@@ -2,8 +2,19 @@
 //! response's head (RFC 9112 §4–6) and the response body's framing (a length, chunked, or to
 //! the connection's close). Bytes in, bytes out; the caller reads and writes the socket.
 
-use axum::http::HeaderValue;
+use axum::http::{HeaderName, HeaderValue};
 use bytes::{Buf, Bytes, BytesMut};
+
+/// Whether a worker's response header is passed on to the client: `retry-after` and the
+/// `x-ratelimit-*` family, which tell a client when to come back. The router writes its own
+/// framing, content type and `x-kvrouter-*` headers; the rest of the worker's are not sent.
+pub(crate) fn passed_on(name: &str) -> bool {
+    const RATE: &str = "x-ratelimit-";
+    name.eq_ignore_ascii_case("retry-after")
+        || name
+            .get(..RATE.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(RATE))
+}
 
 /// Longest response head read (status line and headers).
 pub(crate) const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -91,6 +102,8 @@ pub(crate) enum Framing {
 pub(crate) struct Head {
     pub(crate) status: u16,
     pub(crate) content_type: Option<HeaderValue>,
+    /// The headers passed on to the client ([`passed_on`]).
+    pub(crate) passed: Vec<(HeaderName, HeaderValue)>,
     pub(crate) framing: Framing,
     /// The connection may carry another request once the body has been read.
     pub(crate) keep_alive: bool,
@@ -130,6 +143,7 @@ pub(crate) fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, WireError> 
 
 fn head_of(status: u16, version: u8, headers: &[httparse::Header<'_>]) -> Result<Head, WireError> {
     let mut content_type = None;
+    let mut passed = Vec::new();
     let mut length: Option<u64> = None;
     let mut chunked = None;
     let mut close = version == 0;
@@ -154,6 +168,13 @@ fn head_of(status: u16, version: u8, headers: &[httparse::Header<'_>]) -> Result
             // The last coding decides: chunked, or the body runs to the close.
             let last = h.value.rsplit(|&b| b == b',').next().unwrap_or(b"");
             chunked = Some(trim(last).eq_ignore_ascii_case(b"chunked"));
+        } else if passed_on(name) {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_bytes(h.value),
+            ) {
+                passed.push((n, v));
+            }
         } else if name.eq_ignore_ascii_case("connection") {
             for token in h.value.split(|&b| b == b',').map(trim) {
                 if token.eq_ignore_ascii_case(b"close") {
@@ -183,6 +204,7 @@ fn head_of(status: u16, version: u8, headers: &[httparse::Header<'_>]) -> Result
     Ok(Head {
         status,
         content_type,
+        passed,
         framing,
         keep_alive,
     })

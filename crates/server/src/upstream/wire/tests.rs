@@ -135,6 +135,25 @@ fn heads_say_how_the_body_ends_and_whether_the_connection_stays() {
     .unwrap()
     .unwrap();
     assert_eq!(h.content_type.unwrap(), "a/b");
+    // When to come back is kept for the client; other headers are not.
+    let h = head(
+        "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\nX-RateLimit-Remaining-Requests: 0\r\n\
+         server: uvicorn\r\nx-ratelimit: odd\r\ncontent-length: 0\r\n\r\n",
+    )
+    .unwrap()
+    .unwrap();
+    let passed: Vec<(String, &str)> = h
+        .passed
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_str().unwrap()))
+        .collect();
+    assert_eq!(
+        passed,
+        [
+            ("retry-after".to_owned(), "7"),
+            ("x-ratelimit-remaining-requests".to_owned(), "0")
+        ]
+    );
     // The same length twice is one length; two lengths are an error.
     let h = head("HTTP/1.1 200 OK\r\ncontent-length: 3, 3\r\n\r\n")
         .unwrap()
