@@ -202,6 +202,16 @@ async fn a_stream_whose_engine_freezes_mid_way_ends_after_the_idle_timeout() {
         1.0,
         "the frozen worker counts as failed"
     );
+    // Each cut is counted as what it was (found by a probe: only head timeouts were).
+    assert_eq!(
+        common::metric(
+            &base,
+            "kvrouter_upstream_timeouts_total{kind=\"stream_idle\"}"
+        )
+        .await
+        .unwrap_or(0.0),
+        2.0
+    );
     e.signal("-CONT");
 }
 

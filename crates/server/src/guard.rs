@@ -45,6 +45,8 @@ pub(crate) struct LoadGuard {
     /// The router's own count of the prompt this attempt sent (`None`: a continuation, whose
     /// prompt the router extended, or an empty prompt).
     router_prompt_tokens: Option<std::num::NonZeroU64>,
+    /// The worker's HTTP status, when it said one.
+    status: Option<u16>,
     /// Counts it as an RL request for the planner (`--planner-advise`) until it drops.
     _rl: Option<crate::planner::RlToken>,
 }
@@ -80,6 +82,7 @@ impl LoadGuard {
             attempt_first: None,
             carried: 0,
             router_prompt_tokens: None,
+            status: None,
             _rl: None,
         }
     }
@@ -126,10 +129,22 @@ impl LoadGuard {
         }
     }
 
-    /// The worker answered with HTTP status `status` (for the access line).
+    /// The worker answered with HTTP status `status` (the access line; [`LoadGuard::refused`]).
     pub(crate) fn answered_status(&mut self, status: u16) {
+        self.status = Some(status);
         if let Some(p) = self.prov.as_mut() {
             p.http_status = Some(status);
+        }
+    }
+
+    /// How an answer the worker gave with an error status counts (`None`: a success, or none
+    /// said); no TTFT, ITL or output length is learnt from its body, the worker's error.
+    fn refused(&self) -> Option<&'static str> {
+        match self.status? {
+            200..=299 => None,
+            429 => Some("rejected"),
+            400..=499 => Some("client_error"),
+            _ => Some("upstream_error"),
         }
     }
 
@@ -293,17 +308,22 @@ impl LoadGuard {
                 let mut core = self.state.inner.lock_core();
                 let _ = core.first_token(self.id);
                 // The cost policy's online fit (router_cost_fit) learns from the TTFT.
-                core.observe_first_token(self.id, at);
+                if self.refused().is_none() {
+                    core.observe_first_token(self.id, at);
+                }
             }
             self.state.inner.wake_queue();
         }
+        let answer = self.refused().is_none();
         if self.first_at.is_none() {
             self.first_at = Some(now);
-            self.model
-                .ttft
-                .observe(now.duration_since(self.arrival).as_secs_f64());
+            if answer {
+                self.model
+                    .ttft
+                    .observe(now.duration_since(self.arrival).as_secs_f64());
+            }
         } else if let Some(prev) = self.last_chunk {
-            if self.stream {
+            if self.stream && answer {
                 self.model
                     .itl
                     .observe(now.duration_since(prev).as_secs_f64());
@@ -384,11 +404,14 @@ impl LoadGuard {
             0
         };
         let output = self.carried + reported.unwrap_or(counted);
-        let measured = match learn {
-            Learn::Always => true,
-            Learn::IfReported => reported.is_some(),
-            Learn::Never => false,
-        };
+        let refused = self.refused();
+        let measured = refused.is_none()
+            && match learn {
+                Learn::Always => true,
+                Learn::IfReported => reported.is_some(),
+                Learn::Never => false,
+            };
+        let status = refused.unwrap_or("ok");
         // The cost policy learns output lengths (per RL group, prompt and overall).
         inner.release_observed(self.id, Release::Finished, measured.then_some(output));
         if let (Some(group), true) = (self.group, self.counts_as_sample) {
@@ -398,7 +421,7 @@ impl LoadGuard {
         self.model
             .duration
             .observe(self.arrival.elapsed().as_secs_f64());
-        m.requests.inc(&self.labels("ok"));
+        m.requests.inc(&self.labels(status));
         if measured {
             m.osl.observe(output as f64);
         }
@@ -411,14 +434,14 @@ impl LoadGuard {
         {
             m.cached_tokens.observe(cached as f64);
         }
-        self.capture("ok");
+        self.capture(status);
         // A stream the client asked no usage of (`stream_options.include_usage`): the line
         // carries the tokens counted, over all attempts (it said 0, or a migrated stream's
         // tokens before its move only: found by probing).
         if let (None, Some(p)) = (reported, self.prov.as_mut()) {
             p.output_tokens = p.output_tokens.max(output);
         }
-        self.log_provenance("ok", usage.as_ref());
+        self.log_provenance(status, usage.as_ref());
     }
 }
 

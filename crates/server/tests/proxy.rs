@@ -385,7 +385,8 @@ async fn a_passed_through_stream_is_whole_only_with_its_done_in_any_line_ending(
 }
 
 /// Found by a probe: a worker's 429 reached the client without its `Retry-After` (and its
-/// `x-ratelimit-*`), which OpenAI clients read to back off. They are passed on, streamed or not.
+/// `x-ratelimit-*`), which OpenAI clients read to back off. They are passed on, streamed or not;
+/// and the answers counted as `ok`, with a TTFT. They count as the worker's refusal now.
 #[tokio::test]
 async fn a_workers_retry_after_reaches_the_client() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -424,5 +425,16 @@ async fn a_workers_retry_after_reaches_the_client() {
         assert!(r.headers().get("server").is_none());
         assert!(r.text().await.unwrap().contains("slow down"));
     }
+    // Counted as the worker's refusal, not as answers: no TTFT from its error bodies.
+    let m = metrics(&reqwest::Client::new(), &format!("http://{}", server.addr)).await;
+    for (status, n) in [("rejected", 2.0), ("ok", 0.0)] {
+        let key = format!("kvrouter_requests_total{{status=\"{status}\"");
+        assert_eq!(metric(&m, &key), n, "{status}: {m}");
+    }
+    assert_eq!(
+        metric(&m, "kvrouter_time_to_first_token_seconds_count"),
+        0.0,
+        "{m}"
+    );
     server.stop().await;
 }

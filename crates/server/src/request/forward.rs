@@ -139,8 +139,13 @@ impl Idle {
     }
 }
 
-/// The next batch of chunks; an error when the upstream sends nothing for the idle limit.
-async fn next_chunk(up: &mut Upstream, idle: Option<&mut Idle>) -> Option<Result<Batch, String>> {
+/// The next batch of chunks; an error when the upstream sends nothing for the idle limit
+/// (counted in `kvrouter_upstream_timeouts_total{kind="stream_idle"}`).
+async fn next_chunk(
+    up: &mut Upstream,
+    idle: Option<&mut Idle>,
+    metrics: &crate::metrics::Metrics,
+) -> Option<Result<Batch, String>> {
     let Some(idle) = idle else {
         return up.next().await;
     };
@@ -149,10 +154,13 @@ async fn next_chunk(up: &mut Upstream, idle: Option<&mut Idle>) -> Option<Result
     tokio::select! {
         biased;
         next = up.next() => next,
-        _ = idle.expired() => Some(Err(format!(
-            "the worker sent nothing for {:.3}s (--stream-idle-timeout-secs)",
-            limit.as_secs_f64()
-        ))),
+        _ = idle.expired() => {
+            metrics.upstream_timeouts.inc(&[("kind", "stream_idle")]);
+            Some(Err(format!(
+                "the worker sent nothing for {:.3}s (--stream-idle-timeout-secs)",
+                limit.as_secs_f64()
+            )))
+        }
     }
 }
 
@@ -175,7 +183,7 @@ pub(crate) fn stream(
             let armed = !f.machine.done();
             let mut stop = if armed { f.stop.take() } else { None };
             let next = tokio::select! {
-                n = next_chunk(&mut up, idle.as_mut()) => n,
+                n = next_chunk(&mut up, idle.as_mut(), &f.req.state.inner.metrics) => n,
                 _ = stopped(&mut stop) => {
                     // The group has enough samples: end here with what was produced.
                     guard.produced(f.machine.generated_tokens());
@@ -186,6 +194,7 @@ pub(crate) fn stream(
             if armed {
                 f.stop = stop;
             }
+            let mut cause = None;
             let clean = match next {
                 Some(Ok(Batch {
                     bytes: chunk,
@@ -201,7 +210,10 @@ pub(crate) fn stream(
                     f.sent = true;
                     return Some((Ok(out), Some((up, guard, f, idle))));
                 }
-                Some(Err(_)) => false,
+                Some(Err(e)) => {
+                    cause = Some(e);
+                    false
+                }
                 None => true,
             };
             let after_abort = match f.machine.upstream_over(clean) {
@@ -213,6 +225,11 @@ pub(crate) fn stream(
                     message,
                     worker_failed,
                 } => {
+                    // What the upstream did, after what it means for the answer.
+                    let message = match cause {
+                        Some(cause) => format!("{message}: {cause}"),
+                        None => message,
+                    };
                     if worker_failed {
                         let worker = guard.worker();
                         f.req.state.observe_health(worker, false, Source::Request);
