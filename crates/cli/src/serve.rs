@@ -35,8 +35,9 @@ pub(crate) struct ServeArgs {
     /// A worker's base URL (repeatable), e.g. http://10.0.0.5:8000.
     #[arg(help_heading = H::LISTEN, long = "worker")]
     workers: Vec<String>,
-    /// A TOML file of `[[workers]]` (url, kv_events_endpoint, replay_endpoint, dp_size,
-    /// block_size, max_num_batched_tokens, kv_capacity_blocks, labels, profile).
+    /// A TOML file of `[[workers]]` (id, url, kv_events_endpoint, replay_endpoint, dp_size,
+    /// block_size, max_num_batched_tokens, kv_capacity_blocks, labels, policy_version, engine,
+    /// models, profile; docs/serve.md, "Workers file").
     #[arg(help_heading = H::LISTEN, long)]
     workers_file: Option<PathBuf>,
     /// Start N embedded mock engines and route to them (at most 256).
