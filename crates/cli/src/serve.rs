@@ -316,7 +316,13 @@ impl ServeArgs {
                 self.mock_weight_load_ms,
                 "--mock-weight-load-ms",
             )?,
-            http: self.http.limits()?,
+            // They stop after the router's drain, which ended everything it sent them; what is
+            // left (a weight load the drain cut short) is ended at once, not given a second
+            // grace period (found by a probe: the exit took twice the grace).
+            http: kvrouter_http::HttpLimits {
+                shutdown_grace: std::time::Duration::ZERO,
+                ..self.http.limits()?
+            },
             max_step_lag: crate::flag_values::non_negative_ms(
                 self.mock_max_step_lag_ms,
                 "--mock-max-step-lag-ms",

@@ -613,3 +613,74 @@ async fn an_update_over_engine_processes_reaches_the_engines_and_continues_their
         );
     }
 }
+
+/// Found by a probe: a worker removed while it loaded new weights left the cycle running for
+/// good (the worker loaded beside it waited for it, out of rotation) and its engine paused
+/// (its resume looked the worker up and found it gone). It leaves the cycle now, and its
+/// engine is resumed at the address it had.
+#[tokio::test]
+async fn a_worker_removed_mid_load_leaves_the_cycle_and_its_engine_serving() {
+    let mut engines = Vec::new();
+    for _ in 0..2 {
+        let args = ["mock-engine", "--port", "0", "--weight-load-ms", "1500"];
+        engines.push(common::spawn(&args).await);
+    }
+    let urls: Vec<String> = engines.iter().map(common::Proc::http).collect();
+    let mut args = vec!["serve", "--port", "0", "--admin-token", TOKEN];
+    for u in &urls {
+        args.extend(["--worker", u.as_str()]);
+    }
+    let proc = common::spawn(&args).await;
+    let s = Server {
+        base: proc.http(),
+        _proc: proc,
+        client: reqwest::Client::new(),
+    };
+    let info = |u: String| {
+        let client = s.client.clone();
+        async move {
+            let r = client.get(format!("{u}/server_info")).send().await;
+            r.unwrap().json::<Value>().await.unwrap()
+        }
+    };
+    let (status, _) = admin(&s, "/admin/policy/update", Some(json!({"version": 2}))).await;
+    assert_eq!(status, 202);
+    common::until("engine 0 paused for its load", WAIT, || async {
+        info(urls[0].clone()).await["paused"] == true
+    })
+    .await;
+    let removed = s
+        .client
+        .delete(format!("{}/admin/workers/0", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status().as_u16(), 200);
+    common::until("the cycle to end without worker 0", WAIT, || async {
+        let (_, p) = admin(&s, "/admin/policy", None).await;
+        p["update"]["running"] == false
+    })
+    .await;
+    common::until("engine 0 resumed", WAIT, || async {
+        info(urls[0].clone()).await["paused"] == false
+    })
+    .await;
+    // Worker 1 serves the new version.
+    let a = complete(&s, 0, false, &[]).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.fingerprints, ["policy-2"], "{a:?}");
+    // A router stopped mid-load resumes the engine it paused before it exits (found by the
+    // same probe: it exited and left the engine paused, and the next router's requests hung).
+    let (status, _) = admin(&s, "/admin/policy/update", Some(json!({"version": 3}))).await;
+    assert_eq!(status, 202);
+    common::until("engine 1 paused for its load", WAIT, || async {
+        info(urls[1].clone()).await["paused"] == true
+    })
+    .await;
+    s._proc.signal("-TERM");
+    common::until("engine 1 resumed by the stopping router", WAIT, || async {
+        info(urls[1].clone()).await["paused"] == false
+    })
+    .await;
+}

@@ -94,6 +94,10 @@ use std::net::SocketAddr;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+/// How long the engines a weight update holds paused are given to answer their resume when
+/// the router stops (docs/operations.md, shutdown).
+const RELEASE_AT_STOP: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -157,12 +161,15 @@ pub async fn start(
     let (shutdown, mut rx) = watch::channel(false);
     let router = app(state.clone());
     let (limits, lifecycle) = (config.http.clone(), state.inner.lifecycle.clone());
+    let state_for_stop = state.clone();
     let server = tokio::spawn(async move {
         // Client timeouts, TCP_NODELAY, and the drain on shutdown.
         kvrouter_http::serve(listener, router, limits, lifecycle, async move {
             let _ = rx.wait_for(|stop| *stop).await;
         })
         .await;
+        // An update cut short by the shutdown leaves no engine paused.
+        update::release_held_engines(&state_for_stop, RELEASE_AT_STOP).await;
         driver.abort();
         if let Some(task) = advisor {
             task.abort();

@@ -137,6 +137,15 @@ impl Inner {
         }
     }
 
+    /// Hands a weight-update cycle's driver its next engine calls, even none: it wakes and sees
+    /// whether its cycle ended (a worker left it).
+    pub(crate) fn send_update_actions(&self, actions: Vec<UpdateAction>) {
+        let driver = self.update_actions.lock().expect("update lock").clone();
+        if let Some(tx) = driver {
+            let _ = tx.send(actions);
+        }
+    }
+
     /// Carries out effects of the core: each placement goes to its waiting handler (one whose
     /// handler has gone is released again), update loads go to the cycle's driver.
     #[allow(clippy::disallowed_methods)] // releases an undeliverable placement, applying its effects

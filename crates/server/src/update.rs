@@ -3,6 +3,7 @@
 //! ([`crate::engines`]) and reports back. Requests aborted on an engine are continued by their
 //! streams (see `migrate.rs`), so nothing that entered before the update is lost.
 
+use crate::config::WorkerEntry;
 use crate::engines::{Call, EngineKind, LoadSpec};
 use crate::error::ServeError;
 use crate::registry;
@@ -248,6 +249,15 @@ async fn engine_kind(state: &AppState, worker: WorkerId) -> EngineKind {
     let Some(url) = registry::url_of(state, worker) else {
         return EngineKind::Vllm;
     };
+    let (kind, known) = kind_at(state, &url).await;
+    if known {
+        registry::set_engine(state, worker, kind);
+    }
+    kind
+}
+
+/// The engine kind the engine at `url` states (`/server_info`), and whether it answered.
+async fn kind_at(state: &AppState, url: &str) -> (EngineKind, bool) {
     let answer = state
         .inner
         .http
@@ -260,26 +270,26 @@ async fn engine_kind(state: &AppState, worker: WorkerId) -> EngineKind {
         // An answer without it (vLLM has no /server_info) says as much as one with it.
         Ok(_) => None,
         // No answer: guess, and ask again next time.
-        Err(_) => return EngineKind::from_server_info(None),
+        Err(_) => return (EngineKind::from_server_info(None), false),
     };
-    let kind = EngineKind::from_server_info(info.as_ref());
-    registry::set_engine(state, worker, kind);
-    kind
+    (EngineKind::from_server_info(info.as_ref()), true)
 }
 
-/// Pause (nothing is in flight any more), load, resume.
+/// Pause (nothing is in flight any more), load, resume. Every call goes to the URL the worker
+/// had when its load began: a worker removed meanwhile is still resumed.
 async fn load_weights(
     state: &AppState,
     worker: WorkerId,
     version: u64,
     load: &LoadSpec,
 ) -> Result<(), String> {
+    let url = registry::url_of(state, worker).ok_or("the worker was removed")?;
     let control = engine_kind(state, worker).await.control();
     let flush = state.inner.config.router.kv_retention == KvRetention::Flush;
     let loaded = async {
-        call(state, worker, &control.pause(false)).await?;
+        call_at(state, &url, &control.pause(false)).await?;
         for c in control.load(version, load, flush) {
-            call(state, worker, &c).await?;
+            call_at(state, &url, &c).await?;
         }
         Ok::<(), String>(())
     }
@@ -287,8 +297,76 @@ async fn load_weights(
     // Resume even after a failed pause or load (an abort may have paused it already): the
     // engine keeps serving its old weights, and the router keeps it out of rotation until an
     // operator looks.
-    let resumed = call(state, worker, &control.resume()).await;
+    let resumed = call_at(state, &url, &control.resume()).await;
     loaded.and(resumed)
+}
+
+/// A worker left the fleet (`DELETE /admin/workers/{id}`, discovery): it leaves the running
+/// cycle, so the workers loaded beside it come back and the cycle can end without it. An
+/// engine an abort paused (and no load took over) is resumed: it is no longer the router's,
+/// but it must not be left paused. (One loading is resumed by its load's own end.)
+pub(crate) fn worker_removed(state: &AppState, worker: WorkerId, entry: &WorkerEntry) {
+    let inner = &state.inner;
+    let (actions, aborted) = {
+        let mut core = inner.lock_core();
+        let aborted = core.update_phase(worker) == Some(UpdatePhase::Draining)
+            && core
+                .update_status()
+                .is_some_and(|s| s.plan.mode == UpdateMode::Abort);
+        (core.update_worker_removed(worker, inner.now()), aborted)
+    };
+    inner.send_update_actions(actions);
+    inner.wake_queue();
+    if aborted {
+        let (state, url, known) = (state.clone(), entry.url.clone(), entry.engine);
+        tokio::spawn(async move {
+            let url = url.trim_end_matches('/');
+            let kind = match known {
+                Some(kind) => kind,
+                None => kind_at(&state, url).await.0,
+            };
+            if let Err(e) = call_at(&state, url, &kind.control().resume()).await {
+                tracing::warn!("removed worker {worker} ({url}): resuming its engine: {e}");
+            }
+        });
+    }
+}
+
+/// At shutdown, resumes the engines a running cycle holds paused (aborted, or loading), each
+/// at most `within`: the router's exit must not leave them paused with no one to resume them.
+pub(crate) async fn release_held_engines(state: &AppState, within: Duration) {
+    let held: Vec<WorkerId> = {
+        let core = state.inner.lock_core();
+        let Some(status) = core.update_status().filter(|s| s.finished.is_none()) else {
+            return;
+        };
+        let abort = status.plan.mode == UpdateMode::Abort;
+        status
+            .phases
+            .iter()
+            .filter(|(_, p)| match p {
+                UpdatePhase::Draining => abort,
+                UpdatePhase::Updating => true,
+                _ => false,
+            })
+            .map(|(w, _)| *w)
+            .collect()
+    };
+    let resume = held.into_iter().map(|worker| async move {
+        let resumed = async {
+            let resume = engine_kind(state, worker).await.control().resume();
+            call(state, worker, &resume).await
+        };
+        match tokio::time::timeout(within, resumed).await {
+            Ok(Ok(())) => tracing::info!("shutdown: resumed worker {worker}, held by the update"),
+            Ok(Err(e)) => tracing::warn!("shutdown: resuming worker {worker}: {e}"),
+            Err(_) => tracing::warn!(
+                "shutdown: worker {worker} did not answer its resume within {within:?}; its \
+                 engine may stay paused (resume it by hand)"
+            ),
+        }
+    });
+    futures::future::join_all(resume).await;
 }
 
 /// Resumes a worker's engine (a weight update that paused it was abandoned: its replica died).
@@ -323,6 +401,11 @@ pub(crate) async fn resume_engine(state: &AppState, worker: WorkerId) -> Result<
 
 async fn call(state: &AppState, worker: WorkerId, c: &Call) -> Result<(), String> {
     let url = registry::url_of(state, worker).ok_or("the worker was removed")?;
+    call_at(state, &url, c).await
+}
+
+/// One engine call to the engine at `url`.
+async fn call_at(state: &AppState, url: &str, c: &Call) -> Result<(), String> {
     let response = state
         .inner
         .http

@@ -285,7 +285,6 @@ impl Router {
             .as_mut()
             .filter(|c| c.running())
             .ok_or(UpdateError::NotUpdating(worker))?;
-        let version = cycle.plan.version;
         match cycle.phases.get_mut(&worker) {
             Some(p) if *p == UpdatePhase::Updating => {
                 *p = if ok {
@@ -299,7 +298,30 @@ impl Router {
         if !ok {
             self.pause_for_failed_load(worker);
         }
-        let cycle = self.update.as_mut().expect("running cycle");
+        Ok(self.settle_update(now))
+    }
+
+    /// A worker of the running cycle was removed from the fleet (`remove_worker`): it leaves
+    /// the cycle, so loaded workers no longer wait for its load and the cycle can finish
+    /// without it. Returns the next engine calls (none when it took no part).
+    pub fn update_worker_removed(&mut self, worker: WorkerId, now: Time) -> Vec<UpdateAction> {
+        let Some(cycle) = self.update.as_mut().filter(|c| c.running()) else {
+            return Vec::new();
+        };
+        if cycle.phases.remove(&worker).is_none() {
+            return Vec::new();
+        }
+        cycle.load_started.remove(&worker);
+        self.settle_update(now)
+    }
+
+    /// Brings loaded workers back once no earlier load is still under way, ends the cycle when
+    /// every target is done or failed, and moves the next batch out of rotation.
+    fn settle_update(&mut self, now: Time) -> Vec<UpdateAction> {
+        let Some(cycle) = self.update.as_mut().filter(|c| c.running()) else {
+            return Vec::new();
+        };
+        let version = cycle.plan.version;
         // A loaded worker waits for the loads that started no later than its own (loads take
         // about as long as each other, so workers loading together come back together), not
         // for later ones nor for workers still draining (a drain lasts as long as its longest
@@ -338,7 +360,7 @@ impl Router {
                 self.clear_worker_cache(w);
             }
         }
-        Ok(self.next_batch(now))
+        self.next_batch(now)
     }
 
     /// The running or last cycle.

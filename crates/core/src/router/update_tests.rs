@@ -300,3 +300,38 @@ fn a_loaded_worker_does_not_wait_for_loads_that_started_after_its_own() {
     r.update_loaded(WorkerId(2), true, t(35)).unwrap();
     assert!(r.update_status().unwrap().finished.is_some());
 }
+
+/// Found by a probe: a worker removed while it loaded kept the cycle running for good (the
+/// worker loaded beside it waited for its load, and the cycle for its end), so the fleet stayed
+/// out of rotation. A removed worker leaves the cycle.
+#[test]
+fn a_worker_removed_during_the_cycle_leaves_it() {
+    let mut r = router(RouterMode::RoundRobin, 2);
+    let first = r
+        .begin_update(plan(3, UpdateMode::Drain, 1), Time::ZERO)
+        .unwrap();
+    assert_eq!(loads(&first), vec![0, 1], "both idle: both load");
+    // Worker 1 loads, but waits for worker 0, which began loading with it.
+    r.update_loaded(WorkerId(1), true, Time::from_micros(1))
+        .unwrap();
+    assert_eq!(r.update_phase(WorkerId(1)), Some(UpdatePhase::Loaded));
+    assert!(!r.is_available(WorkerId(1)));
+    // Worker 0 is removed mid-load: worker 1 comes back, and the cycle is over.
+    r.remove_worker(WorkerId(0)).unwrap();
+    let next = r.update_worker_removed(WorkerId(0), Time::from_micros(2));
+    assert!(next.is_empty());
+    let status = r.update_status().unwrap();
+    assert_eq!(status.finished, Some(Time::from_micros(2)));
+    assert_eq!((status.done, status.total), (1, 1));
+    assert!(r.is_available(WorkerId(1)));
+    assert_eq!(r.workers().next().map(|w| w.policy_version), Some(3));
+    // Its load's late answer is not the cycle's any more.
+    assert!(r
+        .update_loaded(WorkerId(0), true, Time::from_micros(3))
+        .is_err());
+    // A worker that took no part changes nothing.
+    assert!(r
+        .update_worker_removed(WorkerId(7), Time::from_micros(4))
+        .is_empty());
+    r.check_invariants().unwrap();
+}
