@@ -53,9 +53,29 @@ pub(crate) fn init(args: &LogArgs) -> anyhow::Result<()> {
 /// The filter `--log-level` (else `RUST_LOG`, else `info`) sets, checked.
 pub(crate) fn filter(args: &LogArgs) -> anyhow::Result<EnvFilter> {
     Ok(match &args.log_level {
-        Some(directives) => EnvFilter::try_new(directives)
-            .map_err(|e| anyhow::anyhow!("--log-level {directives:?}: {e}"))?,
+        Some(directives) => {
+            if let Some(word) = bare_target(directives) {
+                // A bare word is a target with every level on, and everything else off: a
+                // mistyped level (`warnn`) silenced every log line (found by a probe).
+                anyhow::bail!(
+                    "--log-level {directives:?}: `{word}` is not a level (trace, debug, info, \
+                     warn, error, off); name a target's level as `{word}=LEVEL`"
+                );
+            }
+            EnvFilter::try_new(directives)
+                .map_err(|e| anyhow::anyhow!("--log-level {directives:?}: {e}"))?
+        }
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    })
+}
+
+/// The first directive of `directives` that is a bare word other than a level.
+fn bare_target(directives: &str) -> Option<&str> {
+    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+    directives.split(',').map(str::trim).find(|d| {
+        !d.is_empty()
+            && !d.contains(['=', '['])
+            && !LEVELS.iter().any(|l| d.eq_ignore_ascii_case(l))
     })
 }
 

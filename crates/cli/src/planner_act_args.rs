@@ -60,12 +60,19 @@ impl PlannerActArgs {
         }
         let mut targets = Vec::new();
         let mut pools = BTreeSet::new();
+        let mut workloads = std::collections::BTreeMap::new();
         for t in &self.planner_targets {
             let target: PlannerTarget = t
                 .parse()
                 .map_err(|e| anyhow::anyhow!("--planner-target {e}"))?;
             if !pools.insert(target.pool.clone()) {
                 bail!("--planner-target: pool {:?} has two targets", target.pool);
+            }
+            // Two pools scaling one workload would each set its replicas (found by a probe).
+            let workload = (target.namespace.clone(), target.kind, target.name.clone());
+            let key = format!("{workload:?}");
+            if let Some(pool) = workloads.insert(key, target.pool.clone()) {
+                bail!("--planner-target {t}: pool {pool:?} scales that workload already");
             }
             targets.push(target);
         }

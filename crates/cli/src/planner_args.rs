@@ -96,6 +96,15 @@ impl PlannerArgs {
         {
             bail!("--planner-rl-rollout-share must be in (0, 1]");
         }
+        if self.planner_down_window_s < self.planner_up_window_s {
+            // A scale-down after the shorter window is undone at the next tick by the up
+            // window's peak: the fleet flaps (found by a probe).
+            bail!(
+                "--planner-down-window-s ({}) must be at least --planner-up-window-s ({})",
+                self.planner_down_window_s,
+                self.planner_up_window_s
+            );
+        }
         let config = PlannerConfig {
             min_workers: self.planner_min_workers,
             max_workers: self.planner_max_workers,

@@ -230,6 +230,9 @@ async fn the_access_log_is_off_by_default_and_sampled_when_asked() {
 async fn bad_log_flags_are_refused_naming_the_flag() {
     for (args, flag) in [
         (vec!["--log-level", "info,=bogus[["], "--log-level"),
+        // A mistyped level (a bare word is a target, all else off) silenced every line.
+        (vec!["--log-level", "warnn"], "--log-level"),
+        (vec!["--log-level", "info,kvrouter"], "--log-level"),
         (vec!["--access-log-sample", "1.5"], "--access-log-sample"),
         (vec!["--log-format", "xml"], "--log-format"),
     ] {

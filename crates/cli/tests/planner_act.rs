@@ -409,6 +409,23 @@ async fn bad_actuation_flags_are_named() {
             ][..],
             "--planner-act-cooldown-s",
         ),
+        // Two pools scaling one Deployment (found by a probe: both were accepted).
+        (
+            &[
+                "--planner-act",
+                "kubernetes",
+                "--planner-target",
+                "p=ns/deployment/x",
+                "--planner-target",
+                "q=ns/deployment/x",
+            ][..],
+            "scales that workload already",
+        ),
+        // A down window shorter than the up window flapped.
+        (
+            &["--planner-advise", "--planner-down-window-s", "3"][..],
+            "--planner-down-window-s",
+        ),
         (&["--planner-act", "ssh"][..], "--planner-act"),
         (
             &["--planner-target", "p=ns/deployment/x"][..],

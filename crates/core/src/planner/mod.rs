@@ -156,6 +156,10 @@ impl PlannerConfig {
         if self.up_window.is_zero() || self.down_window.is_zero() || self.horizon.is_zero() {
             return err("windows and horizon must be positive");
         }
+        if self.down_window < self.up_window {
+            // A scale-down would be undone by the up window's peak at the next tick.
+            return err("the down window must be at least the up window");
+        }
         Ok(())
     }
 }

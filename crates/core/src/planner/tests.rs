@@ -99,6 +99,13 @@ fn bounds_clamp_and_bad_configurations_are_refused() {
             ttft_p99_target_ms: Some(-1.0),
             ..PlannerConfig::default()
         },
+        // Found by a probe: a down window shorter than the up window flapped (a scale-down
+        // was undone by the up window's peak at the next tick).
+        PlannerConfig {
+            up_window: std::time::Duration::from_secs(5),
+            down_window: std::time::Duration::from_secs(3),
+            ..PlannerConfig::default()
+        },
     ] {
         assert!(Planner::new(bad).is_err());
     }
