@@ -5,7 +5,6 @@ use anyhow::{bail, Context};
 use kvrouter_core::timing::TimingModel;
 use kvrouter_server::config::Profiles;
 use kvrouter_server::{WorkerEntry, WorkersFile};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 /// The profile `name` as the router prices with it, every time divided by `speedup`.
@@ -16,8 +15,8 @@ fn model(name: &str, speedup: f64) -> Result<Arc<dyn TimingModel>, String> {
 }
 
 /// The entries of a `--workers-file`, each checked; an error names the file and the entry.
-pub(crate) fn read_workers_file(path: &PathBuf) -> anyhow::Result<Vec<WorkerEntry>> {
-    let text = std::fs::read_to_string(path)
+pub(crate) fn read_workers_file(path: &std::path::Path) -> anyhow::Result<Vec<WorkerEntry>> {
+    let text = crate::config_file::read_settings(path)
         .with_context(|| format!("--workers-file {}", path.display()))?;
     let file: WorkersFile =
         toml::from_str(&text).with_context(|| format!("--workers-file {}", path.display()))?;

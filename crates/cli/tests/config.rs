@@ -317,3 +317,30 @@ async fn serve_help_is_grouped_by_topic() {
         );
     }
 }
+
+/// Found by a probe: a file flag naming a device was read without end (memory grew about
+/// 1 GB/s until the kernel killed the process). Every file a command reads is refused unless
+/// it is a regular file, naming the flag.
+#[tokio::test]
+async fn a_device_given_as_a_file_is_refused_not_read() {
+    let cases: [&[&str]; 6] = [
+        &["serve", "--config", "/dev/zero"],
+        &["serve", "--workers-file", "/dev/zero"],
+        &["serve", "--mock-workers", "1", "--tokenizer", "/dev/zero"],
+        &[
+            "serve",
+            "--mock-workers",
+            "1",
+            "--chat-template",
+            "/dev/zero",
+        ],
+        &["sim", "--trace", "/dev/zero"],
+        &["plan", "--trace", "/dev/zero", "--ttft-p99-ms", "100"],
+    ];
+    for args in cases {
+        let (code, _, err) = finished(args, &[]).await;
+        assert_ne!(code, 0, "{args:?}");
+        assert!(err.contains("/dev/zero"), "{args:?}: {err}");
+        assert!(err.contains("not a regular file"), "{args:?}: {err}");
+    }
+}

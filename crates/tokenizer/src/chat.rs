@@ -107,7 +107,7 @@ impl ChatTemplate {
     /// A Jinja template file.
     pub fn from_file(path: &std::path::Path) -> Result<Self, TemplateError> {
         let origin = path.display().to_string();
-        let source = std::fs::read_to_string(path).map_err(|e| TemplateError {
+        let source = crate::read_file(path).map_err(|e| TemplateError {
             origin: origin.clone(),
             reason: e.to_string(),
         })?;
@@ -127,7 +127,7 @@ impl ChatTemplate {
                 .unwrap_or_default()
         };
         let path = dir.join("tokenizer_config.json");
-        let Ok(text) = std::fs::read_to_string(&path) else {
+        let Ok(text) = crate::read_file(&path) else {
             return Ok(None);
         };
         let origin = path.display().to_string();

@@ -41,7 +41,7 @@ impl HfTokenizer {
             path: shown.clone(),
             reason,
         };
-        let json = std::fs::read_to_string(&file).map_err(|e| error(e.to_string()))?;
+        let json = crate::read_file(&file).map_err(|e| error(e.to_string()))?;
         let inner: tokenizers::Tokenizer = json.parse().map_err(|e| error(format!("{e}")))?;
         let mut specials: Vec<String> = inner
             .get_added_tokens_decoder()

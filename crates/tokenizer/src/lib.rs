@@ -14,6 +14,16 @@ pub mod chat;
 mod fast;
 pub mod hf;
 
+/// Reads a tokenizer or template file: a regular file (a device or FIFO such as `/dev/zero`
+/// was read without end).
+pub(crate) fn read_file(path: &std::path::Path) -> std::io::Result<String> {
+    if !std::fs::metadata(path)?.is_file() {
+        let why = "not a regular file";
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, why));
+    }
+    std::fs::read_to_string(path)
+}
+
 pub use builtin::BuiltinTokenizer;
 pub use cache::CachedTokenizer;
 pub use chat::{ChatMessage, ChatTemplate, TemplateError};

@@ -111,6 +111,10 @@ pub fn load_trace(path: &Path, opts: ReadOptions) -> Result<Workload, LoadError>
         }
         return read_sessions(path, &files, opts);
     }
+    if path.exists() && !path.is_file() {
+        // A device or FIFO (`/dev/zero`) would be read without end.
+        return Err(err(path, None, "not a regular file"));
+    }
     let text = std::fs::read_to_string(path).map_err(|e| err(path, None, e.to_string()))?;
     let first = text
         .lines()
