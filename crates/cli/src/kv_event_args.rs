@@ -1,7 +1,6 @@
 //! `kvrouter serve`'s bounds of KV event ingestion (the message size, the index lock's hold,
 //! replays).
 
-use crate::flag_values::secs;
 use crate::headings as H;
 use anyhow::bail;
 use clap::Args;
@@ -44,11 +43,11 @@ impl KvEventArgs {
         if self.kv_event_apply_slice_blocks == 0 {
             bail!("--kv-event-apply-slice-blocks must be at least 1");
         }
-        let replay_timeout = secs(
-            Some(self.kv_event_replay_timeout_secs),
+        // 0 would fail every replay at once (found by a probe): a positive bound.
+        let replay_timeout = crate::flag_values::positive(
+            self.kv_event_replay_timeout_secs,
             "--kv-event-replay-timeout-secs",
-        )?
-        .unwrap_or_default();
+        )?;
         Ok(IngestConfig {
             max_message_bytes: self.kv_event_max_message_bytes,
             apply_slice_blocks: self.kv_event_apply_slice_blocks,

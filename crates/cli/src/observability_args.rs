@@ -15,7 +15,7 @@ pub(crate) struct ObservabilityArgs {
     #[arg(help_heading = H::OBSERVABILITY, long)]
     pub(crate) expose_decisions: bool,
     /// Keep the timelines of the last N request attempts for GET /admin/trace (Chrome trace
-    /// JSON for Perfetto); 0 = off.
+    /// JSON for Perfetto); 0 = off, at most 1,000,000.
     #[arg(help_heading = H::OBSERVABILITY, long, default_value_t = 0)]
     pub(crate) trace_capture: usize,
     #[command(flatten)]
@@ -43,7 +43,18 @@ pub(crate) struct ObservabilityArgs {
 /// The longest `--metrics-prefix`.
 const MAX_METRICS_PREFIX_BYTES: usize = 64;
 
+/// The most request timelines `--trace-capture` keeps (each a few hundred bytes to kilobytes).
+const MAX_TRACE_CAPTURE: usize = 1_000_000;
+
 impl ObservabilityArgs {
+    /// `--trace-capture`, bounded (found by a probe: 2^64 − 1 was accepted, memory unbounded).
+    pub(crate) fn trace_capture(&self) -> anyhow::Result<usize> {
+        if self.trace_capture > MAX_TRACE_CAPTURE {
+            anyhow::bail!("--trace-capture takes at most {MAX_TRACE_CAPTURE} timelines");
+        }
+        Ok(self.trace_capture)
+    }
+
     /// `--metrics-prefix`, checked to make valid Prometheus metric names.
     pub(crate) fn metrics_prefix(&self) -> anyhow::Result<String> {
         let p = &self.metrics_prefix;

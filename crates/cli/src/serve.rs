@@ -269,7 +269,7 @@ impl ServeArgs {
             stream_coalesce_yields: self.upstream.stream_coalesce_yields()?,
             stream_coalesce_max_hold: self.upstream.stream_coalesce_max_hold()?,
             stream_head_hold: self.upstream.stream_head_hold()?,
-            trace_capture: self.observability.trace_capture,
+            trace_capture: self.observability.trace_capture()?,
             metrics_prefix: self.observability.metrics_prefix()?,
             otel: match outputs {
                 Outputs::Open => self.observability.otel()?,

@@ -334,6 +334,9 @@ async fn bad_ingest_bounds_are_a_clear_error_naming_the_flag() {
         ("--kv-event-max-message-bytes", "0"),
         ("--kv-event-apply-slice-blocks", "0"),
         ("--kv-event-replay-timeout-secs", "-1"),
+        // 0 failed every replay at once (found by a probe).
+        ("--kv-event-replay-timeout-secs", "0"),
+        ("--trace-capture", "18446744073709551615"),
     ] {
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))
             .args(["serve", "--port", "0", "--mock-workers", "1"])
