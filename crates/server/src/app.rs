@@ -387,6 +387,7 @@ async fn remove_worker(
     Path(id): Path<u64>,
 ) -> Result<Json<Value>, ServeError> {
     let entry = registry::remove_worker(&s, WorkerId(id))?;
+    crate::update::worker_removed(&s, WorkerId(id), &entry);
     Ok(Json(json!({"removed": id, "url": entry.url})))
 }
 

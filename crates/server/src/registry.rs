@@ -349,7 +349,6 @@ pub(crate) fn remove_worker(state: &AppState, id: WorkerId) -> Result<WorkerEntr
     };
     let _ = state.inner.lock_core().remove_worker(id);
     set_models(state, id, None);
-    crate::update::worker_removed(state, id, &record.entry);
     Ok(record.entry.clone())
 }
 

@@ -62,7 +62,9 @@ async fn carry_out(state: &AppState, name: &str, members: &mut Membership, actio
                     count("add");
                     // Removed while it was being registered: purged at once.
                     if let Some(Action::Purge(id)) = members.added(&key, Some(id)) {
-                        let _ = registry::remove_worker(state, id);
+                        if let Ok(entry) = registry::remove_worker(state, id) {
+                            crate::update::worker_removed(state, id, &entry);
+                        }
                         count("purge");
                     }
                 }
@@ -86,7 +88,9 @@ async fn carry_out(state: &AppState, name: &str, members: &mut Membership, actio
             }
         }
         Action::Purge(id) => {
-            if registry::remove_worker(state, id).is_ok() {
+            if let Ok(entry) = registry::remove_worker(state, id) {
+                // A weight update's cycle goes on without it.
+                crate::update::worker_removed(state, id, &entry);
                 tracing::info!(worker = %id, "discovered worker purged");
                 count("purge");
             }
