@@ -9,6 +9,19 @@ pub fn of(v: &Value) -> Option<&Value> {
     v.get("usage").filter(|u| !u.is_null())
 }
 
+/// The non-null `usage` of a whole JSON object body, read from its text: only that field's value
+/// is parsed. `None` when the body is not one the top-level walk takes (see
+/// [`crate::scan::slot`]); the caller then reads it whole. `raw` must be valid JSON.
+pub fn in_text(raw: &[u8]) -> Option<Option<Value>> {
+    use crate::scan::{slot, Slot};
+    Some(match slot(raw, "usage")? {
+        Slot::Value(range) => serde_json::from_slice::<Value>(&raw[range])
+            .ok()
+            .filter(|u| !u.is_null()),
+        Slot::Absent { .. } => None,
+    })
+}
+
 /// The `usage` of a response: of the body (`stream` false), or of the last event carrying one.
 pub fn find(tail: &[u8], stream: bool) -> Option<Value> {
     if !stream {

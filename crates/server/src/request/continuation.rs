@@ -360,6 +360,9 @@ impl Continuation {
     /// it; the parts are joined into one answer (the text of every part, the original prompt's
     /// usage, the completion tokens of all parts), stamped with the version that ended it.
     pub(crate) fn whole(&mut self, bytes: Bytes, draining: impl Fn() -> bool) -> Whole {
+        if let Some(done) = self.whole_in_text(&bytes) {
+            return done;
+        }
         let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
             return Whole::Done {
                 body: bytes,
@@ -408,6 +411,23 @@ impl Continuation {
         stamp(&mut v, &fp);
         let body = serde_json::to_vec(&v).map(Bytes::from).unwrap_or(bytes);
         Whole::Done { body, usage }
+    }
+
+    /// The usual whole answer, read in its text: one part (nothing continued before it), no
+    /// `"abort"` anywhere in it (so no weight update's abort to continue), valid JSON. Its
+    /// usage is parsed alone and the fingerprint set in the text; the body is never read into
+    /// a `Value`. `None`: the answer is read whole ([`Continuation::whole`]).
+    fn whole_in_text(&self, bytes: &Bytes) -> Option<Whole> {
+        if self.original_usage.is_some() || memchr::memmem::find(bytes, b"\"abort\"").is_some() {
+            return None;
+        }
+        serde_json::from_slice::<serde::de::IgnoredAny>(bytes).ok()?;
+        let usage = kvrouter_openai::usage::in_text(bytes)?;
+        let body = stamp_raw(bytes, &fingerprint(self.version))?;
+        Some(Whole::Done {
+            body: Bytes::from(body),
+            usage,
+        })
     }
 
     /// The current attempt ends and the answer continues in another: what it produced so far is

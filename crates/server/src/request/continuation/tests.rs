@@ -534,3 +534,27 @@ fn a_stream_cut_in_a_tool_call_is_not_continued() {
         Whole::Fail(_)
     ));
 }
+
+#[test]
+fn a_usual_whole_answer_keeps_the_engines_text_and_gives_its_usage() {
+    let body = r#"{"id":"c","choices":[{"text":"hi","finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7},"n":123456789012345678901234567890}"#;
+    let mut m = follow(2);
+    let Whole::Done { body: out, usage } = m.whole(Bytes::from(body), NEVER) else {
+        panic!("whole")
+    };
+    assert_eq!(
+        std::str::from_utf8(&out).unwrap(),
+        format!("{{\"system_fingerprint\":\"policy-3\",{}", &body[1..])
+    );
+    assert_eq!(usage.unwrap()["completion_tokens"], 2);
+    // No usage, or a null one: none.
+    let Whole::Done { usage, .. } = m.whole(Bytes::from(r#"{"usage":null}"#), NEVER) else {
+        panic!("whole")
+    };
+    assert_eq!(usage, None);
+    // Not JSON: passed on as it came.
+    let Whole::Done { body: out, usage } = m.whole(Bytes::from("oops {"), NEVER) else {
+        panic!("whole")
+    };
+    assert_eq!((&out[..], usage), (&b"oops {"[..], None));
+}
