@@ -250,6 +250,15 @@ async fn bad_requests_get_openai_errors() {
         .await
         .unwrap();
     assert_eq!(models["data"][0]["id"], "mock-model");
+    // The engines' context length and creation time come through (they were dropped).
+    assert!(
+        models["data"][0]["max_model_len"].as_u64().unwrap() > 0,
+        "{models}"
+    );
+    assert!(
+        models["data"][0]["created"].as_u64().unwrap() > 0,
+        "{models}"
+    );
     // Streaming passes through unchanged, ending with [DONE].
     let mut body = chat("stream please");
     body["stream"] = json!(true);

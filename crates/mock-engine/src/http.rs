@@ -143,7 +143,8 @@ async fn health(State(s): State<AppState>) -> (StatusCode, Json<Value>) {
 async fn models(State(s): State<AppState>) -> Json<Value> {
     let (c, created) = (&s.inner.config, s.inner.created);
     let base = &c.model_name;
-    let card = |id: &str, parent: Option<&str>| json!({"id": id, "object": "model", "created": created, "owned_by": "kvrouter-mock-engine", "root": parent.unwrap_or(id), "parent": parent});
+    let max_model_len = c.engine.num_gpu_blocks * c.engine.block_size; // as `/tokenize` says
+    let card = |id: &str, parent: Option<&str>| json!({"id": id, "object": "model", "created": created, "owned_by": "kvrouter-mock-engine", "root": parent.unwrap_or(id), "parent": parent, "max_model_len": max_model_len});
     let data: Vec<Value> = std::iter::once(card(base, None))
         .chain(c.model_aliases.iter().map(|a| card(a, None)))
         .chain(c.lora_adapters.iter().map(|a| card(a, Some(base))))

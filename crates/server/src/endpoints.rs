@@ -20,16 +20,21 @@ pub(crate) async fn models(State(s): State<AppState>) -> Json<Value> {
 }
 
 fn model_card(s: &AppState, id: &str) -> Value {
-    let parent = s
+    let card = s
         .inner
         .pools
         .read()
         .expect("pools lock")
         .union()
         .into_iter()
-        .find(|c| c.id == id)
-        .and_then(|c| c.parent);
-    json!({"id": id, "object": "model", "owned_by": "kvrouter", "root": parent.as_deref().unwrap_or(id), "parent": parent})
+        .find(|c| c.id == id);
+    let parent = card.as_ref().and_then(|c| c.parent.clone());
+    let mut v = json!({"id": id, "object": "model", "created": card.as_ref().and_then(|c| c.created).unwrap_or(0), "owned_by": "kvrouter", "root": parent.as_deref().unwrap_or(id), "parent": parent});
+    // What clients size their prompts by, as the engines state it.
+    if let Some(len) = card.and_then(|c| c.max_model_len) {
+        v["max_model_len"] = len.into();
+    }
+    v
 }
 
 /// `GET /v1/models/{id}`: one model the workers serve; an unknown one is a 404 naming `model`.

@@ -13,6 +13,10 @@ pub(crate) struct ModelCard {
     pub(crate) id: String,
     /// The base model of an adapter (vLLM lists adapters with `parent`).
     pub(crate) parent: Option<String>,
+    /// The longest context the engine takes (vLLM's `max_model_len`), if it says.
+    pub(crate) max_model_len: Option<u64>,
+    /// When the engine says the model was created (Unix seconds), if it says.
+    pub(crate) created: Option<u64>,
 }
 
 /// The models of a `/v1/models` list (vLLM's shape: adapters carry `parent`, or a `root` other
@@ -29,7 +33,12 @@ pub(crate) fn cards_of(list: &Value) -> Vec<ModelCard> {
                 .or_else(|| m["root"].as_str().filter(|r| *r != id))
                 .filter(|p| *p != id)
                 .map(str::to_owned);
-            Some(ModelCard { id, parent })
+            Some(ModelCard {
+                id,
+                parent,
+                max_model_len: m["max_model_len"].as_u64(),
+                created: m["created"].as_u64(),
+            })
         })
         .collect()
 }
@@ -51,12 +60,20 @@ impl Pools {
         self.by_worker.remove(&worker);
     }
 
-    /// Every model some worker serves, each once (base models before the adapters on them).
+    /// Every model some worker serves, each once (base models before the adapters on them),
+    /// with the shortest `max_model_len` its workers state: a request must fit whichever serves
+    /// it.
     pub(crate) fn union(&self) -> Vec<ModelCard> {
         let mut out: Vec<ModelCard> = Vec::new();
         for card in self.by_worker.values().flatten() {
-            if !out.iter().any(|c| c.id == card.id) {
-                out.push(card.clone());
+            match out.iter_mut().find(|c| c.id == card.id) {
+                Some(c) => {
+                    c.max_model_len = match (c.max_model_len, card.max_model_len) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+                None => out.push(card.clone()),
             }
         }
         out.sort_by_key(|c| c.parent.is_some());
@@ -97,6 +114,8 @@ mod tests {
         ModelCard {
             id: id.into(),
             parent: parent.map(Into::into),
+            max_model_len: None,
+            created: None,
         }
     }
 
@@ -115,6 +134,18 @@ mod tests {
                 card("math", Some("base"))
             ]
         );
+    }
+
+    /// Found by a probe: `/v1/models` dropped vLLM's `max_model_len` and `created`.
+    #[test]
+    fn a_models_context_length_is_the_shortest_its_workers_state() {
+        let list = |len: u64| json!({"data": [{"id": "m", "created": 7, "max_model_len": len}]});
+        let mut p = Pools::default();
+        p.set(WorkerId(0), cards_of(&list(8192)));
+        p.set(WorkerId(1), cards_of(&list(4096)));
+        p.set(WorkerId(2), vec![card("m", None)]);
+        let m = &p.union()[0];
+        assert_eq!((m.max_model_len, m.created), (Some(4096), Some(7)));
     }
 
     #[test]

@@ -241,6 +241,8 @@ pub(crate) async fn add_worker(
             .map(|m| ModelCard {
                 id: m.clone(),
                 parent: None,
+                max_model_len: None,
+                created: None,
             })
             .collect()
     };
