@@ -63,6 +63,21 @@ pub fn stamp_raw(raw: &[u8], fingerprint: &str) -> Option<Vec<u8>> {
 /// The field this module stamps.
 const KEY: &str = "system_fingerprint";
 
+/// One whole SSE event with its `data:` payload (a JSON object) stamped in its text: the rest
+/// of the event (its line ends, the payload's key order and numbers) as the engine wrote it.
+/// `None` when the payload is not one JSON object the walk takes.
+pub fn stamp_event(event: &[u8], fingerprint: &str) -> Option<Vec<u8>> {
+    let payload = sse::data(event).filter(|d| d.first() == Some(&b'{'))?;
+    serde_json::from_slice::<serde::de::IgnoredAny>(payload).ok()?;
+    let start = payload.as_ptr() as usize - event.as_ptr() as usize;
+    let stamped = stamp_raw(payload, fingerprint)?;
+    let mut out = Vec::with_capacity(event.len() + stamped.len() - payload.len());
+    out.extend_from_slice(&event[..start]);
+    out.extend_from_slice(&stamped);
+    out.extend_from_slice(&event[start + payload.len()..]);
+    Some(out)
+}
+
 /// The chunk with its first SSE event stamped, when the chunk starts with a whole `data:` event
 /// carrying a JSON object; the chunk unchanged otherwise.
 pub fn stamp_first_event(chunk: Bytes, fingerprint: &str) -> Bytes {
@@ -75,20 +90,8 @@ pub fn stamp_first_event(chunk: Bytes, fingerprint: &str) -> Bytes {
     if !(first.ends_with(b"\n\n") || first.ends_with(b"\n\r\n")) {
         return chunk;
     }
-    // The event's one `data:` line's payload, stamped in its text when it can be (the event
-    // otherwise as the engine wrote it); else read and written again.
-    let payload = sse::data(first).filter(|d| d.first() == Some(&b'{'));
-    let raw = payload.and_then(|d| {
-        let start = d.as_ptr() as usize - first.as_ptr() as usize;
-        let valid = serde_json::from_slice::<serde::de::IgnoredAny>(d).is_ok();
-        let stamped = stamp_raw(d, fingerprint).filter(|_| valid)?;
-        let mut out = Vec::with_capacity(chunk.len() + stamped.len() - d.len());
-        out.extend_from_slice(&first[..start]);
-        out.extend_from_slice(&stamped);
-        out.extend_from_slice(&chunk[start + d.len()..]);
-        Some(out)
-    });
-    if let Some(out) = raw {
+    if let Some(mut out) = stamp_event(first, fingerprint) {
+        out.extend_from_slice(&chunk[first.len()..]);
         return Bytes::from(out);
     }
     let Some(mut event @ Value::Object(_)) = sse::json(first) else {

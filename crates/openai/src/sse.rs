@@ -32,10 +32,38 @@ pub fn ends_event(bytes: &[u8]) -> bool {
     bytes.ends_with(b"\n\n") || bytes.ends_with(b"\r\n\r\n") || bytes.ends_with(b"\r\r")
 }
 
-/// Whether bytes that end an event end with the `[DONE]` event (whatever its line ends).
-pub fn ends_with_done(bytes: &[u8]) -> bool {
-    let body = bytes.trim_ascii_end();
-    body.ends_with(b"[DONE]") && body[..body.len() - 6].trim_ascii_end().ends_with(b"data:")
+/// Whether `out` (bytes of a stream, `prev` the bytes that went before it, at least its last
+/// line's start) holds the `[DONE]` line: `data:`, spaces, `[DONE]`, spaces, then a line end or
+/// the end of `out`, at the start of a line. A JSON string cannot hold a raw line end, so an
+/// answer's text saying `data: [DONE]` is not taken for it.
+pub fn done_line_in(prev: &[u8], out: &[u8]) -> bool {
+    // Near the boundary: `prev`'s tail joined to `out`'s head.
+    let head = &out[..out.len().min(32)];
+    let mut joined = Vec::with_capacity(prev.len() + head.len());
+    joined.extend_from_slice(prev);
+    joined.extend_from_slice(head);
+    done_line(&joined, head.len() == out.len(), None) || done_line(out, true, prev.last())
+}
+
+/// [`done_line_in`] within `w`; `at_end`: `w` ends where the stream so far ends; `before`: the
+/// byte before `w`.
+fn done_line(w: &[u8], at_end: bool, before_w: Option<&u8>) -> bool {
+    let blank = |b: &u8| *b == b' ' || *b == b'\t';
+    memchr::memmem::find_iter(w, b"[DONE]").any(|at| {
+        let mut before = &w[..at];
+        while before.last().is_some_and(blank) {
+            before = &before[..before.len() - 1];
+        }
+        let Some(start) = before.strip_suffix(b"data:") else {
+            return false;
+        };
+        let line_start = matches!(start.last().or(before_w), Some(b'\n' | b'\r'));
+        let line_end = match w[at + 6..].iter().find(|b| !blank(b)) {
+            Some(b) => *b == b'\n' || *b == b'\r',
+            None => at_end,
+        };
+        line_start && line_end
+    })
 }
 
 /// The largest unfinished event a reader keeps waiting for its end: a stream past it without a
@@ -195,21 +223,28 @@ mod tests {
         ] {
             assert!(!ends_event(open), "{open:?}");
         }
+        // The [DONE] line, whatever follows it, wherever the chunks were cut.
+        let prev = b"\n";
         for done in [
             &b"data: [DONE]\n\n"[..],
             b"x\n\ndata:[DONE]\r\n\r\n",
-            b"data: [DONE]\r\r",
+            b"data: [DONE]  \n: ping\n\n",
+            b"data: [DONE]",
         ] {
-            assert!(ends_with_done(done), "{done:?}");
+            assert!(done_line_in(prev, done), "{done:?}");
         }
+        assert!(done_line_in(b"{}\n\ndata: [DO", b"NE]\n\n"));
+        assert!(done_line_in(b"{}\n\nda", b"ta: [DONE]\n\n"));
         for other in [
             &b"data: {}\n\n"[..],
-            b"data: \"[DONE]\"\n\n",
+            b"data: {\"text\":\"data: [DONE]\"}\n\n",
             b"[DONE]\n\n",
-            b"\n\n",
+            b"data: [DONE]x\n\n",
         ] {
-            assert!(!ends_with_done(other), "{other:?}");
+            assert!(!done_line_in(prev, other), "{other:?}");
         }
+        // Not at a line start.
+        assert!(!done_line_in(b"abc", b"data: [DONE]\n\n"));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use axum::body::Bytes;
 use kvrouter_openai::continuation::{
     body_text, chunk_text, finished_by_abort, finishing, set_body_text, tool_call,
 };
-use kvrouter_openai::fingerprint::{fingerprint, stamp, stamp_first_event, stamp_raw};
+use kvrouter_openai::fingerprint::{fingerprint, stamp, stamp_event, stamp_first_event, stamp_raw};
 use kvrouter_openai::sse::{self, EventSplitter};
 use kvrouter_openai::{first_n, Kind};
 use serde_json::Value;
@@ -96,8 +96,9 @@ pub(crate) struct Continuation {
     events: EventSplitter,
     /// `[DONE]` went out: the answer is whole.
     done: bool,
-    /// An event carried a finish reason: the answer is whole even if `[DONE]` never comes.
-    finished: bool,
+    /// Which choices were seen and which finished: once every one did, the answer is whole
+    /// even if `[DONE]` never comes.
+    choices: Choices,
     /// The policy version serving the current attempt (the `system_fingerprint`).
     version: u64,
     /// The next event is the first of an attempt: it carries the fingerprint.
@@ -137,14 +138,15 @@ impl Continuation {
             sse: false,
             openai_stream: false,
             at_break: true,
-            tail: Vec::new(),
+            // The stream's start is a line start (`[DONE]` first is still `[DONE]`).
+            tail: b"\n".to_vec(),
             unmigratable,
             generated_text: String::new(),
             generated_tokens: 0,
             carried_tokens: 0,
             events: EventSplitter::new(),
             done: false,
-            finished: false,
+            choices: Choices::default(),
             version,
             stamp,
             aborted: false,
@@ -199,11 +201,12 @@ impl Continuation {
     pub(crate) fn chunk(&mut self, chunk: Bytes, draining: impl Fn() -> bool) -> Bytes {
         let out = self.forwarded(chunk, draining);
         if self.sse && !out.is_empty() {
+            if let (Follow::Chunks { .. }, false) = (self.follow, self.done) {
+                // What follows `[DONE]` (comments, a cut) does not undo it.
+                self.done = sse::done_line_in(&self.tail, &out);
+            }
             self.note_tail(&out);
             self.at_break = sse::ends_event(&self.tail);
-            if let Follow::Chunks { .. } = self.follow {
-                self.done = self.at_break && sse::ends_with_done(&self.tail);
-            }
         }
         out
     }
@@ -282,27 +285,29 @@ impl Continuation {
                 }
                 continue;
             }
-            self.finished |= finishing(&v);
+            self.choices.note(&v);
             let has_usage = kvrouter_openai::usage::of(&v).is_some();
-            let mut rewrite = false;
-            if self.stamp || has_usage || finishing(&v) {
-                self.stamp = false;
-                stamp(&mut v, &fp);
-                rewrite = true;
+            let fold = self.carried_tokens > 0 && has_usage;
+            if !(self.stamp || has_usage || finishing(&v)) {
+                out.extend_from_slice(&event);
+                continue;
             }
-            if self.carried_tokens > 0 && has_usage {
+            self.stamp = false;
+            // Stamped in the engine's text unless the usage is folded (key order, numbers and
+            // line ends stay the engine's).
+            if let Some(stamped) = (!fold).then(|| stamp_event(&event, &fp)).flatten() {
+                out.extend_from_slice(&stamped);
+                continue;
+            }
+            stamp(&mut v, &fp);
+            if fold {
                 kvrouter_openai::usage::fold_continued(
                     &mut v["usage"],
                     self.carried_tokens,
                     self.first_prompt_tokens,
                 );
-                rewrite = true;
             }
-            if rewrite {
-                out.extend_from_slice(&sse::data_event(&v));
-            } else {
-                out.extend_from_slice(&event);
-            }
+            out.extend_from_slice(&sse::data_event(&v));
         }
         if self.events.over_limit() {
             // Not SSE (no event break in 16 MiB): passed on as it came, not held in memory.
@@ -324,14 +329,15 @@ impl Continuation {
     pub(crate) fn upstream_over(&mut self, clean: bool) -> Next {
         if let Follow::Chunks { .. } = self.follow {
             return match (clean, self.at_break) {
-                (true, true) if self.done || !self.openai_stream => Next::Finish,
+                _ if self.done => Next::Finish,
+                (true, true) if !self.openai_stream => Next::Finish,
                 (true, true) => fail(ENDED_WITHOUT_DONE.into(), true),
                 (true, false) => fail(ENDED_MID_EVENT.into(), true),
                 (false, _) => fail(MIGRATION_OFF.into(), true),
             };
         }
         // An answer that finished is not continued (that would repeat it), `[DONE]` or not.
-        if self.done || self.finished {
+        if self.done || self.choices.all_finished() {
             return Next::Finish;
         }
         if self.aborted {
@@ -363,7 +369,8 @@ impl Continuation {
         if let Some(done) = self.whole_in_text(&bytes) {
             return done;
         }
-        let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
+        // Not JSON, or not an object (no field to stamp): passed on as it came.
+        let Ok(mut v @ Value::Object(_)) = serde_json::from_slice::<Value>(&bytes) else {
             return Whole::Done {
                 body: bytes,
                 usage: None,
@@ -500,6 +507,34 @@ pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// The choices of an answer seen so far, and those that carried a finish reason.
+#[derive(Debug, Default)]
+struct Choices {
+    seen: Vec<u64>,
+    finished: Vec<u64>,
+}
+
+impl Choices {
+    /// Notes the choices of an event.
+    fn note(&mut self, v: &Value) {
+        for c in v["choices"].as_array().into_iter().flatten() {
+            let index = c["index"].as_u64().unwrap_or(0);
+            // Bounded by the answer's choices (`n`), which the engine sized.
+            if !self.seen.contains(&index) {
+                self.seen.push(index);
+            }
+            if !c["finish_reason"].is_null() && !self.finished.contains(&index) {
+                self.finished.push(index);
+            }
+        }
+    }
+
+    /// Every choice seen has finished (and one was seen).
+    fn all_finished(&self) -> bool {
+        !self.seen.is_empty() && self.seen.len() == self.finished.len()
+    }
 }
 
 fn fail(message: String, worker_failed: bool) -> Next {

@@ -79,9 +79,13 @@ pub(crate) async fn respond(
     let builder = headers(builder, worker, version, &decision, expose);
     // A streamed answer is SSE unless the worker said otherwise (a JSON body answering a
     // streamed request goes out as it came, not checked for events).
-    let json = response
-        .content_type()
-        .is_some_and(|ct| ct.as_bytes().starts_with(b"application/json"));
+    let json = response.content_type().is_some_and(|ct| {
+        // Media types are case-insensitive; `application/problem+json` and the like count.
+        let ct = ct.to_str().unwrap_or_default().to_ascii_lowercase();
+        let essence = ct.split(';').next().unwrap_or_default().trim();
+        essence == "application/json"
+            || (essence.starts_with("application/") && essence.ends_with("+json"))
+    });
     let event_stream = req.stream && status.is_success() && !json;
     // Pass-through answers (Responses events, embeddings, token lists) go out unchanged.
     let follow = match (event_stream, continuable) {

@@ -558,3 +558,76 @@ fn a_usual_whole_answer_keeps_the_engines_text_and_gives_its_usage() {
     };
     assert_eq!((&out[..], usage), (&b"oops {"[..], None));
 }
+
+/// Found by a re-probe: one finished choice of an `n = 2` answer made the whole answer count
+/// as finished, so a stream cut in the other choice ended silently as a success.
+#[test]
+fn an_answer_is_finished_only_when_every_choice_is() {
+    let choice = |i: u64, finish: Option<&str>| {
+        format!(
+            "data: {}\n\n",
+            json!({"choices": [{"index": i, "text": "x", "finish_reason": finish}]})
+        )
+    };
+    let mut m = Continuation::new(
+        Kind::Completion,
+        Follow::Events { migration_limit: 2 },
+        0,
+        5,
+        Some("n > 1"),
+    );
+    for e in [choice(0, None), choice(1, None), choice(0, Some("stop"))] {
+        let _ = m.chunk(Bytes::from(e), NEVER);
+    }
+    assert!(matches!(m.upstream_over(false), Next::Fail { .. }));
+    let _ = m.chunk(Bytes::from(choice(1, Some("length"))), NEVER);
+    assert_eq!(m.upstream_over(false), Next::Finish);
+}
+
+/// Found by the same re-probe: what followed `[DONE]` (a comment, a field, blank lines, a
+/// reset) made a whole passed-through stream read as cut.
+#[test]
+fn a_passed_through_stream_is_whole_once_its_done_line_went_out() {
+    for (tail, clean) in [
+        ("data: [DONE]\n\n: ping\n\n", true),
+        ("data: [DONE]\nid: 7\n\n", true),
+        (&*format!("data: [DONE]{}\n\n", " ".repeat(40)), true),
+        (&*format!("data: [DONE]\n\n{}", "\n".repeat(40)), true),
+        ("data: [DONE]\n\n", false),
+    ] {
+        let mut m = Continuation::new(
+            Kind::Completion,
+            Follow::Chunks { stamp: false },
+            2,
+            5,
+            None,
+        )
+        .with_sse(true, true);
+        let _ = m.chunk(Bytes::from(text_event("a")), NEVER);
+        let _ = m.chunk(Bytes::from(tail.to_owned()), NEVER);
+        assert_eq!(
+            m.upstream_over(clean),
+            Next::Finish,
+            "{tail:?} clean: {clean}"
+        );
+    }
+}
+
+/// Found by the same re-probe: a followed stream's stamped events (its first, finishing and
+/// usage events) were written again from a `Value`: keys sorted, numbers respelled, CRLF lost.
+#[test]
+fn a_followed_streams_stamped_events_keep_the_engines_text() {
+    let first = "data: {\"z\":1,\"choices\":[{\"index\":0,\"text\":\"a\",\"logprobs\":{\"top_logprobs\":[{\"zeta\":-2e-05,\"alpha\":-3.5}]},\"finish_reason\":null}]}\r\n\r\n";
+    let mut m = follow(2);
+    let out = m.chunk(Bytes::from(first), NEVER);
+    let text = std::str::from_utf8(&out).unwrap();
+    assert_eq!(
+        text,
+        first.replacen("data: {", "data: {\"system_fingerprint\":\"policy-3\",", 1)
+    );
+    // A whole answer that is not an object is passed on as it came.
+    let Whole::Done { body, .. } = m.whole(Bytes::from("[{\"id\":\"x\"},1e-05]"), NEVER) else {
+        panic!("whole")
+    };
+    assert_eq!(&body[..], b"[{\"id\":\"x\"},1e-05]");
+}
