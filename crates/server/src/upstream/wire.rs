@@ -5,12 +5,14 @@
 use axum::http::{HeaderName, HeaderValue};
 use bytes::{Buf, Bytes, BytesMut};
 
-/// Whether a worker's response header is passed on to the client: `retry-after` and the
-/// `x-ratelimit-*` family, which tell a client when to come back. The router writes its own
+/// Whether a worker's response header is passed on to the client: `retry-after` (and
+/// `retry-after-ms`, which openai-python reads first) and the `x-ratelimit-*` family, which
+/// tell a client when to come back. The router writes its own
 /// framing, content type and `x-kvrouter-*` headers; the rest of the worker's are not sent.
 pub(crate) fn passed_on(name: &str) -> bool {
     const RATE: &str = "x-ratelimit-";
     name.eq_ignore_ascii_case("retry-after")
+        || name.eq_ignore_ascii_case("retry-after-ms")
         || name
             .get(..RATE.len())
             .is_some_and(|p| p.eq_ignore_ascii_case(RATE))

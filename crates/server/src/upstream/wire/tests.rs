@@ -137,7 +137,7 @@ fn heads_say_how_the_body_ends_and_whether_the_connection_stays() {
     assert_eq!(h.content_type.unwrap(), "a/b");
     // When to come back is kept for the client; other headers are not.
     let h = head(
-        "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\nX-RateLimit-Remaining-Requests: 0\r\n\
+        "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\nretry-after-ms: 7000\r\nX-RateLimit-Remaining-Requests: 0\r\n\
          server: uvicorn\r\nx-ratelimit: odd\r\ncontent-length: 0\r\n\r\n",
     )
     .unwrap()
@@ -151,6 +151,7 @@ fn heads_say_how_the_body_ends_and_whether_the_connection_stays() {
         passed,
         [
             ("retry-after".to_owned(), "7"),
+            ("retry-after-ms".to_owned(), "7000"),
             ("x-ratelimit-remaining-requests".to_owned(), "0")
         ]
     );
