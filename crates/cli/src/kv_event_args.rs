@@ -43,11 +43,17 @@ impl KvEventArgs {
         if self.kv_event_apply_slice_blocks == 0 {
             bail!("--kv-event-apply-slice-blocks must be at least 1");
         }
-        // 0 would fail every replay at once (found by a probe): a positive bound.
         let replay_timeout = crate::flag_values::positive(
             self.kv_event_replay_timeout_secs,
             "--kv-event-replay-timeout-secs",
         )?;
+        // 0 (or a nanosecond) would fail every replay at once (found by a probe).
+        if replay_timeout < std::time::Duration::from_millis(1) {
+            bail!(
+                "--kv-event-replay-timeout-secs must be at least 0.001 (a millisecond), got {}",
+                self.kv_event_replay_timeout_secs
+            );
+        }
         Ok(IngestConfig {
             max_message_bytes: self.kv_event_max_message_bytes,
             apply_slice_blocks: self.kv_event_apply_slice_blocks,

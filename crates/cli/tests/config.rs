@@ -343,4 +343,13 @@ async fn a_device_given_as_a_file_is_refused_not_read() {
         assert!(err.contains("/dev/zero"), "{args:?}: {err}");
         assert!(err.contains("not a regular file"), "{args:?}: {err}");
     }
+    // A session file of a trace folder that is a device (found by a re-probe).
+    let dir = std::env::temp_dir().join(format!("kvrouter-device-trace-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.join("s.json")).unwrap();
+    let (code, _, err) = finished(&["sim", "--trace", dir.to_str().unwrap()], &[]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_ne!(code, 0);
+    assert!(err.contains("s.json: not a regular file"), "{err}");
 }

@@ -336,6 +336,7 @@ async fn bad_ingest_bounds_are_a_clear_error_naming_the_flag() {
         ("--kv-event-replay-timeout-secs", "-1"),
         // 0 failed every replay at once (found by a probe).
         ("--kv-event-replay-timeout-secs", "0"),
+        ("--kv-event-replay-timeout-secs", "1e-9"),
         ("--trace-capture", "18446744073709551615"),
     ] {
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvrouter"))

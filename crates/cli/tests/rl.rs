@@ -620,9 +620,10 @@ async fn an_update_over_engine_processes_reaches_the_engines_and_continues_their
 /// engine is resumed at the address it had.
 #[tokio::test]
 async fn a_worker_removed_mid_load_leaves_the_cycle_and_its_engine_serving() {
+    // Engine 1's load outlasts the router's stop below (it exits in about 2 s).
     let mut engines = Vec::new();
-    for _ in 0..2 {
-        let args = ["mock-engine", "--port", "0", "--weight-load-ms", "1500"];
+    for load_ms in ["1500", "4000"] {
+        let args = ["mock-engine", "--port", "0", "--weight-load-ms", load_ms];
         engines.push(common::spawn(&args).await);
     }
     let urls: Vec<String> = engines.iter().map(common::Proc::http).collect();
@@ -671,13 +672,23 @@ async fn a_worker_removed_mid_load_leaves_the_cycle_and_its_engine_serving() {
     assert_eq!(a.status, 200, "{a:?}");
     assert_eq!(a.fingerprints, ["policy-2"], "{a:?}");
     // A router stopped mid-load resumes the engine it paused before it exits (found by the
-    // same probe: it exited and left the engine paused, and the next router's requests hung).
+    // same probe: it exited and left the engine paused, and the next router's requests hung),
+    // even when that worker was removed first (found by a re-probe: it was no longer in the
+    // cycle, so the stop did not resume it).
     let (status, _) = admin(&s, "/admin/policy/update", Some(json!({"version": 3}))).await;
     assert_eq!(status, 202);
     common::until("engine 1 paused for its load", WAIT, || async {
         info(urls[1].clone()).await["paused"] == true
     })
     .await;
+    let removed = s
+        .client
+        .delete(format!("{}/admin/workers/1", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status().as_u16(), 200);
     s._proc.signal("-TERM");
     common::until("engine 1 resumed by the stopping router", WAIT, || async {
         info(urls[1].clone()).await["paused"] == false

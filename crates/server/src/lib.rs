@@ -75,6 +75,7 @@ mod request_line;
 mod routing;
 mod state;
 mod update;
+mod update_lanes;
 mod update_metrics;
 mod upstream;
 pub mod validate;

@@ -83,6 +83,8 @@ pub(crate) struct Inner {
     /// The running weight-update cycle's driver: where the engine calls that releases ask
     /// for go. Set under the core lock when a cycle starts.
     update_actions: Mutex<Option<mpsc::UnboundedSender<Vec<UpdateAction>>>>,
+    /// The engines weight updates call, and hold paused (`update_lanes.rs`).
+    pub(crate) update_lanes: crate::update_lanes::UpdateLanes,
     /// Recent request timelines (`--trace-capture`).
     pub(crate) capture: Option<crate::capture::Capture>,
     /// First-N-of-M groups in flight: set to true when the group has its N samples.
@@ -439,6 +441,7 @@ impl AppState {
                 waiters: Mutex::new(HashMap::new()),
                 queue_notify: Notify::new(),
                 update_actions: Mutex::new(None),
+                update_lanes: Default::default(),
                 group_stops: Mutex::new(HashMap::new()),
                 capture,
                 health: crate::health::Health::default(),

@@ -13,7 +13,6 @@ use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::{KvRetention, UpdateAction, UpdateMode, UpdatePhase, UpdatePlan};
 use serde::Deserialize;
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -129,30 +128,30 @@ async fn drive(
 ) {
     let inner = &state.inner;
     let (loaded_tx, mut loaded_rx) = mpsc::unbounded_channel::<(WorkerId, bool)>();
-    let mut serial: HashMap<WorkerId, Arc<tokio::sync::Mutex<()>>> = HashMap::new();
     let mut reabort_at = tokio::time::Instant::now() + REABORT_AFTER;
     loop {
         for action in actions.drain(..) {
             let worker = match &action {
                 UpdateAction::Abort(w) | UpdateAction::Load { worker: w, .. } => *w,
             };
-            let lock = serial.entry(worker).or_default().clone();
+            let lane = inner.update_lanes.lane(worker);
             let state = state.clone();
             match action {
                 UpdateAction::Abort(worker) => {
                     tokio::spawn(async move {
-                        // Another call on this worker is under way (an abort, or its load):
+                        // Another pause of this worker is under way (an abort, or its load's):
                         // this one is not needed.
-                        let Ok(_turn) = lock.try_lock() else {
+                        let Ok(held) = lane.try_lock() else {
                             return;
                         };
                         let draining = state.inner.lock_core().update_phase(worker)
                             == Some(UpdatePhase::Draining);
-                        if !draining {
+                        let Some(url) = registry::url_of(&state, worker).filter(|_| draining)
+                        else {
                             return;
-                        }
-                        let kind = engine_kind(&state, worker).await;
-                        if let Err(e) = call(&state, worker, &kind.control().pause(true)).await {
+                        };
+                        let control = engine_kind(&state, worker).await.control();
+                        if let Err(e) = pause(&state, held, &url, control, true).await {
                             tracing::warn!("worker {worker}: aborting in-flight requests: {e}");
                         }
                     });
@@ -162,7 +161,6 @@ async fn drive(
                     let fetch = fetches.get(&worker).cloned();
                     let tx = loaded_tx.clone();
                     tokio::spawn(async move {
-                        let _turn = lock.lock().await;
                         let started = std::time::Instant::now();
                         let result = match fetch {
                             Some(f) => match f.await {
@@ -286,9 +284,15 @@ async fn load_weights(
     let url = registry::url_of(state, worker).ok_or("the worker was removed")?;
     let control = engine_kind(state, worker).await.control();
     let flush = state.inner.config.router.kv_retention == KvRetention::Flush;
+    let lanes = &state.inner.update_lanes;
+    let lane = lanes.lane(worker);
     let loaded = async {
-        call_at(state, &url, &control.pause(false)).await?;
+        pause(state, lane.lock().await, &url, control, false).await?;
         for c in control.load(version, load, flush) {
+            if lanes.stopped() {
+                // The stopping router resumed it (or will): no more calls.
+                return Err("the router is stopping".to_owned());
+            }
             call_at(state, &url, &c).await?;
         }
         Ok::<(), String>(())
@@ -298,7 +302,32 @@ async fn load_weights(
     // engine keeps serving its old weights, and the router keeps it out of rotation until an
     // operator looks.
     let resumed = call_at(state, &url, &control.resume()).await;
+    if resumed.is_ok() {
+        *lane.lock().await = None;
+    }
     loaded.and(resumed)
+}
+
+/// Pauses the engine at `url` (`abort`: its requests in flight too) under its worker's lane:
+/// the lane holds the URL from then on, until a resume. A stopping router pauses nothing; one
+/// that began stopping during the pause gets the engine resumed at once.
+async fn pause(
+    state: &AppState,
+    mut held: tokio::sync::MutexGuard<'_, Option<String>>,
+    url: &str,
+    control: &dyn crate::engines::EngineControl,
+    abort: bool,
+) -> Result<(), String> {
+    let lanes = &state.inner.update_lanes;
+    if lanes.stopped() {
+        return Err("the router is stopping".to_owned());
+    }
+    *held = Some(url.to_owned());
+    let paused = call_at(state, url, &control.pause(abort)).await;
+    if lanes.stopped() && call_at(state, url, &control.resume()).await.is_ok() {
+        *held = None;
+    }
+    paused
 }
 
 /// A worker left the fleet (`DELETE /admin/workers/{id}`, discovery): it leaves the running
@@ -318,47 +347,51 @@ pub(crate) fn worker_removed(state: &AppState, worker: WorkerId, entry: &WorkerE
     inner.send_update_actions(actions);
     inner.wake_queue();
     if aborted {
-        let (state, url, known) = (state.clone(), entry.url.clone(), entry.engine);
+        let (state, known) = (state.clone(), entry.engine);
         tokio::spawn(async move {
-            let url = url.trim_end_matches('/');
+            // Its abort's pause is done (the lane), and nothing else holds it.
+            let lane = state.inner.update_lanes.lane(worker);
+            let mut held = lane.lock().await;
+            let Some(url) = held.clone() else {
+                return;
+            };
             let kind = match known {
                 Some(kind) => kind,
-                None => kind_at(&state, url).await.0,
+                None => kind_at(&state, &url).await.0,
             };
-            if let Err(e) = call_at(&state, url, &kind.control().resume()).await {
-                tracing::warn!("removed worker {worker} ({url}): resuming its engine: {e}");
+            match call_at(&state, &url, &kind.control().resume()).await {
+                Ok(()) => *held = None,
+                Err(e) => {
+                    tracing::warn!("removed worker {worker} ({url}): resuming its engine: {e}")
+                }
             }
         });
     }
 }
 
-/// At shutdown, resumes the engines a running cycle holds paused (aborted, or loading), each
-/// at most `within`: the router's exit must not leave them paused with no one to resume them.
+/// At shutdown: no engine is paused from now on, and every engine a weight update holds paused
+/// (an abort's, a load's, a removed worker's) is resumed at its URL, each within `within`
+/// (waiting first for a pause in flight). The router's exit must not leave them paused with
+/// nobody to resume them.
 pub(crate) async fn release_held_engines(state: &AppState, within: Duration) {
-    let held: Vec<WorkerId> = {
-        let core = state.inner.lock_core();
-        let Some(status) = core.update_status().filter(|s| s.finished.is_none()) else {
-            return;
-        };
-        let abort = status.plan.mode == UpdateMode::Abort;
-        status
-            .phases
-            .iter()
-            .filter(|(_, p)| match p {
-                UpdatePhase::Draining => abort,
-                UpdatePhase::Updating => true,
-                _ => false,
-            })
-            .map(|(w, _)| *w)
-            .collect()
-    };
-    let resume = held.into_iter().map(|worker| async move {
+    let lanes = state.inner.update_lanes.stop();
+    let resume = lanes.into_iter().map(|(worker, lane)| async move {
         let resumed = async {
-            let resume = engine_kind(state, worker).await.control().resume();
-            call(state, worker, &resume).await
+            let mut held = lane.lock().await;
+            let Some(url) = held.clone() else {
+                return Ok(false);
+            };
+            let kind = match registry::engine_of(state, worker) {
+                Some(kind) => kind,
+                None => kind_at(state, &url).await.0,
+            };
+            call_at(state, &url, &kind.control().resume()).await?;
+            *held = None;
+            Ok::<bool, String>(true)
         };
         match tokio::time::timeout(within, resumed).await {
-            Ok(Ok(())) => tracing::info!("shutdown: resumed worker {worker}, held by the update"),
+            Ok(Ok(false)) => {}
+            Ok(Ok(true)) => tracing::info!("shutdown: resumed worker {worker}, held by the update"),
             Ok(Err(e)) => tracing::warn!("shutdown: resuming worker {worker}: {e}"),
             Err(_) => tracing::warn!(
                 "shutdown: worker {worker} did not answer its resume within {within:?}; its \

@@ -96,6 +96,15 @@ struct RolloutLine {
     block_size: Option<usize>,
 }
 
+/// A trace file's text: a regular file only (a device or FIFO, `/dev/zero` or one named
+/// `*.json` in a sessions folder, was read without end or blocked on its open).
+fn read_regular(path: &Path) -> Result<String, LoadError> {
+    if path.exists() && !path.is_file() {
+        return Err(err(path, None, "not a regular file"));
+    }
+    std::fs::read_to_string(path).map_err(|e| err(path, None, e.to_string()))
+}
+
 /// Reads a trace: a Mooncake JSONL file, an RL rollout JSONL file, one agentic session JSON, or
 /// a folder of agentic session JSON files. The format is detected from the content.
 pub fn load_trace(path: &Path, opts: ReadOptions) -> Result<Workload, LoadError> {
@@ -111,11 +120,7 @@ pub fn load_trace(path: &Path, opts: ReadOptions) -> Result<Workload, LoadError>
         }
         return read_sessions(path, &files, opts);
     }
-    if path.exists() && !path.is_file() {
-        // A device or FIFO (`/dev/zero`) would be read without end.
-        return Err(err(path, None, "not a regular file"));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| err(path, None, e.to_string()))?;
+    let text = read_regular(path)?;
     let first = text
         .lines()
         .position(|l| !l.trim().is_empty())
@@ -287,7 +292,7 @@ fn read_sessions(root: &Path, files: &[PathBuf], opts: ReadOptions) -> Result<Wo
     let mut start_ms = 0.0;
     let mut block_size = None;
     for (s, file) in files.iter().enumerate() {
-        let text = std::fs::read_to_string(file).map_err(|e| err(file, None, e.to_string()))?;
+        let text = read_regular(file)?;
         let f: SessionFile =
             serde_json::from_str(&text).map_err(|e| err(file, Some(e.line()), e.to_string()))?;
         if *block_size.get_or_insert(f.block_size) != f.block_size {
