@@ -9,9 +9,10 @@
 //!
 //! Connections are kept per worker address (`pool.rs`: closed after 4 s idle, before the
 //! workers' own 5 s keep-alive ends them, and peeked at before reuse). A request is sent again,
-//! once, on a new connection only when writing it to a kept connection failed, or the worker
-//! answered 408 on a kept one (it timed the connection out as idle): in both cases it did not
-//! run it. Any other failure after the request was written is the attempt's
+//! once, on a new connection only when writing it to a kept connection failed, the worker
+//! answered 408 on a kept one (it timed the connection out as idle), or reset a kept one before
+//! any byte of an answer (it closed it with the request unread): in each case it did not run
+//! it. A kept connection closed cleanly after the request was read is not resent. Any other failure after the request was written is the attempt's
 //! (`request/attempt.rs` counts it against the worker and retries elsewhere). A worker that
 //! answers before reading the whole request and closes is answered with what it sent, if that
 //! comes within 100 ms of the failed write. A redirect is not followed: it fails the attempt.
@@ -234,7 +235,16 @@ impl Client {
             };
             let mut buf = BytesMut::with_capacity(READ_CHUNK);
             let answer = match write_all2(&mut stream, &request, body).await {
-                Ok(()) => read_head(&mut stream, &mut buf).await,
+                Ok(()) => match read_head(&mut stream, &mut buf).await {
+                    // Reset before any byte of an answer: the worker closed the kept
+                    // connection with the request unread (a close with unread data is a
+                    // reset), so it did not run it.
+                    Err(e) if reused && e == RESET_BEFORE_ANSWER => {
+                        tracing::debug!(addr = %target.addr, "kept connection reset; sending on a new one");
+                        continue;
+                    }
+                    head => head,
+                },
                 Err(e) => {
                     // An answer sent before the whole request was read (then a close) is the
                     // outcome; none, on a kept connection: the worker had closed it.
@@ -321,6 +331,9 @@ async fn write_all2(stream: &mut TcpStream, a: &[u8], b: &[u8]) -> std::io::Resu
     Ok(())
 }
 
+/// What [`read_head`] says of a connection reset before any byte of an answer came.
+const RESET_BEFORE_ANSWER: &str = "connection reset before an answer";
+
 /// Reads until a response head is in `buf` (consumed; what follows stays).
 async fn read_head(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<wire::Head, String> {
     loop {
@@ -332,6 +345,9 @@ async fn read_head(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<wire::H
             Ok(0) if buf.is_empty() => return Err("connection closed before an answer".into()),
             Ok(0) => return Err(wire::WireError::Closed("within the head").to_string()),
             Ok(_) => {}
+            Err(e) if buf.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return Err(RESET_BEFORE_ANSWER.into())
+            }
             Err(e) => return Err(e.to_string()),
         }
     }

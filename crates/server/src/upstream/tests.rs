@@ -14,6 +14,9 @@ enum Act {
     AnswerClose(&'static str),
     /// Reads the request and closes without answering.
     Drop,
+    /// Closes with a reset once the request arrives, without reading it (as a worker closing
+    /// an idle connection just as the request came).
+    Reset,
 }
 
 /// A worker on 127.0.0.1:0 that plays `script[i]` on its i-th connection (one act per
@@ -29,6 +32,11 @@ async fn worker(script: Vec<Vec<Act>>) -> (String, mpsc::UnboundedReceiver<Strin
             let tx = tx.clone();
             tokio::spawn(async move {
                 for act in acts {
+                    if let Act::Reset = act {
+                        let _ = s.readable().await;
+                        let _ = s.set_linger(Some(Duration::ZERO));
+                        return;
+                    }
                     let Some(req) = read_request(&mut s).await else {
                         return;
                     };
@@ -39,7 +47,7 @@ async fn worker(script: Vec<Vec<Act>>) -> (String, mpsc::UnboundedReceiver<Strin
                             s.write_all(a.as_bytes()).await.unwrap();
                             return;
                         }
-                        Act::Drop => return,
+                        Act::Drop | Act::Reset => return,
                     }
                 }
                 // Keeps the connection open until the client closes it.
@@ -443,4 +451,23 @@ async fn a_whole_answer_past_its_bound_fails_the_read() {
         let r = send(&client, &base, "{}").await.unwrap();
         assert_eq!(r.bytes_within(41).await.unwrap().len(), 41, "{answer}");
     }
+}
+
+/// Found by a probe: a worker that closed a kept connection just as the next request came got
+/// that request a 502 (on a one-worker fleet). A reset before any byte of an answer means the
+/// worker closed with the request unread: it is sent again on a new connection.
+#[tokio::test]
+async fn a_kept_connection_reset_before_its_answer_is_sent_again_on_a_new_one() {
+    let (base, mut seen) = worker(vec![
+        vec![Act::Answer(OK), Act::Reset],
+        vec![Act::Answer(OK)],
+    ])
+    .await;
+    let client = Client::new(Duration::from_secs(5), false);
+    exchange(&client, &base).await.unwrap();
+    assert_eq!(&exchange(&client, &base).await.unwrap()[..], b"{}");
+    let events: Vec<String> = std::iter::from_fn(|| seen.try_recv().ok()).collect();
+    let conns = events.iter().filter(|e| e.starts_with("conn")).count();
+    let requests = events.iter().filter(|e| e.starts_with("POST")).count();
+    assert_eq!((conns, requests), (2, 2), "{events:?}");
 }
