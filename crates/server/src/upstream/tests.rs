@@ -34,7 +34,7 @@ async fn worker(script: Vec<Vec<Act>>) -> (String, mpsc::UnboundedReceiver<Strin
                 for act in acts {
                     if let Act::Reset = act {
                         let _ = s.readable().await;
-                        let _ = s.set_linger(Some(Duration::ZERO));
+                        let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
                         return;
                     }
                     let Some(req) = read_request(&mut s).await else {
