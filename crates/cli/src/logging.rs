@@ -65,7 +65,20 @@ pub(crate) fn filter(args: &LogArgs) -> anyhow::Result<EnvFilter> {
             EnvFilter::try_new(directives)
                 .map_err(|e| anyhow::anyhow!("--log-level {directives:?}: {e}"))?
         }
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        None => {
+            // RUST_LOG is the environment's own: a bare word there is warned about, not refused.
+            if let Some(word) = std::env::var("RUST_LOG")
+                .ok()
+                .as_deref()
+                .and_then(bare_target)
+            {
+                eprintln!(
+                    "warning: RUST_LOG: `{word}` is not a level (trace, debug, info, warn, error, \
+                     off): it names a target, and every other target logs nothing"
+                );
+            }
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
+        }
     })
 }
 
