@@ -162,3 +162,25 @@ impl Visit for Fields {
         self.put(field, format!("{v:?}").into());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::bare_target;
+
+    #[test]
+    fn a_bare_word_that_is_not_a_level_is_found() {
+        for ok in [
+            "warn",
+            "INFO",
+            "warn,kvrouter::access=info",
+            "kvrouter=debug",
+            "off",
+            "[x]",
+            "",
+        ] {
+            assert_eq!(bare_target(ok), None, "{ok}");
+        }
+        assert_eq!(bare_target("warnn"), Some("warnn"));
+        assert_eq!(bare_target("info, kvrouter"), Some("kvrouter"));
+    }
+}
