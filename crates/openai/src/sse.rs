@@ -33,8 +33,8 @@ pub fn ends_event(bytes: &[u8]) -> bool {
 }
 
 /// Whether `out` (bytes of a stream, `prev` the bytes that went before it, at least its last
-/// line's start) holds the `[DONE]` line: `data:`, spaces, `[DONE]`, spaces, then a line end or
-/// the end of `out`, at the start of a line. A JSON string cannot hold a raw line end, so an
+/// line's start) holds the `[DONE]` line: `data:`, spaces, `[DONE]`, spaces, then a line end,
+/// at the start of a line (a line not ended yet is not one: what follows may extend it). A JSON string cannot hold a raw line end, so an
 /// answer's text saying `data: [DONE]` is not taken for it.
 pub fn done_line_in(prev: &[u8], out: &[u8]) -> bool {
     // Near the boundary: `prev`'s tail joined to `out`'s head.
@@ -42,12 +42,11 @@ pub fn done_line_in(prev: &[u8], out: &[u8]) -> bool {
     let mut joined = Vec::with_capacity(prev.len() + head.len());
     joined.extend_from_slice(prev);
     joined.extend_from_slice(head);
-    done_line(&joined, head.len() == out.len(), None) || done_line(out, true, prev.last())
+    done_line(&joined, None) || done_line(out, prev.last())
 }
 
-/// [`done_line_in`] within `w`; `at_end`: `w` ends where the stream so far ends; `before`: the
-/// byte before `w`.
-fn done_line(w: &[u8], at_end: bool, before_w: Option<&u8>) -> bool {
+/// [`done_line_in`] within `w`; `before_w`: the byte before `w`.
+fn done_line(w: &[u8], before_w: Option<&u8>) -> bool {
     let blank = |b: &u8| *b == b' ' || *b == b'\t';
     memchr::memmem::find_iter(w, b"[DONE]").any(|at| {
         let mut before = &w[..at];
@@ -58,10 +57,10 @@ fn done_line(w: &[u8], at_end: bool, before_w: Option<&u8>) -> bool {
             return false;
         };
         let line_start = matches!(start.last().or(before_w), Some(b'\n' | b'\r'));
-        let line_end = match w[at + 6..].iter().find(|b| !blank(b)) {
-            Some(b) => *b == b'\n' || *b == b'\r',
-            None => at_end,
-        };
+        let line_end = w[at + 6..]
+            .iter()
+            .find(|b| !blank(b))
+            .is_some_and(|b| *b == b'\n' || *b == b'\r');
         line_start && line_end
     })
 }
@@ -229,10 +228,13 @@ mod tests {
             &b"data: [DONE]\n\n"[..],
             b"x\n\ndata:[DONE]\r\n\r\n",
             b"data: [DONE]  \n: ping\n\n",
-            b"data: [DONE]",
         ] {
             assert!(done_line_in(prev, done), "{done:?}");
         }
+        // A line not ended yet: what follows may extend it (`data: [DONE]garbage`).
+        assert!(!done_line_in(prev, b"data: [DONE]"));
+        assert!(done_line_in(b"\ndata: [DONE]", b"\n\n"));
+        assert!(!done_line_in(b"\ndata: [DONE]", b"garbage\n\n"));
         assert!(done_line_in(b"{}\n\ndata: [DO", b"NE]\n\n"));
         assert!(done_line_in(b"{}\n\nda", b"ta: [DONE]\n\n"));
         for other in [

@@ -298,6 +298,11 @@ async fn load_weights(
         Ok::<(), String>(())
     }
     .await;
+    if lanes.stopped() {
+        // The stopping router resumes what this update holds (the lane); an engine this load
+        // never paused is not resumed (found by a probe: it could be another's to hold).
+        return loaded.and(Err("the router is stopping".to_owned()));
+    }
     // Resume even after a failed pause or load (an abort may have paused it already): the
     // engine keeps serving its old weights, and the router keeps it out of rotation until an
     // operator looks.
@@ -369,15 +374,25 @@ pub(crate) fn worker_removed(state: &AppState, worker: WorkerId, entry: &WorkerE
     }
 }
 
+/// How long a stopping router waits for an engine's pause already in flight before it resumes
+/// it (a resume sent before the pause lands would be undone by it).
+const PAUSE_WAIT_AT_STOP: Duration = Duration::from_secs(10);
+
 /// At shutdown: no engine is paused from now on, and every engine a weight update holds paused
-/// (an abort's, a load's, a removed worker's) is resumed at its URL, each within `within`
-/// (waiting first for a pause in flight). The router's exit must not leave them paused with
-/// nobody to resume them.
+/// (an abort's, a load's, a removed worker's) is resumed at its URL, each resume given
+/// `within`, after waiting (at most [`PAUSE_WAIT_AT_STOP`]) for a pause in flight. The router's
+/// exit must not leave them paused with nobody to resume them.
 pub(crate) async fn release_held_engines(state: &AppState, within: Duration) {
     let lanes = state.inner.update_lanes.stop();
     let resume = lanes.into_iter().map(|(worker, lane)| async move {
+        let Ok(mut held) = tokio::time::timeout(PAUSE_WAIT_AT_STOP, lane.lock()).await else {
+            tracing::warn!(
+                "shutdown: worker {worker}'s pause did not end within {PAUSE_WAIT_AT_STOP:?}; \
+                 its engine may stay paused (resume it by hand)"
+            );
+            return;
+        };
         let resumed = async {
-            let mut held = lane.lock().await;
             let Some(url) = held.clone() else {
                 return Ok(false);
             };

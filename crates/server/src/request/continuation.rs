@@ -180,6 +180,13 @@ impl Continuation {
         Bytes::from(out)
     }
 
+    /// The request asks for `n` choices (`n` × prompts): the answer is whole only when that
+    /// many finished.
+    pub(crate) fn expecting_choices(mut self, n: u64) -> Self {
+        self.choices.expected = n;
+        self
+    }
+
     /// Tokens produced so far, over all attempts.
     pub(crate) fn generated_tokens(&self) -> u64 {
         self.generated_tokens
@@ -512,6 +519,8 @@ pub(crate) fn unix_now() -> u64 {
 /// The choices of an answer seen so far, and those that carried a finish reason.
 #[derive(Debug, Default)]
 struct Choices {
+    /// How many the request asks for (`n` × prompts; 0 taken as 1).
+    expected: u64,
     seen: Vec<u64>,
     finished: Vec<u64>,
 }
@@ -531,9 +540,11 @@ impl Choices {
         }
     }
 
-    /// Every choice seen has finished (and one was seen).
+    /// Every choice seen has finished, and as many as the request asks for (a choice that
+    /// never showed has not finished).
     fn all_finished(&self) -> bool {
-        !self.seen.is_empty() && self.seen.len() == self.finished.len()
+        let expected = self.expected.max(1) as usize;
+        self.seen.len() == self.finished.len() && self.finished.len() >= expected
     }
 }
 

@@ -96,7 +96,8 @@ pub(crate) async fn respond(
         (stamp, _) => Follow::Chunks { stamp },
     };
     let machine = Continuation::new(kind, follow, version, isl, unmigratable)
-        .with_sse(event_stream, !passed_through);
+        .with_sse(event_stream, !passed_through)
+        .expecting_choices(choices(&req.body));
     // The attempt waited for the first chunk already: the head is held for what is left of
     // the hold (a first chunk with no whole event in it may still leave nothing to send).
     let hold = config.stream_head_hold.saturating_sub(response.waited());
@@ -113,6 +114,13 @@ pub(crate) async fn respond(
     Ok(builder
         .body(Body::from_stream(body))
         .expect("valid response"))
+}
+
+/// How many choices a request asks for: `n` for each of its prompts.
+fn choices(body: &kvrouter_openai::Body) -> u64 {
+    let n = body.fields().get("n").and_then(serde_json::Value::as_u64);
+    let prompts = body.prompt().map_or(1, |p| p.count as u64);
+    n.unwrap_or(1).saturating_mul(prompts)
 }
 
 /// Waits up to `hold` for the body's first chunk before the status and headers go out, so

@@ -582,6 +582,19 @@ fn an_answer_is_finished_only_when_every_choice_is() {
     assert!(matches!(m.upstream_over(false), Next::Fail { .. }));
     let _ = m.chunk(Bytes::from(choice(1, Some("length"))), NEVER);
     assert_eq!(m.upstream_over(false), Next::Finish);
+    // A choice that never showed has not finished (found by a third probe).
+    let mut m = Continuation::new(
+        Kind::Completion,
+        Follow::Events { migration_limit: 2 },
+        0,
+        5,
+        Some("n > 1"),
+    )
+    .expecting_choices(2);
+    for e in [choice(0, None), choice(0, Some("stop"))] {
+        let _ = m.chunk(Bytes::from(e), NEVER);
+    }
+    assert!(matches!(m.upstream_over(false), Next::Fail { .. }));
 }
 
 /// Found by the same re-probe: what followed `[DONE]` (a comment, a field, blank lines, a
