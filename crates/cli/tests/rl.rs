@@ -637,27 +637,8 @@ async fn a_worker_removed_mid_load_leaves_the_cycle_and_its_engine_serving() {
         _proc: proc,
         client: reqwest::Client::new(),
     };
-    let info = |u: String| {
-        let client = s.client.clone();
-        async move {
-            let r = client.get(format!("{u}/server_info")).send().await;
-            r.unwrap().json::<Value>().await.unwrap()
-        }
-    };
-    let (status, _) = admin(&s, "/admin/policy/update", Some(json!({"version": 2}))).await;
-    assert_eq!(status, 202);
-    common::until("engine 0 paused for its load", WAIT, || async {
-        info(urls[0].clone()).await["paused"] == true
-    })
-    .await;
-    let removed = s
-        .client
-        .delete(format!("{}/admin/workers/0", s.base))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(removed.status().as_u16(), 200);
+    let info = |u: String| server_info(&s.client, u);
+    remove_mid_load(&s, 2, 0, &urls[0]).await;
     common::until("the cycle to end without worker 0", WAIT, || async {
         let (_, p) = admin(&s, "/admin/policy", None).await;
         p["update"]["running"] == false
@@ -675,23 +656,40 @@ async fn a_worker_removed_mid_load_leaves_the_cycle_and_its_engine_serving() {
     // same probe: it exited and left the engine paused, and the next router's requests hung),
     // even when that worker was removed first (found by a re-probe: it was no longer in the
     // cycle, so the stop did not resume it).
-    let (status, _) = admin(&s, "/admin/policy/update", Some(json!({"version": 3}))).await;
-    assert_eq!(status, 202);
-    common::until("engine 1 paused for its load", WAIT, || async {
-        info(urls[1].clone()).await["paused"] == true
-    })
-    .await;
-    let removed = s
-        .client
-        .delete(format!("{}/admin/workers/1", s.base))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(removed.status().as_u16(), 200);
+    remove_mid_load(&s, 3, 1, &urls[1]).await;
     s._proc.signal("-TERM");
     common::until("engine 1 resumed by the stopping router", WAIT, || async {
         info(urls[1].clone()).await["paused"] == false
     })
     .await;
+}
+
+/// An engine's `/server_info`.
+async fn server_info(client: &reqwest::Client, url: String) -> Value {
+    let r = client.get(format!("{url}/server_info")).send().await;
+    r.unwrap().json::<Value>().await.unwrap()
+}
+
+/// Starts an update to `version`, waits until the engine of `worker` (at `url`) is paused for
+/// its load, and removes that worker.
+async fn remove_mid_load(s: &Server, version: u64, worker: u64, url: &str) {
+    let (status, _) = admin(
+        s,
+        "/admin/policy/update",
+        Some(json!({ "version": version })),
+    )
+    .await;
+    assert_eq!(status, 202);
+    common::until("the engine paused for its load", WAIT, || async {
+        server_info(&s.client, url.to_owned()).await["paused"] == true
+    })
+    .await;
+    let removed = s
+        .client
+        .delete(format!("{}/admin/workers/{worker}", s.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status().as_u16(), 200);
 }
