@@ -386,13 +386,12 @@ async fn remove_worker(
     State(s): State<AppState>,
     Path(id): Path<u64>,
 ) -> Result<Json<Value>, ServeError> {
-    let entry = registry::remove_worker(&s, WorkerId(id))?;
-    crate::update::worker_removed(&s, WorkerId(id), &entry);
+    let (worker, entry) = (WorkerId(id), registry::remove_worker(&s, WorkerId(id))?);
+    crate::update::worker_removed(&s, worker, &entry); // a weight update goes on without it
     Ok(Json(json!({"removed": id, "url": entry.url})))
 }
 
-/// What a worker is doing: `serving`, `draining` or `updating` (weight update), `paused`
-/// (operator, or a failed update), `unhealthy`.
+/// A worker's state: serving, draining, updating, paused (operator, failed update), unhealthy.
 fn worker_state(core: &kvrouter_core::router::Router, id: WorkerId) -> &'static str {
     use kvrouter_core::router::UpdatePhase;
     match core.update_phase(id) {
