@@ -357,21 +357,32 @@ pub(crate) fn worker_removed(state: &AppState, worker: WorkerId, entry: &WorkerE
             // Its abort's pause is done (the lane), and nothing else holds it.
             let lane = state.inner.update_lanes.lane(worker);
             let mut held = lane.lock().await;
-            let Some(url) = held.clone() else {
-                return;
-            };
-            let kind = match known {
-                Some(kind) => kind,
-                None => kind_at(&state, &url).await.0,
-            };
-            match call_at(&state, &url, &kind.control().resume()).await {
-                Ok(()) => *held = None,
-                Err(e) => {
-                    tracing::warn!("removed worker {worker} ({url}): resuming its engine: {e}")
-                }
+            if let Err(e) = resume_held(&state, &mut held, known).await {
+                tracing::warn!("removed worker {worker}: resuming its engine: {e}")
             }
         });
     }
+}
+
+/// Resumes the engine a lane holds paused (`held`: its URL), if it holds one, and clears it;
+/// `known`: the engine's kind if known, else asked at the URL. Whether there was one.
+async fn resume_held(
+    state: &AppState,
+    held: &mut Option<String>,
+    known: Option<EngineKind>,
+) -> Result<bool, String> {
+    let Some(url) = held.clone() else {
+        return Ok(false);
+    };
+    let kind = match known {
+        Some(kind) => kind,
+        None => kind_at(state, &url).await.0,
+    };
+    call_at(state, &url, &kind.control().resume())
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    *held = None;
+    Ok(true)
 }
 
 /// How long a stopping router waits for an engine's pause already in flight before it resumes
@@ -392,18 +403,7 @@ pub(crate) async fn release_held_engines(state: &AppState, within: Duration) {
             );
             return;
         };
-        let resumed = async {
-            let Some(url) = held.clone() else {
-                return Ok(false);
-            };
-            let kind = match registry::engine_of(state, worker) {
-                Some(kind) => kind,
-                None => kind_at(state, &url).await.0,
-            };
-            call_at(state, &url, &kind.control().resume()).await?;
-            *held = None;
-            Ok::<bool, String>(true)
-        };
+        let resumed = resume_held(state, &mut held, registry::engine_of(state, worker));
         match tokio::time::timeout(within, resumed).await {
             Ok(Ok(false)) => {}
             Ok(Ok(true)) => tracing::info!("shutdown: resumed worker {worker}, held by the update"),
