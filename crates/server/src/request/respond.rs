@@ -60,23 +60,18 @@ pub(crate) async fn respond(
         let machine = Continuation::new(kind, follow, version, isl, unmigratable);
         let flow = Flow::new(req, machine, worker, stop);
         let (out, worker, version) = forward::whole(flow, first, guard).await?;
-        let mut builder = Response::builder()
+        let builder = Response::builder()
             .status(status)
             .header("content-type", "application/json");
-        for (name, value) in passed {
-            builder = builder.header(name, value);
-        }
-        let builder = headers(builder, worker, version, &decision, expose);
+        let builder = headers(builder, &passed, worker, version, &decision, expose);
         return Ok(builder.body(Body::from(out)).expect("valid response"));
     }
     let mut builder = Response::builder().status(status);
     if let Some(ct) = response.content_type() {
         builder = builder.header("content-type", ct.clone());
     }
-    for (name, value) in response.passed_headers() {
-        builder = builder.header(name, value);
-    }
-    let builder = headers(builder, worker, version, &decision, expose);
+    let passed = response.passed_headers();
+    let builder = headers(builder, passed, worker, version, &decision, expose);
     // A streamed answer is SSE unless the worker said otherwise (a JSON body answering a
     // streamed request goes out as it came, not checked for events).
     let json = response.content_type().is_some_and(|ct| {
@@ -161,13 +156,18 @@ pub(crate) const WORKER: HeaderName = HeaderName::from_static("x-kvrouter-worker
 /// The policy version of that worker, on every answer.
 pub(crate) const POLICY_VERSION: HeaderName = HeaderName::from_static("x-kvrouter-policy-version");
 
+/// The answer's headers: the worker's that go on (`passed`), then the router's own.
 fn headers(
-    builder: axum::http::response::Builder,
+    mut builder: axum::http::response::Builder,
+    passed: &[(HeaderName, HeaderValue)],
     worker: WorkerId,
     version: u64,
     decision: &Decision,
     expose: bool,
 ) -> axum::http::response::Builder {
+    for (name, value) in passed {
+        builder = builder.header(name, value);
+    }
     let builder = builder
         .header(WORKER, HeaderValue::from(worker.0))
         .header(POLICY_VERSION, HeaderValue::from(version));

@@ -4,7 +4,7 @@
 use super::{Continuation, Whole, IN_A_TOOL_CALL};
 use axum::body::Bytes;
 use kvrouter_openai::continuation::{body_text, finished_by_abort, set_body_text, tool_call};
-use kvrouter_openai::fingerprint::{fingerprint, stamp, stamp_raw};
+use kvrouter_openai::fingerprint::{fingerprint, stamp, stamp_body, stamp_raw};
 use kvrouter_openai::first_n;
 use serde_json::Value;
 
@@ -46,13 +46,7 @@ impl Continuation {
         let fp = fingerprint(self.version);
         let Some(first_usage) = self.original_usage.take() else {
             // One part: the engine's body as it wrote it, stamped in its text.
-            let body = match stamp_raw(&bytes, &fp) {
-                Some(stamped) => Bytes::from(stamped),
-                None => {
-                    stamp(&mut v, &fp);
-                    serde_json::to_vec(&v).map(Bytes::from).unwrap_or(bytes)
-                }
-            };
+            let body = stamp_body(bytes, &fp);
             return Whole::Done { body, usage };
         };
         let joined = format!("{}{}", self.generated_text, body_text(self.kind, &v));
