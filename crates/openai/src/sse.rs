@@ -34,15 +34,20 @@ pub fn ends_event(bytes: &[u8]) -> bool {
 
 /// Whether `out` (bytes of a stream, `prev` the bytes that went before it, at least its last
 /// line's start) holds the `[DONE]` line: `data:`, spaces, `[DONE]`, spaces, then a line end,
-/// at the start of a line (a line not ended yet is not one: what follows may extend it). A JSON string cannot hold a raw line end, so an
-/// answer's text saying `data: [DONE]` is not taken for it.
+/// at the start of a line (a line not ended yet is not one: what follows may extend it). A JSON
+/// string cannot hold a raw line end, so an answer's text saying `data: [DONE]` is not taken
+/// for it.
 pub fn done_line_in(prev: &[u8], out: &[u8]) -> bool {
-    // Near the boundary: `prev`'s tail joined to `out`'s head.
-    let head = &out[..out.len().min(32)];
-    let mut joined = Vec::with_capacity(prev.len() + head.len());
-    joined.extend_from_slice(prev);
-    joined.extend_from_slice(head);
-    done_line(&joined, None) || done_line(out, prev.last())
+    // Near the boundary: `prev`'s last 32 bytes joined to `out`'s first 32, on the stack (this
+    // runs on every chunk of a passed-through stream).
+    let (prev, head) = (
+        &prev[prev.len().saturating_sub(32)..],
+        &out[..out.len().min(32)],
+    );
+    let mut joined = [0u8; 64];
+    joined[..prev.len()].copy_from_slice(prev);
+    joined[prev.len()..prev.len() + head.len()].copy_from_slice(head);
+    done_line(&joined[..prev.len() + head.len()], None) || done_line(out, prev.last())
 }
 
 /// [`done_line_in`] within `w`; `before_w`: the byte before `w`.
