@@ -2,7 +2,7 @@
 //! each from a flag, the environment or a file) and who may release sessions.
 
 use crate::headings as H;
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Args;
 use kvrouter_server::SessionReleaseAuth;
 use std::path::{Path, PathBuf};
@@ -145,25 +145,14 @@ const MAX_TOKEN_FILE_BYTES: u64 = 4096;
 /// Reads a secret file: a regular file of at most [`MAX_TOKEN_FILE_BYTES`] (a device or a
 /// FIFO such as `/dev/zero` could otherwise be read without end).
 fn read_token_file(path: &Path, file_flag: &str) -> anyhow::Result<String> {
-    use std::io::Read;
     let flag = || format!("{file_flag} {}", path.display());
-    let meta = std::fs::metadata(path).with_context(flag)?;
-    if !meta.is_file() {
-        bail!("{}: not a regular file", flag());
-    }
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .with_context(flag)?
-        .take(MAX_TOKEN_FILE_BYTES + 1)
-        .read_to_string(&mut text)
-        .with_context(flag)?;
-    if text.len() as u64 > MAX_TOKEN_FILE_BYTES {
-        bail!(
-            "{}: longer than {MAX_TOKEN_FILE_BYTES} bytes (the file holds only its secret)",
-            flag()
-        );
-    }
-    Ok(text)
+    crate::files::read_bounded(path, MAX_TOKEN_FILE_BYTES).map_err(|e| match e.kind() {
+        std::io::ErrorKind::FileTooLarge => {
+            anyhow::anyhow!("{}: {e} (the file holds only its secret)", flag())
+        }
+        std::io::ErrorKind::InvalidInput => anyhow::anyhow!("{}: {e}", flag()),
+        _ => anyhow::Error::new(e).context(flag()),
+    })
 }
 
 /// A secret from its flag (or variable) or its file (not both): one value, trimmed; a file may

@@ -12,29 +12,6 @@ use clap::Command;
 use std::collections::BTreeMap;
 use toml_edit::{ImDocument, Item, TableLike, Value};
 
-/// The largest config or workers file read (16 MiB): such a file holds settings.
-pub(crate) const MAX_SETTINGS_FILE_BYTES: u64 = 16 << 20;
-
-/// Reads a settings file (`--config`, `--workers-file`): a regular file of at most
-/// [`MAX_SETTINGS_FILE_BYTES`]. A device or FIFO (`/dev/zero`) was read without end (found by a
-/// probe: memory grew 1 GB/s until the process was killed).
-pub(crate) fn read_settings(path: &std::path::Path) -> std::io::Result<String> {
-    use std::io::{Error, ErrorKind, Read};
-    let meta = std::fs::metadata(path)?;
-    if !meta.is_file() {
-        return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
-    }
-    let mut text = String::new();
-    std::fs::File::open(path)?
-        .take(MAX_SETTINGS_FILE_BYTES + 1)
-        .read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_SETTINGS_FILE_BYTES {
-        let why = format!("larger than {MAX_SETTINGS_FILE_BYTES} bytes");
-        return Err(Error::new(ErrorKind::InvalidInput, why));
-    }
-    Ok(text)
-}
-
 /// A value read from a config file: the key as written, its line and its value.
 pub(crate) struct FileValue {
     pub(crate) key: String,

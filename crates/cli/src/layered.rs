@@ -325,7 +325,7 @@ pub(crate) fn parse_args<C: clap::CommandFactory + clap::FromArgMatches>() -> Pa
     let cmd = augment(C::command());
     let argv: Vec<OsString> = std::env::args_os().collect();
     let layered = layer(&cmd, argv, &|k| std::env::var(k).ok(), &|p| {
-        crate::config_file::read_settings(p)
+        crate::files::read_bounded(p, crate::files::MAX_SETTINGS_FILE_BYTES)
     })
     .unwrap_or_else(|e| {
         eprintln!("error: {e:#}");

@@ -5,6 +5,7 @@ mod bench;
 mod config_file;
 mod discovery_args;
 mod embedded;
+mod files;
 mod flag_values;
 mod global_args;
 mod headings;

@@ -16,7 +16,7 @@ fn model(name: &str, speedup: f64) -> Result<Arc<dyn TimingModel>, String> {
 
 /// The entries of a `--workers-file`, each checked; an error names the file and the entry.
 pub(crate) fn read_workers_file(path: &std::path::Path) -> anyhow::Result<Vec<WorkerEntry>> {
-    let text = crate::config_file::read_settings(path)
+    let text = crate::files::read_bounded(path, crate::files::MAX_SETTINGS_FILE_BYTES)
         .with_context(|| format!("--workers-file {}", path.display()))?;
     let file: WorkersFile =
         toml::from_str(&text).with_context(|| format!("--workers-file {}", path.display()))?;
