@@ -60,7 +60,6 @@ impl PlannerActArgs {
         }
         let mut targets = Vec::new();
         let mut pools = BTreeSet::new();
-        let mut workloads = std::collections::BTreeMap::new();
         for t in &self.planner_targets {
             let target: PlannerTarget = t
                 .parse()
@@ -69,9 +68,11 @@ impl PlannerActArgs {
                 bail!("--planner-target: pool {:?} has two targets", target.pool);
             }
             // Two pools scaling one workload would each set its replicas (found by a probe).
-            let workload = (target.namespace.clone(), target.kind, target.name.clone());
-            let key = format!("{workload:?}");
-            if let Some(pool) = workloads.insert(key, target.pool.clone()) {
+            let same = |o: &&PlannerTarget| {
+                (&o.namespace, o.kind, &o.name) == (&target.namespace, target.kind, &target.name)
+            };
+            if let Some(other) = targets.iter().find(same) {
+                let pool = &other.pool;
                 bail!("--planner-target {t}: pool {pool:?} scales that workload already");
             }
             targets.push(target);
