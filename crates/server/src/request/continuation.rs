@@ -451,4 +451,6 @@ mod choices;
 mod whole;
 
 #[cfg(test)]
+mod end_tests;
+#[cfg(test)]
 mod tests;
