@@ -75,6 +75,23 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
 
 
+def thread_cpu_s(pid):
+    """CPU seconds by thread group: the comm name with its trailing digits and dashes cut
+    (`kv-ingest-3-0` -> `kv-ingest`, `tokio-runtime-w` as is). Threads that ended between two
+    reads are missed, so the groups need not add up to `cpu_s`."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1:raw.rindex(")")].rstrip("0123456789-")
+        fields = raw.rsplit(")", 1)[1].split()
+        out[comm] = out.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
 def counters(pid):
     """Read and write syscalls (/proc/PID/io) and context switches over the router's threads."""
     out = {"syscr": 0, "syscw": 0, "ctxsw": 0}
@@ -334,9 +351,11 @@ def main():
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                                 time.sleep(0.5)
                             c0, k0 = cpu_s(router.pid), counters(router.pid)
+                            t0 = thread_cpu_s(router.pid)
                             res = asyncio.run(run_case(port, ps, c, mode == "keepalive",
                                                        a.max_tokens, a.deadline, not a.no_stream))
                             c1, k1 = cpu_s(router.pid), counters(router.pid)
+                            t1 = thread_cpu_s(router.pid)
                             if prof:
                                 prof.send_signal(signal.SIGINT)
                                 try:
@@ -349,6 +368,9 @@ def main():
                                         "router_cpu_us_per_req":
                                             round(1e6 * (c1 - c0) / max(1, res["ok"]), 1),
                                         "req_per_s": round(res["ok"] / res["wall_s"], 1)})
+                            res["thread_cpu_us_per_req"] = {
+                                g: round(1e6 * (t1[g] - t0.get(g, 0.0)) / max(1, res["ok"]), 1)
+                                for g in sorted(t1) if t1[g] > t0.get(g, 0.0)}
                             for k in k0:
                                 res[f"{k}_per_req"] = round((k1[k] - k0[k]) / max(1, res["ok"]), 1)
                             out.write(json.dumps(res) + "\n")
@@ -357,7 +379,8 @@ def main():
                                 f"{res['req_per_s']} req/s p50 {res['lat_p50_ms']} ms "
                                 f"reads {res['syscr_per_req']} writes {res['syscw_per_req']} "
                                 f"ctxsw {res['ctxsw_per_req']} per req "
-                                f"err {res['errors']} {res['first_error'] or ''}")
+                                f"err {res['errors']} {res['first_error'] or ''} "
+                                f"threads {res['thread_cpu_us_per_req']}")
                 finally:
                     procs.stop(router)
     finally:

@@ -19,6 +19,7 @@ pub mod pb;
 
 mod exchange;
 mod health;
+mod incoming;
 mod messages;
 mod service;
 

@@ -273,9 +273,8 @@ pub async fn serve(
     let (drain_tx, drain_rx) = watch::channel(false);
     let reporting = crate::health::report(reporter, service.state.readiness(), drain_rx).await;
     let (cut_tx, cut_rx) = tokio::sync::oneshot::channel::<()>();
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming = crate::incoming::accepted(listener);
     let server = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .add_service(health)
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(incoming, async {
