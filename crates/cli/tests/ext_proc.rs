@@ -498,6 +498,9 @@ mod observe;
 #[path = "ext_proc/malformed.rs"]
 mod malformed;
 
+#[path = "ext_proc/connection.rs"]
+mod connection;
+
 #[tokio::test]
 async fn a_gateway_in_front_of_engines_sends_a_prefix_to_one_engine_and_releases_load() {
     let mut engines = Vec::new();

@@ -28,7 +28,7 @@ pub use health::EXT_PROC_SERVICE;
 pub use exchange::{
     DESTINATION, LB_NAMESPACE, RANK_HEADER, SUBSET_KEY, SUBSET_NAMESPACE, WORKER_HEADER,
 };
-pub use service::{serve, ExtProc};
+pub use service::{serve, ExtProc, MAX_STREAMS_PER_CONNECTION};
 
 /// What the picker answers when it cannot place a request (no worker, overloaded, invalid, or
 /// the pick timeout passed).

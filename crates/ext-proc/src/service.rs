@@ -22,6 +22,11 @@ use tonic::{Request, Response, Status, Streaming};
 /// How long streams still open after the grace period get to end before the server stops.
 const CUT_MARGIN: Duration = Duration::from_secs(1);
 
+/// Streams one gateway connection may have open at once (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`;
+/// tonic leaves it unlimited). A gateway past it opens another connection: Envoy's HTTP/2
+/// connection pool does so when a connection's streams are all taken.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+
 /// Where the picker is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -275,6 +280,7 @@ pub async fn serve(
     let (cut_tx, cut_rx) = tokio::sync::oneshot::channel::<()>();
     let incoming = crate::incoming::accepted(listener);
     let server = tonic::transport::Server::builder()
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .add_service(health)
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(incoming, async {
