@@ -2,12 +2,19 @@
 //! its head. A client that stops sending mid-body, or trickles it, otherwise holds a connection
 //! and a request in flight for good (the idle and header timeouts do not cover a request in
 //! flight), and holds a drain for its whole grace period.
+//!
+//! It also says whether the body was read to its end ([`ReadToEnd`]): an answer given with the
+//! body still unread (a 404, a 405, a 401 for a missing key) leaves the next request's start
+//! unknown, so hyper closes the connection after it; the serve loop then says so in the answer
+//! (`Connection: close`), or the client would send its next request into a closed connection.
 
 use axum::body::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Sleep;
@@ -37,15 +44,39 @@ pub(crate) struct TimedBody {
     deadline: Option<Pin<Box<Sleep>>>,
     /// When the head arrived: the deadline counts from here.
     start: tokio::time::Instant,
+    /// Set once the body has been read to its end; `None` for a body empty from the start.
+    ended: Option<Arc<AtomicBool>>,
+}
+
+/// Whether a request's body was read to its end (see the module's documentation).
+#[derive(Clone, Debug)]
+pub(crate) struct ReadToEnd(Option<Arc<AtomicBool>>);
+
+impl ReadToEnd {
+    pub(crate) fn get(&self) -> bool {
+        self.0.as_ref().is_none_or(|e| e.load(Ordering::Relaxed))
+    }
 }
 
 impl TimedBody {
-    pub(crate) fn new(inner: Incoming, limit: Duration) -> Self {
-        Self {
+    /// The body, and what tells whether it was read to its end.
+    pub(crate) fn new(inner: Incoming, limit: Duration) -> (Self, ReadToEnd) {
+        // A body with nothing in it (a GET, `content-length: 0`) is read already: no flag.
+        let ended = (!inner.is_end_stream()).then(|| Arc::new(AtomicBool::new(false)));
+        let read = ReadToEnd(ended.clone());
+        let body = Self {
             inner,
             limit,
             deadline: None,
             start: tokio::time::Instant::now(),
+            ended,
+        };
+        (body, read)
+    }
+
+    fn mark_ended(&self) {
+        if let Some(e) = &self.ended {
+            e.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -60,6 +91,9 @@ impl Body for TimedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            if frame.is_none() || this.inner.is_end_stream() {
+                this.mark_ended();
+            }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
         let (start, limit) = (this.start, this.limit);

@@ -19,7 +19,7 @@
 use crate::body::TimedBody;
 use crate::drain::{refusal, shutting_down, DrainBody, Lifecycle, Phase};
 use axum::body::Body;
-use axum::http::{Request, Response, StatusCode};
+use axum::http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
 use std::future::Future;
@@ -228,14 +228,23 @@ async fn handle<S: App>(
             return Ok(DrainBody::whole(refused, held));
         }
     }
-    let response = tokio::select! {
-        r = app.oneshot(request.map(|b| Body::new(TimedBody::new(b, body_read_timeout)))) => {
+    let (parts, body) = request.into_parts();
+    let (body, read_to_end) = TimedBody::new(body, body_read_timeout);
+    let request = Request::from_parts(parts, Body::new(body));
+    let mut response = tokio::select! {
+        r = app.oneshot(request) => {
             match r { Ok(r) => r, Err(e) => match e {} }
         }
         _ = lifecycle.reached(Phase::Cutting) => {
             return Ok(DrainBody::whole(shutting_down(StatusCode::SERVICE_UNAVAILABLE), held));
         }
     };
+    if !read_to_end.get() {
+        // hyper closes a connection whose request body is left unread: say so.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     Ok(DrainBody::wrap(response, &lifecycle, held))
 }
 

@@ -1,6 +1,7 @@
 //! The serve loop on real sockets (127.0.0.1:0, raw HTTP/1.1): a drain lets the request in flight
 //! finish while it refuses new work and reports not-ready, then `serve` returns; a silent client
-//! connection is closed after the idle timeout.
+//! connection is closed after the idle timeout; an answer that leaves its body unread says
+//! `Connection: close`.
 
 use axum::routing::{get, post};
 use kvrouter_http::{serve, HttpLimits, Lifecycle, Phase};
@@ -206,4 +207,91 @@ async fn a_body_that_stalls_is_answered_and_its_connection_closed_after_the_body
         stalled.contains("--http-body-read-timeout-secs"),
         "{stalled}"
     );
+}
+
+/// Reads one response (head and a `content-length` body) from a kept connection.
+async fn read_one(tcp: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let mut byte = [0u8; 1];
+    while !out.ends_with(b"\r\n\r\n") {
+        let n = timeout(LIMIT, tcp.read(&mut byte)).await.unwrap().unwrap();
+        assert_eq!(n, 1, "the connection ended inside a head: {out:?}");
+        out.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&out).to_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    let mut body = vec![0; length];
+    timeout(LIMIT, tcp.read_exact(&mut body))
+        .await
+        .unwrap()
+        .unwrap();
+    out.extend_from_slice(&body);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn an_answer_that_leaves_the_body_unread_says_the_connection_closes() {
+    let app = axum::Router::new()
+        .route(
+            "/echo",
+            post(|body: axum::body::Bytes| async move { format!("{} bytes", body.len()) }),
+        )
+        .route("/ignore", post(|| async { "not read" }));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_stop, mut stopped) = watch::channel(false);
+    tokio::spawn(serve(
+        listener,
+        app,
+        HttpLimits::default(),
+        Lifecycle::default(),
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        },
+    ));
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let post = |path: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\n\r\n{}",
+            "x".repeat(100)
+        )
+    };
+    // Bodies read whole keep the connection: two requests on it.
+    for _ in 0..2 {
+        tcp.write_all(post("/echo").as_bytes()).await.unwrap();
+        let answer = read_one(&mut tcp).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            !answer.to_lowercase().contains("connection: close"),
+            "{answer}"
+        );
+    }
+    // One answered with its body unread says `connection: close`, and the server closes.
+    tcp.write_all(post("/ignore").as_bytes()).await.unwrap();
+    let answer = read_one(&mut tcp).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.to_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+    assert_eq!(
+        read_all(tcp).await,
+        "",
+        "nothing after the answer, then the close"
+    );
+    // A bodiless request that is not read keeps its connection.
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    for _ in 0..2 {
+        tcp.write_all(b"POST /ignore HTTP/1.1\r\nhost: t\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_one(&mut tcp).await;
+        assert!(
+            !answer.to_lowercase().contains("connection: close"),
+            "{answer}"
+        );
+    }
 }
