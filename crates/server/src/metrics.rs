@@ -92,12 +92,22 @@ impl ModelMetrics {
     }
 }
 
-/// The [`ModelMetrics`] of every model requests named (bounded: a request's model is one the
-/// workers serve, or it is refused before it gets here).
+/// The [`ModelMetrics`] of every model requests named. A request's model is one the workers
+/// serve, or it is refused before it gets here, except while the workers list no model (none
+/// registered yet, or their `/v1/models` fails): then any name passes. So the label keeps at
+/// most [`MAX_MODEL_LABELS`] names of at most [`MAX_MODEL_LABEL_BYTES`] bytes; other models are
+/// counted together as [`OTHER_MODELS`].
 #[derive(Debug, Default)]
 pub(crate) struct ByModel {
     models: Mutex<BTreeMap<String, Arc<ModelMetrics>>>,
 }
+
+/// Distinct `model` label values kept, at most (besides [`OTHER_MODELS`]).
+pub(crate) const MAX_MODEL_LABELS: usize = 64;
+/// The longest model name kept as a label value, in bytes.
+pub(crate) const MAX_MODEL_LABEL_BYTES: usize = 256;
+/// The `model` label of models past the bounds.
+pub(crate) const OTHER_MODELS: &str = "_other";
 
 impl ByModel {
     /// The histograms of `model`, if a request named it.
@@ -109,12 +119,22 @@ impl ByModel {
             .cloned()
     }
 
-    /// The histograms of `model`, made on first use.
+    /// The histograms of `model`, made on first use (those of [`OTHER_MODELS`] past the
+    /// bounds): their [`ModelMetrics::model`] is the request's `model` label.
     pub(crate) fn get(&self, model: &str) -> Arc<ModelMetrics> {
         let mut models = self.models.lock().expect("model metrics lock");
         if let Some(m) = models.get(model) {
             return m.clone();
         }
+        let kept = models.len() - usize::from(models.contains_key(OTHER_MODELS));
+        let model = if kept >= MAX_MODEL_LABELS || model.len() > MAX_MODEL_LABEL_BYTES {
+            if let Some(m) = models.get(OTHER_MODELS) {
+                return m.clone();
+            }
+            OTHER_MODELS
+        } else {
+            model
+        };
         let m = Arc::new(ModelMetrics {
             model: model.to_owned(),
             ttft: Histogram::new(SECONDS),
@@ -158,9 +178,15 @@ impl Counters {
         self.inc_get(labels);
     }
 
-    /// Increments and returns the new value.
+    /// Increments and returns the new value. A label with an empty value is left out:
+    /// Prometheus reads `model=""` as no `model` label, so keeping both would write one series
+    /// twice.
     pub(crate) fn inc_get(&self, labels: &[(&'static str, &str)]) -> u64 {
-        let key = labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        let key = labels
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| (*k, (*v).to_owned()))
+            .collect();
         let mut values = self.values.lock().expect("counter lock");
         let v = values.entry(key).or_default();
         *v += 1;
@@ -446,5 +472,40 @@ mod tests {
         assert!(out.contains("t_count{model=\"llama\"} 1\n"), "{out}");
         assert!(out.contains("t_count{model=\"q\\\"x\"} 1\n"), "{out}");
         assert_eq!(out.matches("# TYPE t histogram").count(), 1);
+    }
+
+    #[test]
+    fn the_model_label_keeps_a_bounded_set_of_names() {
+        let m = ByModel::default();
+        for i in 0..MAX_MODEL_LABELS {
+            assert_eq!(m.get(&format!("m{i}")).model(), format!("m{i}"));
+        }
+        // Past the bound, and names too long at any time, are one `_other` label.
+        let other = m.get("one-more");
+        assert_eq!(other.model(), OTHER_MODELS);
+        assert!(Arc::ptr_eq(&other, &m.get(&"x".repeat(10_000))));
+        assert!(Arc::ptr_eq(&m.get("m3"), &m.get("m3")), "kept names stay");
+        let fresh = ByModel::default();
+        assert_eq!(
+            fresh.get(&"y".repeat(MAX_MODEL_LABEL_BYTES + 1)).model(),
+            OTHER_MODELS
+        );
+        assert_eq!(fresh.get("after-a-long-one").model(), "after-a-long-one");
+        let mut out = String::new();
+        m.render(&mut out, "t", "T.", |m| &m.ttft);
+        assert_eq!(out.matches("t_count{").count(), MAX_MODEL_LABELS + 1);
+    }
+
+    #[test]
+    fn an_empty_label_value_is_the_label_left_out() {
+        let c = Counters::default();
+        c.inc(&[("status", "client_error"), ("mode", "kv")]);
+        c.inc(&[("status", "client_error"), ("mode", "kv"), ("model", "")]);
+        let mut out = String::new();
+        c.render(&mut out, "r", "R.");
+        assert!(
+            out.ends_with("r{status=\"client_error\",mode=\"kv\"} 2\n"),
+            "one series, counted twice: {out}"
+        );
     }
 }

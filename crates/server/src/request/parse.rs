@@ -195,10 +195,13 @@ impl Request {
     /// guard does (it had none, or its guard was retired for a continuation).
     pub(crate) fn count(&self, status: &str) {
         let mode = self.state.inner.config.router.router_mode;
-        self.state.inner.metrics.requests.inc(&[
+        let metrics = &self.state.inner.metrics;
+        // The label is the one the model's histograms carry (bounded: `ByModel::get`).
+        let model = self.model().map(|m| metrics.by_model.get(m));
+        metrics.requests.inc(&[
             ("status", status),
             ("mode", mode.as_str()),
-            ("model", self.model().unwrap_or("")),
+            ("model", model.as_ref().map_or("", |m| m.model())),
         ]);
     }
 
