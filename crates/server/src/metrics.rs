@@ -160,8 +160,8 @@ impl ByModel {
     }
 }
 
-/// A label value escaped for the text format.
-fn escape(v: &str) -> String {
+/// A label value escaped for the text format (`\`, `"`, line feed).
+pub(crate) fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

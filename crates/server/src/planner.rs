@@ -172,7 +172,7 @@ impl Advisor {
         let pools = self.pools.lock().expect("planner lock");
         for (pool, p) in pools.iter() {
             if let Some((rec, _, _)) = &p.last {
-                let pool = pool.replace('\\', "\\\\").replace('"', "\\\"");
+                let pool = crate::metrics::escape(pool);
                 let _ = writeln!(out, "{name}{{pool=\"{pool}\"}} {}", rec.workers);
             }
         }
@@ -238,5 +238,31 @@ fn windowed(
             // Beyond the last bucket.
             bounds.last().map(|b| b * 1e3)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_name_is_escaped_as_a_label_value() {
+        let advisor = Advisor::new(PlannerAdvice {
+            law: kvrouter_core::planner::PlannerConfig::default(),
+            tick: Duration::from_secs(1),
+        })
+        .unwrap();
+        advisor.tick(Time::ZERO, "evil\nmo\"del\\x", PoolSignals::default(), None);
+        let mut out = String::new();
+        advisor.render(&mut out, "kvrouter_");
+        assert!(
+            out.contains("{pool=\"evil\\nmo\\\"del\\\\x\"}"),
+            "one line per series: {out}"
+        );
+        assert!(
+            out.lines()
+                .all(|l| l.starts_with('#') || l.starts_with("kvrouter_")),
+            "{out}"
+        );
     }
 }

@@ -205,7 +205,7 @@ impl Actuator {
     /// The counters on `/metrics`.
     pub(crate) fn render(&self, out: &mut String, prefix: &str) {
         let s = self.state.lock().expect("planner act lock");
-        let esc = |p: &str| p.replace('\\', "\\\\").replace('"', "\\\"");
+        let esc = crate::metrics::escape;
         let name = format!("{prefix}planner_actions_total");
         let _ = writeln!(out, "# HELP {name} Scale patches the planner made, by pool and direction.\n# TYPE {name} counter");
         for ((pool, dir), n) in &s.actions {
