@@ -5,8 +5,11 @@
 #   docker run --rm -p 8000:8000 kvrouter serve --mock-workers 2
 #
 # Build stage: the release binary (zeromq-src and jemalloc need the C/C++ toolchain the rust
-# image has).
+# image has; the ext_proc service's code is generated with protoc, which it lacks).
 FROM docker.io/library/rust:1-bookworm AS build
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends protobuf-compiler \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked -p kvrouter \

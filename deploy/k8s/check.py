@@ -141,6 +141,8 @@ def check(objs, kvrouter, flags, notes):
     for hpa in (o for o in objs if o["kind"] == "HorizontalPodAutoscaler"):
         ref = hpa["spec"]["scaleTargetRef"]
         need(ref["kind"] == "Deployment" and ref["name"] == dep["metadata"]["name"], "HPA targets another object")
+        # Every apply would reset what the HPA scaled to (Kubernetes' HPA docs: drop it).
+        need("replicas" not in dep["spec"], "the Deployment sets spec.replicas beside an HPA")
 
     sa = spec.get("serviceAccountName", "default")
     if config.get("discovery") == "kubernetes":
