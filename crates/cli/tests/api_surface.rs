@@ -200,6 +200,27 @@ async fn embeddings_tokenize_detokenize_and_model_lookup() {
         assert_openai_error(&body, 413, None);
     }
     assert_load_released(&base).await;
+    // Embeddings and token ids are no generated text: counted as requests, but no sample in
+    // the latency and output histograms (a tokenize call is no 0-token completion).
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let ok = "kvrouter_requests_total{status=\"ok\",mode=\"cost\",model=\"mock-model\"} ";
+    assert!(text.contains(ok), "{text}");
+    for family in [
+        "kvrouter_time_to_first_token_seconds_count",
+        "kvrouter_request_duration_seconds_count",
+        "kvrouter_output_sequence_tokens_count",
+    ] {
+        let samples: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(family) && !l.ends_with(" 0"))
+            .collect();
+        assert!(samples.is_empty(), "{family}: {samples:?}");
+    }
 }
 
 /// Announces a 70 MB body to `path` over a raw connection, sends one byte of it, and reads the

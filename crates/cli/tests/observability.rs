@@ -285,6 +285,9 @@ async fn metrics_carry_the_model_label_and_the_prefix_renames_every_name() {
         "kvrouter_time_to_first_token_seconds_count{model=\"mock-model\"} 1\n",
         "kvrouter_request_duration_seconds_count{model=\"mock-model\"} 1\n",
         "# TYPE kvrouter_inter_token_latency_seconds histogram\n",
+        // The served hit rate's two sums come from the same answers.
+        "kvrouter_cached_tokens_count 1\n",
+        "kvrouter_usage_prompt_tokens_count 1\n",
         "kvrouter_weight_update_running 0\n",
         "kvrouter_weight_update_workers{phase=\"done\"} 0\n",
     ] {

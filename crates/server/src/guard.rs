@@ -3,12 +3,13 @@
 //! provenance line and captured timeline.
 
 use crate::provenance::Provenance;
-use crate::request_line::log_line;
 use crate::state::{AppState, Release};
 use kvrouter_core::ids::{RequestId, WorkerId};
 use kvrouter_core::policy::RouterMode;
 use serde_json::Value;
 use std::time::Instant;
+
+mod record;
 
 /// Releases the request's load in the core exactly once: at the end of the body, or when dropped.
 /// Its state is its own: callers tell it what happened (a chunk, the end, a retirement) and read
@@ -49,6 +50,10 @@ pub(crate) struct LoadGuard {
     status: Option<u16>,
     /// Counts it as an RL request for the planner (`--planner-advise`) until it drops.
     _rl: Option<crate::planner::RlToken>,
+    /// Its answer is generated text (completions, chats, responses): `false` for embeddings,
+    /// `/tokenize` and `/detokenize`, whose answers teach neither the latency histograms nor
+    /// the cost model (a tokenize call is no 0-token completion).
+    generates: bool,
 }
 
 impl LoadGuard {
@@ -84,7 +89,14 @@ impl LoadGuard {
             router_prompt_tokens: None,
             status: None,
             _rl: None,
+            generates: true,
         }
+    }
+
+    /// Whether its answer is generated text (see the field).
+    pub(crate) fn generating(mut self, generates: bool) -> Self {
+        self.generates = generates;
+        self
     }
 
     /// A continuation's guard: the request's first byte came earlier (`first_at`), and
@@ -184,21 +196,6 @@ impl LoadGuard {
         self.capture("continued");
     }
 
-    /// Keeps this attempt's timeline (with `--trace-capture`).
-    fn capture(&self, status: &'static str) {
-        if let Some(c) = &self.state.inner.capture {
-            c.record(crate::capture::Span {
-                request: self.id.0,
-                worker: self.worker.0,
-                arrival: self.arrival,
-                dispatched: self.dispatched,
-                first: self.attempt_first,
-                end: Instant::now(),
-                status,
-            });
-        }
-    }
-
     /// Ends the request early because its group has enough samples (first-N-of-M): its load is
     /// released and it is counted as aborted.
     pub(crate) fn end_aborted(&mut self) {
@@ -240,44 +237,6 @@ impl LoadGuard {
         self.log_provenance("failed", None);
     }
 
-    /// Completes and logs the provenance line, if any.
-    fn log_provenance(&mut self, status: &'static str, usage: Option<&Value>) {
-        let Some(mut p) = self.prov.take() else {
-            return;
-        };
-        p.output_tokens = p.output_tokens.max(self.carried);
-        log_line(
-            &self.state,
-            p,
-            status,
-            Some(self.worker),
-            self.arrival,
-            self.first_at,
-            usage,
-        );
-    }
-
-    /// Counts (and logs once per worker) an engine whose prompt token count differs from the
-    /// router's: the two render or tokenize differently, so predicted overlaps are wrong.
-    fn check_prompt_tokens(&self, engine: u64) {
-        let Some(router) = self.router_prompt_tokens else {
-            return;
-        };
-        let router = router.get();
-        if router == engine {
-            return;
-        }
-        let worker = self.worker.to_string();
-        let m = &self.state.inner.metrics;
-        if m.prompt_token_mismatches.inc_get(&[("worker", &worker)]) == 1 {
-            tracing::warn!(
-                "worker {worker} counted {engine} prompt tokens where the router counted \
-                 {router}: its chat template or tokenizer differs from the router's \
-                 (--chat-template, --tokenizer), so KV-aware routing mispredicts its cache"
-            );
-        }
-    }
-
     /// The labels of `kvrouter_requests_total` for an end with `status`.
     fn labels(&self, status: &'static str) -> [(&'static str, &str); 3] {
         [
@@ -308,13 +267,13 @@ impl LoadGuard {
                 let mut core = self.state.inner.lock_core();
                 let _ = core.first_token(self.id);
                 // The cost policy's online fit (router_cost_fit) learns from the TTFT.
-                if self.refused().is_none() {
+                if self.refused().is_none() && self.generates {
                     core.observe_first_token(self.id, at);
                 }
             }
             self.state.inner.wake_queue();
         }
-        let answer = self.refused().is_none();
+        let answer = self.refused().is_none() && self.generates;
         if self.first_at.is_none() {
             self.first_at = Some(now);
             if answer {
@@ -406,6 +365,7 @@ impl LoadGuard {
         let output = self.carried + reported.unwrap_or(counted);
         let refused = self.refused();
         let measured = refused.is_none()
+            && self.generates
             && match learn {
                 Learn::Always => true,
                 Learn::IfReported => reported.is_some(),
@@ -418,21 +378,24 @@ impl LoadGuard {
             inner.group_sample_finished(group);
         }
         let m = &inner.metrics;
-        self.model
-            .duration
-            .observe(self.arrival.elapsed().as_secs_f64());
+        if self.generates {
+            let elapsed = self.arrival.elapsed().as_secs_f64();
+            self.model.duration.observe(elapsed);
+        }
         m.requests.inc(&self.labels(status));
         if measured {
             m.osl.observe(output as f64);
         }
-        if let Some(engine) = usage.as_ref().and_then(|u| u["prompt_tokens"].as_u64()) {
+        let engine = usage.as_ref().and_then(|u| u["prompt_tokens"].as_u64());
+        if let Some(engine) = engine {
             self.check_prompt_tokens(engine);
         }
-        if let Some(cached) = usage
-            .as_ref()
-            .and_then(|u| u["prompt_tokens_details"]["cached_tokens"].as_u64())
-        {
+        let cached = usage.as_ref();
+        let cached = cached.and_then(|u| u["prompt_tokens_details"]["cached_tokens"].as_u64());
+        if let (Some(cached), Some(engine)) = (cached, engine) {
+            // The served hit rate: cached over prompt tokens of the same answers.
             m.cached_tokens.observe(cached as f64);
+            m.usage_prompt_tokens.observe(engine as f64);
         }
         self.capture(status);
         // A stream the client asked no usage of (`stream_options.include_usage`): the line

@@ -214,6 +214,8 @@ pub(crate) struct Metrics {
     pub(crate) isl: Histogram,
     pub(crate) osl: Histogram,
     pub(crate) cached_tokens: Histogram,
+    /// Prompt tokens of the answers `cached_tokens` observed (the served hit rate's denominator).
+    pub(crate) usage_prompt_tokens: Histogram,
     pub(crate) kv_hit_rate: Histogram,
     pub(crate) overhead: Histogram,
     pub(crate) queue_wait: Histogram,
@@ -248,6 +250,7 @@ impl Metrics {
             isl: Histogram::new(TOKENS),
             osl: Histogram::new(TOKENS),
             cached_tokens: Histogram::new(TOKENS),
+            usage_prompt_tokens: Histogram::new(TOKENS),
             kv_hit_rate: Histogram::new(RATIO),
             overhead: Histogram::new(SECONDS),
             queue_wait: Histogram::new(SECONDS),
@@ -305,6 +308,7 @@ impl Metrics {
             "Generated tokens per request (from usage, else counted chunks).",
         );
         self.cached_tokens.render(out, "kvrouter_cached_tokens", "Prompt tokens the engine served from its cache (usage.prompt_tokens_details.cached_tokens).");
+        self.usage_prompt_tokens.render(out, "kvrouter_usage_prompt_tokens", "Prompt tokens the engine counted (usage.prompt_tokens) in the answers whose cached tokens were observed: the served hit rate is the cached tokens' sum over this sum.");
         self.kv_hit_rate.render(
             out,
             "kvrouter_router_kv_hit_rate",

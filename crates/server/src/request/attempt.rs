@@ -223,6 +223,7 @@ pub(super) fn guard_for(
         req.stream,
         req.model().unwrap_or(""),
     )
+    .generating(req.endpoint.is_none_or(|e| e.generates()))
     .in_group(req.admission.group);
     let placed = |mut p: Box<Provenance>| {
         p.dp_rank = decision.rank.dp_rank;
