@@ -5,6 +5,8 @@
 mod common;
 #[path = "discovery/etcd.rs"]
 mod etcd;
+#[path = "discovery/kube_faults.rs"]
+mod kube_faults;
 #[path = "discovery/kubernetes.rs"]
 mod kubernetes;
 #[path = "discovery/silent_etcd.rs"]

@@ -124,7 +124,7 @@ async fn serve(fake: Arc<Fake>) -> String {
     url
 }
 
-fn kubeconfig(server: &str) -> std::path::PathBuf {
+pub(super) fn kubeconfig(server: &str) -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!(
         "kvrouter-kubeconfig-{}-{}",
         std::process::id(),

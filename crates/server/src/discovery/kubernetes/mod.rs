@@ -5,6 +5,7 @@
 //! [`slices::DP_SIZE`], [`slices::MODEL`]) completes its registration. The kube config comes
 //! from `KUBECONFIG` / `~/.kube/config` or the pod's service account (kube's own inference).
 
+mod client;
 pub mod slices;
 
 use super::backoff::Backoff;
@@ -13,7 +14,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use slices::Slices;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -36,36 +37,33 @@ pub(crate) struct Settings {
 /// Annotations of pods by (name, uid).
 type PodCache = HashMap<(String, Option<String>), BTreeMap<String, String>>;
 
-async fn annotations(
+/// Pods whose annotations are read at once.
+const POD_READS_AT_ONCE: usize = 16;
+
+/// A pod's annotations, read from the API (`None`: not read; warned).
+async fn read_annotations(
     pods: &Api<Pod>,
     pod: &(String, Option<String>),
-    cache: &mut PodCache,
     timeout: Duration,
-) -> BTreeMap<String, String> {
-    if let Some(a) = cache.get(pod) {
-        return a.clone();
-    }
+) -> Option<BTreeMap<String, String>> {
     match tokio::time::timeout(timeout, pods.get_opt(&pod.0)).await {
-        Ok(Ok(Some(p))) => {
-            if cache.len() >= POD_CACHE {
-                cache.clear();
-            }
-            let a = p.annotations().clone();
-            cache.insert(pod.clone(), a.clone());
-            a
-        }
-        Ok(Ok(None)) => BTreeMap::new(),
+        Ok(Ok(Some(p))) => Some(p.annotations().clone()),
+        Ok(Ok(None)) => Some(BTreeMap::new()),
         Ok(Err(e)) => {
             tracing::warn!(pod = %pod.0, "kubernetes discovery: reading the pod's annotations: {e}");
-            BTreeMap::new()
+            None
         }
         Err(_) => {
             tracing::warn!(pod = %pod.0, "kubernetes discovery: the pod's annotations took over {timeout:?}");
-            BTreeMap::new()
+            None
         }
     }
 }
 
+/// The registrations of `slice`'s ready endpoints. The annotations of pods not in the cache are
+/// read [`POD_READS_AT_ONCE`] at a time: one after another, a slice of 100 pods whose reads hang
+/// took 100 call timeouts, and held every change of the slice (a removal too) that long. A read
+/// that fails leaves the pod without annotations until a later event reads it again.
 async fn registrations(
     pods: &Api<Pod>,
     namespace: &str,
@@ -74,17 +72,46 @@ async fn registrations(
     cache: &mut PodCache,
     timeout: Duration,
 ) -> BTreeMap<String, Registration> {
+    let ready = slices::ready_endpoints(namespace, slice, port_name);
+    // Collected first: a lazy iterator of closures over `ready` and `cache` held across the
+    // awaits below would make the task's future not `Send` for every lifetime.
+    let unread: Vec<_> = ready
+        .iter()
+        .filter_map(|r| r.pod.clone())
+        .filter(|p| !cache.contains_key(p))
+        .collect();
+    let reads: Vec<_> = unread
+        .into_iter()
+        .map(|pod| {
+            let pods = pods.clone();
+            async move {
+                let a = read_annotations(&pods, &pod, timeout).await;
+                a.map(|a| (pod, a))
+            }
+        })
+        .collect();
+    let read: HashMap<_, _> = futures::stream::iter(reads)
+        .buffer_unordered(POD_READS_AT_ONCE)
+        .filter_map(std::future::ready)
+        .collect()
+        .await;
     let mut out = BTreeMap::new();
-    for ready in slices::ready_endpoints(namespace, slice, port_name) {
-        let a = match &ready.pod {
-            Some(pod) => annotations(pods, pod, cache, timeout).await,
-            None => BTreeMap::new(),
-        };
-        let (registration, warnings) = slices::registration(&ready, &a);
+    for ready in ready {
+        let a = ready
+            .pod
+            .as_ref()
+            .and_then(|p| read.get(p).or_else(|| cache.get(p)));
+        let (registration, warnings) = slices::registration(&ready, a.unwrap_or(&BTreeMap::new()));
         for w in warnings {
             tracing::warn!(key = %ready.key, "kubernetes discovery: annotation {w}");
         }
         out.insert(ready.key, registration);
+    }
+    for (pod, a) in read {
+        if cache.len() >= POD_CACHE {
+            cache.clear();
+        }
+        cache.insert(pod, a);
     }
     out
 }
@@ -97,7 +124,7 @@ pub(crate) async fn run(
 ) {
     let mut backoff = Backoff::new(settings.backoff_max);
     let client = loop {
-        match Client::try_default().await {
+        match client::client(settings.call_timeout).await {
             Ok(c) => break c,
             Err(e) => {
                 tracing::warn!("kubernetes discovery: no usable kube config: {e}");
@@ -132,7 +159,11 @@ pub(crate) async fn run(
             }
             Some(Ok(event)) => event,
         };
-        backoff.succeeded();
+        // `Init` comes before the list is even asked for: only what the server sent proves it
+        // answers (a list failing on every try was retried every 0.1 s).
+        if !matches!(event, Event::Init) {
+            backoff.succeeded();
+        }
         let events = match event {
             Event::Init => {
                 cache.clear();

@@ -29,7 +29,9 @@ pub(crate) struct Ready {
 }
 
 /// Ready endpoints of `slice` on its port named `port_name` (the first port when `None`).
-/// `ready` unset counts as ready (the API's rule); terminating endpoints are not ready.
+/// `ready` unset counts as ready (the API's rule); a terminating endpoint never does, even
+/// `ready` (a Service with `publishNotReadyAddresses` marks terminating pods ready): a pod on its
+/// way out takes no new request. A slice without the named port has none (warned).
 pub(crate) fn ready_endpoints(
     namespace: &str,
     slice: &EndpointSlice,
@@ -44,11 +46,22 @@ pub(crate) fn ready_endpoints(
         .and_then(|p| p.port)
         .and_then(|p| u16::try_from(p).ok())
     else {
+        if !slice.endpoints.is_empty() {
+            let name = slice.metadata.name.as_deref().unwrap_or("?");
+            let wanted = port_name.map_or("any port".into(), |n| format!("a port named {n:?}"));
+            tracing::warn!(
+                "kubernetes discovery: EndpointSlice {namespace}/{name} has no {wanted} \
+                 (--port-name): its endpoints are not workers"
+            );
+        }
         return Vec::new();
     };
     let mut ready = Vec::new();
     for e in &slice.endpoints {
-        if e.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
+        let conditions = e.conditions.as_ref();
+        if conditions.and_then(|c| c.ready) == Some(false)
+            || conditions.and_then(|c| c.terminating) == Some(true)
+        {
             continue;
         }
         let Some(ip) = e.addresses.first() else {

@@ -59,6 +59,23 @@ fn ready_endpoints_take_the_named_port_and_skip_unready_ones() {
 }
 
 #[test]
+fn a_terminating_endpoint_is_not_ready_even_when_marked_ready() {
+    let mut s = slice(
+        "vllm-a",
+        8000,
+        &[("p1", "10.0.0.1", Some(true)), ("p2", "10.0.0.2", None)],
+    );
+    // `publishNotReadyAddresses`: terminating, yet ready and serving; and one with only
+    // `terminating` set.
+    for e in &mut s.endpoints {
+        let c = e.conditions.get_or_insert_with(Default::default);
+        c.terminating = Some(true);
+    }
+    s.endpoints[1].conditions.as_mut().unwrap().ready = None;
+    assert!(ready_endpoints("ns", &s, Some("http")).is_empty());
+}
+
+#[test]
 fn annotations_give_the_event_endpoints_dp_size_and_model() {
     let s = slice("vllm-a", 8000, &[("p1", "10.0.0.1", Some(true))]);
     let ready = &ready_endpoints("ns", &s, Some("http"))[0];
