@@ -184,6 +184,69 @@ mod tests {
         assert!(!is_watch(&uri("/apis/x")));
     }
 
+    fn body(chunks: Vec<Bytes>, pending_after: bool, watch: bool) -> BoundedBody {
+        use futures::StreamExt;
+        let frames = chunks
+            .into_iter()
+            .map(|c| Ok::<_, BoxError>(Frame::data(c)));
+        let frames = futures::stream::iter(frames);
+        let tail = futures::stream::iter(Vec::<Result<Frame<Bytes>, BoxError>>::new());
+        let inner: Box<DynBody> = if pending_after {
+            Box::new(http_body_util::StreamBody::new(Box::pin(
+                frames.chain(futures::stream::pending()),
+            )))
+        } else {
+            Box::new(http_body_util::StreamBody::new(Box::pin(
+                frames.chain(tail),
+            )))
+        };
+        BoundedBody {
+            inner,
+            idle: (!watch).then_some(Duration::from_secs(5)),
+            timer: None,
+            line: watch.then_some(0),
+        }
+    }
+
+    async fn read(mut b: BoundedBody) -> Result<usize, String> {
+        use http_body_util::BodyExt;
+        let mut n = 0;
+        while let Some(f) = b.frame().await {
+            n += f
+                .map_err(|e| e.to_string())?
+                .into_data()
+                .map_or(0, |d| d.len());
+        }
+        Ok(n)
+    }
+
+    #[tokio::test]
+    async fn a_watch_line_past_the_bound_fails_and_lines_under_it_pass() {
+        let mib = |n: usize, tail: &[u8]| {
+            let mut v = vec![b'x'; n << 20];
+            v.extend_from_slice(tail);
+            Bytes::from(v)
+        };
+        let whole = vec![mib(10, b"\n"), mib(10, b"\n"), mib(15, b"")];
+        assert_eq!(
+            read(body(whole, false, true)).await.unwrap(),
+            (35 << 20) + 2
+        );
+        let endless = vec![mib(10, b""), mib(10, b"")];
+        let e = read(body(endless.clone(), false, true)).await.unwrap_err();
+        assert!(e.contains("longer than"), "{e}");
+        // Not a watch: a list's body is one long line.
+        assert_eq!(read(body(endless, false, false)).await.unwrap(), 20 << 20);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_list_body_that_pauses_past_the_call_timeout_fails() {
+        let e = read(body(vec![Bytes::from_static(b"{")], true, false))
+            .await
+            .unwrap_err();
+        assert!(e.contains("--discovery-call-timeout-ms"), "{e}");
+    }
+
     #[test]
     fn watch_starts_are_paced() {
         let t0 = Instant::now();
