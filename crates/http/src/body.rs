@@ -3,20 +3,21 @@
 //! and a request in flight for good (the idle and header timeouts do not cover a request in
 //! flight), and holds a drain for its whole grace period.
 //!
-//! It also says whether the body was read to its end ([`ReadToEnd`]): an answer given with the
-//! body still unread (a 404, a 405, a 401 for a missing key) leaves the next request's start
-//! unknown, so hyper closes the connection after it; the serve loop then says so in the answer
-//! (`Connection: close`), or the client would send its next request into a closed connection.
+//! A body the handler leaves unread (a 404, a 405, a 401 for a missing key, a report whose
+//! handler needs no body) goes back to the serve loop when it is dropped ([`Unread`]): the loop
+//! reads what is left of it ([`drain`], at most [`DRAIN_MAX_BYTES`] within [`DRAIN_WAIT`]) so
+//! the connection can carry the next request. hyper alone drains only what it already holds,
+//! and otherwise closes the connection after the answer without saying so; a body that cannot be
+//! drained gets `Connection: close` in the answer instead.
 
 use axum::body::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::sync::oneshot;
 use tokio::time::Sleep;
 
 /// The error a body yields when its deadline passes first.
@@ -36,49 +37,90 @@ impl std::fmt::Display for BodyTimeout {
 
 impl std::error::Error for BodyTimeout {}
 
+/// The most of an unread body the serve loop reads to keep its connection.
+pub(crate) const DRAIN_MAX_BYTES: u64 = 64 * 1024;
+/// The longest the serve loop waits for the rest of an unread body.
+pub(crate) const DRAIN_WAIT: Duration = Duration::from_millis(200);
+
 /// A request body that fails with [`BodyTimeout`] once its deadline passes.
 pub(crate) struct TimedBody {
-    inner: Incoming,
+    /// `None` once handed back unread (in `drop`).
+    inner: Option<Incoming>,
     limit: Duration,
     /// Armed when the body is first waited for (a body read at once never touches the timer).
     deadline: Option<Pin<Box<Sleep>>>,
     /// When the head arrived: the deadline counts from here.
     start: tokio::time::Instant,
-    /// Set once the body has been read to its end; `None` for a body empty from the start.
-    ended: Option<Arc<AtomicBool>>,
+    /// Where the body goes if it is dropped before its end; `None` for a body empty from the
+    /// start, and once it ended.
+    unread: Option<oneshot::Sender<Incoming>>,
 }
 
-/// Whether a request's body was read to its end (see the module's documentation).
-#[derive(Clone, Debug)]
-pub(crate) struct ReadToEnd(Option<Arc<AtomicBool>>);
+/// The request's body, if the handler dropped it before its end (see the module's
+/// documentation).
+pub(crate) struct Unread(Option<oneshot::Receiver<Incoming>>);
 
-impl ReadToEnd {
-    pub(crate) fn get(&self) -> bool {
-        self.0.as_ref().is_none_or(|e| e.load(Ordering::Relaxed))
+impl Unread {
+    /// The body left unread, if any (`None` too while something still holds it).
+    pub(crate) fn take(self) -> Option<Incoming> {
+        self.0.and_then(|mut rx| rx.try_recv().ok())
     }
 }
 
 impl TimedBody {
-    /// The body, and what tells whether it was read to its end.
-    pub(crate) fn new(inner: Incoming, limit: Duration) -> (Self, ReadToEnd) {
-        // A body with nothing in it (a GET, `content-length: 0`) is read already: no flag.
-        let ended = (!inner.is_end_stream()).then(|| Arc::new(AtomicBool::new(false)));
-        let read = ReadToEnd(ended.clone());
+    /// The body, and where it comes back if left unread.
+    pub(crate) fn new(inner: Incoming, limit: Duration) -> (Self, Unread) {
+        // A body with nothing in it (a GET, `content-length: 0`) is read already.
+        let (tx, rx) = match inner.is_end_stream() {
+            true => (None, None),
+            false => {
+                let (tx, rx) = oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+        };
         let body = Self {
-            inner,
+            inner: Some(inner),
             limit,
             deadline: None,
             start: tokio::time::Instant::now(),
-            ended,
+            unread: tx,
         };
-        (body, read)
+        (body, Unread(rx))
     }
+}
 
-    fn mark_ended(&self) {
-        if let Some(e) = &self.ended {
-            e.store(true, Ordering::Relaxed);
+impl Drop for TimedBody {
+    fn drop(&mut self) {
+        if let (Some(tx), Some(inner)) = (self.unread.take(), self.inner.take()) {
+            let _ = tx.send(inner);
         }
     }
+}
+
+/// Reads the rest of an unread body, at most [`DRAIN_MAX_BYTES`] within [`DRAIN_WAIT`]; whether
+/// it ended (the connection can then serve the next request).
+pub(crate) async fn drain(mut body: Incoming) -> bool {
+    if body.size_hint().lower() > DRAIN_MAX_BYTES {
+        return false;
+    }
+    let mut read = 0u64;
+    let reading = async {
+        loop {
+            match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+                None => return true,
+                Some(Err(_)) => return false,
+                Some(Ok(frame)) => {
+                    read += frame.data_ref().map_or(0, |d| d.len() as u64);
+                    if read > DRAIN_MAX_BYTES {
+                        return false;
+                    }
+                }
+            }
+        }
+    };
+    tokio::time::timeout(DRAIN_WAIT, reading)
+        .await
+        .unwrap_or(false)
 }
 
 impl Body for TimedBody {
@@ -90,9 +132,13 @@ impl Body for TimedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
-        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            if frame.is_none() || this.inner.is_end_stream() {
-                this.mark_ended();
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if let Poll::Ready(frame) = Pin::new(&mut *inner).poll_frame(cx) {
+            if frame.is_none() || inner.is_end_stream() {
+                // Read to its end: nothing to hand back.
+                this.unread = None;
             }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
@@ -107,10 +153,12 @@ impl Body for TimedBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Incoming::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Incoming::size_hint)
     }
 }

@@ -229,7 +229,7 @@ async fn handle<S: App>(
         }
     }
     let (parts, body) = request.into_parts();
-    let (body, read_to_end) = TimedBody::new(body, body_read_timeout);
+    let (body, unread) = TimedBody::new(body, body_read_timeout);
     let request = Request::from_parts(parts, Body::new(body));
     let mut response = tokio::select! {
         r = app.oneshot(request) => {
@@ -239,11 +239,14 @@ async fn handle<S: App>(
             return Ok(DrainBody::whole(shutting_down(StatusCode::SERVICE_UNAVAILABLE), held));
         }
     };
-    if !read_to_end.get() {
-        // hyper closes a connection whose request body is left unread: say so.
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    if let Some(body) = unread.take() {
+        // Left unread: read the rest to keep the connection, else say it closes (hyper closes
+        // a connection whose request body it cannot skip, without a word).
+        if !crate::body::drain(body).await {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
     }
     Ok(DrainBody::wrap(response, &lifecycle, held))
 }

@@ -21,11 +21,6 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    /// Whether its answer is generated text (the Responses API), not embeddings or token ids.
-    pub fn generates(self) -> bool {
-        matches!(self, Endpoint::Responses)
-    }
-
     /// The endpoint's path, on the router and on the engine.
     pub fn path(self) -> &'static str {
         match self {

@@ -50,9 +50,10 @@ pub(crate) struct LoadGuard {
     status: Option<u16>,
     /// Counts it as an RL request for the planner (`--planner-advise`) until it drops.
     _rl: Option<crate::planner::RlToken>,
-    /// Its answer is generated text (completions, chats, responses): `false` for embeddings,
-    /// `/tokenize` and `/detokenize`, whose answers teach neither the latency histograms nor
-    /// the cost model (a tokenize call is no 0-token completion).
+    /// Its answer is a completion or a chat, read as such: `false` for the pass-through
+    /// endpoints (embeddings, `/tokenize`, `/detokenize`, `/v1/responses`), whose answers teach
+    /// neither the latency histograms nor the cost model (a tokenize call is no 0-token
+    /// completion; a Responses stream's first event is no token).
     generates: bool,
 }
 
@@ -63,10 +64,10 @@ impl LoadGuard {
         worker: WorkerId,
         arrival: Instant,
         stream: bool,
-        model: &str,
+        (model, served): (&str, bool),
     ) -> Self {
         let mode = state.inner.config.router.router_mode;
-        let model = state.inner.metrics.by_model.get(model);
+        let model = state.inner.metrics.by_model.get(model, served);
         Self {
             state,
             id,

@@ -94,15 +94,17 @@ impl ModelMetrics {
 
 /// The [`ModelMetrics`] of every model requests named. A request's model is one the workers
 /// serve, or it is refused before it gets here, except while the workers list no model (none
-/// registered yet, or their `/v1/models` fails): then any name passes. So the label keeps at
-/// most [`MAX_MODEL_LABELS`] names of at most [`MAX_MODEL_LABEL_BYTES`] bytes; other models are
-/// counted together as [`OTHER_MODELS`].
+/// registered yet, or their `/v1/models` fails): then any name passes. Names the workers serve
+/// (`served`) always get their label; the others share at most [`MAX_MODEL_LABELS`] labels of at
+/// most [`MAX_MODEL_LABEL_BYTES`] bytes, and past those are counted together as [`OTHER_MODELS`].
 #[derive(Debug, Default)]
 pub(crate) struct ByModel {
     models: Mutex<BTreeMap<String, Arc<ModelMetrics>>>,
+    /// Labels made for names no worker was known to serve.
+    unserved: std::sync::atomic::AtomicUsize,
 }
 
-/// Distinct `model` label values kept, at most (besides [`OTHER_MODELS`]).
+/// Labels kept for names no worker was known to serve, at most (besides [`OTHER_MODELS`]).
 pub(crate) const MAX_MODEL_LABELS: usize = 64;
 /// The longest model name kept as a label value, in bytes.
 pub(crate) const MAX_MODEL_LABEL_BYTES: usize = 256;
@@ -121,18 +123,24 @@ impl ByModel {
 
     /// The histograms of `model`, made on first use (those of [`OTHER_MODELS`] past the
     /// bounds): their [`ModelMetrics::model`] is the request's `model` label.
-    pub(crate) fn get(&self, model: &str) -> Arc<ModelMetrics> {
+    pub(crate) fn get(&self, model: &str, served: bool) -> Arc<ModelMetrics> {
+        use std::sync::atomic::Ordering::Relaxed;
         let mut models = self.models.lock().expect("model metrics lock");
         if let Some(m) = models.get(model) {
             return m.clone();
         }
-        let kept = models.len() - usize::from(models.contains_key(OTHER_MODELS));
-        let model = if kept >= MAX_MODEL_LABELS || model.len() > MAX_MODEL_LABEL_BYTES {
+        let unserved = !served
+            && (self.unserved.load(Relaxed) >= MAX_MODEL_LABELS
+                || model.len() > MAX_MODEL_LABEL_BYTES);
+        let model = if unserved {
             if let Some(m) = models.get(OTHER_MODELS) {
                 return m.clone();
             }
             OTHER_MODELS
         } else {
+            if !served {
+                self.unserved.fetch_add(1, Relaxed);
+            }
             model
         };
         let m = Arc::new(ModelMetrics {
@@ -464,9 +472,9 @@ mod tests {
     #[test]
     fn histograms_by_model_carry_the_model_label_and_escape_it() {
         let m = ByModel::default();
-        m.get("llama").ttft.observe(0.2);
-        m.get("q\"x").ttft.observe(0.3);
-        assert!(Arc::ptr_eq(&m.get("llama"), &m.get("llama")));
+        m.get("llama", true).ttft.observe(0.2);
+        m.get("q\"x", true).ttft.observe(0.3);
+        assert!(Arc::ptr_eq(&m.get("llama", true), &m.get("llama", true)));
         let mut out = String::new();
         m.render(&mut out, "t", "T.", |m| &m.ttft);
         assert!(
@@ -482,22 +490,29 @@ mod tests {
     fn the_model_label_keeps_a_bounded_set_of_names() {
         let m = ByModel::default();
         for i in 0..MAX_MODEL_LABELS {
-            assert_eq!(m.get(&format!("m{i}")).model(), format!("m{i}"));
+            assert_eq!(m.get(&format!("m{i}"), false).model(), format!("m{i}"));
         }
         // Past the bound, and names too long at any time, are one `_other` label.
-        let other = m.get("one-more");
+        let other = m.get("one-more", false);
         assert_eq!(other.model(), OTHER_MODELS);
-        assert!(Arc::ptr_eq(&other, &m.get(&"x".repeat(10_000))));
-        assert!(Arc::ptr_eq(&m.get("m3"), &m.get("m3")), "kept names stay");
-        let fresh = ByModel::default();
-        assert_eq!(
-            fresh.get(&"y".repeat(MAX_MODEL_LABEL_BYTES + 1)).model(),
-            OTHER_MODELS
+        assert!(Arc::ptr_eq(&other, &m.get(&"x".repeat(10_000), false)));
+        assert!(
+            Arc::ptr_eq(&m.get("m3", false), &m.get("m3", true)),
+            "kept names stay"
         );
-        assert_eq!(fresh.get("after-a-long-one").model(), "after-a-long-one");
+        // A model the workers serve gets its label whatever names came before.
+        assert_eq!(m.get("real-model", true).model(), "real-model");
+        let fresh = ByModel::default();
+        let long = "y".repeat(MAX_MODEL_LABEL_BYTES + 1);
+        assert_eq!(fresh.get(&long, false).model(), OTHER_MODELS);
+        assert_eq!(fresh.get(&long, true).model(), long.as_str());
+        assert_eq!(
+            fresh.get("after-a-long-one", false).model(),
+            "after-a-long-one"
+        );
         let mut out = String::new();
         m.render(&mut out, "t", "T.", |m| &m.ttft);
-        assert_eq!(out.matches("t_count{").count(), MAX_MODEL_LABELS + 1);
+        assert_eq!(out.matches("t_count{").count(), MAX_MODEL_LABELS + 2);
     }
 
     #[test]

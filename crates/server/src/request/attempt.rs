@@ -221,9 +221,11 @@ pub(super) fn guard_for(
         worker,
         req.arrival,
         req.stream,
-        req.model().unwrap_or(""),
+        (req.model().unwrap_or(""), req.model_served),
     )
-    .generating(req.endpoint.is_none_or(|e| e.generates()))
+    // A pass-through answer is no completion or chat: embeddings and token ids generate
+    // nothing, and a Responses stream's first event is no token, its usage another shape.
+    .generating(req.endpoint.is_none())
     .in_group(req.admission.group);
     let placed = |mut p: Box<Provenance>| {
         p.dp_rank = decision.rank.dp_rank;

@@ -23,6 +23,8 @@ pub(crate) struct Request {
     pub(crate) kind: Kind,
     /// A pass-through endpoint (`None`: a completion or chat, followed event by event).
     pub(crate) endpoint: Option<Endpoint>,
+    /// Its `model` was checked against the models the workers serve (they listed some).
+    pub(crate) model_served: bool,
     /// The body as the client sent it (first attempts send it unchanged).
     pub(crate) raw: Bytes,
     /// The body as JSON (continuations extend it).
@@ -96,20 +98,18 @@ fn passes_cheap_checks(state: &AppState, endpoint: Option<Endpoint>, body: &Body
         && kvrouter_openai::request::stream_flags(body.fields()).is_ok()
 }
 
-/// The body's `model`, which must be one the workers serve (any, before they report theirs).
+/// The body's `model`, which must be one the workers serve (any, before they report theirs),
+/// and whether it was checked against theirs.
 fn check_model(
     state: &AppState,
     endpoint: Option<Endpoint>,
     body: &Body,
-) -> Result<Option<String>, ServeError> {
+) -> Result<(Option<String>, bool), ServeError> {
     let models = state.inner.models.read().expect("models lock");
     // vLLM's `/tokenize` and `/detokenize` take the model as optional.
     let required = !matches!(endpoint, Some(Endpoint::Tokenize | Endpoint::Detokenize));
-    Ok(kvrouter_openai::request::check_model(
-        body.fields(),
-        &models,
-        required,
-    )?)
+    let model = kvrouter_openai::request::check_model(body.fields(), &models, required)?;
+    Ok((model, !models.is_empty()))
 }
 
 fn read_json(raw: &[u8]) -> Result<Body, ServeError> {
@@ -131,7 +131,7 @@ pub(super) async fn parse_body(
     if !body.is_object() {
         return Err(ServeError::invalid("the body must be a JSON object", None));
     }
-    let model = check_model(&state, endpoint, &body)?;
+    let (model, model_served) = check_model(&state, endpoint, &body)?;
     // Only the workers that serve the model (or adapter) may take it.
     let pool = model
         .as_deref()
@@ -150,6 +150,7 @@ pub(super) async fn parse_body(
     Ok(Request {
         kind,
         endpoint,
+        model_served,
         raw,
         body,
         stream,
@@ -197,7 +198,9 @@ impl Request {
         let mode = self.state.inner.config.router.router_mode;
         let metrics = &self.state.inner.metrics;
         // The label is the one the model's histograms carry (bounded: `ByModel::get`).
-        let model = self.model().map(|m| metrics.by_model.get(m));
+        let model = self
+            .model()
+            .map(|m| metrics.by_model.get(m, self.model_served));
         metrics.requests.inc(&[
             ("status", status),
             ("mode", mode.as_str()),
