@@ -202,12 +202,7 @@ async fn embeddings_tokenize_detokenize_and_model_lookup() {
     assert_load_released(&base).await;
     // Embeddings and token ids are no generated text: counted as requests, but no sample in
     // the latency and output histograms (a tokenize call is no 0-token completion).
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = common::metrics(&base).await;
     let ok = "kvrouter_requests_total{status=\"ok\",mode=\"cost\",model=\"mock-model\"} ";
     assert!(text.contains(ok), "{text}");
     for family in [
@@ -269,12 +264,7 @@ async fn oversized(base: &str, path: &str) -> (u16, Value) {
 async fn assert_load_released(base: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let text = reqwest::get(format!("{base}/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = common::metrics(base).await;
         let active: Vec<&str> = text
             .lines()
             .filter(|l| l.starts_with("kvrouter_worker_active_requests{") && !l.ends_with(" 0"))
