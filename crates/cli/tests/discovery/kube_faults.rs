@@ -1,8 +1,8 @@
 //! `kvrouter serve --discovery kubernetes` against a fake API server that misbehaves the ways
 //! real ones (and proxies before them) do: a list that fails every time is retried with the
 //! documented doubling backoff, not every 0.1 s; a list that is taken and never answered fails
-//! after `--discovery-call-timeout-ms` instead of kube's 295 s; watches that end at once are
-//! started again at most once a second.
+//! after `--discovery-call-timeout-ms` instead of kube's 295 s, and so does a watch refused with
+//! a body that stalls; watches that end at once are started again at most once a second.
 
 use super::{poll, state_is};
 use axum::body::{Body, Bytes};
@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Json;
+use futures::StreamExt;
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,6 +28,8 @@ enum Fault {
     FirstListHangs,
     /// Lists are answered; every watch answers 200 and ends at once, with no event.
     WatchEndsAtOnce,
+    /// Lists are answered; the first watch answers 503, sends a few bytes and stalls.
+    WatchRefusedThenStalls,
 }
 
 struct Fake {
@@ -38,9 +41,16 @@ struct Fake {
 
 async fn slices(State(f): State<Arc<Fake>>, Query(q): Query<HashMap<String, String>>) -> Response {
     if q.get("watch").is_some_and(|w| w == "true") {
-        f.watches.fetch_add(1, Ordering::SeqCst);
+        let n = f.watches.fetch_add(1, Ordering::SeqCst);
         if f.fault == Fault::WatchEndsAtOnce {
             return Response::new(Body::empty());
+        }
+        if f.fault == Fault::WatchRefusedThenStalls && n == 0 {
+            let stalled = futures::stream::once(async { Ok(Bytes::from_static(b"{\"ki")) })
+                .chain(futures::stream::pending::<Result<Bytes, std::io::Error>>());
+            let mut r = Response::new(Body::from_stream(stalled));
+            *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            return r;
         }
         return Response::new(Body::from_stream(futures::stream::pending::<
             Result<Bytes, std::io::Error>,
@@ -159,4 +169,19 @@ async fn watches_that_end_at_once_are_started_again_at_most_once_a_second() {
     // One a second (it was as fast as the server answered: ~40 a second here).
     assert!(more <= 5, "{more} watches in 3 s");
     assert!(more >= 1, "it keeps watching");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_refused_with_a_stalled_body_is_given_up_after_the_call_timeout() {
+    let (_base, fake, _procs, _) = start(
+        Fault::WatchRefusedThenStalls,
+        &["--discovery-call-timeout-ms", "500"],
+    )
+    .await;
+    // The 503's body pauses past the call timeout: the watch fails and another is started (it
+    // waited on kube's 295 s read timeout, with every change unseen).
+    poll("a second watch", Duration::from_secs(10), || async {
+        fake.watches.load(Ordering::SeqCst) >= 2
+    })
+    .await;
 }

@@ -2,8 +2,8 @@
 //! `KUBECONFIG`, `~/.kube/config` or the pod's service account) with the bounds kube leaves out.
 //!
 //! - **Calls** (`--discovery-call-timeout-ms`): every request's answer must begin within it, a
-//!   watch's as well; a list's or a pod's body may then pause at most that long between two
-//!   reads. kube alone waits 295 s (its read timeout) on an API server that took the connection
+//!   watch's as well; a list's or a pod's body (or a watch refused with an error status) may
+//!   then pause at most that long between two reads. kube alone waits 295 s (its read timeout) on an API server that took the connection
 //!   and never answers: discovery stalled for five minutes, with no worker at startup.
 //! - **Watch starts** at most one per [`WATCH_PACE`]: kube's watcher starts the next watch
 //!   itself when one ends, and tells the caller nothing, so a server (or proxy) that ends each
@@ -94,11 +94,14 @@ where
             let response = tokio::time::timeout(limit, answer).await.map_err(|_| {
                 format!("no answer within {limit:?} (--discovery-call-timeout-ms)")
             })??;
+            // A watch refused with an error status answers a body, not an event stream: its
+            // pauses are bounded as a list's are (a stalled 503 froze discovery).
+            let stream = watch && response.status().is_success();
             Ok(response.map(|inner| BoundedBody {
                 inner,
-                idle: (!watch).then_some(limit),
+                idle: (!stream).then_some(limit),
                 timer: None,
-                line: watch.then_some(0),
+                line: stream.then_some(0),
             }))
         })
     }

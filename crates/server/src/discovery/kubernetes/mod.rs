@@ -37,6 +37,10 @@ pub(crate) struct Settings {
 /// Annotations of pods by (name, uid).
 type PodCache = HashMap<(String, Option<String>), BTreeMap<String, String>>;
 
+/// A source that ran this long since its last error works again: the next error waits
+/// [`Backoff::INITIAL`].
+const WORKING_AFTER: Duration = Duration::from_secs(10);
+
 /// Pods whose annotations are read at once.
 const POD_READS_AT_ONCE: usize = 16;
 
@@ -143,6 +147,7 @@ pub(crate) async fn run(
     let port_name = settings.port_name.as_deref();
     let mut state = Slices::default();
     let mut cache = PodCache::new();
+    let mut last_error = tokio::time::Instant::now();
     loop {
         let item = tokio::select! {
             item = stream.next() => item,
@@ -154,14 +159,21 @@ pub(crate) async fn run(
                 // The watcher lists or watches again when polled next.
                 tracing::warn!("kubernetes discovery: EndpointSlice watch: {e}");
                 reconnected();
+                if last_error.elapsed() >= WORKING_AFTER {
+                    backoff.succeeded();
+                }
                 tokio::time::sleep(backoff.failed()).await;
+                last_error = tokio::time::Instant::now();
                 continue;
             }
             Some(Ok(event)) => event,
         };
-        // `Init` comes before the list is even asked for: only what the server sent proves it
-        // answers (a list failing on every try was retried every 0.1 s).
-        if !matches!(event, Event::Init) {
+        // The watch works again once it delivers a change, or has run `WORKING_AFTER` without
+        // an error (as the etcd source counts it). A list's events prove nothing: `Init` comes
+        // before the list is even asked for, and a list whose later page fails, or whose watch
+        // is refused every time, succeeds in part on every try (each was retried every 0.1 s,
+        // every pod read again).
+        if matches!(event, Event::Apply(_) | Event::Delete(_)) {
             backoff.succeeded();
         }
         let events = match event {

@@ -29,9 +29,10 @@ pub(crate) struct Ready {
 }
 
 /// Ready endpoints of `slice` on its port named `port_name` (the first port when `None`).
-/// `ready` unset counts as ready (the API's rule); a terminating endpoint never does, even
-/// `ready` (a Service with `publishNotReadyAddresses` marks terminating pods ready): a pod on its
-/// way out takes no new request. A slice without the named port has none (warned).
+/// `ready` unset counts as ready (the API's rule). A Service with `publishNotReadyAddresses`
+/// marks every endpoint ready and says the pod's readiness in `serving`, so `serving` false is
+/// not ready either; and a terminating endpoint never is: a pod on its way out takes no new
+/// request. A slice without the named port has none (warned).
 pub(crate) fn ready_endpoints(
     namespace: &str,
     slice: &EndpointSlice,
@@ -48,9 +49,9 @@ pub(crate) fn ready_endpoints(
     else {
         if !slice.endpoints.is_empty() {
             let name = slice.metadata.name.as_deref().unwrap_or("?");
-            let wanted = port_name.map_or("any port".into(), |n| format!("a port named {n:?}"));
+            let wanted = port_name.map_or("no port".into(), |n| format!("no port named {n:?}"));
             tracing::warn!(
-                "kubernetes discovery: EndpointSlice {namespace}/{name} has no {wanted} \
+                "kubernetes discovery: EndpointSlice {namespace}/{name} has {wanted} \
                  (--port-name): its endpoints are not workers"
             );
         }
@@ -58,9 +59,10 @@ pub(crate) fn ready_endpoints(
     };
     let mut ready = Vec::new();
     for e in &slice.endpoints {
-        let conditions = e.conditions.as_ref();
-        if conditions.and_then(|c| c.ready) == Some(false)
-            || conditions.and_then(|c| c.terminating) == Some(true)
+        let c = e.conditions.as_ref();
+        if c.and_then(|c| c.ready) == Some(false)
+            || c.and_then(|c| c.serving) == Some(false)
+            || c.and_then(|c| c.terminating) == Some(true)
         {
             continue;
         }

@@ -59,7 +59,7 @@ fn ready_endpoints_take_the_named_port_and_skip_unready_ones() {
 }
 
 #[test]
-fn a_terminating_endpoint_is_not_ready_even_when_marked_ready() {
+fn terminating_or_not_serving_endpoints_are_not_ready_even_when_marked_ready() {
     let mut s = slice(
         "vllm-a",
         8000,
@@ -73,6 +73,17 @@ fn a_terminating_endpoint_is_not_ready_even_when_marked_ready() {
     }
     s.endpoints[1].conditions.as_mut().unwrap().ready = None;
     assert!(ready_endpoints("ns", &s, Some("http")).is_empty());
+    // `publishNotReadyAddresses` on a pod not (yet) ready: ready, not serving, not terminating.
+    for e in &mut s.endpoints {
+        let c = e.conditions.as_mut().unwrap();
+        (c.ready, c.serving, c.terminating) = (Some(true), Some(false), Some(false));
+    }
+    s.endpoints[1].conditions.as_mut().unwrap().serving = Some(true);
+    let keys: Vec<String> = ready_endpoints("ns", &s, Some("http"))
+        .into_iter()
+        .map(|r| r.key)
+        .collect();
+    assert_eq!(keys, ["ns/p2"], "only the serving one");
 }
 
 #[test]
