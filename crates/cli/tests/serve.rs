@@ -528,7 +528,12 @@ async fn a_burst_beyond_capacity_gets_a_bounded_queue_and_529s() {
         metrics.contains("kvrouter_router_queue_pending_requests 0"),
         "the queue drained"
     );
-    assert!(metrics.contains("kvrouter_rejections_total{reason=\"queue_full\"}"));
+    let counted: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kvrouter_rejections_total{reason=\"queue_full\"} "))
+        .and_then(|v| v.parse().ok())
+        .expect("the queue_full series");
+    assert_eq!(counted, rejected as u64, "each rejection counted");
 }
 
 #[tokio::test]

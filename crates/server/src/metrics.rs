@@ -186,6 +186,17 @@ impl Counters {
         self.inc_get(labels);
     }
 
+    /// Shows the series `labels` at 0 until its first increment (`rate()` and `increase()`
+    /// need a sample before it to count that one).
+    pub(crate) fn zero(&self, labels: &[(&'static str, &str)]) {
+        let key = labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        self.values
+            .lock()
+            .expect("counter lock")
+            .entry(key)
+            .or_default();
+    }
+
     /// Increments and returns the new value. A label with an empty value is left out:
     /// Prometheus reads `model=""` as no `model` label, so keeping both would write one series
     /// twice.
@@ -251,7 +262,24 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    pub(crate) fn new() -> Self {
+    /// Every metric, the series of counters whose labels are a fixed set shown at 0 from the
+    /// start (`mode`: the router's mode, the one value their `mode` label takes).
+    pub(crate) fn new(mode: &str) -> Self {
+        let m = Self::empty();
+        for reason in ["queue_full", "overloaded", "deadline", "max_wait"] {
+            m.rejections.zero(&[("reason", reason)]);
+        }
+        for kind in ["ongoing_request", "weight_update"] {
+            m.migrations.zero(&[("migration_type", kind)]);
+        }
+        for kind in ["stream", "unary", "stream_idle"] {
+            m.upstream_timeouts.zero(&[("kind", kind)]);
+        }
+        m.retries.zero(&[("mode", mode)]);
+        m
+    }
+
+    fn empty() -> Self {
         Self {
             requests: Counters::default(),
             by_model: ByModel::default(),
@@ -513,6 +541,26 @@ mod tests {
         let mut out = String::new();
         m.render(&mut out, "t", "T.", |m| &m.ttft);
         assert_eq!(out.matches("t_count{").count(), MAX_MODEL_LABELS + 2);
+    }
+
+    #[test]
+    fn counters_of_fixed_labels_show_zero_before_their_first_increment() {
+        let m = Metrics::new("kv");
+        let mut out = String::new();
+        m.render(&mut out);
+        for line in [
+            "kvrouter_rejections_total{reason=\"queue_full\"} 0\n",
+            "kvrouter_rejections_total{reason=\"max_wait\"} 0\n",
+            "kvrouter_migrations_total{migration_type=\"weight_update\"} 0\n",
+            "kvrouter_upstream_timeouts_total{kind=\"stream_idle\"} 0\n",
+            "kvrouter_upstream_retries_total{mode=\"kv\"} 0\n",
+        ] {
+            assert!(out.contains(line), "{line} missing from\n{out}");
+        }
+        m.retries.inc(&[("mode", "kv")]);
+        let mut out = String::new();
+        m.render(&mut out);
+        assert!(out.contains("kvrouter_upstream_retries_total{mode=\"kv\"} 1\n"));
     }
 
     #[test]

@@ -392,6 +392,7 @@ impl AppState {
             router.set_active_list_max(sync.active_list_max);
         }
         let replica = crate::replica_state::ReplicaState::new(config.replica_sync.as_ref());
+        let metrics = Metrics::new(config.router.router_mode.as_str());
         // Both talk to workers only (probes, `/server_info`, control calls; requests), so both
         // carry the workers' key.
         let worker_auth = crate::upstream::bearer(config.worker_api_key.as_deref());
@@ -434,7 +435,7 @@ impl AppState {
                 upstream,
                 tokenizer,
                 tokenize_slots: Arc::new(Semaphore::new(slots)),
-                metrics: Metrics::new(),
+                metrics,
                 zmq: crate::zmq_contexts::Contexts::default(),
                 models: RwLock::new(models),
                 pools: RwLock::default(),
