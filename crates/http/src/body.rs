@@ -8,7 +8,8 @@
 //! reads what is left of it ([`drain`], at most [`DRAIN_MAX_BYTES`] within [`DRAIN_WAIT`]) so
 //! the connection can carry the next request. hyper alone drains only what it already holds,
 //! and otherwise closes the connection after the answer without saying so; a body that cannot be
-//! drained gets `Connection: close` in the answer instead.
+//! drained (too long, too slow, its reading failed, or its client waits for `100 Continue`
+//! before sending it) gets `Connection: close` in the answer instead.
 
 use axum::body::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -53,16 +54,26 @@ pub(crate) struct TimedBody {
     start: tokio::time::Instant,
     /// Where the body goes if it is dropped before its end; `None` for a body empty from the
     /// start, and once it ended.
-    unread: Option<oneshot::Sender<Incoming>>,
+    unread: Option<oneshot::Sender<Left>>,
+    /// Reading it failed (its framing, its deadline): hyper closes the connection.
+    failed: bool,
+}
+
+/// What a handler left of a request's body.
+pub(crate) enum Left {
+    /// The rest, unread.
+    Body(Incoming),
+    /// Reading it failed: the connection cannot carry another request.
+    Failed,
 }
 
 /// The request's body, if the handler dropped it before its end (see the module's
 /// documentation).
-pub(crate) struct Unread(Option<oneshot::Receiver<Incoming>>);
+pub(crate) struct Unread(Option<oneshot::Receiver<Left>>);
 
 impl Unread {
-    /// The body left unread, if any (`None` too while something still holds it).
-    pub(crate) fn take(self) -> Option<Incoming> {
+    /// What was left of the body, if anything (`None` too while something still holds it).
+    pub(crate) fn take(self) -> Option<Left> {
         self.0.and_then(|mut rx| rx.try_recv().ok())
     }
 }
@@ -84,6 +95,7 @@ impl TimedBody {
             deadline: None,
             start: tokio::time::Instant::now(),
             unread: tx,
+            failed: false,
         };
         (body, Unread(rx))
     }
@@ -92,7 +104,10 @@ impl TimedBody {
 impl Drop for TimedBody {
     fn drop(&mut self) {
         if let (Some(tx), Some(inner)) = (self.unread.take(), self.inner.take()) {
-            let _ = tx.send(inner);
+            let _ = tx.send(match self.failed {
+                true => Left::Failed,
+                false => Left::Body(inner),
+            });
         }
     }
 }
@@ -136,9 +151,12 @@ impl Body for TimedBody {
             return Poll::Ready(None);
         };
         if let Poll::Ready(frame) = Pin::new(&mut *inner).poll_frame(cx) {
-            if frame.is_none() || inner.is_end_stream() {
+            match &frame {
+                Some(Err(_)) => this.failed = true,
                 // Read to its end: nothing to hand back.
-                this.unread = None;
+                None => this.unread = None,
+                Some(Ok(_)) if inner.is_end_stream() => this.unread = None,
+                Some(Ok(_)) => {}
             }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
@@ -147,7 +165,10 @@ impl Body for TimedBody {
             .deadline
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(start + limit)));
         match deadline.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimeout(limit))))),
+            Poll::Ready(()) => {
+                this.failed = true;
+                Poll::Ready(Some(Err(Box::new(BodyTimeout(limit)))))
+            }
             Poll::Pending => Poll::Pending,
         }
     }

@@ -16,7 +16,7 @@
 //! accept and again after every response, so it cannot tell an idle keep-alive connection from a
 //! slow head; both timeouts are kept here instead, from the bytes read and the requests in flight.
 
-use crate::body::TimedBody;
+use crate::body::{Left, TimedBody};
 use crate::drain::{refusal, shutting_down, DrainBody, Lifecycle, Phase};
 use axum::body::Body;
 use axum::http::{header, HeaderValue, Request, Response, StatusCode};
@@ -228,6 +228,8 @@ async fn handle<S: App>(
             return Ok(DrainBody::whole(refused, held));
         }
     }
+    // A client that waits for `100 Continue` is not asked for a body the answer did not need.
+    let expects = request.headers().contains_key(header::EXPECT);
     let (parts, body) = request.into_parts();
     let (body, unread) = TimedBody::new(body, body_read_timeout);
     let request = Request::from_parts(parts, Body::new(body));
@@ -239,14 +241,17 @@ async fn handle<S: App>(
             return Ok(DrainBody::whole(shutting_down(StatusCode::SERVICE_UNAVAILABLE), held));
         }
     };
-    if let Some(body) = unread.take() {
-        // Left unread: read the rest to keep the connection, else say it closes (hyper closes
-        // a connection whose request body it cannot skip, without a word).
-        if !crate::body::drain(body).await {
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
+    // Left unread: read the rest to keep the connection, else say it closes (hyper closes a
+    // connection whose request body it cannot skip, without a word).
+    let keep = match unread.take() {
+        None => true,
+        Some(Left::Body(body)) => !expects && crate::body::drain(body).await,
+        Some(Left::Failed) => false,
+    };
+    if !keep {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     Ok(DrainBody::wrap(response, &lifecycle, held))
 }

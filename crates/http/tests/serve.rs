@@ -304,4 +304,27 @@ async fn a_body_left_unread_is_drained_to_keep_the_connection_or_the_answer_says
     let answer = read_one(&mut stalled).await;
     assert!(!kept(&answer), "{answer}");
     assert_eq!(read_all(stalled).await, "");
+    // A client waiting for `100 Continue` is not asked for the body: the answer comes at once,
+    // closing.
+    let mut expects = TcpStream::connect(addr).await.unwrap();
+    expects
+        .write_all(b"POST /ignore HTTP/1.1\r\nhost: t\r\nexpect: 100-continue\r\ncontent-length: 10\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_one(&mut expects).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && !kept(&answer),
+        "{answer}"
+    );
+    // A body whose framing is broken: the handler's error answer says the connection closes.
+    let mut broken = TcpStream::connect(addr).await.unwrap();
+    broken
+        .write_all(b"POST /echo HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_one(&mut broken).await;
+    assert!(
+        !answer.starts_with("HTTP/1.1 200") && !kept(&answer),
+        "{answer}"
+    );
 }

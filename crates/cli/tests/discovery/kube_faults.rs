@@ -2,7 +2,8 @@
 //! real ones (and proxies before them) do: a list that fails every time is retried with the
 //! documented doubling backoff, not every 0.1 s; a list that is taken and never answered fails
 //! after `--discovery-call-timeout-ms` instead of kube's 295 s, and so does a watch refused with
-//! a body that stalls; watches that end at once are started again at most once a second.
+//! a body that stalls; watches that end at once are started again at most once a second; a
+//! watch refused with the HTTP status 410 lists again.
 
 use super::{poll, state_is};
 use axum::body::{Body, Bytes};
@@ -30,6 +31,8 @@ enum Fault {
     WatchEndsAtOnce,
     /// Lists are answered; the first watch answers 503, sends a few bytes and stalls.
     WatchRefusedThenStalls,
+    /// Lists are answered; every watch is refused with the HTTP status `410 Gone`.
+    WatchGoneStatus,
 }
 
 struct Fake {
@@ -44,6 +47,12 @@ async fn slices(State(f): State<Arc<Fake>>, Query(q): Query<HashMap<String, Stri
         let n = f.watches.fetch_add(1, Ordering::SeqCst);
         if f.fault == Fault::WatchEndsAtOnce {
             return Response::new(Body::empty());
+        }
+        if f.fault == Fault::WatchGoneStatus {
+            let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                "status": "Failure", "reason": "Expired", "code": 410,
+                "message": "too old resource version"});
+            return (StatusCode::GONE, Json(status)).into_response();
         }
         if f.fault == Fault::WatchRefusedThenStalls && n == 0 {
             let stalled = futures::stream::once(async { Ok(Bytes::from_static(b"{\"ki")) })
@@ -182,6 +191,16 @@ async fn a_watch_refused_with_a_stalled_body_is_given_up_after_the_call_timeout(
     // waited on kube's 295 s read timeout, with every change unseen).
     poll("a second watch", Duration::from_secs(10), || async {
         fake.watches.load(Ordering::SeqCst) >= 2
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_refused_with_the_status_410_lists_again() {
+    let (_base, fake, _procs, _) = start(Fault::WatchGoneStatus, &[]).await;
+    // kube's watcher asked again from the same expired resourceVersion for ever.
+    poll("a second list", Duration::from_secs(10), || async {
+        fake.lists.load(Ordering::SeqCst) >= 2
     })
     .await;
 }

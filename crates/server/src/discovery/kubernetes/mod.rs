@@ -120,6 +120,13 @@ async fn registrations(
     out
 }
 
+/// Whether a watch was refused with `410 Gone`: its resourceVersion expired.
+fn gone(e: &watcher::Error) -> bool {
+    use watcher::Error::{WatchFailed, WatchStartFailed};
+    // kube reads a refused watch's Status body as an item of its stream (`WatchFailed`).
+    matches!(e, WatchStartFailed(kube::Error::Api(r)) | WatchFailed(kube::Error::Api(r)) if r.code == 410)
+}
+
 /// Feeds `tx` from the API server until the receiver is gone.
 pub(crate) async fn run(
     settings: Settings,
@@ -143,7 +150,7 @@ pub(crate) async fn run(
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let api: Api<EndpointSlice> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().labels(&settings.selector);
-    let mut stream = watcher::watcher(api, config).boxed();
+    let mut stream = watcher::watcher(api.clone(), config.clone()).boxed();
     let port_name = settings.port_name.as_deref();
     let mut state = Slices::default();
     let mut cache = PodCache::new();
@@ -156,7 +163,13 @@ pub(crate) async fn run(
         let event = match item {
             None => return,
             Some(Err(e)) => {
-                // The watcher lists or watches again when polled next.
+                // The watcher lists or watches again when polled next; but a watch refused with
+                // `410 Gone` as its HTTP status (an API server or proxy that answers so, not
+                // with an ERROR event) it would ask again from the same expired
+                // resourceVersion for ever: a new watcher lists first.
+                if gone(&e) {
+                    stream = watcher::watcher(api.clone(), config.clone()).boxed();
+                }
                 tracing::warn!("kubernetes discovery: EndpointSlice watch: {e}");
                 reconnected();
                 if last_error.elapsed() >= WORKING_AFTER {
