@@ -16,4 +16,4 @@ pub mod drain;
 pub mod listen;
 
 pub use drain::{Lifecycle, Phase};
-pub use listen::{serve, App, HttpLimits, CUT_MARGIN};
+pub use listen::{accept, serve, App, HttpLimits, ACCEPT_BACKOFF, CUT_MARGIN};

@@ -258,7 +258,6 @@ async fn handle<S: App>(
 
 /// Serves one connection until it ends, times out or the drain closes it.
 async fn connection<S: App>(tcp: TcpStream, app: S, lifecycle: Lifecycle, limits: HttpLimits) {
-    let _ = tcp.set_nodelay(true);
     let activity = Arc::new(Mutex::new(Activity::new(Instant::now())));
     let io = TokioIo::new(Watched {
         io: tcp,
@@ -332,10 +331,7 @@ pub async fn serve<S: App>(
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => spawn(&mut conns, tcp),
-                Err(e) => accept_error(e).await,
-            },
+            tcp = accept(&listener) => spawn(&mut conns, tcp),
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             _ = &mut shutdown => break,
         }
@@ -344,10 +340,7 @@ pub async fn serve<S: App>(
     let grace_end = Instant::now() + limits.shutdown_grace;
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => spawn(&mut conns, tcp),
-                Err(e) => accept_error(e).await,
-            },
+            tcp = accept(&listener) => spawn(&mut conns, tcp),
             joined = conns.join_next() => if joined.is_none() { return },
             _ = tokio::time::sleep_until(grace_end) => break,
         }
@@ -361,10 +354,25 @@ pub async fn serve<S: App>(
     conns.abort_all();
 }
 
-/// Out of file descriptors and the like: wait a little rather than spin.
-async fn accept_error(e: std::io::Error) {
-    tracing::warn!("accept failed: {e}");
-    tokio::time::sleep(Duration::from_millis(50)).await;
+/// The wait after a failed accept before the next.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The next connection on `listener`, with TCP_NODELAY set. A failed accept (out of file
+/// descriptors and the like) is logged and tried again after [`ACCEPT_BACKOFF`], not at once:
+/// the error would come back at once, and the loop spin a core.
+pub async fn accept(listener: &TcpListener) -> TcpStream {
+    loop {
+        match listener.accept().await {
+            Ok((tcp, _)) => {
+                let _ = tcp.set_nodelay(true);
+                return tcp;
+            }
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
