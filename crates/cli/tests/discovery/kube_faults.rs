@@ -110,24 +110,7 @@ async fn start(
     let api = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let config = super::kubernetes::kubeconfig(&api);
-    let mut args = vec![
-        "serve",
-        "--port",
-        "0",
-        "--discovery",
-        "kubernetes",
-        "--selector",
-        "app=vllm",
-        "--port-name",
-        "http",
-        "--admin-token",
-        super::TOKEN,
-        "--health-check-interval-secs",
-        "0",
-    ];
-    args.extend(extra);
-    let router =
-        crate::common::spawn_with_env(&args, &[("KUBECONFIG", config.to_str().unwrap())]).await;
+    let router = super::kubernetes::router(&config, extra).await;
     let base = router.http();
     (base, fake, vec![engine, router], engine_url)
 }

@@ -137,6 +137,28 @@ pub(super) fn kubeconfig(server: &str) -> std::path::PathBuf {
     path
 }
 
+/// `kvrouter serve --discovery kubernetes` for the pods labelled `app=vllm` (port `http`) of the
+/// API server `kubeconfig` names, with `extra` flags.
+pub(super) async fn router(kubeconfig: &std::path::Path, extra: &[&str]) -> crate::common::Proc {
+    let mut args = vec![
+        "serve",
+        "--port",
+        "0",
+        "--discovery",
+        "kubernetes",
+        "--selector",
+        "app=vllm",
+        "--port-name",
+        "http",
+        "--admin-token",
+        TOKEN,
+        "--health-check-interval-secs",
+        "0",
+    ];
+    args.extend(extra);
+    crate::common::spawn_with_env(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endpoint_slices_add_drain_and_bring_back_workers_across_watch_ends_and_relists() {
     let ports = [
@@ -169,29 +191,16 @@ async fn endpoint_slices_add_drain_and_bring_back_workers_across_watch_ends_and_
     });
     let api = serve(fake.clone()).await;
     let config = kubeconfig(&api);
-    let router = crate::common::spawn_with_env(
+    let router = router(
+        &config,
         &[
-            "serve",
-            "--port",
-            "0",
-            "--discovery",
-            "kubernetes",
-            "--selector",
-            "app=vllm",
-            "--port-name",
-            "http",
-            "--admin-token",
-            TOKEN,
             "--router-mode",
             "round-robin",
             "--kv-cache-block-size",
             "16",
-            "--health-check-interval-secs",
-            "0",
             "--model-name",
             "mock-model",
         ],
-        &[("KUBECONFIG", config.to_str().unwrap())],
     )
     .await;
     let base = router.http();

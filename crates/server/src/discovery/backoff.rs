@@ -1,5 +1,6 @@
 //! Reconnect delays of a discovery source: doubling from [`Backoff::INITIAL`] up to a bound
-//! (`--discovery-backoff-max-secs`), back to the start after a success. Pure.
+//! (`--discovery-backoff-max-secs`), back to the start after a success, or once the source ran
+//! [`Backoff::WORKED`] without an error. Pure.
 
 use std::time::Duration;
 
@@ -13,6 +14,8 @@ pub(crate) struct Backoff {
 impl Backoff {
     /// The first delay.
     pub(crate) const INITIAL: Duration = Duration::from_millis(100);
+    /// A source that ran this long without an error had been working.
+    pub(crate) const WORKED: Duration = Duration::from_secs(10);
 
     /// Starts at [`Backoff::INITIAL`], never over `max`.
     pub(crate) fn new(max: Duration) -> Self {
@@ -33,6 +36,14 @@ impl Backoff {
     pub(crate) fn succeeded(&mut self) {
         self.next = Self::INITIAL.min(self.max);
     }
+
+    /// The source ran `lasted` without an error: past [`Backoff::WORKED`] it had been working,
+    /// so the next failure waits [`Backoff::INITIAL`] again.
+    pub(crate) fn ran(&mut self, lasted: Duration) {
+        if lasted >= Self::WORKED {
+            self.succeeded();
+        }
+    }
 }
 
 #[cfg(test)]
@@ -45,6 +56,10 @@ mod tests {
         let ms: Vec<u128> = (0..5).map(|_| b.failed().as_millis()).collect();
         assert_eq!(ms, vec![100, 200, 400, 500, 500]);
         b.succeeded();
+        assert_eq!(b.failed(), Backoff::INITIAL);
+        b.ran(Backoff::WORKED - Duration::from_millis(1));
+        assert_eq!(b.failed(), Duration::from_millis(200), "not yet working");
+        b.ran(Backoff::WORKED);
         assert_eq!(b.failed(), Backoff::INITIAL);
         assert_eq!(Backoff::new(Duration::ZERO).failed(), Duration::ZERO);
     }

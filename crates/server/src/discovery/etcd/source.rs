@@ -11,9 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// A watch that lasted this long had been working when it ended.
-const WORKED: Duration = Duration::from_secs(10);
-
 /// How a watch ended.
 enum End {
     /// List again, for this reason: the start revision was compacted away, the store's
@@ -82,9 +79,7 @@ pub(crate) async fn run(
         let began = std::time::Instant::now();
         let ended = watch(&client, &prefix, &mut next, &mut backoff, &tx).await;
         // A watch that lasted broke after working: the next try waits the least again.
-        if began.elapsed() >= WORKED {
-            backoff.succeeded();
-        }
+        backoff.ran(began.elapsed());
         match ended {
             Ok(End::Closed) => return,
             Ok(End::Relist(why)) => {

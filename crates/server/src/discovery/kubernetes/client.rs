@@ -3,8 +3,9 @@
 //!
 //! - **Calls** (`--discovery-call-timeout-ms`): every request's answer must begin within it, a
 //!   watch's as well; a list's or a pod's body (or a watch refused with an error status) may
-//!   then pause at most that long between two reads. kube alone waits 295 s (its read timeout) on an API server that took the connection
-//!   and never answers: discovery stalled for five minutes, with no worker at startup.
+//!   then pause at most that long between two reads. kube alone waits 295 s (its read timeout)
+//!   on an API server that took the connection and never answers: discovery stalled for five
+//!   minutes, with no worker at startup.
 //! - **Watch starts** at most one per [`WATCH_PACE`]: kube's watcher starts the next watch
 //!   itself when one ends, and tells the caller nothing, so a server (or proxy) that ends each
 //!   watch at once had it watching again in a tight loop.
@@ -193,15 +194,12 @@ mod tests {
             .into_iter()
             .map(|c| Ok::<_, BoxError>(Frame::data(c)));
         let frames = futures::stream::iter(frames);
-        let tail = futures::stream::iter(Vec::<Result<Frame<Bytes>, BoxError>>::new());
         let inner: Box<DynBody> = if pending_after {
             Box::new(http_body_util::StreamBody::new(Box::pin(
                 frames.chain(futures::stream::pending()),
             )))
         } else {
-            Box::new(http_body_util::StreamBody::new(Box::pin(
-                frames.chain(tail),
-            )))
+            Box::new(http_body_util::StreamBody::new(frames))
         };
         BoundedBody {
             inner,

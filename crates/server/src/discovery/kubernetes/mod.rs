@@ -37,10 +37,6 @@ pub(crate) struct Settings {
 /// Annotations of pods by (name, uid).
 type PodCache = HashMap<(String, Option<String>), BTreeMap<String, String>>;
 
-/// A source that ran this long since its last error works again: the next error waits
-/// [`Backoff::INITIAL`].
-const WORKING_AFTER: Duration = Duration::from_secs(10);
-
 /// Pods whose annotations are read at once.
 const POD_READS_AT_ONCE: usize = 16;
 
@@ -172,16 +168,14 @@ pub(crate) async fn run(
                 }
                 tracing::warn!("kubernetes discovery: EndpointSlice watch: {e}");
                 reconnected();
-                if last_error.elapsed() >= WORKING_AFTER {
-                    backoff.succeeded();
-                }
+                backoff.ran(last_error.elapsed());
                 tokio::time::sleep(backoff.failed()).await;
                 last_error = tokio::time::Instant::now();
                 continue;
             }
             Some(Ok(event)) => event,
         };
-        // The watch works again once it delivers a change, or has run `WORKING_AFTER` without
+        // The watch works again once it delivers a change, or has run `Backoff::WORKED` without
         // an error (as the etcd source counts it). A list's events prove nothing: `Init` comes
         // before the list is even asked for, and a list whose later page fails, or whose watch
         // is refused every time, succeeds in part on every try (each was retried every 0.1 s,
