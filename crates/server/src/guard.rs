@@ -391,8 +391,9 @@ impl LoadGuard {
         if let Some(engine) = engine {
             self.check_prompt_tokens(engine);
         }
-        let cached = usage.as_ref();
-        let cached = cached.and_then(|u| u["prompt_tokens_details"]["cached_tokens"].as_u64());
+        let cached = usage
+            .as_ref()
+            .and_then(|u| u["prompt_tokens_details"]["cached_tokens"].as_u64());
         if let (Some(cached), Some(engine)) = (cached, engine) {
             // The served hit rate: cached over prompt tokens of the same answers.
             m.cached_tokens.observe(cached as f64);

@@ -99,9 +99,15 @@ impl ModelMetrics {
 /// most [`MAX_MODEL_LABEL_BYTES`] bytes, and past those are counted together as [`OTHER_MODELS`].
 #[derive(Debug, Default)]
 pub(crate) struct ByModel {
-    models: Mutex<BTreeMap<String, Arc<ModelMetrics>>>,
-    /// Labels made for names no worker was known to serve.
-    unserved: std::sync::atomic::AtomicUsize,
+    labels: Mutex<Labels>,
+}
+
+/// The `model` labels made so far.
+#[derive(Debug, Default)]
+struct Labels {
+    by_name: BTreeMap<String, Arc<ModelMetrics>>,
+    /// Those made for names no worker was known to serve.
+    unserved: usize,
 }
 
 /// Labels kept for names no worker was known to serve, at most (besides [`OTHER_MODELS`]).
@@ -114,43 +120,36 @@ pub(crate) const OTHER_MODELS: &str = "_other";
 impl ByModel {
     /// The histograms of `model`, if a request named it.
     pub(crate) fn peek(&self, model: &str) -> Option<Arc<ModelMetrics>> {
-        self.models
-            .lock()
-            .expect("model metrics lock")
-            .get(model)
-            .cloned()
+        let labels = self.labels.lock().expect("model metrics lock");
+        labels.by_name.get(model).cloned()
     }
 
     /// The histograms of `model`, made on first use (those of [`OTHER_MODELS`] past the
     /// bounds): their [`ModelMetrics::model`] is the request's `model` label.
     pub(crate) fn get(&self, model: &str, served: bool) -> Arc<ModelMetrics> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let mut models = self.models.lock().expect("model metrics lock");
-        if let Some(m) = models.get(model) {
+        let mut labels = self.labels.lock().expect("model metrics lock");
+        let Labels { by_name, unserved } = &mut *labels;
+        if let Some(m) = by_name.get(model) {
             return m.clone();
         }
-        let unserved = !served
-            && (self.unserved.load(Relaxed) >= MAX_MODEL_LABELS
-                || model.len() > MAX_MODEL_LABEL_BYTES);
-        let model = if unserved {
-            if let Some(m) = models.get(OTHER_MODELS) {
-                return m.clone();
+        let over =
+            !served && (*unserved >= MAX_MODEL_LABELS || model.len() > MAX_MODEL_LABEL_BYTES);
+        let label = match over {
+            true => OTHER_MODELS,
+            false => {
+                *unserved += usize::from(!served);
+                model
             }
-            OTHER_MODELS
-        } else {
-            if !served {
-                self.unserved.fetch_add(1, Relaxed);
-            }
-            model
         };
-        let m = Arc::new(ModelMetrics {
-            model: model.to_owned(),
-            ttft: Histogram::new(SECONDS),
-            itl: Histogram::new(SECONDS),
-            duration: Histogram::new(SECONDS),
+        let m = by_name.entry(label.to_owned()).or_insert_with(|| {
+            Arc::new(ModelMetrics {
+                model: label.to_owned(),
+                ttft: Histogram::new(SECONDS),
+                itl: Histogram::new(SECONDS),
+                duration: Histogram::new(SECONDS),
+            })
         });
-        models.insert(model.to_owned(), m.clone());
-        m
+        m.clone()
     }
 
     fn render(
@@ -161,7 +160,7 @@ impl ByModel {
         pick: fn(&ModelMetrics) -> &Histogram,
     ) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (model, m) in self.models.lock().expect("model metrics lock").iter() {
+        for (model, m) in &self.labels.lock().expect("model metrics lock").by_name {
             let labels = format!("model=\"{}\",", escape(model));
             pick(m).render_series(out, name, &labels);
         }
@@ -182,6 +181,13 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
+    /// A series' key. A label with an empty value is left out: Prometheus reads `model=""` as
+    /// no `model` label, so keeping both would write one series twice.
+    fn key(labels: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
+        let kept = labels.iter().filter(|(_, v)| !v.is_empty());
+        kept.map(|(k, v)| (*k, (*v).to_owned())).collect()
+    }
+
     pub(crate) fn inc(&self, labels: &[(&'static str, &str)]) {
         self.inc_get(labels);
     }
@@ -189,25 +195,14 @@ impl Counters {
     /// Shows the series `labels` at 0 until its first increment (`rate()` and `increase()`
     /// need a sample before it to count that one).
     pub(crate) fn zero(&self, labels: &[(&'static str, &str)]) {
-        let key = labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
-        self.values
-            .lock()
-            .expect("counter lock")
-            .entry(key)
-            .or_default();
+        let mut values = self.values.lock().expect("counter lock");
+        values.entry(Self::key(labels)).or_default();
     }
 
-    /// Increments and returns the new value. A label with an empty value is left out:
-    /// Prometheus reads `model=""` as no `model` label, so keeping both would write one series
-    /// twice.
+    /// Increments and returns the new value.
     pub(crate) fn inc_get(&self, labels: &[(&'static str, &str)]) -> u64 {
-        let key = labels
-            .iter()
-            .filter(|(_, v)| !v.is_empty())
-            .map(|(k, v)| (*k, (*v).to_owned()))
-            .collect();
         let mut values = self.values.lock().expect("counter lock");
-        let v = values.entry(key).or_default();
+        let v = values.entry(Self::key(labels)).or_default();
         *v += 1;
         *v
     }
