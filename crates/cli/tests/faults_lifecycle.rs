@@ -587,3 +587,108 @@ async fn finish_whole_then_exit(
     let status = exits_within(r, Duration::from_secs(10)).await;
     assert!(status.success(), "{status}");
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The router's KV event subscriber threads (`kv-ingest-WORKER-RANK`).
+fn ingest_threads(router: &common::Proc) -> usize {
+    let pid = router.child.id().expect("running");
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("kv-ingest-"))
+        .count()
+}
+
+/// The worker ids `/metrics` has series for.
+fn metric_workers(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.split("worker=\"").nth(1)?.split('"').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_that_come_and_go_leave_no_thread_series_or_half_registration_behind() {
+    // The soak's findings (bench/soak/soak.py, docs/operations.md): a registration given up
+    // while the router waited for the worker's models left a worker no DELETE could remove,
+    // routed to, and its KV subscriber thread running for good; and every worker that left
+    // kept its series in /metrics.
+    let kv = format!("tcp://127.0.0.1:{}", free_port());
+    let (stay, churned) = (
+        engine(&[]).await,
+        engine(&["--kv-events-endpoint", &kv]).await,
+    );
+    // KV events on (the `router` helper turns them off), so each registration starts a
+    // subscriber thread.
+    let stay_url = stay.http();
+    let r = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--router-mode",
+        "round-robin",
+        "--worker",
+        &stay_url,
+        "--admin-token",
+        "t",
+    ])
+    .await;
+    let (base, client) = (r.http(), reqwest::Client::new());
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent = format!("http://{}", silent.local_addr().unwrap());
+    let entry = json!({"url": churned.http(), "kv_events_endpoint": kv});
+    for _ in 0..10 {
+        let added = client
+            .post(format!("{base}/admin/workers"))
+            .bearer_auth("t")
+            .json(&entry)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(added.status().as_u16(), 201);
+        let id = added.json::<Value>().await.unwrap()["id"].clone();
+        let r = client
+            .delete(format!("{base}/admin/workers/{id}"))
+            .bearer_auth("t")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        // Given up while the router waits (up to 2 s) for the silent address's models.
+        let given_up = client
+            .post(format!("{base}/admin/workers"))
+            .bearer_auth("t")
+            .timeout(Duration::from_millis(300))
+            .json(&json!({"url": silent, "block_size": 64, "max_num_batched_tokens": 8192,
+                "kv_capacity_blocks": 1000, "kv_events_endpoint": format!("tcp://127.0.0.1:{}", free_port())}))
+            .send()
+            .await;
+        assert!(given_up.is_err(), "{given_up:?}");
+    }
+    let listed: Value = client
+        .get(format!("{base}/admin/workers"))
+        .bearer_auth("t")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["workers"].as_array().unwrap().len(), 1, "{listed}");
+    common::until(
+        "the subscribers of removed workers stop",
+        Duration::from_secs(10),
+        || async { ingest_threads(&r) == 0 },
+    )
+    .await;
+    let text = common::metrics(&base).await;
+    let ids = metric_workers(&text);
+    assert_eq!(ids.into_iter().collect::<Vec<_>>(), ["0"], "{text}");
+}

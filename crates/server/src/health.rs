@@ -31,6 +31,16 @@ struct WorkerHealth {
 }
 
 impl WorkerHealth {
+    /// Whether it says nothing a missing entry would not: healthy, no failure counted, no
+    /// replica's verdict held (the table keeps only such workers as have something to say).
+    fn is_clean(&self) -> bool {
+        !self.unhealthy
+            && self.failed_checks == 0
+            && self.failed_requests == 0
+            && self.own.is_none()
+            && self.ejected_by.is_empty()
+    }
+
     /// Out on other replicas' word only, and none of them says so any more: back in.
     fn release_if_unheld(&mut self) -> Option<Transition> {
         (self.unhealthy && self.own.is_none() && self.ejected_by.is_empty()).then(|| {
@@ -41,7 +51,9 @@ impl WorkerHealth {
     }
 }
 
-/// Health of every worker.
+/// Health of every worker: an entry for each worker with a failure counted, out of rotation,
+/// or held out by a replica's verdict; none for a healthy one (so the table is bounded by the
+/// workers in trouble, whatever ids come and go).
 #[derive(Debug, Default)]
 pub(crate) struct Health {
     workers: Mutex<HashMap<WorkerId, WorkerHealth>>,
@@ -92,17 +104,23 @@ impl Health {
         config: &HealthConfig,
     ) -> Option<Transition> {
         let mut all = self.workers.lock().expect("health lock");
-        let h = all.entry(worker).or_default();
         if ok {
+            // A pass of a worker with nothing counted changes nothing.
+            let h = all.get_mut(&worker)?;
             h.failed_checks = 0;
             h.failed_requests = 0;
             h.passes += 1;
-            (h.unhealthy && h.passes >= config.recovery_threshold).then(|| {
+            let t = (h.unhealthy && h.passes >= config.recovery_threshold).then(|| {
                 h.unhealthy = false;
                 h.own = None;
                 Transition::Healthy
-            })
+            });
+            if h.is_clean() {
+                all.remove(&worker);
+            }
+            t
         } else {
+            let h = all.entry(worker).or_default();
             h.passes = 0;
             match source {
                 Source::Check => h.failed_checks += 1,
@@ -134,9 +152,9 @@ impl Health {
         verdict: Option<Reason>,
     ) -> Option<Transition> {
         let mut all = self.workers.lock().expect("health lock");
-        let h = all.entry(worker).or_default();
         match verdict {
             Some(reason) => {
+                let h = all.entry(worker).or_default();
                 if !h.ejected_by.insert(peer) || h.unhealthy {
                     return None;
                 }
@@ -145,10 +163,26 @@ impl Health {
                 Some(Transition::Unhealthy(reason))
             }
             None => {
+                let h = all.get_mut(&worker)?;
                 h.ejected_by.remove(&peer);
-                h.release_if_unheld()
+                let t = h.release_if_unheld();
+                if h.is_clean() {
+                    all.remove(&worker);
+                }
+                t
             }
         }
+    }
+
+    /// Forgets a worker that left (its id is not used again).
+    pub(crate) fn forget(&self, worker: WorkerId) {
+        self.workers.lock().expect("health lock").remove(&worker);
+    }
+
+    /// Workers the table holds an entry for (tests).
+    #[cfg(test)]
+    fn entries(&self) -> usize {
+        self.workers.lock().expect("health lock").len()
     }
 
     /// Replica `peer`'s full list of the workers it ejected (its heartbeat; empty when it
@@ -224,6 +258,29 @@ mod tests {
             h.record(w, true, Source::Check, &config),
             Some(Transition::Healthy)
         );
+        assert_eq!(h.entries(), 0, "healthy again: nothing kept");
+    }
+
+    #[test]
+    fn the_table_holds_only_workers_with_something_to_say() {
+        // Workers come and go under new ids (discovery): a healthy one takes no entry, and one
+        // that left is forgotten.
+        let config = HealthConfig::default();
+        let h = Health::default();
+        for w in 0..10_000 {
+            assert_eq!(h.record(WorkerId(w), true, Source::Request, &config), None);
+        }
+        assert_eq!(h.record(WorkerId(1), false, Source::Request, &config), None);
+        assert_eq!(h.record_peer(WorkerId(2), 7, None), None);
+        assert_eq!(h.entries(), 1);
+        assert_eq!(h.record(WorkerId(1), true, Source::Request, &config), None);
+        assert_eq!(h.entries(), 0, "a pass resets the count");
+        for _ in 0..config.failure_threshold {
+            h.record(WorkerId(3), false, Source::Check, &config);
+        }
+        assert!(h.is_unhealthy(WorkerId(3)));
+        h.forget(WorkerId(3));
+        assert_eq!((h.entries(), h.is_unhealthy(WorkerId(3))), (0, false));
     }
 }
 

@@ -207,6 +207,13 @@ impl Counters {
         *v
     }
 
+    /// Drops every series whose `label` is `value` (a worker that left: its series would
+    /// otherwise stay in every scrape for good).
+    pub(crate) fn forget(&self, label: &str, value: &str) {
+        let mut values = self.values.lock().expect("counter lock");
+        values.retain(|key, _| !key.iter().any(|(k, v)| *k == label && v == value));
+    }
+
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
         for (labels, v) in self.values.lock().expect("counter lock").iter() {
@@ -300,6 +307,19 @@ impl Metrics {
             discovery_reconnects: Counters::default(),
             picks: Counters::default(),
             picks_outstanding: Default::default(),
+        }
+    }
+
+    /// Drops the series of a worker that left: the counter families labelled by worker (the
+    /// gauges are rendered from the workers there are).
+    pub(crate) fn forget_worker(&self, worker: &str) {
+        for family in [
+            &self.kv_stream_breaks,
+            &self.kv_stream_resyncs,
+            &self.key_refusals,
+            &self.prompt_token_mismatches,
+        ] {
+            family.forget("worker", worker);
         }
     }
 

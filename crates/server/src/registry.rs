@@ -177,6 +177,24 @@ pub(crate) async fn add_worker(
             ));
         }
     }
+    // The models it serves: as configured, else from its `/v1/models` (with its adapters).
+    // Asked before anything is registered: from the core's registration to the record's insert
+    // below nothing awaits, so a registration given up meanwhile (its client gone, a shutdown
+    // cutting it) leaves no worker the registry does not list, nor its subscribers running.
+    let cards = if entry.models.is_empty() {
+        learn_models(state, &entry.url).await
+    } else {
+        entry
+            .models
+            .iter()
+            .map(|m| ModelCard {
+                id: m.clone(),
+                parent: None,
+                max_model_len: None,
+                created: None,
+            })
+            .collect()
+    };
     let dp_size = entry.dp_size.unwrap_or(1);
     let id = match entry.id {
         Some(id) => WorkerId(id),
@@ -231,21 +249,6 @@ pub(crate) async fn add_worker(
     if let Some(checks) = state.spawn_health_checks(id, entry.url.clone()) {
         subscribers.push(checks);
     }
-    // The models it serves: as configured, else from its `/v1/models` (with its adapters).
-    let cards = if entry.models.is_empty() {
-        learn_models(state, &entry.url).await
-    } else {
-        entry
-            .models
-            .iter()
-            .map(|m| ModelCard {
-                id: m.clone(),
-                parent: None,
-                max_model_len: None,
-                created: None,
-            })
-            .collect()
-    };
     if entry.models.is_empty() && cards.is_empty() {
         // Not answering yet (vLLM loads its weights for minutes before it serves
         // `/v1/models`): asked again until it lists its models.
@@ -349,9 +352,16 @@ pub(crate) fn remove_worker(state: &AppState, id: WorkerId) -> Result<WorkerEntr
             "worker {id} is not registered"
         )));
     };
+    let entry = record.entry.clone();
+    // Its subscribers and health checks stop here (the record's drop), before what they
+    // count is forgotten.
+    drop(record);
     let _ = state.inner.lock_core().remove_worker(id);
     set_models(state, id, None);
-    Ok(record.entry.clone())
+    // Ids are not used again: what was kept under this one goes with it.
+    state.inner.health.forget(id);
+    state.inner.metrics.forget_worker(&id.to_string());
+    Ok(entry)
 }
 
 /// Takes a worker out of rotation because its discovery source removed it: no new requests,

@@ -20,7 +20,8 @@ pub(crate) struct ReplicaState {
     /// Wakes the publisher: the core queued events.
     pub(crate) notify: Notify,
     link: OnceLock<Arc<Link>>,
-    /// This replica's own health verdicts not yet published: ejected (with why) or recovered.
+    /// This replica's own health verdicts not yet published: ejected (with why) or recovered,
+    /// the latest per worker (at most one entry a worker, however long the link is down).
     verdicts: Mutex<Vec<(WorkerId, Option<Reason>)>>,
     /// Off in tests that show what unshared verdicts cost.
     share_verdicts: bool,
@@ -38,14 +39,17 @@ impl ReplicaState {
     }
 
     /// This replica's own verdict on `worker` changed: queue it for the others (with sync on).
+    /// It replaces one still waiting for the same worker: a verdict says the worker's state
+    /// now, so only the latest matters, and the queue stays one entry a worker while the
+    /// publisher is not connected (nothing takes them then).
     pub(crate) fn verdict(&self, worker: WorkerId, verdict: Option<Reason>) {
         if !self.share_verdicts {
             return;
         }
-        self.verdicts
-            .lock()
-            .expect("verdicts lock")
-            .push((worker, verdict));
+        let mut waiting = self.verdicts.lock().expect("verdicts lock");
+        waiting.retain(|(w, _)| *w != worker);
+        waiting.push((worker, verdict));
+        drop(waiting);
         self.notify.notify_one();
     }
 
@@ -134,4 +138,29 @@ pub(crate) struct SyncMetrics {
     pub(crate) repairs: AtomicU64,
     /// Messages under this replica's id from another process.
     pub(crate) id_conflicts: AtomicU64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_waiting_to_be_published_keep_the_latest_per_worker() {
+        // Nothing takes verdicts while the link is down: a flapping worker's each change had
+        // been queued for good.
+        let state = ReplicaState::new(Some(&ReplicaSyncConfig::new("nats://127.0.0.1:4222", 1)));
+        for _ in 0..1000 {
+            state.verdict(WorkerId(1), Some(Reason::FailedChecks));
+            state.verdict(WorkerId(2), Some(Reason::FailedRequests));
+            state.verdict(WorkerId(1), None);
+        }
+        assert_eq!(
+            state.take_verdicts(),
+            vec![
+                (WorkerId(2), Some(Reason::FailedRequests)),
+                (WorkerId(1), None)
+            ]
+        );
+        assert!(state.take_verdicts().is_empty());
+    }
 }

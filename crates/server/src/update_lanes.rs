@@ -20,9 +20,16 @@ pub(crate) struct UpdateLanes {
 }
 
 impl UpdateLanes {
-    /// The lane of `worker` (made on first use; bounded by the workers ever updated).
+    /// The lane of `worker`, made on first use. Lanes no update uses and that hold no engine
+    /// go meanwhile, so the table is bounded by the workers being updated, not by every
+    /// worker ever updated (discovered workers come and go under new ids).
     pub(crate) fn lane(&self, worker: WorkerId) -> Lane {
         let mut lanes = self.lanes.lock().expect("update lanes lock");
+        lanes.retain(|w, lane| {
+            *w == worker
+                || Arc::strong_count(lane) > 1
+                || lane.try_lock().map_or(true, |held| held.is_some())
+        });
         lanes.entry(worker).or_default().clone()
     }
 
@@ -59,5 +66,27 @@ mod tests {
         assert_eq!(held, [(WorkerId(1), "http://a".to_owned())]);
         assert!(lanes.stopped());
         assert!(lanes.lane(WorkerId(1)).lock().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn lanes_of_workers_no_update_holds_go() {
+        let lanes = UpdateLanes::default();
+        *lanes.lane(WorkerId(0)).lock().await = Some("http://held".into());
+        let in_use = lanes.lane(WorkerId(1));
+        for w in 2..1000 {
+            let _ = lanes.lane(WorkerId(w));
+        }
+        let left: Vec<WorkerId> = {
+            let mut v: Vec<WorkerId> = lanes.lanes.lock().unwrap().keys().copied().collect();
+            v.sort();
+            v
+        };
+        assert_eq!(left, [WorkerId(0), WorkerId(1), WorkerId(999)]);
+        drop(in_use);
+        let held: Vec<_> = lanes.stop().into_iter().map(|(w, _)| w).collect();
+        assert!(
+            held.contains(&WorkerId(0)),
+            "an engine held paused is never forgotten"
+        );
     }
 }

@@ -56,6 +56,61 @@ fn assert_openai_error(status: StatusCode, body: &Value) {
     assert_eq!(e["code"], status.as_u16(), "{body}");
 }
 
+/// `/metrics` as text.
+async fn metrics_text(state: &AppState) -> String {
+    let resp = app(state.clone())
+        .oneshot(req("GET", "/metrics", None, ""))
+        .await
+        .unwrap();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[tokio::test]
+async fn a_registration_given_up_while_it_waits_for_the_models_leaves_nothing_behind() {
+    // Found by the soak (bench/soak): the router registered the worker in the routing core and
+    // started its KV subscriber and health checks, then waited for its `/v1/models`; a client
+    // that gave up meanwhile dropped the registration before the registry listed it, leaving
+    // a worker requests were placed on, that no `DELETE` could remove, and a subscriber thread
+    // for good.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let state = AppState::new(config(Some("t"))).unwrap();
+    let body = json!({"url": url, "block_size": 64, "max_num_batched_tokens": 8192,
+        "kv_capacity_blocks": 1000, "kv_events_endpoint": "tcp://127.0.0.1:1"});
+    let post = call(
+        &state,
+        req("POST", "/admin/workers", Some("t"), &body.to_string()),
+    );
+    let given_up = tokio::time::timeout(std::time::Duration::from_millis(300), post).await;
+    assert!(given_up.is_err(), "still waiting for the worker's models");
+    assert_eq!(state.worker_count(), 0);
+    let text = metrics_text(&state).await;
+    assert!(
+        !text.contains("kvrouter_worker_active_requests{"),
+        "a worker the registry does not list is routable:\n{text}"
+    );
+    // The same registration made again, with its models given, is accepted and removable.
+    let mut body = body;
+    body["models"] = json!(["mock-model"]);
+    let (s, b) = call(
+        &state,
+        req("POST", "/admin/workers", Some("t"), &body.to_string()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let id = b["id"].as_u64().expect("an id");
+    let (s, b) = call(
+        &state,
+        req("DELETE", &format!("/admin/workers/{id}"), Some("t"), ""),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert!(!metrics_text(&state)
+        .await
+        .contains("kvrouter_worker_active_requests{"));
+}
+
 /// A router with one mock engine (real sockets on 127.0.0.1:0).
 async fn with_worker(admin: Option<&str>) -> common::WithEngines {
     let c = ServeConfig {

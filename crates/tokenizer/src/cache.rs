@@ -4,20 +4,30 @@
 //! is tokenized independently by Hugging Face tokenizers (added tokens are split off before
 //! normalization and pre-tokenization), so each segment's ids can be cached by the segment's
 //! content hash and the prompt's ids are the concatenation. A multi-turn conversation then pays
-//! only for its new turn. The cache is bounded by the number of token ids it holds and evicts the
-//! least recently used segments.
+//! only for its new turn. The cache is bounded by the number of token ids it holds, each entry
+//! counted [`ENTRY_COST`] ids more for its bookkeeping, and evicts the least recently used
+//! segments.
 
 use crate::Tokenizer;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use xxhash_rust::xxh3::xxh3_128;
 
+/// What an entry costs beside its ids, counted in ids (4 bytes): its key, tick, map slots and
+/// the shared slice's header, about 100 bytes. Without it, segments of one id or none (many
+/// short texts between special tokens) cost the bound little and memory a lot: 4 Mi
+/// one-id entries were about 500 MB under a bound of 4 Mi ids.
+pub const ENTRY_COST: usize = 25;
+
 #[derive(Debug, Default)]
 struct Lru {
     entries: HashMap<u128, (Arc<[u32]>, u64)>,
     order: BTreeMap<u64, u128>,
     tick: u64,
+    /// Ids held.
     tokens: usize,
+    /// Ids held plus [`ENTRY_COST`] per entry: what the bound is on.
+    cost: usize,
 }
 
 /// Hit and miss counters.
@@ -157,26 +167,35 @@ impl CachedTokenizer {
     }
 
     fn insert(&self, key: u128, ids: Arc<[u32]>) {
-        if ids.len() > self.max_tokens {
+        if ids.len() + ENTRY_COST > self.max_tokens {
             return;
         }
         let mut lru = self.lru.lock().expect("cache lock");
         lru.tick += 1;
         let tick = lru.tick;
         lru.tokens += ids.len();
+        lru.cost += ids.len() + ENTRY_COST;
         if let Some((old_ids, old_tick)) = lru.entries.insert(key, (ids, tick)) {
             lru.tokens -= old_ids.len();
+            lru.cost -= old_ids.len() + ENTRY_COST;
             lru.order.remove(&old_tick);
         }
         lru.order.insert(tick, key);
-        while lru.tokens > self.max_tokens {
+        while lru.cost > self.max_tokens {
             let Some((_, victim)) = lru.order.pop_first() else {
                 break;
             };
             if let Some((ids, _)) = lru.entries.remove(&victim) {
                 lru.tokens -= ids.len();
+                lru.cost -= ids.len() + ENTRY_COST;
             }
         }
+    }
+
+    /// Entries held (tests).
+    #[cfg(test)]
+    fn entries(&self) -> usize {
+        self.lru.lock().expect("cache lock").entries.len()
     }
 }
 
@@ -206,5 +225,16 @@ mod tests {
         let big = "x ".repeat(3000);
         t.encode(&big);
         assert!(t.stats().tokens <= 1_000);
+    }
+
+    #[test]
+    fn short_segments_count_their_bookkeeping() {
+        // Many one-word texts between special tokens: each was an entry costing one id of the
+        // bound, so a bound of 1,000 ids held 1,000 entries of ~100 bytes each.
+        let t = CachedTokenizer::new(Arc::new(BuiltinTokenizer::new()), 1_000);
+        let text: String = (0..5_000).map(|i| format!("<|im_start|>w{i}")).collect();
+        assert_eq!(t.encode(&text), t.inner().encode(&text));
+        assert!(t.entries() <= 1_000 / ENTRY_COST, "{} entries", t.entries());
+        assert!(t.entries() > 0);
     }
 }

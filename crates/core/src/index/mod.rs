@@ -302,6 +302,7 @@ impl PrefixIndex {
                 self.free_slots.push(slot);
             }
         }
+        self.evictions.remove(&worker);
     }
 
     /// Size figures.

@@ -306,6 +306,9 @@ fn a_capped_rank_evicts_the_oldest_chain_tip_first() {
         })
     );
     index.check_invariants().unwrap();
+    // A worker that left takes its count with it (ids are not used again).
+    index.remove_worker(WorkerId(1));
+    assert!(index.evictions().is_empty());
 }
 
 #[test]

@@ -8,7 +8,7 @@
 mod chains;
 
 use crate::fast_map::FastMap;
-use crate::ids::{RequestId, SequenceHash, WorkerId, WorkerRank};
+use crate::ids::{RequestId, SequenceHash, WorkerRank};
 use crate::sorted::SortedWalk;
 use chains::{ChainEnd, ChainTrie};
 use serde::{Deserialize, Serialize};
@@ -255,13 +255,18 @@ impl LoadLedger {
         }
         state.active_decode_blocks -=
             active.load.private_blocks + self.chains.remove(active.load.rank, active.end);
+        if *state == RankLoad::default() {
+            // An idle rank has no entry: the map is bounded by the ranks with requests, not by
+            // every rank ever loaded (a removed worker's last request ends here too).
+            self.ranks.remove(&active.load.rank);
+        }
         Ok(active.load)
     }
 
-    /// Drops the state of `worker`'s idle ranks (a removed worker).
-    pub fn forget_idle(&mut self, worker: WorkerId) {
-        self.ranks
-            .retain(|r, load| r.worker != worker || *load != RankLoad::default());
+    /// Ranks with an entry (tests: only those with active requests have one).
+    #[cfg(test)]
+    pub(crate) fn rank_entries(&self) -> usize {
+        self.ranks.len()
     }
 
     /// Active requests on `rank`, sorted by id.
@@ -366,6 +371,7 @@ mod tests {
         assert_eq!(ledger.load(rank(1)).active_decode_blocks, 4);
         ledger.release(RequestId(1)).unwrap();
         assert_eq!(ledger.load(rank(1)), RankLoad::default());
+        assert_eq!(ledger.rank_entries(), 0, "an idle rank keeps no entry");
         ledger.check_invariants().unwrap();
     }
 

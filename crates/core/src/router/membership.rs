@@ -62,7 +62,6 @@ impl Router {
         self.paused_by_update.remove(&id);
         self.index.remove_worker(id);
         self.index.set_worker_capacity(id, None);
-        self.ledger.forget_idle(id);
         if let Some(p) = &mut self.predicted {
             p.remove_worker(id);
         }

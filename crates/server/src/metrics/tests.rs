@@ -92,3 +92,24 @@ fn an_empty_label_value_is_the_label_left_out() {
         "one series, counted twice: {out}"
     );
 }
+
+#[test]
+fn a_worker_that_left_takes_its_series_with_it() {
+    let m = Metrics::new("kv");
+    m.kv_stream_breaks
+        .inc(&[("worker", "7"), ("reason", "disconnected")]);
+    m.kv_stream_breaks
+        .inc(&[("worker", "17"), ("reason", "disconnected")]);
+    m.key_refusals.inc(&[("worker", "7")]);
+    m.prompt_token_mismatches.inc(&[("worker", "7")]);
+    m.kv_stream_resyncs
+        .inc(&[("worker", "7"), ("reason", "gap")]);
+    m.forget_worker("7");
+    let mut out = String::new();
+    m.render(&mut out);
+    assert!(!out.contains("worker=\"7\""), "{out}");
+    assert!(
+        out.contains("kvrouter_kv_stream_breaks_total{worker=\"17\",reason=\"disconnected\"} 1"),
+        "{out}"
+    );
+}
