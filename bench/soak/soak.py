@@ -20,7 +20,10 @@ for good shows as growth:
     id; and a registration of an address that accepts and never answers, given up by the
     client after 0.5 s (the router must not keep a half-registered worker).
 
-Every `--sample-s` seconds it records, for the router and each engine, VmRSS, open file
+With `--replicas N` it runs N routers syncing over a `nats-server` it starts (clients spread
+over them, each keeping its router; the churn goes to every router).
+
+Every `--sample-s` seconds it records, for each router and engine, VmRSS, open file
 descriptors and threads from /proc, and the size of the router's /metrics. The report gives
 each process's RSS after warm-up (the first quarter), at the middle and at the end, and the
 least-squares slope over the second half (KiB per minute): a bounded process levels off, a
@@ -35,6 +38,7 @@ import asyncio
 import json
 import os
 import random
+import socket
 import sys
 import tempfile
 import time
@@ -77,6 +81,17 @@ def metrics_size(port):
                 "metrics_worker_ids": len(workers)}
     except OSError:
         return {"metrics_bytes": None, "metrics_lines": None, "metrics_worker_ids": None}
+
+
+def wait_port(port, timeout_s=20):
+    t0 = time.time()
+    while time.time() - t0 < timeout_s:
+        try:
+            socket.create_connection((HOST, port), 1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {port}")
 
 
 def slope_per_min(points):
@@ -174,14 +189,14 @@ class Traffic:
         return "no-prompt", "/v1/completions", self.request("/v1/completions", p, h), "read"
 
 
-async def client(t, deadline, budget):
+async def client(t, deadline, budget, port):
     conn = None
     while time.monotonic() < deadline and budget[0] > 0:
         budget[0] -= 1
         kind, _path, data, mode = t.next()
         try:
             if conn is None:
-                conn = await asyncio.open_connection(HOST, t.port)
+                conn = await asyncio.open_connection(HOST, port)
             r, w = conn
             w.write(data)
             if mode == "drop":
@@ -227,8 +242,9 @@ async def admin(port, method, path, payload=None, timeout=10):
         w.close()
 
 
-async def churn(t, churn, deadline):
-    """Registers the spare engine and removes its previous registration, every `every` s."""
+async def churn(t, churn, deadline, port):
+    """Registers the spare engine at the router on `port` and removes its previous
+    registration there, every `every` s."""
     url, events, every = churn
     held = []
 
@@ -243,16 +259,16 @@ async def churn(t, churn, deadline):
         while time.monotonic() < deadline:
             try:
                 if last is not None:
-                    status, _ = await admin(t.port, "DELETE", f"/admin/workers/{last}")
+                    status, _ = await admin(port, "DELETE", f"/admin/workers/{last}")
                     t.count("churn-remove", status)
-                status, body = await admin(t.port, "POST", "/admin/workers",
+                status, body = await admin(port, "POST", "/admin/workers",
                                            {"url": url, "kv_events_endpoint": events, **sizes})
                 t.count("churn-add", status)
                 last = json.loads(body).get("id") if status in (200, 201) else None
                 # Given up before the router learns the models (it waits up to 2 s for them);
                 # its KV events endpoint is a closed port.
                 try:
-                    await admin(t.port, "POST", "/admin/workers",
+                    await admin(port, "POST", "/admin/workers",
                                 {"url": stall_url, "kv_events_endpoint": f"tcp://{HOST}:{free_port()}",
                                  **sizes}, timeout=0.5)
                 except asyncio.TimeoutError:
@@ -266,12 +282,15 @@ async def churn(t, churn, deadline):
             w.close()
 
 
-async def drive(t, minutes, conc, max_requests, sample, sample_s, spare):
+async def drive(t, ports, minutes, conc, max_requests, sample, sample_s, spare):
     deadline = time.monotonic() + 60 * minutes
     budget = [max_requests]
-    tasks = [asyncio.create_task(client(t, deadline, budget)) for _ in range(conc)]
+    # Clients spread over the routers; a client keeps its router (a pick's finish goes back to
+    # the router that made it).
+    tasks = [asyncio.create_task(client(t, deadline, budget, ports[i % len(ports)]))
+             for i in range(conc)]
     if spare:
-        tasks.append(asyncio.create_task(churn(t, spare, deadline)))
+        tasks += [asyncio.create_task(churn(t, spare, deadline, port)) for port in ports]
     t0 = time.monotonic()
     while not all(x.done() for x in tasks):
         sample(time.monotonic() - t0, max_requests - budget[0])
@@ -299,11 +318,13 @@ def report(samples, names):
             "fds": [after_warm[0][1]["fds"], pts[-1][1]["fds"]],
             "threads": [after_warm[0][1]["threads"], pts[-1][1]["threads"]],
         }
-    m = [(s["t"], s["metrics_bytes"]) for s in samples if s.get("metrics_bytes")]
-    if m:
-        out["metrics_bytes"] = [m[0][1], m[len(m) // 2][1], m[-1][1]]
-        w = [s["metrics_worker_ids"] for s in samples if s.get("metrics_bytes")]
-        out["metrics_worker_ids"] = [w[0], w[len(w) // 2], w[-1]]
+        m = [y for _, y in pts if y.get("metrics_bytes")]
+        if m:
+            out[name]["metrics_bytes"] = [m[0]["metrics_bytes"], m[len(m) // 2]["metrics_bytes"],
+                                          m[-1]["metrics_bytes"]]
+            out[name]["metrics_worker_ids"] = [m[0]["metrics_worker_ids"],
+                                               m[len(m) // 2]["metrics_worker_ids"],
+                                               m[-1]["metrics_worker_ids"]]
     return out
 
 
@@ -318,6 +339,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="target/soak")
     ap.add_argument("--serve-flags", default="", help="more `kvrouter serve` flags (word-split)")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="routers; more than one sync over a `nats-server` started here")
     ap.add_argument("--churn-s", type=float, default=3,
                     help="seconds between worker registrations (0: no worker churn)")
     ap.add_argument("--max-slope-kib-min", type=float, default=None,
@@ -347,37 +370,51 @@ def main():
                     spare = (f"http://{HOST}:{hp}", f"tcp://{HOST}:{zp}", a.churn_s)
         for hp, proc in engines:
             wait_ready(hp, proc, 0)
-        port = free_port()
-        router = procs.start("router", [
-            a.bin, "serve", "--port", str(port), "--workers-file", wf, "--tokenizer", tok,
-            "--kv-cache-block-size", "16", "--pick-lease-secs", "2", "--admin-token", ADMIN_TOKEN]
-            + a.serve_flags.split())
-        wait_ready(port, router, 4)
-        pids = {"router": router.pid, **{f"engine{i}": p.pid for i, (_, p) in enumerate(engines)}}
-        log(f"soak: {a.minutes} min, {a.conc} clients, router pid {router.pid}, logs in {work}")
-        t = Traffic(port, a.seed)
+        sync = []
+        if a.replicas > 1:
+            nats_port = free_port()
+            procs.start("nats", ["nats-server", "-a", HOST, "-p", str(nats_port)])
+            wait_port(nats_port)
+            sync = ["--replica-sync", f"nats://{HOST}:{nats_port}"]
+        routers = {}
+        for i in range(a.replicas):
+            port = free_port()
+            name = "router" if a.replicas == 1 else f"router{i}"
+            ids = ["--replica-id", str(i + 1)] if sync else []
+            routers[name] = (port, procs.start(name, [
+                a.bin, "serve", "--port", str(port), "--workers-file", wf, "--tokenizer", tok,
+                "--kv-cache-block-size", "16", "--pick-lease-secs", "2",
+                "--admin-token", ADMIN_TOKEN] + sync + ids + a.serve_flags.split()))
+        for port, proc in routers.values():
+            wait_ready(port, proc, 4)
+        ports = [port for port, _ in routers.values()]
+        procs_by_name = {**{n: p for n, (_, p) in routers.items()},
+                         **{f"engine{i}": p for i, (_, p) in enumerate(engines)}}
+        log(f"soak: {a.minutes} min, {a.conc} clients, routers on {ports}, logs in {work}")
+        t = Traffic(ports[0], a.seed)
         f = open(samples_path, "w")
 
         def sample(t_s, requests):
-            s = {"t": round(t_s, 1), "requests": requests, **metrics_size(port)}
-            for name, pid in pids.items():
-                s[name] = proc_stats(pid)
+            s = {"t": round(t_s, 1), "requests": requests}
+            for name, proc in procs_by_name.items():
+                s[name] = proc_stats(proc.pid)
+                if name in routers and s[name]:
+                    s[name].update(metrics_size(routers[name][0]))
             samples.append(s)
             f.write(json.dumps(s) + "\n")
             f.flush()
-            r = s["router"] or {}
-            log(f"t={t_s:6.0f}s requests={requests} router rss={r.get('rss_kib', 0) / 1024:.1f} MiB "
-                f"fds={r.get('fds')} threads={r.get('threads')} metrics={s['metrics_bytes']} B "
-                f"worker ids in metrics={s['metrics_worker_ids']}")
+            for name in routers:
+                r = s[name] or {}
+                log(f"t={t_s:6.0f}s requests={requests} {name} rss={r.get('rss_kib', 0) / 1024:.1f}"
+                    f" MiB fds={r.get('fds')} threads={r.get('threads')} metrics="
+                    f"{r.get('metrics_bytes')} B worker ids in metrics={r.get('metrics_worker_ids')}")
 
-        asyncio.run(drive(t, a.minutes, a.conc, a.max_requests, sample, a.sample_s,
+        asyncio.run(drive(t, ports, a.minutes, a.conc, a.max_requests, sample, a.sample_s,
                           spare if a.churn_s > 0 else None))
-        alive = {name: procs_alive for name, procs_alive in
-                 (("router", router.poll() is None),
-                  *((f"engine{i}", p.poll() is None) for i, (_, p) in enumerate(engines)))}
+        alive = {name: p.poll() is None for name, p in procs_by_name.items()}
         rep = {"minutes": a.minutes, "requests": samples[-1]["requests"],
                "alive": alive, "counts": dict(sorted(t.counts.items())),
-               "processes": report(samples, list(pids))}
+               "processes": report(samples, list(procs_by_name))}
         with open(os.path.join(a.out, "report.json"), "w") as out:
             json.dump(rep, out, indent=1)
         print(json.dumps(rep, indent=1))

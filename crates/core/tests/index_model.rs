@@ -322,6 +322,8 @@ impl Model {
                 self.engine.retain(|(r, _), _| r.worker != WorkerId(*w));
                 self.stamps
                     .retain(|((r, _), _), _| r.worker != WorkerId(*w));
+                // Its eviction count goes with it (ids are not used again).
+                self.evictions.remove(&WorkerId(*w));
                 Ok(())
             }
         }

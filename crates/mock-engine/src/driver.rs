@@ -9,7 +9,7 @@
 //! a time, each no earlier than its end.
 
 use crate::config::MockEngineConfig;
-use crate::publisher::PublisherHandle;
+use crate::publisher::{Published, PublisherHandle};
 use kvrouter_core::ids::{RequestId, WorkerId, WorkerRank};
 use kvrouter_core::time::Time;
 use kvrouter_engine::{Engine, EngineError, EngineRequest, EngineStats};
@@ -72,6 +72,8 @@ pub(crate) struct Snapshot {
     pub(crate) lateness_counts: [u64; LATENESS_BUCKETS_MS.len() + 1],
     pub(crate) lateness_sum_ms: f64,
     pub(crate) kv_batches_published: u64,
+    /// Event batches dropped because the publisher's queue was full.
+    pub(crate) kv_batches_dropped: u64,
     pub(crate) paused: bool,
     pub(crate) policy_version: u64,
 }
@@ -245,8 +247,8 @@ async fn run(
             }
         }
         let published = match (&publisher, outcome.events.is_empty()) {
-            (Some(p), false) => p.publish(outcome.events),
-            _ => false,
+            (Some(p), false) => Some(p.publish(outcome.events)),
+            _ => None,
         };
         let mut snap = shared.snapshot.lock().expect("snapshot lock");
         snap.stats = engine.stats();
@@ -257,7 +259,7 @@ async fn run(
             .unwrap_or(LATENESS_BUCKETS_MS.len());
         snap.lateness_counts[bucket] += 1;
         snap.lateness_sum_ms += late_ms;
-        snap.kv_batches_published += u64::from(published);
+        count_published(&mut snap, published);
     }
 }
 
@@ -271,6 +273,15 @@ fn note(cmd: &Command, last_end: &mut Option<Time>, newest_arrival: &mut Option<
         Command::Pause { .. } | Command::Resume(_) | Command::LoadWeights { .. } => {
             *last_end = None
         }
+    }
+}
+
+/// Counts a batch handed to the publisher (`None`: the step had no events).
+fn count_published(snap: &mut Snapshot, published: Option<Published>) {
+    match published {
+        Some(Published::Queued) => snap.kv_batches_published += 1,
+        Some(Published::Dropped) => snap.kv_batches_dropped += 1,
+        Some(Published::Closed) | None => {}
     }
 }
 
@@ -334,7 +345,11 @@ async fn handle(
             if clear_cache {
                 let events = engine.clear_cache();
                 if let (Some(p), false) = (publisher, events.is_empty()) {
-                    p.publish(events);
+                    let published = p.publish(events);
+                    count_published(
+                        &mut shared.snapshot.lock().expect("snapshot lock"),
+                        Some(published),
+                    );
                 }
             }
             shared

@@ -79,8 +79,13 @@ pub(crate) fn render(shared: &Shared, config: &MockEngineConfig) -> String {
     counter("kvrouter_mock_steps_total", "Engine steps run.", snap.steps);
     counter(
         "kvrouter_mock_kv_event_batches_total",
-        "KV event batches published.",
+        "KV event batches queued for publishing.",
         snap.kv_batches_published,
+    );
+    counter(
+        "kvrouter_mock_kv_event_batches_dropped_total",
+        "KV event batches dropped because the publisher's queue was full (their sequence numbers are skipped).",
+        snap.kv_batches_dropped,
     );
     let name = "kvrouter_mock_step_lateness_seconds";
     let _ = writeln!(out, "# HELP {name} How late each step's outputs were delivered against the timing model.\n# TYPE {name} histogram");

@@ -1,6 +1,12 @@
 //! KV events over ZeroMQ: a PUB socket sending `[topic, seq, payload]` in vLLM's wire format, and
 //! a ROUTER socket that replays buffered batches to a DEALER asking `[b"", start_seq]`, ending
 //! with `[b"", b"", ff×8, b""]`, as vLLM ≥ 0.26 does.
+//!
+//! The engine hands each step's events to the publisher task through a queue of at most
+//! [`QUEUE_BATCHES`] batches (vLLM's `max_queue_size`). A batch that finds it full is dropped
+//! and counted, and its sequence number is spent all the same, so subscribers see the gap (as
+//! for a message lost past the high-water mark) and re-sync. The queue had no bound: a publisher
+//! slower than the engine held every batch not yet sent.
 
 use crate::config::MockEngineConfig;
 use crate::StartError;
@@ -8,22 +14,51 @@ use bytes::Bytes;
 use kvrouter_core::event::KvEvent;
 use kvrouter_kv_wire::{encode_payload, from_kv_events};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 type Buffer = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
 
+/// Batches waiting for the publisher task at most (vLLM's `max_queue_size`).
+pub(crate) const QUEUE_BATCHES: usize = 100_000;
+
 /// Sends event batches to the publisher task.
 #[derive(Clone, Debug)]
 pub(crate) struct PublisherHandle {
-    tx: mpsc::UnboundedSender<Vec<KvEvent>>,
+    tx: mpsc::Sender<(u64, Vec<KvEvent>)>,
+    /// The next batch's sequence number (one per batch queued or dropped).
+    seq: Arc<AtomicU64>,
+}
+
+/// What became of a batch handed to the publisher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Published {
+    /// Queued for sending.
+    Queued,
+    /// The queue was full: dropped, its sequence number spent (subscribers see a gap).
+    Dropped,
+    /// The publisher task is gone.
+    Closed,
 }
 
 impl PublisherHandle {
-    /// Queues one step's events; returns whether they were queued.
-    pub(crate) fn publish(&self, events: Vec<KvEvent>) -> bool {
-        self.tx.send(events).is_ok()
+    /// A handle and the receiving end of a queue of `capacity` batches.
+    fn queue(capacity: usize) -> (Self, mpsc::Receiver<(u64, Vec<KvEvent>)>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let seq = Arc::new(AtomicU64::new(0));
+        (Self { tx, seq }, rx)
+    }
+
+    /// Queues one step's events under the next sequence number.
+    pub(crate) fn publish(&self, events: Vec<KvEvent>) -> Published {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        match self.tx.try_send((seq, events)) {
+            Ok(()) => Published::Queued,
+            Err(mpsc::error::TrySendError::Full(_)) => Published::Dropped,
+            Err(mpsc::error::TrySendError::Closed(_)) => Published::Closed,
+        }
     }
 }
 
@@ -47,9 +82,13 @@ pub(crate) async fn start(
         .bind(endpoint)
         .await
         .map_err(|e| bind_error("kv events", endpoint, e))?;
-    let buffer: Buffer = Arc::new(Mutex::new(VecDeque::new()));
+    // Batches are kept for replay only when something can ask for them.
+    let buffer: Option<Buffer> = config
+        .kv_events_replay_endpoint
+        .as_ref()
+        .map(|_| Arc::new(Mutex::new(VecDeque::new())));
     let mut replay_bound = None;
-    if let Some(replay) = &config.kv_events_replay_endpoint {
+    if let (Some(replay), Some(buffer)) = (&config.kv_events_replay_endpoint, &buffer) {
         let mut router = RouterSocket::new();
         let b = router
             .bind(replay)
@@ -58,24 +97,19 @@ pub(crate) async fn start(
         replay_bound = Some(b.to_string());
         tokio::spawn(serve_replay(router, buffer.clone(), config.topic.clone()));
     }
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (handle, rx) = PublisherHandle::queue(QUEUE_BATCHES);
     tokio::spawn(publish_loop(pub_socket, rx, buffer, config.clone()));
-    Ok((
-        Some(PublisherHandle { tx }),
-        Some(bound.to_string()),
-        replay_bound,
-    ))
+    Ok((Some(handle), Some(bound.to_string()), replay_bound))
 }
 
 async fn publish_loop(
     mut socket: PubSocket,
-    mut rx: mpsc::UnboundedReceiver<Vec<KvEvent>>,
-    buffer: Buffer,
+    mut rx: mpsc::Receiver<(u64, Vec<KvEvent>)>,
+    buffer: Option<Buffer>,
     config: MockEngineConfig,
 ) {
     let topic = Bytes::from(config.topic.clone().into_bytes());
-    let mut seq: u64 = 0;
-    while let Some(events) = rx.recv().await {
+    while let Some((seq, events)) = rx.recv().await {
         let ts = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
@@ -88,7 +122,7 @@ async fn publish_loop(
             }
         };
         let payload = Bytes::from(encode_payload(&batch));
-        {
+        if let Some(buffer) = &buffer {
             let mut buf = buffer.lock().expect("replay buffer lock");
             buf.push_back((seq, payload.clone()));
             while buf.len() > config.replay_buffer_steps.max(1) {
@@ -105,7 +139,6 @@ async fn publish_loop(
                 tracing::warn!("publishing KV events: {e}");
             }
         }
-        seq += 1;
     }
 }
 
@@ -153,5 +186,31 @@ async fn serve_replay(mut socket: RouterSocket, buffer: Buffer, topic: String) {
         if let Ok(m) = ZmqMessage::try_from(end) {
             let _ = socket.send(m).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_full_queue_drops_the_batch_and_spends_its_sequence_number() {
+        let (handle, mut rx) = PublisherHandle::queue(2);
+        let batch = || {
+            vec![KvEvent::Cleared {
+                worker: kvrouter_core::ids::WorkerId(0),
+                dp_rank: 0,
+            }]
+        };
+        assert_eq!(handle.publish(batch()), Published::Queued);
+        assert_eq!(handle.publish(batch()), Published::Queued);
+        assert_eq!(handle.publish(batch()), Published::Dropped);
+        assert_eq!(rx.recv().await.map(|(seq, _)| seq), Some(0));
+        assert_eq!(handle.publish(batch()), Published::Queued);
+        let seqs = [rx.recv().await, rx.recv().await].map(|b| b.map(|(seq, _)| seq));
+        // The subscriber sees 0, 1, 3: the gap says a batch was lost.
+        assert_eq!(seqs, [Some(1), Some(3)]);
+        drop(rx);
+        assert_eq!(handle.publish(batch()), Published::Closed);
     }
 }
