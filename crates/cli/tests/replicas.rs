@@ -571,6 +571,45 @@ async fn one_replica_drives_an_update_and_its_death_leaves_no_worker_paused() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_update_given_up_while_its_source_is_checked_holds_no_lease() {
+    // Found by a cancellation audit: the lease was taken before the source was asked whether
+    // it has the version (up to a minute); a client giving up meanwhile left the lease held,
+    // and every replica refused updates with 409 until it aged out.
+    let nats = nats().await;
+    let engines = engines(1, &[]).await;
+    let a = replica(&nats, 1, &engines, &[]).await;
+    let b = replica(&nats, 2, &engines, &[]).await;
+    joined(&[&a, &b]).await;
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dir = std::env::temp_dir().join(format!("kvr-lease-{}", std::process::id()));
+    let client = reqwest::Client::new();
+    let given_up = client
+        .post(format!("{}/admin/policy/update", a.http()))
+        .bearer_auth("t")
+        .timeout(Duration::from_millis(500))
+        .json(&json!({"version": 7, "workers": [0], "source": {
+            "peer": format!("http://{}", silent.local_addr().unwrap()),
+            "dir": dir.to_string_lossy(), "check_timeout_secs": 60}}))
+        .send()
+        .await;
+    assert!(
+        given_up.is_err(),
+        "the check was still waiting: {given_up:?}"
+    );
+    // At once, not after the lease's TTL: no replica holds it.
+    let status = client
+        .post(format!("{}/admin/policy/update", b.http()))
+        .bearer_auth("t")
+        .json(&json!({"version": 7, "workers": [0]}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16();
+    assert_eq!(status, 202);
+}
+
 /// The value of one labelled sample (`name{labels}`), 0 while it is absent.
 /// The value of one sample (`name{labels}`), 0 when absent.
 async fn sample(base: &str, sample: &str) -> u64 {

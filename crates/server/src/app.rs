@@ -458,9 +458,12 @@ fn update_progress(s: &AppState) -> Option<Value> {
 async fn policy_update(State(s): State<AppState>, body: Bytes) -> Result<Response, ServeError> {
     let update: crate::update::UpdateBody = crate::error::parse_json(&body, "update")?;
     let version = update.version;
-    // With replica sync, one replica drives an update at a time.
+    // Checked first (the source may take a minute to answer): nothing is held meanwhile.
+    let prepared = crate::update::prepare(&s, update).await?;
+    // With replica sync, one replica drives an update at a time. Nothing awaits between the
+    // lease and its renewal task.
     let lease = crate::replica::lease::acquire(&s).await?;
-    let started = crate::update::start(&s, update).await;
+    let started = prepared.begin(&s);
     if let Some(revision) = lease {
         // Renewed while the cycle runs; given up at once if it did not start.
         crate::replica::lease::hold(s.clone(), revision, update_progress);

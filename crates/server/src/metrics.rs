@@ -80,6 +80,8 @@ impl Histogram {
 #[derive(Debug)]
 pub(crate) struct ModelMetrics {
     model: String,
+    /// Made for a name no worker was known to serve (one of [`Labels::unserved`]).
+    unserved: bool,
     pub(crate) ttft: Histogram,
     pub(crate) itl: Histogram,
     pub(crate) duration: Histogram,
@@ -144,12 +146,23 @@ impl ByModel {
         let m = by_name.entry(label.to_owned()).or_insert_with(|| {
             Arc::new(ModelMetrics {
                 model: label.to_owned(),
+                unserved: !served,
                 ttft: Histogram::new(SECONDS),
                 itl: Histogram::new(SECONDS),
                 duration: Histogram::new(SECONDS),
             })
         });
         m.clone()
+    }
+
+    /// Drops the label of `model` (no worker serves it any more): a fleet whose model names
+    /// change (an adapter or a name per RL step) would otherwise keep every name's series for
+    /// good. Requests in flight keep their histograms, which no scrape shows any more.
+    pub(crate) fn forget(&self, model: &str) {
+        let mut labels = self.labels.lock().expect("model metrics lock");
+        if let Some(m) = labels.by_name.remove(model) {
+            labels.unserved -= usize::from(m.unserved);
+        }
     }
 
     fn render(
@@ -321,6 +334,13 @@ impl Metrics {
         ] {
             family.forget("worker", worker);
         }
+    }
+
+    /// Drops the series of a model no worker serves any more: its histograms and its
+    /// `kvrouter_requests_total` series.
+    pub(crate) fn forget_model(&self, model: &str) {
+        self.by_model.forget(model);
+        self.requests.forget("model", model);
     }
 
     /// Everything but the per-worker gauges, which the caller appends.

@@ -300,8 +300,19 @@ fn set_models(state: &AppState, id: WorkerId, cards: Option<Vec<ModelCard>>) {
         None => pools.remove(id),
     }
     if inner.config.model_names.is_empty() {
-        let names = pools.union().into_iter().map(|c| c.id).collect();
-        *inner.models.write().expect("models lock") = names;
+        let names: Vec<String> = pools.union().into_iter().map(|c| c.id).collect();
+        let mut models = inner.models.write().expect("models lock");
+        let gone: Vec<String> = models
+            .iter()
+            .filter(|m| !names.contains(m))
+            .cloned()
+            .collect();
+        *models = names;
+        drop(models);
+        // A model no worker serves any more takes its series with it.
+        for model in &gone {
+            inner.metrics.forget_model(model);
+        }
     }
 }
 

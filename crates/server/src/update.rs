@@ -8,7 +8,7 @@ use crate::engines::{Call, EngineKind, LoadSpec};
 use crate::error::ServeError;
 use crate::registry;
 use crate::state::AppState;
-use crate::weight_source::{Fetch, SourceBody};
+use crate::weight_source::{Fetch, Source, SourceBody};
 use kvrouter_core::ids::WorkerId;
 use kvrouter_core::router::{KvRetention, UpdateAction, UpdateMode, UpdatePhase, UpdatePlan};
 use serde::Deserialize;
@@ -46,9 +46,20 @@ pub(crate) struct UpdateBody {
     pub(crate) source: Option<SourceBody>,
 }
 
-/// Starts a cycle and the task that carries it out. With a `source`, first makes sure it has
-/// the version: an update to a version no one has is refused before any worker leaves rotation.
-pub(crate) async fn start(state: &AppState, body: UpdateBody) -> Result<(), ServeError> {
+/// An update checked and ready to begin: [`prepare`] reads and checks it and changes nothing;
+/// [`Prepared::begin`] starts it without awaiting anything, so the caller can take the
+/// replicas' update lease between the two and hand it on at once (a request given up while the
+/// source was checked leaves no lease held and no cycle half-started).
+pub(crate) struct Prepared {
+    body: UpdateBody,
+    plan: UpdatePlan,
+    mode: UpdateMode,
+    source: Option<Source>,
+}
+
+/// Reads and checks an update. With a `source`, makes sure it has the version: an update to a
+/// version no one has is refused before any worker leaves rotation.
+pub(crate) async fn prepare(state: &AppState, body: UpdateBody) -> Result<Prepared, ServeError> {
     let mode: UpdateMode = body
         .mode
         .as_deref()
@@ -61,7 +72,8 @@ pub(crate) async fn start(state: &AppState, body: UpdateBody) -> Result<(), Serv
         batch: body.batch.unwrap_or(1),
         workers: body
             .workers
-            .map(|ws| ws.into_iter().map(WorkerId).collect()),
+            .as_ref()
+            .map(|ws| ws.iter().copied().map(WorkerId).collect()),
     };
     let source = body.source.as_ref().map(SourceBody::validate).transpose()?;
     let inner = &state.inner;
@@ -72,6 +84,35 @@ pub(crate) async fn start(state: &AppState, body: UpdateBody) -> Result<(), Serv
         };
         spec.check(source, body.version, &targets).await?;
     }
+    Ok(Prepared {
+        body,
+        plan,
+        mode,
+        source,
+    })
+}
+
+impl Prepared {
+    /// Starts the cycle and the task that carries it out.
+    pub(crate) fn begin(self, state: &AppState) -> Result<(), ServeError> {
+        let Prepared {
+            body,
+            plan,
+            mode,
+            source,
+        } = self;
+        begin(state, body, plan, mode, source)
+    }
+}
+
+fn begin(
+    state: &AppState,
+    body: UpdateBody,
+    plan: UpdatePlan,
+    mode: UpdateMode,
+    source: Option<Source>,
+) -> Result<(), ServeError> {
+    let inner = &state.inner;
     let now = inner.now();
     let (actions, later) = inner
         .begin_update(|core| core.begin_update(plan, now))

@@ -10,7 +10,9 @@ use crate::error::ServeError;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use kvrouter_core::ids::WorkerId;
 use kvrouter_weights::store::Store;
-use kvrouter_weights::transfer::{fetch_version, has_version, local_versions, Source};
+/// Where a version is fetched from, as [`SourceBody::validate`] reads it.
+pub(crate) use kvrouter_weights::transfer::Source;
+use kvrouter_weights::transfer::{fetch_version, has_version, local_versions};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};

@@ -451,6 +451,37 @@ async fn pending(state: &AppState) -> u64 {
 }
 
 #[tokio::test]
+async fn a_client_that_leaves_while_its_request_is_queued_is_counted_cancelled() {
+    // Found by a cancellation audit: until a placement makes the request's load guard, nothing
+    // counted it, so clients giving up in the queue showed nowhere.
+    let server = with_worker(Some("t")).await;
+    let state = server.state.clone();
+    let waiting = tokio::spawn({
+        let state = state.clone();
+        async move {
+            let r = completion(&[("x-kvrouter-policy-version", HeaderValue::from_static("5"))]);
+            call(&state, r).await
+        }
+    });
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pending(&state).await != 1 {
+        assert!(tokio::time::Instant::now() < until, "never queued");
+        tokio::task::yield_now().await;
+    }
+    waiting.abort();
+    let _ = waiting.await;
+    assert_eq!(pending(&state).await, 0, "taken out of the queue");
+    let text = metrics_text(&state).await;
+    let cancelled: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("kvrouter_requests_total{status=\"cancelled\""))
+        .collect();
+    assert_eq!(cancelled.len(), 1, "{text}");
+    assert!(cancelled[0].ends_with(" 1"), "{}", cancelled[0]);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_huge_deadline_waits_instead_of_wrapping_into_the_past() {
     // The request waits in the queue for policy version 5, which no worker serves yet; its
     // deadline of u64::MAX ms used to wrap to a moment already past (504 at once).

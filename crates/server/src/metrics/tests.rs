@@ -113,3 +113,30 @@ fn a_worker_that_left_takes_its_series_with_it() {
         "{out}"
     );
 }
+
+#[test]
+fn a_model_no_worker_serves_any_more_takes_its_series_with_it() {
+    // Names the workers serve bypass the label bound: a fleet whose model names change (an
+    // adapter per RL step) had kept every name's histograms and counters.
+    let m = Metrics::new("kv");
+    for step in 0..100 {
+        let model = format!("policy-step-{step}");
+        m.by_model.get(&model, true).ttft.observe(0.1);
+        m.requests
+            .inc(&[("status", "ok"), ("mode", "kv"), ("model", &model)]);
+        if step > 0 {
+            m.forget_model(&format!("policy-step-{}", step - 1));
+        }
+    }
+    let mut out = String::new();
+    m.render(&mut out);
+    assert!(!out.contains("policy-step-98\""), "{out}");
+    assert!(out.contains("policy-step-99\""), "{out}");
+    // An unchecked name's label is given back to the bound when forgotten.
+    for i in 0..MAX_MODEL_LABELS {
+        m.by_model.get(&format!("u{i}"), false);
+    }
+    assert_eq!(m.by_model.get("one-more", false).model(), OTHER_MODELS);
+    m.forget_model("u0");
+    assert_eq!(m.by_model.get("one-more", false).model(), "one-more");
+}

@@ -11,6 +11,7 @@ use crate::guard::LoadGuard;
 use crate::health::Source;
 use crate::provenance::Provenance;
 use crate::registry;
+use crate::request_line::log_line;
 use crate::routing::RoutingInput;
 use crate::state::stopped;
 use axum::body::Bytes;
@@ -37,6 +38,41 @@ pub(crate) enum Origin {
         /// The request's provenance line, moving from attempt to attempt.
         prov: Option<Box<Provenance>>,
     },
+}
+
+/// Counts and logs a request as cancelled if its handler goes away while the request waits for
+/// a placement (its first, or a continuation admitted again after a weight update's abort):
+/// until a placement makes its load guard, nothing else would, and a client giving up in the
+/// queue (what overload looks like from outside) showed in neither `kvrouter_requests_total`
+/// nor the access log.
+struct Waiting<'a> {
+    req: &'a Request,
+    origin: &'a Origin,
+    armed: bool,
+}
+
+impl Waiting<'_> {
+    /// The wait ended with the handler still there: whatever follows counts the request.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let req = self.req;
+        req.count("cancelled");
+        let prov = match self.origin {
+            Origin::First => req.provenance(),
+            Origin::Continuation { prov, .. } => prov.clone(),
+        };
+        if let Some(p) = prov {
+            log_line(&req.state, p, "cancelled", None, req.arrival, None, None);
+        }
+    }
 }
 
 /// An attempt on its way: the upstream's response, its guard and its placement.
@@ -89,15 +125,25 @@ pub(crate) async fn attempt(
         request.allowed_workers = req.pool.clone();
         req.admission.apply(&mut request);
         let decision = if admit_next {
+            // No load guard exists yet to count the request should its client leave while it
+            // waits in the queue: this one does.
+            let waiting = Waiting {
+                req,
+                origin: &origin,
+                armed: true,
+            };
             // A request waiting in the queue ends there if its group gets enough samples.
-            tokio::select! {
-                d = admit(&req.state, request) => {
-                    let (d, at) = d?;
-                    queued = queued.or(at);
-                    d
+            let admitted = tokio::select! {
+                d = admit(&req.state, request) => d,
+                _ = stopped(stop) => {
+                    waiting.disarm();
+                    return Ok(Outcome::Stopped { logged: false });
                 }
-                _ = stopped(stop) => return Ok(Outcome::Stopped { logged: false }),
-            }
+            };
+            waiting.disarm();
+            let (d, at) = admitted?;
+            queued = queued.or(at);
+            d
         } else {
             match inner.place_continuation(&request, tried) {
                 Ok(d) => d,
