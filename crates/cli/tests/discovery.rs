@@ -3,6 +3,8 @@
 //! `kvrouter mock-engine --register etcd://...` engines that come, crash, come back and stop.
 
 mod common;
+
+use common::free_port;
 #[path = "discovery/etcd.rs"]
 mod etcd;
 #[path = "discovery/kube_faults.rs"]
@@ -24,14 +26,6 @@ const PREFIX: &str = "/kvrouter-test/workers/";
 const TTL_SECS: &str = "2";
 /// The router's drain grace period: a removed worker is purged this long after its removal.
 const GRACE_SECS: &str = "6";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Polls `check` every 20 ms until it holds; panics naming `what` after `limit`. The time it
 /// took.

@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::free_port;
+
 use futures::StreamExt;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -586,14 +588,6 @@ async fn finish_whole_then_exit(
     }
     let status = exits_within(r, Duration::from_secs(10)).await;
     assert!(status.success(), "{status}");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The router's KV event subscriber threads (`kv-ingest-WORKER-RANK`).

@@ -52,6 +52,15 @@ impl Proc {
     }
 }
 
+/// A loopback port free at the time of asking (for a process told to listen on it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Starts `kvrouter ARGS` and waits (bounded) for its startup line.
 pub async fn spawn(args: &[&str]) -> Proc {
     spawn_with_env(args, &[]).await
