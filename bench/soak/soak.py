@@ -38,6 +38,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import socket
 import sys
 import tempfile
@@ -334,7 +335,7 @@ def main():
     ap.add_argument("--bin", default="target/release/kvrouter")
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--conc", type=int, default=16)
-    ap.add_argument("--max-requests", type=int, default=2_000_000)
+    ap.add_argument("--max-requests", type=int, default=10_000_000)
     ap.add_argument("--sample-s", type=float, default=10)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="target/soak")
@@ -346,6 +347,8 @@ def main():
     ap.add_argument("--max-slope-kib-min", type=float, default=None,
                     help="exit 1 if any process's RSS slope over the second half is above this")
     a = ap.parse_args()
+    # A SIGTERM stops the processes started here too (through the `finally` below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.makedirs(a.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="kvr-soak-")
     tok = os.path.join(work, "tokenizer.json")
