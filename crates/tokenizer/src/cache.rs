@@ -16,7 +16,8 @@ use xxhash_rust::xxh3::xxh3_128;
 /// What an entry costs beside its ids, counted in ids (4 bytes): its key, tick, map slots and
 /// the shared slice's header, about 100 bytes. Without it, segments of one id or none (many
 /// short texts between special tokens) cost the bound little and memory a lot: 4 Mi
-/// one-id entries were about 500 MB under a bound of 4 Mi ids.
+/// one-id entries would take about 500 MB (estimated at ~120 bytes an entry) under a bound of
+/// 4 Mi ids.
 pub const ENTRY_COST: usize = 25;
 
 #[derive(Debug, Default)]
