@@ -686,3 +686,64 @@ async fn workers_that_come_and_go_leave_no_thread_series_or_half_registration_be
     let ids = metric_workers(&text);
     assert_eq!(ids.into_iter().collect::<Vec<_>>(), ["0"], "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_and_a_model_that_leave_take_their_series_with_them() {
+    // The series a worker adds (its KV stream's breaks) and those of a model only it served
+    // (histograms, request counts) had stayed in every scrape after it left.
+    let kv = format!("tcp://127.0.0.1:{}", free_port());
+    let stay = engine(&[]).await;
+    let mut leaving = engine(&["--model-name", "other-model", "--kv-events-endpoint", &kv]).await;
+    let stay_url = stay.http();
+    let r = common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--router-mode",
+        "round-robin",
+        "--worker",
+        &stay_url,
+        "--admin-token",
+        "t",
+    ])
+    .await;
+    let (base, client) = (r.http(), reqwest::Client::new());
+    let added = client
+        .post(format!("{base}/admin/workers"))
+        .bearer_auth("t")
+        .json(&json!({"url": leaving.http(), "kv_events_endpoint": kv}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status().as_u16(), 201);
+    let id = added.json::<Value>().await.unwrap()["id"].as_u64().unwrap();
+    let answered = client
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"model": "other-model", "prompt": "only here", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answered.status().as_u16(), 200);
+    // Its engine goes away: its KV stream breaks, a series under its id.
+    leaving.child.start_kill().unwrap();
+    let _ = leaving.child.wait().await;
+    let broke = format!("kvrouter_kv_stream_breaks_total{{worker=\"{id}\"");
+    common::until("the break to be counted", Duration::from_secs(10), || {
+        let (base, broke) = (base.clone(), broke.clone());
+        async move { common::metrics(&base).await.contains(&broke) }
+    })
+    .await;
+    assert!(common::metrics(&base)
+        .await
+        .contains("model=\"other-model\""));
+    let removed = client
+        .delete(format!("{base}/admin/workers/{id}"))
+        .bearer_auth("t")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status().as_u16(), 200);
+    let text = common::metrics(&base).await;
+    assert!(!text.contains(&format!("worker=\"{id}\"")), "{text}");
+    assert!(!text.contains("other-model"), "{text}");
+}
