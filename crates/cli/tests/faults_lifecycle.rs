@@ -590,6 +590,24 @@ async fn finish_whole_then_exit(
     assert!(status.success(), "{status}");
 }
 
+/// `serve` over `stay` with KV events on (the `router` helper turns them off) and the admin
+/// token `t`, for workers registered and removed through the admin API.
+async fn router_with_events(stay: &common::Proc) -> common::Proc {
+    let url = stay.http();
+    common::spawn(&[
+        "serve",
+        "--port",
+        "0",
+        "--router-mode",
+        "round-robin",
+        "--worker",
+        &url,
+        "--admin-token",
+        "t",
+    ])
+    .await
+}
+
 /// The router's KV event subscriber threads (`kv-ingest-WORKER-RANK`).
 fn ingest_threads(router: &common::Proc) -> usize {
     let pid = router.child.id().expect("running");
@@ -619,21 +637,8 @@ async fn workers_that_come_and_go_leave_no_thread_series_or_half_registration_be
         engine(&[]).await,
         engine(&["--kv-events-endpoint", &kv]).await,
     );
-    // KV events on (the `router` helper turns them off), so each registration starts a
-    // subscriber thread.
-    let stay_url = stay.http();
-    let r = common::spawn(&[
-        "serve",
-        "--port",
-        "0",
-        "--router-mode",
-        "round-robin",
-        "--worker",
-        &stay_url,
-        "--admin-token",
-        "t",
-    ])
-    .await;
+    // KV events on, so each registration starts a subscriber thread.
+    let r = router_with_events(&stay).await;
     let (base, client) = (r.http(), reqwest::Client::new());
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let silent = format!("http://{}", silent.local_addr().unwrap());
@@ -694,19 +699,7 @@ async fn a_worker_and_a_model_that_leave_take_their_series_with_them() {
     let kv = format!("tcp://127.0.0.1:{}", free_port());
     let stay = engine(&[]).await;
     let mut leaving = engine(&["--model-name", "other-model", "--kv-events-endpoint", &kv]).await;
-    let stay_url = stay.http();
-    let r = common::spawn(&[
-        "serve",
-        "--port",
-        "0",
-        "--router-mode",
-        "round-robin",
-        "--worker",
-        &stay_url,
-        "--admin-token",
-        "t",
-    ])
-    .await;
+    let r = router_with_events(&stay).await;
     let (base, client) = (r.http(), reqwest::Client::new());
     let added = client
         .post(format!("{base}/admin/workers"))
