@@ -608,6 +608,30 @@ async fn router_with_events(stay: &common::Proc) -> common::Proc {
     .await
 }
 
+/// Registers `entry` through the admin API (token `t`): 201 and its worker id.
+async fn add_worker(client: &reqwest::Client, base: &str, entry: &Value) -> u64 {
+    let added = client
+        .post(format!("{base}/admin/workers"))
+        .bearer_auth("t")
+        .json(entry)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status().as_u16(), 201);
+    added.json::<Value>().await.unwrap()["id"].as_u64().unwrap()
+}
+
+/// Removes worker `id` through the admin API (token `t`): 200.
+async fn remove_worker(client: &reqwest::Client, base: &str, id: u64) {
+    let removed = client
+        .delete(format!("{base}/admin/workers/{id}"))
+        .bearer_auth("t")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status().as_u16(), 200);
+}
+
 /// The router's KV event subscriber threads (`kv-ingest-WORKER-RANK`).
 fn ingest_threads(router: &common::Proc) -> usize {
     let pid = router.child.id().expect("running");
@@ -644,22 +668,8 @@ async fn workers_that_come_and_go_leave_no_thread_series_or_half_registration_be
     let silent = format!("http://{}", silent.local_addr().unwrap());
     let entry = json!({"url": churned.http(), "kv_events_endpoint": kv});
     for _ in 0..10 {
-        let added = client
-            .post(format!("{base}/admin/workers"))
-            .bearer_auth("t")
-            .json(&entry)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(added.status().as_u16(), 201);
-        let id = added.json::<Value>().await.unwrap()["id"].clone();
-        let r = client
-            .delete(format!("{base}/admin/workers/{id}"))
-            .bearer_auth("t")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 200);
+        let id = add_worker(&client, &base, &entry).await;
+        remove_worker(&client, &base, id).await;
         // Given up while the router waits (up to 2 s) for the silent address's models.
         let given_up = client
             .post(format!("{base}/admin/workers"))
@@ -701,15 +711,8 @@ async fn a_worker_and_a_model_that_leave_take_their_series_with_them() {
     let mut leaving = engine(&["--model-name", "other-model", "--kv-events-endpoint", &kv]).await;
     let r = router_with_events(&stay).await;
     let (base, client) = (r.http(), reqwest::Client::new());
-    let added = client
-        .post(format!("{base}/admin/workers"))
-        .bearer_auth("t")
-        .json(&json!({"url": leaving.http(), "kv_events_endpoint": kv}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(added.status().as_u16(), 201);
-    let id = added.json::<Value>().await.unwrap()["id"].as_u64().unwrap();
+    let entry = json!({"url": leaving.http(), "kv_events_endpoint": kv});
+    let id = add_worker(&client, &base, &entry).await;
     let answered = client
         .post(format!("{base}/v1/completions"))
         .json(&json!({"model": "other-model", "prompt": "only here", "max_tokens": 2}))
@@ -729,13 +732,7 @@ async fn a_worker_and_a_model_that_leave_take_their_series_with_them() {
     assert!(common::metrics(&base)
         .await
         .contains("model=\"other-model\""));
-    let removed = client
-        .delete(format!("{base}/admin/workers/{id}"))
-        .bearer_auth("t")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(removed.status().as_u16(), 200);
+    remove_worker(&client, &base, id).await;
     let text = common::metrics(&base).await;
     assert!(!text.contains(&format!("worker=\"{id}\"")), "{text}");
     assert!(!text.contains("other-model"), "{text}");

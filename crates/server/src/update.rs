@@ -53,7 +53,6 @@ pub(crate) struct UpdateBody {
 pub(crate) struct Prepared {
     body: UpdateBody,
     plan: UpdatePlan,
-    mode: UpdateMode,
     source: Option<Source>,
 }
 
@@ -84,76 +83,57 @@ pub(crate) async fn prepare(state: &AppState, body: UpdateBody) -> Result<Prepar
         };
         spec.check(source, body.version, &targets).await?;
     }
-    Ok(Prepared {
-        body,
-        plan,
-        mode,
-        source,
-    })
+    Ok(Prepared { body, plan, source })
 }
 
 impl Prepared {
     /// Starts the cycle and the task that carries it out.
     pub(crate) fn begin(self, state: &AppState) -> Result<(), ServeError> {
-        let Prepared {
-            body,
-            plan,
-            mode,
-            source,
-        } = self;
-        begin(state, body, plan, mode, source)
-    }
-}
-
-fn begin(
-    state: &AppState,
-    body: UpdateBody,
-    plan: UpdatePlan,
-    mode: UpdateMode,
-    source: Option<Source>,
-) -> Result<(), ServeError> {
-    let inner = &state.inner;
-    let now = inner.now();
-    let (actions, later) = inner
-        .begin_update(|core| core.begin_update(plan, now))
-        .map_err(|e| {
-            let field = match e {
-                kvrouter_core::router::UpdateError::ZeroBatch => Some("batch"),
-                kvrouter_core::router::UpdateError::UnknownWorker(_) => Some("workers"),
-                _ => None,
-            };
-            match e {
-                kvrouter_core::router::UpdateError::InProgress(_) => {
-                    ServeError::Conflict(e.to_string())
+        let Prepared { body, plan, source } = self;
+        let mode = plan.mode;
+        let inner = &state.inner;
+        let now = inner.now();
+        let (actions, later) = inner
+            .begin_update(|core| core.begin_update(plan, now))
+            .map_err(|e| {
+                let field = match e {
+                    kvrouter_core::router::UpdateError::ZeroBatch => Some("batch"),
+                    kvrouter_core::router::UpdateError::UnknownWorker(_) => Some("workers"),
+                    _ => None,
+                };
+                match e {
+                    kvrouter_core::router::UpdateError::InProgress(_) => {
+                        ServeError::Conflict(e.to_string())
+                    }
+                    e => ServeError::invalid(e.to_string(), field),
                 }
-                e => ServeError::invalid(e.to_string(), field),
+            })?;
+        tracing::info!(
+            "weight update to policy version {} ({}) started",
+            body.version,
+            mode.as_str()
+        );
+        let fetches = match (body.source.as_ref(), source) {
+            (Some(spec), Some(source)) => {
+                let targets: Vec<(WorkerId, u64)> = {
+                    let core = inner.lock_core();
+                    let ids: Vec<WorkerId> = core
+                        .update_status()
+                        .map(|s| s.phases.keys().copied().collect())
+                        .unwrap_or_default();
+                    let running: HashMap<WorkerId, u64> =
+                        core.workers().map(|w| (w.id, w.policy_version)).collect();
+                    ids.into_iter()
+                        .map(|id| (id, running.get(&id).copied().unwrap_or(0)))
+                        .collect()
+                };
+                spec.start(source, body.version, &targets)
             }
-        })?;
-    tracing::info!(
-        "weight update to policy version {} ({}) started",
-        body.version,
-        mode.as_str()
-    );
-    let fetches = match (body.source.as_ref(), source) {
-        (Some(spec), Some(source)) => {
-            let targets: Vec<(WorkerId, u64)> = {
-                let core = inner.lock_core();
-                let ids: Vec<WorkerId> = core
-                    .update_status()
-                    .map(|s| s.phases.keys().copied().collect())
-                    .unwrap_or_default();
-                let running: HashMap<WorkerId, u64> =
-                    core.workers().map(|w| (w.id, w.policy_version)).collect();
-                ids.into_iter()
-                    .map(|id| (id, running.get(&id).copied().unwrap_or(0)))
-                    .collect()
-            };
-            spec.start(source, body.version, &targets)
-        }
-        _ => HashMap::new(),
-    };
-    tokio::spawn(drive(state.clone(), body.load, fetches, actions, later));
-    Ok(())
+            _ => HashMap::new(),
+        };
+        tokio::spawn(drive(state.clone(), body.load, fetches, actions, later));
+        Ok(())
+    }
 }
 
 /// Carries out the cycle: engine calls as the core asks for them, until every target is done.

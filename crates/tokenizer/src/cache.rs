@@ -27,8 +27,13 @@ struct Lru {
     tick: u64,
     /// Ids held.
     tokens: usize,
+}
+
+impl Lru {
     /// Ids held plus [`ENTRY_COST`] per entry: what the bound is on.
-    cost: usize,
+    fn cost(&self) -> usize {
+        self.tokens + ENTRY_COST * self.entries.len()
+    }
 }
 
 /// Hit and miss counters.
@@ -175,20 +180,17 @@ impl CachedTokenizer {
         lru.tick += 1;
         let tick = lru.tick;
         lru.tokens += ids.len();
-        lru.cost += ids.len() + ENTRY_COST;
         if let Some((old_ids, old_tick)) = lru.entries.insert(key, (ids, tick)) {
             lru.tokens -= old_ids.len();
-            lru.cost -= old_ids.len() + ENTRY_COST;
             lru.order.remove(&old_tick);
         }
         lru.order.insert(tick, key);
-        while lru.cost > self.max_tokens {
+        while lru.cost() > self.max_tokens {
             let Some((_, victim)) = lru.order.pop_first() else {
                 break;
             };
             if let Some((ids, _)) = lru.entries.remove(&victim) {
                 lru.tokens -= ids.len();
-                lru.cost -= ids.len() + ENTRY_COST;
             }
         }
     }
