@@ -57,6 +57,7 @@ mod headers;
 mod health;
 mod ingest;
 mod metrics;
+mod metrics_page;
 pub mod otel;
 mod picks;
 pub mod placement;

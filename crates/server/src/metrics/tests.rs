@@ -1,4 +1,5 @@
 use super::*;
+use std::sync::Arc;
 
 #[test]
 fn a_prefix_renames_every_metric_and_nothing_else() {
