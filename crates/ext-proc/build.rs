@@ -1,4 +1,4 @@
-//! Generates the ext_proc service (server and client) from the vendored, published protocol
+//! Generates the ext_proc messages (and a tonic client, for tests and benches) from the vendored, published protocol
 //! files in `proto/` with `protoc` (Debian's `protobuf-compiler`; `PROTOC` overrides its path).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -6,10 +6,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let service = root.join("envoy/service/ext_proc/v3/external_processor.proto");
     println!("cargo:rerun-if-changed={}", root.display());
     tonic_build::configure()
-        .build_server(true)
+        .build_server(false)
         .build_client(true)
-        // tonic's prost codec with a larger decode buffer (`src/codec.rs`).
-        .codec_path("crate::codec::ExtProcCodec")
         .compile_protos(&[service], &[root])
         .map_err(|e| {
             format!(

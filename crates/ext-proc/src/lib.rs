@@ -6,20 +6,25 @@
 //! account the first token and the completion; a stream that ends early releases its load.
 //!
 //! # Layout
-//! - [`pb`]: the code generated from the vendored protocol files (`proto/`).
+//! - [`pb`]: the code generated from the vendored protocol files (`proto/`): the messages,
+//!   and a tonic client for tests and benches.
 //! - `exchange`: one stream's state: what to answer to each message, when to place.
 //! - `messages`: reading and building the protocol's messages.
-//! - `service`: the tonic service: one task per stream, placing through
-//!   [`kvrouter_server::placement`], bounded by the pick timeout; draining on shutdown.
+//! - `h2`: the server side of an HTTP/2 connection, sans I/O (frames, HPACK, flow control).
+//! - `grpc`: gRPC's length-prefixed messages and status codes.
+//! - `connection`: one gateway connection's task: its streams, each message answered in the
+//!   batch it came in.
+//! - `service`: the accept loop, placing through [`kvrouter_server::placement`] bounded by the
+//!   pick timeout, and the drain on shutdown.
 //! - `health`: the gRPC health service (`grpc.health.v1.Health`) on the same port.
-//! - `codec`: tonic's prost codec with a decode buffer that holds a usual body message.
 
-mod codec;
 pub mod pb;
 
+mod connection;
 mod exchange;
+mod grpc;
+mod h2;
 mod health;
-mod incoming;
 mod messages;
 mod service;
 

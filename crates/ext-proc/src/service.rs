@@ -1,63 +1,63 @@
-//! The tonic service: each gRPC stream is one request through the gateway, driven by its
-//! [`Exchange`] as its response stream is polled; the stream's end (or the gateway going away)
-//! drops the exchange, which releases a placement whose answer had not ended.
+//! The picker's server: the accept loop, a task per gateway connection
+//! ([`crate::connection`]), the placement each `Process` stream asks for, and the shutdown.
 //!
 //! Shutdown ([`serve`]'s `shutdown`): the picker drains. The health service turns
-//! `NOT_SERVING`, new streams are refused (`UNAVAILABLE`: the gateway's failure mode applies),
-//! and the streams in flight go on, for up to the grace period; then the port closes and the
-//! streams still open end (`UNAVAILABLE`), releasing their load.
+//! `NOT_SERVING`, new `Process` streams are refused (`UNAVAILABLE`: the gateway's failure mode
+//! applies), and the streams in flight go on, for up to the grace period; then the streams still
+//! open end (`UNAVAILABLE`), releasing their load, and the connections end with GOAWAY.
 
-use crate::exchange::{Exchange, Step};
-use crate::pb::envoy::service::ext_proc::v3 as ep;
+use crate::exchange::Step;
+use crate::h2::Limits;
 use crate::ExtProcConfig;
-use ep::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
-use futures::StreamExt;
+use kvrouter_server::placement::Placement;
 use kvrouter_server::{AppState, ServeError};
-use std::pin::Pin;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-use tonic::{Request, Response, Status, Streaming};
 
 /// How long streams still open after the grace period get to end before the server stops.
 const CUT_MARGIN: Duration = Duration::from_secs(1);
 
-/// Streams one gateway connection may have open at once (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`;
-/// tonic leaves it unlimited). A gateway past it opens another connection: Envoy's HTTP/2
-/// connection pool does so when a connection's streams are all taken.
+/// Streams one gateway connection may have open at once (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`).
+/// A gateway past it opens another connection: Envoy's HTTP/2 connection pool does so when a
+/// connection's streams are all taken.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+
+/// The window each stream gets: a usual body message (a 2,048-token prompt as JSON is ~12 KB)
+/// arrives without waiting for a WINDOW_UPDATE.
+const STREAM_WINDOW: u32 = 1 << 20;
+/// The connection's window.
+const CONNECTION_WINDOW: u32 = 16 << 20;
+/// The largest header block read (a gRPC request's headers are a few hundred bytes).
+const MAX_HEADER_BLOCK: usize = 64 * 1024;
+
+/// Room in a gateway message for what comes with a body chunk (its framing and flags).
+const MESSAGE_OVERHEAD_BYTES: usize = 64 * 1024;
 
 /// Where the picker is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
+pub(crate) enum Phase {
     Serving,
-    /// Shutting down: new streams are refused, those in flight go on.
+    /// Shutting down: new `Process` streams are refused, those in flight go on.
     Draining,
-    /// The grace period is over: the streams still open end now.
+    /// The grace period is over: the `Process` streams still open end now.
     Cutting,
-}
-
-/// Resolves once `phase` is `at`.
-async fn reached(phase: &mut watch::Receiver<Phase>, at: Phase) {
-    let _ = phase.wait_for(|p| *p == at).await;
+    /// The server stops: every connection ends.
+    Stopped,
 }
 
 /// What every stream of one service shares.
 struct Shared {
     phase: watch::Sender<Phase>,
-    /// Streams in flight.
+    /// `Process` streams in flight.
     streams: watch::Sender<usize>,
+    /// Gateway connections open.
+    connections: watch::Sender<usize>,
 }
 
-/// Counts one stream in flight while it lives.
-struct InFlight(Arc<Shared>);
-
-impl InFlight {
-    fn new(shared: &Arc<Shared>) -> Self {
-        shared.streams.send_modify(|n| *n += 1);
-        Self(shared.clone())
-    }
-}
+/// Counts one `Process` stream in flight while it lives.
+pub(crate) struct InFlight(Arc<Shared>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -65,8 +65,21 @@ impl Drop for InFlight {
     }
 }
 
-/// Room in a gateway message for what comes with a body chunk (its framing and flags).
-const MESSAGE_OVERHEAD_BYTES: usize = 64 * 1024;
+/// Counts one gateway connection open while it lives.
+pub(crate) struct Open(Arc<Shared>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.connections.send_modify(|n| *n -= 1);
+    }
+}
+
+/// A placement's outcome, with the request body it was placed from (a full-duplex stream
+/// sends it back).
+pub(crate) struct Placed {
+    pub(crate) result: Result<Placement, ServeError>,
+    pub(crate) body: Vec<u8>,
+}
 
 /// The ext_proc service over a router's state.
 #[derive(Clone)]
@@ -82,6 +95,7 @@ impl ExtProc {
         let shared = Arc::new(Shared {
             phase: watch::channel(Phase::Serving).0,
             streams: watch::channel(0).0,
+            connections: watch::channel(0).0,
         });
         Self {
             state,
@@ -90,177 +104,106 @@ impl ExtProc {
         }
     }
 
-    /// The tonic server of this service. A body message up to the body limit (and
-    /// [`MESSAGE_OVERHEAD_BYTES`] more) decodes, where tonic's own default, 4 MiB, ended the
-    /// stream without an answer; a body past the limit in several messages is answered 413 by
-    /// the exchange, and one message past this size still ends the stream with gRPC's
-    /// `OUT_OF_RANGE`.
-    pub fn into_server(self) -> ExternalProcessorServer<Self> {
-        let max_message = self
-            .config
+    pub(crate) fn config(&self) -> &ExtProcConfig {
+        &self.config
+    }
+
+    /// The largest gRPC message read: a body message up to the body limit (and
+    /// [`MESSAGE_OVERHEAD_BYTES`] more); a body past the limit in several messages is answered
+    /// 413 by the exchange, one message past this size ends the stream with `OUT_OF_RANGE`.
+    pub(crate) fn max_message(&self) -> usize {
+        self.config
             .max_body_bytes
-            .saturating_add(MESSAGE_OVERHEAD_BYTES);
-        ExternalProcessorServer::new(self).max_decoding_message_size(max_message)
+            .saturating_add(MESSAGE_OVERHEAD_BYTES)
     }
 
-    async fn place(&self, step: Step, exchange: &mut Exchange) -> Vec<ep::ProcessingResponse> {
-        let Step::Place {
-            headers,
-            body,
-            subset,
-        } = step
-        else {
-            return Vec::new();
-        };
-        let (fallbacks, source) = (self.config.fallbacks, "ext_proc");
-        let placing = async {
-            match &body {
-                Some(body) => {
-                    kvrouter_server::placement::place(
-                        &self.state,
-                        &headers,
-                        body,
-                        subset.as_deref(),
-                        fallbacks,
-                        source,
-                    )
-                    .await
+    pub(crate) fn h2_limits(&self) -> Limits {
+        Limits {
+            max_streams: MAX_STREAMS_PER_CONNECTION,
+            stream_window: STREAM_WINDOW,
+            connection_window: CONNECTION_WINDOW,
+            max_header_block: MAX_HEADER_BLOCK,
+        }
+    }
+
+    /// Counts a new `Process` stream in flight.
+    pub(crate) fn in_flight(&self) -> InFlight {
+        self.shared.streams.send_modify(|n| *n += 1);
+        InFlight(self.shared.clone())
+    }
+
+    /// Counts a new gateway connection open.
+    pub(crate) fn open(&self) -> Open {
+        self.shared.connections.send_modify(|n| *n += 1);
+        Open(self.shared.clone())
+    }
+
+    /// The placement a [`Step::Place`] asks for, bounded by the pick timeout.
+    pub(crate) fn place(&self, step: Step) -> impl Future<Output = Placed> + Send + 'static {
+        let (state, fallbacks, timeout) = (
+            self.state.clone(),
+            self.config.fallbacks,
+            self.config.pick_timeout,
+        );
+        async move {
+            let Step::Place {
+                headers,
+                body,
+                subset,
+            } = step
+            else {
+                unreachable!("only a Place step is placed");
+            };
+            let source = "ext_proc";
+            let placing = async {
+                match &body {
+                    Some(body) => {
+                        kvrouter_server::placement::place(
+                            &state,
+                            &headers,
+                            body,
+                            subset.as_deref(),
+                            fallbacks,
+                            source,
+                        )
+                        .await
+                    }
+                    None => {
+                        kvrouter_server::placement::place_without_body(
+                            &state,
+                            &headers,
+                            subset.as_deref(),
+                            fallbacks,
+                            source,
+                        )
+                        .await
+                    }
                 }
-                None => {
-                    kvrouter_server::placement::place_without_body(
-                        &self.state,
-                        &headers,
-                        subset.as_deref(),
-                        fallbacks,
-                        source,
-                    )
-                    .await
+            };
+            // Most placements end at their first poll; only one that waits (the router
+            // queue) gets a timer.
+            let result = {
+                let mut placing = std::pin::pin!(placing);
+                match futures::poll!(placing.as_mut()) {
+                    std::task::Poll::Ready(r) => r,
+                    std::task::Poll::Pending => tokio::time::timeout(timeout, placing)
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(ServeError::Http {
+                                status: http::StatusCode::GATEWAY_TIMEOUT,
+                                message: format!(
+                                    "no placement within {:.3}s (--ext-proc-pick-timeout-secs)",
+                                    timeout.as_secs_f64()
+                                ),
+                            })
+                        }),
                 }
+            };
+            Placed {
+                result,
+                body: body.unwrap_or_default(),
             }
-        };
-        let placed = tokio::time::timeout(self.config.pick_timeout, placing)
-            .await
-            .unwrap_or_else(|_| {
-                Err(ServeError::Http {
-                    status: http::StatusCode::GATEWAY_TIMEOUT,
-                    message: format!(
-                        "no placement within {:.3}s (--ext-proc-pick-timeout-secs)",
-                        self.config.pick_timeout.as_secs_f64()
-                    ),
-                })
-            });
-        exchange.placed(placed, body.unwrap_or_default())
-    }
-}
-
-/// What one stream does next.
-enum Next {
-    /// Send these responses (none: wait for the next message).
-    Replies(Vec<ep::ProcessingResponse>),
-    /// Send these responses and end the stream: the gateway sends nothing more.
-    Last(Vec<ep::ProcessingResponse>),
-    /// The grace period of a shutdown passed: end the stream with `UNAVAILABLE`.
-    Cut,
-    /// The gateway ended (or cancelled) the stream.
-    End,
-    /// What came was no ext_proc message (or the stream broke): end with this status.
-    Refused(Status),
-}
-
-/// One stream while it runs: its messages in, its [`Exchange`], its place in the shutdown.
-/// The response stream owns it, so the stream's end (or the gateway going away, which drops
-/// the response stream) drops the exchange, releasing the load of an answer that had not
-/// ended. Each message is handled as the response stream is polled: no task or channel of its
-/// own.
-struct Run {
-    service: ExtProc,
-    inbound: Streaming<ep::ProcessingRequest>,
-    exchange: Exchange,
-    phase: watch::Receiver<Phase>,
-    _in_flight: InFlight,
-}
-
-impl Run {
-    async fn next(&mut self) -> Next {
-        let msg = tokio::select! {
-            msg = self.inbound.next() => msg,
-            () = reached(&mut self.phase, Phase::Cutting) => return Next::Cut,
-        };
-        // On any end, the exchange's drop ends the answer or releases its load
-        // (`Exchange::closed`).
-        let msg = match msg {
-            Some(Ok(msg)) => msg,
-            None => return Next::End,
-            Some(Err(e)) => return Next::Refused(refusal(e)),
-        };
-        let out = match self.exchange.on_message(msg) {
-            Step::Reply(out) => out,
-            place => self.service.place(place, &mut self.exchange).await,
-        };
-        if self.exchange.over() {
-            Next::Last(out)
-        } else {
-            Next::Replies(out)
         }
-    }
-
-    /// The stream of responses: each message's, in order, until the stream ends.
-    fn responses(self) -> Outbound {
-        let replies = futures::stream::unfold(Some(self), |run| async move {
-            let mut run = run?;
-            match run.next().await {
-                Next::Replies(out) => Some((out.into_iter().map(Ok).collect(), Some(run))),
-                // Ending the response with the last answer lets the server write both at once
-                // (the gateway would close the stream after it anyway).
-                Next::Last(out) => Some((out.into_iter().map(Ok).collect(), None)),
-                Next::Cut => {
-                    let cut =
-                        Status::unavailable("kvrouter shut down (--shutdown-grace-secs passed)");
-                    Some((vec![Err(cut)], None))
-                }
-                Next::Refused(status) => Some((vec![Err(status)], None)),
-                Next::End => None,
-            }
-        });
-        Box::pin(replies.flat_map(|out: Vec<_>| futures::stream::iter(out)))
-    }
-}
-
-/// The status a stream that could not be read ends with: a message that is no ext_proc
-/// message (tonic's decoder calls that, or a frame cut short, `INTERNAL`) is the gateway's
-/// `INVALID_ARGUMENT`; other errors (a message over the size bound) keep their code.
-fn refusal(e: Status) -> Status {
-    match e.code() {
-        tonic::Code::Internal | tonic::Code::Unknown => {
-            Status::invalid_argument(format!("not an ext_proc message stream: {}", e.message()))
-        }
-        _ => e,
-    }
-}
-
-type Outbound = Pin<Box<dyn futures::Stream<Item = Result<ep::ProcessingResponse, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl ExternalProcessor for ExtProc {
-    type ProcessStream = Outbound;
-
-    async fn process(
-        &self,
-        request: Request<Streaming<ep::ProcessingRequest>>,
-    ) -> Result<Response<Self::ProcessStream>, Status> {
-        if *self.shared.phase.borrow() != Phase::Serving {
-            return Err(Status::unavailable(
-                "kvrouter is draining for shutdown and takes no new requests",
-            ));
-        }
-        let run = Run {
-            _in_flight: InFlight::new(&self.shared),
-            phase: self.shared.phase.subscribe(),
-            exchange: Exchange::new(&self.config),
-            inbound: request.into_inner(),
-            service: self.clone(),
-        };
-        Ok(Response::new(run.responses()))
     }
 }
 
@@ -270,57 +213,46 @@ impl ExternalProcessor for ExtProc {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     service: ExtProc,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), tonic::transport::Error> {
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let shared = service.shared.clone();
     let grace = service.config.shutdown_grace;
-    let (reporter, health) = tonic_health::server::health_reporter();
     let (drain_tx, drain_rx) = watch::channel(false);
-    let reporting = crate::health::report(reporter, service.state.readiness(), drain_rx).await;
-    let (cut_tx, cut_rx) = tokio::sync::oneshot::channel::<()>();
-    let incoming = crate::incoming::accepted(listener);
-    let server = tonic::transport::Server::builder()
-        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-        .add_service(health)
-        .add_service(service.into_server())
-        .serve_with_incoming_shutdown(incoming, async {
-            let _ = cut_rx.await;
-        });
-    tokio::pin!(server);
-    let result = async {
-        tokio::select! {
-            r = &mut server => return Some(r),
-            () = shutdown => {}
+    let (health, reporting) = crate::health::report(service.state.readiness(), drain_rx);
+    let accepting = {
+        let (service, health) = (service.clone(), health.clone());
+        let phase = shared.phase.subscribe();
+        async move {
+            loop {
+                let tcp = kvrouter_http::accept(&listener).await;
+                let conn =
+                    crate::connection::run(tcp, service.clone(), phase.clone(), health.clone());
+                tokio::spawn(conn);
+            }
         }
-        shared.phase.send_replace(Phase::Draining);
-        let _ = drain_tx.send(true);
-        let mut streams = shared.streams.subscribe();
-        if let Some(r) = streams_end_within(&mut server, &mut streams, grace).await {
-            return Some(r);
-        }
-        // Streams still open end with UNAVAILABLE; the server is told to stop once they have
-        // (or after the margin), so it does not close a connection under a status being sent.
+    };
+    let accepting = tokio::spawn(accepting);
+    shutdown.await;
+    shared.phase.send_replace(Phase::Draining);
+    let _ = drain_tx.send(true);
+    let mut streams = shared.streams.subscribe();
+    if !streams_end_within(&mut streams, grace).await {
+        // Streams still open end with UNAVAILABLE.
         shared.phase.send_replace(Phase::Cutting);
-        if let Some(r) = streams_end_within(&mut server, &mut streams, CUT_MARGIN).await {
-            return Some(r);
-        }
-        let _ = cut_tx.send(());
-        tokio::time::timeout(CUT_MARGIN, &mut server).await.ok()
+        streams_end_within(&mut streams, CUT_MARGIN).await;
     }
-    .await;
+    accepting.abort();
+    // The connections write their GOAWAY and close.
+    shared.phase.send_replace(Phase::Stopped);
+    let mut connections = shared.connections.subscribe();
+    let _ = tokio::time::timeout(CUT_MARGIN, connections.wait_for(|n| *n == 0)).await;
     reporting.abort();
-    result.unwrap_or(Ok(()))
+    Ok(())
 }
 
-/// Waits up to `limit` for every open stream to end, while the server runs; the server's result
-/// if it stopped first.
-async fn streams_end_within<S: std::future::Future + Unpin>(
-    server: &mut S,
-    streams: &mut watch::Receiver<usize>,
-    limit: Duration,
-) -> Option<S::Output> {
-    tokio::select! {
-        r = server => Some(r),
-        _ = tokio::time::timeout(limit, streams.wait_for(|n| *n == 0)) => None,
-    }
+/// Waits up to `limit` for every open `Process` stream to end; whether they did.
+async fn streams_end_within(streams: &mut watch::Receiver<usize>, limit: Duration) -> bool {
+    tokio::time::timeout(limit, streams.wait_for(|n| *n == 0))
+        .await
+        .is_ok()
 }

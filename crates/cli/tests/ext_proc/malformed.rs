@@ -71,3 +71,23 @@ async fn bytes_that_are_no_message_end_the_stream_with_invalid_argument() {
     let r = envoy.recv().await;
     assert!(matches!(r.response, Some(Out::RequestHeaders(_))), "{r:?}");
 }
+
+#[tokio::test]
+async fn a_method_the_picker_does_not_have_is_unimplemented() {
+    let (_p, _base, grpc) = super::picker("1", &[]).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{grpc}"))
+        .expect("a URI")
+        .connect()
+        .await
+        .expect("connect");
+    let mut raw = tonic::client::Grpc::new(channel);
+    raw.ready().await.expect("ready");
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/envoy.service.ext_proc.v3.ExternalProcessor/Other",
+    );
+    let status = raw
+        .unary(tonic::Request::new(vec![]), path, Raw)
+        .await
+        .expect_err("no such method");
+    assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+}

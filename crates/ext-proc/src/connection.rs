@@ -1,0 +1,103 @@
+//! One gateway connection: a task that reads a batch of HTTP/2 frames, answers every gRPC
+//! message in it (placing requests through [`ExtProc::place`]), and writes all the answers
+//! at once. No task or channel per stream: a stream is an entry in this task's table.
+//!
+//! Streams by path:
+//! - `Process` ([`PROCESS_PATH`]): one gateway request, driven by its `Exchange`. A
+//!   placement that must wait (the router queue) runs beside the connection's other streams;
+//!   the messages that arrive meanwhile wait their turn. The stream's end or reset drops the
+//!   exchange, which releases a placement whose answer had not ended; a reset also gives up a
+//!   placement still waiting.
+//! - `grpc.health.v1.Health/Check` and `/Watch` ([`crate::health`]).
+//! - Anything else: `UNIMPLEMENTED`.
+//!
+//! Shutdown ([`Phase`]): while draining, new `Process` streams are refused `UNAVAILABLE` (the
+//! gateway's failure mode applies) and the others go on; at the cut, the open `Process`
+//! streams end `UNAVAILABLE`; at the stop, the connection ends with GOAWAY.
+
+mod streams;
+
+use crate::health::Health;
+use crate::service::{ExtProc, Phase};
+use bytes::BytesMut;
+use futures::future::FutureExt;
+use futures::stream::StreamExt;
+use streams::{Conn, Placing};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+/// The ext_proc method's path.
+pub(crate) const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
+
+/// How much is read from the socket at a time, at least.
+const READ_CHUNK: usize = 64 * 1024;
+/// Answers written and not yet taken by the gateway past which the connection stops reading
+/// (a peer that sends and never reads: PINGs, resets, headers are not flow-controlled).
+const MAX_UNWRITTEN: usize = 4 << 20;
+
+/// Serves one accepted connection until it closes or the server stops.
+pub(crate) async fn run(
+    mut tcp: TcpStream,
+    service: ExtProc,
+    mut phase: watch::Receiver<Phase>,
+    mut health: watch::Receiver<Health>,
+) {
+    let _open = service.open();
+    let mut conn = Conn::new(service, *phase.borrow_and_update(), health.clone());
+    let mut placing = Placing::new();
+    let mut read = BytesMut::with_capacity(READ_CHUNK);
+    let mut events = Vec::new();
+    let mut write: Vec<u8> = Vec::new();
+    let (mut rd, mut wr) = tcp.split();
+    loop {
+        if write.is_empty() {
+            std::mem::swap(&mut write, conn.h2.output());
+        }
+        let over = conn.phase == Phase::Stopped || (conn.h2.peer_gone() && conn.idle());
+        if over && write.is_empty() {
+            return;
+        }
+        read.reserve(READ_CHUNK);
+        let watching = conn.watching();
+        let reading =
+            conn.phase != Phase::Stopped && write.len() + conn.h2.unwritten() < MAX_UNWRITTEN;
+        tokio::select! {
+            biased;
+            w = wr.write(&write), if !write.is_empty() => match w {
+                Ok(n) if n > 0 => {
+                    write.drain(..n);
+                }
+                _ => return,
+            },
+            r = rd.read_buf(&mut read), if reading => match r {
+                Ok(n) if n > 0 => {
+                    if let Err(e) = conn.h2.receive(&mut read, &mut events) {
+                        tracing::debug!("ext_proc: connection error: {}", e.reason);
+                        conn.stop(e.code);
+                        continue;
+                    }
+                    for event in events.drain(..) {
+                        conn.on_event(event, &mut placing);
+                    }
+                }
+                _ => return,
+            },
+            Some((id, placed)) = placing.next(), if !placing.is_empty() => {
+                conn.on_placed(id, placed, &mut placing);
+            }
+            Ok(()) = phase.changed() => {
+                let now = *phase.borrow_and_update();
+                conn.on_phase(now);
+            }
+            Ok(()) = health.changed(), if watching => {
+                health.borrow_and_update();
+                conn.on_health();
+            }
+        }
+        // Placements that finished at once are answered in the same write.
+        while let Some(Some((id, placed))) = placing.next().now_or_never() {
+            conn.on_placed(id, placed, &mut placing);
+        }
+    }
+}

@@ -1,0 +1,436 @@
+//! A connection's streams: the table of calls by stream id, what each message, end, reset,
+//! placement, health change and shutdown phase does to them, and the answers it writes into
+//! the HTTP/2 connection's output.
+
+use super::PROCESS_PATH;
+use crate::exchange::{Exchange, Step};
+use crate::grpc::{self, status, MessageError, Messages};
+use crate::h2::{frame::code, ById, Connection, Event};
+use crate::health::{self, Health};
+use crate::pb::envoy::service::ext_proc::v3 as ep;
+use crate::service::{ExtProc, InFlight, Phase, Placed};
+use bytes::Bytes;
+use futures::future::{AbortHandle, Abortable, BoxFuture, FutureExt};
+use futures::stream::FuturesUnordered;
+use prost::Message;
+use std::collections::VecDeque;
+use tokio::sync::watch;
+
+/// One stream's call.
+enum Call {
+    /// Boxed: an exchange is some 600 bytes, a health call a tenth of that.
+    Process(Box<Process>),
+    Health(health::Call),
+}
+
+/// A `Process` stream.
+struct Process {
+    messages: Messages,
+    exchange: Exchange,
+    /// A placement is running: messages wait here, in order.
+    placing: Option<(AbortHandle, VecDeque<ep::ProcessingRequest>)>,
+    /// The gateway ended its side.
+    remote_ended: bool,
+    _in_flight: InFlight,
+}
+
+/// A call's stream: whether its response headers went out.
+struct Entry {
+    call: Call,
+    headers_sent: bool,
+}
+
+pub(super) type Placing = FuturesUnordered<BoxFuture<'static, (u32, Option<Placed>)>>;
+
+/// What the connection's task holds besides the socket.
+pub(super) struct Conn {
+    service: ExtProc,
+    pub(super) h2: Connection,
+    calls: ById<Entry>,
+    pub(super) phase: Phase,
+    /// The picker's health now (read when a health call answers).
+    health: watch::Receiver<Health>,
+    /// `Watch` calls open.
+    watchers: usize,
+    scratch: Vec<u8>,
+}
+
+impl Conn {
+    pub(super) fn new(service: ExtProc, phase: Phase, health: watch::Receiver<Health>) -> Self {
+        let limits = service.h2_limits();
+        Self {
+            service,
+            h2: Connection::new(limits),
+            calls: ById::default(),
+            phase,
+            health,
+            watchers: 0,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Some stream watches the health.
+    pub(super) fn watching(&self) -> bool {
+        self.watchers > 0
+    }
+
+    /// No stream is open.
+    pub(super) fn idle(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    fn serving(&self) -> bool {
+        self.health.borrow().serving
+    }
+
+    /// Forgets stream `id`'s call (dropping it: an exchange's drop releases its load).
+    fn remove(&mut self, id: u32) -> Option<Entry> {
+        let entry = self.calls.remove(&id)?;
+        if matches!(entry.call, Call::Health(health::Call::Watch { .. })) {
+            self.watchers -= 1;
+        }
+        Some(entry)
+    }
+
+    pub(super) fn on_event(&mut self, event: Event, placing: &mut Placing) {
+        match event {
+            Event::Open {
+                id,
+                path,
+                encoding,
+                end,
+            } => self.open(id, &path, encoding, end, placing),
+            Event::Data { id, data, end } => self.data(id, data, end, placing),
+            Event::Reset { id } => {
+                // Dropping the call drops its exchange (releasing its load) and gives up its
+                // placement.
+                if let Some(Entry {
+                    call: Call::Process(p),
+                    ..
+                }) = self.remove(id)
+                {
+                    if let Some((abort, _)) = p.placing {
+                        abort.abort();
+                    }
+                }
+            }
+        }
+    }
+
+    fn open(
+        &mut self,
+        id: u32,
+        path: &str,
+        encoding: Option<String>,
+        end: bool,
+        placing: &mut Placing,
+    ) {
+        if let Some(e) = encoding {
+            let message = format!("grpc-encoding {e} is not supported (send identity)");
+            self.h2
+                .send_trailers(id, status::UNIMPLEMENTED, &message, true);
+            return;
+        }
+        let max = self.service.max_message();
+        let call = if path == PROCESS_PATH {
+            if self.phase != Phase::Serving {
+                let message = "kvrouter is draining for shutdown and takes no new requests";
+                self.h2
+                    .send_trailers(id, status::UNAVAILABLE, message, true);
+                return;
+            }
+            Call::Process(Box::new(Process {
+                messages: Messages::new(max),
+                exchange: Exchange::new(self.service.config()),
+                placing: None,
+                remote_ended: false,
+                _in_flight: self.service.in_flight(),
+            }))
+        } else if let Some(call) = health::Call::of(path, max) {
+            if matches!(call, health::Call::Watch { .. }) {
+                self.watchers += 1;
+            }
+            Call::Health(call)
+        } else {
+            let message = format!("no method {path} here");
+            self.h2
+                .send_trailers(id, status::UNIMPLEMENTED, &message, true);
+            return;
+        };
+        // A streaming call's response headers go out at once: a client's call (tonic's
+        // `streaming`) returns once it has them, before the first message.
+        let streaming = !matches!(call, Call::Health(health::Call::Check { .. }));
+        if streaming {
+            self.h2.send_headers(id);
+        }
+        self.calls.insert(
+            id,
+            Entry {
+                call,
+                headers_sent: streaming,
+            },
+        );
+        if end {
+            self.data(id, Bytes::new(), true, placing);
+        }
+    }
+
+    fn data(&mut self, id: u32, data: Bytes, end: bool, placing: &mut Placing) {
+        let Some(entry) = self.calls.get_mut(&id) else {
+            return;
+        };
+        let mut msgs = Vec::new();
+        let read = match &mut entry.call {
+            Call::Process(p) => p.messages.push(data, end, &mut msgs),
+            Call::Health(h) => h.messages().push(data, end, &mut msgs),
+        };
+        if let Err(e) = read {
+            self.fail(id, &e);
+            return;
+        }
+        for m in msgs {
+            if !self.message(id, m, placing) {
+                return;
+            }
+        }
+        if end {
+            self.remote_end(id);
+        }
+    }
+
+    /// A message was read whole; false when the stream ended with it.
+    fn message(&mut self, id: u32, bytes: Bytes, placing: &mut Placing) -> bool {
+        let Some(entry) = self.calls.get_mut(&id) else {
+            return false;
+        };
+        match &mut entry.call {
+            Call::Process(p) => {
+                let msg = match ep::ProcessingRequest::decode(bytes) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let message = format!("not an ext_proc message stream: {e}");
+                        self.end(id, status::INVALID_ARGUMENT, &message);
+                        return false;
+                    }
+                };
+                if let Some((_, waiting)) = &mut p.placing {
+                    waiting.push_back(msg);
+                    return true;
+                }
+                self.process(id, msg, placing)
+            }
+            Call::Health(h) => match h.request(&bytes) {
+                Ok(()) => {
+                    if matches!(h, health::Call::Watch { .. }) {
+                        self.send_health(id);
+                    }
+                    true
+                }
+                Err(message) => {
+                    self.end(id, status::INVALID_ARGUMENT, &message);
+                    false
+                }
+            },
+        }
+    }
+
+    /// Hands one message to a `Process` stream's exchange; false when the stream ended.
+    fn process(&mut self, id: u32, msg: ep::ProcessingRequest, placing: &mut Placing) -> bool {
+        let Some(Entry {
+            call: Call::Process(p),
+            ..
+        }) = self.calls.get_mut(&id)
+        else {
+            return false;
+        };
+        match p.exchange.on_message(msg) {
+            Step::Reply(out) => self.replies(id, &out),
+            place => {
+                let (abort, registration) = AbortHandle::new_pair();
+                let future = Abortable::new(self.service.place(place), registration);
+                p.placing = Some((abort, VecDeque::new()));
+                placing.push(async move { (id, future.await.ok()) }.boxed());
+                true
+            }
+        }
+    }
+
+    pub(super) fn on_placed(&mut self, id: u32, placed: Option<Placed>, placing: &mut Placing) {
+        let Some(placed) = placed else {
+            return; // given up with its stream
+        };
+        let Some(Entry {
+            call: Call::Process(p),
+            ..
+        }) = self.calls.get_mut(&id)
+        else {
+            return; // the stream went: dropping the placement releases it
+        };
+        let waiting = p.placing.take().map(|(_, w)| w).unwrap_or_default();
+        let out = p.exchange.placed(placed.result, placed.body);
+        if !self.replies(id, &out) {
+            return;
+        }
+        for msg in waiting {
+            let Some(Entry {
+                call: Call::Process(p),
+                ..
+            }) = self.calls.get_mut(&id)
+            else {
+                return;
+            };
+            if let Some((_, later)) = &mut p.placing {
+                later.push_back(msg);
+                continue;
+            }
+            if !self.process(id, msg, placing) {
+                return;
+            }
+        }
+        self.remote_end_if_idle(id);
+    }
+
+    /// Writes a `Process` stream's answers; ends the stream when the exchange is over. False
+    /// when it ended.
+    fn replies(&mut self, id: u32, out: &[ep::ProcessingResponse]) -> bool {
+        for r in out {
+            self.scratch.clear();
+            grpc::encode(r, &mut self.scratch);
+            self.send(id);
+        }
+        let over = matches!(
+            self.calls.get(&id),
+            Some(Entry { call: Call::Process(p), .. }) if p.exchange.over()
+        );
+        if over {
+            self.end(id, status::OK, "");
+        }
+        !over
+    }
+
+    /// Writes the message in `scratch` on stream `id`, after its response headers.
+    fn send(&mut self, id: u32) {
+        if let Some(entry) = self.calls.get_mut(&id) {
+            if !entry.headers_sent {
+                entry.headers_sent = true;
+                self.h2.send_headers(id);
+            }
+            self.h2.send_data(id, &self.scratch);
+        }
+    }
+
+    /// The gateway ended its side of stream `id`.
+    fn remote_end(&mut self, id: u32) {
+        match self.calls.get_mut(&id).map(|e| &mut e.call) {
+            Some(Call::Process(p)) => {
+                p.remote_ended = true;
+                self.remote_end_if_idle(id);
+            }
+            Some(Call::Health(h)) => {
+                let serving = self.health.borrow().serving;
+                if let Some((code, message)) = h.answer(serving) {
+                    match code {
+                        status::OK => {
+                            self.scratch.clear();
+                            grpc::encode(&health::response(serving), &mut self.scratch);
+                            self.send(id);
+                            self.end(id, status::OK, "");
+                        }
+                        _ => self.end(id, code, &message),
+                    }
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Ends a `Process` stream whose gateway side ended, once nothing of it is pending: its
+    /// end drops the exchange (a placement whose answer had not ended is released).
+    fn remote_end_if_idle(&mut self, id: u32) {
+        let idle = matches!(
+            self.calls.get(&id),
+            Some(Entry { call: Call::Process(p), .. }) if p.remote_ended && p.placing.is_none()
+        );
+        if idle {
+            self.end(id, status::OK, "");
+        }
+    }
+
+    /// Ends stream `id` with `code`, dropping its call.
+    fn end(&mut self, id: u32, code: u32, message: &str) {
+        if let Some(entry) = self.remove(id) {
+            if let Call::Process(p) = &entry.call {
+                if let Some((abort, _)) = &p.placing {
+                    abort.abort();
+                }
+            }
+            self.h2
+                .send_trailers(id, code, message, !entry.headers_sent);
+        }
+    }
+
+    fn fail(&mut self, id: u32, e: &MessageError) {
+        let (code, message) = e.status();
+        self.end(id, code, &message);
+    }
+
+    pub(super) fn on_phase(&mut self, now: Phase) {
+        self.phase = now;
+        match now {
+            Phase::Serving | Phase::Draining => {}
+            Phase::Cutting => {
+                let ids: Vec<u32> = self
+                    .calls
+                    .iter()
+                    .filter(|(_, e)| matches!(e.call, Call::Process(_)))
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in ids {
+                    let message = "kvrouter shut down (--shutdown-grace-secs passed)";
+                    self.end(id, status::UNAVAILABLE, message);
+                }
+            }
+            Phase::Stopped => self.stop(code::NO_ERROR),
+        }
+    }
+
+    /// Ends every stream and the connection (GOAWAY with `error`).
+    pub(super) fn stop(&mut self, error: u32) {
+        let ids: Vec<u32> = self.calls.keys().copied().collect();
+        for id in ids {
+            self.remove(id);
+            self.h2.reset(id, code::CANCEL);
+        }
+        self.h2.goaway(error);
+        self.phase = Phase::Stopped;
+    }
+
+    pub(super) fn on_health(&mut self) {
+        let ids: Vec<u32> = self
+            .calls
+            .iter()
+            .filter(|(_, e)| matches!(e.call, Call::Health(health::Call::Watch { .. })))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.send_health(id);
+        }
+    }
+
+    /// Sends a watcher its status if it changed since the last one it got.
+    fn send_health(&mut self, id: u32) {
+        let serving = self.serving();
+        let Some(Entry {
+            call: Call::Health(h),
+            ..
+        }) = self.calls.get_mut(&id)
+        else {
+            return;
+        };
+        if let Some(msg) = h.watch_update(serving) {
+            self.scratch.clear();
+            grpc::encode(&msg, &mut self.scratch);
+            self.send(id);
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! The send side of a [`Connection`]: response headers, DATA within the peer's windows (the
+//! rest waits per stream), trailers after a stream's data, resets and GOAWAY.
+
+use super::frame::{self, code};
+use super::Connection;
+
+impl Connection {
+    /// Writes the response headers of stream `id` (`:status: 200`, `content-type`).
+    pub(crate) fn send_headers(&mut self, id: u32) {
+        if !self.streams.contains_key(&id) {
+            return;
+        }
+        let mut block = Vec::with_capacity(24);
+        frame::hpack_status_200(&mut block);
+        frame::hpack_indexed_name(&mut block, frame::CONTENT_TYPE_INDEX, b"application/grpc");
+        frame::headers(&mut self.out, id, &block, false);
+    }
+
+    /// Writes `bytes` as DATA on stream `id`, as far as the windows allow (the rest waits).
+    pub(crate) fn send_data(&mut self, id: u32, bytes: &[u8]) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if !s.pending.is_empty() {
+            s.pending.extend(bytes);
+            return;
+        }
+        let room = self.send_window.min(s.send_window).max(0) as usize;
+        let now = bytes.len().min(room);
+        for chunk in bytes[..now].chunks(self.peer_max_frame) {
+            frame::data(&mut self.out, id, chunk, false);
+        }
+        self.send_window -= now as i64;
+        s.send_window -= now as i64;
+        if now < bytes.len() {
+            s.pending.extend(&bytes[now..]);
+            self.blocked.push(id);
+        }
+    }
+
+    /// Ends stream `id` with gRPC trailers (`grpc-status`, and `grpc-message` when not empty),
+    /// after its waiting data; `trailers_only`: the stream had no response headers, so they
+    /// go in this block too.
+    pub(crate) fn send_trailers(
+        &mut self,
+        id: u32,
+        status: u32,
+        message: &str,
+        trailers_only: bool,
+    ) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let mut block = Vec::with_capacity(64);
+        if trailers_only {
+            frame::hpack_status_200(&mut block);
+            frame::hpack_indexed_name(&mut block, frame::CONTENT_TYPE_INDEX, b"application/grpc");
+        }
+        frame::hpack_literal(&mut block, b"grpc-status", status.to_string().as_bytes());
+        if !message.is_empty() {
+            let message = percent_encode(message);
+            frame::hpack_literal(&mut block, b"grpc-message", message.as_bytes());
+        }
+        if s.pending.is_empty() {
+            frame::headers(&mut self.out, id, &block, true);
+            self.ended(id);
+        } else {
+            s.trailers = Some(block);
+        }
+    }
+
+    /// Resets stream `id` (this side gives it up).
+    pub(crate) fn reset(&mut self, id: u32, error: u32) {
+        if self.streams.remove(&id).is_some() {
+            frame::rst_stream(&mut self.out, id, error);
+        }
+    }
+
+    /// Ends the connection: GOAWAY with `error` naming the last stream read.
+    pub(crate) fn goaway(&mut self, error: u32) {
+        frame::goaway(&mut self.out, self.last_stream, error);
+    }
+
+    /// This side's answer on `id` ended: a request still being sent is cut (RST_STREAM
+    /// `NO_ERROR`, RFC 9113 §8.1: the answer is complete, the rest of the request unneeded).
+    fn ended(&mut self, id: u32) {
+        if let Some(s) = self.streams.remove(&id) {
+            if !s.remote_closed {
+                frame::rst_stream(&mut self.out, id, code::NO_ERROR);
+            }
+        }
+    }
+
+    /// Writes what waited for window, in the order the streams blocked.
+    pub(super) fn flush_blocked(&mut self) {
+        let mut still = Vec::new();
+        for id in std::mem::take(&mut self.blocked) {
+            let Some(s) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            let room = self.send_window.min(s.send_window).max(0) as usize;
+            let now = s.pending.len().min(room);
+            let bytes: Vec<u8> = s.pending.drain(..now).collect();
+            for chunk in bytes.chunks(self.peer_max_frame) {
+                frame::data(&mut self.out, id, chunk, false);
+            }
+            self.send_window -= now as i64;
+            s.send_window -= now as i64;
+            if !s.pending.is_empty() {
+                still.push(id);
+            } else if let Some(block) = s.trailers.take() {
+                frame::headers(&mut self.out, id, &block, true);
+                self.ended(id);
+            }
+        }
+        self.blocked = still;
+    }
+}
+
+/// `grpc-message`'s percent-encoding (gRPC's HTTP/2 protocol: bytes outside 0x20–0x7e and `%`).
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

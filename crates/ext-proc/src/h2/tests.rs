@@ -1,0 +1,281 @@
+//! The connection against frames written by hand (a client's side, with an HPACK encoder).
+
+use super::frame::{self, code, flag, kind, setting, Head, HEADER_LEN};
+use super::*;
+use bytes::BytesMut;
+
+fn limits() -> Limits {
+    Limits {
+        max_streams: 2,
+        stream_window: 1 << 20,
+        connection_window: 16 << 20,
+        max_header_block: 4096,
+    }
+}
+
+/// The frames in `out`, with their payloads.
+fn frames(out: &[u8]) -> Vec<(Head, Vec<u8>)> {
+    let mut v = Vec::new();
+    let mut at = 0;
+    while at < out.len() {
+        let h = Head::read(&out[at..]);
+        v.push((h, out[at + HEADER_LEN..at + HEADER_LEN + h.len].to_vec()));
+        at += HEADER_LEN + h.len;
+    }
+    v
+}
+
+fn request_block(path: &str) -> Vec<u8> {
+    let mut enc = loona_hpack::Encoder::new();
+    enc.encode([
+        (&b":method"[..], &b"POST"[..]),
+        (b":scheme", b"http"),
+        (b":path", path.as_bytes()),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+    ])
+}
+
+/// A connection that has read the preface and the client's SETTINGS; its output cleared.
+fn open_connection(client_settings: &[(u16, u32)]) -> Connection {
+    let mut c = Connection::new(limits());
+    let mut wire = BytesMut::from(PREFACE);
+    let mut settings = Vec::new();
+    frame::settings(&mut settings, client_settings, false);
+    wire.extend_from_slice(&settings);
+    let mut events = Vec::new();
+    c.receive(&mut wire, &mut events).unwrap();
+    assert!(events.is_empty() && wire.is_empty());
+    let out = frames(&std::mem::take(c.output()));
+    let kinds: Vec<(u8, u8)> = out.iter().map(|(h, _)| (h.kind, h.flags)).collect();
+    assert_eq!(
+        kinds,
+        [
+            (kind::SETTINGS, 0),
+            (kind::WINDOW_UPDATE, 0),
+            (kind::SETTINGS, flag::ACK)
+        ]
+    );
+    c
+}
+
+fn receive(c: &mut Connection, wire: &[u8]) -> Vec<Event> {
+    let mut buf = BytesMut::from(wire);
+    let mut events = Vec::new();
+    c.receive(&mut buf, &mut events).unwrap();
+    events
+}
+
+#[test]
+fn a_stream_opens_with_its_path_and_its_data_comes_in_order() {
+    let mut c = open_connection(&[]);
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 1, &request_block("/a/B"), false);
+    // A padded DATA frame: pad length 3, then the data, then three bytes of padding.
+    frame::head(&mut wire, 1 + 5 + 3, kind::DATA, flag::PADDED, 1);
+    wire.extend_from_slice(&[3, b'h', b'e', b'l', b'l', b'o', 0, 0, 0]);
+    frame::data(&mut wire, 1, b"!", true);
+    // Byte by byte: partial frames wait in the buffer.
+    let mut buf = BytesMut::new();
+    let mut events = Vec::new();
+    for b in wire {
+        buf.extend_from_slice(&[b]);
+        c.receive(&mut buf, &mut events).unwrap();
+    }
+    assert_eq!(
+        events,
+        [
+            Event::Open {
+                id: 1,
+                path: "/a/B".into(),
+                encoding: None,
+                end: false
+            },
+            Event::Data {
+                id: 1,
+                data: Bytes::from_static(b"hello"),
+                end: false
+            },
+            Event::Data {
+                id: 1,
+                data: Bytes::from_static(b"!"),
+                end: true
+            },
+        ]
+    );
+}
+
+#[test]
+fn a_header_block_split_over_continuation_frames_is_read_whole() {
+    let mut c = open_connection(&[]);
+    let block = request_block("/split/Path");
+    let (a, b) = block.split_at(block.len() / 2);
+    let mut wire = Vec::new();
+    frame::head(&mut wire, a.len(), kind::HEADERS, flag::END_STREAM, 3);
+    wire.extend_from_slice(a);
+    frame::head(&mut wire, b.len(), kind::CONTINUATION, flag::END_HEADERS, 3);
+    wire.extend_from_slice(b);
+    let events = receive(&mut c, &wire);
+    assert_eq!(
+        events,
+        [Event::Open {
+            id: 3,
+            path: "/split/Path".into(),
+            encoding: None,
+            end: true
+        }]
+    );
+}
+
+#[test]
+fn answers_wait_for_the_peers_window_and_trailers_follow_them() {
+    // The client grants 10 bytes per stream.
+    let mut c = open_connection(&[(setting::INITIAL_WINDOW_SIZE, 10)]);
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 1, &request_block("/p"), true);
+    receive(&mut c, &wire);
+    c.send_headers(1);
+    c.send_data(1, &[7; 25]);
+    c.send_trailers(1, 0, "", false);
+    let out = frames(&std::mem::take(c.output()));
+    assert_eq!(out.len(), 2, "headers and the first 10 bytes: {out:?}");
+    assert_eq!((out[1].0.kind, out[1].1.len()), (kind::DATA, 10));
+    // The window opens by 10, then by 100: the rest, then the trailers.
+    let mut wire = Vec::new();
+    frame::window_update(&mut wire, 1, 10);
+    receive(&mut c, &wire);
+    let out = frames(&std::mem::take(c.output()));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].1.len(), 10);
+    let mut wire = Vec::new();
+    frame::window_update(&mut wire, 1, 100);
+    receive(&mut c, &wire);
+    let out = frames(&std::mem::take(c.output()));
+    let shape: Vec<(u8, usize, u8)> = out
+        .iter()
+        .map(|(h, p)| (h.kind, p.len(), h.flags))
+        .collect();
+    assert_eq!(shape[0], (kind::DATA, 5, 0));
+    assert_eq!(shape[1].0, kind::HEADERS);
+    assert!(out[1].0.has(flag::END_STREAM));
+    let trailers = loona_hpack::Decoder::new().decode(&out[1].1).unwrap();
+    assert_eq!(trailers, [(b"grpc-status".to_vec(), b"0".to_vec())]);
+    assert_eq!(c.open_streams(), 0);
+}
+
+#[test]
+fn an_answer_that_ends_before_the_request_cuts_the_request_with_no_error() {
+    let mut c = open_connection(&[]);
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 1, &request_block("/p"), false);
+    receive(&mut c, &wire);
+    c.send_trailers(1, 14, "shutting down 100%", true);
+    let out = frames(&std::mem::take(c.output()));
+    assert_eq!(out.len(), 2);
+    let block = loona_hpack::Decoder::new().decode(&out[0].1).unwrap();
+    assert_eq!(block[0], (b":status".to_vec(), b"200".to_vec()));
+    assert_eq!(block[2], (b"grpc-status".to_vec(), b"14".to_vec()));
+    assert_eq!(
+        block[3],
+        (b"grpc-message".to_vec(), b"shutting down 100%25".to_vec())
+    );
+    assert_eq!(
+        (out[1].0.kind, out[1].1.as_slice()),
+        (kind::RST_STREAM, &code::NO_ERROR.to_be_bytes()[..])
+    );
+    // Its late data is dropped, not an error.
+    let mut wire = Vec::new();
+    frame::data(&mut wire, 1, b"late", true);
+    assert!(receive(&mut c, &wire).is_empty());
+}
+
+#[test]
+fn streams_past_the_bound_are_refused_and_pings_answered() {
+    let mut c = open_connection(&[]);
+    let mut wire = Vec::new();
+    for id in [1, 3, 5] {
+        frame::headers(&mut wire, id, &request_block("/p"), false);
+    }
+    frame::head(&mut wire, 8, kind::PING, 0, 0);
+    wire.extend_from_slice(b"12345678");
+    let events = receive(&mut c, &wire);
+    assert_eq!(events.len(), 2);
+    let out = frames(&std::mem::take(c.output()));
+    assert_eq!(
+        out[0].0,
+        Head {
+            len: 4,
+            kind: kind::RST_STREAM,
+            flags: 0,
+            stream: 5
+        }
+    );
+    assert_eq!(out[0].1, code::REFUSED_STREAM.to_be_bytes());
+    assert_eq!(
+        (out[1].0.kind, out[1].0.flags, out[1].1.as_slice()),
+        (kind::PING, flag::ACK, &b"12345678"[..])
+    );
+    // A reset frees a place.
+    let mut wire = Vec::new();
+    frame::rst_stream(&mut wire, 1, code::CANCEL);
+    frame::headers(&mut wire, 7, &request_block("/p"), false);
+    let events = receive(&mut c, &wire);
+    assert_eq!(events[0], Event::Reset { id: 1 });
+    assert!(matches!(events[1], Event::Open { id: 7, .. }));
+}
+
+#[test]
+fn data_past_half_a_window_is_granted_back() {
+    let mut c = open_connection(&[]);
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 1, &request_block("/p"), false);
+    let chunk = vec![0u8; 16_384];
+    for _ in 0..40 {
+        frame::data(&mut wire, 1, &chunk, false);
+    }
+    receive(&mut c, &wire);
+    let updates: Vec<(u32, u32)> = frames(c.output())
+        .iter()
+        .filter(|(h, _)| h.kind == kind::WINDOW_UPDATE)
+        .map(|(h, p)| (h.stream, u32::from_be_bytes([p[0], p[1], p[2], p[3]])))
+        .collect();
+    // 640 KiB read: the stream's 1 MiB window topped up once past its half.
+    assert_eq!(updates, [(1, 32 * 16_384)]);
+}
+
+#[test]
+fn protocol_errors_end_the_connection() {
+    let mut c = Connection::new(limits());
+    let mut buf = BytesMut::from(&b"GET / HTTP/1.1\r\n\r\n"[..]);
+    assert_eq!(
+        c.receive(&mut buf, &mut Vec::new()).unwrap_err().code,
+        code::PROTOCOL_ERROR
+    );
+
+    let mut c = open_connection(&[]);
+    let mut wire = Vec::new();
+    frame::head(&mut wire, 20_000, kind::DATA, 0, 1);
+    let mut buf = BytesMut::from(&wire[..]);
+    assert_eq!(
+        c.receive(&mut buf, &mut Vec::new()).unwrap_err().code,
+        code::FRAME_SIZE_ERROR
+    );
+
+    let mut c = open_connection(&[]);
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 1, &[0xff, 0xff, 0xff, 0xff], false);
+    let mut buf = BytesMut::from(&wire[..]);
+    assert_eq!(
+        c.receive(&mut buf, &mut Vec::new()).unwrap_err().code,
+        code::COMPRESSION_ERROR
+    );
+
+    let mut c = open_connection(&[]);
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 2, &request_block("/p"), false);
+    let mut buf = BytesMut::from(&wire[..]);
+    assert_eq!(
+        c.receive(&mut buf, &mut Vec::new()).unwrap_err().code,
+        code::PROTOCOL_ERROR
+    );
+}
