@@ -35,6 +35,9 @@ const READ_CHUNK: usize = 64 * 1024;
 /// Answers written and not yet taken by the gateway past which the connection stops reading
 /// (a peer that sends and never reads: PINGs, resets, headers are not flow-controlled).
 const MAX_UNWRITTEN: usize = 4 << 20;
+/// How long a stopping connection's last bytes (answers, GOAWAY) may take to be written; a
+/// gateway that does not read them is cut.
+const STOP_WRITE_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Serves one accepted connection until it closes or the server stops.
 pub(crate) async fn run(
@@ -48,26 +51,34 @@ pub(crate) async fn run(
     let mut placing = Placing::new();
     let mut read = BytesMut::with_capacity(READ_CHUNK);
     let mut events = Vec::new();
-    let mut write: Vec<u8> = Vec::new();
+    // Bytes being written, and how many of them went.
+    let (mut write, mut written): (Vec<u8>, usize) = (Vec::new(), 0);
+    // Once stopped, how long the GOAWAY and the last answers may take to go out.
+    let mut stop_by = None;
     let (mut rd, mut wr) = tcp.split();
     loop {
-        if write.is_empty() {
+        if written == write.len() {
+            write.clear();
+            written = 0;
             std::mem::swap(&mut write, conn.h2.output());
         }
-        let over = conn.phase == Phase::Stopped || (conn.h2.peer_gone() && conn.idle());
-        if over && write.is_empty() {
-            return;
+        let over = conn.phase == Phase::Stopped
+            || (conn.h2.peer_gone() && conn.idle() && conn.h2.open_streams() == 0);
+        if over {
+            if write.is_empty() {
+                let _ = wr.shutdown().await;
+                return;
+            }
+            stop_by.get_or_insert_with(|| tokio::time::Instant::now() + STOP_WRITE_LIMIT);
         }
         read.reserve(READ_CHUNK);
         let watching = conn.watching();
-        let reading =
-            conn.phase != Phase::Stopped && write.len() + conn.h2.unwritten() < MAX_UNWRITTEN;
+        let unwritten = write.len() - written + conn.h2.unwritten();
+        let reading = conn.phase != Phase::Stopped && unwritten < MAX_UNWRITTEN;
         tokio::select! {
             biased;
-            w = wr.write(&write), if !write.is_empty() => match w {
-                Ok(n) if n > 0 => {
-                    write.drain(..n);
-                }
+            w = wr.write(&write[written..]), if written < write.len() => match w {
+                Ok(n) if n > 0 => written += n,
                 _ => return,
             },
             r = rd.read_buf(&mut read), if reading => match r {
@@ -94,6 +105,7 @@ pub(crate) async fn run(
                 health.borrow_and_update();
                 conn.on_health();
             }
+            () = tokio::time::sleep_until(stop_by.unwrap_or_else(tokio::time::Instant::now)), if stop_by.is_some() => return,
         }
         // Placements that finished at once are answered in the same write.
         while let Some(Some((id, placed))) = placing.next().now_or_never() {

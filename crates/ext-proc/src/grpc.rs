@@ -8,6 +8,7 @@ pub(crate) mod status {
     pub(crate) const OK: u32 = 0;
     pub(crate) const INVALID_ARGUMENT: u32 = 3;
     pub(crate) const NOT_FOUND: u32 = 5;
+    pub(crate) const RESOURCE_EXHAUSTED: u32 = 8;
     pub(crate) const OUT_OF_RANGE: u32 = 11;
     pub(crate) const UNIMPLEMENTED: u32 = 12;
     pub(crate) const UNAVAILABLE: u32 = 14;
@@ -71,40 +72,40 @@ impl Messages {
         end: bool,
         out: &mut Vec<Bytes>,
     ) -> Result<(), MessageError> {
-        if !self.partial.is_empty() {
-            self.partial.extend_from_slice(&data);
-            let mut all = std::mem::take(&mut self.partial).freeze();
-            self.cut(&mut all, out)?;
-            data = all;
-        } else {
-            self.cut(&mut data, out)?;
-        }
-        if !data.is_empty() {
-            if end {
-                return Err(MessageError::Truncated);
+        if self.partial.is_empty() {
+            // The usual case: whole messages inside the frame, taken without a copy.
+            while let Some(len) = self.whole(&data)? {
+                data.advance(PREFIX);
+                out.push(data.split_to(len));
             }
             self.partial.extend_from_slice(&data);
+        } else {
+            // A message split over frames: its bytes are collected once, each copied once.
+            self.partial.extend_from_slice(&data);
+            while let Some(len) = self.whole(&self.partial)? {
+                self.partial.advance(PREFIX);
+                out.push(self.partial.split_to(len).freeze());
+            }
+        }
+        if end && !self.partial.is_empty() {
+            return Err(MessageError::Truncated);
         }
         Ok(())
     }
 
-    /// Takes the whole messages at the front of `data`, leaving the rest.
-    fn cut(&self, data: &mut Bytes, out: &mut Vec<Bytes>) -> Result<(), MessageError> {
-        while data.len() >= PREFIX {
-            if data[0] != 0 {
-                return Err(MessageError::Compressed);
-            }
-            let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
-            if len > self.max {
-                return Err(MessageError::TooLarge { len, max: self.max });
-            }
-            if data.len() < PREFIX + len {
-                break;
-            }
-            data.advance(PREFIX);
-            out.push(data.split_to(len));
+    /// The length of the message at the front of `data` when all of it is there.
+    fn whole(&self, data: &[u8]) -> Result<Option<usize>, MessageError> {
+        if data.len() < PREFIX {
+            return Ok(None);
         }
-        Ok(())
+        if data[0] != 0 {
+            return Err(MessageError::Compressed);
+        }
+        let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+        if len > self.max {
+            return Err(MessageError::TooLarge { len, max: self.max });
+        }
+        Ok((data.len() >= PREFIX + len).then_some(len))
     }
 }
 

@@ -29,6 +29,8 @@ struct Process {
     exchange: Exchange,
     /// A placement is running: messages wait here, in order.
     placing: Option<(AbortHandle, VecDeque<ep::ProcessingRequest>)>,
+    /// The bytes of the messages in `placing`'s queue.
+    waiting_bytes: usize,
     /// The gateway ended its side.
     remote_ended: bool,
     _in_flight: InFlight,
@@ -143,6 +145,7 @@ impl Conn {
                 messages: Messages::new(max),
                 exchange: Exchange::new(self.service.config()),
                 placing: None,
+                waiting_bytes: 0,
                 remote_ended: false,
                 _in_flight: self.service.in_flight(),
             }))
@@ -205,6 +208,7 @@ impl Conn {
         };
         match &mut entry.call {
             Call::Process(p) => {
+                let size = bytes.len();
                 let msg = match ep::ProcessingRequest::decode(bytes) {
                     Ok(m) => m,
                     Err(e) => {
@@ -214,6 +218,16 @@ impl Conn {
                     }
                 };
                 if let Some((_, waiting)) = &mut p.placing {
+                    // Bounded: a gateway waits for answers; one that does not is cut.
+                    p.waiting_bytes += size;
+                    if p.waiting_bytes > self.service.max_message() {
+                        let message = format!(
+                            "over {} bytes of messages came while the request was being placed",
+                            self.service.max_message()
+                        );
+                        self.end(id, status::RESOURCE_EXHAUSTED, &message);
+                        return false;
+                    }
                     waiting.push_back(msg);
                     return true;
                 }
@@ -267,6 +281,7 @@ impl Conn {
             return; // the stream went: dropping the placement releases it
         };
         let waiting = p.placing.take().map(|(_, w)| w).unwrap_or_default();
+        p.waiting_bytes = 0;
         let out = p.exchange.placed(placed.result, placed.body);
         if !self.replies(id, &out) {
             return;

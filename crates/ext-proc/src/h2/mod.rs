@@ -34,6 +34,8 @@ pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// The largest frame either side sends (HTTP/2's default, `SETTINGS_MAX_FRAME_SIZE` not raised).
 const MAX_FRAME: usize = 16_384;
+/// The largest flow-control window (RFC 9113 §6.9.1).
+const MAX_WINDOW: i64 = 0x7fff_ffff;
 /// The connection window every connection starts with (RFC 9113 §6.9.2).
 const DEFAULT_WINDOW: i64 = 65_535;
 
@@ -142,6 +144,9 @@ pub(crate) struct Connection {
     unacked: u32,
     /// The peer sent GOAWAY.
     peer_gone: bool,
+    /// The peer's `SETTINGS_HEADER_TABLE_SIZE`, to acknowledge at the start of the next header
+    /// block written.
+    encoder_table: Option<u32>,
     out: Vec<u8>,
 }
 
@@ -180,6 +185,7 @@ impl Connection {
             send_window: DEFAULT_WINDOW,
             unacked: 0,
             peer_gone: false,
+            encoder_table: None,
             out,
         }
     }
@@ -194,8 +200,7 @@ impl Connection {
         self.out.len()
     }
 
-    /// Streams open (not yet ended both ways or reset).
-    #[cfg(test)]
+    /// Streams open (not yet ended both ways or reset), answers waiting for window included.
     pub(crate) fn open_streams(&self) -> usize {
         self.streams.len()
     }

@@ -3,7 +3,9 @@
 //! errors as [`ConnError`]s.
 
 use super::frame::{self, code, flag, kind, setting, Head, HEADER_LEN};
-use super::{fail, Collecting, ConnError, Connection, Event, Stream, MAX_FRAME, PREFACE};
+use super::{
+    fail, Collecting, ConnError, Connection, Event, Stream, MAX_FRAME, MAX_WINDOW, PREFACE,
+};
 use bytes::{Buf, Bytes, BytesMut};
 
 impl Connection {
@@ -80,7 +82,7 @@ impl Connection {
                 self.peer_gone = true;
                 Ok(())
             }
-            kind::WINDOW_UPDATE => self.on_window_update(head, &payload),
+            kind::WINDOW_UPDATE => self.on_window_update(head, &payload, events),
             kind::PUSH_PROMISE => fail(code::PROTOCOL_ERROR, "PUSH_PROMISE from a client"),
             // PRIORITY and unknown types are ignored (RFC 9113 §5.3.2, §4.1).
             _ => Ok(()),
@@ -133,7 +135,11 @@ impl Connection {
             return Ok(());
         };
         if s.remote_closed {
+            // DATA after the request's end: the stream is closed (RFC 9113 §5.1), and so
+            // is its answer.
+            self.streams.remove(&head.stream);
             frame::rst_stream(&mut self.out, head.stream, code::STREAM_CLOSED);
+            events.push(Event::Reset { id: head.stream });
             return Ok(());
         }
         s.unacked += counted;
@@ -220,11 +226,19 @@ impl Connection {
         }
         // Every block is decoded, whatever becomes of its stream: the decoder's table must
         // follow the peer's encoder.
-        let (mut path, mut encoding) = (None, None);
+        // Only the first `:path` and `grpc-encoding` are kept (a block that repeats a short
+        // reference to a long value costs a lookup per byte, not a copy); a second `:path`
+        // makes the request malformed (RFC 9113 §8.3.1).
+        let (mut path, mut encoding, mut paths) = (None, None, 0);
         self.decoder
             .decode(&c.block, |name, value| match name {
-                b":path" => path = Some(String::from_utf8_lossy(value).into_owned()),
-                b"grpc-encoding" if value != b"identity" => {
+                b":path" => {
+                    paths += 1;
+                    if paths == 1 {
+                        path = Some(String::from_utf8_lossy(value).into_owned());
+                    }
+                }
+                b"grpc-encoding" if value != b"identity" && encoding.is_none() => {
                     encoding = Some(String::from_utf8_lossy(value).into_owned());
                 }
                 _ => {}
@@ -258,6 +272,10 @@ impl Connection {
             return fail(code::PROTOCOL_ERROR, "a client stream with an even id");
         }
         self.last_stream = id;
+        if paths > 1 {
+            frame::rst_stream(&mut self.out, id, code::PROTOCOL_ERROR);
+            return Ok(());
+        }
         if self.streams.len() >= self.limits.max_streams as usize {
             frame::rst_stream(&mut self.out, id, code::REFUSED_STREAM);
             return Ok(());
@@ -301,6 +319,9 @@ impl Connection {
                     self.peer_initial_window = i64::from(v);
                     for s in self.streams.values_mut() {
                         s.send_window += delta;
+                        if s.send_window > MAX_WINDOW {
+                            return fail(code::FLOW_CONTROL_ERROR, "a stream window past 2^31-1");
+                        }
                     }
                 }
                 setting::MAX_FRAME_SIZE => {
@@ -310,8 +331,12 @@ impl Connection {
                     // This side writes frames of at most the default size anyway.
                     self.peer_max_frame = (v as usize).min(MAX_FRAME);
                 }
-                // The header table size bounds the peer's decoder, which this side's literal
-                // encoding never adds to; the other settings concern the peer's sending.
+                // The peer's decoder table: this side's literal encoding never adds to it, but
+                // a table smaller than the one in use must be acknowledged by a size update at
+                // the start of the next header block written (RFC 7541 §4.2; nghttp2 refuses
+                // a block without it).
+                setting::HEADER_TABLE_SIZE => self.encoder_table = Some(v),
+                // The other settings concern the peer's sending.
                 _ => {}
             }
         }
@@ -320,7 +345,12 @@ impl Connection {
         Ok(())
     }
 
-    fn on_window_update(&mut self, head: Head, payload: &[u8]) -> Result<(), ConnError> {
+    fn on_window_update(
+        &mut self,
+        head: Head,
+        payload: &[u8],
+        events: &mut Vec<Event>,
+    ) -> Result<(), ConnError> {
         if payload.len() != 4 {
             return fail(code::FRAME_SIZE_ERROR, "a malformed WINDOW_UPDATE");
         }
@@ -328,17 +358,33 @@ impl Connection {
             u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff,
         );
         if head.stream == 0 {
+            if inc == 0 {
+                return fail(code::PROTOCOL_ERROR, "a WINDOW_UPDATE of 0");
+            }
             self.send_window += inc;
-            if self.send_window > 0x7fff_ffff {
+            if self.send_window > MAX_WINDOW {
                 return fail(
                     code::FLOW_CONTROL_ERROR,
                     "the connection window past 2^31-1",
                 );
             }
+            self.flush_blocked();
         } else if let Some(s) = self.streams.get_mut(&head.stream) {
             s.send_window += inc;
+            // A stream error (§6.9, §6.9.1): the stream is reset, the connection goes on.
+            let error = match inc {
+                0 => Some(code::PROTOCOL_ERROR),
+                _ if s.send_window > MAX_WINDOW => Some(code::FLOW_CONTROL_ERROR),
+                _ => None,
+            };
+            if let Some(error) = error {
+                self.streams.remove(&head.stream);
+                frame::rst_stream(&mut self.out, head.stream, error);
+                events.push(Event::Reset { id: head.stream });
+            } else if !s.pending.is_empty() {
+                self.flush_blocked();
+            }
         }
-        self.flush_blocked();
         Ok(())
     }
 }

@@ -13,7 +13,22 @@ impl Connection {
         let mut block = Vec::with_capacity(24);
         frame::hpack_status_200(&mut block);
         frame::hpack_indexed_name(&mut block, frame::CONTENT_TYPE_INDEX, b"application/grpc");
-        frame::headers(&mut self.out, id, &block, false);
+        self.write_headers(id, &block, false);
+    }
+
+    /// Writes a HEADERS frame, opening its block with the table size update the peer's
+    /// settings call for, if one is due.
+    fn write_headers(&mut self, id: u32, block: &[u8], end: bool) {
+        match self.encoder_table.take() {
+            None => frame::headers(&mut self.out, id, block, end),
+            Some(size) => {
+                let mut with = Vec::with_capacity(block.len() + 6);
+                // This side never adds to the table: any size the peer allows will do.
+                frame::hpack_int(&mut with, 0x20, 5, size.min(4096) as usize);
+                with.extend_from_slice(block);
+                frame::headers(&mut self.out, id, &with, end);
+            }
+        }
     }
 
     /// Writes `bytes` as DATA on stream `id`, as far as the windows allow (the rest waits).
@@ -58,11 +73,12 @@ impl Connection {
         }
         frame::hpack_literal(&mut block, b"grpc-status", status.to_string().as_bytes());
         if !message.is_empty() {
-            let message = percent_encode(message);
+            // Bounded so that the block fits one frame whatever the message quotes.
+            let message = percent_encode(truncated(message, MAX_MESSAGE));
             frame::hpack_literal(&mut block, b"grpc-message", message.as_bytes());
         }
         if s.pending.is_empty() {
-            frame::headers(&mut self.out, id, &block, true);
+            self.write_headers(id, &block, true);
             self.ended(id);
         } else {
             s.trailers = Some(block);
@@ -109,12 +125,28 @@ impl Connection {
             if !s.pending.is_empty() {
                 still.push(id);
             } else if let Some(block) = s.trailers.take() {
-                frame::headers(&mut self.out, id, &block, true);
+                self.write_headers(id, &block, true);
                 self.ended(id);
             }
         }
         self.blocked = still;
     }
+}
+
+/// The longest `grpc-message` written, in bytes before percent-encoding (at most three times
+/// as long after it).
+const MAX_MESSAGE: usize = 1024;
+
+/// `s` cut to at most `max` bytes, at a character boundary.
+fn truncated(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// `grpc-message`'s percent-encoding (gRPC's HTTP/2 protocol: bytes outside 0x20–0x7e and `%`).

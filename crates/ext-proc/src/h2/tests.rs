@@ -279,3 +279,117 @@ fn protocol_errors_end_the_connection() {
         code::PROTOCOL_ERROR
     );
 }
+
+#[test]
+fn data_after_the_requests_end_closes_the_stream() {
+    let mut c = open_connection(&[]);
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 1, &request_block("/p"), true);
+    frame::data(&mut wire, 1, b"late", false);
+    let events = receive(&mut c, &wire);
+    assert!(matches!(
+        events[0],
+        Event::Open {
+            id: 1,
+            end: true,
+            ..
+        }
+    ));
+    assert_eq!(events[1], Event::Reset { id: 1 });
+    let out = frames(&std::mem::take(c.output()));
+    assert_eq!(
+        (out[0].0.kind, out[0].1.as_slice()),
+        (kind::RST_STREAM, &code::STREAM_CLOSED.to_be_bytes()[..])
+    );
+    // Nothing more is written on it.
+    c.send_trailers(1, 0, "", true);
+    assert!(c.output().is_empty());
+    assert_eq!(c.open_streams(), 0);
+}
+
+#[test]
+fn bad_window_updates_reset_their_stream_or_end_the_connection() {
+    let mut c = open_connection(&[]);
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 1, &request_block("/p"), false);
+    frame::headers(&mut wire, 3, &request_block("/p"), false);
+    frame::window_update(&mut wire, 1, 0);
+    frame::window_update(&mut wire, 3, 0x7fff_ffff);
+    let events = receive(&mut c, &wire);
+    assert_eq!(
+        &events[2..],
+        [Event::Reset { id: 1 }, Event::Reset { id: 3 }]
+    );
+    let resets: Vec<(u32, Vec<u8>)> = frames(c.output())
+        .into_iter()
+        .filter(|(h, _)| h.kind == kind::RST_STREAM)
+        .map(|(h, p)| (h.stream, p))
+        .collect();
+    assert_eq!(
+        resets,
+        [
+            (1, code::PROTOCOL_ERROR.to_be_bytes().to_vec()),
+            (3, code::FLOW_CONTROL_ERROR.to_be_bytes().to_vec())
+        ]
+    );
+    let mut wire = Vec::new();
+    frame::window_update(&mut wire, 0, 0);
+    let mut buf = BytesMut::from(&wire[..]);
+    assert_eq!(
+        c.receive(&mut buf, &mut Vec::new()).unwrap_err().code,
+        code::PROTOCOL_ERROR
+    );
+}
+
+#[test]
+fn a_smaller_peer_table_is_acknowledged_in_the_next_block_written() {
+    let mut c = open_connection(&[(setting::HEADER_TABLE_SIZE, 0)]);
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 1, &request_block("/p"), false);
+    frame::headers(&mut wire, 3, &request_block("/p"), false);
+    receive(&mut c, &wire);
+    c.output().clear();
+    c.send_headers(1);
+    c.send_headers(3);
+    let out = frames(&std::mem::take(c.output()));
+    assert_eq!(
+        out[0].1[0], 0x20,
+        "a size update to 0 opens the first block"
+    );
+    assert_eq!(out[1].1[0], 0x88, "and only the first");
+    let mut d = loona_hpack::Decoder::new();
+    d.set_max_allowed_table_size(4096);
+    assert_eq!(
+        d.decode(&out[0].1).unwrap()[0],
+        (b":status".to_vec(), b"200".to_vec())
+    );
+}
+
+#[test]
+fn a_request_with_two_paths_is_refused_and_long_messages_are_cut() {
+    let mut c = open_connection(&[]);
+    let mut enc = loona_hpack::Encoder::new();
+    let block = enc.encode([(&b":path"[..], &b"/a"[..]), (b":path", b"/b")]);
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 1, &block, false);
+    assert!(receive(&mut c, &wire).is_empty());
+    let out = frames(&std::mem::take(c.output()));
+    assert_eq!(
+        (out[0].0.stream, out[0].1.as_slice()),
+        (1, &code::PROTOCOL_ERROR.to_be_bytes()[..])
+    );
+
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 3, &request_block("/p"), false);
+    receive(&mut c, &wire);
+    c.send_trailers(3, 12, &"é".repeat(20_000), true);
+    let out = frames(&std::mem::take(c.output()));
+    assert!(out[0].1.len() < 16_384, "one frame: {}", out[0].1.len());
+    let block = loona_hpack::Decoder::new().decode(&out[0].1).unwrap();
+    let message = &block.iter().find(|(n, _)| n == b"grpc-message").unwrap().1;
+    assert_eq!(
+        message.len(),
+        512 * 6,
+        "1,024 bytes of two-byte characters, percent-encoded"
+    );
+}
