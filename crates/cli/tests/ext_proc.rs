@@ -48,7 +48,10 @@ impl Envoy {
     }
 }
 
-async fn connect(addr: &str) -> ExternalProcessorClient<tonic::transport::Channel> {
+/// A gateway's client: one connection, its streams multiplexed.
+type Client = ExternalProcessorClient<tonic::transport::Channel>;
+
+async fn connect(addr: &str) -> Client {
     ExternalProcessorClient::connect(format!("http://{addr}"))
         .await
         .expect("connect")
@@ -500,6 +503,9 @@ mod malformed;
 
 #[path = "ext_proc/connection.rs"]
 mod connection;
+
+#[path = "ext_proc/churn.rs"]
+mod churn;
 
 #[tokio::test]
 async fn a_gateway_in_front_of_engines_sends_a_prefix_to_one_engine_and_releases_load() {
