@@ -42,9 +42,8 @@ impl Codec for Raw {
     }
 }
 
-#[tokio::test]
-async fn bytes_that_are_no_message_end_the_stream_with_invalid_argument() {
-    let (_p, _base, grpc) = super::picker("1", &[]).await;
+/// A gRPC client that sends and reads messages as raw bytes ([`Raw`]), ready.
+async fn raw_client(grpc: &str) -> tonic::client::Grpc<tonic::transport::Channel> {
     let channel = tonic::transport::Channel::from_shared(format!("http://{grpc}"))
         .expect("a URI")
         .connect()
@@ -52,6 +51,13 @@ async fn bytes_that_are_no_message_end_the_stream_with_invalid_argument() {
         .expect("connect");
     let mut raw = tonic::client::Grpc::new(channel);
     raw.ready().await.expect("ready");
+    raw
+}
+
+#[tokio::test]
+async fn bytes_that_are_no_message_end_the_stream_with_invalid_argument() {
+    let (_p, _base, grpc) = super::picker("1", &[]).await;
+    let mut raw = raw_client(&grpc).await;
     let path = tonic::codegen::http::uri::PathAndQuery::from_static(
         "/envoy.service.ext_proc.v3.ExternalProcessor/Process",
     );
@@ -75,13 +81,7 @@ async fn bytes_that_are_no_message_end_the_stream_with_invalid_argument() {
 #[tokio::test]
 async fn a_method_the_picker_does_not_have_is_unimplemented() {
     let (_p, _base, grpc) = super::picker("1", &[]).await;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{grpc}"))
-        .expect("a URI")
-        .connect()
-        .await
-        .expect("connect");
-    let mut raw = tonic::client::Grpc::new(channel);
-    raw.ready().await.expect("ready");
+    let mut raw = raw_client(&grpc).await;
     let path = tonic::codegen::http::uri::PathAndQuery::from_static(
         "/envoy.service.ext_proc.v3.ExternalProcessor/Other",
     );
