@@ -30,6 +30,10 @@ struct Fake {
     /// Statuses the next GETs / PATCHes answer instead of succeeding.
     fail_gets: Mutex<VecDeque<u16>>,
     fail_patches: Mutex<VecDeque<u16>>,
+    /// PATCH calls received, answered or not.
+    patch_calls: Mutex<u64>,
+    /// How long each PATCH takes before it is applied and answered.
+    patch_delay: Mutex<Option<Duration>>,
 }
 
 fn scale(name: &str, n: u32) -> Value {
@@ -73,6 +77,11 @@ async fn patch_scale(
         headers.get("content-type").unwrap(),
         "application/merge-patch+json"
     );
+    *f.patch_calls.lock().unwrap() += 1;
+    let delay = *f.patch_delay.lock().unwrap();
+    if let Some(d) = delay {
+        tokio::time::sleep(d).await;
+    }
     if let Some(code) = f.fail_patches.lock().unwrap().pop_front() {
         return failure(code);
     }
@@ -145,9 +154,11 @@ async fn router(kubeconfig: &std::path::Path, extra: &[&str]) -> common::Proc {
         "1",
         "--planner-down-window-s",
         "60",
-        "--planner-act-cooldown-s",
-        "0",
     ];
+    // No cool-down unless the test sets one.
+    if !extra.contains(&"--planner-act-cooldown-s") {
+        args.extend(["--planner-act-cooldown-s", "0"]);
+    }
     args.extend(extra);
     common::spawn_with_env(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await
 }
@@ -349,6 +360,61 @@ async fn forbidden_and_failing_api_calls_are_counted_and_retried() {
         .await,
         Some(1.0)
     );
+}
+
+/// A patch the API applies after the planner stopped waiting (`--planner-act-timeout-s`):
+/// it counts as failed, and it starts the cool-down, so the planner, which still reads the old
+/// replicas, does not send it again at every tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_patch_answered_too_late_starts_the_cool_down() {
+    let fake = Arc::new(Fake::default());
+    fake.replicas.lock().unwrap().insert(deployment("vllm"), 1);
+    *fake.patch_delay.lock().unwrap() = Some(Duration::from_secs(3));
+    let kubeconfig = serve_api(fake.clone()).await;
+    let r = router(
+        &kubeconfig,
+        &[
+            "--planner-target",
+            "mock-model=test/deployment/vllm",
+            "--planner-min-workers",
+            "3",
+            "--planner-act-timeout-s",
+            "0.3",
+            "--planner-act-cooldown-s",
+            "600",
+        ],
+    )
+    .await;
+    let (base, admin) = (r.http(), reqwest::Client::new());
+    // The tick after the timeout reports the cool-down (a tick is 0.2 s, the PATCH's answer
+    // 3 s away: before the fix, each tick sent another PATCH).
+    common::until(
+        "the cool-down after the unanswered patch",
+        Duration::from_secs(20),
+        || async {
+            let status: Value = admin
+                .get(format!("{base}/admin/planner"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            let last = status["actuation"]["targets"][0]["last"]
+                .as_str()?
+                .to_owned();
+            last.starts_with("cooling down").then_some(())
+        },
+    )
+    .await;
+    assert_eq!(*fake.patch_calls.lock().unwrap(), 1, "one PATCH sent");
+    let failures = common::metric(
+        &base,
+        "kvrouter_planner_action_failures_total{pool=\"mock-model\",op=\"patch\"}",
+    )
+    .await;
+    assert_eq!(failures, Some(1.0), "the unanswered patch counts as failed");
 }
 
 async fn serve_fails(args: &[&str]) -> String {

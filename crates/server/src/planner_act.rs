@@ -3,7 +3,8 @@
 //! between the target pools ([`kvrouter_core::planner::actuate::split_budget`]), and a target
 //! whose replicas differ from its grant is patched (merge patch `{"spec":{"replicas":N}}`),
 //! no two patches of one target closer than the cool-down. A failed call (403, 500, timeout) is
-//! counted and retried at the next tick. The kube config comes from `KUBECONFIG` /
+//! counted and retried at the next tick; a patch without an answer in time may have been
+//! applied, so it starts the cool-down as a patch does. The kube config comes from `KUBECONFIG` /
 //! `~/.kube/config` or the pod's service account, as for `--discovery kubernetes`.
 
 use crate::config::{PlannerAct, PlannerTarget, WorkloadKind};
@@ -156,7 +157,12 @@ impl Actuator {
                         }
                         Ok(Err(e)) => self.patch_failed(i, target, cur, grant, e.to_string()),
                         Err(_) => {
-                            self.patch_failed(i, target, cur, grant, format!("no answer in {t:?}"))
+                            self.patch_failed(i, target, cur, grant, format!("no answer in {t:?}"));
+                            // The API may have applied it (or may still): the cool-down
+                            // starts as for a patch, so a late-landing patch is not sent again
+                            // at every tick.
+                            let mut s = self.state.lock().expect("planner act lock");
+                            s.targets[i].last_patch = Some(now);
                         }
                     }
                 }
