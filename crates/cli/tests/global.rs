@@ -6,6 +6,8 @@ mod common;
 
 use common::Proc;
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const TOKEN: &str = "cluster-secret";
@@ -918,5 +920,78 @@ async fn an_api_key_at_the_global_router_goes_on_to_the_clusters() {
             .status()
             .as_u16(),
         200
+    );
+}
+
+/// A fake cluster router whose `POST /finish_session` answers after 600 ms: `held` becomes 1
+/// when the asker kept the connection that long, 2 when it went away first. Other paths: 404.
+async fn slow_releasing_cluster() -> (String, Arc<AtomicU8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let held = Arc::new(AtomicU8::new(0));
+    let seen = held.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut head = [0u8; 4096];
+                let n = sock.read(&mut head).await.unwrap_or(0);
+                if !head[..n].starts_with(b"POST /finish_session") {
+                    let _ = sock
+                        .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                        .await;
+                    return;
+                }
+                let mut rest = [0u8; 4096];
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(600)) => {
+                        seen.store(1, Ordering::SeqCst);
+                        let body = br#"{"session_id":"gone","released":true}"#;
+                        let reply = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                            body.len()
+                        );
+                        let _ = sock.write_all(reply.as_bytes()).await;
+                        let _ = sock.write_all(body).await;
+                    }
+                    // The asker closed the connection (or sent more, which it does not).
+                    _ = sock.read(&mut rest) => seen.store(2, Ordering::SeqCst),
+                }
+            });
+        }
+    });
+    (url, held)
+}
+
+/// A client that leaves before the global router's answer does not take the clusters'
+/// releases with it: they run on to their end (before, the asks were dropped with the
+/// request, and a cluster kept its pin until the session TTL).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_goes_on_to_the_clusters_when_its_client_leaves() {
+    let (url, held) = slow_releasing_cluster().await;
+    let global = global_over(
+        &[format!("slow={url}")],
+        &["--global-summary-timeout-ms", "5000"],
+    )
+    .await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
+    let r = impatient
+        .delete(format!("{}/v1/sessions/gone", global.http()))
+        .send()
+        .await;
+    assert!(r.is_err(), "the client gives up before the cluster answers");
+    let outcome = common::poll(Duration::from_secs(10), || async {
+        let v = held.load(Ordering::SeqCst);
+        (v != 0).then_some(v)
+    })
+    .await;
+    assert_eq!(
+        outcome,
+        Some(1),
+        "the cluster's release was held to its answer"
     );
 }
