@@ -56,23 +56,25 @@ struct Shared {
     connections: watch::Sender<usize>,
 }
 
-/// Counts one `Process` stream in flight while it lives.
-pub(crate) struct InFlight(Arc<Shared>);
+/// Counts one thing while it lives, on one of [`Shared`]'s counters: a `Process` stream in
+/// flight ([`ExtProc::in_flight`]) or a gateway connection open ([`ExtProc::open`]).
+pub(crate) struct Counted(Arc<Shared>, fn(&Shared) -> &watch::Sender<usize>);
 
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.streams.send_modify(|n| *n -= 1);
+impl Counted {
+    fn new(shared: &Arc<Shared>, counter: fn(&Shared) -> &watch::Sender<usize>) -> Self {
+        counter(shared).send_modify(|n| *n += 1);
+        Self(shared.clone(), counter)
     }
 }
 
-/// Counts one gateway connection open while it lives.
-pub(crate) struct Open(Arc<Shared>);
-
-impl Drop for Open {
+impl Drop for Counted {
     fn drop(&mut self) {
-        self.0.connections.send_modify(|n| *n -= 1);
+        (self.1)(&self.0).send_modify(|n| *n -= 1);
     }
 }
+
+/// A `Process` stream in flight.
+pub(crate) type InFlight = Counted;
 
 /// A placement's outcome, with the request body it was placed from (a full-duplex stream
 /// sends it back).
@@ -128,14 +130,12 @@ impl ExtProc {
 
     /// Counts a new `Process` stream in flight.
     pub(crate) fn in_flight(&self) -> InFlight {
-        self.shared.streams.send_modify(|n| *n += 1);
-        InFlight(self.shared.clone())
+        Counted::new(&self.shared, |s| &s.streams)
     }
 
     /// Counts a new gateway connection open.
-    pub(crate) fn open(&self) -> Open {
-        self.shared.connections.send_modify(|n| *n += 1);
-        Open(self.shared.clone())
+    pub(crate) fn open(&self) -> Counted {
+        Counted::new(&self.shared, |s| &s.connections)
     }
 
     /// The placement a [`Step::Place`] asks for, bounded by the pick timeout.
@@ -236,23 +236,23 @@ pub async fn serve(
     shared.phase.send_replace(Phase::Draining);
     let _ = drain_tx.send(true);
     let mut streams = shared.streams.subscribe();
-    if !streams_end_within(&mut streams, grace).await {
+    if !all_end_within(&mut streams, grace).await {
         // Streams still open end with UNAVAILABLE.
         shared.phase.send_replace(Phase::Cutting);
-        streams_end_within(&mut streams, CUT_MARGIN).await;
+        all_end_within(&mut streams, CUT_MARGIN).await;
     }
     accepting.abort();
     // The connections write their GOAWAY and close.
     shared.phase.send_replace(Phase::Stopped);
-    let mut connections = shared.connections.subscribe();
-    let _ = tokio::time::timeout(CUT_MARGIN, connections.wait_for(|n| *n == 0)).await;
+    all_end_within(&mut shared.connections.subscribe(), CUT_MARGIN).await;
     reporting.abort();
     Ok(())
 }
 
-/// Waits up to `limit` for every open `Process` stream to end; whether they did.
-async fn streams_end_within(streams: &mut watch::Receiver<usize>, limit: Duration) -> bool {
-    tokio::time::timeout(limit, streams.wait_for(|n| *n == 0))
+/// Waits up to `limit` for a counter (`Process` streams in flight, connections open) to reach
+/// 0; whether it did.
+async fn all_end_within(counter: &mut watch::Receiver<usize>, limit: Duration) -> bool {
+    tokio::time::timeout(limit, counter.wait_for(|n| *n == 0))
         .await
         .is_ok()
 }

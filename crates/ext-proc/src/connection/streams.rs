@@ -36,6 +36,16 @@ struct Process {
     _in_flight: InFlight,
 }
 
+impl Drop for Process {
+    /// A stream that goes (ended, reset, or its connection stopped) gives up the placement it
+    /// is still waiting for.
+    fn drop(&mut self) {
+        if let Some((abort, _)) = &self.placing {
+            abort.abort();
+        }
+    }
+}
+
 /// A call's stream: whether its response headers went out.
 struct Entry {
     call: Call,
@@ -103,19 +113,9 @@ impl Conn {
                 end,
             } => self.open(id, &path, encoding, end, placing),
             Event::Data { id, data, end } => self.data(id, data, end, placing),
-            Event::Reset { id } => {
-                // Dropping the call drops its exchange (releasing its load) and gives up its
-                // placement.
-                if let Some(Entry {
-                    call: Call::Process(p),
-                    ..
-                }) = self.remove(id)
-                {
-                    if let Some((abort, _)) = p.placing {
-                        abort.abort();
-                    }
-                }
-            }
+            // Dropping the call drops its exchange (releasing its load) and gives up its
+            // placement.
+            Event::Reset { id } => drop(self.remove(id)),
         }
     }
 
@@ -336,13 +336,13 @@ impl Conn {
 
     /// The gateway ended its side of stream `id`.
     fn remote_end(&mut self, id: u32) {
+        let serving = self.serving();
         match self.calls.get_mut(&id).map(|e| &mut e.call) {
             Some(Call::Process(p)) => {
                 p.remote_ended = true;
                 self.remote_end_if_idle(id);
             }
             Some(Call::Health(h)) => {
-                let serving = self.health.borrow().serving;
                 if let Some((code, message)) = h.answer(serving) {
                     match code {
                         status::OK => {
@@ -374,11 +374,6 @@ impl Conn {
     /// Ends stream `id` with `code`, dropping its call.
     fn end(&mut self, id: u32, code: u32, message: &str) {
         if let Some(entry) = self.remove(id) {
-            if let Call::Process(p) = &entry.call {
-                if let Some((abort, _)) = &p.placing {
-                    abort.abort();
-                }
-            }
             self.h2
                 .send_trailers(id, code, message, !entry.headers_sent);
         }

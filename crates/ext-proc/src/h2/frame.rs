@@ -156,8 +156,14 @@ pub(crate) fn hpack_int(out: &mut Vec<u8>, first: u8, n: u32, mut v: usize) {
 }
 
 /// Appends `:status: 200` (static table entry 8, indexed).
-pub(crate) fn hpack_status_200(out: &mut Vec<u8>) {
+fn hpack_status_200(out: &mut Vec<u8>) {
     out.push(0x80 | 8);
+}
+
+/// Appends a gRPC answer's head: `:status: 200` and `content-type: application/grpc`.
+pub(crate) fn hpack_grpc_response(out: &mut Vec<u8>) {
+    hpack_status_200(out);
+    hpack_indexed_name(out, CONTENT_TYPE_INDEX, b"application/grpc");
 }
 
 /// Appends a header whose name is static table entry `index`, literal without indexing.
@@ -177,7 +183,7 @@ pub(crate) fn hpack_literal(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 }
 
 /// The static table's `content-type` entry (RFC 7541 Appendix A).
-pub(crate) const CONTENT_TYPE_INDEX: usize = 31;
+const CONTENT_TYPE_INDEX: usize = 31;
 
 #[cfg(test)]
 mod tests {
@@ -215,8 +221,7 @@ mod tests {
     #[test]
     fn written_header_blocks_decode_with_an_hpack_decoder() {
         let mut block = Vec::new();
-        hpack_status_200(&mut block);
-        hpack_indexed_name(&mut block, CONTENT_TYPE_INDEX, b"application/grpc");
+        hpack_grpc_response(&mut block);
         let long = "m".repeat(300);
         hpack_literal(&mut block, b"grpc-message", long.as_bytes());
         let decoded = loona_hpack::Decoder::new().decode(&block).unwrap();

@@ -181,12 +181,7 @@ impl Connection {
             end_stream: head.has(flag::END_STREAM),
             block: block.to_vec(),
         };
-        if head.has(flag::END_HEADERS) {
-            self.header_block(collecting, events)
-        } else {
-            self.collecting = Some(collecting);
-            Ok(())
-        }
+        self.collected(collecting, head, events)
     }
 
     fn on_continuation(
@@ -202,6 +197,17 @@ impl Connection {
             return fail(code::PROTOCOL_ERROR, "CONTINUATION on another stream");
         }
         c.block.extend_from_slice(&payload);
+        self.collected(c, head, events)
+    }
+
+    /// A header block grown by the frame `head`: bounded, read once whole (END_HEADERS),
+    /// else kept for the CONTINUATION frames.
+    fn collected(
+        &mut self,
+        c: Collecting,
+        head: Head,
+        events: &mut Vec<Event>,
+    ) -> Result<(), ConnError> {
         if c.block.len() > self.limits.max_header_block {
             return fail(
                 code::ENHANCE_YOUR_CALM,
@@ -218,12 +224,6 @@ impl Connection {
 
     /// A whole header block: a new stream's request headers, or a request's trailers.
     fn header_block(&mut self, c: Collecting, events: &mut Vec<Event>) -> Result<(), ConnError> {
-        if c.block.len() > self.limits.max_header_block {
-            return fail(
-                code::ENHANCE_YOUR_CALM,
-                "a header block over the header list bound",
-            );
-        }
         // Every block is decoded, whatever becomes of its stream: the decoder's table must
         // follow the peer's encoder.
         // Only the first `:path` and `grpc-encoding` are kept (a block that repeats a short

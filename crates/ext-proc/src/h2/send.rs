@@ -11,8 +11,7 @@ impl Connection {
             return;
         }
         let mut block = Vec::with_capacity(24);
-        frame::hpack_status_200(&mut block);
-        frame::hpack_indexed_name(&mut block, frame::CONTENT_TYPE_INDEX, b"application/grpc");
+        frame::hpack_grpc_response(&mut block);
         self.write_headers(id, &block, false);
     }
 
@@ -40,13 +39,13 @@ impl Connection {
             s.pending.extend(bytes);
             return;
         }
-        let room = self.send_window.min(s.send_window).max(0) as usize;
-        let now = bytes.len().min(room);
-        for chunk in bytes[..now].chunks(self.peer_max_frame) {
-            frame::data(&mut self.out, id, chunk, false);
-        }
-        self.send_window -= now as i64;
-        s.send_window -= now as i64;
+        let now = write_within(
+            &mut self.out,
+            (&mut self.send_window, &mut s.send_window),
+            self.peer_max_frame,
+            id,
+            bytes,
+        );
         if now < bytes.len() {
             s.pending.extend(&bytes[now..]);
             self.blocked.push(id);
@@ -68,8 +67,7 @@ impl Connection {
         };
         let mut block = Vec::with_capacity(64);
         if trailers_only {
-            frame::hpack_status_200(&mut block);
-            frame::hpack_indexed_name(&mut block, frame::CONTENT_TYPE_INDEX, b"application/grpc");
+            frame::hpack_grpc_response(&mut block);
         }
         frame::hpack_literal(&mut block, b"grpc-status", status.to_string().as_bytes());
         if !message.is_empty() {
@@ -114,14 +112,14 @@ impl Connection {
             let Some(s) = self.streams.get_mut(&id) else {
                 continue;
             };
-            let room = self.send_window.min(s.send_window).max(0) as usize;
-            let now = s.pending.len().min(room);
-            let bytes: Vec<u8> = s.pending.drain(..now).collect();
-            for chunk in bytes.chunks(self.peer_max_frame) {
-                frame::data(&mut self.out, id, chunk, false);
-            }
-            self.send_window -= now as i64;
-            s.send_window -= now as i64;
+            let now = write_within(
+                &mut self.out,
+                (&mut self.send_window, &mut s.send_window),
+                self.peer_max_frame,
+                id,
+                s.pending.make_contiguous(),
+            );
+            s.pending.drain(..now);
             if !s.pending.is_empty() {
                 still.push(id);
             } else if let Some(block) = s.trailers.take() {
@@ -131,6 +129,26 @@ impl Connection {
         }
         self.blocked = still;
     }
+}
+
+/// Writes as much of `bytes` as both flow-control windows (the connection's, the stream's)
+/// allow, as DATA frames of at most `max_frame` bytes, taking it off the windows; how much it
+/// wrote.
+fn write_within(
+    out: &mut Vec<u8>,
+    (connection, stream): (&mut i64, &mut i64),
+    max_frame: usize,
+    id: u32,
+    bytes: &[u8],
+) -> usize {
+    let room = (*connection).min(*stream).max(0) as usize;
+    let now = bytes.len().min(room);
+    for chunk in bytes[..now].chunks(max_frame) {
+        frame::data(out, id, chunk, false);
+    }
+    *connection -= now as i64;
+    *stream -= now as i64;
+    now
 }
 
 /// The longest `grpc-message` written, in bytes before percent-encoding (at most three times
