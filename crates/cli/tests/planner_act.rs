@@ -180,6 +180,19 @@ fn replicas(f: &Fake, kind: &str, name: &str) -> u32 {
     f.replicas.lock().unwrap()[&(kind.to_owned(), name.to_owned())]
 }
 
+/// `GET /admin/planner` (behind the admin token), if it answers JSON.
+async fn planner_status(base: &str) -> Option<Value> {
+    reqwest::Client::new()
+        .get(format!("{base}/admin/planner"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()
+}
+
 fn deployment(name: &str) -> (String, String) {
     ("deployments".to_owned(), name.to_owned())
 }
@@ -224,15 +237,7 @@ async fn a_burst_raises_the_deployments_replicas_through_its_scale_subresource()
     })
     .await;
     assert!(actions >= 1.0);
-    let status: Value = reqwest::Client::new()
-        .get(format!("{base}/admin/planner"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status = planner_status(&base).await.expect("GET /admin/planner");
     assert_eq!(
         status["actuation"]["targets"][0]["target"], "test/deployment/vllm",
         "{status}"
@@ -385,22 +390,14 @@ async fn a_patch_answered_too_late_starts_the_cool_down() {
         ],
     )
     .await;
-    let (base, admin) = (r.http(), reqwest::Client::new());
+    let base = r.http();
     // The tick after the timeout reports the cool-down (a tick is 0.2 s, the PATCH's answer
     // 3 s away: before the fix, each tick sent another PATCH).
     common::until(
         "the cool-down after the unanswered patch",
         Duration::from_secs(20),
         || async {
-            let status: Value = admin
-                .get(format!("{base}/admin/planner"))
-                .bearer_auth(TOKEN)
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
+            let status = planner_status(&base).await?;
             let last = status["actuation"]["targets"][0]["last"]
                 .as_str()?
                 .to_owned();
