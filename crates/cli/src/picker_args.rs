@@ -45,6 +45,11 @@ pub(crate) struct PickerArgs {
     /// body, and the answer's end is the ext_proc stream's end). See docs/topologies.md.
     #[arg(help_heading = H::PICKER, long, value_enum, default_value_t = ExtProcObserve::Full)]
     ext_proc_observe: ExtProcObserve,
+    /// Seconds a gateway connection may send nothing before the endpoint picker PINGs it; one
+    /// that then sends nothing for as long again (a gateway gone without closing) is closed,
+    /// and the load of its requests released.
+    #[arg(help_heading = H::PICKER, long, default_value_t = 30.0)]
+    ext_proc_keepalive_secs: f64,
 }
 
 /// `--ext-proc-observe`.
@@ -87,6 +92,10 @@ impl PickerArgs {
             self.ext_proc_pick_timeout_secs,
             "--ext-proc-pick-timeout-secs",
         )?;
+        let keepalive = crate::flag_values::positive(
+            self.ext_proc_keepalive_secs,
+            "--ext-proc-keepalive-secs",
+        )?;
         Ok(kvrouter_ext_proc::ExtProcConfig {
             failure_mode: match self.ext_proc_failure_mode {
                 ExtProcFailureMode::Closed => kvrouter_ext_proc::FailureMode::Closed,
@@ -94,6 +103,7 @@ impl PickerArgs {
             },
             fallbacks: self.ext_proc_fallbacks,
             pick_timeout,
+            keepalive,
             observe: match self.ext_proc_observe {
                 ExtProcObserve::Full => kvrouter_ext_proc::Observe::Full,
                 ExtProcObserve::Headers => kvrouter_ext_proc::Observe::Headers,

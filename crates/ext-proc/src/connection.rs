@@ -11,10 +11,13 @@
 //! - `grpc.health.v1.Health/Check` and `/Watch` ([`crate::health`]).
 //! - Anything else: `UNIMPLEMENTED`.
 //!
+//! A connection silent through a PING is closed ([`keepalive`]).
+//!
 //! Shutdown ([`Phase`]): while draining, new `Process` streams are refused `UNAVAILABLE` (the
 //! gateway's failure mode applies) and the others go on; at the cut, the open `Process`
 //! streams end `UNAVAILABLE`; at the stop, the connection ends with GOAWAY.
 
+mod keepalive;
 mod streams;
 
 use crate::health::Health;
@@ -22,10 +25,12 @@ use crate::service::{ExtProc, Phase};
 use bytes::BytesMut;
 use futures::future::FutureExt;
 use futures::stream::StreamExt;
+use keepalive::{Due, Keepalive};
 use streams::{Conn, Placing};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// The ext_proc method's path.
 pub(crate) const PROCESS_PATH: &str = "/envoy.service.ext_proc.v3.ExternalProcessor/Process";
@@ -47,6 +52,9 @@ pub(crate) async fn run(
     mut health: watch::Receiver<Health>,
 ) {
     let _open = service.open();
+    let mut keepalive = Keepalive::new(service.config().keepalive, Instant::now());
+    let timer = tokio::time::sleep_until(keepalive.first());
+    tokio::pin!(timer);
     let mut conn = Conn::new(service, *phase.borrow_and_update(), health.clone());
     let mut placing = Placing::new();
     let mut read = BytesMut::with_capacity(READ_CHUNK);
@@ -83,6 +91,7 @@ pub(crate) async fn run(
             },
             r = rd.read_buf(&mut read), if reading => match r {
                 Ok(n) if n > 0 => {
+                    keepalive.on_read(Instant::now());
                     if let Err(e) = conn.h2.receive(&mut read, &mut events) {
                         tracing::debug!("ext_proc: connection error: {}", e.reason);
                         conn.stop(e.code);
@@ -105,7 +114,18 @@ pub(crate) async fn run(
                 health.borrow_and_update();
                 conn.on_health();
             }
-            () = tokio::time::sleep_until(stop_by.unwrap_or_else(tokio::time::Instant::now)), if stop_by.is_some() => return,
+            () = tokio::time::sleep_until(stop_by.unwrap_or_else(Instant::now)), if stop_by.is_some() => return,
+            () = &mut timer => match keepalive.on_timer(Instant::now()) {
+                Due::At(next) => timer.as_mut().reset(next),
+                Due::Ping(next) => {
+                    conn.h2.ping();
+                    timer.as_mut().reset(next);
+                }
+                Due::Dead => {
+                    tracing::warn!("ext_proc: a gateway connection sent nothing through a PING; closing it");
+                    return;
+                }
+            },
         }
         // Placements that finished at once are answered in the same write.
         while let Some(Some((id, placed))) = placing.next().now_or_never() {

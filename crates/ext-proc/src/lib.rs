@@ -79,6 +79,9 @@ pub struct ExtProcConfig {
     pub shutdown_grace: std::time::Duration,
     /// How much of the answer to ask the gateway for.
     pub observe: Observe,
+    /// A gateway connection that sends nothing for this long gets a PING; one that then sends
+    /// nothing for as long again is closed, and its streams end (releasing their load).
+    pub keepalive: std::time::Duration,
 }
 
 impl Default for ExtProcConfig {
@@ -90,6 +93,7 @@ impl Default for ExtProcConfig {
             max_body_bytes: 64 << 20,
             shutdown_grace: std::time::Duration::from_secs(30),
             observe: Observe::Full,
+            keepalive: std::time::Duration::from_secs(30),
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Starting the `kvrouter` binary in tests: it prints one line with its addresses on start.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod proxy;
+
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};

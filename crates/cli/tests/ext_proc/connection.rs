@@ -71,3 +71,59 @@ async fn a_peer_that_is_no_http2_client_is_sent_away_and_others_are_served() {
         "{r:?}"
     );
 }
+
+/// A gateway gone without closing its connection (a proxy between them drops every byte and
+/// closes nothing): the picker PINGs the connection, hears nothing, closes it, and the load of
+/// its stream is released. A gateway that answers PINGs keeps a quiet stream through many
+/// keepalive periods.
+#[tokio::test]
+async fn a_gateway_gone_silent_is_cut_and_its_load_released_and_a_quiet_one_kept() {
+    use super::common::proxy::Proxy;
+    use super::{await_metric, completion, destination, metrics, request_body, response_headers};
+    use super::{sum, ACTIVE, BUFFERED, SSE};
+    let keepalive = 0.5;
+    let (_p, base, grpc) =
+        super::picker("1", &["--ext-proc-keepalive-secs", &keepalive.to_string()]).await;
+    let port = grpc.rsplit(':').next().unwrap().parse().unwrap();
+    let mut proxy = Proxy::new(port);
+    proxy.start().await;
+
+    // A request placed through each: the quiet gateway's directly, the lost one's via the proxy.
+    let open = |addr: String, tail: u64| async move {
+        let mut client = super::connect(&addr).await;
+        let mut envoy = super::Envoy::open(&mut client).await;
+        envoy
+            .send(super::request_headers(BUFFERED, &[], None))
+            .await;
+        envoy.recv().await;
+        envoy.send(request_body(&completion(2, tail), true)).await;
+        assert!(destination(&envoy.recv().await).0.is_some());
+        (client, envoy)
+    };
+    let (_quiet_client, mut quiet) = open(grpc.clone(), 0).await;
+    let (_lost_client, _lost) = open(proxy.addr(), 1).await;
+    assert_eq!(sum(&metrics(&base).await, ACTIVE), 2.0);
+
+    proxy.black_hole();
+    await_metric(&base, ACTIVE, 1.0).await;
+    await_metric(
+        &base,
+        "kvrouter_picks_total{source=\"ext_proc\",end=\"cancelled\"}",
+        1.0,
+    )
+    .await;
+
+    // Quiet for six periods more (time must pass: no event marks a cut that does not happen),
+    // then the quiet stream's answer goes on and ends.
+    tokio::time::sleep(Duration::from_secs_f64(keepalive * 6.0)).await;
+    assert_eq!(sum(&metrics(&base).await, ACTIVE), 1.0);
+    quiet.send(response_headers(200)).await;
+    quiet.recv().await;
+    for (i, chunk) in SSE.iter().enumerate() {
+        quiet
+            .send(super::response_body(chunk, i == SSE.len() - 1))
+            .await;
+        quiet.recv().await;
+    }
+    await_metric(&base, ACTIVE, 0.0).await;
+}

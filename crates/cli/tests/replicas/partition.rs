@@ -7,101 +7,13 @@ use super::{
     common, complete, connected, engines, joined, metric, nats, replica, replica_at, worker, Nats,
     ROUND_ROBIN_SESSIONS,
 };
+use common::proxy::Proxy;
 use common::Proc;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
 
-/// A loopback TCP proxy to NATS on a port of its own. Stopped, nothing listens; black-holed,
-/// its connections stay open and every byte is dropped (a link that fails without closing).
-struct Proxy {
-    port: u16,
-    target: u16,
-    blackhole: Arc<AtomicBool>,
-    task: Option<JoinHandle<()>>,
-}
-
-impl Proxy {
-    fn new(target: u16) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        Self {
-            port,
-            target,
-            blackhole: Arc::default(),
-            task: None,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    async fn start(&mut self) {
-        self.blackhole.store(false, Ordering::SeqCst);
-        let listener = TcpListener::bind(("127.0.0.1", self.port)).await.unwrap();
-        let (target, blackhole) = (self.target, self.blackhole.clone());
-        self.task = Some(tokio::spawn(async move {
-            let mut conns = tokio::task::JoinSet::new();
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = TcpStream::connect(("127.0.0.1", target)).await else {
-                    continue;
-                };
-                let (cr, cw) = client.into_split();
-                let (sr, sw) = server.into_split();
-                conns.spawn(pump(cr, sw, blackhole.clone()));
-                conns.spawn(pump(sr, cw, blackhole.clone()));
-            }
-        }));
-    }
-
-    /// Stops listening and drops every connection (once its task is gone, the port is free).
-    async fn stop(&mut self) {
-        if let Some(t) = self.task.take() {
-            t.abort();
-            let _ = t.await;
-        }
-    }
-
-    /// Keeps the connections open and drops what they carry.
-    fn black_hole(&self) {
-        self.blackhole.store(true, Ordering::SeqCst);
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        if let Some(t) = self.task.take() {
-            t.abort();
-        }
-    }
-}
-
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    blackhole: Arc<AtomicBool>,
-) {
-    let mut buf = vec![0u8; 16 * 1024];
-    // Once black-holed, a connection stays so (the client must notice and reconnect).
-    let mut dead = false;
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        dead |= blackhole.load(Ordering::SeqCst);
-        if !dead && to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
+fn nats_url(proxy: &Proxy) -> String {
+    format!("nats://{}", proxy.addr())
 }
 
 fn nats_port(nats: &Nats) -> u16 {
@@ -120,7 +32,7 @@ async fn pair(nats: &Nats, engines: &[Proc], extra: &[&str]) -> Pair {
     let a = replica(nats, 1, engines, extra).await;
     let mut proxy = Proxy::new(nats_port(nats));
     proxy.start().await;
-    let b = replica_at(&proxy.url(), 2, engines, extra).await;
+    let b = replica_at(&nats_url(&proxy), 2, engines, extra).await;
     joined(&[&a, &b]).await;
     Pair { a, b, proxy }
 }
@@ -174,7 +86,7 @@ async fn changes_made_before_a_replica_joins_reach_everyone_and_stay() {
         .await;
     }
     let mut proxy = Proxy::new(nats_port(&nats));
-    let late = replica_at(&proxy.url(), 3, &engines, &[]).await;
+    let late = replica_at(&nats_url(&proxy), 3, &engines, &[]).await;
     let base = late.http();
     let (id0, id1) = (
         worker(&c, &base, &u0).await.0,
@@ -252,7 +164,7 @@ async fn a_replica_first_to_a_restarted_server_learns_what_the_others_refill() {
     let engines = engines(2, &[]).await;
     let mut proxy = Proxy::new(nats_port(&nats));
     proxy.start().await;
-    let a = replica_at(&proxy.url(), 1, &engines, &[]).await;
+    let a = replica_at(&nats_url(&proxy), 1, &engines, &[]).await;
     connected(&a, 1, "A to join", Duration::from_secs(20)).await;
     let c = reqwest::Client::new();
     let u1 = engines[1].http();

@@ -104,8 +104,9 @@ pub(crate) fn window_update(out: &mut Vec<u8>, stream: u32, increment: u32) {
     out.extend_from_slice(&(increment & 0x7fff_ffff).to_be_bytes());
 }
 
-pub(crate) fn ping_ack(out: &mut Vec<u8>, payload: &[u8]) {
-    head(out, 8, kind::PING, flag::ACK, 0);
+/// Appends a PING: `flag::ACK` in `flags` for an answer.
+pub(crate) fn ping(out: &mut Vec<u8>, flags: u8, payload: &[u8]) {
+    head(out, 8, kind::PING, flags, 0);
     out.extend_from_slice(payload);
 }
 

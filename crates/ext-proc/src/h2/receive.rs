@@ -74,7 +74,7 @@ impl Connection {
                     return fail(code::PROTOCOL_ERROR, "a malformed PING");
                 }
                 if !head.has(flag::ACK) {
-                    frame::ping_ack(&mut self.out, &payload);
+                    frame::ping(&mut self.out, flag::ACK, &payload);
                 }
                 Ok(())
             }

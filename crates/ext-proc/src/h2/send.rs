@@ -1,8 +1,11 @@
 //! The send side of a [`Connection`]: response headers, DATA within the peer's windows (the
-//! rest waits per stream), trailers after a stream's data, resets and GOAWAY.
+//! rest waits per stream), trailers after a stream's data, resets, PINGs and GOAWAY.
 
 use super::frame::{self, code};
 use super::Connection;
+
+/// The payload of this side's PINGs (the peer echoes it).
+const KEEPALIVE_PING: &[u8; 8] = b"kvrouter";
 
 impl Connection {
     /// Writes the response headers of stream `id` (`:status: 200`, `content-type`).
@@ -88,6 +91,11 @@ impl Connection {
         if self.streams.remove(&id).is_some() {
             frame::rst_stream(&mut self.out, id, error);
         }
+    }
+
+    /// Asks the peer for a sign of life: a PING, which it must answer (RFC 9113 §6.7).
+    pub(crate) fn ping(&mut self) {
+        frame::ping(&mut self.out, 0, KEEPALIVE_PING);
     }
 
     /// Ends the connection: GOAWAY with `error` naming the last stream read.
