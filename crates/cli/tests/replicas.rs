@@ -139,6 +139,17 @@ async fn replica(nats: &Nats, id: u64, engines: &[Proc], extra: &[&str]) -> Proc
 
 /// Starts replica `id` in front of `engines`, syncing over the NATS at `url`.
 async fn replica_at(url: &str, id: u64, engines: &[Proc], extra: &[&str]) -> Proc {
+    replica_with_ttl(url, id, engines, TTL_MS, extra).await
+}
+
+/// [`replica_at`] with a TTL of `ttl_ms`.
+async fn replica_with_ttl(
+    url: &str,
+    id: u64,
+    engines: &[Proc],
+    ttl_ms: u64,
+    extra: &[&str],
+) -> Proc {
     let id = id.to_string();
     let mut args = vec![
         "serve",
@@ -155,7 +166,7 @@ async fn replica_at(url: &str, id: u64, engines: &[Proc], extra: &[&str]) -> Pro
         HEARTBEAT_MS,
         "--replica-ttl-ms",
     ];
-    let ttl = TTL_MS.to_string();
+    let ttl = ttl_ms.to_string();
     args.push(ttl.as_str());
     let urls: Vec<String> = engines.iter().map(Proc::http).collect();
     for u in &urls {

@@ -363,9 +363,9 @@ async fn policy_update(State(s): State<AppState>, body: Bytes) -> Result<Respons
     // lease and its renewal task.
     let lease = crate::replica::lease::acquire(&s).await?;
     let started = prepared.begin(&s);
-    if let Some(revision) = lease {
+    if let Some(taken) = &lease {
         // Renewed while the cycle runs; given up at once if it did not start.
-        crate::replica::lease::hold(s.clone(), revision, update_progress);
+        crate::replica::lease::hold(s.clone(), taken.revision, update_progress);
     }
     started?;
     Ok((

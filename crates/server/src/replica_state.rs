@@ -85,6 +85,9 @@ pub(crate) struct Link {
     pub(crate) client: async_nats::Client,
     pub(crate) lease: async_nats::jetstream::kv::Store,
     pub(crate) config: ReplicaSyncConfig,
+    /// Held from taking the update lease until its cycle has begun: one start at a time in
+    /// this replica (see `replica::lease::acquire`).
+    pub(crate) starting: tokio::sync::Mutex<()>,
 }
 
 impl Link {

@@ -1,7 +1,7 @@
-//! A loopback TCP proxy a test controls: stopped, or black-holed (a link that fails without
-//! closing).
+//! A loopback TCP proxy a test controls: stopped, black-holed (a link that fails without
+//! closing), or slow to carry the service's answers.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -12,8 +12,16 @@ use tokio::task::JoinHandle;
 pub struct Proxy {
     port: u16,
     target: u16,
-    blackhole: Arc<AtomicBool>,
+    controls: Arc<Controls>,
     task: Option<JoinHandle<()>>,
+}
+
+/// What the test sets while the proxy runs.
+#[derive(Default)]
+struct Controls {
+    blackhole: AtomicBool,
+    /// How long each read from the service waits before it is passed on, in milliseconds.
+    answer_delay_ms: AtomicU64,
 }
 
 impl Proxy {
@@ -26,7 +34,7 @@ impl Proxy {
         Self {
             port,
             target,
-            blackhole: Arc::default(),
+            controls: Arc::default(),
             task: None,
         }
     }
@@ -37,9 +45,9 @@ impl Proxy {
     }
 
     pub async fn start(&mut self) {
-        self.blackhole.store(false, Ordering::SeqCst);
+        self.controls.blackhole.store(false, Ordering::SeqCst);
         let listener = TcpListener::bind(("127.0.0.1", self.port)).await.unwrap();
-        let (target, blackhole) = (self.target, self.blackhole.clone());
+        let (target, controls) = (self.target, self.controls.clone());
         self.task = Some(tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
@@ -48,8 +56,8 @@ impl Proxy {
                 };
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
-                conns.spawn(pump(cr, sw, blackhole.clone()));
-                conns.spawn(pump(sr, cw, blackhole.clone()));
+                conns.spawn(pump(cr, sw, controls.clone(), false));
+                conns.spawn(pump(sr, cw, controls.clone(), true));
             }
         }));
     }
@@ -64,7 +72,13 @@ impl Proxy {
 
     /// Keeps the connections open and drops what they carry.
     pub fn black_hole(&self) {
-        self.blackhole.store(true, Ordering::SeqCst);
+        self.controls.blackhole.store(true, Ordering::SeqCst);
+    }
+
+    /// Holds each read from the service this long before passing it on (0: at once).
+    pub fn delay_answers(&self, delay: std::time::Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.controls.answer_delay_ms.store(ms, Ordering::SeqCst);
     }
 }
 
@@ -79,7 +93,8 @@ impl Drop for Proxy {
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    blackhole: Arc<AtomicBool>,
+    controls: Arc<Controls>,
+    answers: bool,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     // Once black-holed, a connection stays so (the client must notice and reconnect).
@@ -89,7 +104,11 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        dead |= blackhole.load(Ordering::SeqCst);
+        let delay = controls.answer_delay_ms.load(Ordering::SeqCst);
+        if answers && delay > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+        }
+        dead |= controls.blackhole.load(Ordering::SeqCst);
         if !dead && to.write_all(&buf[..n]).await.is_err() {
             return;
         }

@@ -6,10 +6,17 @@
 //! by every other replica when it expires (the core drops its holds), and one of them, the one
 //! that wins the free lease, rolls the cycle back on the engines: it resumes the workers the
 //! dead replica had paused, which keep serving their previous weights until the next update.
+//!
+//! A lease call can run out of time and still go through (NATS took the write; its answer came
+//! late). Where a call fails, the replica reads the lease: if it names this replica, the write
+//! went through and the replica carries on with the revision it finds ([`own_revision`]),
+//! rather than take its own lease for another's (or for lost) until the TTL ages it out.
 
 use super::wire::LeaseValue;
 use crate::error::ServeError;
+use crate::replica_state::Link;
 use crate::state::AppState;
+use async_nats::jetstream::kv::Operation;
 use kvrouter_core::ids::WorkerId;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -31,9 +38,16 @@ async fn bounded<T, E: std::fmt::Display>(
     }
 }
 
+/// The update lease, taken: its revision, and this replica's turn to start a cycle, held
+/// until the caller has begun the cycle and handed the lease to [`hold`].
+pub(crate) struct Taken<'a> {
+    pub(crate) revision: u64,
+    _starting: tokio::sync::MutexGuard<'a, ()>,
+}
+
 /// Takes the update lease (no-op without replica sync). Another replica's running update is a
 /// conflict that names it.
-pub(crate) async fn acquire(state: &AppState) -> Result<Option<u64>, ServeError> {
+pub(crate) async fn acquire(state: &AppState) -> Result<Option<Taken<'_>>, ServeError> {
     if state.inner.config.replica_sync.is_none() {
         return Ok(None);
     }
@@ -54,21 +68,43 @@ pub(crate) async fn acquire(state: &AppState) -> Result<Option<u64>, ServeError>
             "the update lease cannot be taken: replica sync is not connected to NATS".into(),
         ));
     }
+    // One start at a time here: the lease found naming this replica is then an earlier
+    // take's, not that of a start running beside this one.
+    let starting = link.starting.lock().await;
+    let taken = |revision| {
+        Ok(Some(Taken {
+            revision,
+            _starting: starting,
+        }))
+    };
     let value = LeaseValue {
         replica: state.inner.replica.id(),
         status: None,
     };
     let body = serde_json::to_vec(&value).unwrap_or_default();
     let created = tokio::time::timeout(CALL_LIMIT, link.lease.create(KEY, body.into())).await;
-    let created = created.map_err(|_| {
-        ServeError::Unavailable(format!(
-            "the update lease cannot be taken over replica sync (NATS did not answer within \
-             {CALL_LIMIT:?})"
-        ))
-    })?;
+    let created = match created {
+        Ok(created) => created,
+        Err(_) => {
+            return match own_revision(state, link).await {
+                Some(revision) => taken(revision),
+                None => Err(ServeError::Unavailable(format!(
+                    "the update lease cannot be taken over replica sync (NATS did not answer \
+                     within {CALL_LIMIT:?})"
+                ))),
+            };
+        }
+    };
     match created {
-        Ok(revision) => Ok(Some(revision)),
+        Ok(revision) => taken(revision),
         Err(e) if e.kind() == async_nats::jetstream::kv::CreateErrorKind::AlreadyExists => {
+            // This replica's own lease with no cycle of its own running: a take whose answer
+            // came too late, or a cycle's end whose delete did not go through.
+            if !cycle_running(state) {
+                if let Some(revision) = own_revision(state, link).await {
+                    return taken(revision);
+                }
+            }
             let holder = holder(state)
                 .await
                 .map_or("another".to_owned(), |v| v.replica.to_string());
@@ -81,6 +117,26 @@ pub(crate) async fn acquire(state: &AppState) -> Result<Option<u64>, ServeError>
             "the update lease cannot be taken over replica sync (NATS: {e})"
         ))),
     }
+}
+
+/// The lease's revision when it names this replica; `None` when it names another, is free,
+/// or cannot be read.
+async fn own_revision(state: &AppState, link: &Link) -> Option<u64> {
+    let entry = bounded(link.lease.entry(KEY)).await.ok()??;
+    if entry.operation != Operation::Put {
+        return None;
+    }
+    let value: LeaseValue = serde_json::from_slice(&entry.value).ok()?;
+    (value.replica == state.inner.replica.id()).then_some(entry.revision)
+}
+
+/// Whether this replica's weight-update cycle is running.
+fn cycle_running(state: &AppState) -> bool {
+    state
+        .inner
+        .lock_core()
+        .update_status()
+        .is_some_and(|s| s.finished.is_none())
 }
 
 /// Who holds the lease, with its progress.
@@ -113,12 +169,7 @@ pub(crate) fn hold(
         let mut tick = tokio::time::interval(link.config.heartbeat);
         loop {
             tick.tick().await;
-            let running = state
-                .inner
-                .lock_core()
-                .update_status()
-                .is_some_and(|s| s.finished.is_none());
-            if !running {
+            if !cycle_running(&state) {
                 let _ = bounded(link.lease.delete_expect_revision(KEY, Some(revision))).await;
                 return;
             }
@@ -130,6 +181,11 @@ pub(crate) fn hold(
             match bounded(link.lease.update(KEY, body.into(), revision)).await {
                 Ok(r) => revision = r,
                 Err(e) => {
+                    // The renewal went through, and its answer came late.
+                    if let Some(r) = own_revision(&state, &link).await {
+                        revision = r;
+                        continue;
+                    }
                     state
                         .inner
                         .replica
@@ -159,6 +215,9 @@ pub(crate) async fn roll_back(state: AppState, dead: u64, workers: Vec<WorkerId>
         match bounded(link.lease.create(KEY, body.clone().into())).await {
             Ok(r) => break r,
             Err(_) => {
+                if let Some(r) = own_revision(&state, &link).await {
+                    break r;
+                }
                 let other = holder(&state).await.map(|v| v.replica);
                 if other.is_some_and(|r| r != dead) || tokio::time::Instant::now() > deadline {
                     // Another replica rolls back (or drives a new update that covers them).

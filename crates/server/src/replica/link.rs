@@ -46,6 +46,7 @@ pub(crate) async fn run(state: AppState, config: ReplicaSyncConfig) {
         client: client.clone(),
         lease,
         config: config.clone(),
+        starting: tokio::sync::Mutex::new(()),
     });
     inner.replica.set_link(link.clone());
     // Subscribe before reading the buckets, so nothing published meanwhile is missed.
