@@ -495,6 +495,19 @@ async fn engine_paused(client: &reqwest::Client, engine: &str) -> bool {
     info["paused"].as_bool().unwrap_or(false)
 }
 
+/// `POST /admin/policy/update` of version 7 on worker 0: the answer's status.
+async fn start_update(client: &reqwest::Client, base: &str) -> u16 {
+    client
+        .post(format!("{base}/admin/policy/update"))
+        .bearer_auth("t")
+        .json(&json!({"version": 7, "workers": [0]}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
 async fn policy(client: &reqwest::Client, base: &str) -> Value {
     client
         .get(format!("{base}/admin/policy"))
@@ -516,22 +529,9 @@ async fn one_replica_drives_an_update_and_its_death_leaves_no_worker_paused() {
     let b = replica(&nats, 2, &engines, &[]).await;
     let client = reqwest::Client::new();
     joined(&[&a, &b]).await;
-    let update = |base: String| {
-        let c = client.clone();
-        async move {
-            c.post(format!("{base}/admin/policy/update"))
-                .bearer_auth("t")
-                .json(&json!({"version": 7, "workers": [0]}))
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        }
-    };
-    assert_eq!(update(a.http()).await, 202);
+    assert_eq!(start_update(&client, &a.http()).await, 202);
     // Only one replica drives an update at a time.
-    assert_eq!(update(b.http()).await, 409);
+    assert_eq!(start_update(&client, &b.http()).await, 409);
     // B honours A's hold and sees its progress; the engine is paused for its load.
     let engine0 = engines[0].http();
     common::until(
@@ -609,16 +609,7 @@ async fn an_update_given_up_while_its_source_is_checked_holds_no_lease() {
         "the check was still waiting: {given_up:?}"
     );
     // At once, not after the lease's TTL: no replica holds it.
-    let status = client
-        .post(format!("{}/admin/policy/update", b.http()))
-        .bearer_auth("t")
-        .json(&json!({"version": 7, "workers": [0]}))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16();
-    assert_eq!(status, 202);
+    assert_eq!(start_update(&client, &b.http()).await, 202);
 }
 
 /// The value of one labelled sample (`name{labels}`), 0 while it is absent.

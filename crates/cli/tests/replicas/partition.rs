@@ -5,7 +5,7 @@
 
 use super::{
     common, complete, connected, engines, joined, metric, nats, policy, replica, replica_at,
-    replica_with_ttl, worker, Nats, ROUND_ROBIN_SESSIONS,
+    replica_with_ttl, start_update, worker, Nats, ROUND_ROBIN_SESSIONS,
 };
 use common::proxy::Proxy;
 use common::Proc;
@@ -303,21 +303,8 @@ async fn a_lease_taken_but_answered_too_late_is_the_replicas_own() {
     let b = replica_with_ttl(&nats.url, 2, &engines, TTL_MS, &[]).await;
     joined(&[&a, &b]).await;
     let c = reqwest::Client::new();
-    let update = |base: String| {
-        let c = c.clone();
-        async move {
-            c.post(format!("{base}/admin/policy/update"))
-                .bearer_auth("t")
-                .json(&json!({"version": 7, "workers": [0]}))
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        }
-    };
     proxy.delay_answers(Duration::from_millis(2_500));
-    let first = update(a.http()).await;
+    let first = start_update(&c, &a.http()).await;
     proxy.delay_answers(Duration::ZERO);
     // NATS took the lease for A.
     common::until("B to see A's lease", Duration::from_secs(10), || {
@@ -332,13 +319,13 @@ async fn a_lease_taken_but_answered_too_late_is_the_replicas_own() {
             async move { policy(&c, &base).await["update_lease"]["replica"] == 1 }
         })
         .await;
-        assert_eq!(update(a.http()).await, 202);
+        assert_eq!(start_update(&c, &a.http()).await, 202);
     } else {
         // The lease was read back within the first call's time.
         assert_eq!(first, 202);
     }
     // B still may not start one.
-    assert_eq!(update(b.http()).await, 409);
+    assert_eq!(start_update(&c, &b.http()).await, 409);
     // The cycle ends, and A gives up the lease with the revision it adopted.
     common::until("the lease to be given up", Duration::from_secs(15), || {
         let (c, base) = (c.clone(), b.http());
