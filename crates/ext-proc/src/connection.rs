@@ -40,6 +40,10 @@ const READ_CHUNK: usize = 64 * 1024;
 /// Answers written and not yet taken by the gateway past which the connection stops reading
 /// (a peer that sends and never reads: PINGs, resets, headers are not flow-controlled).
 const MAX_UNWRITTEN: usize = 4 << 20;
+/// Answers waiting for the gateway's flow-control windows past which the connection is cut
+/// (`ENHANCE_YOUR_CALM`): past `service::MAX_WAITING` the gateway gets no more connection
+/// window, so only a gateway that takes no answers and sends many small messages gets here.
+const MAX_WAITING_CUT: usize = 64 << 20;
 /// How long a stopping connection's last bytes (answers, GOAWAY) may take to be written; a
 /// gateway that does not read them is cut.
 const STOP_WRITE_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -65,6 +69,13 @@ pub(crate) async fn run(
     let mut stop_by = None;
     let (mut rd, mut wr) = tcp.split();
     loop {
+        if conn.h2.waiting() > MAX_WAITING_CUT && conn.phase != Phase::Stopped {
+            tracing::warn!(
+                "ext_proc: a gateway connection left over {MAX_WAITING_CUT} bytes of answers \
+                 untaken; closing it"
+            );
+            conn.stop(crate::h2::frame::code::ENHANCE_YOUR_CALM);
+        }
         if written == write.len() {
             write.clear();
             written = 0;

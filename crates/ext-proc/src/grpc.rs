@@ -64,6 +64,11 @@ impl Messages {
         }
     }
 
+    /// Bytes of a message not yet whole.
+    pub(crate) fn held(&self) -> usize {
+        self.partial.len()
+    }
+
     /// Appends the messages completed by `data` to `out`; `end`: the request is over (a
     /// message cut short is an error).
     pub(crate) fn push(

@@ -31,6 +31,9 @@ const STREAM_WINDOW: u32 = 1 << 20;
 const CONNECTION_WINDOW: u32 = 16 << 20;
 /// The largest header block read (a gRPC request's headers are a few hundred bytes).
 const MAX_HEADER_BLOCK: usize = 64 * 1024;
+/// Answers waiting for a gateway's flow-control windows past which the connection's window is
+/// not granted back: a gateway that takes no answers can send no more request data.
+const MAX_WAITING: usize = 4 << 20;
 
 /// Room in a gateway message for what comes with a body chunk (its framing and flags).
 const MESSAGE_OVERHEAD_BYTES: usize = 64 * 1024;
@@ -125,6 +128,7 @@ impl ExtProc {
             stream_window: STREAM_WINDOW,
             connection_window: CONNECTION_WINDOW,
             max_header_block: MAX_HEADER_BLOCK,
+            max_waiting: MAX_WAITING,
         }
     }
 

@@ -127,3 +127,68 @@ async fn a_gateway_gone_silent_is_cut_and_its_load_released_and_a_quiet_one_kept
     }
     await_metric(&base, ACTIVE, 0.0).await;
 }
+
+/// Messages not yet whole are bounded per connection, whatever the streams: two of the largest
+/// size (64 MiB + 64 KiB each by default). Three streams each 50 MiB into a message announced
+/// at 60 MiB: the one whose bytes pass the bound ends `RESOURCE_EXHAUSTED`, the others go on,
+/// and the picker serves a new exchange.
+#[tokio::test]
+async fn messages_not_yet_whole_are_bounded_per_connection() {
+    use bytes::Bytes;
+    let (_p, _base, grpc) = super::picker("1", &[]).await;
+    let tcp = tokio::net::TcpStream::connect(&grpc)
+        .await
+        .expect("connect");
+    let (mut send, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    let driver = tokio::spawn(connection);
+    let request = || {
+        tonic::codegen::http::Request::post(format!(
+            "http://{grpc}/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap()
+    };
+    let chunk = Bytes::from(vec![0u8; 1 << 20]);
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        send = send.ready().await.expect("ready");
+        let (response, mut body) = send.send_request(request(), false).expect("a stream");
+        let mut prefix = vec![0u8];
+        prefix.extend_from_slice(&(60u32 << 20).to_be_bytes());
+        body.send_data(prefix.into(), false).expect("prefix");
+        for _ in 0..50 {
+            body.send_data(chunk.clone(), false).expect("data");
+        }
+        streams.push((response, body));
+    }
+    // The third stream ends RESOURCE_EXHAUSTED.
+    let (third, _third_body) = streams.pop().expect("three streams");
+    let ended = async {
+        let mut body = third.await.expect("an answer").into_body();
+        while let Some(data) = body.data().await {
+            data.expect("data");
+        }
+        body.trailers().await.expect("trailers").expect("trailers")
+    };
+    let trailers = tokio::time::timeout(Duration::from_secs(30), ended)
+        .await
+        .expect("the stream ends in time");
+    let status = trailers
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(status.as_deref(), Some("8"), "{trailers:?}");
+    drop(streams);
+    driver.abort();
+
+    let mut client = super::connect(&grpc).await;
+    let mut envoy = super::Envoy::open(&mut client).await;
+    envoy
+        .send(super::request_headers(super::BUFFERED, &[], None))
+        .await;
+    assert!(matches!(
+        envoy.recv().await.response,
+        Some(super::Out::RequestHeaders(_))
+    ));
+}

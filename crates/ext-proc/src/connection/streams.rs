@@ -23,6 +23,15 @@ enum Call {
     Health(health::Call),
 }
 
+impl Call {
+    fn messages(&mut self) -> &mut Messages {
+        match self {
+            Call::Process(p) => &mut p.messages,
+            Call::Health(h) => h.messages(),
+        }
+    }
+}
+
 /// A `Process` stream.
 struct Process {
     messages: Messages,
@@ -64,12 +73,18 @@ pub(super) struct Conn {
     health: watch::Receiver<Health>,
     /// `Watch` calls open.
     watchers: usize,
+    /// Bytes of messages not yet whole, all calls together: at most `max_held` after a read
+    /// (the call whose bytes pass it ends `RESOURCE_EXHAUSTED`).
+    held: usize,
+    max_held: usize,
     scratch: Vec<u8>,
 }
 
 impl Conn {
     pub(super) fn new(service: ExtProc, phase: Phase, health: watch::Receiver<Health>) -> Self {
         let limits = service.h2_limits();
+        // Two messages of the largest size at once, whatever the streams.
+        let max_held = 2 * service.max_message();
         Self {
             service,
             h2: Connection::new(limits),
@@ -77,6 +92,8 @@ impl Conn {
             phase,
             health,
             watchers: 0,
+            held: 0,
+            max_held,
             scratch: Vec::new(),
         }
     }
@@ -97,7 +114,8 @@ impl Conn {
 
     /// Forgets stream `id`'s call (dropping it: an exchange's drop releases its load).
     fn remove(&mut self, id: u32) -> Option<Entry> {
-        let entry = self.calls.remove(&id)?;
+        let mut entry = self.calls.remove(&id)?;
+        self.held -= entry.call.messages().held();
         if matches!(entry.call, Call::Health(health::Call::Watch { .. })) {
             self.watchers -= 1;
         }
@@ -183,12 +201,20 @@ impl Conn {
             return;
         };
         let mut msgs = Vec::new();
-        let read = match &mut entry.call {
-            Call::Process(p) => p.messages.push(data, end, &mut msgs),
-            Call::Health(h) => h.messages().push(data, end, &mut msgs),
-        };
+        let messages = entry.call.messages();
+        let before = messages.held();
+        let read = messages.push(data, end, &mut msgs);
+        self.held = self.held - before + messages.held();
         if let Err(e) = read {
             self.fail(id, &e);
+            return;
+        }
+        if self.held > self.max_held {
+            let message = format!(
+                "the gateway connection's streams hold over {} bytes of messages not yet whole",
+                self.max_held
+            );
+            self.end(id, status::RESOURCE_EXHAUSTED, &message);
             return;
         }
         for m in msgs {

@@ -41,6 +41,7 @@ pub(crate) mod code {
 /// Settings identifiers (RFC 9113 §6.5.2).
 pub(crate) mod setting {
     pub(crate) const HEADER_TABLE_SIZE: u16 = 0x1;
+    pub(crate) const ENABLE_PUSH: u16 = 0x2;
     pub(crate) const MAX_CONCURRENT_STREAMS: u16 = 0x3;
     pub(crate) const INITIAL_WINDOW_SIZE: u16 = 0x4;
     pub(crate) const MAX_FRAME_SIZE: u16 = 0x5;

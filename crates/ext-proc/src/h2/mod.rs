@@ -12,7 +12,9 @@
 //! size applied), PING answered, GOAWAY noted, HEADERS with CONTINUATION decoded by HPACK
 //! ([`hpack`]: dynamic table and Huffman included), flow control both ways (the peer's
 //! windows bound what is written, the rest waits per stream for its WINDOW_UPDATE; the
-//! windows this side grants are topped up as data is read), padding, RST_STREAM both ways, the
+//! windows this side grants are topped up as data is read, the connection's only while the
+//! answers waiting for the peer's windows stay under [`Limits::max_waiting`]), padding,
+//! RST_STREAM both ways, the
 //! stream bound ([`Limits::max_streams`]; a stream past it is refused with `REFUSED_STREAM`).
 //! What it leaves out: server push, priorities (read and ignored), request trailers' contents
 //! (their END_STREAM ends the request), and HTTP/1.1 upgrade (gRPC clients speak HTTP/2 from
@@ -51,6 +53,9 @@ pub(crate) struct Limits {
     /// The largest header block read (`SETTINGS_MAX_HEADER_LIST_SIZE`, counted on the block's
     /// encoded bytes).
     pub(crate) max_header_block: usize,
+    /// Answer bytes waiting for the peer's windows past which this side grants no more of the
+    /// connection's window: the peer, which takes no answers, sends no more DATA.
+    pub(crate) max_waiting: usize,
 }
 
 /// What the peer did.
@@ -113,6 +118,8 @@ struct Stream {
     pending: VecDeque<u8>,
     /// The trailers' header block, once the answer ended (written after `pending`).
     trailers: Option<Vec<u8>>,
+    /// In the connection's `blocked` list.
+    queued: bool,
     /// The peer ended its side.
     remote_closed: bool,
     /// Bytes read on this stream and not yet granted back.
@@ -137,10 +144,13 @@ pub(crate) struct Connection {
     streams: ById<Stream>,
     /// Streams with data waiting for window.
     blocked: Vec<u32>,
+    /// Bytes of DATA waiting for window, all streams together.
+    waiting: usize,
     peer_initial_window: i64,
     peer_max_frame: usize,
     send_window: i64,
-    /// Connection-level bytes read and not yet granted back.
+    /// Connection-level bytes read and not yet granted back (at most the connection window:
+    /// a peer that sends more is in error).
     unacked: u32,
     /// The peer sent GOAWAY.
     peer_gone: bool,
@@ -183,6 +193,7 @@ impl Connection {
             peer_initial_window: DEFAULT_WINDOW,
             peer_max_frame: MAX_FRAME,
             send_window: DEFAULT_WINDOW,
+            waiting: 0,
             unacked: 0,
             peer_gone: false,
             encoder_table: None,
@@ -198,6 +209,38 @@ impl Connection {
     /// Bytes in the output, not yet taken by the caller.
     pub(crate) fn unwritten(&self) -> usize {
         self.out.len()
+    }
+
+    /// The connection window the peer has when nothing is unacknowledged (the default, if the
+    /// limit is below it: the window is never lowered).
+    fn connection_window(&self) -> u32 {
+        self.limits.connection_window.max(DEFAULT_WINDOW as u32)
+    }
+
+    /// Removes stream `id`, with whatever of its answer still waits for window.
+    fn remove_stream(&mut self, id: u32) -> Option<Stream> {
+        let s = self.streams.remove(&id)?;
+        if !s.pending.is_empty() {
+            self.waiting -= s.pending.len();
+            self.grant_connection();
+        }
+        Some(s)
+    }
+
+    /// Grants the peer the connection window it used once that is half of it, unless the
+    /// answers waiting for the peer's windows reached [`Limits::max_waiting`] (then when they
+    /// go under it).
+    fn grant_connection(&mut self) {
+        let due = self.unacked >= self.connection_window() / 2;
+        if due && self.waiting < self.limits.max_waiting {
+            frame::window_update(&mut self.out, 0, self.unacked);
+            self.unacked = 0;
+        }
+    }
+
+    /// Bytes of answers waiting for the peer's windows.
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting
     }
 
     /// Streams open (not yet ended both ways or reset), answers waiting for window included.

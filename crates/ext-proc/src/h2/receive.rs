@@ -60,18 +60,24 @@ impl Connection {
             kind::HEADERS => self.on_headers(head, payload, events),
             kind::CONTINUATION => self.on_continuation(head, payload, events),
             kind::RST_STREAM => {
-                if head.stream == 0 || payload.len() != 4 {
-                    return fail(code::PROTOCOL_ERROR, "a malformed RST_STREAM");
+                if payload.len() != 4 {
+                    return fail(code::FRAME_SIZE_ERROR, "an RST_STREAM not 4 bytes long");
                 }
-                if self.streams.remove(&head.stream).is_some() {
+                if head.stream == 0 || head.stream > self.last_stream {
+                    return fail(code::PROTOCOL_ERROR, "RST_STREAM on an idle stream");
+                }
+                if self.remove_stream(head.stream).is_some() {
                     events.push(Event::Reset { id: head.stream });
                 }
                 Ok(())
             }
             kind::SETTINGS => self.on_settings(head, &payload),
             kind::PING => {
-                if head.stream != 0 || payload.len() != 8 {
-                    return fail(code::PROTOCOL_ERROR, "a malformed PING");
+                if payload.len() != 8 {
+                    return fail(code::FRAME_SIZE_ERROR, "a PING not 8 bytes long");
+                }
+                if head.stream != 0 {
+                    return fail(code::PROTOCOL_ERROR, "a PING on a stream");
                 }
                 if !head.has(flag::ACK) {
                     frame::ping(&mut self.out, flag::ACK, &payload);
@@ -120,10 +126,13 @@ impl Connection {
         // Flow control counts the whole payload, padding included (§6.9.1).
         let counted = payload.len() as u32;
         self.unacked += counted;
-        if self.unacked >= self.limits.connection_window / 2 {
-            frame::window_update(&mut self.out, 0, self.unacked);
-            self.unacked = 0;
+        if self.unacked > self.connection_window() {
+            return fail(
+                code::FLOW_CONTROL_ERROR,
+                "DATA past the connection's window",
+            );
         }
+        self.grant_connection();
         let data = Self::unpadded(head, payload)?;
         let end = head.has(flag::END_STREAM);
         let stream_window = self.limits.stream_window;
@@ -137,7 +146,7 @@ impl Connection {
         if s.remote_closed {
             // DATA after the request's end: the stream is closed (RFC 9113 §5.1), and so
             // is its answer.
-            self.streams.remove(&head.stream);
+            self.remove_stream(head.stream);
             frame::rst_stream(&mut self.out, head.stream, code::STREAM_CLOSED);
             events.push(Event::Reset { id: head.stream });
             return Ok(());
@@ -265,7 +274,14 @@ impl Connection {
             return Ok(());
         }
         if id <= self.last_stream {
-            // Trailers of a stream this side already ended: nothing to do.
+            // Trailers of a stream this side already ended: nothing to do. Request headers
+            // (they name a path) are a new stream's, whose id must be above the last one's.
+            if paths > 0 {
+                return fail(
+                    code::PROTOCOL_ERROR,
+                    "a new stream's id not above the last one's",
+                );
+            }
             return Ok(());
         }
         if id % 2 == 0 {
@@ -298,12 +314,17 @@ impl Connection {
     }
 
     fn on_settings(&mut self, head: Head, payload: &[u8]) -> Result<(), ConnError> {
-        if head.stream != 0 || payload.len() % 6 != 0 {
+        if head.stream != 0 {
+            return fail(code::PROTOCOL_ERROR, "SETTINGS on a stream");
+        }
+        if payload.len() % 6 != 0 || (head.has(flag::ACK) && !payload.is_empty()) {
             return fail(code::FRAME_SIZE_ERROR, "a malformed SETTINGS");
         }
         if head.has(flag::ACK) {
             return Ok(());
         }
+        // Whether the streams' windows grew: only then can waiting data go.
+        let mut opened = false;
         for s in payload.chunks_exact(6) {
             let id = u16::from_be_bytes([s[0], s[1]]);
             let v = u32::from_be_bytes([s[2], s[3], s[4], s[5]]);
@@ -323,6 +344,7 @@ impl Connection {
                             return fail(code::FLOW_CONTROL_ERROR, "a stream window past 2^31-1");
                         }
                     }
+                    opened |= delta > 0;
                 }
                 setting::MAX_FRAME_SIZE => {
                     if !(16_384..=16_777_215).contains(&v) {
@@ -336,12 +358,17 @@ impl Connection {
                 // the start of the next header block written (RFC 7541 §4.2; nghttp2 refuses
                 // a block without it).
                 setting::HEADER_TABLE_SIZE => self.encoder_table = Some(v),
+                setting::ENABLE_PUSH if v > 1 => {
+                    return fail(code::PROTOCOL_ERROR, "SETTINGS_ENABLE_PUSH not 0 or 1");
+                }
                 // The other settings concern the peer's sending.
                 _ => {}
             }
         }
         frame::settings(&mut self.out, &[], true);
-        self.flush_blocked();
+        if opened {
+            self.flush_blocked();
+        }
         Ok(())
     }
 
@@ -357,6 +384,9 @@ impl Connection {
         let inc = i64::from(
             u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff,
         );
+        if head.stream > self.last_stream {
+            return fail(code::PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream");
+        }
         if head.stream == 0 {
             if inc == 0 {
                 return fail(code::PROTOCOL_ERROR, "a WINDOW_UPDATE of 0");
@@ -378,11 +408,12 @@ impl Connection {
                 _ => None,
             };
             if let Some(error) = error {
-                self.streams.remove(&head.stream);
+                self.remove_stream(head.stream);
                 frame::rst_stream(&mut self.out, head.stream, error);
                 events.push(Event::Reset { id: head.stream });
             } else if !s.pending.is_empty() {
-                self.flush_blocked();
+                // Only this stream's window grew.
+                self.flush_stream(head.stream);
             }
         }
         Ok(())

@@ -40,6 +40,7 @@ impl Connection {
         };
         if !s.pending.is_empty() {
             s.pending.extend(bytes);
+            self.waiting += bytes.len();
             return;
         }
         let now = write_within(
@@ -51,7 +52,11 @@ impl Connection {
         );
         if now < bytes.len() {
             s.pending.extend(&bytes[now..]);
-            self.blocked.push(id);
+            self.waiting += bytes.len() - now;
+            if !s.queued {
+                s.queued = true;
+                self.blocked.push(id);
+            }
         }
     }
 
@@ -88,7 +93,7 @@ impl Connection {
 
     /// Resets stream `id` (this side gives it up).
     pub(crate) fn reset(&mut self, id: u32, error: u32) {
-        if self.streams.remove(&id).is_some() {
+        if self.remove_stream(id).is_some() {
             frame::rst_stream(&mut self.out, id, error);
         }
     }
@@ -106,36 +111,57 @@ impl Connection {
     /// This side's answer on `id` ended: a request still being sent is cut (RST_STREAM
     /// `NO_ERROR`, RFC 9113 §8.1: the answer is complete, the rest of the request unneeded).
     fn ended(&mut self, id: u32) {
-        if let Some(s) = self.streams.remove(&id) {
+        if let Some(s) = self.remove_stream(id) {
             if !s.remote_closed {
                 frame::rst_stream(&mut self.out, id, code::NO_ERROR);
             }
         }
     }
 
-    /// Writes what waited for window, in the order the streams blocked.
+    /// Writes what waited for window, in the order the streams blocked, until the connection's
+    /// window is used up.
     pub(super) fn flush_blocked(&mut self) {
+        let mut blocked = std::mem::take(&mut self.blocked).into_iter();
         let mut still = Vec::new();
-        for id in std::mem::take(&mut self.blocked) {
-            let Some(s) = self.streams.get_mut(&id) else {
-                continue;
-            };
-            let now = write_within(
-                &mut self.out,
-                (&mut self.send_window, &mut s.send_window),
-                self.peer_max_frame,
-                id,
-                s.pending.make_contiguous(),
-            );
-            s.pending.drain(..now);
-            if !s.pending.is_empty() {
+        for id in blocked.by_ref() {
+            if self.flush_stream(id) {
                 still.push(id);
-            } else if let Some(block) = s.trailers.take() {
-                self.write_headers(id, &block, true);
-                self.ended(id);
+            } else if let Some(s) = self.streams.get_mut(&id) {
+                s.queued = false;
+            }
+            if self.send_window <= 0 {
+                break;
             }
         }
+        still.extend(blocked);
         self.blocked = still;
+    }
+
+    /// Writes what stream `id` has waiting, as far as the windows allow, and its trailers once
+    /// all of it went; whether some still waits.
+    pub(super) fn flush_stream(&mut self, id: u32) -> bool {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return false;
+        };
+        let now = write_within(
+            &mut self.out,
+            (&mut self.send_window, &mut s.send_window),
+            self.peer_max_frame,
+            id,
+            s.pending.make_contiguous(),
+        );
+        s.pending.drain(..now);
+        let waits = !s.pending.is_empty();
+        let trailers = if waits { None } else { s.trailers.take() };
+        if now > 0 {
+            self.waiting -= now;
+            self.grant_connection();
+        }
+        if let Some(block) = trailers {
+            self.write_headers(id, &block, true);
+            self.ended(id);
+        }
+        waits
     }
 }
 

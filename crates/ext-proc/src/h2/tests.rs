@@ -10,6 +10,7 @@ fn limits() -> Limits {
         stream_window: 1 << 20,
         connection_window: 16 << 20,
         max_header_block: 4096,
+        max_waiting: 1000,
     }
 }
 
@@ -38,7 +39,12 @@ fn request_block(path: &str) -> Vec<u8> {
 
 /// A connection that has read the preface and the client's SETTINGS; its output cleared.
 fn open_connection(client_settings: &[(u16, u32)]) -> Connection {
-    let mut c = Connection::new(limits());
+    open_connection_with(limits(), client_settings)
+}
+
+fn open_connection_with(limits: Limits, client_settings: &[(u16, u32)]) -> Connection {
+    let raised = limits.connection_window > 65_535;
+    let mut c = Connection::new(limits);
     let mut wire = BytesMut::from(PREFACE);
     let mut settings = Vec::new();
     frame::settings(&mut settings, client_settings, false);
@@ -48,14 +54,11 @@ fn open_connection(client_settings: &[(u16, u32)]) -> Connection {
     assert!(events.is_empty() && wire.is_empty());
     let out = frames(&std::mem::take(c.output()));
     let kinds: Vec<(u8, u8)> = out.iter().map(|(h, _)| (h.kind, h.flags)).collect();
-    assert_eq!(
-        kinds,
-        [
-            (kind::SETTINGS, 0),
-            (kind::WINDOW_UPDATE, 0),
-            (kind::SETTINGS, flag::ACK)
-        ]
-    );
+    let mut expected = vec![(kind::SETTINGS, 0), (kind::SETTINGS, flag::ACK)];
+    if raised {
+        expected.insert(1, (kind::WINDOW_UPDATE, 0));
+    }
+    assert_eq!(kinds, expected);
     c
 }
 
@@ -224,6 +227,85 @@ fn streams_past_the_bound_are_refused_and_pings_answered() {
     assert!(matches!(events[1], Event::Open { id: 7, .. }));
 }
 
+/// The WINDOW_UPDATEs in `out`: (stream, increment).
+fn window_updates(out: &[u8]) -> Vec<(u32, u32)> {
+    frames(out)
+        .iter()
+        .filter(|(h, _)| h.kind == kind::WINDOW_UPDATE)
+        .map(|(h, p)| (h.stream, u32::from_be_bytes([p[0], p[1], p[2], p[3]])))
+        .collect()
+}
+
+/// A peer that takes no answers (it grants no window) gets no more connection window once the
+/// answers waiting reach the bound, and gets it when they go; one that sends past the window
+/// it has is in error.
+#[test]
+fn the_connection_window_waits_while_answers_do() {
+    let limits = Limits {
+        connection_window: 65_535,
+        ..limits()
+    };
+    let mut c = open_connection_with(limits, &[(setting::INITIAL_WINDOW_SIZE, 0)]);
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 1, &request_block("/p"), false);
+    receive(&mut c, &wire);
+    c.send_headers(1);
+    c.send_data(1, &[7; 1500]);
+    assert_eq!(c.waiting(), 1500);
+    std::mem::take(c.output());
+    // 40,000 bytes read, past half the window: not granted back while answers wait.
+    let mut wire = Vec::new();
+    for _ in 0..4 {
+        frame::data(&mut wire, 1, &[0; 10_000], false);
+    }
+    receive(&mut c, &wire);
+    assert_eq!(window_updates(&std::mem::take(c.output())), []);
+    // The peer opens the stream's window: the answer goes, and the window is granted back.
+    let mut wire = Vec::new();
+    frame::window_update(&mut wire, 1, 2_000);
+    receive(&mut c, &wire);
+    let out = std::mem::take(c.output());
+    assert_eq!(c.waiting(), 0);
+    assert_eq!(window_updates(&out), [(0, 40_000)]);
+
+    // Answers waiting again, and more DATA than the window the peer has: a connection error.
+    c.send_data(1, &[7; 1500 + 2_000]);
+    let mut wire = Vec::new();
+    for _ in 0..7 {
+        frame::data(&mut wire, 1, &[0; 10_000], false);
+    }
+    let mut buf = BytesMut::from(&wire[..]);
+    let e = c.receive(&mut buf, &mut Vec::new()).unwrap_err();
+    assert_eq!(e.code, code::FLOW_CONTROL_ERROR);
+}
+
+/// A reset stream's waiting answer goes with it, and the window it held back is granted.
+#[test]
+fn a_reset_stream_gives_back_what_its_answer_held() {
+    let limits = Limits {
+        connection_window: 65_535,
+        ..limits()
+    };
+    let mut c = open_connection_with(limits, &[(setting::INITIAL_WINDOW_SIZE, 0)]);
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 1, &request_block("/p"), false);
+    frame::headers(&mut wire, 3, &request_block("/p"), false);
+    receive(&mut c, &wire);
+    c.send_data(1, &[7; 600]);
+    c.send_data(3, &[7; 600]);
+    let mut wire = Vec::new();
+    for _ in 0..4 {
+        frame::data(&mut wire, 3, &[0; 10_000], false);
+    }
+    receive(&mut c, &wire);
+    std::mem::take(c.output());
+    let mut wire = Vec::new();
+    frame::rst_stream(&mut wire, 1, code::CANCEL);
+    receive(&mut c, &wire);
+    assert_eq!(c.waiting(), 600);
+    assert_eq!(window_updates(&std::mem::take(c.output())), [(0, 40_000)]);
+}
+
 #[test]
 fn data_past_half_a_window_is_granted_back() {
     let mut c = open_connection(&[]);
@@ -278,6 +360,73 @@ fn protocol_errors_end_the_connection() {
         c.receive(&mut buf, &mut Vec::new()).unwrap_err().code,
         code::PROTOCOL_ERROR
     );
+}
+
+/// RFC 9113's connection errors, each after an open stream 3: the frame, and its code.
+#[test]
+fn frames_the_rfc_refuses_end_the_connection_with_its_code() {
+    let frame_of = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
+        let mut wire = Vec::new();
+        frame::head(&mut wire, payload.len(), kind, flags, stream);
+        wire.extend_from_slice(payload);
+        wire
+    };
+    let mut settings_push = Vec::new();
+    frame::settings(&mut settings_push, &[(setting::ENABLE_PUSH, 2)], false);
+    let mut lower = Vec::new();
+    frame::headers(&mut lower, 1, &request_block("/p"), false);
+    let cases: [(&str, Vec<u8>, u32); 9] = [
+        (
+            "a 7-byte PING",
+            frame_of(kind::PING, 0, 0, &[0; 7]),
+            code::FRAME_SIZE_ERROR,
+        ),
+        (
+            "a PING on a stream",
+            frame_of(kind::PING, 0, 3, &[0; 8]),
+            code::PROTOCOL_ERROR,
+        ),
+        (
+            "a 3-byte RST_STREAM",
+            frame_of(kind::RST_STREAM, 0, 3, &[0; 3]),
+            code::FRAME_SIZE_ERROR,
+        ),
+        (
+            "RST_STREAM on an idle stream",
+            frame_of(kind::RST_STREAM, 0, 5, &[0; 4]),
+            code::PROTOCOL_ERROR,
+        ),
+        (
+            "WINDOW_UPDATE on an idle stream",
+            frame_of(kind::WINDOW_UPDATE, 0, 7, &[0, 0, 0, 1]),
+            code::PROTOCOL_ERROR,
+        ),
+        (
+            "SETTINGS on a stream",
+            frame_of(kind::SETTINGS, 0, 3, &[]),
+            code::PROTOCOL_ERROR,
+        ),
+        (
+            "a SETTINGS ACK with a payload",
+            frame_of(kind::SETTINGS, flag::ACK, 0, &[0; 6]),
+            code::FRAME_SIZE_ERROR,
+        ),
+        (
+            "SETTINGS_ENABLE_PUSH 2",
+            settings_push,
+            code::PROTOCOL_ERROR,
+        ),
+        ("a new stream below the last", lower, code::PROTOCOL_ERROR),
+    ];
+    for (what, wire, expected) in cases {
+        let mut c = open_connection(&[]);
+        let mut open = Vec::new();
+        frame::headers(&mut open, 3, &request_block("/p"), false);
+        receive(&mut c, &open);
+        let mut buf = BytesMut::from(&wire[..]);
+        let e = c.receive(&mut buf, &mut Vec::new()).expect_err(what);
+        assert_eq!(e.code, expected, "{what}: {}", e.reason);
+    }
 }
 
 #[test]
