@@ -237,12 +237,13 @@ pub(crate) async fn run(
         names.join(",")
     );
     let server = kvrouter_server::global::start(global, config, listener).await?;
+    let shutdown = crate::signals::shutdown_signal()?;
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{line}").and_then(|()| out.flush());
     }
-    crate::signals::shutdown_signal().await?;
+    shutdown.await?;
     server.stop().await;
     Ok(())
 }

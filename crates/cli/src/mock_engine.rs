@@ -222,6 +222,7 @@ pub(crate) async fn run(args: MockEngineArgs) -> anyhow::Result<()> {
             return Err(err);
         }
     };
+    let shutdown = crate::signals::shutdown_signal()?;
     // One machine-readable line on stdout, so scripts and tests learn the ports.
     println!(
         "kvrouter mock-engine listening on http://{} kv_events={} replay={}",
@@ -229,7 +230,7 @@ pub(crate) async fn run(args: MockEngineArgs) -> anyhow::Result<()> {
         e.kv_events.as_deref().unwrap_or("none"),
         e.replay.as_deref().unwrap_or("none")
     );
-    crate::signals::shutdown_signal().await?;
+    shutdown.await?;
     // Deregistered first, so the router drains this engine before it stops answering.
     if let Some(r) = registered {
         r.revoke().await;

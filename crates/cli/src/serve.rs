@@ -410,6 +410,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             (Some(tx), Some(task), format!(" ext_proc={bound}"))
         }
     };
+    let shutdown = crate::signals::shutdown_signal()?;
     let first = format!(
         "kvrouter serve listening on http://{} mode={} workers={}{ext_proc_line}",
         server.addr,
@@ -427,7 +428,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
             }
         }
     }
-    crate::signals::shutdown_signal().await?;
+    shutdown.await?;
     // The picker and the HTTP server drain together (each for up to the grace period); the
     // embedded engines stop after both.
     if let Some(tx) = stop_ext_proc {

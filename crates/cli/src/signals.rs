@@ -2,12 +2,23 @@
 
 use anyhow::Context;
 
-/// Resolves on the first SIGINT or SIGTERM (Kubernetes stops pods with SIGTERM); a second one
-/// ends the process at once.
-pub(crate) async fn shutdown_signal() -> anyhow::Result<()> {
+/// Takes SIGINT and SIGTERM from now on (Kubernetes stops pods with SIGTERM): the future
+/// resolves on the first; a second one ends the process at once. Installed before a command
+/// says it is ready, so a signal sent as soon as it says so drains rather than kills.
+pub(crate) fn shutdown_signal(
+) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(first_signal(term, int))
+}
+
+/// Waits for the first signal on `term` or `int`, then arms the second.
+async fn first_signal(
+    mut term: tokio::signal::unix::Signal,
+    mut int: tokio::signal::unix::Signal,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
     let name = tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",

@@ -416,6 +416,39 @@ async fn the_mock_engine_drains_on_sigterm_too() {
     assert!(status.success(), "{status}");
 }
 
+/// Each long-running command drains on a SIGTERM sent as soon as it prints its ready line
+/// (exit 0). A probe found the handler installed after the line, so a signal in between killed
+/// the process; it is now installed before. That gap was microseconds wide, and this test,
+/// which signals through `kill(1)`, does not reliably hit it: it guards the drain itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sigterm_right_after_the_ready_line_drains() {
+    for args in [
+        &[
+            "serve",
+            "--port",
+            "0",
+            "--mock-workers",
+            "1",
+            "--ext-proc-port",
+            "0",
+        ][..],
+        &["mock-engine", "--port", "0"][..],
+        &[
+            "serve",
+            "--port",
+            "0",
+            "--global",
+            "--cluster",
+            "a=http://127.0.0.1:9",
+        ][..],
+    ] {
+        let mut p = common::spawn_with_env(args, &[("KVROUTER_CLUSTER_TOKEN", "t")]).await;
+        p.signal("-TERM");
+        let status = exits_within(&mut p, Duration::from_secs(20)).await;
+        assert!(status.success(), "{args:?}: {status}");
+    }
+}
+
 /// Reads until the server closes the connection; the time it took, or `None` past `limit`.
 async fn closed_within(tcp: &mut TcpStream, limit: Duration) -> Option<Duration> {
     let t0 = Instant::now();

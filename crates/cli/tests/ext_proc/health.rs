@@ -205,3 +205,28 @@ async fn a_stream_that_outlasts_the_grace_period_is_ended_unavailable() {
         .expect("waitable");
     assert!(exited.success(), "{exited:?}");
 }
+
+/// With nothing in flight the drain is over at once, and a watcher still hears `NOT_SERVING`
+/// before its call ends `UNAVAILABLE` (found by probing: its call was reset, and it never
+/// heard the status the docs promise).
+#[tokio::test]
+async fn a_watcher_hears_not_serving_when_a_drain_with_nothing_in_flight_ends_at_once() {
+    let (mut p, _base, grpc) = super::picker("1", &[]).await;
+    let mut client = health(&grpc).await;
+    let mut watching = watch(&mut client, EXT_PROC).await;
+    assert_eq!(next(&mut watching).await, ServingStatus::Serving);
+    p.signal("-TERM");
+    assert_eq!(next(&mut watching).await, ServingStatus::NotServing);
+    let end = tokio::time::timeout(Duration::from_secs(20), watching.message())
+        .await
+        .expect("the call ends in time");
+    assert_eq!(
+        end.map(|_| ()).map_err(|s| s.code()),
+        Err(Code::Unavailable)
+    );
+    let exited = tokio::time::timeout(Duration::from_secs(30), p.child.wait())
+        .await
+        .expect("exits")
+        .expect("waitable");
+    assert!(exited.success(), "{exited:?}");
+}

@@ -108,8 +108,10 @@ impl Conn {
         self.calls.is_empty()
     }
 
+    /// The picker's health as this connection answers it: not serving once it drains, even
+    /// before the health report says so.
     fn serving(&self) -> bool {
-        self.health.borrow().serving
+        self.phase == Phase::Serving && self.health.borrow().serving
     }
 
     /// Forgets stream `id`'s call (dropping it: an exchange's drop releases its load).
@@ -413,7 +415,9 @@ impl Conn {
     pub(super) fn on_phase(&mut self, now: Phase) {
         self.phase = now;
         match now {
-            Phase::Serving | Phase::Draining => {}
+            Phase::Serving => {}
+            // Watchers hear NOT_SERVING at once.
+            Phase::Draining => self.on_health(),
             Phase::Cutting => {
                 let ids: Vec<u32> = self
                     .calls
@@ -426,7 +430,15 @@ impl Conn {
                     self.end(id, status::UNAVAILABLE, message);
                 }
             }
-            Phase::Stopped => self.stop(code::NO_ERROR),
+            Phase::Stopped => {
+                // Watchers hear NOT_SERVING if they have not yet (a drain with nothing in
+                // flight is over at once), then their call ends.
+                self.on_health();
+                for id in self.watchers() {
+                    self.end(id, status::UNAVAILABLE, "kvrouter shut down");
+                }
+                self.stop(code::NO_ERROR);
+            }
         }
     }
 
@@ -442,15 +454,18 @@ impl Conn {
     }
 
     pub(super) fn on_health(&mut self) {
-        let ids: Vec<u32> = self
-            .calls
+        for id in self.watchers() {
+            self.send_health(id);
+        }
+    }
+
+    /// The streams of `Watch` calls.
+    fn watchers(&self) -> Vec<u32> {
+        self.calls
             .iter()
             .filter(|(_, e)| matches!(e.call, Call::Health(health::Call::Watch { .. })))
             .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            self.send_health(id);
-        }
+            .collect()
     }
 
     /// Sends a watcher its status if it changed since the last one it got.
