@@ -258,12 +258,19 @@ impl Connection {
             })?;
         let id = c.stream;
         if let Some(s) = self.streams.get_mut(&id) {
-            // Trailers: they end the request.
-            if !c.end_stream || s.remote_closed {
-                return fail(
-                    code::PROTOCOL_ERROR,
-                    "a second header block that does not end the stream",
-                );
+            // Trailers: they end the request. Trailers that do not end it make it malformed
+            // (RFC 9113 §8.1), and a block after its end is on a closed stream (§5.1): stream
+            // errors, so the connection's other streams go on.
+            let error = match (c.end_stream, s.remote_closed) {
+                (_, true) => Some(code::STREAM_CLOSED),
+                (false, _) => Some(code::PROTOCOL_ERROR),
+                (true, false) => None,
+            };
+            if let Some(error) = error {
+                self.remove_stream(id);
+                frame::rst_stream(&mut self.out, id, error);
+                events.push(Event::Reset { id });
+                return Ok(());
             }
             s.remote_closed = true;
             events.push(Event::Data {

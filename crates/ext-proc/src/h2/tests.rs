@@ -542,3 +542,41 @@ fn a_request_with_two_paths_is_refused_and_long_messages_are_cut() {
         "1,024 bytes of two-byte characters, percent-encoded"
     );
 }
+
+/// A second header block that does not end its request, and one after the request's end, are
+/// stream errors: the stream is reset and the connection's other streams go on.
+#[test]
+fn a_header_block_out_of_place_resets_only_its_stream() {
+    let mut c = open_connection(&[]);
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 1, &request_block("/p"), false);
+    frame::headers(&mut wire, 3, &request_block("/p"), true);
+    receive(&mut c, &wire);
+    std::mem::take(c.output());
+    let mut wire = Vec::new();
+    // Trailers without END_STREAM on 1; a block after the end on 3.
+    frame::headers(&mut wire, 1, &request_block("/p"), false);
+    frame::headers(&mut wire, 3, &request_block("/p"), true);
+    let events = receive(&mut c, &wire);
+    assert_eq!(events, [Event::Reset { id: 1 }, Event::Reset { id: 3 }]);
+    let resets: Vec<(u32, Vec<u8>)> = frames(c.output())
+        .into_iter()
+        .filter(|(h, _)| h.kind == kind::RST_STREAM)
+        .map(|(h, p)| (h.stream, p))
+        .collect();
+    assert_eq!(
+        resets,
+        [
+            (1, code::PROTOCOL_ERROR.to_be_bytes().to_vec()),
+            (3, code::STREAM_CLOSED.to_be_bytes().to_vec())
+        ]
+    );
+    // The connection goes on.
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 5, &request_block("/p"), false);
+    let events = receive(&mut c, &wire);
+    assert!(
+        matches!(events[..], [Event::Open { id: 5, .. }]),
+        "{events:?}"
+    );
+}
