@@ -50,6 +50,11 @@ pub(crate) struct PickerArgs {
     /// and the load of its requests released.
     #[arg(help_heading = H::PICKER, long, default_value_t = 30.0)]
     ext_proc_keepalive_secs: f64,
+    /// The largest request body the endpoint picker reads (1 to 1 GiB): a larger one is
+    /// answered 413. The picker holds at most two such bodies' worth of messages not yet whole
+    /// per gateway connection, and four over all of them.
+    #[arg(help_heading = H::PICKER, long, default_value_t = 64 << 20)]
+    ext_proc_max_body_bytes: usize,
 }
 
 /// `--ext-proc-observe`.
@@ -92,6 +97,12 @@ impl PickerArgs {
             self.ext_proc_pick_timeout_secs,
             "--ext-proc-pick-timeout-secs",
         )?;
+        if !(1..=1 << 30).contains(&self.ext_proc_max_body_bytes) {
+            anyhow::bail!(
+                "--ext-proc-max-body-bytes must be from 1 to 1073741824, got {}",
+                self.ext_proc_max_body_bytes
+            );
+        }
         let keepalive = crate::flag_values::positive(
             self.ext_proc_keepalive_secs,
             "--ext-proc-keepalive-secs",
@@ -104,6 +115,7 @@ impl PickerArgs {
             fallbacks: self.ext_proc_fallbacks,
             pick_timeout,
             keepalive,
+            max_body_bytes: self.ext_proc_max_body_bytes,
             observe: match self.ext_proc_observe {
                 ExtProcObserve::Full => kvrouter_ext_proc::Observe::Full,
                 ExtProcObserve::Headers => kvrouter_ext_proc::Observe::Headers,

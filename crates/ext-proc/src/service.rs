@@ -12,6 +12,7 @@ use crate::ExtProcConfig;
 use kvrouter_server::placement::Placement;
 use kvrouter_server::{AppState, ServeError};
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -57,6 +58,8 @@ struct Shared {
     streams: watch::Sender<usize>,
     /// Gateway connections open.
     connections: watch::Sender<usize>,
+    /// Bytes of messages not yet whole, all connections together.
+    held: AtomicUsize,
 }
 
 /// Counts one thing while it lives, on one of [`Shared`]'s counters: a `Process` stream in
@@ -101,6 +104,7 @@ impl ExtProc {
             phase: watch::channel(Phase::Serving).0,
             streams: watch::channel(0).0,
             connections: watch::channel(0).0,
+            held: AtomicUsize::new(0),
         });
         Self {
             state,
@@ -111,6 +115,18 @@ impl ExtProc {
 
     pub(crate) fn config(&self) -> &ExtProcConfig {
         &self.config
+    }
+
+    /// A connection's bytes of messages not yet whole went from `before` to `after`: the
+    /// total over all connections now.
+    pub(crate) fn held(&self, before: usize, after: usize) -> usize {
+        if after >= before {
+            let grown = after - before;
+            self.shared.held.fetch_add(grown, Ordering::Relaxed) + grown
+        } else {
+            let shrunk = before - after;
+            self.shared.held.fetch_sub(shrunk, Ordering::Relaxed) - shrunk
+        }
     }
 
     /// The largest gRPC message read: a body message up to the body limit (and

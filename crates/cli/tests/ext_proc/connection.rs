@@ -128,67 +128,169 @@ async fn a_gateway_gone_silent_is_cut_and_its_load_released_and_a_quiet_one_kept
     await_metric(&base, ACTIVE, 0.0).await;
 }
 
-/// Messages not yet whole are bounded per connection, whatever the streams: two of the largest
-/// size (64 MiB + 64 KiB each by default). Three streams each 50 MiB into a message announced
-/// at 60 MiB: the one whose bytes pass the bound ends `RESOURCE_EXHAUSTED`, the others go on,
-/// and the picker serves a new exchange.
-#[tokio::test]
-async fn messages_not_yet_whole_are_bounded_per_connection() {
-    use bytes::Bytes;
-    let (_p, _base, grpc) = super::picker("1", &[]).await;
-    let tcp = tokio::net::TcpStream::connect(&grpc)
-        .await
-        .expect("connect");
-    let (mut send, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
-    let driver = tokio::spawn(connection);
-    let request = || {
-        tonic::codegen::http::Request::post(format!(
-            "http://{grpc}/envoy.service.ext_proc.v3.ExternalProcessor/Process"
-        ))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap()
-    };
-    let chunk = Bytes::from(vec![0u8; 1 << 20]);
-    let mut streams = Vec::new();
-    for _ in 0..3 {
-        send = send.ready().await.expect("ready");
-        let (response, mut body) = send.send_request(request(), false).expect("a stream");
-        let mut prefix = vec![0u8];
-        prefix.extend_from_slice(&(60u32 << 20).to_be_bytes());
-        body.send_data(prefix.into(), false).expect("prefix");
-        for _ in 0..50 {
-            body.send_data(chunk.clone(), false).expect("data");
-        }
-        streams.push((response, body));
-    }
-    // The third stream ends RESOURCE_EXHAUSTED.
-    let (third, _third_body) = streams.pop().expect("three streams");
-    let ended = async {
-        let mut body = third.await.expect("an answer").into_body();
-        while let Some(data) = body.data().await {
-            data.expect("data");
-        }
-        body.trailers().await.expect("trailers").expect("trailers")
-    };
-    let trailers = tokio::time::timeout(Duration::from_secs(30), ended)
-        .await
-        .expect("the stream ends in time");
-    let status = trailers
-        .get("grpc-status")
-        .map(|v| v.to_str().unwrap().to_owned());
-    assert_eq!(status.as_deref(), Some("8"), "{trailers:?}");
-    drop(streams);
-    driver.abort();
+/// An HTTP/2 client written frame by frame, so that the picker reads its frames in the order
+/// written: a PING written after them is answered once it has read them all.
+struct RawClient {
+    tcp: tokio::net::TcpStream,
+    read: Vec<u8>,
+}
 
-    let mut client = super::connect(&grpc).await;
-    let mut envoy = super::Envoy::open(&mut client).await;
-    envoy
-        .send(super::request_headers(super::BUFFERED, &[], None))
-        .await;
-    assert!(matches!(
-        envoy.recv().await.response,
-        Some(super::Out::RequestHeaders(_))
-    ));
+/// One frame read: type, flags, stream and payload.
+type RawFrame = (u8, u8, u32, Vec<u8>);
+
+impl RawClient {
+    async fn open(grpc: &str) -> Self {
+        use tokio::io::AsyncWriteExt;
+        let mut tcp = tokio::net::TcpStream::connect(grpc).await.expect("connect");
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        hello.extend_from_slice(&Self::frame(0x4, 0, 0, &[]));
+        tcp.write_all(&hello).await.expect("write");
+        Self {
+            tcp,
+            read: Vec::new(),
+        }
+    }
+
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        f.extend_from_slice(&[kind, flags]);
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// Opens `Process` stream `id` and sends a message prefix announcing `announced` bytes,
+    /// then `sent` bytes of it (zeros: no ext_proc message).
+    async fn partial_message(&mut self, id: u32, announced: u32, sent: usize) {
+        use tokio::io::AsyncWriteExt;
+        // HPACK: :method POST and :scheme http indexed, the rest literals without indexing.
+        let mut block = vec![0x83, 0x86];
+        for (name, value) in [
+            (
+                ":path",
+                "/envoy.service.ext_proc.v3.ExternalProcessor/Process",
+            ),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ] {
+            block.push(0);
+            block.push(name.len() as u8);
+            block.extend_from_slice(name.as_bytes());
+            block.push(value.len() as u8);
+            block.extend_from_slice(value.as_bytes());
+        }
+        let mut wire = Self::frame(0x1, 0x4, id, &block);
+        let mut message = vec![0u8];
+        message.extend_from_slice(&announced.to_be_bytes());
+        message.resize(5 + sent, 0);
+        for chunk in message.chunks(16_384) {
+            wire.extend_from_slice(&Self::frame(0x0, 0, id, chunk));
+        }
+        self.tcp.write_all(&wire).await.expect("write");
+    }
+
+    /// The frames the picker sent until it had read and answered everything written before:
+    /// a PING is answered as it is read, before the effects of the frames read with it, which
+    /// go out in the same write after it; so a second PING, written once the first is
+    /// answered, is answered after them.
+    async fn sync(&mut self) -> Vec<RawFrame> {
+        let mut frames = self.ping().await;
+        frames.extend(self.ping().await);
+        frames
+    }
+
+    /// Writes a PING and reads until its answer: the frames the picker sent meanwhile.
+    async fn ping(&mut self) -> Vec<RawFrame> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let ping = Self::frame(0x6, 0, 0, b"rawsync!");
+        self.tcp.write_all(&ping).await.expect("write");
+        let mut frames = Vec::new();
+        loop {
+            while self.read.len() >= 9 {
+                let len = u32::from_be_bytes([0, self.read[0], self.read[1], self.read[2]]);
+                let len = len as usize;
+                if self.read.len() < 9 + len {
+                    break;
+                }
+                let f: Vec<u8> = self.read.drain(..9 + len).collect();
+                let stream = u32::from_be_bytes([f[5], f[6], f[7], f[8]]) & 0x7fff_ffff;
+                let (kind, flags) = (f[3], f[4]);
+                if kind == 0x6 && flags & 1 != 0 && f[9..] == *b"rawsync!" {
+                    return frames;
+                }
+                frames.push((kind, flags, stream, f[9..].to_vec()));
+            }
+            let mut buf = [0u8; 65_536];
+            let n = tokio::time::timeout(Duration::from_secs(30), self.tcp.read(&mut buf))
+                .await
+                .expect("the picker answers in time")
+                .expect("read");
+            assert!(n > 0, "the picker closed the connection");
+            self.read.extend_from_slice(&buf[..n]);
+        }
+    }
+}
+
+/// The streams that ended among `frames`, with the `grpc-status` digit of their trailers
+/// (written by the picker as a literal without Huffman coding).
+fn ended(frames: &[RawFrame]) -> Vec<(u32, u8)> {
+    frames
+        .iter()
+        .filter(|(kind, flags, _, _)| *kind == 0x1 && flags & 0x1 != 0)
+        .map(|(_, _, stream, block)| {
+            let at = block
+                .windows(12)
+                .position(|w| w == b"grpc-status\x01")
+                .expect("grpc-status");
+            (*stream, block[at + 12] - b'0')
+        })
+        .collect()
+}
+
+/// Messages not yet whole are bounded: two of the largest (the body bound + 64 KiB) per
+/// gateway connection, and four over all connections. With a 1 MiB body bound: streams of
+/// about 1 MB into their messages fit two to a connection, a third on that connection ends
+/// `RESOURCE_EXHAUSTED`, and so does one on a third connection once two hold theirs; when a
+/// connection closes, what it held is free again.
+#[tokio::test]
+async fn messages_not_yet_whole_are_bounded_per_connection_and_over_all() {
+    const MB: usize = 1_000_000;
+    let (_p, _base, grpc) = super::picker("1", &["--ext-proc-max-body-bytes", "1048576"]).await;
+    let announced = 1 << 20;
+    let (mut a, mut b, mut c) = (
+        RawClient::open(&grpc).await,
+        RawClient::open(&grpc).await,
+        RawClient::open(&grpc).await,
+    );
+    a.partial_message(1, announced, MB).await;
+    a.partial_message(3, announced, MB).await;
+    assert_eq!(ended(&a.sync().await), []);
+    a.partial_message(5, announced, 300_000).await;
+    assert_eq!(
+        ended(&a.sync().await),
+        [(5, 8)],
+        "past the connection's bound"
+    );
+    b.partial_message(1, announced, MB).await;
+    b.partial_message(3, announced, MB).await;
+    assert_eq!(ended(&b.sync().await), []);
+    // A and B hold 4 MB; 0.6 MB more passes the 4.46 MB over all connections.
+    c.partial_message(1, announced, 600_000).await;
+    assert_eq!(ended(&c.sync().await), [(1, 8)], "past the bound over all");
+    // A goes, and what it held with it: the same on C is read whole (and refused as no
+    // ext_proc message, INVALID_ARGUMENT), not refused for room.
+    drop(a);
+    c.partial_message(3, announced, announced as usize).await;
+    let refused = async {
+        loop {
+            let ends = ended(&c.sync().await);
+            if !ends.is_empty() {
+                return ends;
+            }
+        }
+    };
+    let ends = tokio::time::timeout(Duration::from_secs(30), refused)
+        .await
+        .expect("C's stream ends in time");
+    assert_eq!(ends, [(3, 3)], "room again once A closed");
 }

@@ -23,6 +23,13 @@ enum Call {
     Health(health::Call),
 }
 
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // The connection's calls go with it.
+        self.service.held(self.held, 0);
+    }
+}
+
 impl Call {
     fn messages(&mut self) -> &mut Messages {
         match self {
@@ -73,18 +80,22 @@ pub(super) struct Conn {
     health: watch::Receiver<Health>,
     /// `Watch` calls open.
     watchers: usize,
-    /// Bytes of messages not yet whole, all calls together: at most `max_held` after a read
-    /// (the call whose bytes pass it ends `RESOURCE_EXHAUSTED`).
+    /// Bytes of messages not yet whole, all calls together: at most `max_held` after a read,
+    /// and all connections' at most `max_held_total` (the call whose bytes pass either ends
+    /// `RESOURCE_EXHAUSTED`).
     held: usize,
     max_held: usize,
+    max_held_total: usize,
     scratch: Vec<u8>,
 }
 
 impl Conn {
     pub(super) fn new(service: ExtProc, phase: Phase, health: watch::Receiver<Health>) -> Self {
         let limits = service.h2_limits();
-        // Two messages of the largest size at once, whatever the streams.
+        // Two messages of the largest size at once, whatever the streams; four over all
+        // connections.
         let max_held = 2 * service.max_message();
+        let max_held_total = 4 * service.max_message();
         Self {
             service,
             h2: Connection::new(limits),
@@ -94,6 +105,7 @@ impl Conn {
             watchers: 0,
             held: 0,
             max_held,
+            max_held_total,
             scratch: Vec::new(),
         }
     }
@@ -117,7 +129,9 @@ impl Conn {
     /// Forgets stream `id`'s call (dropping it: an exchange's drop releases its load).
     fn remove(&mut self, id: u32) -> Option<Entry> {
         let mut entry = self.calls.remove(&id)?;
-        self.held -= entry.call.messages().held();
+        let held = entry.call.messages().held();
+        self.service.held(self.held, self.held - held);
+        self.held -= held;
         if matches!(entry.call, Call::Health(health::Call::Watch { .. })) {
             self.watchers -= 1;
         }
@@ -206,15 +220,18 @@ impl Conn {
         let messages = entry.call.messages();
         let before = messages.held();
         let read = messages.push(data, end, &mut msgs);
-        self.held = self.held - before + messages.held();
+        let held = self.held - before + messages.held();
+        let total = self.service.held(self.held, held);
+        self.held = held;
         if let Err(e) = read {
             self.fail(id, &e);
             return;
         }
-        if self.held > self.max_held {
+        if self.held > self.max_held || total > self.max_held_total {
             let message = format!(
-                "the gateway connection's streams hold over {} bytes of messages not yet whole",
-                self.max_held
+                "the picker holds over {} bytes of messages not yet whole on this gateway \
+                 connection, or {} on all",
+                self.max_held, self.max_held_total
             );
             self.end(id, status::RESOURCE_EXHAUSTED, &message);
             return;
