@@ -227,6 +227,15 @@ fn streams_past_the_bound_are_refused_and_pings_answered() {
     assert!(matches!(events[1], Event::Open { id: 7, .. }));
 }
 
+/// The RST_STREAMs in `out`: (stream, error code).
+fn resets(out: &[u8]) -> Vec<(u32, u32)> {
+    frames(out)
+        .iter()
+        .filter(|(h, _)| h.kind == kind::RST_STREAM)
+        .map(|(h, p)| (h.stream, u32::from_be_bytes([p[0], p[1], p[2], p[3]])))
+        .collect()
+}
+
 /// The WINDOW_UPDATEs in `out`: (stream, increment).
 fn window_updates(out: &[u8]) -> Vec<(u32, u32)> {
     frames(out)
@@ -469,17 +478,9 @@ fn bad_window_updates_reset_their_stream_or_end_the_connection() {
         &events[2..],
         [Event::Reset { id: 1 }, Event::Reset { id: 3 }]
     );
-    let resets: Vec<(u32, Vec<u8>)> = frames(c.output())
-        .into_iter()
-        .filter(|(h, _)| h.kind == kind::RST_STREAM)
-        .map(|(h, p)| (h.stream, p))
-        .collect();
     assert_eq!(
-        resets,
-        [
-            (1, code::PROTOCOL_ERROR.to_be_bytes().to_vec()),
-            (3, code::FLOW_CONTROL_ERROR.to_be_bytes().to_vec())
-        ]
+        resets(c.output()),
+        [(1, code::PROTOCOL_ERROR), (3, code::FLOW_CONTROL_ERROR)]
     );
     let mut wire = Vec::new();
     frame::window_update(&mut wire, 0, 0);
@@ -559,17 +560,9 @@ fn a_header_block_out_of_place_resets_only_its_stream() {
     frame::headers(&mut wire, 3, &request_block("/p"), true);
     let events = receive(&mut c, &wire);
     assert_eq!(events, [Event::Reset { id: 1 }, Event::Reset { id: 3 }]);
-    let resets: Vec<(u32, Vec<u8>)> = frames(c.output())
-        .into_iter()
-        .filter(|(h, _)| h.kind == kind::RST_STREAM)
-        .map(|(h, p)| (h.stream, p))
-        .collect();
     assert_eq!(
-        resets,
-        [
-            (1, code::PROTOCOL_ERROR.to_be_bytes().to_vec()),
-            (3, code::STREAM_CLOSED.to_be_bytes().to_vec())
-        ]
+        resets(c.output()),
+        [(1, code::PROTOCOL_ERROR), (3, code::STREAM_CLOSED)]
     );
     // The connection goes on.
     let mut wire = Vec::new();
