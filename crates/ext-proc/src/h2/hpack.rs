@@ -13,6 +13,9 @@ pub(crate) struct HpackError(pub(crate) &'static str);
 
 type Result<T> = std::result::Result<T, HpackError>;
 
+/// The error of a header list whose decoded size passes the decoder's bound.
+pub(crate) const LIST_TOO_LONG: &str = "a decoded header list over SETTINGS_MAX_HEADER_LIST_SIZE";
+
 /// A dynamic table entry's overhead (RFC 7541 §4.1).
 const ENTRY_OVERHEAD: usize = 32;
 
@@ -28,6 +31,10 @@ pub(crate) struct Decoder {
     allowed: usize,
     name: Vec<u8>,
     value: Vec<u8>,
+    /// The largest decoded header list of one block (each field's name and value and 32
+    /// bytes, as RFC 9113 §6.5.2 counts `SETTINGS_MAX_HEADER_LIST_SIZE`): a block that refers
+    /// to large table entries over and over decodes to far more than its own bytes.
+    max_list: usize,
 }
 
 /// Where a decoded string is.
@@ -50,7 +57,14 @@ impl Decoder {
             allowed,
             name: Vec::new(),
             value: Vec::new(),
+            max_list: usize::MAX,
         }
+    }
+
+    /// The decoder, refusing blocks that decode to more than `max_list` bytes ([`LIST_TOO_LONG`]).
+    pub(crate) fn with_list_bound(mut self, max_list: usize) -> Self {
+        self.max_list = max_list;
+        self
     }
 
     /// Decodes `block`, calling `field` with each header's name and value in order.
@@ -60,11 +74,21 @@ impl Decoder {
         mut field: impl FnMut(&[u8], &[u8]),
     ) -> Result<()> {
         let mut at = 0;
+        let mut listed = 0usize;
+        let max_list = self.max_list;
+        let mut count = |bytes: usize| {
+            listed = listed.saturating_add(bytes);
+            if listed > max_list {
+                return Err(HpackError(LIST_TOO_LONG));
+            }
+            Ok(())
+        };
         while at < block.len() {
             let b = block[at];
             if b & 0x80 != 0 {
                 let index = int(block, &mut at, 7)?;
                 let (n, v) = entry(&self.table, index)?;
+                count(n.len() + v.len() + ENTRY_OVERHEAD)?;
                 field(n, v);
             } else if b & 0xe0 == 0x20 {
                 let size = int(block, &mut at, 5)?;
@@ -79,6 +103,10 @@ impl Decoder {
                 // Literal: with incremental indexing (01), without (0000) or never indexed (0001).
                 let indexing = b & 0xc0 == 0x40;
                 let index = int(block, &mut at, if indexing { 6 } else { 4 })?;
+                if index != 0 {
+                    // Counted before its name is copied.
+                    count(entry(&self.table, index)?.0.len() + ENTRY_OVERHEAD)?;
+                }
                 let name = if index == 0 {
                     self.string(block, &mut at, true)?
                 } else {
@@ -89,6 +117,13 @@ impl Decoder {
                 };
                 let value = self.string(block, &mut at, false)?;
                 let (n, v) = (self.get(block, name), self.get(block, value));
+                count(
+                    if index == 0 {
+                        n.len() + ENTRY_OVERHEAD
+                    } else {
+                        0
+                    } + v.len(),
+                )?;
                 field(n, v);
                 if indexing {
                     let (n, v): (Box<[u8]>, Box<[u8]>) = (n.into(), v.into());

@@ -164,7 +164,7 @@ impl Connection {
     /// A connection that has sent nothing yet; its SETTINGS and window are in the output.
     pub(crate) fn new(limits: Limits) -> Self {
         // HPACK's default table size: this side does not raise SETTINGS_HEADER_TABLE_SIZE.
-        let decoder = hpack::Decoder::new(4096);
+        let decoder = hpack::Decoder::new(4096).with_list_bound(limits.max_header_block);
         let mut out = Vec::with_capacity(4096);
         frame::settings(
             &mut out,

@@ -3,6 +3,7 @@
 //! errors as [`ConnError`]s.
 
 use super::frame::{self, code, flag, kind, setting, Head, HEADER_LEN};
+use super::hpack;
 use super::{
     fail, Collecting, ConnError, Connection, Event, Stream, MAX_FRAME, MAX_WINDOW, PREFACE,
 };
@@ -252,9 +253,15 @@ impl Connection {
                 }
                 _ => {}
             })
-            .map_err(|_| ConnError {
-                code: code::COMPRESSION_ERROR,
-                reason: "a header block HPACK cannot decode",
+            .map_err(|e| match e.0 {
+                hpack::LIST_TOO_LONG => ConnError {
+                    code: code::ENHANCE_YOUR_CALM,
+                    reason: hpack::LIST_TOO_LONG,
+                },
+                _ => ConnError {
+                    code: code::COMPRESSION_ERROR,
+                    reason: "a header block HPACK cannot decode",
+                },
             })?;
         let id = c.stream;
         if let Some(s) = self.streams.get_mut(&id) {

@@ -207,3 +207,32 @@ proptest! {
         }
     }
 }
+
+/// A block that refers to a large table entry over and over decodes to far more than its own
+/// bytes: past the list bound it is refused, whether the entry is referred to whole or by
+/// name (a literal with a new value, which would copy the name each time).
+#[test]
+fn a_block_decoding_past_the_list_bound_is_refused() {
+    let name = vec![b'n'; 4000];
+    // A literal with incremental indexing and a new name: table entry 62.
+    // Its name's length, 4,000: 127 in the 7-bit prefix, the rest in 7-bit groups.
+    let mut first = vec![0x40, 0x7f];
+    let mut n = 4000 - 127;
+    while n >= 128 {
+        first.push((n % 128) as u8 | 0x80);
+        n /= 128;
+    }
+    first.push(n as u8);
+    first.extend_from_slice(&name);
+    first.push(0);
+    for reference in [&[0x80 | 62][..], &[0x40 | 62, 0][..]] {
+        let mut d = Decoder::new(4096).with_list_bound(64 * 1024);
+        assert_eq!(decoded(&mut d, &first).unwrap().len(), 1);
+        // 15 references: 15 × 4,032 bytes, under 64 KiB.
+        let block: Vec<u8> = reference.repeat(15);
+        assert_eq!(decoded(&mut d, &block).unwrap().len(), 15);
+        // 17: over.
+        let block: Vec<u8> = reference.repeat(17);
+        assert_eq!(decoded(&mut d, &block).unwrap_err().0, LIST_TOO_LONG);
+    }
+}
