@@ -381,7 +381,7 @@ impl Connection {
         }
         frame::settings(&mut self.out, &[], true);
         if opened {
-            self.flush_blocked();
+            self.flush_all();
         }
         Ok(())
     }
@@ -427,7 +427,9 @@ impl Connection {
                 events.push(Event::Reset { id: head.stream });
             } else if !s.pending.is_empty() {
                 // Only this stream's window grew.
-                self.flush_stream(head.stream);
+                if self.flush_stream(head.stream) {
+                    self.park(head.stream);
+                }
             }
         }
         Ok(())

@@ -53,10 +53,7 @@ impl Connection {
         if now < bytes.len() {
             s.pending.extend(&bytes[now..]);
             self.waiting += bytes.len() - now;
-            if !s.queued {
-                s.queued = true;
-                self.blocked.push(id);
-            }
+            self.park(id);
         }
     }
 
@@ -118,16 +115,32 @@ impl Connection {
         }
     }
 
-    /// Writes what waited for window, in the order the streams blocked, until the connection's
-    /// window is used up.
+    /// Stream `id`, with data waiting, joins the streams waiting for the connection's window
+    /// when its own window has room (one without waits for its own WINDOW_UPDATE or a larger
+    /// initial window, and costs nothing meanwhile).
+    pub(super) fn park(&mut self, id: u32) {
+        if let Some(s) = self.streams.get_mut(&id) {
+            if s.send_window > 0 && !s.queued {
+                s.queued = true;
+                self.blocked.push(id);
+            }
+        }
+    }
+
+    /// The connection's window grew: writes what waited for it, in the order the streams
+    /// blocked, until it is used up.
     pub(super) fn flush_blocked(&mut self) {
         let mut blocked = std::mem::take(&mut self.blocked).into_iter();
         let mut still = Vec::new();
         for id in blocked.by_ref() {
-            if self.flush_stream(id) {
-                still.push(id);
-            } else if let Some(s) = self.streams.get_mut(&id) {
-                s.queued = false;
+            let waits = self.flush_stream(id);
+            if let Some(s) = self.streams.get_mut(&id) {
+                // Kept while only the connection's window holds it back.
+                if waits && s.send_window > 0 {
+                    still.push(id);
+                } else {
+                    s.queued = false;
+                }
             }
             if self.send_window <= 0 {
                 break;
@@ -135,6 +148,21 @@ impl Connection {
         }
         still.extend(blocked);
         self.blocked = still;
+    }
+
+    /// The streams' initial window grew: every stream with data waiting may go on.
+    pub(super) fn flush_all(&mut self) {
+        let mut waiting: Vec<u32> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| !s.pending.is_empty())
+            .map(|(id, _)| *id)
+            .collect();
+        waiting.sort_unstable();
+        for id in waiting {
+            self.park(id);
+        }
+        self.flush_blocked();
     }
 
     /// Writes what stream `id` has waiting, as far as the windows allow, and its trailers once

@@ -573,3 +573,37 @@ fn a_header_block_out_of_place_resets_only_its_stream() {
         "{events:?}"
     );
 }
+
+/// A stream held back by its own window waits off the connection's list (a WINDOW_UPDATE of the
+/// connection does not walk it), and goes on with its own WINDOW_UPDATE or a larger initial
+/// window.
+#[test]
+fn a_stream_held_by_its_own_window_waits_for_that_window() {
+    let mut c = open_connection(&[(setting::INITIAL_WINDOW_SIZE, 0)]);
+    let mut wire = Vec::new();
+    frame::headers(&mut wire, 1, &request_block("/p"), false);
+    frame::headers(&mut wire, 3, &request_block("/p"), false);
+    receive(&mut c, &wire);
+    c.send_data(1, &[1; 100]);
+    c.send_data(3, &[3; 100]);
+    assert!(c.blocked.is_empty());
+    let data = |out: &[u8]| -> Vec<(u32, usize)> {
+        frames(out)
+            .iter()
+            .filter(|(h, _)| h.kind == kind::DATA)
+            .map(|(h, p)| (h.stream, p.len()))
+            .collect()
+    };
+    assert_eq!(data(&std::mem::take(c.output())), []);
+    let mut wire = Vec::new();
+    frame::window_update(&mut wire, 0, 1_000);
+    frame::window_update(&mut wire, 1, 50);
+    receive(&mut c, &wire);
+    assert_eq!(data(&std::mem::take(c.output())), [(1, 50)]);
+    assert!(c.blocked.is_empty());
+    let mut wire = Vec::new();
+    frame::settings(&mut wire, &[(setting::INITIAL_WINDOW_SIZE, 1_000)], false);
+    receive(&mut c, &wire);
+    assert_eq!(data(&std::mem::take(c.output())), [(1, 50), (3, 100)]);
+    assert_eq!(c.waiting(), 0);
+}
