@@ -5,7 +5,7 @@
 use super::PROCESS_PATH;
 use crate::exchange::{Exchange, Step};
 use crate::grpc::{self, status, MessageError, Messages};
-use crate::h2::{frame::code, ById, Connection, Event};
+use crate::h2::{ById, Connection, Event};
 use crate::health::{self, Health};
 use crate::pb::envoy::service::ext_proc::v3 as ep;
 use crate::service::{ExtProc, InFlight, Phase, Placed};
@@ -15,6 +15,8 @@ use futures::stream::FuturesUnordered;
 use prost::Message;
 use std::collections::VecDeque;
 use tokio::sync::watch;
+
+mod phases;
 
 /// One stream's call.
 enum Call {
@@ -427,78 +429,5 @@ impl Conn {
     fn fail(&mut self, id: u32, e: &MessageError) {
         let (code, message) = e.status();
         self.end(id, code, &message);
-    }
-
-    pub(super) fn on_phase(&mut self, now: Phase) {
-        self.phase = now;
-        match now {
-            Phase::Serving => {}
-            // Watchers hear NOT_SERVING at once.
-            Phase::Draining => self.on_health(),
-            Phase::Cutting => {
-                let ids: Vec<u32> = self
-                    .calls
-                    .iter()
-                    .filter(|(_, e)| matches!(e.call, Call::Process(_)))
-                    .map(|(id, _)| *id)
-                    .collect();
-                for id in ids {
-                    let message = "kvrouter shut down (--shutdown-grace-secs passed)";
-                    self.end(id, status::UNAVAILABLE, message);
-                }
-            }
-            Phase::Stopped => {
-                // Watchers hear NOT_SERVING if they have not yet (a drain with nothing in
-                // flight is over at once), then their call ends.
-                self.on_health();
-                for id in self.watchers() {
-                    self.end(id, status::UNAVAILABLE, "kvrouter shut down");
-                }
-                self.stop(code::NO_ERROR);
-            }
-        }
-    }
-
-    /// Ends every stream and the connection (GOAWAY with `error`).
-    pub(super) fn stop(&mut self, error: u32) {
-        let ids: Vec<u32> = self.calls.keys().copied().collect();
-        for id in ids {
-            self.remove(id);
-            self.h2.reset(id, code::CANCEL);
-        }
-        self.h2.goaway(error);
-        self.phase = Phase::Stopped;
-    }
-
-    pub(super) fn on_health(&mut self) {
-        for id in self.watchers() {
-            self.send_health(id);
-        }
-    }
-
-    /// The streams of `Watch` calls.
-    fn watchers(&self) -> Vec<u32> {
-        self.calls
-            .iter()
-            .filter(|(_, e)| matches!(e.call, Call::Health(health::Call::Watch { .. })))
-            .map(|(id, _)| *id)
-            .collect()
-    }
-
-    /// Sends a watcher its status if it changed since the last one it got.
-    fn send_health(&mut self, id: u32) {
-        let serving = self.serving();
-        let Some(Entry {
-            call: Call::Health(h),
-            ..
-        }) = self.calls.get_mut(&id)
-        else {
-            return;
-        };
-        if let Some(msg) = h.watch_update(serving) {
-            self.scratch.clear();
-            grpc::encode(&msg, &mut self.scratch);
-            self.send(id);
-        }
     }
 }
