@@ -136,6 +136,10 @@ pub(crate) struct HttpArgs {
     /// Seconds a client connection with no request in flight may stay silent.
     #[arg(help_heading = H::HTTP, long, default_value_t = 60.0)]
     http_idle_timeout_secs: f64,
+    /// Seconds a write to a client may make no progress (a client that stopped reading its
+    /// answer, or one gone without closing): its connection is closed and its request ended.
+    #[arg(help_heading = H::HTTP, long, default_value_t = 60.0)]
+    http_write_timeout_secs: f64,
     /// On SIGTERM or SIGINT, seconds requests in flight get to finish before they are ended.
     #[arg(help_heading = H::HTTP, long, default_value_t = 30.0)]
     shutdown_grace_secs: f64,
@@ -153,6 +157,7 @@ impl HttpArgs {
                 "--http-body-read-timeout-secs",
             )?,
             idle_timeout: positive(self.http_idle_timeout_secs, "--http-idle-timeout-secs")?,
+            write_timeout: positive(self.http_write_timeout_secs, "--http-write-timeout-secs")?,
             shutdown_grace: secs(Some(self.shutdown_grace_secs), "--shutdown-grace-secs")?
                 .unwrap_or_default(),
         })

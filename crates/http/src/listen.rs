@@ -3,6 +3,9 @@
 //!
 //! - A connection with no request in flight that sends nothing for `idle_timeout` is closed (a
 //!   silent connection, or an idle keep-alive one).
+//! - A connection whose writes make no progress for `write_timeout` (a client that stopped
+//!   reading an answer, or one gone without closing) is closed, which ends its request and
+//!   releases what the request held.
 //! - A request head must arrive whole within `header_read_timeout` of its first byte (slowloris),
 //!   and its body within `body_read_timeout` of the head ([`crate::body`]): reading it then
 //!   fails, the request is answered with an error and the connection closed.
@@ -75,6 +78,9 @@ pub struct HttpLimits {
     pub body_read_timeout: Duration,
     /// Time a connection with no request in flight may stay silent.
     pub idle_timeout: Duration,
+    /// Time a write to the client may make no progress (its socket buffer full): the
+    /// connection is closed. Checked at least every `header_read_timeout`.
+    pub write_timeout: Duration,
     /// Time requests in flight get to finish on shutdown.
     pub shutdown_grace: Duration,
 }
@@ -85,6 +91,7 @@ impl Default for HttpLimits {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(30),
         }
     }
@@ -98,6 +105,8 @@ struct Activity {
     idle_since: Instant,
     /// When the first byte of a request head arrived while none was in flight.
     head_started: Option<Instant>,
+    /// Since when a write has waited for room in the socket, if one does.
+    write_blocked: Option<Instant>,
 }
 
 impl Activity {
@@ -106,11 +115,18 @@ impl Activity {
             in_flight: 0,
             idle_since: now,
             head_started: None,
+            write_blocked: None,
         }
     }
 
     /// Why the connection should be closed at `now`, if it should.
     fn expired(&self, now: Instant, limits: &HttpLimits) -> Option<&'static str> {
+        if self
+            .write_blocked
+            .is_some_and(|t| now >= t + limits.write_timeout)
+        {
+            return Some("write timeout");
+        }
         if self.in_flight > 0 {
             return None;
         }
@@ -129,6 +145,10 @@ impl Activity {
             (0, Some(t)) => t + limits.header_read_timeout,
             (0, None) => self.idle_since + limits.idle_timeout,
             _ => now + limits.idle_timeout,
+        };
+        let deadline = match self.write_blocked {
+            Some(t) => deadline.min(t + limits.write_timeout),
+            None => deadline,
         };
         deadline.min(now + limits.header_read_timeout)
     }
@@ -163,10 +183,25 @@ impl Drop for InFlight {
     }
 }
 
-/// The connection's socket, noting when bytes arrive.
+/// The connection's socket, noting when bytes arrive and when a write waits for room.
 struct Watched {
     io: TcpStream,
     activity: Arc<Mutex<Activity>>,
+    /// A write is waiting for room (noted in the activity; cleared by the next that goes).
+    blocked: bool,
+}
+
+impl Watched {
+    /// Notes whether a write went (`polled` ready) or waits for room; the activity is locked
+    /// only when that changes.
+    fn note_write<T>(&mut self, polled: &Poll<T>) {
+        let blocked = polled.is_pending();
+        if blocked != self.blocked {
+            self.blocked = blocked;
+            let mut a = self.activity.lock().expect("activity lock");
+            a.write_blocked = blocked.then(Instant::now);
+        }
+    }
 }
 
 impl AsyncRead for Watched {
@@ -193,7 +228,9 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.note_write(&polled);
+        polled
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.io).poll_flush(cx)
@@ -206,7 +243,9 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.note_write(&polled);
+        polled
     }
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
@@ -262,6 +301,7 @@ async fn connection<S: App>(tcp: TcpStream, app: S, lifecycle: Lifecycle, limits
     let io = TokioIo::new(Watched {
         io: tcp,
         activity: activity.clone(),
+        blocked: false,
     });
     let (svc_lifecycle, svc_activity) = (lifecycle.clone(), activity.clone());
     let body_read_timeout = limits.body_read_timeout;
@@ -384,8 +424,24 @@ mod tests {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(30),
         }
+    }
+
+    #[test]
+    fn a_write_waiting_for_room_closes_after_the_write_timeout_even_in_flight() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut a = Activity::new(t0);
+        a.in_flight = 1;
+        a.write_blocked = Some(t0 + s(5));
+        assert_eq!(a.next_check(t0 + s(6), &limits()), t0 + s(16));
+        assert_eq!(a.expired(t0 + s(34), &limits()), None);
+        assert_eq!(a.expired(t0 + s(35), &limits()), Some("write timeout"));
+        // A write that went: no deadline.
+        a.write_blocked = None;
+        assert_eq!(a.expired(t0 + s(1000), &limits()), None);
     }
 
     #[test]

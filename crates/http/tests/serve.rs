@@ -4,6 +4,7 @@
 //! keep the connection, or the answer says `Connection: close`.
 
 use axum::routing::{get, post};
+use futures::StreamExt;
 use kvrouter_http::{serve, HttpLimits, Lifecycle, Phase};
 use std::sync::Arc;
 use std::time::Duration;
@@ -327,4 +328,57 @@ async fn a_body_left_unread_is_drained_to_keep_the_connection_or_the_answer_says
         !answer.starts_with("HTTP/1.1 200") && !kept(&answer),
         "{answer}"
     );
+}
+
+/// A client that stops reading a long answer: once the socket's buffers are full the server's
+/// writes wait, and after the write timeout the connection is closed and the answer dropped
+/// (ending its request). Without the timeout it would wait for TCP to give up, for minutes.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_closed_after_the_write_timeout() {
+    /// Notifies when the answer's body is dropped.
+    struct Dropped(Arc<Notify>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.notify_one();
+        }
+    }
+    let dropped = Arc::new(Notify::new());
+    let app = axum::Router::new().route(
+        "/endless",
+        get({
+            let dropped = dropped.clone();
+            move || async move {
+                let guard = Dropped(dropped);
+                let chunk = axum::body::Bytes::from(vec![b'x'; 64 * 1024]);
+                // Bounded: 1 GiB, far more than the socket buffers hold.
+                let chunks = futures::stream::iter(0..16_384).map(move |_| {
+                    let _held = &guard;
+                    Ok::<_, std::convert::Infallible>(chunk.clone())
+                });
+                axum::body::Body::from_stream(chunks)
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = HttpLimits {
+        write_timeout: Duration::from_millis(300),
+        header_read_timeout: Duration::from_millis(200),
+        ..HttpLimits::default()
+    };
+    let (_stop, mut stopped) = watch::channel(false);
+    tokio::spawn(serve(
+        listener,
+        app,
+        limits,
+        Lifecycle::default(),
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        },
+    ));
+    // Sends the request and never reads.
+    let _silent = send(addr, "GET", "/endless").await;
+    timeout(LIMIT, dropped.notified())
+        .await
+        .expect("the answer is dropped after the write timeout");
 }
