@@ -44,6 +44,37 @@ const MAX_UNWRITTEN: usize = 4 << 20;
 /// (`ENHANCE_YOUR_CALM`): past `service::MAX_WAITING` the gateway gets no more connection
 /// window, so only a gateway that takes no answers and sends many small messages gets here.
 const MAX_WAITING_CUT: usize = 64 << 20;
+/// The same over all connections: past it, a connection holding more than
+/// `service::MAX_WAITING` (the bound past which it gets no more window) is cut.
+const MAX_WAITING_TOTAL: usize = 256 << 20;
+
+/// Whether a connection with `own` bytes of answers waiting, of `total` over all connections,
+/// is cut.
+fn too_much_waiting(own: usize, total: usize) -> bool {
+    own > MAX_WAITING_CUT || (total > MAX_WAITING_TOTAL && own > crate::service::MAX_WAITING)
+}
+
+/// One connection's share of the answers waiting over all connections, given back when the
+/// connection ends.
+struct WaitingShare {
+    service: ExtProc,
+    share: usize,
+}
+
+impl WaitingShare {
+    /// The connection's answers waiting are `now`: the total over all connections.
+    fn update(&mut self, now: usize) -> usize {
+        let total = self.service.waiting(self.share, now);
+        self.share = now;
+        total
+    }
+}
+
+impl Drop for WaitingShare {
+    fn drop(&mut self) {
+        self.service.waiting(self.share, 0);
+    }
+}
 /// How long a stopping connection's last bytes (answers, GOAWAY) may take to be written; a
 /// gateway that does not read them is cut.
 const STOP_WRITE_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -56,6 +87,10 @@ pub(crate) async fn run(
     mut health: watch::Receiver<Health>,
 ) {
     let _open = service.open();
+    let mut waiting = WaitingShare {
+        service: service.clone(),
+        share: 0,
+    };
     let mut keepalive = Keepalive::new(service.config().keepalive, Instant::now());
     let timer = tokio::time::sleep_until(keepalive.first());
     tokio::pin!(timer);
@@ -69,12 +104,16 @@ pub(crate) async fn run(
     let mut stop_by = None;
     let (mut rd, mut wr) = tcp.split();
     loop {
-        if conn.h2.waiting() > MAX_WAITING_CUT && conn.phase != Phase::Stopped {
-            tracing::warn!(
-                "ext_proc: a gateway connection left over {MAX_WAITING_CUT} bytes of answers \
-                 untaken; closing it"
-            );
-            conn.stop(crate::h2::frame::code::ENHANCE_YOUR_CALM);
+        let own = conn.h2.waiting();
+        if own != waiting.share {
+            let total = waiting.update(own);
+            if too_much_waiting(own, total) && conn.phase != Phase::Stopped {
+                tracing::warn!(
+                    "ext_proc: a gateway connection left {own} bytes of answers untaken \
+                     ({total} over all connections); closing it"
+                );
+                conn.stop(crate::h2::frame::code::ENHANCE_YOUR_CALM);
+            }
         }
         if written == write.len() {
             write.clear();
@@ -142,5 +181,20 @@ pub(crate) async fn run(
         while let Some(Some((id, placed))) = placing.next().now_or_never() {
             conn.on_placed(id, placed, &mut placing);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_connection_is_cut_past_its_own_bound_or_holding_a_share_past_the_total() {
+        use super::*;
+        let mib = 1 << 20;
+        assert!(!too_much_waiting(64 * mib, 64 * mib));
+        assert!(too_much_waiting(64 * mib + 1, 64 * mib + 1));
+        // Over all connections past the total: those holding more than the share go.
+        assert!(!too_much_waiting(4 * mib, 300 * mib));
+        assert!(too_much_waiting(4 * mib + 1, 300 * mib));
+        assert!(!too_much_waiting(60 * mib, 256 * mib));
     }
 }

@@ -34,7 +34,7 @@ const CONNECTION_WINDOW: u32 = 16 << 20;
 const MAX_HEADER_BLOCK: usize = 64 * 1024;
 /// Answers waiting for a gateway's flow-control windows past which the connection's window is
 /// not granted back: a gateway that takes no answers can send no more request data.
-const MAX_WAITING: usize = 4 << 20;
+pub(crate) const MAX_WAITING: usize = 4 << 20;
 
 /// Room in a gateway message for what comes with a body chunk (its framing and flags).
 const MESSAGE_OVERHEAD_BYTES: usize = 64 * 1024;
@@ -60,6 +60,19 @@ struct Shared {
     connections: watch::Sender<usize>,
     /// Bytes of messages not yet whole, all connections together.
     held: AtomicUsize,
+    /// Bytes of answers waiting for gateways' windows, all connections together.
+    waiting: AtomicUsize,
+}
+
+/// Moves one connection's share of `total` from `before` to `after`: the total now.
+fn retally(total: &AtomicUsize, before: usize, after: usize) -> usize {
+    if after >= before {
+        let grown = after - before;
+        total.fetch_add(grown, Ordering::Relaxed) + grown
+    } else {
+        let shrunk = before - after;
+        total.fetch_sub(shrunk, Ordering::Relaxed) - shrunk
+    }
 }
 
 /// Counts one thing while it lives, on one of [`Shared`]'s counters: a `Process` stream in
@@ -105,6 +118,7 @@ impl ExtProc {
             streams: watch::channel(0).0,
             connections: watch::channel(0).0,
             held: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
         });
         Self {
             state,
@@ -120,13 +134,13 @@ impl ExtProc {
     /// A connection's bytes of messages not yet whole went from `before` to `after`: the
     /// total over all connections now.
     pub(crate) fn held(&self, before: usize, after: usize) -> usize {
-        if after >= before {
-            let grown = after - before;
-            self.shared.held.fetch_add(grown, Ordering::Relaxed) + grown
-        } else {
-            let shrunk = before - after;
-            self.shared.held.fetch_sub(shrunk, Ordering::Relaxed) - shrunk
-        }
+        retally(&self.shared.held, before, after)
+    }
+
+    /// A connection's bytes of answers waiting for the gateway's windows went from `before`
+    /// to `after`: the total over all connections now.
+    pub(crate) fn waiting(&self, before: usize, after: usize) -> usize {
+        retally(&self.shared.waiting, before, after)
     }
 
     /// The largest gRPC message read: a body message up to the body limit (and
