@@ -15,6 +15,26 @@ use tokio::time::timeout;
 
 const LIMIT: Duration = Duration::from_secs(10);
 
+/// `app` served on a new loopback port with `limits` and `lifecycle`: its address, the sender
+/// that stops it (send `true`), and the serve task.
+async fn serving(
+    app: axum::Router,
+    limits: HttpLimits,
+    lifecycle: Lifecycle,
+) -> (
+    std::net::SocketAddr,
+    watch::Sender<bool>,
+    tokio::task::JoinHandle<()>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, mut stopped) = watch::channel(false);
+    let server = tokio::spawn(serve(listener, app, limits, lifecycle, async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    }));
+    (addr, stop, server)
+}
+
 /// Sends one request on a new connection.
 async fn send(addr: std::net::SocketAddr, method: &str, path: &str) -> TcpStream {
     let mut tcp = TcpStream::connect(addr).await.unwrap();
@@ -49,19 +69,8 @@ async fn a_drain_finishes_the_request_in_flight_and_refuses_new_work() {
                 }
             }),
         );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let lifecycle = Lifecycle::default();
-    let (stop, mut stopped) = watch::channel(false);
-    let server = tokio::spawn(serve(
-        listener,
-        app,
-        HttpLimits::default(),
-        lifecycle.clone(),
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        },
-    ));
+    let (addr, stop, server) = serving(app, HttpLimits::default(), lifecycle.clone()).await;
     let in_flight = send(addr, "POST", "/slow").await;
     timeout(LIMIT, started.notified())
         .await
@@ -95,22 +104,11 @@ async fn a_drain_finishes_the_request_in_flight_and_refuses_new_work() {
 
 #[tokio::test]
 async fn a_silent_connection_is_closed_after_the_idle_timeout() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let limits = HttpLimits {
         idle_timeout: Duration::from_millis(200),
         ..HttpLimits::default()
     };
-    let (_stop, mut stopped) = watch::channel(false);
-    tokio::spawn(serve(
-        listener,
-        axum::Router::new(),
-        limits,
-        Lifecycle::default(),
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        },
-    ));
+    let (addr, _stop, _server) = serving(axum::Router::new(), limits, Lifecycle::default()).await;
     let tcp = TcpStream::connect(addr).await.unwrap();
     assert_eq!(read_all(tcp).await, "", "closed without a response");
 }
@@ -130,22 +128,11 @@ async fn a_request_unanswered_at_the_end_of_the_grace_period_gets_an_openai_503(
             }
         }),
     );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let limits = HttpLimits {
         shutdown_grace: Duration::from_millis(200),
         ..HttpLimits::default()
     };
-    let (stop, mut stopped) = watch::channel(false);
-    let server = tokio::spawn(serve(
-        listener,
-        app,
-        limits,
-        Lifecycle::default(),
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        },
-    ));
+    let (addr, stop, server) = serving(app, limits, Lifecycle::default()).await;
     let in_flight = send(addr, "POST", "/never").await;
     timeout(LIMIT, started.notified())
         .await
@@ -169,22 +156,11 @@ async fn a_body_that_stalls_is_answered_and_its_connection_closed_after_the_body
         "/echo",
         post(|body: axum::body::Bytes| async move { format!("{} bytes", body.len()) }),
     );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let limits = HttpLimits {
         body_read_timeout: Duration::from_millis(300),
         ..HttpLimits::default()
     };
-    let (_stop, mut stopped) = watch::channel(false);
-    tokio::spawn(serve(
-        listener,
-        app,
-        limits,
-        Lifecycle::default(),
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        },
-    ));
+    let (addr, _stop, _server) = serving(app, limits, Lifecycle::default()).await;
     // A whole body in time is served.
     let mut tcp = TcpStream::connect(addr).await.unwrap();
     tcp.write_all(
@@ -241,18 +217,7 @@ async fn a_body_left_unread_is_drained_to_keep_the_connection_or_the_answer_says
             post(|body: axum::body::Bytes| async move { format!("{} bytes", body.len()) }),
         )
         .route("/ignore", post(|| async { "not read" }));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (_stop, mut stopped) = watch::channel(false);
-    tokio::spawn(serve(
-        listener,
-        app,
-        HttpLimits::default(),
-        Lifecycle::default(),
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        },
-    ));
+    let (addr, _stop, _server) = serving(app, HttpLimits::default(), Lifecycle::default()).await;
     let post = |path: &str, n: usize| {
         format!(
             "POST {path} HTTP/1.1\r\nhost: t\r\ncontent-length: {n}\r\n\r\n{}",
@@ -359,23 +324,12 @@ async fn a_client_that_stops_reading_is_closed_after_the_write_timeout() {
             }
         }),
     );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let limits = HttpLimits {
         write_timeout: Duration::from_millis(300),
         header_read_timeout: Duration::from_millis(200),
         ..HttpLimits::default()
     };
-    let (_stop, mut stopped) = watch::channel(false);
-    tokio::spawn(serve(
-        listener,
-        app,
-        limits,
-        Lifecycle::default(),
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        },
-    ));
+    let (addr, _stop, _server) = serving(app, limits, Lifecycle::default()).await;
     // Sends the request and never reads.
     let _silent = send(addr, "GET", "/endless").await;
     timeout(LIMIT, dropped.notified())

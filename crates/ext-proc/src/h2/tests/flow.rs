@@ -3,6 +3,16 @@
 
 use super::*;
 
+/// A connection with HTTP/2's default connection window (so that half of it is read soon)
+/// to a peer that grants its streams no window: every answer waits.
+fn granting_nothing() -> Connection {
+    let limits = Limits {
+        connection_window: 65_535,
+        ..limits()
+    };
+    open_connection_with(limits, &[(setting::INITIAL_WINDOW_SIZE, 0)])
+}
+
 #[test]
 fn answers_wait_for_the_peers_window_and_trailers_follow_them() {
     // The client grants 10 bytes per stream.
@@ -44,11 +54,7 @@ fn answers_wait_for_the_peers_window_and_trailers_follow_them() {
 /// it has is in error.
 #[test]
 fn the_connection_window_waits_while_answers_do() {
-    let limits = Limits {
-        connection_window: 65_535,
-        ..limits()
-    };
-    let mut c = open_connection_with(limits, &[(setting::INITIAL_WINDOW_SIZE, 0)]);
+    let mut c = granting_nothing();
     let mut wire = Vec::new();
     frame::headers(&mut wire, 1, &request_block("/p"), false);
     receive(&mut c, &wire);
@@ -85,11 +91,7 @@ fn the_connection_window_waits_while_answers_do() {
 /// A reset stream's waiting answer goes with it, and the window it held back is granted.
 #[test]
 fn a_reset_stream_gives_back_what_its_answer_held() {
-    let limits = Limits {
-        connection_window: 65_535,
-        ..limits()
-    };
-    let mut c = open_connection_with(limits, &[(setting::INITIAL_WINDOW_SIZE, 0)]);
+    let mut c = granting_nothing();
     let mut wire = Vec::new();
     frame::headers(&mut wire, 1, &request_block("/p"), false);
     frame::headers(&mut wire, 3, &request_block("/p"), false);
