@@ -54,27 +54,6 @@ fn too_much_waiting(own: usize, total: usize) -> bool {
     own > MAX_WAITING_CUT || (total > MAX_WAITING_TOTAL && own > crate::service::MAX_WAITING)
 }
 
-/// One connection's share of the answers waiting over all connections, given back when the
-/// connection ends.
-struct WaitingShare {
-    service: ExtProc,
-    share: usize,
-}
-
-impl WaitingShare {
-    /// The connection's answers waiting are `now`: the total over all connections.
-    fn update(&mut self, now: usize) -> usize {
-        let total = self.service.waiting(self.share, now);
-        self.share = now;
-        total
-    }
-}
-
-impl Drop for WaitingShare {
-    fn drop(&mut self) {
-        self.service.waiting(self.share, 0);
-    }
-}
 /// How long a stopping connection's last bytes (answers, GOAWAY) may take to be written; a
 /// gateway that does not read them is cut.
 const STOP_WRITE_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -87,10 +66,7 @@ pub(crate) async fn run(
     mut health: watch::Receiver<Health>,
 ) {
     let _open = service.open();
-    let mut waiting = WaitingShare {
-        service: service.clone(),
-        share: 0,
-    };
+    let mut waiting = service.waiting_share();
     let mut keepalive = Keepalive::new(service.config().keepalive, Instant::now());
     let timer = tokio::time::sleep_until(keepalive.first());
     tokio::pin!(timer);
@@ -105,8 +81,8 @@ pub(crate) async fn run(
     let (mut rd, mut wr) = tcp.split();
     loop {
         let own = conn.h2.waiting();
-        if own != waiting.share {
-            let total = waiting.update(own);
+        if own != waiting.mine() {
+            let total = waiting.set(own);
             if too_much_waiting(own, total) && conn.phase != Phase::Stopped {
                 tracing::warn!(
                     "ext_proc: a gateway connection left {own} bytes of answers untaken \

@@ -64,14 +64,50 @@ struct Shared {
     waiting: AtomicUsize,
 }
 
-/// Moves one connection's share of `total` from `before` to `after`: the total now.
-fn retally(total: &AtomicUsize, before: usize, after: usize) -> usize {
-    if after >= before {
-        let grown = after - before;
-        total.fetch_add(grown, Ordering::Relaxed) + grown
-    } else {
-        let shrunk = before - after;
-        total.fetch_sub(shrunk, Ordering::Relaxed) - shrunk
+/// One connection's share of a byte total over all connections ([`Shared::held`],
+/// [`Shared::waiting`]), given back when the share is dropped (the connection ended).
+pub(crate) struct Share {
+    shared: Arc<Shared>,
+    total: fn(&Shared) -> &AtomicUsize,
+    mine: usize,
+}
+
+impl Share {
+    fn new(shared: &Arc<Shared>, total: fn(&Shared) -> &AtomicUsize) -> Self {
+        Self {
+            shared: shared.clone(),
+            total,
+            mine: 0,
+        }
+    }
+
+    /// This connection's bytes.
+    pub(crate) fn mine(&self) -> usize {
+        self.mine
+    }
+
+    /// This connection's bytes are `now`: the total over all connections now.
+    pub(crate) fn set(&mut self, now: usize) -> usize {
+        let total = (self.total)(&self.shared);
+        // The usual case, a message whole in its frame: no write to the shared total.
+        if now == self.mine {
+            return total.load(Ordering::Relaxed);
+        }
+        let after = if now > self.mine {
+            let grown = now - self.mine;
+            total.fetch_add(grown, Ordering::Relaxed) + grown
+        } else {
+            let shrunk = self.mine - now;
+            total.fetch_sub(shrunk, Ordering::Relaxed) - shrunk
+        };
+        self.mine = now;
+        after
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        self.set(0);
     }
 }
 
@@ -131,16 +167,14 @@ impl ExtProc {
         &self.config
     }
 
-    /// A connection's bytes of messages not yet whole went from `before` to `after`: the
-    /// total over all connections now.
-    pub(crate) fn held(&self, before: usize, after: usize) -> usize {
-        retally(&self.shared.held, before, after)
+    /// A new connection's share of the bytes of messages not yet whole.
+    pub(crate) fn held_share(&self) -> Share {
+        Share::new(&self.shared, |s| &s.held)
     }
 
-    /// A connection's bytes of answers waiting for the gateway's windows went from `before`
-    /// to `after`: the total over all connections now.
-    pub(crate) fn waiting(&self, before: usize, after: usize) -> usize {
-        retally(&self.shared.waiting, before, after)
+    /// A new connection's share of the bytes of answers waiting for gateways' windows.
+    pub(crate) fn waiting_share(&self) -> Share {
+        Share::new(&self.shared, |s| &s.waiting)
     }
 
     /// The largest gRPC message read: a body message up to the body limit (and

@@ -8,7 +8,7 @@ use crate::grpc::{self, status, MessageError, Messages};
 use crate::h2::{ById, Connection, Event};
 use crate::health::{self, Health};
 use crate::pb::envoy::service::ext_proc::v3 as ep;
-use crate::service::{ExtProc, InFlight, Phase, Placed};
+use crate::service::{ExtProc, InFlight, Phase, Placed, Share};
 use bytes::Bytes;
 use futures::future::{AbortHandle, Abortable, BoxFuture, FutureExt};
 use futures::stream::FuturesUnordered;
@@ -23,13 +23,6 @@ enum Call {
     /// Boxed: an exchange is some 600 bytes, a health call a tenth of that.
     Process(Box<Process>),
     Health(health::Call),
-}
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        // The connection's calls go with it.
-        self.service.held(self.held, 0);
-    }
 }
 
 impl Call {
@@ -85,7 +78,7 @@ pub(super) struct Conn {
     /// Bytes of messages not yet whole, all calls together: at most `max_held` after a read,
     /// and all connections' at most `max_held_total` (the call whose bytes pass either ends
     /// `RESOURCE_EXHAUSTED`).
-    held: usize,
+    held: Share,
     max_held: usize,
     max_held_total: usize,
     scratch: Vec<u8>,
@@ -98,6 +91,7 @@ impl Conn {
         // connections.
         let max_held = 2 * service.max_message();
         let max_held_total = 4 * service.max_message();
+        let held = service.held_share();
         Self {
             service,
             h2: Connection::new(limits),
@@ -105,7 +99,7 @@ impl Conn {
             phase,
             health,
             watchers: 0,
-            held: 0,
+            held,
             max_held,
             max_held_total,
             scratch: Vec::new(),
@@ -131,9 +125,8 @@ impl Conn {
     /// Forgets stream `id`'s call (dropping it: an exchange's drop releases its load).
     fn remove(&mut self, id: u32) -> Option<Entry> {
         let mut entry = self.calls.remove(&id)?;
-        let held = entry.call.messages().held();
-        self.service.held(self.held, self.held - held);
-        self.held -= held;
+        let gone = entry.call.messages().held();
+        self.held.set(self.held.mine() - gone);
         if matches!(entry.call, Call::Health(health::Call::Watch { .. })) {
             self.watchers -= 1;
         }
@@ -222,14 +215,12 @@ impl Conn {
         let messages = entry.call.messages();
         let before = messages.held();
         let read = messages.push(data, end, &mut msgs);
-        let held = self.held - before + messages.held();
-        let total = self.service.held(self.held, held);
-        self.held = held;
+        let total = self.held.set(self.held.mine() - before + messages.held());
         if let Err(e) = read {
             self.fail(id, &e);
             return;
         }
-        if self.held > self.max_held || total > self.max_held_total {
+        if self.held.mine() > self.max_held || total > self.max_held_total {
             let message = format!(
                 "the picker holds over {} bytes of messages not yet whole on this gateway \
                  connection, or {} on all",

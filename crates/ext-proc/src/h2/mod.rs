@@ -14,8 +14,8 @@
 //! windows bound what is written, the rest waits per stream for its WINDOW_UPDATE; the
 //! windows this side grants are topped up as data is read, the connection's only while the
 //! answers waiting for the peer's windows stay under [`Limits::max_waiting`]), padding,
-//! RST_STREAM both ways, the
-//! stream bound ([`Limits::max_streams`]; a stream past it is refused with `REFUSED_STREAM`).
+//! RST_STREAM both ways, the stream bound ([`Limits::max_streams`]; a stream past it is
+//! refused with `REFUSED_STREAM`).
 //! What it leaves out: server push, priorities (read and ignored), request trailers' contents
 //! (their END_STREAM ends the request), and HTTP/1.1 upgrade (gRPC clients speak HTTP/2 from
 //! the first byte). A protocol error ends the connection with GOAWAY ([`ConnError`]).
@@ -51,7 +51,7 @@ pub(crate) struct Limits {
     /// The connection's window (raised from 65,535 by a WINDOW_UPDATE at the start).
     pub(crate) connection_window: u32,
     /// The largest header block read (`SETTINGS_MAX_HEADER_LIST_SIZE`, counted on the block's
-    /// encoded bytes).
+    /// encoded bytes, and on its decoded fields as RFC 9113 counts them).
     pub(crate) max_header_block: usize,
     /// Answer bytes waiting for the peer's windows past which this side grants no more of the
     /// connection's window: the peer, which takes no answers, sends no more DATA.

@@ -96,6 +96,13 @@ impl Connection {
         }
     }
 
+    /// A stream error (RFC 9113 §5.4.2) on open stream `id`: reset with `error`, and its call
+    /// told.
+    fn stream_error(&mut self, id: u32, error: u32, events: &mut Vec<Event>) {
+        self.reset(id, error);
+        events.push(Event::Reset { id });
+    }
+
     /// A frame's payload without its padding (RFC 9113 §6.1).
     fn unpadded(head: Head, mut payload: Bytes) -> Result<Bytes, ConnError> {
         if head.has(flag::PADDED) {
@@ -147,9 +154,7 @@ impl Connection {
         if s.remote_closed {
             // DATA after the request's end: the stream is closed (RFC 9113 §5.1), and so
             // is its answer.
-            self.remove_stream(head.stream);
-            frame::rst_stream(&mut self.out, head.stream, code::STREAM_CLOSED);
-            events.push(Event::Reset { id: head.stream });
+            self.stream_error(head.stream, code::STREAM_CLOSED, events);
             return Ok(());
         }
         s.unacked += counted;
@@ -274,9 +279,7 @@ impl Connection {
                 (true, false) => None,
             };
             if let Some(error) = error {
-                self.remove_stream(id);
-                frame::rst_stream(&mut self.out, id, error);
-                events.push(Event::Reset { id });
+                self.stream_error(id, error, events);
                 return Ok(());
             }
             s.remote_closed = true;
@@ -422,9 +425,7 @@ impl Connection {
                 _ => None,
             };
             if let Some(error) = error {
-                self.remove_stream(head.stream);
-                frame::rst_stream(&mut self.out, head.stream, error);
-                events.push(Event::Reset { id: head.stream });
+                self.stream_error(head.stream, error, events);
             } else if !s.pending.is_empty() {
                 // Only this stream's window grew.
                 if self.flush_stream(head.stream) {
