@@ -44,18 +44,16 @@ async fn a_peer_that_is_no_http2_client_is_sent_away_and_others_are_served() {
         .await
         .expect("the picker closes the connection in time")
         .expect("read");
-    // Frames: type at byte 3 of each 9-byte header.
     let mut kinds = Vec::new();
-    let mut at = 0;
-    while at + 9 <= got.len() {
-        let len =
-            usize::from(got[at]) << 16 | usize::from(got[at + 1]) << 8 | usize::from(got[at + 2]);
-        kinds.push(got[at + 3]);
-        if got[at + 3] == 0x7 {
-            let error = &got[at + 13..at + 17];
-            assert_eq!(error, 1u32.to_be_bytes(), "GOAWAY with PROTOCOL_ERROR");
+    while let Some((kind, _, _, payload)) = take_frame(&mut got) {
+        kinds.push(kind);
+        if kind == 0x7 {
+            assert_eq!(
+                payload[4..8],
+                1u32.to_be_bytes(),
+                "GOAWAY with PROTOCOL_ERROR"
+            );
         }
-        at += 9 + len;
     }
     assert_eq!(kinds.first(), Some(&0x4), "SETTINGS first: {kinds:?}");
     assert_eq!(kinds.last(), Some(&0x7), "GOAWAY last: {kinds:?}");
@@ -206,19 +204,11 @@ impl RawClient {
         self.tcp.write_all(&ping).await.expect("write");
         let mut frames = Vec::new();
         loop {
-            while self.read.len() >= 9 {
-                let len = u32::from_be_bytes([0, self.read[0], self.read[1], self.read[2]]);
-                let len = len as usize;
-                if self.read.len() < 9 + len {
-                    break;
-                }
-                let f: Vec<u8> = self.read.drain(..9 + len).collect();
-                let stream = u32::from_be_bytes([f[5], f[6], f[7], f[8]]) & 0x7fff_ffff;
-                let (kind, flags) = (f[3], f[4]);
-                if kind == 0x6 && flags & 1 != 0 && f[9..] == *b"rawsync!" {
+            while let Some(frame) = take_frame(&mut self.read) {
+                if frame.0 == 0x6 && frame.1 & 1 != 0 && frame.3 == *b"rawsync!" {
                     return frames;
                 }
-                frames.push((kind, flags, stream, f[9..].to_vec()));
+                frames.push(frame);
             }
             let mut buf = [0u8; 65_536];
             let n = tokio::time::timeout(Duration::from_secs(30), self.tcp.read(&mut buf))
@@ -229,6 +219,17 @@ impl RawClient {
             self.read.extend_from_slice(&buf[..n]);
         }
     }
+}
+
+/// The first whole frame of `read`, taken off it; `None` until one is whole.
+fn take_frame(read: &mut Vec<u8>) -> Option<RawFrame> {
+    let len = u32::from_be_bytes([0, *read.first()?, *read.get(1)?, *read.get(2)?]) as usize;
+    if read.len() < 9 + len {
+        return None;
+    }
+    let f: Vec<u8> = read.drain(..9 + len).collect();
+    let stream = u32::from_be_bytes([f[5], f[6], f[7], f[8]]) & 0x7fff_ffff;
+    Some((f[3], f[4], stream, f[9..].to_vec()))
 }
 
 /// The streams that ended among `frames`, with the `grpc-status` digit of their trailers
