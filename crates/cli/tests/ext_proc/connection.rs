@@ -279,19 +279,29 @@ async fn messages_not_yet_whole_are_bounded_per_connection_and_over_all() {
     c.partial_message(1, announced, 600_000).await;
     assert_eq!(ended(&c.sync().await), [(1, 8)], "past the bound over all");
     // A goes, and what it held with it: the same on C is read whole (and refused as no
-    // ext_proc message, INVALID_ARGUMENT), not refused for room.
+    // ext_proc message, INVALID_ARGUMENT), not refused for room. The picker learns of A's end
+    // on its own time (no event tells the client), so C tries again, a bounded number of
+    // times, while the room is not back yet.
     drop(a);
-    c.partial_message(3, announced, announced as usize).await;
-    let refused = async {
-        loop {
-            let ends = ended(&c.sync().await);
-            if !ends.is_empty() {
-                return ends;
+    let mut id = 3;
+    for attempt in 0.. {
+        c.partial_message(id, announced, announced as usize).await;
+        let ends = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let ends = ended(&c.sync().await);
+                if !ends.is_empty() {
+                    return ends;
+                }
             }
-        }
-    };
-    let ends = tokio::time::timeout(Duration::from_secs(30), refused)
+        })
         .await
         .expect("C's stream ends in time");
-    assert_eq!(ends, [(3, 3)], "room again once A closed");
+        if ends == [(id, 8)] && attempt < 50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            id += 2;
+            continue;
+        }
+        assert_eq!(ends, [(id, 3)], "room again once A closed");
+        break;
+    }
 }
